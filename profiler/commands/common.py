@@ -1,0 +1,45 @@
+"""Helpers shared by the sub-commands: consoles, error exits, ingest summaries."""
+from __future__ import annotations
+
+import json
+import math
+import sys
+from typing import Any, NoReturn
+
+import typer
+from rich.console import Console
+
+# Tables stay readable when piped (rich falls back to 80 columns without a terminal).
+console = Console(width=None if sys.stdout.isatty() else 150)
+err_console = Console(stderr=True, width=None if sys.stderr.isatty() else 150)
+
+
+def fail(message: str, code: int = 2) -> NoReturn:
+    """Print ``message`` as an error and exit with ``code``."""
+    err_console.print(f"[bold red]error:[/] {message}")
+    raise typer.Exit(code)
+
+
+def print_json(obj: Any) -> None:
+    """One JSON object on stdout (NaN becomes null so any JSON parser accepts it)."""
+    def clean(o: Any) -> Any:
+        if isinstance(o, float) and not math.isfinite(o):
+            return None
+        if isinstance(o, dict):
+            return {k: clean(v) for k, v in o.items()}
+        if isinstance(o, (list, tuple)):
+            return [clean(v) for v in o]
+        return o
+    sys.stdout.write(json.dumps(clean(obj), indent=2) + "\n")
+
+
+def report_ingest(report: Any, quiet: bool = False) -> None:
+    """Tell the user what the load did (to stderr, so --json output stays clean)."""
+    if quiet:
+        return
+    style = "yellow" if report.quarantined else "green"
+    err_console.print(f"[{style}]ingest:[/] {report.summary()}")
+    if report.quarantined:
+        err_console.print("  first problems (all of them are in the store's `quarantine` table):")
+        for reason in report.first_reasons[:5]:
+            err_console.print(f"    {reason}", markup=False, highlight=False)

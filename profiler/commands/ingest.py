@@ -1,0 +1,34 @@
+"""`profiler ingest`: load logs into a DuckDB store without fitting."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from profiler.cli import app
+from profiler.commands.common import fail, report_ingest
+
+
+@app.command(no_args_is_help=True)
+def ingest(
+    logs: Annotated[list[Path], typer.Argument(help="Log files or folders (JSONL, JSONL.gz, Parquet, CSV).")],
+    db: Annotated[Path, typer.Option(help="DuckDB store file (created if missing).")] = Path("profile/store.duckdb"),
+    strict: Annotated[bool, typer.Option(help="Exit non-zero if any record is quarantined.")] = False,
+) -> None:
+    """Load logs into the DuckDB store (tables `calls`, `tool_calls`, `quarantine`,
+    `ingested_files`) without fitting. Re-ingesting a file or a request id never duplicates.
+
+    Example: `profiler ingest logs/ --db store.duckdb && duckdb store.duckdb "FROM quarantine"`
+    """
+    from profiler.ingest import IngestError, ingest as run
+    from profiler.store import connect
+
+    con = connect(db)
+    try:
+        report = run(con, logs, strict=strict, progress=True)
+    except IngestError as exc:
+        fail(str(exc))
+    finally:
+        con.close()
+    report_ingest(report)

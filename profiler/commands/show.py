@@ -1,0 +1,75 @@
+"""`profiler show`: a readable summary of a profile."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from profiler.cli import app
+from profiler.commands.common import console, fail, print_json
+
+
+def _fmt_s(x: float | None) -> str:
+    if x is None:
+        return "-"
+    return f"{x * 1000:.0f} ms" if x < 1 else f"{x:.2f} s"
+
+
+@app.command(no_args_is_help=True)
+def show(
+    profile: Annotated[Path, typer.Option("--profile", "-p", help="Profile root (or one version folder).")],
+    json_out: Annotated[bool, typer.Option("--json", help="Print the whole profile.json instead.")] = False,
+) -> None:
+    """Print what a profile knows: per-agent output-length bands (and which level serves them),
+    per-tool latency fits with their keep-alive TTL, and the synthesized workflow regexes.
+
+    Example: `profiler show --profile profile/`
+    """
+    from rich.table import Table
+
+    from profiler.profile_artifact import ProfileError, load_profile
+
+    try:
+        prof = load_profile(profile)
+    except ProfileError as exc:
+        fail(str(exc))
+    if json_out:
+        print_json({"manifest": prof.manifest, "profile": prof.data})
+        return
+    m, d = prof.manifest, prof.data
+    c = m.get("counts", {})
+    console.print(f"[bold]profile {prof.version}[/]  created {m['created_at']}  at {prof.path}")
+    console.print(f"  {c.get('calls', 0):,} calls, {c.get('workflows', 0):,} workflows, "
+                  f"{c.get('tool_calls', 0):,} tool executions from {len(m.get('sources', []))} files; "
+                  f"{c.get('quarantined', 0):,} records quarantined")
+    ol = d["output_length"]
+    t = Table(title=f"Output-length bands (coverage {ol['coverage']:.3g})", title_justify="left")
+    for col in ("workflow type", "agent", "calls", "mean", "CV", "lo", "hi", "served by"):
+        t.add_column(col, justify="right" if col not in ("workflow type", "agent", "served by") else "left")
+    for wt, agents in ol["agents"].items():
+        for agent, b in agents.items():
+            level = "conditional (CQR)" if b.get("conditional") else b["level"]
+            if b.get("method") == "lognormal" and not b.get("conditional"):
+                level += " (lognormal)"
+            t.add_row(wt, agent, f"{b['n']:,}", f"{b.get('mean', float('nan')):.0f}",
+                      f"{b.get('cv', float('nan')):.2f}", str(b["lo"]), str(b["hi"]), level)
+    g = ol["global"]
+    t.add_row("(all)", "(global band)", f"{g['n']:,}", "", "", str(g["lo"]), str(g["hi"]), "")
+    console.print(t)
+    tl = d["tool_latency"]["workflow_types"]
+    t = Table(title="Tool latency (lognormal MLE; TTL = served p95)", title_justify="left")
+    for col in ("workflow type", "tool", "n", "mu", "sigma", "KS", "fit", "p50", "p95", "p99", "TTL"):
+        t.add_column(col, justify="left" if col in ("workflow type", "tool", "fit") else "right")
+    for wt, tools in tl.items():
+        for tool, e in tools.items():
+            t.add_row(wt, tool, f"{e['n']:,}", f"{e['mu']:.2f}", f"{e['sigma']:.2f}", f"{e['ks']:.3f}",
+                      "[yellow]poor → empirical[/]" if e["poor_fit"] else "lognormal",
+                      _fmt_s(e["p50_s"]), _fmt_s(e["p95_s"]), _fmt_s(e["p99_s"]), _fmt_s(e["ttl_s"]))
+    console.print(t)
+    for wt, section in d.get("workflows", {}).items():
+        regex = section.get("regex")
+        if regex:
+            acc = section.get("train_acceptance")
+            extra = f"  (accepts {acc:.1%} of training workflows)" if isinstance(acc, (int, float)) else ""
+            console.print(f"[bold]{wt}[/] dominant paths: [cyan]{regex}[/]{extra}", highlight=False)

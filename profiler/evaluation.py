@@ -1,0 +1,120 @@
+"""Score a profile on logs it never saw (``profiler eval``).
+
+The held-out logs are ingested into a throw-away in-memory store (same validation, same derived
+columns), then:
+
+* **output length**: ``coverage`` = share of calls whose true output length fell inside the
+  predicted band (nominal = the profile's target); ``mean_width`` = mean of hi − lo over calls;
+  ``global_band_width`` = width of the one band fit to all agents together (the naive baseline).
+* **tool latency**: ``p95_coverage`` = share of timed tool executions that finished within the
+  served p95 (nominal 0.95); ``ks_max`` = the largest Kolmogorov–Smirnov distance between a tool's
+  held-out latencies and its fitted lognormal (tools with ≥ ``MIN_TOOL_SAMPLES`` executions).
+
+Other parts add their own keys through :data:`EVAL_EXTENSIONS`.
+"""
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+from typing import Any, Sequence
+
+import duckdb
+import numpy as np
+from scipy import stats
+
+from predictors.output_length import OutputLengthIntervals
+from predictors.tool_latency import ToolLatencyModel
+from profiler import ingest as ingest_mod
+from profiler.fitting import CALL_COLUMNS
+from profiler.profile_artifact import Profile
+from profiler.store import connect
+
+#: Extra evaluations: "module:function" of ``(profile, con) -> dict`` merged into the result.
+EVAL_EXTENSIONS: list[str] = []
+#: Fewest held-out executions of a tool for its KS distance to count in ``ks_max``.
+MIN_TOOL_SAMPLES = 5
+
+
+def output_length_scores(profile: Profile, con: duckdb.DuckDBPyConnection) -> dict[str, Any]:
+    est = OutputLengthIntervals.from_dict(profile.data["output_length"])
+    calls = con.execute(f"SELECT {', '.join(CALL_COLUMNS)} FROM calls WHERE status = 'ok'").df()
+    bands = est.predict(calls)
+    y = calls["output_tokens"].to_numpy()
+    calls["inside"] = (y >= bands[:, 0]) & (y <= bands[:, 1])
+    calls["width"] = bands[:, 1] - bands[:, 0]
+    per_agent = {}
+    for (wt, agent), g in calls.groupby(["workflow_type_id", "agent_id"], sort=True):
+        _, level = est.lookup(wt, agent)
+        entry = est.agents_.get(wt, {}).get(agent, {})
+        per_agent[f"{wt}/{agent}"] = {
+            "calls": int(len(g)), "coverage": float(g["inside"].mean()),
+            "mean_width": float(g["width"].mean()),
+            "level": "conditional" if entry.get("conditional") else level,
+        }
+    g = est.global_
+    return {
+        "nominal": float(est.coverage),
+        "coverage": float(calls["inside"].mean()) if len(calls) else float("nan"),
+        "mean_width": float(calls["width"].mean()) if len(calls) else float("nan"),
+        "global_band_width": float(g["hi"] - g["lo"]),
+        "global_band_coverage": float(np.mean((y >= g["lo"]) & (y <= g["hi"]))) if len(y) else float("nan"),
+        "per_agent": per_agent,
+    }
+
+
+def tool_latency_scores(profile: Profile, con: duckdb.DuckDBPyConnection) -> dict[str, Any]:
+    model = ToolLatencyModel.from_dict(profile.data["tool_latency"])
+    df = con.execute("SELECT workflow_type_id, tool_name, latency_s FROM tool_calls "
+                     "WHERE latency_s IS NOT NULL").df()
+    per_tool: dict[str, Any] = {}
+    inside = total = 0
+    for (wt, tool), g in df.groupby(["workflow_type_id", "tool_name"], sort=True):
+        entry = model.lookup(wt, tool)
+        x = g["latency_s"].to_numpy()
+        if entry is None:
+            per_tool[f"{wt}/{tool}"] = {"n": int(len(x)), "known": False}
+            continue
+        covered = int(np.sum(x <= entry["p95_s"]))
+        inside += covered
+        total += len(x)
+        ks = float(stats.kstest(np.maximum(x, 1e-4), "lognorm",
+                                args=(entry["sigma"], 0, np.exp(entry["mu"]))).statistic)
+        per_tool[f"{wt}/{tool}"] = {"n": int(len(x)), "known": True, "p95_coverage": covered / len(x),
+                                    "ks": ks, "poor_fit": entry["poor_fit"], "p95_s": entry["p95_s"]}
+    ks_values = [v["ks"] for v in per_tool.values() if v.get("known") and v["n"] >= MIN_TOOL_SAMPLES]
+    return {
+        "nominal": 0.95,
+        "p95_coverage": inside / total if total else float("nan"),
+        "ks_max": max(ks_values) if ks_values else float("nan"),
+        "per_tool": per_tool,
+    }
+
+
+def evaluate_store(profile: Profile, con: duckdb.DuckDBPyConnection) -> dict[str, Any]:
+    """All scores of ``profile`` on the calls already loaded in ``con``."""
+    calls, workflows = con.execute(
+        "SELECT count(*), count(DISTINCT (workflow_type_id, workflow_id)) FROM calls").fetchone()
+    result: dict[str, Any] = {
+        "profile_version": profile.version,
+        "calls": int(calls),
+        "workflows": int(workflows),
+        "output_len": output_length_scores(profile, con),
+        "tool_latency": tool_latency_scores(profile, con),
+    }
+    for spec in EVAL_EXTENSIONS:
+        module, _, func = spec.partition(":")
+        result.update(getattr(importlib.import_module(module), func)(profile, con))
+    return result
+
+
+def evaluate(profile: Profile, paths: Sequence[str | Path], *, strict: bool = False,
+             progress: bool = False) -> tuple[dict[str, Any], ingest_mod.IngestReport]:
+    """Ingest ``paths`` into a temporary store and score ``profile`` on them."""
+    con = connect(None)
+    try:
+        report = ingest_mod.ingest(con, paths, strict=strict, progress=progress)
+        if con.execute("SELECT count(*) FROM calls").fetchone()[0] == 0:
+            raise ValueError("no valid calls in the evaluation logs")
+        return evaluate_store(profile, con), report
+    finally:
+        con.close()

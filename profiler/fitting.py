@@ -1,0 +1,161 @@
+"""Fit a profile: ingest logs into the store, fit every model, write a new profile version.
+
+The profile is fit on *everything in the store* (logs accumulate across runs, which is what online
+refit wants); point ``--out``/``--db`` somewhere fresh to fit a separate data set.
+
+Sections of ``profile.json`` and who builds them:
+
+``output_length``   :class:`predictors.output_length.OutputLengthIntervals`
+``tool_latency``    :class:`predictors.tool_latency.ToolLatencyModel`
+``agents``          per-agent timing and size statistics (SQL over ``calls``)
+``workflow_types``  counts per workflow type
+others              :data:`SECTION_BUILDERS` (e.g. ``workflows``: the synthesized automata)
+"""
+from __future__ import annotations
+
+import importlib
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import duckdb
+
+from predictors.output_length import OutputLengthIntervals
+from predictors.tool_latency import ToolLatencyModel
+from profiler import ingest as ingest_mod
+from profiler.profile_artifact import DEFAULT_STORE, Profile, write_profile
+from profiler.store import connect
+
+#: Extra profile sections: name -> "module:function" of ``(con, options) -> dict``.
+SECTION_BUILDERS: dict[str, str] = {}
+
+
+@dataclass
+class FitOptions:
+    """Every knob of a fit, recorded in the profile manifest."""
+
+    coverage: float = 0.99
+    prune: float = 0.05
+    seed: int = 0
+    min_calls: int = 50
+    conditional: bool = True
+    ks_threshold: float = 0.1
+    ttl_quantile: float = 0.95
+    max_ttl_s: float | None = 600.0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        d = {k: v for k, v in self.__dict__.items() if k != "extra"}
+        return {**d, **self.extra}
+
+
+def _resolve(spec: str) -> Callable:
+    module, _, func = spec.partition(":")
+    return getattr(importlib.import_module(module), func)
+
+
+CALL_COLUMNS = ("workflow_type_id", "workflow_id", "agent_id", "input_tokens", "output_tokens",
+                "prev_agent_output_tokens", "agent_call_index")
+
+
+def agent_stats(con: duckdb.DuckDBPyConnection) -> dict[str, dict[str, dict[str, Any]]]:
+    """Per (workflow type, agent): call count, latency, TTFT, sizes, decode speed, gap after."""
+    rows = con.execute("""
+        WITH a AS (
+          SELECT workflow_type_id, agent_id, count(*) AS calls,
+            avg(latency_s) AS mean_latency_s, quantile_cont(latency_s, 0.95) AS p95_latency_s,
+            avg(ttft_s) AS mean_ttft_s, avg(input_tokens) AS mean_input_tokens,
+            avg(output_tokens) AS mean_output_tokens,
+            sum(output_tokens) FILTER (WHERE t_first_token IS NOT NULL AND t_finish > t_first_token)
+              / nullif(sum(t_finish - t_first_token) FILTER (WHERE t_first_token IS NOT NULL AND t_finish > t_first_token), 0)
+              AS decode_tok_s,
+            avg(gap_after_s) AS mean_gap_after_s
+          FROM calls WHERE status = 'ok' GROUP BY ALL
+        ), t AS (
+          SELECT workflow_type_id, agent_id, map(list(tool_name ORDER BY tool_name), list(n ORDER BY tool_name)) AS tools
+          FROM (SELECT workflow_type_id, agent_id, tool_name, count(*) AS n FROM tool_calls GROUP BY ALL)
+          GROUP BY ALL
+        )
+        SELECT a.*, t.tools FROM a LEFT JOIN t USING (workflow_type_id, agent_id)
+        ORDER BY 1, 2
+    """).fetchall()
+    cols = [d[0] for d in con.description]
+    out: dict[str, dict[str, dict[str, Any]]] = {}
+    for row in rows:
+        r = dict(zip(cols, row))
+        wt, agent = r.pop("workflow_type_id"), r.pop("agent_id")
+        r["tools"] = {k: int(v) for k, v in (r["tools"] or {}).items()}
+        out.setdefault(wt, {})[agent] = {k: (float(v) if isinstance(v, float) else v) for k, v in r.items()}
+    return out
+
+
+def fit_from_store(con: duckdb.DuckDBPyConnection, options: FitOptions,
+                   progress: Callable[[str], None] = lambda msg: None) -> dict[str, Any]:
+    """Fit every section of a profile from the calls in the store; returns profile data."""
+    n_calls = con.execute("SELECT count(*) FROM calls WHERE status = 'ok'").fetchone()[0]
+    if n_calls == 0:
+        raise ValueError("the store holds no valid calls to fit on (see the quarantine table)")
+    progress(f"output-length bands over {n_calls:,} calls")
+    calls = con.execute(f"SELECT {', '.join(CALL_COLUMNS)} FROM calls WHERE status = 'ok'").df()
+    ol = OutputLengthIntervals(coverage=options.coverage, min_calls=options.min_calls,
+                               conditional=options.conditional, random_state=options.seed).fit(calls)
+    del calls
+    progress("tool-latency lognormals")
+    tools = con.execute("SELECT workflow_type_id, tool_name, latency_s FROM tool_calls "
+                        "WHERE latency_s IS NOT NULL").df()
+    tl = ToolLatencyModel(ks_threshold=options.ks_threshold, ttl_quantile=options.ttl_quantile,
+                          max_ttl_s=options.max_ttl_s).fit(tools)
+    del tools
+    data: dict[str, Any] = {
+        "output_length": ol.to_dict(),
+        "tool_latency": tl.to_dict(),
+        "agents": agent_stats(con),
+        "workflow_types": {
+            wt: {"workflows": int(w), "calls": int(c)} for wt, w, c in con.execute(
+                "SELECT workflow_type_id, count(DISTINCT workflow_id), count(*) FROM calls "
+                "GROUP BY 1 ORDER BY 1").fetchall()},
+    }
+    for name, spec in SECTION_BUILDERS.items():
+        progress(f"section {name}")
+        data[name] = _resolve(spec)(con, options.as_dict())
+    return data
+
+
+def store_counts(con: duckdb.DuckDBPyConnection) -> dict[str, int]:
+    calls, workflows, types = con.execute(
+        "SELECT count(*), count(DISTINCT (workflow_type_id, workflow_id)), count(DISTINCT workflow_type_id) "
+        "FROM calls").fetchone()
+    return {"calls": int(calls), "workflows": int(workflows), "workflow_types": int(types),
+            "tool_calls": int(con.execute("SELECT count(*) FROM tool_calls").fetchone()[0]),
+            "quarantined": int(con.execute("SELECT count(*) FROM quarantine").fetchone()[0])}
+
+
+def fit_profile(paths: Sequence[str | Path], out: str | Path, *, db: str | Path | None = None,
+                options: FitOptions | None = None, strict: bool = False,
+                progress: bool = False) -> tuple[Profile, ingest_mod.IngestReport]:
+    """Ingest ``paths`` into the store, fit, and write a new profile version under ``out``."""
+    options = options or FitOptions()
+    out = Path(out)
+    db_path = Path(db) if db is not None else out / DEFAULT_STORE
+    con = connect(db_path)
+    try:
+        report = ingest_mod.ingest(con, paths, strict=strict, progress=progress)
+        from rich.console import Console
+
+        console = Console(stderr=True)
+        with console.status("fitting", spinner="dots") if progress else nullcontext() as status:
+            def step(msg: str) -> None:
+                if status is not None:
+                    status.update(f"fitting: {msg}")
+            data = fit_from_store(con, options, step)
+        sources = [{"path": p, "sha256": h, "rows": int(n)} for p, h, n in con.execute(
+            "SELECT path, sha256, rows_loaded FROM ingested_files ORDER BY path, ingested_at").fetchall()]
+        profile = write_profile(out, data, {
+            "sources": sources, "options": options.as_dict(), "counts": store_counts(con),
+            "store": str(db_path.resolve()),
+        })
+    finally:
+        con.close()
+    return profile, report
+

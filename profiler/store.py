@@ -1,0 +1,140 @@
+"""The DuckDB trace store: schema and connection.
+
+The store is a user-facing artifact: a single DuckDB file (by default
+``<profile root>/store.duckdb``) with four tables anyone can query by hand::
+
+    duckdb profile/store.duckdb "SELECT agent_id, avg(output_tokens) FROM calls GROUP BY 1"
+
+``calls``           one row per valid LLM call, with columns derived per workflow
+                    (position, neighbours, the tool/think gap after the call).
+``tool_calls``      one row per tool execution between two calls.
+``quarantine``      every record that could not be loaded, with file, line, field and reason.
+``ingested_files``  every file read, with its content hash (re-reading an unchanged file is a no-op).
+
+Column documentation lives in :data:`TABLE_DOCS` and is also attached to the tables as DuckDB
+``COMMENT ON COLUMN`` so that ``duckdb_columns()`` shows it.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import duckdb
+
+#: Column name -> (SQL type, meaning) for every table of the store.
+TABLE_DOCS: dict[str, dict[str, tuple[str, str]]] = {
+    "calls": {
+        "request_id": ("VARCHAR", "unique id of the call"),
+        "workflow_type_id": ("VARCHAR", "the application, e.g. coding_assistant"),
+        "workflow_id": ("VARCHAR", "one execution (session) of the application"),
+        "agent_id": ("VARCHAR", "the role that made the call"),
+        "model": ("VARCHAR", "served model name (nullable)"),
+        "t_arrival": ("DOUBLE", "request reached the gateway, epoch seconds"),
+        "t_first_token": ("DOUBLE", "first output token, epoch seconds (nullable)"),
+        "t_finish": ("DOUBLE", "last output token, epoch seconds"),
+        "input_tokens": ("BIGINT", "prompt tokens"),
+        "output_tokens": ("BIGINT", "completion tokens"),
+        "cached_tokens": ("BIGINT", "prompt tokens served from a prefix cache (nullable)"),
+        "status": ("VARCHAR", "'ok' or 'error'"),
+        "parent_request_ids": ("VARCHAR[]", "calls whose output feeds this one; NULL = previous call"),
+        "tool_calls": ("JSON", "explicit tool executions after this call, as logged (nullable)"),
+        "tool_names": ("VARCHAR[]", "names of the tools run after this call ([] when none)"),
+        "messages": ("JSON", "the prompt as OpenAI chat messages (nullable)"),
+        "response_text": ("VARCHAR", "the generated text (nullable)"),
+        "extra": ("JSON", "fields of the record outside the contract, kept verbatim (nullable)"),
+        "record_shape": ("VARCHAR", "'flat' or 'gateway' (log-format sections 1 and 2)"),
+        "source_file": ("VARCHAR", "file the record was read from"),
+        "source_line": ("BIGINT", "1-based line (JSONL/CSV data line) or row (Parquet) in that file"),
+        "content_hash": ("VARCHAR", "md5 of the identifying content; detects conflicting duplicates"),
+        # derived per workflow after every ingest
+        "latency_s": ("DOUBLE", "t_finish - t_arrival"),
+        "ttft_s": ("DOUBLE", "t_first_token - t_arrival (nullable)"),
+        "call_index": ("INTEGER", "0-based position in its workflow, ordered by (t_arrival, request_id)"),
+        "workflow_calls": ("INTEGER", "number of calls in its workflow"),
+        "agent_call_index": ("INTEGER", "0-based position among the same agent's calls in the workflow"),
+        "prev_agent_output_tokens": ("BIGINT", "output_tokens of this agent's previous call in the workflow"),
+        "prev_request_id": ("VARCHAR", "previous call of the workflow (by call_index)"),
+        "next_request_id": ("VARCHAR", "next call of the workflow (by call_index)"),
+        "prev_agent_id": ("VARCHAR", "agent of the previous call"),
+        "next_agent_id": ("VARCHAR", "agent of the next call"),
+        "gap_after_s": (
+            "DOUBLE",
+            "first later call of the workflow arriving at/after t_finish, minus t_finish: the tool "
+            "and think time after this call (NULL for the last call)",
+        ),
+    },
+    "tool_calls": {
+        "request_id": ("VARCHAR", "the call whose response started the tool"),
+        "workflow_type_id": ("VARCHAR", ""),
+        "workflow_id": ("VARCHAR", ""),
+        "agent_id": ("VARCHAR", ""),
+        "tool_index": ("INTEGER", "0-based order of the tool within that call's tools"),
+        "tool_name": ("VARCHAR", "tool name"),
+        "t_start": ("DOUBLE", "epoch seconds"),
+        "t_end": ("DOUBLE", "epoch seconds"),
+        "latency_s": ("DOUBLE", "t_end - t_start"),
+        "status": ("VARCHAR", "'ok' or 'error'"),
+        "timing_source": (
+            "VARCHAR",
+            "'explicit' (timings logged) or 'gap' (gap to the next call of the same workflow and "
+            "agent, split evenly over the tools that response named)",
+        ),
+    },
+    "quarantine": {
+        "file": ("VARCHAR", "file the bad record came from"),
+        "line": ("BIGINT", "1-based line/row; NULL for whole-file problems"),
+        "field": ("VARCHAR", "offending field (nullable)"),
+        "reason": ("VARCHAR", "why the record was not loaded"),
+        "raw": ("VARCHAR", "the record's text, first 2000 characters"),
+        "ingested_at": ("TIMESTAMP", "when the load ran"),
+    },
+    "ingested_files": {
+        "path": ("VARCHAR", "absolute path of the file"),
+        "sha256": ("VARCHAR", "content hash; a file with a known hash is skipped"),
+        "size_bytes": ("BIGINT", ""),
+        "format": ("VARCHAR", "jsonl, jsonl.gz, parquet or csv"),
+        "rows_read": ("BIGINT", "records seen (blank lines excluded)"),
+        "rows_loaded": ("BIGINT", "new calls stored"),
+        "rows_duplicate": ("BIGINT", "records identical to a stored call (skipped)"),
+        "rows_quarantined": ("BIGINT", "records sent to quarantine"),
+        "ingested_at": ("TIMESTAMP", "when the load ran"),
+    },
+}
+
+#: Columns of ``calls`` that the ingester writes (the rest are derived).
+BASE_CALL_COLUMNS: list[str] = list(TABLE_DOCS["calls"])[: list(TABLE_DOCS["calls"]).index("latency_s")]
+DERIVED_CALL_COLUMNS: list[str] = [c for c in TABLE_DOCS["calls"] if c not in BASE_CALL_COLUMNS]
+
+
+def _create_table_sql(table: str) -> str:
+    cols = ",\n  ".join(f'"{name}" {sql_type}' for name, (sql_type, _) in TABLE_DOCS[table].items())
+    return f"CREATE TABLE IF NOT EXISTS {table} (\n  {cols}\n)"
+
+
+def ensure_schema(con: duckdb.DuckDBPyConnection) -> None:
+    """Create the four tables (and their column comments) when missing."""
+    for table, columns in TABLE_DOCS.items():
+        existed = con.execute(
+            "SELECT count(*) FROM duckdb_tables() WHERE table_name = ? AND schema_name = 'main'",
+            [table],
+        ).fetchone()[0]
+        con.execute(_create_table_sql(table))
+        if not existed:
+            for name, (_, doc) in columns.items():
+                if doc:
+                    con.execute(f"COMMENT ON COLUMN {table}.\"{name}\" IS '{doc.replace(chr(39), chr(39) * 2)}'")
+
+
+def connect(path: str | Path | None, read_only: bool = False) -> duckdb.DuckDBPyConnection:
+    """Open (creating if needed) the store at ``path``; ``None`` gives an in-memory store."""
+    if path is None:
+        con = duckdb.connect()
+    else:
+        path = Path(path)
+        if not read_only:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        elif not path.exists():
+            raise FileNotFoundError(f"no DuckDB store at {path}")
+        con = duckdb.connect(str(path), read_only=read_only)
+    if not read_only:
+        ensure_schema(con)
+    return con
