@@ -1,7 +1,9 @@
 """Per-workflow derived columns of ``calls`` and the ``tool_calls`` table.
 
-Recomputed for the workflows an ingest touched (a later file may add calls to an old workflow,
-which shifts positions and neighbours), with window functions and ASOF joins:
+New calls are stored together with their derived columns. When a batch adds calls to a workflow
+already in the store (a later log file continues a session), that workflow's stored calls are
+taken out and re-inserted with the batch, so positions and neighbours are recomputed over the
+whole workflow. Everything is window functions and ASOF joins:
 
 * position: ``call_index = row_number() over (workflow order by t_arrival, request_id) - 1``;
 * neighbours: ``lag``/``lead`` over the same window;
@@ -13,30 +15,34 @@ which shifts positions and neighbours), with window functions and ASOF joins:
 from __future__ import annotations
 
 import duckdb
-import pandas as pd
 
-from profiler.store import DERIVED_CALL_COLUMNS
+from profiler.store import BASE_CALL_COLUMNS, DERIVED_CALL_COLUMNS
+
+_BASE = ", ".join(f'"{c}"' for c in BASE_CALL_COLUMNS)
 
 
-def refresh(con: duckdb.DuckDBPyConnection, touched: pd.DataFrame | None = None) -> None:
-    """Recompute derived columns and tool rows for ``touched`` workflows (None = all)."""
-    if touched is None:
-        touched = con.execute("SELECT DISTINCT workflow_type_id, workflow_id FROM calls").df()
-    if touched.empty:
-        return
-    con.register("_touched_df", touched[["workflow_type_id", "workflow_id"]])
-    con.execute("CREATE OR REPLACE TEMP TABLE touched AS SELECT * FROM _touched_df")
-    con.unregister("_touched_df")
-    con.execute("""
-        CREATE OR REPLACE TEMP TABLE wcalls AS
-        SELECT request_id, workflow_type_id, workflow_id, agent_id, t_arrival, t_first_token,
-               t_finish, output_tokens, tool_calls, tool_names
-        FROM calls SEMI JOIN touched USING (workflow_type_id, workflow_id)
-    """)
+def insert_calls(con: duckdb.DuckDBPyConnection, new_rows_sql: str) -> None:
+    """Insert the calls selected by ``new_rows_sql`` (base columns) with derived columns, and
+    recompute derived columns and tool rows of every workflow they touch."""
+    con.execute(f"CREATE OR REPLACE TEMP TABLE new_calls AS SELECT {_BASE} FROM ({new_rows_sql})")
+    con.execute("CREATE OR REPLACE TEMP TABLE touched AS "
+                "SELECT DISTINCT workflow_type_id, workflow_id FROM new_calls")
+    stored = con.execute("SELECT count(*) FROM calls SEMI JOIN touched USING (workflow_type_id, workflow_id)"
+                         ).fetchone()[0]
+    if stored:  # continue old workflows: take their calls out, recompute them with the new ones
+        con.execute(f"INSERT INTO new_calls SELECT {_BASE} FROM calls "
+                    f"SEMI JOIN touched USING (workflow_type_id, workflow_id)")
+        con.execute("DELETE FROM calls t USING touched u "
+                    "WHERE t.workflow_type_id = u.workflow_type_id AND t.workflow_id = u.workflow_id")
+        con.execute("DELETE FROM tool_calls t USING touched u "
+                    "WHERE t.workflow_type_id = u.workflow_type_id AND t.workflow_id = u.workflow_id")
+    derived = ", ".join(f'"{c}"' for c in DERIVED_CALL_COLUMNS)
+    # Windows over a narrow projection (sorting the wide rows with prompts would cost more),
+    # joined back to the full rows on insert.
     con.execute("""
         CREATE OR REPLACE TEMP TABLE derived AS
         WITH o AS (
-          SELECT request_id, workflow_type_id, workflow_id, agent_id, t_finish,
+          SELECT request_id, workflow_type_id, workflow_id, t_finish,
             t_finish - t_arrival AS latency_s,
             t_first_token - t_arrival AS ttft_s,
             (row_number() OVER wf - 1)::INTEGER AS call_index,
@@ -47,66 +53,61 @@ def refresh(con: duckdb.DuckDBPyConnection, touched: pd.DataFrame | None = None)
             lead(request_id) OVER wf AS next_request_id,
             lag(agent_id) OVER wf AS prev_agent_id,
             lead(agent_id) OVER wf AS next_agent_id
-          FROM wcalls
+          FROM (SELECT request_id, workflow_type_id, workflow_id, agent_id, t_arrival,
+                       t_first_token, t_finish, output_tokens FROM new_calls)
           WINDOW wf AS (PARTITION BY workflow_type_id, workflow_id ORDER BY t_arrival, request_id),
                  wa AS (PARTITION BY workflow_type_id, workflow_id, agent_id ORDER BY t_arrival, request_id)
         )
-        SELECT o.*, n.t_arrival - o.t_finish AS gap_after_s
-        FROM o ASOF LEFT JOIN wcalls n
+        SELECT o.* EXCLUDE (workflow_type_id, workflow_id, t_finish), n.t_arrival - o.t_finish AS gap_after_s
+        FROM o ASOF LEFT JOIN (SELECT workflow_type_id, workflow_id, t_arrival FROM new_calls) n
           ON o.workflow_type_id = n.workflow_type_id AND o.workflow_id = n.workflow_id
          AND n.t_arrival >= o.t_finish
     """)
-    sets = ", ".join(f'"{c}" = d."{c}"' for c in DERIVED_CALL_COLUMNS)
-    con.execute(f"UPDATE calls SET {sets} FROM derived d WHERE calls.request_id = d.request_id")
+    con.execute(f"INSERT INTO calls ({_BASE}, {derived}) "
+                f"SELECT n.*, d.* EXCLUDE (request_id) FROM new_calls n JOIN derived d USING (request_id)")
+    _insert_tool_calls(con)
+    for t in ("touched", "new_calls", "derived"):
+        con.execute(f"DROP TABLE IF EXISTS {t}")
 
-    con.execute("""
-        DELETE FROM tool_calls t USING touched u
-        WHERE t.workflow_type_id = u.workflow_type_id AND t.workflow_id = u.workflow_id
-    """)
+
+def _insert_tool_calls(con: duckdb.DuckDBPyConnection) -> None:
+    """``tool_calls`` rows for the calls in ``new_calls``."""
     con.execute("""
         INSERT INTO tool_calls
         WITH agent_gap AS (   -- gap to the next call of the same workflow and agent
           SELECT c.request_id, n.t_arrival AS next_same_agent_arrival
-          FROM wcalls c ASOF LEFT JOIN wcalls n
+          FROM (SELECT request_id, workflow_type_id, workflow_id, agent_id, t_finish FROM new_calls
+                WHERE len(tool_names) > 0) c
+          ASOF LEFT JOIN (SELECT workflow_type_id, workflow_id, agent_id, t_arrival FROM new_calls) n
             ON c.workflow_type_id = n.workflow_type_id AND c.workflow_id = n.workflow_id
            AND c.agent_id = n.agent_id AND n.t_arrival >= c.t_finish
         ),
         explicit AS (
           SELECT request_id, workflow_type_id, workflow_id, agent_id, t_finish,
-            unnest(json_extract(tool_calls, '$[*]')) AS e,
-            generate_subscripts(json_extract(tool_calls, '$[*]'), 1) - 1 AS tool_index
-          FROM wcalls WHERE tool_calls IS NOT NULL
-        ),
-        named_only AS (   -- tool names from a gateway response, no timings
-          SELECT request_id, workflow_type_id, workflow_id, agent_id, t_finish,
-            unnest(tool_names) AS tool_name, generate_subscripts(tool_names, 1) - 1 AS tool_index
-          FROM wcalls WHERE tool_calls IS NULL AND len(tool_names) > 0
+            unnest(json_transform(tool_calls, '[{"name": "VARCHAR", "t_start": "DOUBLE", "t_end": "DOUBLE", "status": "VARCHAR"}]')) AS e,
+            generate_subscripts(tool_names, 1) - 1 AS tool_index
+          FROM new_calls WHERE tool_calls IS NOT NULL
         ),
         items AS (
           SELECT request_id, workflow_type_id, workflow_id, agent_id, t_finish, tool_index,
-            e->>'$.name' AS tool_name,
-            TRY_CAST(e->>'$.t_start' AS DOUBLE) AS t_start, TRY_CAST(e->>'$.t_end' AS DOUBLE) AS t_end,
-            coalesce(e->>'$.status', 'ok') AS status
+            e.name AS tool_name, e.t_start, e.t_end, coalesce(e.status, 'ok') AS status
           FROM explicit
-          UNION ALL
-          SELECT request_id, workflow_type_id, workflow_id, agent_id, t_finish, tool_index, tool_name,
-            NULL, NULL, 'ok'
-          FROM named_only
+          UNION ALL   -- tool names from a gateway response, no timings
+          SELECT request_id, workflow_type_id, workflow_id, agent_id, t_finish,
+            generate_subscripts(tool_names, 1) - 1, unnest(tool_names), NULL, NULL, 'ok'
+          FROM new_calls WHERE tool_calls IS NULL AND len(tool_names) > 0
         ),
-        untimed AS (
+        timed AS (
           SELECT i.*, g.next_same_agent_arrival,
-            count(*) FILTER (WHERE t_start IS NULL OR t_end IS NULL) OVER (PARTITION BY i.request_id) AS n_untimed
+            count(*) FILTER (WHERE t_start IS NULL OR t_end IS NULL) OVER (PARTITION BY i.request_id) AS n_untimed,
+            (t_start IS NOT NULL AND t_end IS NOT NULL) AS has_timing
           FROM items i JOIN agent_gap g USING (request_id)
         )
         SELECT request_id, workflow_type_id, workflow_id, agent_id, tool_index::INTEGER, tool_name,
-          CASE WHEN t_start IS NOT NULL AND t_end IS NOT NULL THEN t_start ELSE t_finish END,
-          CASE WHEN t_start IS NOT NULL AND t_end IS NOT NULL THEN t_end
-               ELSE t_finish + (next_same_agent_arrival - t_finish) / n_untimed END,
-          CASE WHEN t_start IS NOT NULL AND t_end IS NOT NULL THEN t_end - t_start
-               ELSE (next_same_agent_arrival - t_finish) / n_untimed END,
+          CASE WHEN has_timing THEN t_start ELSE t_finish END,
+          CASE WHEN has_timing THEN t_end ELSE t_finish + (next_same_agent_arrival - t_finish) / n_untimed END,
+          CASE WHEN has_timing THEN t_end - t_start ELSE (next_same_agent_arrival - t_finish) / n_untimed END,
           status,
-          CASE WHEN t_start IS NOT NULL AND t_end IS NOT NULL THEN 'explicit' ELSE 'gap' END
-        FROM untimed
+          CASE WHEN has_timing THEN 'explicit' ELSE 'gap' END
+        FROM timed
     """)
-    for t in ("touched", "wcalls", "derived"):
-        con.execute(f"DROP TABLE IF EXISTS {t}")

@@ -214,9 +214,9 @@ def ingest(
                     problem = "empty file: no records"
                 else:
                     problem = _stage_file(con, path, fmt)
-                    if problem is None and con.execute(
-                            "SELECT count(*) FROM staging WHERE file = ? AND trim(coalesce(text, '')) <> ''",
-                            [str(path)]).fetchone()[0] == 0:
+                    if problem is None and not con.execute(
+                            "SELECT 1 FROM staging WHERE file = ? AND trim(text) <> '' LIMIT 1",
+                            [str(path)]).fetchall():
                         problem = "empty file: no records"
                 if problem:
                     con.execute("INSERT INTO file_problems VALUES (?, ?)", [str(path), problem])
@@ -241,13 +241,14 @@ def _load_staged(con: duckdb.DuckDBPyConnection, report: IngestReport,
     con.execute("""
         CREATE OR REPLACE TEMP TABLE judged AS
         WITH ranked AS (
-          SELECT p.*,
-            row_number() OVER (PARTITION BY request_id ORDER BY file, line) AS rn,
-            first_value(content_hash) OVER (PARTITION BY request_id ORDER BY file, line) AS first_hash,
-            first_value(file || ':' || line) OVER (PARTITION BY request_id ORDER BY file, line) AS first_at
-          FROM parsed p WHERE reason IS NULL
+          SELECT file, line, request_id, content_hash,
+            row_number() OVER w AS rn,
+            first_value(content_hash) OVER w AS first_hash,
+            first_value(file || ':' || line) OVER w AS first_at
+          FROM parsed WHERE reason IS NULL
+          WINDOW w AS (PARTITION BY request_id ORDER BY file, line)
         )
-        SELECT r.*,
+        SELECT r.file, r.line, r.request_id, r.first_at,
           CASE
             WHEN c.request_id IS NOT NULL AND c.content_hash = r.content_hash THEN 'duplicate'
             WHEN c.request_id IS NOT NULL THEN 'conflict_store'
@@ -260,20 +261,21 @@ def _load_staged(con: duckdb.DuckDBPyConnection, report: IngestReport,
     """)
     con.execute("""
         INSERT INTO quarantine
-        SELECT file, line, field, reason, left(text, 2000), now() FROM parsed WHERE reason IS NOT NULL
+        SELECT file, line, field, reason, raw, now() FROM parsed WHERE reason IS NOT NULL
         UNION ALL
-        SELECT file, line, 'request_id',
-          'conflicting duplicate request_id ' || request_id || ': different content from the record at '
+        SELECT j.file, j.line, 'request_id',
+          'conflicting duplicate request_id ' || j.request_id || ': different content from the record at '
             || CASE WHEN verdict = 'conflict_store' THEN stored_at || ' (already stored)' ELSE first_at END,
-          left(text, 2000), now()
-        FROM judged WHERE verdict IN ('conflict_store', 'conflict_batch')
+          left(s.text, 2000), now()
+        FROM judged j JOIN staging s USING (file, line) WHERE verdict IN ('conflict_store', 'conflict_batch')
         UNION ALL
         SELECT file, NULL, NULL, reason, NULL, now() FROM file_problems
     """)
-    cols = ", ".join(f'"{c}"' for c in BASE_CALL_COLUMNS)
     select_cols = ", ".join(
-        {"source_file": "file", "source_line": "line"}.get(c, f'"{c}"') for c in BASE_CALL_COLUMNS)
-    con.execute(f"INSERT INTO calls ({cols}) SELECT {select_cols} FROM judged WHERE verdict = 'new'")
+        {"source_file": "p.file AS source_file", "source_line": "p.line AS source_line"}.get(c, f'p."{c}"')
+        for c in BASE_CALL_COLUMNS)
+    derive.insert_calls(con, f"SELECT {select_cols} FROM parsed p JOIN judged j USING (file, line) "
+                             f"WHERE j.verdict = 'new'")
 
     stats = {row[0]: row[1:] for row in con.execute("""
         WITH per_file AS (
@@ -282,7 +284,7 @@ def _load_staged(con: duckdb.DuckDBPyConnection, report: IngestReport,
             count(*) FILTER (WHERE reason IS NULL AND verdict = 'new') AS loaded,
             count(*) FILTER (WHERE reason IS NULL AND verdict = 'duplicate') AS dup,
             count(*) FILTER (WHERE reason IS NOT NULL OR verdict LIKE 'conflict%') AS bad
-          FROM parsed LEFT JOIN (SELECT file, line, verdict FROM judged) USING (file, line)
+          FROM parsed LEFT JOIN judged USING (file, line)
           GROUP BY file
         )
         SELECT file, rows_read, loaded, dup, bad FROM per_file
@@ -304,8 +306,5 @@ def _load_staged(con: duckdb.DuckDBPyConnection, report: IngestReport,
                 FROM judged WHERE verdict LIKE 'conflict%')
             ORDER BY file, line NULLS FIRST LIMIT 10""").fetchall()]
 
-    touched = con.execute(
-        "SELECT DISTINCT workflow_type_id, workflow_id FROM judged WHERE verdict = 'new'").df()
-    derive.refresh(con, touched)
     for t in ("parsed", "judged", "file_problems"):
         con.execute(f"DROP TABLE IF EXISTS {t}")

@@ -26,6 +26,7 @@ contain the parents' responses, so prompt-composition mining has something real 
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -199,17 +200,18 @@ def generate_workflow(spec: dict, index: int, seed: int, t_start: float,
     return records
 
 
-def generate(spec: str | Path | dict, n_workflows: int, seed: int = 0, with_text: bool = False,
+def generate(spec: str | Path | dict, n_workflows: int | None, seed: int = 0, with_text: bool = False,
              arrival_rate: float = 0.2) -> Iterator[dict]:
-    """Flat records of ``n_workflows`` workflows; workflow starts are a Poisson process.
+    """Flat records of ``n_workflows`` workflows (None = without end); starts are a Poisson process.
 
     ``arrival_rate`` is in workflows per second (mean gap 1/rate between workflow starts).
     """
     spec_d = spec if isinstance(spec, dict) else load_spec(spec)
-    gaps = np.random.default_rng([seed, 7]).exponential(1.0 / arrival_rate, size=n_workflows)
-    starts = EPOCH0 + np.cumsum(gaps)
-    for i in range(n_workflows):
-        yield from generate_workflow(spec_d, i, seed, float(starts[i]), with_text)
+    arrivals = np.random.default_rng([seed, 7])
+    t = EPOCH0
+    for i in itertools.count() if n_workflows is None else range(n_workflows):
+        t += float(arrivals.exponential(1.0 / arrival_rate))
+        yield from generate_workflow(spec_d, i, seed, t, with_text)
 
 
 def write_jsonl(records: Iterator[dict], out: Path, gzip_output: bool = False) -> int:

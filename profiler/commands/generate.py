@@ -42,11 +42,12 @@ def generate(
     """
     from rich.progress import Progress
 
-    from profiler.workloads import generate as gen, write_jsonl
+    from profiler.workloads import generate as gen, load_spec, write_jsonl
 
-    n_wf = 10**12 if calls else workflows
+    n_wf = None if calls else workflows
     try:
-        records = gen(workload, n_wf, seed=seed, with_text=with_text, arrival_rate=rate)
+        spec = load_spec(workload)
+        records = gen(spec, n_wf, seed=seed, with_text=with_text, arrival_rate=rate)
     except ValueError as exc:
         fail(str(exc))
     if calls:

@@ -1,0 +1,47 @@
+"""Shared fixtures: small generated workloads and a profile fitted on them (built once per run)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SWE_TRACES = REPO / "datasets" / "swe_agent" / "swe_agent_glm45_bs4.jsonl"
+
+
+def write_jsonl(path: Path, records: list[dict | str]) -> Path:
+    """Write records (dicts, or raw strings for deliberately broken lines) as JSON Lines."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in records))
+    return path
+
+
+@pytest.fixture(scope="session")
+def coding_logs(tmp_path_factory) -> Path:
+    """120 generated coding-assistant workflows (train side) as one JSONL file."""
+    from profiler.workloads import generate, write_jsonl as wj
+
+    out = tmp_path_factory.mktemp("coding") / "coding.jsonl"
+    wj(generate("coding_assistant", 120, seed=11), out)
+    return out
+
+
+@pytest.fixture(scope="session")
+def coding_test_logs(tmp_path_factory) -> Path:
+    """60 further coding-assistant workflows (another seed: never seen by the fit)."""
+    from profiler.workloads import generate, write_jsonl as wj
+
+    out = tmp_path_factory.mktemp("coding_test") / "coding_test.jsonl"
+    wj(generate("coding_assistant", 60, seed=12), out)
+    return out
+
+
+@pytest.fixture(scope="session")
+def fitted_profile(tmp_path_factory, coding_logs) -> Path:
+    """Profile root fitted on ``coding_logs`` (read-only for tests: copy before changing)."""
+    from profiler.fitting import fit_profile
+
+    root = tmp_path_factory.mktemp("profile")
+    fit_profile([coding_logs], root)
+    return root

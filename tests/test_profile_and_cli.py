@@ -1,0 +1,98 @@
+"""Profile artifact (versioned, atomic) and the fit → show → eval command path."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from profiler import profile_artifact as pa
+from tests.conftest import SWE_TRACES
+
+
+def run(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    proc = subprocess.run([sys.executable, "-m", "profiler", *args], capture_output=True, text=True)
+    if check:
+        assert proc.returncode == 0, proc.stderr
+    return proc
+
+
+def test_version_is_content_hash_and_current_switches(tmp_path):
+    p1 = pa.write_profile(tmp_path, {"x": 1}, {"sources": []})
+    p2 = pa.write_profile(tmp_path, {"x": 2}, {"sources": []})
+    assert p1.version != p2.version and pa.current_version(tmp_path) == p2.version
+    assert pa.write_profile(tmp_path, {"x": 1}, {}).version == p1.version
+    assert pa.load_profile(tmp_path).data["x"] == 1
+    assert pa.load_profile(tmp_path / "versions" / p2.version).data["x"] == 2
+
+
+def test_crash_mid_write_leaves_old_profile_intact(tmp_path, monkeypatch):
+    old = pa.write_profile(tmp_path, {"x": 1}, {})
+    real_replace = os.replace
+
+    def crash(src, dst):
+        if str(dst).endswith("CURRENT") or "versions" in str(dst):
+            raise OSError("disk full")
+        return real_replace(src, dst)
+    monkeypatch.setattr(pa.os, "replace", crash)
+    with pytest.raises(OSError):
+        pa.write_profile(tmp_path, {"x": 99}, {})
+    monkeypatch.setattr(pa.os, "replace", real_replace)
+    loaded = pa.load_profile(tmp_path)
+    assert loaded.version == old.version and loaded.data["x"] == 1
+    assert not [p for p in (tmp_path / "versions").iterdir() if p.name.startswith(".tmp")]
+
+
+def test_not_a_profile_is_a_clear_error(tmp_path):
+    with pytest.raises(pa.ProfileError, match="profiler fit"):
+        pa.load_profile(tmp_path)
+
+
+def test_fitted_profile_has_every_section(fitted_profile):
+    prof = pa.load_profile(fitted_profile)
+    d = prof.data
+    assert set(d) >= {"output_length", "tool_latency", "agents", "workflow_types"}
+    assert d["workflow_types"]["coding_assistant"]["workflows"] == 120
+    assert d["agents"]["coding_assistant"]["engineer"]["tools"]["edit_file"] > 0
+    assert d["tool_latency"]["workflow_types"]["coding_assistant"]["run_tests"]["p50_s"] == pytest.approx(4.0, rel=0.25)
+    assert prof.manifest["sources"][0]["rows"] == prof.manifest["counts"]["calls"]
+    assert (fitted_profile / "store.duckdb").exists()
+
+
+def test_cli_fit_show_eval_json(tmp_path, coding_logs, coding_test_logs):
+    out = tmp_path / "p"
+    run("fit", str(coding_logs), "--out", str(out), "-q")
+    shown = run("show", "--profile", str(out)).stdout
+    assert "engineer" in shown and "run_tests" in shown
+    res = json.loads(run("eval", "--profile", str(out), str(coding_test_logs), "--json").stdout)
+    assert res["calls"] > 500 and res["workflows"] == 60
+    ol = res["output_len"]
+    assert set(ol) >= {"nominal", "coverage", "mean_width", "global_band_width", "per_agent"}
+    assert ol["coverage"] > 0.95 and ol["mean_width"] < ol["global_band_width"]
+    tl = res["tool_latency"]
+    assert set(tl) >= {"p95_coverage", "ks_max", "per_tool"} and 0.85 < tl["p95_coverage"] <= 1.0
+
+
+def test_cli_generate_split_fit_on_real_traces(tmp_path):
+    split = tmp_path / "split"
+    run("split", str(SWE_TRACES), "--out", str(split), "--train", "0.7")
+    train = sum(1 for _ in open(split / "train" / "logs.jsonl"))
+    test = sum(1 for _ in open(split / "test" / "logs.jsonl"))
+    assert train + test == 3037 and 0.55 < train / 3037 < 0.85
+    wf_train = {json.loads(l)["workflow_id"] for l in open(split / "train" / "logs.jsonl")}
+    wf_test = {json.loads(l)["workflow_id"] for l in open(split / "test" / "logs.jsonl")}
+    assert not wf_train & wf_test
+    gen = tmp_path / "gen.jsonl"
+    run("generate", "--workload", "deep-research", "--calls", "300", "--out", str(gen))
+    lines = [json.loads(l) for l in open(gen)]
+    assert len(lines) >= 300 and len({r["workflow_id"] for r in lines}) < len(lines)
+
+
+def test_cli_errors_are_clear(tmp_path):
+    proc = run("show", "--profile", str(tmp_path), check=False)
+    assert proc.returncode == 2 and "not a profile" in proc.stderr
+    proc = run("generate", "--workload", "nope", "--out", str(tmp_path / "x.jsonl"), check=False)
+    assert proc.returncode == 2 and "unknown workload" in proc.stderr
