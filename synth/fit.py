@@ -1,0 +1,159 @@
+"""Fit the workflow section of one workflow type from its sequences.
+
+sequences → prefix tree → ALERGIA (``alpha``) → pruned PFA (``prune``) → bounded regex →
+counting session automaton (regex DFA × PFA, :mod:`synth.counting`) → call-level chain →
+precomputed session table; and (when the logs carry text) prompt templates.
+The result is a JSON-ready dict stored at ``profile.json["workflows"][wt]`` and read back by
+:class:`synth.session.WorkflowPaths`.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from synth.chain import (build_chain, chain_estimates, combine_chains, member_shares,
+                         session_table)
+from synth.counting import DEFAULT_PRIOR_WEIGHT, counting_pfa
+from synth.pfa import learn_pfa, prune as prune_pfa
+from synth.prompts import TextCall, evaluate_templates, learn_templates, template_string
+from synth.regex_synth import LOOP_QUANTILES, RegexMatcher, synthesize_regex, width_ranges
+from synth.sequences import WorkflowSequence
+
+SECTION_FORMAT = 1
+DEFAULT_ALPHA = 0.2
+DEFAULT_PRUNE = 0.05
+
+
+def remaining_by_index(sequences: Sequence[WorkflowSequence],
+                       counts: Sequence[int] | None = None) -> list[float]:
+    """Mean number of calls still to come after the i-th call (a position-only baseline);
+    ``counts[i]`` = how many workflows ``sequences[i]`` stands for (default 1)."""
+    lengths: Counter = Counter()
+    for s, n in zip(sequences, counts or [1] * len(sequences)):
+        lengths[len(s.calls)] += n
+    longest = max(lengths, default=0)
+    sums, totals = np.zeros(longest), np.zeros(longest)
+    for n, k in lengths.items():
+        sums[:n] += k * np.arange(n - 1, -1, -1)
+        totals[:n] += k
+    return [float(round(v, 4)) for v in sums / np.maximum(totals, 1)]
+
+
+def fit_sequences(sequences: Sequence[WorkflowSequence],
+                  timings: Mapping[str, tuple[float, float]] | None = None,
+                  alpha: float = DEFAULT_ALPHA, prune: float = DEFAULT_PRUNE,
+                  loop_quantiles: tuple[float, float] = LOOP_QUANTILES,
+                  text_workflows: Sequence[list[TextCall]] | None = None,
+                  prior_weight: float = DEFAULT_PRIOR_WEIGHT,
+                  counts: Sequence[int] | None = None) -> dict:
+    """The workflow section for one workflow type (see the module docstring).
+
+    ``timings[agent] = (mean latency_s, mean gap_after_s)`` feeds the remaining-seconds
+    estimates; agents without timings count 0 s. ``counts[i]`` says how many workflows
+    ``sequences[i]`` stands for (default 1 each; :func:`synth.sequences.load_sequence_counts`
+    returns distinct sequences and their counts): the result is the same as for the list
+    with every sequence repeated that often, but costs O(distinct sequences).
+    """
+    if not sequences:
+        raise ValueError("no workflows to fit")
+    if not 0.0 <= prune < 1.0:
+        raise ValueError(f"prune must be in [0, 1), got {prune}")
+    counts = [1] * len(sequences) if counts is None else [int(n) for n in counts]
+    if len(counts) != len(sequences) or min(counts) < 1:
+        raise ValueError("counts must give a positive count for every sequence")
+    timings = dict(timings or {})
+    # identical workflows are fitted once, with their multiplicity as weight
+    distinct: Counter = Counter()
+    step_counts: Counter = Counter()  # Step -> how many training steps it stands for
+    calls: Counter = Counter()
+    for s, n in zip(sequences, counts):
+        distinct[(s.step_symbols, s.step_widths)] += n
+        calls[s.calls] += n
+        for step in s.steps:
+            step_counts[step] += n
+    steps = [symbols for symbols, _ in distinct]
+    weights = list(distinct.values())
+    learned = learn_pfa(steps, [w for _, w in distinct], alpha=alpha, weights=weights)
+    pruned = prune_pfa(learned, prune)
+    regexes = synthesize_regex(pruned, steps, loop_quantiles, weights)
+    shares = member_shares([(st.symbol, st.agents) for st in step_counts],
+                           list(step_counts.values()))
+    counted = None
+    if regexes["step_tree"] is not None:
+        counted = counting_pfa(regexes["step_tree"], pruned, steps, [w for _, w in distinct],
+                               weights, prior_weight)
+    if counted is None:
+        session_pfa = pruned
+        chain = build_chain(pruned, shares)
+        fallback = None
+    else:
+        # sessions run on the counting automaton; beyond its loop bounds they continue on
+        # the PFA (memoryless, but still on the pruned automaton)
+        session_pfa, pfa_state = counted
+        inner, outer = build_chain(session_pfa, shares), build_chain(pruned, shares)
+        chain = combine_chains(inner, outer)
+        outer_index = {key: i + inner.size for i, key in enumerate(outer.keys)}
+        fallback = {}
+        for c, key in enumerate(inner.keys):
+            q = pfa_state[key[1]]
+            if key[0] == "q":
+                target = outer_index.get(("q", q))
+            else:  # inside a fan-out step: the same step of the PFA, else the step done
+                _, _, symbol, k = key
+                target = outer_index.get(("g", q, symbol, k),
+                                         outer_index.get(("q", pruned.trans[q][symbol])))
+            if target is not None:
+                fallback[c] = target
+    estimates = chain_estimates(chain, timings)
+    table = session_table(chain, estimates, timings, fallback)
+    matcher = RegexMatcher(regexes["regex"])
+    widths = width_ranges(pruned, loop_quantiles)
+    agent_index = {a: i for i, a in enumerate(chain.agents)}
+    section = {
+        "format": SECTION_FORMAT,
+        "alphabet": "agent",
+        "regex": regexes["regex"],
+        "step_regex": regexes["step_regex"],
+        "unbounded_regex": regexes["unbounded_regex"],
+        "train_acceptance": float(np.average([pruned.accepts(s) for s in steps],
+                                             weights=weights)),
+        "train_counting_acceptance": float(np.average(
+            [session_pfa.accepts(s) for s in steps], weights=weights)),
+        "train_regex_acceptance": float(np.average([matcher.accepts(c) for c in calls],
+                                                   weights=list(calls.values()))),
+        "workflows": int(sum(counts)),
+        "calls": int(sum(len(s.calls) * n for s, n in zip(sequences, counts))),
+        "params": {"alpha": alpha, "prune": prune, "loop_quantiles": list(loop_quantiles),
+                   "prior_weight": prior_weight},
+        "states": {"learned": len(learned.states), "pruned": len(pruned.states),
+                   "counting": len(session_pfa.states), "chain": chain.size,
+                   "session": len(table.next)},
+        "fanout": {symbol: {"members": shares.get(symbol, {}),
+                            "widths": {str(w): c for w, c in
+                                       sorted(pruned.width_counts(symbol).items())},
+                            "width_range": list(widths[symbol])}
+                   for symbol in pruned.alphabet},
+        "timings": {a: {"mean_latency_s": float(t[0]), "mean_gap_after_s": float(t[1])}
+                    for a, t in sorted(timings.items())},
+        "remaining_calls_by_index": remaining_by_index(sequences, counts),
+        "pfa": pruned.to_dict(),
+        "session_pfa": session_pfa.to_dict(),
+        "chain": {"agents": chain.agents,
+                  "rows": [[[agent_index[a], t, round(p, 9)] for a, t, p, _ in row]
+                           for row in chain.rows],
+                  "p_end": [round(p, 9) for p in chain.p_end]},
+        "session": {"next": table.next, "estimates": table.estimates,
+                    "chain_state": table.chain_state, "last_agent": table.last_agent,
+                    "accepting": table.accepting},
+    }
+    if text_workflows:
+        parts = learn_templates(text_workflows)
+        section["prompt_composition"] = {
+            "unit": "characters",
+            "templates": {a: template_string(t) for a, t in parts.items()},
+            "template_parts": parts,
+            "train": evaluate_templates(parts, text_workflows),
+        }
+    return section
