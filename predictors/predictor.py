@@ -1,0 +1,502 @@
+"""``Predictor``: the in-process facade that turns a profile into per-call ``sys_annotations``.
+
+One object serves every request of a process (sidecar, gateway, or an app that imports it):
+
+* **Profile, compiled once.** :meth:`Predictor.load` turns ``profile.json`` into estimator objects
+  (output-length bands, tool-latency fits, one workflow automaton per workflow type) and the
+  per-(workflow type, agent) parts of an annotation that never change between calls. A new
+  profile is compiled aside and swapped in with one reference assignment, so a request in flight
+  finishes on the profile it started with and none ever sees half of each.
+* **Session state.** Per ``(workflow_type_id, workflow_id)``: the agents seen so far (in arrival
+  order), the automaton state they lead to, each agent's last output length (a feature of the
+  conditional output-length model) and the last few responses (what prompt templates reference).
+  Sessions live in an LRU table bounded by ``max_sessions`` and forgotten after ``session_idle_s``
+  without a call. One lock guards the table; every operation under it is O(1).
+* **Calls advance the session.** :meth:`annotate` (at call arrival) advances the automaton by the
+  call's agent — once per ``request_id``, so a retried annotate does not count twice — and
+  :meth:`observe` (at completion) records the output length and response; a completion whose
+  arrival was never annotated advances the session itself.
+* **Never fails a request.** An unknown workflow type or agent, an agent served only by the global
+  band (too little data), a workflow type held in shadow mode, or a session that left the pruned
+  automaton give ``{"known": false, "reason": ...}`` without any prediction, never an exception.
+
+Annotation (``known: true``), a superset of DESIGN.md's listing::
+
+    {"profile_version", "known": true, "workflow_type_id", "workflow_id", "agent_id",
+     "predicted_output_len": [lo, hi], "output_len_coverage", "output_len_level",
+     "tool_latency": {tool: {"mu", "sigma", "p50_s", "p95_s", "ttl_s"}},   # by frequency
+     "retain_s",              # keep-alive TTL (SAGA) of the most frequent tool, when it has one
+     "next_agents", "predicted_path_regex", "expected_remaining_calls", "expected_remaining_s",
+     "expected_distance", "prompt_composition",    # when the profile has the workflow automaton
+     "priority"}                                   # when a priority policy is configured
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import OrderedDict, deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, Mapping
+
+from predictors.output_length import OutputLengthIntervals
+from predictors.tool_latency import ToolLatencyModel
+
+log = logging.getLogger(__name__)
+
+#: Keys every annotation echoes from app_metadata.
+ID_KEYS = ("workflow_type_id", "workflow_id", "agent_id")
+#: Fields of a tool-latency entry that go into an annotation.
+TOOL_FIELDS = ("mu", "sigma", "p50_s", "p95_s", "ttl_s")
+#: Agents kept per session for replaying the automaton after a profile swap.
+MAX_SESSION_AGENTS = 4096
+
+_DEFAULT_PRIORITY = object()
+
+
+def _workflow_paths_class():
+    """``synth.session.WorkflowPaths`` when the synth package provides it, else None."""
+    try:
+        from synth.session import WorkflowPaths
+    except ImportError:
+        return None
+    return WorkflowPaths
+
+
+def _default_priority_policy():
+    try:
+        from serving_hooks.policies.priority import PriorityPolicy
+        from serving_hooks.policies.annotations_view import CallView
+    except ImportError:
+        return None
+    return _PolicyPriority(PriorityPolicy(), CallView)
+
+
+@dataclass(frozen=True)
+class _PolicyPriority:
+    """Adapts ``serving_hooks.policies.priority.PriorityPolicy`` to one annotation -> int."""
+
+    policy: Any
+    view: Any
+
+    def __call__(self, annotation: dict, app_metadata: Mapping) -> int:
+        return self.policy.to_sglang(self.policy.score_view(
+            self.view.from_sys_annotations(annotation, app_metadata)))
+
+
+@dataclass
+class _AgentEntry:
+    """What never changes between calls of one (workflow type, agent)."""
+
+    calls: int
+    tool_latency: dict[str, dict]
+    static_band: tuple[int, int, str] | None   # None: the conditional model needs features
+    retain_s: float | None = None              # keep-alive TTL of the agent's most frequent tool
+
+
+class CompiledProfile:
+    """A profile turned into lookup structures; immutable once built (safe to share across threads)."""
+
+    def __init__(self, data: Mapping[str, Any], version: str, *, max_tools: int = 3,
+                 paths_class: Any = None) -> None:
+        self.version = version
+        self.data = data
+        self.manifest: dict = {}
+        self.path: Path | None = None
+        ol = data.get("output_length")
+        self.bands = OutputLengthIntervals.from_dict(ol) if ol else None
+        self.coverage = float(ol["coverage"]) if ol else None
+        tl = data.get("tool_latency")
+        self.tools = ToolLatencyModel.from_dict(tl) if tl else None
+        wts = data.get("workflow_types") or {}
+        self.workflow_type_calls: dict[str, int] = {wt: int((v or {}).get("calls", 0)) for wt, v in wts.items()}
+        if self.bands is not None:
+            for wt, band in self.bands.workflow_types_.items():
+                self.workflow_type_calls.setdefault(wt, int(band.get("n", 0)))
+        self.agents: dict[tuple[str, str], _AgentEntry] = {}
+        agent_stats = data.get("agents") or {}
+        band_agents = self.bands.agents_ if self.bands is not None else {}
+        for wt in set(agent_stats) | set(band_agents):
+            for agent in set(agent_stats.get(wt, {})) | set(band_agents.get(wt, {})):
+                self.agents[(wt, agent)] = self._agent_entry(wt, agent, agent_stats.get(wt, {}).get(agent) or {},
+                                                             max_tools)
+        self.paths: dict[str, Any] = {}
+        self.path_errors: dict[str, str] = {}
+        if paths_class is not None:
+            for wt, section in (data.get("workflows") or {}).items():
+                try:
+                    self.paths[wt] = paths_class.from_section(section)
+                except Exception as exc:  # a bad section costs that type its path fields only
+                    self.path_errors[wt] = f"{type(exc).__name__}: {exc}"
+                    log.warning("profile %s: workflow automaton of %r not usable: %s", version, wt, exc)
+
+    def _agent_entry(self, wt: str, agent: str, stats: Mapping, max_tools: int) -> _AgentEntry:
+        tools: dict[str, dict] = {}
+        counts = stats.get("tools") or {}
+        if self.tools is not None:
+            for name in sorted(counts, key=lambda t: (-counts[t], t))[:max_tools]:
+                entry = self.tools.lookup(wt, name)
+                if entry:
+                    tools[name] = {k: entry[k] for k in TOOL_FIELDS if entry.get(k) is not None}
+        static = None
+        if self.bands is not None:
+            band, level = self.bands.lookup(wt, agent)
+            if not band.get("conditional"):
+                static = (int(band["lo"]), int(band["hi"]), level)
+        calls = int(stats.get("calls") or (self.bands.agents_.get(wt, {}).get(agent, {}).get("n", 0)
+                                           if self.bands is not None else 0))
+        first = next(iter(tools.values()), {})
+        return _AgentEntry(calls=calls, tool_latency=tools, static_band=static,
+                           retain_s=first.get("ttl_s", first.get("p95_s")))
+
+    def band(self, wt: str, agent: str, entry: _AgentEntry, features: Mapping) -> tuple[int, int, str] | None:
+        if entry.static_band is not None:
+            return entry.static_band
+        if self.bands is None:
+            return None
+        return self.bands.predict_band(wt, agent, features)
+
+
+@dataclass
+class _Session:
+    workflow_type_id: str
+    workflow_id: str
+    last_seen: float
+    agents: list[str] = field(default_factory=list)
+    path_state: Any = None
+    path_version: str | None = None
+    agent_calls: dict[str, int] = field(default_factory=dict)
+    last_output: dict[str, int] = field(default_factory=dict)
+    pending: OrderedDict = field(default_factory=OrderedDict)   # request_id -> (agent, band | None)
+    recent: deque = field(default_factory=lambda: deque(maxlen=8))
+    last_finish: float | None = None
+    truncated: bool = False
+
+
+class Predictor:
+    """Per-call predictions from a workflow profile, with bounded per-session state.
+
+    Parameters
+    ----------
+    profile : a ``profiler.profile_artifact.Profile``, a profile folder (root or version), or None
+        (load later with :meth:`load`).
+    max_sessions : sessions kept in memory (least recently used beyond it are forgotten).
+    session_idle_s : a session without a call for this long is forgotten.
+    max_tools : tools listed in ``tool_latency`` per agent (the most frequent ones).
+    recent_outputs : responses kept per session for prompt composition.
+    gate : an object deciding shadow mode (``serving_hooks.shadow.ShadowGate``) or None.
+    priority_policy : callable ``(annotation, app_metadata) -> int``; by default
+        ``serving_hooks.policies.priority.PriorityPolicy`` when importable; None disables.
+    prompt_composition_agents : next agents (most likely first) whose prompt template is included.
+    """
+
+    def __init__(self, profile: Any = None, *, max_sessions: int = 100_000,
+                 session_idle_s: float = 3600.0, max_tools: int = 3, recent_outputs: int = 8,
+                 gate: Any = None, priority_policy: Any = _DEFAULT_PRIORITY,
+                 prompt_composition_agents: int = 1, clock=time.monotonic) -> None:
+        self.max_sessions = int(max_sessions)
+        self.session_idle_s = float(session_idle_s)
+        self.max_tools = int(max_tools)
+        self.recent_outputs = int(recent_outputs)
+        self.gate = gate
+        self.priority_policy = _default_priority_policy() if priority_policy is _DEFAULT_PRIORITY \
+            else priority_policy
+        self.prompt_composition_agents = int(prompt_composition_agents)
+        self.clock = clock
+        self._paths_class = _workflow_paths_class()
+        self._model: CompiledProfile | None = None
+        self._sessions: OrderedDict[tuple[str, str], _Session] = OrderedDict()
+        self._lock = threading.Lock()
+        self._count_lock = threading.Lock()
+        self._ops = 0
+        self.annotations_total = 0
+        self.annotations_unknown = 0
+        self.loaded_at: float | None = None
+        if profile is not None:
+            self.load(profile)
+
+    # ------------------------------------------------------------------ profile
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], version: str = "inline", **kwargs) -> "Predictor":
+        """A predictor over a profile.json dict (tests, notebooks)."""
+        return cls(SimpleNamespace(data=data, version=version, manifest={}, path=None), **kwargs)
+
+    def load(self, profile: Any) -> CompiledProfile:
+        """Compile ``profile`` (a Profile, or a folder to load) and swap it in atomically."""
+        if isinstance(profile, (str, Path)):
+            from profiler.profile_artifact import load_profile
+            profile = load_profile(profile)
+        compiled = CompiledProfile(profile.data, profile.version, max_tools=self.max_tools,
+                                   paths_class=self._paths_class)
+        compiled.manifest = getattr(profile, "manifest", {}) or {}
+        compiled.path = getattr(profile, "path", None)
+        if self.gate is not None:
+            self.gate.on_profile(compiled.workflow_type_calls, compiled.coverage,
+                                 first=self._model is None)
+        self._model = compiled            # the atomic swap: one reference assignment
+        self.loaded_at = time.time()
+        return compiled
+
+    @property
+    def profile(self) -> CompiledProfile | None:
+        return self._model
+
+    @property
+    def version(self) -> str | None:
+        m = self._model
+        return m.version if m is not None else None
+
+    # ----------------------------------------------------------------- sessions
+    def session_count(self) -> int:
+        return len(self._sessions)
+
+    def _session(self, wt: str, wf: str, now: float) -> _Session:
+        """Get or create a session (caller holds the lock); also evicts idle/LRU sessions."""
+        key = (wt, wf)
+        s = self._sessions.get(key)
+        if s is not None and now - s.last_seen > self.session_idle_s:
+            s = None  # idle too long: a new execution under a reused id starts fresh
+        if s is None:
+            s = _Session(wt, wf, now, recent=deque(maxlen=self.recent_outputs))
+            self._sessions[key] = s
+        else:
+            self._sessions.move_to_end(key)
+        s.last_seen = now
+        self._ops += 1
+        if len(self._sessions) > self.max_sessions:
+            self._sessions.popitem(last=False)
+        if self._ops % 256 == 0:
+            self._expire(now)
+        return s
+
+    def _expire(self, now: float) -> None:
+        """Drop sessions idle longer than ``session_idle_s`` (oldest first; stops at the first live)."""
+        limit = now - self.session_idle_s
+        while self._sessions:
+            key, s = next(iter(self._sessions.items()))
+            if s.last_seen >= limit:
+                break
+            del self._sessions[key]
+
+    def expire_idle(self) -> int:
+        """Forget idle sessions now; returns how many are left."""
+        with self._lock:
+            self._expire(self.clock())
+            return len(self._sessions)
+
+    def _path_state(self, m: CompiledProfile, s: _Session) -> Any:
+        """The session's automaton state under profile ``m`` (replayed after a profile swap)."""
+        paths = m.paths.get(s.workflow_type_id)
+        if paths is None:
+            return None
+        if s.path_version != m.version:
+            state = None if s.truncated else paths.start()
+            for agent in s.agents:
+                if state is None:
+                    break
+                state = paths.advance(state, agent)
+            s.path_state, s.path_version = state, m.version
+        return s.path_state
+
+    def _advance(self, m: CompiledProfile | None, s: _Session, agent: str) -> None:
+        if m is not None:
+            self._path_state(m, s)  # bring the state up to this profile before stepping
+        if len(s.agents) < MAX_SESSION_AGENTS:
+            s.agents.append(agent)
+        else:
+            s.truncated = True
+        s.agent_calls[agent] = s.agent_calls.get(agent, 0) + 1
+        if m is not None and s.path_version == m.version and s.path_state is not None:
+            s.path_state = m.paths[s.workflow_type_id].advance(s.path_state, agent)
+
+    # ----------------------------------------------------------------- annotate
+    @staticmethod
+    def _unknown(base: dict, reason: str, detail: str | None = None) -> dict:
+        base["known"] = False
+        base["reason"] = reason
+        if detail:
+            base["detail"] = detail
+        return base
+
+    def annotate(self, app_metadata: Mapping[str, Any] | None, *, request_id: str | None = None,
+                 input_tokens: int | None = None, advance: bool = True) -> dict:
+        """sys_annotations for one call (see module doc); never raises on bad input.
+
+        ``request_id`` makes the session advance idempotent (and lets :meth:`observe` score the
+        band this call was given); ``input_tokens`` feeds the conditional output-length model;
+        ``advance=False`` asks "what would you say" without changing the session.
+        """
+        ann = self._annotate(app_metadata, request_id, input_tokens, advance)
+        with self._count_lock:
+            self.annotations_total += 1
+            self.annotations_unknown += not ann["known"]
+        return ann
+
+    def _annotate(self, app_metadata: Any, request_id: str | None, input_tokens: int | None,
+                  advance: bool) -> dict:
+        m = self._model
+        meta = app_metadata if isinstance(app_metadata, Mapping) else {}
+        ids = [meta.get(k) for k in ID_KEYS]
+        base = {"profile_version": m.version if m is not None else None, "known": False}
+        for k, v in zip(ID_KEYS, ids):
+            base[k] = v
+        missing = [k for k, v in zip(ID_KEYS, ids) if v is None or v == "" or not isinstance(v, (str, int))]
+        if missing:
+            return self._unknown(base, "missing_app_metadata", "app_metadata lacks " + ", ".join(missing))
+        wt, wf, agent = (str(v) for v in ids)
+        now = self.clock()
+        with self._lock:
+            s = self._session(wt, wf, now)
+            first_time = request_id is None or request_id not in s.pending
+            if advance and first_time:
+                self._advance(m, s, agent)
+            if m is None:
+                return self._unknown(base, "no_profile")
+            state = self._path_state(m, s)
+            entry = m.agents.get((wt, agent))
+            band = None
+            if entry is not None:
+                features = {"prev_agent_output_tokens": s.last_output.get(agent),
+                            "input_tokens": input_tokens,
+                            "agent_call_index": max(s.agent_calls.get(agent, 0) - (1 if advance else 0), 0)}
+                try:
+                    band = m.band(wt, agent, entry, features)
+                except Exception as exc:  # a broken estimator entry must not fail the request
+                    log.warning("output band for %s/%s failed: %s", wt, agent, exc)
+            if request_id is not None and advance:
+                s.pending[request_id] = (agent, band)
+                if len(s.pending) > 64:
+                    s.pending.popitem(last=False)
+        if wt not in m.workflow_type_calls:
+            if self.gate is not None:
+                self.gate.note_unknown(wt)
+            return self._unknown(base, "unknown_workflow_type")
+        if self.gate is not None and self.gate.is_shadowed(wt):
+            return self._unknown(base, "shadow", self.gate.reason(wt))
+        if entry is None:
+            return self._unknown(base, "unknown_agent")
+        if band is None or band[2] == "global":
+            return self._unknown(base, "too_little_data",
+                                 f"agent {agent!r} has {entry.calls} calls: only the global band applies")
+        paths = m.paths.get(wt)
+        if paths is not None and state is None:
+            return self._unknown(base, "off_path", "the session left the dominant paths of the automaton")
+        ann = base
+        ann["known"] = True
+        ann["predicted_output_len"] = [band[0], band[1]]
+        ann["output_len_coverage"] = m.coverage
+        ann["output_len_level"] = band[2]
+        ann["tool_latency"] = dict(entry.tool_latency)
+        if entry.retain_s is not None:
+            ann["retain_s"] = entry.retain_s
+        if paths is not None:
+            self._path_fields(ann, paths, state)
+        if self.priority_policy is not None:
+            try:
+                ann["priority"] = int(self.priority_policy(ann, meta))
+            except Exception as exc:
+                log.warning("priority policy failed: %s", exc)
+        return ann
+
+    def _path_fields(self, ann: dict, paths: Any, state: Any) -> None:
+        est = paths.estimates(state)
+        next_agents = list(est.get("next_agents") or ())
+        ann["next_agents"] = next_agents
+        ann["predicted_path_regex"] = paths.regex
+        ann["expected_remaining_calls"] = est.get("expected_remaining_calls")
+        ann["expected_remaining_s"] = est.get("expected_remaining_s")
+        ann["expected_distance"] = dict(est.get("expected_distance") or {})
+        templates = getattr(paths, "prompt_templates", None) or {}
+        if templates and self.prompt_composition_agents > 0:
+            chosen = {}
+            for item in next_agents[: self.prompt_composition_agents]:
+                name = item.get("agent_id")
+                if name in templates:
+                    chosen[name] = templates[name]
+            if chosen:
+                ann["prompt_composition"] = chosen
+
+    def annotate_many(self, items: list[Mapping[str, Any]]) -> list[dict]:
+        """:meth:`annotate` for each ``{"app_metadata", "request_id"?, "input_tokens"?, "advance"?}``."""
+        return [self.annotate(it.get("app_metadata"), request_id=it.get("request_id"),
+                              input_tokens=it.get("input_tokens"), advance=it.get("advance", True))
+                for it in items]
+
+    # ------------------------------------------------------------------ observe
+    def observe(self, completion: Mapping[str, Any]) -> bool | None:
+        """Record a finished call: ``{"app_metadata" | workflow_type_id/workflow_id/agent_id,
+        "request_id", "output_tokens", "input_tokens"?, "t_finish"?, "response_text"?,
+        "status"?}``.
+
+        Returns whether the output length fell in the band this call was given (None when it had
+        none); that outcome also feeds the shadow gate's live coverage. Never raises on bad input.
+        """
+        meta = completion.get("app_metadata")
+        if not isinstance(meta, Mapping):
+            meta = completion
+        wt, wf, agent = (meta.get(k) for k in ID_KEYS)
+        if wt is None or wf is None or agent is None:
+            return None
+        wt, wf, agent = str(wt), str(wf), str(agent)
+        out = completion.get("output_tokens")
+        request_id = completion.get("request_id")
+        m = self._model
+        now = self.clock()
+        with self._lock:
+            s = self._session(wt, wf, now)
+            pending = s.pending.pop(request_id, None) if request_id is not None else None
+            if pending is None:
+                band = None
+                if m is not None and (wt, agent) in m.agents:
+                    entry = m.agents[(wt, agent)]
+                    try:
+                        band = m.band(wt, agent, entry, {
+                            "prev_agent_output_tokens": s.last_output.get(agent),
+                            "input_tokens": completion.get("input_tokens"),
+                            "agent_call_index": s.agent_calls.get(agent, 0)})
+                    except Exception:
+                        band = None
+                self._advance(m, s, agent)
+            else:
+                band = pending[1]
+            if isinstance(out, (int, float)) and not isinstance(out, bool) and completion.get("status", "ok") == "ok":
+                s.last_output[agent] = int(out)
+            if completion.get("t_finish") is not None:
+                s.last_finish = completion.get("t_finish")
+            if completion.get("response_text") is not None:
+                s.recent.append({"request_id": request_id, "agent_id": agent,
+                                 "response_text": completion.get("response_text")})
+        if band is None or not isinstance(out, (int, float)) or isinstance(out, bool):
+            return None
+        hit = band[0] <= out <= band[1]
+        if self.gate is not None:
+            self.gate.record(wt, hit)
+        return hit
+
+    def session_view(self, workflow_type_id: str, workflow_id: str) -> dict | None:
+        """A copy of one session's state (agents so far, last outputs, recent responses)."""
+        with self._lock:
+            s = self._sessions.get((workflow_type_id, workflow_id))
+            if s is None:
+                return None
+            m = self._model
+            state = self._path_state(m, s) if m is not None else None
+            return {"agents": list(s.agents), "agent_calls": dict(s.agent_calls),
+                    "last_output": dict(s.last_output), "recent": list(s.recent),
+                    "on_path": state is not None if m is not None and workflow_type_id in m.paths else None,
+                    "path_state": state, "last_finish": s.last_finish}
+
+    def live_states(self, workflow_type_id: str) -> list:
+        """Automaton states of the live sessions of one workflow type (for ``project_calls``)."""
+        with self._lock:
+            m = self._model
+            if m is None:
+                return []
+            return [st for s in self._sessions.values() if s.workflow_type_id == workflow_type_id
+                    for st in [self._path_state(m, s)] if st is not None]
+
+    def stats(self) -> dict:
+        return {"annotations": self.annotations_total, "unknown": self.annotations_unknown,
+                "sessions": len(self._sessions), "profile_version": self.version}

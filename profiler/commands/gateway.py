@@ -1,0 +1,113 @@
+"""`profiler gateway`: OpenAI-compatible proxy that injects predictions and logs calls."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from profiler.cli import app
+from profiler.commands.common import err_console, fail
+from profiler.commands.serve import HELP_SHADOW, build_service, refit_loop
+
+HELP_FIELDS = "What is sent upstream"
+
+
+@app.command(no_args_is_help=True)
+def gateway(
+    upstream: Annotated[list[str], typer.Option("--upstream", "-u", help="OpenAI-compatible server(s), e.g. http://127.0.0.1:30000 (SGLang). Repeat, or separate with commas, for several.")],
+    profile: Annotated[Optional[Path], typer.Option("--profile", "-p", help="Predict in process from this profile root (hot-reloaded).")] = None,
+    sidecar: Annotated[Optional[str], typer.Option(help="Or ask a running `profiler serve` at this URL.")] = None,
+    log_dir: Annotated[Optional[Path], typer.Option(help="Write every completed call as a gateway record to rotating JSONL files here (input for `profiler fit`/`watch`).")] = None,
+    host: Annotated[str, typer.Option(help="Interface to listen on (0.0.0.0 for all).")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="TCP port.")] = 8080,
+    budget_ms: Annotated[float, typer.Option(help="Time budget for one annotation; beyond it (or on error) the request goes upstream unannotated.")] = 5.0,
+    sglang_fields: Annotated[bool, typer.Option("--sglang-fields/--no-sglang-fields", help="Also set SGLang's `priority` and flat `custom_params` (SGLang needs --enable-priority-scheduling for priority).", rich_help_panel=HELP_FIELDS)] = False,
+    strip_metadata: Annotated[bool, typer.Option("--strip-metadata", help="Remove app_metadata and add no sys_annotations (for upstreams that reject unknown fields; use with --sglang-fields).", rich_help_panel=HELP_FIELDS)] = False,
+    stream_usage: Annotated[bool, typer.Option("--stream-usage/--no-stream-usage", help="Ask streams for token usage (hidden from the client) so they can be logged.", rich_help_panel=HELP_FIELDS)] = True,
+    routing: Annotated[str, typer.Option(help="round-robin, or capacity (Pythia alg. 2 over each upstream's /v1/loads; round robin while they do not report).")] = "round-robin",
+    upstream_timeout: Annotated[float, typer.Option(help="Seconds without a byte from the upstream before the call fails with 504.")] = 600.0,
+    max_request_mb: Annotated[float, typer.Option(help="Largest request body accepted (413 beyond).")] = 32.0,
+    admin_token: Annotated[Optional[str], typer.Option(envvar="PROFILER_ADMIN_TOKEN", help="Bearer token for /admin/* (and sent to the sidecar's /v1/observe).")] = None,
+    log_rotate_mb: Annotated[float, typer.Option(help="Start a new log file beyond this size.")] = 64.0,
+    log_rotate_every: Annotated[str, typer.Option(help="Close the open log file after this long (bounds how stale a refit's data is).")] = "5m",
+    refit_every: Annotated[Optional[str], typer.Option(help="With --profile and --log-dir: refit the profile from the log folder this often (e.g. 10m).")] = None,
+    reload_every: Annotated[str, typer.Option(help="How often to check the profile's CURRENT for a new version.")] = "2s",
+    max_sessions: Annotated[int, typer.Option(help="Sessions kept in memory.")] = 100_000,
+    session_idle: Annotated[str, typer.Option(help="Forget a session after this long without a call.")] = "1h",
+    shadow_min_calls: Annotated[int, typer.Option(help="Calls a workflow type needs in the profile before it can leave shadow mode.", rich_help_panel=HELP_SHADOW)] = 100,
+    coverage_window: Annotated[int, typer.Option(help="Observed calls per workflow type in the live-coverage window.", rich_help_panel=HELP_SHADOW)] = 200,
+    coverage_min_window: Annotated[int, typer.Option(help="Fewest observed calls before live coverage is judged.", rich_help_panel=HELP_SHADOW)] = 50,
+    drift_drop: Annotated[float, typer.Option(help="Shadow a type when live coverage < nominal - this.", rich_help_panel=HELP_SHADOW)] = 0.10,
+    recover_drop: Annotated[float, typer.Option(help="Promote a shadowed type when live coverage >= nominal - this.", rich_help_panel=HELP_SHADOW)] = 0.05,
+    log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "info",
+) -> None:
+    """Run the **annotating gateway** in front of SGLang or any OpenAI-compatible server.
+
+    Clients point their OpenAI SDK at the gateway and tag each call:
+    `client.chat.completions.create(..., extra_body={"app_metadata": {"workflow_type_id": ...,
+    "workflow_id": ..., "agent_id": ...}})`. The gateway adds `sys_annotations` (and with
+    `--sglang-fields`, `priority` + `custom_params`) and forwards everything else byte for byte,
+    streams included. If the predictor fails or is slower than `--budget-ms`, the call goes
+    upstream unannotated. Upstream errors reach the client unchanged.
+
+    With `--log-dir` each completed call becomes a gateway record that `profiler fit` reads as
+    is (tool latency = the gap to the session's next call); add `--refit-every 10m` (or run
+    `profiler watch`) to keep the profile learning.
+
+    Example: `profiler gateway --upstream http://127.0.0.1:30000 --profile profile/ --log-dir logs/ --sglang-fields`
+    """
+    import uvicorn
+    from prometheus_client import CollectorRegistry
+
+    from serving_hooks.annotator import LocalAnnotator, SidecarAnnotator
+    from serving_hooks.gateway import Gateway, GatewayOptions, create_gateway_app
+    from serving_hooks.gateway_log import GatewayLog
+    from serving_hooks.refit import parse_duration
+    from serving_hooks.upstreams import CapacityRouting, RoundRobinRouter
+
+    if (profile is None) == (sidecar is None):
+        fail("give exactly one of --profile DIR (predict in process) or --sidecar URL")
+    urls = [u for item in upstream for u in item.replace(",", " ").split()]
+    try:
+        router = {"round-robin": RoundRobinRouter, "capacity": CapacityRouting}[routing](urls)
+    except KeyError:
+        fail(f"--routing must be round-robin or capacity, not {routing!r}")
+    except ValueError as exc:
+        fail(str(exc))
+    if refit_every and (profile is None or log_dir is None):
+        fail("--refit-every needs --profile and --log-dir (with --sidecar, give --logs to `profiler serve`)")
+    service = None
+    if profile is not None:
+        registry, service = build_service(
+            profile, "profiler_gateway", reload_every=reload_every, max_sessions=max_sessions,
+            session_idle=session_idle, shadow_min_calls=shadow_min_calls,
+            coverage_window=coverage_window, coverage_min_window=coverage_min_window,
+            drift_drop=drift_drop, recover_drop=recover_drop)
+        annotator = LocalAnnotator(service)
+    else:
+        registry = CollectorRegistry()
+        annotator = SidecarAnnotator(sidecar, token=admin_token)
+    try:
+        writer = GatewayLog(log_dir, max_bytes=int(log_rotate_mb * (1 << 20)),
+                            max_age_s=parse_duration(log_rotate_every)) if log_dir else None
+    except ValueError as exc:
+        fail(str(exc))
+    loop = refit_loop(profile, [log_dir], refit_every, service) if refit_every else None
+    if loop is not None:
+        loop.before_refit = writer.rotate  # the refit sees every call logged so far
+    options = GatewayOptions(budget_s=budget_ms / 1000.0, sglang_fields=sglang_fields,
+                             strip_metadata=strip_metadata, stream_usage=stream_usage,
+                             upstream_timeout_s=upstream_timeout,
+                             max_request_bytes=int(max_request_mb * (1 << 20)), admin_token=admin_token)
+    gw = Gateway(router, annotator, log_writer=writer, options=options, registry=registry, service=service)
+    if loop is not None:
+        gw.background.append(loop)
+    app_ = create_gateway_app(gw)
+    source = f"profile {service.predictor.version}" if service else f"sidecar {sidecar}"
+    err_console.print(f"[green]gateway[/] on http://{host}:{port} → {', '.join(router.upstreams)} "
+                      f"({routing}); predictions from {source}; "
+                      f"{'logging to ' + str(log_dir) if log_dir else 'no call log'}")
+    # The upstream's Date/Server headers pass through; uvicorn must not add its own.
+    uvicorn.run(app_, host=host, port=port, log_level=log_level, access_log=False,
+                server_header=False, date_header=False, timeout_graceful_shutdown=5)

@@ -1,0 +1,106 @@
+"""Where the gateway gets predictions from: in process (``--profile``) or a sidecar (``--sidecar``).
+
+Both expose the same small interface, so the gateway's fail-open logic is written once:
+
+* ``blocking`` — True when :meth:`annotate_now` computes in the calling thread (microseconds; the
+  gateway checks the time budget after the fact), False when :meth:`annotate` must be awaited
+  (the gateway cancels it at the budget).
+* ``observe(completion)`` — report a finished call; errors are counted, never raised.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import aiohttp
+
+from serving_hooks.service import PredictionService
+
+log = logging.getLogger(__name__)
+
+
+class LocalAnnotator:
+    """Predictions from a :class:`PredictionService` in this process."""
+
+    blocking = True
+
+    def __init__(self, service: PredictionService) -> None:
+        self.service = service
+        self.observe_errors = 0
+
+    def annotate_now(self, app_metadata: dict, request_id: str, input_tokens: int | None) -> dict:
+        return self.service.annotate(app_metadata, request_id=request_id, input_tokens=input_tokens)
+
+    async def annotate(self, app_metadata: dict, request_id: str, input_tokens: int | None) -> dict:
+        return self.annotate_now(app_metadata, request_id, input_tokens)
+
+    async def observe(self, completion: dict) -> None:
+        try:
+            self.service.observe(completion)
+        except Exception:
+            self.observe_errors += 1
+            log.exception("observe failed")
+
+    async def start(self) -> None:
+        self.service.start()
+
+    async def aclose(self) -> None:
+        self.service.stop()
+
+
+class SidecarAnnotator:
+    """Predictions from a sidecar (``profiler serve``) over HTTP (a pooled aiohttp session)."""
+
+    blocking = False
+
+    def __init__(self, url: str, *, token: str | None = None, observe_timeout_s: float = 2.0,
+                 max_connections: int = 64) -> None:
+        self.url = url.rstrip("/")
+        self.headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.observe_timeout_s = observe_timeout_s
+        self.max_connections = max_connections
+        self.observe_errors = 0
+        self._session: aiohttp.ClientSession | None = None
+        self._pending: set[asyncio.Task] = set()
+
+    def _http(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            self._session = aiohttp.ClientSession(
+                base_url=self.url, headers=self.headers, trust_env=False,
+                connector=aiohttp.TCPConnector(limit=self.max_connections),
+                timeout=aiohttp.ClientTimeout(total=5.0))
+        return self._session
+
+    async def annotate(self, app_metadata: dict, request_id: str, input_tokens: int | None) -> dict:
+        payload: dict[str, Any] = {"app_metadata": app_metadata, "request_id": request_id}
+        if input_tokens is not None:
+            payload["input_tokens"] = input_tokens
+        async with self._http().post("/v1/annotate", json=payload) as r:
+            r.raise_for_status()
+            return (await r.json())["sys_annotations"]
+
+    async def _post_observe(self, completion: dict) -> None:
+        try:
+            async with self._http().post("/v1/observe", json=completion,
+                                         timeout=aiohttp.ClientTimeout(total=self.observe_timeout_s)) as r:
+                r.raise_for_status()
+        except Exception as exc:
+            self.observe_errors += 1
+            log.debug("sidecar observe failed: %s", exc)
+
+    async def observe(self, completion: dict) -> None:
+        """Send in the background: a completed response never waits on the sidecar."""
+        task = asyncio.get_running_loop().create_task(self._post_observe(completion))
+        self._pending.add(task)
+        task.add_done_callback(self._pending.discard)
+
+    async def start(self) -> None:
+        self._http()
+
+    async def aclose(self) -> None:
+        if self._pending:
+            await asyncio.wait(self._pending, timeout=self.observe_timeout_s)
+        if self._session is not None:
+            await self._session.close()
+            self._session = None

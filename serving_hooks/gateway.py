@@ -1,0 +1,514 @@
+"""The annotating gateway: ``profiler gateway --upstream URL … (--profile DIR | --sidecar URL)``.
+
+An OpenAI-compatible reverse proxy in front of SGLang (or any OpenAI-compatible server). For
+``POST /v1/chat/completions`` and ``POST /v1/completions`` it
+
+1. reads ``app_metadata`` from the JSON body — top level (the OpenAI SDK merges
+   ``extra_body={"app_metadata": …}`` into the body) or nested under ``extra_body``;
+2. asks the predictor (in process, or the sidecar) for ``sys_annotations`` within a time budget;
+   on error or over budget the request goes upstream **unannotated** and
+   ``profiler_gateway_annotate_total{outcome=…}`` says so (fail open);
+3. forwards the client's bytes with ``sys_annotations`` spliced in (every other byte unchanged;
+   :func:`serving_hooks.annotations.forward_body`) and, with ``--sglang-fields``, SGLang's own
+   ``priority`` and flat ``custom_params``; the upstream is picked by the router seam
+   (:mod:`serving_hooks.upstreams`);
+4. returns the upstream's answer as sent: status, headers and body bytes — SSE streams chunk by
+   chunk, in order; upstream errors (4xx/5xx) pass through untouched; a timeout becomes ``504``
+   and an unreachable upstream ``502`` with an OpenAI-style error body;
+5. after a successful call, writes a gateway record (log-format §2) to the rotating JSONL log and
+   reports the completion to the predictor (``observe``), which advances the session and scores
+   the band for shadow mode.
+
+Streams: to log token counts the gateway asks for ``stream_options.include_usage`` when the
+client did not, and then drops the usage-only final chunk from what the client receives, so the
+client's stream has the chunks it asked for (``--no-stream-usage`` turns this off; streamed calls
+without usage are then not logged). ``GET /v1/models`` and any other path are proxied as is.
+
+Gateway endpoints: ``GET /healthz``, ``GET /metrics``, ``GET /admin/profile``,
+``POST /admin/reload`` and ``POST /admin/rotate-log`` (bearer token when configured).
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+import uuid
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+from fastapi import Depends, FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.background import BackgroundTask
+from prometheus_client import CollectorRegistry, Counter, Histogram
+
+from serving_hooks.annotations import find_app_metadata, forward_body
+from serving_hooks.gateway_log import GatewayLog
+from serving_hooks.http_guard import BodySizeLimit, admin_auth
+from serving_hooks.metrics import (LATENCY_BUCKETS, Labeled, RequestMetricsMiddleware, render,
+                                   request_metrics)
+from serving_hooks.sse import StreamFollower
+
+log = logging.getLogger(__name__)
+
+#: Headers that describe one hop, not the message (RFC 9110 §7.6.1), plus those we recompute.
+HOP_HEADERS = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization",
+                         "te", "trailer", "trailers", "transfer-encoding", "upgrade", "host",
+                         "content-length"})
+#: Longest response text sent along with an observe (prompt composition needs the recent ones).
+OBSERVE_TEXT_CHARS = 64 * 1024
+
+
+@dataclass
+class GatewayOptions:
+    """Behaviour knobs of the gateway (each is a ``profiler gateway`` option)."""
+
+    budget_s: float = 0.005            # time budget for one annotation (fail open beyond it)
+    sglang_fields: bool = False        # also send SGLang's `priority` and flat `custom_params`
+    strip_metadata: bool = False       # drop app_metadata, add no sys_annotations (strict upstreams)
+    stream_usage: bool = True          # ask streams for usage (and hide the extra chunk)
+    upstream_timeout_s: float = 600.0  # read timeout (between bytes) on upstream responses
+    connect_timeout_s: float = 10.0
+    max_request_bytes: int = 32 << 20
+    admin_token: str | None = None
+    max_connections: int = 1024
+
+
+#: Headers aiohttp would add on its own: the upstream must see the client's, and only those.
+SKIP_AUTO_HEADERS = ("Accept", "Accept-Encoding", "User-Agent", "Content-Type")
+
+
+def _error_response(status: int, kind: str, message: str) -> Response:
+    """An OpenAI-style error body for failures that have no upstream response to pass on."""
+    body = json.dumps({"error": {"message": message, "type": kind, "code": status}}).encode()
+    return Response(body, status_code=status, media_type="application/json")
+
+
+def _headers_out(resp: aiohttp.ClientResponse) -> list[tuple[bytes, bytes]]:
+    """The upstream's response headers for the client: all of them, in order, but hop-by-hop."""
+    return [(k.lower(), v) for k, v in resp.raw_headers if k.lower().decode("latin-1") not in HOP_HEADERS]
+
+
+def _raw_response(resp: aiohttp.ClientResponse, content: bytes) -> Response:
+    out = Response(content, status_code=resp.status)
+    out.raw_headers = _headers_out(resp) + [(b"content-length", str(len(content)).encode())]
+    return out
+
+
+def _decode(raw: bytes, encoding: str | None) -> bytes | None:
+    """Response bytes without content-encoding (for parsing only; the client gets ``raw``)."""
+    if not encoding or encoding == "identity":
+        return raw
+    import zlib
+    try:
+        if encoding == "gzip":
+            return zlib.decompress(raw, 16 + zlib.MAX_WBITS)
+        if encoding == "deflate":
+            return zlib.decompress(raw)
+    except zlib.error:
+        return None
+    return None
+
+
+class _GatewayMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.annotate = Counter("profiler_gateway_annotate", "Annotation outcome per proxied call "
+                                "(annotated, no_metadata, not_json, over_budget, timeout, error, "
+                                "disabled).", ["outcome"], registry=registry)
+        self.overhead = Histogram("profiler_gateway_overhead_seconds", "Gateway time before the "
+                                  "request leaves for the upstream (parse, annotate, rewrite).",
+                                  buckets=LATENCY_BUCKETS, registry=registry)
+        self.annotate_seconds = Histogram("profiler_gateway_annotate_seconds", "Time spent getting "
+                                          "annotations.", buckets=LATENCY_BUCKETS, registry=registry)
+        self.upstream = Counter("profiler_gateway_upstream_responses", "Upstream answers by status "
+                                "class or failure (timeout, unreachable, stream_broken).",
+                                ["upstream", "outcome"], registry=registry)
+        self.records = Counter("profiler_gateway_log_records", "Gateway records: written, or why "
+                               "not (no_usage, not_json).", ["outcome"], registry=registry)
+        self.annotate_outcome = Labeled(self.annotate)
+        self.upstream_outcome = Labeled(self.upstream)
+        self.record_outcome = Labeled(self.records)
+
+
+class Gateway:
+    """The proxy logic; :func:`create_gateway_app` mounts it on a FastAPI app.
+
+    Upstream calls go through one pooled ``aiohttp.ClientSession`` (keep-alive, no automatic
+    decompression, no headers of its own): measured on this project's 2-core machine it costs
+    about a third of an httpx ``AsyncClient`` round trip, and the gateway's added latency is
+    mostly that round trip (see ``bench/bench_serving.py``).
+    """
+
+    def __init__(self, router, annotator=None, *, log_writer: GatewayLog | None = None,
+                 options: GatewayOptions | None = None, registry: CollectorRegistry | None = None,
+                 service=None) -> None:
+        self.router = router
+        self.annotator = annotator
+        self.log = log_writer
+        self.options = options or GatewayOptions()
+        self.registry = registry or CollectorRegistry()
+        self.service = service
+        self.metrics = _GatewayMetrics(self.registry)
+        self.session: aiohttp.ClientSession | None = None
+        self.background: list = []   # objects with start()/stop() living as long as the app
+
+    # -- lifecycle --------------------------------------------------------------------------------
+    async def start(self) -> None:
+        o = self.options
+        self.session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=o.max_connections, limit_per_host=0,
+                                           keepalive_timeout=60.0),
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=o.connect_timeout_s,
+                                          sock_read=o.upstream_timeout_s),
+            auto_decompress=False, trust_env=False, skip_auto_headers=SKIP_AUTO_HEADERS)
+        if self.annotator is not None:
+            await self.annotator.start()
+        if hasattr(self.router, "start"):
+            await self.router.start()
+        for obj in self.background:
+            obj.start()
+
+    async def aclose(self) -> None:
+        for obj in reversed(self.background):
+            await asyncio.to_thread(obj.stop)
+        if hasattr(self.router, "aclose"):
+            await self.router.aclose()
+        if self.annotator is not None:
+            await self.annotator.aclose()
+        if self.session is not None:
+            await self.session.close()
+        if self.log is not None:
+            await asyncio.to_thread(self.log.close)
+
+    # -- annotation with a time budget -----------------------------------------------------------
+    async def _annotate(self, meta: dict | None, request_id: str, body: Any) -> tuple[dict | None, str]:
+        if body is None:
+            return None, "not_json"
+        if meta is None:
+            return None, "no_metadata"
+        if self.annotator is None:
+            return None, "disabled"
+        t0 = time.perf_counter()
+        budget = self.options.budget_s
+        try:
+            if self.annotator.blocking:
+                ann = self.annotator.annotate_now(meta, request_id, None)
+                if time.perf_counter() - t0 > budget:
+                    return None, "over_budget"
+            else:
+                ann = await asyncio.wait_for(self.annotator.annotate(meta, request_id, None), budget)
+        except asyncio.TimeoutError:
+            return None, "timeout"
+        except Exception as exc:
+            log.debug("annotation failed, forwarding unannotated: %s", exc)
+            return None, "error"
+        finally:
+            self.metrics.annotate_seconds.observe(time.perf_counter() - t0)
+        return ann, "annotated"
+
+    # -- upstream I/O -----------------------------------------------------------------------------
+    async def _send(self, request: Request, upstream: str, content: bytes | None
+                    ) -> tuple[aiohttp.ClientResponse | None, Response | None]:
+        """Send to ``upstream``: ``(response, None)``, or ``(None, error response)`` when no
+        response came (504 on timeout, 502 when unreachable)."""
+        url = upstream + request.url.path + (f"?{request.url.query}" if request.url.query else "")
+        headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in request.headers.raw
+                   if k.decode("latin-1") not in HOP_HEADERS]
+        try:
+            resp = await self.session.request(request.method, url, data=content, headers=headers,
+                                              allow_redirects=False)
+        except asyncio.TimeoutError:
+            self.metrics.upstream_outcome(upstream, "timeout").inc()
+            return None, _error_response(504, "upstream_timeout", f"upstream {upstream} timed out "
+                                         f"(no byte for {self.options.upstream_timeout_s:g}s)")
+        except (aiohttp.ClientError, OSError) as exc:
+            self.metrics.upstream_outcome(upstream, "unreachable").inc()
+            return None, _error_response(502, "upstream_unreachable",
+                                         f"upstream {upstream} unreachable: {type(exc).__name__}: {exc}")
+        self.metrics.upstream_outcome(upstream, f"{resp.status // 100}xx").inc()
+        return resp, None
+
+    async def _read_all(self, resp: aiohttp.ClientResponse, upstream: str) -> bytes | Response:
+        """The whole raw body (still content-encoded), or a 502/504 if the upstream broke off."""
+        try:
+            return await resp.read()
+        except asyncio.TimeoutError:
+            self.metrics.upstream_outcome(upstream, "timeout").inc()
+            return _error_response(504, "upstream_timeout", f"upstream {upstream} stopped sending")
+        except (aiohttp.ClientError, OSError) as exc:
+            self.metrics.upstream_outcome(upstream, "stream_broken").inc()
+            return _error_response(502, "upstream_broken", f"upstream {upstream} broke off: {exc}")
+        finally:
+            resp.release()
+
+    # -- the proxied OpenAI calls ----------------------------------------------------------------
+    async def proxy_call(self, request: Request) -> Response:
+        t_arrival = time.time()
+        raw = await request.body()
+        t0 = time.perf_counter()
+        try:
+            body = json.loads(raw) if raw else None
+        except ValueError:
+            body = None  # not JSON: forwarded untouched, the upstream answers it
+        if not isinstance(body, dict):
+            body = None
+        meta, where = find_app_metadata(body)
+        request_id = f"gw-{uuid.uuid4().hex}"  # ours: a client's header may repeat across calls
+        ann, outcome = await self._annotate(meta, request_id, body)
+        self.metrics.annotate_outcome(outcome).inc()
+        stream = body is not None and body.get("stream") is True
+        record_wanted = meta is not None and (self.log is not None or self.annotator is not None)
+        client_usage = stream and isinstance(body.get("stream_options"), dict) and \
+            body["stream_options"].get("include_usage") is True
+        inject_usage = stream and record_wanted and self.options.stream_usage and not client_usage
+        if body is not None:
+            fwd = forward_body(raw, body, where, ann, sglang_fields=self.options.sglang_fields,
+                               strip_metadata=self.options.strip_metadata,
+                               request_stream_usage=inject_usage)
+        else:
+            fwd = raw
+        upstream = self.router.choose_upstream(request_id, body, ann, meta)
+        self.metrics.overhead.observe(time.perf_counter() - t0)
+        try:
+            resp, failed = await self._send(request, upstream, fwd)
+        except BaseException:
+            self.router.finished(request_id)
+            raise
+        if failed is not None:
+            self.router.finished(request_id)
+            return failed
+        ctx = _CallContext(request_id, t_arrival, body, meta, ann, outcome, upstream,
+                           chat=request.url.path.endswith("/chat/completions"), stream=stream,
+                           record_wanted=record_wanted,
+                           client_request_id=request.headers.get("x-request-id"))
+        if stream and resp.status == 200 and resp.content_type == "text/event-stream":
+            return self._stream_response(resp, ctx, strip_usage_chunk=inject_usage)
+        try:
+            content = await self._read_all(resp, upstream)
+        finally:
+            self.router.finished(request_id)
+        if isinstance(content, Response):
+            return content
+        out = _raw_response(resp, content)
+        if resp.status == 200 and record_wanted:  # logged after the client has its answer
+            out.background = BackgroundTask(self._completed_raw, ctx, content,
+                                            resp.headers.get("content-encoding"), time.time())
+        return out
+
+    async def _completed_raw(self, ctx: "_CallContext", content: bytes, encoding: str | None,
+                             t_finish: float) -> None:
+        decoded = _decode(content, encoding)
+        try:
+            parsed = json.loads(decoded) if decoded is not None else None
+        except ValueError:
+            parsed = None
+        await self._completed(ctx, parsed, t_first_token=None, t_finish=t_finish)
+
+    def _stream_response(self, resp: aiohttp.ClientResponse, ctx: "_CallContext",
+                         strip_usage_chunk: bool) -> StreamingResponse:
+        follower = StreamFollower()
+        done = {"complete": False, "t_finish": None}
+
+        async def relay():
+            try:
+                async for chunk in resp.content.iter_any():
+                    events = follower.feed(chunk)
+                    if not strip_usage_chunk:
+                        yield chunk
+                        continue
+                    kept = [e.raw for e in events if not e.usage_only]
+                    if kept:
+                        yield b"".join(kept)
+                tail = follower.flush()
+                if strip_usage_chunk and tail and not tail[0].usage_only:
+                    yield tail[0].raw
+                done["complete"] = follower.saw_done or follower.finish_reason is not None
+                done["t_finish"] = time.time()
+            except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+                self.metrics.upstream_outcome(ctx.upstream, "stream_broken").inc()
+                log.warning("upstream stream broke off (%s): %r", ctx.upstream, exc)
+                raise
+            finally:
+                if done["complete"]:
+                    resp.release()
+                else:
+                    resp.close()  # client gone or upstream broke: do not reuse the connection
+
+        async def after() -> None:  # runs once the client has the whole stream
+            if done["complete"] and ctx.record_wanted:
+                await self._completed(ctx, follower.response(chat=ctx.chat),
+                                      t_first_token=follower.t_first_token, t_finish=done["t_finish"])
+
+        return _RelayResponse(relay(), resp, self.router, ctx.request_id, after)
+
+    async def _completed(self, ctx: "_CallContext", response: dict | None, *,
+                         t_first_token: float | None, t_finish: float) -> None:
+        """Log the gateway record and observe the completion (a successful call only)."""
+        if not isinstance(response, dict):
+            self.metrics.record_outcome("not_json").inc()
+            return
+        usage = response.get("usage") or {}
+        out_tokens, in_tokens = usage.get("completion_tokens"), usage.get("prompt_tokens")
+        if out_tokens is None or in_tokens is None:
+            self.metrics.record_outcome("no_usage").inc()
+            return
+        choice = (response.get("choices") or [{}])[0] or {}
+        message = choice.get("message") or {}
+        text = message.get("content") if ctx.chat else choice.get("text")
+        if self.log is not None:
+            self.log.write({
+                "request_id": ctx.request_id, "t_arrival": ctx.t_arrival,
+                "t_first_token": t_first_token, "t_finish": t_finish,
+                "request": ctx.body, "response": response, "status": "ok",
+                "sys_annotations": ctx.annotations, "upstream": ctx.upstream,
+                "gateway": {"annotate": ctx.outcome, "stream": ctx.stream,
+                            "client_request_id": ctx.client_request_id},
+            })
+            self.metrics.record_outcome("written").inc()
+        if self.annotator is not None:
+            tools = [tc.get("function", {}).get("name") for tc in message.get("tool_calls") or ()
+                     if isinstance(tc, dict)]
+            await self.annotator.observe({
+                "app_metadata": ctx.meta, "request_id": ctx.request_id,
+                "output_tokens": out_tokens, "input_tokens": in_tokens,
+                "t_arrival": ctx.t_arrival, "t_finish": t_finish,
+                "response_text": text[:OBSERVE_TEXT_CHARS] if isinstance(text, str) else None,
+                "tool_names": [t for t in tools if t], "status": "ok"})
+
+    # -- plain pass-through (GET /v1/models and anything else) ------------------------------------
+    async def passthrough(self, request: Request) -> Response:
+        raw = await request.body()
+        request_id = f"gw-{uuid.uuid4().hex}"
+        upstream = self.router.choose_upstream(request_id, None, None, None)
+        try:
+            resp, failed = await self._send(request, upstream, raw or None)
+            if failed is not None:
+                return failed
+            if resp.content_type == "text/event-stream":
+                async def relay():
+                    try:
+                        async for chunk in resp.content.iter_any():
+                            yield chunk
+                    finally:
+                        resp.close()
+                        self.router.finished(request_id)
+                out = _RelayResponse(relay(), resp, self.router, request_id)
+                request_id = None  # finished by the relay
+                return out
+            content = await self._read_all(resp, upstream)
+            return content if isinstance(content, Response) else _raw_response(resp, content)
+        finally:
+            if request_id is not None:
+                self.router.finished(request_id)
+
+
+class _RelayResponse(StreamingResponse):
+    """A streamed upstream response that always frees its upstream connection and router slot.
+
+    The relay generator's ``finally`` does that when it runs; but if the client is gone before
+    the first chunk (sending the headers fails), the generator never starts and its ``finally``
+    never runs — :meth:`__call__` then closes the upstream response and reports the request
+    finished itself (both are idempotent).
+    """
+
+    def __init__(self, iterator, resp: aiohttp.ClientResponse, router, request_id: str,
+                 after=None) -> None:
+        super().__init__(iterator, status_code=resp.status)
+        self.raw_headers = _headers_out(resp)
+        self._upstream, self._router, self._request_id, self._after = resp, router, request_id, after
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            if not self._upstream.closed:
+                self._upstream.close()
+            self._router.finished(self._request_id)
+        if self._after is not None:
+            await self._after()
+
+
+@dataclass
+class _CallContext:
+    request_id: str
+    t_arrival: float
+    body: dict | None
+    meta: dict | None
+    annotations: dict | None
+    outcome: str
+    upstream: str
+    chat: bool
+    stream: bool
+    record_wanted: bool
+    client_request_id: str | None = None
+
+
+def create_gateway_app(gateway: Gateway) -> FastAPI:
+    """The gateway's ASGI app (see module doc)."""
+    registry = gateway.registry
+    requests_total, request_seconds = request_metrics(registry, "profiler_gateway")
+    admin = admin_auth(gateway.options.admin_token)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        await gateway.start()
+        try:
+            yield
+        finally:
+            await gateway.aclose()
+
+    app = FastAPI(title="agent-workflow-profiler gateway", version="1", lifespan=lifespan,
+                  description="OpenAI-compatible proxy that injects workflow predictions "
+                              "(sys_annotations) and logs completed calls for refitting. "
+                              "Proxied as is (not listed here): POST /v1/chat/completions, "
+                              "POST /v1/completions, GET /v1/models and every other path.")
+    app.state.gateway = gateway
+    app.add_middleware(RequestMetricsMiddleware, requests=requests_total, latency=request_seconds)
+    if gateway.options.max_request_bytes:
+        app.add_middleware(BodySizeLimit, max_bytes=gateway.options.max_request_bytes)
+
+    @app.get("/healthz", tags=["gateway"])
+    async def healthz() -> dict:
+        svc = gateway.service
+        return {"status": "ok", "upstreams": gateway.router.upstreams,
+                "profile_version": svc.predictor.version if svc is not None else None,
+                "sidecar": getattr(gateway.annotator, "url", None)}
+
+    @app.get("/metrics", tags=["gateway"])
+    async def metrics() -> Response:
+        body, ctype = render(registry)
+        return Response(body, media_type=ctype)
+
+    @app.get("/admin/profile", tags=["gateway"])
+    async def profile() -> JSONResponse:
+        """The in-process profile (with ``--profile``); 404 with ``--sidecar`` (ask the sidecar)."""
+        if gateway.service is None:
+            return JSONResponse({"detail": "predictions come from a sidecar: GET its /v1/profile"},
+                                status_code=404)
+        return JSONResponse(gateway.service.profile_summary())
+
+    @app.post("/admin/reload", tags=["gateway"], dependencies=[Depends(admin)])
+    async def reload() -> dict:
+        if gateway.service is None:
+            return {"reloaded": False, "detail": "no in-process profile (sidecar mode)"}
+        ok = await asyncio.to_thread(gateway.service.reload)
+        return {"reloaded": ok, "profile_version": gateway.service.predictor.version}
+
+    @app.post("/admin/rotate-log", tags=["gateway"], dependencies=[Depends(admin)])
+    async def rotate_log() -> dict:
+        """Close the current log file now so a refit sees it."""
+        if gateway.log is None:
+            return {"rotated": False, "detail": "no --log-dir"}
+        await asyncio.to_thread(gateway.log.rotate)
+        return {"rotated": True, "records_written": gateway.log.records_written}
+
+    # The OpenAI routes are plain Starlette routes: no dependency injection or body validation
+    # on the hot path (the upstream validates); they are OpenAI's API, documented there.
+    app.add_route("/v1/chat/completions", gateway.proxy_call, methods=["POST"])
+    app.add_route("/v1/completions", gateway.proxy_call, methods=["POST"])
+    app.add_route("/v1/models", gateway.passthrough, methods=["GET"])
+    app.add_route("/{path:path}", gateway.passthrough,
+                  methods=["GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS"])
+    return app

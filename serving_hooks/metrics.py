@@ -1,0 +1,149 @@
+"""Prometheus metrics of the sidecar and the gateway.
+
+Each server builds its own :class:`prometheus_client.CollectorRegistry` (not the process-global
+default), so several servers can live in one process — tests start many — without their
+counters colliding. ``GET /metrics`` renders that registry in the text exposition format.
+
+Naming follows Prometheus conventions: ``*_total`` counters, ``*_seconds`` histograms, and an
+``*_info`` gauge whose labels carry the active profile version.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import disable_created_metrics, generate_latest
+
+# The ``*_created`` companion series double the exposition size and nobody graphs them.
+disable_created_metrics()
+
+#: Latency buckets (seconds) sized for sub-millisecond annotate calls up to slow upstream calls.
+LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
+                   0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+
+
+class Labeled:
+    """A labelled metric's children cached by label values.
+
+    ``metric.labels(...)`` takes a lock and validates the values on every call; on a path served
+    thousands of times a second the child is looked up once and reused.
+    """
+
+    def __init__(self, metric) -> None:
+        self.metric = metric
+        self._children: dict[tuple, object] = {}
+
+    def __call__(self, *values: str):
+        child = self._children.get(values)
+        if child is None:
+            child = self._children[values] = self.metric.labels(*values)
+        return child
+
+
+def render(registry: CollectorRegistry) -> tuple[bytes, str]:
+    """The registry as Prometheus text, with its content type."""
+    return generate_latest(registry), CONTENT_TYPE_LATEST
+
+
+@dataclass
+class PredictionMetrics:
+    """What every server that runs a :class:`predictors.Predictor` exports."""
+
+    registry: CollectorRegistry
+    annotations: Counter          # labels: known, reason
+    profile_info: Gauge           # labels: version
+    profile_loaded_at: Gauge
+    profile_reloads: Counter      # labels: outcome (ok, error)
+    sessions: Gauge
+    shadowed: Gauge
+    live_coverage: Gauge          # labels: workflow_type
+
+    def count_annotation(self, sys_annotations: dict) -> None:
+        if sys_annotations.get("known"):
+            self._by_outcome("true", "").inc()
+        else:
+            self._by_outcome("false", str(sys_annotations.get("reason", ""))).inc()
+
+    def __post_init__(self) -> None:
+        self._by_outcome = Labeled(self.annotations)
+
+    def set_profile(self, version: str | None, loaded_at: float) -> None:
+        self.profile_info.clear()
+        self.profile_info.labels(version or "none").set(1)
+        self.profile_loaded_at.set(loaded_at)
+
+
+def prediction_metrics(registry: CollectorRegistry, prefix: str,
+                       unknown_ratio: Callable[[], float],
+                       session_count: Callable[[], float],
+                       shadow_count: Callable[[], float]) -> PredictionMetrics:
+    """Create the predictor metrics under ``prefix`` (``profiler_sidecar`` or ``profiler_gateway``).
+
+    ``unknown_ratio`` is read at scrape time: share of annotations that came back ``known: false``
+    since start (``rate()`` over the ``annotations_total`` counter gives the windowed version).
+    """
+    m = PredictionMetrics(
+        registry=registry,
+        annotations=Counter(f"{prefix}_annotations", "Annotations returned, by outcome.",
+                            ["known", "reason"], registry=registry),
+        profile_info=Gauge(f"{prefix}_profile_info", "Active profile version (value is always 1).",
+                           ["version"], registry=registry),
+        profile_loaded_at=Gauge(f"{prefix}_profile_loaded_timestamp_seconds",
+                                "When the active profile was loaded (epoch s).", registry=registry),
+        profile_reloads=Counter(f"{prefix}_profile_reloads", "Profile reload attempts.", ["outcome"],
+                                registry=registry),
+        sessions=Gauge(f"{prefix}_sessions", "Live sessions held in memory.", registry=registry),
+        shadowed=Gauge(f"{prefix}_shadowed_workflow_types",
+                       "Workflow types served in shadow mode (known: false).", registry=registry),
+        live_coverage=Gauge(f"{prefix}_live_output_len_coverage",
+                            "Share of observed calls whose output length fell in the predicted band, "
+                            "over the latest window.", ["workflow_type"], registry=registry),
+    )
+    Gauge(f"{prefix}_unknown_ratio", "Share of annotations with known=false since start.",
+          registry=registry).set_function(unknown_ratio)
+    m.sessions.set_function(session_count)
+    m.shadowed.set_function(shadow_count)
+    return m
+
+
+def request_metrics(registry: CollectorRegistry, prefix: str) -> tuple[Counter, Histogram]:
+    """HTTP request counter (labels: route, status) and latency histogram (label: route)."""
+    requests = Counter(f"{prefix}_requests", "HTTP requests served.", ["route", "status"],
+                       registry=registry)
+    latency = Histogram(f"{prefix}_request_seconds", "Time to serve a request (to the last byte "
+                        "for proxied calls).", ["route"], buckets=LATENCY_BUCKETS, registry=registry)
+    return requests, latency
+
+
+class RequestMetricsMiddleware:
+    """Pure ASGI middleware: count and time every HTTP request by matched route and status.
+
+    The route label is the matched route's path template (``/v1/annotate``), read from the
+    scope after routing, so unbounded URL paths do not explode the label set (unmatched: "other").
+    """
+
+    def __init__(self, app, requests: Counter, latency: Histogram) -> None:
+        self.app = app
+        self.requests = Labeled(requests)
+        self.latency = Labeled(latency)
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        t0 = time.perf_counter()
+        status = [500]
+
+        async def send_wrapper(message) -> None:
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_wrapper)
+        finally:
+            route = getattr(scope.get("route"), "path", "other")
+            self.latency(route).observe(time.perf_counter() - t0)
+            self.requests(route, str(status[0])).inc()

@@ -1,0 +1,137 @@
+"""The prediction service a server runs: predictor + shadow gate + hot reload + metrics.
+
+The sidecar and the gateway (with ``--profile``) both serve predictions from a profile folder the
+same way; :func:`prediction_service` builds that bundle once so they cannot drift apart.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+
+from predictors.predictor import Predictor
+from serving_hooks.metrics import PredictionMetrics, prediction_metrics
+from serving_hooks.policies import AutoscalePolicy, autoscale_advice
+from serving_hooks.profile_reload import ProfileReloader
+from serving_hooks.shadow import ShadowGate
+
+
+@dataclass
+class PredictionService:
+    predictor: Predictor
+    gate: ShadowGate
+    metrics: PredictionMetrics
+    reloader: ProfileReloader | None = None
+    profile_root: Path | None = None
+    started_at: float = field(default_factory=time.time)
+
+    def start(self) -> None:
+        if self.reloader is not None:
+            self.reloader.start()
+
+    def stop(self) -> None:
+        if self.reloader is not None:
+            self.reloader.stop()
+
+    def reload(self) -> bool:
+        """Load the version ``CURRENT`` names now, even if it is the active one."""
+        if self.reloader is None:
+            return False
+        return self.reloader.check(force=True)
+
+    def annotate(self, app_metadata: Any, **kwargs) -> dict:
+        ann = self.predictor.annotate(app_metadata, **kwargs)
+        self.metrics.count_annotation(ann)
+        return ann
+
+    def autoscale(self, horizon: int, window_s: float | None = None,
+                  policy: AutoscalePolicy | None = None) -> dict:
+        """Pythia alg. 4 over the live sessions: each workflow type's automaton projects the calls
+        per agent over the next ``horizon`` steps from the sessions' current states, and
+        :func:`serving_hooks.policies.autoscale_advice` turns them into replicas per model."""
+        model = self.predictor.profile
+        if model is None:
+            return {"horizon_calls": horizon, "models": {}, "total_suggested_replicas": 0,
+                    "live_sessions": 0}
+        projected, live = {}, 0
+        for wt, paths in model.paths.items():
+            states = self.predictor.live_states(wt)
+            live += len(states)
+            if states:
+                projected[wt] = paths.project_calls(states, horizon)
+        advice = autoscale_advice(model.data, projected, horizon, window_s=window_s, policy=policy)
+        advice["live_sessions"] = live
+        advice["profile_version"] = model.version
+        return advice
+
+    def observe(self, completion: dict) -> bool | None:
+        hit = self.predictor.observe(completion)
+        if hit is not None:
+            wt = (completion.get("app_metadata") or completion).get("workflow_type_id")
+            cov = self.gate.coverage(str(wt)) if wt is not None else None
+            if cov is not None:
+                self.metrics.live_coverage.labels(str(wt)).set(cov)
+        return hit
+
+    def profile_summary(self) -> dict:
+        """What ``GET /v1/profile`` returns: version, provenance, types, shadow state."""
+        m = self.predictor.profile
+        if m is None:
+            return {"version": None, "loaded": False}
+        agents_by_type: dict[str, list[str]] = {}
+        for wt, agent in sorted(m.agents):
+            agents_by_type.setdefault(wt, []).append(agent)
+        manifest = getattr(m, "manifest", {}) or {}
+        return {
+            "version": m.version,
+            "loaded": True,
+            "path": str(getattr(m, "path", None) or self.profile_root or ""),
+            "loaded_at_unix": self.predictor.loaded_at,
+            "created_at": manifest.get("created_at"),
+            "counts": manifest.get("counts"),
+            "output_len_coverage": m.coverage,
+            "workflow_types": {wt: {"calls": calls, "agents": agents_by_type.get(wt, []),
+                                    "has_automaton": wt in m.paths,
+                                    **({"automaton_error": m.path_errors[wt]} if wt in m.path_errors else {})}
+                               for wt, calls in sorted(m.workflow_type_calls.items())},
+            "shadow": self.gate.status(),
+            "shadow_options": self.gate.options(),
+            "sessions": self.predictor.session_count(),
+            "last_reload_error": self.reloader.last_error if self.reloader else None,
+        }
+
+
+def prediction_service(profile: str | Path, registry: CollectorRegistry, prefix: str, *,
+                       gate: ShadowGate | None = None, reload_every_s: float = 2.0,
+                       **predictor_kwargs: Any) -> PredictionService:
+    """Load ``profile`` (a profile root, or a version folder: then no hot reload) and wire it up."""
+    gate = gate or ShadowGate()
+    predictor = Predictor(gate=gate, **predictor_kwargs)
+
+    def unknown_ratio() -> float:
+        total = predictor.annotations_total
+        return predictor.annotations_unknown / total if total else 0.0
+
+    metrics = prediction_metrics(registry, prefix, unknown_ratio, predictor.session_count,
+                                 gate.shadowed_count)
+
+    def on_reload(outcome: str, version: str | None) -> None:
+        metrics.profile_reloads.labels(outcome).inc()
+        if outcome == "ok":
+            metrics.set_profile(version, time.time())
+
+    root = Path(profile)
+    reloader = None
+    if (root / "CURRENT").exists():
+        reloader = ProfileReloader(root, predictor, interval_s=reload_every_s, on_reload=on_reload)
+        reloader.check(force=True)
+        if predictor.version is None:
+            raise RuntimeError(f"{root}: could not load the profile CURRENT names: {reloader.last_error}")
+    else:
+        predictor.load(root)  # a version folder: served as is, no hot reload
+        on_reload("ok", predictor.version)
+    return PredictionService(predictor=predictor, gate=gate, metrics=metrics, reloader=reloader,
+                             profile_root=root)
