@@ -1,0 +1,54 @@
+"""Serving policies: one implementation each, free of SGLang imports.
+
+The SGLang plugin (``serving_hooks.sglang_plugin``), the gateway's router
+(``serving_hooks.routing``) and the simulator all drive these same objects. None of them
+reads a clock: every time is passed in as ``now`` (seconds on any monotonic scale).
+
+==========================  =======================================================
+:class:`PriorityPolicy`     Pythia alg. 3: remaining work + idle downstream, aging
+:class:`CapacityPolicy`     Pythia alg. 2: union-bound KV capacity check per replica
+:class:`KeepDropPolicy`     Pythia alg. 1 + SAGA TTL: retain / drop a session prefix
+:class:`PrefetchPolicy`     Pythia alg. 1: just-in-time host staging of the next prefix
+:class:`AutoscalePolicy`    Pythia alg. 4: projected calls → suggested replicas
+==========================  =======================================================
+"""
+from serving_hooks.policies.annotations_view import CallView
+from serving_hooks.policies.autoscale import AutoscalePolicy, autoscale_advice
+from serving_hooks.policies.capacity import (
+    ActiveRequest,
+    CapacityPolicy,
+    Placement,
+    ReplicaCheck,
+    ReplicaState,
+    replicas_from_snapshot,
+)
+from serving_hooks.policies.keep_drop import (
+    KeepDropPolicy,
+    Retention,
+    RetentionRank,
+    lognormal_quantile,
+    revisit_probability,
+)
+from serving_hooks.policies.prefetch import HOST_TIER, PrefetchPlan, PrefetchPolicy
+from serving_hooks.policies.priority import PriorityPolicy
+
+__all__ = [
+    "ActiveRequest",
+    "AutoscalePolicy",
+    "CallView",
+    "CapacityPolicy",
+    "HOST_TIER",
+    "KeepDropPolicy",
+    "Placement",
+    "PrefetchPlan",
+    "PrefetchPolicy",
+    "PriorityPolicy",
+    "ReplicaCheck",
+    "ReplicaState",
+    "Retention",
+    "RetentionRank",
+    "autoscale_advice",
+    "lognormal_quantile",
+    "replicas_from_snapshot",
+    "revisit_probability",
+]

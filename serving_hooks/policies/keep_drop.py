@@ -1,0 +1,176 @@
+"""Speculative keep/drop of a session's KV prefix (Pythia alg. 1 with a SAGA-style TTL).
+
+The rule
+--------
+When a call finishes, its session's KV prefix (prompt + response, the history the next
+call will extend) is, for the eviction order of the radix cache:
+
+* **kept** (rank ``KEEP``) when the session's predicted path goes on and comes back to this
+  lineage — ``exp_remaining_calls ≥ min_remaining_calls`` and ``revisit_p ≥ min_revisit_p``
+  — for a TTL equal to the latency quantile of the tool just called, bounded:
+
+      retain_until = now + clip(Q_q(tool latency), min_ttl_s, max_ttl_s)
+
+  (SAGA: hold the KV across the tool call for as long as the tool is likely to run, and no
+  longer; ``Q_0.95`` of the tool's fitted lognormal is ``exp(μ + 1.645·σ)``);
+* **dropped** (rank ``DROP``, evicted before anything else) when the path shows it is dead:
+  no call is expected after this one, or the path does not come back to this lineage;
+* left **neutral** (rank ``NEUTRAL``, plain LRU) when there is no prediction
+  (``known: false``) — we serve reactively.
+
+A kept prefix falls back to ``NEUTRAL`` once ``retain_until`` has passed, so a retention can
+never pin memory forever. The eviction order is then ``(rank at now, last access)``,
+smallest first: dropped prefixes go first, then the ordinary LRU crowd, and retained
+prefixes only when nothing else is left.
+
+``revisit_p`` is the probability that a later call of the session reuses this prefix; see
+:func:`revisit_probability` for how it is read from the graph predictions.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from enum import IntEnum
+
+from scipy.stats import lognorm
+
+from serving_hooks.policies.annotations_view import CallView
+
+
+class RetentionRank(IntEnum):
+    """Eviction class; smaller is evicted first."""
+
+    DROP = 0
+    NEUTRAL = 1
+    KEEP = 2
+
+
+@dataclass(frozen=True)
+class Retention:
+    """Keep/drop decision for one session prefix, valid from ``decided_at``."""
+
+    rank: RetentionRank
+    retain_until: float
+    decided_at: float
+    reason: str
+
+    def rank_at(self, now: float) -> RetentionRank:
+        """The rank in force at ``now``: a KEEP whose TTL ran out is NEUTRAL again."""
+        if self.rank == RetentionRank.KEEP and now >= self.retain_until:
+            return RetentionRank.NEUTRAL
+        return self.rank
+
+    @property
+    def ttl_s(self) -> float:
+        return max(0.0, self.retain_until - self.decided_at)
+
+
+def lognormal_quantile(mu: float, sigma: float, q: float = 0.95) -> float:
+    """``Q_q`` of a lognormal: ``exp(μ + σ · Φ⁻¹(q))`` (scipy's ``lognorm(s=σ, scale=e^μ)``)."""
+    return float(lognorm.ppf(q, s=sigma, scale=math.exp(mu)))
+
+
+def revisit_probability(view: CallView, lineage: str = "session") -> float:
+    """Probability that a later call of this session reuses the finished call's prefix.
+
+    * ``lineage="session"`` (default; agents that extend one conversation, like SWE-agent):
+      any later call of the workflow reuses it, so the probability is
+      ``min(1, E[remaining calls])`` (an upper bound on P(at least one more call) that is
+      exact for 0 and saturates at 1).
+    * ``lineage="agent"``: only a later call of the same agent reuses it: the next-agent
+      probability when the next agent is this one, else 1 when the graph's expected
+      distance to this agent is within the remaining calls, else 0.
+    """
+    remaining = view.exp_remaining_calls or 0.0
+    if lineage == "session":
+        return max(0.0, min(1.0, remaining))
+    if lineage != "agent":
+        raise ValueError(f"lineage must be 'session' or 'agent', got {lineage!r}")
+    for agent, p in view.next_agents:
+        if agent == view.agent:
+            return p
+    distance = view.expected_distance.get(view.agent or "")
+    if distance is not None and distance <= max(1.0, remaining):
+        return 1.0
+    return 0.0
+
+
+@dataclass(frozen=True)
+class KeepDropPolicy:
+    """Pythia alg. 1 keep/drop with a SAGA TTL; pure: ``now`` is always passed in.
+
+    Parameters
+    ----------
+    min_remaining_calls:
+        Below this expected number of remaining calls the session is considered finished.
+    min_revisit_p:
+        Below this revisit probability the prefix is not worth keeping.
+    quantile:
+        Tool-latency quantile used as TTL (0.95: SAGA's p95).
+    min_ttl_s, max_ttl_s:
+        Bounds of the TTL; ``default_ttl_s`` is used when the tool's latency is unknown.
+    lineage:
+        What counts as a revisit (see :func:`revisit_probability`).
+    """
+
+    min_remaining_calls: float = 0.5
+    min_revisit_p: float = 0.3
+    quantile: float = 0.95
+    min_ttl_s: float = 0.5
+    max_ttl_s: float = 120.0
+    default_ttl_s: float = 10.0
+    lineage: str = "session"
+
+    def ttl_s(
+        self,
+        tool_p95_s: float | None = None,
+        mu: float | None = None,
+        sigma: float | None = None,
+    ) -> float:
+        """TTL for the tool just called, bounded to ``[min_ttl_s, max_ttl_s]``.
+
+        From the fitted lognormal ``(mu, sigma)`` when given (quantile :attr:`quantile`),
+        else from the profile's ``p95_s``, else :attr:`default_ttl_s`.
+        """
+        if mu is not None and sigma is not None:
+            raw = lognormal_quantile(mu, sigma, self.quantile)
+        elif tool_p95_s is not None:
+            raw = float(tool_p95_s)
+        else:
+            raw = self.default_ttl_s
+        return min(self.max_ttl_s, max(self.min_ttl_s, raw))
+
+    def decide(
+        self,
+        now: float,
+        known: bool,
+        remaining_calls: float | None,
+        revisit_p: float,
+        tool_p95_s: float | None = None,
+        tool_mu: float | None = None,
+        tool_sigma: float | None = None,
+    ) -> Retention:
+        """Keep/drop decision at the completion of a call (see the module docstring)."""
+        if not known or remaining_calls is None:
+            return Retention(RetentionRank.NEUTRAL, now, now, "no prediction")
+        if remaining_calls < self.min_remaining_calls:
+            return Retention(RetentionRank.DROP, now, now, "path ends")
+        if revisit_p < self.min_revisit_p:
+            return Retention(RetentionRank.DROP, now, now, "path does not revisit")
+        ttl = self.ttl_s(tool_p95_s, tool_mu, tool_sigma)
+        return Retention(RetentionRank.KEEP, now + ttl, now, f"retain {ttl:.2f}s")
+
+    def decide_view(self, view: CallView, now: float) -> Retention:
+        """:meth:`decide` from a :class:`CallView` (the gateway's custom_params or annotations).
+
+        A ``retain_s`` set upstream (e.g. the predictor's exact lognormal quantile) is used as
+        the TTL before bounding; otherwise ``tool_p95_s``.
+        """
+        return self.decide(
+            now,
+            view.known,
+            view.exp_remaining_calls,
+            revisit_probability(view, self.lineage),
+            tool_p95_s=view.retain_s if view.retain_s is not None else view.tool_p95_s,
+        )
+

@@ -1,0 +1,144 @@
+"""Graph-driven request priority (Pythia algorithm 3) with aging.
+
+The rule
+--------
+A call of a workflow whose predicted graph says it is *close to done* should run first
+(shortest-remaining-work first shortens the average job completion time), and so should a
+call whose workflow will soon feed a *downstream model that is about to idle*:
+
+    base = w1 / E[D_remain]  +  w2 · Σ_{m ∈ M_idle} 1 / E[D_m]
+
+* ``E[D_remain]`` — expected number of calls left in the workflow, counting this one
+  (``1 + expected_remaining_calls``; from the absorbing-chain fundamental matrix in synth/);
+* ``E[D_m]`` — expected distance, in calls, from here to the first call of downstream model
+  ``m`` (``expected_distance`` in sys_annotations), floored at 1;
+* ``M_idle`` — downstream models whose queue depth is under ``idle_queue_threshold`` right
+  now (they are at risk of idling, so work that reaches them sooner is worth more).
+
+At each scheduling round the waiting request's score grows with its waiting time so that no
+request starves behind a stream of short workflows:
+
+    score(t) = base + aging_per_s · (t − t_enqueued)
+
+SGLang's priority scheduler sorts integer priorities, bigger first (the default, without
+``--schedule-low-priority-values-first``), so :meth:`PriorityPolicy.to_sglang` maps a score
+to ``round(scale · score)``.
+
+A call with no prediction (``known: false``) gets ``unknown_score``: neutral, served as if a
+few calls remained, and aged like every other request.
+
+Worked example (``w1 = w2 = 1``, threshold 2): a call with 1 call remaining after it
+(``E[D_remain] = 2``) whose workflow reaches idle model ``verifier`` in 2 calls scores
+``1/2 + 1/2 = 1.0``; a call with 4 remaining and no idle downstream scores ``1/5 = 0.2``.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from serving_hooks.policies.annotations_view import CallView
+
+#: SGLang stores priorities in a Python int and compares them; keep well inside int64.
+_SGLANG_PRIORITY_MAX = 2**62
+
+
+@dataclass(frozen=True)
+class PriorityPolicy:
+    """Pythia alg. 3 priority; pure: every time and queue state is passed in.
+
+    Parameters
+    ----------
+    w1, w2:
+        Weights of the remaining-work term and of the idle-downstream term.
+    idle_queue_threshold:
+        A downstream model with fewer than this many waiting requests is "at risk of idling".
+    aging_per_s:
+        Score added per second spent waiting (anti-starvation).
+    unknown_score:
+        Base score of a call without a prediction (default: as if 3 calls remained).
+    scale:
+        Multiplier from score to SGLang's integer priority.
+    """
+
+    w1: float = 1.0
+    w2: float = 1.0
+    idle_queue_threshold: int = 2
+    aging_per_s: float = 0.05
+    unknown_score: float = 0.25
+    scale: float = 1000.0
+
+    def base_score(
+        self,
+        remaining_calls: float | None,
+        downstream_distance: Mapping[str, float] | None = None,
+        queue_depth: Mapping[str, float] | None = None,
+        known: bool = True,
+    ) -> float:
+        """``w1 / E[D_remain] + w2 · Σ_{m idle} 1/E[D_m]`` for one call.
+
+        ``remaining_calls`` is the expected number of calls *after* this one (the predictor's
+        ``expected_remaining_calls``); ``downstream_distance`` maps a model (or agent) to its
+        expected distance in calls; ``queue_depth`` maps the same names to their current
+        number of waiting requests (a model absent from it is not considered at risk).
+        """
+        if not known or remaining_calls is None:
+            return self.unknown_score
+        score = self.w1 / (1.0 + max(0.0, float(remaining_calls)))
+        if downstream_distance and queue_depth:
+            for model, distance in downstream_distance.items():
+                depth = queue_depth.get(model)
+                if depth is not None and depth < self.idle_queue_threshold:
+                    score += self.w2 / max(1.0, float(distance))
+        return score
+
+    def score_view(
+        self,
+        view: CallView,
+        queue_depth: Mapping[str, float] | None = None,
+        agent_model: Mapping[str, str] | None = None,
+    ) -> float:
+        """:meth:`base_score` from a :class:`CallView`.
+
+        ``agent_model`` maps agent ids to the model that serves them, so that distances to
+        agents (what the graph knows) become distances to models (what has a queue); the
+        distance to a model is the smallest distance to any of its agents.
+        """
+        distance = dict(view.expected_distance)
+        if not distance and view.next_agent:
+            distance = {view.next_agent: 1.0}
+        if agent_model:
+            by_model: dict[str, float] = {}
+            for agent, d in distance.items():
+                model = agent_model.get(agent, agent)
+                by_model[model] = min(d, by_model.get(model, float("inf")))
+            distance = by_model
+        return self.base_score(view.exp_remaining_calls, distance, queue_depth, known=view.known)
+
+    def aged(self, base: float, enqueued_at: float, now: float) -> float:
+        """``base + aging_per_s · (now − enqueued_at)``; waiting time never counts negative."""
+        return base + self.aging_per_s * max(0.0, now - enqueued_at)
+
+    def to_sglang(self, score: float) -> int:
+        """Integer priority for SGLang (bigger runs first), clamped to a safe range."""
+        value = int(round(score * self.scale))
+        return max(-_SGLANG_PRIORITY_MAX, min(_SGLANG_PRIORITY_MAX, value))
+
+    def from_sglang(self, priority: int) -> float:
+        """Inverse of :meth:`to_sglang` (up to rounding)."""
+        return priority / self.scale
+
+    def order(
+        self,
+        items: Iterable[tuple[str, float, float]],
+        now: float,
+    ) -> list[str]:
+        """Ids sorted the way the scheduler should serve them.
+
+        ``items`` holds ``(id, base_score, enqueued_at)``; the result is by aged score
+        descending, then by enqueue time (first come first served on ties) — the same key
+        SGLang's ``_sort_by_priority_and_fcfs`` uses on the integer priorities.
+        """
+        keyed = [
+            (-self.to_sglang(self.aged(base, t0, now)), t0, rid) for rid, base, t0 in items
+        ]
+        return [rid for _, _, rid in sorted(keyed)]

@@ -1,0 +1,79 @@
+"""SGLang plugin: graph-driven priority, keep/drop retention and host prefetch.
+
+Loaded by SGLang itself: ``pyproject.toml`` declares the entry point ::
+
+    [project.entry-points."sglang.srt.plugins"]
+    agent_workflow = "serving_hooks.sglang_plugin:register"
+
+and every SGLang process (server, scheduler, detokenizer) calls :func:`register` from
+``sglang.srt.plugins.load_plugins()`` before it starts serving, then applies the hooks.
+What :func:`register` installs (all through ``sglang.srt.plugins.hook_registry.HookRegistry``
+and ``sglang.srt.mem_cache.registry.register_radix_cache_backend``):
+
+==================================================================  ========  ==================================
+target                                                              type      does
+==================================================================  ========  ==================================
+``sglang.srt.managers.scheduler.Scheduler._add_request_to_queue``   BEFORE    ``req.priority`` from custom_params;
+                                                                              plan the host prefetch
+``sglang.srt.managers.schedule_policy.SchedulePolicy.calc_priority``  BEFORE  aging of waiting requests
+``sglang.srt.mem_cache.common.release_kv_cache``                    AFTER     keep/drop stamp on the finished
+                                                                              request's radix path
+``sglang.srt.mem_cache.radix_cache.RadixCache._split_node``         AFTER     stamp follows node splits
+``…unified_tree_core.UnifiedTreeCore._split_node``                  AFTER     same, unified tree
+``sglang.srt.managers.scheduler.Scheduler.get_next_batch_to_run``   AFTER     run due host prefetches
+``--radix-cache-backend workflow-retention``                        backend   eviction: retain-until, then LRU
+==================================================================  ========  ==================================
+
+The policies themselves live in :mod:`serving_hooks.policies` (no SGLang import); this
+package only adapts them. ``AWP_SGLANG_PLUGIN=0`` turns the plugin off; the other knobs are
+in :mod:`serving_hooks.sglang_plugin.settings`.
+"""
+from __future__ import annotations
+
+import logging
+
+logger = logging.getLogger(__name__)
+
+_SCHED = "sglang.srt.managers.scheduler.Scheduler"
+HOOK_TARGETS: dict[str, tuple[str, str, str]] = {
+    # target: (hook type, module, function)
+    f"{_SCHED}._add_request_to_queue": ("BEFORE", "priority_hooks", "before_add_request_to_queue"),
+    "sglang.srt.managers.schedule_policy.SchedulePolicy.calc_priority": (
+        "BEFORE", "priority_hooks", "before_calc_priority"),
+    "sglang.srt.mem_cache.common.release_kv_cache": ("AFTER", "retention", "after_release_kv_cache"),
+    "sglang.srt.mem_cache.radix_cache.RadixCache._split_node": ("AFTER", "retention", "after_split_node"),
+    "sglang.srt.mem_cache.unified_cache.unified_tree_core.UnifiedTreeCore._split_node": (
+        "AFTER", "retention", "after_split_node"),
+    f"{_SCHED}.get_next_batch_to_run": ("AFTER", "prefetch", "after_get_next_batch_to_run"),
+}
+
+_registered = False
+
+
+def register() -> None:
+    """Entry point of group ``sglang.srt.plugins``: register the hooks and the cache backend.
+
+    Idempotent; a no-op when ``AWP_SGLANG_PLUGIN=0``.
+    """
+    global _registered
+    from importlib import import_module
+
+    from serving_hooks.sglang_plugin.state import get_state
+
+    if _registered:
+        return
+    if not get_state().settings.enabled:
+        logger.info("agent-workflow plugin disabled by AWP_SGLANG_PLUGIN=0")
+        return
+    from sglang.srt.mem_cache.registry import get_radix_cache_factory, register_radix_cache_backend
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    for target, (hook_type, module, func) in HOOK_TARGETS.items():
+        hook = getattr(import_module(f"serving_hooks.sglang_plugin.{module}"), func)
+        HookRegistry.register(target, hook, HookType[hook_type])
+    from serving_hooks.sglang_plugin.retention import BACKEND_NAME, retention_cache_factory
+
+    if get_radix_cache_factory(BACKEND_NAME) is None:
+        register_radix_cache_backend(BACKEND_NAME, retention_cache_factory)
+    _registered = True
+    logger.info("agent-workflow plugin registered %d hooks and backend %r", len(HOOK_TARGETS), BACKEND_NAME)

@@ -1,0 +1,103 @@
+"""Scheduler hooks for the graph-driven priority (Pythia alg. 3).
+
+* ``Scheduler._add_request_to_queue`` (BEFORE): when a request arrives with the gateway's
+  ``custom_params``, its integer ``priority`` is set from them (unless the request already
+  carries one in the top-level ``priority`` field) and its base score and arrival time are
+  remembered on the request.
+* ``SchedulePolicy.calc_priority`` (BEFORE): at each scheduling round, every remembered
+  request's priority (waiting and running) becomes ``to_sglang(base + aging_per_s · waited)``
+  so SGLang's own ``(priority, wait time)`` sort serves the oldest work first among equals
+  and lets long waiters overtake (anti-starvation).
+
+The base score is the gateway's ``priority`` read back through
+:meth:`PriorityPolicy.from_sglang` (the gateway computes it with the same policy, including
+the idle-downstream term, which needs the load of other models); without it, the plugin
+computes the remaining-work term from ``exp_remaining_calls`` alone.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from serving_hooks.sglang_plugin.prefetch import plan_prefetch
+from serving_hooks.sglang_plugin.state import get_state
+
+logger = logging.getLogger(__name__)
+
+#: Attribute names the plugin stores on ``Req`` objects.
+BASE_ATTR = "_awp_base_score"
+ENQUEUED_ATTR = "_awp_enqueued_at"
+
+
+def admit_request(req: Any, now: float | None = None) -> bool:
+    """Set ``req.priority`` from its custom_params; remember base score and arrival.
+
+    Returns False (and leaves the request alone) when it carries no custom_params.
+    """
+    state = get_state()
+    view = state.view(req)
+    if view is None:
+        return False
+    now = state.clock() if now is None else now
+    pol = state.settings.priority
+    if getattr(req, BASE_ATTR, None) is None:  # a retracted request keeps its first arrival
+        if req.priority is None:
+            if view.priority is not None:
+                req.priority = int(view.priority)
+            else:
+                req.priority = pol.to_sglang(pol.score_view(view))
+        setattr(req, BASE_ATTR, pol.from_sglang(req.priority))
+        setattr(req, ENQUEUED_ATTR, now)
+        state.counters["priority_set"] += 1
+        plan_prefetch(state, req, view, now)
+    return True
+
+
+def age_queue(waiting_queue: list, now: float | None = None) -> int:
+    """Re-score every admitted request of ``waiting_queue`` with its waiting time."""
+    state = get_state()
+    now = state.clock() if now is None else now
+    pol = state.settings.priority
+    n = 0
+    for req in waiting_queue:
+        base = getattr(req, BASE_ATTR, None)
+        if base is None:
+            continue
+        req.priority = pol.to_sglang(pol.aged(base, getattr(req, ENQUEUED_ATTR, now), now))
+        n += 1
+    return n
+
+
+def before_add_request_to_queue(scheduler: Any, req: Any, *args: Any, **kwargs: Any) -> None:
+    """BEFORE hook on ``Scheduler._add_request_to_queue(self, req, is_retracted=False)``."""
+    admit_request(req)
+
+
+def before_calc_priority(policy: Any, waiting_queue: list, running_batch: Any = None, *args: Any,
+                         **kwargs: Any) -> None:
+    """BEFORE hook on ``SchedulePolicy.calc_priority(self, waiting_queue, running_batch, ...)``.
+
+    The running requests are re-scored too: SGLang's priority preemption compares a waiting
+    request's priority with the running ones', and with both aged at the same rate their
+    difference stays ``Δbase + aging · Δarrival``, so a long-running request is not preempted
+    merely because its priority was frozen when it started.
+
+    Only with ``--enable-priority-scheduling`` and SGLang's default order (bigger first); with
+    ``--schedule-low-priority-values-first`` the gateway's priorities would be inverted, so
+    the plugin leaves the queue alone and logs it once.
+    """
+    if not getattr(policy, "enable_priority_scheduling", False):
+        return
+    if getattr(policy, "schedule_low_priority_values_first", False):
+        state = get_state()
+        if not state.counters["low_values_first_warned"]:
+            logger.warning(
+                "agent-workflow plugin: --schedule-low-priority-values-first inverts the "
+                "gateway's priorities (bigger = sooner); aging disabled"
+            )
+        state.counters["low_values_first_warned"] += 1
+        return
+    now = get_state().clock()
+    age_queue(waiting_queue, now)
+    if running_batch is not None and getattr(running_batch, "reqs", None):
+        age_queue(running_batch.reqs, now)

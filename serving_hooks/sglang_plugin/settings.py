@@ -1,0 +1,85 @@
+"""Plugin settings, read from the environment of the SGLang server process.
+
+Every knob has a default that works; set the variables before ``python -m
+sglang.launch_server`` (the scheduler processes inherit them).
+
+=================================  =========  ==============================================
+variable                           default    meaning
+=================================  =========  ==============================================
+``AWP_SGLANG_PLUGIN``              ``1``      ``0`` registers nothing (plugin installed but off)
+``AWP_PRIORITY_AGING_PER_S``       ``0.05``   score added per second of waiting (alg. 3 aging)
+``AWP_PRIORITY_SCALE``             ``1000``   score → SGLang integer priority multiplier
+``AWP_KEEP_MAX_TTL_S``             ``120``    upper bound of a retention TTL (SAGA)
+``AWP_KEEP_MIN_REVISIT_P``         ``0.3``    below this revisit probability a prefix is dropped
+``AWP_KEEP_LINEAGE``               ``session`` what counts as a revisit: ``session`` or ``agent``
+``AWP_PREFETCH_MIN_P``             ``0.5``    smallest next-agent probability worth staging
+``AWP_PREFETCH_TRANSFER_TOK_S``    ``200000`` tokens/s of the copy into host memory
+``AWP_PREFETCH_DECODE_TOK_S``      ``40``     decode speed used to predict a call's finish
+``AWP_PREFETCH``                   ``1``      ``0`` disables host prefetch staging
+=================================  =========  ==============================================
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from serving_hooks.policies import KeepDropPolicy, PrefetchPolicy, PriorityPolicy
+
+
+def _f(name: str, default: float) -> float:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return float(raw)
+    except ValueError as exc:
+        raise ValueError(f"environment variable {name}={raw!r} is not a number") from exc
+
+
+def _flag(name: str, default: bool = True) -> bool:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    return raw.strip().lower() not in ("0", "false", "no", "off")
+
+
+@dataclass(frozen=True)
+class PluginSettings:
+    """The policies the plugin drives, configured from the environment."""
+
+    enabled: bool
+    prefetch_enabled: bool
+    priority: PriorityPolicy
+    keep_drop: KeepDropPolicy
+    prefetch_min_p: float
+    prefetch_transfer_tok_s: float
+    prefetch_decode_tok_s: float
+
+    @classmethod
+    def from_env(cls) -> "PluginSettings":
+        lineage = os.environ.get("AWP_KEEP_LINEAGE", "session")
+        if lineage not in ("session", "agent"):
+            raise ValueError(f"AWP_KEEP_LINEAGE must be 'session' or 'agent', got {lineage!r}")
+        return cls(
+            enabled=_flag("AWP_SGLANG_PLUGIN"),
+            prefetch_enabled=_flag("AWP_PREFETCH"),
+            priority=PriorityPolicy(
+                aging_per_s=_f("AWP_PRIORITY_AGING_PER_S", 0.05),
+                scale=_f("AWP_PRIORITY_SCALE", 1000.0),
+            ),
+            keep_drop=KeepDropPolicy(
+                max_ttl_s=_f("AWP_KEEP_MAX_TTL_S", 120.0),
+                min_revisit_p=_f("AWP_KEEP_MIN_REVISIT_P", 0.3),
+                lineage=lineage,
+            ),
+            prefetch_min_p=_f("AWP_PREFETCH_MIN_P", 0.5),
+            prefetch_transfer_tok_s=_f("AWP_PREFETCH_TRANSFER_TOK_S", 200_000.0),
+            prefetch_decode_tok_s=_f("AWP_PREFETCH_DECODE_TOK_S", 40.0),
+        )
+
+    def new_prefetch_policy(self) -> PrefetchPolicy:
+        return PrefetchPolicy(
+            min_p=self.prefetch_min_p,
+            transfer_tok_s=self.prefetch_transfer_tok_s,
+            decode_tok_s=self.prefetch_decode_tok_s,
+        )

@@ -1,0 +1,157 @@
+"""The plugin inside the real sglang package: registration, request fields, priority order."""
+from __future__ import annotations
+
+import importlib.util
+from types import SimpleNamespace
+
+import pytest
+
+_SGLANG = importlib.util.find_spec("sglang")
+if _SGLANG is None or _SGLANG.origin is None:  # a namespace match is this folder, not sglang
+    pytest.skip("sglang is not installed (see tests/sglang/conftest.py)", allow_module_level=True)
+
+from array import array
+
+
+from serving_hooks.annotations import flatten_for_sglang
+from serving_hooks.policies import CallView
+from serving_hooks.sglang_plugin import HOOK_TARGETS
+from serving_hooks.sglang_plugin.priority_hooks import BASE_ATTR, ENQUEUED_ATTR, admit_request
+from serving_hooks.sglang_plugin.retention import BACKEND_NAME, retention_cache_factory
+from serving_hooks.sglang_plugin.state import PluginState, get_state, reset_state
+
+pytestmark = pytest.mark.usefixtures("sglang_runtime")
+
+
+class FakeClock:
+    def __init__(self, t: float = 0.0):
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+@pytest.fixture
+def clock():
+    c = FakeClock(1000.0)
+    reset_state(PluginState(get_state().settings, clock=c))
+    yield c
+    reset_state()
+
+
+def gateway_custom_params(wf_id: str, agent: str, remaining: float, priority: int | None) -> dict:
+    """What the gateway forwards as custom_params: issue 4's flattening of sys_annotations."""
+    ann = {"profile_version": "v1", "known": True, "predicted_output_len": [20, 200],
+           "next_agents": [{"agent_id": "coder", "p": 0.9}], "expected_remaining_calls": remaining,
+           "expected_remaining_s": 10.0 * remaining, "priority": priority,
+           "tool_latency": {"bash": {"mu": 0.0, "sigma": 0.5, "p50_s": 1.0, "p95_s": 2.3}}}
+    return flatten_for_sglang(ann, {"workflow_type_id": "ca", "workflow_id": wf_id, "agent_id": agent})
+
+
+def test_plugin_registers_through_its_entry_point():
+    from importlib.metadata import entry_points
+
+    from sglang.srt.managers.schedule_policy import SchedulePolicy
+    from sglang.srt.managers.scheduler import Scheduler
+    from sglang.srt.mem_cache.registry import get_radix_cache_factory
+    from sglang.srt.plugins.hook_registry import HookRegistry
+
+    eps = [ep for ep in entry_points(group="sglang.srt.plugins") if ep.name == "agent_workflow"]
+    assert eps and eps[0].value == "serving_hooks.sglang_plugin:register"
+    for target in HOOK_TARGETS:
+        sources = [src for _, _, src in HookRegistry._hooks[target]]
+        assert any(s is not None and s.plugin_name == "agent_workflow" for s in sources), target
+        assert target in HookRegistry._patched, f"{target} was not patched"
+    # the patched methods wrap the originals
+    assert hasattr(Scheduler._add_request_to_queue, "__wrapped__")
+    assert hasattr(SchedulePolicy.calc_priority, "__wrapped__")
+    assert get_radix_cache_factory(BACKEND_NAME) is retention_cache_factory
+
+
+def test_chat_completion_request_keeps_priority_and_custom_params(clock):
+    from sglang.srt.entrypoints.openai.protocol import ChatCompletionRequest
+    from sglang.srt.managers.schedule_batch import Req
+    from sglang.srt.sampling.sampling_params import SamplingParams
+
+    flat = gateway_custom_params("wf-1", "planner", 3.0, 1250)
+    body = {  # what the gateway forwards upstream
+        "model": "default", "messages": [{"role": "user", "content": "plan the fix"}],
+        "max_tokens": 64, "priority": 1250, "custom_params": flat,
+        "app_metadata": {"workflow_type_id": "ca", "workflow_id": "wf-1", "agent_id": "planner"},
+        "sys_annotations": {"known": True},
+    }
+    request = ChatCompletionRequest.model_validate(body)
+    assert request.priority == 1250 and request.custom_params == flat
+    assert "app_metadata" not in request.model_dump()  # undeclared keys are dropped
+    # the same path the server takes into the scheduler
+    sp = SamplingParams(**request.to_sampling_params(stop=[], model_generation_config={}))
+    req = Req("rid-1", "", array("q", [1, 2, 3]), sp, priority=request.priority)
+    assert req.sampling_params.custom_params == flat
+    assert admit_request(req)
+    assert req.priority == 1250 and getattr(req, BASE_ATTR) == pytest.approx(1.25)
+    view = CallView.from_custom_params(req.sampling_params.custom_params)
+    assert (view.wf_id, view.agent, view.next_agent, view.tool_p95_s) == ("wf-1", "planner", "coder", 2.3)
+
+
+def _req(rid: str, custom_params: dict | None, priority: int | None):
+    from sglang.srt.managers.schedule_batch import Req
+    from sglang.srt.sampling.sampling_params import SamplingParams
+
+    sp = SamplingParams(max_new_tokens=16, custom_params=custom_params)
+    req = Req(rid, "", array("q", [7, 8, 9, len(rid)]), sp, priority=priority)
+    req.time_stats.set_wait_queue_entry_time()
+    return req
+
+
+def test_calc_priority_orders_real_reqs_as_our_priority_says(clock):
+    from sglang.srt.managers.schedule_policy import SchedulePolicy
+    from sglang.srt.mem_cache.radix_cache import RadixCache
+
+    pol = get_state().settings.priority
+    # Same small graph as tests/test_policies_priority_capacity.py, computed by the gateway:
+    # a = planner (3 left, idle coder 1 call away) 1.25; b = coder (2 left) 1/3; c = tester (0 left) 1.0
+    depth = {"planner": 5, "coder": 0, "tester": 3}
+    graph = {"a": (3.0, {"coder": 1.0, "tester": 3.0}), "b": (2.0, {"tester": 2.0}), "c": (0.0, {})}
+    gateway_priority = {
+        rid: pol.to_sglang(pol.score_view(CallView(known=True, exp_remaining_calls=rem, expected_distance=dist), depth))
+        for rid, (rem, dist) in graph.items()
+    }
+    assert gateway_priority == {"a": 1250, "b": 333, "c": 1000}
+    # b arrives 20 s before the others; d carries custom_params but no priority (plugin computes
+    # 1/(1+1) = 0.5 from exp_remaining_calls); e is plain traffic without annotations.
+    clock.t = 1000.0
+    reqs = {"b": _req("b", gateway_custom_params("wb", "coder", 2.0, 333), 333)}
+    clock.t = 1020.0
+    reqs["a"] = _req("a", gateway_custom_params("wa", "planner", 3.0, 1250), 1250)
+    reqs["c"] = _req("c", gateway_custom_params("wc", "tester", 0.0, 1000), 1000)
+    reqs["d"] = _req("d", gateway_custom_params("wd", "coder", 1.0, None), None)
+    reqs["e"] = _req("e", None, None)
+    for r in reqs.values():
+        r_admitted = admit_request(r, now=clock.t if r.rid != "b" else 1000.0)
+        assert r_admitted == (r.rid != "e")
+    assert reqs["d"].priority == 500
+    reqs["e"].priority = -(2**63)  # what Scheduler._set_or_validate_priority gives a request without one
+
+    policy = SchedulePolicy("fcfs", RadixCache.create_simulated(), False, True, False)
+    queue = [reqs[k] for k in "edcba"]
+    policy.calc_priority(queue)  # the patched method: ages, then SGLang sorts
+    got = [r.rid for r in queue]
+    # b: 1/3 + 0.05 * 20 s = 1.333 > a 1.25 > c 1.0 > d 0.5 > e (no annotations)
+    expected = pol.order(
+        [("a", 1.25, 1020.0), ("b", 1 / 3, 1000.0), ("c", 1.0, 1020.0), ("d", 0.5, 1020.0)], now=1020.0
+    )
+    assert got == expected + ["e"] == ["b", "a", "c", "d", "e"]
+    assert reqs["b"].priority == 1333
+
+    # running requests are re-aged too (preemption compares them with the waiting ones)
+    running = SimpleNamespace(reqs=[reqs["c"]])
+    clock.t = 1040.0
+    policy.calc_priority([reqs["a"]], running)
+    assert reqs["c"].priority == 1000 + 1000 and reqs["a"].priority == 1250 + 1000  # +0.05 * 20 s each
+
+    # Without waiting time, plain alg. 3 order: a 1.25, c 1.0, d 0.5, b 0.333
+    clock.t = 1000.0
+    for r in queue:
+        setattr(r, ENQUEUED_ATTR, 1000.0)
+    policy.calc_priority(queue)
+    assert [r.rid for r in queue] == ["a", "c", "d", "b", "e"]

@@ -1,0 +1,152 @@
+"""The capacity router against three real HTTP workers on loopback that report /v1/loads."""
+from __future__ import annotations
+
+import time
+
+import pytest
+from fastapi import FastAPI, HTTPException
+
+from serving_hooks.policies import CapacityPolicy
+from serving_hooks.routing import CapacityRouter, parse_loads
+from serving_hooks.server_thread import serve_in_thread
+
+
+class FakeWorker:
+    """A FastAPI app on an ephemeral loopback port that answers GET /v1/loads like SGLang."""
+
+    def __init__(self, capacity: int, used: int, waiting: int = 0, has_loads: bool = True):
+        self.capacity, self.used, self.waiting, self.has_loads = capacity, used, waiting, has_loads
+        self.polls = 0
+        self.app = FastAPI()
+
+        @self.app.get("/v1/loads")
+        def loads():
+            self.polls += 1
+            if not self.has_loads:
+                raise HTTPException(404, "Not Found")
+            return {"timestamp": "now", "version": "0.5.23", "loads": [
+                {"dp_rank": 0, "num_running_reqs": 1, "num_waiting_reqs": self.waiting,
+                 "num_used_tokens": self.used, "num_total_tokens": self.used,
+                 "max_total_num_tokens": self.capacity, "token_usage": self.used / self.capacity}]}
+
+    def __enter__(self):
+        self.handle = serve_in_thread(self.app, lifespan="off")
+        self.url = self.handle.url
+        return self
+
+    def __exit__(self, *exc):
+        self.handle.stop()
+
+
+@pytest.fixture
+def workers():
+    # w0: nearly full; w1: roomy 1000-token worker; w2: large but busy
+    ws = [FakeWorker(1000, 900), FakeWorker(1000, 100, waiting=3), FakeWorker(4000, 3500)]
+    for w in ws:
+        w.__enter__()
+    yield ws
+    for w in ws:
+        w.__exit__()
+
+
+def test_request_that_would_overflow_under_the_predicted_bound_is_not_sent_there(workers):
+    w0, w1, w2 = workers
+    router = CapacityRouter([w.url for w in workers], CapacityPolicy(epsilon=0.05))
+    router.poll_once_blocking()
+    assert router.queue_depths()[w1.url] == 3
+    # 150 input + 100 predicted: w0 would hold 900 + 250 > 1000 -> never w0.
+    # w1 headroom 1000-100-250 = 650, w2 4000-3500-250 = 250 -> w1 first.
+    chosen = []
+    for i in range(6):
+        d = router.decide(f"s{i}", 150, 100, alpha=0.01, request_id=f"r{i}")
+        chosen.append(d.worker)
+        if d.mode == "capacity":
+            check = {c.name: c for c in d.placement.checks}[d.worker]
+            assert check.safe and check.fits
+    # Requests sent after the poll are added to the worker's reported count (100 on w1, 3500 on w2):
+    #   r0: w1 headroom 1000-100-250 = 650 vs w2 250 -> w1;  r1: w1 1000-350-250 = 400 -> w1
+    #   r2: w1 150 < w2 250 -> w2;  r3: w1 150 vs w2 4000-3750-250 = 0 -> w1
+    #   r4: w1 850 + 250 > 1000 (would overflow) -> w2 (fits exactly);  r5: nothing is safe -> fallback
+    assert chosen[:5] == [w1.url, w1.url, w2.url, w1.url, w2.url]
+    assert w0.url not in chosen  # 900 + 250 > 1000 on w0, every time
+    assert router.inflight()[w1.url] == 750 and router.inflight()[w0.url] == 0
+    m = router.metrics()
+    assert m["capacity"] == 5 and m["fallback_least_loaded"] == 1
+
+    # finishing requests frees their bounds: w1 is safe again
+    for i in range(6):
+        router.on_finish(f"r{i}")
+    assert router.choose("sX", 150, 100) == w1.url
+    # 600 + 300 fits only on w1 (100 + 900 <= 1000; w2 3500 + 900 > 4000)
+    assert router.choose("sY", 600, 300) == w1.url
+    # 700 + 300 fits nowhere: least-loaded fallback, never a silent overflow claim
+    assert router.decide("sZ", 700, 300).mode == "fallback_least_loaded"
+
+
+def test_union_bound_refuses_a_worker_with_many_risky_requests(workers):
+    w0, w1, w2 = workers
+    w2.used = 0  # w2 now has 4000 free tokens: most headroom
+    router = CapacityRouter([w.url for w in workers], CapacityPolicy(epsilon=0.05))
+    router.poll_once_blocking()
+    # two risky requests tracked on w2 (α = 0.02 each)
+    router.on_start("a", w2.url, 10, 10, alpha=0.02)
+    router.on_start("b", w2.url, 10, 10, alpha=0.02)
+    # a third risky one: w2 risk 0.06 > 0.05 -> refused although it has room; w1 takes it
+    d = router.decide("s", 100, 100, alpha=0.02)
+    assert d.worker == w1.url and d.mode == "capacity"
+    assert not {c.name: c for c in d.placement.checks}[w2.url].safe
+    # a confident request (α = 0.005) still fits w2's budget: 0.045 <= 0.05
+    assert router.choose("s2", 100, 100, alpha=0.005) == w2.url
+
+
+def test_round_robin_when_a_worker_has_no_loads_endpoint(workers):
+    workers[2].has_loads = False
+    router = CapacityRouter([w.url for w in workers])
+    router.poll_once_blocking()
+    picks = [router.decide(None, 150, 100).worker for _ in range(6)]
+    assert picks == [w.url for w in workers] * 2  # even the nearly-full w0: no capacity view
+    m = router.metrics()
+    assert m["round_robin"] == 6 and m["poll_errors"] == 1 and m["poll_ok"] == 2
+
+
+def test_background_poller_follows_load_changes_and_affinity(workers):
+    w0, w1, w2 = workers
+    router = CapacityRouter([w.url for w in workers], poll_interval_s=0.05)
+    router.start_background()
+    try:
+        deadline = time.monotonic() + 5
+        while len(router.loads()) < 3 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert router.choose("sess", 150, 100) == w1.url
+        w0.used = 0  # w0 drains: now the roomiest
+        polls = w0.polls
+        while w0.polls < polls + 2 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        # w0 headroom 1000-0-250 = 750 vs w1 650: 100 apart, more than the 5 % slack (50)
+        assert router.choose("other", 150, 100) == w0.url
+        router.on_start("x", w1.url, 0, 0, session_id="sess")  # the session last ran on w1
+        w1.used = 60  # w1 headroom 690: 60 behind w0; with a 7 % slack (70) that is a tie
+        router.policy = CapacityPolicy(affinity_slack=0.07)
+        polls = w1.polls
+        while w1.polls < polls + 2 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        d = router.decide("sess", 150, 100)
+        assert d.worker == w1.url and d.placement.affinity  # the session's last worker wins the tie
+    finally:
+        router.stop_background()
+    # reports go stale once polling stops: the router falls back to round robin
+    router.stale_after_s = 0.0
+    assert router.decide(None, 1, 1).mode == "round_robin"
+
+
+def test_parse_loads_shapes():
+    body = {"loads": [{"max_total_num_tokens": 100, "num_total_tokens": 10, "num_waiting_reqs": 1},
+                      {"max_total_num_tokens": 50, "num_used_tokens": 5}]}
+    load = parse_loads(body, 1.0)
+    assert (load.capacity_tokens, load.reported_tokens, load.waiting_requests) == (150, 15, 1)
+    assert parse_loads({"max_total_num_tokens": 10}, 0.0).capacity_tokens == 10
+    assert parse_loads({"loads": []}, 0.0) is None
+    assert parse_loads([1, 2], 0.0) is None
+    assert parse_loads({"max_total_num_tokens": "x"}, 0.0) is None
+    with pytest.raises(ValueError):
+        CapacityRouter([])
