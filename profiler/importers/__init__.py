@@ -1,0 +1,134 @@
+"""Importers: other tools' traces -> our flat records (``../shared/spec/log-format.md`` §1).
+
+Each module handles one format and exposes ``iter_records(src: Path, **options) -> Iterator[dict]``
+(``src`` a file or a folder searched for the module's ``FILE_PATTERNS``), plus ``NAME``,
+``SUMMARY`` and ``read_file(path, **options)`` for one file. Options every importer accepts:
+
+``workflow_type``  the ``workflow_type_id`` to give the records (each format has a default);
+``timezone``       IANA zone for timestamps written without offset (default UTC);
+``with_text``      keep prompts / responses when the source has them (default True);
+``on_error``       a callable receiving each :class:`ImportFormatError` (file, line, field, reason);
+                   when None the first problem is raised.
+
+Importers ground every field in the source: a value the source does not hold (per-call token
+counts, call times) is left out or the input is reported, never invented.
+
+:func:`convert_to_folder` writes the records as JSON Lines, one output file per input file, ready
+for ``profiler fit``; the ``profiler import`` command is its command-line face.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Iterator, Sequence
+
+from profiler.importers import openhands, otel, swe_agent
+from profiler.importers._common import ErrorHandler, ImportFormatError, relative_source, source_files
+
+#: Format name (as given to ``--format``) -> importer module.
+FORMATS: dict[str, ModuleType] = {m.NAME: m for m in (otel, swe_agent, openhands)}
+
+__all__ = ["FORMATS", "ImportFormatError", "ConversionReport", "get_format", "iter_records", "convert",
+           "convert_to_folder"]
+
+
+def get_format(name: str) -> ModuleType:
+    """The importer for ``name`` (``swe_agent`` and ``swe-agent`` are the same)."""
+    module = FORMATS.get(name.strip().lower().replace("_", "-"))
+    if module is None:
+        raise ValueError(f"unknown import format {name!r}; known formats: {', '.join(FORMATS)}")
+    return module
+
+
+def iter_records(fmt: str, src: Path, **options: Any) -> Iterator[dict]:
+    """Flat records of ``src`` (file or folder) read as format ``fmt``."""
+    return get_format(fmt).iter_records(Path(src), **options)
+
+
+@dataclass
+class ConversionReport:
+    """What :func:`convert` did: records written per output file and the problems skipped."""
+
+    files: dict[str, int] = field(default_factory=dict)  # output path -> records written
+    sources: int = 0
+    errors: list[ImportFormatError] = field(default_factory=list)
+
+    @property
+    def records(self) -> int:
+        return sum(self.files.values())
+
+
+def _output_name(rel: Path) -> Path:
+    name = rel.name
+    for suffix in (".gz", ".jsonl", ".json", ".traj"):
+        if name.endswith(suffix):
+            name = name[: -len(suffix)]
+    return rel.with_name(name + ".jsonl")
+
+
+def _write_jsonl(records: Iterator[dict], dest: Path) -> int:
+    """Write records to ``dest`` atomically (temp file then rename); nothing is left for zero records."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.with_name(f".{dest.name}.tmp-{os.getpid()}")
+    n = 0
+    try:
+        with open(tmp, "w", encoding="utf-8") as fh:
+            for rec in records:
+                fh.write(json.dumps(rec, ensure_ascii=False, separators=(",", ":")))
+                fh.write("\n")
+                n += 1
+        if n:
+            os.replace(tmp, dest)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    return n
+
+
+def convert(fmt: str, srcs: Sequence[Path], out_dir: Path, *, strict: bool = False,
+            progress: bool = False, **options: Any) -> ConversionReport:
+    """Convert every ``fmt`` file under ``srcs`` into flat JSONL files under ``out_dir``, mirroring
+    the source tree (``run1/x/x.traj`` -> ``out_dir/run1/x/x.jsonl``).
+
+    Not strict (default): malformed parts are skipped and listed in the report's ``errors``, every
+    valid record is written. Strict: the first problem raises :class:`ImportFormatError`.
+    """
+    module = get_format(fmt)
+    out_dir = Path(out_dir)
+    result = ConversionReport()
+    handler: ErrorHandler | None = None if strict else result.errors.append
+    jobs, seen = [], set()
+    for src in map(Path, srcs):
+        for path in source_files(src, module.FILE_PATTERNS):
+            if path.resolve() not in seen:
+                seen.add(path.resolve())
+                jobs.append((src, path))
+    if not jobs:
+        raise FileNotFoundError(f"no {module.NAME} files under {', '.join(map(str, srcs))} "
+                                f"(looked for {', '.join(module.FILE_PATTERNS)})")
+    from rich.progress import Progress  # local: keeps `import profiler.importers` light
+
+    with Progress(transient=True, disable=not progress) as bar:
+        task = bar.add_task(f"importing {module.NAME}", total=len(jobs))
+        for src, path in jobs:
+            rel = relative_source(path, src)
+            base = Path(src.name) if src.is_dir() and len(srcs) > 1 else Path()
+            dest = out_dir / base / _output_name(rel)
+            n = _write_jsonl(module.read_file(path, on_error=handler, **options), dest)
+            if n:
+                result.files[str(dest)] = n
+            result.sources += 1
+            bar.advance(task)
+    return result
+
+
+def convert_to_folder(fmt: str, srcs: list[Path], out_dir: Path, **options: Any) -> int:
+    """Write ``srcs`` (``fmt`` traces) as flat JSONL under ``out_dir``; returns the number of records.
+
+    For ``profiler fit --format FMT``: convert into a temporary folder, then ingest it. Keyword
+    options as in :func:`convert` (``strict``, ``workflow_type``, ``timezone``, ``with_text``).
+    """
+    return convert(fmt, srcs, out_dir, **options).records

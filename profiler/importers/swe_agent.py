@@ -1,0 +1,206 @@
+"""SWE-agent trajectories (``<instance>.traj`` + ``<instance>.debug.log``) -> flat records.
+
+A SWE-agent 1.x ``.traj`` file is one JSON document ``{"trajectory": [step, ...], "history": [...],
+"info": {"model_stats": {"tokens_sent", "tokens_received", "api_calls", ...}, "exit_status", ...},
+"replay_config": "<json>", "environment": "<instance>"}``; each step is
+``{"action", "observation", "response", "thought", "execution_time", "state", "query", "extra_info"}``
+(``sweagent/types.py: TrajectoryStep``; ``docs/usage/trajectories.md`` of SWE-agent/SWE-agent).
+It holds **no wall-clock time and no per-call token counts** — only per-instance totals in
+``info.model_stats``. Those live in the per-instance debug log that ``sweagent run-batch`` writes
+beside the trajectory (``<output>/<instance>/<instance>.debug.log``, format
+``"%(asctime)s - %(levelname)s - %(name)s - %(message)s"``, ``sweagent/utils/log.py``):
+
+* ``... - INFO - swea-agent - ========================= STEP 3 =========================`` opens a
+  step (``DefaultAgent.step``);
+* ``... - DEBUG - swea-lm - input_tokens=6,736, output_tokens=81, instance_cost=..., cost=...``
+  closes one LLM call (``LiteLLMModel._update_stats``; a step has several when the model was
+  re-queried after a format error);
+* ``... - INFO - swea-agent - 💭 THOUGHT ...`` is logged once the action is parsed, right before it
+  runs (``DefaultAgent.forward``).
+
+So one flat record per LLM call: ``t_arrival`` = the STEP line (or the previous call's end for a
+re-query), ``t_finish`` = its token line, tokens from that line; the last call of step *n* carries
+the step's tool: its name is the first word of ``action`` (``str_replace_editor``, ``python``,
+``grep``, ``submit``...), it starts at the THOUGHT line and lasts ``execution_time``. ``messages``
+are the step's exact ``query`` and ``response_text`` its ``response``. Without the debug log the
+trajectory cannot be placed in time nor counted in tokens, and the importer says so (it never
+invents either). asctime has no offset: it is read in ``timezone`` (default UTC).
+
+``workflow_id`` = ``<run folder>/<instance>``, ``workflow_type_id`` = ``swe_agent`` unless given,
+``agent_id`` = the ``agent`` of the step's messages (``main``).
+"""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Iterator
+
+from profiler.importers._common import (
+    ErrorHandler,
+    ImportFormatError,
+    first_word,
+    load_json_document,
+    open_text,
+    report,
+    resolve_timezone,
+    source_files,
+)
+
+NAME = "swe-agent"
+SUMMARY = "SWE-agent .traj trajectories with the <instance>.debug.log SWE-agent writes beside them"
+FILE_PATTERNS = ("*.traj",)
+DEFAULT_WORKFLOW_TYPE = "swe_agent"
+
+LOG_LINE = re.compile(r"^(\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2},\d{3}) - (\w+) - (\S+) - (.*)$")
+STEP_LINE = re.compile(r"^=+ STEP (\d+) =+\s*$")
+TOKENS_LINE = re.compile(r"^input_tokens=([\d,]+), output_tokens=([\d,]+)")
+ACTION_LINE = re.compile(r"^💭 THOUGHT")
+#: OpenAI chat message keys kept from a step's query (SWE-agent adds agent, message_type, tags...).
+CHAT_KEYS = ("role", "content", "tool_calls", "tool_call_id", "name")
+
+
+@dataclass
+class LoggedStep:
+    """What the debug log tells about one agent step."""
+
+    number: int
+    t_start: float
+    log_line: int
+    calls: list[tuple[float, int, int]] = field(default_factory=list)  # (t_finish, in, out)
+    t_action: float | None = None
+
+
+def parse_debug_log(path: Path, tz) -> list[list[LoggedStep]]:
+    """The steps of a SWE-agent debug log, split into runs (a re-run appends to the same file and
+    starts again at STEP 1)."""
+    runs: list[list[LoggedStep]] = []
+    with open_text(path) as fh:
+        for lineno, line in enumerate(fh, 1):
+            m = LOG_LINE.match(line)
+            if not m:
+                continue  # continuation of a multi-line message
+            stamp, _level, _logger, message = m.groups()
+            t = datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S,%f").replace(tzinfo=tz).timestamp()
+            if s := STEP_LINE.match(message):
+                number = int(s.group(1))
+                if number == 1 or not runs:
+                    runs.append([])
+                runs[-1].append(LoggedStep(number, t, lineno))
+            elif runs and runs[-1] and (k := TOKENS_LINE.match(message)):
+                runs[-1][-1].calls.append((t, int(k.group(1).replace(",", "")), int(k.group(2).replace(",", ""))))
+            elif runs and runs[-1] and ACTION_LINE.match(message):
+                runs[-1][-1].t_action = t
+    return runs
+
+
+def debug_log_for(traj: Path) -> Path | None:
+    """The log SWE-agent wrote beside ``traj`` (debug level, else trace level, which holds more)."""
+    for level in ("debug", "trace"):
+        candidate = traj.with_name(f"{traj.stem}.{level}.log")
+        if candidate.exists():
+            return candidate
+    return None
+
+
+def workflow_id_for(traj: Path) -> str:
+    """``<run folder>/<instance>``: the same instance is usually solved in several runs."""
+    inst_dir = traj.parent
+    run = inst_dir.parent.name if inst_dir.name == traj.stem else inst_dir.name
+    return f"{run}/{traj.stem}" if run else traj.stem
+
+
+def _model_of(doc: dict) -> str | None:
+    try:
+        return json.loads(doc["replay_config"])["agent"]["model"]["name"]
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def _chat(query: Any) -> list[dict] | None:
+    if not isinstance(query, list):
+        return None
+    return [{k: m[k] for k in CHAT_KEYS if k in m} for m in query if isinstance(m, dict)]
+
+
+def read_file(path: Path, *, workflow_type: str | None = None, timezone: str | None = None,
+              with_text: bool = True, on_error: ErrorHandler | None = None, **_: Any) -> Iterator[dict]:
+    """Flat records for one ``.traj`` file (needs its debug log; see the module docstring)."""
+    tz = resolve_timezone(timezone)
+    try:
+        doc = load_json_document(path)
+        if not isinstance(doc, dict) or not isinstance(doc.get("trajectory"), list):
+            raise ImportFormatError(str(path), None, "not a SWE-agent trajectory: expected a JSON object "
+                                    "with a \"trajectory\" list", "trajectory")
+        log = debug_log_for(path)
+        if log is None:
+            raise ImportFormatError(str(path), None, "a .traj file holds no call times and no per-call token "
+                                    f"counts; SWE-agent writes them to {path.stem}.debug.log beside it, which "
+                                    "is missing: copy it along with the trajectory")
+        steps = doc["trajectory"]
+        runs = parse_debug_log(log, tz)
+        matching = [r for r in runs if len(r) == len(steps)]
+        if not matching:
+            raise ImportFormatError(str(log), None, f"the log's runs have {[len(r) for r in runs]} steps but "
+                                    f"{path.name} has {len(steps)}: not the log of this trajectory")
+    except ImportFormatError as err:
+        report(on_error, err)
+        return
+    logged = matching[-1]
+    workflow_id = workflow_id_for(path)
+    wf_type = workflow_type or DEFAULT_WORKFLOW_TYPE
+    model = _model_of(doc)
+    for index, (step, ls) in enumerate(zip(steps, logged)):
+        where = f"{path}#trajectory[{index}]"
+        if not isinstance(step, dict):
+            report(on_error, ImportFormatError(str(path), None, f"trajectory[{index}] is not an object"))
+            continue
+        if not ls.calls:
+            report(on_error, ImportFormatError(str(log), ls.log_line, f"STEP {ls.number} has no "
+                                               "input_tokens=... line: no LLM call was logged for it"))
+            continue
+        try:
+            execution_time = float(step.get("execution_time") or 0.0)
+        except (TypeError, ValueError):
+            report(on_error, ImportFormatError(str(path), None, f"trajectory[{index}]: not a number",
+                                               "execution_time"))
+            continue
+        query = step.get("query") or []
+        agent = next((m.get("agent") for m in reversed(query) if isinstance(m, dict) and m.get("agent")), "main")
+        t_prev = ls.t_start
+        for j, (t_finish, n_in, n_out) in enumerate(ls.calls):
+            last = j == len(ls.calls) - 1
+            rec: dict[str, Any] = {
+                "request_id": f"{workflow_id}/step{ls.number}" + ("" if last else f"-requery{j + 1}"),
+                "workflow_type_id": wf_type, "workflow_id": workflow_id, "agent_id": str(agent),
+                "t_arrival": t_prev, "t_finish": max(t_finish, t_prev),
+                "input_tokens": n_in, "output_tokens": n_out,
+            }
+            if model:
+                rec["model"] = model
+            if last:
+                tool = first_word(step.get("action") or "")
+                if tool:
+                    t_start = max(ls.t_action or t_finish, t_finish)
+                    rec["tool_calls"] = [{"name": tool, "t_start": t_start, "t_end": t_start + execution_time,
+                                          "status": "ok"}]
+                if with_text:
+                    if (messages := _chat(query)):
+                        rec["messages"] = messages
+                    if isinstance(step.get("response"), str):
+                        rec["response_text"] = step["response"]
+                rec["action"] = (step.get("action") or "")[:500]
+            else:
+                rec["requery"] = True
+            rec.update({"step": ls.number, "source_format": NAME,
+                        "import_source": where, "log_source": f"{log}:{ls.log_line}"})
+            yield rec
+            t_prev = t_finish
+
+
+def iter_records(src: Path, **options: Any) -> Iterator[dict]:
+    """Flat records from a ``.traj`` file or every ``*.traj`` under a folder (e.g. a run-batch output)."""
+    for path in source_files(src, FILE_PATTERNS):
+        yield from read_file(path, **options)

@@ -1,0 +1,290 @@
+"""`profiler report`: the page's content, its self-containment, and a real headless Chromium
+loading it (DevTools protocol over a pipe: console errors, network requests, a screenshot)."""
+from __future__ import annotations
+
+import base64
+import io
+import json
+import os
+import re
+import select
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from profiler.cli import _register, app
+
+pytest.importorskip("matplotlib", reason="profiler report needs the [report] extra (matplotlib)")
+
+WT = "review_bot"
+
+
+def synthetic_logs(path: Path, n_workflows: int, seed: int) -> Path:
+    """Workflows ``planner coder{1,3} reviewer`` (with tools) and, in 1 of 40, the rare shortcut
+    ``planner reviewer`` — a transition the 5 % pruning must drop."""
+    rng = np.random.default_rng(seed)
+    lines, t = [], 1_760_000_000.0
+    for w in range(n_workflows):
+        agents = ["planner", "reviewer"] if w % 40 == 39 else \
+            ["planner", *["coder"] * int(rng.integers(1, 4)), "reviewer"]
+        for i, agent in enumerate(agents):
+            out = int(rng.lognormal({"planner": 4.0, "coder": 6.5, "reviewer": 5.2}[agent], 0.35))
+            dur = 0.2 + out / 60.0
+            rec = {"request_id": f"s{seed}-w{w}-{i}", "workflow_type_id": WT, "workflow_id": f"s{seed}-w{w}",
+                   "agent_id": agent, "t_arrival": t, "t_finish": t + dur,
+                   "input_tokens": int(500 + 300 * i), "output_tokens": out}
+            t += dur
+            tool = {"planner": "search", "coder": "run_tests"}.get(agent)
+            if tool and i < len(agents) - 1:
+                lat = float(rng.lognormal({"search": -0.5, "run_tests": 1.0}[tool], 0.5))
+                rec["tool_calls"] = [{"name": tool, "t_start": t + 0.01, "t_end": t + 0.01 + lat, "status": "ok"}]
+                t += lat + 0.02
+            lines.append(json.dumps(rec))
+        t += 5.0
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+@pytest.fixture(scope="module")
+def report_html(tmp_path_factory) -> tuple[Path, str]:
+    from profiler import fitting
+    from profiler.fitting import fit_profile
+
+    root = tmp_path_factory.mktemp("report")
+    train = synthetic_logs(root / "logs" / "train.jsonl", 240, seed=1)
+    heldout = synthetic_logs(root / "heldout" / "test.jsonl", 80, seed=2)
+    builders = dict(fitting.SECTION_BUILDERS)
+    fitting.SECTION_BUILDERS.setdefault("workflows", "synth.profile_section:build_workflows_section")
+    try:
+        fit_profile([train], root / "profile", options=fitting.FitOptions(min_calls=20))
+    finally:
+        fitting.SECTION_BUILDERS.clear()
+        fitting.SECTION_BUILDERS.update(builders)
+    _register()
+    out = root / "report.html"
+    result = CliRunner().invoke(app, ["report", "--profile", str(root / "profile"), "--out", str(out),
+                                      "--eval", str(heldout.parent)])
+    assert result.exit_code == 0, result.output
+    return out, out.read_text()
+
+
+def test_graph_has_agents_probabilities_and_greyed_pruned_edge(report_html):
+    _, html = report_html
+    svg = re.search(r'<svg id="wt-review_bot-graph".*?</svg>', html, re.S).group(0)
+    nodes = re.findall(r'data-node="([^"]+)"', svg)
+    assert nodes == ["START", "planner", "coder", "reviewer", "END"]  # ordered by mean position
+    edges = {(a, b): (float(p), "pruned" in cls) for cls, a, b, p in re.findall(
+        r'<g class="(edge[^"]*)" data-from="([^"]+)" data-to="([^"]+)" data-p="([^"]+)"', svg)}
+    assert edges[("START", "planner")] == (1.0, False)
+    assert edges[("reviewer", "END")] == (1.0, False)
+    p_short, pruned = edges[("planner", "reviewer")]
+    assert pruned and p_short == pytest.approx(6 / 240)  # 1 workflow in 40 takes the shortcut
+    assert edges[("planner", "coder")][0] == pytest.approx(234 / 240)
+    assert not edges[("coder", "coder")][1] and not edges[("coder", "reviewer")][1]
+    assert "planner (coder){1,3} reviewer" in html  # the synthesized regex
+
+
+def test_histograms_cdfs_and_eval_figures_are_inline(report_html):
+    _, html = report_html
+    imgs = re.findall(r'<img[^>]*src="([^"]+)"[^>]*alt="([^"]+)"', html)
+    alts = [alt for _, alt in imgs]
+    for agent in ("planner", "coder", "reviewer"):
+        assert f"output-length histogram of {agent}" in alts
+    assert "latency CDF of search" in alts and "latency CDF of run_tests" in alts
+    assert "band coverage per agent" in alts and "tool p95 coverage" in alts
+    from profiler.evaluation import EVAL_EXTENSIONS
+
+    if any(spec.startswith("synth.") for spec in EVAL_EXTENSIONS):  # path scores of issue 3
+        assert "path accuracy per workflow type" in alts
+        assert "remaining-calls error per workflow type" in alts
+    for src, alt in imgs:
+        assert src.startswith("data:image/svg+xml;base64,")
+        svg = base64.b64decode(src.split(",", 1)[1]).decode()
+        assert "<svg" in svg
+    planner = next(base64.b64decode(s.split(",", 1)[1]).decode() for s, a in imgs
+                   if a == "output-length histogram of planner")
+    assert "band [" in planner and "of stored calls inside" in planner
+    assert "lognormal μ=" in next(base64.b64decode(s.split(",", 1)[1]).decode() for s, a in imgs
+                                  if a == "latency CDF of run_tests")
+
+
+def test_page_loads_nothing_from_outside(report_html):
+    _, html = report_html
+    assert not re.search(r'(src|href)\s*=\s*"(https?:)?//', html)
+    assert "@import" not in html and "url(http" not in html
+    assert "<link" not in html and "<script src" not in html
+
+
+# ----------------------------------------------------------------- headless Chromium
+CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                  "--hide-scrollbars", "--remote-debugging-pipe"]
+
+
+class DevToolsPipe:
+    """Chromium driven over ``--remote-debugging-pipe`` (fd 3: commands in, fd 4: replies out;
+    NUL-separated JSON messages of the Chrome DevTools Protocol)."""
+
+    def __init__(self, executable: str):
+        import fcntl
+
+        self.profile_dir = tempfile.mkdtemp(prefix="chromium-")
+        cmd_r, self._cmd_w = os.pipe()
+        self._out_r, out_w = os.pipe()
+
+        def child_fds():  # runs in the child: put the pipe ends at fds 3 and 4
+            a = fcntl.fcntl(cmd_r, fcntl.F_DUPFD, 10)
+            b = fcntl.fcntl(out_w, fcntl.F_DUPFD, 10)
+            os.dup2(a, 3)
+            os.dup2(b, 4)
+
+        self.proc = subprocess.Popen([executable, *CHROMIUM_FLAGS, f"--user-data-dir={self.profile_dir}",
+                                      "about:blank"], preexec_fn=child_fds, close_fds=False,
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        os.close(cmd_r)
+        os.close(out_w)
+        self._buf = b""
+        self._next_id = 0
+        self.events: list[dict] = []
+
+    def _read_message(self, timeout: float) -> dict:
+        while b"\0" not in self._buf:
+            ready, _, _ = select.select([self._out_r], [], [], timeout)
+            if not ready:
+                raise TimeoutError("no message from Chromium")
+            chunk = os.read(self._out_r, 1 << 20)
+            if not chunk:
+                raise RuntimeError("Chromium closed the DevTools pipe")
+            self._buf += chunk
+        raw, self._buf = self._buf.split(b"\0", 1)
+        return json.loads(raw)
+
+    def send(self, method: str, params: dict | None = None, session: str | None = None,
+             timeout: float = 30.0) -> dict:
+        self._next_id += 1
+        msg = {"id": self._next_id, "method": method, "params": params or {}}
+        if session:
+            msg["sessionId"] = session
+        os.write(self._cmd_w, json.dumps(msg).encode() + b"\0")
+        while True:
+            reply = self._read_message(timeout)
+            if reply.get("id") == self._next_id:
+                if "error" in reply:
+                    raise RuntimeError(f"{method}: {reply['error']}")
+                return reply.get("result", {})
+            self.events.append(reply)
+
+    def wait_for(self, method: str, timeout: float = 30.0) -> dict:
+        for i, event in enumerate(self.events):
+            if event.get("method") == method:
+                return self.events.pop(i)
+        while True:
+            event = self._read_message(timeout)
+            if event.get("method") == method:
+                return event
+            self.events.append(event)
+
+    def drain(self, seconds: float) -> None:
+        try:
+            while True:
+                self.events.append(self._read_message(seconds))
+        except TimeoutError:
+            pass
+
+    def close(self) -> None:
+        try:
+            self.send("Browser.close", timeout=5)
+        except Exception:
+            pass
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        os.close(self._cmd_w)
+        os.close(self._out_r)
+        shutil.rmtree(self.profile_dir, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def chromium() -> str:
+    exe = shutil.which("chromium") or shutil.which("chromium-browser")
+    if exe is None:
+        pytest.skip("Debian's chromium is not installed (.ci/run installs it with apt-get; locally: "
+                    "apt-get install -y chromium)")
+    return exe
+
+
+def test_real_browser_loads_the_page_without_errors_and_draws_the_graph(report_html, chromium, tmp_path):
+    path, _ = report_html
+    browser = DevToolsPipe(chromium)
+    try:
+        target = browser.send("Target.createTarget", {"url": "about:blank"})["targetId"]
+        session = browser.send("Target.attachToTarget", {"targetId": target, "flatten": True})["sessionId"]
+        for domain in ("Page", "Runtime", "Log", "Network"):
+            browser.send(f"{domain}.enable", session=session)
+        browser.send("Emulation.setDeviceMetricsOverride",
+                     {"width": 1400, "height": 1000, "deviceScaleFactor": 1, "mobile": False}, session=session)
+        browser.send("Page.navigate", {"url": path.as_uri()}, session=session)
+        browser.wait_for("Page.loadEventFired")
+        browser.drain(0.5)
+
+        def evaluate(expr: str):
+            return browser.send("Runtime.evaluate", {"expression": expr, "returnByValue": True},
+                                session=session)["result"].get("value")
+
+        assert evaluate("document.body.getAttribute('data-ready')") == "1"  # the inline script ran to its end
+        assert evaluate("document.body.getAttribute('data-graphs')") == "1"
+        errors = [e for e in browser.events if e.get("method") == "Runtime.exceptionThrown"
+                  or (e.get("method") == "Runtime.consoleAPICalled" and e["params"]["type"] in ("error", "assert"))
+                  or (e.get("method") == "Log.entryAdded" and e["params"]["entry"]["level"] == "error")]
+        assert errors == []
+        requests = [e["params"]["request"]["url"] for e in browser.events
+                    if e.get("method") == "Network.requestWillBeSent"]
+        assert requests and all(u.startswith(("file:", "data:")) for u in requests), requests
+
+        box = evaluate("(() => { const r = document.getElementById('wt-review_bot-graph')"
+                       ".getBoundingClientRect(); return [r.x, r.y + window.scrollY, r.width, r.height]; })()")
+        assert box[2] > 400 and box[3] > 100
+        shot = browser.send("Page.captureScreenshot", {"format": "png", "captureBeyondViewport": True, "clip": {
+            "x": box[0], "y": box[1], "width": box[2], "height": box[3], "scale": 1}}, session=session)
+        png = base64.b64decode(shot["data"])
+        (tmp_path / "graph.png").write_bytes(png)
+
+        # the toggle hides the pruned edge
+        hidden_before = evaluate("getComputedStyle(document.querySelector('.edge.pruned')).display")
+        evaluate("document.querySelector('input.toggle-pruned').click()")
+        hidden_after = evaluate("getComputedStyle(document.querySelector('.edge.pruned')).display")
+        assert (hidden_before, hidden_after) == ("inline", "none")
+    finally:
+        browser.close()
+
+    import matplotlib.image as mpimg
+
+    pixels = (mpimg.imread(io.BytesIO(png), format="png")[..., :3] * 255).round().astype(int)
+    assert pixels.shape[:2] == (round(box[3]), round(box[2]))
+    ink = np.any(pixels < 235, axis=-1).mean()
+    assert ink > 0.03  # nodes, arcs and labels, not a blank box
+
+    def share_near(rgb, tol=18):
+        return np.all(np.abs(pixels - np.array(rgb)) <= tol, axis=-1).mean()
+
+    assert share_near((43, 108, 176)) > 0.002  # kept transitions (#2b6cb0)
+    assert share_near((160, 174, 192)) > 0.0003  # the greyed pruned transition (#a0aec0)
+
+
+def test_report_without_store_falls_back_to_the_profile(report_html, tmp_path):
+    from profiler.report import build_report
+
+    path, _ = report_html
+    html = build_report(path.parent / "profile", tmp_path / "r.html", db=tmp_path / "missing.duckdb").read_text()
+    assert "histograms and CDFs need the store" in html
+    svg = re.search(r'<svg id="wt-review_bot-graph".*?</svg>', html, re.S).group(0)
+    assert re.findall(r'data-node="([^"]+)"', svg)[:2] == ["START", "planner"]  # from the automaton's counts
+    assert "<table>" in html and "data:image/svg+xml" not in html.split('id="evaluation"')[0]
