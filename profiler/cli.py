@@ -32,6 +32,8 @@ COMMAND_MODULES: list[str] = [
     "evaluate",
     "split",
     "import_",
+    "report",
+    "serve", "gateway", "watch",
 ]
 
 

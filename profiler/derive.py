@@ -19,19 +19,22 @@ import duckdb
 from profiler.store import BASE_CALL_COLUMNS, DERIVED_CALL_COLUMNS
 
 _BASE = ", ".join(f'"{c}"' for c in BASE_CALL_COLUMNS)
+#: Typed shape of one explicit tool execution (the JSON ``tool_calls`` column parsed).
+TOOL_LIST_TYPE = '[{"name": "VARCHAR", "t_start": "DOUBLE", "t_end": "DOUBLE", "status": "VARCHAR"}]'
 
 
 def insert_calls(con: duckdb.DuckDBPyConnection, new_rows_sql: str) -> None:
-    """Insert the calls selected by ``new_rows_sql`` (base columns) with derived columns, and
-    recompute derived columns and tool rows of every workflow they touch."""
-    con.execute(f"CREATE OR REPLACE TEMP TABLE new_calls AS SELECT {_BASE} FROM ({new_rows_sql})")
+    """Insert the calls selected by ``new_rows_sql`` (base columns plus ``tool_list``, the
+    ``tool_calls`` already parsed to :data:`TOOL_LIST_TYPE`) with derived columns, and recompute
+    derived columns and tool rows of every workflow they touch."""
+    con.execute(f"CREATE OR REPLACE TEMP TABLE new_calls AS SELECT {_BASE}, tool_list FROM ({new_rows_sql})")
     con.execute("CREATE OR REPLACE TEMP TABLE touched AS "
                 "SELECT DISTINCT workflow_type_id, workflow_id FROM new_calls")
     stored = con.execute("SELECT count(*) FROM calls SEMI JOIN touched USING (workflow_type_id, workflow_id)"
                          ).fetchone()[0]
     if stored:  # continue old workflows: take their calls out, recompute them with the new ones
-        con.execute(f"INSERT INTO new_calls SELECT {_BASE} FROM calls "
-                    f"SEMI JOIN touched USING (workflow_type_id, workflow_id)")
+        con.execute(f"INSERT INTO new_calls SELECT {_BASE}, json_transform(tool_calls, '{TOOL_LIST_TYPE}') "
+                    f"FROM calls SEMI JOIN touched USING (workflow_type_id, workflow_id)")
         con.execute("DELETE FROM calls t USING touched u "
                     "WHERE t.workflow_type_id = u.workflow_type_id AND t.workflow_id = u.workflow_id")
         con.execute("DELETE FROM tool_calls t USING touched u "
@@ -64,7 +67,7 @@ def insert_calls(con: duckdb.DuckDBPyConnection, new_rows_sql: str) -> None:
          AND n.t_arrival >= o.t_finish
     """)
     con.execute(f"INSERT INTO calls ({_BASE}, {derived}) "
-                f"SELECT n.*, d.* EXCLUDE (request_id) FROM new_calls n JOIN derived d USING (request_id)")
+                f"SELECT n.* EXCLUDE (tool_list), d.* EXCLUDE (request_id) FROM new_calls n JOIN derived d USING (request_id)")
     _insert_tool_calls(con)
     for t in ("touched", "new_calls", "derived"):
         con.execute(f"DROP TABLE IF EXISTS {t}")
@@ -84,8 +87,7 @@ def _insert_tool_calls(con: duckdb.DuckDBPyConnection) -> None:
         ),
         explicit AS (
           SELECT request_id, workflow_type_id, workflow_id, agent_id, t_finish,
-            unnest(json_transform(tool_calls, '[{"name": "VARCHAR", "t_start": "DOUBLE", "t_end": "DOUBLE", "status": "VARCHAR"}]')) AS e,
-            generate_subscripts(tool_names, 1) - 1 AS tool_index
+            unnest(tool_list) AS e, generate_subscripts(tool_list, 1) - 1 AS tool_index
           FROM new_calls WHERE tool_calls IS NOT NULL
         ),
         items AS (

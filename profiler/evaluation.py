@@ -30,7 +30,9 @@ from profiler.profile_artifact import Profile
 from profiler.store import connect
 
 #: Extra evaluations: "module:function" of ``(profile, con) -> dict`` merged into the result.
-EVAL_EXTENSIONS: list[str] = []
+EVAL_EXTENSIONS: list[str] = [
+    "synth.profile_section:evaluate_workflows",
+]
 #: Fewest held-out executions of a tool for its KS distance to count in ``ks_max``.
 MIN_TOOL_SAMPLES = 5
 

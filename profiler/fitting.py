@@ -28,7 +28,9 @@ from profiler.profile_artifact import DEFAULT_STORE, Profile, write_profile
 from profiler.store import connect
 
 #: Extra profile sections: name -> "module:function" of ``(con, options) -> dict``.
-SECTION_BUILDERS: dict[str, str] = {}
+SECTION_BUILDERS: dict[str, str] = {
+    "workflows": "synth.profile_section:build_workflows_section",
+}
 
 
 @dataclass

@@ -3,9 +3,9 @@
 Every record, whatever file format it came from, is first staged as one JSON text per line
 (``staging(file, line, text)``). This module builds the single set-based query that
 
-1. parses each text **once**: ``json_transform`` into a struct holding every field of both shapes
-   as its raw JSON text; presence, type and value are then checked and converted with cheap
-   string operations and casts;
+1. parses each text **once** (twice for gateway records): ``json_transform`` into a struct
+   holding every field of the record's shape as its raw JSON text; presence, type and value are
+   then checked and converted with cheap string operations and casts;
 2. maps both record shapes of the log contract onto the same fields (flat record, §1; gateway
    record with ``request``/``response``, §2);
 3. checks every field (missing, wrong type, impossible value) and names the *first* problem;
@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+
+from profiler.derive import TOOL_LIST_TYPE
 
 #: Top-level keys of a flat record that the contract defines (anything else goes to ``extra``).
 FLAT_KEYS = (
@@ -86,11 +88,14 @@ FIELDS: tuple[Field, ...] = (
 GATEWAY_TOOL_NAMES = ("response", "choices", "[0]", "message", "tool_calls")
 
 
-def _structure() -> dict:
-    """The json_transform structure holding every path of every field, each as raw JSON text."""
-    root: dict = {}
-    paths = [(f, p) for f in FIELDS for p in f.flat + f.gateway]
-    paths.append((Field("_tools", (), (), "json"), GATEWAY_TOOL_NAMES))
+def _structure(shape: str) -> dict:
+    """The json_transform structure holding every path of one record shape ("flat" or
+    "gateway"), each leaf as raw JSON text. The flat structure also reads ``request`` (whose
+    presence marks a gateway record); the larger gateway one is only parsed for those."""
+    root: dict = {"request": "JSON"} if shape == "flat" else {}
+    paths = [(f, p) for f in FIELDS for p in (f.flat if shape == "flat" else f.gateway)]
+    if shape == "gateway":
+        paths.append((Field("_tools", (), (), "json"), GATEWAY_TOOL_NAMES))
     for f, path in paths:
         node = root
         for i, key in enumerate(path):
@@ -113,12 +118,12 @@ def _access(struct: str, path: tuple[str, ...]) -> str:
     return expr
 
 
-def _pick(f: Field, struct: str) -> str:
-    """SQL picking the field from ``struct`` (raw or typed) by record shape."""
-    def first(paths: tuple[tuple[str, ...], ...]) -> str:
+def _pick(f: Field) -> str:
+    """SQL picking the field's raw JSON from the flat (``fs``) or gateway (``gs``) struct."""
+    def first(struct: str, paths: tuple[tuple[str, ...], ...]) -> str:
         exprs = [_access(struct, p) for p in paths]
         return exprs[0] if len(exprs) == 1 else f"coalesce({', '.join(exprs)})"
-    return f"CASE WHEN is_gateway THEN {first(f.gateway)} ELSE {first(f.flat)} END"
+    return f"CASE WHEN is_gateway THEN {first('gs', f.gateway)} ELSE {first('fs', f.flat)} END"
 
 
 def _typed(f: Field) -> str:
@@ -193,8 +198,9 @@ def parse_sql(staging: str = "staging") -> str:
     records, first 2000 characters), and the typed contract
     columns of :data:`profiler.store.BASE_CALL_COLUMNS` (meaningful only when reason IS NULL).
     """
-    raw_spec = _sql_str(json.dumps(_structure()))
-    picks = ",\n    ".join(f"({_pick(f, 'rs')})::VARCHAR AS r_{f.name}" for f in FIELDS)
+    flat_spec = _sql_str(json.dumps(_structure("flat")))
+    gateway_spec = _sql_str(json.dumps(_structure("gateway")))
+    picks = ",\n    ".join(f"({_pick(f)})::VARCHAR AS r_{f.name}" for f in FIELDS)
     typed = ",\n    ".join(f"{_typed(f)} AS t_{f.name}" for f in FIELDS)
     # CSV cells carry nested values as JSON text inside a string: unwrap those.
     unwrap = ",\n    ".join(
@@ -205,27 +211,31 @@ def parse_sql(staging: str = "staging") -> str:
     field_case = "CASE " + " ".join(f"WHEN {c} THEN {fld}" for c, fld, _ in checks()) + " END"
     known = ", ".join(_sql_str(k) for k in sorted(set(FLAT_KEYS)))
     gw_known = ", ".join(_sql_str(k) for k in sorted(set(GATEWAY_KEYS)))
-    tool_names_gw = f"({_access('rs', GATEWAY_TOOL_NAMES)})::VARCHAR"
+    tool_names_gw = f"({_access('gs', GATEWAY_TOOL_NAMES)})::VARCHAR"
     return f"""
 WITH p AS (
   SELECT file, line, text,
-    CASE WHEN left(ltrim(text), 1) = '{{' THEN try(json_transform(text, {raw_spec})) END AS rs
+    CASE WHEN left(ltrim(text), 1) = '{{' THEN try(json_transform(text, {flat_spec})) END AS fs
   FROM {staging}
   WHERE text IS NOT NULL AND (left(text, 1) NOT IN (' ', '\t', '\r', '') OR trim(text) <> '')  -- skip blank lines cheaply
 ), g AS (
   SELECT *,
-    rs IS NOT NULL AS is_object,
-    rs IS NOT NULL OR json_valid(text) AS is_json,
-    coalesce(rs.request IS NOT NULL, false) AS is_gateway
+    fs IS NOT NULL AS is_object,
+    fs IS NOT NULL OR json_valid(text) AS is_json,
+    coalesce(fs.request IS NOT NULL, false) AS is_gateway
   FROM p
 ), v AS (
-  SELECT file, line, text, is_json, is_object, is_gateway, rs,
-    {picks}
+  SELECT file, line, text, is_json, is_object, is_gateway, fs,
+    CASE WHEN is_gateway THEN json_transform(text, {gateway_spec}) END AS gs,
   FROM g
+), vv AS (
+  SELECT file, line, text, is_json, is_object, is_gateway, gs,
+    {picks}
+  FROM v
 ), t AS (
   SELECT *,
     {typed}
-  FROM v
+  FROM vv
 ), u AS (
   SELECT *,
     {unwrap}
@@ -233,8 +243,7 @@ WITH p AS (
 ), w AS (
   SELECT *,
     CASE WHEN left(u_parent_request_ids, 1) = '[' THEN json_extract_string(u_parent_request_ids, '$[*]') END AS parents,
-    CASE WHEN left(u_tool_calls, 1) = '[' THEN json_transform(u_tool_calls,
-      '[{{"name": "VARCHAR", "t_start": "DOUBLE", "t_end": "DOUBLE", "status": "VARCHAR"}}]') END AS tools
+    CASE WHEN left(u_tool_calls, 1) = '[' THEN json_transform(u_tool_calls, {_sql_str(TOOL_LIST_TYPE)}) END AS tools
   FROM u
 ), r AS (
   SELECT *, {case} AS reason, {field_case} AS field,
@@ -257,6 +266,7 @@ SELECT file, line, reason, field,
   TRY_CAST(t_cached_tokens AS BIGINT) AS cached_tokens,
   coalesce(lower(t_status), 'ok') AS status,
   parents AS parent_request_ids,
+  tools AS tool_list,
   CASE WHEN len(tools) > 0 THEN u_tool_calls::JSON END AS tool_calls,
   coalesce(
     list_transform(tools, lambda e: e.name),

@@ -96,3 +96,14 @@ def test_cli_errors_are_clear(tmp_path):
     assert proc.returncode == 2 and "not a profile" in proc.stderr
     proc = run("generate", "--workload", "nope", "--out", str(tmp_path / "x.jsonl"), check=False)
     assert proc.returncode == 2 and "unknown workload" in proc.stderr
+
+
+def test_cli_fit_reads_other_trace_formats(tmp_path):
+    fixtures = Path(__file__).parent / "fixtures" / "importers" / "otel"
+    out = tmp_path / "p"
+    run("fit", str(fixtures), "--format", "otel", "--out", str(out), "-q")
+    prof = pa.load_profile(out)
+    assert prof.manifest["counts"]["calls"] > 0
+    assert all("imported/otel" in s["path"] for s in prof.manifest["sources"])
+    bad = run("fit", str(fixtures), "--format", "nope", "--out", str(out), check=False)
+    assert bad.returncode == 2 and "unknown import format" in bad.stderr

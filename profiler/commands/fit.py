@@ -20,6 +20,9 @@ def fit(
     seed: Annotated[int, typer.Option(help="Seed of the calibration splits.")] = 0,
     min_calls: Annotated[int, typer.Option(help="Fewest calls for an agent to get its own band (else workflow type, then global).")] = 50,
     no_conditional: Annotated[bool, typer.Option("--no-conditional", help="Never use the history-conditioned (CQR) length model.")] = False,
+    log_format: Annotated[Optional[str], typer.Option("--format", help="Read traces of another tool instead of our log format: otel, swe-agent or openhands (converted into OUT/imported/FORMAT/ first; see `profiler import`).")] = None,
+    engine: Annotated[str, typer.Option(help="local (DuckDB in this process) or ray (ingest and per-workflow-type fits as Ray tasks; needs `pip install -e .[ray]`).")] = "local",
+    ray_address: Annotated[Optional[str], typer.Option(help="With --engine ray: address of a running Ray cluster (default: start a local one).")] = None,
     strict: Annotated[bool, typer.Option(help="Exit non-zero if any record is quarantined.")] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print the new profile's manifest as JSON.")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress output.")] = False,
@@ -37,12 +40,32 @@ def fit(
 
     options = FitOptions(coverage=coverage, prune=prune, seed=seed, min_calls=min_calls,
                          conditional=not no_conditional)
+    if engine not in ("local", "ray"):
+        fail(f"--engine must be local or ray, got {engine!r}")
     try:
-        profile, report = fit_profile(logs, out, db=db, options=options, strict=strict,
-                                      progress=not quiet)
-    except IngestError as exc:
-        fail(str(exc))
-    except ValueError as exc:
+        if log_format is not None:
+            from profiler.importers import ImportFormatError, convert
+
+            target = out / "imported" / log_format
+            try:
+                conversion = convert(log_format, logs, target, strict=strict, progress=not quiet)
+            except ImportFormatError as exc:
+                fail(str(exc))
+            if not quiet:
+                err_console.print(f"converted {conversion.records:,} {log_format} records into {target}"
+                                  + (f" ({len(conversion.errors)} problems skipped)" if conversion.errors else ""))
+            logs = [target]
+        if engine == "ray":
+            try:
+                from profiler.distributed import fit_profile_ray
+            except ImportError as exc:
+                fail(f"--engine ray needs Ray: pip install -e '.[ray]' ({exc})")
+            profile, report = fit_profile_ray(logs, out, db=db, options=options, strict=strict,
+                                              progress=not quiet, address=ray_address)
+        else:
+            profile, report = fit_profile(logs, out, db=db, options=options, strict=strict,
+                                          progress=not quiet)
+    except (IngestError, ValueError, KeyError) as exc:
         fail(str(exc))
     report_ingest(report, quiet)
     if json_out:
