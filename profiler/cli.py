@@ -34,6 +34,7 @@ COMMAND_MODULES: list[str] = [
     "import_",
     "report",
     "serve", "gateway", "watch",
+    "simulate",
 ]
 
 

@@ -23,11 +23,14 @@ _BASE = ", ".join(f'"{c}"' for c in BASE_CALL_COLUMNS)
 TOOL_LIST_TYPE = '[{"name": "VARCHAR", "t_start": "DOUBLE", "t_end": "DOUBLE", "status": "VARCHAR"}]'
 
 
-def insert_calls(con: duckdb.DuckDBPyConnection, new_rows_sql: str) -> None:
-    """Insert the calls selected by ``new_rows_sql`` (base columns plus ``tool_list``, the
-    ``tool_calls`` already parsed to :data:`TOOL_LIST_TYPE`) with derived columns, and recompute
-    derived columns and tool rows of every workflow they touch."""
-    con.execute(f"CREATE OR REPLACE TEMP TABLE new_calls AS SELECT {_BASE}, tool_list FROM ({new_rows_sql})")
+def insert_calls(con: duckdb.DuckDBPyConnection, new_rows_sql: str, has_tool_list: bool = False) -> None:
+    """Insert the calls selected by ``new_rows_sql`` (the base columns of ``calls``) with derived
+    columns, and recompute derived columns and tool rows of every workflow they touch.
+
+    ``has_tool_list``: the query also yields ``tool_list``, the ``tool_calls`` JSON already
+    parsed to :data:`TOOL_LIST_TYPE` (the ingester has it; saves parsing it again)."""
+    tool_list = "tool_list" if has_tool_list else f"json_transform(tool_calls, '{TOOL_LIST_TYPE}') AS tool_list"
+    con.execute(f"CREATE OR REPLACE TEMP TABLE new_calls AS SELECT {_BASE}, {tool_list} FROM ({new_rows_sql})")
     con.execute("CREATE OR REPLACE TEMP TABLE touched AS "
                 "SELECT DISTINCT workflow_type_id, workflow_id FROM new_calls")
     stored = con.execute("SELECT count(*) FROM calls SEMI JOIN touched USING (workflow_type_id, workflow_id)"

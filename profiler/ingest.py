@@ -275,7 +275,7 @@ def _load_staged(con: duckdb.DuckDBPyConnection, report: IngestReport,
         {"source_file": "p.file AS source_file", "source_line": "p.line AS source_line"}.get(c, f'p."{c}"')
         for c in BASE_CALL_COLUMNS)
     derive.insert_calls(con, f"SELECT {select_cols}, p.tool_list FROM parsed p JOIN judged j USING (file, line) "
-                             f"WHERE j.verdict = 'new'")
+                             f"WHERE j.verdict = 'new'", has_tool_list=True)
 
     stats = {row[0]: row[1:] for row in con.execute("""
         WITH per_file AS (

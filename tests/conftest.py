@@ -17,6 +17,16 @@ def write_jsonl(path: Path, records: list[dict | str]) -> Path:
     return path
 
 
+@pytest.fixture
+def con(tmp_path):
+    """A fresh DuckDB store file (closed after the test)."""
+    from profiler import store
+
+    c = store.connect(tmp_path / "store.duckdb")
+    yield c
+    c.close()
+
+
 @pytest.fixture(scope="session")
 def coding_logs(tmp_path_factory) -> Path:
     """120 generated coding-assistant workflows (train side) as one JSONL file."""

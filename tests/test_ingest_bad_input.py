@@ -8,16 +8,9 @@ import sys
 
 import pytest
 
-from profiler import ingest, store
+from profiler import ingest
 from tests.conftest import write_jsonl
 from tests.test_ingest_formats import flat
-
-
-@pytest.fixture
-def con(tmp_path):
-    c = store.connect(tmp_path / "store.duckdb")
-    yield c
-    c.close()
 
 
 def quarantine(con):

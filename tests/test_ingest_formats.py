@@ -16,13 +16,6 @@ def flat(rid, wf="w1", agent="planner", t0=100.0, dur=2.0, inp=10, out=5, **kw):
             "t_arrival": t0, "t_finish": t0 + dur, "input_tokens": inp, "output_tokens": out, **kw}
 
 
-@pytest.fixture
-def con(tmp_path):
-    c = store.connect(tmp_path / "store.duckdb")
-    yield c
-    c.close()
-
-
 def test_store_is_a_real_duckdb_file_with_documented_tables(tmp_path):
     c = store.connect(tmp_path / "s.duckdb")
     c.close()

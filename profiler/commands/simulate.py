@@ -1,0 +1,143 @@
+"""`profiler simulate`: replay agent workflows on a simulated serving cluster, policy by policy."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from profiler.cli import app
+from profiler.commands.common import console, err_console, fail, print_json
+
+
+@app.command(no_args_is_help=True)
+def simulate(
+    workload: Annotated[str, typer.Option(
+        help="coding-assistant, deep-research (generated), or a log file/folder (replayed).")],
+    load: Annotated[str, typer.Option(
+        help="low, medium, peak: 0.5 / 1.0 / 1.5 × the rate a KV-saturated cluster drains "
+             "(see README); a number; or a comma list (e.g. low,medium,peak).")] = "peak",
+    policies: Annotated[Optional[str], typer.Option(
+        help="Comma list of policies (default: sglang-default, least-load, autellix-plas, "
+             "continuum-ttl, mori-idleness, belady, ours).")] = None,
+    ablation: Annotated[bool, typer.Option(
+        "--ablation", help="Also run ours with each part switched off (and ours-sticky, ours-belady).")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of tables.")] = False,
+    plot: Annotated[Optional[Path], typer.Option(help="Write a PNG of JCT vs load per policy here.")] = None,
+    markdown: Annotated[Optional[Path], typer.Option(help="Also write the tables as Markdown here.")] = None,
+    workflows: Annotated[Optional[int], typer.Option(
+        help="Workflows replayed (generated: test workflows; logs: the test split resampled to "
+             "this many sessions). Default: 2 × the sessions of the highest load (≥ 100).", min=1)] = None,
+    train_workflows: Annotated[int, typer.Option(
+        help="Generated workloads: workflows generated (another seed) to fit the profile on.", min=10)] = 400,
+    train_share: Annotated[float, typer.Option(
+        help="Logs: share of workflows in the train split (profiler split's rule).")] = 0.7,
+    profile: Annotated[Optional[Path], typer.Option(
+        help="Folder for the train-split profile: reused if it holds one, else fit there "
+             "(default: a temporary folder).")] = None,
+    seed: Annotated[int, typer.Option(help="Seed of the split, generation and arrivals.")] = 0,
+    arrivals: Annotated[str, typer.Option(
+        help="poisson, trace (recorded spacing), or closed (a fixed population of sessions).")] = "poisson",
+    gaps: Annotated[str, typer.Option(
+        help="Tool gaps: recorded, or sampled from the profile's tool lognormals.")] = "recorded",
+    replicas: Annotated[int, typer.Option(help="Engine replicas.", min=1)] = 4,
+    kv_capacity_tokens: Annotated[int, typer.Option(
+        help="GPU KV capacity per replica, tokens (default: GLM-4.5-FP8 on 8×H100).", min=1000)] = 500_000,
+    host_ratio: Annotated[float, typer.Option(
+        help="Host KV tier as a multiple of the GPU tier (SGLang --hicache-ratio default 2).", min=0.0)] = 2.0,
+    pcie_s_per_token: Annotated[float, typer.Option(help="Host↔GPU seconds per KV token.", min=0.0)] = 2.0e-6,
+    chunked_prefill_size: Annotated[int, typer.Option(help="Prefill tokens per iteration.", min=64)] = 8192,
+    max_running_requests: Annotated[int, typer.Option(help="Running calls per replica.", min=1)] = 256,
+    calibrate: Annotated[Optional[Path], typer.Option(
+        help="Fit the step-time model on these logs (needs t_first_token) instead of the bundled "
+             "SWE-agent/GLM-4.5 fit.")] = None,
+    ours_epsilon: Annotated[Optional[float], typer.Option(
+        help="CapacityPolicy ε (union bound on P(OOM)); default: the policy's own.")] = None,
+    ours_aging_per_s: Annotated[Optional[float], typer.Option(
+        help="PriorityPolicy aging per second waited; default: the policy's own.")] = None,
+) -> None:
+    """Compare serving policies on the same workflows, arrivals and cluster, in one run.
+
+    A discrete-event simulator of an SGLang-like cluster (continuous batching, chunked prefill,
+    a radix prefix cache per replica with a GPU and a host tier, preemption with recompute)
+    replays the workflows closed-loop: each call is issued when its parents finish plus the tool
+    gap. The profile that drives `ours` is fit on a train split (logs) or on workflows generated
+    with another seed, and the replay uses only the test side. `ours` drives the policy objects
+    of `serving_hooks.policies`, exactly as the SGLang plugin does.
+
+    Example: `profiler simulate --workload coding-assistant --load low,medium,peak --plot jct.png`
+
+    Prints one table per load (JCT, throughput, TTFT, prefix hits per tier, recomputed prefill
+    and its ratio to Bélády, preemptions, GPU idle time); `--json` prints one object whose
+    `policies` holds the highest load's figures per policy.
+    """
+    from dataclasses import replace
+
+    from rich.progress import Progress
+
+    from serving_hooks.policies import CapacityPolicy, PriorityPolicy
+    from simulator.calibration import fit_step_time
+    from simulator.config import ClusterConfig
+    from simulator.ours import OursOptions
+    from simulator.report import json_view, markdown as to_markdown, plot_jct_vs_load, tables
+    from simulator.runner import compare, parse_load, parse_policies, prepare
+
+    try:
+        names = parse_policies(policies, ablation)
+        levels = [v.strip() for v in load.split(",") if v.strip()]
+        for level in levels:
+            parse_load(level)
+    except ValueError as exc:
+        fail(str(exc))
+    cfg = ClusterConfig(replicas=replicas, kv_capacity_tokens=kv_capacity_tokens, host_ratio=host_ratio,
+                        pcie_s_per_token=pcie_s_per_token, chunked_prefill_size=chunked_prefill_size,
+                        max_running_requests=max_running_requests)
+    if calibrate is not None:
+        from simulator.sources import load_logs
+
+        try:
+            src = load_logs([calibrate], train=0.5)   # the split is irrelevant here: all records
+            cfg = replace(cfg, step=fit_step_time(src.train + src.test, source=str(calibrate)))
+        except ValueError as exc:
+            fail(f"--calibrate {calibrate}: {exc}")
+        err_console.print(f"step model fit on {calibrate}: {cfg.step}")
+    ours = OursOptions()
+    if ours_epsilon is not None:
+        ours = replace(ours, capacity_policy=CapacityPolicy(epsilon=ours_epsilon))
+    if ours_aging_per_s is not None:
+        ours = replace(ours, priority_policy=PriorityPolicy(aging_per_s=ours_aging_per_s))
+
+    with err_console.status("preparing the workload (split, fit the train profile)"):
+        try:
+            prep = prepare(workload, workflows, seed=seed, profile_dir=profile,
+                           train_share=train_share, n_train=train_workflows, cfg=cfg,
+                           max_load=max(parse_load(v) for v in levels))
+        except ValueError as exc:
+            fail(str(exc))
+    for note in prep.notes:
+        err_console.print(f"[yellow]note:[/] {note}")
+
+    with Progress(console=err_console, transient=True) as bar:
+        task = bar.add_task("simulating", total=len(levels) * len(names))
+
+        def done(level: str, name: str, row: dict) -> None:
+            bar.update(task, advance=1, description=f"{level}: {name} avg JCT {row['avg_jct_s']:.0f}s")
+
+        try:
+            result = compare(prep, names, levels, cfg, arrivals_mode=arrivals, gaps_mode=gaps,
+                             on_result=done, ours=ours)
+        except ValueError as exc:
+            fail(str(exc))
+    if plot is not None:
+        plot_jct_vs_load([result], plot)
+        err_console.print(f"plot written to {plot}")
+    if markdown is not None:
+        markdown.parent.mkdir(parents=True, exist_ok=True)
+        markdown.write_text(to_markdown(result))
+    if as_json:
+        print_json(json_view(result))
+        return
+    tables(result, console)
+    console.print(f"{result['saturating_sessions']:.0f} sessions fill the GPU KV (a session holds "
+                  f"{result['session']['session_kv_tokens']:,.0f} KV tokens on average); profile "
+                  f"{result['profile_version']} fit on the train split only.")

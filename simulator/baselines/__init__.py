@@ -1,0 +1,44 @@
+"""Faithful re-implementations of the baselines the issue compares against.
+
+=================  ==============================  ==========================  =====================
+name               scheduler                       router                      eviction
+=================  ==============================  ==========================  =====================
+sglang-default     FCFS                            round robin                 LRU (+ host LRU)
+least-load         FCFS                            least outstanding tokens    LRU
+autellix-plas      PLAS, multi-level, preemptive   least-used, long prompts    LRU
+                   anti-starvation                 pinned to their session
+continuum-ttl      program-level FCFS              session affinity            LRU + TTL pins
+mori-idleness      FCFS                            session affinity            idleness rank, both tiers
+belady             FCFS                            session affinity            Bélády MIN (oracle)
+=================  ==============================  ==========================  =====================
+
+Every baseline runs on the same hardware: the same replicas, GPU and host tiers, admission,
+chunked prefill and preemption of :mod:`simulator.engine`.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+from simulator.baselines.caches import LRU, Belady, ContinuumTTL, MoriIdleness
+from simulator.baselines.routers import AutellixRouter, LeastLoad, RoundRobin, StickyLeastLoad
+from simulator.baselines.schedulers import FCFS, PLAS, ProgramFCFS
+from simulator.policy import Policy
+
+BASELINES: dict[str, Callable[[], Policy]] = {
+    "sglang-default": lambda: Policy("sglang-default", RoundRobin(), FCFS(), LRU(),
+                                     "FCFS, LRU eviction, round-robin routing"),
+    "least-load": lambda: Policy("least-load", LeastLoad(), FCFS(), LRU(),
+                                 "FCFS, LRU, least outstanding tokens"),
+    "autellix-plas": lambda: Policy("autellix-plas", AutellixRouter(), PLAS(), LRU(),
+                                    "PLAS multi-level queues + anti-starvation, LRU, "
+                                    "least-used routing with session pinning > 2048 tokens"),
+    "continuum-ttl": lambda: Policy("continuum-ttl", StickyLeastLoad(), ProgramFCFS(), ContinuumTTL(),
+                                    "program-level FCFS, TTL pins from tool running means"),
+    "mori-idleness": lambda: Policy("mori-idleness", StickyLeastLoad(), FCFS(), MoriIdleness(),
+                                    "idleness-ranked GPU/host placement"),
+    "belady": lambda: Policy("belady", StickyLeastLoad(), FCFS(), Belady(),
+                             "offline-optimal (MIN) eviction, oracle of future accesses"),
+}
+
+__all__ = ["BASELINES", "LRU", "Belady", "ContinuumTTL", "MoriIdleness", "AutellixRouter",
+           "LeastLoad", "RoundRobin", "StickyLeastLoad", "FCFS", "PLAS", "ProgramFCFS"]

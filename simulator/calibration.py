@@ -1,0 +1,138 @@
+"""Step-time model of one replica, calibrated from measured request timings.
+
+A continuous-batching engine runs *iterations*. One iteration processes a chunk of prefill tokens
+(new prompt tokens of admitted requests) and one decode token for every request already decoding.
+Its duration is modelled as linear in the work it does::
+
+    dt = t0 + a·P + a_ctx·X + c·K
+
+``P``     prefill tokens computed in the iteration (cache hits are not computed);
+``X``     attention context of those prefill tokens (per request: prefix length × chunk share);
+``K``     KV tokens read by the decoding requests (sum of their contexts);
+``t0``    fixed cost of a decode iteration (weights read once per step: memory-bound decode).
+
+How it is fitted (:func:`fit_step_time`), on flat records with ``t_first_token`` and token counts:
+
+* **prefill** ``a``, ``a_ctx``: time to first token of calls served alone (``num_workers == 1``
+  when the log says so, else all calls) regressed on the *uncached* prompt tokens (the prompt minus
+  the previous call's prompt and output, which a prefix cache holds) and on the whole prompt
+  length, non-negative least squares (``TTFT ≈ a·new + a_ctx·input``);
+* **decode** ``t0``, ``c``: time per output token ``(t_last − t_first)/(out − 1)`` of calls with at
+  least 16 output tokens, regressed by **median** (L1) regression on the KV tokens being read in
+  the same interval (the call's own context plus the time-weighted contexts of every other call
+  decoding at the same time), which is robust to the stalls other calls' prefills cause.
+
+:data:`SWE_AGENT_GLM45` holds the fit on the bundled SWE-agent traces (GLM-4.5-FP8 on vLLM), the
+default of every simulation; ``profiler simulate --calibrate LOGS`` refits on other logs.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Iterable
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class StepTimeModel:
+    """``dt = t0 + a·P + a_ctx·X + c·K`` (seconds; see the module docstring)."""
+
+    t0: float
+    a: float
+    a_ctx: float
+    c: float
+    source: str = ""
+    n_prefill: int = 0
+    n_decode: int = 0
+    prefill_mdape: float = float("nan")
+    decode_mdape: float = float("nan")
+
+    def prefill_cost(self, new_tokens: float, context_tokens: float) -> float:
+        """Seconds of prefill work for ``new_tokens`` with ``context_tokens`` of attention."""
+        return self.a * new_tokens + self.a_ctx * context_tokens
+
+    def decode_step(self, kv_tokens: float) -> float:
+        """Duration of a pure-decode iteration reading ``kv_tokens`` of KV cache."""
+        return self.t0 + self.c * kv_tokens
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+#: Fit of :func:`fit_step_time` on ``datasets/swe_agent/swe_agent_glm45_bs4.jsonl`` (3,037 calls of
+#: SWE-agent on GLM-4.5-FP8 served by vLLM; 205 isolated calls for prefill, 3,027 for decode).
+#: Re-derive with ``profiler simulate --calibrate datasets/swe_agent`` (the test
+#: ``tests/test_simulator_calibration.py`` checks that the bundled fit matches this constant).
+SWE_AGENT_GLM45 = StepTimeModel(
+    t0=0.029471, a=1.29083e-04, a_ctx=5.57815e-06, c=1.0927e-07,
+    source="SWE-agent/GLM-4.5-FP8 on vLLM (datasets/swe_agent)",
+    n_prefill=205, n_decode=3027, prefill_mdape=0.161, decode_mdape=0.259,
+)
+
+
+def _records_frame(records: Iterable[dict]):
+    import pandas as pd
+
+    rows = [
+        {
+            "wf": r["workflow_id"], "t_arrival": float(r["t_arrival"]),
+            "t_first": r.get("t_first_token"), "t_last": r.get("t_last_chunk", r["t_finish"]),
+            "input": int(r["input_tokens"]), "output": int(r["output_tokens"]),
+            "workers": r.get("num_workers"),
+        }
+        for r in records
+    ]
+    df = pd.DataFrame(rows)
+    if df.empty or df["t_first"].isna().all():
+        raise ValueError("calibration needs records with t_first_token (time of the first token)")
+    df = df.dropna(subset=["t_first"]).sort_values(["wf", "t_arrival"]).reset_index(drop=True)
+    prev_ctx = (df.groupby("wf")["input"].shift(1) + df.groupby("wf")["output"].shift(1)).fillna(0)
+    df["new"] = (df["input"] - prev_ctx).clip(lower=0)
+    df.loc[df["new"] <= 0, "new"] = df["input"]
+    return df
+
+
+def fit_step_time(records: Iterable[dict], source: str = "") -> StepTimeModel:
+    """Fit :class:`StepTimeModel` from flat log records (see the module docstring for the method)."""
+    from scipy.optimize import nnls
+    from sklearn.linear_model import QuantileRegressor
+
+    df = _records_frame(records)
+    first = df["t_first"].to_numpy(float)
+    last = np.maximum(df["t_last"].to_numpy(float), first)
+    ttft = first - df["t_arrival"].to_numpy(float)
+    inp = df["input"].to_numpy(float)
+    out = df["output"].to_numpy(float)
+    new = df["new"].to_numpy(float)
+
+    alone = (df["workers"] == 1).to_numpy() if df["workers"].notna().any() else np.ones(len(df), bool)
+    if alone.sum() < 10:
+        alone = np.ones(len(df), bool)
+    a_mat = np.c_[new[alone], inp[alone]]
+    (a, a_ctx), _ = nnls(a_mat, ttft[alone])
+    pre_err = np.median(np.abs(a_mat @ [a, a_ctx] - ttft[alone]) / ttft[alone])
+
+    # KV tokens read while each call decodes: its own context plus the time-weighted contexts of
+    # every call decoding at the same time (a sweep over sorted intervals would be O(n log n);
+    # the traces are small enough for the O(n²) vectorized form).
+    ctx = inp + out / 2
+    order = np.argsort(first)
+    s, e, cx = first[order], last[order], ctx[order]
+    kv = np.empty(len(s))
+    for i in range(len(s)):
+        span = max(e[i] - s[i], 1e-9)
+        lo, hi = np.searchsorted(s, s[i] - 3600), np.searchsorted(s, e[i])
+        ov = np.clip(np.minimum(e[lo:hi], e[i]) - np.maximum(s[lo:hi], s[i]), 0, None)
+        kv[i] = (ov * cx[lo:hi]).sum() / span
+    kv_read = np.empty_like(kv)
+    kv_read[order] = kv
+    tpot = (last - first) / np.maximum(out - 1, 1)
+    keep = out >= 16
+    qr = QuantileRegressor(quantile=0.5, alpha=0.0, solver="highs").fit(kv_read[keep, None], tpot[keep])
+    t0, c = float(qr.intercept_), float(max(qr.coef_[0], 0.0))
+    dec_err = np.median(np.abs(t0 + c * kv_read[keep] - tpot[keep]) / tpot[keep])
+    return StepTimeModel(
+        t0=round(t0, 6), a=float(f"{a:.6g}"), a_ctx=float(f"{a_ctx:.6g}"), c=float(f"{c:.5g}"),
+        source=source, n_prefill=int(alone.sum()), n_decode=int(keep.sum()),
+        prefill_mdape=round(float(pre_err), 3), decode_mdape=round(float(dec_err), 3),
+    )

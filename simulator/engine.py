@@ -1,0 +1,588 @@
+"""Discrete-event simulator of a multi-replica LLM serving cluster replaying agent workflows.
+
+Events live in one ``heapq`` (time, sequence, kind, payload): a workflow arrives, a call is
+issued, a replica finishes an iteration, a host→GPU load completes, a policy timer fires.
+
+**Closed-loop replay.** A workflow's root calls are issued at its arrival (plus their recorded
+offsets); every other call is issued when the last of its parents finishes plus its gap (the tool
+or think time, recorded or sampled). Fan-out siblings share parents and so are issued together.
+
+**A replica** (SGLang/vLLM-style continuous batching) repeats *rounds*:
+
+1. *admission* — waiting calls in the scheduler's order are admitted while the prefill backlog is
+   under one chunk, the running set is under ``max_running_requests`` and their KV fits: the
+   cached prefix is matched (GPU run, then host run), the matched GPU segments are locked, the
+   GPU tier evicts (policy order, leaf first) what the rest of the prompt needs, host hits are
+   loaded back over PCIe (the call waits ``tokens × pcie_s_per_token`` before its prefill), and
+   missing segments are recomputed. The first call that does not fit stops admission (no
+   skipping), unless the scheduler is *preemptive* and running calls with a worse key can make
+   room.
+2. *an iteration* — up to ``chunked_prefill_size`` prefill tokens (admission order) plus one decode
+   token per decoding call; its time is the calibrated step model. A call whose prefill completes
+   emits its first token at the end of that iteration. When the batch is decode-only, the ``k``
+   identical iterations until the next completion (or the KV limit) are simulated as one event
+   with the exact arithmetic sum of their durations; if a call arrives at the replica meanwhile,
+   the macro-step is cut at the end of the iteration in progress (:meth:`Simulator._wake`).
+3. *KV growth* — every decoded token needs a KV slot; when the GPU tier cannot provide them even
+   after eviction, running calls are **preempted** (largest ``victim_key`` first: the newest call
+   for FCFS, as vLLM/SGLang do) and re-prefill their prompt and generated tokens when readmitted
+   (recompute mode).
+
+**Accounting.** A prompt token is *recomputed* when its segment had already been computed
+somewhere in the cluster (evicted, or computed on another replica) or when its call was
+preempted; first-time tokens are not counted. Per call the simulator records issue, admission,
+first token, finish, GPU and host prefix hits, computed and recomputed prefill tokens.
+"""
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import numpy as np
+
+from simulator.cache import ReplicaCache
+from simulator.config import ClusterConfig
+from simulator.policy import Policy
+from simulator.workload import Call, Workload
+
+WAITING, LOADING, RUNNING, DONE = range(4)
+EV_ARRIVE, EV_ISSUE, EV_STEP, EV_LOADED, EV_TIMER = range(5)
+
+
+class Request:
+    """Runtime state of one issued call."""
+
+    __slots__ = (
+        "call", "idx", "wf", "state", "replica", "t_issue", "t_admit", "t_first", "t_finish",
+        "prefill_left", "prefill_total", "missing_path", "prefill_rate", "decoded", "private",
+        "locked", "preempts", "service_s", "recompute_own", "gpu_hit", "host_hit", "computed",
+        "recomputed", "pred", "t_enqueue", "swapped",
+    )
+
+    def __init__(self, call: Call, t_issue: float) -> None:
+        self.call = call
+        self.idx = call.idx
+        self.wf = call.wf
+        self.state = WAITING
+        self.replica = -1
+        self.t_issue = t_issue
+        self.t_enqueue = t_issue
+        self.t_admit = math.nan
+        self.t_first = math.nan
+        self.t_finish = math.nan
+        self.prefill_left = 0
+        self.prefill_total = 0
+        self.missing_path = 0
+        self.prefill_rate = 0.0
+        self.decoded = 0
+        self.private = 0
+        self.locked: tuple[int, ...] = ()
+        self.preempts = 0
+        self.service_s = 0.0
+        self.recompute_own = 0
+        self.swapped = 0
+        self.gpu_hit = 0
+        self.host_hit = 0
+        self.computed = 0
+        self.recomputed = 0
+        #: Predictions a policy attached to the call (e.g. output band, priority).
+        self.pred: dict | None = None
+
+    @property
+    def context_tokens(self) -> int:
+        return self.call.input_tokens + self.decoded
+
+    @property
+    def remaining_output(self) -> int:
+        return self.call.output_tokens - self.decoded
+
+
+@dataclass
+class Replica:
+    idx: int
+    cache: ReplicaCache
+    waiting: list[Request] = field(default_factory=list)
+    running: list[Request] = field(default_factory=list)
+    private: int = 0
+    stepping: bool = False
+    busy_s: float = 0.0
+    plan: tuple | None = None
+    plan_id: int = 0
+    plan_start: float = 0.0
+
+    def load_tokens(self) -> int:
+        """Outstanding tokens: KV of running calls plus prompts of waiting calls (no oracle)."""
+        return (sum(q.call.input_tokens + q.decoded for q in self.running)
+                + sum(q.call.input_tokens for q in self.waiting))
+
+    def free_tokens(self) -> int:
+        return self.cache.capacity - self.cache.gpu_used - self.private
+
+
+@dataclass
+class SimResult:
+    """Everything a run produced (inputs to :mod:`simulator.metrics`)."""
+
+    policy: str
+    workload: Workload
+    config: ClusterConfig
+    requests: list[Request]
+    wf_arrival: np.ndarray
+    wf_finish: np.ndarray
+    replica_busy_s: list[float]
+    makespan_s: float
+    preemptions: int
+    events: int
+    host_loaded_tokens: int
+    counters: dict = field(default_factory=dict)
+
+
+class Simulator:
+    """Replays ``workload`` under ``policy`` on the cluster ``config`` (see the module docstring).
+
+    ``wf_arrivals[i]`` is the arrival time (s) of workflow ``i``; ``gap_fn(call)`` returns the gap
+    before ``call`` is issued once its parents are done (default: the recorded gap). With
+    ``concurrency = C`` the population is closed: only the first ``C`` workflows arrive at their
+    given times, and each completed workflow lets the next one (in index order) arrive at once.
+    """
+
+    def __init__(self, workload: Workload, policy: Policy, config: ClusterConfig,
+                 wf_arrivals: Sequence[float], gap_fn: Callable[[Call], float] | None = None,
+                 concurrency: int | None = None) -> None:
+        if len(wf_arrivals) != len(workload.workflows):
+            raise ValueError("one arrival time per workflow is needed")
+        self.workload = workload
+        self.policy = policy
+        self.config = config
+        self.step = config.step
+        self.gap_fn = gap_fn or (lambda call: call.gap_s)
+        for c in workload.calls:
+            if c.input_tokens + c.output_tokens + 1 > config.kv_capacity_tokens:
+                raise ValueError(
+                    f"call {c.request_id}: {c.input_tokens} + {c.output_tokens} tokens do not fit "
+                    f"the KV capacity of a replica ({config.kv_capacity_tokens} tokens); raise "
+                    f"--kv-capacity-tokens")
+        self.replicas = [
+            Replica(i, ReplicaCache(config.kv_capacity_tokens, config.host_capacity_tokens,
+                                    workload.seg_tokens, workload.seg_parent))
+            for i in range(config.replicas)
+        ]
+        self.now = 0.0
+        n = workload.n_calls
+        self.requests: list[Request | None] = [None] * n
+        self.pending_parents = np.array([len(c.parents) for c in workload.calls], dtype=np.int64)
+        self.parents_done_t = np.full(n, -math.inf)
+        self.issue_t = np.full(n, math.nan)
+        self.finish_t = np.full(n, math.nan)
+        self.wf_arrival = np.asarray(wf_arrivals, dtype=float).copy()
+        n_wf = len(workload.workflows)
+        self.concurrency = n_wf if concurrency is None else max(1, min(int(concurrency), n_wf))
+        self._next_wf = self.concurrency
+        if self.concurrency < n_wf:
+            self.wf_arrival[self.concurrency:] = math.nan
+        self.wf_finish = np.full(len(workload.workflows), math.nan)
+        self.wf_left = np.array([len(w.calls) for w in workload.workflows], dtype=np.int64)
+        self.seg_computed = np.zeros(len(workload.seg_tokens), dtype=bool)
+        self._heap: list[tuple] = []
+        self._seq = 0
+        self.preemptions = 0
+        self.events = 0
+        self.host_loaded_tokens = 0
+        self.counters: dict[str, int] = {"admission_evictions": 0, "decode_evictions": 0,
+                                         "max_waiting": 0}
+        policy.bind(self)
+
+    # --- event plumbing -----------------------------------------------------------------------
+    def _push(self, t: float, kind: int, payload: object) -> None:
+        self._seq += 1
+        heapq.heappush(self._heap, (t, self._seq, kind, payload))
+
+    def add_timer(self, t: float) -> None:
+        """Wake the cluster at ``t`` (a policy's TTL expiry may let waiting calls in)."""
+        self._push(max(t, self.now), EV_TIMER, None)
+
+    # --- run ----------------------------------------------------------------------------------
+    def run(self, progress: Callable[[int, int], None] | None = None) -> SimResult:
+        for wf in self.workload.workflows[:self.concurrency]:
+            self._push(float(self.wf_arrival[wf.idx]), EV_ARRIVE, wf.idx)
+        done_wf = 0
+        heap = self._heap
+        dirty: dict[int, Replica] = {}
+        while heap:
+            t, _, kind, payload = heapq.heappop(heap)
+            self.now = t
+            self.events += 1
+            if kind == EV_STEP:
+                rep = self.replicas[payload[0]]
+                if payload[1] == rep.plan_id:   # else: a macro-step cut short and rescheduled
+                    self._step_end(rep)
+                    dirty[rep.idx] = rep
+            elif kind == EV_ARRIVE:
+                wf = self.workload.workflows[payload]
+                for root, off in zip(wf.roots, wf.root_offsets):
+                    self._push(t + off, EV_ISSUE, root)
+            elif kind == EV_ISSUE:
+                rep = self._issue(payload)
+                dirty[rep.idx] = rep
+            elif kind == EV_LOADED:
+                req: Request = payload
+                if req.state == LOADING:
+                    req.state = RUNNING
+                dirty[req.replica] = self.replicas[req.replica]
+            elif kind == EV_TIMER:
+                self.policy.hook("on_timer")
+                for rep in self.replicas:
+                    if rep.waiting:
+                        dirty[rep.idx] = rep
+            if dirty and (not heap or heap[0][0] > t):
+                # every event of this instant is in: now the replicas react, in index order
+                for idx in sorted(dirty):
+                    self._wake(dirty[idx])
+                dirty.clear()
+            if progress is not None:
+                finished = int(np.isfinite(self.wf_finish).sum())
+                if finished != done_wf:
+                    done_wf = finished
+                    progress(done_wf, len(self.workload.workflows))
+        unfinished = [c.request_id for c, r in zip(self.workload.calls, self.requests)
+                      if r is None or r.state != DONE]
+        if unfinished:
+            raise RuntimeError(f"simulation ended with {len(unfinished)} unfinished calls "
+                               f"(first: {unfinished[0]}); this is a simulator bug")
+        makespan = float(np.nanmax(self.wf_finish) - np.nanmin(self.wf_arrival)) if len(self.wf_finish) else 0.0
+        return SimResult(
+            policy=self.policy.name, workload=self.workload, config=self.config,
+            requests=list(self.requests), wf_arrival=self.wf_arrival, wf_finish=self.wf_finish,
+            replica_busy_s=[r.busy_s for r in self.replicas], makespan_s=makespan,
+            preemptions=self.preemptions, events=self.events,
+            host_loaded_tokens=self.host_loaded_tokens, counters=dict(self.counters),
+        )
+
+    # --- issue and routing --------------------------------------------------------------------
+    def _issue(self, idx: int) -> Replica:
+        call = self.workload.calls[idx]
+        req = Request(call, self.now)
+        self.requests[idx] = req
+        self.issue_t[idx] = self.now
+        self.policy.hook("on_issue", req)
+        r = self.policy.router.route(req)
+        req.replica = r
+        rep = self.replicas[r]
+        rep.waiting.append(req)
+        if len(rep.waiting) > self.counters["max_waiting"]:
+            self.counters["max_waiting"] = len(rep.waiting)
+        return rep
+
+    # --- a scheduling round -------------------------------------------------------------------
+    def _evict(self, rep: Replica, need: int) -> int:
+        cp = self.policy.cache
+        r = rep.idx
+        return rep.cache.evict_gpu(
+            need, self.now, lambda s, now: cp.evict_key(r, s, now),
+            (lambda s, now: cp.host_key(r, s, now)), (lambda s: cp.to_host(r, s)))
+
+    def _reserve(self, rep: Replica) -> int:
+        """Tokens admission keeps free for the running calls' future decode: SGLang's estimate
+        ``new_token_ratio × Σ min(max_new_tokens − decoded, clip)`` with the output length unknown
+        (``max_new_tokens`` taken as the clip)."""
+        cfg = self.config
+        return int(cfg.new_token_ratio * sum(max(cfg.new_token_clip - q.decoded, 0)
+                                             for q in rep.running))
+
+    def _try_admit(self, rep: Replica, req: Request, reserve: int = 0) -> bool:
+        call = req.call
+        cache = rep.cache
+        path = call.path
+        gpu_tok, host_tok, n_gpu = cache.match(path)
+        path_tok = sum(self.workload.seg_tokens[s] for s in path)
+        need = (path_tok - gpu_tok) + call.own_prompt_tokens + req.decoded + 1 + reserve
+        head = path[:n_gpu]
+        cache.lock_path(head, self.now)
+        free = rep.free_tokens()
+        if free < need:
+            self.counters["admission_evictions"] += 1
+            free += self._evict(rep, need - free)
+            if free < need:
+                cache.unlock_path(head, self.now)
+                return False
+        now = self.now
+        # materialize the rest of the path: host hits are loaded back, misses recomputed
+        # (or, for a call swapped out by a preemption, loaded back from its swap copy)
+        missing = 0
+        recomputed = 0
+        host_left = host_tok
+        tok = self.workload.seg_tokens
+        swapped = req.swapped
+        for s in path[n_gpu:]:
+            if host_left > 0 and s in cache.host:
+                host_left -= tok[s]
+                cache.touch_host(s, now)
+            elif not swapped:
+                missing += tok[s]
+                if self.seg_computed[s]:
+                    recomputed += tok[s]
+                self.seg_computed[s] = True
+            cache.insert_gpu(s, now)
+        cache.lock_path(path[n_gpu:], now)
+        req.locked = tuple(path)
+        own = call.own_prompt_tokens + req.decoded
+        load = host_tok
+        if swapped:
+            cache.release_host(swapped)
+            req.swapped = 0
+            load = call.input_tokens + req.decoded - gpu_tok
+            prefill = 1
+        else:
+            prefill = missing + own
+        recomputed += req.recompute_own
+        req.recompute_own = 0
+        req.private = own
+        rep.private += own
+        req.prefill_total = max(prefill, 1)
+        req.prefill_left = req.prefill_total
+        req.missing_path = missing
+        ctx = call.input_tokens + req.decoded
+        req.prefill_rate = self.step.a + self.step.a_ctx * ctx / req.prefill_total
+        if req.preempts == 0:     # hit ratios describe each call's first admission
+            req.gpu_hit = gpu_tok
+            req.host_hit = host_tok
+        req.computed += prefill
+        req.recomputed += recomputed
+        if math.isnan(req.t_admit):
+            req.t_admit = now
+        rep.running.append(req)
+        if load > 0:
+            req.state = LOADING
+            self.host_loaded_tokens += load
+            self._push(now + load * self.config.pcie_s_per_token, EV_LOADED, req)
+        else:
+            req.state = RUNNING
+        self.policy.hook("on_admit", req)
+        return True
+
+    def preempt(self, rep: Replica, req: Request, swap: bool = False) -> None:
+        """Free a running call's KV. In recompute mode it re-prefills its prompt and generated
+        tokens when readmitted; with ``swap`` its own KV is copied to the host tier (if room) and
+        loaded back over PCIe instead (the shared prefix stays in the radix cache either way)."""
+        rep.cache.unlock_path(req.locked, self.now)
+        req.locked = ()
+        done_prefill = req.prefill_total - req.prefill_left
+        own_done = max(0, done_prefill - req.missing_path)
+        computed_own = own_done + (req.decoded if req.prefill_left == 0 else 0)
+        context = req.call.input_tokens + req.decoded
+        if swap and req.prefill_left == 0 and rep.cache.reserve_host(context, self.now):
+            req.swapped = context
+            self.counters["swapped_tokens"] = self.counters.get("swapped_tokens", 0) + context
+            req.recompute_own = 0
+        else:
+            req.recompute_own = computed_own
+        rep.private -= req.private
+        req.private = 0
+        req.prefill_left = 0
+        req.state = WAITING
+        req.preempts += 1
+        req.t_enqueue = self.now
+        self.preemptions += 1
+        rep.running.remove(req)
+        rep.waiting.append(req)
+        self.policy.hook("on_preempt", req)
+
+    def _admit(self, rep: Replica) -> None:
+        if not rep.waiting:
+            return
+        sched = self.policy.scheduler
+        rep.waiting.sort(key=sched.queue_key)
+        cfg = self.config
+        chunk = cfg.chunked_prefill_size
+        backlog = sum(q.prefill_left for q in rep.running if q.state != DONE)
+        reserve = self._reserve(rep)
+        while rep.waiting and backlog < chunk and len(rep.running) < cfg.max_running_requests:
+            req = rep.waiting[0]
+            ok = self._try_admit(rep, req, reserve)
+            if not ok and sched.preemptive:
+                rank = sched.preempt_rank(req)
+                victims = sorted((q for q in rep.running if sched.preempt_rank(q) > rank),
+                                 key=sched.victim_key, reverse=True)
+                for v in victims:
+                    self.preempt(rep, v, swap=sched.swap_on_preempt)
+                    reserve = self._reserve(rep)
+                    if self._try_admit(rep, req, reserve):
+                        ok = True
+                        break
+                if victims:
+                    rep.waiting.sort(key=sched.queue_key)
+                    if ok:
+                        rep.waiting.remove(req)
+                        backlog += req.prefill_left
+                        reserve += int(cfg.new_token_ratio * max(cfg.new_token_clip - req.decoded, 0))
+                        continue
+            if not ok:
+                break
+            rep.waiting.pop(0)
+            backlog += req.prefill_left
+            reserve += int(cfg.new_token_ratio * max(cfg.new_token_clip - req.decoded, 0))
+
+    def _ensure_decode_memory(self, rep: Replica, steps: int) -> int:
+        """Make room for one token per running call for up to ``steps`` iterations, evicting and
+        then preempting; returns how many iterations fit (0 when a preemption changed the batch)."""
+        per_step = sum(1 for q in rep.running if q.state == RUNNING)
+        free = rep.free_tokens()
+        want = per_step * steps
+        if free < want:
+            self.counters["decode_evictions"] += 1
+            free += self._evict(rep, want - free)
+        if free >= per_step:
+            return max(1, min(steps, free // max(per_step, 1)))
+        sched = self.policy.scheduler
+        while free < per_step:
+            victim = max((q for q in rep.running if q.state == RUNNING),
+                         key=sched.victim_key, default=None)
+            if victim is None:
+                break
+            self.preempt(rep, victim)
+            per_step -= 1
+            free = rep.free_tokens()
+        return 0
+
+    def _round(self, rep: Replica) -> None:
+        step = self.step
+        for _attempt in range(64):
+            self._admit(rep)
+            active = [q for q in rep.running if q.state == RUNNING]
+            if not active:
+                rep.stepping = False
+                rep.plan = None
+                return
+            has_prefill = any(q.prefill_left > 0 for q in active)
+            if has_prefill:
+                steps = 1
+            else:
+                b = len(active)
+                kv = sum(q.call.input_tokens + q.decoded for q in active)
+                steps = min(min(q.remaining_output for q in active), self.config.max_macro_steps)
+            k = self._ensure_decode_memory(rep, steps)
+            if k > 0:
+                break
+        active = [q for q in rep.running if q.state == RUNNING]
+        if not active:
+            rep.stepping = False
+            rep.plan = None
+            return
+        k = max(k, 1)
+        budget = self.config.chunked_prefill_size
+        prefill: list[tuple[Request, int]] = []
+        decoders: list[Request] = []
+        for q in active:
+            if q.prefill_left > 0:
+                if budget > 0:
+                    take = min(q.prefill_left, budget)
+                    budget -= take
+                    prefill.append((q, take))
+            else:
+                decoders.append(q)
+        kv = sum(q.call.input_tokens + q.decoded for q in decoders)
+        if prefill:
+            k = 1
+            dt = sum(take * q.prefill_rate for q, take in prefill)
+            if decoders:
+                dt += step.t0 + step.c * kv
+        else:
+            b = len(decoders)
+            dt = k * (step.t0 + step.c * kv) + step.c * b * k * (k - 1) / 2
+        rep.plan = (prefill, decoders, k, dt, kv)
+        rep.stepping = True
+        rep.plan_id += 1
+        rep.plan_start = self.now
+        self._push(self.now + dt, EV_STEP, (rep.idx, rep.plan_id))
+
+    def _wake(self, rep: Replica) -> None:
+        """Something changed on ``rep`` (a call arrived, a load finished, a pin expired): plan a
+        round now if idle, or cut a decode macro-step short at the end of the iteration in
+        progress so the next round sees the change at the right iteration boundary."""
+        if not rep.stepping:
+            self._round(rep)
+            return
+        prefill, decoders, k, dt, kv = rep.plan
+        if k <= 1:
+            return
+        step = self.step
+        b = len(decoders)
+        dt0 = step.t0 + step.c * kv
+        growth = step.c * b
+        done = _steps_within(self.now - rep.plan_start, dt0, growth)
+        m = min(k, done + 1)   # the iteration in progress completes
+        if m >= k:
+            return
+        new_dt = m * dt0 + growth * m * (m - 1) / 2
+        rep.plan = (prefill, decoders, m, new_dt, kv)
+        rep.plan_id += 1
+        self._push(rep.plan_start + new_dt, EV_STEP, (rep.idx, rep.plan_id))
+
+    def _step_end(self, rep: Replica) -> None:
+        prefill, decoders, k, dt, _ = rep.plan
+        rep.plan = None
+        rep.stepping = False
+        rep.busy_s += dt
+        batch = [q for q, _ in prefill] + decoders
+        self.policy.hook("on_step", rep.idx, dt, batch)
+        now = self.now
+        finished: list[Request] = []
+        for q, take in prefill:
+            q.service_s += dt
+            q.prefill_left -= take
+            if q.prefill_left == 0:
+                q.decoded += 1
+                q.private += 1
+                rep.private += 1
+                if math.isnan(q.t_first):
+                    q.t_first = now
+                    self.policy.hook("on_first_token", q)
+                if q.decoded >= q.call.output_tokens:
+                    finished.append(q)
+        for q in decoders:
+            q.service_s += dt
+            q.decoded += k
+            q.private += k
+            rep.private += k
+            if q.decoded >= q.call.output_tokens:
+                finished.append(q)
+        for q in finished:
+            self._finish(rep, q)
+
+    def _finish(self, rep: Replica, req: Request) -> None:
+        now = self.now
+        cache = rep.cache
+        cache.unlock_path(req.locked, now)
+        rep.private -= req.private
+        req.private = 0
+        call = req.call
+        cache.insert_gpu(call.own_seg, now)
+        self.seg_computed[call.own_seg] = True
+        req.state = DONE
+        req.t_finish = now
+        self.finish_t[req.idx] = now
+        rep.running.remove(req)
+        self.policy.hook("on_finish", req)
+        for ch in call.children:
+            self.pending_parents[ch] -= 1
+            self.parents_done_t[ch] = max(self.parents_done_t[ch], now)
+            if self.pending_parents[ch] == 0:
+                self._push(now + max(self.gap_fn(self.workload.calls[ch]), 0.0), EV_ISSUE, ch)
+        self.wf_left[req.wf] -= 1
+        if self.wf_left[req.wf] == 0:
+            self.wf_finish[req.wf] = now
+            if self._next_wf < len(self.workload.workflows):   # closed population: next one in
+                self.wf_arrival[self._next_wf] = now
+                self._push(now, EV_ARRIVE, self._next_wf)
+                self._next_wf += 1
+
+
+def _steps_within(horizon: float, dt0: float, growth: float) -> int:
+    """Largest k with k·dt0 + growth·k(k−1)/2 ≤ horizon (decode iterations before an event)."""
+    if growth <= 0:
+        return int(horizon // dt0) if dt0 > 0 else 1 << 30
+    a, b = growth / 2, dt0 - growth / 2
+    disc = b * b + 4 * a * horizon
+    return int((-b + math.sqrt(disc)) / (2 * a))

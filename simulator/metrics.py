@@ -1,0 +1,71 @@
+"""Figures of one simulation run (what the table, the plot and ``--json`` show).
+
+======================  ===================================================================
+key                     meaning
+======================  ===================================================================
+avg_jct_s, p95_jct_s    job completion time: last call's finish − workflow arrival
+throughput_tok_s        output tokens per second over the makespan
+workflows_per_min       completed workflows per minute over the makespan
+avg_ttft_s, p95_ttft_s  first token − issue, per call (queueing + host load + prefill)
+gpu_hit_ratio           prompt tokens served from the GPU tier / all prompt tokens
+host_hit_ratio          prompt tokens loaded back from the host tier / all prompt tokens
+reuse_hit_ratio         (GPU + host hits) / prompt tokens a cache could have served at all
+prefill_tokens          prompt tokens computed (misses, recomputes, the first-time tokens)
+recomputed_prefill_tokens  tokens computed again: evicted, on another replica, or preempted
+recompute_vs_belady     recomputed / recomputed of the ``belady`` run (when it ran)
+preemptions             running calls preempted because KV ran out (or by priority)
+gpu_idle_s, gpu_idle_share  replica-seconds with nothing to run over the makespan
+======================  ===================================================================
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from simulator.engine import SimResult
+
+
+def summarize(res: SimResult) -> dict:
+    wl = res.workload
+    reqs = res.requests
+    jct = res.wf_finish - res.wf_arrival
+    ttft = np.array([r.t_first - r.t_issue for r in reqs])
+    inp = sum(r.call.input_tokens for r in reqs)
+    out = sum(r.call.output_tokens for r in reqs)
+    reusable = sum(wl.path_tokens(r.call) for r in reqs)
+    gpu_hit = sum(r.gpu_hit for r in reqs)
+    host_hit = sum(r.host_hit for r in reqs)
+    span = max(res.makespan_s, 1e-9)
+    idle = sum(max(span - b, 0.0) for b in res.replica_busy_s)
+    return {
+        "avg_jct_s": float(jct.mean()),
+        "p50_jct_s": float(np.percentile(jct, 50)),
+        "p95_jct_s": float(np.percentile(jct, 95)),
+        "throughput_tok_s": float(out / span),
+        "workflows_per_min": float(len(jct) / span * 60.0),
+        "avg_ttft_s": float(ttft.mean()),
+        "p95_ttft_s": float(np.percentile(ttft, 95)),
+        "gpu_hit_ratio": float(gpu_hit / max(inp, 1)),
+        "host_hit_ratio": float(host_hit / max(inp, 1)),
+        "reuse_hit_ratio": float((gpu_hit + host_hit) / max(reusable, 1)),
+        "prefill_tokens": int(sum(r.computed for r in reqs)),
+        "recomputed_prefill_tokens": int(sum(r.recomputed for r in reqs)),
+        "preemptions": int(res.preemptions),
+        "gpu_idle_s": float(idle),
+        "gpu_idle_share": float(idle / (span * len(res.replica_busy_s))),
+        "makespan_s": float(res.makespan_s),
+        "workflows": int(len(jct)),
+        "calls": int(len(reqs)),
+        "host_loaded_tokens": int(res.host_loaded_tokens),
+        "events": int(res.events),
+    }
+
+
+def add_belady_ratio(rows: dict[str, dict], reference: str = "belady") -> None:
+    """Set ``recompute_vs_belady`` on every row from the ``reference`` row (in place)."""
+    ref = rows.get(reference)
+    if ref is None:
+        return
+    base = ref["recomputed_prefill_tokens"]
+    for row in rows.values():
+        r = row["recomputed_prefill_tokens"]
+        row["recompute_vs_belady"] = float(r / base) if base > 0 else (1.0 if r == 0 else float("inf"))

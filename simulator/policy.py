@@ -1,0 +1,98 @@
+"""What a serving policy decides in the simulator, split into three switchable parts.
+
+* :class:`Router` — which replica a newly issued call goes to;
+* :class:`Scheduler` — the order of a replica's waiting queue (``queue_key``, smallest first),
+  whether a waiting call may preempt running ones (``preemptive``), and which running call is
+  preempted first when KV runs out (``victim_key``, largest first);
+* :class:`CachePolicy` — the GPU and host eviction orders (``evict_key`` / ``host_key``, smallest
+  evicted first) and lifecycle hooks that pin or release a session's KV.
+
+A :class:`Policy` is a name plus one of each, so an ablation swaps one part
+(``simulator.baselines`` builds the baselines, ``simulator.ours`` the policy under test).
+Every part sees the running :class:`simulator.engine.Simulator` through ``bind``.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # pragma: no cover
+    from simulator.engine import Request, Simulator
+
+
+class Part:
+    """Base of every policy part: bound to the simulator, told about lifecycle events."""
+
+    sim: "Simulator"
+
+    def bind(self, sim: "Simulator") -> None:
+        self.sim = sim
+
+    # lifecycle hooks (no-ops by default)
+    def on_issue(self, req: "Request") -> None: ...
+    def on_admit(self, req: "Request") -> None: ...
+    def on_first_token(self, req: "Request") -> None: ...
+    def on_finish(self, req: "Request") -> None: ...
+    def on_preempt(self, req: "Request") -> None: ...
+    def on_step(self, replica: int, dt: float, batch: list["Request"]) -> None: ...
+    def on_timer(self) -> None: ...
+
+
+class Router(Part):
+    def route(self, req: "Request") -> int:  # pragma: no cover - interface
+        raise NotImplementedError
+
+
+class Scheduler(Part):
+    #: May a waiting call preempt running calls of a worse ``preempt_rank`` when KV is short?
+    preemptive: bool = False
+    #: Do priority preemptions swap the victim's KV to the host tier instead of dropping it?
+    swap_on_preempt: bool = False
+
+    def queue_key(self, req: "Request") -> Any:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def preempt_rank(self, req: "Request") -> Any:
+        """Coarse class compared for priority preemption (default: the queue key itself)."""
+        return self.queue_key(req)
+
+    def victim_key(self, req: "Request") -> Any:
+        """Running calls are preempted in decreasing ``victim_key`` (default: worst queue key)."""
+        return self.queue_key(req)
+
+
+class CachePolicy(Part):
+    def evict_key(self, replica: int, seg: int, now: float) -> float:  # pragma: no cover
+        raise NotImplementedError
+
+    def host_key(self, replica: int, seg: int, now: float) -> float:
+        """Host tier eviction order: LRU by default."""
+        return self.sim.replicas[replica].cache.host.get(seg, 0.0)
+
+    def to_host(self, replica: int, seg: int) -> bool:
+        """Write a segment evicted from the GPU to the host tier? (default: yes)."""
+        return True
+
+
+class Policy:
+    """A named combination of a router, a scheduler and a cache policy."""
+
+    def __init__(self, name: str, router: Router, scheduler: Scheduler, cache: CachePolicy,
+                 description: str = "", extras: tuple[Part, ...] = ()) -> None:
+        self.name = name
+        self.router = router
+        self.scheduler = scheduler
+        self.cache = cache
+        self.description = description
+        self.parts: list[Part] = []
+        # extras first: e.g. a prediction feed that annotates a call before it is routed
+        for part in (*extras, router, scheduler, cache):
+            if all(part is not p for p in self.parts):
+                self.parts.append(part)
+
+    def bind(self, sim: "Simulator") -> None:
+        for part in self.parts:
+            part.bind(sim)
+
+    def hook(self, name: str, *args: Any) -> None:
+        for part in self.parts:
+            getattr(part, name)(*args)

@@ -1,0 +1,311 @@
+"""One comparison: prepare a workload once, then replay it under every policy and load.
+
+Load
+----
+``--load`` is the number of workflows (sessions) in the system, as a share of the
+*KV-saturating concurrency* of the cluster::
+
+    C_kv = replicas × kv_capacity_tokens / K_session
+    K_session = mean over workflows of  Σ_calls latency·(input + output) / span
+
+``K_session`` is the time-averaged KV a session holds while it runs uncontended (its calls'
+contexts weighted by how long each call is in flight, over the workflow's recorded span: tool
+time holds no running context). At ``C_kv`` sessions the running contexts alone fill every GPU
+KV pool; beyond it calls wait for admission and cached prefixes are evicted. ``low`` = 0.5,
+``medium`` = 1.0, ``peak`` = 1.5 (a number is accepted too).
+
+Arrivals (``--arrivals``), with ``C = load × C_kv``:
+
+* ``poisson`` (default): open arrivals at ``λ = C / T_sat`` — Little's law with ``T_sat``, the
+  mean JCT of a workflow whose every decode iteration reads a full GPU KV pool (its critical path
+  of calls at the calibrated step time ``t0 + c·kv_capacity`` plus its gaps,
+  :func:`critical_path_jct`). ``λ_sat = C_kv / T_sat`` is the rate a KV-saturated cluster drains
+  at the calibrated speed: ``medium`` offers exactly that (critical: little queueing), ``low``
+  half of it, ``peak`` 1.5× — a burst the cluster cannot drain, so calls queue for admission,
+  cached prefixes are evicted, and scheduling and caching decide how long the queue gets (JCT
+  at ``peak`` grows with the run length; every policy gets the same arrivals);
+* ``trace``: the recorded order and spacing of workflow starts, scaled to the same mean rate;
+* ``closed``: a closed population of ``C`` sessions (the first ``C`` start at random times over
+  one ``T_sat``; each completed workflow lets the next one in). In a closed system the mean JCT
+  is ``C / throughput`` (Little), so it compares throughput, not queueing order.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from simulator.baselines import BASELINES
+from simulator.config import ClusterConfig
+from simulator.engine import SimResult, Simulator
+from simulator.metrics import add_belady_ratio, summarize
+from simulator.ours import OURS_VARIANTS, OursOptions, build_ours, ours_stats
+from simulator.sources import BUILTIN, Source, fit_train_profile, generated, load_logs, make_predictor
+from simulator.workload import Call, Workload, replicate_records, workload_from_records
+
+LOAD_LEVELS: dict[str, float] = {"low": 0.5, "medium": 1.0, "peak": 1.5}
+#: Policies of the main table, in display order.
+MAIN_POLICIES = ("sglang-default", "least-load", "autellix-plas", "continuum-ttl",
+                 "mori-idleness", "belady", "ours")
+ABLATION_POLICIES = tuple(n for n in OURS_VARIANTS if n != "ours")
+ALL_POLICIES = MAIN_POLICIES + ABLATION_POLICIES
+
+
+def parse_load(value: str) -> float:
+    if value in LOAD_LEVELS:
+        return LOAD_LEVELS[value]
+    try:
+        x = float(value)
+    except ValueError:
+        raise ValueError(f"--load {value!r}: use low, medium, peak or a share of capacity "
+                         "such as 0.75") from None
+    if not 0 < x < 10:
+        raise ValueError(f"--load {value}: a share of capacity must be in (0, 10)")
+    return x
+
+
+def parse_policies(value: str | None, ablation: bool = False) -> list[str]:
+    names = list(MAIN_POLICIES) if not value else [v.strip() for v in value.split(",") if v.strip()]
+    if ablation:
+        names += [n for n in ABLATION_POLICIES if n not in names]
+        if "ours" not in names:
+            names.append("ours")
+    bad = [n for n in names if n not in BASELINES and n not in OURS_VARIANTS]
+    if bad:
+        raise ValueError(f"unknown policy {bad[0]!r}; known: {', '.join(ALL_POLICIES)}")
+    return names
+
+
+@dataclass
+class Prepared:
+    """A workload ready to replay: test-split calls, and the profile fit on the train split."""
+
+    name: str
+    source: Source
+    workload: Workload
+    profile: Any
+    seed: int
+    notes: list[str] = field(default_factory=list)
+
+
+def prepare(workload: str, n_workflows: int | None = None, seed: int = 0,
+            profile_dir: str | Path | None = None, train_share: float = 0.7,
+            n_train: int = 400, progress: bool = False, cfg: ClusterConfig | None = None,
+            max_load: float = 1.0) -> Prepared:
+    """Load or generate the workload, split it, fit (or load) the profile on the train side.
+
+    Without ``n_workflows``, the replay gets ``max(100, 2 × max_load × C_kv)`` workflows (sized
+    on the train side): twice the highest load's population;
+    a log test split is resampled to that many sessions (each copy its own session).
+    """
+    cfg = cfg or ClusterConfig()
+    if workload in BUILTIN:
+        src = generated(workload, n_train=n_train, n_test=0, seed=seed)
+    else:
+        if not Path(workload).exists():
+            raise ValueError(f"--workload {workload!r}: not a built-in workload "
+                             f"(coding-assistant, deep-research) and no such log file or folder")
+        src = load_logs([workload], train=train_share, seed=seed, progress=progress)
+    if n_workflows is None:
+        c_kv, _ = saturating_concurrency(src.train or src.test, cfg)
+        n_workflows = max(100, int(math.ceil(2 * max_load * c_kv)))
+    if src.generated:
+        src.test = generated(workload, n_train=0, n_test=n_workflows, seed=seed).test
+        test = src.test
+    else:
+        test = replicate_records(src.test, n_workflows, seed=seed)
+    notes = list(src.notes)
+    if profile_dir is not None and (Path(profile_dir) / "CURRENT").exists():
+        from profiler.profile_artifact import load_profile
+        profile = load_profile(profile_dir)
+        notes.append(f"profile loaded from {profile_dir} (version {profile.version}); make sure it "
+                     "was not fit on the replayed workflows")
+    else:
+        profile = fit_train_profile(src.train, profile_dir, progress=progress)
+    wl = workload_from_records(test, name=src.name, system_tokens=src.system_tokens,
+                               conversation_lineage=not src.generated)
+    return Prepared(src.name, src, wl, profile, seed, notes)
+
+
+def session_profile(records: Sequence[dict]) -> dict[str, float]:
+    """``K_session`` (tokens) and ``T_wf`` (s) of the module docstring, from recorded calls."""
+    by_wf: dict[str, list[dict]] = {}
+    for r in records:
+        by_wf.setdefault(str(r["workflow_id"]), []).append(r)
+    kv, span = [], []
+    for recs in by_wf.values():
+        t0 = min(float(r["t_arrival"]) for r in recs)
+        t1 = max(float(r["t_finish"]) for r in recs)
+        width = max(t1 - t0, 1e-6)
+        held = sum((float(r["t_finish"]) - float(r["t_arrival"])) * (int(r["input_tokens"]) + int(r["output_tokens"]))
+                   for r in recs)
+        kv.append(held / width)
+        span.append(width)
+    if not kv:
+        raise ValueError("no workflows to size the load on")
+    return {"session_kv_tokens": float(np.mean(kv)), "workflow_span_s": float(np.mean(span))}
+
+
+def critical_path_jct(wl: Workload, cfg: ClusterConfig, kv_read: float | None = None) -> np.ndarray:
+    """Per workflow: the longest path through its calls, each taking its uncached prefill
+    (``a·(input − reusable) + a_ctx·input``) plus ``output`` decode iterations of ``t0 + c·K``,
+    after its parents finish and its gap passes. ``K`` is ``kv_read`` (``T_sat``: a full KV pool)
+    or, when None, the call's own context (the workflow served alone)."""
+    st = cfg.step
+    finish = np.zeros(wl.n_calls)
+    for c in wl.calls:   # calls are stored in arrival order within each workflow: parents first
+        start = max((finish[p] for p in c.parents), default=0.0) + (c.gap_s if c.parents else 0.0)
+        new = c.input_tokens - wl.path_tokens(c)
+        k = c.input_tokens + c.output_tokens / 2 if kv_read is None else kv_read
+        dur = st.a * new + st.a_ctx * c.input_tokens + c.output_tokens * st.decode_step(k)
+        finish[c.idx] = start + dur
+    out = np.zeros(len(wl.workflows))
+    for wf in wl.workflows:
+        out[wf.idx] = max(finish[i] for i in wf.calls)
+    return out
+
+
+def saturating_concurrency(records: Sequence[dict], cfg: ClusterConfig) -> tuple[float, dict]:
+    """``C_kv`` of the module docstring (sessions), with the figures it came from."""
+    prof = session_profile(records)
+    c_kv = cfg.replicas * cfg.kv_capacity_tokens / max(prof["session_kv_tokens"], 1.0)
+    return c_kv, prof
+
+
+def arrival_times(wl: Workload, rate: float, seed: int, mode: str = "poisson",
+                  recorded_starts: Sequence[float] | None = None, concurrency: int = 0,
+                  span_s: float = 0.0) -> np.ndarray:
+    """Workflow arrival times (s): ``closed`` (the first ``concurrency`` spread over ``span_s``;
+    the others arrive when earlier ones finish), Poisson at ``rate`` workflows/s, or the recorded
+    spacing at that mean rate."""
+    n = len(wl.workflows)
+    if mode == "closed":
+        t = np.sort(np.random.default_rng([seed, 37]).uniform(0.0, max(span_s, 0.0), size=n))
+        t[:min(concurrency, n)] = np.sort(t[:min(concurrency, n)]) - t[0]
+        return t
+    if mode == "poisson":
+        gaps = np.random.default_rng([seed, 29]).exponential(1.0 / rate, size=n)
+        return np.cumsum(gaps) - gaps[0]
+    if mode == "trace":
+        starts = np.sort(np.asarray(recorded_starts if recorded_starts is not None else [], float))
+        if len(starts) < 2:
+            raise ValueError("--arrivals trace needs the recorded start times of ≥ 2 workflows")
+        gaps = np.diff(starts)
+        gaps = np.resize(gaps, max(n - 1, 0))
+        gaps = gaps * ((1.0 / rate) / max(gaps.mean(), 1e-9)) if len(gaps) else gaps
+        return np.concatenate([[0.0], np.cumsum(gaps)])
+    raise ValueError(f"--arrivals {mode!r}: use closed, poisson or trace")
+
+
+def gap_function(wl: Workload, profile: Any, mode: str, seed: int) -> Callable[[Call], float] | None:
+    """``recorded`` (None: the engine's default) or ``sampled`` from the profile's tool lognormals:
+    the gap before a call is the largest, over its parents, of the sum of fresh samples of the
+    tools that parent ran (the recorded gap when a tool has no fit)."""
+    if mode == "recorded":
+        return None
+    if mode != "sampled":
+        raise ValueError(f"--gaps {mode!r}: use recorded or sampled")
+    from predictors.tool_latency import ToolLatencyModel
+
+    tl = ToolLatencyModel.from_dict(profile.data.get("tool_latency") or {})
+    cache: dict[int, float] = {}
+
+    def gap(call: Call) -> float:
+        if call.idx in cache:
+            return cache[call.idx]
+        rng = np.random.default_rng([seed, 31, call.idx])
+        best = None
+        wt = wl.workflows[call.wf].workflow_type
+        for p in call.parents:
+            total = 0.0
+            for tool in wl.calls[p].tools:
+                fit = tl.lookup(wt, tool)
+                if not fit:
+                    total = math.nan
+                    break
+                total += float(np.exp(fit["mu"] + fit["sigma"] * rng.standard_normal()))
+            if not math.isnan(total):
+                best = total if best is None else max(best, total)
+        value = call.gap_s if best is None else best
+        cache[call.idx] = value
+        return value
+
+    return gap
+
+
+def make_policy(name: str, prep: Prepared, ours: OursOptions | None = None):
+    if name in OURS_VARIANTS:
+        return build_ours(make_predictor(prep.profile), name, ours)
+    return BASELINES[name]()
+
+
+def simulate(prep: Prepared, name: str, cfg: ClusterConfig, arrivals: np.ndarray,
+             gap_fn: Callable[[Call], float] | None = None,
+             ours: OursOptions | None = None, concurrency: int | None = None) -> tuple[SimResult, dict]:
+    """Run one policy; returns the raw result and its metrics (plus our parts' counters)."""
+    policy = make_policy(name, prep, ours)
+    t0 = time.perf_counter()
+    res = Simulator(prep.workload, policy, cfg, arrivals, gap_fn, concurrency).run()
+    row = summarize(res)
+    row["wall_s"] = round(time.perf_counter() - t0, 3)
+    row.update(ours_stats(policy))
+    return res, row
+
+
+def compare(prep: Prepared, policies: Sequence[str], loads: Sequence[str], cfg: ClusterConfig,
+            arrivals_mode: str = "poisson", gaps_mode: str = "recorded",
+            on_result: Callable[[str, str, dict], None] | None = None,
+            ours: OursOptions | None = None) -> dict:
+    """Every policy at every load on the same workload, arrivals and gaps; a JSON-able dict."""
+    wl = prep.workload
+    recorded = _recorded_starts(prep)
+    gap_fn = gap_function(wl, prep.profile, gaps_mode, prep.seed)
+    c_kv, sess = saturating_concurrency(prep.source.test, cfg)
+    t_sat = float(critical_path_jct(wl, cfg, cfg.kv_capacity_tokens).mean())
+    sess["isolated_jct_s"] = float(critical_path_jct(wl, cfg).mean())
+    sess["saturated_jct_s"] = t_sat
+    out: dict[str, Any] = {
+        "workload": prep.name, "workload_summary": wl.summary(), "config": cfg.to_dict(),
+        "saturating_sessions": c_kv, "session": sess, "profile_version": prep.profile.version,
+        "arrivals": arrivals_mode, "gaps": gaps_mode, "seed": prep.seed, "notes": prep.notes,
+        "loads": {},
+    }
+    for level in loads:
+        share = parse_load(level)
+        sessions = max(1, int(round(share * c_kv)))
+        rate = share * c_kv / t_sat
+        arr = arrival_times(wl, rate, prep.seed, arrivals_mode, recorded, sessions, t_sat)
+        closed = sessions if arrivals_mode == "closed" else None
+        if sessions * 1.5 > len(wl.workflows):
+            prep.notes.append(f"load {level}: {sessions} sessions for {len(wl.workflows)} workflows; "
+                              "give --workflows ≥ 2× the sessions")
+        rows: dict[str, dict] = {}
+        for name in policies:
+            _, row = simulate(prep, name, cfg, arr, gap_fn, ours, closed)
+            rows[name] = row
+            if on_result is not None:
+                on_result(level, name, row)
+        add_belady_ratio(rows, "belady")
+        if "ours-belady" in rows:
+            ref = rows["ours-belady"]["recomputed_prefill_tokens"]
+            for n, row in rows.items():
+                if n.startswith("ours"):
+                    r = row["recomputed_prefill_tokens"]
+                    row["recompute_vs_ours_belady"] = float(r / ref) if ref else (1.0 if r == 0 else float("inf"))
+        out["loads"][level] = {"load_share": share, "sessions": sessions, "rate_wf_per_s": rate,
+                               "policies": rows}
+    return out
+
+
+def _recorded_starts(prep: Prepared) -> list[float]:
+    first: dict[str, float] = {}
+    for r in prep.source.test:
+        wf = str(r["workflow_id"])
+        t = float(r["t_arrival"])
+        if wf not in first or t < first[wf]:
+            first[wf] = t
+    return sorted(first.values())

@@ -1,0 +1,124 @@
+"""Where a simulation's calls and its profile come from — with no leakage between the two.
+
+* **A log folder** (any format ``profiler fit`` reads): the records are ingested with the store's
+  own validation into an in-memory DuckDB (:func:`load_logs`), then split *by workflow* with the
+  rule of ``profiler split`` (``md5(seed:workflow_id) mod 10 000 < train × 10 000``). The profile
+  is fit on the train side; the replay uses the test side only.
+* **A generated workload** (``coding-assistant``, ``deep-research``): the train logs and the test
+  logs come from ``profiler.workloads.generate`` with *different seeds*, so no replayed workflow
+  was seen by the fit. The spec's per-agent ``system_tokens`` give the shared system prompts.
+
+The profile is fit with the lead's path (``profiler.fitting.fit_profile``) into a folder (a temp
+folder unless ``profile_dir`` is given), and loaded by a ``predictors.Predictor``.
+"""
+from __future__ import annotations
+
+import json
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+#: Built-in generated workloads (command-line names → ``profiler.workloads`` spec names).
+BUILTIN = {"coding-assistant": "coding_assistant", "deep-research": "deep_research",
+           "coding_assistant": "coding_assistant", "deep_research": "deep_research"}
+
+_CALL_SQL = """
+SELECT request_id, workflow_type_id, workflow_id, agent_id, t_arrival, t_first_token, t_finish,
+       input_tokens, output_tokens, parent_request_ids, tool_names, status,
+       TRY_CAST(json_extract(extra, '$.num_workers') AS INTEGER) AS num_workers,
+       TRY_CAST(json_extract(extra, '$.t_last_chunk') AS DOUBLE) AS t_last_chunk
+FROM calls {where} ORDER BY workflow_id, t_arrival, request_id
+"""
+
+
+@dataclass
+class Source:
+    """Train and test records of one workload, and what the replay needs to know about them."""
+
+    name: str
+    train: list[dict]
+    test: list[dict]
+    system_tokens: dict[str, int] = field(default_factory=dict)
+    generated: bool = False
+    notes: list[str] = field(default_factory=list)
+
+
+def _rows_to_records(rows: list[tuple], cols: list[str]) -> list[dict]:
+    out = []
+    for row in rows:
+        rec = dict(zip(cols, row))
+        rec["tool_calls"] = [{"name": n} for n in (rec.pop("tool_names") or [])]
+        if rec.get("parent_request_ids") is None:
+            rec.pop("parent_request_ids", None)
+        for k in ("num_workers", "t_last_chunk", "t_first_token"):
+            if rec.get(k) is None:
+                rec.pop(k, None)
+        out.append(rec)
+    return out
+
+
+def load_logs(paths: Sequence[str | Path], train: float = 0.7, seed: int = 0,
+              progress: bool = False) -> Source:
+    """Ingest log files/folders and split them by workflow (see the module docstring)."""
+    from profiler.ingest import ingest
+    from profiler.store import connect
+
+    con = connect(None)
+    try:
+        report = ingest(con, [str(p) for p in paths], progress=progress)
+        cut = int(round(train * 10000))
+        side = f"(md5_number({int(seed)} || ':' || workflow_id) % 10000 < {cut})"
+        res = {}
+        for name, cond in (("train", side), ("test", f"NOT {side}")):
+            cur = con.execute(_CALL_SQL.format(where=f"WHERE {cond}"))
+            cols = [d[0] for d in cur.description]
+            res[name] = _rows_to_records(cur.fetchall(), cols)
+    finally:
+        con.close()
+    name = ", ".join(Path(p).name or str(p) for p in paths)
+    src = Source(name, res["train"], res["test"])
+    if report.quarantined:
+        src.notes.append(f"{report.quarantined} records quarantined at ingestion (not replayed)")
+    if not src.test:
+        raise ValueError(f"no workflow of {name} fell in the test split (train share {train}); "
+                         "give more workflows or a smaller --train")
+    return src
+
+
+def generated(workload: str, n_train: int, n_test: int, seed: int = 0) -> Source:
+    """Train/test records of a built-in generated workload (different seeds: no leakage)."""
+    from profiler.workloads import generate, load_spec
+
+    spec_name = BUILTIN[workload]
+    spec = load_spec(spec_name)
+    train = list(generate(spec, n_train, seed=seed, with_text=False, arrival_rate=1.0)) if n_train else []
+    test = list(generate(spec, n_test, seed=seed + 1_000_003, with_text=False, arrival_rate=1.0)) if n_test else []
+    sys_tokens = {f"{spec['workflow_type_id']}/{a}": int(v.get("system_tokens", 0))
+                  for a, v in spec["agents"].items()}
+    return Source(workload, train, test, sys_tokens, generated=True)
+
+
+def fit_train_profile(records: list[dict], profile_dir: str | Path | None = None,
+                      progress: bool = False) -> Any:
+    """Fit a profile on ``records`` with ``profiler.fitting.fit_profile``; returns the Profile.
+
+    The records are written to ``<dir>/train/train.jsonl`` first (the fit reads files)."""
+    from profiler.fitting import fit_profile
+
+    root = Path(profile_dir) if profile_dir is not None else Path(tempfile.mkdtemp(prefix="sim-profile-"))
+    logs = root / "train"
+    logs.mkdir(parents=True, exist_ok=True)
+    with open(logs / "train.jsonl", "w", encoding="utf-8") as fh:
+        for rec in records:
+            fh.write(json.dumps(rec, separators=(",", ":"), default=str))
+            fh.write("\n")
+    profile, _ = fit_profile([logs], root / "profile", progress=progress)
+    return profile
+
+
+def make_predictor(profile: Any) -> Any:
+    """A ``predictors.Predictor`` over ``profile`` (a Profile or a profile folder)."""
+    from predictors.predictor import Predictor
+
+    return Predictor(profile)
