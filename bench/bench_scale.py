@@ -141,7 +141,7 @@ def timed_fit(con, options, progress=lambda m: None):
     mark("write profile")
     return data
 f.fit_from_store = timed_fit
-if sys.argv[3] != "none":  # cap DuckDB's memory (it spills to disk past it); default: 80% of RAM
+if sys.argv[3] != "default":  # cap DuckDB's memory (it spills to disk past it); default: the store's (1/4 of RAM)
     connect = f.connect
     def capped(path, read_only=False):
         con = connect(path, read_only)
@@ -160,7 +160,7 @@ CHILD_RAY = r"""
 import json, sys
 from profiler.distributed import fit_with_ray
 timings = {}
-memory = None if sys.argv[4] == "none" else sys.argv[4]
+memory = None if sys.argv[4] == "default" else sys.argv[4]
 profile = fit_with_ray([sys.argv[1]], sys.argv[2], num_cpus=int(sys.argv[3]), task_memory=memory,
                        timings=timings)
 print(json.dumps({"calls": profile.manifest["counts"]["calls"], "phases": timings}))
@@ -203,7 +203,7 @@ def profile_ingest(logs: Path, workdir: Path) -> None:
 
 def run_fit(engine: str, logs: Path, out: Path, cpus: int, memory_limit: str | None) -> dict:
     shutil.rmtree(out, ignore_errors=True)
-    memory = memory_limit or "none"
+    memory = memory_limit or "default"
     if engine == "local":
         cmd = [sys.executable, "-c", CHILD_LOCAL, str(logs), str(out), memory]
     else:
@@ -226,7 +226,8 @@ def main() -> None:
                     help="instead of fitting, time each SQL statement of the ingest (first size only)")
     ap.add_argument("--memory-limit", action="append", metavar="SIZE",
                     help="DuckDB memory limit, e.g. 2GB (local: the store's connection; ray: each task). "
-                         "Repeat to compare; 'none' = DuckDB's default (80%% of RAM). Default: none")
+                         "Repeat to compare; 'default' = the store's default (PROFILER_DUCKDB_MEMORY_LIMIT or "
+                         "a quarter of RAM). Default: default")
     args = ap.parse_args()
     sizes = args.calls or [1_000_000]
     if args.with_10m and 10_000_000 not in sizes:
@@ -239,10 +240,10 @@ def main() -> None:
     for calls in sizes:
         logs = ensure_logs(args.workdir, calls, args.cpus)
         for engine in engines:
-            for memory in args.memory_limit or ["none"]:
+            for memory in args.memory_limit or ["default"]:
                 out = args.workdir / f"profile-{calls}-{engine}"
                 row = {"target_calls": calls, **run_fit(engine, logs, out, args.cpus,
-                                                        None if memory == "none" else memory)}
+                                                        None if memory == "default" else memory)}
                 rows.append(row)
                 print(json.dumps(row), flush=True)
                 if not args.keep:

@@ -124,7 +124,7 @@ def _sql_path(path: Path) -> str:
     return "'" + str(path).replace("'", "''") + "'"
 
 
-def _stage_jsonl_python(con: duckdb.DuckDBPyConnection, path: Path, fmt: str) -> str | None:
+def _stage_jsonl_python(con: duckdb.DuckDBPyConnection, path: Path, fmt: str, table: str) -> str | None:
     """Line-by-line fallback for files DuckDB could not read to the end.
 
     Keeps every line read before the damage; returns a description of the damage (or None).
@@ -142,18 +142,18 @@ def _stage_jsonl_python(con: duckdb.DuckDBPyConnection, path: Path, fmt: str) ->
     if lines:
         df = pd.DataFrame({"file": str(path), "line": range(1, len(lines) + 1), "text": lines})
         con.register("_fallback_lines", df)
-        con.execute("INSERT INTO staging SELECT file, line, text FROM _fallback_lines")
+        con.execute(f"INSERT INTO {table} SELECT file, line, text FROM _fallback_lines")
         con.unregister("_fallback_lines")
     return damage
 
 
-def _stage_file(con: duckdb.DuckDBPyConnection, path: Path, fmt: str) -> str | None:
-    """Append the file's records to ``staging``; returns a whole-file problem or None."""
+def _stage_file(con: duckdb.DuckDBPyConnection, path: Path, fmt: str, table: str = "staging") -> str | None:
+    """Append the file's records to ``table`` (file, line, text); returns a whole-file problem or None."""
     src = _sql_path(path)
     if fmt in ("jsonl", "jsonl.gz"):
         try:
             con.execute(f"""
-                INSERT INTO staging
+                INSERT INTO {table}
                 SELECT {src}, row_number() OVER (), line_text
                 FROM read_csv({src}, columns={{'line_text': 'VARCHAR'}}, header=false, delim='\\x1f',
                               quote='', escape='', auto_detect=false, strict_mode=false,
@@ -161,17 +161,17 @@ def _stage_file(con: duckdb.DuckDBPyConnection, path: Path, fmt: str) -> str | N
             """)
             return None
         except duckdb.Error:
-            con.execute(f"DELETE FROM staging WHERE file = {src}")
-            return _stage_jsonl_python(con, path, fmt)
+            con.execute(f"DELETE FROM {table} WHERE file = {src}")
+            return _stage_jsonl_python(con, path, fmt, table)
     try:
         if fmt == "parquet":
-            con.execute(f"INSERT INTO staging SELECT {src}, row_number() OVER (), to_json(t)::VARCHAR "
+            con.execute(f"INSERT INTO {table} SELECT {src}, row_number() OVER (), to_json(t)::VARCHAR "
                         f"FROM read_parquet({src}) t")
         else:  # csv: first line is the header, so data line n is file line n + 1
-            con.execute(f"INSERT INTO staging SELECT {src}, row_number() OVER () + 1, to_json(t)::VARCHAR "
+            con.execute(f"INSERT INTO {table} SELECT {src}, row_number() OVER () + 1, to_json(t)::VARCHAR "
                         f"FROM read_csv({src}, all_varchar=true, header=true) t")
     except duckdb.Error as exc:
-        con.execute(f"DELETE FROM staging WHERE file = {src}")
+        con.execute(f"DELETE FROM {table} WHERE file = {src}")
         return f"unreadable {fmt} file: {str(exc).splitlines()[0]}"
     return None
 
@@ -212,12 +212,15 @@ def ingest(
                 known.add(digest)
                 if path.stat().st_size == 0:
                     problem = "empty file: no records"
-                else:
-                    problem = _stage_file(con, path, fmt)
+                else:  # staged alone first, so the emptiness check never scans other files
+                    con.execute("CREATE OR REPLACE TEMP TABLE staging_file (file VARCHAR, line BIGINT, text VARCHAR)")
+                    problem = _stage_file(con, path, fmt, "staging_file")
                     if problem is None and not con.execute(
-                            "SELECT 1 FROM staging WHERE file = ? AND trim(text) <> '' LIMIT 1",
-                            [str(path)]).fetchall():
+                            "SELECT 1 FROM staging_file WHERE text IS NOT NULL AND (left(text, 1) NOT IN "
+                            "(' ', '\t', '\r', '') OR trim(text) <> '') LIMIT 1").fetchall():
                         problem = "empty file: no records"
+                    con.execute("INSERT INTO staging SELECT * FROM staging_file")
+                    con.execute("DROP TABLE staging_file")
                 if problem:
                     con.execute("INSERT INTO file_problems VALUES (?, ?)", [str(path), problem])
                 todo.append((path, fmt, digest, fr))

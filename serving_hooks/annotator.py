@@ -20,6 +20,16 @@ from serving_hooks.service import PredictionService
 log = logging.getLogger(__name__)
 
 
+#: Header a load balancer in front of several sidecars hashes on, so that every call of a
+#: workflow reaches the replica holding its session (README "Several sidecars").
+AFFINITY_HEADER = "X-Workflow-Id"
+
+
+def _affinity_header(app_metadata: dict) -> dict[str, str]:
+    wf = app_metadata.get("workflow_id") if isinstance(app_metadata, dict) else None
+    return {AFFINITY_HEADER: str(wf)} if wf is not None else {}
+
+
 class LocalAnnotator:
     """Predictions from a :class:`PredictionService` in this process."""
 
@@ -76,13 +86,15 @@ class SidecarAnnotator:
         payload: dict[str, Any] = {"app_metadata": app_metadata, "request_id": request_id}
         if input_tokens is not None:
             payload["input_tokens"] = input_tokens
-        async with self._http().post("/v1/annotate", json=payload) as r:
+        async with self._http().post("/v1/annotate", json=payload,
+                                     headers=_affinity_header(app_metadata)) as r:
             r.raise_for_status()
             return (await r.json())["sys_annotations"]
 
     async def _post_observe(self, completion: dict) -> None:
         try:
             async with self._http().post("/v1/observe", json=completion,
+                                         headers=_affinity_header(completion.get("app_metadata") or completion),
                                          timeout=aiohttp.ClientTimeout(total=self.observe_timeout_s)) as r:
                 r.raise_for_status()
         except Exception as exc:
