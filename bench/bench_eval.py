@@ -52,7 +52,8 @@ def main() -> None:
         ol, tl = r["output_len"], r["tool_latency"]
         print(f"{name:28} {r['calls']:6d} {ol['coverage']:6.3f} {ol['mean_width']:7.0f} "
               f"{ol['global_band_width']:7.0f} {tl['p95_coverage']:12.3f} {tl['ks_max']:7.3f}")
-    extra = [k for k in next(iter(results.values())) if k in ("next_agent", "path", "remaining_calls", "prompt_composition")]
+    extra = [k for k in ("next_agent", "path", "remaining_calls", "prompt_composition")
+             if any(k in r for r in results.values())]
     for key in extra:
         print(f"\n{key}:")
         for name, r in results.items():

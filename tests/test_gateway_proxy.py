@@ -11,7 +11,6 @@ import httpx
 import pytest
 from openai import OpenAI
 from prometheus_client import CollectorRegistry
-from prometheus_client.parser import text_string_to_metric_families
 
 from profiler import fitting
 from profiler.workloads import generate, write_jsonl
@@ -24,6 +23,7 @@ from serving_hooks.server_thread import serve_in_thread
 from serving_hooks.service import prediction_service
 from serving_hooks.sidecar import create_sidecar_app
 from serving_hooks.upstreams import RoundRobinRouter
+from tests.serving_helpers import metric, wait_for
 
 WT = "coding_assistant"
 META = {"workflow_type_id": WT, "workflow_id": "s-1", "agent_id": "planner"}
@@ -65,25 +65,8 @@ def running_gateway(upstreams, profile_root=None, *, sidecar=None, log_dir=None,
         yield gw
 
 
-def wait_for(condition, timeout: float = 5.0) -> bool:
-    """Poll ``condition`` (work the gateway does after the client has its answer)."""
-    deadline = time.monotonic() + timeout
-    while not condition() and time.monotonic() < deadline:
-        time.sleep(0.01)
-    return condition()
-
-
 def logged(gw) -> float:
     return gw.registry.get_sample_value("profiler_gateway_log_records_total", {"outcome": "written"}) or 0
-
-
-def metric(url: str, name: str, **labels) -> float:
-    """A sample's value from a server's /metrics (0 when absent)."""
-    for family in text_string_to_metric_families(httpx.get(url + "/metrics").text):
-        for sample in family.samples:
-            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
-                return sample.value
-    return 0.0
 
 
 def test_forwarded_body_is_the_clients_bytes_plus_annotations(upstream, profile_root):

@@ -20,6 +20,7 @@ from serving_hooks.server_thread import serve_in_thread
 from serving_hooks.service import prediction_service
 from serving_hooks.shadow import ShadowGate
 from serving_hooks.upstreams import RoundRobinRouter
+from tests.serving_helpers import wait_for
 
 NEW = "triage_bot"
 FLOW = ["intake", "classifier", "responder"]
@@ -48,14 +49,6 @@ def start_gateway(upstream_url, root, log_dir, gate, reload_every_s=2.0):
                  log_writer=GatewayLog(log_dir) if log_dir else None,
                  options=GatewayOptions(), registry=registry, service=service)
     return gw, service, serve_in_thread(create_gateway_app(gw))
-
-
-def wait_for(condition, timeout: float = 5.0) -> bool:
-    """Poll ``condition``: logging and observing happen after the client has its answer."""
-    deadline = time.monotonic() + timeout
-    while not condition() and time.monotonic() < deadline:
-        time.sleep(0.01)
-    return condition()
 
 
 def observed(gw) -> float:

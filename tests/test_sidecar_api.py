@@ -11,7 +11,6 @@ import time
 import httpx
 import pytest
 from prometheus_client import CollectorRegistry
-from prometheus_client.parser import text_string_to_metric_families
 
 from profiler import fitting
 from profiler.profile_artifact import current_version, load_profile, write_profile
@@ -19,6 +18,7 @@ from profiler.workloads import generate, write_jsonl
 from serving_hooks.server_thread import serve_in_thread
 from serving_hooks.service import prediction_service
 from serving_hooks.sidecar import create_sidecar_app
+from tests.serving_helpers import metric
 
 WT = "coding_assistant"
 
@@ -41,14 +41,6 @@ def start_sidecar(profile, **kwargs):
                                  reload_every_s=kwargs.pop("reload_every_s", 2.0))
     app = create_sidecar_app(service, registry=registry, **kwargs)
     return serve_in_thread(app), service
-
-
-def metric(url: str, name: str, **labels) -> float:
-    for family in text_string_to_metric_families(httpx.get(url + "/metrics").text):
-        for sample in family.samples:
-            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
-                return sample.value
-    return 0.0
 
 
 def test_annotate_observe_profile_health_metrics(profile_root):
