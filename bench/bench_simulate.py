@@ -3,20 +3,24 @@
 For the generated coding-assistant and deep-research workloads and for the bundled SWE-agent
 traces, at the low, medium and peak loads, it replays the same arrivals under every policy
 (``sglang-default``, ``least-load``, ``autellix-plas``, ``continuum-ttl``, ``mori-idleness``,
-``belady``, ``ours``) and the ablation of ours (each part switched off, ``ours-sticky``,
-``ours-belady``), and prints:
+``belady``, the clairvoyant ``oracle-srpt`` reference, ``ours``) and the ablation of ours (each
+part switched off or put back to its earlier rule, ``ours-sticky``, ``ours-belady``), and prints:
 
 * one Markdown table per workload and load (the README quotes them);
 * the headline figures against the issue's targets: avg-JCT ratio ours / sglang-default at peak
   on the coding workload (target ≥ 2×), ours vs ``autellix-plas`` and ``continuum-ttl``, and
-  ours' recomputed prefill over Bélády's (target ≤ 1.3×);
+  ours' recomputed prefill over Bélády's (target ≤ 1.3×); and what the clairvoyant queue order
+  (``oracle-srpt``) reaches against ``sglang-default``, the ceiling of any scheduling;
 * the wall time of each comparison.
 
 It also writes ``<out>/<workload>.json`` (the ``profiler simulate --json`` object), ``<out>/*.md``
-and ``<out>/jct_vs_load.png``.
+and ``<out>/jct_vs_load.png``. With ``--arrival-seeds 1,2,3`` it replays the peak load again with
+those arrival sequences (same workflows, same rate) under the main policies and prints the
+mean avg JCT per policy: how much of a difference between two policies is the arrival draw.
 
     python bench/bench_simulate.py                    # all three workloads, default cluster
     python bench/bench_simulate.py --only coding-assistant --replicas 2
+    python bench/bench_simulate.py --arrival-seeds 1,2,3     # + the robustness check at peak
 """
 from __future__ import annotations
 
@@ -27,7 +31,7 @@ from pathlib import Path
 
 from simulator.config import ClusterConfig
 from simulator.report import markdown, plot_jct_vs_load
-from simulator.runner import ALL_POLICIES, compare, parse_load, prepare
+from simulator.runner import ALL_POLICIES, MAIN_POLICIES, compare, parse_load, prepare
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKLOADS = {
@@ -55,6 +59,11 @@ def headline(name: str, result: dict) -> list[str]:
                  f"continuum-ttl/ours {ratio('continuum-ttl')}; P95 sglang-default/ours "
                  f"{rows['sglang-default']['p95_jct_s'] / ours['p95_jct_s']:.2f}×"
                  if "sglang-default" in rows else f"{name} @ peak: ours {ours['avg_jct_s']:.1f}s")
+    if "oracle-srpt" in rows and "sglang-default" in rows:
+        lines.append(f"{name} @ peak: oracle-srpt (clairvoyant order) {rows['oracle-srpt']['avg_jct_s']:.1f}s; "
+                     f"sglang-default/oracle-srpt "
+                     f"{rows['sglang-default']['avg_jct_s'] / rows['oracle-srpt']['avg_jct_s']:.2f}×, "
+                     f"ours/oracle-srpt {ours['avg_jct_s'] / rows['oracle-srpt']['avg_jct_s']:.2f}×")
     rb = ours.get("recompute_vs_belady")
     rob = ours.get("recompute_vs_ours_belady")
     lines.append(f"{name} @ peak: recomputed prefill ours {ours['recomputed_prefill_tokens']:,} tokens; "
@@ -71,7 +80,10 @@ def main() -> None:
     ap.add_argument("--replicas", type=int, default=4)
     ap.add_argument("--kv-capacity-tokens", type=int, default=500_000)
     ap.add_argument("--workflows", type=int, default=None)
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seed", type=int, default=0,
+                    help="seed of the split, generation and arrivals (one replay per seed)")
+    ap.add_argument("--arrival-seeds", default="",
+                    help="also replay the peak load with these arrival seeds (main policies)")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     cfg = ClusterConfig(replicas=args.replicas, kv_capacity_tokens=args.kv_capacity_tokens)
@@ -99,6 +111,21 @@ def main() -> None:
         print(md)
         summary += headline(name, res)
         results.append(res)
+        seeds = [int(x) for x in args.arrival_seeds.split(",") if x.strip()]
+        if seeds:
+            peak = max(levels, key=parse_load)
+            per: dict[str, list[float]] = {}
+            for seed in seeds:
+                again = compare(prep, list(MAIN_POLICIES), [peak], cfg, arrival_seed=seed)
+                for pol, row in again["loads"][peak]["policies"].items():
+                    per.setdefault(pol, []).append(row["avg_jct_s"])
+            res["arrival_seeds"] = {"seeds": seeds, "load": peak, "avg_jct_s": per}
+            (args.out / f"{name}.json").write_text(json.dumps(res, indent=1, default=float))
+            base = sum(per["sglang-default"]) / len(seeds)
+            print(f"\n{name} @ {peak}, arrival seeds {seeds}: avg JCT per seed (mean; × vs sglang-default)")
+            for pol, vals in per.items():
+                m = sum(vals) / len(vals)
+                print(f"  {pol:16s} " + " ".join(f"{v:8.1f}" for v in vals) + f"   mean {m:8.1f}  {base / m:.2f}×")
     plot_jct_vs_load(results, args.out / "jct_vs_load.png")
     print("\n".join(["", "## headline (targets: ≥ 2× vs sglang-default at peak on coding; ahead "
                      "of autellix-plas and continuum-ttl; recomputed prefill ≤ 1.3× Bélády)"] + summary))

@@ -19,6 +19,22 @@ part of the workflows; on a second part the conformity scores
 E = max(q̂_lo(x) − y, y − q̂_hi(x)) give the correction Q = the ⌈(n+1)(1−α)⌉-th smallest E, and
 the band is [q̂_lo(x) − Q, q̂_hi(x) + Q]. On a third part it is compared with the marginal band:
 it is kept only when it is narrower on average at (at least) the same empirical coverage.
+
+**One-sided upper bounds at any risk α (for capacity planning).** A router that checks a
+union bound over n requests needs each request's bound at a risk that fits its budget, e.g.
+α_i = ε / n, so one fixed quantile is not enough. Every fitted band therefore also stores
+
+* ``log_mu``, ``log_sigma`` — mean and standard deviation (ddof 1) of ln(max(y, 1));
+* ``upper`` — a table ``{α: U(α)}`` over :data:`UPPER_ALPHAS` (0.2 … 1e-5), where U(α) is the
+  *one-sided* (1 − α) prediction bound of a new length: the split-conformal order statistic at
+  rank ⌈(n+1)(1−α)⌉ when it exists (P(y_new ≤ y_(k)) ≥ 1 − α for exchangeable data), else the
+  lognormal one-sided prediction bound exp(μ̂ + t_{n−1, 1−α} · σ̂ · √(1 + 1/n)).
+
+:meth:`OutputLengthIntervals.upper_bound` reads U(α) for any α: the table entry of the largest
+tabulated α ≤ α (a step function, never below the exact bound at α), and below the smallest
+tabulated α the lognormal formula. A profile written before these fields existed is served from
+the agent's ``mean`` and ``cv`` (lognormal with σ² = ln(1 + cv²), μ = ln(mean) − σ²/2), and
+without those from the band's ``hi`` (valid at α = (1 − coverage)/2 and above).
 """
 from __future__ import annotations
 
@@ -36,6 +52,8 @@ from sklearn.model_selection import GroupShuffleSplit
 
 #: Features of the conditional model, in order.
 COND_FEATURES = ("has_prev", "prev_agent_output_tokens", "input_tokens", "agent_call_index")
+#: Risks α at which every band tabulates its one-sided upper bound U(α) (``band["upper"]``).
+UPPER_ALPHAS = (0.2, 0.1, 0.05, 0.02, 0.01, 0.005, 0.002, 0.001, 5e-4, 2e-4, 1e-4, 5e-5, 2e-5, 1e-5)
 
 
 def conformal_band(y: np.ndarray, coverage: float) -> tuple[int, int, bool]:
@@ -61,6 +79,50 @@ def lognormal_band(y: np.ndarray, coverage: float) -> tuple[int, int]:
     t = stats.t.ppf(1 - (1 - coverage) / 2, df=n - 1)
     half = t * z.std(ddof=1) * math.sqrt(1 + 1 / n)
     return int(math.floor(math.exp(z.mean() - half))), int(math.ceil(math.exp(z.mean() + half)))
+
+
+def log_moments(y: np.ndarray) -> tuple[float, float]:
+    """(μ̂, σ̂): mean and standard deviation (ddof 1; 0 for n < 2) of ln(max(y, 1))."""
+    z = np.log(np.maximum(np.asarray(y, dtype=float), 1.0))
+    if len(z) == 0:
+        return 0.0, 0.0
+    return float(z.mean()), float(z.std(ddof=1)) if len(z) > 1 else 0.0
+
+
+def lognormal_upper(mu: float, sigma: float, n: int, alpha: float) -> float:
+    """One-sided (1 − α) lognormal prediction bound exp(μ + q·σ·√(1 + 1/n)), with q the
+    Student-t quantile t_{n−1, 1−α} (the normal one when n is unknown or tiny)."""
+    q = stats.t.isf(alpha, df=n - 1) if n >= 3 else stats.norm.isf(alpha)
+    return math.exp(mu + q * max(sigma, 0.0) * math.sqrt(1 + 1 / max(n, 1)))
+
+
+def upper_prediction_bound(y: np.ndarray, alpha: float, mu: float | None = None,
+                           sigma: float | None = None) -> int:
+    """U(α): one-sided (1 − α) prediction bound of a new value of ``y`` (see the module doc).
+
+    The conformal order statistic at rank ⌈(n+1)(1−α)⌉ when n is large enough, else the
+    lognormal bound (``mu``/``sigma`` of the log lengths, computed when not given).
+    """
+    y = np.sort(np.asarray(y, dtype=float))
+    n = len(y)
+    k = math.ceil((n + 1) * (1 - alpha))
+    if 1 <= k <= n:
+        return int(math.ceil(y[k - 1]))
+    if mu is None or sigma is None:
+        mu, sigma = log_moments(y)
+    return int(math.ceil(lognormal_upper(mu, sigma, n, alpha)))
+
+
+def upper_table(y: np.ndarray, alphas=UPPER_ALPHAS) -> dict[str, int]:
+    """``{str(α): U(α)}`` over ``alphas``, made non-decreasing as α shrinks (the lognormal
+    extrapolation may start below the last exact order statistic)."""
+    mu, sigma = log_moments(y)
+    out: dict[str, int] = {}
+    prev = 0
+    for a in sorted(alphas, reverse=True):
+        prev = max(prev, upper_prediction_bound(y, a, mu, sigma))
+        out[repr(float(a))] = prev
+    return out
 
 
 def _features(df: pd.DataFrame) -> np.ndarray:
@@ -118,7 +180,9 @@ class OutputLengthIntervals(BaseEstimator):
         if not exact and len(y) >= 3:
             lo, hi = lognormal_band(y, self.coverage)
             method = "lognormal"
-        return {"lo": lo, "hi": hi, "n": int(len(y)), "exact": exact, "method": method}
+        mu, sigma = log_moments(y)
+        return {"lo": lo, "hi": hi, "n": int(len(y)), "exact": exact, "method": method,
+                "log_mu": mu, "log_sigma": sigma, "upper": upper_table(y)}
 
     def fit(self, calls: pd.DataFrame) -> "OutputLengthIntervals":
         """``calls``: one row per call with workflow_type_id, workflow_id, agent_id,
@@ -223,6 +287,22 @@ class OutputLengthIntervals(BaseEstimator):
             return int(lo[0]), int(hi[0]), "conditional"
         return int(band["lo"]), int(band["hi"]), level
 
+    def upper_bound(self, workflow_type_id: str, agent_id: str, alpha: float) -> int:
+        """U(α): the (1 − α) one-sided upper bound of this agent's next output length.
+
+        From the band that serves the agent (:meth:`lookup`); see the module docstring for the
+        table, the lognormal tail below it, and the fallbacks for older profiles.
+        """
+        band, _ = self.lookup(workflow_type_id, agent_id)
+        return band_upper_bound(band, alpha, self.coverage)
+
+    def upper_bounds(self, workflow_type_id: str, agent_id: str,
+                     alphas=UPPER_ALPHAS) -> tuple[tuple[float, int], ...]:
+        """``((α, U(α)), …)`` over ``alphas``, largest α first: the table a router interpolates."""
+        band, _ = self.lookup(workflow_type_id, agent_id)
+        return tuple((float(a), band_upper_bound(band, a, self.coverage))
+                     for a in sorted(alphas, reverse=True))
+
     def predict(self, calls: pd.DataFrame) -> np.ndarray:
         """Bands for every row of ``calls`` (same columns as ``fit``): array of shape (n, 2)."""
         out = np.zeros((len(calls), 2))
@@ -251,3 +331,25 @@ class OutputLengthIntervals(BaseEstimator):
         est.n_conditional_ = sum(1 for agents in est.agents_.values()
                                  for b in agents.values() if b.get("conditional"))
         return est
+
+
+def band_upper_bound(band: Mapping[str, Any], alpha: float, coverage: float | None = None) -> int:
+    """U(α) from one fitted band entry (see the module docstring)."""
+    if not 0.0 < alpha < 1.0:
+        raise ValueError(f"alpha must be in (0, 1), got {alpha}")
+    table = band.get("upper")
+    n = int(band.get("n") or 0)
+    if table:
+        pairs = sorted(((float(a), int(v)) for a, v in table.items()), reverse=True)
+        usable = [v for a, v in pairs if a <= alpha]
+        if usable:
+            return usable[0]
+        if band.get("log_mu") is not None and band.get("log_sigma") is not None:
+            return max(pairs[-1][1], int(math.ceil(lognormal_upper(
+                float(band["log_mu"]), float(band["log_sigma"]), n, alpha))))
+        return pairs[-1][1]
+    mean, cv = band.get("mean"), band.get("cv")
+    if mean and cv is not None and mean > 0:
+        s2 = math.log1p(float(cv) ** 2)
+        return int(math.ceil(lognormal_upper(math.log(float(mean)) - s2 / 2, math.sqrt(s2), n, alpha)))
+    return int(band["hi"])

@@ -24,10 +24,13 @@ Annotation (``known: true``), a superset of DESIGN.md's listing::
 
     {"profile_version", "known": true, "workflow_type_id", "workflow_id", "agent_id",
      "predicted_output_len": [lo, hi], "output_len_coverage", "output_len_level",
+     "output_len_mean",       # the agent's mean output length (tokens)
+     "output_len_upper",      # [[α, U(α)], …]: one-sided (1 − α) upper bounds, largest α first
+     "session_age_s",         # seconds since the session's first call (workflow-level aging)
      "tool_latency": {tool: {"mu", "sigma", "p50_s", "p95_s", "ttl_s"}},   # by frequency
      "retain_s",              # keep-alive TTL (SAGA) of the most frequent tool, when it has one
      "next_agents", "predicted_path_regex", "expected_remaining_calls", "expected_remaining_s",
-     "expected_distance", "prompt_composition",    # when the profile has the workflow automaton
+     "expected_distance", "p_end", "prompt_composition",  # when the profile has the automaton
      "priority"}                                   # when a priority policy is configured
 """
 from __future__ import annotations
@@ -82,8 +85,9 @@ class _PolicyPriority:
     view: Any
 
     def __call__(self, annotation: dict, app_metadata: Mapping) -> int:
-        return self.policy.to_sglang(self.policy.score_view(
-            self.view.from_sys_annotations(annotation, app_metadata)))
+        view = self.view.from_sys_annotations(annotation, app_metadata)
+        return self.policy.to_sglang(self.policy.session_score(
+            self.policy.score_view(view), view.session_age_s))
 
 
 @dataclass
@@ -94,6 +98,8 @@ class _AgentEntry:
     tool_latency: dict[str, dict]
     static_band: tuple[int, int, str] | None   # None: the conditional model needs features
     retain_s: float | None = None              # keep-alive TTL of the agent's most frequent tool
+    upper_bounds: tuple = ()                   # ((α, U(α)), …) one-sided output bounds
+    mean_output: float | None = None           # mean output tokens of the agent
 
 
 class CompiledProfile:
@@ -148,8 +154,14 @@ class CompiledProfile:
         calls = int(stats.get("calls") or (self.bands.agents_.get(wt, {}).get(agent, {}).get("n", 0)
                                            if self.bands is not None else 0))
         first = next(iter(tools.values()), {})
+        upper: tuple = ()
+        mean_out = None
+        if self.bands is not None:
+            upper = tuple([a, u] for a, u in self.bands.upper_bounds(wt, agent))
+            mean_out = (self.bands.agents_.get(wt, {}).get(agent) or {}).get("mean")
         return _AgentEntry(calls=calls, tool_latency=tools, static_band=static,
-                           retain_s=first.get("ttl_s", first.get("p95_s")))
+                           retain_s=first.get("ttl_s", first.get("p95_s")),
+                           upper_bounds=upper, mean_output=mean_out)
 
     def band(self, wt: str, agent: str, entry: _AgentEntry, features: Mapping) -> tuple[int, int, str] | None:
         if entry.static_band is not None:
@@ -173,6 +185,7 @@ class _Session:
     recent: deque = field(default_factory=lambda: deque(maxlen=8))
     last_finish: float | None = None
     truncated: bool = False
+    started_at: float | None = None        # clock of the session's first call
 
 
 class Predictor:
@@ -259,7 +272,7 @@ class Predictor:
         if s is not None and now - s.last_seen > self.session_idle_s:
             s = None  # idle too long: a new execution under a reused id starts fresh
         if s is None:
-            s = _Session(wt, wf, now, recent=deque(maxlen=self.recent_outputs))
+            s = _Session(wt, wf, now, recent=deque(maxlen=self.recent_outputs), started_at=now)
             self._sessions[key] = s
         else:
             self._sessions.move_to_end(key)
@@ -352,6 +365,8 @@ class Predictor:
             first_time = request_id is None or request_id not in s.pending
             if advance and first_time:
                 self._advance(m, s, agent)
+            issued_at = now if first_time else s.pending[request_id][2]
+            session_age = max(0.0, issued_at - (s.started_at if s.started_at is not None else issued_at))
             if m is None:
                 return self._unknown(base, "no_profile")
             state = self._path_state(m, s)
@@ -365,8 +380,8 @@ class Predictor:
                     band = m.band(wt, agent, entry, features)
                 except Exception as exc:  # a broken estimator entry must not fail the request
                     log.warning("output band for %s/%s failed: %s", wt, agent, exc)
-            if request_id is not None and advance:
-                s.pending[request_id] = (agent, band)
+            if request_id is not None and advance and first_time:
+                s.pending[request_id] = (agent, band, issued_at)
                 if len(s.pending) > 64:
                     s.pending.popitem(last=False)
         if wt not in m.workflow_type_calls:
@@ -388,6 +403,11 @@ class Predictor:
         ann["predicted_output_len"] = [band[0], band[1]]
         ann["output_len_coverage"] = m.coverage
         ann["output_len_level"] = band[2]
+        if entry.mean_output is not None:
+            ann["output_len_mean"] = entry.mean_output
+        if entry.upper_bounds:
+            ann["output_len_upper"] = [list(p) for p in entry.upper_bounds]
+        ann["session_age_s"] = session_age
         ann["tool_latency"] = dict(entry.tool_latency)
         if entry.retain_s is not None:
             ann["retain_s"] = entry.retain_s
@@ -408,6 +428,8 @@ class Predictor:
         ann["expected_remaining_calls"] = est.get("expected_remaining_calls")
         ann["expected_remaining_s"] = est.get("expected_remaining_s")
         ann["expected_distance"] = dict(est.get("expected_distance") or {})
+        if est.get("p_end") is not None:
+            ann["p_end"] = est.get("p_end")
         templates = getattr(paths, "prompt_templates", None) or {}
         if templates and self.prompt_composition_agents > 0:
             chosen = {}

@@ -24,7 +24,7 @@ from typing import Any
 #: Keys of the flat ``custom_params`` dict, in order (CONTRACTS §5). Missing values are None.
 CUSTOM_PARAM_KEYS = ("wf_type", "wf_id", "agent", "known", "pred_out_lo", "pred_out_hi", "priority",
                      "exp_remaining_calls", "exp_remaining_s", "next_agent", "next_agent_p",
-                     "tool_p95_s", "retain_s", "profile_version")
+                     "tool_p95_s", "retain_s", "profile_version", "p_end", "session_age_s")
 
 
 def find_app_metadata(body: Any) -> tuple[dict | None, str | None]:
@@ -53,7 +53,10 @@ def flatten_for_sglang(sys_annotations: dict, app_metadata: dict | None = None) 
     (``workflow_type_id``, ``workflow_id``, ``agent_id``), else from ``app_metadata``.
     ``tool_p95_s`` is the p95 of the agent's most frequent tool (the first entry of
     ``tool_latency``, which the predictor orders by frequency); ``retain_s`` is the predictor's
-    keep-alive TTL hint for that tool (the profile's ``ttl_s``), which the keep/drop policy bounds. Every key of :data:`CUSTOM_PARAM_KEYS` is present (None = unknown).
+    keep-alive TTL hint for that tool (the profile's ``ttl_s``), which the keep/drop policy bounds;
+    ``p_end`` (probability no call follows, from the automaton) drives early drops and
+    ``session_age_s`` the workflow-level aging of the priority in the scheduler. Every key of
+    :data:`CUSTOM_PARAM_KEYS` is present (None = unknown).
     """
     ann = sys_annotations or {}
     meta = app_metadata or {}
@@ -76,6 +79,8 @@ def flatten_for_sglang(sys_annotations: dict, app_metadata: dict | None = None) 
         "tool_p95_s": first_tool.get("p95_s") if isinstance(first_tool, dict) else None,
         "retain_s": ann.get("retain_s"),
         "profile_version": ann.get("profile_version"),
+        "p_end": ann.get("p_end"),
+        "session_age_s": ann.get("session_age_s"),
     }
     for key in ("wf_type", "wf_id", "agent"):
         if flat[key] is not None and not isinstance(flat[key], str):

@@ -19,8 +19,10 @@ How the choice is made
   ``α`` (the chance the output runs past ``hi``), and when each was sent: a request sent
   after the last poll cannot be in the worker's count yet, so its bound is added to it.
 * With a fresh load report from every worker it asks :class:`CapacityPolicy` (Pythia alg. 2,
-  union bound) for the safe worker with the largest headroom, preferring the session's last
-  worker on near-ties; if no worker is safe it takes the least-loaded one and counts a
+  union bound): the session's last worker when it is safe, else the safe worker with the
+  largest expected headroom — a session moves only when the wait it saves exceeds rebuilding
+  its prefix, judged with each worker's drain rate (bound tokens of the requests that finished
+  there over the last ``drain_window_s``); if no worker is safe it counts a
   ``fallback_least_loaded`` decision.
 * If any worker's report is missing or stale (no ``/v1/loads``, an error, a timeout), it
   falls back to round robin over all workers and counts ``round_robin`` decisions.
@@ -37,7 +39,7 @@ import itertools
 import logging
 import threading
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -117,6 +119,8 @@ class CapacityRouter:
         Monotonic clock (seconds); injectable for tests and the simulator.
     max_sessions:
         How many sessions' last worker to remember (LRU).
+    drain_window_s:
+        Window over which each worker's drain rate (released tokens per second) is measured.
     """
 
     def __init__(
@@ -129,6 +133,7 @@ class CapacityRouter:
         clock: Callable[[], float] = time.monotonic,
         max_sessions: int = 100_000,
         loads_path: str = "/v1/loads",
+        drain_window_s: float = 60.0,
     ) -> None:
         if not workers:
             raise ValueError("CapacityRouter needs at least one worker URL")
@@ -145,6 +150,8 @@ class CapacityRouter:
         # request id -> (worker, time sent, request with its bound)
         self._inflight: dict[str, tuple[str, float, ActiveRequest]] = {}
         self._last_worker: OrderedDict[str, str] = OrderedDict()
+        self.drain_window_s = drain_window_s
+        self._released: dict[str, deque] = {w: deque() for w in self.workers}   # (t, tokens)
         self._rr = itertools.count()
         self._counters: dict[str, int] = {
             "capacity": 0,
@@ -167,9 +174,11 @@ class CapacityRouter:
         alpha: float | None = None,
         request_id: str | None = None,
         expected_out: float | None = None,
+        upper_bounds: tuple = (),
     ) -> str:
         """URL of the worker for a new request (see :meth:`decide`)."""
-        return self.decide(session_id, input_tokens, predicted_hi, alpha, request_id, expected_out).worker
+        return self.decide(session_id, input_tokens, predicted_hi, alpha, request_id, expected_out,
+                           upper_bounds).worker
 
     def decide(
         self,
@@ -179,11 +188,13 @@ class CapacityRouter:
         alpha: float | None = None,
         request_id: str | None = None,
         expected_out: float | None = None,
+        upper_bounds: tuple = (),
     ) -> RouteDecision:
         """Route one request; reserve its bound when ``request_id`` is given.
 
         A request without a prediction (``predicted_hi`` None) is counted with ``hi = 0`` and
-        the policy's default ``α``.
+        the policy's default ``α``; ``upper_bounds`` (``((α, U(α)), …)``, the annotation's
+        ``output_len_upper``) lets it share the worker's risk budget instead.
         """
         hi = int(predicted_hi or 0)
         now = self.clock()
@@ -195,7 +206,8 @@ class CapacityRouter:
             else:
                 last = self._last_worker.get(session_id) if session_id else None
                 placement = self.policy.choose(
-                    states, int(input_tokens), hi, alpha, expected_out, last_replica=last
+                    states, int(input_tokens), hi, alpha, expected_out, last_replica=last,
+                    upper_bounds=tuple(upper_bounds),
                 )
                 mode = "fallback_least_loaded" if placement.fallback else "capacity"
                 decision = RouteDecision(placement.replica, mode, placement)
@@ -203,7 +215,8 @@ class CapacityRouter:
                     self._counters["affinity"] += 1
             self._counters[decision.mode] += 1
             if request_id is not None:
-                self._start_locked(request_id, decision.worker, int(input_tokens), hi, alpha, session_id)
+                self._start_locked(request_id, decision.worker, int(input_tokens), hi, alpha, session_id,
+                                   tuple(upper_bounds), expected_out)
         return decision
 
     def _replica_states(self, now: float) -> list[ReplicaState] | None:
@@ -223,9 +236,17 @@ class CapacityRouter:
                     tuple(r for _, r in per[w]),
                     load.reported_tokens,
                     unreported,
+                    self._drain_locked(w, now),
                 )
             )
         return states
+
+    def _drain_locked(self, worker: str, now: float) -> float | None:
+        """Bound tokens per second of the requests that finished on ``worker`` lately."""
+        q = self._released.setdefault(worker, deque())
+        while q and q[0][0] < now - self.drain_window_s:
+            q.popleft()
+        return sum(t for _, t in q) / self.drain_window_s if q else None
 
     # -------------------------------------------------------------- in-flight
     def on_start(
@@ -241,12 +262,13 @@ class CapacityRouter:
         with self._lock:
             self._start_locked(request_id, worker.rstrip("/"), int(input_tokens), int(predicted_hi or 0), alpha, session_id)
 
-    def _start_locked(self, request_id, worker, input_tokens, hi, alpha, session_id) -> None:
+    def _start_locked(self, request_id, worker, input_tokens, hi, alpha, session_id,
+                      upper_bounds=(), expected_out=None) -> None:
         a = self.policy.default_alpha if alpha is None else float(alpha)
         self._inflight[request_id] = (
             worker,
             self.clock(),
-            ActiveRequest(request_id, input_tokens, hi, a, session_id),
+            ActiveRequest(request_id, input_tokens, hi, a, session_id, upper_bounds, expected_out),
         )
         if session_id:
             self._last_worker[session_id] = worker
@@ -255,9 +277,13 @@ class CapacityRouter:
                 self._last_worker.popitem(last=False)
 
     def on_finish(self, request_id: str) -> None:
-        """Forget a finished (or failed) request; unknown ids are ignored."""
+        """Forget a finished (or failed) request (its bound counts toward its worker's drain
+        rate); unknown ids are ignored."""
         with self._lock:
-            self._inflight.pop(request_id, None)
+            done = self._inflight.pop(request_id, None)
+            if done is not None:
+                worker, _, req = done
+                self._released.setdefault(worker, deque()).append((self.clock(), req.expected_tokens))
 
     # ------------------------------------------------------------------ views
     def inflight(self) -> dict[str, int]:

@@ -16,7 +16,10 @@ or think time, recorded or sampled). Fan-out siblings share parents and so are i
    loaded back over PCIe (the call waits ``tokens × pcie_s_per_token`` before its prefill), and
    missing segments are recomputed. The first call that does not fit stops admission (no
    skipping), unless the scheduler is *preemptive* and running calls with a worse key can make
-   room.
+   room. When the running set is full (``max_running_requests``), a scheduler with
+   ``slot_preemption`` (SGLang's priority scheduling) preempts the lowest-priority running call
+   the first waiting call outranks by more than its threshold (recompute), as SGLang's
+   ``preempt_to_schedule`` does; otherwise admission stops.
 2. *an iteration* — up to ``chunked_prefill_size`` prefill tokens (admission order) plus one decode
    token per decoding call; its time is the calibrated step model. A call whose prefill completes
    emits its first token at the end of that iteration. When the batch is decode-only, the ``k``
@@ -398,8 +401,12 @@ class Simulator:
         chunk = cfg.chunked_prefill_size
         backlog = sum(q.prefill_left for q in rep.running if q.state != DONE)
         reserve = self._reserve(rep)
-        while rep.waiting and backlog < chunk and len(rep.running) < cfg.max_running_requests:
+        while rep.waiting and backlog < chunk:
             req = rep.waiting[0]
+            if len(rep.running) >= cfg.max_running_requests:
+                if not (sched.slot_preemption and self._preempt_for_slot(rep, req)):
+                    break
+                reserve = self._reserve(rep)     # the victim went to the end of the queue
             ok = self._try_admit(rep, req, reserve)
             if not ok and sched.preemptive:
                 rank = sched.preempt_rank(req)
@@ -423,6 +430,18 @@ class Simulator:
             rep.waiting.pop(0)
             backlog += req.prefill_left
             reserve += int(cfg.new_token_ratio * max(cfg.new_token_clip - req.decoded, 0))
+
+    def _preempt_for_slot(self, rep: Replica, req: Request) -> bool:
+        """SGLang's priority preemption with a full running set: the running call of the lowest
+        priority (newest first among equals) that ``req`` outranks by more than the scheduler's
+        threshold is preempted (recompute) to free its slot; False when there is none."""
+        sched = self.policy.scheduler
+        victims = [q for q in rep.running if q.state != DONE and sched.may_preempt(req, q)]
+        if not victims:
+            return False
+        self.preempt(rep, max(victims, key=sched.victim_key), swap=sched.swap_on_preempt)
+        self.counters["slot_preemptions"] = self.counters.get("slot_preemptions", 0) + 1
+        return True
 
     def _ensure_decode_memory(self, rep: Replica, steps: int) -> int:
         """Make room for one token per running call for up to ``steps`` iterations, evicting and

@@ -9,28 +9,43 @@ part                object                                applied as
 prediction feed     ``predictors.Predictor``              ``annotate`` when a call is issued,
                     (profile fit on the *train* split)    ``observe`` when it finishes (clock =
                                                           simulated time) → ``CallView``
-priority            ``PriorityPolicy`` (alg. 3)           queue key = SGLang integer priority of
-                                                          the aged score (bigger first), FCFS ties
+priority            ``PriorityPolicy`` (alg. 3)           per *workflow*: the session's latest
+                                                          base score, aged from the workflow's
+                                                          start; queue key = SGLang's integer
+                                                          priority (bigger first), FCFS ties;
+                                                          SGLang's priority preemption when the
+                                                          running set is full; retraction of the
+                                                          lowest priority when KV runs out
 capacity routing    ``CapacityPolicy`` (alg. 2)           ``choose`` over the replicas' in-flight
-                                                          requests (input + predicted upper bound,
-                                                          α = 1 − band coverage); tie → the
-                                                          session's last replica
+                                                          requests, each with its table of output
+                                                          bounds U(α) (the risk ε is split over a
+                                                          replica's requests); the session's last
+                                                          replica when safe
 keep/drop           ``KeepDropPolicy`` (alg. 1 + SAGA)    at completion a ``Retention`` per session;
                                                           eviction order ``(rank at now, LRU)``
                                                           on both tiers; dropped sessions are not
                                                           written to the host tier
 prefetch            ``PrefetchPolicy`` (alg. 1)           a plan per call; when due, the session's
-                                                          prefix is staged into host memory (copied
-                                                          from the GPU, or refreshed in host LRU)
+                                                          prefix is staged into host memory, only
+                                                          into free host space or over dropped
+                                                          prefixes (``may_stage``)
 ==================  ====================================  ========================================
 
 Each part can be switched off for an ablation (:func:`build_ours`); the part then falls back to
 what ``sglang-default`` does (FCFS, round robin, LRU, no prefetch). ``ours-sticky`` replaces only
 the capacity router by the session-affinity router the cache-centric baselines use, and
 ``ours-belady`` only the eviction order by Bélády's MIN (the bound for our keep/drop).
+``ours-call-aging`` and ``ours-p99`` put back the earlier rules (aging from each call's enqueue
+time at 0.05 /s; one fixed p99.5 bound per request) to measure what the current ones buy.
+
+The idle-downstream term of alg. 3 needs a model other than the one serving the call: the
+simulated cluster serves every agent with one model (:data:`MODEL`), whose own queue is the one
+being ordered, so that term is inactive here (it would add the same constant to every call
+but the last of each workflow, against shortest-remaining-work-first).
 """
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -61,6 +76,8 @@ class PredictionFeed(Part):
     def __init__(self, predictor: Any) -> None:
         self.predictor = predictor
         self.global_hi = 4096
+        self.coverage = 0.99
+        self._tables: dict[tuple, tuple] = {}
 
     def bind(self, sim) -> None:
         super().bind(sim)
@@ -97,66 +114,160 @@ class PredictionFeed(Part):
         v = self.view(req)
         return int(v.pred_out_hi) if v.known and v.pred_out_hi is not None else self.global_hi
 
+    def expected_out(self, req) -> float:
+        """The agent's mean output (the band's midpoint when the profile has no mean)."""
+        v = self.view(req)
+        if v.known and v.pred_out_mean is not None:
+            return float(v.pred_out_mean)
+        hi = self.upper_bound(req)
+        lo = v.pred_out_lo if v.known and v.pred_out_lo is not None else hi / 2
+        return (lo + hi) / 2
+
+    def bound_table(self, req) -> tuple:
+        """The call's ``((α, U(α)), …)`` table, one shared object per distinct table."""
+        v = self.view(req)
+        if not v.known or not v.upper_bounds:
+            return ()
+        return self._tables.setdefault(v.upper_bounds, v.upper_bounds)
+
 
 class CapacityRouter(Router):
-    """``CapacityPolicy.choose`` over the replicas' in-flight requests (see the module table)."""
+    """``CapacityPolicy.choose`` over the replicas' in-flight requests (see the module table).
 
-    def __init__(self, feed: PredictionFeed, policy: CapacityPolicy | None = None) -> None:
+    The router knows what a gateway knows: the requests it sent (input, predicted bounds) and
+    when they finished; from the latter it measures each replica's drain rate (KV tokens of
+    finished requests per second over the last ``drain_window_s``), which the policy uses to
+    tell whether moving a session off its replica saves more waiting than the move costs. The
+    policy's ``prefill_s_per_token`` is set from the simulated hardware.
+
+    ``risk_split=False`` gives every request one fixed bound instead of its table: the band's
+    ``hi`` at ``α = (1 − coverage)/2`` (its upper tail), as the gateway does without tables."""
+
+    def __init__(self, feed: PredictionFeed, policy: CapacityPolicy | None = None,
+                 risk_split: bool = True, drain_window_s: float = 60.0) -> None:
         self.feed = feed
         self.policy = policy or CapacityPolicy()
+        self.risk_split = risk_split
+        self.drain_window_s = drain_window_s
         self.home: dict[int, int] = {}
         self.active: list[dict[int, ActiveRequest]] = []
-        self.fallbacks = 0
-        self.decisions = 0
+        self.counts = {"decisions": 0, "fallbacks": 0, "affinity": 0, "moved": 0}
+
+    @property
+    def fallbacks(self) -> int:
+        return self.counts["fallbacks"]
+
+    @property
+    def decisions(self) -> int:
+        return self.counts["decisions"]
 
     def bind(self, sim) -> None:
+        from dataclasses import replace
+
         super().bind(sim)
+        self.policy = replace(self.policy, prefill_s_per_token=sim.config.step.a)
         self.active = [{} for _ in sim.replicas]
-        self.alpha = max(1e-6, 1.0 - self.feed.coverage)
+        self.released: list[deque] = [deque() for _ in sim.replicas]
+        self.released_sum = [0.0 for _ in sim.replicas]
+        self.alpha = max(1e-6, (1.0 - self.feed.coverage) / 2)
+
+    def drain(self, r: int) -> float | None:
+        """KV tokens per second replica ``r`` released over the last ``drain_window_s``."""
+        now = self.sim.now
+        q = self.released[r]
+        while q and q[0][0] < now - self.drain_window_s:
+            self.released_sum[r] -= q.popleft()[1]
+        span = min(self.drain_window_s, now)
+        return self.released_sum[r] / span if q and span > 0 else None
 
     def route(self, req) -> int:
         sim = self.sim
         cap = sim.config.kv_capacity_tokens
-        states = [ReplicaState(str(i), cap, tuple(act.values())) for i, act in enumerate(self.active)]
+        states = [ReplicaState(str(i), cap, tuple(act.values()), drain_tokens_per_s=self.drain(i))
+                  for i, act in enumerate(self.active)]
         view = self.feed.view(req)
         hi = self.feed.upper_bound(req)
-        lo = view.pred_out_lo if view.known and view.pred_out_lo is not None else hi / 2
+        table = self.feed.bound_table(req) if self.risk_split else ()
+        alpha = self.alpha if view.known else None
+        exp_out = self.feed.expected_out(req)
         home = self.home.get(req.wf)
         placement = self.policy.choose(
-            states, req.call.input_tokens, hi, alpha=self.alpha if view.known else None,
-            expected_out=(lo + hi) / 2, last_replica=None if home is None else str(home))
+            states, req.call.input_tokens, hi, alpha=alpha, expected_out=exp_out,
+            last_replica=None if home is None else str(home), upper_bounds=table)
         r = int(placement.replica)
-        self.decisions += 1
-        self.fallbacks += placement.fallback
+        self.counts["decisions"] += 1
+        self.counts["fallbacks"] += placement.fallback
+        self.counts["affinity"] += placement.affinity
+        self.counts["moved"] += home is not None and r != home
         self.home[req.wf] = r
-        self.active[r][req.idx] = ActiveRequest(req.call.request_id, req.call.input_tokens, hi,
-                                                self.alpha if view.known else self.policy.default_alpha,
-                                                str(req.wf))
+        self.active[r][req.idx] = ActiveRequest(
+            req.call.request_id, req.call.input_tokens, hi,
+            self.policy.default_alpha if alpha is None else alpha, str(req.wf),
+            upper_bounds=table, expected_out=exp_out)
         return r
 
     def on_finish(self, req) -> None:
-        self.active[req.replica].pop(req.idx, None)
+        done = self.active[req.replica].pop(req.idx, None)
+        if done is not None:
+            self.released[req.replica].append((self.sim.now, done.expected_tokens))
+            self.released_sum[req.replica] += done.expected_tokens
 
 
 class PriorityScheduler(Scheduler):
-    """Queue key from ``PriorityPolicy``: SGLang's integer priority of the aged score, bigger
-    first, then FCFS (``_sort_by_priority_and_fcfs``). Queue depth of the one model is the
-    number of calls waiting in the cluster when the call is issued."""
+    """Workflow-level alg. 3 priority, applied the way the gateway and the SGLang plugin do.
 
-    def __init__(self, feed: PredictionFeed, policy: PriorityPolicy | None = None) -> None:
+    When a call is issued, its session's base score (``PriorityPolicy.score_view`` of the call's
+    view, i.e. of the session's automaton state after it) becomes the *session's* base, and the
+    call's priority is ``session_score(base, age of the workflow)`` — what the predictor sends;
+    the plugin then ages it from enqueue (``aged``). Every waiting call of a session is ordered
+    by the session's latest score, so the queue key is SGLang's integer priority of
+    ``base_wf + aging · (now − workflow start)`` (bigger first), then FCFS. A call without a
+    prediction keeps its session's last base (``unknown_score`` if it never had one).
+
+    ``workflow_level=False`` is the earlier rule (each call scored alone, aged from its own
+    enqueue time), kept for the ablation. With ``preemption_threshold`` set, a waiting call
+    preempts the lowest-priority running call it outranks by more than that many integer
+    units when the running set is full (SGLang's ``--priority-scheduling-preemption-threshold``);
+    when KV runs out, the lowest priority is retracted first (``--retraction-policy priority``).
+    """
+
+    def __init__(self, feed: PredictionFeed, policy: PriorityPolicy | None = None,
+                 workflow_level: bool = True, preemption_threshold: int | None = 500) -> None:
         self.feed = feed
         self.policy = policy or PriorityPolicy()
-        self.base: dict[int, float] = {}
+        self.workflow_level = workflow_level
+        self.preemption_threshold = preemption_threshold
+        self.slot_preemption = preemption_threshold is not None
+        self.base: dict[int, float] = {}       # per call (workflow_level=False)
+        self.session: dict[int, tuple[float, float]] = {}   # wf -> (score at issue, issue time)
+        self._wf_base: dict[int, float] = {}
 
     def on_issue(self, req) -> None:
-        depth = sum(len(rep.waiting) for rep in self.sim.replicas)
         view = self.feed.view(req)
-        self.base[req.idx] = self.policy.score_view(
-            view, queue_depth={MODEL: depth}, agent_model=_AllToOneModel())
+        pol = self.policy
+        if not self.workflow_level:
+            self.base[req.idx] = pol.score_view(view, queue_depth={}, agent_model=_AllToOneModel())
+            return
+        if view.known:
+            # the only model is the one this queue serves: no *other* model may idle (module doc)
+            self._wf_base[req.wf] = pol.score_view(view, queue_depth={}, agent_model=_AllToOneModel())
+        base = self._wf_base.get(req.wf, pol.unknown_score)
+        age = self.sim.now - float(self.sim.wf_arrival[req.wf])
+        self.session[req.wf] = (pol.session_score(base, age), self.sim.now)
+
+    def priority(self, req) -> int:
+        """SGLang integer priority of ``req`` now (bigger runs first)."""
+        pol = self.policy
+        if not self.workflow_level:
+            return pol.to_sglang(pol.aged(self.base[req.idx], req.t_enqueue, self.sim.now))
+        score, t = self.session[req.wf]
+        return pol.to_sglang(pol.aged(score, t, self.sim.now))
 
     def queue_key(self, req):
-        aged = self.policy.aged(self.base[req.idx], req.t_issue, self.sim.now)
-        return (-self.policy.to_sglang(aged), req.t_issue, req.idx)
+        return (-self.priority(req), req.t_enqueue, req.idx)
+
+    def may_preempt(self, waiting, running) -> bool:
+        return self.priority(waiting) - self.priority(running) > (self.preemption_threshold or 0)
 
 
 class _AllToOneModel(dict):
@@ -186,33 +297,39 @@ class KeepDropCache(CachePolicy):
         self.retention[req.wf] = ret
         self.counts[ret.rank.name.lower()] += 1
 
-    def _rank(self, seg: int, now: float) -> int:
+    def rank(self, seg: int, now: float) -> int:
         wf = self.sim.workload.seg_wf[seg]
         ret = self.retention.get(wf) if wf >= 0 else None
         return int(ret.rank_at(now)) if ret is not None else int(RetentionRank.NEUTRAL)
 
     def evict_key(self, replica, seg, now):
-        return (self._rank(seg, now), self.sim.replicas[replica].cache.gpu[seg])
+        return (self.rank(seg, now), self.sim.replicas[replica].cache.gpu[seg])
 
     def host_key(self, replica, seg, now):
-        return (self._rank(seg, now), self.sim.replicas[replica].cache.host.get(seg, 0.0))
+        return (self.rank(seg, now), self.sim.replicas[replica].cache.host.get(seg, 0.0))
 
     def to_host(self, replica, seg) -> bool:
-        return self._rank(seg, self.sim.now) != int(RetentionRank.DROP)
+        return self.rank(seg, self.sim.now) != int(RetentionRank.DROP)
 
 
 class HostPrefetch(Part):
-    """``PrefetchPolicy`` plans made when a call is issued; due plans stage the session's prefix
-    (the call's prompt path and its own segment) into the host tier of the session's replica."""
+    """``PrefetchPolicy`` plans made when a call is issued; a due plan stages the session's prefix
+    (the call's prompt path and its own segment) into the host tier of the session's replica —
+    only into free host memory or over host copies of *dropped* sessions
+    (``PrefetchPolicy.may_stage``); a copy that would displace anything else is skipped."""
 
     def __init__(self, feed: PredictionFeed, policy: PrefetchPolicy | None = None) -> None:
         self.feed = feed
         self.policy = policy
+        self.keep_drop: KeepDropCache | None = None
         self.staged_tokens = 0
         self.plans = 0
+        self.skipped = 0
 
     def bind(self, sim) -> None:
         super().bind(sim)
+        cache = sim.policy.cache
+        self.keep_drop = cache if isinstance(cache, KeepDropCache) else None
         if self.policy is None:
             st = sim.config.step
             self.policy = PrefetchPolicy(
@@ -231,18 +348,38 @@ class HostPrefetch(Part):
             self.plans += 1
             self.sim.add_timer(plan.start_at)
 
+    def _dropped_host(self, cache, now: float) -> list[int]:
+        if self.keep_drop is None:
+            return []
+        drop = int(RetentionRank.DROP)
+        return [s for s in cache.host if self.keep_drop.rank(s, now) == drop]
+
     def on_timer(self) -> None:
         now = self.sim.now
+        tok = self.sim.workload.seg_tokens
         for plan in self.policy.due(now):
             req = plan.payload
             if req.replica < 0:
                 continue
             cache = self.sim.replicas[req.replica].cache
+            segs = [s for s in (*req.call.path, req.call.own_seg) if s in cache.gpu and s not in cache.host]
             for s in (*req.call.path, req.call.own_seg):
-                if s in cache.host:
-                    cache.touch_host(s, now)
-                elif s in cache.gpu and cache.insert_host(s, now):
-                    self.staged_tokens += self.sim.workload.seg_tokens[s]
+                cache.touch_host(s, now)
+            need = sum(tok[s] for s in segs)
+            if not need:
+                continue
+            free = cache.host_capacity - cache.swap_used - cache.host_used
+            dropped = self._dropped_host(cache, now) if need > free else []
+            if not self.policy.may_stage(need, free, sum(tok[s] for s in dropped)):
+                self.skipped += 1
+                continue
+            for s in sorted(dropped, key=lambda s: cache.host[s]):
+                if cache.host_capacity - cache.swap_used - cache.host_used >= need:
+                    break
+                cache.drop_host(s)
+            for s in segs:
+                if cache.insert_host(s, now):
+                    self.staged_tokens += tok[s]
 
 
 @dataclass
@@ -250,9 +387,17 @@ class OursOptions:
     """Which parts of ours are on, and the policy objects' parameters (their own defaults)."""
 
     priority: bool = True
+    #: Workflow-level priority (the session's score, aged from the workflow's start); False =
+    #: the earlier per-call rule (each call aged from its own enqueue time).
+    workflow_priority: bool = True
+    #: SGLang's ``--priority-scheduling-preemption-threshold`` (None: no priority preemption).
+    preemption_threshold: int | None = 500
     #: "capacity" (CapacityPolicy), "round-robin" (sglang-default's, the ablation) or "sticky"
     #: (session affinity + least load, the routing of continuum-ttl / mori-idleness / belady).
     router: str = "capacity"
+    #: Split the risk budget over a replica's requests with each request's bound table (False:
+    #: one fixed bound per request, the band's hi at α = (1 − coverage)/2).
+    risk_split: bool = True
     keep_drop: bool = True
     prefetch: bool = True
     belady_eviction: bool = False
@@ -261,12 +406,15 @@ class OursOptions:
     keep_drop_policy: KeepDropPolicy = field(default_factory=KeepDropPolicy)
 
 
-#: Ablation variants: name -> which parts are switched off.
-OURS_VARIANTS: dict[str, dict[str, bool]] = {
+#: Ablation variants: name -> which parts are switched off (or put back to an earlier rule).
+OURS_VARIANTS: dict[str, dict[str, Any]] = {
     "ours": {},
     "ours-no-priority": {"priority": False},
+    "ours-call-aging": {"workflow_priority": False,
+                        "priority_policy": PriorityPolicy(aging_per_s=0.05)},
     "ours-no-capacity": {"router": "round-robin"},
     "ours-sticky": {"router": "sticky"},
+    "ours-p99": {"risk_split": False},
     "ours-no-keepdrop": {"keep_drop": False},
     "ours-no-prefetch": {"prefetch": False},
     "ours-belady": {"belady_eviction": True},
@@ -275,20 +423,24 @@ OURS_VARIANTS: dict[str, dict[str, bool]] = {
 
 def build_ours(predictor: Any, name: str = "ours", options: OursOptions | None = None) -> Policy:
     """Our policy (or an ablation variant) around ``predictor`` (a fitted ``Predictor``)."""
-    opt = options or OursOptions()
-    for key, value in OURS_VARIANTS.get(name, {}).items():
-        opt = _replace(opt, key, value)
+    from dataclasses import replace
+
+    opt = replace(options or OursOptions(), **OURS_VARIANTS.get(name, {}))
     feed = PredictionFeed(predictor)
-    routers = {"capacity": lambda: CapacityRouter(feed, opt.capacity_policy),
+    routers = {"capacity": lambda: CapacityRouter(feed, opt.capacity_policy, opt.risk_split),
                "round-robin": RoundRobin, "sticky": StickyLeastLoad}
     if opt.router not in routers:
         raise ValueError(f"unknown router {opt.router!r} for ours: {', '.join(routers)}")
     router: Router = routers[opt.router]()
-    sched: Scheduler = PriorityScheduler(feed, opt.priority_policy) if opt.priority else FCFS()
+    sched: Scheduler = (PriorityScheduler(feed, opt.priority_policy, opt.workflow_priority,
+                                          opt.preemption_threshold)
+                        if opt.priority else FCFS())
     if opt.belady_eviction:
         cache: CachePolicy = Belady()
+    elif opt.keep_drop:
+        cache = KeepDropCache(feed, opt.keep_drop_policy)
     else:
-        cache = KeepDropCache(feed, opt.keep_drop_policy) if opt.keep_drop else LRU()
+        cache = LRU()
     extras: tuple[Part, ...] = (feed,)
     if opt.prefetch:
         extras += (HostPrefetch(feed),)
@@ -298,15 +450,13 @@ def build_ours(predictor: Any, name: str = "ours", options: OursOptions | None =
     desc = "priority + capacity routing + keep/drop + prefetch (serving_hooks.policies)"
     if off:
         desc += "; off: " + ", ".join(off)
+    if opt.priority and not opt.workflow_priority:
+        desc += "; per-call aging"
+    if opt.router == "capacity" and not opt.risk_split:
+        desc += "; one fixed bound per request"
     if opt.belady_eviction:
         desc += "; eviction replaced by Bélády MIN"
     return Policy(name, router, sched, cache, desc, extras=extras)
-
-
-def _replace(opt: OursOptions, key: str, value) -> OursOptions:
-    from dataclasses import replace
-
-    return replace(opt, **{key: value})
 
 
 def ours_stats(policy: Policy) -> dict[str, Any]:
@@ -314,11 +464,14 @@ def ours_stats(policy: Policy) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for part in policy.parts:
         if isinstance(part, CapacityRouter):
-            out["capacity_fallbacks"] = part.fallbacks
-            out["capacity_decisions"] = part.decisions
+            out["capacity_fallbacks"] = part.counts["fallbacks"]
+            out["capacity_decisions"] = part.counts["decisions"]
+            out["capacity_affinity"] = part.counts["affinity"]
+            out["capacity_moved_sessions"] = part.counts["moved"]
         elif isinstance(part, KeepDropCache):
             out["retention_decisions"] = dict(part.counts)
         elif isinstance(part, HostPrefetch):
             out["prefetch_plans"] = part.plans
             out["prefetch_staged_tokens"] = part.staged_tokens
+            out["prefetch_skipped"] = part.skipped
     return out

@@ -2,8 +2,9 @@
 
 * :class:`Router` — which replica a newly issued call goes to;
 * :class:`Scheduler` — the order of a replica's waiting queue (``queue_key``, smallest first),
-  whether a waiting call may preempt running ones (``preemptive``), and which running call is
-  preempted first when KV runs out (``victim_key``, largest first);
+  whether a waiting call may preempt running ones when KV is short (``preemptive``) or when the
+  running set is full (``slot_preemption``, SGLang's priority preemption), and which running
+  call is preempted first (``victim_key``, largest first);
 * :class:`CachePolicy` — the GPU and host eviction orders (``evict_key`` / ``host_key``, smallest
   evicted first) and lifecycle hooks that pin or release a session's KV.
 
@@ -45,6 +46,10 @@ class Router(Part):
 class Scheduler(Part):
     #: May a waiting call preempt running calls of a worse ``preempt_rank`` when KV is short?
     preemptive: bool = False
+    #: May a waiting call preempt a running call (``may_preempt``) when the running set is at
+    #: ``max_running_requests``? SGLang's ``--enable-priority-scheduling`` does exactly this
+    #: (``PrefillAdder.preempt_to_schedule``, triggered when the batch is full of requests).
+    slot_preemption: bool = False
     #: Do priority preemptions swap the victim's KV to the host tier instead of dropping it?
     swap_on_preempt: bool = False
 
@@ -58,6 +63,10 @@ class Scheduler(Part):
     def victim_key(self, req: "Request") -> Any:
         """Running calls are preempted in decreasing ``victim_key`` (default: worst queue key)."""
         return self.queue_key(req)
+
+    def may_preempt(self, waiting: "Request", running: "Request") -> bool:
+        """Is ``waiting`` worth preempting ``running`` for? (default: strictly better rank)."""
+        return self.preempt_rank(running) > self.preempt_rank(waiting)
 
 
 class CachePolicy(Part):

@@ -50,7 +50,7 @@ from simulator.workload import Call, Workload, replicate_records, workload_from_
 LOAD_LEVELS: dict[str, float] = {"low": 0.5, "medium": 1.0, "peak": 1.5}
 #: Policies of the main table, in display order.
 MAIN_POLICIES = ("sglang-default", "least-load", "autellix-plas", "continuum-ttl",
-                 "mori-idleness", "belady", "ours")
+                 "mori-idleness", "belady", "oracle-srpt", "ours")
 ABLATION_POLICIES = tuple(n for n in OURS_VARIANTS if n != "ours")
 ALL_POLICIES = MAIN_POLICIES + ABLATION_POLICIES
 
@@ -259,8 +259,12 @@ def simulate(prep: Prepared, name: str, cfg: ClusterConfig, arrivals: np.ndarray
 def compare(prep: Prepared, policies: Sequence[str], loads: Sequence[str], cfg: ClusterConfig,
             arrivals_mode: str = "poisson", gaps_mode: str = "recorded",
             on_result: Callable[[str, str, dict], None] | None = None,
-            ours: OursOptions | None = None) -> dict:
-    """Every policy at every load on the same workload, arrivals and gaps; a JSON-able dict."""
+            ours: OursOptions | None = None, arrival_seed: int | None = None) -> dict:
+    """Every policy at every load on the same workload, arrivals and gaps; a JSON-able dict.
+
+    ``arrival_seed`` (default: the workload's seed) draws another arrival sequence of the same
+    workflows at the same rates (a robustness check of a comparison)."""
+    a_seed = prep.seed if arrival_seed is None else int(arrival_seed)
     wl = prep.workload
     recorded = _recorded_starts(prep)
     gap_fn = gap_function(wl, prep.profile, gaps_mode, prep.seed)
@@ -271,14 +275,15 @@ def compare(prep: Prepared, policies: Sequence[str], loads: Sequence[str], cfg: 
     out: dict[str, Any] = {
         "workload": prep.name, "workload_summary": wl.summary(), "config": cfg.to_dict(),
         "saturating_sessions": c_kv, "session": sess, "profile_version": prep.profile.version,
-        "arrivals": arrivals_mode, "gaps": gaps_mode, "seed": prep.seed, "notes": prep.notes,
+        "arrivals": arrivals_mode, "gaps": gaps_mode, "seed": prep.seed, "arrival_seed": a_seed,
+        "notes": prep.notes,
         "loads": {},
     }
     for level in loads:
         share = parse_load(level)
         sessions = max(1, int(round(share * c_kv)))
         rate = share * c_kv / t_sat
-        arr = arrival_times(wl, rate, prep.seed, arrivals_mode, recorded, sessions, t_sat)
+        arr = arrival_times(wl, rate, a_seed, arrivals_mode, recorded, sessions, t_sat)
         closed = sessions if arrivals_mode == "closed" else None
         if sessions * 1.5 > len(wl.workflows):
             prep.notes.append(f"load {level}: {sessions} sessions for {len(wl.workflows)} workflows; "

@@ -126,3 +126,26 @@ def test_autoscale_worked_example_and_profile_advice():
     assert body["models"]["ca/coder"]["suggested_replicas"] == 2
     assert body["models"]["ca/tester"]["suggested_replicas"] == 2
     assert body["total_suggested_replicas"] == 4
+
+
+def test_drop_only_when_the_path_predicts_the_end():
+    pol = KeepDropPolicy(drop_end_p=0.7)
+    # a SWE-agent-like loop: every state may go on (p_end 0.1, ~20 calls expected): kept
+    loop = CallView(known=True, exp_remaining_calls=20.0, p_end=0.1, tool_p95_s=5.0)
+    assert revisit_probability(loop) == pytest.approx(0.9)
+    assert pol.decide_view(loop, now=0.0).rank == RetentionRank.KEEP
+    # the automaton says the workflow ends here (p_end 1): dropped at once
+    last = CallView(known=True, exp_remaining_calls=0.0, p_end=1.0)
+    assert pol.decide_view(last, now=0.0).rank == RetentionRank.DROP
+    # p_end 0.5: the end is not predicted (a return is as likely): kept, even with E[rem] < 0.5
+    maybe = CallView(known=True, exp_remaining_calls=0.45, p_end=0.5, tool_p95_s=5.0)
+    assert pol.decide_view(maybe, now=0.0).rank == RetentionRank.KEEP
+    # without p_end the expected remaining calls decide, as before
+    assert pol.decide(0.0, True, 0.2, 1.0).rank == RetentionRank.DROP
+
+
+def test_prefetch_stages_only_into_free_or_dropped_host_memory():
+    assert PrefetchPolicy.may_stage(100, free_tokens=100)
+    assert not PrefetchPolicy.may_stage(101, free_tokens=100)
+    assert PrefetchPolicy.may_stage(150, free_tokens=100, dropped_tokens=50)
+    assert not PrefetchPolicy.may_stage(10, free_tokens=-5, dropped_tokens=0)

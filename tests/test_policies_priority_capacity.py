@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import pytest
 
+from dataclasses import replace
+
 from serving_hooks.policies import (
     ActiveRequest,
     CallView,
@@ -11,6 +13,7 @@ from serving_hooks.policies import (
     ReplicaState,
     replicas_from_snapshot,
 )
+from serving_hooks.policies.capacity import bound_at
 
 # A small workflow graph, agents = models:
 #   planner -> coder (1.0);  coder -> coder (0.5) | tester (0.5);  tester -> END (1.0)
@@ -100,20 +103,92 @@ def test_capacity_bound_that_overflows_is_not_safe_and_reported_usage_counts():
     assert r2.committed_tokens == 950 and not pol.check(r2, 60, 40).fits
 
 
-def test_capacity_largest_headroom_then_affinity_then_fallback():
+def test_capacity_affinity_first_then_largest_headroom_then_fallback():
     pol = CapacityPolicy(affinity_slack=0.05)
     reps = replicas_from_snapshot(
         {"w0": 1000, "w1": 1000, "w2": 1000},
         [("w1", _req(1, 10, 10)), ("w2", _req(2, 300, 300))],
     )
-    # headrooms for 100 + 100: w0 800, w1 780, w2 200
-    assert pol.choose(reps, 100, 100).replica == "w0"
-    # w1 is within 5% of capacity (50 tokens) of the best: the session's last replica wins
-    placed = pol.choose(reps, 100, 100, last_replica="w1")
-    assert placed.replica == "w1" and placed.affinity
-    # w2 is 600 tokens behind: affinity does not override
-    assert pol.choose(reps, 100, 100, last_replica="w2").replica == "w0"
+    # headrooms for 100 + 100: w0 800, w1 780, w2 200; a new session takes the largest
+    placed = pol.choose(reps, 100, 100)
+    assert placed.replica == "w0" and not placed.affinity and not placed.fallback
+    # a returning session stays on its replica whenever it is safe, even 600 tokens behind:
+    # w2 holds 600 + 200 = 800 <= 1000 tokens at risk 0.01 + 0.01 <= 0.05
+    placed = pol.choose(reps, 100, 100, last_replica="w2")
+    assert placed.replica == "w2" and placed.affinity and not placed.fallback
+    # 500 + 500 does not fit w2 (600 + 1000 > 1000) but fits w0: home not safe, another is;
+    # no drain rate known: it moves since it would wait at home in expectation
+    # (1000 - 600 - 1000 = -600 < 0) and fits w0 (1000 - 1000 = 0 >= 0), a gain of 600 > 5 % of 1000
+    placed = pol.choose(reps, 500, 500, last_replica="w2")
+    assert placed.replica == "w0" and not placed.affinity
     # nothing fits 900 + 900: least loaded by headroom share, flagged as fallback
     placed = pol.choose(reps, 900, 900)
     assert placed.fallback and placed.replica == "w0" and pol.safe_names(placed) == []
+    # ... and a session already on w1 stays there: it queues everywhere in expectation
+    placed = pol.choose(reps, 900, 900, last_replica="w1")
+    assert placed.fallback and placed.replica == "w1" and placed.affinity
     assert pol.choose([], 1, 1).replica is None
+
+
+def test_capacity_moves_a_session_only_when_the_wait_it_saves_exceeds_the_rebuild():
+    # prefill 1 ms/token, a move costs 2x the prefill of the cached prefix
+    pol = CapacityPolicy(prefill_s_per_token=0.001, move_cost_factor=2.0)
+    home_busy = (_req(1, 900, 300),)                          # expects 1200 of 1000 tokens
+    reps = [ReplicaState("home", 1000, home_busy, drain_tokens_per_s=100.0),
+            ReplicaState("idle", 1000, (), drain_tokens_per_s=100.0)]
+    # new request 50 + 50: home headroom 1000 - 1200 - 100 = -300 -> waits 300/100 = 3 s;
+    # idle: 900 >= 0 -> 0 s. Rebuilding a 1000-token prefix costs 2 * 1000 * 0.001 = 2 s < 3 s
+    assert pol.move_cost_s(1000) == pytest.approx(2.0)
+    placed = pol.choose(reps, 50, 50, last_replica="home", cached_tokens=1000)
+    assert placed.replica == "idle"
+    # a 2000-token prefix costs 4 s > 3 s of waiting: the session stays where its prefix is
+    placed = pol.choose(reps, 50, 50, last_replica="home", cached_tokens=2000)
+    assert placed.replica == "home" and placed.affinity
+    # a faster drain (1000 tok/s) makes the wait 0.3 s: not worth even the small rebuild
+    fast = [replace(r, drain_tokens_per_s=1000.0) for r in reps]
+    assert pol.choose(fast, 50, 50, last_replica="home", cached_tokens=1000).replica == "home"
+
+
+TABLE = ((0.1, 100), (0.05, 120), (0.01, 200), (0.005, 260), (0.001, 400))
+
+
+def test_union_bound_splits_the_risk_budget_over_a_replicas_requests():
+    pol = CapacityPolicy(epsilon=0.05)
+    flex = lambda i: ActiveRequest(f"r{i}", 100, 150, 0.005, upper_bounds=TABLE)  # noqa: E731
+    one = ReplicaState("one", 10_000, (flex(1),))
+    # 2 requests with tables share alpha = 0.05 / 2 = 0.025 -> U at the tabulated 0.01: 200
+    check = pol.check(one, 100, 150, upper_bounds=TABLE)
+    assert check.alpha_each == pytest.approx(0.025) and check.risk == pytest.approx(0.05)
+    assert one.committed_at(0.025) == 100 + 200
+    # 10 requests: alpha 0.005 each -> U = 260 per request: 10 * 360 = 3600 tokens
+    nine = ReplicaState("nine", 3_600, tuple(flex(i) for i in range(9)))
+    assert pol.check(nine, 100, 150, upper_bounds=TABLE).fits
+    assert not pol.check(replace(nine, capacity_tokens=3_599), 100, 150, upper_bounds=TABLE).fits
+    # 20 requests would break a fixed alpha = 0.005 budget (20 * 0.005 = 0.1 > 0.05) ...
+    fixed = ReplicaState("fixed", 10**6, tuple(_req(i, 100, 260, 0.005) for i in range(19)))
+    assert not pol.check(fixed, 100, 260, alpha=0.005).safe
+    # ... while with tables each takes 0.0025 (-> U at 0.001: 400) and stays safe if it fits
+    twenty = ReplicaState("twenty", 10**6, tuple(flex(i) for i in range(19)))
+    check = pol.check(twenty, 100, 150, upper_bounds=TABLE)
+    assert check.safe and check.alpha_each == pytest.approx(0.0025)
+    assert twenty.committed_at(0.0025) == 19 * 500
+    # a fixed-alpha request takes its own share first: (0.05 - 0.02) / 2 flexible = 0.015 each
+    mixed = ReplicaState("mixed", 10**6, (_req(1, 100, 100, 0.02), flex(2)))
+    assert pol.check(mixed, 100, 150, upper_bounds=TABLE).alpha_each == pytest.approx(0.015)
+    # past the table's smallest alpha the last (most conservative) entry is used
+    assert bound_at(TABLE, 1e-6) == 400 and bound_at(TABLE, 0.5) == 100
+
+
+def test_priority_is_a_workflow_property_aged_from_the_workflow_start():
+    pol = PriorityPolicy()                       # aging 0.001 per second of the workflow's age
+    old = pol.session_score(pol.base_score(12.0), session_age_s=600.0)    # 1/13 + 0.6
+    near_done = pol.session_score(pol.base_score(1.0), session_age_s=0.0)  # 1/2
+    assert old == pytest.approx(1 / 13 + 0.6) and near_done == pytest.approx(0.5)
+    # both age at the same rate while they wait: their order never changes
+    for wait in (0.0, 100.0, 10_000.0):
+        assert pol.aged(old, 50.0, 50.0 + wait) - pol.aged(near_done, 50.0, 50.0 + wait) == pytest.approx(
+            old - near_done)
+    # a newer workflow one call from done passes an older starting one only within
+    # Δbase / aging = (0.5 - 1/14) / 0.001 ≈ 429 s of their start times
+    start = pol.base_score(13.0)
+    assert pol.session_score(start, 428.0) < pol.session_score(0.5, 0.0) < pol.session_score(start, 430.0)

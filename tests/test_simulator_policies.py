@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from serving_hooks.policies import ActiveRequest, CapacityPolicy, KeepDropPolicy, PriorityPolicy
-from simulator.baselines import BASELINES, PLAS, ContinuumTTL
+from simulator.baselines import BASELINES, FCFS, PLAS, ContinuumTTL
 from simulator.calibration import StepTimeModel
 from simulator.config import ClusterConfig
 from simulator.engine import Request, Simulator
@@ -163,3 +163,137 @@ def test_arrival_modes_and_sampled_tool_gaps(coding):
     assert all(g > 0 for g in gaps) and gaps == [sampled(c) for c in with_tools]   # seeded, stable
     assert gaps != [c.gap_s for c in with_tools]
     assert gap_function(wl, coding.profile, "recorded", 0) is None
+
+
+def test_priority_is_the_sessions_and_ages_from_the_workflow_start(coding):
+    cfg = ClusterConfig(replicas=1, kv_capacity_tokens=60_000)
+    policy = build_ours(make_predictor(coding.profile))
+    wl = coding.workload
+    sim = Simulator(wl, policy, cfg, [0.0, 300.0] + [1e9] * (len(wl.workflows) - 2))
+    sched: PriorityScheduler = policy.scheduler
+    pol = sched.policy
+    a1, a2 = (Request(wl.calls[i], 0.0) for i in wl.workflows[0].calls[:2])
+    b1 = Request(wl.calls[wl.workflows[1].calls[0]], 300.0)
+    sim.now = 0.0
+    policy.hook("on_issue", a1)
+    sim.now = 300.0
+    policy.hook("on_issue", b1)
+    # both start their workflow: same base; A is 300 s older -> 0.3 more score (300 integer units)
+    assert sched.priority(a1) - sched.priority(b1) == 300
+    sim.now = 320.0
+    a2.t_issue = a2.t_enqueue = 320.0
+    policy.hook("on_issue", a2)       # A's next call: A's score now comes from its latest state
+    base_a = pol.score_view(a2.pred["view"], queue_depth={})
+    assert sched.priority(a1) == sched.priority(a2) == pol.to_sglang(base_a + pol.aging_per_s * 320.0)
+    base_b = pol.score_view(b1.pred["view"], queue_depth={})
+    for now in (320.0, 5000.0):       # waiting never reorders workflows: all age alike
+        sim.now = now
+        # the difference is the bases' plus the 300 s between the workflows' starts (±1 rounding)
+        assert abs(sched.priority(a1) - sched.priority(b1) - pol.to_sglang(base_a - base_b + 0.3)) <= 1
+    assert sched.queue_key(a2) < sched.queue_key(b1)
+
+
+class _ByWorkflow(FCFS):
+    """Test scheduler: priority = workflow index (bigger first), SGLang-style slot preemption."""
+
+    slot_preemption = True
+
+    def queue_key(self, req):
+        return (-req.wf, req.t_enqueue, req.idx)
+
+    def may_preempt(self, waiting, running) -> bool:
+        return waiting.wf > running.wf
+
+
+def test_slot_preemption_when_the_running_set_is_full():
+    # One slot. A (100-token prompt = its task segment, 50 out) starts at 0: prefill 0.100 s,
+    # first token at 0.100, then one token per 10 ms. B (higher priority, 50-token prompt, 5 out)
+    # arrives at 0.205: the running set is full, so B preempts A (recompute), as SGLang's
+    # priority scheduling does. The decode iteration in progress ends first (0.210; A has 12
+    # tokens); B prefills 50 tokens -> first token 0.260, 4 more iterations -> done 0.300. A is
+    # readmitted: its prompt is still cached, only its 12 generated tokens are recomputed
+    # (0.012 s) -> 13 tokens at 0.312, 37 more iterations -> done 0.682.
+    recs = [rec("A", 1, 0.0, 1.0, 100, 50), rec("B", 1, 0.205, 1.0, 50, 5)]
+    wl = workload_from_records(recs)
+    pol = BASELINES["sglang-default"]()
+    sched = _ByWorkflow()
+    pol.scheduler, pol.parts[1] = sched, sched
+    cfg = ClusterConfig(replicas=1, step=STEP, host_ratio=0.0, new_token_ratio=0.0, max_running_requests=1)
+    res = Simulator(wl, pol, cfg, [0.0, 0.205]).run()
+    a, b = res.requests
+    assert res.counters["slot_preemptions"] == 1 and a.preempts == 1 and b.preempts == 0
+    assert b.t_first == pytest.approx(0.260) and b.t_finish == pytest.approx(0.300)
+    assert a.recomputed == 12 and a.t_finish == pytest.approx(0.682)
+    # FCFS has no priority preemption: B waits for A
+    res = Simulator(wl, BASELINES["sglang-default"](), cfg, [0.0, 0.205]).run()
+    assert res.preemptions == 0 and res.requests[1].t_first > res.requests[0].t_finish
+
+
+def test_oracle_srpt_serves_the_workflow_with_less_work_left_first():
+    # one slot; A needs 40 output tokens, B 5; both arrive together: B (less work) goes first
+    recs = [rec("A", 1, 0.0, 1.0, 10, 40), rec("B", 1, 0.0, 1.0, 10, 5)]
+    cfg = ClusterConfig(replicas=1, step=STEP, host_ratio=0.0, new_token_ratio=0.0, max_running_requests=1)
+    res = Simulator(workload_from_records(recs), BASELINES["oracle-srpt"](), cfg, [0.0, 0.0]).run()
+    a, b = res.requests
+    assert b.t_finish < a.t_first
+    fcfs = Simulator(workload_from_records(recs), BASELINES["belady"](), cfg, [0.0, 0.0]).run()
+    assert fcfs.requests[0].t_finish < fcfs.requests[1].t_first
+
+
+def test_capacity_router_keeps_a_session_home_and_measures_drain(coding):
+    cfg = ClusterConfig(replicas=2, kv_capacity_tokens=60_000)
+    arr = arrival_times(coding.workload, 0.05, 0)
+    res, row = simulate(coding, "ours", cfg, arr)
+    assert row["capacity_affinity"] + row["capacity_moved_sessions"] <= row["capacity_decisions"]
+    assert row["capacity_moved_sessions"] < 0.1 * row["capacity_decisions"]
+    homes = {}
+    moved = 0
+    for r in sorted(res.requests, key=lambda r: r.t_issue):
+        moved += r.wf in homes and homes[r.wf] != r.replica
+        homes[r.wf] = r.replica
+    assert moved == row["capacity_moved_sessions"]
+    policy = build_ours(make_predictor(coding.profile))
+    sim = Simulator(coding.workload, policy, cfg, arr)
+    router: CapacityRouter = policy.router
+    assert router.policy.prefill_s_per_token == cfg.step.a      # the simulated hardware's
+    assert router.drain(0) is None
+    sim.now = 30.0
+    router.released[0].append((10.0, 3000.0))
+    router.released_sum[0] += 3000.0
+    assert router.drain(0) == pytest.approx(100.0)               # 3000 tokens over 30 s
+    sim.now = 100.0
+    assert router.drain(0) is None                               # older than the 60 s window
+
+
+def test_host_prefetch_never_displaces_retained_host_copies(coding):
+    cfg = ClusterConfig(replicas=1, kv_capacity_tokens=60_000, host_ratio=0.1)
+    policy = build_ours(make_predictor(coding.profile))
+    wl = coding.workload
+    sim = Simulator(wl, policy, cfg, arrival_times(wl, 0.05, 0))
+    cache = sim.replicas[0].cache
+    prefetch = next(p for p in policy.parts if isinstance(p, HostPrefetch))
+    call = wl.calls[wl.workflows[0].calls[-1]]
+    req = Request(call, 0.0)
+    req.replica = 0
+    for s in (*call.path, call.own_seg):
+        cache.insert_gpu(s, 0.0)
+    need = sum(wl.seg_tokens[s] for s in (*call.path, call.own_seg))
+    # fill the host tier with another session's (neutral) segments
+    other = [c for c in wl.calls if c.wf != call.wf]
+    filler = []
+    for c in other:
+        if cache.host_capacity - cache.host_used < need // 2:
+            break
+        if c.own_seg not in cache.host and cache.insert_host(c.own_seg, 0.0):
+            filler.append(c.own_seg)
+    plan = prefetch.policy.plan(str(call.wf), 0.0, "x", 1.0, 0.0, need, payload=req)
+    sim.now = plan.start_at
+    prefetch.on_timer()
+    assert prefetch.skipped == 1 and all(s in cache.host for s in filler)
+    # once the filler's session is dropped, the staging may use its space
+    from serving_hooks.policies import Retention, RetentionRank
+    for s in filler:
+        policy.cache.retention[wl.seg_wf[s]] = Retention(RetentionRank.DROP, 0.0, 0.0, "path ends")
+    prefetch.policy.plan(str(call.wf), 0.0, "x", 1.0, 0.0, need, payload=req)
+    prefetch.on_timer()
+    assert prefetch.staged_tokens > 0 and call.own_seg in cache.host

@@ -54,7 +54,7 @@ def simulate(
     ours_epsilon: Annotated[Optional[float], typer.Option(
         help="CapacityPolicy ε (union bound on P(OOM)); default: the policy's own.")] = None,
     ours_aging_per_s: Annotated[Optional[float], typer.Option(
-        help="PriorityPolicy aging per second waited; default: the policy's own.")] = None,
+        help="PriorityPolicy aging per second of a workflow's age; default: the policy's own.")] = None,
 ) -> None:
     """Compare serving policies on the same workflows, arrivals and cluster, in one run.
 

@@ -5,8 +5,8 @@ The SGLang plugin (``serving_hooks.sglang_plugin``), the gateway's router
 reads a clock: every time is passed in as ``now`` (seconds on any monotonic scale).
 
 ==========================  =======================================================
-:class:`PriorityPolicy`     Pythia alg. 3: remaining work + idle downstream, aging
-:class:`CapacityPolicy`     Pythia alg. 2: union-bound KV capacity check per replica
+:class:`PriorityPolicy`     Pythia alg. 3 per workflow: remaining work + idle downstream
+:class:`CapacityPolicy`     Pythia alg. 2: union bound (risk split), session affinity
 :class:`KeepDropPolicy`     Pythia alg. 1 + SAGA TTL: retain / drop a session prefix
 :class:`PrefetchPolicy`     Pythia alg. 1: just-in-time host staging of the next prefix
 :class:`AutoscalePolicy`    Pythia alg. 4: projected calls → suggested replicas

@@ -34,6 +34,17 @@ def _str(value: Any) -> str | None:
     return value if isinstance(value, str) and value else None
 
 
+def _upper_table(value: Any) -> tuple[tuple[float, int], ...]:
+    """``[[α, U], …]`` → ``((α, U), …)`` sorted by α descending; malformed entries are skipped."""
+    out = []
+    for item in value or ():
+        if isinstance(item, (list, tuple)) and len(item) == 2:
+            a, u = _num(item[0]), _num(item[1])
+            if a is not None and u is not None and 0.0 < a < 1.0:
+                out.append((a, int(u)))
+    return tuple(sorted(out, reverse=True))
+
+
 @dataclass(frozen=True)
 class CallView:
     """What the profile predicted for one LLM call of one workflow session.
@@ -59,6 +70,14 @@ class CallView:
     profile_version: str | None = None
     expected_distance: Mapping[str, float] = field(default_factory=dict)
     next_agents: tuple[tuple[str, float], ...] = ()
+    #: Seconds since the session's first call when this call was issued (workflow-level aging).
+    session_age_s: float | None = None
+    #: Probability that no call follows this one (the automaton's ``p_end``).
+    p_end: float | None = None
+    #: The agent's mean output length (tokens).
+    pred_out_mean: float | None = None
+    #: ``((α, U(α)), …)``, largest α first: one-sided (1 − α) upper bounds of the output length.
+    upper_bounds: tuple[tuple[float, int], ...] = ()
 
     @property
     def session_id(self) -> str | None:
@@ -87,6 +106,9 @@ class CallView:
             retain_s=_num(p.get("retain_s")),
             profile_version=_str(p.get("profile_version")),
             next_agents=((next_agent, next_p),) if next_agent and next_p is not None else (),
+            session_age_s=_num(p.get("session_age_s")),
+            p_end=_num(p.get("p_end")),
+            pred_out_mean=_num(p.get("pred_out_mean")),
         )
 
     @classmethod
@@ -116,6 +138,10 @@ class CallView:
         tool_p95 = p95s.get(tool) if tool is not None else (max(p95s.values()) if p95s else None)
         dist = a.get("expected_distance") or {}
         return cls(
+            session_age_s=_num(a.get("session_age_s")),
+            p_end=_num(a.get("p_end")),
+            pred_out_mean=_num(a.get("output_len_mean")),
+            upper_bounds=_upper_table(a.get("output_len_upper")),
             known=a.get("known") is True,
             wf_type=_str(meta.get("workflow_type_id")),
             wf_id=_str(meta.get("workflow_id")),

@@ -2,55 +2,116 @@
 
 The rule
 --------
-Every active request ``i`` on a replica will hold at most ``input_i + hi_i`` KV tokens, where
-``hi_i`` is the upper end of its predicted output band; that bound is wrong (the output runs
-past ``hi_i``) with probability ``α_i`` (``1 − coverage`` of the band). A replica with KV
-capacity ``C`` (SGLang's ``max_total_num_tokens``) is *safe* for a new request ``n`` when
+Every active request ``i`` on a replica will hold at most ``input_i + U_i(α_i)`` KV tokens, where
+``U_i(α)`` is the one-sided (1 − α) upper bound of its output length: the bound is wrong (the
+output runs past it) with probability at most ``α_i``. A replica with KV capacity ``C`` (SGLang's
+``max_total_num_tokens``) is *safe* for a new request ``n`` when
 
-    committed + input_n + hi_n ≤ C        (the bounds fit), and
-    Σ_{i ∈ active ∪ {n}} α_i ≤ ε          (union bound: P(any bound broken) ≤ Σ α_i),
+    Σ_{i ∈ active ∪ {n}} (input_i + U_i(α_i)) ≤ C      (the bounds fit), and
+    Σ_{i ∈ active ∪ {n}} α_i ≤ ε                       (union bound: P(any bound broken) ≤ Σ α_i),
 
 since running out of KV needs at least one request to break its bound, so
-``P(OOM) ≤ P(∪_i {out_i > hi_i}) ≤ Σ_i α_i``. ``committed`` is what the replica already holds
+``P(OOM) ≤ P(∪_i {out_i > U_i(α_i)}) ≤ Σ_i α_i``.
+
+**Choosing each α_i to fit the budget.** With one fixed bound per request (say the p99.5 of the
+output band, α = 0.005), the risk condition alone caps a replica at ``ε / α`` = 10 requests
+whatever their size, and the bound sum is needlessly loose for small batches. A request that
+carries its *table* of bounds ``((α, U(α)), …)`` (``ActiveRequest.upper_bounds``, from
+``predictors.output_length``) instead takes its share of the budget: with ``F`` such requests on
+the replica (the new one included) and fixed-α requests ``X`` (no table: ``predicted_hi`` at
+``alpha``),
+
+    α_F = (ε − Σ_{i∈X} α_i) / |F|,   each i ∈ F bounded by U_i(α_F),
+
+so ``Σ α_i = ε`` exactly and the union bound holds; more requests on a replica means a smaller
+α and a *higher quantile* per request — the check tightens as the batch grows. A request's
+bound at α is the table entry of the largest tabulated α ≤ α (never below the exact bound; past
+the table's smallest α, its last entry). ``committed(α)`` is what the replica already holds
 or has promised:
 
-    committed = max( Σ_active (input_i + hi_i),  reported + Σ_{i sent after the report} (input_i + hi_i) )
+    committed(α) = max( Σ_active (input_i + U_i(α_i)),  reported + Σ_{i sent after the report} (input_i + hi_i) )
 
-— the tracked bounds of the requests we sent, or the worker's own count (which also sees
-traffic that did not come through us) plus what we sent since that count was taken.
+— the bounds of the requests we sent, or the worker's own count (which also sees traffic that
+did not come through us) plus what we sent since that count was taken.
 
-Among safe replicas the choice maximises the expected headroom ``C − committed − input_n −
-E[out_n]``; replicas within ``affinity_slack`` (a fraction of the best one's capacity) of the
-best count as tied, and the tie goes to the replica the session last ran on (its prefix is
-probably cached there). With no safe replica the least-loaded one (largest headroom as a
-share of capacity) is returned and the decision says ``fallback=True``, so the caller can
-count it in a metric.
+**Where a request goes** (cache affinity first, safety as the constraint):
+
+1. the session's last replica (its prefix is probably cached there) whenever it is safe;
+2. a session whose last replica is not safe moves only when that is a real gain. The best
+   alternative is the safe replica with the largest *expected* headroom
+   ``h_r = C − Σ(input_i + E[out_i]) − input_n − E[out_n]`` (or, with none safe, the largest
+   expected headroom); a request waits on replica ``r`` for about ``w_r = max(0, −h_r) / d_r``
+   seconds, the expected overflow drained at ``d_r``, the KV tokens per second the replica
+   releases (``ReplicaState.drain_tokens_per_s``, measured by the caller). Moving costs
+   rebuilding the session's cached prefix elsewhere, ``move_cost_s = move_cost_factor ·
+   cached_tokens · prefill_s_per_token`` (factor 2: the prefill on the target, plus as much
+   cached data displaced there). The session moves iff ``w_home − w_best > move_cost_s``;
+   when a drain rate is unknown, iff it would queue at home in expectation (``h_home < 0``),
+   fits on the best replica (``h_best ≥ 0``), and gains more than ``affinity_slack · C``;
+3. a new session goes to the safe replica with the largest expected headroom, or, with none
+   safe, to the largest expected headroom as a share of capacity.
+
+``fallback=True`` marks decisions where no replica was safe (the caller counts it in a
+metric). "Less loaded" alone is no reason to move a session: "would wait there, runs here
+sooner even after rebuilding its prefix" is.
 
 Worked example: capacity 1000 with two active requests of ``300 + 200`` each has committed
-``2 · 500 = 1000`` tokens, so a new ``100 + 50`` does not fit there. With ``α = 0.02`` per
-request and ``ε = 0.05``, a third request is refused even on an empty, huge replica:
-``3 · 0.02 = 0.06 > 0.05``.
+``2 · 500 = 1000`` tokens, so a new ``100 + 50`` does not fit there. With a fixed ``α = 0.02``
+per request and ``ε = 0.05``, a third request is refused even on an empty, huge replica:
+``3 · 0.02 = 0.06 > 0.05``. With tables, four requests on a replica share ``α = 0.0125`` each.
 """
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
+
+#: ((α, U(α)), …), largest α first: one-sided upper bounds of an output length.
+BoundTable = tuple[tuple[float, int], ...]
+
+
+def bound_at(table: BoundTable, alpha: float) -> int:
+    """``U(α)`` from a table (largest α first): the entry of the largest tabulated α ≤ ``alpha``;
+    the last (most conservative) entry past the table's end."""
+    for a, u in table:
+        if a <= alpha:
+            return int(u)
+    return int(table[-1][1])
 
 
 @dataclass(frozen=True)
 class ActiveRequest:
-    """One request running (or queued) on a replica, with its predicted KV bound."""
+    """One request running (or queued) on a replica, with its predicted KV bound.
+
+    ``predicted_hi``/``alpha`` are a single bound and its risk; ``upper_bounds``, when given, is
+    the request's table of bounds and makes it share the replica's risk budget (module doc).
+    ``expected_out`` is its expected output length (default: ``predicted_hi``).
+    """
 
     request_id: str
     input_tokens: int
     predicted_hi: int
     alpha: float
     session_id: str | None = None
+    upper_bounds: BoundTable = ()
+    expected_out: float | None = None
 
     @property
     def bound_tokens(self) -> int:
         """``input + hi``: the most KV this request should ever hold (w.p. ``1 − α``)."""
         return int(self.input_tokens) + int(self.predicted_hi)
+
+    @property
+    def expected_tokens(self) -> float:
+        """``input + E[out]``."""
+        out = self.predicted_hi if self.expected_out is None else self.expected_out
+        return float(self.input_tokens) + float(out)
+
+    def bound_tokens_at(self, alpha: float) -> int:
+        """``input + U(α)`` with the table; ``input + hi`` without one."""
+        if not self.upper_bounds:
+            return self.bound_tokens
+        return int(self.input_tokens) + bound_at(self.upper_bounds, alpha)
 
 
 @dataclass(frozen=True)
@@ -59,14 +120,25 @@ class ReplicaState:
 
     ``capacity_tokens`` is ``max_total_num_tokens``; ``reported_tokens`` the worker's own count
     of tokens in use or promised (``num_total_tokens`` of ``GET /v1/loads``: used + waiting);
-    ``unreported_tokens`` the bounds of the active requests sent after that count was taken.
+    ``unreported_tokens`` the bounds of the active requests sent after that count was taken;
+    ``drain_tokens_per_s`` how fast it releases KV (for the expected wait of a request).
     """
+
+    def expected_wait_s(self, headroom_tokens: float) -> float | None:
+        """``max(0, −headroom) / drain``: seconds until an overflow drains (None: no drain rate)."""
+        if headroom_tokens >= 0:
+            return 0.0
+        if not self.drain_tokens_per_s or self.drain_tokens_per_s <= 0:
+            return None
+        return -headroom_tokens / self.drain_tokens_per_s
 
     name: str
     capacity_tokens: int
     active: tuple[ActiveRequest, ...] = ()
     reported_tokens: int = 0
     unreported_tokens: int = 0
+    #: KV tokens per second the replica releases (finished requests), when measured.
+    drain_tokens_per_s: float | None = None
 
     @property
     def tracked_tokens(self) -> int:
@@ -74,23 +146,65 @@ class ReplicaState:
 
     @property
     def committed_tokens(self) -> int:
-        """``max(Σ_active (input + hi), reported + unreported)``."""
+        """``max(Σ_active (input + hi), reported + unreported)`` (each request's own bound)."""
         return max(self.tracked_tokens, int(self.reported_tokens) + int(self.unreported_tokens))
 
     @property
     def alpha_sum(self) -> float:
         return sum(r.alpha for r in self.active)
 
+    @cached_property
+    def _split(self) -> tuple[float, int, int, list[tuple[BoundTable, int]], float]:
+        """(Σ α fixed, Σ bound fixed, Σ input flexible, [(table, count)], Σ expected tokens)."""
+        fixed_alpha = 0.0
+        fixed_tokens = 0
+        flex_input = 0
+        tables: dict[int, list] = {}
+        expected = 0.0
+        for r in self.active:
+            expected += r.expected_tokens
+            if r.upper_bounds:
+                flex_input += int(r.input_tokens)
+                slot = tables.setdefault(id(r.upper_bounds), [r.upper_bounds, 0])
+                slot[1] += 1
+            else:
+                fixed_alpha += r.alpha
+                fixed_tokens += r.bound_tokens
+        return fixed_alpha, fixed_tokens, flex_input, [(t, n) for t, n in tables.values()], expected
+
+    @property
+    def flexible_count(self) -> int:
+        return sum(n for _, n in self._split[3])
+
+    @property
+    def fixed_alpha(self) -> float:
+        return self._split[0]
+
+    def committed_at(self, alpha_flexible: float) -> int:
+        """``committed(α)``: tables read at ``alpha_flexible``, fixed requests at their own bound."""
+        _, fixed_tokens, flex_input, tables, _ = self._split
+        tracked = fixed_tokens + flex_input + sum(n * bound_at(t, alpha_flexible) for t, n in tables)
+        return max(tracked, int(self.reported_tokens) + int(self.unreported_tokens))
+
+    @property
+    def expected_committed(self) -> float:
+        """``max(Σ_active (input + E[out]), reported + unreported)``."""
+        return max(self._split[4], float(self.reported_tokens) + float(self.unreported_tokens))
+
 
 @dataclass(frozen=True)
 class ReplicaCheck:
-    """Why a replica is or is not safe for a request (one line of the decision's table)."""
+    """Why a replica is or is not safe for a request (one line of the decision's table).
+
+    ``risk`` is the union bound Σ α_i used, ``alpha_each`` the risk given to each request with
+    a bound table (None when there is none), ``headroom_tokens`` the expected headroom."""
 
     name: str
     fits: bool
     risk: float
     safe: bool
     headroom_tokens: float
+    alpha_each: float | None = None
 
 
 @dataclass(frozen=True)
@@ -98,8 +212,7 @@ class Placement:
     """The outcome of :meth:`CapacityPolicy.choose`.
 
     ``replica`` is ``None`` only when no replica was given. ``fallback`` is true when no
-    replica was safe and the least-loaded one was picked; ``affinity`` when the session's
-    previous replica won a tie.
+    replica was safe; ``affinity`` when the request stays on the session's last replica.
     """
 
     replica: str | None
@@ -110,7 +223,7 @@ class Placement:
 
 @dataclass(frozen=True)
 class CapacityPolicy:
-    """Pythia alg. 2 (union-bound capacity check); pure, stateless.
+    """Pythia alg. 2 (union-bound capacity check, risk split over the batch); pure, stateless.
 
     Parameters
     ----------
@@ -120,13 +233,22 @@ class CapacityPolicy:
         ``α`` for a request without a prediction (``1 − coverage`` of the bands, 0.01 for
         the default 99 % coverage).
     affinity_slack:
-        Replicas whose expected headroom is within this fraction of the best replica's
-        capacity are tied; ties go to the session's last replica.
+        Without drain rates, a session leaves its last replica only for one whose expected
+        headroom is larger by more than this fraction of capacity (and where, unlike at home,
+        the request fits in expectation).
+    prefill_s_per_token:
+        Seconds to prefill one prompt token on a replica: the price of rebuilding a prefix
+        (default: the simulator's calibration on SWE-agent/GLM-4.5 traces, 1.29e-4 s).
+    move_cost_factor:
+        A move costs this many times the prefill of the session's cached prefix (2: the
+        rebuild on the target plus the cached data it displaces there).
     """
 
     epsilon: float = 0.05
     default_alpha: float = 0.01
     affinity_slack: float = 0.05
+    prefill_s_per_token: float = 1.29e-4
+    move_cost_factor: float = 2.0
 
     def check(
         self,
@@ -135,20 +257,37 @@ class CapacityPolicy:
         predicted_hi: int,
         alpha: float | None = None,
         expected_out: float | None = None,
+        upper_bounds: BoundTable = (),
     ) -> ReplicaCheck:
         """Safety test of one replica for one new request (see the module docstring)."""
         a = self.default_alpha if alpha is None else float(alpha)
-        need = int(input_tokens) + int(predicted_hi)
-        fits = replica.committed_tokens + need <= replica.capacity_tokens
-        risk = replica.alpha_sum + a
         exp_out = predicted_hi if expected_out is None else expected_out
-        headroom = replica.capacity_tokens - replica.committed_tokens - input_tokens - exp_out
+        headroom = (replica.capacity_tokens - replica.expected_committed
+                    - float(input_tokens) - float(exp_out))
+        n_flex = replica.flexible_count + (1 if upper_bounds else 0)
+        fixed_alpha = replica.fixed_alpha + (0.0 if upper_bounds else a)
+        if n_flex:
+            budget = self.epsilon - fixed_alpha
+            alpha_each = budget / n_flex if budget > 0 else 0.0
+            risk = fixed_alpha + n_flex * alpha_each
+            within = budget > 0
+            probe = alpha_each if within else 1e-12
+            new_bound = (int(input_tokens) + bound_at(upper_bounds, probe) if upper_bounds
+                         else int(input_tokens) + int(predicted_hi))
+            fits = replica.committed_at(probe) + new_bound <= replica.capacity_tokens
+        else:
+            alpha_each = None
+            risk = fixed_alpha
+            within = risk <= self.epsilon + 1e-12
+            need = int(input_tokens) + int(predicted_hi)
+            fits = replica.committed_tokens + need <= replica.capacity_tokens
         return ReplicaCheck(
             name=replica.name,
             fits=fits,
             risk=risk,
-            safe=fits and risk <= self.epsilon + 1e-12,
+            safe=fits and within,
             headroom_tokens=float(headroom),
+            alpha_each=alpha_each,
         )
 
     def choose(
@@ -159,30 +298,50 @@ class CapacityPolicy:
         alpha: float | None = None,
         expected_out: float | None = None,
         last_replica: str | None = None,
+        upper_bounds: BoundTable = (),
+        cached_tokens: int | None = None,
     ) -> Placement:
-        """Pick a replica for a new request: safest-with-most-headroom, else least-loaded."""
+        """Pick a replica for a new request (see the module docstring): the session's last
+        replica if safe; else move it only for a real gain; a new session goes to the safe
+        replica with the most expected headroom, else to the least loaded.
+
+        ``cached_tokens`` is the prefix the session holds on ``last_replica`` (default: the
+        whole prompt, ``input_tokens``)."""
         if not replicas:
             return Placement(replica=None, fallback=True, affinity=False)
         checks = tuple(
-            self.check(r, input_tokens, predicted_hi, alpha, expected_out) for r in replicas
+            self.check(r, input_tokens, predicted_hi, alpha, expected_out, upper_bounds)
+            for r in replicas
         )
         by_name = {r.name: r for r in replicas}
+        home = next((c for c in checks if c.name == last_replica), None)
+        if home is not None and home.safe:
+            return Placement(replica=home.name, fallback=False, affinity=True, checks=checks)
         safe = [c for c in checks if c.safe]
         if safe:
             best = max(safe, key=lambda c: c.headroom_tokens)
-            slack = self.affinity_slack * by_name[best.name].capacity_tokens
-            if last_replica is not None and last_replica != best.name:
-                for c in safe:
-                    if c.name == last_replica and c.headroom_tokens >= best.headroom_tokens - slack:
-                        return Placement(replica=c.name, fallback=False, affinity=True, checks=checks)
-            return Placement(
-                replica=best.name, fallback=False, affinity=best.name == last_replica, checks=checks
-            )
-        least = max(
-            checks,
-            key=lambda c: c.headroom_tokens / max(1, by_name[c.name].capacity_tokens),
-        )
-        return Placement(replica=least.name, fallback=True, affinity=False, checks=checks)
+        else:
+            best = max(checks, key=lambda c: c.headroom_tokens / max(1, by_name[c.name].capacity_tokens))
+        if home is not None and best.name != home.name and not self._worth_moving(
+                by_name[home.name], home, by_name[best.name], best,
+                input_tokens if cached_tokens is None else cached_tokens):
+            best = home
+        return Placement(replica=best.name, fallback=not safe, affinity=home is not None and best is home,
+                         checks=checks)
+
+    def move_cost_s(self, cached_tokens: int) -> float:
+        """``move_cost_factor · cached_tokens · prefill_s_per_token``."""
+        return self.move_cost_factor * max(0, int(cached_tokens)) * self.prefill_s_per_token
+
+    def _worth_moving(self, home: ReplicaState, home_check: ReplicaCheck, target: ReplicaState,
+                      target_check: ReplicaCheck, cached_tokens: int) -> bool:
+        w_home = home.expected_wait_s(home_check.headroom_tokens)
+        w_target = target.expected_wait_s(target_check.headroom_tokens)
+        if w_home is not None and w_target is not None:
+            return w_home - w_target > self.move_cost_s(cached_tokens)
+        slack = self.affinity_slack * target.capacity_tokens
+        gain = target_check.headroom_tokens - home_check.headroom_tokens
+        return home_check.headroom_tokens < 0 <= target_check.headroom_tokens and gain > slack
 
     @staticmethod
     def safe_names(placement: Placement) -> list[str]:

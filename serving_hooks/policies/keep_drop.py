@@ -13,8 +13,11 @@ call will extend) is, for the eviction order of the radix cache:
 
   (SAGA: hold the KV across the tool call for as long as the tool is likely to run, and no
   longer; ``Q_0.95`` of the tool's fitted lognormal is ``exp(μ + 1.645·σ)``);
-* **dropped** (rank ``DROP``, evicted before anything else) when the path shows it is dead:
-  no call is expected after this one, or the path does not come back to this lineage;
+* **dropped** (rank ``DROP``, evicted before anything else) only when the path predicts the
+  end: the automaton gives ``P(no call follows) ≥ drop_end_p`` (``p_end``; without it,
+  ``E[remaining calls] < min_remaining_calls``), or the path does not come back to this lineage.
+  A session whose graph never predicts its end (a single-agent loop whose every state may go
+  on, like SWE-agent's) is never dropped early: it is kept for the TTL, then plain LRU;
 * left **neutral** (rank ``NEUTRAL``, plain LRU) when there is no prediction
   (``known: false``) — we serve reactively.
 
@@ -74,7 +77,8 @@ def revisit_probability(view: CallView, lineage: str = "session") -> float:
     """Probability that a later call of this session reuses the finished call's prefix.
 
     * ``lineage="session"`` (default; agents that extend one conversation, like SWE-agent):
-      any later call of the workflow reuses it, so the probability is
+      any later call of the workflow reuses it, so the probability is ``1 − p_end`` (the
+      automaton's probability that another call follows) when known, else
       ``min(1, E[remaining calls])`` (an upper bound on P(at least one more call) that is
       exact for 0 and saturates at 1).
     * ``lineage="agent"``: only a later call of the same agent reuses it: the next-agent
@@ -83,6 +87,8 @@ def revisit_probability(view: CallView, lineage: str = "session") -> float:
     """
     remaining = view.exp_remaining_calls or 0.0
     if lineage == "session":
+        if view.p_end is not None:
+            return max(0.0, min(1.0, 1.0 - view.p_end))
         return max(0.0, min(1.0, remaining))
     if lineage != "agent":
         raise ValueError(f"lineage must be 'session' or 'agent', got {lineage!r}")
@@ -102,7 +108,12 @@ class KeepDropPolicy:
     Parameters
     ----------
     min_remaining_calls:
-        Below this expected number of remaining calls the session is considered finished.
+        Below this expected number of remaining calls the session is considered finished
+        (used when the prediction carries no ``p_end``).
+    drop_end_p:
+        From this probability that no call follows (``p_end``) the session is finished
+        (0.7 = 1 − ``min_revisit_p``: the end is predicted more than twice as likely as a
+        return).
     min_revisit_p:
         Below this revisit probability the prefix is not worth keeping.
     quantile:
@@ -114,6 +125,7 @@ class KeepDropPolicy:
     """
 
     min_remaining_calls: float = 0.5
+    drop_end_p: float = 0.7
     min_revisit_p: float = 0.3
     quantile: float = 0.95
     min_ttl_s: float = 0.5
@@ -149,11 +161,14 @@ class KeepDropPolicy:
         tool_p95_s: float | None = None,
         tool_mu: float | None = None,
         tool_sigma: float | None = None,
+        p_end: float | None = None,
     ) -> Retention:
         """Keep/drop decision at the completion of a call (see the module docstring)."""
         if not known or remaining_calls is None:
             return Retention(RetentionRank.NEUTRAL, now, now, "no prediction")
-        if remaining_calls < self.min_remaining_calls:
+        ends = (p_end >= self.drop_end_p) if p_end is not None else (
+            remaining_calls < self.min_remaining_calls)
+        if ends:
             return Retention(RetentionRank.DROP, now, now, "path ends")
         if revisit_p < self.min_revisit_p:
             return Retention(RetentionRank.DROP, now, now, "path does not revisit")
@@ -172,5 +187,6 @@ class KeepDropPolicy:
             view.exp_remaining_calls,
             revisit_probability(view, self.lineage),
             tool_p95_s=view.retain_s if view.retain_s is not None else view.tool_p95_s,
+            p_end=view.p_end,
         )
 

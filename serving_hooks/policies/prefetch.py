@@ -16,7 +16,11 @@ arrive, ``t_ready = t_finish + gap_s``. Copying ``prefix_tokens`` to host takes
     start_at = max(now, t_ready − prefix_tokens / transfer_tok_s − lead_s)
 
 Staging never goes to GPU memory: a wrong guess then costs host memory and bus time only,
-never a running request's KV. The policy object keeps the pending plans in a heap keyed by
+never a running request's KV. Nor does it push anything of value out of host memory: a copy is
+made only when it fits in the host tier's free space plus the space held by prefixes the
+keep/drop policy has *dropped* (:meth:`PrefetchPolicy.may_stage`); a speculative copy that
+would evict another session's retained (or merely unannotated) prefix is skipped — the
+guess is worth less than data some session is known, or likely, to reuse. The policy object keeps the pending plans in a heap keyed by
 ``start_at``; the caller asks :meth:`PrefetchPolicy.due` at each scheduling round (SGLang
 plugin: from the scheduler thread) and performs the copies it returns.
 """
@@ -112,6 +116,12 @@ class PrefetchPolicy:
         self._live[key] = seq
         heapq.heappush(self._heap, (start_at, seq, plan))
         return plan
+
+    @staticmethod
+    def may_stage(prefix_tokens: int, free_tokens: int, dropped_tokens: int = 0) -> bool:
+        """May a copy of ``prefix_tokens`` be staged? Only into free host memory plus memory
+        held by dropped prefixes: ``prefix_tokens ≤ free + dropped``."""
+        return int(prefix_tokens) <= max(0, int(free_tokens)) + max(0, int(dropped_tokens))
 
     def cancel(self, key: str) -> None:
         """Forget the plan of ``key`` (its next call already arrived, or it was aborted)."""

@@ -1,24 +1,39 @@
-"""Graph-driven request priority (Pythia algorithm 3) with aging.
+"""Graph-driven workflow priority (Pythia algorithm 3) with workflow-level aging.
 
 The rule
 --------
-A call of a workflow whose predicted graph says it is *close to done* should run first
-(shortest-remaining-work first shortens the average job completion time), and so should a
-call whose workflow will soon feed a *downstream model that is about to idle*:
+A *workflow* whose predicted graph says it is close to done should run first (shortest
+expected remaining work first shortens the average job completion time), and so should a
+workflow that will soon feed a *downstream model that is about to idle*:
 
     base = w1 / E[D_remain]  +  w2 · Σ_{m ∈ M_idle} 1 / E[D_m]
 
 * ``E[D_remain]`` — expected number of calls left in the workflow, counting this one
-  (``1 + expected_remaining_calls``; from the absorbing-chain fundamental matrix in synth/);
+  (``1 + expected_remaining_calls``; from the absorbing-chain fundamental matrix in synth/,
+  i.e. from the session's automaton state after this call);
 * ``E[D_m]`` — expected distance, in calls, from here to the first call of downstream model
   ``m`` (``expected_distance`` in sys_annotations), floored at 1;
 * ``M_idle`` — downstream models whose queue depth is under ``idle_queue_threshold`` right
   now (they are at risk of idling, so work that reaches them sooner is worth more).
 
-At each scheduling round the waiting request's score grows with its waiting time so that no
-request starves behind a stream of short workflows:
+The score is a property of the **session**, not of one call: every call of a workflow carries
+its session's current base, and the anti-starvation aging counts from the workflow's start,
+not from the call's enqueue time:
 
-    score(t) = base + aging_per_s · (t − t_enqueued)
+    score(t) = base + aging_per_s · (t − t_session_start)
+
+Every waiting workflow ages at the same rate, so the order between two workflows is fixed —
+``base − aging_per_s · t_start`` — and aging only bounds how long a newer workflow's smaller
+remaining work may keep an older one waiting: ``Δbase / aging_per_s`` seconds (with the
+default 0.001 /s, a workflow one call from done (base 0.5) passes one that has just started a
+13-call path (≈ 0.07) unless that one started more than 430 s earlier). Aging from each call's
+own enqueue time instead (per-call aging) would, once calls wait longer than ``Δbase /
+aging_per_s``, order the queue by call arrival: call-level FCFS that interleaves workflows.
+
+Two places compute it, without sharing a clock: the predictor (gateway side) gives a call the
+priority :meth:`PriorityPolicy.session_score` ``= base + aging · (session age at issue)``, and the
+SGLang plugin ages a queued request by ``aging · (time since enqueue)``
+(:meth:`PriorityPolicy.aged`); their sum is the workflow-level score above.
 
 SGLang's priority scheduler sorts integer priorities, bigger first (the default, without
 ``--schedule-low-priority-values-first``), so :meth:`PriorityPolicy.to_sglang` maps a score
@@ -53,7 +68,7 @@ class PriorityPolicy:
     idle_queue_threshold:
         A downstream model with fewer than this many waiting requests is "at risk of idling".
     aging_per_s:
-        Score added per second spent waiting (anti-starvation).
+        Score added per second of the workflow's age (anti-starvation; see the module doc).
     unknown_score:
         Base score of a call without a prediction (default: as if 3 calls remained).
     scale:
@@ -63,7 +78,7 @@ class PriorityPolicy:
     w1: float = 1.0
     w2: float = 1.0
     idle_queue_threshold: int = 2
-    aging_per_s: float = 0.05
+    aging_per_s: float = 0.001
     unknown_score: float = 0.25
     scale: float = 1000.0
 
@@ -114,8 +129,15 @@ class PriorityPolicy:
             distance = by_model
         return self.base_score(view.exp_remaining_calls, distance, queue_depth, known=view.known)
 
+    def session_score(self, base: float, session_age_s: float | None) -> float:
+        """``base + aging_per_s · session_age_s``: the score of a call issued when its workflow
+        was ``session_age_s`` seconds old (what the gateway sends as the call's priority)."""
+        return base + self.aging_per_s * max(0.0, float(session_age_s or 0.0))
+
     def aged(self, base: float, enqueued_at: float, now: float) -> float:
-        """``base + aging_per_s · (now − enqueued_at)``; waiting time never counts negative."""
+        """``base + aging_per_s · (now − enqueued_at)``; waiting time never counts negative.
+
+        Applied to a :meth:`session_score`, this is the workflow-level score at ``now``."""
         return base + self.aging_per_s * max(0.0, now - enqueued_at)
 
     def to_sglang(self, score: float) -> int:

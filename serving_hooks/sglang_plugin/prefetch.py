@@ -15,7 +15,9 @@ the scheduler thread, where the cache may be touched. Without a host tier
 skipped. With tensor parallelism > 1 the ranks' wall clocks could disagree about which
 plan is due and HiCache transfers must match across ranks, so staging is skipped there.
 Prefixes that only live in L3 storage are not fetched by this version (SGLang already
-prefetches those at admission, ``Scheduler._prefetch_kvcache``).
+prefetches those at admission, ``Scheduler._prefetch_kvcache``). A copy is staged only into
+free host memory (:meth:`PrefetchPolicy.may_stage` with the host pool's ``available_size()``):
+HiCache would otherwise evict other sessions' host copies to make room for a guess.
 """
 from __future__ import annotations
 
@@ -102,6 +104,11 @@ def run_due_prefetches(scheduler: Any, now: float | None = None) -> int:
         req = plan.payload
         if tree_cache is None or getattr(tree_cache, "cache_controller", None) is None:
             state.counters["prefetch_skipped_no_host_tier"] += 1
+            continue
+        host_pool = getattr(tree_cache.cache_controller, "mem_pool_host", None)
+        free = host_pool.available_size() if host_pool is not None else None
+        if free is not None and not state.prefetch.may_stage(len(_history_ids(req)), int(free)):
+            state.counters["prefetch_skipped_host_full"] += 1
             continue
         try:
             n = stage_prefix_to_host(

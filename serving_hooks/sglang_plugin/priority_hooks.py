@@ -2,17 +2,20 @@
 
 * ``Scheduler._add_request_to_queue`` (BEFORE): when a request arrives with the gateway's
   ``custom_params``, its integer ``priority`` is set from them (unless the request already
-  carries one in the top-level ``priority`` field) and its base score and arrival time are
-  remembered on the request.
+  carries one in the top-level ``priority`` field) and its score and arrival time are
+  remembered on the request — and as its *session's* latest score (``PluginState.sessions``).
 * ``SchedulePolicy.calc_priority`` (BEFORE): at each scheduling round, every remembered
-  request's priority (waiting and running) becomes ``to_sglang(base + aging_per_s · waited)``
-  so SGLang's own ``(priority, wait time)`` sort serves the oldest work first among equals
-  and lets long waiters overtake (anti-starvation).
+  request's priority (waiting and running) becomes ``to_sglang(score + aging_per_s · waited)``
+  with the score and arrival of its session's latest call, so all calls of a workflow carry
+  the workflow's priority; SGLang's own ``(priority, wait time)`` sort then serves the oldest
+  work first among equals.
 
-The base score is the gateway's ``priority`` read back through
-:meth:`PriorityPolicy.from_sglang` (the gateway computes it with the same policy, including
-the idle-downstream term, which needs the load of other models); without it, the plugin
-computes the remaining-work term from ``exp_remaining_calls`` alone.
+The score is the gateway's ``priority`` read back through :meth:`PriorityPolicy.from_sglang`:
+the predictor computes it with the same policy as ``base + aging · (session age at issue)``
+(:meth:`PriorityPolicy.session_score`), so adding ``aging · (time since arrival)`` here gives
+the workflow-level score ``base + aging · (now − session start)`` without sharing a clock.
+Without a gateway priority, the plugin computes it from ``exp_remaining_calls`` and
+``session_age_s`` of the custom_params.
 """
 from __future__ import annotations
 
@@ -27,6 +30,7 @@ logger = logging.getLogger(__name__)
 #: Attribute names the plugin stores on ``Req`` objects.
 BASE_ATTR = "_awp_base_score"
 ENQUEUED_ATTR = "_awp_enqueued_at"
+SESSION_ATTR = "_awp_session"
 
 
 def admit_request(req: Any, now: float | None = None) -> bool:
@@ -45,16 +49,20 @@ def admit_request(req: Any, now: float | None = None) -> bool:
             if view.priority is not None:
                 req.priority = int(view.priority)
             else:
-                req.priority = pol.to_sglang(pol.score_view(view))
+                req.priority = pol.to_sglang(pol.session_score(pol.score_view(view), view.session_age_s))
         setattr(req, BASE_ATTR, pol.from_sglang(req.priority))
         setattr(req, ENQUEUED_ATTR, now)
+        if view.session_id:
+            setattr(req, SESSION_ATTR, view.session_id)
+            state.note_session(view.session_id, pol.from_sglang(req.priority), now)
         state.counters["priority_set"] += 1
         plan_prefetch(state, req, view, now)
     return True
 
 
 def age_queue(waiting_queue: list, now: float | None = None) -> int:
-    """Re-score every admitted request of ``waiting_queue`` with its waiting time."""
+    """Re-score every admitted request of ``waiting_queue``: its session's latest score aged
+    from that call's arrival (its own score and arrival when the session is not known)."""
     state = get_state()
     now = state.clock() if now is None else now
     pol = state.settings.priority
@@ -63,7 +71,9 @@ def age_queue(waiting_queue: list, now: float | None = None) -> int:
         base = getattr(req, BASE_ATTR, None)
         if base is None:
             continue
-        req.priority = pol.to_sglang(pol.aged(base, getattr(req, ENQUEUED_ATTR, now), now))
+        ref = state.sessions.get(getattr(req, SESSION_ATTR, None) or "")
+        score, since = ref if ref is not None else (base, getattr(req, ENQUEUED_ATTR, now))
+        req.priority = pol.to_sglang(pol.aged(score, since, now))
         n += 1
     return n
 

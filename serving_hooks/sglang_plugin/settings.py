@@ -7,7 +7,7 @@ sglang.launch_server`` (the scheduler processes inherit them).
 variable                           default    meaning
 =================================  =========  ==============================================
 ``AWP_SGLANG_PLUGIN``              ``1``      ``0`` registers nothing (plugin installed but off)
-``AWP_PRIORITY_AGING_PER_S``       ``0.05``   score added per second of waiting (alg. 3 aging)
+``AWP_PRIORITY_AGING_PER_S``       ``0.001``  score added per second of a workflow's age (alg. 3)
 ``AWP_PRIORITY_SCALE``             ``1000``   score → SGLang integer priority multiplier
 ``AWP_KEEP_MAX_TTL_S``             ``120``    upper bound of a retention TTL (SAGA)
 ``AWP_KEEP_MIN_REVISIT_P``         ``0.3``    below this revisit probability a prefix is dropped
@@ -64,7 +64,7 @@ class PluginSettings:
             enabled=_flag("AWP_SGLANG_PLUGIN"),
             prefetch_enabled=_flag("AWP_PREFETCH"),
             priority=PriorityPolicy(
-                aging_per_s=_f("AWP_PRIORITY_AGING_PER_S", 0.05),
+                aging_per_s=_f("AWP_PRIORITY_AGING_PER_S", PriorityPolicy.aging_per_s),
                 scale=_f("AWP_PRIORITY_SCALE", 1000.0),
             ),
             keep_drop=KeepDropPolicy(

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Callable
 from typing import Any
 
@@ -23,13 +23,28 @@ def custom_params_of(req: Any) -> dict | None:
 
 
 class PluginState:
-    """Policies + clock + counters shared by the hooks of one process."""
+    """Policies + clock + counters shared by the hooks of one process.
 
-    def __init__(self, settings: PluginSettings, clock: Callable[[], float] = time.monotonic):
+    ``sessions`` remembers, per workflow id, the priority score of the session's latest call
+    and when it arrived (LRU, ``max_sessions``): every queued call of a session is aged from
+    that reference, so the priority is the session's, not each call's (alg. 3, workflow level).
+    """
+
+    def __init__(self, settings: PluginSettings, clock: Callable[[], float] = time.monotonic,
+                 max_sessions: int = 100_000):
         self.settings = settings
         self.clock = clock
         self.prefetch: PrefetchPolicy = settings.new_prefetch_policy()
         self.counters: Counter[str] = Counter()
+        self.sessions: OrderedDict[str, tuple[float, float]] = OrderedDict()
+        self.max_sessions = max_sessions
+
+    def note_session(self, session_id: str, score: float, now: float) -> None:
+        """The session's latest call arrived at ``now`` with ``score`` (its workflow score)."""
+        self.sessions[session_id] = (score, now)
+        self.sessions.move_to_end(session_id)
+        while len(self.sessions) > self.max_sessions:
+            self.sessions.popitem(last=False)
 
     def view(self, req: Any) -> CallView | None:
         cp = custom_params_of(req)

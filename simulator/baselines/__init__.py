@@ -10,7 +10,11 @@ autellix-plas      PLAS, multi-level, preemptive   least-used, long prompts    L
 continuum-ttl      program-level FCFS              session affinity            LRU + TTL pins
 mori-idleness      FCFS                            session affinity            idleness rank, both tiers
 belady             FCFS                            session affinity            Bélády MIN (oracle)
+oracle-srpt        workflow SRPT (oracle)          session affinity            LRU
 =================  ==============================  ==========================  =====================
+
+``belady`` and ``oracle-srpt`` read the replay's future: they are references (what the best
+eviction, or the best queue order, could do), not deployable policies.
 
 Every baseline runs on the same hardware: the same replicas, GPU and host tiers, admission,
 chunked prefill and preemption of :mod:`simulator.engine`.
@@ -21,7 +25,7 @@ from typing import Callable
 
 from simulator.baselines.caches import LRU, Belady, ContinuumTTL, MoriIdleness
 from simulator.baselines.routers import AutellixRouter, LeastLoad, RoundRobin, StickyLeastLoad
-from simulator.baselines.schedulers import FCFS, PLAS, ProgramFCFS
+from simulator.baselines.schedulers import FCFS, PLAS, OracleSRPT, ProgramFCFS
 from simulator.policy import Policy
 
 BASELINES: dict[str, Callable[[], Policy]] = {
@@ -38,7 +42,9 @@ BASELINES: dict[str, Callable[[], Policy]] = {
                                     "idleness-ranked GPU/host placement"),
     "belady": lambda: Policy("belady", StickyLeastLoad(), FCFS(), Belady(),
                              "offline-optimal (MIN) eviction, oracle of future accesses"),
+    "oracle-srpt": lambda: Policy("oracle-srpt", StickyLeastLoad(), OracleSRPT(), LRU(),
+                                  "clairvoyant workflow-level shortest remaining work first"),
 }
 
 __all__ = ["BASELINES", "LRU", "Belady", "ContinuumTTL", "MoriIdleness", "AutellixRouter",
-           "LeastLoad", "RoundRobin", "StickyLeastLoad", "FCFS", "PLAS", "ProgramFCFS"]
+           "LeastLoad", "RoundRobin", "StickyLeastLoad", "FCFS", "PLAS", "OracleSRPT", "ProgramFCFS"]

@@ -38,6 +38,8 @@ class PLAS(Scheduler):
     """
 
     preemptive = True
+    #: A full running set does not shield lower queues either (Autellix preempts by queue).
+    slot_preemption = True
     #: Autellix swaps preempted calls' KV to CPU memory rather than recomputing it.
     swap_on_preempt = True
 
@@ -90,3 +92,22 @@ class PLAS(Scheduler):
     def preempt_rank(self, req):
         """Only a call of a strictly higher queue preempts (FCFS inside a queue)."""
         return self.level(req)
+
+
+class OracleSRPT(Scheduler):
+    """Clairvoyant workflow-level shortest-remaining-work-first: a *reference*, not a deployable
+    policy. Calls are ordered by the output tokens their workflow has left to generate (every
+    unfinished call of it, read from the replay), then FCFS. It shows how far any ordering of
+    the waiting queue could go on a trace, the way ``belady`` bounds eviction."""
+
+    def bind(self, sim) -> None:
+        super().bind(sim)
+        self.left: dict[int, int] = {}
+        for c in sim.workload.calls:
+            self.left[c.wf] = self.left.get(c.wf, 0) + c.output_tokens
+
+    def on_finish(self, req) -> None:
+        self.left[req.wf] -= req.call.output_tokens
+
+    def queue_key(self, req):
+        return (self.left[req.wf], req.t_issue, req.idx)

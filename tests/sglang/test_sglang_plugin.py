@@ -14,7 +14,7 @@ from array import array
 
 
 from serving_hooks.annotations import flatten_for_sglang
-from serving_hooks.policies import CallView
+from serving_hooks.policies import CallView, PriorityPolicy
 from serving_hooks.sglang_plugin import HOOK_TARGETS
 from serving_hooks.sglang_plugin.priority_hooks import BASE_ATTR, ENQUEUED_ATTR, admit_request
 from serving_hooks.sglang_plugin.retention import BACKEND_NAME, retention_cache_factory
@@ -104,9 +104,14 @@ def _req(rid: str, custom_params: dict | None, priority: int | None):
 
 
 def test_calc_priority_orders_real_reqs_as_our_priority_says(clock):
+    from dataclasses import replace
+
     from sglang.srt.managers.schedule_policy import SchedulePolicy
     from sglang.srt.mem_cache.radix_cache import RadixCache
 
+    # a fast aging rate (0.05 /s) so that 20 s of waiting visibly reorders the queue
+    reset_state(PluginState(replace(get_state().settings, priority=PriorityPolicy(aging_per_s=0.05)),
+                            clock=clock))
     pol = get_state().settings.priority
     # Same small graph as tests/test_policies_priority_capacity.py, computed by the gateway:
     # a = planner (3 left, idle coder 1 call away) 1.25; b = coder (2 left) 1/3; c = tester (0 left) 1.0
@@ -155,3 +160,34 @@ def test_calc_priority_orders_real_reqs_as_our_priority_says(clock):
         setattr(r, ENQUEUED_ATTR, 1000.0)
     policy.calc_priority(queue)
     assert [r.rid for r in queue] == ["a", "c", "d", "b", "e"]
+
+
+def test_calls_of_one_session_share_the_workflow_priority(clock):
+    """Workflow-level aging: a queued call of a session is re-scored from its session's latest
+    call (the gateway's ``base + aging · session age``), not from its own arrival."""
+    from sglang.srt.managers.schedule_policy import SchedulePolicy
+    from sglang.srt.mem_cache.radix_cache import RadixCache
+
+    pol = get_state().settings.priority
+    assert pol.aging_per_s == PriorityPolicy().aging_per_s == 0.001
+    # session X started 600 s before its call x1 (base 0.2): 0.2 + 0.001 · 600 = 0.8 -> 800;
+    # session Y is new (base 0.5, age 0): 500.
+    x1 = _req("x1", gateway_custom_params("wX", "coder", 4.0, pol.to_sglang(pol.session_score(0.2, 600))), None)
+    y1 = _req("y1", gateway_custom_params("wY", "coder", 1.0, pol.to_sglang(pol.session_score(0.5, 0))), None)
+    x1.priority, y1.priority = 800, 500
+    admit_request(x1, now=1000.0)
+    admit_request(y1, now=1000.0)
+    # 20 s later X's next call (base 0.25, the session now 620 s old): 0.25 + 0.62 = 0.87
+    clock.t = 1020.0
+    x2 = _req("x2", gateway_custom_params("wX", "coder", 3.0, 870), 870)
+    admit_request(x2, now=1020.0)
+    assert get_state().sessions["wX"] == (pytest.approx(0.87), 1020.0)
+    policy = SchedulePolicy("fcfs", RadixCache.create_simulated(), False, True, False)
+    queue = [y1, x2, x1]
+    policy.calc_priority(queue)
+    # x1 carries its session's latest score (870), y1 its own aged by 20 s: 500 + 20 = 520
+    assert (x1.priority, x2.priority, y1.priority) == (870, 870, 520)
+    assert [r.rid for r in queue] == ["x1", "x2", "y1"]     # equal priority: earlier arrival first
+    clock.t = 1520.0                                         # every session ages at the same rate
+    policy.calc_priority(queue)
+    assert (x1.priority, y1.priority) == (870 + 500, 520 + 500)
