@@ -183,3 +183,24 @@ def sglang_runtime():
     plugins.load_plugins()  # discovers serving_hooks.sglang_plugin:register by entry point
     yield server_args
     override.restore()
+
+
+class FakeClock:
+    """The plugin's clock, set by hand (``clock.t = …``)."""
+
+    def __init__(self, t: float = 0.0):
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+@pytest.fixture
+def clock(request):
+    """A fresh plugin state on a :class:`FakeClock` starting at the module's ``CLOCK_START``."""
+    from serving_hooks.sglang_plugin.state import PluginState, get_state, reset_state
+
+    c = FakeClock(getattr(request.module, "CLOCK_START", 0.0))
+    reset_state(PluginState(get_state().settings, clock=c))
+    yield c
+    reset_state()

@@ -23,20 +23,8 @@ from serving_hooks.sglang_plugin.state import PluginState, get_state, reset_stat
 pytestmark = pytest.mark.usefixtures("sglang_runtime")
 
 
-class FakeClock:
-    def __init__(self, t: float = 0.0):
-        self.t = t
-
-    def __call__(self) -> float:
-        return self.t
-
-
-@pytest.fixture
-def clock():
-    c = FakeClock(1000.0)
-    reset_state(PluginState(get_state().settings, clock=c))
-    yield c
-    reset_state()
+#: Plugin clock start for this module (the ``clock`` fixture of conftest.py reads it).
+CLOCK_START = 1000.0
 
 
 def gateway_custom_params(wf_id: str, agent: str, remaining: float, priority: int | None) -> dict:

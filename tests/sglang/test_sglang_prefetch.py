@@ -16,27 +16,15 @@ import torch
 
 from serving_hooks.sglang_plugin.prefetch import run_due_prefetches
 from serving_hooks.sglang_plugin.priority_hooks import admit_request
-from serving_hooks.sglang_plugin.state import PluginState, get_state, reset_state
+from serving_hooks.sglang_plugin.state import get_state
 
 pytestmark = pytest.mark.usefixtures("sglang_runtime")
 POOL = 96
 PROMPT = 40
 
 
-class FakeClock:
-    def __init__(self, t: float = 0.0):
-        self.t = t
-
-    def __call__(self) -> float:
-        return self.t
-
-
-@pytest.fixture
-def clock():
-    c = FakeClock(0.0)
-    reset_state(PluginState(get_state().settings, clock=c))
-    yield c
-    reset_state()
+#: Plugin clock start for this module (the ``clock`` fixture of conftest.py reads it).
+CLOCK_START = 0.0
 
 
 @pytest.fixture

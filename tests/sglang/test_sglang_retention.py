@@ -20,7 +20,7 @@ from serving_hooks.sglang_plugin.retention import (
     install_retention_strategy,
     stamp_finished_request,
 )
-from serving_hooks.sglang_plugin.state import PluginState, get_state, reset_state
+from serving_hooks.sglang_plugin.state import get_state
 
 pytestmark = pytest.mark.usefixtures("sglang_runtime")
 
@@ -28,20 +28,8 @@ POOL_TOKENS = 96
 SESSION_TOKENS = 40
 
 
-class FakeClock:
-    def __init__(self, t: float = 0.0):
-        self.t = t
-
-    def __call__(self) -> float:
-        return self.t
-
-
-@pytest.fixture
-def clock():
-    c = FakeClock(500.0)
-    reset_state(PluginState(get_state().settings, clock=c))
-    yield c
-    reset_state()
+#: Plugin clock start for this module (the ``clock`` fixture of conftest.py reads it).
+CLOCK_START = 500.0
 
 
 def _pool():
