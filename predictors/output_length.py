@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -74,11 +74,11 @@ def conformal_band(y: np.ndarray, coverage: float) -> tuple[int, int, bool]:
 
 def lognormal_band(y: np.ndarray, coverage: float) -> tuple[int, int]:
     """(lo, hi): prediction interval of a new value when ln y is normal (t quantile, n ≥ 3)."""
-    z = np.log(np.maximum(np.asarray(y, dtype=float), 1.0))
-    n = len(z)
+    mu, sigma = log_moments(y)
+    n = len(y)
     t = stats.t.ppf(1 - (1 - coverage) / 2, df=n - 1)
-    half = t * z.std(ddof=1) * math.sqrt(1 + 1 / n)
-    return int(math.floor(math.exp(z.mean() - half))), int(math.ceil(math.exp(z.mean() + half)))
+    half = t * sigma * math.sqrt(1 + 1 / n)
+    return int(math.floor(math.exp(mu - half))), int(math.ceil(math.exp(mu + half)))
 
 
 def log_moments(y: np.ndarray) -> tuple[float, float]:
@@ -113,7 +113,7 @@ def upper_prediction_bound(y: np.ndarray, alpha: float, mu: float | None = None,
     return int(math.ceil(lognormal_upper(mu, sigma, n, alpha)))
 
 
-def upper_table(y: np.ndarray, alphas=UPPER_ALPHAS) -> dict[str, int]:
+def upper_table(y: np.ndarray, alphas: Sequence[float] = UPPER_ALPHAS) -> dict[str, int]:
     """``{str(α): U(α)}`` over ``alphas``, made non-decreasing as α shrinks (the lognormal
     extrapolation may start below the last exact order statistic)."""
     mu, sigma = log_moments(y)
@@ -297,7 +297,7 @@ class OutputLengthIntervals(BaseEstimator):
         return band_upper_bound(band, alpha, self.coverage)
 
     def upper_bounds(self, workflow_type_id: str, agent_id: str,
-                     alphas=UPPER_ALPHAS) -> tuple[tuple[float, int], ...]:
+                     alphas: Sequence[float] = UPPER_ALPHAS) -> tuple[tuple[float, int], ...]:
         """``((α, U(α)), …)`` over ``alphas``, largest α first: the table a router interpolates."""
         band, _ = self.lookup(workflow_type_id, agent_id)
         return tuple((float(a), band_upper_bound(band, a, self.coverage))

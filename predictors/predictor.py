@@ -11,7 +11,8 @@ One object serves every request of a process (sidecar, gateway, or an app that i
   order), the automaton state they lead to, each agent's last output length (a feature of the
   conditional output-length model) and the last few responses (what prompt templates reference).
   Sessions live in an LRU table bounded by ``max_sessions`` and forgotten after ``session_idle_s``
-  without a call. One lock guards the table; every operation under it is O(1).
+  without a call. One lock guards the table; every per-call operation under it is O(1) (after a
+  profile swap a session's first call replays its agents on the new automaton, once).
 * **Calls advance the session.** :meth:`annotate` (at call arrival) advances the automaton by the
   call's agent — once per ``request_id``, so a retried annotate does not count twice — and
   :meth:`observe` (at completion) records the output length and response; a completion whose
@@ -181,7 +182,7 @@ class _Session:
     path_version: str | None = None
     agent_calls: dict[str, int] = field(default_factory=dict)
     last_output: dict[str, int] = field(default_factory=dict)
-    pending: OrderedDict = field(default_factory=OrderedDict)   # request_id -> (agent, band | None)
+    pending: OrderedDict = field(default_factory=OrderedDict)   # request_id -> (agent, band | None, issued_at)
     recent: deque = field(default_factory=lambda: deque(maxlen=8))
     last_finish: float | None = None
     truncated: bool = False
@@ -232,7 +233,7 @@ class Predictor:
 
     # ------------------------------------------------------------------ profile
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any], version: str = "inline", **kwargs) -> "Predictor":
+    def from_dict(cls, data: Mapping[str, Any], version: str = "inline", **kwargs: Any) -> "Predictor":
         """A predictor over a profile.json dict (tests, notebooks)."""
         return cls(SimpleNamespace(data=data, version=version, manifest={}, path=None), **kwargs)
 
@@ -324,6 +325,19 @@ class Predictor:
         if m is not None and s.path_version == m.version and s.path_state is not None:
             s.path_state = m.paths[s.workflow_type_id].advance(s.path_state, agent)
 
+    @staticmethod
+    def _band(m: CompiledProfile, s: _Session, agent: str, entry: _AgentEntry, input_tokens: Any,
+              agent_call_index: int) -> tuple[int, int, str] | None:
+        """The band of a call by ``agent`` in session ``s`` (its history feeds the conditional
+        model); None, logged, when the estimator entry fails: never an exception."""
+        features = {"prev_agent_output_tokens": s.last_output.get(agent), "input_tokens": input_tokens,
+                    "agent_call_index": agent_call_index}
+        try:
+            return m.band(s.workflow_type_id, agent, entry, features)
+        except Exception as exc:  # a broken estimator entry must not fail the request
+            log.warning("output band for %s/%s failed: %s", s.workflow_type_id, agent, exc)
+            return None
+
     # ----------------------------------------------------------------- annotate
     @staticmethod
     def _unknown(base: dict, reason: str, detail: str | None = None) -> dict:
@@ -373,13 +387,8 @@ class Predictor:
             entry = m.agents.get((wt, agent))
             band = None
             if entry is not None:
-                features = {"prev_agent_output_tokens": s.last_output.get(agent),
-                            "input_tokens": input_tokens,
-                            "agent_call_index": max(s.agent_calls.get(agent, 0) - (1 if advance else 0), 0)}
-                try:
-                    band = m.band(wt, agent, entry, features)
-                except Exception as exc:  # a broken estimator entry must not fail the request
-                    log.warning("output band for %s/%s failed: %s", wt, agent, exc)
+                band = self._band(m, s, agent, entry, input_tokens,
+                                  max(s.agent_calls.get(agent, 0) - (1 if advance else 0), 0))
             if request_id is not None and advance and first_time:
                 s.pending[request_id] = (agent, band, issued_at)
                 if len(s.pending) > 64:
@@ -472,14 +481,8 @@ class Predictor:
             if pending is None:
                 band = None
                 if m is not None and (wt, agent) in m.agents:
-                    entry = m.agents[(wt, agent)]
-                    try:
-                        band = m.band(wt, agent, entry, {
-                            "prev_agent_output_tokens": s.last_output.get(agent),
-                            "input_tokens": completion.get("input_tokens"),
-                            "agent_call_index": s.agent_calls.get(agent, 0)})
-                    except Exception:
-                        band = None
+                    band = self._band(m, s, agent, m.agents[(wt, agent)], completion.get("input_tokens"),
+                                      s.agent_calls.get(agent, 0))
                 self._advance(m, s, agent)
             else:
                 band = pending[1]

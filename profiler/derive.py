@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import duckdb
 
-from profiler.store import BASE_CALL_COLUMNS, DERIVED_CALL_COLUMNS
+from profiler.store import BASE_CALL_COLUMNS, DERIVED_CALL_COLUMNS, sql_columns
 
-_BASE = ", ".join(f'"{c}"' for c in BASE_CALL_COLUMNS)
+_BASE = sql_columns(BASE_CALL_COLUMNS)
 #: Typed shape of one explicit tool execution (the JSON ``tool_calls`` column parsed).
 TOOL_LIST_TYPE = '[{"name": "VARCHAR", "t_start": "DOUBLE", "t_end": "DOUBLE", "status": "VARCHAR"}]'
 
@@ -42,7 +42,7 @@ def insert_calls(con: duckdb.DuckDBPyConnection, new_rows_sql: str, has_tool_lis
                     "WHERE t.workflow_type_id = u.workflow_type_id AND t.workflow_id = u.workflow_id")
         con.execute("DELETE FROM tool_calls t USING touched u "
                     "WHERE t.workflow_type_id = u.workflow_type_id AND t.workflow_id = u.workflow_id")
-    derived = ", ".join(f'"{c}"' for c in DERIVED_CALL_COLUMNS)
+    derived = sql_columns(DERIVED_CALL_COLUMNS)
     # Windows over a narrow projection (sorting the wide rows with prompts would cost more),
     # joined back to the full rows on insert.
     con.execute("""

@@ -37,10 +37,16 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from profiler.fitting import FitOptions
-from profiler.profile_artifact import DEFAULT_STORE, Profile
+from profiler.profile_artifact import Profile, store_path
+from profiler.store import BASE_CALL_COLUMNS, TABLE_DOCS, connect, sql_columns, sql_string
+
+if TYPE_CHECKING:
+    import duckdb
+
+    from profiler.ingest import IngestReport
 
 #: Sections whose value is {workflow_type: ...} and are united as is.
 PER_TYPE_SECTIONS = ("agents", "workflow_types")
@@ -51,10 +57,6 @@ SHARD_BYTES = 256 * 2**20
 def wt_key(workflow_type: str) -> str:
     """Partition key of a workflow type: 8 hex digits of its md5 (any name is a safe path)."""
     return hashlib.md5(workflow_type.encode()).hexdigest()[:8]
-
-
-def _sql_str(s: str | Path) -> str:
-    return "'" + str(s).replace("'", "''") + "'"
 
 
 def plan_shards(files: Sequence[tuple[Path, str]], n_shards: int) -> list[list[str]]:
@@ -69,40 +71,37 @@ def plan_shards(files: Sequence[tuple[Path, str]], n_shards: int) -> list[list[s
 
 
 # ------------------------------------------------------------------------------ Ray tasks
-def task_store(work_dir: str, name: str, limits: dict[str, Any]):
+def task_store(work_dir: str, name: str, limits: dict[str, Any]) -> "duckdb.DuckDBPyConnection":
     """An in-memory store for one task, bounded: DuckDB threads = the task's CPUs and, when
     ``memory_limit`` is set, spilling to ``<work_dir>/spill/<name>`` past that much memory."""
-    from profiler.store import connect
-
     con = connect(None)
     con.execute(f"SET threads = {int(limits.get('threads') or 1)}")
     if limits.get("memory_limit"):
         spill = Path(work_dir) / "spill" / name
         spill.mkdir(parents=True, exist_ok=True)
-        con.execute(f"SET memory_limit = {_sql_str(limits['memory_limit'])}")
-        con.execute(f"SET temp_directory = {_sql_str(spill)}")
+        con.execute(f"SET memory_limit = {sql_string(limits['memory_limit'])}")
+        con.execute(f"SET temp_directory = {sql_string(spill)}")
     return con
 
 
 def ingest_shard(files: list[str], work_dir: str, shard: int, limits: dict[str, Any]) -> dict[str, Any]:
     """Ray task: ingest ``files`` into an in-memory store, write its calls as Parquet by type."""
     from profiler.ingest import ingest
-    from profiler.store import BASE_CALL_COLUMNS
 
     t0 = time.perf_counter()
     con = task_store(work_dir, f"shard-{shard}", limits)
     report = ingest(con, files)
-    cols = ", ".join(f'"{c}"' for c in BASE_CALL_COLUMNS)
+    cols = sql_columns(BASE_CALL_COLUMNS)
     out = Path(work_dir) / "calls" / f"shard-{shard:04d}"
     types = dict(con.execute("SELECT workflow_type_id, count(*) FROM calls GROUP BY 1").fetchall())
     if types:
         out.parent.mkdir(parents=True, exist_ok=True)
         con.execute(f"""COPY (SELECT {cols}, substr(md5(workflow_type_id), 1, 8) AS wt_key FROM calls)
-                        TO {_sql_str(out)} (FORMAT parquet, PARTITION_BY (wt_key))""")
+                        TO {sql_string(out)} (FORMAT parquet, PARTITION_BY (wt_key))""")
     quarantine = Path(work_dir) / "quarantine" / f"shard-{shard:04d}.parquet"
     if con.execute("SELECT count(*) FROM quarantine").fetchone()[0]:
         quarantine.parent.mkdir(parents=True, exist_ok=True)
-        con.execute(f"COPY quarantine TO {_sql_str(quarantine)} (FORMAT parquet)")
+        con.execute(f"COPY quarantine TO {sql_string(quarantine)} (FORMAT parquet)")
     files_rows = con.execute("SELECT * FROM ingested_files").fetchall()
     con.close()
     return {"workflow_types": {k: int(v) for k, v in types.items()}, "ingested_files": files_rows,
@@ -114,24 +113,24 @@ def fit_workflow_type(workflow_type: str, work_dir: str, options: dict[str, Any]
     """Ray task: gather one workflow type from every shard, derive, fit it alone."""
     from profiler import derive
     from profiler.fitting import fit_from_store
-    from profiler.store import BASE_CALL_COLUMNS, TABLE_DOCS
 
     t0 = time.perf_counter()
     key = wt_key(workflow_type)
     work = Path(work_dir)
     con = task_store(work_dir, f"wt-{key}", limits)
-    cols = ", ".join(f'"{c}"' for c in BASE_CALL_COLUMNS)
-    src = _sql_str(work / "calls" / "*" / f"wt_key={key}" / "*.parquet")
+    cols = sql_columns(BASE_CALL_COLUMNS)
+    src = sql_string(work / "calls" / "*" / f"wt_key={key}" / "*.parquet")
     # Earliest (file, line) of a request id wins, as in the single-node ingester; a later record
     # with other content under the same id is a conflicting duplicate.
     con.execute(f"""
         CREATE TEMP TABLE gathered AS
         SELECT {cols},
-          row_number() OVER (PARTITION BY request_id ORDER BY source_file, source_line) AS rn,
-          first_value(content_hash) OVER (PARTITION BY request_id ORDER BY source_file, source_line) AS first_hash,
-          first_value(source_file || ':' || source_line) OVER (PARTITION BY request_id ORDER BY source_file, source_line) AS first_at
+          row_number() OVER w AS rn,
+          first_value(content_hash) OVER w AS first_hash,
+          first_value(source_file || ':' || source_line) OVER w AS first_at
         FROM read_parquet({src}, hive_partitioning = false)
-        WHERE workflow_type_id = {_sql_str(workflow_type)}
+        WHERE workflow_type_id = {sql_string(workflow_type)}
+        WINDOW w AS (PARTITION BY request_id ORDER BY source_file, source_line)
     """)
     derive.insert_calls(con, f"SELECT {cols} FROM gathered WHERE rn = 1 ORDER BY source_file, source_line")
     con.execute("""
@@ -147,12 +146,12 @@ def fit_workflow_type(workflow_type: str, work_dir: str, options: dict[str, Any]
     data = fit_from_store(con, fit_options) if n_ok else {}
     final = work / "final"
     final.mkdir(parents=True, exist_ok=True)
-    call_cols = ", ".join(f'"{c}"' for c in TABLE_DOCS["calls"])
-    con.execute(f"COPY (SELECT {call_cols} FROM calls) TO {_sql_str(final / f'calls-{key}.parquet')} (FORMAT parquet)")
-    con.execute(f"COPY tool_calls TO {_sql_str(final / f'tool_calls-{key}.parquet')} (FORMAT parquet)")
+    call_cols = sql_columns(TABLE_DOCS["calls"])
+    con.execute(f"COPY (SELECT {call_cols} FROM calls) TO {sql_string(final / f'calls-{key}.parquet')} (FORMAT parquet)")
+    con.execute(f"COPY tool_calls TO {sql_string(final / f'tool_calls-{key}.parquet')} (FORMAT parquet)")
     conflicts = con.execute("SELECT count(*) FROM quarantine").fetchone()[0]
     if conflicts:
-        con.execute(f"COPY quarantine TO {_sql_str(final / f'quarantine-{key}.parquet')} (FORMAT parquet)")
+        con.execute(f"COPY quarantine TO {sql_string(final / f'quarantine-{key}.parquet')} (FORMAT parquet)")
     con.close()
     return {"workflow_type": workflow_type, "data": data, "conflicts": int(conflicts),
             "seconds": time.perf_counter() - t0}
@@ -206,18 +205,16 @@ def merge_sections(parts: list[dict[str, Any]], global_band: dict[str, Any],
 
 
 def _load_final_store(con, work: Path, shard_results: list[dict[str, Any]]) -> None:
-    from profiler.store import TABLE_DOCS
-
     final = work / "final"
-    call_cols = ", ".join(f'"{c}"' for c in TABLE_DOCS["calls"])
+    call_cols = sql_columns(TABLE_DOCS["calls"])
     if any(final.glob("calls-*.parquet")):
         con.execute(f"INSERT INTO calls ({call_cols}) SELECT {call_cols} FROM "
-                    f"read_parquet({_sql_str(final / 'calls-*.parquet')}) ORDER BY source_file, source_line")
+                    f"read_parquet({sql_string(final / 'calls-*.parquet')}) ORDER BY source_file, source_line")
     if any(final.glob("tool_calls-*.parquet")):
-        con.execute(f"INSERT INTO tool_calls SELECT * FROM read_parquet({_sql_str(final / 'tool_calls-*.parquet')})")
+        con.execute(f"INSERT INTO tool_calls SELECT * FROM read_parquet({sql_string(final / 'tool_calls-*.parquet')})")
     for pattern in (work / "quarantine" / "*.parquet", final / "quarantine-*.parquet"):
         if any(pattern.parent.glob(pattern.name)):
-            con.execute(f"INSERT INTO quarantine SELECT * FROM read_parquet({_sql_str(pattern)})")
+            con.execute(f"INSERT INTO quarantine SELECT * FROM read_parquet({sql_string(pattern)})")
     rows = [r for s in shard_results for r in s["ingested_files"]]
     if rows:
         con.executemany(f"INSERT INTO ingested_files VALUES ({', '.join('?' * len(rows[0]))})", rows)
@@ -234,23 +231,22 @@ def fit_with_ray(paths: Sequence[str | Path], out: str | Path, options: FitOptio
     workers). ``shards``: ingest tasks (default: 2 per CPU of the cluster, and at least one per
     ``SHARD_BYTES`` of input). ``work_dir``: where the Parquet partitions go (default: a
     temporary folder next to ``out``, removed afterwards). ``task_memory``: DuckDB memory limit
-    of each task (it spills to ``work_dir`` beyond; None = DuckDB's default, 80 % of the node's
-    RAM per task). ``strict``: raise :class:`profiler.ingest.IngestError` before writing a
+    of each task (it spills to ``work_dir`` beyond; None = :func:`profiler.store.default_memory_limit`
+    per task, ``PROFILER_DUCKDB_MEMORY_LIMIT`` or a quarter of the node's RAM, with DuckDB's own
+    spill folder). ``strict``: raise :class:`profiler.ingest.IngestError` before writing a
     profile when any record was quarantined. ``timings`` (when given) receives the seconds spent
     per stage.
     """
     ray = _import_ray(local=address is None)
     from rich.progress import Progress
 
-    from predictors.tool_latency import ToolLatencyModel
-    from profiler.fitting import store_counts
+    from profiler.fitting import fit_tool_latency, manifest_fields
     from profiler.ingest import IngestError, discover
     from profiler.profile_artifact import write_profile
-    from profiler.store import connect
 
     options = options or FitOptions()
     out = Path(out)
-    db_path = Path(db) if db is not None else out / DEFAULT_STORE
+    db_path = store_path(out, db)
     if db_path.exists():
         with connect(db_path) as check:
             held = check.execute("SELECT count(*) FROM calls").fetchone()[0]
@@ -303,17 +299,11 @@ def fit_with_ray(paths: Sequence[str | Path], out: str | Path, options: FitOptio
             _load_final_store(con, work, shard_results)
             params = next((r["data"]["output_length"]["params"] for r in fit_results if r["data"]), None)
             global_band = _pooled_output_band(con, params) if params else {}
-            tools = con.execute("SELECT workflow_type_id, tool_name, latency_s FROM tool_calls "
-                                "WHERE latency_s IS NOT NULL").df()
-            tool_latency = ToolLatencyModel(ks_threshold=options.ks_threshold, ttl_quantile=options.ttl_quantile,
-                                            max_ttl_s=options.max_ttl_s).fit(tools).to_dict()
+            tool_latency = fit_tool_latency(con, options).to_dict()
             data = merge_sections([r["data"] for r in fit_results], global_band, tool_latency)
-            sources = [{"path": p, "sha256": h, "rows": int(n)} for p, h, n in con.execute(
-                "SELECT path, sha256, rows_loaded FROM ingested_files ORDER BY path, ingested_at").fetchall()]
             profile = write_profile(out, data, {
-                "sources": sources, "options": options.as_dict(), "counts": store_counts(con),
-                "store": str(db_path.resolve()), "engine": {"name": "ray", "shards": len(plan),
-                                                            "workflow_types": len(types), "cpus": cpus}})
+                **manifest_fields(con, options, db_path),
+                "engine": {"name": "ray", "shards": len(plan), "workflow_types": len(types), "cpus": cpus}})
         finally:
             con.close()
         clock["merged"] = time.perf_counter()
@@ -369,17 +359,16 @@ def _gather(ray, pending: list, bar, task) -> list:
 
 def fit_profile_ray(paths: Sequence[str | Path], out: str | Path, *, db: str | Path | None = None,
                     options: FitOptions | None = None, strict: bool = False, progress: bool = False,
-                    **ray_options: Any):
+                    **ray_options: Any) -> "tuple[Profile, IngestReport]":
     """:func:`fit_with_ray` with the signature and return value of
     :func:`profiler.fitting.fit_profile`: ``(profile, ingest report)``, so that a command can
     pick its engine with one line. ``ray_options``: ``address``, ``num_cpus``, ``shards``,
     ``work_dir``, ``task_memory``, ``timings``.
     """
-    from profiler.ingest import FileReport, IngestReport
-    from profiler.store import connect
+    from profiler.ingest import FileReport, IngestReport, reason_line
 
     profile = fit_with_ray(paths, out, options, db=db, strict=strict, progress=progress, **ray_options)
-    db_path = Path(db) if db is not None else Path(out) / DEFAULT_STORE
+    db_path = store_path(out, db)
     report = IngestReport()
     with connect(db_path, read_only=True) as con:
         for path, fmt, read, loaded, bad in con.execute("""
@@ -389,6 +378,6 @@ def fit_profile_ray(paths: Sequence[str | Path], out: str | Path, *, db: str | P
             FROM ingested_files f ORDER BY f.path""").fetchall():
             report.files.append(FileReport(path, fmt, int(read), int(loaded),
                                            max(int(read) - int(loaded) - int(bad), 0), int(bad)))
-        report.first_reasons = [f"{f}:{ln if ln is not None else '-'}: {r}" for f, ln, r in con.execute(
+        report.first_reasons = [reason_line(f, ln, r) for f, ln, r in con.execute(
             "SELECT file, line, reason FROM quarantine ORDER BY file, line NULLS FIRST LIMIT 10").fetchall()]
     return profile, report

@@ -14,7 +14,6 @@ Other parts add their own keys through :data:`EVAL_EXTENSIONS`.
 """
 from __future__ import annotations
 
-import importlib
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -23,9 +22,9 @@ import numpy as np
 from scipy import stats
 
 from predictors.output_length import OutputLengthIntervals
-from predictors.tool_latency import ToolLatencyModel
+from predictors.tool_latency import MIN_LATENCY_S, ToolLatencyModel
 from profiler import ingest as ingest_mod
-from profiler.fitting import CALL_COLUMNS
+from profiler.fitting import ok_calls, resolve, timed_tool_calls
 from profiler.profile_artifact import Profile
 from profiler.store import connect
 
@@ -39,19 +38,18 @@ MIN_TOOL_SAMPLES = 5
 
 def output_length_scores(profile: Profile, con: duckdb.DuckDBPyConnection) -> dict[str, Any]:
     est = OutputLengthIntervals.from_dict(profile.data["output_length"])
-    calls = con.execute(f"SELECT {', '.join(CALL_COLUMNS)} FROM calls WHERE status = 'ok'").df()
+    calls = ok_calls(con)
     bands = est.predict(calls)
     y = calls["output_tokens"].to_numpy()
     calls["inside"] = (y >= bands[:, 0]) & (y <= bands[:, 1])
     calls["width"] = bands[:, 1] - bands[:, 0]
     per_agent = {}
     for (wt, agent), g in calls.groupby(["workflow_type_id", "agent_id"], sort=True):
-        _, level = est.lookup(wt, agent)
-        entry = est.agents_.get(wt, {}).get(agent, {})
+        band, level = est.lookup(wt, agent)
         per_agent[f"{wt}/{agent}"] = {
             "calls": int(len(g)), "coverage": float(g["inside"].mean()),
             "mean_width": float(g["width"].mean()),
-            "level": "conditional" if entry.get("conditional") else level,
+            "level": "conditional" if band.get("conditional") else level,
         }
     g = est.global_
     return {
@@ -66,8 +64,7 @@ def output_length_scores(profile: Profile, con: duckdb.DuckDBPyConnection) -> di
 
 def tool_latency_scores(profile: Profile, con: duckdb.DuckDBPyConnection) -> dict[str, Any]:
     model = ToolLatencyModel.from_dict(profile.data["tool_latency"])
-    df = con.execute("SELECT workflow_type_id, tool_name, latency_s FROM tool_calls "
-                     "WHERE latency_s IS NOT NULL").df()
+    df = timed_tool_calls(con)
     per_tool: dict[str, Any] = {}
     inside = total = 0
     for (wt, tool), g in df.groupby(["workflow_type_id", "tool_name"], sort=True):
@@ -79,7 +76,7 @@ def tool_latency_scores(profile: Profile, con: duckdb.DuckDBPyConnection) -> dic
         covered = int(np.sum(x <= entry["p95_s"]))
         inside += covered
         total += len(x)
-        ks = float(stats.kstest(np.maximum(x, 1e-4), "lognorm",
+        ks = float(stats.kstest(np.maximum(x, MIN_LATENCY_S), "lognorm",
                                 args=(entry["sigma"], 0, np.exp(entry["mu"]))).statistic)
         per_tool[f"{wt}/{tool}"] = {"n": int(len(x)), "known": True, "p95_coverage": covered / len(x),
                                     "ks": ks, "poor_fit": entry["poor_fit"], "p95_s": entry["p95_s"]}
@@ -104,8 +101,7 @@ def evaluate_store(profile: Profile, con: duckdb.DuckDBPyConnection) -> dict[str
         "tool_latency": tool_latency_scores(profile, con),
     }
     for spec in EVAL_EXTENSIONS:
-        module, _, func = spec.partition(":")
-        result.update(getattr(importlib.import_module(module), func)(profile, con))
+        result.update(resolve(spec)(profile, con))
     return result
 
 

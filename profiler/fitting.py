@@ -20,11 +20,12 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import duckdb
+import pandas as pd
 
 from predictors.output_length import OutputLengthIntervals
 from predictors.tool_latency import ToolLatencyModel
 from profiler import ingest as ingest_mod
-from profiler.profile_artifact import DEFAULT_STORE, Profile, write_profile
+from profiler.profile_artifact import Profile, store_path, write_profile
 from profiler.store import connect
 
 #: Extra profile sections: name -> "module:function" of ``(con, options) -> dict``.
@@ -52,13 +53,38 @@ class FitOptions:
         return {**d, **self.extra}
 
 
-def _resolve(spec: str) -> Callable:
+def resolve(spec: str) -> Callable:
+    """The callable named ``"module:function"`` (the form of :data:`SECTION_BUILDERS` and
+    :data:`profiler.evaluation.EVAL_EXTENSIONS`)."""
     module, _, func = spec.partition(":")
     return getattr(importlib.import_module(module), func)
 
 
+#: Columns of ``calls`` the output-length model is fit and scored on.
 CALL_COLUMNS = ("workflow_type_id", "workflow_id", "agent_id", "input_tokens", "output_tokens",
                 "prev_agent_output_tokens", "agent_call_index")
+
+
+def ok_calls(con: duckdb.DuckDBPyConnection) -> pd.DataFrame:
+    """:data:`CALL_COLUMNS` of every call with status ``ok``, workflow by workflow in call order.
+
+    The order is fixed (a table's row order is not: parallel inserts interleave), so the same
+    store always gives the same fit, down to the last bit of every float sum."""
+    return con.execute(f"SELECT {', '.join(CALL_COLUMNS)} FROM calls WHERE status = 'ok' "
+                       "ORDER BY workflow_type_id, workflow_id, call_index").df()
+
+
+def timed_tool_calls(con: duckdb.DuckDBPyConnection) -> pd.DataFrame:
+    """``workflow_type_id, tool_name, latency_s`` of every tool execution with a latency, in a
+    fixed order (see :func:`ok_calls`)."""
+    return con.execute("SELECT workflow_type_id, tool_name, latency_s FROM tool_calls "
+                       "WHERE latency_s IS NOT NULL ORDER BY request_id, tool_index").df()
+
+
+def fit_tool_latency(con: duckdb.DuckDBPyConnection, options: FitOptions) -> ToolLatencyModel:
+    """The tool-latency model of ``options`` fit on every timed tool execution in the store."""
+    return ToolLatencyModel(ks_threshold=options.ks_threshold, ttl_quantile=options.ttl_quantile,
+                            max_ttl_s=options.max_ttl_s).fit(timed_tool_calls(con))
 
 
 def agent_stats(con: duckdb.DuckDBPyConnection) -> dict[str, dict[str, dict[str, Any]]]:
@@ -99,16 +125,10 @@ def fit_from_store(con: duckdb.DuckDBPyConnection, options: FitOptions,
     if n_calls == 0:
         raise ValueError("the store holds no valid calls to fit on (see the quarantine table)")
     progress(f"output-length bands over {n_calls:,} calls")
-    calls = con.execute(f"SELECT {', '.join(CALL_COLUMNS)} FROM calls WHERE status = 'ok'").df()
     ol = OutputLengthIntervals(coverage=options.coverage, min_calls=options.min_calls,
-                               conditional=options.conditional, random_state=options.seed).fit(calls)
-    del calls
+                               conditional=options.conditional, random_state=options.seed).fit(ok_calls(con))
     progress("tool-latency lognormals")
-    tools = con.execute("SELECT workflow_type_id, tool_name, latency_s FROM tool_calls "
-                        "WHERE latency_s IS NOT NULL").df()
-    tl = ToolLatencyModel(ks_threshold=options.ks_threshold, ttl_quantile=options.ttl_quantile,
-                          max_ttl_s=options.max_ttl_s).fit(tools)
-    del tools
+    tl = fit_tool_latency(con, options)
     data: dict[str, Any] = {
         "output_length": ol.to_dict(),
         "tool_latency": tl.to_dict(),
@@ -120,11 +140,12 @@ def fit_from_store(con: duckdb.DuckDBPyConnection, options: FitOptions,
     }
     for name, spec in SECTION_BUILDERS.items():
         progress(f"section {name}")
-        data[name] = _resolve(spec)(con, options.as_dict())
+        data[name] = resolve(spec)(con, options.as_dict())
     return data
 
 
 def store_counts(con: duckdb.DuckDBPyConnection) -> dict[str, int]:
+    """Calls, workflows, workflow types, tool executions and quarantined records in the store."""
     calls, workflows, types = con.execute(
         "SELECT count(*), count(DISTINCT (workflow_type_id, workflow_id)), count(DISTINCT workflow_type_id) "
         "FROM calls").fetchone()
@@ -133,13 +154,22 @@ def store_counts(con: duckdb.DuckDBPyConnection) -> dict[str, int]:
             "quarantined": int(con.execute("SELECT count(*) FROM quarantine").fetchone()[0])}
 
 
+def manifest_fields(con: duckdb.DuckDBPyConnection, options: FitOptions, db_path: Path) -> dict[str, Any]:
+    """What a fit records in the manifest about its data: ``sources`` (every ingested file),
+    ``options``, ``counts`` (:func:`store_counts`) and ``store`` (the store's absolute path)."""
+    sources = [{"path": p, "sha256": h, "rows": int(n)} for p, h, n in con.execute(
+        "SELECT path, sha256, rows_loaded FROM ingested_files ORDER BY path, ingested_at").fetchall()]
+    return {"sources": sources, "options": options.as_dict(), "counts": store_counts(con),
+            "store": str(db_path.resolve())}
+
+
 def fit_profile(paths: Sequence[str | Path], out: str | Path, *, db: str | Path | None = None,
                 options: FitOptions | None = None, strict: bool = False,
                 progress: bool = False) -> tuple[Profile, ingest_mod.IngestReport]:
     """Ingest ``paths`` into the store, fit, and write a new profile version under ``out``."""
     options = options or FitOptions()
     out = Path(out)
-    db_path = Path(db) if db is not None else out / DEFAULT_STORE
+    db_path = store_path(out, db)
     con = connect(db_path)
     try:
         report = ingest_mod.ingest(con, paths, strict=strict, progress=progress)
@@ -151,12 +181,7 @@ def fit_profile(paths: Sequence[str | Path], out: str | Path, *, db: str | Path 
                 if status is not None:
                     status.update(f"fitting: {msg}")
             data = fit_from_store(con, options, step)
-        sources = [{"path": p, "sha256": h, "rows": int(n)} for p, h, n in con.execute(
-            "SELECT path, sha256, rows_loaded FROM ingested_files ORDER BY path, ingested_at").fetchall()]
-        profile = write_profile(out, data, {
-            "sources": sources, "options": options.as_dict(), "counts": store_counts(con),
-            "store": str(db_path.resolve()),
-        })
+        profile = write_profile(out, data, manifest_fields(con, options, db_path))
     finally:
         con.close()
     return profile, report

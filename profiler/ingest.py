@@ -29,7 +29,7 @@ import duckdb
 import pandas as pd
 
 from profiler import derive, record_sql
-from profiler.store import BASE_CALL_COLUMNS
+from profiler.store import BASE_CALL_COLUMNS, sql_string
 
 #: File name suffix -> format name.
 SUFFIX_FORMATS: dict[str, str] = {
@@ -41,6 +41,8 @@ SUFFIX_FORMATS: dict[str, str] = {
     ".csv.gz": "csv",
     ".csv": "csv",
 }
+#: Columns of a staging table: every record as one text with its file and 1-based line.
+STAGING_COLUMNS = "(file VARCHAR, line BIGINT, text VARCHAR)"
 #: Longest JSONL line accepted (prompts with whole repositories in them get long).
 MAX_LINE_BYTES = 256 * 1024 * 1024
 
@@ -87,6 +89,12 @@ class IngestReport:
                 f"{self.quarantined} records quarantined")
 
 
+def reason_line(file: str, line: int | None, reason: str) -> str:
+    """One entry of :attr:`IngestReport.first_reasons`: ``file:line: reason`` (line ``-`` for a
+    whole-file problem)."""
+    return f"{file}:{line if line is not None else '-'}: {reason}"
+
+
 def file_format(path: Path) -> str | None:
     """Format name for a log file, or None when the suffix is not a log format we read."""
     name = path.name.lower()
@@ -120,10 +128,6 @@ def sha256_of(path: Path) -> str:
         return hashlib.file_digest(fh, "sha256").hexdigest()
 
 
-def _sql_path(path: Path) -> str:
-    return "'" + str(path).replace("'", "''") + "'"
-
-
 def _stage_jsonl_python(con: duckdb.DuckDBPyConnection, path: Path, fmt: str, table: str) -> str | None:
     """Line-by-line fallback for files DuckDB could not read to the end.
 
@@ -149,7 +153,7 @@ def _stage_jsonl_python(con: duckdb.DuckDBPyConnection, path: Path, fmt: str, ta
 
 def _stage_file(con: duckdb.DuckDBPyConnection, path: Path, fmt: str, table: str = "staging") -> str | None:
     """Append the file's records to ``table`` (file, line, text); returns a whole-file problem or None."""
-    src = _sql_path(path)
+    src = sql_string(path)
     if fmt in ("jsonl", "jsonl.gz"):
         try:
             con.execute(f"""
@@ -194,7 +198,7 @@ def ingest(
                           + f" (looked for {', '.join(SUFFIX_FORMATS)})")
     report = IngestReport()
     known = {r[0] for r in con.execute("SELECT sha256 FROM ingested_files").fetchall()}
-    con.execute("CREATE OR REPLACE TEMP TABLE staging (file VARCHAR, line BIGINT, text VARCHAR)")
+    con.execute(f"CREATE OR REPLACE TEMP TABLE staging {STAGING_COLUMNS}")
     con.execute("CREATE OR REPLACE TEMP TABLE file_problems (file VARCHAR, reason VARCHAR)")
     todo: list[tuple[Path, str, str, FileReport]] = []
 
@@ -213,11 +217,10 @@ def ingest(
                 if path.stat().st_size == 0:
                     problem = "empty file: no records"
                 else:  # staged alone first, so the emptiness check never scans other files
-                    con.execute("CREATE OR REPLACE TEMP TABLE staging_file (file VARCHAR, line BIGINT, text VARCHAR)")
+                    con.execute(f"CREATE OR REPLACE TEMP TABLE staging_file {STAGING_COLUMNS}")
                     problem = _stage_file(con, path, fmt, "staging_file")
                     if problem is None and not con.execute(
-                            "SELECT 1 FROM staging_file WHERE text IS NOT NULL AND (left(text, 1) NOT IN "
-                            "(' ', '\t', '\r', '') OR trim(text) <> '') LIMIT 1").fetchall():
+                            f"SELECT 1 FROM staging_file WHERE {record_sql.NON_BLANK} LIMIT 1").fetchall():
                         problem = "empty file: no records"
                     con.execute("INSERT INTO staging SELECT * FROM staging_file")
                     con.execute("DROP TABLE staging_file")
@@ -301,7 +304,7 @@ def _load_staged(con: duckdb.DuckDBPyConnection, report: IngestReport,
                     [str(path), digest, path.stat().st_size, fmt, fr.rows_read, fr.rows_loaded,
                      fr.rows_duplicate, fr.rows_quarantined])
     report.first_reasons = [
-        f"{file}:{line if line is not None else '-'}: {reason}" for file, line, reason in con.execute("""
+        reason_line(file, line, reason) for file, line, reason in con.execute("""
             SELECT file, line, reason FROM (
               SELECT file, NULL::BIGINT AS line, reason FROM file_problems
               UNION ALL SELECT file, line, reason FROM parsed WHERE reason IS NOT NULL

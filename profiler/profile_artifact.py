@@ -49,6 +49,11 @@ class Profile:
         return self.path.parent.parent
 
 
+def store_path(root: str | Path, db: str | Path | None = None) -> Path:
+    """The DuckDB store of a profile root: ``db`` when given, else ``<root>/store.duckdb``."""
+    return Path(db) if db is not None else Path(root) / DEFAULT_STORE
+
+
 def _dumps(obj: Any) -> str:
     return json.dumps(obj, indent=1, sort_keys=True, allow_nan=False)
 

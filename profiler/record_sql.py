@@ -21,6 +21,7 @@ import json
 from dataclasses import dataclass
 
 from profiler.derive import TOOL_LIST_TYPE
+from profiler.store import sql_string
 
 #: Top-level keys of a flat record that the contract defines (anything else goes to ``extra``).
 FLAT_KEYS = (
@@ -84,6 +85,19 @@ FIELDS: tuple[Field, ...] = (
           (("response", "choices", "[0]", "message", "content"), ("response", "choices", "[0]", "text")),
           "text"),
 )
+#: SQL: the staged ``text`` is a record, not a blank line (the cheap first-character test
+#: settles almost every line without trimming).
+NON_BLANK = "text IS NOT NULL AND (left(text, 1) NOT IN (' ', '\t', '\r', '') OR trim(text) <> '')"
+
+
+def json_paths(name: str) -> list[str]:
+    """JSONPaths where field ``name`` may sit in a record: its flat path, then its gateway
+    paths in the order they are tried."""
+    f = next(f for f in FIELDS if f.name == name)
+    return ["$" + "".join("[0]" if key == "[0]" else f".{key}" for key in path)
+            for path in f.flat + f.gateway]
+
+
 #: Extra gateway paths read for derived columns.
 GATEWAY_TOOL_NAMES = ("response", "choices", "[0]", "message", "tool_calls")
 
@@ -140,10 +154,6 @@ def _typed(f: Field) -> str:
     return r
 
 
-def _sql_str(s: str) -> str:
-    return "'" + s.replace("'", "''") + "'"
-
-
 def _missing(name: str) -> str:
     return f"(r_{name} IS NULL OR r_{name} = '\"\"')"
 
@@ -177,13 +187,13 @@ def checks() -> list[tuple[str, str, str]]:
     for f in FIELDS:
         if f.required:
             where = "" if f.flat == f.gateway else " (flat: top level; gateway: see log-format §2)"
-            out.append((_missing(f.name), _sql_str(f.name),
-                        _sql_str(f"missing required field '{f.name}'{where}")))
+            out.append((_missing(f.name), sql_string(f.name),
+                        sql_string(f"missing required field '{f.name}'{where}")))
         if f.kind != "json":
-            out.append((f"NOT {_missing(f.name)} AND ({_wrong_type(f)})", _sql_str(f.name),
+            out.append((f"NOT {_missing(f.name)} AND ({_wrong_type(f)})", sql_string(f.name),
                         f"'wrong type for {f.name}: expected {_KIND_DESC[f.kind]}, got ' || left(r_{f.name}, 60)"))
     for name in ("input_tokens", "output_tokens", "cached_tokens"):
-        out.append((f"t_{name} < 0", _sql_str(name), f"'negative tokens: {name} = ' || r_{name}"))
+        out.append((f"t_{name} < 0", sql_string(name), f"'negative tokens: {name} = ' || r_{name}"))
     out.append(("t_t_finish < t_t_arrival", "'t_finish'",
                 "'t_finish < t_arrival (' || r_t_finish || ' < ' || r_t_arrival || ')'"))
     out.append(("t_status IS NOT NULL AND lower(t_status) NOT IN ('ok', 'error')", "'status'",
@@ -198,8 +208,8 @@ def parse_sql(staging: str = "staging") -> str:
     records, first 2000 characters), and the typed contract
     columns of :data:`profiler.store.BASE_CALL_COLUMNS` (meaningful only when reason IS NULL).
     """
-    flat_spec = _sql_str(json.dumps(_structure("flat")))
-    gateway_spec = _sql_str(json.dumps(_structure("gateway")))
+    flat_spec = sql_string(json.dumps(_structure("flat")))
+    gateway_spec = sql_string(json.dumps(_structure("gateway")))
     picks = ",\n    ".join(f"({_pick(f)})::VARCHAR AS r_{f.name}" for f in FIELDS)
     typed = ",\n    ".join(f"{_typed(f)} AS t_{f.name}" for f in FIELDS)
     # CSV cells carry nested values as JSON text inside a string: unwrap those.
@@ -209,15 +219,15 @@ def parse_sql(staging: str = "staging") -> str:
         for f in FIELDS if f.kind in ("str_list", "tool_list", "json"))
     case = "CASE " + " ".join(f"WHEN {c} THEN {r}" for c, _, r in checks()) + " END"
     field_case = "CASE " + " ".join(f"WHEN {c} THEN {fld}" for c, fld, _ in checks()) + " END"
-    known = ", ".join(_sql_str(k) for k in sorted(set(FLAT_KEYS)))
-    gw_known = ", ".join(_sql_str(k) for k in sorted(set(GATEWAY_KEYS)))
+    known = ", ".join(sql_string(k) for k in sorted(set(FLAT_KEYS)))
+    gw_known = ", ".join(sql_string(k) for k in sorted(set(GATEWAY_KEYS)))
     tool_names_gw = f"({_access('gs', GATEWAY_TOOL_NAMES)})::VARCHAR"
     return f"""
 WITH p AS (
   SELECT file, line, text,
     CASE WHEN left(ltrim(text), 1) = '{{' THEN try(json_transform(text, {flat_spec})) END AS fs
   FROM {staging}
-  WHERE text IS NOT NULL AND (left(text, 1) NOT IN (' ', '\t', '\r', '') OR trim(text) <> '')  -- skip blank lines cheaply
+  WHERE {NON_BLANK}
 ), g AS (
   SELECT *,
     fs IS NOT NULL AS is_object,
@@ -243,7 +253,7 @@ WITH p AS (
 ), w AS (
   SELECT *,
     CASE WHEN left(u_parent_request_ids, 1) = '[' THEN json_extract_string(u_parent_request_ids, '$[*]') END AS parents,
-    CASE WHEN left(u_tool_calls, 1) = '[' THEN json_transform(u_tool_calls, {_sql_str(TOOL_LIST_TYPE)}) END AS tools
+    CASE WHEN left(u_tool_calls, 1) = '[' THEN json_transform(u_tool_calls, {sql_string(TOOL_LIST_TYPE)}) END AS tools
   FROM u
 ), r AS (
   SELECT *, {case} AS reason, {field_case} AS field,

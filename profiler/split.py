@@ -2,9 +2,10 @@
 
 A workflow goes to *train* when ``md5(seed:workflow_id)`` mod 10 000 < ``train`` × 10 000: the
 assignment is deterministic, independent of file order, and keeps every call of a workflow on the
-same side (no leakage of a session across the split). Records are copied verbatim (JSONL lines;
-Parquet/CSV rows as JSON); a record with no readable workflow id stays with train, where the fit
-will quarantine it.
+same side (no leakage of a session across the split). The workflow id is read where the ingester
+reads it (:func:`profiler.record_sql.json_paths`: flat records and every gateway placement of
+``app_metadata``). Records are copied verbatim (JSONL lines; Parquet/CSV rows as JSON); a record
+with no readable workflow id stays with train, where the fit will quarantine it.
 """
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ from pathlib import Path
 from typing import Sequence
 
 from profiler import ingest
-from profiler.store import connect
+from profiler.record_sql import NON_BLANK, json_paths
+from profiler.store import connect, sql_string
 
 
 def split_logs(paths: Sequence[str | Path], out: str | Path, train: float = 0.7,
@@ -22,10 +24,11 @@ def split_logs(paths: Sequence[str | Path], out: str | Path, train: float = 0.7,
         raise ValueError(f"--train must be in (0, 1), got {train}")
     out = Path(out)
     con = connect(None, read_only=False)
-    con.execute("CREATE TEMP TABLE staging (file VARCHAR, line BIGINT, text VARCHAR)")
+    con.execute(f"CREATE TEMP TABLE staging {ingest.STAGING_COLUMNS}")
     for path, fmt in ingest.discover(paths):
         if path.stat().st_size:
             ingest._stage_file(con, path, fmt)
+    workflow_id = ", ".join(f"text::JSON->>{sql_string(p)}" for p in json_paths("workflow_id"))
     con.execute(f"""
         CREATE TEMP TABLE assigned AS
         SELECT file, line, text,
@@ -34,11 +37,8 @@ def split_logs(paths: Sequence[str | Path], out: str | Path, train: float = 0.7,
                ELSE 'test' END AS side
         FROM (
           SELECT file, line, text,
-            CASE WHEN json_valid(text) THEN coalesce(
-              text::JSON->>'$.workflow_id',
-              text::JSON->>'$.request.extra_body.app_metadata.workflow_id',
-              text::JSON->>'$.request.app_metadata.workflow_id') END AS wf
-          FROM staging WHERE text IS NOT NULL AND trim(text) <> '')
+            CASE WHEN json_valid(text) THEN coalesce({workflow_id}) END AS wf
+          FROM staging WHERE {NON_BLANK})
     """)
     counts = {}
     for side in ("train", "test"):

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Iterable
 
 import duckdb
 
@@ -122,6 +123,17 @@ BASE_CALL_COLUMNS: list[str] = list(TABLE_DOCS["calls"])[: list(TABLE_DOCS["call
 DERIVED_CALL_COLUMNS: list[str] = [c for c in TABLE_DOCS["calls"] if c not in BASE_CALL_COLUMNS]
 
 
+def sql_string(value: str | Path) -> str:
+    """``value`` as a SQL string literal (single quotes doubled), for paths and names that
+    DuckDB takes only as literals (``read_parquet('…')``, ``ATTACH``, ``COMMENT ON``)."""
+    return "'" + str(value).replace("'", "''") + "'"
+
+
+def sql_columns(names: Iterable[str]) -> str:
+    """``"a", "b", …``: column names quoted for a SQL column list."""
+    return ", ".join(f'"{name}"' for name in names)
+
+
 def _create_table_sql(table: str) -> str:
     cols = ",\n  ".join(f'"{name}" {sql_type}' for name, (sql_type, _) in TABLE_DOCS[table].items())
     return f"CREATE TABLE IF NOT EXISTS {table} (\n  {cols}\n)"
@@ -138,7 +150,7 @@ def ensure_schema(con: duckdb.DuckDBPyConnection) -> None:
         if not existed:
             for name, (_, doc) in columns.items():
                 if doc:
-                    con.execute(f"COMMENT ON COLUMN {table}.\"{name}\" IS '{doc.replace(chr(39), chr(39) * 2)}'")
+                    con.execute(f"COMMENT ON COLUMN {table}.\"{name}\" IS {sql_string(doc)}")
 
 
 def connect(path: str | Path | None, read_only: bool = False) -> duckdb.DuckDBPyConnection:

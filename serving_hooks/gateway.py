@@ -36,7 +36,7 @@ import time
 import uuid
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 from fastapi import Depends, FastAPI, Request
@@ -50,6 +50,11 @@ from serving_hooks.http_guard import BodySizeLimit, admin_auth
 from serving_hooks.metrics import (LATENCY_BUCKETS, Labeled, RequestMetricsMiddleware, render,
                                    request_metrics)
 from serving_hooks.sse import StreamFollower
+from serving_hooks.upstreams import UpstreamRouter
+
+if TYPE_CHECKING:  # pragma: no cover
+    from serving_hooks.annotator import LocalAnnotator, SidecarAnnotator
+    from serving_hooks.service import PredictionService
 
 log = logging.getLogger(__name__)
 
@@ -141,9 +146,11 @@ class Gateway:
     mostly that round trip (see ``bench/bench_serving.py``).
     """
 
-    def __init__(self, router, annotator=None, *, log_writer: GatewayLog | None = None,
-                 options: GatewayOptions | None = None, registry: CollectorRegistry | None = None,
-                 service=None) -> None:
+    def __init__(self, router: UpstreamRouter,
+                 annotator: LocalAnnotator | SidecarAnnotator | None = None, *,
+                 log_writer: GatewayLog | None = None, options: GatewayOptions | None = None,
+                 registry: CollectorRegistry | None = None,
+                 service: PredictionService | None = None) -> None:
         self.router = router
         self.annotator = annotator
         self.log = log_writer

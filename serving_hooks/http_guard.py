@@ -12,12 +12,11 @@ from __future__ import annotations
 
 import json
 import secrets
-from typing import Awaitable, Callable
+from typing import Callable
 
 from fastapi import Depends, HTTPException, status
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-
-ASGIApp = Callable[..., Awaitable[None]]
+from starlette.types import ASGIApp
 
 
 async def _send_json(send, code: int, payload: dict) -> None:

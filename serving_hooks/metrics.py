@@ -15,6 +15,7 @@ from typing import Callable
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client import disable_created_metrics, generate_latest
+from starlette.types import ASGIApp
 
 # The ``*_created`` companion series double the exposition size and nobody graphs them.
 disable_created_metrics()
@@ -31,7 +32,7 @@ class Labeled:
     thousands of times a second the child is looked up once and reused.
     """
 
-    def __init__(self, metric) -> None:
+    def __init__(self, metric: Counter | Gauge | Histogram) -> None:
         self.metric = metric
         self._children: dict[tuple, object] = {}
 
@@ -124,7 +125,7 @@ class RequestMetricsMiddleware:
     scope after routing, so unbounded URL paths do not explode the label set (unmatched: "other").
     """
 
-    def __init__(self, app, requests: Counter, latency: Histogram) -> None:
+    def __init__(self, app: ASGIApp, requests: Counter, latency: Histogram) -> None:
         self.app = app
         self.requests = Labeled(requests)
         self.latency = Labeled(latency)

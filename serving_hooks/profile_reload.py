@@ -14,7 +14,10 @@ import logging
 import threading
 import time
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
+
+if TYPE_CHECKING:  # pragma: no cover
+    from predictors.predictor import Predictor
 
 log = logging.getLogger(__name__)
 
@@ -25,7 +28,7 @@ class ProfileReloader:
     ``on_reload(outcome, version)`` is called after each attempt (outcome ``"ok"`` or ``"error"``).
     """
 
-    def __init__(self, root: str | Path, predictor, *, interval_s: float = 2.0,
+    def __init__(self, root: str | Path, predictor: Predictor, *, interval_s: float = 2.0,
                  on_reload: Callable[[str, str | None], None] | None = None) -> None:
         self.root = Path(root)
         self.predictor = predictor

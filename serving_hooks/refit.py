@@ -22,7 +22,10 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
+
+if TYPE_CHECKING:  # pragma: no cover
+    from profiler.fitting import FitOptions
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +97,7 @@ class RefitResult:
                 f"{self.quarantined} quarantined, {what} in {self.seconds:.1f}s")
 
 
-def options_from_profile(profile_root: str | Path):
+def options_from_profile(profile_root: str | Path) -> FitOptions:
     """The :class:`profiler.fitting.FitOptions` the active profile was fit with (defaults if none).
 
     A refit keeps the choices of the original ``profiler fit`` (coverage, pruning, seed, …)
@@ -114,7 +117,7 @@ def options_from_profile(profile_root: str | Path):
 
 
 def refit_once(profile_root: str | Path, logs: Sequence[str | Path], *, db: str | Path | None = None,
-               options=None) -> RefitResult:
+               options: FitOptions | None = None) -> RefitResult:
     """Ingest new files under ``logs`` and fit a new version under ``profile_root`` (see module doc)."""
     from profiler.fitting import fit_profile
     from profiler.profile_artifact import DEFAULT_STORE, current_version

@@ -2,11 +2,11 @@
 
 The gateway (``serving_hooks/gateway*.py``) calls, per request::
 
-    worker = router.choose(session_id, input_tokens, predicted_hi, alpha, request_id=rid)
+    worker = router.decide(session_id, input_tokens, predicted_hi, alpha, request_id=rid).worker
     ...forward to worker...
     router.on_finish(rid)            # when the response (or the error) is complete
 
-``choose(..., request_id=rid)`` reserves the request's bound atomically (it calls
+``decide(..., request_id=rid)`` reserves the request's bound atomically (it calls
 :meth:`CapacityRouter.on_start` itself), so concurrent requests never see the same headroom
 twice; without ``request_id`` the caller calls :meth:`on_start` once it has sent the request.
 
@@ -21,8 +21,8 @@ How the choice is made
 * With a fresh load report from every worker it asks :class:`CapacityPolicy` (Pythia alg. 2,
   union bound): the session's last worker when it is safe, else the safe worker with the
   largest expected headroom — a session moves only when the wait it saves exceeds rebuilding
-  its prefix, judged with each worker's drain rate (bound tokens of the requests that finished
-  there over the last ``drain_window_s``); if no worker is safe it counts a
+  its prefix, judged with each worker's drain rate (expected KV tokens, ``input + E[out]``, of the
+  requests that finished there over the last ``drain_window_s``); if no worker is safe it counts a
   ``fallback_least_loaded`` decision.
 * If any worker's report is missing or stale (no ``/v1/loads``, an error, a timeout), it
   falls back to round robin over all workers and counts ``round_robin`` decisions.
@@ -46,7 +46,8 @@ from typing import Any
 
 import httpx
 
-from serving_hooks.policies.capacity import ActiveRequest, CapacityPolicy, Placement, ReplicaState
+from serving_hooks.policies.capacity import (ActiveRequest, BoundTable, CapacityPolicy, Placement,
+                                             ReplicaState)
 
 logger = logging.getLogger(__name__)
 
@@ -166,20 +167,6 @@ class CapacityRouter:
         self._stop = threading.Event()
 
     # ----------------------------------------------------------------- decisions
-    def choose(
-        self,
-        session_id: str | None,
-        input_tokens: int,
-        predicted_hi: int | None,
-        alpha: float | None = None,
-        request_id: str | None = None,
-        expected_out: float | None = None,
-        upper_bounds: tuple = (),
-    ) -> str:
-        """URL of the worker for a new request (see :meth:`decide`)."""
-        return self.decide(session_id, input_tokens, predicted_hi, alpha, request_id, expected_out,
-                           upper_bounds).worker
-
     def decide(
         self,
         session_id: str | None,
@@ -188,9 +175,10 @@ class CapacityRouter:
         alpha: float | None = None,
         request_id: str | None = None,
         expected_out: float | None = None,
-        upper_bounds: tuple = (),
+        upper_bounds: BoundTable = (),
     ) -> RouteDecision:
-        """Route one request; reserve its bound when ``request_id`` is given.
+        """Route one request (``.worker`` is the URL); reserve its bound when ``request_id`` is
+        given.
 
         A request without a prediction (``predicted_hi`` None) is counted with ``hi = 0`` and
         the policy's default ``α``; ``upper_bounds`` (``((α, U(α)), …)``, the annotation's
@@ -242,7 +230,8 @@ class CapacityRouter:
         return states
 
     def _drain_locked(self, worker: str, now: float) -> float | None:
-        """Bound tokens per second of the requests that finished on ``worker`` lately."""
+        """Expected KV tokens (``input + E[out]``) per second of the requests that finished on
+        ``worker`` over the last ``drain_window_s``."""
         q = self._released.setdefault(worker, deque())
         while q and q[0][0] < now - self.drain_window_s:
             q.popleft()
@@ -277,8 +266,8 @@ class CapacityRouter:
                 self._last_worker.popitem(last=False)
 
     def on_finish(self, request_id: str) -> None:
-        """Forget a finished (or failed) request (its bound counts toward its worker's drain
-        rate); unknown ids are ignored."""
+        """Forget a finished (or failed) request (its expected tokens count toward its worker's
+        drain rate); unknown ids are ignored."""
         with self._lock:
             done = self._inflight.pop(request_id, None)
             if done is not None:

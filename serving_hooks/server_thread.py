@@ -9,8 +9,10 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import uvicorn
+from starlette.types import ASGIApp
 
 
 @dataclass
@@ -35,8 +37,8 @@ class ServerHandle:
         self.stop()
 
 
-def serve_in_thread(app, host: str = "127.0.0.1", port: int = 0, *, timeout: float = 20.0,
-                    **config_kwargs) -> ServerHandle:
+def serve_in_thread(app: ASGIApp, host: str = "127.0.0.1", port: int = 0, *, timeout: float = 20.0,
+                    **config_kwargs: Any) -> ServerHandle:
     """Start ``app`` under uvicorn in a daemon thread and wait until it accepts connections."""
     config_kwargs.setdefault("log_level", "warning")
     config_kwargs.setdefault("access_log", False)

@@ -25,6 +25,7 @@ active profile once, so a swap in the middle of a stream of requests fails none 
 from __future__ import annotations
 
 import time
+import asyncio
 from contextlib import asynccontextmanager
 from typing import Any, Literal, Sequence
 
@@ -36,6 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from serving_hooks.annotations import flatten_for_sglang
 from serving_hooks.http_guard import BodySizeLimit, admin_auth
 from serving_hooks.metrics import RequestMetricsMiddleware, render, request_metrics
+from serving_hooks.policies import AutoscalePolicy
 from serving_hooks.service import PredictionService
 
 API_TITLE = "agent-workflow-profiler prediction sidecar"
@@ -62,20 +64,33 @@ class AnnotateRequest(BaseModel):
 
 
 class SysAnnotations(BaseModel):
-    """The predictor's answer (DESIGN.md); ``known: false`` carries only ids and a reason."""
+    """The predictor's answer (DESIGN.md; every key in :mod:`predictors.predictor`'s module doc);
+    ``known: false`` carries only ids, a reason and its detail."""
 
     model_config = ConfigDict(extra="allow")
     profile_version: str | None
     known: bool
+    workflow_type_id: str | None = None
+    workflow_id: str | None = None
+    agent_id: str | None = None
     reason: str | None = None
+    detail: str | None = None
     predicted_output_len: list[int] | None = None
     output_len_coverage: float | None = None
+    output_len_level: str | None = Field(None, description="level the band was fit at: agent or "
+                                         "workflow_type")
+    output_len_mean: float | None = None
+    output_len_upper: list[list[float]] | None = Field(None, description="[[α, U(α)], …]: one-sided "
+                                                       "(1 − α) upper bounds, largest α first")
+    session_age_s: float | None = Field(None, description="seconds since the session's first call")
     next_agents: list[dict[str, Any]] | None = None
     predicted_path_regex: str | None = None
     expected_remaining_calls: float | None = None
     expected_remaining_s: float | None = None
     expected_distance: dict[str, float] | None = None
+    p_end: float | None = Field(None, description="probability that no call follows this one")
     tool_latency: dict[str, dict[str, float]] | None = None
+    retain_s: float | None = Field(None, description="keep-alive TTL of the most frequent tool")
     prompt_composition: dict[str, str] | None = None
     priority: int | None = None
 
@@ -193,7 +208,6 @@ def create_sidecar_app(service: PredictionService, *, registry: CollectorRegistr
     @app.post("/v1/reload", response_model=ReloadResponse, tags=["admin"], dependencies=[Depends(admin)])
     async def reload() -> ReloadResponse:
         """Load the version the profile root's CURRENT names now (it is also polled)."""
-        import asyncio
         ok = await asyncio.to_thread(service.reload)
         return ReloadResponse(reloaded=ok, profile_version=service.predictor.version,
                               error=service.reloader.last_error if service.reloader else
@@ -223,7 +237,6 @@ def create_sidecar_app(service: PredictionService, *, registry: CollectorRegistr
         """Suggested replicas per model: the live sessions' projected calls over the next
         ``horizon`` steps times each agent's profiled service time, over the window, divided by
         what one replica serves at the target utilization."""
-        from serving_hooks.policies import AutoscalePolicy
         return service.autoscale(horizon, window_s,
                                  AutoscalePolicy(target_utilization=utilization, concurrency=concurrency))
 

@@ -94,10 +94,10 @@ class CapacityRouting:
         alpha = (1.0 - float(cov)) / 2 if cov is not None else None  # upper tail of a 2-sided band
         session = (app_metadata or {}).get("workflow_id")
         upper = ann.get("output_len_upper") if known else None
-        return self.router.choose(str(session) if session is not None else None,
+        return self.router.decide(str(session) if session is not None else None,
                                   estimate_prompt_tokens(body), hi, alpha, request_id=request_id,
                                   expected_out=ann.get("output_len_mean") if known else None,
-                                  upper_bounds=tuple(map(tuple, upper or ())))
+                                  upper_bounds=tuple(map(tuple, upper or ()))).worker
 
     def finished(self, request_id: str) -> None:
         self.router.on_finish(request_id)

@@ -125,10 +125,6 @@ class ReplicaCache:
             del self.pinned[seg]
         return True
 
-    def pinned_tokens(self, now: float) -> int:
-        return sum(self.seg_tokens[s] for s, u in self.pinned.items()
-                   if u > now and s in self.gpu and s not in self.lock)
-
     def evict_gpu(self, need: int, now: float, key: EvictKey, host_key: EvictKey | None = None,
                   to_host: Callable[[int], bool] | None = None) -> int:
         """Evict unlocked, unpinned segments, leaf first in ``key`` order, until ``need`` tokens

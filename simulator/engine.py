@@ -188,6 +188,8 @@ class Simulator:
         self.wf_finish = np.full(len(workload.workflows), math.nan)
         self.wf_left = np.array([len(w.calls) for w in workload.workflows], dtype=np.int64)
         self.seg_computed = np.zeros(len(workload.seg_tokens), dtype=bool)
+        #: Tokens of each call's prompt path (its reusable prefix), summed once.
+        self.path_tokens = [workload.path_tokens(c) for c in workload.calls]
         self._heap: list[tuple] = []
         self._seq = 0
         self.preemptions = 0
@@ -299,8 +301,7 @@ class Simulator:
         cache = rep.cache
         path = call.path
         gpu_tok, host_tok, n_gpu = cache.match(path)
-        path_tok = sum(self.workload.seg_tokens[s] for s in path)
-        need = (path_tok - gpu_tok) + call.own_prompt_tokens + req.decoded + 1 + reserve
+        need = (self.path_tokens[req.idx] - gpu_tok) + call.own_prompt_tokens + req.decoded + 1 + reserve
         head = path[:n_gpu]
         cache.lock_path(head, self.now)
         free = rep.free_tokens()
@@ -420,14 +421,9 @@ class Simulator:
                         break
                 if victims:
                     rep.waiting.sort(key=sched.queue_key)
-                    if ok:
-                        rep.waiting.remove(req)
-                        backlog += req.prefill_left
-                        reserve += int(cfg.new_token_ratio * max(cfg.new_token_clip - req.decoded, 0))
-                        continue
             if not ok:
                 break
-            rep.waiting.pop(0)
+            rep.waiting.remove(req)   # the head, unless preemptions re-sorted the queue
             backlog += req.prefill_left
             reserve += int(cfg.new_token_ratio * max(cfg.new_token_clip - req.decoded, 0))
 
@@ -467,19 +463,15 @@ class Simulator:
 
     def _round(self, rep: Replica) -> None:
         step = self.step
+        k = 0
         for _attempt in range(64):
             self._admit(rep)
             active = [q for q in rep.running if q.state == RUNNING]
             if not active:
-                rep.stepping = False
-                rep.plan = None
-                return
-            has_prefill = any(q.prefill_left > 0 for q in active)
-            if has_prefill:
+                break
+            if any(q.prefill_left > 0 for q in active):
                 steps = 1
             else:
-                b = len(active)
-                kv = sum(q.call.input_tokens + q.decoded for q in active)
                 steps = min(min(q.remaining_output for q in active), self.config.max_macro_steps)
             k = self._ensure_decode_memory(rep, steps)
             if k > 0:

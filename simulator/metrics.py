@@ -60,12 +60,13 @@ def summarize(res: SimResult) -> dict:
     }
 
 
-def add_belady_ratio(rows: dict[str, dict], reference: str = "belady") -> None:
-    """Set ``recompute_vs_belady`` on every row from the ``reference`` row (in place)."""
+def add_belady_ratio(rows: dict[str, dict], reference: str = "belady",
+                     key: str = "recompute_vs_belady") -> None:
+    """Set ``key`` (recomputed tokens ÷ those of the ``reference`` row) on every row, in place."""
     ref = rows.get(reference)
     if ref is None:
         return
     base = ref["recomputed_prefill_tokens"]
     for row in rows.values():
         r = row["recomputed_prefill_tokens"]
-        row["recompute_vs_belady"] = float(r / base) if base > 0 else (1.0 if r == 0 else float("inf"))
+        row[key] = float(r / base) if base > 0 else (1.0 if r == 0 else float("inf"))

@@ -39,14 +39,14 @@ the capacity router by the session-affinity router the cache-centric baselines u
 time at 0.05 /s; one fixed p99.5 bound per request) to measure what the current ones buy.
 
 The idle-downstream term of alg. 3 needs a model other than the one serving the call: the
-simulated cluster serves every agent with one model (:data:`MODEL`), whose own queue is the one
-being ordered, so that term is inactive here (it would add the same constant to every call
-but the last of each workflow, against shortest-remaining-work-first).
+simulated cluster serves every agent with one model, whose own queue is the one being ordered,
+so that term is inactive here (``score_view`` gets no queue depths; the term would add the same
+constant to every call but the last of each workflow, against shortest-remaining-work-first).
 """
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from serving_hooks.policies import (
@@ -60,11 +60,8 @@ from serving_hooks.policies import (
     RetentionRank,
 )
 from simulator.baselines import FCFS, LRU, Belady, RoundRobin, StickyLeastLoad
+from simulator.engine import Request, Simulator
 from simulator.policy import CachePolicy, Part, Policy, Router, Scheduler
-
-#: The single model every agent is served by in the simulated cluster (queue-depth key of alg. 3).
-MODEL = "llm"
-
 
 class PredictionFeed(Part):
     """Drives a ``predictors.Predictor`` with simulated time and attaches a ``CallView``.
@@ -79,7 +76,7 @@ class PredictionFeed(Part):
         self.coverage = 0.99
         self._tables: dict[tuple, tuple] = {}
 
-    def bind(self, sim) -> None:
+    def bind(self, sim: Simulator) -> None:
         super().bind(sim)
         self.predictor.clock = lambda: self.sim.now
         prof = self.predictor.profile
@@ -89,7 +86,7 @@ class PredictionFeed(Part):
             self.global_hi = 4096
         self.coverage = float(getattr(prof, "coverage", None) or 0.99)
 
-    def on_issue(self, req) -> None:
+    def on_issue(self, req: Request) -> None:
         wf = self.sim.workload.workflows[req.wf]
         meta = {"workflow_type_id": wf.workflow_type, "workflow_id": wf.workflow_id,
                 "agent_id": req.call.agent}
@@ -98,7 +95,7 @@ class PredictionFeed(Part):
         view = CallView.from_sys_annotations(ann, meta, tool=req.call.tool)
         req.pred = {"ann": ann, "meta": meta, "view": view}
 
-    def on_finish(self, req) -> None:
+    def on_finish(self, req: Request) -> None:
         meta = req.pred["meta"] if req.pred else None
         if meta is None:
             return
@@ -107,14 +104,14 @@ class PredictionFeed(Part):
                                 "input_tokens": req.call.input_tokens, "t_finish": self.sim.now})
 
     # helpers used by the other parts
-    def view(self, req) -> CallView:
+    def view(self, req: Request) -> CallView:
         return req.pred["view"] if req.pred else CallView()
 
-    def upper_bound(self, req) -> int:
+    def upper_bound(self, req: Request) -> int:
         v = self.view(req)
         return int(v.pred_out_hi) if v.known and v.pred_out_hi is not None else self.global_hi
 
-    def expected_out(self, req) -> float:
+    def expected_out(self, req: Request) -> float:
         """The agent's mean output (the band's midpoint when the profile has no mean)."""
         v = self.view(req)
         if v.known and v.pred_out_mean is not None:
@@ -123,7 +120,7 @@ class PredictionFeed(Part):
         lo = v.pred_out_lo if v.known and v.pred_out_lo is not None else hi / 2
         return (lo + hi) / 2
 
-    def bound_table(self, req) -> tuple:
+    def bound_table(self, req: Request) -> tuple:
         """The call's ``((α, U(α)), …)`` table, one shared object per distinct table."""
         v = self.view(req)
         if not v.known or not v.upper_bounds:
@@ -153,17 +150,7 @@ class CapacityRouter(Router):
         self.active: list[dict[int, ActiveRequest]] = []
         self.counts = {"decisions": 0, "fallbacks": 0, "affinity": 0, "moved": 0}
 
-    @property
-    def fallbacks(self) -> int:
-        return self.counts["fallbacks"]
-
-    @property
-    def decisions(self) -> int:
-        return self.counts["decisions"]
-
-    def bind(self, sim) -> None:
-        from dataclasses import replace
-
+    def bind(self, sim: Simulator) -> None:
         super().bind(sim)
         self.policy = replace(self.policy, prefill_s_per_token=sim.config.step.a)
         self.active = [{} for _ in sim.replicas]
@@ -180,7 +167,7 @@ class CapacityRouter(Router):
         span = min(self.drain_window_s, now)
         return self.released_sum[r] / span if q and span > 0 else None
 
-    def route(self, req) -> int:
+    def route(self, req: Request) -> int:
         sim = self.sim
         cap = sim.config.kv_capacity_tokens
         states = [ReplicaState(str(i), cap, tuple(act.values()), drain_tokens_per_s=self.drain(i))
@@ -206,7 +193,7 @@ class CapacityRouter(Router):
             upper_bounds=table, expected_out=exp_out)
         return r
 
-    def on_finish(self, req) -> None:
+    def on_finish(self, req: Request) -> None:
         done = self.active[req.replica].pop(req.idx, None)
         if done is not None:
             self.released[req.replica].append((self.sim.now, done.expected_tokens))
@@ -242,20 +229,21 @@ class PriorityScheduler(Scheduler):
         self.session: dict[int, tuple[float, float]] = {}   # wf -> (score at issue, issue time)
         self._wf_base: dict[int, float] = {}
 
-    def on_issue(self, req) -> None:
+    def on_issue(self, req: Request) -> None:
         view = self.feed.view(req)
         pol = self.policy
+        # no queue depths: the only model is the one this queue serves, so no *other* model
+        # may idle (module doc)
         if not self.workflow_level:
-            self.base[req.idx] = pol.score_view(view, queue_depth={}, agent_model=_AllToOneModel())
+            self.base[req.idx] = pol.score_view(view)
             return
         if view.known:
-            # the only model is the one this queue serves: no *other* model may idle (module doc)
-            self._wf_base[req.wf] = pol.score_view(view, queue_depth={}, agent_model=_AllToOneModel())
+            self._wf_base[req.wf] = pol.score_view(view)
         base = self._wf_base.get(req.wf, pol.unknown_score)
         age = self.sim.now - float(self.sim.wf_arrival[req.wf])
         self.session[req.wf] = (pol.session_score(base, age), self.sim.now)
 
-    def priority(self, req) -> int:
+    def priority(self, req: Request) -> int:
         """SGLang integer priority of ``req`` now (bigger runs first)."""
         pol = self.policy
         if not self.workflow_level:
@@ -263,18 +251,11 @@ class PriorityScheduler(Scheduler):
         score, t = self.session[req.wf]
         return pol.to_sglang(pol.aged(score, t, self.sim.now))
 
-    def queue_key(self, req):
+    def queue_key(self, req: Request) -> tuple:
         return (-self.priority(req), req.t_enqueue, req.idx)
 
-    def may_preempt(self, waiting, running) -> bool:
+    def may_preempt(self, waiting: Request, running: Request) -> bool:
         return self.priority(waiting) - self.priority(running) > (self.preemption_threshold or 0)
-
-
-class _AllToOneModel(dict):
-    """``agent → model`` map sending every agent to the cluster's single model."""
-
-    def get(self, key, default=None):  # noqa: D401 - dict protocol
-        return MODEL
 
 
 class KeepDropCache(CachePolicy):
@@ -291,7 +272,7 @@ class KeepDropCache(CachePolicy):
         self.retention: dict[int, Any] = {}
         self.counts = {"keep": 0, "drop": 0, "neutral": 0}
 
-    def on_finish(self, req) -> None:
+    def on_finish(self, req: Request) -> None:
         view = self.feed.view(req)
         ret = self.policy.decide_view(view, self.sim.now)
         self.retention[req.wf] = ret
@@ -302,13 +283,13 @@ class KeepDropCache(CachePolicy):
         ret = self.retention.get(wf) if wf >= 0 else None
         return int(ret.rank_at(now)) if ret is not None else int(RetentionRank.NEUTRAL)
 
-    def evict_key(self, replica, seg, now):
+    def evict_key(self, replica: int, seg: int, now: float) -> tuple:
         return (self.rank(seg, now), self.sim.replicas[replica].cache.gpu[seg])
 
-    def host_key(self, replica, seg, now):
+    def host_key(self, replica: int, seg: int, now: float) -> tuple:
         return (self.rank(seg, now), self.sim.replicas[replica].cache.host.get(seg, 0.0))
 
-    def to_host(self, replica, seg) -> bool:
+    def to_host(self, replica: int, seg: int) -> bool:
         return self.rank(seg, self.sim.now) != int(RetentionRank.DROP)
 
 
@@ -326,7 +307,7 @@ class HostPrefetch(Part):
         self.plans = 0
         self.skipped = 0
 
-    def bind(self, sim) -> None:
+    def bind(self, sim: Simulator) -> None:
         super().bind(sim)
         cache = sim.policy.cache
         self.keep_drop = cache if isinstance(cache, KeepDropCache) else None
@@ -336,7 +317,7 @@ class HostPrefetch(Part):
                 transfer_tok_s=1.0 / sim.config.pcie_s_per_token,
                 prefill_tok_s=1.0 / st.a, decode_tok_s=1.0 / st.decode_step(0))
 
-    def on_issue(self, req) -> None:
+    def on_issue(self, req: Request) -> None:
         view = self.feed.view(req)
         if not view.known:
             return
@@ -423,8 +404,6 @@ OURS_VARIANTS: dict[str, dict[str, Any]] = {
 
 def build_ours(predictor: Any, name: str = "ours", options: OursOptions | None = None) -> Policy:
     """Our policy (or an ablation variant) around ``predictor`` (a fitted ``Predictor``)."""
-    from dataclasses import replace
-
     opt = replace(options or OursOptions(), **OURS_VARIANTS.get(name, {}))
     feed = PredictionFeed(predictor)
     routers = {"capacity": lambda: CapacityRouter(feed, opt.capacity_policy, opt.risk_split),

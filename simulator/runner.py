@@ -44,6 +44,7 @@ from simulator.config import ClusterConfig
 from simulator.engine import SimResult, Simulator
 from simulator.metrics import add_belady_ratio, summarize
 from simulator.ours import OURS_VARIANTS, OursOptions, build_ours, ours_stats
+from simulator.policy import Policy
 from simulator.sources import BUILTIN, Source, fit_train_profile, generated, load_logs, make_predictor
 from simulator.workload import Call, Workload, replicate_records, workload_from_records
 
@@ -237,7 +238,7 @@ def gap_function(wl: Workload, profile: Any, mode: str, seed: int) -> Callable[[
     return gap
 
 
-def make_policy(name: str, prep: Prepared, ours: OursOptions | None = None):
+def make_policy(name: str, prep: Prepared, ours: OursOptions | None = None) -> Policy:
     if name in OURS_VARIANTS:
         return build_ours(make_predictor(prep.profile), name, ours)
     return BASELINES[name]()
@@ -295,12 +296,8 @@ def compare(prep: Prepared, policies: Sequence[str], loads: Sequence[str], cfg: 
             if on_result is not None:
                 on_result(level, name, row)
         add_belady_ratio(rows, "belady")
-        if "ours-belady" in rows:
-            ref = rows["ours-belady"]["recomputed_prefill_tokens"]
-            for n, row in rows.items():
-                if n.startswith("ours"):
-                    r = row["recomputed_prefill_tokens"]
-                    row["recompute_vs_ours_belady"] = float(r / ref) if ref else (1.0 if r == 0 else float("inf"))
+        add_belady_ratio({n: row for n, row in rows.items() if n.startswith("ours")}, "ours-belady",
+                         "recompute_vs_ours_belady")
         out["loads"][level] = {"load_share": share, "sessions": sessions, "rate_wf_per_s": rate,
                                "policies": rows}
     return out

@@ -26,7 +26,7 @@ from typing import Sequence
 from automata.fa.dfa import DFA
 from automata.fa.nfa import NFA
 
-from synth.pfa import PFA, _renumber
+from synth.pfa import PFA, _renumber, co_reachable
 from synth.regex_ast import Node, symbols, to_symbols
 from synth.regex_synth import expanded_size, symbol_chars
 
@@ -80,14 +80,7 @@ def counting_pfa(tree: Node, pfa: PFA, sequences: Sequence[Sequence[str]],
             edges[here][symbol] = index[key]
     accepting = {i for i, (d, q) in enumerate(order) if d in dfa.final_states and pfa.stops[q]}
     # trim to states that can still reach an accepting one
-    alive = set(accepting)
-    changed = True
-    while changed:
-        changed = False
-        for i, out in edges.items():
-            if i not in alive and any(t in alive for t in out.values()):
-                alive.add(i)
-                changed = True
+    alive = co_reachable({i: out.values() for i, out in edges.items()}, accepting)
     if 0 not in alive:
         return None
     # data counts

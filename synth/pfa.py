@@ -28,7 +28,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Iterable, Sequence
+from typing import Iterable, Mapping, Sequence
 
 
 @dataclass
@@ -239,6 +239,20 @@ def _renumber(pfa: PFA, index_out: dict[int, int] | None = None) -> PFA:
     return out
 
 
+def co_reachable(successors: Mapping[int, Iterable[int]], alive: Iterable[int]) -> set[int]:
+    """``alive`` plus every state of ``successors`` from which one of them can be reached
+    (a fixed point: add states with an edge into the set until none is added)."""
+    alive = set(alive)
+    changed = True
+    while changed:
+        changed = False
+        for q, targets in successors.items():
+            if q not in alive and any(t in alive for t in targets):
+                alive.add(q)
+                changed = True
+    return alive
+
+
 def learn_pfa(sequences: Sequence[Sequence[str]], widths: Sequence[Sequence[int]] | None = None,
               alpha: float = 0.05, weights: Sequence[int] | None = None) -> PFA:
     """Prefix tree of ``sequences`` merged by ALERGIA."""
@@ -271,14 +285,8 @@ def prune(pfa: PFA, threshold: float = 0.05) -> PFA:
             if t not in reach:
                 reach.add(t)
                 frontier.append(t)
-    alive = {q for q in reach if out.stops[q] > 0}
-    changed = True
-    while changed:
-        changed = False
-        for q in reach - alive:
-            if any(t in alive for t in out.trans[q].values()):
-                alive.add(q)
-                changed = True
+    alive = co_reachable({q: out.trans[q].values() for q in reach},
+                         (q for q in reach if out.stops[q] > 0))
     alive.add(out.initial)
     for q in list(out.trans):
         if q not in alive:

@@ -38,7 +38,8 @@ from synth.evaluation import PathScores, score_sequences
 from synth.fit import DEFAULT_ALPHA, DEFAULT_PRUNE, fit_sequences
 from synth.prompts import evaluate_templates, load_text_workflows
 from synth.regex_synth import LOOP_QUANTILES
-from synth.sequences import NO_TOOL, load_sequence_counts, load_sequences, workflow_counts
+from synth.sequences import (load_sequence_counts, load_sequences, symbol_expression,
+                             workflow_counts)
 from synth.session import WorkflowPaths
 
 DEFAULT_PROMPT_WORKFLOWS = 100
@@ -55,7 +56,7 @@ def agent_timings(con: duckdb.DuckDBPyConnection, alphabet: str = "agent"
     columns = {row[0] for row in con.execute("DESCRIBE calls").fetchall()}
     latency = "latency_s" if "latency_s" in columns else "t_finish - t_arrival"
     gap = "gap_after_s" if "gap_after_s" in columns else "NULL::DOUBLE"
-    symbol = "agent_id" if alphabet == "agent" else f"coalesce(tool_names[1], '{NO_TOOL}')"
+    symbol = symbol_expression(con, alphabet)  # the symbols the sequences are read in
     rows = con.execute(f"""
         SELECT workflow_type_id, {symbol}, avg({latency}), coalesce(avg({gap}), 0)
         FROM calls GROUP BY ALL""").fetchall()

@@ -72,6 +72,18 @@ def replace_at(node: Node, path: tuple[int, ...], new: Node) -> Node:
     raise ValueError(f"path {path} goes below a leaf")
 
 
+def map_symbols(node: Node, leaf: Callable[[str], Node]) -> Node:
+    """Copy of ``node`` with every ``("sym", name)`` leaf replaced by ``leaf(name)``."""
+    kind = node[0]
+    if kind == "sym":
+        return leaf(node[1])
+    if kind == "eps":
+        return node
+    if kind in ("cat", "alt"):
+        return (kind, tuple(map_symbols(c, leaf) for c in node[1]))
+    return rep(map_symbols(node[1], leaf), node[2], node[3])
+
+
 def symbols(node: Node) -> set[str]:
     return {n[1] for _, n in walk(node) if n[0] == "sym"}
 

@@ -29,8 +29,9 @@ from automata.fa.gnfa import GNFA
 from automata.fa.nfa import NFA
 
 from synth.pfa import PFA
-from synth.regex_ast import (Node, alt, parse_readable, parse_symbols, rep, replace_at,
-                             simplify, sym, symbols, to_python, to_readable, to_symbols, walk)
+from synth.regex_ast import (Node, alt, map_symbols, parse_readable, parse_symbols, rep,
+                             replace_at, simplify, sym, symbols, to_python, to_readable,
+                             to_symbols, walk)
 
 #: Default percentiles bounding loop counts and fan-out widths.
 LOOP_QUANTILES = (0.01, 0.99)
@@ -93,18 +94,7 @@ def pfa_regex_tree(pfa: PFA) -> Node | None:
     if text is None:  # no accepting state is reachable
         return None
     tree = parse_symbols(text)
-    return simplify(_rename(tree, name_of))
-
-
-def _rename(node: Node, mapping: dict[str, str]) -> Node:
-    kind = node[0]
-    if kind == "sym":
-        return sym(mapping[node[1]])
-    if kind == "eps":
-        return node
-    if kind in ("cat", "alt"):
-        return (kind, tuple(_rename(c, mapping) for c in node[1]))
-    return rep(_rename(node[1], mapping), node[2], node[3])
+    return simplify(map_symbols(tree, lambda c: sym(name_of[c])))
 
 
 def _quantile_bounds(values: Sequence[int], quantiles: tuple[float, float]) -> tuple[int, int]:
@@ -207,19 +197,12 @@ def width_ranges(pfa: PFA, quantiles: tuple[float, float] = LOOP_QUANTILES
 
 def expand_fanout(tree: Node, widths: dict[str, tuple[int, int]]) -> Node:
     """Write step symbols over agents: ``a|b`` of width 2–3 becomes ``(a | b){2,3}``."""
-    def expand(node: Node) -> Node:
-        kind = node[0]
-        if kind == "sym":
-            members = node[1].split("|")
-            lo, hi = widths.get(node[1], (1, 1))
-            body = alt(tuple(sym(m) for m in members))
-            return body if (lo, hi) == (1, 1) and len(members) == 1 else rep(body, lo, hi)
-        if kind == "eps":
-            return node
-        if kind in ("cat", "alt"):
-            return (kind, tuple(expand(c) for c in node[1]))
-        return rep(expand(node[1]), node[2], node[3])
-    return expand(tree)
+    def expand(symbol: str) -> Node:
+        members = symbol.split("|")
+        lo, hi = widths.get(symbol, (1, 1))
+        body = alt(tuple(sym(m) for m in members))
+        return body if (lo, hi) == (1, 1) and len(members) == 1 else rep(body, lo, hi)
+    return map_symbols(tree, expand)
 
 
 def bounded_step_tree(pfa: PFA, step_sequences: Sequence[Sequence[str]],

@@ -55,3 +55,15 @@ def fitted_profile(tmp_path_factory, coding_logs) -> Path:
     root = tmp_path_factory.mktemp("profile")
     fit_profile([coding_logs], root)
     return root
+
+
+@pytest.fixture(scope="module")
+def upstream():
+    """A fake OpenAI-compatible server on a real port (``.url``; ``.received`` holds what it got)."""
+    from serving_hooks.fake_openai import FakeOpenAI
+    from serving_hooks.server_thread import serve_in_thread
+
+    fake = FakeOpenAI()
+    with serve_in_thread(fake.app) as server:
+        fake.url = server.url
+        yield fake

@@ -1,9 +1,17 @@
-"""Helpers shared by the tests of the sidecar and the gateway (not fixtures: plain functions)."""
+"""Helpers shared by the tests of the sidecar and the gateway (plain functions; the fake upstream
+fixture they share is ``upstream`` in ``tests/conftest.py``)."""
 from __future__ import annotations
 
+import socket
+import threading
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
 
 import httpx
+from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
 
@@ -22,3 +30,95 @@ def metric(url: str, name: str, **labels) -> float:
             if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
                 return sample.value
     return 0.0
+
+
+def free_port() -> int:
+    """A TCP port nothing listens on (for an unreachable upstream or a server started later)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def fit_generated_profile(root: Path, n_workflows: int, seed: int, **fit_options: Any) -> Path:
+    """Fit a profile root ``root/profile`` on ``n_workflows`` generated coding-assistant
+    workflows (written to ``root/logs``); ``fit_options`` go to ``FitOptions``."""
+    from profiler import fitting
+    from profiler.workloads import generate, write_jsonl
+
+    write_jsonl(generate("coding_assistant", n_workflows, seed=seed), root / "logs" / "ca.jsonl")
+    fitting.fit_profile([root / "logs"], root / "profile", options=fitting.FitOptions(**fit_options))
+    return root / "profile"
+
+
+@contextmanager
+def running_gateway(upstreams: list[str], profile_root: Path | None = None, *,
+                    sidecar: str | None = None, log_dir: Path | None = None, annotator: Any = None,
+                    gate: Any = None, reload_every_s: float = 2.0, **options: Any) -> Iterator[Any]:
+    """A gateway on a real port over ``upstreams`` (round robin), predicting in process from
+    ``profile_root`` (with ``gate`` and hot reload every ``reload_every_s``), from a ``sidecar``
+    URL, or with ``annotator``; ``options`` are :class:`GatewayOptions`. Yields the
+    :class:`Gateway` with its ``url`` set."""
+    from serving_hooks.annotator import LocalAnnotator, SidecarAnnotator
+    from serving_hooks.gateway import Gateway, GatewayOptions, create_gateway_app
+    from serving_hooks.gateway_log import GatewayLog
+    from serving_hooks.server_thread import serve_in_thread
+    from serving_hooks.service import prediction_service
+    from serving_hooks.upstreams import RoundRobinRouter
+
+    registry = CollectorRegistry()
+    service = None
+    if annotator is None and profile_root is not None:
+        service = prediction_service(profile_root, registry, "profiler_gateway", gate=gate,
+                                     reload_every_s=reload_every_s)
+        annotator = LocalAnnotator(service)
+    elif annotator is None and sidecar is not None:
+        annotator = SidecarAnnotator(sidecar)
+    gw = Gateway(RoundRobinRouter(upstreams), annotator,
+                 log_writer=GatewayLog(log_dir) if log_dir else None,
+                 options=GatewayOptions(**options), registry=registry, service=service)
+    with serve_in_thread(create_gateway_app(gw), server_header=False, date_header=False) as server:
+        gw.url = server.url
+        yield gw
+
+
+def logged(gw: Any) -> float:
+    """Gateway records written to its log so far."""
+    return gw.registry.get_sample_value("profiler_gateway_log_records_total", {"outcome": "written"}) or 0
+
+
+def swap_profiles_under_load(url: str, root: Path, base: Any, predictor: Any,
+                             send: Callable[[httpx.Client, str], None], clients: int = 3) -> list[str]:
+    """Write three new profile versions under ``root`` while ``clients`` threads keep calling
+    ``send(client, workflow_id)`` against ``url`` (a fresh workflow id per call).
+
+    Each version is ``base``'s data plus an empty workflow type ``m<k>`` (a marker), written
+    0.2 s after the previous one; once ``predictor`` serves the last (or 5 s passed) the clients
+    run 0.2 s more and stop. Returns the versions written.
+    """
+    from profiler.profile_artifact import write_profile
+
+    stop = threading.Event()
+
+    def client(tid: int) -> None:
+        with httpx.Client(base_url=url) as c:
+            i = 0
+            while not stop.is_set():
+                i += 1
+                send(c, f"t{tid}-{i}")
+
+    threads = [threading.Thread(target=client, args=(t,)) for t in range(clients)]
+    for t in threads:
+        t.start()
+    written = []
+    for k in range(3):
+        time.sleep(0.2)
+        data = {**base.data, "workflow_types": {**base.data["workflow_types"], f"m{k}": {"calls": 0}}}
+        written.append(write_profile(root, data, {"sources": []}).version)
+    deadline = time.monotonic() + 5
+    while predictor.version != written[-1] and time.monotonic() < deadline:
+        time.sleep(0.02)
+    time.sleep(0.2)
+    stop.set()
+    for t in threads:
+        t.join()
+    return written

@@ -2,9 +2,7 @@
 from __future__ import annotations
 
 import json
-import socket
 import time
-from contextlib import contextmanager
 
 import duckdb
 import httpx
@@ -13,17 +11,14 @@ from openai import OpenAI
 from prometheus_client import CollectorRegistry
 
 from profiler import fitting
-from profiler.workloads import generate, write_jsonl
 from serving_hooks.annotations import CUSTOM_PARAM_KEYS
-from serving_hooks.annotator import LocalAnnotator, SidecarAnnotator
+from serving_hooks.annotator import LocalAnnotator
 from serving_hooks.fake_openai import FakeOpenAI
-from serving_hooks.gateway import Gateway, GatewayOptions, create_gateway_app
-from serving_hooks.gateway_log import GatewayLog
+from serving_hooks.gateway import Gateway, create_gateway_app
 from serving_hooks.server_thread import serve_in_thread
 from serving_hooks.service import prediction_service
 from serving_hooks.sidecar import create_sidecar_app
-from serving_hooks.upstreams import RoundRobinRouter
-from tests.serving_helpers import metric, wait_for
+from tests.serving_helpers import fit_generated_profile, free_port, logged, metric, running_gateway, wait_for
 
 WT = "coding_assistant"
 META = {"workflow_type_id": WT, "workflow_id": "s-1", "agent_id": "planner"}
@@ -33,40 +28,7 @@ CHAT = {"model": "m", "messages": [{"role": "user", "content": "plan the fix, ü
 
 @pytest.fixture(scope="module")
 def profile_root(tmp_path_factory):
-    root = tmp_path_factory.mktemp("gw")
-    write_jsonl(generate(WT, 60, seed=5), root / "logs" / "ca.jsonl")
-    fitting.fit_profile([root / "logs"], root / "profile", options=fitting.FitOptions(min_calls=20))
-    return root / "profile"
-
-
-@pytest.fixture(scope="module")
-def upstream():
-    fake = FakeOpenAI()
-    with serve_in_thread(fake.app) as server:
-        fake.url = server.url
-        yield fake
-
-
-@contextmanager
-def running_gateway(upstreams, profile_root=None, *, sidecar=None, log_dir=None, annotator=None,
-                    **options):
-    registry = CollectorRegistry()
-    service = None
-    if annotator is None and profile_root is not None:
-        service = prediction_service(profile_root, registry, "profiler_gateway")
-        annotator = LocalAnnotator(service)
-    elif annotator is None and sidecar is not None:
-        annotator = SidecarAnnotator(sidecar)
-    gw = Gateway(RoundRobinRouter(upstreams), annotator,
-                 log_writer=GatewayLog(log_dir) if log_dir else None,
-                 options=GatewayOptions(**options), registry=registry, service=service)
-    with serve_in_thread(create_gateway_app(gw), server_header=False, date_header=False) as server:
-        gw.url = server.url
-        yield gw
-
-
-def logged(gw) -> float:
-    return gw.registry.get_sample_value("profiler_gateway_log_records_total", {"outcome": "written"}) or 0
+    return fit_generated_profile(tmp_path_factory.mktemp("gw"), 60, seed=5, min_calls=20)
 
 
 def test_forwarded_body_is_the_clients_bytes_plus_annotations(upstream, profile_root):
@@ -186,12 +148,6 @@ def test_upstream_errors_reach_the_client_unchanged(upstream, profile_root):
         assert r.status_code == 504 and r.json()["error"]["type"] == "upstream_timeout"
         assert metric(gw.url, "profiler_gateway_upstream_responses_total",
                       upstream=upstream.url, outcome="timeout") == 1
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_unreachable_upstream_is_502(profile_root):

@@ -1,58 +1,25 @@
 """Online learning through the gateway: refit from its own logs, shadow mode, live profile swaps."""
 from __future__ import annotations
 
-import threading
 import time
 
 import httpx
 import pytest
-from prometheus_client import CollectorRegistry
 
-from profiler import fitting
-from profiler.profile_artifact import load_profile, write_profile
+from profiler.profile_artifact import load_profile
 from profiler.workloads import generate, write_jsonl
-from serving_hooks.annotator import LocalAnnotator
 from serving_hooks.fake_openai import FakeOpenAI
-from serving_hooks.gateway import Gateway, GatewayOptions, create_gateway_app
-from serving_hooks.gateway_log import GatewayLog
 from serving_hooks.refit import RefitLoop, parse_duration, refit_once
-from serving_hooks.server_thread import serve_in_thread
-from serving_hooks.service import prediction_service
 from serving_hooks.shadow import ShadowGate
-from serving_hooks.upstreams import RoundRobinRouter
-from tests.serving_helpers import wait_for
+from tests.serving_helpers import (fit_generated_profile, logged, running_gateway,
+                                   swap_profiles_under_load, wait_for)
 
 NEW = "triage_bot"
 FLOW = ["intake", "classifier", "responder"]
 
 
-@pytest.fixture(scope="module")
-def upstream():
-    fake = FakeOpenAI()
-    with serve_in_thread(fake.app) as server:
-        fake.url = server.url
-        yield fake
-
-
-def fit_root(tmp_path, coverage=0.8):
-    write_jsonl(generate("coding_assistant", 40, seed=11), tmp_path / "seed" / "ca.jsonl")
-    fitting.fit_profile([tmp_path / "seed"], tmp_path / "profile",
-                        options=fitting.FitOptions(coverage=coverage, min_calls=5))
-    return tmp_path / "profile"
-
-
-def start_gateway(upstream_url, root, log_dir, gate, reload_every_s=2.0):
-    registry = CollectorRegistry()
-    service = prediction_service(root, registry, "profiler_gateway", gate=gate,
-                                 reload_every_s=reload_every_s)
-    gw = Gateway(RoundRobinRouter([upstream_url]), LocalAnnotator(service),
-                 log_writer=GatewayLog(log_dir) if log_dir else None,
-                 options=GatewayOptions(), registry=registry, service=service)
-    return gw, service, serve_in_thread(create_gateway_app(gw))
-
-
-def observed(gw) -> float:
-    return gw.registry.get_sample_value("profiler_gateway_log_records_total", {"outcome": "written"}) or 0
+def fit_root(tmp_path):
+    return fit_generated_profile(tmp_path, 40, seed=11, coverage=0.8, min_calls=5)
 
 
 def run_session(url: str, upstream: FakeOpenAI, wf: str, tokens: int = 8) -> list[dict]:
@@ -71,74 +38,54 @@ def test_new_workflow_type_is_shadowed_until_promoted_then_drift_demotes(upstrea
     root = fit_root(tmp_path)
     logs = tmp_path / "gateway-logs"
     gate = ShadowGate(min_calls=20, window=12, min_window=12, drift_drop=0.2, recover_drop=0.05)
-    gw, service, server = start_gateway(upstream.url, root, logs, gate)
-    with server:
+    with running_gateway([upstream.url], root, log_dir=logs, gate=gate) as gw:
+        service = gw.service
         # 1. unknown to the profile: served reactively, logged, and marked for shadowing
         for i in range(10):
-            assert {a["reason"] for a in run_session(server.url, upstream, f"a{i}")} == {"unknown_workflow_type"}
+            assert {a["reason"] for a in run_session(gw.url, upstream, f"a{i}")} == {"unknown_workflow_type"}
         assert gate.reason(NEW) == "new_workflow_type"
         # 2. online refit from the gateway's own log (closed files only), atomic swap
-        assert wait_for(lambda: observed(gw) == 30)
+        assert wait_for(lambda: logged(gw) == 30)
         gw.log.rotate()
         result = refit_once(root, [logs])
         assert result.ran and result.changed and result.loaded == 30, result
         assert service.reload() and service.predictor.version == result.version
         assert load_profile(root).data["workflow_types"][NEW]["calls"] == 30
         # 3. in the profile now, but still shadow: known false while its live coverage is judged
-        first = run_session(server.url, upstream, "b0")
+        first = run_session(gw.url, upstream, "b0")
         assert {a["reason"] for a in first} == {"shadow"} and first[0]["detail"] == "new_workflow_type"
         for i in range(1, 4):
-            run_session(server.url, upstream, f"b{i}")          # 12 observed calls, all inside the band
+            run_session(gw.url, upstream, f"b{i}")          # 12 observed calls, all inside the band
         assert wait_for(lambda: not gate.is_shadowed(NEW))
-        promoted = run_session(server.url, upstream, "c0")
+        promoted = run_session(gw.url, upstream, "c0")
         assert all(a["known"] for a in promoted), promoted
         assert promoted[0]["next_agents"][0]["agent_id"] == "classifier"
         assert promoted[0]["predicted_output_len"] == [8, 8]
         # 4. outputs drift far outside the band: back to shadow
         for i in range(4):
-            run_session(server.url, upstream, f"d{i}", tokens=400)
+            run_session(gw.url, upstream, f"d{i}", tokens=400)
         assert wait_for(lambda: gate.reason(NEW) == "drift")
-        assert run_session(server.url, upstream, "e0")[0]["reason"] == "shadow"
-        summary = httpx.get(server.url + "/admin/profile").json()["shadow"][NEW]
+        assert run_session(gw.url, upstream, "e0")[0]["reason"] == "shadow"
+        summary = httpx.get(gw.url + "/admin/profile").json()["shadow"][NEW]
         assert summary["shadowed"] and summary["promotions"] == 1 and summary["live_coverage"] < 0.8
 
 
 def test_profile_swapped_during_a_stream_of_gateway_requests(upstream, tmp_path):
     root = fit_root(tmp_path)
     base = load_profile(root)
-    gw, service, server = start_gateway(upstream.url, root, None, ShadowGate(), reload_every_s=0.02)
     statuses: list[int] = []
     versions: list[str] = []
-    stop = threading.Event()
 
-    def client(tid: int) -> None:
-        with httpx.Client(base_url=server.url) as c:
-            i = 0
-            while not stop.is_set():
-                i += 1
-                r = c.post("/v1/chat/completions", json={
-                    "model": "m", "messages": [{"role": "user", "content": "x"}],
-                    "app_metadata": {"workflow_type_id": "coding_assistant",
-                                     "workflow_id": f"t{tid}-{i}", "agent_id": "planner"}})
-                statuses.append(r.status_code)
-                versions.append(upstream.received[-1].body.get("sys_annotations", {}).get("profile_version"))
+    def send(c: httpx.Client, wf: str) -> None:
+        r = c.post("/v1/chat/completions", json={
+            "model": "m", "messages": [{"role": "user", "content": "x"}],
+            "app_metadata": {"workflow_type_id": "coding_assistant", "workflow_id": wf,
+                             "agent_id": "planner"}})
+        statuses.append(r.status_code)
+        versions.append(upstream.received[-1].body.get("sys_annotations", {}).get("profile_version"))
 
-    with server:
-        threads = [threading.Thread(target=client, args=(t,)) for t in range(3)]
-        for t in threads:
-            t.start()
-        written = []
-        for k in range(3):
-            time.sleep(0.2)
-            data = {**base.data, "workflow_types": {**base.data["workflow_types"], f"m{k}": {"calls": 0}}}
-            written.append(write_profile(root, data, {"sources": []}).version)
-        deadline = time.monotonic() + 5
-        while service.predictor.version != written[-1] and time.monotonic() < deadline:
-            time.sleep(0.02)
-        time.sleep(0.2)
-        stop.set()
-        for t in threads:
-            t.join()
+    with running_gateway([upstream.url], root, gate=ShadowGate(), reload_every_s=0.02) as gw:
+        written = swap_profiles_under_load(gw.url, root, base, gw.service.predictor, send)
     assert len(statuses) > 30 and set(statuses) == {200}
     assert base.version in versions and written[-1] in versions and None not in versions
 

@@ -1,5 +1,6 @@
 """`profiler import` end to end: converted files load into the real DuckDB store with nothing
-quarantined, and `convert_to_folder` (used by `profiler fit --format`) agrees."""
+quarantined, and `convert_to_folder` (the record count of `convert`, which `profiler fit --format`
+also uses) agrees."""
 from __future__ import annotations
 
 import subprocess

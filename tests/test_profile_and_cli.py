@@ -107,3 +107,24 @@ def test_cli_fit_reads_other_trace_formats(tmp_path):
     assert all("imported/otel" in s["path"] for s in prof.manifest["sources"])
     bad = run("fit", str(fixtures), "--format", "nope", "--out", str(out), check=False)
     assert bad.returncode == 2 and "unknown import format" in bad.stderr
+
+
+def test_split_reads_the_workflow_id_wherever_ingest_does(tmp_path):
+    """Every placement of app_metadata the ingester accepts decides the side (record level too)."""
+    from profiler.split import split_logs
+    from tests.conftest import write_jsonl
+
+    placements = (lambda m: {"request": {"extra_body": {"app_metadata": m}}},
+                  lambda m: {"request": {"app_metadata": m}},
+                  lambda m: {"request": {}, "app_metadata": m})
+    recs = [{"request_id": f"{i}-{k}", "t_arrival": 10.0 + k, "t_finish": 11.0 + k, "response": {},
+             **placements[i % 3]({"workflow_type_id": "app", "workflow_id": f"s-{i}", "agent_id": "a"})}
+            for i in range(60) for k in range(2)]
+    split_logs([write_jsonl(tmp_path / "gw.jsonl", recs)], tmp_path / "split", train=0.5)
+    side_of: dict[str, set[str]] = {}
+    for side in ("train", "test"):
+        for line in open(tmp_path / "split" / side / "logs.jsonl"):
+            side_of.setdefault(json.loads(line)["request_id"].split("-")[0], set()).add(side)
+    assert len(side_of) == 60 and all(len(s) == 1 for s in side_of.values())
+    for p in range(3):  # each placement is split, none stuck on the train side
+        assert {next(iter(side_of[str(i)])) for i in range(p, 60, 3)} == {"train", "test"}

@@ -53,19 +53,12 @@ def synthetic_logs(path: Path, n_workflows: int, seed: int) -> Path:
 
 @pytest.fixture(scope="module")
 def report_html(tmp_path_factory) -> tuple[Path, str]:
-    from profiler import fitting
-    from profiler.fitting import fit_profile
+    from profiler.fitting import FitOptions, fit_profile
 
     root = tmp_path_factory.mktemp("report")
     train = synthetic_logs(root / "logs" / "train.jsonl", 240, seed=1)
     heldout = synthetic_logs(root / "heldout" / "test.jsonl", 80, seed=2)
-    builders = dict(fitting.SECTION_BUILDERS)
-    fitting.SECTION_BUILDERS.setdefault("workflows", "synth.profile_section:build_workflows_section")
-    try:
-        fit_profile([train], root / "profile", options=fitting.FitOptions(min_calls=20))
-    finally:
-        fitting.SECTION_BUILDERS.clear()
-        fitting.SECTION_BUILDERS.update(builders)
+    fit_profile([train], root / "profile", options=FitOptions(min_calls=20))  # with the workflows section
     _register()
     out = root / "report.html"
     result = CliRunner().invoke(app, ["report", "--profile", str(root / "profile"), "--out", str(out),

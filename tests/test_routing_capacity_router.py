@@ -76,9 +76,9 @@ def test_request_that_would_overflow_under_the_predicted_bound_is_not_sent_there
     # finishing requests frees their bounds: w1 is safe again
     for i in range(6):
         router.on_finish(f"r{i}")
-    assert router.choose("sX", 150, 100) == w1.url
+    assert router.decide("sX", 150, 100).worker == w1.url
     # 600 + 300 fits only on w1 (100 + 900 <= 1000; w2 3500 + 900 > 4000)
-    assert router.choose("sY", 600, 300) == w1.url
+    assert router.decide("sY", 600, 300).worker == w1.url
     # 700 + 300 fits nowhere: least-loaded fallback, never a silent overflow claim
     assert router.decide("sZ", 700, 300).mode == "fallback_least_loaded"
 
@@ -96,7 +96,7 @@ def test_union_bound_refuses_a_worker_with_many_risky_requests(workers):
     assert d.worker == w1.url and d.mode == "capacity"
     assert not {c.name: c for c in d.placement.checks}[w2.url].safe
     # a confident request (α = 0.005) still fits w2's budget: 0.045 <= 0.05
-    assert router.choose("s2", 100, 100, alpha=0.005) == w2.url
+    assert router.decide("s2", 100, 100, alpha=0.005).worker == w2.url
 
 
 def test_round_robin_when_a_worker_has_no_loads_endpoint(workers):
@@ -117,13 +117,13 @@ def test_background_poller_follows_load_changes_and_affinity(workers):
         deadline = time.monotonic() + 5
         while len(router.loads()) < 3 and time.monotonic() < deadline:
             time.sleep(0.02)
-        assert router.choose("sess", 150, 100) == w1.url
+        assert router.decide("sess", 150, 100).worker == w1.url
         w0.used = 0  # w0 drains: now the roomiest
         polls = w0.polls
         while w0.polls < polls + 2 and time.monotonic() < deadline:
             time.sleep(0.02)
         # w0 headroom 1000-0-250 = 750 vs w1 650: 100 apart, more than the 5 % slack (50)
-        assert router.choose("other", 150, 100) == w0.url
+        assert router.decide("other", 150, 100).worker == w0.url
         router.on_start("x", w1.url, 0, 0, session_id="sess")  # the session last ran on w1
         w1.used = 60  # w1 headroom 690: 60 behind w0; with a 7 % slack (70) that is a tie
         router.policy = CapacityPolicy(affinity_slack=0.07)

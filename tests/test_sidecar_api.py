@@ -5,20 +5,18 @@ import os
 import shutil
 import subprocess
 import sys
-import threading
 import time
 
 import httpx
 import pytest
 from prometheus_client import CollectorRegistry
 
-from profiler import fitting
 from profiler.profile_artifact import current_version, load_profile, write_profile
 from profiler.workloads import generate, write_jsonl
 from serving_hooks.server_thread import serve_in_thread
 from serving_hooks.service import prediction_service
 from serving_hooks.sidecar import create_sidecar_app
-from tests.serving_helpers import metric
+from tests.serving_helpers import fit_generated_profile, free_port, metric, swap_profiles_under_load
 
 WT = "coding_assistant"
 
@@ -29,10 +27,7 @@ def meta(wf: str, agent: str, wt: str = WT) -> dict:
 
 @pytest.fixture(scope="module")
 def profile_root(tmp_path_factory):
-    root = tmp_path_factory.mktemp("sidecar")
-    write_jsonl(generate(WT, 60, seed=7), root / "logs" / "ca.jsonl")
-    fitting.fit_profile([root / "logs"], root / "profile", options=fitting.FitOptions(min_calls=20))
-    return root / "profile"
+    return fit_generated_profile(tmp_path_factory.mktemp("sidecar"), 60, seed=7, min_calls=20)
 
 
 def start_sidecar(profile, **kwargs):
@@ -101,35 +96,15 @@ def test_new_version_swapped_in_during_a_stream_of_requests(profile_root, tmp_pa
     server, service = start_sidecar(root, reload_every_s=0.02)
     seen: list[str] = []
     failures: list = []
-    stop = threading.Event()
 
-    def client(tid: int) -> None:
-        with httpx.Client(base_url=server.url) as c:
-            i = 0
-            while not stop.is_set():
-                i += 1
-                r = c.post("/v1/annotate", json={"app_metadata": meta(f"t{tid}-{i}", "planner")})
-                if r.status_code != 200 or r.json()["sys_annotations"]["known"] is not True:
-                    failures.append(r.text)
-                seen.append(r.json()["sys_annotations"]["profile_version"])
+    def send(c: httpx.Client, wf: str) -> None:
+        r = c.post("/v1/annotate", json={"app_metadata": meta(wf, "planner")})
+        if r.status_code != 200 or r.json()["sys_annotations"]["known"] is not True:
+            failures.append(r.text)
+        seen.append(r.json()["sys_annotations"]["profile_version"])
 
     with server:
-        threads = [threading.Thread(target=client, args=(t,)) for t in range(3)]
-        for t in threads:
-            t.start()
-        versions = []
-        for k in range(3):
-            time.sleep(0.15)
-            data = {**base.data, "workflow_types": {**base.data["workflow_types"],
-                                                    f"marker{k}": {"workflows": 0, "calls": 0}}}
-            versions.append(write_profile(root, data, {"sources": []}).version)
-        deadline = time.monotonic() + 5
-        while service.predictor.version != versions[-1] and time.monotonic() < deadline:
-            time.sleep(0.02)
-        time.sleep(0.1)
-        stop.set()
-        for t in threads:
-            t.join()
+        versions = swap_profiles_under_load(server.url, root, base, service.predictor, send)
     assert not failures
     assert len(seen) > 50
     assert versions[-1] in seen and base.version in seen
@@ -145,9 +120,7 @@ def test_serve_command_refits_from_new_logs(profile_root, tmp_path):
     shutil.copy(profile_root / "store.duckdb", root / "store.duckdb")
     logs = tmp_path / "logs"
     logs.mkdir()
-    with __import__("socket").socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(
         [sys.executable, "-c", "from profiler.cli import main; main()", "serve", "--profile", str(root),

@@ -17,20 +17,14 @@ from __future__ import annotations
 import pytest
 
 from simulator.baselines import BASELINES, FCFS, LRU, StickyLeastLoad
-from simulator.calibration import StepTimeModel
 from simulator.config import ClusterConfig
 from simulator.engine import Simulator
 from simulator.policy import Policy
 from simulator.workload import workload_from_records
+from tests.simulator_helpers import STEP, rec
 
-STEP = StepTimeModel(t0=0.01, a=0.001, a_ctx=0.0, c=0.0, source="test")
 CFG = ClusterConfig(replicas=1, kv_capacity_tokens=3000, host_ratio=0.0, step=STEP,
                     new_token_ratio=0.0)
-
-
-def rec(wf, n, t_arr, t_fin, inp, out):
-    return {"request_id": f"{wf}#{n}", "workflow_type_id": "t", "workflow_id": wf, "agent_id": "a",
-            "t_arrival": t_arr, "t_finish": t_fin, "input_tokens": inp, "output_tokens": out}
 
 
 def workload():

@@ -11,13 +11,11 @@ import numpy as np
 import pytest
 
 from simulator.baselines import BASELINES, FCFS, LRU, RoundRobin
-from simulator.calibration import StepTimeModel
 from simulator.config import ClusterConfig
 from simulator.engine import Simulator
 from simulator.policy import Policy
 from simulator.workload import workload_from_records
-
-STEP = StepTimeModel(t0=0.01, a=0.001, a_ctx=0.0, c=0.0, source="test")
+from tests.simulator_helpers import STEP, rec
 
 
 def cfg(**kw) -> ClusterConfig:
@@ -25,11 +23,6 @@ def cfg(**kw) -> ClusterConfig:
                 new_token_ratio=0.0)
     base.update(kw)
     return ClusterConfig(**base)
-
-
-def rec(wf: str, n: int, t_arr: float, t_fin: float, inp: int, out: int, **extra) -> dict:
-    return {"request_id": f"{wf}#{n}", "workflow_type_id": "t", "workflow_id": wf, "agent_id": "a",
-            "t_arrival": t_arr, "t_finish": t_fin, "input_tokens": inp, "output_tokens": out, **extra}
 
 
 def sglang_default() -> Policy:

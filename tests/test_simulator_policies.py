@@ -5,23 +5,13 @@ import pytest
 
 from serving_hooks.policies import ActiveRequest, CapacityPolicy, KeepDropPolicy, PriorityPolicy
 from simulator.baselines import BASELINES, FCFS, PLAS, ContinuumTTL
-from simulator.calibration import StepTimeModel
 from simulator.config import ClusterConfig
 from simulator.engine import Request, Simulator
 from simulator.ours import CapacityRouter, HostPrefetch, KeepDropCache, PriorityScheduler, build_ours
 from simulator.runner import prepare, simulate, arrival_times
 from simulator.sources import make_predictor
 from simulator.workload import workload_from_records
-
-STEP = StepTimeModel(t0=0.01, a=0.001, a_ctx=0.0, c=0.0, source="test")
-
-
-def rec(wf, n, t_arr, t_fin, inp, out, tool=None, **extra):
-    r = {"request_id": f"{wf}#{n}", "workflow_type_id": "t", "workflow_id": wf, "agent_id": "a",
-         "t_arrival": t_arr, "t_finish": t_fin, "input_tokens": inp, "output_tokens": out, **extra}
-    if tool:
-        r["tool_calls"] = [{"name": tool, "t_start": t_fin, "t_end": t_fin + 1}]
-    return r
+from tests.simulator_helpers import STEP, rec
 
 
 @pytest.fixture(scope="module")

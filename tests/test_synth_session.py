@@ -21,6 +21,18 @@ def paths_of(train, timings=TIMINGS) -> WorkflowPaths:
     return WorkflowPaths.from_section(json.loads(json.dumps(section, allow_nan=False)))
 
 
+def coder_loops(seed: int, n: int, p_again: float) -> list[list[str]]:
+    """planner, then coder repeated geometrically (another coder with ``p_again``), reviewer."""
+    rng = random.Random(seed)
+    train = []
+    for _ in range(n):
+        seq = ["planner", "coder"]
+        while rng.random() < p_again:
+            seq.append("coder")
+        train.append(seq + ["reviewer"])
+    return train
+
+
 def test_deterministic_chain_estimates_are_exact():
     paths = paths_of([["planner", "coder", "reviewer"]] * 20)
     s0 = paths.start()
@@ -51,14 +63,7 @@ def test_leaving_the_automaton_gives_none_not_an_exception():
 
 
 def test_geometric_loop_remaining_calls_match_the_fundamental_matrix():
-    rng = random.Random(0)
-    train = []
-    for _ in range(3000):
-        seq = ["planner", "coder"]
-        while rng.random() < 0.5:
-            seq.append("coder")
-        train.append(seq + ["reviewer"])
-    paths = paths_of(train)
+    paths = paths_of(coder_loops(0, 3000, 0.5))
     s = paths.advance(paths.advance(paths.start(), "planner"), "coder")
     est = paths.estimates(s)
     # after a coder call: geometric number of further coders (mean 1) plus the reviewer
@@ -147,14 +152,7 @@ def PFA_has_loop(section) -> bool:
 
 
 def test_fallback_keeps_sessions_known_on_the_pruned_automaton():
-    rng = random.Random(4)
-    train = []
-    for _ in range(600):
-        seq = ["planner", "coder"]
-        while rng.random() < 0.7:
-            seq.append("coder")
-        train.append(seq + ["reviewer"])
-    section = fit_sequences(sequences_from_symbols(train), TIMINGS)
+    section = fit_sequences(sequences_from_symbols(coder_loops(4, 600, 0.7)), TIMINGS)
     assert "(coder)*" not in section["regex"]  # the regex is bounded ...
     paths = WorkflowPaths.from_section(section)
     very_long = ["planner"] + ["coder"] * 60 + ["reviewer"]

@@ -8,6 +8,7 @@ from typing import Any, NoReturn
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 # Tables stay readable when piped (rich falls back to 80 columns without a terminal).
 console = Console(width=None if sys.stdout.isatty() else 150)
@@ -15,8 +16,10 @@ err_console = Console(stderr=True, width=None if sys.stderr.isatty() else 150)
 
 
 def fail(message: str, code: int = 2) -> NoReturn:
-    """Print ``message`` as an error and exit with ``code``."""
-    err_console.print(f"[bold red]error:[/] {message}")
+    """Print ``message`` as an error and exit with ``code``.
+
+    The message is printed as is: brackets in it (a path, a record's text) are not rich markup."""
+    err_console.print(f"[bold red]error:[/] {escape(message)}")
     raise typer.Exit(code)
 
 

@@ -7,6 +7,7 @@ from typing import Annotated, Optional
 import typer
 
 from profiler.cli import app
+from profiler.commands.common import fail
 
 FORMAT_HELP = (
     "Source format: `otel` (OTLP JSON GenAI spans), `swe-agent` (.traj + .debug.log), "
@@ -39,17 +40,16 @@ def import_command(
     from profiler.importers import ImportFormatError, convert, get_format
 
     try:
-        get_format(fmt)
+        module = get_format(fmt)
         result = convert(fmt, sources, out, strict=strict, progress=True, workflow_type=workflow_type,
                          timezone=timezone, with_text=text)
     except (ImportFormatError, ValueError, FileNotFoundError) as exc:
-        typer.secho(f"error: {exc}", err=True, fg="red")
-        raise typer.Exit(2)
+        fail(str(exc))
     for err in result.errors[:20]:
         typer.secho(f"skipped: {err}", err=True, fg="yellow")
     if len(result.errors) > 20:
         typer.secho(f"... and {len(result.errors) - 20} more problems", err=True, fg="yellow")
-    typer.echo(f"imported {result.records} calls from {result.sources} {get_format(fmt).NAME} files "
+    typer.echo(f"imported {result.records} calls from {result.sources} {module.NAME} files "
                f"into {len(result.files)} files under {out}/"
                + (f" ({len(result.errors)} problems skipped)" if result.errors else ""))
     if result.records == 0:

@@ -2,19 +2,26 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
 from profiler.cli import app
 from profiler.commands.common import err_console, fail
 
+if TYPE_CHECKING:  # heavy: imported inside the commands so that `profiler --help` stays fast
+    from prometheus_client import CollectorRegistry
+
+    from serving_hooks.refit import RefitLoop
+    from serving_hooks.service import PredictionService
+
 HELP_SHADOW = "Shadow mode"
 
 
 def build_service(profile: Path, prefix: str, *, reload_every: str, max_sessions: int,
                   session_idle: str, shadow_min_calls: int, coverage_window: int,
-                  coverage_min_window: int, drift_drop: float, recover_drop: float):
+                  coverage_min_window: int, drift_drop: float, recover_drop: float
+                  ) -> "tuple[CollectorRegistry, PredictionService]":
     """Registry + PredictionService from command-line values (shared by serve and gateway)."""
     from prometheus_client import CollectorRegistry
 
@@ -37,7 +44,8 @@ def build_service(profile: Path, prefix: str, *, reload_every: str, max_sessions
     return registry, service
 
 
-def refit_loop(profile: Path, logs: list[Path], refit_every: str, service):
+def refit_loop(profile: Path, logs: list[Path], refit_every: str,
+               service: "PredictionService") -> "RefitLoop | None":
     """The background refit of a server (child process per refit), or None without --logs."""
     from serving_hooks.refit import RefitLoop, parse_duration
 

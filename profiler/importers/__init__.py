@@ -1,8 +1,9 @@
 """Importers: other tools' traces -> our flat records (``../shared/spec/log-format.md`` §1).
 
-Each module handles one format and exposes ``iter_records(src: Path, **options) -> Iterator[dict]``
-(``src`` a file or a folder searched for the module's ``FILE_PATTERNS``), plus ``NAME``,
-``SUMMARY`` and ``read_file(path, **options)`` for one file. Options every importer accepts:
+Each module handles one format and exposes ``NAME``, ``SUMMARY``, ``FILE_PATTERNS`` (what to
+look for in a folder) and ``read_file(path, **options) -> Iterator[dict]`` for one file;
+:func:`iter_records` and :func:`convert` walk files and folders for all of them. Options every
+importer accepts:
 
 ``workflow_type``  the ``workflow_type_id`` to give the records (each format has a default);
 ``timezone``       IANA zone for timestamps written without offset (default UTC);
@@ -13,8 +14,9 @@ Each module handles one format and exposes ``iter_records(src: Path, **options) 
 Importers ground every field in the source: a value the source does not hold (per-call token
 counts, call times) is left out or the input is reported, never invented.
 
-:func:`convert_to_folder` writes the records as JSON Lines, one output file per input file, ready
-for ``profiler fit``; the ``profiler import`` command is its command-line face.
+:func:`convert` writes the records as JSON Lines, one output file per input file, ready for
+``profiler fit``; the ``profiler import`` command (and ``profiler fit --format``) is its
+command-line face.
 """
 from __future__ import annotations
 
@@ -44,8 +46,14 @@ def get_format(name: str) -> ModuleType:
 
 
 def iter_records(fmt: str, src: Path, **options: Any) -> Iterator[dict]:
-    """Flat records of ``src`` (file or folder) read as format ``fmt``."""
-    return get_format(fmt).iter_records(Path(src), **options)
+    """Flat records of ``src`` read as format ``fmt``: the file itself, or every file under the
+    folder that matches the format's ``FILE_PATTERNS``."""
+    module = get_format(fmt)  # an unknown format fails here, not at the first record
+
+    def records() -> Iterator[dict]:
+        for path in source_files(Path(src), module.FILE_PATTERNS):
+            yield from module.read_file(path, **options)
+    return records()
 
 
 @dataclass
@@ -126,9 +134,6 @@ def convert(fmt: str, srcs: Sequence[Path], out_dir: Path, *, strict: bool = Fal
 
 
 def convert_to_folder(fmt: str, srcs: list[Path], out_dir: Path, **options: Any) -> int:
-    """Write ``srcs`` (``fmt`` traces) as flat JSONL under ``out_dir``; returns the number of records.
-
-    For ``profiler fit --format FMT``: convert into a temporary folder, then ingest it. Keyword
-    options as in :func:`convert` (``strict``, ``workflow_type``, ``timezone``, ``with_text``).
-    """
+    """:func:`convert`, returning only the number of records written (keyword options as
+    there: ``strict``, ``workflow_type``, ``timezone``, ``with_text``)."""
     return convert(fmt, srcs, out_dir, **options).records

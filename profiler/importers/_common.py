@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass
 from datetime import datetime, timezone as dt_timezone
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator
+from typing import IO, Any, Callable, Iterable, Iterator
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 #: Called with each problem found when the caller wants to skip bad input instead of stopping.
@@ -57,7 +57,7 @@ def source_files(src: Path, patterns: Iterable[str]) -> list[Path]:
     return sorted(found)
 
 
-def open_text(path: Path):
+def open_text(path: Path) -> IO[str]:
     """Open a text file, transparently gunzipping ``*.gz``."""
     if path.name.endswith(".gz"):
         return gzip.open(path, "rt", encoding="utf-8")

@@ -39,7 +39,6 @@ from profiler.importers._common import (
     iter_json_lines,
     report,
     resolve_timezone,
-    source_files,
 )
 
 NAME = "openhands"
@@ -180,9 +179,3 @@ def read_file(path: Path, *, workflow_type: str | None = None, timezone: str | N
             yield from _instance_records(out, path, line, tz, workflow_type, with_text, on_error)
         except ImportFormatError as err:
             report(on_error, err)
-
-
-def iter_records(src: Path, **options: Any) -> Iterator[dict]:
-    """Flat records from an ``output.jsonl`` or every ``output.jsonl`` under a folder."""
-    for path in source_files(src, FILE_PATTERNS):
-        yield from read_file(path, **options)

@@ -48,10 +48,10 @@ from typing import Any, Iterator
 from profiler.importers._common import (
     ErrorHandler,
     ImportFormatError,
+    iter_json_lines,
     load_json_document,
     open_text,
     report,
-    source_files,
 )
 
 NAME = "otel"
@@ -82,6 +82,11 @@ class Span:
     @property
     def operation(self) -> str | None:
         return self.attrs.get("gen_ai.operation.name")
+
+    @property
+    def status(self) -> str:
+        """``error`` for status code ERROR or an ``error.type`` attribute, else ``ok``."""
+        return "error" if self.status_code == STATUS_CODE_ERROR or self.attrs.get("error.type") else "ok"
 
     def lookup(self, *keys: str) -> Any:
         """First of ``keys`` set on this span or, failing that, on its nearest ancestor."""
@@ -170,20 +175,11 @@ def read_spans(path: Path, on_error: ErrorHandler | None = None) -> list[Span]:
             except ImportFormatError as err:
                 report(on_error, err)
             return spans
-    with open_text(path) as fh:
-        for lineno, text in enumerate(fh, 1):
-            if not text.strip():
-                continue
-            try:
-                obj = json.loads(text)
-            except json.JSONDecodeError as exc:
-                report(on_error, ImportFormatError(str(path), lineno,
-                                                   f"not valid JSON: {exc.msg} at column {exc.colno}"))
-                continue
-            try:
-                spans.extend(_spans_of(obj, path, lineno))
-            except ImportFormatError as err:
-                report(on_error, err)
+    for lineno, obj in iter_json_lines(path, on_error):
+        try:
+            spans.extend(_spans_of(obj, path, lineno))
+        except ImportFormatError as err:
+            report(on_error, err)
     return spans
 
 
@@ -259,10 +255,15 @@ def _agent_of(span: Span) -> str | None:
     return str(value) if value is not None else None
 
 
-def _call_record(span: Span, path: Path, workflow_type: str | None, with_text: bool) -> dict:
+def _require_times(span: Span, path: Path, what: str) -> None:
+    """Raise when the span lacks its start or end time (naming the missing one)."""
     if span.start_ns is None or span.end_ns is None:
-        raise ImportFormatError(str(path), span.line, f"span {span.span_id}: missing start or end time",
+        raise ImportFormatError(str(path), span.line, f"{what} {span.span_id}: missing start or end time",
                                 "startTimeUnixNano" if span.start_ns is None else "endTimeUnixNano")
+
+
+def _call_record(span: Span, path: Path, workflow_type: str | None, with_text: bool) -> dict:
+    _require_times(span, path, "span")
     rec: dict[str, Any] = {
         "request_id": f"{span.trace_id}-{span.span_id}",
         "workflow_type_id": str(workflow_type or span.lookup("gen_ai.workflow.name")
@@ -281,7 +282,7 @@ def _call_record(span: Span, path: Path, workflow_type: str | None, with_text: b
     model = span.attrs.get("gen_ai.response.model") or span.attrs.get("gen_ai.request.model")
     if model:
         rec["model"] = str(model)
-    rec["status"] = "error" if span.status_code == STATUS_CODE_ERROR or span.attrs.get("error.type") else "ok"
+    rec["status"] = span.status
     if with_text:
         messages = to_chat_messages(span.attrs.get("gen_ai.input.messages"))
         if messages:
@@ -297,7 +298,7 @@ def _call_record(span: Span, path: Path, workflow_type: str | None, with_text: b
 def _tool_entry(span: Span) -> dict:
     return {"name": str(span.attrs.get("gen_ai.tool.name") or span.name),
             "t_start": span.start_ns / 1e9, "t_end": span.end_ns / 1e9,
-            "status": "error" if span.status_code == STATUS_CODE_ERROR or span.attrs.get("error.type") else "ok"}
+            "status": span.status}
 
 
 def _attach_tools(calls: list[tuple[Span, dict]], tools: list[Span]) -> int:
@@ -333,18 +334,10 @@ def read_file(path: Path, *, workflow_type: str | None = None, with_text: bool =
             if op in CALL_OPERATIONS:
                 calls.append((span, _call_record(span, path, workflow_type, with_text)))
             elif op == TOOL_OPERATION:
-                if span.start_ns is None or span.end_ns is None:
-                    raise ImportFormatError(str(path), span.line, f"tool span {span.span_id}: missing start "
-                                            "or end time", "startTimeUnixNano")
+                _require_times(span, path, "tool span")
                 tools.append(span)
         except ImportFormatError as err:
             report(on_error, err)
     _attach_tools(calls, tools)
     for _, rec in sorted(calls, key=lambda sr: (sr[0].start_ns, sr[1]["request_id"])):
         yield rec
-
-
-def iter_records(src: Path, **options: Any) -> Iterator[dict]:
-    """Flat records from an OTLP JSON file or every ``*.json``/``*.jsonl`` under a folder."""
-    for path in source_files(src, FILE_PATTERNS):
-        yield from read_file(path, **options)

@@ -34,7 +34,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, tzinfo
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -46,7 +46,6 @@ from profiler.importers._common import (
     open_text,
     report,
     resolve_timezone,
-    source_files,
 )
 
 NAME = "swe-agent"
@@ -73,7 +72,7 @@ class LoggedStep:
     t_action: float | None = None
 
 
-def parse_debug_log(path: Path, tz) -> list[list[LoggedStep]]:
+def parse_debug_log(path: Path, tz: tzinfo) -> list[list[LoggedStep]]:
     """The steps of a SWE-agent debug log, split into runs (a re-run appends to the same file and
     starts again at STEP 1)."""
     runs: list[list[LoggedStep]] = []
@@ -198,9 +197,3 @@ def read_file(path: Path, *, workflow_type: str | None = None, timezone: str | N
                         "import_source": where, "log_source": f"{log}:{ls.log_line}"})
             yield rec
             t_prev = t_finish
-
-
-def iter_records(src: Path, **options: Any) -> Iterator[dict]:
-    """Flat records from a ``.traj`` file or every ``*.traj`` under a folder (e.g. a run-batch output)."""
-    for path in source_files(src, FILE_PATTERNS):
-        yield from read_file(path, **options)

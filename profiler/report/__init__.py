@@ -32,12 +32,6 @@ MAX_CHARTS = 36
 MIN_EDGE_P = 0.01
 
 
-def _store_path(profile, db: str | Path | None) -> Path:
-    from profiler.profile_artifact import DEFAULT_STORE
-
-    return Path(db) if db is not None else profile.root / DEFAULT_STORE
-
-
 def _graph_section(wt: str, section: dict | None, con, notes: list[str]) -> str:
     pfa = (section or {}).get("pfa")
     graph = None
@@ -194,12 +188,12 @@ def _eval_section(profile, eval_logs: Sequence[Path]) -> str:
 def build_report(profile_path: str | Path, out: str | Path, *, db: str | Path | None = None,
                  eval_logs: Sequence[str | Path] | None = None) -> Path:
     """Write the HTML report of the profile at ``profile_path`` to ``out``; returns ``out``."""
-    from profiler.profile_artifact import load_profile
+    from profiler.profile_artifact import load_profile, store_path
     from profiler.report.data import StoreUnavailable, open_store, store_counts
 
     profile = load_profile(profile_path)
     data, manifest = profile.data, profile.manifest
-    store = _store_path(profile, db)
+    store = store_path(profile.root, db)
     con, store_note = None, ""
     try:
         con = open_store(store)

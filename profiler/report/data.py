@@ -14,6 +14,8 @@ from pathlib import Path
 import duckdb
 import numpy as np
 
+from profiler.store import sql_string
+
 #: Histogram bins per agent (log-spaced between the agent's shortest and longest output).
 HIST_BINS = 40
 #: Probability levels at which each tool's empirical latency CDF is sampled.
@@ -30,7 +32,7 @@ def open_store(path: Path) -> duckdb.DuckDBPyConnection:
         raise StoreUnavailable(f"no store at {path}")
     con = duckdb.connect()
     try:
-        con.execute(f"ATTACH '{str(path).replace(chr(39), chr(39) * 2)}' AS store (READ_ONLY)")
+        con.execute(f"ATTACH {sql_string(path)} AS store (READ_ONLY)")
     except duckdb.Error as exc:
         con.close()
         raise StoreUnavailable(f"cannot open {path} read-only ({str(exc).splitlines()[0]}); "

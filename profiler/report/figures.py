@@ -9,7 +9,7 @@ from __future__ import annotations
 import base64
 import io
 import math
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -32,7 +32,7 @@ def _pyplot():
     return plt
 
 
-def to_data_uri(fig) -> str:
+def to_data_uri(fig: Any) -> str:
     """Render and close ``fig``; its SVG as a base64 data URI."""
     plt = _pyplot()
     buf = io.BytesIO()
@@ -68,7 +68,7 @@ def output_length_histogram(h: Histogram, band: dict[str, Any] | None) -> str:
 
 
 def tool_latency_cdf(tool: str, n: int, quantiles: np.ndarray, entry: dict[str, Any] | None,
-                     cdf=None) -> str:
+                     cdf: Callable[[np.ndarray], np.ndarray] | None = None) -> str:
     """Empirical latency CDF of one tool with the fitted lognormal CDF overlaid.
 
     ``cdf(t)`` is the fitted CDF (``ToolLatencyModel.cdf`` bound to the tool).

@@ -49,9 +49,9 @@ def _upper_table(value: Any) -> tuple[tuple[float, int], ...]:
 class CallView:
     """What the profile predicted for one LLM call of one workflow session.
 
-    Attributes mirror the flattened ``custom_params`` keys (CONTRACTS §5); ``expected_distance``
-    and ``next_agents`` are only filled from the nested sys_annotations (the flat form carries
-    the top next agent alone).
+    Attributes mirror the flattened ``custom_params`` keys (CONTRACTS §5); ``expected_distance``,
+    ``next_agents`` and ``upper_bounds`` are only filled from the nested sys_annotations (the flat
+    form carries the top next agent alone, and no bound table).
     """
 
     known: bool = False

@@ -124,14 +124,6 @@ class ReplicaState:
     ``drain_tokens_per_s`` how fast it releases KV (for the expected wait of a request).
     """
 
-    def expected_wait_s(self, headroom_tokens: float) -> float | None:
-        """``max(0, −headroom) / drain``: seconds until an overflow drains (None: no drain rate)."""
-        if headroom_tokens >= 0:
-            return 0.0
-        if not self.drain_tokens_per_s or self.drain_tokens_per_s <= 0:
-            return None
-        return -headroom_tokens / self.drain_tokens_per_s
-
     name: str
     capacity_tokens: int
     active: tuple[ActiveRequest, ...] = ()
@@ -139,6 +131,14 @@ class ReplicaState:
     unreported_tokens: int = 0
     #: KV tokens per second the replica releases (finished requests), when measured.
     drain_tokens_per_s: float | None = None
+
+    def expected_wait_s(self, headroom_tokens: float) -> float | None:
+        """``max(0, −headroom) / drain``: seconds until an overflow drains (None: no drain rate)."""
+        if headroom_tokens >= 0:
+            return 0.0
+        if not self.drain_tokens_per_s or self.drain_tokens_per_s <= 0:
+            return None
+        return -headroom_tokens / self.drain_tokens_per_s
 
     @property
     def tracked_tokens(self) -> int:
@@ -148,10 +148,6 @@ class ReplicaState:
     def committed_tokens(self) -> int:
         """``max(Σ_active (input + hi), reported + unreported)`` (each request's own bound)."""
         return max(self.tracked_tokens, int(self.reported_tokens) + int(self.unreported_tokens))
-
-    @property
-    def alpha_sum(self) -> float:
-        return sum(r.alpha for r in self.active)
 
     @cached_property
     def _split(self) -> tuple[float, int, int, list[tuple[BoundTable, int]], float]:

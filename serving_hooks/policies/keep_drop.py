@@ -5,9 +5,10 @@ The rule
 When a call finishes, its session's KV prefix (prompt + response, the history the next
 call will extend) is, for the eviction order of the radix cache:
 
-* **kept** (rank ``KEEP``) when the session's predicted path goes on and comes back to this
-  lineage — ``exp_remaining_calls ≥ min_remaining_calls`` and ``revisit_p ≥ min_revisit_p``
-  — for a TTL equal to the latency quantile of the tool just called, bounded:
+* **kept** (rank ``KEEP``) when the session's predicted path goes on — ``p_end < drop_end_p``
+  (without ``p_end``: ``exp_remaining_calls ≥ min_remaining_calls``) — and comes back to this
+  lineage — ``revisit_p ≥ min_revisit_p`` — for a TTL equal to the latency quantile of the tool
+  just called, bounded:
 
       retain_until = now + clip(Q_q(tool latency), min_ttl_s, max_ttl_s)
 

@@ -20,9 +20,11 @@ never a running request's KV. Nor does it push anything of value out of host mem
 made only when it fits in the host tier's free space plus the space held by prefixes the
 keep/drop policy has *dropped* (:meth:`PrefetchPolicy.may_stage`); a speculative copy that
 would evict another session's retained (or merely unannotated) prefix is skipped — the
-guess is worth less than data some session is known, or likely, to reuse. The policy object keeps the pending plans in a heap keyed by
-``start_at``; the caller asks :meth:`PrefetchPolicy.due` at each scheduling round (SGLang
-plugin: from the scheduler thread) and performs the copies it returns.
+guess is worth less than data some session is known, or likely, to reuse.
+
+The policy object keeps the pending plans in a heap keyed by ``start_at``; the caller asks
+:meth:`PrefetchPolicy.due` at each scheduling round (SGLang plugin: from the scheduler thread)
+and performs the copies it returns.
 """
 from __future__ import annotations
 

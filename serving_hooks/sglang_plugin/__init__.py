@@ -15,7 +15,8 @@ target                                                              type      do
 ==================================================================  ========  ==================================
 ``sglang.srt.managers.scheduler.Scheduler._add_request_to_queue``   BEFORE    ``req.priority`` from custom_params;
                                                                               plan the host prefetch
-``sglang.srt.managers.schedule_policy.SchedulePolicy.calc_priority``  BEFORE  aging of waiting requests
+``sglang.srt.managers.schedule_policy.SchedulePolicy.calc_priority``  BEFORE  aging of waiting and
+                                                                              running requests
 ``sglang.srt.mem_cache.common.release_kv_cache``                    AFTER     keep/drop stamp on the finished
                                                                               request's radix path
 ``sglang.srt.mem_cache.radix_cache.RadixCache._split_node``         AFTER     stamp follows node splits

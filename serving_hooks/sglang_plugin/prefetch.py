@@ -99,20 +99,21 @@ def run_due_prefetches(scheduler: Any, now: float | None = None) -> int:
     if getattr(scheduler, "tp_size", 1) > 1:
         state.counters["prefetch_skipped_tp"] += len(due)
         return 0
+    if tree_cache is None or getattr(tree_cache, "cache_controller", None) is None:
+        state.counters["prefetch_skipped_no_host_tier"] += len(due)
+        return 0
+    host_pool = getattr(tree_cache.cache_controller, "mem_pool_host", None)
     staged = 0
     for plan in due:
         req = plan.payload
-        if tree_cache is None or getattr(tree_cache, "cache_controller", None) is None:
-            state.counters["prefetch_skipped_no_host_tier"] += 1
-            continue
-        host_pool = getattr(tree_cache.cache_controller, "mem_pool_host", None)
+        history = _history_ids(req)
         free = host_pool.available_size() if host_pool is not None else None
-        if free is not None and not state.prefetch.may_stage(len(_history_ids(req)), int(free)):
+        if free is not None and not state.prefetch.may_stage(len(history), int(free)):
             state.counters["prefetch_skipped_host_full"] += 1
             continue
         try:
             n = stage_prefix_to_host(
-                tree_cache, _history_ids(req), getattr(req, "extra_key", None),
+                tree_cache, history, getattr(req, "extra_key", None),
                 getattr(req, "cache_salt", None),
             )
         except Exception:  # a failed speculative copy must never break scheduling

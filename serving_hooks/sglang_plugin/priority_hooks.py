@@ -50,11 +50,12 @@ def admit_request(req: Any, now: float | None = None) -> bool:
                 req.priority = int(view.priority)
             else:
                 req.priority = pol.to_sglang(pol.session_score(pol.score_view(view), view.session_age_s))
-        setattr(req, BASE_ATTR, pol.from_sglang(req.priority))
+        base = pol.from_sglang(req.priority)
+        setattr(req, BASE_ATTR, base)
         setattr(req, ENQUEUED_ATTR, now)
         if view.session_id:
             setattr(req, SESSION_ATTR, view.session_id)
-            state.note_session(view.session_id, pol.from_sglang(req.priority), now)
+            state.note_session(view.session_id, base, now)
         state.counters["priority_set"] += 1
         plan_prefetch(state, req, view, now)
     return True

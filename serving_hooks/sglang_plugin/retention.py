@@ -9,8 +9,8 @@ where the rank comes from :class:`serving_hooks.policies.KeepDropPolicy`:
 
 * ``KEEP`` (2) while ``now < retain_until`` — the session's path comes back, within the TTL
   of the tool it is running;
-* ``DROP`` (0) for the exclusive tail of a session whose path is dead — evicted first,
-  unless it has been accessed again since the decision;
+* ``DROP`` (0) for the exclusive tail of a session whose path ends or does not come back to
+  it — evicted first, unless it has been accessed again since the decision;
 * ``NEUTRAL`` (1) otherwise, i.e. plain LRU among everything unannotated or expired.
 
 How the ranks get onto the tree: an AFTER hook on ``sglang.srt.mem_cache.common
@@ -64,7 +64,7 @@ class RetentionEvictionStrategy(EvictionStrategy):
             return RetentionRank.DROP
         return RetentionRank.NEUTRAL
 
-    def get_priority(self, node: Any):
+    def get_priority(self, node: Any) -> tuple[int, Any]:
         return (int(self.rank(node, self.clock())), self.inner.get_priority(node))
 
 

@@ -65,16 +65,16 @@ class PluginSettings:
             prefetch_enabled=_flag("AWP_PREFETCH"),
             priority=PriorityPolicy(
                 aging_per_s=_f("AWP_PRIORITY_AGING_PER_S", PriorityPolicy.aging_per_s),
-                scale=_f("AWP_PRIORITY_SCALE", 1000.0),
+                scale=_f("AWP_PRIORITY_SCALE", PriorityPolicy.scale),
             ),
             keep_drop=KeepDropPolicy(
-                max_ttl_s=_f("AWP_KEEP_MAX_TTL_S", 120.0),
-                min_revisit_p=_f("AWP_KEEP_MIN_REVISIT_P", 0.3),
+                max_ttl_s=_f("AWP_KEEP_MAX_TTL_S", KeepDropPolicy.max_ttl_s),
+                min_revisit_p=_f("AWP_KEEP_MIN_REVISIT_P", KeepDropPolicy.min_revisit_p),
                 lineage=lineage,
             ),
-            prefetch_min_p=_f("AWP_PREFETCH_MIN_P", 0.5),
-            prefetch_transfer_tok_s=_f("AWP_PREFETCH_TRANSFER_TOK_S", 200_000.0),
-            prefetch_decode_tok_s=_f("AWP_PREFETCH_DECODE_TOK_S", 40.0),
+            prefetch_min_p=_f("AWP_PREFETCH_MIN_P", PrefetchPolicy.min_p),
+            prefetch_transfer_tok_s=_f("AWP_PREFETCH_TRANSFER_TOK_S", PrefetchPolicy.transfer_tok_s),
+            prefetch_decode_tok_s=_f("AWP_PREFETCH_DECODE_TOK_S", PrefetchPolicy.decode_tok_s),
         )
 
     def new_prefetch_policy(self) -> PrefetchPolicy:

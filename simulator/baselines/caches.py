@@ -3,13 +3,14 @@ from __future__ import annotations
 
 import math
 
+from simulator.engine import DONE, Request, Simulator
 from simulator.policy import CachePolicy
 
 
 class LRU(CachePolicy):
     """Least recently used, leaf first: SGLang's default radix eviction (and HiCache's host LRU)."""
 
-    def evict_key(self, replica, seg, now):
+    def evict_key(self, replica: int, seg: int, now: float) -> float:
         return self.sim.replicas[replica].cache.gpu[seg]
 
 
@@ -31,7 +32,7 @@ class ContinuumTTL(LRU):
         total = sum(self.n.values())
         return sum(self.sum.values()) / total if total else 0.0
 
-    def on_finish(self, req) -> None:
+    def on_finish(self, req: Request) -> None:
         call = req.call
         if call.tool is None or not call.children:
             return
@@ -46,7 +47,7 @@ class ContinuumTTL(LRU):
         self.pins[req.wf] = (req.replica, segs, self.sim.now)
         self.pin_tool[req.wf] = call.tool
 
-    def on_issue(self, req) -> None:
+    def on_issue(self, req: Request) -> None:
         pin = self.pins.pop(req.wf, None)
         if pin is None:
             return
@@ -80,14 +81,14 @@ class MoriIdleness(CachePolicy):
         self.busy[wf] = self.busy.get(wf, 0.0) * f
         self.t_upd[wf] = now
 
-    def on_issue(self, req) -> None:
+    def on_issue(self, req: Request) -> None:
         now = self.sim.now
         self._decay(req.wf, now)
         since = self.idle_since.pop(req.wf, None)
         if since is not None:
             self.tool[req.wf] += now - since
 
-    def on_finish(self, req) -> None:
+    def on_finish(self, req: Request) -> None:
         now = self.sim.now
         self._decay(req.wf, now)
         self.busy[req.wf] += now - req.t_issue
@@ -108,10 +109,10 @@ class MoriIdleness(CachePolicy):
         idle = self.idleness(wf, now) if wf >= 0 else 0.0   # shared system prompts: busiest
         return (-idle, last_access)
 
-    def evict_key(self, replica, seg, now):
+    def evict_key(self, replica: int, seg: int, now: float) -> tuple:
         return self._key(seg, now, self.sim.replicas[replica].cache.gpu[seg])
 
-    def host_key(self, replica, seg, now):
+    def host_key(self, replica: int, seg: int, now: float) -> tuple:
         return self._key(seg, now, self.sim.replicas[replica].cache.host.get(seg, 0.0))
 
 
@@ -128,7 +129,7 @@ class Belady(CachePolicy):
         self.tpot_s = tpot_s
         self._ptr: dict[int, int] = {}
 
-    def bind(self, sim) -> None:
+    def bind(self, sim: Simulator) -> None:
         super().bind(sim)
         self.wl = sim.workload
 
@@ -153,14 +154,14 @@ class Belady(CachePolicy):
         consumers = self.wl.seg_consumers[seg]
         i = self._ptr.get(seg, 0)
         reqs = self.sim.requests
-        while i < len(consumers) and reqs[consumers[i]] is not None and reqs[consumers[i]].state == 3:
+        while i < len(consumers) and reqs[consumers[i]] is not None and reqs[consumers[i]].state == DONE:
             i += 1
         self._ptr[seg] = i
         # consumers are in workflow order: the first unfinished one is the next to use it
         return self._est_issue(consumers[i], now) if i < len(consumers) else math.inf
 
-    def evict_key(self, replica, seg, now):
+    def evict_key(self, replica: int, seg: int, now: float) -> float:
         return -self.next_use(seg, now)
 
-    def host_key(self, replica, seg, now):
+    def host_key(self, replica: int, seg: int, now: float) -> float:
         return -self.next_use(seg, now)

@@ -4,6 +4,7 @@ None of them knows a call's output length (they are non-clairvoyant, as deployed
 """
 from __future__ import annotations
 
+from simulator.engine import Request
 from simulator.policy import Router
 
 
@@ -13,7 +14,7 @@ class RoundRobin(Router):
     def __init__(self) -> None:
         self._next = 0
 
-    def route(self, req) -> int:
+    def route(self, req: Request) -> int:
         r = self._next % len(self.sim.replicas)
         self._next += 1
         return r
@@ -22,11 +23,11 @@ class RoundRobin(Router):
 class LeastLoad(Router):
     """The replica with the fewest outstanding tokens (KV of running calls + waiting prompts)."""
 
-    def route(self, req) -> int:
+    def route(self, req: Request) -> int:
         return min(self.sim.replicas, key=lambda rep: (rep.load_tokens(), rep.idx)).idx
 
 
-class StickyLeastLoad(Router):
+class StickyLeastLoad(LeastLoad):
     """Session affinity: a workflow's calls go where its previous call ran (its KV is there);
     a new workflow goes to the least-loaded replica. Given to the cache-centric baselines
     (``continuum-ttl``, ``mori-idleness``, ``belady``), whose papers assume the session's KV is on
@@ -35,11 +36,10 @@ class StickyLeastLoad(Router):
     def __init__(self) -> None:
         self.home: dict[int, int] = {}
 
-    def route(self, req) -> int:
+    def route(self, req: Request) -> int:
         r = self.home.get(req.wf)
         if r is None:
-            r = min(self.sim.replicas, key=lambda rep: (rep.load_tokens(), rep.idx)).idx
-            self.home[req.wf] = r
+            r = self.home[req.wf] = super().route(req)
         return r
 
 
@@ -52,7 +52,7 @@ class AutellixRouter(Router):
         self.long_prompt_tokens = long_prompt_tokens
         self.home: dict[int, int] = {}
 
-    def route(self, req) -> int:
+    def route(self, req: Request) -> int:
         home = self.home.get(req.wf)
         if req.call.input_tokens > self.long_prompt_tokens and home is not None:
             return home

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import math
 
+from simulator.engine import WAITING, Request, Simulator
 from simulator.policy import Scheduler
 
 
@@ -10,7 +11,7 @@ class FCFS(Scheduler):
     """First come, first served by call issue time; the newest call is preempted first (vLLM and
     SGLang's recompute preemption)."""
 
-    def queue_key(self, req):
+    def queue_key(self, req: Request) -> tuple:
         return (req.t_issue, req.idx)
 
 
@@ -18,7 +19,7 @@ class ProgramFCFS(Scheduler):
     """Program-level FCFS (Continuum): calls ordered by their workflow's arrival, so an older
     program's next turn goes ahead of newer programs' calls."""
 
-    def queue_key(self, req):
+    def queue_key(self, req: Request) -> tuple:
         return (self.sim.wf_arrival[req.wf], req.t_issue, req.idx)
 
 
@@ -57,14 +58,14 @@ class PLAS(Scheduler):
             return 0
         return min(self.levels - 1, int(math.log2(t / self.quantum_s)) + 1)
 
-    def on_issue(self, req) -> None:
+    def on_issue(self, req: Request) -> None:
         self.level_of[req.idx] = self._initial_level(self.service.get(req.wf, 0.0))
         self.used[req.idx] = 0.0
 
-    def on_admit(self, req) -> None:
+    def on_admit(self, req: Request) -> None:
         self.wait[req.wf] = self.wait.get(req.wf, 0.0) + (self.sim.now - req.t_enqueue)
 
-    def on_step(self, replica, dt, batch) -> None:
+    def on_step(self, replica: int, dt: float, batch: list[Request]) -> None:
         for q in batch:
             self.service[q.wf] = self.service.get(q.wf, 0.0) + dt
             used = self.used[q.idx] + dt
@@ -74,9 +75,9 @@ class PLAS(Scheduler):
                 used = 0.0
             self.used[q.idx] = used
 
-    def level(self, req) -> int:
+    def level(self, req: Request) -> int:
         lvl = self.level_of[req.idx]
-        if req.state == 0 and lvl > 0:  # waiting: starving programs are promoted
+        if req.state == WAITING and lvl > 0:  # starving programs are promoted
             t = self.service.get(req.wf, 0.0)
             w = self.wait.get(req.wf, 0.0) + (self.sim.now - req.t_enqueue)
             if t > 0 and w >= self.beta * t:
@@ -86,10 +87,10 @@ class PLAS(Scheduler):
                 self.wait[req.wf] = -(self.sim.now - req.t_enqueue)
         return lvl
 
-    def queue_key(self, req):
+    def queue_key(self, req: Request) -> tuple:
         return (self.level(req), req.t_issue, req.idx)
 
-    def preempt_rank(self, req):
+    def preempt_rank(self, req: Request) -> int:
         """Only a call of a strictly higher queue preempts (FCFS inside a queue)."""
         return self.level(req)
 
@@ -100,14 +101,14 @@ class OracleSRPT(Scheduler):
     unfinished call of it, read from the replay), then FCFS. It shows how far any ordering of
     the waiting queue could go on a trace, the way ``belady`` bounds eviction."""
 
-    def bind(self, sim) -> None:
+    def bind(self, sim: Simulator) -> None:
         super().bind(sim)
         self.left: dict[int, int] = {}
         for c in sim.workload.calls:
             self.left[c.wf] = self.left.get(c.wf, 0) + c.output_tokens
 
-    def on_finish(self, req) -> None:
+    def on_finish(self, req: Request) -> None:
         self.left[req.wf] -= req.call.output_tokens
 
-    def queue_key(self, req):
+    def queue_key(self, req: Request) -> tuple:
         return (self.left[req.wf], req.t_issue, req.idx)
