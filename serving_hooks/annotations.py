@@ -24,7 +24,8 @@ from typing import Any
 #: Keys of the flat ``custom_params`` dict, in order (CONTRACTS §5). Missing values are None.
 CUSTOM_PARAM_KEYS = ("wf_type", "wf_id", "agent", "known", "pred_out_lo", "pred_out_hi", "priority",
                      "exp_remaining_calls", "exp_remaining_s", "next_agent", "next_agent_p",
-                     "tool_p95_s", "retain_s", "profile_version", "p_end", "session_age_s")
+                     "tool_p95_s", "retain_s", "profile_version", "p_end", "session_age_s",
+                     "pred_out_mean")
 
 
 def find_app_metadata(body: Any) -> tuple[dict | None, str | None]:
@@ -55,7 +56,8 @@ def flatten_for_sglang(sys_annotations: dict, app_metadata: dict | None = None) 
     ``tool_latency``, which the predictor orders by frequency); ``retain_s`` is the predictor's
     keep-alive TTL hint for that tool (the profile's ``ttl_s``), which the keep/drop policy bounds;
     ``p_end`` (probability no call follows, from the automaton) drives early drops and
-    ``session_age_s`` the workflow-level aging of the priority in the scheduler. Every key of
+    ``session_age_s`` the workflow-level aging of the priority in the scheduler;
+    ``pred_out_mean`` (the agent's mean output length) times the plugin's prefetch. Every key of
     :data:`CUSTOM_PARAM_KEYS` is present (None = unknown).
     """
     ann = sys_annotations or {}
@@ -81,6 +83,7 @@ def flatten_for_sglang(sys_annotations: dict, app_metadata: dict | None = None) 
         "profile_version": ann.get("profile_version"),
         "p_end": ann.get("p_end"),
         "session_age_s": ann.get("session_age_s"),
+        "pred_out_mean": ann.get("output_len_mean"),
     }
     for key in ("wf_type", "wf_id", "agent"):
         if flat[key] is not None and not isinstance(flat[key], str):

@@ -120,10 +120,10 @@ def refit_once(profile_root: str | Path, logs: Sequence[str | Path], *, db: str 
                options: FitOptions | None = None) -> RefitResult:
     """Ingest new files under ``logs`` and fit a new version under ``profile_root`` (see module doc)."""
     from profiler.fitting import fit_profile
-    from profiler.profile_artifact import DEFAULT_STORE, current_version
+    from profiler.profile_artifact import current_version, store_path
 
     root = Path(profile_root)
-    db_path = Path(db) if db is not None else root / DEFAULT_STORE
+    db_path = store_path(root, db)
     t0 = time.monotonic()
     fresh = new_log_files(logs, db_path)
     before = current_version(root)

@@ -13,7 +13,9 @@ folder unless ``profile_dir`` is given), and loaded by a ``predictors.Predictor`
 """
 from __future__ import annotations
 
+import atexit
 import json
+import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -106,7 +108,11 @@ def fit_train_profile(records: list[dict], profile_dir: str | Path | None = None
     The records are written to ``<dir>/train/train.jsonl`` first (the fit reads files)."""
     from profiler.fitting import fit_profile
 
-    root = Path(profile_dir) if profile_dir is not None else Path(tempfile.mkdtemp(prefix="sim-profile-"))
+    if profile_dir is not None:
+        root = Path(profile_dir)
+    else:  # a throw-away profile: removed when the process ends
+        root = Path(tempfile.mkdtemp(prefix="sim-profile-"))
+        atexit.register(shutil.rmtree, root, ignore_errors=True)
     logs = root / "train"
     logs.mkdir(parents=True, exist_ok=True)
     with open(logs / "train.jsonl", "w", encoding="utf-8") as fh:

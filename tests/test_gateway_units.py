@@ -16,7 +16,7 @@ ANN = {"profile_version": "v1", "known": True, "workflow_type_id": "wt", "workfl
        "agent_id": "engineer", "predicted_output_len": [10, 90], "priority": 250,
        "next_agents": [{"agent_id": "reviewer", "p": 0.7}, {"agent_id": "engineer", "p": 0.3}],
        "expected_remaining_calls": 3.5, "expected_remaining_s": 40.0, "p_end": 0.1,
-       "session_age_s": 12.5, "tool_latency": {"run_tests": {"p95_s": 4.5}, "edit": {"p95_s": 0.1}}}
+       "session_age_s": 12.5, "output_len_mean": 42.0, "tool_latency": {"run_tests": {"p95_s": 4.5}, "edit": {"p95_s": 0.1}}}
 
 
 def test_find_app_metadata_top_level_nested_or_absent():
@@ -33,7 +33,7 @@ def test_flatten_for_sglang_is_flat_and_complete():
                     "pred_out_lo": 10, "pred_out_hi": 90, "priority": 250,
                     "exp_remaining_calls": 3.5, "exp_remaining_s": 40.0, "next_agent": "reviewer",
                     "next_agent_p": 0.7, "tool_p95_s": 4.5, "retain_s": None, "profile_version": "v1",
-                    "p_end": 0.1, "session_age_s": 12.5}
+                    "p_end": 0.1, "session_age_s": 12.5, "pred_out_mean": 42.0}
     unknown = flatten_for_sglang({"known": False, "profile_version": "v1"}, META)
     assert unknown["known"] is False and unknown["agent"] == "engineer" and unknown["pred_out_hi"] is None
 
