@@ -193,11 +193,10 @@ class GatewayLog:
                     raise OSError("short write")
                 done += n
         except OSError:
-            if done:  # cut the torn line back off: the file keeps only whole records
-                try:
-                    self._fh.truncate(self._size)
-                except OSError:
-                    pass
+            try:  # cut any torn part back off: the file keeps only whole records
+                self._fh.truncate(self._size)
+            except OSError:
+                pass
             raise
         self._size += len(line)
         self.records_written += 1
@@ -228,7 +227,12 @@ class GatewayLog:
                     last_flush = now
                 if self._fh is not None and self._size and now - self._opened_at >= self.max_age_s:
                     self._close_file()
-            except Exception:  # a full disk must not kill the thread: count, log, go on
+            except OSError as exc:  # a full disk must not kill the thread: count, one line, go on
+                self.write_errors += 1
+                log.error("gateway log: write failed (%d so far): %s", self.write_errors, exc)
+                if kind == "rotate":
+                    item.set()
+            except Exception:
                 self.write_errors += 1
                 log.exception("gateway log: write failed")
                 if kind == "rotate":

@@ -92,7 +92,12 @@ class StreamFollower:
         self.response_id = self.response_id or data.get("id")
         if data.get("usage"):
             self.usage = data["usage"]
-        for choice in data.get("choices") or ():
+        choices = data.get("choices")
+        if choices is None:
+            choices = []
+        if not isinstance(choices, list):
+            raise ValueError("choices is not a list")
+        for choice in choices:
             if not isinstance(choice, dict) or choice.get("index", 0) != 0:
                 continue  # n > 1: the log keeps the first choice, as ingest reads choices[0]
             if choice.get("finish_reason"):
