@@ -62,9 +62,10 @@ MAX_SESSION_AGENTS = 4096
 #: Default byte budget of the session table (``--max-session-mb``).
 DEFAULT_MAX_SESSION_BYTES = 512 << 20
 #: Estimated bytes of one session without texts (object, key, table slot), per agent in its
-#: history, per pending request and per per-agent dict entry; measured with tracemalloc
+#: history, per pending request and per per-agent dict entry; measured with tracemalloc (the base
+#: includes the deque block a session keeps once it has held a response)
 #: (docs/serving-security.md), rounded up.
-SESSION_BASE_BYTES = 1200
+SESSION_BASE_BYTES = 1800
 AGENT_BYTES = 16
 PENDING_BYTES = 320
 AGENT_ENTRY_BYTES = 160
