@@ -585,8 +585,9 @@ def create_gateway_app(gateway: Gateway) -> FastAPI:
     app = FastAPI(title="agent-workflow-profiler gateway", version="1", lifespan=lifespan,
                   description="OpenAI-compatible proxy that injects workflow predictions "
                               "(sys_annotations) and logs completed calls for refitting. "
-                              "Proxied as is (not listed here): POST /v1/chat/completions, "
-                              "POST /v1/completions, GET /v1/models and every other path.")
+                              "Proxied (not listed here): POST /v1/chat/completions and "
+                              "POST /v1/completions (annotated), GET /v1/models and the other "
+                              "paths of the allow-list (--allow-path); engine admin paths never.")
     app.state.gateway = gateway
     app.add_middleware(RequestMetricsMiddleware, requests=requests_total, latency=request_seconds)
     if gateway.options.max_request_bytes:
