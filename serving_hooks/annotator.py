@@ -56,8 +56,10 @@ class LocalAnnotator:
         return self.annotate_now(app_metadata, request_id, input_tokens)
 
     async def observe(self, completion: dict) -> None:
+        """Report a finished call from a worker thread: if another thread holds the session
+        table, this waits there, never on the event loop (which would stall every request)."""
         try:
-            self.service.observe(completion)
+            await asyncio.to_thread(self.service.observe, completion)
         except Exception:
             self.observe_errors += 1
             log.exception("observe failed")

@@ -197,12 +197,16 @@ def test_annotate_budget_is_a_bound(recorder, profile_root):
     with running_gateway([recorder.url], profile_root, budget_s=0.005) as gw:
         lock = gw.service.predictor._lock     # the session table held by another thread
         lock.acquire()
-        try:
-            r = httpx.post(gw.url + "/v1/chat/completions", json={**CHAT, "app_metadata": META})
+        try:   # neither annotate nor the observe after each call may wait on the event loop
+            for i in range(3):
+                t0 = time.perf_counter()
+                r = httpx.post(gw.url + "/v1/chat/completions", json={**CHAT, "app_metadata": META},
+                               timeout=10)
+                assert time.perf_counter() - t0 < 0.9
+                assert r.status_code == 200 and "sys_annotations" not in json.loads(recorder.raws[-1])
         finally:
             lock.release()
-        assert r.status_code == 200 and "sys_annotations" not in json.loads(recorder.raws[-1])
-        assert metric(gw.url, "profiler_gateway_annotate_total", outcome="timeout") == 1
+        assert metric(gw.url, "profiler_gateway_annotate_total", outcome="timeout") == 3
 
 
 WRITER = """
