@@ -13,8 +13,9 @@ One object serves every request of a process (sidecar, gateway, or an app that i
   Sessions live in an LRU table bounded by ``max_sessions`` *and* by ``max_session_bytes`` (an
   O(1) per-session estimate, see :func:`_session_bytes`), and are forgotten after
   ``session_idle_s`` without a call. Over the byte budget the least recently written response
-  texts are dropped first (they only serve ``GET /v1/sessions``), then whole sessions. One lock guards the table; every per-call operation under it is O(1) (after a
-  profile swap a session's first call replays its agents on the new automaton, once).
+  texts are dropped first (they only serve ``GET /v1/sessions``), then whole sessions. One
+  lock guards the table; every per-call operation under it is O(1) (after a profile swap a
+  session's first call replays its agents on the new automaton, once).
 * **Calls advance the session.** :meth:`annotate` (at call arrival) advances the automaton by the
   call's agent — once per ``request_id``, so a retried annotate does not count twice — and
   :meth:`observe` (at completion) records the output length and response; a completion whose
@@ -62,9 +63,9 @@ MAX_SESSION_AGENTS = 4096
 #: Default byte budget of the session table (``--max-session-mb``).
 DEFAULT_MAX_SESSION_BYTES = 512 << 20
 #: Estimated bytes of one session without texts (object, key, table slot), per agent in its
-#: history, per pending request and per per-agent dict entry; measured with tracemalloc (the base
-#: includes the deque block a session keeps once it has held a response)
-#: (docs/serving-security.md), rounded up.
+#: history, per pending request and per per-agent dict entry; measured with tracemalloc and
+#: rounded up (the base includes the deque block a session keeps once it has held a response;
+#: docs/serving-security.md).
 SESSION_BASE_BYTES = 1800
 AGENT_BYTES = 16
 PENDING_BYTES = 320
