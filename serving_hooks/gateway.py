@@ -124,6 +124,17 @@ def path_forwarded(path: str, patterns: tuple[str, ...]) -> bool:
     return any(fnmatch.fnmatchcase(path, pat) for pat in patterns)
 
 
+def _may_set_scheduler_fields(raw: bytes) -> bool:
+    """For a body that is not strict JSON: could an upstream parser read a scheduler field in it?
+    Parsed leniently when Python can (exact answer); else any ``"priority"``/``"custom_params"``
+    key token in the bytes counts (conservative)."""
+    try:
+        body = json.loads(raw)
+    except (ValueError, RecursionError):
+        return any(b'"%s"' % k.encode() in raw for k in SCHEDULER_FIELDS)
+    return isinstance(body, dict) and strip_scheduler_fields(body) is not None
+
+
 def strip_scheduler_fields(body: dict) -> dict | None:
     """``body`` without client-set :data:`SCHEDULER_FIELDS` (top level and in ``extra_body``),
     or None when it has none."""
@@ -348,6 +359,11 @@ class Gateway:
             body = strict_json_loads(raw) if raw else None
         except StrictJSONError:
             body = None  # not strict JSON (NaN, 1e400, too deep…): forwarded untouched, unannotated
+            if not self.options.allow_client_scheduler_fields and _may_set_scheduler_fields(raw):
+                # it cannot be stripped without re-encoding what is not JSON: refuse it
+                return _error_response(400, "invalid_request_error", "request sets scheduler "
+                                       "fields (priority, custom_params) in a body that is not "
+                                       "strict JSON (NaN, Infinity, 1e400, lone surrogate, too deep)")
         if not isinstance(body, dict):
             body = None
         if body is not None and not self.options.allow_client_scheduler_fields:

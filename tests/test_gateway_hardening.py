@@ -114,7 +114,7 @@ def test_client_scheduler_fields_are_stripped_unless_allowed(recorder):
 @pytest.mark.parametrize("raw", [
     b'{"model": "m", "messages": [], "temperature": 1e400, "app_metadata": {"workflow_type_id": "a", "workflow_id": "b", "agent_id": "c"}}',
     b'{"model": "m", "messages": [], "temperature": NaN, "app_metadata": {"workflow_type_id": "a", "workflow_id": "b", "agent_id": "c"}}',
-    b'{"model": "m", "top_p": -Infinity, "priority": 3}',
+    b'{"model": "m", "top_p": -Infinity}',
     b'{"model": "m", "x": ' + b'[' * 990 + b']' * 990 + b', "app_metadata": {"workflow_type_id": "a", "workflow_id": "b", "agent_id": "c"}}',
     b'{"model": "m", "x": ' + b'{"a":' * 5000 + b'1' + b'}' * 5000 + b'}',
     b'{"model": "m", "user": "\\ud800", "app_metadata": {"workflow_type_id": "a", "workflow_id": "\\udc00", "agent_id": "c"}}',
@@ -127,6 +127,20 @@ def test_unparseable_or_non_interoperable_json_is_forwarded_byte_for_byte(record
         assert r.status_code == 200
         assert recorder.raws[-1] == raw          # never re-encoded, so never Infinity/NaN emitted
         assert metric(gw.url, "profiler_gateway_annotate_total", outcome="not_json") == 1
+
+
+@pytest.mark.parametrize("raw", [
+    b'{"model": "m", "top_p": -Infinity, "priority": -100}',
+    b'{"model": "m", "extra_body": {"custom_params": {"x": NaN}}}',
+    b'{"priority": 1, "x": ' + b'[' * 5000 + b']' * 5000 + b'}',
+])
+def test_scheduler_fields_in_a_body_that_cannot_be_stripped_are_refused(recorder, raw):
+    with running_gateway([recorder.url]) as gw:
+        before = len(recorder.raws)
+        r = httpx.post(gw.url + "/v1/chat/completions", content=raw,
+                       headers={"content-type": "application/json"})
+        assert r.status_code == 400 and "scheduler fields" in r.json()["error"]["message"]
+        assert len(recorder.raws) == before
 
 
 def test_malformed_sse_chunks_pass_through_untouched(recorder, profile_root):
