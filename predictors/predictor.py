@@ -10,9 +10,12 @@ One object serves every request of a process (sidecar, gateway, or an app that i
 * **Session state.** Per ``(workflow_type_id, workflow_id)``: the agents seen so far (in arrival
   order), the automaton state they lead to, each agent's last output length (a feature of the
   conditional output-length model) and the last few responses (what prompt templates reference).
-  Sessions live in an LRU table bounded by ``max_sessions`` and forgotten after ``session_idle_s``
-  without a call. One lock guards the table; every per-call operation under it is O(1) (after a
-  profile swap a session's first call replays its agents on the new automaton, once).
+  Sessions live in an LRU table bounded by ``max_sessions`` *and* by ``max_session_bytes`` (an
+  O(1) per-session estimate, see :func:`_session_bytes`), and are forgotten after
+  ``session_idle_s`` without a call. Over the byte budget the least recently written response
+  texts are dropped first (they only serve ``GET /v1/sessions``), then whole sessions. One
+  lock guards the table; every per-call operation under it is O(1) (after a profile swap a
+  session's first call replays its agents on the new automaton, once).
 * **Calls advance the session.** :meth:`annotate` (at call arrival) advances the automaton by the
   call's agent — once per ``request_id``, so a retried annotate does not count twice — and
   :meth:`observe` (at completion) records the output length and response; a completion whose
@@ -37,6 +40,7 @@ Annotation (``known: true``), a superset of DESIGN.md's listing::
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 import time
 from collections import OrderedDict, deque
@@ -56,6 +60,18 @@ ID_KEYS = ("workflow_type_id", "workflow_id", "agent_id")
 TOOL_FIELDS = ("mu", "sigma", "p50_s", "p95_s", "ttl_s")
 #: Agents kept per session for replaying the automaton after a profile swap.
 MAX_SESSION_AGENTS = 4096
+#: Default byte budget of the session table (``--max-session-mb``).
+DEFAULT_MAX_SESSION_BYTES = 512 << 20
+#: Estimated bytes of one session without texts (object, key, table slot), per agent in its
+#: history, per pending request and per per-agent dict entry; measured with tracemalloc and
+#: rounded up (the base includes the deque block a session keeps once it has held a response;
+#: docs/serving-security.md).
+SESSION_BASE_BYTES = 1800
+AGENT_BYTES = 16
+PENDING_BYTES = 320
+AGENT_ENTRY_BYTES = 160
+#: Extra bytes per kept response (its dict and deque slot) on top of the text itself.
+RECENT_ENTRY_BYTES = 360
 
 _DEFAULT_PRIORITY = object()
 
@@ -172,7 +188,7 @@ class CompiledProfile:
         return self.bands.predict_band(wt, agent, features)
 
 
-@dataclass
+@dataclass(slots=True)
 class _Session:
     workflow_type_id: str
     workflow_id: str
@@ -187,6 +203,22 @@ class _Session:
     last_finish: float | None = None
     truncated: bool = False
     started_at: float | None = None        # clock of the session's first call
+    nbytes: int = 0                        # estimated bytes (see _session_bytes)
+    text_bytes: int = 0                    # bytes of the response texts in ``recent``
+
+
+def _session_bytes(s: _Session) -> int:
+    """Estimated memory of one session, O(1):
+
+    ``B = base + 16·agents + 320·pending + 160·(agent dict entries) + Σ_recent (|text| + 360)``.
+    """
+    return (SESSION_BASE_BYTES + AGENT_BYTES * len(s.agents) + PENDING_BYTES * len(s.pending)
+            + AGENT_ENTRY_BYTES * (len(s.agent_calls) + len(s.last_output)) + s.text_bytes)
+
+
+def _text_size(entry: dict) -> int:
+    text = entry.get("response_text")
+    return RECENT_ENTRY_BYTES + (sys.getsizeof(text) if isinstance(text, str) else 0)
 
 
 class Predictor:
@@ -197,6 +229,8 @@ class Predictor:
     profile : a ``profiler.profile_artifact.Profile``, a profile folder (root or version), or None
         (load later with :meth:`load`).
     max_sessions : sessions kept in memory (least recently used beyond it are forgotten).
+    max_session_bytes : estimated bytes the session table may hold; beyond it the least recently
+        written response texts are dropped, then the least recently used sessions.
     session_idle_s : a session without a call for this long is forgotten.
     max_tools : tools listed in ``tool_latency`` per agent (the most frequent ones).
     recent_outputs : responses kept per session for prompt composition.
@@ -209,8 +243,15 @@ class Predictor:
     def __init__(self, profile: Any = None, *, max_sessions: int = 100_000,
                  session_idle_s: float = 3600.0, max_tools: int = 3, recent_outputs: int = 8,
                  gate: Any = None, priority_policy: Any = _DEFAULT_PRIORITY,
-                 prompt_composition_agents: int = 1, clock=time.monotonic) -> None:
+                 prompt_composition_agents: int = 1, clock=time.monotonic,
+                 max_session_bytes: int = DEFAULT_MAX_SESSION_BYTES) -> None:
         self.max_sessions = int(max_sessions)
+        self.max_session_bytes = int(max_session_bytes)
+        self.session_bytes = 0                # estimated bytes held by the session table
+        self.session_text_bytes = 0
+        self.sessions_evicted = {"count": 0, "bytes": 0, "idle": 0}
+        self.texts_dropped = 0                # responses dropped for the byte budget
+        self._text_lru: OrderedDict[tuple[str, str], None] = OrderedDict()
         self.session_idle_s = float(session_idle_s)
         self.max_tools = int(max_tools)
         self.recent_outputs = int(recent_outputs)
@@ -271,19 +312,85 @@ class Predictor:
         key = (wt, wf)
         s = self._sessions.get(key)
         if s is not None and now - s.last_seen > self.session_idle_s:
-            s = None  # idle too long: a new execution under a reused id starts fresh
+            self._drop(key, "idle")  # idle too long: a new execution under a reused id starts fresh
+            s = None
         if s is None:
             s = _Session(wt, wf, now, recent=deque(maxlen=self.recent_outputs), started_at=now)
             self._sessions[key] = s
+            self._account(s)
         else:
             self._sessions.move_to_end(key)
         s.last_seen = now
         self._ops += 1
-        if len(self._sessions) > self.max_sessions:
-            self._sessions.popitem(last=False)
+        while len(self._sessions) > self.max_sessions:
+            self._drop(next(iter(self._sessions)), "count")
         if self._ops % 256 == 0:
             self._expire(now)
         return s
+
+    def _drop(self, key: tuple[str, str], reason: str) -> None:
+        """Forget one session (caller holds the lock) and give its bytes back."""
+        s = self._sessions.pop(key, None)
+        if s is None:
+            return
+        self.session_bytes -= s.nbytes
+        self.session_text_bytes -= s.text_bytes
+        self._text_lru.pop(key, None)
+        self.sessions_evicted[reason] += 1
+
+    def _account(self, s: _Session) -> None:
+        """Re-estimate ``s`` after a change (O(1)) and enforce the byte budget (caller holds the lock)."""
+        new = _session_bytes(s)
+        self.session_bytes += new - s.nbytes
+        s.nbytes = new
+        if self.session_bytes > self.max_session_bytes:
+            self._shrink((s.workflow_type_id, s.workflow_id))
+
+    def _shrink(self, keep: tuple[str, str]) -> None:
+        """Over the byte budget: drop the least recently written texts, then LRU sessions
+        (never ``keep``, the session being served)."""
+        while self.session_bytes > self.max_session_bytes and self._text_lru:
+            key = next(iter(self._text_lru))
+            del self._text_lru[key]
+            s = self._sessions.get(key)
+            if s is None or not s.recent:
+                continue
+            self.texts_dropped += len(s.recent)
+            s.recent.clear()
+            self.session_text_bytes -= s.text_bytes
+            s.text_bytes = 0
+            new = _session_bytes(s)
+            self.session_bytes += new - s.nbytes
+            s.nbytes = new
+        while self.session_bytes > self.max_session_bytes and len(self._sessions) > 1:
+            key = next(iter(self._sessions))
+            if key == keep:
+                self._sessions.move_to_end(key)
+                key = next(iter(self._sessions))
+            self._drop(key, "bytes")
+
+    def _remember_text(self, s: _Session, entry: dict) -> None:
+        """Append a response to ``s.recent`` keeping the byte counts right (caller holds the lock)."""
+        if s.recent.maxlen == 0:
+            return
+        if s.recent.maxlen is not None and len(s.recent) == s.recent.maxlen:
+            gone = _text_size(s.recent[0])
+            s.text_bytes -= gone
+            self.session_text_bytes -= gone
+        s.recent.append(entry)
+        size = _text_size(entry)
+        s.text_bytes += size
+        self.session_text_bytes += size
+        key = (s.workflow_type_id, s.workflow_id)
+        self._text_lru[key] = None
+        self._text_lru.move_to_end(key)
+
+    def memory_stats(self) -> dict:
+        """Session-table memory: estimated bytes, limits and evictions by reason."""
+        return {"sessions": len(self._sessions), "max_sessions": self.max_sessions,
+                "session_bytes": self.session_bytes, "session_text_bytes": self.session_text_bytes,
+                "max_session_bytes": self.max_session_bytes,
+                "evicted": dict(self.sessions_evicted), "texts_dropped": self.texts_dropped}
 
     def _expire(self, now: float) -> None:
         """Drop sessions idle longer than ``session_idle_s`` (oldest first; stops at the first live)."""
@@ -292,7 +399,7 @@ class Predictor:
             key, s = next(iter(self._sessions.items()))
             if s.last_seen >= limit:
                 break
-            del self._sessions[key]
+            self._drop(key, "idle")
 
     def expire_idle(self) -> int:
         """Forget idle sessions now; returns how many are left."""
@@ -318,7 +425,7 @@ class Predictor:
         if m is not None:
             self._path_state(m, s)  # bring the state up to this profile before stepping
         if len(s.agents) < MAX_SESSION_AGENTS:
-            s.agents.append(agent)
+            s.agents.append(sys.intern(agent))  # one copy of each agent name, not one per call
         else:
             s.truncated = True
         s.agent_calls[agent] = s.agent_calls.get(agent, 0) + 1
@@ -382,6 +489,7 @@ class Predictor:
             issued_at = now if first_time else s.pending[request_id][2]
             session_age = max(0.0, issued_at - (s.started_at if s.started_at is not None else issued_at))
             if m is None:
+                self._account(s)
                 return self._unknown(base, "no_profile")
             state = self._path_state(m, s)
             entry = m.agents.get((wt, agent))
@@ -393,6 +501,7 @@ class Predictor:
                 s.pending[request_id] = (agent, band, issued_at)
                 if len(s.pending) > 64:
                     s.pending.popitem(last=False)
+            self._account(s)
         if wt not in m.workflow_type_calls:
             if self.gate is not None:
                 self.gate.note_unknown(wt)
@@ -491,8 +600,9 @@ class Predictor:
             if completion.get("t_finish") is not None:
                 s.last_finish = completion.get("t_finish")
             if completion.get("response_text") is not None:
-                s.recent.append({"request_id": request_id, "agent_id": agent,
-                                 "response_text": completion.get("response_text")})
+                self._remember_text(s, {"request_id": request_id, "agent_id": agent,
+                                        "response_text": completion.get("response_text")})
+            self._account(s)
         if band is None or not isinstance(out, (int, float)) or isinstance(out, bool):
             return None
         hit = band[0] <= out <= band[1]

@@ -92,7 +92,7 @@ def flatten_for_sglang(sys_annotations: dict, app_metadata: dict | None = None) 
 
 
 def _dumps(value: Any) -> bytes:
-    return json.dumps(value, separators=(",", ":")).encode()
+    return json.dumps(value, separators=(",", ":"), allow_nan=False).encode()  # never NaN/Infinity
 
 
 def forward_body(raw: bytes, body: dict, where: str | None, sys_annotations: dict | None, *,

@@ -39,15 +39,27 @@ class LocalAnnotator:
         self.service = service
         self.observe_errors = 0
 
-    def annotate_now(self, app_metadata: dict, request_id: str, input_tokens: int | None) -> dict:
+    def annotate_now(self, app_metadata: dict, request_id: str, input_tokens: int | None,
+                     timeout_s: float | None = None) -> dict:
+        """Annotate in this thread. With ``timeout_s``, first wait at most that long for the
+        session table to be free (another thread may hold it: a profile swap's replay, the
+        autoscale scan) and raise :class:`TimeoutError` instead of waiting on: the caller's time
+        budget is then a bound, not a hope."""
+        lock = getattr(self.service.predictor, "_lock", None)
+        if timeout_s is not None and lock is not None:
+            if not lock.acquire(timeout=timeout_s):
+                raise TimeoutError(f"session table busy for {timeout_s * 1000:g} ms")
+            lock.release()
         return self.service.annotate(app_metadata, request_id=request_id, input_tokens=input_tokens)
 
     async def annotate(self, app_metadata: dict, request_id: str, input_tokens: int | None) -> dict:
         return self.annotate_now(app_metadata, request_id, input_tokens)
 
     async def observe(self, completion: dict) -> None:
+        """Report a finished call from a worker thread: if another thread holds the session
+        table, this waits there, never on the event loop (which would stall every request)."""
         try:
-            self.service.observe(completion)
+            await asyncio.to_thread(self.service.observe, completion)
         except Exception:
             self.observe_errors += 1
             log.exception("observe failed")

@@ -22,7 +22,17 @@ An OpenAI-compatible reverse proxy in front of SGLang (or any OpenAI-compatible 
 Streams: to log token counts the gateway asks for ``stream_options.include_usage`` when the
 client did not, and then drops the usage-only final chunk from what the client receives, so the
 client's stream has the chunks it asked for (``--no-stream-usage`` turns this off; streamed calls
-without usage are then not logged). ``GET /v1/models`` and any other path are proxied as is.
+without usage are then not logged). ``GET /v1/models`` and the other paths of
+:data:`DEFAULT_FORWARD_PATHS` (or ``--allow-path``) are proxied as is; any other path gets ``404``
+and engine admin paths (:data:`ENGINE_ADMIN_PATHS`: ``/flush_cache``, ``/update_weights…``, …)
+are never forwarded, whatever the allow-list says.
+
+Hardening (docs/serving-security.md): a body the gateway cannot parse as strict JSON (``NaN``,
+``1e400``, a lone surrogate, nesting too deep for the parser) is forwarded byte for byte,
+unannotated — it never re-encodes such a body, so it never emits invalid JSON; the scheduler
+fields ``priority``/``custom_params`` a client sends are removed unless
+``--allow-client-scheduler-fields``; a malformed upstream SSE chunk is passed through untouched;
+error bodies never name the upstream (the log line does).
 
 Gateway endpoints: ``GET /healthz``, ``GET /metrics``, ``GET /admin/profile``,
 ``POST /admin/reload`` and ``POST /admin/rotate-log`` (bearer token when configured).
@@ -30,6 +40,7 @@ Gateway endpoints: ``GET /healthz``, ``GET /metrics``, ``GET /admin/profile``,
 from __future__ import annotations
 
 import asyncio
+import fnmatch
 import json
 import logging
 import time
@@ -46,7 +57,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from serving_hooks.annotations import find_app_metadata, forward_body
 from serving_hooks.gateway_log import GatewayLog
-from serving_hooks.http_guard import BodySizeLimit, admin_auth
+from serving_hooks.http_guard import BodySizeLimit, StrictJSONError, admin_auth, strict_json_loads
 from serving_hooks.metrics import (LATENCY_BUCKETS, Labeled, RequestMetricsMiddleware, render,
                                    request_metrics)
 from serving_hooks.sse import StreamFollower
@@ -64,6 +75,24 @@ HOP_HEADERS = frozenset({"connection", "keep-alive", "proxy-authenticate", "prox
                          "content-length"})
 #: Longest response text sent along with an observe (prompt composition needs the recent ones).
 OBSERVE_TEXT_CHARS = 64 * 1024
+#: Paths forwarded upstream by default (``fnmatch`` patterns; ``--allow-path`` adds more): the
+#: OpenAI-compatible API, SGLang's native ``/generate`` and the engines' health checks.
+DEFAULT_FORWARD_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/responses",
+                         "/v1/responses/*", "/v1/models", "/v1/models/*", "/v1/embeddings",
+                         "/generate", "/health", "/health_generate", "/v1/health", "/ping",
+                         "/version")
+#: Engine admin paths (SGLang, vLLM) never forwarded, even if an allow pattern matches them:
+#: they change weights, memory, caches or logging of the shared engine.
+ENGINE_ADMIN_PATHS = ("*flush_cache*", "*update_weight*", "*init_weights*", "*weights_*",
+                      "*release_memory*", "*resume_memory*", "*start_profile*", "*stop_profile*",
+                      "*lora_adapter*", "*abort_request*", "*internal_state*", "*configure_logging*",
+                      "*expert_distribution*", "*pause_generation*", "*continue_generation*",
+                      "*reset_prefix_cache*", "/sleep*", "/wake_up*", "*collective_rpc*",
+                      "*scale_elastic_ep*", "*slow_down*", "*admin*", "*server_info*",
+                      "*open_session*", "*close_session*", "*freeze_gc*")
+#: Request fields that steer the engine's scheduler (SGLang ``priority``, ``custom_params``):
+#: removed from client bodies unless ``allow_client_scheduler_fields``.
+SCHEDULER_FIELDS = ("priority", "custom_params")
 
 
 @dataclass
@@ -79,6 +108,44 @@ class GatewayOptions:
     max_request_bytes: int = 32 << 20
     admin_token: str | None = None
     max_connections: int = 1024
+    forward_paths: tuple[str, ...] = DEFAULT_FORWARD_PATHS  # fnmatch patterns proxied upstream
+    allow_client_scheduler_fields: bool = False  # keep a client's own priority/custom_params
+
+
+def path_forwarded(path: str, patterns: tuple[str, ...]) -> bool:
+    """Whether the gateway proxies ``path``: it matches an allow pattern, no engine admin pattern,
+    and has no empty, ``.`` or ``..`` segment (so ``/v1/models/../flush_cache`` is refused)."""
+    segments = path.split("/")[1:]
+    if not path.startswith("/") or any(seg in ("", ".", "..") for seg in segments):
+        return False
+    low = path.lower()
+    if any(fnmatch.fnmatchcase(low, pat) for pat in ENGINE_ADMIN_PATHS):
+        return False
+    return any(fnmatch.fnmatchcase(path, pat) for pat in patterns)
+
+
+def _may_set_scheduler_fields(raw: bytes) -> bool:
+    """For a body that is not strict JSON: could an upstream parser read a scheduler field in it?
+    Parsed leniently when Python can (exact answer); else any ``"priority"``/``"custom_params"``
+    key token in the bytes counts (conservative)."""
+    try:
+        body = json.loads(raw)
+    except (ValueError, RecursionError):
+        return any(b'"%s"' % k.encode() in raw for k in SCHEDULER_FIELDS)
+    return isinstance(body, dict) and strip_scheduler_fields(body) is not None
+
+
+def strip_scheduler_fields(body: dict) -> dict | None:
+    """``body`` without client-set :data:`SCHEDULER_FIELDS` (top level and in ``extra_body``),
+    or None when it has none."""
+    extra = body.get("extra_body")
+    nested = isinstance(extra, dict) and any(k in extra for k in SCHEDULER_FIELDS)
+    if not nested and not any(k in body for k in SCHEDULER_FIELDS):
+        return None
+    out = {k: v for k, v in body.items() if k not in SCHEDULER_FIELDS}
+    if nested:
+        out["extra_body"] = {k: v for k, v in extra.items() if k not in SCHEDULER_FIELDS}
+    return out
 
 
 #: Headers aiohttp would add on its own: the upstream must see the client's, and only those.
@@ -130,8 +197,22 @@ class _GatewayMetrics:
         self.upstream = Counter("profiler_gateway_upstream_responses", "Upstream answers by status "
                                 "class or failure (timeout, unreachable, stream_broken).",
                                 ["upstream", "outcome"], registry=registry)
-        self.records = Counter("profiler_gateway_log_records", "Gateway records: written, or why "
-                               "not (no_usage, not_json).", ["outcome"], registry=registry)
+        self.records = Counter("profiler_gateway_log_records", "Gateway records: written (the "
+                               "whole line reached the file), or why not (no_usage, not_json).",
+                               ["outcome"], registry=registry)
+        self.stripped = Counter("profiler_gateway_client_scheduler_fields_stripped", "Requests "
+                                "whose client-set priority/custom_params were removed.",
+                                registry=registry)
+        self.refused = Counter("profiler_gateway_paths_refused", "Requests for paths the gateway "
+                               "does not forward (not allowed, or an engine admin path).",
+                               registry=registry)
+        self.sse_malformed = Counter("profiler_gateway_sse_malformed_events", "Upstream SSE events "
+                                     "that could not be parsed (passed through untouched).",
+                                     registry=registry)
+        self.recovered = Counter("profiler_gateway_log_recovered_files", "Log files left open by a "
+                                 "killed gateway, closed at start.", registry=registry)
+        self.torn = Counter("profiler_gateway_log_torn_lines", "Torn last lines dropped from "
+                            "those files.", registry=registry)
         self.annotate_outcome = Labeled(self.annotate)
         self.upstream_outcome = Labeled(self.upstream)
         self.record_outcome = Labeled(self.records)
@@ -158,6 +239,11 @@ class Gateway:
         self.registry = registry or CollectorRegistry()
         self.service = service
         self.metrics = _GatewayMetrics(self.registry)
+        if self.log is not None:
+            written = self.metrics.record_outcome("written")
+            self.log.on_written = written.inc
+            self.metrics.recovered.inc(self.log.recovered_files)
+            self.metrics.torn.inc(self.log.recovered_torn_lines)
         self.session: aiohttp.ClientSession | None = None
         self.background: list = []   # objects with start()/stop() living as long as the app
 
@@ -201,12 +287,20 @@ class Gateway:
         budget = self.options.budget_s
         try:
             if self.annotator.blocking:
-                ann = self.annotator.annotate_now(meta, request_id, None)
+                ann = self.annotator.annotate_now(meta, request_id, None, timeout_s=budget)
                 if time.perf_counter() - t0 > budget:
                     return None, "over_budget"
             else:
-                ann = await asyncio.wait_for(self.annotator.annotate(meta, request_id, None), budget)
-        except asyncio.TimeoutError:
+                # asyncio.wait returns at the budget without waiting for the cancelled task to
+                # unwind (wait_for would), so a slow sidecar costs at most the budget.
+                task = asyncio.ensure_future(self.annotator.annotate(meta, request_id, None))
+                done, _ = await asyncio.wait((task,), timeout=budget)
+                if not done:
+                    task.cancel()
+                    task.add_done_callback(_swallow)
+                    return None, "timeout"
+                ann = task.result()
+        except (asyncio.TimeoutError, TimeoutError):
             return None, "timeout"
         except Exception as exc:
             log.debug("annotation failed, forwarding unannotated: %s", exc)
@@ -228,12 +322,15 @@ class Gateway:
                                               allow_redirects=False)
         except asyncio.TimeoutError:
             self.metrics.upstream_outcome(upstream, "timeout").inc()
-            return None, _error_response(504, "upstream_timeout", f"upstream {upstream} timed out "
+            log.warning("upstream %s timed out on %s", upstream, request.url.path)
+            return None, _error_response(504, "upstream_timeout", f"upstream timed out "
                                          f"(no byte for {self.options.upstream_timeout_s:g}s)")
         except (aiohttp.ClientError, OSError) as exc:
             self.metrics.upstream_outcome(upstream, "unreachable").inc()
+            log.warning("upstream %s unreachable: %s: %s", upstream, type(exc).__name__, exc)
+            # the body names no host or port: those are the operator's, not the client's
             return None, _error_response(502, "upstream_unreachable",
-                                         f"upstream {upstream} unreachable: {type(exc).__name__}: {exc}")
+                                         f"upstream unreachable ({type(exc).__name__})")
         self.metrics.upstream_outcome(upstream, f"{resp.status // 100}xx").inc()
         return resp, None
 
@@ -243,10 +340,13 @@ class Gateway:
             return await resp.read()
         except asyncio.TimeoutError:
             self.metrics.upstream_outcome(upstream, "timeout").inc()
-            return _error_response(504, "upstream_timeout", f"upstream {upstream} stopped sending")
+            log.warning("upstream %s stopped sending", upstream)
+            return _error_response(504, "upstream_timeout", "upstream stopped sending")
         except (aiohttp.ClientError, OSError) as exc:
             self.metrics.upstream_outcome(upstream, "stream_broken").inc()
-            return _error_response(502, "upstream_broken", f"upstream {upstream} broke off: {exc}")
+            log.warning("upstream %s broke off: %s", upstream, exc)
+            return _error_response(502, "upstream_broken",
+                                   f"upstream broke off ({type(exc).__name__})")
         finally:
             resp.release()
 
@@ -256,11 +356,27 @@ class Gateway:
         raw = await request.body()
         t0 = time.perf_counter()
         try:
-            body = json.loads(raw) if raw else None
-        except ValueError:
-            body = None  # not JSON: forwarded untouched, the upstream answers it
+            body = strict_json_loads(raw) if raw else None
+        except StrictJSONError:
+            body = None  # not strict JSON (NaN, 1e400, too deep…): forwarded untouched, unannotated
+            if not self.options.allow_client_scheduler_fields and _may_set_scheduler_fields(raw):
+                # it cannot be stripped without re-encoding what is not JSON: refuse it
+                return _error_response(400, "invalid_request_error", "request sets scheduler "
+                                       "fields (priority, custom_params) in a body that is not "
+                                       "strict JSON (NaN, Infinity, 1e400, lone surrogate, too deep)")
         if not isinstance(body, dict):
             body = None
+        if body is not None and not self.options.allow_client_scheduler_fields:
+            stripped = strip_scheduler_fields(body)
+            if stripped is not None:
+                self.metrics.stripped.inc()
+                try:
+                    raw = json.dumps(stripped, ensure_ascii=False, separators=(",", ":"),
+                                     allow_nan=False).encode("utf-8")
+                    body = stripped
+                except (ValueError, RecursionError):  # cannot re-encode: refuse rather than leak
+                    return _error_response(400, "invalid_request_error", "request sets scheduler "
+                                           "fields (priority, custom_params) and cannot be re-encoded")
         meta, where = find_app_metadata(body)
         request_id = f"gw-{uuid.uuid4().hex}"  # ours: a client's header may repeat across calls
         ann, outcome = await self._annotate(meta, request_id, body)
@@ -270,12 +386,17 @@ class Gateway:
         client_usage = stream and isinstance(body.get("stream_options"), dict) and \
             body["stream_options"].get("include_usage") is True
         inject_usage = stream and record_wanted and self.options.stream_usage and not client_usage
+        fwd = raw
         if body is not None:
-            fwd = forward_body(raw, body, where, ann, sglang_fields=self.options.sglang_fields,
-                               strip_metadata=self.options.strip_metadata,
-                               request_stream_usage=inject_usage)
-        else:
-            fwd = raw
+            try:
+                fwd = forward_body(raw, body, where, ann, sglang_fields=self.options.sglang_fields,
+                                   strip_metadata=self.options.strip_metadata,
+                                   request_stream_usage=inject_usage)
+            except (ValueError, TypeError, RecursionError) as exc:
+                # fail open: the client's bytes as they came (never a re-encoding we cannot trust)
+                log.warning("request %s forwarded unannotated: %s", request_id, exc)
+                self.metrics.annotate_outcome("error").inc()
+                ann, inject_usage = None, False
         upstream = self.router.choose_upstream(request_id, body, ann, meta)
         self.metrics.overhead.observe(time.perf_counter() - t0)
         try:
@@ -322,6 +443,9 @@ class Gateway:
             try:
                 async for chunk in resp.content.iter_any():
                     events = follower.feed(chunk)
+                    if follower.malformed:
+                        self.metrics.sse_malformed.inc(follower.malformed)
+                        follower.malformed = 0
                     if not strip_usage_chunk:
                         yield chunk
                         continue
@@ -365,7 +489,7 @@ class Gateway:
         message = choice.get("message") or {}
         text = message.get("content") if ctx.chat else choice.get("text")
         if self.log is not None:
-            self.log.write({
+            self.log.write({  # counted as written by the log thread once the line is on disk
                 "request_id": ctx.request_id, "t_arrival": ctx.t_arrival,
                 "t_first_token": t_first_token, "t_finish": t_finish,
                 "request": ctx.body, "response": response, "status": "ok",
@@ -373,7 +497,6 @@ class Gateway:
                 "gateway": {"annotate": ctx.outcome, "stream": ctx.stream,
                             "client_request_id": ctx.client_request_id},
             })
-            self.metrics.record_outcome("written").inc()
         if self.annotator is not None:
             tools = [tc.get("function", {}).get("name") for tc in message.get("tool_calls") or ()
                      if isinstance(tc, dict)]
@@ -386,6 +509,9 @@ class Gateway:
 
     # -- plain pass-through (GET /v1/models and anything else) ------------------------------------
     async def passthrough(self, request: Request) -> Response:
+        if not path_forwarded(request.url.path, self.options.forward_paths):
+            self.metrics.refused.inc()
+            return _error_response(404, "not_found", "path not forwarded by the gateway")
         raw = await request.body()
         request_id = f"gw-{uuid.uuid4().hex}"
         upstream = self.router.choose_upstream(request_id, None, None, None)
@@ -437,6 +563,12 @@ class _RelayResponse(StreamingResponse):
             await self._after()
 
 
+def _swallow(task: asyncio.Future) -> None:
+    """Retrieve a cancelled annotation's outcome so asyncio does not log it as unhandled."""
+    if not task.cancelled():
+        task.exception()
+
+
 @dataclass
 class _CallContext:
     request_id: str
@@ -469,8 +601,9 @@ def create_gateway_app(gateway: Gateway) -> FastAPI:
     app = FastAPI(title="agent-workflow-profiler gateway", version="1", lifespan=lifespan,
                   description="OpenAI-compatible proxy that injects workflow predictions "
                               "(sys_annotations) and logs completed calls for refitting. "
-                              "Proxied as is (not listed here): POST /v1/chat/completions, "
-                              "POST /v1/completions, GET /v1/models and every other path.")
+                              "Proxied (not listed here): POST /v1/chat/completions and "
+                              "POST /v1/completions (annotated), GET /v1/models and the other "
+                              "paths of the allow-list (--allow-path); engine admin paths never.")
     app.state.gateway = gateway
     app.add_middleware(RequestMetricsMiddleware, requests=requests_total, latency=request_seconds)
     if gateway.options.max_request_bytes:
@@ -478,23 +611,36 @@ def create_gateway_app(gateway: Gateway) -> FastAPI:
 
     @app.get("/healthz", tags=["gateway"])
     async def healthz() -> dict:
+        """Liveness, profile version and online-refit state (no URLs or paths: see /admin/profile)."""
         svc = gateway.service
-        return {"status": "ok", "upstreams": gateway.router.upstreams,
-                "profile_version": svc.predictor.version if svc is not None else None,
-                "sidecar": getattr(gateway.annotator, "url", None)}
+        out = {"status": "ok", "upstreams": len(gateway.router.upstreams),
+               "profile_version": svc.predictor.version if svc is not None else None,
+               "predictions": "in_process" if svc is not None else
+               "sidecar" if gateway.annotator is not None else "none"}
+        if svc is not None:
+            out["refit"] = svc.refit.as_dict()
+            out["last_reload_error"] = svc.reloader.last_error if svc.reloader else None
+        if gateway.log is not None:
+            out["log"] = {"recovered_files": gateway.log.recovered_files,
+                          "recovered_torn_lines": gateway.log.recovered_torn_lines,
+                          "write_errors": gateway.log.write_errors}
+        return out
 
     @app.get("/metrics", tags=["gateway"])
     async def metrics() -> Response:
         body, ctype = render(registry)
         return Response(body, media_type=ctype)
 
-    @app.get("/admin/profile", tags=["gateway"])
+    @app.get("/admin/profile", tags=["gateway"], dependencies=[Depends(admin)])
     async def profile() -> JSONResponse:
-        """The in-process profile (with ``--profile``); 404 with ``--sidecar`` (ask the sidecar)."""
+        """The in-process profile (with ``--profile``); 404 with ``--sidecar`` (ask the sidecar).
+        Holds file paths and every workflow type clients sent: bearer token when configured."""
         if gateway.service is None:
             return JSONResponse({"detail": "predictions come from a sidecar: GET its /v1/profile"},
                                 status_code=404)
-        return JSONResponse(gateway.service.profile_summary())
+        summary = gateway.service.profile_summary()
+        summary["upstreams"] = gateway.router.upstreams
+        return JSONResponse(summary)
 
     @app.post("/admin/reload", tags=["gateway"], dependencies=[Depends(admin)])
     async def reload() -> dict:

@@ -10,6 +10,18 @@ half-written last line, and read them unchanged: each line is a gateway record
 ``{"request_id", "t_arrival", "t_first_token", "t_finish", "request": {…, "app_metadata": …},
 "response": {"choices": [...], "usage": {...}}}`` plus our extra keys (``sys_annotations``,
 ``upstream``, ``gateway``), which the ingester keeps as unknown extras.
+
+**Crash recovery.** A gateway killed with ``kill -9`` leaves its ``….jsonl.open`` file behind,
+which ``fit`` would skip forever. At start, :func:`recover_orphans` closes every such file whose
+writer process is gone: its complete lines are kept, a torn last line (no newline: the write the
+kill interrupted) is cut off and counted, and the file is renamed to ``….jsonl`` so the next
+refit reads it.
+
+**What reached disk.** Each record is written with one unbuffered ``write`` of its whole line;
+``records_written`` (and the ``on_written`` callback, which feeds the gateway's
+``log_records_total{outcome="written"}``) counts a record only once that write returned. A
+failed write (full disk) is cut back off the file so no torn line stays, and counted in
+``write_errors``.
 """
 from __future__ import annotations
 
@@ -20,11 +32,75 @@ import queue
 import threading
 import time
 from pathlib import Path
+from typing import Callable
 
 log = logging.getLogger(__name__)
 
 OPEN_SUFFIX = ".jsonl.open"
 CLOSED_SUFFIX = ".jsonl"
+
+
+def _writer_alive(path: Path) -> bool:
+    """True when the pid in ``<prefix>-<stamp>-<pid>-<n>.jsonl.open`` is a live process other
+    than this one (another gateway sharing the folder)."""
+    parts = path.name[: -len(OPEN_SUFFIX)].rsplit("-", 2)
+    try:
+        pid = int(parts[-2])
+    except (IndexError, ValueError):
+        return False
+    if pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def recover_orphans(directory: str | Path) -> tuple[int, int]:
+    """Close the ``*.jsonl.open`` files under ``directory`` left by a writer that died.
+
+    Returns ``(files recovered, torn last lines dropped)``. Complete lines are kept byte for
+    byte; an empty file is removed.
+    """
+    files = torn = 0
+    for path in sorted(Path(directory).glob("*" + OPEN_SUFFIX)):
+        if not path.is_file() or path.is_symlink() or _writer_alive(path):
+            continue
+        try:
+            with open(path, "r+b") as fh:
+                size = fh.seek(0, os.SEEK_END)
+                keep = size
+                if size:
+                    # find the last newline, reading backwards in blocks
+                    pos, block = size, 1 << 16
+                    keep = 0
+                    while pos > 0:
+                        start = max(0, pos - block)
+                        fh.seek(start)
+                        chunk = fh.read(pos - start)
+                        i = chunk.rfind(b"\n")
+                        if i >= 0:
+                            keep = start + i + 1
+                            break
+                        pos = start
+                    if keep < size:
+                        torn += 1
+                        fh.truncate(keep)
+                        fh.flush()
+                        os.fsync(fh.fileno())
+            if keep == 0:
+                path.unlink()
+                continue
+            os.replace(path, path.with_name(path.name[: -len(OPEN_SUFFIX)] + CLOSED_SUFFIX))
+            files += 1
+            log.warning("gateway log: recovered %s left open by a writer that died%s", path.name,
+                        " (torn last line dropped)" if keep < size else "")
+        except OSError as exc:
+            log.error("gateway log: could not recover %s: %s", path, exc)
+    return files, torn
 
 
 class GatewayLog:
@@ -35,9 +111,12 @@ class GatewayLog:
     """
 
     def __init__(self, directory: str | Path, *, max_bytes: int = 64 << 20, max_age_s: float = 300.0,
-                 prefix: str = "gateway", flush_every_s: float = 0.5) -> None:
+                 prefix: str = "gateway", flush_every_s: float = 0.5,
+                 on_written: Callable[[int], None] | None = None) -> None:
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
+        self.on_written = on_written
+        self.recovered_files, self.recovered_torn_lines = recover_orphans(self.directory)
         self.max_bytes = int(max_bytes)
         self.max_age_s = float(max_age_s)
         self.prefix = prefix
@@ -45,6 +124,7 @@ class GatewayLog:
         self.records_written = 0
         self.files_closed = 0
         self.write_errors = 0
+        self.encode_errors = 0
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._fh = None
         self._path: Path | None = None
@@ -77,7 +157,7 @@ class GatewayLog:
         self._seq += 1
         stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
         self._path = self.directory / f"{self.prefix}-{stamp}-{os.getpid()}-{self._seq:04d}{OPEN_SUFFIX}"
-        self._fh = open(self._path, "ab")
+        self._fh = open(self._path, "ab", buffering=0)  # one write per record: counted when done
         self._opened_at = time.monotonic()
         self._size = 0
 
@@ -96,12 +176,32 @@ class GatewayLog:
         self._path = None
 
     def _append(self, record: dict) -> None:
-        line = (json.dumps(record, ensure_ascii=False, separators=(",", ":")) + "\n").encode()
+        try:
+            line = (json.dumps(record, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+                    + "\n").encode("utf-8")
+        except (ValueError, TypeError, RecursionError) as exc:  # NaN, a lone surrogate, too deep
+            self.encode_errors += 1
+            log.warning("gateway log: record %s not written: %s", record.get("request_id"), exc)
+            return
         if self._fh is None:
             self._open()
-        self._fh.write(line)
+        view, done = memoryview(line), 0
+        try:
+            while done < len(line):
+                n = self._fh.write(view[done:])
+                if not n:
+                    raise OSError("short write")
+                done += n
+        except OSError:
+            try:  # cut any torn part back off: the file keeps only whole records
+                self._fh.truncate(self._size)
+            except OSError:
+                pass
+            raise
         self._size += len(line)
         self.records_written += 1
+        if self.on_written is not None:
+            self.on_written(1)
         if self._size >= self.max_bytes:
             self._close_file()
 
@@ -127,7 +227,12 @@ class GatewayLog:
                     last_flush = now
                 if self._fh is not None and self._size and now - self._opened_at >= self.max_age_s:
                     self._close_file()
-            except Exception:  # a full disk must not kill the thread: count, log, go on
+            except OSError as exc:  # a full disk must not kill the thread: count, one line, go on
+                self.write_errors += 1
+                log.error("gateway log: write failed (%d so far): %s", self.write_errors, exc)
+                if kind == "rotate":
+                    item.set()
+            except Exception:
                 self.write_errors += 1
                 log.exception("gateway log: write failed")
                 if kind == "rotate":

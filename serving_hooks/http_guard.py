@@ -7,12 +7,19 @@
 * :func:`admin_auth` builds a FastAPI dependency that requires ``Authorization: Bearer <token>``
   on admin endpoints (reload, observe) when a token is configured, and is a no-op otherwise.
   Tokens are compared in constant time.
+* :func:`strict_json_loads` parses only JSON that every peer reads the same way (RFC 8259 §§6-8:
+  no ``NaN``/``Infinity``, no number that overflows a double such as ``1e400``, no lone UTF-16
+  surrogate, UTF-8 only, bounded nesting) and raises :class:`StrictJSONError` with a one-line
+  reason otherwise. :class:`StrictJSONBody` applies it to every JSON request of the sidecar, so
+  such input gets ``400`` instead of failing later (a ``NaN`` that cannot be rendered back, a
+  surrogate that cannot be encoded: ``500`` before).
 """
 from __future__ import annotations
 
 import json
+import re
 import secrets
-from typing import Callable
+from typing import Any, Callable
 
 from fastapi import Depends, HTTPException, status
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
@@ -81,6 +88,105 @@ class BodySizeLimit:
             if not replayed:
                 replayed = True
                 return {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+
+class StrictJSONError(ValueError):
+    """A body that is not strict, interoperable JSON (see :func:`strict_json_loads`)."""
+
+
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
+
+
+def _reject_constant(name: str) -> Any:
+    raise StrictJSONError(f"{name} is not JSON (RFC 8259 has no NaN or Infinity)")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if value in (float("inf"), float("-inf")):
+        raise StrictJSONError(f"number {text[:40]} overflows a double")
+    return value
+
+
+def _has_lone_surrogate(obj: Any) -> bool:
+    stack = [obj]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError:
+                return True
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return False
+
+
+def strict_json_loads(raw: bytes | str) -> Any:
+    """Parse ``raw`` as strict JSON (see module doc) or raise :class:`StrictJSONError`."""
+    try:
+        text = raw.decode("utf-8") if isinstance(raw, (bytes, bytearray)) else raw
+    except UnicodeDecodeError as exc:
+        raise StrictJSONError(f"body is not UTF-8 (byte {exc.start})") from None
+    try:
+        value = json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float)
+    except StrictJSONError:
+        raise
+    except RecursionError:
+        raise StrictJSONError("JSON nested too deeply") from None
+    except ValueError as exc:
+        raise StrictJSONError(f"not JSON: {exc}") from None
+    if _SURROGATE_ESCAPE.search(text) and _has_lone_surrogate(value):
+        raise StrictJSONError("string with a lone UTF-16 surrogate (not Unicode text)")
+    return value
+
+
+class StrictJSONBody:
+    """ASGI middleware: a JSON request body that :func:`strict_json_loads` refuses gets ``400``
+    with the reason; anything else passes through with its body replayed unchanged.
+
+    Put it inside :class:`BodySizeLimit` (which bounds what is buffered here).
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http" or scope.get("method") not in ("POST", "PUT", "PATCH"):
+            await self.app(scope, receive, send)
+            return
+        ctype = next((v for k, v in scope.get("headers", ()) if k == b"content-type"), b"")
+        if ctype and b"json" not in ctype.lower():
+            await self.app(scope, receive, send)
+            return
+        chunks: list[bytes] = []
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                break
+            chunks.append(message.get("body", b""))
+            if not message.get("more_body", False):
+                break
+        body = b"".join(chunks)
+        if body.strip():
+            try:
+                strict_json_loads(body)
+            except StrictJSONError as exc:
+                await _send_json(send, 400, {"detail": str(exc)})
+                return
+        replayed = False
+
+        async def replay():
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
             return await receive()
 
         await self.app(scope, replay, send)

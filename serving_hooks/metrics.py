@@ -15,6 +15,8 @@ from typing import Callable
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client import disable_created_metrics, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
 from starlette.types import ASGIApp
 
 # The ``*_created`` companion series double the exposition size and nobody graphs them.
@@ -148,3 +150,40 @@ class RequestMetricsMiddleware:
             route = getattr(scope.get("route"), "path", "other")
             self.latency(route).observe(time.perf_counter() - t0)
             self.requests(route, str(status[0])).inc()
+
+
+class MemoryCollector(Collector):
+    """Scrape-time view of the bounded in-memory state (docs/serving-security.md):
+
+    ``<prefix>_session_bytes`` (estimated) and ``<prefix>_session_bytes_limit``,
+    ``<prefix>_sessions_limit``, ``<prefix>_sessions_evicted_total{reason=count|bytes|idle}``,
+    ``<prefix>_session_texts_dropped_total``, ``<prefix>_unknown_workflow_types`` and its
+    ``_limit`` and ``_evicted_total``. ``stats()`` returns the predictor's ``memory_stats()``;
+    ``gate`` is the shadow gate (or None).
+    """
+
+    def __init__(self, prefix: str, stats: Callable[[], dict], gate=None) -> None:
+        self.prefix, self.stats, self.gate = prefix, stats, gate
+
+    def collect(self):
+        p, st = self.prefix, self.stats()
+        yield GaugeMetricFamily(f"{p}_session_bytes", "Estimated bytes held by the session table.",
+                                value=st["session_bytes"])
+        yield GaugeMetricFamily(f"{p}_session_bytes_limit", "Byte budget of the session table "
+                                "(--max-session-mb).", value=st["max_session_bytes"])
+        yield GaugeMetricFamily(f"{p}_sessions_limit", "Most sessions kept (--max-sessions).",
+                                value=st["max_sessions"])
+        evicted = CounterMetricFamily(f"{p}_sessions_evicted", "Sessions forgotten, by reason "
+                                      "(count or bytes limit, idle).", labels=["reason"])
+        for reason, n in sorted(st["evicted"].items()):
+            evicted.add_metric([reason], n)
+        yield evicted
+        yield CounterMetricFamily(f"{p}_session_texts_dropped", "Kept responses dropped to stay "
+                                  "under the byte budget.", value=st["texts_dropped"])
+        if self.gate is not None:
+            yield GaugeMetricFamily(f"{p}_unknown_workflow_types", "Workflow types absent from the "
+                                    "profile that are remembered (LRU).", value=self.gate.unknown_count())
+            yield GaugeMetricFamily(f"{p}_unknown_workflow_types_limit", "Size of that LRU "
+                                    "(--max-unknown-types).", value=self.gate.max_unknown_types)
+            yield CounterMetricFamily(f"{p}_unknown_workflow_types_evicted", "Unknown workflow "
+                                      "types forgotten by the LRU.", value=self.gate.unknown_evicted)

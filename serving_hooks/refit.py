@@ -9,7 +9,9 @@ atomic ``write_profile``); otherwise do nothing. Servers pick the new version up
 :class:`RefitLoop` repeats that every ``every_s`` seconds. Inside a server (``profiler serve
 --logs DIR --refit-every 10m``) it runs each refit in a child process at lower CPU priority
 (``profiler watch --once``), so the fit's CPU and GIL never stall annotation; ``profiler watch``
-runs it in its own process directly.
+runs it in its own process directly. A child that runs longer than ``timeout_s`` (default 30 min)
+is killed and the refit counts as failed; every failure is logged at ERROR and handed to
+``on_result`` (servers count it in ``/metrics`` and show it in ``/healthz``).
 """
 from __future__ import annotations
 
@@ -165,9 +167,11 @@ class RefitLoop:
     subprocess: bool = True
     options: object = None
     fit_args: list[str] = field(default_factory=list)   # extra `profiler watch` arguments
+    command: list[str] | None = None                    # child command (default: watch --once)
     on_result: Callable[[RefitResult], None] | None = None
     before_refit: Callable[[], None] | None = None
     nice: int = 10
+    timeout_s: float | None = 1800.0                    # child refit killed beyond this
     results: list = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -191,19 +195,26 @@ class RefitLoop:
             except Exception as exc:
                 result = RefitResult(ran=True, error=f"{type(exc).__name__}: {exc}",
                                      seconds=time.monotonic() - t0)
-            log.info(result.summary())
+            (log.error if result.error else log.info)(result.summary())
             self.results.append(result)
             del self.results[:-20]
             if self.on_result is not None:
-                self.on_result(result)
+                try:
+                    self.on_result(result)
+                except Exception:
+                    log.exception("refit result hook failed")
             return result
 
     def _run_child(self, t0: float) -> RefitResult:
         nice = self.nice
-        proc = subprocess.run(
-            _watch_once_command(self.profile_root, self.logs, self.db, self.fit_args),
-            capture_output=True, text=True,
-            preexec_fn=(lambda: os.nice(nice)) if nice and os.name == "posix" else None)
+        try:
+            proc = subprocess.run(
+                self.command or _watch_once_command(self.profile_root, self.logs, self.db, self.fit_args),
+                capture_output=True, text=True, timeout=self.timeout_s,
+                preexec_fn=(lambda: os.nice(nice)) if nice and os.name == "posix" else None)
+        except subprocess.TimeoutExpired:  # run() has killed the child
+            return RefitResult(ran=True, error=f"refit child killed after the {self.timeout_s:g}s "
+                               "timeout", seconds=time.monotonic() - t0)
         lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
         if proc.returncode != 0 or not lines:
             tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]

@@ -5,18 +5,37 @@ same way; :func:`prediction_service` builds that bundle once so they cannot drif
 """
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from predictors.predictor import Predictor
-from serving_hooks.metrics import PredictionMetrics, prediction_metrics
+from serving_hooks.metrics import MemoryCollector, PredictionMetrics, prediction_metrics
 from serving_hooks.policies import AutoscalePolicy, autoscale_advice
 from serving_hooks.profile_reload import ProfileReloader
 from serving_hooks.shadow import ShadowGate
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class RefitStatus:
+    """What the server knows about its online refits (``GET /healthz``, ``/v1/profile``)."""
+
+    runs: int = 0
+    failures: int = 0
+    consecutive_failures: int = 0
+    last_outcome: str | None = None        # changed | unchanged | nothing_new | error
+    last_at_unix: float | None = None
+    last_error: str | None = None
+    last_error_at_unix: float | None = None
+
+    def as_dict(self) -> dict:
+        return dict(self.__dict__)
 
 
 @dataclass
@@ -27,6 +46,30 @@ class PredictionService:
     reloader: ProfileReloader | None = None
     profile_root: Path | None = None
     started_at: float = field(default_factory=time.time)
+    refit: RefitStatus = field(default_factory=RefitStatus)
+    refit_counter: Counter | None = None
+    refit_failed_at: Gauge | None = None
+
+    def record_refit(self, result: Any) -> None:
+        """Count and log one online refit (a :class:`serving_hooks.refit.RefitResult`); a failure
+        is logged at ERROR, counted in ``<prefix>_refits_total{outcome="error"}`` and shown in
+        ``/healthz`` and the profile summary until a refit succeeds."""
+        st, now = self.refit, time.time()
+        outcome = "error" if result.error else "changed" if result.changed else \
+            "unchanged" if result.ran else "nothing_new"
+        st.runs += 1
+        st.last_outcome, st.last_at_unix = outcome, now
+        if result.error:
+            st.failures += 1
+            st.consecutive_failures += 1
+            st.last_error, st.last_error_at_unix = result.error, now
+            log.error("online refit failed (%d in a row): %s", st.consecutive_failures, result.error)
+            if self.refit_failed_at is not None:
+                self.refit_failed_at.set(now)
+        else:
+            st.consecutive_failures = 0
+        if self.refit_counter is not None:
+            self.refit_counter.labels(outcome).inc()
 
     def start(self) -> None:
         if self.reloader is not None:
@@ -101,6 +144,8 @@ class PredictionService:
             "shadow_options": self.gate.options(),
             "sessions": self.predictor.session_count(),
             "last_reload_error": self.reloader.last_error if self.reloader else None,
+            "refit": self.refit.as_dict(),
+            "memory": self.predictor.memory_stats(),
         }
 
 
@@ -117,6 +162,11 @@ def prediction_service(profile: str | Path, registry: CollectorRegistry, prefix:
 
     metrics = prediction_metrics(registry, prefix, unknown_ratio, predictor.session_count,
                                  gate.shadowed_count)
+    registry.register(MemoryCollector(prefix, predictor.memory_stats, gate))
+    refit_counter = Counter(f"{prefix}_refits", "Online refits by outcome (changed, unchanged, "
+                            "nothing_new, error).", ["outcome"], registry=registry)
+    refit_failed_at = Gauge(f"{prefix}_refit_last_failure_timestamp_seconds", "When the last "
+                            "online refit failed (epoch s; 0: never).", registry=registry)
 
     def on_reload(outcome: str, version: str | None) -> None:
         metrics.profile_reloads.labels(outcome).inc()
@@ -134,4 +184,5 @@ def prediction_service(profile: str | Path, registry: CollectorRegistry, prefix:
         predictor.load(root)  # a version folder: served as is, no hot reload
         on_reload("ok", predictor.version)
     return PredictionService(predictor=predictor, gate=gate, metrics=metrics, reloader=reloader,
-                             profile_root=root)
+                             profile_root=root, refit_counter=refit_counter,
+                             refit_failed_at=refit_failed_at)

@@ -15,6 +15,10 @@ predictor gave them (computed for shadowed types too, without serving it). A sha
 promoted once its window has ``min_window`` calls with coverage ≥ ``nominal − recover_drop``
 (``recover_drop < drift_drop``: hysteresis, so a type does not flap at the threshold).
 
+Workflow types the profile does not have are remembered in an LRU of at most
+``max_unknown_types`` (any client can invent names; the least recently seen is forgotten and
+simply starts shadowed again if it comes back).
+
 Types present in the first profile a server loads with enough calls are trusted from the start
 (the fit validated them on held-back data). A new profile version resets the coverage windows:
 the old bands' misses say nothing about the new ones.
@@ -22,7 +26,7 @@ the old bands' misses say nothing about the new ones.
 from __future__ import annotations
 
 import threading
-from collections import deque
+from collections import OrderedDict, deque
 from dataclasses import dataclass
 
 
@@ -42,7 +46,8 @@ class ShadowGate:
     """Thread-safe shadow-mode bookkeeping (see module doc)."""
 
     def __init__(self, *, min_calls: int = 100, window: int = 200, min_window: int = 50,
-                 drift_drop: float = 0.10, recover_drop: float = 0.05) -> None:
+                 drift_drop: float = 0.10, recover_drop: float = 0.05,
+                 max_unknown_types: int = 1000) -> None:
         if not 0 <= recover_drop <= drift_drop:
             raise ValueError(f"need 0 <= recover_drop ({recover_drop}) <= drift_drop ({drift_drop})")
         if min_window > window:
@@ -52,6 +57,9 @@ class ShadowGate:
         self.min_window = int(min_window)
         self.drift_drop = float(drift_drop)
         self.recover_drop = float(recover_drop)
+        self.max_unknown_types = int(max_unknown_types)
+        self.unknown_evicted = 0
+        self._unknown: OrderedDict[str, None] = OrderedDict()   # LRU of types not in the profile
         self.nominal: float | None = None
         self._profile_calls: dict[str, int] = {}
         self._types: dict[str, _TypeState] = {}
@@ -73,6 +81,8 @@ class ShadowGate:
         with self._lock:
             self.nominal = nominal
             self._profile_calls = dict(workflow_type_calls)
+            for wt in workflow_type_calls:
+                self._unknown.pop(wt, None)   # in the profile now: no longer a stranger
             for wt, calls in workflow_type_calls.items():
                 st = self._types.get(wt)
                 if st is None and calls >= self.min_calls:
@@ -87,6 +97,13 @@ class ShadowGate:
     def note_unknown(self, wt: str) -> None:
         """A call of a workflow type the profile does not have: start shadowing it."""
         with self._lock:
+            if wt not in self._profile_calls:
+                self._unknown[wt] = None
+                self._unknown.move_to_end(wt)
+                while len(self._unknown) > self.max_unknown_types:
+                    gone, _ = self._unknown.popitem(last=False)
+                    self._types.pop(gone, None)
+                    self.unknown_evicted += 1
             st = self._types.get(wt)
             if st is None or not st.shadowed:
                 st = self._state(wt)
@@ -125,8 +142,13 @@ class ShadowGate:
             st = self._types.get(wt)
             return st.coverage() if st is not None else None
 
+    def unknown_count(self) -> int:
+        """Workflow types absent from the profile that are remembered (at most ``max_unknown_types``)."""
+        return len(self._unknown)
+
     def shadowed_count(self) -> int:
-        return sum(1 for st in self._types.values() if st.shadowed)
+        with self._lock:
+            return sum(1 for st in self._types.values() if st.shadowed)
 
     def status(self) -> dict:
         """Per workflow type: shadowed, reason, live coverage, window size, profile calls."""
@@ -138,4 +160,5 @@ class ShadowGate:
 
     def options(self) -> dict:
         return {"min_calls": self.min_calls, "window": self.window, "min_window": self.min_window,
-                "drift_drop": self.drift_drop, "recover_drop": self.recover_drop}
+                "drift_drop": self.drift_drop, "recover_drop": self.recover_drop,
+                "max_unknown_types": self.max_unknown_types}

@@ -5,15 +5,15 @@ Endpoints (OpenAPI at ``/docs`` and ``/openapi.json``):
 =========================  ===================================================================
 ``POST /v1/annotate``      one call's ``app_metadata`` → ``sys_annotations`` (+ ``custom_params``
                            on request); advances the session
-``POST /v1/annotate:batch``  many calls in one round trip (same rules, in order)
+``POST /v1/annotate:batch``  up to :data:`MAX_BATCH` calls in one round trip (same rules, in order)
 ``POST /v1/observe``       a finished call (output tokens, …) → advances/scores the session
                            (admin: bearer token when configured)
 ``POST /v1/reload``        load the version ``CURRENT`` names now (admin)
-``GET /v1/profile``        active version, provenance, workflow types, shadow-mode state
-``GET /v1/sessions/{wt}/{wf}``  one session's state (debugging)
+``GET /v1/profile``        active version, provenance, workflow types, shadow-mode state (admin)
+``GET /v1/sessions/{wt}/{wf}``  one session's state, its last responses included (admin)
 ``GET /v1/autoscale``      replicas per model for the work the live sessions will send next
                            (Pythia alg. 4; ``?horizon=&window_s=&concurrency=&utilization=``)
-``GET /healthz``           liveness + active version
+``GET /healthz``           liveness, active version, online-refit state
 ``GET /metrics``           Prometheus: requests, latency histogram, unknown rate, profile version
 =========================  ===================================================================
 
@@ -21,6 +21,13 @@ Annotate is synchronous compute of a few microseconds, so its handler is ``async
 the event loop directly (no thread-pool hop). The profile is swapped by
 :class:`serving_hooks.profile_reload.ProfileReloader` in a background thread; a request reads the
 active profile once, so a swap in the middle of a stream of requests fails none of them.
+
+With an admin token, every endpoint that returns session contents, file paths or the profile
+needs it (``/v1/sessions``, ``/v1/profile``, ``/v1/observe``, ``/v1/reload``); annotate,
+autoscale advice, ``/healthz`` and ``/metrics`` stay open. JSON bodies must be strict JSON
+(:func:`serving_hooks.http_guard.strict_json_loads`): ``NaN``, ``Infinity``, ``1e400`` or a lone
+surrogate get ``400``. A batch yields the event loop every :data:`BATCH_YIELD_EVERY` items, so a
+full batch delays other requests by a few milliseconds at most.
 """
 from __future__ import annotations
 
@@ -35,12 +42,16 @@ from prometheus_client import CollectorRegistry
 from pydantic import BaseModel, ConfigDict, Field
 
 from serving_hooks.annotations import flatten_for_sglang
-from serving_hooks.http_guard import BodySizeLimit, admin_auth
+from serving_hooks.http_guard import BodySizeLimit, StrictJSONBody, admin_auth
 from serving_hooks.metrics import RequestMetricsMiddleware, render, request_metrics
 from serving_hooks.policies import AutoscalePolicy
 from serving_hooks.service import PredictionService
 
 API_TITLE = "agent-workflow-profiler prediction sidecar"
+#: Most calls in one ``POST /v1/annotate:batch`` (422 beyond; send several batches).
+MAX_BATCH = 256
+#: A batch hands the event loop back after this many items (other requests interleave).
+BATCH_YIELD_EVERY = 32
 
 
 class AppMetadata(BaseModel):
@@ -101,7 +112,8 @@ class AnnotateResponse(BaseModel):
 
 
 class AnnotateBatchRequest(BaseModel):
-    requests: list[AnnotateRequest] = Field(..., max_length=4096)
+    requests: list[AnnotateRequest] = Field(..., max_length=MAX_BATCH,
+                                            description=f"at most {MAX_BATCH} calls")
 
 
 class AnnotateBatchResponse(BaseModel):
@@ -138,6 +150,9 @@ class Health(BaseModel):
     profile_version: str | None
     uptime_s: float
     sessions: int
+    refit: dict[str, Any] | None = Field(None, description="online refits: runs, failures, last "
+                                         "error (with --logs)")
+    last_reload_error: str | None = None
 
 
 def _annotate_one(service: PredictionService, req: AnnotateRequest) -> dict:
@@ -183,6 +198,7 @@ def create_sidecar_app(service: PredictionService, *, registry: CollectorRegistr
                               "'Serving predictions'.")
     app.state.service = service
 
+    app.add_middleware(StrictJSONBody)
     app.add_middleware(RequestMetricsMiddleware, requests=requests_total, latency=request_seconds)
     if max_request_bytes:
         app.add_middleware(BodySizeLimit, max_bytes=max_request_bytes)
@@ -194,8 +210,13 @@ def create_sidecar_app(service: PredictionService, *, registry: CollectorRegistr
 
     @app.post("/v1/annotate:batch", response_model=AnnotateBatchResponse, tags=["predict"])
     async def annotate_batch(req: AnnotateBatchRequest) -> JSONResponse:
-        """Annotate many calls in one round trip, in order."""
-        return JSONResponse({"results": [_annotate_one(service, r) for r in req.requests]})
+        """Annotate up to 256 calls in one round trip, in order."""
+        results = []
+        for i, r in enumerate(req.requests):
+            if i and i % BATCH_YIELD_EVERY == 0:
+                await asyncio.sleep(0)  # let other requests in
+            results.append(_annotate_one(service, r))
+        return JSONResponse({"results": results})
 
     @app.post("/v1/observe", response_model=ObserveResponse, tags=["predict"],
               dependencies=[Depends(admin)])
@@ -213,12 +234,13 @@ def create_sidecar_app(service: PredictionService, *, registry: CollectorRegistr
                               error=service.reloader.last_error if service.reloader else
                               "profile was given as a version folder: nothing to reload")
 
-    @app.get("/v1/profile", tags=["admin"])
+    @app.get("/v1/profile", tags=["admin"], dependencies=[Depends(admin)])
     async def profile() -> dict:
         """Active profile: version, provenance, workflow types, shadow mode."""
         return service.profile_summary()
 
-    @app.get("/v1/sessions/{workflow_type_id}/{workflow_id}", tags=["admin"])
+    @app.get("/v1/sessions/{workflow_type_id}/{workflow_id}", tags=["admin"],
+             dependencies=[Depends(admin)])
     async def session(workflow_type_id: str, workflow_id: str) -> JSONResponse:
         """One session's state (agents so far, last outputs); 404 if not held."""
         view = service.predictor.session_view(workflow_type_id, workflow_id)
@@ -247,7 +269,9 @@ def create_sidecar_app(service: PredictionService, *, registry: CollectorRegistr
     async def healthz() -> Health:
         return Health(status="ok", profile_version=service.predictor.version,
                       uptime_s=time.time() - service.started_at,
-                      sessions=service.predictor.session_count())
+                      sessions=service.predictor.session_count(),
+                      refit=service.refit.as_dict() if service.refit.runs else None,
+                      last_reload_error=service.reloader.last_error if service.reloader else None)
 
     @app.get("/metrics", tags=["admin"])
     async def metrics() -> Response:

@@ -8,7 +8,9 @@ merged by ``index``), ``usage``, and the time of the first generated token.
 
 ``feed`` returns the complete events (raw bytes, exactly as received, delimiter included) so a
 caller that must drop one event — the usage-only chunk the gateway asked for on the client's
-behalf — can forward the others byte for byte.
+behalf — can forward the others byte for byte. An event that cannot be parsed or does not have
+the expected shape (``choices`` not a list, a ``delta`` that is a string, …) is returned with
+``data=None`` and counted in ``malformed``: it is never fatal to the stream.
 """
 from __future__ import annotations
 
@@ -45,6 +47,7 @@ class StreamFollower:
     finish_reason: str | None = None
     content_chunks: int = 0
     saw_done: bool = False
+    malformed: int = 0        # events that could not be parsed or absorbed (passed on as they are)
     _buffer: bytes = b""
 
     def feed(self, chunk: bytes) -> list[StreamEvent]:
@@ -76,19 +79,25 @@ class StreamFollower:
             return StreamEvent(raw, None, done=True)
         try:
             data = json.loads(payload)
-        except ValueError:
-            return StreamEvent(raw, None)
-        if isinstance(data, dict):
+            if not isinstance(data, dict):
+                raise ValueError("an SSE chunk that is not a JSON object")
             self._absorb(data)
-            return StreamEvent(raw, data)
-        return StreamEvent(raw, None)
+        except Exception:  # junk, too deep, or the wrong shape: pass it on, remember nothing
+            self.malformed += 1
+            return StreamEvent(raw, None)
+        return StreamEvent(raw, data)
 
     def _absorb(self, data: dict) -> None:
         self.model = self.model or data.get("model")
         self.response_id = self.response_id or data.get("id")
         if data.get("usage"):
             self.usage = data["usage"]
-        for choice in data.get("choices") or ():
+        choices = data.get("choices")
+        if choices is None:
+            choices = []
+        if not isinstance(choices, list):
+            raise ValueError("choices is not a list")
+        for choice in choices:
             if not isinstance(choice, dict) or choice.get("index", 0) != 0:
                 continue  # n > 1: the log keeps the first choice, as ingest reads choices[0]
             if choice.get("finish_reason"):

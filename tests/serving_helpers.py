@@ -15,8 +15,9 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
 
-def wait_for(condition, timeout: float = 5.0) -> bool:
-    """Poll ``condition`` (logging and observing happen after the client has its answer)."""
+def wait_for(condition, timeout: float = 30.0) -> bool:
+    """Poll ``condition`` (logging and observing happen after the client has its answer); the
+    timeout only bounds a wait that would never end, so it is generous (CPU contention)."""
     deadline = time.monotonic() + timeout
     while not condition() and time.monotonic() < deadline:
         time.sleep(0.01)
@@ -87,38 +88,52 @@ def logged(gw: Any) -> float:
 
 
 def swap_profiles_under_load(url: str, root: Path, base: Any, predictor: Any,
-                             send: Callable[[httpx.Client, str], None], clients: int = 3) -> list[str]:
+                             send: Callable[[httpx.Client, str], None], clients: int = 3,
+                             calls_between: int = 15, timeout: float = 60.0) -> list[str]:
     """Write three new profile versions under ``root`` while ``clients`` threads keep calling
     ``send(client, workflow_id)`` against ``url`` (a fresh workflow id per call).
 
-    Each version is ``base``'s data plus an empty workflow type ``m<k>`` (a marker), written
-    0.2 s after the previous one; once ``predictor`` serves the last (or 5 s passed) the clients
-    run 0.2 s more and stop. Returns the versions written.
+    Each version is ``base``'s data plus an empty workflow type ``m<k>`` (a marker). The steps are
+    paced by events, not by sleeps: at least ``calls_between`` calls complete before the first
+    version is written, after each version is active (the server's poller swapped it in) and
+    before the clients stop — so the calls see the base version and the last one however slow
+    the machine is. ``timeout`` only bounds a wait that would never end (a broken reload).
+    Returns the versions written.
     """
     from profiler.profile_artifact import write_profile
 
     stop = threading.Event()
+    done = [0]
+    progressed = threading.Condition()
 
     def client(tid: int) -> None:
-        with httpx.Client(base_url=url) as c:
+        with httpx.Client(base_url=url, timeout=timeout) as c:
             i = 0
             while not stop.is_set():
                 i += 1
                 send(c, f"t{tid}-{i}")
+                with progressed:
+                    done[0] += 1
+                    progressed.notify_all()
+
+    def calls_complete(n: int) -> None:
+        with progressed:
+            target = done[0] + n
+            assert progressed.wait_for(lambda: done[0] >= target, timeout), "clients stalled"
 
     threads = [threading.Thread(target=client, args=(t,)) for t in range(clients)]
     for t in threads:
         t.start()
     written = []
-    for k in range(3):
-        time.sleep(0.2)
-        data = {**base.data, "workflow_types": {**base.data["workflow_types"], f"m{k}": {"calls": 0}}}
-        written.append(write_profile(root, data, {"sources": []}).version)
-    deadline = time.monotonic() + 5
-    while predictor.version != written[-1] and time.monotonic() < deadline:
-        time.sleep(0.02)
-    time.sleep(0.2)
-    stop.set()
-    for t in threads:
-        t.join()
+    try:
+        for k in range(3):
+            calls_complete(calls_between)
+            data = {**base.data, "workflow_types": {**base.data["workflow_types"], f"m{k}": {"calls": 0}}}
+            written.append(write_profile(root, data, {"sources": []}).version)
+            assert wait_for(lambda: predictor.version == written[-1], timeout), "version not swapped in"
+        calls_complete(calls_between)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
     return written

@@ -57,6 +57,12 @@ def test_nested_extra_body_and_sglang_fields(upstream, profile_root):
     assert got["extra_body"]["app_metadata"] == META
     assert got["priority"] == ann["priority"] and isinstance(got["priority"], int)
     params = got["custom_params"]
+    # the client's own custom_params are scheduler input: dropped unless allowed
+    assert set(CUSTOM_PARAM_KEYS) <= set(params) and "mine" not in params
+    with running_gateway([upstream.url], profile_root, sglang_fields=True,
+                         allow_client_scheduler_fields=True) as gw:
+        assert httpx.post(gw.url + "/v1/chat/completions", json=body).status_code == 200
+    params = upstream.received[-1].body["custom_params"]
     assert set(CUSTOM_PARAM_KEYS) <= set(params) and params["mine"] == 1
     assert all(v is None or isinstance(v, (str, int, float, bool)) for v in params.values())
     assert (params["wf_type"], params["wf_id"], params["agent"]) == (WT, "s-1", "planner")
@@ -181,7 +187,7 @@ class SlowAnnotator:
 
     blocking = True
 
-    def annotate_now(self, meta, request_id, input_tokens):
+    def annotate_now(self, meta, request_id, input_tokens, timeout_s=None):
         time.sleep(0.02)
         return {"known": True}
 

@@ -1,7 +1,7 @@
 """Online learning through the gateway: refit from its own logs, shadow mode, live profile swaps."""
 from __future__ import annotations
 
-import time
+import threading
 
 import httpx
 import pytest
@@ -98,14 +98,19 @@ def test_refit_loop_and_durations(tmp_path):
     logs = tmp_path / "more"
     logs.mkdir()
     results = []
-    loop = RefitLoop(profile_root=root, logs=[logs], every_s=0.1, subprocess=False, on_result=results.append)
+    changed_event = threading.Event()
+
+    def on_result(r):
+        results.append(r)
+        if r.changed:
+            changed_event.set()
+
+    loop = RefitLoop(profile_root=root, logs=[logs], every_s=0.1, subprocess=False, on_result=on_result)
     assert loop.run_once().ran is False                         # nothing new: no fit at all
     write_jsonl(generate("deep_research", 10, seed=2), logs / "dr.jsonl")
     (logs / "half.jsonl.open").write_text('{"request_id": "half')   # an open gateway file: ignored
     loop.start()
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and not any(r.changed for r in results):
-        time.sleep(0.05)
+    assert changed_event.wait(300)   # an event, not a deadline race: a slow fit only takes longer
     loop.stop()
     changed = [r for r in results if r.changed]
     assert changed and changed[0].quarantined == 0 and changed[0].error is None

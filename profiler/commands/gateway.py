@@ -34,6 +34,11 @@ def gateway(
     refit_every: Annotated[Optional[str], typer.Option(help="With --profile and --log-dir: refit the profile from the log folder this often (e.g. 10m).")] = None,
     reload_every: Annotated[str, typer.Option(help="How often to check the profile's CURRENT for a new version.")] = "2s",
     max_sessions: Annotated[int, typer.Option(help="Sessions kept in memory.")] = 100_000,
+    max_session_mb: Annotated[float, typer.Option(help="Byte budget of the session table (estimated; oldest kept responses, then LRU sessions dropped beyond it).")] = 512.0,
+    max_unknown_types: Annotated[int, typer.Option(help="Workflow types absent from the profile remembered for shadow mode (LRU).")] = 1000,
+    refit_timeout: Annotated[str, typer.Option(help="With --refit-every: kill a refit child that runs longer than this (0 = no limit).")] = "30m",
+    allow_path: Annotated[Optional[list[str]], typer.Option("--allow-path", help="Also forward this path upstream (fnmatch pattern, e.g. '/v1/rerank'); repeat. Engine admin paths are never forwarded.", rich_help_panel=HELP_FIELDS)] = None,
+    allow_client_scheduler_fields: Annotated[bool, typer.Option("--allow-client-scheduler-fields", help="Keep a client's own SGLang `priority`/`custom_params` (removed by default).", rich_help_panel=HELP_FIELDS)] = False,
     session_idle: Annotated[str, typer.Option(help="Forget a session after this long without a call.")] = "1h",
     shadow_min_calls: Annotated[int, typer.Option(help="Calls a workflow type needs in the profile before it can leave shadow mode.", rich_help_panel=HELP_SHADOW)] = 100,
     coverage_window: Annotated[int, typer.Option(help="Observed calls per workflow type in the live-coverage window.", rich_help_panel=HELP_SHADOW)] = 200,
@@ -61,7 +66,7 @@ def gateway(
     from prometheus_client import CollectorRegistry
 
     from serving_hooks.annotator import LocalAnnotator, SidecarAnnotator
-    from serving_hooks.gateway import Gateway, GatewayOptions, create_gateway_app
+    from serving_hooks.gateway import DEFAULT_FORWARD_PATHS, Gateway, GatewayOptions, create_gateway_app
     from serving_hooks.gateway_log import GatewayLog
     from serving_hooks.refit import parse_duration
     from serving_hooks.upstreams import CapacityRouting, RoundRobinRouter
@@ -83,7 +88,8 @@ def gateway(
             profile, "profiler_gateway", reload_every=reload_every, max_sessions=max_sessions,
             session_idle=session_idle, shadow_min_calls=shadow_min_calls,
             coverage_window=coverage_window, coverage_min_window=coverage_min_window,
-            drift_drop=drift_drop, recover_drop=recover_drop)
+            drift_drop=drift_drop, recover_drop=recover_drop, max_session_mb=max_session_mb,
+            max_unknown_types=max_unknown_types)
         annotator = LocalAnnotator(service)
     else:
         registry = CollectorRegistry()
@@ -93,13 +99,15 @@ def gateway(
                             max_age_s=parse_duration(log_rotate_every)) if log_dir else None
     except ValueError as exc:
         fail(str(exc))
-    loop = refit_loop(profile, [log_dir], refit_every, service) if refit_every else None
+    loop = refit_loop(profile, [log_dir], refit_every, service, refit_timeout) if refit_every else None
     if loop is not None:
         loop.before_refit = writer.rotate  # the refit sees every call logged so far
     options = GatewayOptions(budget_s=budget_ms / 1000.0, sglang_fields=sglang_fields,
                              strip_metadata=strip_metadata, stream_usage=stream_usage,
                              upstream_timeout_s=upstream_timeout,
-                             max_request_bytes=int(max_request_mb * (1 << 20)), admin_token=admin_token)
+                             max_request_bytes=int(max_request_mb * (1 << 20)), admin_token=admin_token,
+                             forward_paths=DEFAULT_FORWARD_PATHS + tuple(allow_path or ()),
+                             allow_client_scheduler_fields=allow_client_scheduler_fields)
     gw = Gateway(router, annotator, log_writer=writer, options=options, registry=registry, service=service)
     if loop is not None:
         gw.background.append(loop)

@@ -20,7 +20,8 @@ HELP_SHADOW = "Shadow mode"
 
 def build_service(profile: Path, prefix: str, *, reload_every: str, max_sessions: int,
                   session_idle: str, shadow_min_calls: int, coverage_window: int,
-                  coverage_min_window: int, drift_drop: float, recover_drop: float
+                  coverage_min_window: int, drift_drop: float, recover_drop: float,
+                  max_session_mb: float = 512.0, max_unknown_types: int = 1000
                   ) -> "tuple[CollectorRegistry, PredictionService]":
     """Registry + PredictionService from command-line values (shared by serve and gateway)."""
     from prometheus_client import CollectorRegistry
@@ -33,19 +34,20 @@ def build_service(profile: Path, prefix: str, *, reload_every: str, max_sessions
     try:
         gate = ShadowGate(min_calls=shadow_min_calls, window=coverage_window,
                           min_window=coverage_min_window, drift_drop=drift_drop,
-                          recover_drop=recover_drop)
+                          recover_drop=recover_drop, max_unknown_types=max_unknown_types)
         registry = CollectorRegistry()
         service = prediction_service(profile, registry, prefix, gate=gate,
                                      reload_every_s=parse_duration(reload_every),
                                      max_sessions=max_sessions,
-                                     session_idle_s=parse_duration(session_idle))
+                                     session_idle_s=parse_duration(session_idle),
+                                     max_session_bytes=int(max_session_mb * (1 << 20)))
     except (ProfileError, ValueError, RuntimeError, FileNotFoundError) as exc:
         fail(str(exc))
     return registry, service
 
 
 def refit_loop(profile: Path, logs: list[Path], refit_every: str,
-               service: "PredictionService") -> "RefitLoop | None":
+               service: "PredictionService", refit_timeout: str = "30m") -> "RefitLoop | None":
     """The background refit of a server (child process per refit), or None without --logs."""
     from serving_hooks.refit import RefitLoop, parse_duration
 
@@ -56,15 +58,17 @@ def refit_loop(profile: Path, logs: list[Path], refit_every: str,
              "not a version folder")
 
     def after(result) -> None:
+        service.record_refit(result)  # logged, counted in /metrics, shown in /healthz
         if result.changed:
             service.reload()  # do not wait for the next poll
 
     try:
         every_s = parse_duration(refit_every)
+        timeout_s = parse_duration(refit_timeout)
     except ValueError as exc:
         fail(str(exc))
     return RefitLoop(profile_root=profile, logs=list(logs), every_s=every_s, subprocess=True,
-                     on_result=after)
+                     on_result=after, timeout_s=timeout_s or None)
 
 
 @app.command(no_args_is_help=True)
@@ -75,8 +79,11 @@ def serve(
     logs: Annotated[Optional[list[Path]], typer.Option("--logs", help="Log folder(s) to refit from online (e.g. the gateway's --log-dir). Repeat for several.")] = None,
     refit_every: Annotated[str, typer.Option(help="With --logs: how often to ingest new logs and refit (30s, 10m, 1h).")] = "10m",
     reload_every: Annotated[str, typer.Option(help="How often to check the profile's CURRENT for a new version.")] = "2s",
-    admin_token: Annotated[Optional[str], typer.Option(envvar="PROFILER_ADMIN_TOKEN", help="Bearer token required by /v1/observe and /v1/reload (default: env PROFILER_ADMIN_TOKEN; unset = open).")] = None,
+    admin_token: Annotated[Optional[str], typer.Option(envvar="PROFILER_ADMIN_TOKEN", help="Bearer token required by /v1/observe, /v1/reload, /v1/profile and /v1/sessions (default: env PROFILER_ADMIN_TOKEN; unset = open).")] = None,
     max_sessions: Annotated[int, typer.Option(help="Sessions kept in memory (least recently used beyond it are forgotten).")] = 100_000,
+    max_session_mb: Annotated[float, typer.Option(help="Byte budget of the session table (estimated); beyond it the oldest kept responses, then the least recently used sessions, are dropped.")] = 512.0,
+    max_unknown_types: Annotated[int, typer.Option(help="Workflow types absent from the profile remembered for shadow mode (LRU).")] = 1000,
+    refit_timeout: Annotated[str, typer.Option(help="With --logs: kill a refit child that runs longer than this (0 = no limit).")] = "30m",
     session_idle: Annotated[str, typer.Option(help="Forget a session after this long without a call.")] = "1h",
     max_request_bytes: Annotated[int, typer.Option(help="Largest request body accepted (413 beyond).")] = 1 << 20,
     shadow_min_calls: Annotated[int, typer.Option(help="Calls a workflow type needs in the profile before it can leave shadow mode.", rich_help_panel=HELP_SHADOW)] = 100,
@@ -107,8 +114,9 @@ def serve(
         profile, "profiler_sidecar", reload_every=reload_every, max_sessions=max_sessions,
         session_idle=session_idle, shadow_min_calls=shadow_min_calls,
         coverage_window=coverage_window, coverage_min_window=coverage_min_window,
-        drift_drop=drift_drop, recover_drop=recover_drop)
-    loop = refit_loop(profile, logs or [], refit_every, service)
+        drift_drop=drift_drop, recover_drop=recover_drop, max_session_mb=max_session_mb,
+        max_unknown_types=max_unknown_types)
+    loop = refit_loop(profile, logs or [], refit_every, service, refit_timeout)
     app_ = create_sidecar_app(service, registry=registry, admin_token=admin_token,
                               max_request_bytes=max_request_bytes,
                               background=[loop] if loop else [])
