@@ -284,7 +284,7 @@ def generate_messy(spec: dict, n_workflows: int | None, seed: int = 0, with_text
       probability grows with the router's call index (p = min(0.9, 0.1 + 0.2 i)), so length tracks
       position as in the real multi-agent traces;
     * **heavy tail**: ``coder`` is Pareto (α = 1.3: infinite variance), capped at ``max_tokens``;
-    * **a small agent and a rare transition**: ``security_auditor`` follows the reviewer in ~3.5 %
+    * **a small agent and a rare transition**: ``security_auditor`` follows the reviewer in ~2.5 %
       of workflows (tens of calls in a few hundred workflows);
     * **a release at the midpoint in time**: workflows starting after the midpoint of the start
       times (with an endless stream: after one load wave) run release ``v2`` — a new ``planner``,
