@@ -178,6 +178,9 @@ def cross_validate(paths: Sequence[str | Path], k: int = 5, *, seed: int = 0,
                     result, _ = evaluate(profile, [fold_dir / "test"])
                 except ValueError as exc:
                     raise ValueError(f"cross-validation fold {i + 1}/{k}: {exc}") from None
+                except Exception as exc:  # a crash of fit/eval itself: say which fold, keep the type
+                    exc.add_note(f"in cross-validation fold {i + 1}/{k} (fit on {fold_dir / 'train'})")
+                    raise
                 folds.append({**row, "result": result})
                 bar.advance()
                 if on_fold is not None:
