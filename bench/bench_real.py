@@ -78,7 +78,8 @@ def over_seeds(results: list[dict[str, Any]]) -> dict[str, Any]:
     """Several seeds' results as one CV-shaped result (mean ± std over seeds), for the table.
 
     A CV result per seed contributes its fold-weighted mean."""
-    flat = [r["mean"] if "folds" in r else r for r in results]
+    flat = [{**r["mean"], "calls": r["calls"], "workflows": r["workflows"]} if "folds" in r else r
+            for r in results]
     summary = aggregate(flat)
     return {"folds": results, "summary": summary,
             "mean": nest({k: s["weighted_mean"] for k, s in summary.items()})}
@@ -143,11 +144,12 @@ def main() -> None:
             continue
         r = s["result"]
         size = (f"{r['calls']:,} held-out calls, {r['workflows']:,} workflows" if "calls" in r
-                else f"mean {r['mean'].get('calls', 0):,.0f} held-out calls per seed")
+                else f"{r['mean'].get('calls', 0):,.0f} held-out calls per seed on average")
         console.print(f"  {label}: {s['source']} ({size}; {s['seconds']} s)", highlight=False)
-    spread = "mean ± std over folds" if args.cv else "messy: mean ± std over seeds"
+    spread = "; mean ± std over folds" if args.cv else ""
+    spread += "; messy: mean ± std over seeds" if "messy" in names else ""
     console.print(baseline_table({label: s["result"] for label, s in out["sets"].items() if "result" in s},
-                                 title=f"ours vs baselines on held-out workflows ({spread})"))
+                                 title=f"ours vs baselines on held-out workflows ({out['mode']}{spread})"))
 
 
 if __name__ == "__main__":

@@ -123,7 +123,8 @@ def baseline_rows(result: Mapping[str, Any]) -> list[dict[str, Any]]:
 def _label(row: Row, results: Sequence[Mapping[str, Any]]) -> str:
     if row.nominal is None:
         return row.metric
-    noms = {lookup(r["mean"] if _is_cv(r) else r, row.nominal) for r in results} - {None}
+    noms = {round(v, 4) for r in results
+            if (v := lookup(r["mean"] if _is_cv(r) else r, row.nominal)) is not None}
     return f"{row.metric} (nominal {noms.pop():.2f})" if len(noms) == 1 else row.metric
 
 
