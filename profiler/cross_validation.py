@@ -19,8 +19,10 @@ odd session moves every score. K-fold cross-validation uses every workflow once 
    coverage this is the pooled rate over all held-out calls. Aggregation walks whatever keys
    ``evaluate`` returns, so keys added to the eval later are aggregated too.
 
-Records without a readable workflow id always go to the training side (the fit quarantines them),
-as in ``profiler split``.
+Records without a readable workflow id (invalid JSON, no ``workflow_id``) belong to no fold: they
+are left out, counted and named by file and line (:func:`write_folds`); ``strict`` makes them an
+error. Every other record is held out exactly once, so the quarantine counts of the K held-out
+folds add up to the records the ingest rejected.
 """
 from __future__ import annotations
 
@@ -43,10 +45,13 @@ from profiler.store import connect, sql_string
 WEIGHT_KEYS = ("calls", "n", "n_calls", "n_workflows", "n_prompts")
 
 
-def write_folds(paths: Sequence[str | Path], out: str | Path, k: int, seed: int = 0) -> list[dict[str, Any]]:
+def write_folds(paths: Sequence[str | Path], out: str | Path, k: int, seed: int = 0,
+                unassigned: list[str] | None = None) -> list[dict[str, Any]]:
     """Write ``out/fold<i>/{train,test}/logs.jsonl`` for i < k; returns per-fold counts.
 
-    Raises ``ValueError`` when k < 2 or the logs hold fewer than k workflows."""
+    Records with no readable workflow id go to no fold; ``"file:line"`` of each is appended to
+    ``unassigned`` when given. Raises ``ValueError`` when k < 2 or the logs hold fewer than k
+    workflows."""
     if k < 2:
         raise ValueError(f"--cv needs K >= 2 folds, got {k}")
     out = Path(out)
@@ -74,12 +79,15 @@ def write_folds(paths: Sequence[str | Path], out: str | Path, k: int, seed: int 
             raise ValueError(f"the logs hold {n_wf} workflow(s), fewer than the {k} folds asked for: "
                              f"use --cv {max(n_wf, 2)} or fewer" if n_wf >= 2 else
                              f"the logs hold {n_wf} workflow(s): cross-validation by workflow needs at least 2")
+        if unassigned is not None:
+            unassigned.extend(f"{f}:{ln}" for f, ln in con.execute(
+                "SELECT file, line FROM tagged WHERE wf IS NULL ORDER BY file, line").fetchall())
         con.execute("CREATE TEMP TABLE assigned AS SELECT t.file, t.line, t.text, f.fold "
-                    "FROM tagged t LEFT JOIN folds f USING (wf)")
+                    "FROM tagged t JOIN folds f USING (wf)")
         counts = []
         for i in range(k):
             row: dict[str, Any] = {"fold": i}
-            for side, cond in (("train", "fold IS DISTINCT FROM ?"), ("test", "fold = ?")):
+            for side, cond in (("train", "fold <> ?"), ("test", "fold = ?")):
                 target = out / f"fold{i}" / side / "logs.jsonl"
                 target.parent.mkdir(parents=True, exist_ok=True)
                 rows = con.execute(f"SELECT text FROM assigned WHERE {cond} ORDER BY file, line", [i]).fetchall()
@@ -155,17 +163,23 @@ def nest(flat: dict[str, float]) -> dict[str, Any]:
 
 
 def cross_validate(paths: Sequence[str | Path], k: int = 5, *, seed: int = 0,
-                   options: FitOptions | None = None, progress: bool = False,
+                   options: FitOptions | None = None, strict: bool = False, progress: bool = False,
                    on_fold: Callable[[int], None] | None = None) -> dict[str, Any]:
     """K-fold cross-validation by workflow of ``profiler fit`` + ``profiler eval`` on ``paths``.
 
+    ``strict`` as in ``profiler fit``/``eval``: a quarantined record fails the run.
     Returns ``{"k", "seed", "workflows", "calls", "folds": [{"fold", "train_workflows",
-    "test_workflows", "train_records", "test_records", "result"}], "summary": {leaf: stats},
+    "test_workflows", "train_records", "test_records", "quarantined": {"train", "test"}, "result"}],
+    "unassigned": {"records", "first"} (records in no fold: no readable workflow id), "summary": {leaf: stats},
     "mean": <weighted means, nested like one eval result>}``."""
     folds: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="profiler-cv-") as tmp:
         work = Path(tmp)
-        counts = write_folds(paths, work / "folds", k, seed)
+        unassigned: list[str] = []
+        counts = write_folds(paths, work / "folds", k, seed, unassigned)
+        if unassigned and strict:
+            raise ValueError(f"{len(unassigned)} record(s) without a readable workflow_id (strict mode): "
+                             + ", ".join(unassigned[:5]) + (" …" if len(unassigned) > 5 else ""))
         bar = _Bar(k, progress)
         with bar:
             for row in counts:
@@ -173,14 +187,16 @@ def cross_validate(paths: Sequence[str | Path], k: int = 5, *, seed: int = 0,
                 fold_dir = work / "folds" / f"fold{i}"
                 bar.update(f"fold {i + 1}/{k}: fit on {row['train_workflows']} workflows")
                 try:
-                    profile, _ = fit_profile([fold_dir / "train"], work / f"profile{i}", options=options)
+                    profile, fit_report = fit_profile([fold_dir / "train"], work / f"profile{i}", options=options,
+                                             strict=strict)
                     bar.update(f"fold {i + 1}/{k}: eval on {row['test_workflows']} workflows")
-                    result, _ = evaluate(profile, [fold_dir / "test"])
+                    result, eval_report = evaluate(profile, [fold_dir / "test"], strict=strict)
                 except ValueError as exc:
                     raise ValueError(f"cross-validation fold {i + 1}/{k}: {exc}") from None
                 except Exception as exc:  # a crash of fit/eval itself: say which fold, keep the type
                     exc.add_note(f"in cross-validation fold {i + 1}/{k} (fit on {fold_dir / 'train'})")
                     raise
+                row["quarantined"] = {"train": fit_report.quarantined, "test": eval_report.quarantined}
                 folds.append({**row, "result": result})
                 bar.advance()
                 if on_fold is not None:
@@ -191,6 +207,7 @@ def cross_validate(paths: Sequence[str | Path], k: int = 5, *, seed: int = 0,
         "workflows": sum(f["test_workflows"] for f in folds),
         "calls": sum(int(f["result"]["calls"]) for f in folds),
         "folds": folds,
+        "unassigned": {"records": len(unassigned), "first": unassigned[:10]},
         "summary": summary,
         "mean": nest({key: s["weighted_mean"] for key, s in summary.items()}),
     }

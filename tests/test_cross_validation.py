@@ -146,3 +146,14 @@ def test_table_reads_issue_keys_in_both_forms():
     cv = {"folds": [{}, {}], "mean": full, "summary": {"next_agent.top1_accuracy": {"std": 0.02}}}
     text = render({"cv": cv, "split": full})
     assert "0.810 ± 0.020" in text
+
+
+def test_records_without_workflow_id_are_named_and_strict_refuses_them(tmp_path):
+    logs = tmp_path / "logs.jsonl"
+    logs.write_text(AGENTLESS.read_text() + "not json\n" + json.dumps({"request_id": "x"}) + "\n")
+    unassigned: list[str] = []
+    counts = write_folds([logs], tmp_path / "f", k=3, unassigned=unassigned)
+    assert unassigned == [f"{logs}:228", f"{logs}:229"]
+    assert sum(c["test_records"] for c in counts) == 227  # every other record held out once
+    with pytest.raises(ValueError, match=r"2 record\(s\) without a readable workflow_id.*logs.jsonl:228"):
+        cross_validate([logs], 3, strict=True)

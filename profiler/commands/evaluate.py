@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 import typer
 
 from profiler.cli import app
-from profiler.commands.common import console, fail, print_json, report_ingest
+from profiler.commands.common import console, err_console, fail, print_json, report_ingest
 
 
 @app.command("eval", no_args_is_help=True)
@@ -17,7 +17,7 @@ def eval_(
     cv: Annotated[Optional[int], typer.Option("--cv", help="K-fold cross-validation by workflow: fit on K-1 folds, score the K-th, K times; report mean ± spread.", min=2)] = None,
     seed: Annotated[int, typer.Option(help="With --cv: seed of the workflow-to-fold assignment.")] = 0,
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object with every score.")] = False,
-    strict: Annotated[bool, typer.Option(help="Exit non-zero if any held-out record is quarantined.")] = False,
+    strict: Annotated[bool, typer.Option(help="Exit non-zero if any held-out record (with --cv: any record) is quarantined.")] = False,
 ) -> None:
     """Score a profile on logs it never saw: output-length band coverage and width (vs one global
     band), tool-latency p95 coverage and KS distance, and (when the profile has automata)
@@ -37,7 +37,7 @@ def eval_(
     if cv is not None:
         if profile is not None:
             fail("--cv fits its own profiles: drop --profile (or drop --cv to score that profile)")
-        _cross_validate(logs, cv, seed, json_out)
+        _cross_validate(logs, cv, seed, json_out, strict)
         return
     if profile is None:
         fail("give --profile (the profile to score) or --cv K (fit and score by K-fold cross-validation)")
@@ -75,16 +75,24 @@ def eval_(
     console.print(baseline_table({"held-out": result}, title="ours vs baselines (same held-out calls)"))
 
 
-def _cross_validate(logs: list[Path], k: int, seed: int, json_out: bool) -> None:
+def _cross_validate(logs: list[Path], k: int, seed: int, json_out: bool, strict: bool) -> None:
     """`profiler eval --cv K`: run :func:`profiler.cross_validation.cross_validate` and print it."""
     from profiler.baseline_table import baseline_table
     from profiler.cross_validation import cross_validate
     from profiler.ingest import IngestError
 
     try:
-        result = cross_validate(logs, k, seed=seed, progress=True)
+        result = cross_validate(logs, k, seed=seed, strict=strict, progress=True)
     except (IngestError, ValueError) as exc:
         fail(str(exc))
+    un = result["unassigned"]
+    if un["records"]:
+        err_console.print(f"[yellow]cv:[/] {un['records']:,} record(s) without a readable workflow_id left "
+                          f"out of every fold, first: {', '.join(un['first'][:3])}", markup=True, highlight=False)
+    bad = sum(f["quarantined"]["test"] for f in result["folds"])
+    if bad:
+        err_console.print(f"[yellow]ingest:[/] {bad:,} record(s) quarantined across the held-out folds "
+                          "(`profiler ingest` on the logs says why; --strict makes this an error)")
     if json_out:
         print_json(result)
         return
