@@ -19,6 +19,10 @@ responses and tool outputs); its timing is queue + prefill (input / prefill spee
 (output / decode speed); the next stage starts when every call of the current stage and its tools
 are done.
 
+The built-in ``messy`` spec (``profiler generate --messy``) has its own generator,
+:func:`generate_messy`: bimodal and heavy-tailed lengths, a rare agent and transition, a release
+at the midpoint of the log, and tool latency that grows with the workflows in flight.
+
 With ``with_text`` the records carry ``messages`` and ``response_text`` whose prompts literally
 contain the parents' responses, so prompt-composition mining has something real to find
 (responses are abbreviated to at most :data:`TEXT_WORDS_MAX` words to keep files small).
