@@ -19,6 +19,10 @@ responses and tool outputs); its timing is queue + prefill (input / prefill spee
 (output / decode speed); the next stage starts when every call of the current stage and its tools
 are done.
 
+The built-in ``messy`` spec (``profiler generate --messy``) has its own generator,
+:func:`generate_messy`: bimodal and heavy-tailed lengths, a rare agent and transition, a release
+at the midpoint of the log, and tool latency that grows with the workflows in flight.
+
 With ``with_text`` the records carry ``messages`` and ``response_text`` whose prompts literally
 contain the parents' responses, so prompt-composition mining has something real to find
 (responses are abbreviated to at most :data:`TEXT_WORDS_MAX` words to keep files small).
@@ -37,7 +41,7 @@ import numpy as np
 #: Folder of the built-in specs (data, not code).
 SPEC_DIR = Path(__file__).resolve().parents[1] / "datasets" / "workloads"
 #: Built-in spec names accepted on the command line (dashes or underscores).
-BUILTIN_SPECS = ("coding_assistant", "deep_research")
+BUILTIN_SPECS = ("coding_assistant", "deep_research", "messy")
 #: Cap on words per generated response text.
 TEXT_WORDS_MAX = 120
 #: Start of generated time (2025-10-01T00:00:00Z), so generated logs look like real epoch seconds.
@@ -207,11 +211,154 @@ def generate(spec: str | Path | dict, n_workflows: int | None, seed: int = 0, wi
     ``arrival_rate`` is in workflows per second (mean gap 1/rate between workflow starts).
     """
     spec_d = spec if isinstance(spec, dict) else load_spec(spec)
+    if spec_d.get("generator") == "messy":
+        yield from generate_messy(spec_d, n_workflows, seed=seed, with_text=with_text,
+                                  arrival_rate=arrival_rate)
+        return
     arrivals = np.random.default_rng([seed, 7])
     t = EPOCH0
     for i in itertools.count() if n_workflows is None else range(n_workflows):
         t += float(arrivals.exponential(1.0 / arrival_rate))
         yield from generate_workflow(spec_d, i, seed, t, with_text)
+
+
+# --------------------------------------------------------------------------- messy workloads
+#: Name of the messy built-in spec (``profiler generate --messy``).
+MESSY_SPEC = "messy"
+
+
+def messy_arrivals(n_workflows: int | None, seed: int, arrival_rate: float,
+                   amplitude: float, period_s: float) -> Iterator[float]:
+    """Workflow start times in *waves*: a Poisson process whose rate swings sinusoidally,
+
+    λ(t) = r · (1 + a · sin(2π (t − t₀) / P)),
+
+    drawn by thinning (candidates at rate r(1 + a), each kept with probability λ(t) / (r(1 + a))),
+    so the number of workflows in flight, and with it tool latency, rises and falls."""
+    rng = np.random.default_rng([seed, 7, 1])
+    peak = arrival_rate * (1.0 + amplitude)
+    t = EPOCH0
+    for _ in itertools.count() if n_workflows is None else range(n_workflows):
+        while True:
+            t += float(rng.exponential(1.0 / peak))
+            lam = arrival_rate * (1.0 + amplitude * np.sin(2 * np.pi * (t - EPOCH0) / period_s))
+            if rng.random() * peak <= lam:
+                break
+        yield t
+
+
+def _messy_length(spec: dict, agent: str, release: str, router_index: int,
+                  rng: np.random.Generator) -> int:
+    """One output length of ``agent`` (see :func:`generate_messy` for the shapes)."""
+    a = spec["agents"][agent]
+    if agent == "router":  # bimodal; long replies likelier the later the router is called
+        p_long = min(a["p_long_max"], a["p_long_start"] + a["p_long_step"] * router_index)
+        if rng.random() < p_long:
+            lo, hi = a["long_range"]
+            return int(round(np.exp(rng.uniform(np.log(lo), np.log(hi)))))
+        return max(1, int(round(a["short_median"] * np.exp(a["short_sigma"] * rng.standard_normal()))))
+    if agent == "coder":  # Pareto: P(X > x) = (x_m / x)^α, heavy upper tail, capped at max_tokens
+        xm = a["pareto_xm"][release]
+        return int(min(spec["max_tokens"], round(xm * rng.random() ** (-1.0 / a["pareto_alpha"]))))
+    mu, sigma = lognormal_params(a["output_mean"], a["output_cv"])
+    return max(1, int(round(np.exp(mu + sigma * rng.standard_normal()))))
+
+
+def _messy_path(spec: dict, release: str, rng: np.random.Generator) -> list[str]:
+    """The agents of one workflow, in order.
+
+    v1: router → (coder → router)×r → reviewer → [security_auditor] → tester
+    v2: router → planner → (coder → tester)×r → reviewer → [security_auditor]
+    (r ~ U{coder_loops[release]}; the auditor with probability ``p_security_audit``)."""
+    lo, hi = spec["coder_loops"][release]
+    r = int(rng.integers(lo, hi + 1))
+    audit = ["security_auditor"] if rng.random() < spec["p_security_audit"] else []
+    if release == "v1":
+        return ["router"] + ["coder", "router"] * r + ["reviewer"] + audit + ["tester"]
+    return ["router", "planner"] + ["coder", "tester"] * r + ["reviewer"] + audit
+
+
+def generate_messy(spec: dict, n_workflows: int | None, seed: int = 0, with_text: bool = False,
+                   arrival_rate: float = 0.2) -> Iterator[dict]:
+    """Flat records of the *messy* workload (``datasets/workloads/messy.json``).
+
+    What makes it messy, each on purpose (the tests measure every one):
+
+    * **bimodal lengths**: ``router`` answers ~4 tokens or 200–1,500 (log-uniform); the long mode's
+      probability grows with the router's call index (p = min(0.9, 0.1 + 0.2 i)), so length tracks
+      position as in the real multi-agent traces;
+    * **heavy tail**: ``coder`` is Pareto (α = 1.3: infinite variance), capped at ``max_tokens``;
+    * **a small agent and a rare transition**: ``security_auditor`` follows the reviewer in ~2.5 %
+      of workflows (tens of calls in a few hundred workflows);
+    * **a release at the midpoint in time**: workflows starting after the midpoint of the start
+      times (with an endless stream: after one load wave) run release ``v2`` — a new ``planner``,
+      the tester moves into the coder loop, the coder writes about twice as much;
+    * **latency grows with load**: arrivals come in waves (:func:`messy_arrivals`); a tool with
+      ``load_beta`` β runs ``(1 + β (n − 1))`` times its base lognormal latency, where n is the
+      number of workflows in flight when it starts (this one plus earlier ones not yet finished);
+      the queueing delay grows the same way. Records carry ``release`` and ``in_flight``.
+
+    Deterministic in ``seed``: workflow i's draws come from ``default_rng([seed, i, hash(type)])``.
+    """
+    wt = spec["workflow_type_id"]
+    serving, tools = spec["serving"], spec["tools"]
+    period_s = 150.0 / arrival_rate / spec["load"]["waves_per_150_workflows"]
+    starts: Iterator[float] = messy_arrivals(n_workflows, seed, arrival_rate,
+                                             spec["load"]["amplitude"], period_s)
+    if n_workflows is not None:
+        starts_l = list(starts)
+        release_t = (starts_l[0] + starts_l[-1]) / 2 if starts_l else EPOCH0
+        starts = iter(starts_l)
+    else:
+        release_t = EPOCH0 + period_s
+    running = np.empty(0)  # end times of earlier workflows still running at this one's start
+    for index, t_start in enumerate(starts):
+        rng = np.random.default_rng([seed, index, hash_str(wt)])
+        release = "v2" if t_start >= release_t else "v1"
+        wf_id = f"{wt}-s{seed}-{index:07d}"
+        task_tokens = int(rng.integers(spec["task_tokens"][0], spec["task_tokens"][1] + 1))
+        context = task_tokens
+        t = t_start
+        router_index = 0
+        n = 0
+        running = running[running > t_start]
+        for agent in _messy_path(spec, release, rng):
+            in_flight = 1 + int(np.count_nonzero(running > t))
+            out_tok = _messy_length(spec, agent, release, router_index, rng)
+            router_index += agent == "router"
+            in_tok = spec["agents"][agent]["system_tokens"] + context
+            queue = float(serving["queue_s_median"] * (1 + serving["queue_load_factor"] * (in_flight - 1))
+                          * np.exp(serving["queue_s_sigma"] * rng.standard_normal()))
+            t_first = t + queue + in_tok / serving["prefill_tok_s"]
+            t_fin = t_first + out_tok / serving["decode_tok_s"]
+            n += 1
+            rec: dict[str, Any] = {
+                "request_id": f"{wf_id}#{n}", "workflow_type_id": wt, "workflow_id": wf_id,
+                "agent_id": agent, "t_arrival": round(t, 6), "t_first_token": round(t_first, 6),
+                "t_finish": round(t_fin, 6), "input_tokens": int(in_tok), "output_tokens": out_tok,
+                "model": spec.get("model"), "release": release, "in_flight": in_flight,
+            }
+            t_tool = t_fin + 0.005
+            tool_recs = []
+            for choice in spec.get("agent_tools", {}).get(agent, []):
+                if rng.random() >= choice["p"]:
+                    continue
+                tool = tools[choice["tool"]]
+                slow = 1.0 + tool["load_beta"] * (in_flight - 1)
+                dur = float(tool["median_s"] * slow * np.exp(tool["sigma"] * rng.standard_normal()))
+                tool_recs.append({"name": choice["tool"], "t_start": round(t_tool, 6),
+                                  "t_end": round(t_tool + dur, 6), "status": "ok"})
+                context += tool["output_tokens"]
+                t_tool += dur + 0.002
+            rec["tool_calls"] = tool_recs
+            if with_text:
+                rec["messages"] = [{"role": "system", "content": _system_prompt(spec, agent)},
+                                   {"role": "user", "content": "Task: " + _words(rng, task_tokens)}]
+                rec["response_text"] = f"[{agent}] " + _words(rng, out_tok)
+            context += out_tok
+            yield rec
+            t = t_tool + serving["think_s"]
+        running = np.append(running, t)
 
 
 def write_jsonl(records: Iterator[dict], out: Path, gzip_output: bool = False) -> int:

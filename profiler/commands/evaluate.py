@@ -1,29 +1,46 @@
-"""`profiler eval`: score a profile on held-out logs."""
+"""`profiler eval`: score a profile on held-out logs, or cross-validate fit + eval by workflow."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Optional
 
 import typer
 
 from profiler.cli import app
-from profiler.commands.common import console, fail, print_json, report_ingest
+from profiler.commands.common import console, err_console, fail, print_json, report_ingest
 
 
 @app.command("eval", no_args_is_help=True)
 def eval_(
-    logs: Annotated[list[Path], typer.Argument(help="Held-out log files or folders.")],
-    profile: Annotated[Path, typer.Option("--profile", "-p", help="Profile root (or one version folder).")],
+    logs: Annotated[list[Path], typer.Argument(help="Held-out log files or folders (with --cv: all the logs).")],
+    profile: Annotated[Optional[Path], typer.Option("--profile", "-p", help="Profile root (or one version folder). Not with --cv.")] = None,
+    cv: Annotated[Optional[int], typer.Option("--cv", help="K-fold cross-validation by workflow: fit on K-1 folds, score the K-th, K times; report mean ± spread.", min=2)] = None,
+    seed: Annotated[int, typer.Option(help="With --cv: seed of the workflow-to-fold assignment.")] = 0,
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object with every score.")] = False,
-    strict: Annotated[bool, typer.Option(help="Exit non-zero if any held-out record is quarantined.")] = False,
+    strict: Annotated[bool, typer.Option(help="Exit non-zero if any held-out record (with --cv: any record) is quarantined.")] = False,
 ) -> None:
     """Score a profile on logs it never saw: output-length band coverage and width (vs one global
     band), tool-latency p95 coverage and KS distance, and (when the profile has automata)
-    next-agent accuracy, path acceptance and remaining-calls error.
+    next-agent accuracy, path acceptance and remaining-calls error — with an "ours vs baselines"
+    table (n/a where a score is not computed).
 
     Split logs by workflow first so no session is on both sides:
     `profiler split logs/ --out split/ && profiler fit split/train --out p/ && profiler eval --profile p/ split/test --json`
+
+    For small data, `--cv K` does the split itself: K folds by workflow, a profile fit on each
+    K − 1 (as `profiler fit` does, in a temporary folder) and scored on the rest; every score is
+    reported as its mean over folds (weighted by calls) ± its standard deviation:
+    `profiler eval --cv 5 datasets/real/agentless_pr28.jsonl`
     """
+    from profiler.baseline_table import baseline_table
+
+    if cv is not None:
+        if profile is not None:
+            fail("--cv fits its own profiles: drop --profile (or drop --cv to score that profile)")
+        _cross_validate(logs, cv, seed, json_out, strict)
+        return
+    if profile is None:
+        fail("give --profile (the profile to score) or --cv K (fit and score by K-fold cross-validation)")
     from profiler.evaluation import evaluate
     from profiler.ingest import IngestError
     from profiler.profile_artifact import ProfileError, load_profile
@@ -55,3 +72,47 @@ def eval_(
     for key in result:
         if key not in ("profile_version", "calls", "workflows", "output_len", "tool_latency"):
             console.print(f"{key}: {result[key]}", highlight=False)
+    console.print(baseline_table({"held-out": result}, title="ours vs baselines (same held-out calls)"))
+
+
+def _cross_validate(logs: list[Path], k: int, seed: int, json_out: bool, strict: bool) -> None:
+    """`profiler eval --cv K`: run :func:`profiler.cross_validation.cross_validate` and print it."""
+    from profiler.baseline_table import baseline_table
+    from profiler.cross_validation import cross_validate
+    from profiler.ingest import IngestError
+
+    try:
+        result = cross_validate(logs, k, seed=seed, strict=strict, progress=True)
+    except (IngestError, ValueError) as exc:
+        fail(str(exc))
+    un = result["unassigned"]
+    if un["records"]:
+        err_console.print(f"[yellow]cv:[/] {un['records']:,} record(s) without a readable workflow_id left "
+                          f"out of every fold, first: {', '.join(un['first'][:3])}", markup=True, highlight=False)
+    bad = sum(f["quarantined"]["test"] for f in result["folds"])
+    if bad:
+        err_console.print(f"[yellow]ingest:[/] {bad:,} record(s) quarantined across the held-out folds "
+                          "(`profiler ingest` on the logs says why; --strict makes this an error)")
+    if json_out:
+        print_json(result)
+        return
+    from rich.table import Table
+
+    console.print(f"[bold]{k}-fold cross-validation by workflow[/] (seed {seed}): "
+                  f"{result['workflows']:,} workflows, {result['calls']:,} held-out calls")
+    folds = Table(title="folds", title_justify="left")
+    for col in ("fold", "train wf", "test wf", "test calls", "band coverage", "band width", "next-agent top-1"):
+        folds.add_column(col, justify="right")
+    for f in result["folds"]:
+        r = f["result"]
+        na = (r.get("next_agent") or {}).get("top1_accuracy")
+        folds.add_row(str(f["fold"]), str(f["train_workflows"]), str(f["test_workflows"]), f"{r['calls']:,}",
+                      f"{r['output_len']['coverage']:.3f}", f"{r['output_len']['mean_width']:,.0f}",
+                      f"{na:.3f}" if isinstance(na, (int, float)) else "n/a")
+    console.print(folds)
+    s = result["summary"]
+    tl = s.get("tool_latency.p95_coverage")
+    if tl:
+        console.print(f"tool latency: p95 coverage {tl['weighted_mean']:.3f} ± {tl['std']:.3f} (nominal 0.95)")
+    console.print(baseline_table({f"mean ± std over {k} folds": result},
+                                 title="ours vs baselines (same held-out calls in every fold)"))

@@ -24,19 +24,23 @@ def _until(records, n_calls: int):
 
 @app.command(no_args_is_help=True)
 def generate(
-    workload: Annotated[str, typer.Option(help="coding-assistant, deep-research, or a JSON spec file.")],
     out: Annotated[Path, typer.Option("--out", "-o", help="Output .jsonl (or .jsonl.gz) file.")],
+    workload: Annotated[Optional[str], typer.Option(help="coding-assistant, deep-research, messy, or a JSON spec file.")] = None,
+    messy: Annotated[bool, typer.Option("--messy", help="The messy workload (same as --workload messy): bimodal and heavy-tailed lengths, a rare agent and transition, a release at the midpoint, tools slowing with load.")] = False,
     workflows: Annotated[int, typer.Option(help="Number of workflows (sessions) to generate.", min=1)] = 100,
     calls: Annotated[Optional[int], typer.Option(help="Instead of --workflows: generate workflows until at least this many calls.", min=1)] = None,
     seed: Annotated[int, typer.Option(help="Random seed (same seed, same logs).")] = 0,
     rate: Annotated[float, typer.Option(help="Workflow arrival rate (Poisson), workflows per second.", min=1e-6)] = 0.2,
     with_text: Annotated[bool, typer.Option("--with-text", help="Include prompts (messages) and response_text.")] = False,
 ) -> None:
-    """Generate seeded synthetic logs (flat records) for the two Pythia workflows.
+    """Generate seeded synthetic logs (flat records): the two Pythia workflows, or `--messy`.
 
     Agents' output lengths follow the workload spec's mean/CV (lognormal, AR(1)-correlated for
     high-variance agents); tools have lognormal latencies (file ops ~45 ms, code execution ~180 ms
     with a heavy tail, web calls ~1.5 s, test runs seconds). Specs live in `datasets/workloads/`.
+
+    `--messy` generates logs that break the models' easy assumptions on purpose (see
+    docs/evaluation.md): use it for tests and benchmarks of the predictors.
 
     Example: `profiler generate --workload coding-assistant --workflows 500 --out logs/coding.jsonl`
     """
@@ -44,6 +48,11 @@ def generate(
 
     from profiler.workloads import generate as gen, load_spec, write_jsonl
 
+    if messy and workload not in (None, "messy"):
+        fail(f"--messy and --workload {workload} contradict each other: give one")
+    workload = "messy" if messy else workload
+    if workload is None:
+        fail("give --workload (coding-assistant, deep-research, messy or a JSON spec file) or --messy")
     n_wf = None if calls else workflows
     try:
         spec = load_spec(workload)

@@ -1,0 +1,156 @@
+"""Ours vs naive baselines on real traces and the messy generator, on held-out workflows.
+
+    python bench/bench_real.py [--sets agentless,whowhen,swe_agent,mini_swe,messy] [--cv K]
+                               [--messy-seeds 0,1,2] [--messy-workflows 200] [--json]
+
+For every real set (the full files in ``../shared/datasets/`` when that folder exists, else the
+small copies in ``datasets/real/``; ``--data`` picks another folder) and for the messy workload
+(several seeds): split 70/30 by workflow (``profiler split``, seed 0), fit on train (``profiler
+fit``), score on test (``profiler eval``), and print one "ours vs baselines" table (a column per
+set; n/a where the eval does not compute a score yet). With ``--cv K`` every set is scored by
+K-fold cross-validation by workflow instead (``profiler eval --cv K``): mean ± std over folds.
+The messy column is the mean ± std over its seeds.
+
+The command line, the data source of every set and the wall time are printed with the table;
+``--json`` prints all of it, every eval result included, as one object.
+"""
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from profiler.baseline_table import baseline_rows, baseline_table  # noqa: E402
+from profiler.commands.common import print_json  # noqa: E402
+from profiler.cross_validation import aggregate, cross_validate, nest  # noqa: E402
+from profiler.evaluation import evaluate  # noqa: E402
+from profiler.fitting import fit_profile  # noqa: E402
+from profiler.split import split_logs  # noqa: E402
+from profiler.workloads import generate, write_jsonl  # noqa: E402
+
+#: Short name -> file name of the real sets (in ../shared/datasets or datasets/real).
+REAL_SETS = {
+    "agentless": "agentless_pr28.jsonl",
+    "whowhen": "seq_whowhen_magentic_captain.jsonl",
+    "swe_agent": "swe_agent_glm45_bs4.jsonl",
+    "mini_swe": "mini_swe_agent_gemini3.jsonl",
+}
+SHARED = REPO.parent / "shared" / "datasets"
+SMALL = REPO / "datasets" / "real"
+
+
+def real_source(name: str, data: Path | None) -> Path:
+    """The file of real set ``name``: in ``data`` if given, else the full set, else the copy."""
+    for folder in ([data] if data else [SHARED, SMALL]):
+        path = folder / REAL_SETS[name]
+        if path.exists():
+            return path
+    raise SystemExit(f"error: {REAL_SETS[name]} not found in {data or f'{SHARED} or {SMALL}'}")
+
+
+def split_fit_eval(logs: list[Path], work: Path) -> dict[str, Any]:
+    """70/30 split by workflow, fit on 70, eval on 30 (the profiler's own code paths)."""
+    split_logs(logs, work / "split", train=0.7, seed=0)
+    profile, _ = fit_profile([work / "split" / "train"], work / "profile")
+    result, _ = evaluate(profile, [work / "split" / "test"])
+    return result
+
+
+def score(logs: list[Path], work: Path, cv: int | None) -> dict[str, Any] | Exception:
+    """The eval (or CV) result, or the exception that stopped the fit or eval (the bench goes on
+    with the other sets and reports it)."""
+    try:
+        return cross_validate(logs, cv, seed=0, progress=False) if cv else split_fit_eval(logs, work)
+    except Exception as exc:  # noqa: BLE001 - reported per set, never hidden
+        return exc
+
+
+def over_seeds(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """Several seeds' results as one CV-shaped result (mean ± std over seeds), for the table.
+
+    A CV result per seed contributes its fold-weighted mean."""
+    flat = [{**r["mean"], "calls": r["calls"], "workflows": r["workflows"]} if "folds" in r else r
+            for r in results]
+    summary = aggregate(flat)
+    return {"folds": results, "summary": summary,
+            "mean": nest({k: s["weighted_mean"] for k, s in summary.items()})}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sets", default="agentless,whowhen,swe_agent,mini_swe,messy",
+                    help="comma-separated: " + ", ".join([*REAL_SETS, "messy"]))
+    ap.add_argument("--cv", type=int, default=None, metavar="K", help="K-fold CV by workflow instead of one 70/30 split")
+    ap.add_argument("--messy-seeds", default="0,1,2", help="seeds of the messy workload")
+    ap.add_argument("--messy-workflows", type=int, default=200, help="workflows per messy seed")
+    ap.add_argument("--data", type=Path, default=None, help="folder with the real sets (default: ../shared/datasets, else datasets/real)")
+    ap.add_argument("--json", action="store_true", help="one JSON object: command, sources, times, every result")
+    args = ap.parse_args()
+    names = [s.strip() for s in args.sets.split(",") if s.strip()]
+    unknown = [n for n in names if n not in REAL_SETS and n != "messy"]
+    if unknown:
+        ap.error(f"unknown set(s) {', '.join(unknown)}: choose from {', '.join([*REAL_SETS, 'messy'])}")
+    command = "python " + " ".join(shlex.quote(a) for a in [str(Path(sys.argv[0])), *sys.argv[1:]])
+    err = Console(stderr=True)
+    out: dict[str, Any] = {"command": command, "mode": f"{args.cv}-fold CV by workflow" if args.cv
+                           else "70/30 split by workflow (seed 0)", "sets": {}}
+    with tempfile.TemporaryDirectory(prefix="bench-real-") as tmp:
+        work = Path(tmp)
+        for name in names:
+            t0 = time.perf_counter()
+            if name == "messy":
+                seeds = [int(s) for s in args.messy_seeds.split(",")]
+                per_seed = []
+                for seed in seeds:
+                    with err.status(f"messy seed {seed}"):
+                        path = work / f"messy{seed}" / "messy.jsonl"
+                        write_jsonl(generate("messy", args.messy_workflows, seed=seed), path)
+                        per_seed.append(score([path], work / f"messy{seed}", args.cv))
+                failed = [r for r in per_seed if isinstance(r, Exception)]
+                result = failed[0] if failed else over_seeds(per_seed)
+                source = f"profiler generate --messy --workflows {args.messy_workflows} --seed {{{args.messy_seeds}}}"
+                label = f"messy ×{len(seeds)} seeds"
+            else:
+                path = real_source(name, args.data)
+                with err.status(f"{name}: {path}"):
+                    result = score([path], work / name, args.cv)
+                source, label = str(path), name
+            elapsed = time.perf_counter() - t0
+            entry: dict[str, Any] = {"source": source, "seconds": round(elapsed, 1)}
+            if isinstance(result, Exception):  # the fit or eval itself crashed: report, go on
+                entry["error"] = f"{type(result).__name__}: {result}"
+            else:
+                entry.update(result=result, table=baseline_rows(result))
+            out["sets"][label] = entry
+            err.print(f"{label}: {elapsed:.1f} s" + (f" — FAILED: {entry['error']}" if "error" in entry else ""))
+    if args.json:
+        print_json(out)
+        return
+    console = Console(width=None if sys.stdout.isatty() else 160)
+    console.print(f"[bold]{command}[/]", highlight=False)
+    console.print(f"mode: {out['mode']}")
+    for label, s in out["sets"].items():
+        if "error" in s:
+            console.print(f"  {label}: {s['source']} — [red]fit/eval failed[/]: {s['error']}", highlight=False)
+            continue
+        r = s["result"]
+        size = (f"{r['calls']:,} held-out calls, {r['workflows']:,} workflows" if "calls" in r
+                else f"{r['mean'].get('calls', 0):,.0f} held-out calls per seed on average")
+        console.print(f"  {label}: {s['source']} ({size}; {s['seconds']} s)", highlight=False)
+    spread = "; mean ± std over folds" if args.cv else ""
+    spread += "; messy: mean ± std over seeds" if "messy" in names else ""
+    console.print(baseline_table({label: s["result"] for label, s in out["sets"].items() if "result" in s},
+                                 title=f"ours vs baselines on held-out workflows ({out['mode']}{spread})"))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,28 @@
+"""bench/bench_real.py runs end to end on the small real copies and the messy workload."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_bench_real_json_on_small_copies():
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "bench_real.py"), "--data", str(REPO / "datasets" / "real"),
+         "--sets", "agentless,messy", "--messy-seeds", "0,1", "--messy-workflows", "40", "--json"],
+        capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["command"].startswith("python ") and "--sets agentless,messy" in out["command"]
+    assert set(out["sets"]) == {"agentless", "messy ×2 seeds"}
+    agentless = out["sets"]["agentless"]
+    assert agentless["source"].endswith("datasets/real/agentless_pr28.jsonl")
+    rows = {(r["metric"], r["method"]): r for r in agentless["table"]}
+    assert 0 < rows[("output-length coverage", "ours")]["value"] <= 1
+    assert rows[("output-length mean width", "global")]["value"] > 0
+    messy = out["sets"]["messy ×2 seeds"]
+    assert len(messy["result"]["folds"]) == 2  # one result per seed, aggregated
+    assert messy["result"]["summary"]["output_len.coverage"]["folds"] == 2
