@@ -141,3 +141,38 @@ def choose(summary: dict[str, dict[str, Any]], allowed: Callable[[str], bool] = 
         return best, "narrowest candidate whose held-out coverage reaches nominal"
     best = min(names, key=lambda c: (-summary[c]["coverage"], summary[c]["mean_width"], names.index(c)))
     return best, "no candidate reached nominal on held-out workflows: highest held-out coverage"
+
+
+def band_warnings(output_length: dict[str, Any]) -> dict[tuple[str, str], list[str]]:
+    """``{(workflow type, agent): [warning, …]}`` for the ``output_length`` section of a profile:
+    a band wider than its workflow type's or the global band (validation chose it over the parent,
+    or an older profile's call-count rule did), and a degenerate agent's fallback reason."""
+    g = output_length.get("global") or {}
+    g_w = g.get("hi", 0) - g.get("lo", 0)
+    out: dict[tuple[str, str], list[str]] = {}
+    for wt, agents in (output_length.get("agents") or {}).items():
+        t = (output_length.get("workflow_types") or {}).get(wt) or {}
+        t_w = t.get("hi", 0) - t.get("lo", 0) if t else None
+        for agent, b in agents.items():
+            w = b["hi"] - b["lo"]
+            notes = []
+            if t_w is not None and w > t_w:
+                notes.append(f"wider than its workflow type's band ({w:,} > {t_w:,} tokens)")
+            if g and w > g_w:
+                notes.append(f"wider than the global band ({w:,} > {g_w:,} tokens)")
+            if b.get("fallback_reason"):
+                notes.append(b["fallback_reason"])
+            if notes:
+                out[(wt, agent)] = notes
+    return out
+
+
+def selection_text(entry: dict[str, Any]) -> str:
+    """One line: the chosen candidate and every candidate's held-out coverage/width."""
+    sel = entry.get("selection")
+    if not sel:
+        return "(profile written before validated selection)"
+    parts = [f"{name} {v['coverage']:.3f}/{v['mean_width']:,.0f}{' ✓' if v['accepted'] else ''}"
+             for name, v in sel.get("candidates", {}).items()]
+    head = f"{sel['chosen']} ({sel['reason']}; {sel.get('n_val', 0):,} held-out calls)"
+    return head + (": " + " · ".join(parts) if parts else "")
