@@ -26,8 +26,9 @@ deviation). At α = 0.01 that is 0 misses for N < 24 … 1 for N < 93, 2 for N <
 a small validation set thus gets no more slack than its own granularity, a large one about one
 standard error. (Measured on the real sets, docs/output-length.md: the laxer "binomial test at
 5 %" picked bands that covered 1–2 points less on the held-out split.) The narrowest accepted
-candidate wins (ties: the order above, ``parent`` first, so a band is never wider than its
-parent's unless validation rejects the parent). When none is accepted, the one with the highest
+candidate wins, so a band is never wider than its parent's unless validation rejects the parent
+(ties, e.g. a workflow type that is the whole log: the order of :data:`CANDIDATE_ORDER`, own
+bands first). When none is accepted, the one with the highest
 validation coverage (then the narrowest) wins and the entry says so.
 
 **Ceiling.** No band end and no U(α) exceeds the node's ceiling
@@ -47,7 +48,7 @@ CEILING_FACTOR = 2.0
 #: Binomial standard deviations of held-out misses tolerated above the nominal α·(N+1).
 TOLERANCE_Z = 1.0
 #: Order of preference among equally wide candidates.
-CANDIDATE_ORDER = ("parent", "order_stat", "empirical", "order_stat_ceiling", "lognormal", "conditional")
+CANDIDATE_ORDER = ("order_stat", "empirical", "order_stat_ceiling", "lognormal", "conditional", "parent")
 
 Band = tuple[float, float]
 
