@@ -187,14 +187,8 @@ class OutputLengthIntervals(BaseEstimator):
     def fit(self, calls: pd.DataFrame) -> "OutputLengthIntervals":
         """``calls``: one row per call with workflow_type_id, workflow_id, agent_id,
         output_tokens, input_tokens, prev_agent_output_tokens, agent_call_index."""
-        if not 0.0 < self.coverage < 1.0:
-            raise ValueError(f"coverage must be in (0, 1), got {self.coverage}")
-        if calls.empty:
-            raise ValueError("no calls to fit output-length intervals on")
         calls = calls.reset_index(drop=True)
-        y = _clean(calls["output_tokens"].to_numpy(dtype=float, na_value=np.nan))
-        keys = (calls["workflow_type_id"].astype(str) + "\x1f" + calls["workflow_id"].astype(str)).to_numpy()
-        fold = bs.workflow_folds(keys, self.n_folds, self.random_state)
+        y, fold = self._lengths_and_folds(calls)
         self.global_, g_folds = self._fit_node(y, fold, None, None, "global")
         self.workflow_types_, self.agents_ = {}, {}
         self.n_conditional_ = 0
@@ -212,6 +206,15 @@ class OutputLengthIntervals(BaseEstimator):
                 per_agent[agent] = entry
             self.agents_[wt] = per_agent
         return self
+
+    def _lengths_and_folds(self, calls: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+        if not 0.0 < self.coverage < 1.0:
+            raise ValueError(f"coverage must be in (0, 1), got {self.coverage}")
+        if calls.empty:
+            raise ValueError("no calls to fit output-length intervals on")
+        y = _clean(calls["output_tokens"].to_numpy(dtype=float, na_value=np.nan))
+        keys = (calls["workflow_type_id"].astype(str) + "\x1f" + calls["workflow_id"].astype(str)).to_numpy()
+        return y, bs.workflow_folds(keys, self.n_folds, self.random_state)
 
     def _fit_node(self, y: np.ndarray, fold: np.ndarray, parent: dict | None,
                   parent_folds: dict | None, own_level: str, frame: pd.DataFrame | None = None
