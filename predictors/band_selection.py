@@ -22,14 +22,14 @@ validation figures.
 **Rule.** A candidate is *accepted* when its held-out misses m out of N are no more than a band
 at exactly nominal coverage would make, give or take its own noise:
 m ≤ α·(N+1) + z·√(N·α·(1−α)) with z = :data:`TOLERANCE_Z` = 1 (one binomial standard
-deviation). At α = 0.01 that is 0 misses for N < 24 … 1 for N < 93, 2 for N < 175, 13 of 1,000;
-a small validation set thus gets no more slack than its own granularity, a large one about one
-standard error. (Measured on the real sets, docs/output-length.md: the laxer "binomial test at
-5 %" picked bands that covered 1–2 points less on the held-out split.) The narrowest accepted
+deviation). At α = 0.01 that allows 0 misses for N < 38, 1 for N < 100, 2 for N < 170, 13 of
+1,000: a small validation set gets no more slack than its own granularity, a large one about one
+standard error. (A laxer rule, a one-sided binomial test at 5 %, covered 0.956 instead of 0.970 of
+the held-out Who&When calls, docs/output-length.md.) The narrowest accepted
 candidate wins, so a band is never wider than its parent's unless validation rejects the parent
 (ties, e.g. a workflow type that is the whole log: the order of :data:`CANDIDATE_ORDER`, own
-bands first). When none is accepted, the one with the highest
-validation coverage (then the narrowest) wins and the entry says so.
+bands first). When none is accepted, the one with the highest validation coverage (then the
+narrowest) wins and the entry says so.
 
 **Ceiling.** No band end and no U(α) exceeds the node's ceiling
 ``min(max_output_tokens, ⌈CEILING_FACTOR · max(max y, 1)⌉)`` (``max_output_tokens`` when the user
