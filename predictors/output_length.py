@@ -1,59 +1,64 @@
-"""Output-length intervals per (workflow type, agent).
+"""Output-length intervals per (workflow type, agent), each chosen by validation.
 
 For a target coverage ``1 − α`` (default 0.99) each agent gets a band ``[lo, hi]`` such that a
 new call of that agent produces between ``lo`` and ``hi`` tokens with probability ≥ 1 − α.
 
-**Marginal band (split-conformal with the identity score).** With n exchangeable past lengths
-y₁…yₙ, the order statistics at ranks ⌊(n+1)·α/2⌋ and ⌈(n+1)·(1−α/2)⌉ bracket a new length with
-probability ≥ 1 − α (each tail misses with probability ≤ α/2). When n is too small for the rank
-to exist (n < 2/α − 1, i.e. 199 calls at 99 %), the band is the lognormal *prediction interval*
-exp(μ̂ ± t_{n−1, 1−α/2} · σ̂ · √(1 + 1/n)) of the log lengths (``method: lognormal``). An agent
-with fewer than ``min_calls`` calls is *sparse*: it falls back to the band of its workflow type,
-then to the global band; the fitted entry records which ``level`` served.
+**Which band.** Every node of the hierarchy (global → workflow type → agent) fits several
+candidates — split-conformal order statistics, their small-n finite-sample correction, the plain
+empirical quantiles, a lognormal prediction interval, the parent level's band and, for agents, a
+conformalized quantile tree on the previous output, input tokens and call index — and keeps the
+narrowest whose coverage on held-out workflows (K-fold *by workflow*) reaches nominal
+(:mod:`predictors.band_selection` has the candidates, the tolerance and the rule;
+:mod:`predictors.quantile_tree` the conditional model). No call-count threshold decides: a band
+is wider than its parent's only when validation rejects the parent. Each entry records what was
+chosen and why (``selection``: held-out coverage and width of every candidate). An agent that
+cannot be validated (fewer than 3 calls, or all in one workflow) is *degenerate*: it is served
+its parent's entry and ``fallback_reason`` says why.
 
-**Conditional band (conformalized quantile regression, CQR).** Pythia observes that consecutive
-calls of high-variance agents correlate. For such agents (CV ≥ ``cond_min_cv``) a linear quantile
-regression (scikit-learn ``QuantileRegressor``) of the α/2 and 1−α/2 quantiles on the agent's
-previous output length in the workflow, the input tokens and the agent's call index is fit on one
-part of the workflows; on a second part the conformity scores
-E = max(q̂_lo(x) − y, y − q̂_hi(x)) give the correction Q = the ⌈(n+1)(1−α)⌉-th smallest E, and
-the band is [q̂_lo(x) − Q, q̂_hi(x) + Q]. On a third part it is compared with the marginal band:
-it is kept only when it is narrower on average at (at least) the same empirical coverage.
+**Ceiling.** No band end and no U(α) exceeds ``ceiling`` = min(``max_output_tokens``,
+⌈2 · max observed length⌉) (:data:`predictors.band_selection.CEILING_FACTOR`; never below the
+largest observed length).
 
 **One-sided upper bounds at any risk α (for capacity planning).** A router that checks a
 union bound over n requests needs each request's bound at a risk that fits its budget, e.g.
-α_i = ε / n, so one fixed quantile is not enough. Every fitted band therefore also stores
+α_i = ε / n, so one fixed quantile is not enough. Every fitted entry therefore also stores
 
-* ``log_mu``, ``log_sigma`` — mean and standard deviation (ddof 1) of ln(max(y, 1));
 * ``upper`` — a table ``{α: U(α)}`` over :data:`UPPER_ALPHAS` (0.2 … 1e-5), where U(α) is the
-  *one-sided* (1 − α) prediction bound of a new length: the split-conformal order statistic at
-  rank ⌈(n+1)(1−α)⌉ when it exists (P(y_new ≤ y_(k)) ≥ 1 − α for exchangeable data), else the
-  lognormal one-sided prediction bound exp(μ̂ + t_{n−1, 1−α} · σ̂ · √(1 + 1/n)).
+  split-conformal order statistic at rank ⌈(n+1)(1−α)⌉ of the entry's n lengths
+  (P(y_new ≤ y_(k)) ≥ 1 − α for exchangeable data);
+* ``certified_alpha`` = 1/(n+1): the smallest α that rank exists for. Below it nothing in the
+  data certifies a bound, so U(α) is the ``ceiling`` (no lognormal extrapolation);
+* ``log_mu``, ``log_sigma`` — mean and standard deviation (ddof 1) of ln(max(y, 1)), for reference.
 
 :meth:`OutputLengthIntervals.upper_bound` reads U(α) for any α: the table entry of the largest
-tabulated α ≤ α (a step function, never below the exact bound at α), and below the smallest
-tabulated α the lognormal formula. A profile written before these fields existed is served from
-the agent's ``mean`` and ``cv`` (lognormal with σ² = ln(1 + cv²), μ = ln(mean) − σ²/2), and
-without those from the band's ``hi`` (valid at α = (1 − coverage)/2 and above).
+tabulated α ≤ α (a step function, never below the exact bound at α), the ceiling below the
+table or below ``certified_alpha``. A profile written before ``certified_alpha`` existed is served
+as before: the table, then the lognormal tail from ``log_mu``/``log_sigma``; without a table,
+from the agent's ``mean`` and ``cv`` (lognormal with σ² = ln(1 + cv²), μ = ln(mean) − σ²/2), and
+without those from the band's ``hi``.
 """
 from __future__ import annotations
 
 import math
-import warnings
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
 from scipy import stats
 from sklearn.base import BaseEstimator
-from sklearn.exceptions import ConvergenceWarning
-from sklearn.linear_model import QuantileRegressor
-from sklearn.model_selection import GroupShuffleSplit
 
-#: Features of the conditional model, in order.
-COND_FEATURES = ("has_prev", "prev_agent_output_tokens", "input_tokens", "agent_call_index")
+from predictors import band_selection as bs
+from predictors import quantile_tree as qt
+from predictors.quantile_tree import COND_FEATURES
+
+__all__ = ["COND_FEATURES", "UPPER_ALPHAS", "OutputLengthIntervals", "band_upper_bound",
+           "conformal_band", "lognormal_band", "log_moments", "lognormal_upper",
+           "upper_prediction_bound", "upper_table"]
+
 #: Risks α at which every band tabulates its one-sided upper bound U(α) (``band["upper"]``).
 UPPER_ALPHAS = (0.2, 0.1, 0.05, 0.02, 0.01, 0.005, 0.002, 0.001, 5e-4, 2e-4, 1e-4, 5e-5, 2e-5, 1e-5)
+#: Largest exponent handed to exp() (e^700 ≈ 1e304: finite, and far past any ceiling).
+_MAX_EXP = 700.0
 
 
 def conformal_band(y: np.ndarray, coverage: float) -> tuple[int, int, bool]:
@@ -78,7 +83,8 @@ def lognormal_band(y: np.ndarray, coverage: float) -> tuple[int, int]:
     n = len(y)
     t = stats.t.ppf(1 - (1 - coverage) / 2, df=n - 1)
     half = t * sigma * math.sqrt(1 + 1 / n)
-    return int(math.floor(math.exp(mu - half))), int(math.ceil(math.exp(mu + half)))
+    return (int(math.floor(math.exp(min(mu - half, _MAX_EXP)))),
+            int(math.ceil(math.exp(min(mu + half, _MAX_EXP)))))
 
 
 def log_moments(y: np.ndarray) -> tuple[float, float]:
@@ -91,51 +97,39 @@ def log_moments(y: np.ndarray) -> tuple[float, float]:
 
 def lognormal_upper(mu: float, sigma: float, n: int, alpha: float) -> float:
     """One-sided (1 − α) lognormal prediction bound exp(μ + q·σ·√(1 + 1/n)), with q the
-    Student-t quantile t_{n−1, 1−α} (the normal one when n is unknown or tiny)."""
+    Student-t quantile t_{n−1, 1−α} (the normal one when n is unknown or tiny). The exponent is
+    capped (e^700), so a wild σ gives a huge finite number, never an OverflowError."""
     q = stats.t.isf(alpha, df=n - 1) if n >= 3 else stats.norm.isf(alpha)
-    return math.exp(mu + q * max(sigma, 0.0) * math.sqrt(1 + 1 / max(n, 1)))
+    return math.exp(min(mu + q * max(sigma, 0.0) * math.sqrt(1 + 1 / max(n, 1)), _MAX_EXP))
 
 
-def upper_prediction_bound(y: np.ndarray, alpha: float, mu: float | None = None,
-                           sigma: float | None = None) -> int:
-    """U(α): one-sided (1 − α) prediction bound of a new value of ``y`` (see the module doc).
+def upper_prediction_bound(y: np.ndarray, alpha: float, ceiling: int | None = None) -> int:
+    """U(α): one-sided (1 − α) prediction bound of a new value of ``y``.
 
-    The conformal order statistic at rank ⌈(n+1)(1−α)⌉ when n is large enough, else the
-    lognormal bound (``mu``/``sigma`` of the log lengths, computed when not given).
+    The conformal order statistic at rank ⌈(n+1)(1−α)⌉ when it exists (α ≥ 1/(n+1)), else the
+    ceiling (default :func:`predictors.band_selection.ceiling_of` ``(y)``).
     """
-    y = np.sort(np.asarray(y, dtype=float))
+    y = np.asarray(y, dtype=float)
     n = len(y)
     k = math.ceil((n + 1) * (1 - alpha))
     if 1 <= k <= n:
-        return int(math.ceil(y[k - 1]))
-    if mu is None or sigma is None:
-        mu, sigma = log_moments(y)
-    return int(math.ceil(lognormal_upper(mu, sigma, n, alpha)))
+        return int(math.ceil(np.partition(y, k - 1)[k - 1]))
+    return int(bs.ceiling_of(y) if ceiling is None else ceiling)
 
 
-def upper_table(y: np.ndarray, alphas: Sequence[float] = UPPER_ALPHAS) -> dict[str, int]:
-    """``{str(α): U(α)}`` over ``alphas``, made non-decreasing as α shrinks (the lognormal
-    extrapolation may start below the last exact order statistic)."""
-    mu, sigma = log_moments(y)
-    out: dict[str, int] = {}
-    prev = 0
-    for a in sorted(alphas, reverse=True):
-        prev = max(prev, upper_prediction_bound(y, a, mu, sigma))
-        out[repr(float(a))] = prev
-    return out
+def upper_table(y: np.ndarray, ceiling: int, alphas: Sequence[float] = UPPER_ALPHAS) -> dict[str, int]:
+    """``{str(α): U(α)}`` over ``alphas``: order statistics where certified, the ceiling below."""
+    y = np.asarray(y, dtype=float)
+    n = len(y)
+    ks = {a: math.ceil((n + 1) * (1 - a)) for a in alphas}
+    inside = sorted({k - 1 for k in ks.values() if 1 <= k <= n})
+    part = np.partition(y, inside) if inside else y
+    return {repr(float(a)): (min(int(math.ceil(part[k - 1])), int(ceiling)) if 1 <= k <= n else int(ceiling))
+            for a, k in sorted(ks.items(), reverse=True)}
 
 
-def _features(df: pd.DataFrame) -> np.ndarray:
-    prev = df["prev_agent_output_tokens"]
-    return np.column_stack([
-        prev.notna().to_numpy(dtype=float),
-        prev.fillna(0).to_numpy(dtype=float),
-        df["input_tokens"].to_numpy(dtype=float),
-        df["agent_call_index"].fillna(0).to_numpy(dtype=float),
-    ])
-
-
-def _cond_bands(model: Mapping[str, Any], X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _linear_cond_bands(model: Mapping[str, Any], X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Bands of a linear CQR model (profiles written before the quantile tree)."""
     lo = X @ np.asarray(model["lo_coef"]) + model["lo_intercept"] - model["q_adjust"]
     hi = X @ np.asarray(model["hi_coef"]) + model["hi_intercept"] + model["q_adjust"]
     lo = np.maximum(np.floor(lo), 0)
@@ -143,134 +137,210 @@ def _cond_bands(model: Mapping[str, Any], X: np.ndarray) -> tuple[np.ndarray, np
     return lo, hi
 
 
+def _cond_bands(model: Mapping[str, Any], X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    if model.get("kind") == "quantile_tree":
+        return qt.tree_bands(model, X)
+    return _linear_cond_bands(model, X)
+
+
+def _clean(y: np.ndarray) -> np.ndarray:
+    """Lengths as non-negative finite floats (a missing or negative length counts as 0)."""
+    y = np.asarray(y, dtype=float)
+    return np.where(np.isfinite(y), np.maximum(y, 0.0), 0.0)
+
+
 class OutputLengthIntervals(BaseEstimator):
-    """Per-(workflow type, agent) output-length bands with hierarchical fallback.
+    """Per-(workflow type, agent) output-length bands, each chosen by K-fold CV by workflow.
 
     Parameters
     ----------
     coverage : target probability that the true length falls in the band.
-    min_calls : fewest calls for an agent (or workflow type) to get a band of its own; below it
-        the next level up serves (agent → workflow type → global).
-    conditional : try the CQR model for high-variance agents.
-    cond_min_cv : coefficient of variation from which the conditional model is tried.
-    cond_min_calls : fewest calls (and ≥ 20 workflows) for the conditional model to be tried.
-    cond_max_samples : cap on the rows the quantile regressions are fit on (speed).
-    random_state : seed of the workflow splits.
+    min_calls : unused by the fit since bands are chosen by validation; read only to serve an
+        unseen agent from a profile written before (its workflow type's band when that type had
+        at least this many calls).
+    conditional : try the conformalized quantile tree for agents.
+    cond_min_calls : fewest calls of an agent for the quantile tree to be tried (it needs a few
+        leaves of ≥ 5 calls on every training fold).
+    cond_max_samples : cap on the rows a quantile tree is fit on per fold (speed).
+    n_folds : folds of the cross-validation by workflow.
+    max_output_tokens : a hard cap on any length (the request's ``max_tokens`` or the context
+        limit) when known; else the ceiling is twice the largest observed length.
+    random_state : seed of the fold assignment and the subsamples.
 
-    Fitted attributes: ``global_``, ``workflow_types_``, ``agents_`` (dicts of bands),
+    Fitted attributes: ``global_``, ``workflow_types_``, ``agents_`` (dicts of entries),
     ``n_conditional_`` (agents served by the conditional model).
     """
 
     def __init__(self, coverage: float = 0.99, min_calls: int = 50, conditional: bool = True,
-                 cond_min_cv: float = 0.3, cond_min_calls: int = 400, cond_max_samples: int = 3000,
-                 random_state: int = 0):
+                 cond_min_calls: int = 30, cond_max_samples: int = 3000, n_folds: int = 5,
+                 max_output_tokens: int | None = None, random_state: int = 0):
         self.coverage = coverage
         self.min_calls = min_calls
         self.conditional = conditional
-        self.cond_min_cv = cond_min_cv
         self.cond_min_calls = cond_min_calls
         self.cond_max_samples = cond_max_samples
+        self.n_folds = n_folds
+        self.max_output_tokens = max_output_tokens
         self.random_state = random_state
 
     # ---------------------------------------------------------------- fitting
-    def _band(self, y: np.ndarray) -> dict[str, Any]:
-        """Conformal band when n allows the guarantee, else the lognormal prediction interval."""
-        lo, hi, exact = conformal_band(y, self.coverage)
-        method = "conformal"
-        if not exact and len(y) >= 3:
-            lo, hi = lognormal_band(y, self.coverage)
-            method = "lognormal"
-        mu, sigma = log_moments(y)
-        return {"lo": lo, "hi": hi, "n": int(len(y)), "exact": exact, "method": method,
-                "log_mu": mu, "log_sigma": sigma, "upper": upper_table(y)}
-
     def fit(self, calls: pd.DataFrame) -> "OutputLengthIntervals":
         """``calls``: one row per call with workflow_type_id, workflow_id, agent_id,
         output_tokens, input_tokens, prev_agent_output_tokens, agent_call_index."""
+        calls = calls.reset_index(drop=True)
+        y, fold = self._lengths_and_folds(calls)
+        self.global_, g_folds = self._fit_node(y, fold, None, None, "global")
+        self.workflow_types_, self.agents_ = {}, {}
+        self.n_conditional_ = 0
+        for wt, wt_idx in calls.groupby("workflow_type_id", sort=True).indices.items():
+            wt_entry, wt_folds = self._fit_node(y[wt_idx], fold[wt_idx], self.global_, g_folds,
+                                                "workflow_type")
+            self.workflow_types_[wt] = wt_entry
+            per_agent = {}
+            sub = calls.iloc[wt_idx]
+            for agent, a_idx in sub.groupby("agent_id", sort=True).indices.items():
+                rows = wt_idx[a_idx]
+                entry, _ = self._fit_node(y[rows], fold[rows], wt_entry, wt_folds, "agent",
+                                          frame=calls.iloc[rows] if self.conditional else None)
+                self.n_conditional_ += entry.get("conditional") is not None
+                per_agent[agent] = entry
+            self.agents_[wt] = per_agent
+        return self
+
+    def _lengths_and_folds(self, calls: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
         if not 0.0 < self.coverage < 1.0:
             raise ValueError(f"coverage must be in (0, 1), got {self.coverage}")
         if calls.empty:
             raise ValueError("no calls to fit output-length intervals on")
-        self.global_ = self._band(calls["output_tokens"].to_numpy())
-        self.workflow_types_ = {}
-        self.agents_ = {}
-        self.n_conditional_ = 0
-        for wt, g in calls.groupby("workflow_type_id", sort=True):
-            wt_band = self._band(g["output_tokens"].to_numpy())
-            self.workflow_types_[wt] = wt_band
-            per_agent = {}
-            for agent, ga in g.groupby("agent_id", sort=True):
-                y = ga["output_tokens"].to_numpy()
-                band = self._band(y)
-                if len(y) >= self.min_calls:
-                    band["level"] = "agent"
-                elif wt_band["n"] >= self.min_calls:
-                    band = {**wt_band, "n": int(len(y)), "level": "workflow_type"}
-                else:
-                    band = {**self.global_, "n": int(len(y)), "level": "global"}
-                band["conditional"] = None
-                if self.conditional and band["level"] == "agent":
-                    band["conditional"] = self._fit_conditional(ga, band)
-                    self.n_conditional_ += band["conditional"] is not None
-                band["mean"] = float(np.mean(y))
-                band["cv"] = float(np.std(y) / np.mean(y)) if np.mean(y) > 0 else 0.0
-                per_agent[agent] = band
-            self.agents_[wt] = per_agent
-        return self
+        y = _clean(calls["output_tokens"].to_numpy(dtype=float, na_value=np.nan))
+        keys = (calls["workflow_type_id"].astype(str) + "\x1f" + calls["workflow_id"].astype(str)).to_numpy()
+        return y, bs.workflow_folds(keys, self.n_folds, self.random_state)
 
-    def _fit_conditional(self, ga: pd.DataFrame, marginal: dict) -> dict | None:
-        y = ga["output_tokens"].to_numpy(dtype=float)
-        groups = ga["workflow_id"].to_numpy()
-        if (len(y) < self.cond_min_calls or ga["workflow_id"].nunique() < 20
-                or np.mean(y) <= 0 or np.std(y) / np.mean(y) < self.cond_min_cv):
-            return None
-        X = _features(ga)
-        split1 = GroupShuffleSplit(n_splits=1, train_size=0.5, random_state=self.random_state)
-        tr, rest = next(split1.split(X, y, groups))
-        split2 = GroupShuffleSplit(n_splits=1, train_size=0.5, random_state=self.random_state + 1)
-        cal_r, val_r = next(split2.split(X[rest], y[rest], groups[rest]))
-        cal, val = rest[cal_r], rest[val_r]
+    def _fit_node(self, y: np.ndarray, fold: np.ndarray, parent: dict | None,
+                  parent_folds: dict | None, own_level: str, frame: pd.DataFrame | None = None
+                  ) -> tuple[dict[str, Any], dict[int, tuple[float, float]]]:
+        """One node's entry and its served band per training fold (for its children's CV)."""
+        cov, cap = self.coverage, self.max_output_tokens
+        n = len(y)
+        ceiling = bs.ceiling_of(y, cap)
+        ks = np.unique(fold)
+        stats_ = {"n": int(n), "mean": float(np.mean(y)),
+                  "cv": float(np.std(y) / np.mean(y)) if np.mean(y) > 0 else 0.0,
+                  "empirical_band": [float(v) for v in np.quantile(y, [(1 - cov) / 2, 1 - (1 - cov) / 2])]}
+        reason = (f"{n} call{'s' if n != 1 else ''}: too few to validate" if n < 3 else
+                  "all calls in one workflow: cannot validate by workflow" if len(ks) < 2 else None)
+        if reason and parent is not None:
+            entry = {k: v for k, v in parent.items() if k not in ("selection", "conditional", "fallback_reason")}
+            entry.update(stats_, level=parent["level"], method="parent", conditional=None,
+                         fallback_reason=f"degenerate ({reason}): served its parent's band",
+                         selection={"chosen": "parent", "reason": reason, "n_val": 0, "candidates": {}})
+            return entry, dict(parent_folds or {})
+
+        scores = bs.FoldScores()
+        fold_bands: dict[str, dict[int, tuple[float, float]]] = {}
+        if not reason:
+            for k in ks:
+                tr, te = fold != k, fold == k
+                ytr, yte = y[tr], y[te]
+                c_k = bs.ceiling_of(ytr, cap)
+                cands = bs.candidate_bands(ytr, cov, c_k)
+                if parent is not None:
+                    p_lo, p_hi = (parent_folds or {}).get(int(k), (parent["lo"], parent["hi"]))
+                    cands["parent"] = (p_lo, min(p_hi, c_k))
+                for name, (lo, hi) in cands.items():
+                    scores.add(name, yte, lo, hi)
+                    fold_bands.setdefault(name, {})[int(k)] = (lo, hi)
+                scores.total += len(yte)
+            oof = None
+            if frame is not None and n >= self.cond_min_calls and np.ptp(y) > 0:
+                X = qt.features(frame)
+                oof = self._conditional_cv(X, y, fold, ks, scores)
+            summary = scores.summary(cov)
+            marginal, why = bs.choose(summary, lambda c: c != "conditional")
+        else:  # the global node with nothing to validate on: the finite-sample-safe band
+            summary, marginal, oof = {}, "order_stat_ceiling", None
+            why = f"degenerate ({reason}): order statistics with the ceiling, not validated"
+
+        if marginal == "parent":
+            lo, hi, level = parent["lo"], min(parent["hi"], ceiling), parent["level"]
+        else:
+            lo, hi = bs.candidate_bands(y, cov, ceiling)[marginal]
+            level = own_level
+        lo, hi = int(lo), int(max(hi, lo))
+        cond = None
+        if oof is not None and "conditional" in summary:
+            c, m = summary["conditional"], summary[marginal]
+            if c["accepted"] and (c["mean_width"] < m["mean_width"] or not m["accepted"]):
+                cond = self._conditional_final(qt.features(frame), y, oof, ceiling)
+                if cond is not None:
+                    cond["validation"] = {"n": scores.total, "coverage": c["coverage"],
+                                          "mean_width": c["mean_width"], "marginal": marginal,
+                                          "marginal_coverage": m["coverage"], "marginal_width": m["mean_width"]}
+        _, k_hi = bs._ranks(n, cov)
+        entry = {"lo": lo, "hi": hi, **stats_, "level": level, "method": marginal,
+                 "exact": bool(bs._ranks(n, cov)[0] >= 1 and k_hi <= n),
+                 "ceiling": int(ceiling), "certified_alpha": 1.0 / (n + 1),
+                 "upper": upper_table(y, ceiling), "conditional": cond}
+        entry["log_mu"], entry["log_sigma"] = log_moments(y)
+        entry["selection"] = {"chosen": "conditional" if cond else marginal,
+                              "reason": (why if not cond else
+                                         "conditional band narrower than the best marginal one at nominal held-out coverage"),
+                              "n_val": int(scores.total), "folds": int(len(ks)), "candidates": summary}
+        served = fold_bands.get(marginal) or {}
+        if marginal == "parent":
+            served = {k: (lo_, min(hi_, ceiling)) for k, (lo_, hi_) in served.items()}
+        return entry, served
+
+    def _conditional_cv(self, X: np.ndarray, y: np.ndarray, fold: np.ndarray, ks: np.ndarray,
+                        scores: bs.FoldScores) -> np.ndarray | None:
+        """Out-of-fold conformity scores of the quantile tree, adding its held-out figures to
+        ``scores`` (fold k's band uses the tree fit without fold k and Q from the other folds'
+        scores). None when a training fold is too small for a tree."""
         rng = np.random.default_rng(self.random_state)
-        if len(tr) > self.cond_max_samples:
-            tr = rng.choice(tr, self.cond_max_samples, replace=False)
-        alpha = 1.0 - self.coverage
-        scale = np.maximum(X[tr].std(axis=0), 1e-9)  # standardize for the LP solver, undo after
-        fitted = {}
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", ConvergenceWarning)
-            for name, q in (("lo", alpha / 2), ("hi", 1 - alpha / 2)):
-                qr = QuantileRegressor(quantile=q, alpha=0.0, solver="highs").fit(X[tr] / scale, y[tr])
-                fitted[f"{name}_coef"] = (qr.coef_ / scale).tolist()
-                fitted[f"{name}_intercept"] = float(qr.intercept_)
-        model = {**fitted, "q_adjust": 0.0, "features": list(COND_FEATURES)}
-        lo_c, hi_c = _cond_bands(model, X[cal])
-        scores = np.sort(np.maximum(lo_c - y[cal], y[cal] - hi_c))
-        k = math.ceil((len(cal) + 1) * (1 - alpha))
-        if k > len(cal):
-            return None  # too few calibration points for the guarantee
-        model["q_adjust"] = float(scores[k - 1])  # may be negative: CQR also shrinks
-        lo_v, hi_v = _cond_bands(model, X[val])
-        yv = y[val]
-        cond_cov = float(np.mean((yv >= lo_v) & (yv <= hi_v)))
-        cond_width = float(np.mean(hi_v - lo_v))
-        m_lo, m_hi, _ = conformal_band(y[np.concatenate([tr, cal])], self.coverage)
-        marg_cov = float(np.mean((yv >= m_lo) & (yv <= m_hi)))
-        marg_width = float(m_hi - m_lo)
-        model["validation"] = {"n": int(len(val)), "coverage": cond_cov, "mean_width": cond_width,
-                               "marginal_coverage": marg_cov, "marginal_width": marg_width}
-        if cond_cov >= min(marg_cov, self.coverage) and cond_width < marg_width:
-            return model
-        return None
+        oof = np.full(len(y), np.nan)
+        models = {}
+        for k in ks:
+            tr = np.flatnonzero(fold != k)
+            if len(tr) < 10:
+                return None
+            if len(tr) > self.cond_max_samples:
+                tr = rng.choice(tr, self.cond_max_samples, replace=False)
+            te = fold == k
+            models[k] = qt.fit_tree(X[tr], y[tr], self.coverage, seed=self.random_state)
+            oof[te] = qt.scores(models[k], X[te], y[te])
+        for k in ks:
+            te = fold == k
+            q = qt.conformal_q(oof[~te], self.coverage)
+            lo, hi = qt.tree_bands(models[k], X[te], q, bs.ceiling_of(y[~te], self.max_output_tokens))
+            scores.add("conditional", y[te], lo, hi)
+        return oof
+
+    def _conditional_final(self, X: np.ndarray, y: np.ndarray, oof: np.ndarray, ceiling: int) -> dict | None:
+        """The tree fit on (a sample of) every call, Q from all out-of-fold scores."""
+        q = qt.conformal_q(oof, self.coverage)
+        if math.isinf(q):
+            return None
+        rows = np.arange(len(y))
+        if len(rows) > self.cond_max_samples:
+            rows = np.random.default_rng(self.random_state).choice(rows, self.cond_max_samples, replace=False)
+        model = qt.fit_tree(X[rows], y[rows], self.coverage, seed=self.random_state)
+        model["q_adjust"] = q
+        model["ceiling"] = int(ceiling)
+        return model
 
     # ------------------------------------------------------------- prediction
     def lookup(self, workflow_type_id: str, agent_id: str) -> tuple[dict, str]:
-        """The band entry serving this agent and its level (``unknown`` = global, unseen agent)."""
+        """The entry serving this agent and its level (an unseen agent: its workflow type's
+        served band, an unseen type: the global band)."""
         band = self.agents_.get(workflow_type_id, {}).get(agent_id)
         if band is not None:
             return band, band["level"]
         wt = self.workflow_types_.get(workflow_type_id)
-        if wt is not None and wt["n"] >= self.min_calls:
-            return wt, "workflow_type"
+        if wt is not None:
+            if "level" in wt:
+                return wt, wt["level"]
+            if wt["n"] >= self.min_calls:  # a profile written before validated selection
+                return wt, "workflow_type"
         return self.global_, "global"
 
     def predict_band(self, workflow_type_id: str, agent_id: str,
@@ -288,11 +358,8 @@ class OutputLengthIntervals(BaseEstimator):
         return int(band["lo"]), int(band["hi"]), level
 
     def upper_bound(self, workflow_type_id: str, agent_id: str, alpha: float) -> int:
-        """U(α): the (1 − α) one-sided upper bound of this agent's next output length.
-
-        From the band that serves the agent (:meth:`lookup`); see the module docstring for the
-        table, the lognormal tail below it, and the fallbacks for older profiles.
-        """
+        """U(α): the (1 − α) one-sided upper bound of this agent's next output length; the
+        entry's ceiling below its ``certified_alpha`` (see the module docstring)."""
         band, _ = self.lookup(workflow_type_id, agent_id)
         return band_upper_bound(band, alpha, self.coverage)
 
@@ -307,11 +374,11 @@ class OutputLengthIntervals(BaseEstimator):
         """Bands for every row of ``calls`` (same columns as ``fit``): array of shape (n, 2)."""
         out = np.zeros((len(calls), 2))
         calls = calls.reset_index(drop=True)
-        for (wt, agent), idx in calls.groupby(["workflow_type_id", "agent_id"], sort=False).groups.items():
+        for (wt, agent), idx in calls.groupby(["workflow_type_id", "agent_id"], sort=False).indices.items():
             band, _ = self.lookup(wt, agent)
             cond = band.get("conditional")
             if cond:
-                lo, hi = _cond_bands(cond, _features(calls.loc[idx]))
+                lo, hi = _cond_bands(cond, qt.features(calls.iloc[idx]))
                 out[idx, 0], out[idx, 1] = lo, hi
             else:
                 out[idx, 0], out[idx, 1] = band["lo"], band["hi"]
@@ -324,7 +391,9 @@ class OutputLengthIntervals(BaseEstimator):
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "OutputLengthIntervals":
-        est = cls(**d.get("params", {"coverage": d["coverage"]}))
+        known = set(cls().get_params())
+        params = {k: v for k, v in d.get("params", {"coverage": d["coverage"]}).items() if k in known}
+        est = cls(**params)
         est.global_ = d["global"]
         est.workflow_types_ = d["workflow_types"]
         est.agents_ = d["agents"]
@@ -334,12 +403,20 @@ class OutputLengthIntervals(BaseEstimator):
 
 
 def band_upper_bound(band: Mapping[str, Any], alpha: float, coverage: float | None = None) -> int:
-    """U(α) from one fitted band entry (see the module docstring)."""
+    """U(α) from one fitted entry (see the module docstring): below ``certified_alpha`` or past
+    the table's smallest α, the entry's ``ceiling``; never above it."""
     if not 0.0 < alpha < 1.0:
         raise ValueError(f"alpha must be in (0, 1), got {alpha}")
     table = band.get("upper")
     n = int(band.get("n") or 0)
-    if table:
+    if band.get("certified_alpha") is not None and band.get("ceiling") is not None:
+        ceiling = int(band["ceiling"])
+        if alpha < float(band["certified_alpha"]) or not table:
+            return ceiling
+        pairs = sorted(((float(a), int(v)) for a, v in table.items()), reverse=True)
+        usable = [v for a, v in pairs if a <= alpha]
+        return min(usable[0], ceiling) if usable else ceiling
+    if table:  # a profile written before certified_alpha: table, then the lognormal tail
         pairs = sorted(((float(a), int(v)) for a, v in table.items()), reverse=True)
         usable = [v for a, v in pairs if a <= alpha]
         if usable:

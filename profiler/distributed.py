@@ -158,17 +158,14 @@ def fit_workflow_type(workflow_type: str, work_dir: str, options: dict[str, Any]
 
 
 # ------------------------------------------------------------------------------ merging
-def _pooled_output_band(con, params: dict[str, Any]) -> dict[str, Any]:
-    """The global band over every valid call, by the same estimator (one pooled group)."""
-    import pandas as pd
-
+def _output_length_section(con, params: dict[str, Any]) -> dict[str, Any]:
+    """The output-length section fit once over every valid call of the final store: bands are
+    chosen top-down by validation (global → workflow type → agent, each against its parent on
+    the same workflow folds), which per-type fits cannot reproduce; it is a small share of a fit."""
     from predictors.output_length import OutputLengthIntervals
+    from profiler.fitting import ok_calls
 
-    y = con.execute("SELECT output_tokens FROM calls WHERE status = 'ok'").fetchnumpy()["output_tokens"]
-    one = pd.DataFrame({"workflow_type_id": "all", "workflow_id": "all", "agent_id": "all",
-                        "output_tokens": y, "input_tokens": 0, "prev_agent_output_tokens": None,
-                        "agent_call_index": 0})
-    return OutputLengthIntervals(**{**params, "conditional": False}).fit(one).global_
+    return OutputLengthIntervals(**params).fit(ok_calls(con)).to_dict()
 
 
 def merge_sections(parts: list[dict[str, Any]], global_band: dict[str, Any],
@@ -298,9 +295,12 @@ def fit_with_ray(paths: Sequence[str | Path], out: str | Path, options: FitOptio
         try:
             _load_final_store(con, work, shard_results)
             params = next((r["data"]["output_length"]["params"] for r in fit_results if r["data"]), None)
-            global_band = _pooled_output_band(con, params) if params else {}
+            ol_section = _output_length_section(con, params) if params else None
+            global_band = ol_section["global"] if ol_section else {}
             tool_latency = fit_tool_latency(con, options).to_dict()
             data = merge_sections([r["data"] for r in fit_results], global_band, tool_latency)
+            if ol_section:
+                data["output_length"] = ol_section
             profile = write_profile(out, data, {
                 **manifest_fields(con, options, db_path),
                 "engine": {"name": "ray", "shards": len(plan), "workflow_types": len(types), "cpus": cpus}})

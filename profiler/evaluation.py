@@ -53,6 +53,7 @@ def output_length_scores(profile: Profile, con: duckdb.DuckDBPyConnection) -> di
         }
     g = est.global_
     return {
+        "baselines": output_length_baselines(est, calls),
         "nominal": float(est.coverage),
         "coverage": float(calls["inside"].mean()) if len(calls) else float("nan"),
         "mean_width": float(calls["width"].mean()) if len(calls) else float("nan"),
@@ -60,6 +61,30 @@ def output_length_scores(profile: Profile, con: duckdb.DuckDBPyConnection) -> di
         "global_band_coverage": float(np.mean((y >= g["lo"]) & (y <= g["hi"]))) if len(y) else float("nan"),
         "per_agent": per_agent,
     }
+
+
+def output_length_baselines(est: OutputLengthIntervals, calls) -> dict[str, dict[str, float]]:
+    """The naive bands a user would compute, fit on the *training* calls (stored in the profile):
+    ``global`` = the empirical α/2 and 1 − α/2 quantiles of every training length, and
+    ``per_agent_empirical`` = the same per (workflow type, agent), the global band for an agent
+    the training logs never saw. ``{"coverage", "mean_width"}`` of each on the held-out calls;
+    NaN for a profile written before the empirical bands were stored."""
+    y = calls["output_tokens"].to_numpy(dtype=float)
+    g_band = est.global_.get("empirical_band")
+    if g_band is None or not len(y):
+        nan = {"coverage": float("nan"), "mean_width": float("nan")}
+        return {"global": dict(nan), "per_agent_empirical": dict(nan)}
+    lo = np.full(len(y), float(g_band[0]))
+    hi = np.full(len(y), float(g_band[1]))
+    out = {"global": {"coverage": float(np.mean((y >= lo) & (y <= hi))), "mean_width": float(np.mean(hi - lo))}}
+    keys = calls[["workflow_type_id", "agent_id"]].reset_index(drop=True)
+    for (wt, agent), idx in keys.groupby(["workflow_type_id", "agent_id"], sort=False).indices.items():
+        band = est.agents_.get(wt, {}).get(agent, {}).get("empirical_band")
+        if band is not None:
+            lo[idx], hi[idx] = band
+    out["per_agent_empirical"] = {"coverage": float(np.mean((y >= lo) & (y <= hi))),
+                                  "mean_width": float(np.mean(hi - lo))}
+    return out
 
 
 def tool_latency_scores(profile: Profile, con: duckdb.DuckDBPyConnection) -> dict[str, Any]:

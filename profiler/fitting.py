@@ -46,6 +46,7 @@ class FitOptions:
     ks_threshold: float = 0.1
     ttl_quantile: float = 0.95
     max_ttl_s: float | None = 600.0
+    max_output_tokens: int | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
@@ -126,7 +127,8 @@ def fit_from_store(con: duckdb.DuckDBPyConnection, options: FitOptions,
         raise ValueError("the store holds no valid calls to fit on (see the quarantine table)")
     progress(f"output-length bands over {n_calls:,} calls")
     ol = OutputLengthIntervals(coverage=options.coverage, min_calls=options.min_calls,
-                               conditional=options.conditional, random_state=options.seed).fit(ok_calls(con))
+                               conditional=options.conditional, max_output_tokens=options.max_output_tokens,
+                               random_state=options.seed).fit(ok_calls(con))
     progress("tool-latency lognormals")
     tl = fit_tool_latency(con, options)
     data: dict[str, Any] = {

@@ -1,6 +1,7 @@
 """One-sided output-length bounds U(α) (what the capacity policy splits its risk budget with)."""
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
@@ -15,17 +16,113 @@ from predictors.output_length import (
     upper_prediction_bound,
 )
 from serving_hooks.policies import CallView
+from serving_hooks.policies.capacity import bound_at
 
 
-def test_upper_bound_is_the_conformal_rank_then_the_lognormal_tail():
+def test_upper_bound_is_the_conformal_rank_then_the_ceiling():
     y = np.arange(1, 1000)          # 999 values
     # rank ceil(1000 * 0.99) = 990 exists: the 990th smallest value
     assert upper_prediction_bound(y, 0.01) == 990
-    # rank ceil(1000 * 0.9995) = 1000 > 999: the lognormal one-sided bound
-    z = np.log(y)
-    mu, sd = z.mean(), z.std(ddof=1)
-    by_hand = math.exp(mu + stats.t.isf(0.0005, 998) * sd * math.sqrt(1 + 1 / 999))
-    assert upper_prediction_bound(y, 0.0005) == math.ceil(by_hand)
+    # rank ceil(1000 * 0.9995) = 1000 > 999: nothing certifies it, so the ceiling 2 · 999
+    assert upper_prediction_bound(y, 0.0005) == 1998
+    assert upper_prediction_bound(y, 0.0005, ceiling=1200) == 1200
+
+
+def _calls(values, agent="coder", wt="app"):
+    return pd.DataFrame([{"workflow_type_id": wt, "workflow_id": f"w{i}", "agent_id": agent,
+                          "output_tokens": int(v), "input_tokens": 1000, "prev_agent_output_tokens": None,
+                          "agent_call_index": 0} for i, v in enumerate(values)])
+
+
+def test_below_certified_alpha_the_bound_is_the_ceiling():
+    # 99 lengths 1..99: certified_alpha = 1/100; U(0.01) = y_(99) = 99, below it 2 · 99
+    est = OutputLengthIntervals(conditional=False).fit(_calls(range(1, 100)))
+    band = est.agents_["app"]["coder"]
+    assert band["certified_alpha"] == pytest.approx(0.01) and band["ceiling"] == 198
+    assert est.upper_bound("app", "coder", 0.01) == 99
+    assert est.upper_bound("app", "coder", 0.05) == 95     # rank ceil(100 · 0.95) = 95
+    for alpha in (0.005, 0.001, 1e-6):
+        assert est.upper_bound("app", "coder", alpha) == 198
+    assert max(u for _, u in est.upper_bounds("app", "coder")) == 198
+    # the capacity policy reads the same table: past its end, the ceiling
+    assert bound_at(est.upper_bounds("app", "coder"), 1e-9) == 198
+
+
+def test_user_cap_is_the_ceiling_of_bands_and_bounds():
+    rng = np.random.default_rng(3)
+    y = rng.lognormal(5.0, 1.2, 300).astype(int) + 1
+    est = OutputLengthIntervals(conditional=False, max_output_tokens=int(y.max()) + 10).fit(_calls(y))
+    band = est.agents_["app"]["coder"]
+    assert band["ceiling"] == int(y.max()) + 10
+    assert est.upper_bound("app", "coder", 1e-5) == int(y.max()) + 10
+    for entry in (band, est.global_, est.workflow_types_["app"]):
+        assert entry["hi"] <= entry["ceiling"]
+
+
+def test_no_extrapolation_past_twice_the_largest_length():
+    # the issue's case: a lognormal table gave 88k–130k at α = 0.001 for a 5.8k maximum
+    rng = np.random.default_rng(4)
+    y = np.minimum(rng.lognormal(6.0, 1.0, 400).astype(int), 5800)
+    est = OutputLengthIntervals(conditional=False).fit(_calls(y))
+    assert est.upper_bound("app", "coder", 0.001) <= 2 * 5800
+
+
+@pytest.mark.parametrize("values", [[3, 40, 2000], [7], [7, 9], [5] * 40, [0] * 30,
+                                    [3, 10**15, 10**17, 12], [0, 0, 1]])
+def test_degenerate_inputs_never_crash_a_fit(values):
+    df = pd.concat([_calls(values, "odd"), _calls(np.arange(50, 250), "main")])
+    est = OutputLengthIntervals().fit(df)
+    band = est.agents_["app"]["odd"]
+    assert 0 <= band["lo"] <= band["hi"] <= band["ceiling"]
+    for alpha in UPPER_ALPHAS:
+        assert est.upper_bound("app", "odd", alpha) <= band["ceiling"]
+    if len(values) < 3:
+        assert band["method"] == "parent" and "too few" in band["fallback_reason"]
+    json.dumps(est.to_dict())  # the profile stays serializable
+
+
+def test_all_in_one_workflow_falls_back_and_says_why():
+    df = _calls(np.arange(50, 250), "main")
+    one = _calls([10, 20, 30, 40]).assign(workflow_id="w0", agent_id="loop")
+    est = OutputLengthIntervals().fit(pd.concat([df, one]))
+    assert "one workflow" in est.agents_["app"]["loop"]["fallback_reason"]
+
+
+def test_old_profile_entries_still_serve_bounds():
+    # an entry from before certified_alpha/ceiling: the table, then the lognormal tail
+    old = {"coverage": 0.99, "params": {"coverage": 0.99, "min_calls": 50, "conditional": True,
+                                        "cond_min_cv": 0.3, "cond_min_calls": 400,
+                                        "cond_max_samples": 3000, "random_state": 0},
+           "global": {"lo": 1, "hi": 900, "n": 500, "level": "global"},
+           "workflow_types": {"app": {"lo": 1, "hi": 900, "n": 500}},
+           "agents": {"app": {"coder": {"lo": 5, "hi": 800, "n": 500, "level": "agent", "conditional": None,
+                                        "upper": {"0.01": 700, "0.001": 790}, "log_mu": 5.0, "log_sigma": 1.0}}}}
+    est = OutputLengthIntervals.from_dict(old)
+    assert est.upper_bound("app", "coder", 0.01) == 700
+    assert est.upper_bound("app", "coder", 1e-4) >= 790
+    assert est.predict_band("app", "new_agent")[:2] == (1, 900)  # type had ≥ min_calls calls
+
+
+def test_bimodal_agent_tracking_its_call_index_gets_a_conditional_band():
+    rng = np.random.default_rng(1)
+    rows = []
+    for w in range(20):            # 80 calls: even calls ~4 tokens, odd ones 200–1,500 by index
+        prev = None
+        for i in range(4):
+            y = int(rng.integers(2, 7)) if i % 2 == 0 else int(200 + 1300 * (i / 3) * rng.uniform(0.8, 1.0))
+            rows.append({"workflow_type_id": "app", "workflow_id": f"w{w}", "agent_id": "bi",
+                         "output_tokens": y, "input_tokens": 100, "prev_agent_output_tokens": prev,
+                         "agent_call_index": i})
+            prev = y
+    df = pd.concat([pd.DataFrame(rows), _calls(rng.lognormal(6, 0.5, 60).astype(int), "other")])
+    est = OutputLengthIntervals().fit(df)
+    band = est.agents_["app"]["bi"]
+    top = max(r["output_tokens"] for r in rows)
+    assert band["hi"] <= 2 * top          # not 24× its maximum
+    assert band["selection"]["chosen"] == "conditional"
+    lo, hi, level = est.predict_band("app", "bi", {"prev_agent_output_tokens": 1400, "input_tokens": 100,
+                                                   "agent_call_index": 2})
+    assert level == "conditional" and hi < 50   # a short call after a long one
 
 
 def test_fitted_bands_carry_a_table_that_covers_new_lengths():

@@ -45,17 +45,55 @@ def test_coverage_holds_on_new_data():
     assert est.global_["hi"] > 5000
 
 
-def test_sparse_agent_falls_back_to_workflow_type_then_global():
+def test_selection_picks_the_parent_when_the_agents_own_band_is_wider():
+    rng = np.random.default_rng(2)
+    # "common" dominates the type; "rare" (30 calls, heavy-tailed) has no narrower band of its own
+    df = frame(rng, {"common": (2, 500, 0.3)}, 100)
+    rare = frame(rng, {"rare": (1, 500, 0.3)}, 30)
+    est = OutputLengthIntervals(conditional=False).fit(pd.concat([df, rare]))
+    common, rare_e = est.agents_["app"]["common"], est.agents_["app"]["rare"]
+    assert common["lo"] <= common["hi"]
+    sel = rare_e["selection"]
+    cands = sel["candidates"]
+    # every figure is a held-out figure: 30 calls scored once each across the folds
+    assert sel["n_val"] == 30 and set(cands) >= {"parent", "order_stat", "order_stat_ceiling", "lognormal"}
+    # its own finite-sample band is [0, 2·max] or the lognormal tail: wider than the type's
+    assert sel["chosen"] == "parent", cands
+    assert cands["parent"]["mean_width"] < cands["order_stat_ceiling"]["mean_width"]
+    assert rare_e["level"] in ("workflow_type", "global") and rare_e["hi"] <= est.workflow_types_["app"]["hi"]
+    accepted = {k: v for k, v in cands.items() if v["accepted"]}
+    assert sel["chosen"] in accepted
+    assert cands[sel["chosen"]]["mean_width"] == min(v["mean_width"] for v in accepted.values())
+
+
+def test_narrow_agent_gets_its_own_band_not_its_types():
+    rng = np.random.default_rng(7)
+    df = frame(rng, {"coder": (2, 3000, 0.5), "router": (1, 8, 0.1)}, 120)
+    est = OutputLengthIntervals(conditional=False).fit(df)
+    router = est.agents_["app"]["router"]
+    assert router["hi"] < 20 <= 2 * max(df.output_tokens[df.agent_id == "router"]) + 2  # its ceiling
+    assert est.workflow_types_["app"]["hi"] > 1000  # not the type's band
+
+
+def test_chosen_band_covers_held_out_folds_at_nominal():
+    # coverage 0.9 on 600 calls: the accepted candidate's held-out misses are within
+    # α(N+1) + √(Nα(1−α)) = 60.1 + 7.3
+    df = frame(np.random.default_rng(8), {"a": (3, 700, 0.6)}, 200)
+    e = OutputLengthIntervals(coverage=0.9, conditional=False).fit(df).agents_["app"]["a"]
+    v = e["selection"]["candidates"][e["selection"]["chosen"]]
+    assert e["selection"]["n_val"] == 600
+    assert round((1 - v["coverage"]) * 600) <= 67
+    test = frame(np.random.default_rng(9), {"a": (3, 700, 0.6)}, 400)
+    inside = ((test.output_tokens >= e["lo"]) & (test.output_tokens <= e["hi"])).mean()
+    assert 0.87 <= inside <= 0.94
+
+
+def test_single_workflow_type_and_unseen_agent_lookup():
     rng = np.random.default_rng(2)
     df = frame(rng, {"common": (2, 500, 0.3)}, 100)
-    rare = frame(rng, {"rare": (1, 50, 0.1)}, 10)
     other = frame(rng, {"solo": (1, 80, 0.1)}, 5).assign(workflow_type_id="tiny")
-    est = OutputLengthIntervals(min_calls=50, conditional=False).fit(pd.concat([df, rare, other]))
-    assert est.agents_["app"]["common"]["level"] == "agent"
-    assert est.agents_["app"]["rare"]["level"] == "workflow_type"
-    assert est.agents_["tiny"]["solo"]["level"] == "global"
-    lo, hi, level = est.predict_band("app", "never_seen")
-    assert level == "workflow_type"
+    est = OutputLengthIntervals(conditional=False).fit(pd.concat([df, other]))
+    assert est.predict_band("app", "never_seen")[2] == est.workflow_types_["app"]["level"]
     assert est.predict_band("unknown_type", "x")[2] == "global"
 
 
@@ -64,9 +102,9 @@ def test_conditional_model_used_only_when_it_is_narrower():
     correlated = frame(np.random.default_rng(3), agents, 400, rho=0.9)
     est = OutputLengthIntervals(coverage=0.9).fit(correlated)
     band = est.agents_["app"]["engineer"]
-    assert band["conditional"] is not None, band
+    assert band["conditional"] is not None, band["selection"]
     v = band["conditional"]["validation"]
-    assert v["mean_width"] < v["marginal_width"]
+    assert v["mean_width"] < v["marginal_width"] and band["selection"]["chosen"] == "conditional"
     lo1, hi1, lvl = est.predict_band("app", "engineer", {"prev_agent_output_tokens": 800,
                                                          "input_tokens": 1000, "agent_call_index": 2})
     lo2, hi2, _ = est.predict_band("app", "engineer", {"prev_agent_output_tokens": 9000,

@@ -61,6 +61,9 @@ def eval_(
                   f"{result['workflows']:,} workflows")
     console.print(f"output length: coverage {ol['coverage']:.3f} (nominal {ol['nominal']:.3f}), "
                   f"mean width {ol['mean_width']:.0f} tokens vs {ol['global_band_width']:.0f} for one global band")
+    for name, b in (ol.get("baselines") or {}).items():
+        console.print(f"  baseline {name}: coverage {b['coverage']:.3f}, mean width {b['mean_width']:.0f} tokens",
+                      highlight=False)
     t = Table(title_justify="left")
     for col in ("agent", "calls", "coverage", "mean width", "served by"):
         t.add_column(col)

@@ -19,6 +19,7 @@ def fit(
     prune: Annotated[float, typer.Option(help="Drop automaton transitions rarer than this probability.", min=0.0, max=0.5)] = 0.05,
     seed: Annotated[int, typer.Option(help="Seed of the calibration splits.")] = 0,
     min_calls: Annotated[int, typer.Option(help="Fewest calls for an agent to get its own band (else workflow type, then global).")] = 50,
+    max_output_tokens: Annotated[Optional[int], typer.Option(help="Hard cap on any output length (the requests' max_tokens or the context limit): the ceiling of every band and U(alpha); default twice the largest observed length.", min=1)] = None,
     no_conditional: Annotated[bool, typer.Option("--no-conditional", help="Never use the history-conditioned (CQR) length model.")] = False,
     log_format: Annotated[Optional[str], typer.Option("--format", help="Read traces of another tool instead of our log format: otel, swe-agent or openhands (converted into OUT/imported/FORMAT/ first; see `profiler import`).")] = None,
     engine: Annotated[str, typer.Option(help="local (DuckDB in this process) or ray (ingest and per-workflow-type fits as Ray tasks; needs `pip install -e .[ray]`).")] = "local",
@@ -39,7 +40,7 @@ def fit(
     from profiler.ingest import IngestError
 
     options = FitOptions(coverage=coverage, prune=prune, seed=seed, min_calls=min_calls,
-                         conditional=not no_conditional)
+                         conditional=not no_conditional, max_output_tokens=max_output_tokens)
     if engine not in ("local", "ray"):
         fail(f"--engine must be local or ray, got {engine!r}")
     try:

@@ -28,6 +28,8 @@ def show(
     """
     from rich.table import Table
 
+    from predictors.band_selection import band_warnings, selection_text
+
     from profiler.profile_artifact import ProfileError, load_profile
 
     try:
@@ -44,19 +46,34 @@ def show(
                   f"{c.get('tool_calls', 0):,} tool executions from {len(m.get('sources', []))} files; "
                   f"{c.get('quarantined', 0):,} records quarantined")
     ol = d["output_length"]
+    warn = band_warnings(ol)
     t = Table(title=f"Output-length bands (coverage {ol['coverage']:.3g})", title_justify="left")
-    for col in ("workflow type", "agent", "calls", "mean", "CV", "lo", "hi", "served by"):
-        t.add_column(col, justify="right" if col not in ("workflow type", "agent", "served by") else "left")
+    for col in ("workflow type", "agent", "calls", "mean", "CV", "lo", "hi", "served by", "chosen"):
+        t.add_column(col, justify="left" if col in ("workflow type", "agent", "served by", "chosen") else "right")
     for wt, agents in ol["agents"].items():
         for agent, b in agents.items():
-            level = "conditional (CQR)" if b.get("conditional") else b["level"]
+            level = "conditional (quantile tree)" if b.get("conditional") else b["level"]
             if b.get("method") == "lognormal" and not b.get("conditional"):
                 level += " (lognormal)"
+            chosen = (b.get("selection") or {}).get("chosen", "-")
+            if (wt, agent) in warn:
+                chosen += " [yellow]⚠[/]"
             t.add_row(wt, agent, f"{b['n']:,}", f"{b.get('mean', float('nan')):.0f}",
-                      f"{b.get('cv', float('nan')):.2f}", str(b["lo"]), str(b["hi"]), level)
+                      f"{b.get('cv', float('nan')):.2f}", str(b["lo"]), str(b["hi"]), level, chosen)
     g = ol["global"]
-    t.add_row("(all)", "(global band)", f"{g['n']:,}", "", "", str(g["lo"]), str(g["hi"]), "")
+    t.add_row("(all)", "(global band)", f"{g['n']:,}", "", "", str(g["lo"]), str(g["hi"]), "",
+              (g.get("selection") or {}).get("chosen", ""))
     console.print(t)
+    console.print("[bold]Band selection[/] (held-out coverage/mean width per candidate, K-fold by "
+                  "workflow; ✓ = reaches nominal):", highlight=False)
+    for wt, agents in ol["agents"].items():
+        for agent, b in agents.items():
+            console.print(f"  {wt}/{agent}: {selection_text(b)}", highlight=False)
+            if "certified_alpha" in b:
+                console.print(f"    U(α) certified down to α = {b['certified_alpha']:.2g}; "
+                              f"below it the ceiling {b['ceiling']:,} tokens", highlight=False)
+            for note in warn.get((wt, agent), []):
+                console.print(f"    [yellow]warning:[/] {note}", highlight=False)
     tl = d["tool_latency"]["workflow_types"]
     t = Table(title="Tool latency (lognormal MLE; TTL = served p95)", title_justify="left")
     for col in ("workflow type", "tool", "n", "mu", "sigma", "KS", "fit", "p50", "p95", "p99", "TTL"):

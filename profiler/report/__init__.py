@@ -21,6 +21,7 @@ from html import escape
 from pathlib import Path
 from typing import Any, Sequence
 
+from predictors.band_selection import band_warnings
 from profiler.report import page
 from profiler.report.graph import WorkflowGraph, edge_rows, render_svg
 
@@ -80,10 +81,12 @@ def _output_length_block(wt: str, data: dict, con) -> str:
     from profiler.report.data import band_coverage, output_histograms
 
     bands = (data.get("output_length") or {}).get("agents", {}).get(wt, {})
+    warned = {a: notes for (t, a), notes in band_warnings(data.get("output_length") or {}).items() if t == wt}
+    badge = "".join(f'<p class="note">⚠ {escape(a)}: {escape("; ".join(n))}</p>' for a, n in warned.items())
     if con is None:
         rows = [(a, b["n"], b["lo"], b["hi"], "conditional" if b.get("conditional") else b["level"])
                 for a, b in bands.items()]
-        return page.table(["agent", "calls", "lo", "hi", "served by"], rows, numeric={1, 2, 3})
+        return page.table(["agent", "calls", "lo", "hi", "served by"], rows, numeric={1, 2, 3}) + badge
     hists = output_histograms(con, wt)
     inside = band_coverage(con, wt, {a: (b["lo"], b["hi"]) for a, b in bands.items()})
     figs = []
@@ -93,7 +96,7 @@ def _output_length_block(wt: str, data: dict, con) -> str:
                                 f"output-length histogram of {agent}"))
     more = len(hists) - MAX_CHARTS
     tail = f'<p class="note">{more} more agents not drawn.</p>' if more > 0 else ""
-    return f'<div class="grid">{"".join(figs)}</div>{tail}'
+    return f'<div class="grid">{"".join(figs)}</div>{tail}{badge}'
 
 
 def _tool_block(wt: str, data: dict, con) -> str:

@@ -72,7 +72,9 @@ BoundTable = tuple[tuple[float, int], ...]
 
 def bound_at(table: BoundTable, alpha: float) -> int:
     """``U(α)`` from a table (largest α first): the entry of the largest tabulated α ≤ ``alpha``;
-    the last (most conservative) entry past the table's end."""
+    the last (most conservative) entry past the table's end. Tables from a profile with
+    ``certified_alpha`` hold the band's ceiling (twice its largest observed length, or the user's
+    ``max_output_tokens``) at every α below it, so a tiny α never yields an extrapolated bound."""
     for a, u in table:
         if a <= alpha:
             return int(u)

@@ -1,0 +1,179 @@
+"""Choosing an output-length band by cross-validation *by workflow* (the candidates and the rule).
+
+Every node of the hierarchy (global → workflow type → agent) has a few candidate bands, each a
+function of the node's training lengths. Workflows are dealt into K folds once for the whole fit
+(:func:`workflow_folds`), so an agent's fold k and its workflow type's fold k hold the same
+workflows. For every candidate, each fold's held-out calls are scored against the band fit on the
+other folds; the pooled held-out *coverage* (share inside) and *mean width* are the candidate's
+validation figures.
+
+**Candidates** (α = 1 − coverage; ceilings below):
+
+* ``order_stat`` — the order statistics at ranks ⌊(n+1)α/2⌋ and ⌈(n+1)(1−α/2)⌉ (split-conformal:
+  coverage ≥ 1 − α for exchangeable data) clipped to the sample range when n is too small for the
+  ranks (then the guarantee is only (n−1)/(n+1)).
+* ``order_stat_ceiling`` — the small-n finite-sample correction: a rank that does not exist is
+  replaced by the support's end (0 below, the ceiling above), so coverage ≥ 1 − α holds at every n.
+* ``empirical`` — ``np.quantile(y, [α/2, 1 − α/2])`` (linear interpolation: the naive band).
+* ``lognormal`` — the lognormal prediction interval exp(μ̂ ± t_{n−1,1−α/2} σ̂ √(1 + 1/n)) (n ≥ 3).
+* ``parent`` — the band the parent level serves (workflow type, then global), fit on the same folds.
+* ``conditional`` — a quantile tree with a conformal correction (:mod:`predictors.quantile_tree`).
+
+**Rule.** A candidate is *accepted* when its held-out misses m out of N are no more than a band
+at exactly nominal coverage would make, give or take its own noise:
+m ≤ α·(N+1) + z·√(N·α·(1−α)) with z = :data:`TOLERANCE_Z` = 1 (one binomial standard
+deviation). At α = 0.01 that allows 0 misses for N < 38, 1 for N < 100, 2 for N < 170, 13 of
+1,000: a small validation set gets no more slack than its own granularity, a large one about one
+standard error. (A laxer rule, a one-sided binomial test at 5 %, covered 0.956 instead of 0.970 of
+the held-out Who&When calls, docs/output-length.md.) The narrowest accepted
+candidate wins, so a band is never wider than its parent's unless validation rejects the parent
+(ties, e.g. a workflow type that is the whole log: the order of :data:`CANDIDATE_ORDER`, own
+bands first). When none is accepted, the one with the highest validation coverage (then the
+narrowest) wins and the entry says so.
+
+**Ceiling.** No band end and no U(α) exceeds the node's ceiling
+``min(max_output_tokens, ⌈CEILING_FACTOR · max(max y, 1)⌉)`` (``max_output_tokens`` when the user
+gives one — the request's ``max_tokens`` or the model's context limit — and never below max y).
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+import numpy as np
+from scipy import stats
+
+#: The largest observed length times this factor is an upper tail's ceiling.
+CEILING_FACTOR = 2.0
+#: Binomial standard deviations of held-out misses tolerated above the nominal α·(N+1).
+TOLERANCE_Z = 1.0
+#: Order of preference among equally wide candidates.
+CANDIDATE_ORDER = ("order_stat", "empirical", "order_stat_ceiling", "lognormal", "conditional", "parent")
+
+Band = tuple[float, float]
+
+
+def ceiling_of(y: np.ndarray, max_output_tokens: int | None = None) -> int:
+    """``min(cap, ⌈CEILING_FACTOR · max(max y, 1)⌉)``, never below the largest observed length."""
+    top = float(np.max(y)) if len(y) else 0.0
+    c = math.ceil(CEILING_FACTOR * max(top, 1.0))
+    if max_output_tokens:
+        c = min(c, max(int(max_output_tokens), math.ceil(top)))
+    return int(c)
+
+
+def _ranks(n: int, coverage: float) -> tuple[int, int]:
+    alpha = 1.0 - coverage
+    return math.floor((n + 1) * alpha / 2), math.ceil((n + 1) * (1 - alpha / 2))
+
+
+def _order_stats(y: np.ndarray, ranks: list[int]) -> dict[int, float]:
+    """The values at the given 1-based ranks (np.partition, O(n))."""
+    ks = sorted({k - 1 for k in ranks})
+    part = np.partition(y, ks)
+    return {k + 1: float(part[k]) for k in ks}
+
+
+def candidate_bands(y: np.ndarray, coverage: float, ceiling: int) -> dict[str, Band]:
+    """Every marginal candidate fit on ``y`` (n ≥ 1), clipped to ``[0, ceiling]``."""
+    y = np.asarray(y, dtype=float)
+    n = len(y)
+    alpha = 1.0 - coverage
+    k_lo, k_hi = _ranks(n, coverage)
+    vals = _order_stats(y, [max(k_lo, 1), min(k_hi, n)])
+    lo, hi = vals[max(k_lo, 1)], vals[min(k_hi, n)]
+    out: dict[str, Band] = {"order_stat": (lo, hi)}
+    out["order_stat_ceiling"] = (lo if k_lo >= 1 else 0.0, hi if k_hi <= n else float(ceiling))
+    q = np.quantile(y, [alpha / 2, 1 - alpha / 2])
+    out["empirical"] = (float(q[0]), float(q[1]))
+    if n >= 3:
+        z = np.log(np.maximum(y, 1.0))
+        sd = float(z.std(ddof=1))
+        if sd > 0:
+            half = float(stats.t.ppf(1 - alpha / 2, df=n - 1)) * sd * math.sqrt(1 + 1 / n)
+            mu = float(z.mean())
+            out["lognormal"] = (math.exp(min(mu - half, 700.0)), math.exp(min(mu + half, 700.0)))
+    return {k: (max(0.0, math.floor(a)), float(min(max(math.ceil(b), math.floor(a)), ceiling)))
+            for k, (a, b) in out.items()}
+
+
+def accepted(misses: int, total: int, coverage: float, z: float = TOLERANCE_Z) -> bool:
+    """m ≤ α·(N+1) + z·√(N·α·(1−α)): held-out misses compatible with nominal coverage."""
+    if total == 0:
+        return False
+    alpha = 1.0 - coverage
+    return bool(misses <= alpha * (total + 1) + z * math.sqrt(total * alpha * (1 - alpha)))
+
+
+def workflow_folds(keys: np.ndarray, n_folds: int, seed: int) -> np.ndarray:
+    """Fold (0…K−1) of every row: its workflow's place in a seeded shuffle, dealt round-robin."""
+    uniq, inv = np.unique(keys, return_inverse=True)
+    order = np.random.default_rng(seed).permutation(len(uniq))
+    return (order % max(n_folds, 1))[inv]
+
+
+class FoldScores:
+    """Held-out misses and widths of each candidate, pooled over folds."""
+
+    def __init__(self) -> None:
+        self.miss: dict[str, int] = {}
+        self.width: dict[str, float] = {}
+        self.total = 0
+
+    def add(self, name: str, y: np.ndarray, lo: np.ndarray | float, hi: np.ndarray | float) -> None:
+        self.miss[name] = self.miss.get(name, 0) + int(np.sum((y < lo) | (y > hi)))
+        w = np.broadcast_to(np.asarray(hi, dtype=float) - np.asarray(lo, dtype=float), y.shape)
+        self.width[name] = self.width.get(name, 0.0) + float(np.sum(w))
+
+    def summary(self, coverage: float) -> dict[str, dict[str, Any]]:
+        n = max(self.total, 1)
+        return {name: {"coverage": 1.0 - self.miss[name] / n, "mean_width": self.width[name] / n,
+                       "accepted": accepted(self.miss[name], self.total, coverage)}
+                for name in self.miss}
+
+
+def choose(summary: dict[str, dict[str, Any]], allowed: Callable[[str], bool] = lambda _: True
+           ) -> tuple[str, str]:
+    """(name, reason): the narrowest accepted candidate, else the best-covering one."""
+    names = [c for c in CANDIDATE_ORDER if c in summary and allowed(c)]
+    ok = [c for c in names if summary[c]["accepted"]]
+    if ok:
+        best = min(ok, key=lambda c: (summary[c]["mean_width"], names.index(c)))
+        return best, "narrowest candidate whose held-out coverage reaches nominal"
+    best = min(names, key=lambda c: (-summary[c]["coverage"], summary[c]["mean_width"], names.index(c)))
+    return best, "no candidate reached nominal on held-out workflows: highest held-out coverage"
+
+
+def band_warnings(output_length: dict[str, Any]) -> dict[tuple[str, str], list[str]]:
+    """``{(workflow type, agent): [warning, …]}`` for the ``output_length`` section of a profile:
+    a band wider than its workflow type's or the global band (validation chose it over the parent,
+    or an older profile's call-count rule did), and a degenerate agent's fallback reason."""
+    g = output_length.get("global") or {}
+    g_w = g.get("hi", 0) - g.get("lo", 0)
+    out: dict[tuple[str, str], list[str]] = {}
+    for wt, agents in (output_length.get("agents") or {}).items():
+        t = (output_length.get("workflow_types") or {}).get(wt) or {}
+        t_w = t.get("hi", 0) - t.get("lo", 0) if t else None
+        for agent, b in agents.items():
+            w = b["hi"] - b["lo"]
+            notes = []
+            if t_w is not None and w > t_w:
+                notes.append(f"wider than its workflow type's band ({w:,} > {t_w:,} tokens)")
+            if g and w > g_w:
+                notes.append(f"wider than the global band ({w:,} > {g_w:,} tokens)")
+            if b.get("fallback_reason"):
+                notes.append(b["fallback_reason"])
+            if notes:
+                out[(wt, agent)] = notes
+    return out
+
+
+def selection_text(entry: dict[str, Any]) -> str:
+    """One line: the chosen candidate and every candidate's held-out coverage/width."""
+    sel = entry.get("selection")
+    if not sel:
+        return "(profile written before validated selection)"
+    parts = [f"{name} {v['coverage']:.3f}/{v['mean_width']:,.0f}{' ✓' if v['accepted'] else ''}"
+             for name, v in sel.get("candidates", {}).items()]
+    head = f"{sel['chosen']} ({sel['reason']}; {sel.get('n_val', 0):,} held-out calls)"
+    return head + (": " + " · ".join(parts) if parts else "")
