@@ -56,6 +56,8 @@ ID_KEYS = ("workflow_type_id", "workflow_id", "agent_id")
 TOOL_FIELDS = ("mu", "sigma", "p50_s", "p95_s", "ttl_s")
 #: Agents kept per session for replaying the automaton after a profile swap.
 MAX_SESSION_AGENTS = 4096
+#: Last agents of a session kept for the variable-order sequence model (its contexts are <= 8).
+PATH_CONTEXT = 16
 
 _DEFAULT_PRIORITY = object()
 
@@ -180,6 +182,8 @@ class _Session:
     agents: list[str] = field(default_factory=list)
     path_state: Any = None
     path_version: str | None = None
+    calls: int = 0                          # calls so far (the sequence model's position)
+    tail: deque = field(default_factory=lambda: deque(maxlen=PATH_CONTEXT))  # last agents
     agent_calls: dict[str, int] = field(default_factory=dict)
     last_output: dict[str, int] = field(default_factory=dict)
     pending: OrderedDict = field(default_factory=OrderedDict)   # request_id -> (agent, band | None, issued_at)
@@ -322,6 +326,8 @@ class Predictor:
         else:
             s.truncated = True
         s.agent_calls[agent] = s.agent_calls.get(agent, 0) + 1
+        s.calls += 1
+        s.tail.append(agent)
         if m is not None and s.path_version == m.version and s.path_state is not None:
             s.path_state = m.paths[s.workflow_type_id].advance(s.path_state, agent)
 
@@ -384,6 +390,7 @@ class Predictor:
             if m is None:
                 return self._unknown(base, "no_profile")
             state = self._path_state(m, s)
+            context = (tuple(s.tail), s.calls)
             entry = m.agents.get((wt, agent))
             band = None
             if entry is not None:
@@ -405,7 +412,7 @@ class Predictor:
             return self._unknown(base, "too_little_data",
                                  f"agent {agent!r} has {entry.calls} calls: only the global band applies")
         paths = m.paths.get(wt)
-        if paths is not None and state is None:
+        if paths is not None and state is None and not getattr(paths, "has_sequence_model", False):
             return self._unknown(base, "off_path", "the session left the dominant paths of the automaton")
         ann = base
         ann["known"] = True
@@ -421,7 +428,7 @@ class Predictor:
         if entry.retain_s is not None:
             ann["retain_s"] = entry.retain_s
         if paths is not None:
-            self._path_fields(ann, paths, state)
+            self._path_fields(ann, paths, state, context)
         if self.priority_policy is not None:
             try:
                 ann["priority"] = int(self.priority_policy(ann, meta))
@@ -429,8 +436,19 @@ class Predictor:
                 log.warning("priority policy failed: %s", exc)
         return ann
 
-    def _path_fields(self, ann: dict, paths: Any, state: Any) -> None:
-        est = paths.estimates(state)
+    def _path_fields(self, ann: dict, paths: Any, state: Any,
+                     context: tuple[tuple[str, ...], int] | None = None) -> None:
+        """Path annotations: from the sequence model (``paths.predict_at``: next agents, p_end
+        and remaining work after the session's last agents, on the automaton or off it) when the
+        profile has one, else from the automaton state."""
+        if context is not None and getattr(paths, "has_sequence_model", False):
+            est = paths.predict_at(state, context[0], context[1])
+            ann["on_path"] = state is not None
+            for key in ("remaining_calls_p50", "remaining_calls_p90"):
+                if est.get(key) is not None:
+                    ann[key] = est[key]
+        else:
+            est = paths.estimates(state)
         next_agents = list(est.get("next_agents") or ())
         ann["next_agents"] = next_agents
         ann["predicted_path_regex"] = paths.regex

@@ -208,10 +208,20 @@ def sequence_models(sequences: Sequence[WorkflowSequence], counts: Sequence[int]
     ``prune``…, without text and without this selection) so that the mixture weight compares
     like with like.
     """
-    calls = [s.calls for s in sequences]
+    # identical workflows merged, in a canonical order: the folds depend only on the multiset
+    merged: Counter = Counter()
+    for s, n in zip(sequences, counts):
+        merged[(s.calls, s.step_symbols, s.step_widths)] += n
+    keys = sorted(merged)
+    first = {}
+    for s in sequences:
+        first.setdefault((s.calls, s.step_symbols, s.step_widths), s)
+    distinct = [first[k] for k in keys]
+    counts = [merged[k] for k in keys]
+    calls = [s.calls for s in distinct]
 
     def pfa_factory(indices: Sequence[int], weights: Sequence[int]):
-        fold = fit_sequences([sequences[j] for j in indices], timings, alpha=alpha,
+        fold = fit_sequences([distinct[j] for j in indices], timings, alpha=alpha,
                              prune=prune, loop_quantiles=loop_quantiles,
                              prior_weight=prior_weight, counts=list(weights), select=False)
         return _pfa_next(fold)
