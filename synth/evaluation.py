@@ -4,7 +4,8 @@ For every held-out workflow the session is replayed call by call through
 :class:`synth.session.WorkflowPaths`:
 
 * **next-agent top-1**: after each call but the last, is the most probable next agent the one
-  that actually came next? A session that left the automaton scores a miss. Inside a fan-out
+  that actually came next? (Sections without a sequence model: a session that left the
+  automaton scores a miss.) Inside a fan-out
   group the next call is often a sibling whose existence depends on the group's (random)
   width, so ``step_top1_accuracy`` also scores, after each step, the most probable next step
   (symbol of the session automaton) against the step that followed.
@@ -12,8 +13,8 @@ For every held-out workflow the session is replayed call by call through
   followed |. With a sequence model (sections fitted with selection, see
   :mod:`synth.sequence_select`) every call is scored (``scored_share`` = 1): next agent from
   the variable-order model (mixed with the automaton while on it), remaining calls from the
-  context model's median; ``log_loss`` is the mean ``−log p(actual next agent)``. Older
-  sections score only calls still on the automaton (``known_share``), with its expected
+  context model's point prediction (median or mean, chosen by validation); ``log_loss`` is
+  the mean ``−log p(actual next agent)``. Older sections score only calls still on the automaton (``known_share``), with its expected
   remaining calls. ``baselines`` (first-order and plain variable-order Markov top-1, position
   median remaining calls, :mod:`synth.markov_baselines`) are scored on the same calls;
   ``baseline_mae`` is the position-only mean's error on the automaton's calls.
@@ -152,7 +153,7 @@ def score_sequences(section: dict, sequences: Sequence[WorkflowSequence],
                 scores.position_median_abs_error += abs(base.position_median(i) - remaining)
             if modelled:
                 scores.scored_calls += 1
-                scores.model_abs_error += abs(pred.get("remaining_calls_p50",
+                scores.model_abs_error += abs(pred.get("remaining_calls_point",
                                                        pred.get("expected_remaining_calls")
                                                        or 0.0) - remaining)
             if state is None:

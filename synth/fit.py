@@ -232,7 +232,7 @@ def sequence_models(sequences: Sequence[WorkflowSequence], counts: Sequence[int]
     vomm = VariableOrderMarkov(max_order=nxt["max_order"], escape=nxt["escape"]).fit(
         calls, counts)
     remaining = RemainingWork(order=rem["order"], position=rem["position"],
-                              min_n=rem["min_n"]).fit(calls, counts, timings)
+                              min_n=rem["min_n"], point=rem["point"]).fit(calls, counts, timings)
     validation = {k: chosen[k] for k in ("folds", "workflows") if k in chosen}
     return {
         "sequence_model": {"alphabet": "agent", "vomm": vomm.to_dict(),

@@ -66,17 +66,23 @@ def remaining_rows(sequences: Sequence[Sequence[str]], weights: Sequence[float],
 class RemainingWork:
     """Context-conditioned remaining calls/seconds with quantiles (see the module docstring).
 
+    ``point`` names the point prediction scored by ``profiler eval`` (``"p50"`` or ``"mean"``,
+    chosen by validation).
+
     Fitted attributes: ``table_`` (key → [n, p50, p90, mean, mean_s]).
     """
 
     def __init__(self, order: int = 8, position: str = "bucket", min_n: int = 3,
-                 max_keys: int = 20_000) -> None:
+                 max_keys: int = 20_000, point: str = "p50") -> None:
         if position not in ("index", "bucket", "none"):
             raise ValueError(f"position must be index, bucket or none, got {position!r}")
         self.order = int(order)
         self.position = position
         self.min_n = int(min_n)
         self.max_keys = int(max_keys)
+        if point not in ("p50", "mean"):
+            raise ValueError(f"point must be p50 or mean, got {point!r}")
+        self.point = point
 
     def keys(self, history: Sequence[str], i: int) -> list[str]:
         """Lookup keys after call ``i`` with ``history`` = symbols up to and including it,
@@ -128,14 +134,17 @@ class RemainingWork:
         """``{"p50", "p90", "mean", "mean_s", "n"}`` after call ``i`` (``history`` = symbols
         up to and including it; only the last :attr:`order` are read)."""
         row = self.lookup(history, i)
-        return {"n": row[0], "p50": row[1], "p90": row[2], "mean": row[3], "mean_s": row[4]}
+        out = {"n": row[0], "p50": row[1], "p90": row[2], "mean": row[3], "mean_s": row[4]}
+        out["point"] = out[self.point]
+        return out
 
     def to_dict(self) -> dict:
         return {"order": self.order, "position": self.position, "min_n": self.min_n,
-                "max_keys": self.max_keys, "table": self.table_}
+                "max_keys": self.max_keys, "point": self.point, "table": self.table_}
 
     @classmethod
     def from_dict(cls, data: dict) -> "RemainingWork":
-        model = cls(data["order"], data["position"], data["min_n"], data.get("max_keys", 20_000))
+        model = cls(data["order"], data["position"], data["min_n"], data.get("max_keys", 20_000),
+                    data.get("point", "p50"))
         model.table_ = {k: list(v) for k, v in data["table"].items()}
         return model

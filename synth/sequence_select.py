@@ -8,12 +8,13 @@ once while the others train. For each held-out call the candidates predict
   (:class:`synth.vomm.VariableOrderMarkov`) for every ``max_order`` × ``escape`` of the grid,
   each mixed with the automaton fitted on the same training folds,
   ``p = λ·p_vomm + (1 − λ)·p_pfa`` while the session is on the automaton (``p_vomm`` alone
-  once it left it), for every λ of the grid. The candidate with the smallest mean held-out
-  log-loss ``−log p(actual)`` wins (ties: the simpler one, listed first);
+  once it left it), for every λ of the grid. The order and escape with the smallest mean
+  held-out log-loss ``−log p(actual)`` of the model alone win (that is what a session off
+  the automaton gets), then the λ with the smallest log-loss of the mixture;
 * **the remaining calls** (:class:`synth.remaining.RemainingWork`) for every ``order`` ×
-  ``position`` × ``min_n``: the candidate with the smallest mean absolute error of its median
-  wins; ``order = 0`` is the position-median baseline, so the choice is never worse than it
-  on the validation folds.
+  ``position`` × ``min_n`` × point (median or mean): the candidate with the smallest mean
+  absolute error wins among those that beat the position median (``order = 0``, median) by
+  more than one standard error of the paired per-workflow difference.
 
 At most ``max_workflows`` workflows (a seeded multinomial sample of the distinct paths by
 their counts) take part, which keeps the cost flat on large stores; the fit itself then uses
@@ -35,7 +36,12 @@ MIXTURES = (1.0, 0.75, 0.5, 0.25, 0.0)
 REMAINING_ORDERS = (0, 1, 2, 3, 4, 6, 8)
 REMAINING_POSITIONS = ("none", "bucket")
 REMAINING_MIN_N = (1, 3, 10)
+#: Point predictions scored: the median (best in-sample MAE) or the mean (steadier when the
+#: held-out workflows' lengths drift from the training ones); column in the table rows.
+REMAINING_POINTS = {"p50": 1, "mean": 3}
 EPS = 1e-6
+#: The position-median baseline among the remaining-work candidates.
+BASE_REMAINING = (0, REMAINING_POSITIONS[0], REMAINING_MIN_N[0], "p50")
 
 #: ``pfa_factory(indices, counts) -> callable(history) -> {symbol: p} | None``: the automaton
 #: fitted on ``counts[k]`` copies of the training path ``indices[k]`` (indices into the
@@ -82,7 +88,7 @@ def select_models(sequences: Sequence[Sequence[str]], counts: Sequence[int],
     if total < max(folds, 2):
         return {"next": {"max_order": 3, "escape": 1.0, "mixture": 1.0,
                          "reason": f"{total} workflows: too few to cross-validate"},
-                "remaining": {"order": 2, "position": "none", "min_n": 1,
+                "remaining": {"order": 0, "position": "none", "min_n": 1, "point": "p50",
                               "reason": f"{total} workflows: too few to cross-validate"}}
     split = fold_counts(sub, folds, seed)
     n_cfg = len(ORDERS) * len(ESCAPES)
@@ -151,11 +157,12 @@ def select_models(sequences: Sequence[Sequence[str]], counts: Sequence[int],
                                 if row is not None and row[0] >= min_n:
                                     break
                             else:
-                                row = rows[m] or rows[m + 1] or [0.0, 0.0]
-                            row_err[(order, pos, min_n)] += abs(row[1] - truth)
+                                row = rows[m] or rows[m + 1] or [0.0] * 5
+                            for point, col in REMAINING_POINTS.items():
+                                row_err[(order, pos, min_n, point)] += abs(row[col] - truth)
             for cand, e in row_err.items():
                 rem_err[cand] += w * e
-            base_e = row_err[(0, REMAINING_POSITIONS[0], REMAINING_MIN_N[0])]
+            base_e = row_err[BASE_REMAINING]
             for cand, e in row_err.items():  # paired differences to the position median
                 rem_diff[cand][0] += w * (e - base_e)
                 rem_diff[cand][1] += w * (e - base_e) ** 2
@@ -185,7 +192,11 @@ def _choose_next(loss: np.ndarray, hits: np.ndarray, events: float, agent_events
             cands.append({"max_order": order, "escape": escape, "mixture": lam,
                           "log_loss": round(float(loss[c, m] / events), 5),
                           "top1": round(float(hits[c, m] / max(agent_events, 1e-12)), 5)})
-    best = min(cands, key=lambda d: d["log_loss"])
+    # the model alone first (it is all a session off the automaton gets), then its weight
+    alone = [d for d in cands if d["mixture"] == 1.0]
+    first = min(alone, key=lambda d: d["log_loss"])
+    best = min((d for d in cands if d["max_order"] == first["max_order"]
+                and d["escape"] == first["escape"]), key=lambda d: d["log_loss"])
     top = sorted(cands, key=lambda d: d["log_loss"])[:5]
     return {**{k: best[k] for k in ("max_order", "escape", "mixture")},
             "validation_log_loss": best["log_loss"], "best_candidates": top,
@@ -200,7 +211,7 @@ def _choose_remaining(err: Mapping[tuple, float], diff: Mapping[tuple, list], ca
     median itself): a context that helps only within the noise of a few dozen workflows
     is not trusted to help on new ones."""
     scores = sorted((e / calls, key) for key, e in err.items())
-    base_key = (0, REMAINING_POSITIONS[0], REMAINING_MIN_N[0])
+    base_key = BASE_REMAINING
 
     def significant(key: tuple) -> bool:
         s1, s2 = diff[key]
@@ -209,11 +220,11 @@ def _choose_remaining(err: Mapping[tuple, float], diff: Mapping[tuple, list], ca
         mean = s1 / workflows
         var = max(s2 / workflows - mean * mean, 0.0) * workflows / (workflows - 1)
         return mean + (var / workflows) ** 0.5 < 0.0
-    mae, (order, pos, min_n) = next((m, k) for m, k in scores if significant(k))
+    mae, (order, pos, min_n, point) = next((m, k) for m, k in scores if significant(k))
     baseline = err[base_key] / calls
-    return {"order": order, "position": pos, "min_n": min_n,
+    return {"order": order, "position": pos, "min_n": min_n, "point": point,
             "validation_mae": round(mae, 5), "position_median_mae": round(baseline, 5),
             "rule": "best validation MAE among candidates better than the position median "
                     "by more than one standard error (paired by workflow)",
             "best_candidates": [{"order": k[0], "position": k[1], "min_n": k[2],
-                                 "mae": round(s, 5)} for s, k in scores[:5]]}
+                                 "point": k[3], "mae": round(s, 5)} for s, k in scores[:5]]}

@@ -142,6 +142,7 @@ class WorkflowPaths:
             out["expected_remaining_calls"] = rem["mean"]
             out["remaining_calls_p50"] = rem["p50"]
             out["remaining_calls_p90"] = rem["p90"]
+            out["remaining_calls_point"] = rem["point"]
             out["expected_remaining_s"] = rem["mean_s"]
         elif auto is not None:
             out["expected_remaining_calls"] = auto["expected_remaining_calls"]
