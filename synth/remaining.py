@@ -9,13 +9,14 @@ automaton's ``expected_remaining_s`` estimates).
 
 Keys, from the most specific to the least:
 
-    (last k symbols, position)  →  (last k−1, position)  →  …  →  (position)  →  (all calls)
+    (last k symbols, position)  →  (last k−1, position)  →  …  →  (position)  →  0
 
 where *position* is the exact call index (``position="index"``), a coarse bucket of it
 (``"bucket"``: exact below 8, then half-octaves), or nothing (``"none"``: context only, the
 position level then is the exact index). A context key seen fewer than ``min_n`` times is
 skipped (back off one level); the position level is used whenever the index was seen in
-training, exactly like the position-median baseline. ``k``, ``position`` and ``min_n`` are chosen by cross-validation by
+training, exactly like the position-median baseline; a session longer than every training
+workflow is predicted to end (0 calls to come, as the baseline does). ``k``, ``position`` and ``min_n`` are chosen by cross-validation by
 workflow (:mod:`synth.sequence_select`); ``k = 0`` is the position-median baseline itself.
 """
 from __future__ import annotations
@@ -91,7 +92,6 @@ class RemainingWork:
         out = [SEP.join(history[len(history) - k:]) + "|" + pos
                for k in range(min(self.order, len(history)), 0, -1)]
         out.append("|i" + str(i))
-        out.append("|")
         return out
 
     def fit(self, sequences: Sequence[Sequence[str]], weights: Sequence[float] | None = None,
@@ -111,8 +111,8 @@ class RemainingWork:
             table[key] = [round(float(n), 3), p50, p90,
                           round(float(np.average(arr[:, 0], weights=arr[:, 2])), 4),
                           round(float(np.average(arr[:, 1], weights=arr[:, 2])), 4)]
-        if len(table) > self.max_keys:  # keep the best-supported keys (the root always)
-            ranked = sorted(table, key=lambda k: (k != "|", -table[k][0], k))
+        if len(table) > self.max_keys:  # keep the best-supported keys (positions always)
+            ranked = sorted(table, key=lambda k: (not k.startswith("|"), -table[k][0], k))
             table = {k: table[k] for k in ranked[:self.max_keys]}
         self.table_ = table
         return self

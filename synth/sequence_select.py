@@ -14,7 +14,7 @@ once while the others train. For each held-out call the candidates predict
 * **the remaining calls** (:class:`synth.remaining.RemainingWork`) for every ``order`` ×
   ``position`` × ``min_n`` × point (median or mean): the candidate with the smallest mean
   absolute error wins among those that beat the position median (``order = 0``, median) by
-  more than one standard error of the paired per-workflow difference.
+  more than two standard errors of the paired per-workflow difference.
 
 At most ``max_workflows`` workflows (a seeded multinomial sample of the distinct paths by
 their counts) take part, which keeps the cost flat on large stores; the fit itself then uses
@@ -40,6 +40,8 @@ REMAINING_MIN_N = (1, 3, 10)
 #: held-out workflows' lengths drift from the training ones); column in the table rows.
 REMAINING_POINTS = {"p50": 1, "mean": 3}
 EPS = 1e-6
+#: How many standard errors a remaining-work candidate must beat the position median by.
+SE_FACTOR = 2.0
 #: The position-median baseline among the remaining-work candidates.
 BASE_REMAINING = (0, REMAINING_POSITIONS[0], REMAINING_MIN_N[0], "p50")
 
@@ -150,14 +152,14 @@ def select_models(sequences: Sequence[Sequence[str]], counts: Sequence[int],
                 for pos, model in rem.items():
                     keys = model.keys(seq[max(0, i + 1 - model.order):i + 1], i)
                     rows = [model.table_.get(k) for k in keys]
-                    m = len(keys) - 2  # context keys, longest first
+                    m = len(keys) - 1  # context keys, longest first, then the position
                     for order in REMAINING_ORDERS:
                         for min_n in REMAINING_MIN_N:
                             for row in rows[m - min(order, m):m]:
                                 if row is not None and row[0] >= min_n:
                                     break
                             else:
-                                row = rows[m] or rows[m + 1] or [0.0] * 5
+                                row = rows[m] or [0.0] * 5
                             for point, col in REMAINING_POINTS.items():
                                 row_err[(order, pos, min_n, point)] += abs(row[col] - truth)
             for cand, e in row_err.items():
@@ -207,9 +209,9 @@ def _choose_next(loss: np.ndarray, hits: np.ndarray, events: float, agent_events
 def _choose_remaining(err: Mapping[tuple, float], diff: Mapping[tuple, list], calls: float,
                       workflows: float) -> dict:
     """The best candidate by validation MAE among those that beat the position median by
-    more than one standard error of the paired per-workflow difference (else the position
-    median itself): a context that helps only within the noise of a few dozen workflows
-    is not trusted to help on new ones."""
+    more than :data:`SE_FACTOR` standard errors of the paired per-workflow difference (else
+    the position median itself): a context that helps only within the noise of a few dozen
+    workflows is not trusted to help on new ones."""
     scores = sorted((e / calls, key) for key, e in err.items())
     base_key = BASE_REMAINING
 
@@ -219,12 +221,12 @@ def _choose_remaining(err: Mapping[tuple, float], diff: Mapping[tuple, list], ca
             return key == base_key
         mean = s1 / workflows
         var = max(s2 / workflows - mean * mean, 0.0) * workflows / (workflows - 1)
-        return mean + (var / workflows) ** 0.5 < 0.0
+        return mean + SE_FACTOR * (var / workflows) ** 0.5 < 0.0
     mae, (order, pos, min_n, point) = next((m, k) for m, k in scores if significant(k))
     baseline = err[base_key] / calls
     return {"order": order, "position": pos, "min_n": min_n, "point": point,
             "validation_mae": round(mae, 5), "position_median_mae": round(baseline, 5),
             "rule": "best validation MAE among candidates better than the position median "
-                    "by more than one standard error (paired by workflow)",
+                    f"by more than {SE_FACTOR:g} standard errors (paired by workflow)",
             "best_candidates": [{"order": k[0], "position": k[1], "min_n": k[2],
                                  "point": k[3], "mae": round(s, 5)} for s, k in scores[:5]]}
