@@ -14,8 +14,8 @@ For every held-out workflow the session is replayed call by call through
   :mod:`synth.sequence_select`) every call is scored (``scored_share`` = 1): next agent from
   the variable-order model (mixed with the automaton while on it), remaining calls from the
   context model's point prediction (median or mean, chosen by validation); ``log_loss`` is
-  the mean ``−log p(actual next agent)``. Older sections score only calls still on the automaton (``known_share``), with its expected
-  remaining calls. ``baselines`` (first-order and plain variable-order Markov top-1, position
+  the mean ``−log p(actual next agent)``. Older sections score only calls still on the
+  automaton (``known_share``), with its expected remaining calls. ``baselines`` (first-order and plain variable-order Markov top-1, position
   median remaining calls, :mod:`synth.markov_baselines`) are scored on the same calls;
   ``baseline_mae`` is the position-only mean's error on the automaton's calls.
 * **acceptance**: share of workflows whose whole sequence is accepted by the pruned PFA (step

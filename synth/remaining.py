@@ -16,8 +16,9 @@ where *position* is the exact call index (``position="index"``), a coarse bucket
 position level then is the exact index). A context key seen fewer than ``min_n`` times is
 skipped (back off one level); the position level is used whenever the index was seen in
 training, exactly like the position-median baseline; a session longer than every training
-workflow is predicted to end (0 calls to come, as the baseline does). ``k``, ``position`` and ``min_n`` are chosen by cross-validation by
-workflow (:mod:`synth.sequence_select`); ``k = 0`` is the position-median baseline itself.
+workflow is predicted to end (0 calls to come, as the baseline does). ``k``, ``position``,
+``min_n`` and the point prediction are chosen by cross-validation by workflow
+(:mod:`synth.sequence_select`); ``k = 0`` with the median is the position-median baseline.
 """
 from __future__ import annotations
 
@@ -144,7 +145,8 @@ class RemainingWork:
 
     @classmethod
     def from_dict(cls, data: dict) -> "RemainingWork":
-        model = cls(data["order"], data["position"], data["min_n"], data.get("max_keys", 20_000),
+        model = cls(data["order"], data["position"], data["min_n"], data.get("max_keys",
+        20_000),
                     data.get("point", "p50"))
         model.table_ = {k: list(v) for k, v in data["table"].items()}
         return model

@@ -42,6 +42,9 @@ REMAINING_POINTS = {"p50": 1, "mean": 3}
 EPS = 1e-6
 #: How many standard errors a remaining-work candidate must beat the position median by.
 SE_FACTOR = 2.0
+#: Remaining-work validation: folds and repeats (different fold draws), pooled.
+REMAINING_FOLDS = 5
+REMAINING_REPEATS = 2
 #: The position-median baseline among the remaining-work candidates.
 BASE_REMAINING = (0, REMAINING_POSITIONS[0], REMAINING_MIN_N[0], "p50")
 
@@ -96,12 +99,8 @@ def select_models(sequences: Sequence[Sequence[str]], counts: Sequence[int],
     n_cfg = len(ORDERS) * len(ESCAPES)
     loss = np.zeros((n_cfg, len(MIXTURES)))
     hits = np.zeros((n_cfg, len(MIXTURES)))
-    rem_err: dict[tuple, float] = defaultdict(float)
-    rem_diff: dict[tuple, list] = defaultdict(lambda: [0.0, 0.0])
-    rem_workflows = 0.0
     events = agent_events = 0.0
     lams = np.array(MIXTURES)
-    calls = 0.0
     for f in range(folds):
         train = split.sum(axis=1) - split[:, f]
         test = split[:, f]
@@ -113,8 +112,6 @@ def select_models(sequences: Sequence[Sequence[str]], counts: Sequence[int],
         vomm = VariableOrderMarkov(max_order=max(ORDERS)).fit(tr_seqs, tr_w)
         pfa = pfa_factory(keep[tr].tolist(), tr_w) if pfa_factory is not None else None
         index = {y: i for i, y in enumerate(vomm.vocab_)}
-        rem = {pos: RemainingWork(max(REMAINING_ORDERS), pos, 1).fit(tr_seqs, tr_w)
-               for pos in REMAINING_POSITIONS}
         memo: dict[tuple, tuple] = {}
         for j in te:
             seq, w = seqs[j], float(test[j])
@@ -144,34 +141,62 @@ def select_models(sequences: Sequence[Sequence[str]], counts: Sequence[int],
                 if t < len(seq):  # top-1 over agents, as profiler eval scores it
                     agent_events += w
                     hits += w * (np.argmax(mixed[..., :-1], axis=-1) == actual).T
-            n = len(seq)
-            row_err: dict[tuple, float] = defaultdict(float)  # this workflow's errors
-            for i in range(n):
-                calls += w
-                truth = n - 1 - i
-                for pos, model in rem.items():
-                    keys = model.keys(seq[max(0, i + 1 - model.order):i + 1], i)
-                    rows = [model.table_.get(k) for k in keys]
-                    m = len(keys) - 1  # context keys, longest first, then the position
-                    for order in REMAINING_ORDERS:
-                        for min_n in REMAINING_MIN_N:
-                            for row in rows[m - min(order, m):m]:
-                                if row is not None and row[0] >= min_n:
-                                    break
-                            else:
-                                row = rows[m] or [0.0] * 5
-                            for point, col in REMAINING_POINTS.items():
-                                row_err[(order, pos, min_n, point)] += abs(row[col] - truth)
-            for cand, e in row_err.items():
-                rem_err[cand] += w * e
-            base_e = row_err[BASE_REMAINING]
-            for cand, e in row_err.items():  # paired differences to the position median
-                rem_diff[cand][0] += w * (e - base_e)
-                rem_diff[cand][1] += w * (e - base_e) ** 2
-            rem_workflows += w
     return {"next": _choose_next(loss, hits, events, agent_events, pfa_factory is not None),
-            "remaining": _choose_remaining(rem_err, rem_diff, calls, rem_workflows), "folds": folds,
-            "workflows": total}
+            "remaining": _remaining_cv(seqs, sub, REMAINING_FOLDS, REMAINING_REPEATS, seed),
+            "folds": folds, "workflows": total}
+
+
+def _remaining_cv(seqs: Sequence[tuple], counts: np.ndarray, folds: int, repeats: int,
+                  seed: int) -> dict:
+    """Remaining-work candidates scored by ``repeats`` × ``folds``-fold CV by workflow (no
+    automaton is fitted here, so repeating is cheap and steadies the choice on small data)."""
+    rem_err: dict[tuple, float] = defaultdict(float)
+    rem_diff: dict[tuple, list] = defaultdict(lambda: [0.0, 0.0])
+    calls = rem_workflows = 0.0
+    for r in range(repeats):
+        split = fold_counts(counts, folds, seed + 1 + r)
+        for f in range(folds):
+            train = split.sum(axis=1) - split[:, f]
+            test = split[:, f]
+            tr = np.flatnonzero(train)
+            if len(tr) == 0:
+                continue
+            tr_seqs, tr_w = [seqs[j] for j in tr], train[tr].tolist()
+            rem = {pos: RemainingWork(max(REMAINING_ORDERS), pos, 1).fit(tr_seqs, tr_w)
+                   for pos in REMAINING_POSITIONS}
+            for j in np.flatnonzero(test):
+                seq, w = seqs[j], float(test[j])
+                n = len(seq)
+                row_err: dict[tuple, float] = defaultdict(float)  # this workflow's errors
+                for i in range(n):
+                    calls += w
+                    truth = n - 1 - i
+                    for pos, model in rem.items():
+                        keys = model.keys(seq[max(0, i + 1 - model.order):i + 1], i)
+                        rows = [model.table_.get(k) for k in keys]
+                        m = len(keys) - 1  # context keys, longest first, then the position
+                        for order in REMAINING_ORDERS:
+                            for min_n in REMAINING_MIN_N:
+                                for row in rows[m - min(order, m):m]:
+                                    if row is not None and row[0] >= min_n:
+                                        break
+                                else:
+                                    row = rows[m] or [0.0] * 5
+                                for point, col in REMAINING_POINTS.items():
+                                    row_err[(order, pos, min_n, point)] += abs(row[col]
+                                                                   - truth)
+                for cand, e in row_err.items():
+                    rem_err[cand] += w * e
+                base_e = row_err[BASE_REMAINING]
+                for cand, e in row_err.items():  # paired differences to the position median
+                    rem_diff[cand][0] += w * (e - base_e)
+                    rem_diff[cand][1] += w * (e - base_e) ** 2
+                rem_workflows += w
+    # a workflow is held out once per repeat: its paired difference is averaged over repeats
+    diff = {k: [v[0] / repeats, v[1] / repeats] for k, v in rem_diff.items()}
+    out = _choose_remaining(rem_err, diff, calls, rem_workflows / repeats)
+    out.update(folds=folds, repeats=repeats)
+    return out
 
 
 def _vomm_vectors(vomm: VariableOrderMarkov, history: Sequence[str]) -> list[np.ndarray]:
