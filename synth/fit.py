@@ -182,9 +182,11 @@ def _pfa_next(section: dict):
     states: dict[tuple, int | None] = {(): paths.start()}
 
     def state_of(history: tuple) -> int | None:
-        if history not in states:
-            prev = state_of(history[:-1])
-            states[history] = paths.advance(prev, history[-1])
+        k = len(history)
+        while history[:k] not in states:  # longest memoized prefix, then step forward
+            k -= 1
+        for j in range(k, len(history)):
+            states[history[:j + 1]] = paths.advance(states[history[:j]], history[j])
         return states[history]
 
     def predict(history: Sequence[str]) -> dict[str, float] | None:
@@ -238,6 +240,6 @@ def sequence_models(sequences: Sequence[WorkflowSequence], counts: Sequence[int]
         "sequence_model": {"alphabet": "agent", "vomm": vomm.to_dict(),
                            "mixture": nxt["mixture"],
                            "selection": {**nxt, **validation}},
-        "remaining_model": {**remaining.to_dict(), "selection": {**rem, **validation}},
+        "remaining_model": {**remaining.to_dict(), "selection": {**validation, **rem}},
         "baselines": fit_baselines(calls, counts),
     }
