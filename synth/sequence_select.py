@@ -42,9 +42,11 @@ REMAINING_POINTS = {"p50": 1, "mean": 3}
 EPS = 1e-6
 #: How many standard errors a remaining-work candidate must beat the position median by.
 SE_FACTOR = 2.0
-#: Remaining-work validation: folds and repeats (different fold draws), pooled.
+#: Remaining-work validation: folds and repeats (different fold draws), pooled; repeated
+#: only below ``REPEAT_BELOW`` workflows, where one draw of folds is noisy.
 REMAINING_FOLDS = 5
 REMAINING_REPEATS = 2
+REPEAT_BELOW = 300
 #: The position-median baseline among the remaining-work candidates.
 BASE_REMAINING = (0, REMAINING_POSITIONS[0], REMAINING_MIN_N[0], "p50")
 
@@ -142,7 +144,8 @@ def select_models(sequences: Sequence[Sequence[str]], counts: Sequence[int],
                     agent_events += w
                     hits += w * (np.argmax(mixed[..., :-1], axis=-1) == actual).T
     return {"next": _choose_next(loss, hits, events, agent_events, pfa_factory is not None),
-            "remaining": _remaining_cv(seqs, sub, REMAINING_FOLDS, REMAINING_REPEATS, seed),
+            "remaining": _remaining_cv(seqs, sub, REMAINING_FOLDS,
+                                       REMAINING_REPEATS if total < REPEAT_BELOW else 1, seed),
             "folds": folds, "workflows": total}
 
 
