@@ -130,3 +130,15 @@ def test_baselines_by_hand():
     assert base.markov1(["a", "b"]) == "d" and base.markov1([]) == "a"
     assert base.markov_vo(["a", "b"]) == "d" and base.markov_vo(["q"]) is not None
     assert [base.position_median(i) for i in range(4)] == [2.0, 1.0, 0.0, 0.0]
+
+
+def test_section_survives_json_and_records_the_choice():
+    section, _ = _section([["p", "c", "r"]] * 20 + [["p", "c", "c", "r"]] * 10)
+    back = WorkflowPaths.from_section(json.loads(json.dumps(section)))
+    paths = WorkflowPaths.from_section(section)
+    history = ["p", "c", "c"]
+    assert back.predict(None, history) == paths.predict(None, history)
+    sel = section["sequence_model"]["selection"]
+    assert sel["max_order"] in (1, 2, 3, 4, 6, 8) and 0.0 <= section["sequence_model"]["mixture"] <= 1
+    assert section["remaining_model"]["selection"]["position_median_mae"] >= \
+        section["remaining_model"]["selection"]["validation_mae"]
