@@ -84,8 +84,10 @@ def select_models(sequences: Sequence[Sequence[str]], counts: Sequence[int],
                   max_workflows: int = 1000, seed: int = 0) -> dict:
     """Cross-validated choice of the next-symbol model and the remaining-work model.
 
-    Returns ``{"next": {...chosen params, "scores": [...]}, "remaining": {...}}``; with fewer
-    than ``folds`` workflows the defaults are returned with ``"reason"``.
+    Returns ``{"next": {max_order, escape, mixture, validation_log_loss, best_candidates…},
+    "remaining": {order, position, min_n, point, validation_mae, position_median_mae…},
+    "folds", "workflows"}``; with fewer than ``folds`` workflows the defaults (order 3, no
+    automaton mixing; the position median) come back with ``"reason"``.
     """
     sub = subsample(counts, max_workflows, seed)
     keep = np.flatnonzero(sub)
