@@ -72,6 +72,8 @@ PENDING_BYTES = 320
 AGENT_ENTRY_BYTES = 160
 #: Extra bytes per kept response (its dict and deque slot) on top of the text itself.
 RECENT_ENTRY_BYTES = 360
+#: Last agents of a session kept for the variable-order sequence model (its contexts are <= 8).
+PATH_CONTEXT = 16
 
 _DEFAULT_PRIORITY = object()
 
@@ -180,6 +182,15 @@ class CompiledProfile:
                            retain_s=first.get("ttl_s", first.get("p95_s")),
                            upper_bounds=upper, mean_output=mean_out)
 
+    def global_for_lack_of_data(self, wt: str, agent: str) -> bool:
+        """True when the agent is served the global band because it has too little data (a
+        degenerate agent, or a profile written before bands were chosen by validation), False
+        when held-out validation chose the global band as the narrowest that holds coverage."""
+        if self.bands is None:
+            return True
+        band, level = self.bands.lookup(wt, agent)
+        return level == "global" and ("selection" not in band or bool(band.get("fallback_reason")))
+
     def band(self, wt: str, agent: str, entry: _AgentEntry, features: Mapping) -> tuple[int, int, str] | None:
         if entry.static_band is not None:
             return entry.static_band
@@ -196,6 +207,8 @@ class _Session:
     agents: list[str] = field(default_factory=list)
     path_state: Any = None
     path_version: str | None = None
+    calls: int = 0                          # calls so far (the sequence model's position)
+    tail: deque = field(default_factory=lambda: deque(maxlen=PATH_CONTEXT))  # last agents
     agent_calls: dict[str, int] = field(default_factory=dict)
     last_output: dict[str, int] = field(default_factory=dict)
     pending: OrderedDict = field(default_factory=OrderedDict)   # request_id -> (agent, band | None, issued_at)
@@ -429,6 +442,8 @@ class Predictor:
         else:
             s.truncated = True
         s.agent_calls[agent] = s.agent_calls.get(agent, 0) + 1
+        s.calls += 1
+        s.tail.append(agent)
         if m is not None and s.path_version == m.version and s.path_state is not None:
             s.path_state = m.paths[s.workflow_type_id].advance(s.path_state, agent)
 
@@ -492,6 +507,7 @@ class Predictor:
                 self._account(s)
                 return self._unknown(base, "no_profile")
             state = self._path_state(m, s)
+            context = (tuple(s.tail), s.calls)
             entry = m.agents.get((wt, agent))
             band = None
             if entry is not None:
@@ -510,11 +526,11 @@ class Predictor:
             return self._unknown(base, "shadow", self.gate.reason(wt))
         if entry is None:
             return self._unknown(base, "unknown_agent")
-        if band is None or band[2] == "global":
+        if band is None or (band[2] == "global" and m.global_for_lack_of_data(wt, agent)):
             return self._unknown(base, "too_little_data",
                                  f"agent {agent!r} has {entry.calls} calls: only the global band applies")
         paths = m.paths.get(wt)
-        if paths is not None and state is None:
+        if paths is not None and state is None and not getattr(paths, "has_sequence_model", False):
             return self._unknown(base, "off_path", "the session left the dominant paths of the automaton")
         ann = base
         ann["known"] = True
@@ -530,7 +546,7 @@ class Predictor:
         if entry.retain_s is not None:
             ann["retain_s"] = entry.retain_s
         if paths is not None:
-            self._path_fields(ann, paths, state)
+            self._path_fields(ann, paths, state, context)
         if self.priority_policy is not None:
             try:
                 ann["priority"] = int(self.priority_policy(ann, meta))
@@ -538,8 +554,19 @@ class Predictor:
                 log.warning("priority policy failed: %s", exc)
         return ann
 
-    def _path_fields(self, ann: dict, paths: Any, state: Any) -> None:
-        est = paths.estimates(state)
+    def _path_fields(self, ann: dict, paths: Any, state: Any,
+                     context: tuple[tuple[str, ...], int] | None = None) -> None:
+        """Path annotations: from the sequence model (``paths.predict_at``: next agents, p_end
+        and remaining work after the session's last agents, on the automaton or off it) when the
+        profile has one, else from the automaton state."""
+        if context is not None and getattr(paths, "has_sequence_model", False):
+            est = paths.predict_at(state, context[0], context[1])
+            ann["on_path"] = state is not None
+            for key in ("remaining_calls_p50", "remaining_calls_p90"):
+                if est.get(key) is not None:
+                    ann[key] = est[key]
+        else:
+            est = paths.estimates(state)
         next_agents = list(est.get("next_agents") or ())
         ann["next_agents"] = next_agents
         ann["predicted_path_regex"] = paths.regex

@@ -4,13 +4,20 @@ For every held-out workflow the session is replayed call by call through
 :class:`synth.session.WorkflowPaths`:
 
 * **next-agent top-1**: after each call but the last, is the most probable next agent the one
-  that actually came next? A session that left the automaton scores a miss. Inside a fan-out
+  that actually came next? (Sections without a sequence model: a session that left the
+  automaton scores a miss.) Inside a fan-out
   group the next call is often a sibling whose existence depends on the group's (random)
   width, so ``step_top1_accuracy`` also scores, after each step, the most probable next step
   (symbol of the session automaton) against the step that followed.
-* **remaining-calls MAE**: after each call, | expected remaining calls − calls that really
-  followed |, over calls whose session is still on the automaton (``known_share`` says how
-  many); ``baseline_mae`` is the same error for the position-only mean.
+* **remaining-calls MAE**: after each call, | predicted remaining calls − calls that really
+  followed |. With a sequence model (sections fitted with selection, see
+  :mod:`synth.sequence_select`) every call is scored (``scored_share`` = 1): next agent from
+  the variable-order model (mixed with the automaton while on it), remaining calls from the
+  context model's point prediction (median or mean, chosen by validation); ``log_loss`` is
+  the mean ``−log p(actual next agent)``. Older sections score only calls still on the
+  automaton (``known_share``), with its expected remaining calls. ``baselines`` (first-order and plain variable-order Markov top-1, position
+  median remaining calls, :mod:`synth.markov_baselines`) are scored on the same calls;
+  ``baseline_mae`` is the position-only mean's error on the automaton's calls.
 * **acceptance**: share of workflows whose whole sequence is accepted by the pruned PFA (step
   symbols), by the bounded regex parsed back into an NFA (calls), and by the session tracker
   (call by call on the counting session automaton: never left it and ended where the workflow
@@ -18,8 +25,11 @@ For every held-out workflow the session is replayed call by call through
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, fields
 from typing import Sequence
+
+from synth.markov_baselines import BaselinePredictor
 
 from synth.pfa import PFA
 from synth.session import WorkflowPaths
@@ -42,6 +52,15 @@ class PathScores:
     known_calls: int = 0
     abs_error: float = 0.0
     baseline_abs_error: float = 0.0
+    next_scored: int = 0
+    log_loss_sum: float = 0.0
+    scored_calls: int = 0
+    model_abs_error: float = 0.0
+    baseline_events: int = 0
+    markov1_correct: int = 0
+    markov_vo_correct: int = 0
+    position_median_abs_error: float = 0.0
+    baseline_calls: int = 0
 
     def add(self, other: "PathScores") -> None:
         for f in fields(self):
@@ -52,6 +71,12 @@ class PathScores:
             return float(a / b) if b else None
         return {
             "next_agent": {"top1_accuracy": ratio(self.next_correct, self.next_total),
+                           "log_loss": ratio(self.log_loss_sum, self.next_scored),
+                           "scored_share": ratio(self.next_scored, self.next_total),
+                           "baselines": {
+                               "markov1": ratio(self.markov1_correct, self.baseline_events),
+                               "markov_vo": ratio(self.markov_vo_correct,
+                                                  self.baseline_events)},
                            "n": self.next_total,
                            "step_top1_accuracy": ratio(self.step_correct, self.step_total),
                            "n_steps": self.step_total},
@@ -59,11 +84,18 @@ class PathScores:
                      "pfa_acceptance": ratio(self.pfa_accepted, self.workflows),
                      "session_acceptance": ratio(self.session_accepted, self.workflows),
                      "n_workflows": self.workflows},
-            "remaining_calls": {"mae": ratio(self.abs_error, self.known_calls),
+            "remaining_calls": {"mae": (ratio(self.model_abs_error, self.scored_calls)
+                                        if self.scored_calls else
+                                        ratio(self.abs_error, self.known_calls)),
+                                "scored_share": ratio(self.scored_calls or self.known_calls,
+                                                      self.calls),
+                                "baselines": {"position_median": ratio(
+                                    self.position_median_abs_error, self.baseline_calls)},
+                                "automaton_mae": ratio(self.abs_error, self.known_calls),
                                 "baseline_mae": ratio(self.baseline_abs_error,
                                                       self.known_calls),
                                 "known_share": ratio(self.known_calls, self.calls),
-                                "n": self.known_calls},
+                                "n": self.calls},
         }
 
 
@@ -74,6 +106,8 @@ def score_sequences(section: dict, sequences: Sequence[WorkflowSequence],
     pfa = PFA.from_dict(section["pfa"])
     stepper = PFA.from_dict(section.get("session_pfa") or section["pfa"])
     baseline = section.get("remaining_calls_by_index", [])
+    modelled = paths.has_sequence_model
+    base = BaselinePredictor(section["baselines"]) if section.get("baselines") else None
     scores = PathScores()
     regex_memo: dict[tuple[str, ...], bool] = {}  # the NFA check is the slow part
     for seq in sequences:
@@ -96,11 +130,32 @@ def score_sequences(section: dict, sequences: Sequence[WorkflowSequence],
         for i, state in enumerate(states):
             scores.calls += 1
             remaining = n - 1 - i
+            history = seq.calls[:i + 1]
+            pred = paths.predict_at(state, history, i + 1) if modelled else None
             if i < n - 1:
+                actual = seq.calls[i + 1]
                 scores.next_total += 1
-                if state is not None:
+                if modelled:
+                    nxt = pred["next_agents"]
+                    scores.next_scored += 1
+                    p = paths.vomm_probability(state, history, actual)
+                    scores.log_loss_sum -= math.log(max(p, 1e-6))
+                    scores.next_correct += bool(nxt) and nxt[0]["agent_id"] == actual
+                elif state is not None:
                     nxt = paths.estimates(state)["next_agents"]
-                    scores.next_correct += bool(nxt) and nxt[0]["agent_id"] == seq.calls[i + 1]
+                    scores.next_correct += bool(nxt) and nxt[0]["agent_id"] == actual
+                if base is not None:
+                    scores.baseline_events += 1
+                    scores.markov1_correct += base.markov1(history) == actual
+                    scores.markov_vo_correct += base.markov_vo(history) == actual
+            if base is not None:
+                scores.baseline_calls += 1
+                scores.position_median_abs_error += abs(base.position_median(i) - remaining)
+            if modelled:
+                scores.scored_calls += 1
+                scores.model_abs_error += abs(pred.get("remaining_calls_point",
+                                                       pred.get("expected_remaining_calls")
+                                                       or 0.0) - remaining)
             if state is None:
                 continue
             scores.known_calls += 1

@@ -19,7 +19,12 @@ from synth.counting import DEFAULT_PRIOR_WEIGHT, counting_pfa
 from synth.pfa import learn_pfa, prune as prune_pfa
 from synth.prompts import TextCall, evaluate_templates, learn_templates, template_string
 from synth.regex_synth import LOOP_QUANTILES, RegexMatcher, synthesize_regex, width_ranges
+from synth.markov_baselines import fit_baselines
+from synth.remaining import RemainingWork
+from synth.sequence_select import select_models
 from synth.sequences import WorkflowSequence
+from synth.session import WorkflowPaths
+from synth.vomm import END, VariableOrderMarkov
 
 SECTION_FORMAT = 1
 DEFAULT_ALPHA = 0.2
@@ -47,7 +52,8 @@ def fit_sequences(sequences: Sequence[WorkflowSequence],
                   loop_quantiles: tuple[float, float] = LOOP_QUANTILES,
                   text_workflows: Sequence[list[TextCall]] | None = None,
                   prior_weight: float = DEFAULT_PRIOR_WEIGHT,
-                  counts: Sequence[int] | None = None) -> dict:
+                  counts: Sequence[int] | None = None, select: bool = True,
+                  cv_folds: int = 3, cv_max_workflows: int = 1000, seed: int = 0) -> dict:
     """The workflow section for one workflow type (see the module docstring).
 
     ``timings[agent] = (mean latency_s, mean gap_after_s)`` feeds the remaining-seconds
@@ -55,6 +61,11 @@ def fit_sequences(sequences: Sequence[WorkflowSequence],
     ``sequences[i]`` stands for (default 1 each; :func:`synth.sequences.load_sequence_counts`
     returns distinct sequences and their counts): the result is the same as for the list
     with every sequence repeated that often, but costs O(distinct sequences).
+
+    With ``select`` (the default) the section also carries the variable-order sequence model,
+    the context-conditioned remaining-work model (both chosen by ``cv_folds``-fold
+    cross-validation by workflow on at most ``cv_max_workflows`` workflows, see
+    :mod:`synth.sequence_select`) and the naive baselines ``profiler eval`` scores beside them.
     """
     if not sequences:
         raise ValueError("no workflows to fit")
@@ -148,6 +159,11 @@ def fit_sequences(sequences: Sequence[WorkflowSequence],
                     "chain_state": table.chain_state, "last_agent": table.last_agent,
                     "accepting": table.accepting},
     }
+    if select:
+        section.update(sequence_models(sequences, counts, timings, alpha=alpha, prune=prune,
+                                       loop_quantiles=loop_quantiles,
+                                       prior_weight=prior_weight, folds=cv_folds,
+                                       max_workflows=cv_max_workflows, seed=seed))
     if text_workflows:
         parts = learn_templates(text_workflows)
         section["prompt_composition"] = {
@@ -157,3 +173,73 @@ def fit_sequences(sequences: Sequence[WorkflowSequence],
             "train": evaluate_templates(parts, text_workflows),
         }
     return section
+
+
+def _pfa_next(section: dict):
+    """``history -> {symbol: p}`` (END included) from a section's session automaton, None
+    once the history left it; states are memoized by history."""
+    paths = WorkflowPaths.from_section(section)
+    states: dict[tuple, int | None] = {(): paths.start()}
+
+    def state_of(history: tuple) -> int | None:
+        k = len(history)
+        while history[:k] not in states:  # longest memoized prefix, then step forward
+            k -= 1
+        for j in range(k, len(history)):
+            states[history[:j + 1]] = paths.advance(states[history[:j]], history[j])
+        return states[history]
+
+    def predict(history: Sequence[str]) -> dict[str, float] | None:
+        state = state_of(tuple(history))
+        if state is None:
+            return None
+        est = paths.estimates(state)
+        out = {a["agent_id"]: a["p"] for a in est["next_agents"]}
+        out[END] = est["p_end"]
+        return out
+    return predict
+
+
+def sequence_models(sequences: Sequence[WorkflowSequence], counts: Sequence[int],
+                    timings: Mapping[str, tuple[float, float]], *, alpha: float, prune: float,
+                    loop_quantiles: tuple[float, float], prior_weight: float, folds: int = 3,
+                    max_workflows: int = 1000, seed: int = 0) -> dict:
+    """``sequence_model``, ``remaining_model`` and ``baselines`` keys of a section.
+
+    The automaton of every validation fold is fitted like the real one (same ``alpha``,
+    ``prune``…, without text and without this selection) so that the mixture weight compares
+    like with like.
+    """
+    # identical workflows merged, in a canonical order: the folds depend only on the multiset
+    merged: Counter = Counter()
+    for s, n in zip(sequences, counts):
+        merged[(s.calls, s.step_symbols, s.step_widths)] += n
+    keys = sorted(merged)
+    first = {}
+    for s in sequences:
+        first.setdefault((s.calls, s.step_symbols, s.step_widths), s)
+    distinct = [first[k] for k in keys]
+    counts = [merged[k] for k in keys]
+    calls = [s.calls for s in distinct]
+
+    def pfa_factory(indices: Sequence[int], weights: Sequence[int]):
+        fold = fit_sequences([distinct[j] for j in indices], timings, alpha=alpha,
+                             prune=prune, loop_quantiles=loop_quantiles,
+                             prior_weight=prior_weight, counts=list(weights), select=False)
+        return _pfa_next(fold)
+
+    chosen = select_models(calls, counts, pfa_factory, folds=folds,
+                           max_workflows=max_workflows, seed=seed)
+    nxt, rem = chosen["next"], chosen["remaining"]
+    vomm = VariableOrderMarkov(max_order=nxt["max_order"], escape=nxt["escape"]).fit(
+        calls, counts)
+    remaining = RemainingWork(order=rem["order"], position=rem["position"],
+                              min_n=rem["min_n"], point=rem["point"]).fit(calls, counts, timings)
+    validation = {k: chosen[k] for k in ("folds", "workflows") if k in chosen}
+    return {
+        "sequence_model": {"alphabet": "agent", "vomm": vomm.to_dict(),
+                           "mixture": nxt["mixture"],
+                           "selection": {**nxt, **validation}},
+        "remaining_model": {**remaining.to_dict(), "selection": {**validation, **rem}},
+        "baselines": fit_baselines(calls, counts),
+    }

@@ -12,8 +12,16 @@ from typing import Iterable, Sequence
 import numpy as np
 from scipy import sparse
 
+from synth.remaining import RemainingWork
+from synth.vomm import VariableOrderMarkov
+
 #: A session's position: an index into the precomputed session table.
 PathState = int
+#: Context predictions cached per workflow type (cleared when full).
+PREDICT_CACHE = 8192
+#: Next agents listed in a prediction (most probable first) and their smallest probability.
+MAX_NEXT_AGENTS = 10
+MIN_NEXT_P = 1e-3
 
 
 class WorkflowPaths:
@@ -41,6 +49,14 @@ class WorkflowPaths:
         self._chain_rows = chain["rows"]
         self._projection_cache: dict[int, np.ndarray] = {}
         self._matcher = None
+        model = section.get("sequence_model")
+        self.vomm: VariableOrderMarkov | None = (
+            VariableOrderMarkov.from_dict(model["vomm"]) if model else None)
+        self.mixture: float = float(model.get("mixture", 1.0)) if model else 0.0
+        remaining = section.get("remaining_model")
+        self.remaining: RemainingWork | None = (
+            RemainingWork.from_dict(remaining) if remaining else None)
+        self._predict_cache: dict[tuple, dict] = {}
 
     @classmethod
     def from_section(cls, section: dict) -> "WorkflowPaths":
@@ -73,6 +89,97 @@ class WorkflowPaths:
         number of calls until that agent's next call, for agents reached with p >= 0.01).
         """
         return self._estimates[state]
+
+    @property
+    def has_sequence_model(self) -> bool:
+        """Does this section predict off the automaton too (variable-order model)?"""
+        return self.vomm is not None
+
+    def context_order(self) -> int:
+        """How many of the last symbols :meth:`predict` reads."""
+        orders = [0]
+        if self.vomm is not None:
+            orders.append(self.vomm.max_order)
+        if self.remaining is not None:
+            orders.append(self.remaining.order)
+        return max(orders)
+
+    def predict(self, state: PathState | None, history: Sequence[str]) -> dict | None:
+        """:meth:`predict_at` with the whole history of the session's calls."""
+        return self.predict_at(state, history, len(history))
+
+    def predict_at(self, state: PathState | None, tail: Sequence[str],
+                   n_calls: int) -> dict | None:
+        """Estimates after ``n_calls`` calls whose last ones are ``tail`` (the whole history
+        when shorter than :meth:`context_order`, else at least that many); ``state`` is the
+        automaton state (None off the automaton).
+
+        With a sequence model (sections fitted with selection): ``next_agents`` and ``p_end``
+        from the variable-order model, mixed with the automaton's while on it
+        (``p = λ·p_vomm + (1 − λ)·p_pfa``, λ chosen by validation); remaining calls from the
+        context model: ``expected_remaining_calls`` (mean), ``remaining_calls_p50`` /
+        ``remaining_calls_p90``; ``expected_remaining_s`` and ``expected_distance`` from the
+        automaton while on it, else the context model's mean seconds and ``{}``. Without a
+        sequence model: the automaton's estimates, None off it.
+        """
+        if self.vomm is None:
+            return None if state is None else self.estimates(state)
+        order = self.context_order()
+        tail = tuple(tail[len(tail) - order:]) if len(tail) > order else tuple(tail)
+        key = (state, tail, n_calls)
+        out = self._predict_cache.get(key)
+        if out is not None:
+            return out
+        p = self._next_vector(state, tail)
+        auto = self.estimates(state) if state is not None else None
+        ranked = sorted(((a, float(q)) for a, q in zip(self.vomm.vocab_[:-1], p[:-1])
+                         if q >= MIN_NEXT_P), key=lambda aq: (-aq[1], aq[0]))
+        out = {"next_agents": [{"agent_id": a, "p": round(q, 6)}
+                               for a, q in ranked[:MAX_NEXT_AGENTS]],
+               "p_end": round(float(p[-1]), 6), "on_path": state is not None}
+        if self.remaining is not None and n_calls > 0:
+            rem = self.remaining.predict(tail, n_calls - 1)
+            out["expected_remaining_calls"] = rem["mean"]
+            out["remaining_calls_p50"] = rem["p50"]
+            out["remaining_calls_p90"] = rem["p90"]
+            out["remaining_calls_point"] = rem["point"]
+            out["expected_remaining_s"] = rem["mean_s"]
+        elif auto is not None:
+            out["expected_remaining_calls"] = auto["expected_remaining_calls"]
+        if auto is not None:
+            out["expected_remaining_s"] = auto["expected_remaining_s"]
+            out["expected_distance"] = auto["expected_distance"]
+        else:
+            out.setdefault("expected_remaining_s", None)
+            out["expected_distance"] = {}
+        if len(self._predict_cache) >= PREDICT_CACHE:
+            self._predict_cache.clear()
+        self._predict_cache[key] = out
+        return out
+
+    def _next_vector(self, state: PathState | None, tail: Sequence[str]) -> np.ndarray:
+        """Next-symbol probabilities over ``vomm.vocab_`` (END last), mixed with the
+        automaton's while the session is on it."""
+        p = self.vomm.predict_proba(tail)
+        if state is None or self.mixture >= 1.0:
+            return p
+        auto = self.estimates(state)
+        p = self.mixture * p
+        for item in auto["next_agents"]:
+            i = self.vomm.index_of(item["agent_id"])
+            if i is not None:
+                p[i] += (1.0 - self.mixture) * item["p"]
+        p[-1] += (1.0 - self.mixture) * auto["p_end"]
+        return p
+
+    def vomm_probability(self, state: PathState | None, history: Sequence[str],
+                         symbol: str) -> float:
+        """Probability that ``symbol`` (an agent, or :data:`synth.vomm.END`) comes next
+        after ``history`` (the whole session so far, or its last :meth:`context_order`)."""
+        i = self.vomm.index_of(symbol)
+        order = self.context_order()
+        tail = tuple(history[len(history) - order:]) if len(history) > order else tuple(history)
+        return 0.0 if i is None else float(self._next_vector(state, tail)[i])
 
     # -- fleet view -------------------------------------------------------------------------
     def _projection(self, horizon: int) -> np.ndarray:

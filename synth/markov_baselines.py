@@ -1,0 +1,92 @@
+"""Naive baselines for next-agent and remaining-calls predictions, stored at fit time.
+
+``profiler eval`` scores them on the same held-out split as the fitted model, so the section
+keeps what they need in compact form:
+
+* ``markov1``: first-order Markov chain, ``{previous symbol (START first): {next: count}}``;
+  predicts the most frequent next symbol after the previous one (no smoothing: add-one
+  does not change the arg-max), the most frequent next symbol overall for an unseen one.
+* ``markov_vo``: plain variable-order Markov with simple backoff: for each context of at
+  most 8 symbols seen in training (START-prefixed when shorter than the history), the most
+  frequent next symbol; predicts from the longest context seen. Contexts seen once are
+  dropped only when more than ``max_contexts`` remain (recorded in ``min_count``).
+* ``position_median``: median remaining calls after the i-th call of a workflow.
+
+END is not a candidate: the baselines are scored, like the model, on "which agent calls
+next" after every call but the last.
+"""
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from typing import Sequence
+
+import numpy as np
+
+from synth.remaining import weighted_quantiles
+from synth.vomm import END, SEP, START, context_counts
+
+VO_ORDER = 8
+
+
+def _argmax(row: dict[str, float]) -> str | None:
+    row = {y: c for y, c in row.items() if y != END}
+    return min(row, key=lambda y: (-row[y], y)) if row else None
+
+
+def fit_baselines(sequences: Sequence[Sequence[str]], weights: Sequence[float],
+                  max_contexts: int = 20_000) -> dict:
+    """The ``baselines`` block of a workflow section (see the module docstring)."""
+    first: dict[str, Counter] = defaultdict(Counter)
+    for seq, w in zip(sequences, weights):
+        for prev, nxt in zip((START, *seq), seq):
+            first[prev][nxt] += w
+    counts = context_counts(sequences, weights, VO_ORDER)
+    totals = {h: sum(c for y, c in row.items() if y != END) for h, row in counts.items()}
+    kept = [h for h in counts if totals[h] > 0]
+    min_count = 1
+    while len(kept) > max_contexts:
+        min_count += 1
+        kept = [h for h in kept if len(h) == 0 or totals[h] >= min_count]
+    lengths: Counter = Counter()
+    for seq, w in zip(sequences, weights):
+        lengths[len(seq)] += w
+    longest = max(lengths, default=0)
+    medians = []
+    values = np.array(list(lengths), dtype=float)
+    mass = np.array(list(lengths.values()), dtype=float)
+    for i in range(longest):
+        alive = values > i
+        medians.append(weighted_quantiles(values[alive] - 1 - i, mass[alive], (0.5,))[0])
+    return {"markov1": {prev: {y: round(float(c), 6) for y, c in row.items()}
+                        for prev, row in first.items()},
+            "markov_vo": {"min_count": min_count,
+                          "argmax": {SEP.join(h): _argmax(counts[h]) for h in kept}},
+            "position_median": medians}
+
+
+class BaselinePredictor:
+    """Top-1 next symbol and remaining calls of the baselines of one section."""
+
+    def __init__(self, block: dict) -> None:
+        self.first = {prev: _argmax(row) for prev, row in block["markov1"].items()}
+        overall: Counter = Counter()
+        for row in block["markov1"].values():
+            overall.update(row)
+        self.overall = _argmax(dict(overall))
+        self.vo = block["markov_vo"]["argmax"]
+        self.position = block["position_median"]
+
+    def markov1(self, history: Sequence[str]) -> str | None:
+        prev = history[-1] if history else START
+        return self.first.get(prev) or self.overall
+
+    def markov_vo(self, history: Sequence[str]) -> str | None:
+        full = (START, *history)
+        for k in range(min(VO_ORDER, len(full)), -1, -1):
+            guess = self.vo.get(SEP.join(full[len(full) - k:]))
+            if guess is not None:
+                return guess
+        return self.overall
+
+    def position_median(self, i: int) -> float:
+        return self.position[i] if i < len(self.position) else 0.0

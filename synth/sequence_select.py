@@ -1,0 +1,262 @@
+"""Choose the sequence model and the remaining-work model by cross-validation by workflow.
+
+The training workflows of one type are split into ``folds`` folds (identical workflows are
+separate workflows: their multiplicity is spread over the folds); every fold is held out
+once while the others train. For each held-out call the candidates predict
+
+* **the next symbol** (an agent, or END after the last call): the variable-order model
+  (:class:`synth.vomm.VariableOrderMarkov`) for every ``max_order`` × ``escape`` of the grid,
+  each mixed with the automaton fitted on the same training folds,
+  ``p = λ·p_vomm + (1 − λ)·p_pfa`` while the session is on the automaton (``p_vomm`` alone
+  once it left it), for every λ of the grid. The order and escape with the smallest mean
+  held-out log-loss ``−log p(actual)`` of the model alone win (that is what a session off
+  the automaton gets), then the λ with the smallest log-loss of the mixture;
+* **the remaining calls** (:class:`synth.remaining.RemainingWork`) for every ``order`` ×
+  ``position`` × ``min_n`` × point (median or mean): the candidate with the smallest mean
+  absolute error wins among those that beat the position median (``order = 0``, median) by
+  more than two standard errors of the paired per-workflow difference.
+
+At most ``max_workflows`` workflows (a seeded multinomial sample of the distinct paths by
+their counts) take part, which keeps the cost flat on large stores; the fit itself then uses
+every training workflow.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Callable, Mapping, Sequence
+
+import numpy as np
+
+from synth.remaining import RemainingWork
+from synth.vomm import END, VariableOrderMarkov
+
+ORDERS = (1, 2, 3, 4, 6, 8)
+ESCAPES = (0.5, 1.0, 2.0)
+MIXTURES = (1.0, 0.75, 0.5, 0.25, 0.0)
+REMAINING_ORDERS = (0, 1, 2, 3, 4, 6, 8)
+REMAINING_POSITIONS = ("none", "bucket")
+REMAINING_MIN_N = (1, 3, 10)
+#: Point predictions scored: the median (best in-sample MAE) or the mean (steadier when the
+#: held-out workflows' lengths drift from the training ones); column in the table rows.
+REMAINING_POINTS = {"p50": 1, "mean": 3}
+EPS = 1e-6
+#: How many standard errors a remaining-work candidate must beat the position median by.
+SE_FACTOR = 2.0
+#: Remaining-work validation: folds and repeats (different fold draws), pooled; repeated
+#: only below ``REPEAT_BELOW`` workflows, where one draw of folds is noisy.
+REMAINING_FOLDS = 5
+REMAINING_REPEATS = 2
+REPEAT_BELOW = 300
+#: The position-median baseline among the remaining-work candidates.
+BASE_REMAINING = (0, REMAINING_POSITIONS[0], REMAINING_MIN_N[0], "p50")
+
+#: ``pfa_factory(indices, counts) -> callable(history) -> {symbol: p} | None``: the automaton
+#: fitted on ``counts[k]`` copies of the training path ``indices[k]`` (indices into the
+#: ``sequences`` given to :func:`select_models`); the callable returns None off the automaton.
+#: Supplied by :mod:`synth.fit` so that this module needs no automaton code.
+PfaFactory = Callable[[Sequence[int], Sequence[int]], Callable]
+
+
+def fold_counts(counts: Sequence[int], folds: int, seed: int = 0) -> np.ndarray:
+    """``out[j, f]``: how many of the ``counts[j]`` workflows of path j fall in fold f (a
+    seeded shuffle of all workflows dealt round-robin)."""
+    counts = np.asarray(counts, dtype=np.int64)
+    owner = np.repeat(np.arange(len(counts)), counts)
+    rng = np.random.default_rng(seed)
+    rng.shuffle(owner)
+    out = np.zeros((len(counts), folds), dtype=np.int64)
+    np.add.at(out, (owner, np.arange(len(owner)) % folds), 1)
+    return out
+
+
+def subsample(counts: Sequence[int], max_workflows: int, seed: int = 0) -> np.ndarray:
+    """Counts of a seeded sample of at most ``max_workflows`` workflows (without replacement)."""
+    counts = np.asarray(counts, dtype=np.int64)
+    total = int(counts.sum())
+    if max_workflows <= 0 or total <= max_workflows:
+        return counts
+    rng = np.random.default_rng(seed)
+    return rng.multivariate_hypergeometric(counts, max_workflows)
+
+
+def select_models(sequences: Sequence[Sequence[str]], counts: Sequence[int],
+                  pfa_factory: PfaFactory | None = None, folds: int = 3,
+                  max_workflows: int = 1000, seed: int = 0) -> dict:
+    """Cross-validated choice of the next-symbol model and the remaining-work model.
+
+    Returns ``{"next": {max_order, escape, mixture, validation_log_loss, best_candidates…},
+    "remaining": {order, position, min_n, point, validation_mae, position_median_mae…},
+    "folds", "workflows"}``; with fewer than ``folds`` workflows the defaults (order 3, no
+    automaton mixing; the position median) come back with ``"reason"``.
+    """
+    sub = subsample(counts, max_workflows, seed)
+    keep = np.flatnonzero(sub)
+    seqs = [tuple(sequences[j]) for j in keep]
+    sub = sub[keep]
+    total = int(sub.sum())
+    if total < max(folds, 2):
+        return {"next": {"max_order": 3, "escape": 1.0, "mixture": 1.0,
+                         "reason": f"{total} workflows: too few to cross-validate"},
+                "remaining": {"order": 0, "position": "none", "min_n": 1, "point": "p50",
+                              "reason": f"{total} workflows: too few to cross-validate"}}
+    split = fold_counts(sub, folds, seed)
+    n_cfg = len(ORDERS) * len(ESCAPES)
+    loss = np.zeros((n_cfg, len(MIXTURES)))
+    hits = np.zeros((n_cfg, len(MIXTURES)))
+    events = agent_events = 0.0
+    lams = np.array(MIXTURES)
+    for f in range(folds):
+        train = split.sum(axis=1) - split[:, f]
+        test = split[:, f]
+        tr = np.flatnonzero(train)
+        te = np.flatnonzero(test)
+        if len(tr) == 0 or len(te) == 0:
+            continue
+        tr_seqs, tr_w = [seqs[j] for j in tr], train[tr].tolist()
+        vomm = VariableOrderMarkov(max_order=max(ORDERS)).fit(tr_seqs, tr_w)
+        pfa = pfa_factory(keep[tr].tolist(), tr_w) if pfa_factory is not None else None
+        index = {y: i for i, y in enumerate(vomm.vocab_)}
+        memo: dict[tuple, tuple] = {}
+        for j in te:
+            seq, w = seqs[j], float(test[j])
+            targets = (*seq, END)
+            for t in range(len(seq) + 1):
+                history = seq[:t]
+                tail = history[-max(ORDERS):]
+                key = (tail, len(history) <= max(ORDERS))
+                if key not in memo:
+                    memo[key] = np.array(_vomm_vectors(vomm, history))
+                p_pfa = pfa(history) if pfa is not None else None
+                actual = index.get(targets[t])
+                pv = None
+                if p_pfa is not None:
+                    pv = np.zeros(len(vomm.vocab_))
+                    for sym, p in p_pfa.items():
+                        if sym in index:
+                            pv[index[sym]] += p
+                events += w
+                vecs = memo[key]
+                mixed = (lams[:, None, None] * vecs[None]
+                         + ((1.0 - lams)[:, None, None] * pv if pv is not None else 0.0))
+                if pv is None:
+                    mixed = np.broadcast_to(vecs[None], mixed.shape)
+                p = mixed[..., actual] if actual is not None else np.zeros(mixed.shape[:2])
+                loss -= w * np.log(np.maximum(p, EPS)).T
+                if t < len(seq):  # top-1 over agents, as profiler eval scores it
+                    agent_events += w
+                    hits += w * (np.argmax(mixed[..., :-1], axis=-1) == actual).T
+    return {"next": _choose_next(loss, hits, events, agent_events, pfa_factory is not None),
+            "remaining": _remaining_cv(seqs, sub, REMAINING_FOLDS,
+                                       REMAINING_REPEATS if total < REPEAT_BELOW else 1, seed),
+            "folds": folds, "workflows": total}
+
+
+def _remaining_cv(seqs: Sequence[tuple], counts: np.ndarray, folds: int, repeats: int,
+                  seed: int) -> dict:
+    """Remaining-work candidates scored by ``repeats`` × ``folds``-fold CV by workflow (no
+    automaton is fitted here, so repeating is cheap and steadies the choice on small data)."""
+    rem_err: dict[tuple, float] = defaultdict(float)
+    rem_diff: dict[tuple, list] = defaultdict(lambda: [0.0, 0.0])
+    calls = rem_workflows = 0.0
+    for r in range(repeats):
+        split = fold_counts(counts, folds, seed + 1 + r)
+        for f in range(folds):
+            train = split.sum(axis=1) - split[:, f]
+            test = split[:, f]
+            tr = np.flatnonzero(train)
+            if len(tr) == 0:
+                continue
+            tr_seqs, tr_w = [seqs[j] for j in tr], train[tr].tolist()
+            rem = {pos: RemainingWork(max(REMAINING_ORDERS), pos, 1).fit(tr_seqs, tr_w)
+                   for pos in REMAINING_POSITIONS}
+            for j in np.flatnonzero(test):
+                seq, w = seqs[j], float(test[j])
+                n = len(seq)
+                row_err: dict[tuple, float] = defaultdict(float)  # this workflow's errors
+                for i in range(n):
+                    calls += w
+                    truth = n - 1 - i
+                    for pos, model in rem.items():
+                        keys = model.keys(seq[max(0, i + 1 - model.order):i + 1], i)
+                        rows = [model.table_.get(k) for k in keys]
+                        m = len(keys) - 1  # context keys, longest first, then the position
+                        for order in REMAINING_ORDERS:
+                            for min_n in REMAINING_MIN_N:
+                                for row in rows[m - min(order, m):m]:
+                                    if row is not None and row[0] >= min_n:
+                                        break
+                                else:
+                                    row = rows[m] or [0.0] * 5
+                                for point, col in REMAINING_POINTS.items():
+                                    row_err[(order, pos, min_n, point)] += abs(row[col]
+                                                                   - truth)
+                for cand, e in row_err.items():
+                    rem_err[cand] += w * e
+                base_e = row_err[BASE_REMAINING]
+                for cand, e in row_err.items():  # paired differences to the position median
+                    rem_diff[cand][0] += w * (e - base_e)
+                    rem_diff[cand][1] += w * (e - base_e) ** 2
+                rem_workflows += w
+    # a workflow is held out once per repeat: its paired difference is averaged over repeats
+    diff = {k: [v[0] / repeats, v[1] / repeats] for k, v in rem_diff.items()}
+    out = _choose_remaining(rem_err, diff, calls, rem_workflows / repeats)
+    out.update(folds=folds, repeats=repeats)
+    return out
+
+
+def _vomm_vectors(vomm: VariableOrderMarkov, history: Sequence[str]) -> list[np.ndarray]:
+    """One probability vector per (max_order, escape) of the grid, in grid order."""
+    out = []
+    for order in ORDERS:
+        for escape in ESCAPES:
+            levels = list(vomm.levels(history, max_order=order, escape=escape))
+            out.append(levels[-1])
+    return out
+
+
+def _choose_next(loss: np.ndarray, hits: np.ndarray, events: float, agent_events: float,
+                 with_pfa: bool) -> dict:
+    mixtures = MIXTURES if with_pfa else MIXTURES[:1]
+    cands = []
+    for c in range(loss.shape[0]):
+        order, escape = ORDERS[c // len(ESCAPES)], ESCAPES[c % len(ESCAPES)]
+        for m, lam in enumerate(mixtures):
+            cands.append({"max_order": order, "escape": escape, "mixture": lam,
+                          "log_loss": round(float(loss[c, m] / events), 5),
+                          "top1": round(float(hits[c, m] / max(agent_events, 1e-12)), 5)})
+    # the model alone first (it is all a session off the automaton gets), then its weight
+    alone = [d for d in cands if d["mixture"] == 1.0]
+    first = min(alone, key=lambda d: d["log_loss"])
+    best = min((d for d in cands if d["max_order"] == first["max_order"]
+                and d["escape"] == first["escape"]), key=lambda d: d["log_loss"])
+    top = sorted(cands, key=lambda d: d["log_loss"])[:5]
+    return {**{k: best[k] for k in ("max_order", "escape", "mixture")},
+            "validation_log_loss": best["log_loss"], "best_candidates": top,
+            "pfa_only_log_loss": (min(d["log_loss"] for d in cands if d["mixture"] == 0.0)
+                                  if with_pfa else None)}
+
+
+def _choose_remaining(err: Mapping[tuple, float], diff: Mapping[tuple, list], calls: float,
+                      workflows: float) -> dict:
+    """The best candidate by validation MAE among those that beat the position median by
+    more than :data:`SE_FACTOR` standard errors of the paired per-workflow difference (else
+    the position median itself): a context that helps only within the noise of a few dozen
+    workflows is not trusted to help on new ones."""
+    scores = sorted((e / calls, key) for key, e in err.items())
+    base_key = BASE_REMAINING
+
+    def significant(key: tuple) -> bool:
+        s1, s2 = diff[key]
+        if key == base_key or workflows < 2:
+            return key == base_key
+        mean = s1 / workflows
+        var = max(s2 / workflows - mean * mean, 0.0) * workflows / (workflows - 1)
+        return mean + SE_FACTOR * (var / workflows) ** 0.5 < 0.0
+    mae, (order, pos, min_n, point) = next((m, k) for m, k in scores if significant(k))
+    baseline = err[base_key] / calls
+    return {"order": order, "position": pos, "min_n": min_n, "point": point,
+            "validation_mae": round(mae, 5), "position_median_mae": round(baseline, 5),
+            "rule": "best validation MAE among candidates better than the position median "
+                    f"by more than {SE_FACTOR:g} standard errors (paired by workflow)",
+            "best_candidates": [{"order": k[0], "position": k[1], "min_n": k[2],
+                                 "point": k[3], "mae": round(s, 5)} for s, k in scores[:5]]}

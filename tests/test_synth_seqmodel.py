@@ -1,0 +1,144 @@
+"""Variable-order sequence model, remaining work, their CV choice and the eval baselines."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from synth.fit import fit_sequences
+from synth.markov_baselines import BaselinePredictor, fit_baselines
+from synth.remaining import RemainingWork, weighted_quantiles
+from synth.sequence_select import fold_counts, select_models
+from synth.sequences import sequences_from_symbols
+from synth.session import WorkflowPaths
+from synth.evaluation import score_sequences
+from synth.vomm import END, VariableOrderMarkov
+
+
+def test_witten_bell_by_hand():
+    # one sequence "a b": contexts () -> {a:1, b:1, $:1}; (^,) -> {a:1}; (a,) -> {b:1};
+    # (b,) -> {$:1}. Vocab [a, b, $], uniform 1/3.
+    m = VariableOrderMarkov(max_order=1).fit([["a", "b"]])
+    assert m.vocab_ == ["a", "b", END]
+    # order 0: (c(y) + T·1/3) / (c + T) with c = 3, T = 3 -> (1 + 1) / 6 = 1/3 each
+    # after "a": (c(a,y) + T·P0(y)) / (c + T) with c = 1, T = 1 -> b: (1 + 1/3) / 2 = 2/3
+    p = m.distribution(["a"])
+    assert p["b"] == pytest.approx(2 / 3) and p["a"] == pytest.approx(1 / 6)
+    assert p[END] == pytest.approx(1 / 6)
+    # after "b" END is the likely next symbol: p_end predicted
+    assert max(m.distribution(["b"]).items(), key=lambda kv: kv[1])[0] == END
+
+
+@pytest.mark.parametrize("escape", [0.5, 1.0, 2.0])
+def test_backoff_probabilities_sum_to_one_for_any_history(escape):
+    seqs = [list("abcabd"), list("abd"), list("ccab"), list("a")]
+    m = VariableOrderMarkov(max_order=3, escape=escape).fit(seqs, [3, 1, 2, 1])
+    for history in ([], ["a"], list("abca"), ["zzz"], list("cccccccc")):
+        for level in m.levels(history):
+            assert level.sum() == pytest.approx(1.0)
+            assert (level > 0).all()  # unseen symbols keep escape mass
+
+
+def test_longer_context_wins_when_it_matters_and_serialization_round_trips():
+    # after "x" comes "y" in one context and "z" in another: only order 2 tells them apart
+    seqs = [["a", "x", "y"]] * 5 + [["b", "x", "z"]] * 5
+    m1 = VariableOrderMarkov(max_order=1).fit(seqs)
+    m2 = VariableOrderMarkov(max_order=2).fit(seqs)
+    assert m1.distribution(["a", "x"])["y"] == pytest.approx(m1.distribution(["b", "x"])["y"])
+    assert m2.distribution(["a", "x"])["y"] > 0.8 and m2.distribution(["b", "x"])["z"] > 0.8
+    back = VariableOrderMarkov.from_dict(json.loads(json.dumps(m2.to_dict())))
+    np.testing.assert_allclose(back.predict_proba(["b", "x"]), m2.predict_proba(["b", "x"]))
+
+
+def test_pruning_bounds_the_table():
+    rng = np.random.default_rng(0)
+    seqs = [list(rng.choice(list("abcdefgh"), size=12)) for _ in range(200)]
+    m = VariableOrderMarkov(max_order=8, max_contexts=500).fit(seqs)
+    assert len(m.contexts_) <= 500 and m.min_count_ > 1
+    assert m.predict_proba(seqs[0][:5]).sum() == pytest.approx(1.0)
+
+
+def test_remaining_work_quantiles_and_backoff():
+    # "a" then 1 or 3 more calls; "b" then always 0
+    seqs = [["a", "x"], ["a", "x", "x", "x"], ["a", "x", "x", "x"], ["b"]]
+    rw = RemainingWork(order=1, position="none", min_n=1).fit(seqs)
+    after_a = rw.predict(["a"], 0)
+    assert after_a["p50"] == 3 and after_a["p90"] == 3 and after_a["mean"] == pytest.approx(7 / 3, abs=1e-4)
+    assert rw.predict(["b"], 0)["p50"] == 0
+    # an unseen context backs off to the position (first call: remaining 1, 3, 3, 0 -> 3)
+    assert rw.predict(["never"], 0)["p50"] == weighted_quantiles(
+        np.array([1, 3, 3, 0.0]), np.ones(4), (0.5,))[0]
+    back = RemainingWork.from_dict(json.loads(json.dumps(rw.to_dict())))
+    assert back.predict(["a"], 0) == after_a
+
+
+def test_fold_counts_keep_every_workflow_once():
+    split = fold_counts([5, 1, 3], folds=3, seed=1)
+    assert split.sum(axis=1).tolist() == [5, 1, 3]
+    assert sorted(split.sum(axis=0).tolist()) == [3, 3, 3]
+
+
+def test_validation_picks_the_order_the_data_needs():
+    # the agent after "x" depends on the agent two calls back: order >= 2 wins by log-loss
+    seqs = [("a", "x", "y"), ("b", "x", "z")]
+    chosen = select_models(seqs, [30, 30], folds=3)
+    assert chosen["next"]["max_order"] >= 2
+    # first-order data: a memoryless alternation; every order predicts it, the log-loss
+    # of order 1 is already optimal, and remaining calls follow the position exactly
+    chosen = select_models([("a", "b", "a", "b")], [40], folds=3)
+    assert chosen["remaining"]["validation_mae"] == 0.0
+
+
+def _section(symbol_lists, counts=None):
+    seqs = sequences_from_symbols(symbol_lists)
+    return fit_sequences(seqs, counts=counts), seqs
+
+
+def test_a_session_off_the_automaton_still_gets_predictions():
+    main = [["planner", "coder", "reviewer"]] * 40
+    rare = [["planner", "reviewer", "coder", "reviewer"]]  # pruned at 5 %
+    section, _ = _section(main + rare)
+    paths = WorkflowPaths.from_section(section)
+    states = paths.track(["planner", "reviewer", "coder"])
+    assert states[-1] is None  # left the pruned automaton
+    est = paths.predict(states[-1], ["planner", "reviewer", "coder"])
+    assert est["on_path"] is False
+    assert est["next_agents"][0]["agent_id"] == "reviewer"
+    assert 0.0 <= est["p_end"] < 1.0 and est["remaining_calls_p50"] >= 0
+    # on the automaton END is predicted after the reviewer
+    on = paths.predict(paths.track(["planner", "coder", "reviewer"])[-1],
+                       ["planner", "coder", "reviewer"])
+    assert on["on_path"] is True and on["p_end"] > 0.5
+
+
+def test_eval_scores_every_call_beside_the_baselines():
+    train = [["p", "c", "r"]] * 30 + [["p", "c", "c", "r"]] * 10 + [["p", "r", "c", "r"]]
+    section, _ = _section(train)
+    test = sequences_from_symbols([["p", "r", "c", "r"], ["p", "c", "r"], ["p", "c", "c", "r"]])
+    out = score_sequences(section, test).summary()
+    na, rc = out["next_agent"], out["remaining_calls"]
+    assert na["scored_share"] == 1.0 and rc["scored_share"] == 1.0
+    assert set(na["baselines"]) == {"markov1", "markov_vo"}
+    assert na["log_loss"] > 0 and na["top1_accuracy"] >= na["baselines"]["markov1"]
+    assert rc["mae"] is not None and "position_median" in rc["baselines"]
+
+
+def test_baselines_by_hand():
+    block = fit_baselines([("a", "b", "c"), ("a", "b", "d"), ("a", "b", "d")], [1, 1, 1])
+    base = BaselinePredictor(json.loads(json.dumps(block)))
+    assert base.markov1(["a", "b"]) == "d" and base.markov1([]) == "a"
+    assert base.markov_vo(["a", "b"]) == "d" and base.markov_vo(["q"]) is not None
+    assert [base.position_median(i) for i in range(4)] == [2.0, 1.0, 0.0, 0.0]
+
+
+def test_section_survives_json_and_records_the_choice():
+    section, _ = _section([["p", "c", "r"]] * 20 + [["p", "c", "c", "r"]] * 10)
+    back = WorkflowPaths.from_section(json.loads(json.dumps(section)))
+    paths = WorkflowPaths.from_section(section)
+    history = ["p", "c", "c"]
+    assert back.predict(None, history) == paths.predict(None, history)
+    sel = section["sequence_model"]["selection"]
+    assert sel["max_order"] in (1, 2, 3, 4, 6, 8) and 0.0 <= section["sequence_model"]["mixture"] <= 1
+    assert section["remaining_model"]["selection"]["position_median_mae"] >= \
+        section["remaining_model"]["selection"]["validation_mae"]
