@@ -183,7 +183,7 @@ def one_line_error(exc: BaseException, path: str | Path | None = None) -> str | 
     if isinstance(exc, OSError) and exc.errno in _OS_PROBLEMS:
         target = exc.filename or path
         return (f"cannot write {target}: {_OS_PROBLEMS[exc.errno]}" if target else
-                f"{_OS_PROBLEMS[exc.errno]}{where}") + "; nothing stored was changed by the failed step"
+                f"{_OS_PROBLEMS[exc.errno]}{where}") + " (nothing was half-written)"
     if not isinstance(exc, duckdb.Error):
         return None
     text = str(exc)
@@ -197,8 +197,7 @@ def one_line_error(exc: BaseException, path: str | Path | None = None) -> str | 
                           ("read-only mode", "it is open read-only"),
                           ("Permission denied", "permission denied")):
         if needle in text:
-            return (f"cannot write the store{where}: {words}; the last ingest was rolled back "
-                    f"(the store is as before it)")
+            return f"cannot write the store{where}: {words} (it keeps its last committed state)"
     if "database has been invalidated" in text:
         return (f"the store{where} hit a fatal error earlier in this run (often a full disk) and was "
                 f"rolled back: free space and run again")
