@@ -217,20 +217,25 @@ def sha256_of(path: Path) -> str:
         return hashlib.file_digest(fh, "sha256").hexdigest()
 
 
-def _gzip_size_problem(fh: BinaryIO, compressed: int, limits: Limits, digest: "hashlib._Hash") -> str | None:
-    """Hash the gzip file ``fh`` into ``digest`` while counting its decompressed size (in 1 MiB
-    pieces, never holding more); the limit it passes, or None. Damage is not judged here."""
+def _gzip_size_problem(fh: BinaryIO, compressed: int, limits: Limits, digest: "hashlib._Hash",
+                       ) -> tuple[str | None, int | None]:
+    """Hash the gzip file ``fh`` into ``digest`` while counting its decompressed size and lines (in
+    1 MiB pieces, never holding more); ``(the limit it passes or None, number of lines or None
+    when unknown)``. Damage is not judged here (staging keeps what comes before it)."""
     allowed = min(limits.max_file_bytes, max(limits.gzip_ratio_floor_bytes, int(limits.max_gzip_ratio * compressed)))
-    total, problem, dec = 0, None, zlib.decompressobj(31)
+    total, newlines, last, problem, dec = 0, 0, b"\n", None, zlib.decompressobj(31)
     while chunk := fh.read(MiB):
         digest.update(chunk)
         data = chunk
         while problem is None and dec is not None and data:
             try:
-                total += len(dec.decompress(data, MiB))
+                out = dec.decompress(data, MiB)
             except zlib.error:
-                dec = None  # damaged: staging keeps what comes before the damage
+                dec = None
                 break
+            total += len(out)
+            newlines += out.count(b"\n")
+            last = out[-1:] or last
             data = dec.unconsumed_tail
             if dec.eof:  # next gzip member (concatenated .gz files)
                 data, dec = dec.unused_data, (zlib.decompressobj(31) if dec.unused_data else dec)
@@ -239,23 +244,33 @@ def _gzip_size_problem(fh: BinaryIO, compressed: int, limits: Limits, digest: "h
                          else "PROFILER_MAX_GZIP_RATIO")
                 problem = (f"decompresses to more than {allowed:,} bytes from {compressed:,} "
                            f"(limit; raise {which} to read it)")
-    return problem
+    complete = dec is not None and dec.eof and problem is None
+    return problem, (newlines + (last != b"\n") if complete else None)
 
 
-def scan_file(path: Path, fmt: str, limits: Limits) -> tuple[str, str | None]:
-    """Content hash of ``path`` and the size limit it breaks (or None)."""
+def scan_file(path: Path, fmt: str, limits: Limits) -> tuple[str, str | None, int | None]:
+    """Content hash of ``path``, the size limit it breaks (or None), and its number of lines
+    (JSONL; None when unknown) — one streaming pass. The line count checks that DuckDB's reader
+    returned every line: it skips a line longer than its buffer without a word."""
     size = path.stat().st_size
-    if fmt == "jsonl.gz" or path.name.lower().endswith(".gz"):
-        digest = hashlib.sha256()
-        with open(path, "rb") as fh:
-            problem = _gzip_size_problem(fh, size, limits, digest)
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        if path.name.lower().endswith(".gz"):
+            problem, lines = _gzip_size_problem(fh, size, limits, digest)
             while chunk := fh.read(MiB):
                 digest.update(chunk)
-        return digest.hexdigest(), problem
-    problem = None
-    if size > limits.max_file_bytes:
-        problem = f"file is {size:,} bytes, over the limit {limits.max_file_bytes:,} (raise PROFILER_MAX_FILE_BYTES to read it)"
-    return sha256_of(path), problem
+            return digest.hexdigest(), problem, lines
+        if size > limits.max_file_bytes:
+            return sha256_of(path), (f"file is {size:,} bytes, over the limit {limits.max_file_bytes:,} "
+                                     f"(raise PROFILER_MAX_FILE_BYTES to read it)"), None
+        newlines, last = 0, b"\n"
+        count = fmt == "jsonl"
+        while chunk := fh.read(4 * MiB):
+            digest.update(chunk)
+            if count:
+                newlines += chunk.count(b"\n")
+            last = chunk[-1:]
+    return digest.hexdigest(), None, (newlines + (last != b"\n") if count else None)
 
 
 def _fallback_lines(fh: BinaryIO, limit: int) -> Iterable[tuple[int, str | None, int]]:
@@ -362,9 +377,11 @@ _REJECTS = "store_rejects=true, rejects_table='_rejects', rejects_scan='_rejects
 
 
 def _stage_file(con: duckdb.DuckDBPyConnection, path: Path, fmt: str, table: str = "staging",
-                limits: Limits | None = None) -> str | None:
+                limits: Limits | None = None, expected_lines: int | None = None) -> str | None:
     """Append the file's records to ``table`` (file, line, text); returns a whole-file problem or
-    None. Lines DuckDB rejects go to the ``line_problems`` temp table (created when missing)."""
+    None. Lines DuckDB rejects go to the ``line_problems`` temp table (created when missing).
+    ``expected_lines`` (JSONL): when DuckDB returns another number of lines, the file is read
+    again by the bounded Python reader."""
     limits = limits or Limits.from_env()
     src = sql_string(path)
     execute(con, "CREATE TEMP TABLE IF NOT EXISTS line_problems (file VARCHAR, line BIGINT, reason VARCHAR, raw VARCHAR)")
@@ -380,6 +397,10 @@ def _stage_file(con: duckdb.DuckDBPyConnection, path: Path, fmt: str, table: str
                               null_padding=false, max_line_size={limits.max_line_bytes},
                               buffer_size={max(2 * limits.max_line_bytes, 32 * MiB)}, {_REJECTS})
             """)
+            if expected_lines is not None and execute(con, f"""
+                    SELECT (SELECT count(*) FROM {table} WHERE file = {src})
+                         + (SELECT count(DISTINCT line) FROM _rejects)""").fetchone()[0] != expected_lines:
+                raise duckdb.InvalidInputException("lines missing from the CSV reader's output")
             _read_rejects(con, path, table, 1, limits)
             return None
         except duckdb.Error:
@@ -493,7 +514,7 @@ def _stage_batch(con: duckdb.DuckDBPyConnection, files: list[tuple[Path, str]],
         for path, fmt in files:
             fr = FileReport(str(path), fmt)
             report.files.append(fr)
-            digest, problem = scan_file(path, fmt, limits)
+            digest, problem, lines = scan_file(path, fmt, limits)
             if digest in known:
                 fr.skipped = True
             else:
@@ -504,7 +525,7 @@ def _stage_batch(con: duckdb.DuckDBPyConnection, files: list[tuple[Path, str]],
                     problem = "empty file: no records"
                 else:  # staged alone first, so the emptiness check never scans other files
                     execute(con, f"CREATE OR REPLACE TEMP TABLE staging_file {STAGING_COLUMNS}")
-                    problem = _stage_file(con, path, fmt, "staging_file", limits)
+                    problem = _stage_file(con, path, fmt, "staging_file", limits, lines)
                     if problem is None and not execute(con,
                             f"SELECT 1 FROM staging_file WHERE {record_sql.NON_BLANK} LIMIT 1").fetchall() \
                             and not execute(con, "SELECT 1 FROM line_problems WHERE file = ? LIMIT 1",
