@@ -224,3 +224,38 @@ def test_cli_lock_conflict_is_one_line_error(setup, tmp_path):
     assert run.returncode != 0 and "Traceback" not in run.stderr
     (line,) = run.stderr.strip().splitlines()
     assert "in use by another process" in line and f"PID {os.getpid()}" in line
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A real 16 MiB tmpfs (needs root and mount rights: skipped elsewhere)."""
+    mnt = tmp_path / "disk"
+    mnt.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(mnt)],
+                      capture_output=True).returncode != 0:
+        pytest.skip("cannot mount a tmpfs here (needs root)")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
+def test_real_full_disk_on_a_small_tmpfs(setup, small_disk):
+    """The disk really fills (DuckDB's own writes and the profile's): one-line error, the store
+    as before, and after freeing space the re-run equals the uninterrupted fit."""
+    work = small_disk / "profile"
+    shutil.copytree(setup["base"], work)
+    before = snapshot(work)
+    filler = small_disk / "filler"
+    with open(filler, "wb") as fh:  # leave ~64 KiB free
+        free = os.statvfs(small_disk).f_bavail * os.statvfs(small_disk).f_frsize
+        fh.write(b"\0" * max(0, free - 64 * 1024))
+    run = subprocess.run([sys.executable, "-m", "profiler", "fit", *map(str, setup["paths"]), "--out", str(work), "-q"],
+                         capture_output=True, text=True)
+    assert run.returncode != 0 and "Traceback" not in run.stderr, run.stderr
+    (line,) = run.stderr.strip().splitlines()
+    assert line.startswith("error:") and "disk is full" in line
+    filler.unlink()
+    assert snapshot(work)["calls"] == before["calls"]
+    fit_profile(setup["paths"], work, options=OPTIONS)
+    assert snapshot(work) == setup["ref"]
