@@ -182,7 +182,7 @@ def one_line_error(exc: BaseException, path: str | Path | None = None) -> str | 
         return str(exc)
     if isinstance(exc, OSError) and exc.errno in _OS_PROBLEMS:
         target = exc.filename or path
-        return (f"cannot write {target}: {_OS_PROBLEMS[exc.errno]}" if target else
+        return (f"{target}: {_OS_PROBLEMS[exc.errno]}" if target else
                 f"{_OS_PROBLEMS[exc.errno]}{where}") + " (nothing was half-written)"
     if not isinstance(exc, duckdb.Error):
         return None

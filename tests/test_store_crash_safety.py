@@ -112,6 +112,7 @@ def test_reference_fit_is_incremental_and_has_every_call(setup):
     assert len(labels) >= 30
 
 
+@pytest.mark.slow  # ~20 s alone: 43 forked fits and their re-runs
 def test_kill_at_every_point_loses_and_duplicates_nothing(setup, tmp_path):
     labels, ref = setup["labels"], setup["ref"]
     for n, label in enumerate(labels):
@@ -141,6 +142,7 @@ def _duckdb_full(label: str) -> None:
     raise duckdb.IOException('IO Error: Could not write file "store.duckdb.wal": No space left on device')
 
 
+@pytest.mark.slow  # ~12 s alone
 def test_full_disk_at_every_write_loses_and_duplicates_nothing(setup, tmp_path):
     """ENOSPC (as an OSError, or as DuckDB reports it) at the first occurrence of every distinct
     statement from BEGIN on and at every file write (before BEGIN only temp tables are written;
