@@ -11,6 +11,9 @@ The store is a user-facing artifact: a single DuckDB file (by default
 ``quarantine``      every record that could not be loaded, with file, line, field and reason.
 ``ingested_files``  every file read, with its content hash (re-reading an unchanged file is a no-op).
 
+Each ingest batch is one transaction (:mod:`profiler.ingest`): a crash or a full disk leaves the
+store as before the batch or as after it. See docs/store.md.
+
 Column documentation lives in :data:`TABLE_DOCS` and is also attached to the tables as DuckDB
 ``COMMENT ON COLUMN`` so that ``duckdb_columns()`` shows it.
 """
