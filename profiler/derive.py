@@ -3,7 +3,8 @@
 New calls are stored together with their derived columns. When a batch adds calls to a workflow
 already in the store (a later log file continues a session), that workflow's stored calls are
 taken out and re-inserted with the batch, so positions and neighbours are recomputed over the
-whole workflow. Everything is window functions and ASOF joins:
+whole workflow. The caller runs this inside its transaction (:func:`profiler.ingest.ingest`
+opens one per batch): the delete and the re-insert commit together or not at all. Everything is window functions and ASOF joins:
 
 * position: ``call_index = row_number() over (workflow order by t_arrival, request_id) - 1``;
 * neighbours: ``lag``/``lead`` over the same window;
@@ -16,7 +17,7 @@ from __future__ import annotations
 
 import duckdb
 
-from profiler.store import BASE_CALL_COLUMNS, DERIVED_CALL_COLUMNS, sql_columns
+from profiler.store import BASE_CALL_COLUMNS, DERIVED_CALL_COLUMNS, execute, sql_columns
 
 _BASE = sql_columns(BASE_CALL_COLUMNS)
 #: Typed shape of one explicit tool execution (the JSON ``tool_calls`` column parsed).
@@ -30,22 +31,22 @@ def insert_calls(con: duckdb.DuckDBPyConnection, new_rows_sql: str, has_tool_lis
     ``has_tool_list``: the query also yields ``tool_list``, the ``tool_calls`` JSON already
     parsed to :data:`TOOL_LIST_TYPE` (the ingester has it; saves parsing it again)."""
     tool_list = "tool_list" if has_tool_list else f"json_transform(tool_calls, '{TOOL_LIST_TYPE}') AS tool_list"
-    con.execute(f"CREATE OR REPLACE TEMP TABLE new_calls AS SELECT {_BASE}, {tool_list} FROM ({new_rows_sql})")
-    con.execute("CREATE OR REPLACE TEMP TABLE touched AS "
+    execute(con, f"CREATE OR REPLACE TEMP TABLE new_calls AS SELECT {_BASE}, {tool_list} FROM ({new_rows_sql})")
+    execute(con, "CREATE OR REPLACE TEMP TABLE touched AS "
                 "SELECT DISTINCT workflow_type_id, workflow_id FROM new_calls")
-    stored = con.execute("SELECT count(*) FROM calls SEMI JOIN touched USING (workflow_type_id, workflow_id)"
+    stored = execute(con, "SELECT count(*) FROM calls SEMI JOIN touched USING (workflow_type_id, workflow_id)"
                          ).fetchone()[0]
     if stored:  # continue old workflows: take their calls out, recompute them with the new ones
-        con.execute(f"INSERT INTO new_calls SELECT {_BASE}, json_transform(tool_calls, '{TOOL_LIST_TYPE}') "
+        execute(con, f"INSERT INTO new_calls SELECT {_BASE}, json_transform(tool_calls, '{TOOL_LIST_TYPE}') "
                     f"FROM calls SEMI JOIN touched USING (workflow_type_id, workflow_id)")
-        con.execute("DELETE FROM calls t USING touched u "
+        execute(con, "DELETE FROM calls t USING touched u "
                     "WHERE t.workflow_type_id = u.workflow_type_id AND t.workflow_id = u.workflow_id")
-        con.execute("DELETE FROM tool_calls t USING touched u "
+        execute(con, "DELETE FROM tool_calls t USING touched u "
                     "WHERE t.workflow_type_id = u.workflow_type_id AND t.workflow_id = u.workflow_id")
     derived = sql_columns(DERIVED_CALL_COLUMNS)
     # Windows over a narrow projection (sorting the wide rows with prompts would cost more),
     # joined back to the full rows on insert.
-    con.execute("""
+    execute(con, """
         CREATE OR REPLACE TEMP TABLE derived AS
         WITH o AS (
           SELECT request_id, workflow_type_id, workflow_id, t_finish,
@@ -69,16 +70,16 @@ def insert_calls(con: duckdb.DuckDBPyConnection, new_rows_sql: str, has_tool_lis
           ON o.workflow_type_id = n.workflow_type_id AND o.workflow_id = n.workflow_id
          AND n.t_arrival >= o.t_finish
     """)
-    con.execute(f"INSERT INTO calls ({_BASE}, {derived}) "
+    execute(con, f"INSERT INTO calls ({_BASE}, {derived}) "
                 f"SELECT n.* EXCLUDE (tool_list), d.* EXCLUDE (request_id) FROM new_calls n JOIN derived d USING (request_id)")
     _insert_tool_calls(con)
     for t in ("touched", "new_calls", "derived"):
-        con.execute(f"DROP TABLE IF EXISTS {t}")
+        execute(con, f"DROP TABLE IF EXISTS {t}")
 
 
 def _insert_tool_calls(con: duckdb.DuckDBPyConnection) -> None:
     """``tool_calls`` rows for the calls in ``new_calls``."""
-    con.execute("""
+    execute(con, """
         INSERT INTO tool_calls
         WITH agent_gap AS (   -- gap to the next call of the same workflow and agent
           SELECT c.request_id, n.t_arrival AS next_same_agent_arrival

@@ -11,14 +11,23 @@ Layout of a profile root::
 
 ``version`` is the first 12 hex digits of the SHA-256 of ``profile.json``: the same data and
 options give the same version. A fit writes into ``versions/.tmp-*`` and renames it into place,
-then replaces ``CURRENT`` with ``os.replace`` — both atomic on POSIX — so a crash mid-fit leaves
-the previous profile intact and readers never see a half-written one.
+then replaces ``CURRENT`` with ``os.replace`` — both atomic on POSIX, each file fsynced before its
+rename — so a crash mid-fit leaves the previous profile intact and readers never see a half-written
+one. A crash can leave a ``versions/.tmp-<pid>-*`` folder behind: the next fit removes those whose
+process is gone.
+
+``CURRENT`` is validated when read: it must name a version folder (a plain name, no path) whose
+``profile.json`` and ``manifest.json`` parse, with the manifest naming that version. Otherwise
+:class:`ProfileError` says what is wrong and lists the valid versions there are — readers do **not**
+fall back to another version on their own (a server keeps the profile it has; an operator points
+``CURRENT`` at a version, or refits).
 """
 from __future__ import annotations
 
 import hashlib
 import json
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -26,6 +35,8 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
+
+from profiler import faults
 
 FORMAT = 1
 CURRENT_FILE = "CURRENT"
@@ -66,6 +77,44 @@ def current_version(root: str | Path) -> str | None:
         return None
 
 
+_VERSION_NAME = re.compile(r"[0-9A-Za-z_-][0-9A-Za-z_.-]*")
+
+
+def _read_version(vdir: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``(manifest, data)`` of a version folder; :class:`ProfileError` when either file is
+    missing or not a JSON object, or the manifest names another version."""
+    parts = []
+    for name in ("manifest.json", "profile.json"):
+        try:
+            obj = json.loads((vdir / name).read_text())
+        except FileNotFoundError:
+            raise ProfileError(f"{vdir}: {name} is missing") from None
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise ProfileError(f"{vdir}: {name} is damaged ({exc})") from None
+        if not isinstance(obj, dict):
+            raise ProfileError(f"{vdir}: {name} is not a JSON object")
+        parts.append(obj)
+    manifest, data = parts
+    if vdir.parent.name == VERSIONS_DIR and manifest.get("version") != vdir.name:
+        raise ProfileError(f"{vdir}: manifest.json names version {manifest.get('version')!r}, "
+                           f"not {vdir.name!r}")
+    return manifest, data
+
+
+def valid_versions(root: str | Path) -> list[str]:
+    """Versions under ``root`` whose files are complete, newest first."""
+    found = []
+    for vdir in (Path(root) / VERSIONS_DIR).glob("*"):
+        if vdir.name.startswith(".") or not vdir.is_dir():
+            continue
+        try:
+            manifest, _ = _read_version(vdir)
+        except ProfileError:
+            continue
+        found.append((float(manifest.get("created_at_unix") or 0.0), vdir.name))
+    return [name for _, name in sorted(found, reverse=True)]
+
+
 def _version_dir(path: Path) -> Path:
     if (path / "profile.json").exists():
         return path
@@ -73,21 +122,72 @@ def _version_dir(path: Path) -> Path:
     if version is None:
         raise ProfileError(f"{path} is not a profile: no {CURRENT_FILE} file and no profile.json "
                            f"(create one with `profiler fit LOGS --out {path}`)")
+    valid = valid_versions(path)
+    hint = (f"; valid versions here, newest first: {', '.join(valid[:5])} (write one into "
+            f"{path / CURRENT_FILE}, or refit)" if valid else "; refit with `profiler fit`")
+    if not _VERSION_NAME.fullmatch(version) or version in (".", ".."):
+        raise ProfileError(f"{path}: {CURRENT_FILE} does not name a version ({version[:60]!r}){hint}")
     vdir = path / VERSIONS_DIR / version
     if not (vdir / "profile.json").exists():
-        raise ProfileError(f"{path}: {CURRENT_FILE} names version {version} but {vdir} is missing")
+        raise ProfileError(f"{path}: {CURRENT_FILE} names version {version} but {vdir} is missing{hint}")
+    try:
+        _read_version(vdir)
+    except ProfileError as exc:
+        raise ProfileError(f"{exc} ({CURRENT_FILE} of {path} names it){hint}") from None
     return vdir
 
 
 def load_profile(path: str | Path) -> Profile:
-    """Load the active version of a profile root, or a specific version folder."""
+    """Load the active version of a profile root (``CURRENT`` validated, see the module
+    docstring), or a specific version folder."""
     vdir = _version_dir(Path(path))
-    manifest = json.loads((vdir / "manifest.json").read_text())
+    manifest, data = _read_version(vdir)
     if manifest.get("format") != FORMAT:
         raise ProfileError(f"{vdir}: profile format {manifest.get('format')} is not supported "
                            f"(this version reads format {FORMAT}); refit with `profiler fit`")
-    data = json.loads((vdir / "profile.json").read_text())
     return Profile(path=vdir, version=manifest["version"], manifest=manifest, data=data)
+
+
+def _write_synced(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` and fsync it (a rename after it then publishes whole data)."""
+    faults.point(f"write {path.name}")
+    with open(path, "w") as fh:
+        fh.write(text)
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _replace(src: Path, dst: Path) -> None:
+    faults.point(f"rename {dst.name}")
+    os.replace(src, dst)
+    _fsync_dir(dst.parent)
+
+
+def clean_stale_temps(versions: Path) -> list[Path]:
+    """Remove ``versions/.tmp-*`` folders left by a crashed fit (their process is gone; folders
+    of the old ``.tmp-XXXX`` naming, without a pid, are removed too). Returns what was removed."""
+    removed = []
+    for tmp in versions.glob(".tmp-*"):
+        m = re.match(r"\.tmp-(\d+)-", tmp.name)
+        if m:
+            try:
+                os.kill(int(m.group(1)), 0)
+                continue  # a live fit (maybe this process, another thread) is writing it
+            except ProcessLookupError:
+                pass
+            except PermissionError:
+                continue  # alive, owned by someone else
+        shutil.rmtree(tmp, ignore_errors=True)
+        removed.append(tmp)
+    return removed
 
 
 def write_profile(root: str | Path, data: dict[str, Any], manifest_extra: dict[str, Any]) -> Profile:
@@ -95,6 +195,7 @@ def write_profile(root: str | Path, data: dict[str, Any], manifest_extra: dict[s
     root = Path(root)
     versions = root / VERSIONS_DIR
     versions.mkdir(parents=True, exist_ok=True)
+    clean_stale_temps(versions)
     data = {"format": FORMAT, **data}
     body = _dumps(data)
     version = hashlib.sha256(body.encode()).hexdigest()[:12]
@@ -107,20 +208,33 @@ def write_profile(root: str | Path, data: dict[str, Any], manifest_extra: dict[s
         **manifest_extra,
     }
     final = versions / version
-    if not final.exists():
-        tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=versions))
+    intact = False
+    if final.exists():
         try:
-            (tmp / "profile.json").write_text(body)
-            (tmp / "manifest.json").write_text(_dumps(manifest))
-            os.replace(tmp, final)
+            intact = (final / "profile.json").read_text() == body and bool(_read_version(final))
+        except (OSError, ProfileError):
+            intact = False
+    if not intact:
+        faults.point("mkdtemp")
+        tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{os.getpid()}-", dir=versions))
+        try:
+            _write_synced(tmp / "profile.json", body)
+            _write_synced(tmp / "manifest.json", _dumps(manifest))
+            stale = None
+            if final.exists():  # damaged folder of the same version: set it aside, then drop it
+                stale = Path(tempfile.mkdtemp(prefix=f".tmp-{os.getpid()}-old-", dir=versions))
+                os.replace(final, stale / version)
+            _replace(tmp, final)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
+        if stale is not None:
+            shutil.rmtree(stale, ignore_errors=True)
     else:  # same content already there: refresh the manifest (sources, time) in place
         tmp_manifest = final / ".manifest.json.tmp"
-        tmp_manifest.write_text(_dumps(manifest))
-        os.replace(tmp_manifest, final / "manifest.json")
+        _write_synced(tmp_manifest, _dumps(manifest))
+        _replace(tmp_manifest, final / "manifest.json")
     tmp_current = root / f".{CURRENT_FILE}.tmp"
-    tmp_current.write_text(version + "\n")
-    os.replace(tmp_current, root / CURRENT_FILE)
+    _write_synced(tmp_current, version + "\n")
+    _replace(tmp_current, root / CURRENT_FILE)
     return Profile(path=final, version=version, manifest=manifest, data=data)

@@ -11,6 +11,11 @@ Every record, whatever file format it came from, is first staged as one JSON tex
 3. checks every field (missing, wrong type, impossible value) and names the *first* problem;
 4. yields typed columns for the valid rows.
 
+Numbers must be finite; token counts lie in 0 … :data:`MAX_TOKENS`, times in
+:data:`MIN_EPOCH_S` … :data:`MAX_EPOCH_S`. Keys outside the contract are kept in ``extra``
+whatever their spelling (read by JSON Pointer, RFC 6901: ``~`` → ``~0``, ``/`` → ``~1``; no
+JSONPath quoting to get wrong for keys like ``""`` or ``a\"b``).
+
 :data:`FIELDS` is the single source of truth for where each field lives in each shape and what
 makes it valid. (Parsing once matters: per-value JSON functions cost ~1 µs each, i.e. a second
 per million records per function call.)
@@ -32,6 +37,14 @@ FLAT_KEYS = (
 #: Top-level keys of a gateway record that the contract defines.
 GATEWAY_KEYS = ("request_id", "t_arrival", "t_first_token", "t_finish", "request", "response",
                 "status", "tool_calls", "app_metadata")
+
+#: Ceiling of every token count (input, output, cached): a record above it is quarantined.
+#: 10^9 tokens is ~1,000 times the longest context any model serves; a larger value is a logging
+#: bug (and one >= 2^63 cannot even be stored as BIGINT).
+MAX_TOKENS = 10**9
+#: Range of every time (t_arrival, t_first_token, t_finish, tool t_start/t_end), epoch seconds:
+#: 0 … 10^10 (year 2286). Milliseconds (1.7e12 today) fall outside and are quarantined.
+MIN_EPOCH_S, MAX_EPOCH_S = 0.0, 1e10
 
 _KIND_DESC = {
     "id": "a string", "time": "a number (epoch seconds)", "count": "a non-negative integer",
@@ -164,9 +177,9 @@ def _wrong_type(f: Field) -> str:
     if f.kind == "id":
         return f"left({r}, 1) IN ('{{', '[', 't', 'f')"
     if f.kind == "time":
-        return f"{t} IS NULL OR {r} IN ('true', 'false') OR NOT isfinite({t})"
+        return f"{t} IS NULL OR {r} IN ('true', 'false')"
     if f.kind == "count":
-        return f"{t} IS NULL OR {r} IN ('true', 'false') OR NOT isfinite({t}) OR {t} <> round({t})"
+        return f"{t} IS NULL OR {r} IN ('true', 'false') OR (isfinite({t}) AND {t} <> round({t}))"
     if f.kind == "text":
         return f"left({r}, 1) <> '\"'"
     if f.kind == "str_list":
@@ -192,8 +205,24 @@ def checks() -> list[tuple[str, str, str]]:
         if f.kind != "json":
             out.append((f"NOT {_missing(f.name)} AND ({_wrong_type(f)})", sql_string(f.name),
                         f"'wrong type for {f.name}: expected {_KIND_DESC[f.kind]}, got ' || left(r_{f.name}, 60)"))
+    for f in FIELDS:
+        if f.kind in ("time", "count"):
+            out.append((f"NOT isfinite(t_{f.name})", sql_string(f.name),
+                        f"'not a finite number: {f.name} = ' || left(r_{f.name}, 60)"))
     for name in ("input_tokens", "output_tokens", "cached_tokens"):
         out.append((f"t_{name} < 0", sql_string(name), f"'negative tokens: {name} = ' || r_{name}"))
+        out.append((f"t_{name} > {MAX_TOKENS}", sql_string(name),
+                    f"'out of range: {name} = ' || left(r_{name}, 60) || ' (ceiling {MAX_TOKENS:,} tokens)'"))
+    for f in FIELDS:
+        if f.kind == "time":
+            out.append((f"t_{f.name} < {MIN_EPOCH_S} OR t_{f.name} > {MAX_EPOCH_S}", sql_string(f.name),
+                        f"'out of range: {f.name} = ' || left(r_{f.name}, 60) || "
+                        f"' (epoch seconds {MIN_EPOCH_S:g} to {MAX_EPOCH_S:g}; milliseconds?)'"))
+    out.append((f"list_bool_or(list_transform(tools, lambda e: NOT (coalesce(isfinite(e.t_start), true) "
+                f"AND coalesce(isfinite(e.t_end), true)) OR e.t_start < {MIN_EPOCH_S} OR e.t_start > {MAX_EPOCH_S} "
+                f"OR e.t_end < {MIN_EPOCH_S} OR e.t_end > {MAX_EPOCH_S}))", "'tool_calls'",
+                f"'out of range: a tool t_start/t_end is not a finite time in epoch seconds "
+                f"{MIN_EPOCH_S:g} to {MAX_EPOCH_S:g}'"))
     out.append(("t_t_finish < t_t_arrival", "'t_finish'",
                 "'t_finish < t_arrival (' || r_t_finish || ' < ' || r_t_arrival || ')'"))
     out.append(("t_status IS NOT NULL AND lower(t_status) NOT IN ('ok', 'error')", "'status'",
@@ -285,7 +314,8 @@ SELECT file, line, reason, field,
   u_messages::JSON AS messages,
   t_response_text AS response_text,
   CASE WHEN len(extra_keys) > 0 THEN to_json(map_from_entries(list_zip(extra_keys,
-      list_transform(extra_keys, lambda k: json_extract(text, '$."' || replace(k, '"', '\\"') || '"')))))
+      list_transform(extra_keys, lambda k: json_extract(text,
+        '/' || replace(replace(k, '~', '~0'), '/', '~1'))))))
   END AS extra,
   CASE WHEN is_gateway THEN 'gateway' ELSE 'flat' END AS record_shape,
   md5(concat_ws('|', t_workflow_type_id, t_workflow_id, t_agent_id, t_t_arrival, t_t_finish,

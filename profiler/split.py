@@ -5,7 +5,8 @@ assignment is deterministic, independent of file order, and keeps every call of 
 same side (no leakage of a session across the split). The workflow id is read where the ingester
 reads it (:func:`profiler.record_sql.json_paths`: flat records and every gateway placement of
 ``app_metadata``). Records are copied verbatim (JSONL lines; Parquet/CSV rows as JSON); a record
-with no readable workflow id stays with train, where the fit will quarantine it.
+with no readable workflow id stays with train, where the fit will quarantine it. Lines and files
+over the ingest limits (:class:`profiler.ingest.Limits`) are left out, as the fit would leave them.
 """
 from __future__ import annotations
 
@@ -25,9 +26,12 @@ def split_logs(paths: Sequence[str | Path], out: str | Path, train: float = 0.7,
     out = Path(out)
     con = connect(None, read_only=False)
     con.execute(f"CREATE TEMP TABLE staging {ingest.STAGING_COLUMNS}")
+    limits = ingest.Limits.from_env()
     for path, fmt in ingest.discover(paths):
         if path.stat().st_size:
-            ingest._stage_file(con, path, fmt)
+            _, problem, lines = ingest.scan_file(path, fmt, limits)
+            if problem is None:  # over a size limit: left out here as the fit would leave it out
+                ingest._stage_file(con, path, fmt, limits=limits, expected_lines=lines)
     workflow_id = ", ".join(f"text::JSON->>{sql_string(p)}" for p in json_paths("workflow_id"))
     con.execute(f"""
         CREATE TEMP TABLE assigned AS

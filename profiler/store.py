@@ -11,16 +11,23 @@ The store is a user-facing artifact: a single DuckDB file (by default
 ``quarantine``      every record that could not be loaded, with file, line, field and reason.
 ``ingested_files``  every file read, with its content hash (re-reading an unchanged file is a no-op).
 
+Each ingest batch is one transaction (:mod:`profiler.ingest`): a crash or a full disk leaves the
+store as before the batch or as after it. See docs/store.md.
+
 Column documentation lives in :data:`TABLE_DOCS` and is also attached to the tables as DuckDB
 ``COMMENT ON COLUMN`` so that ``duckdb_columns()`` shows it.
 """
 from __future__ import annotations
 
+import errno
 import os
+import re
 from pathlib import Path
-from typing import Iterable
+from typing import Any, Iterable, Sequence
 
 import duckdb
+
+from profiler import faults
 
 #: Environment variable capping DuckDB's memory (e.g. ``4GB``); past it DuckDB spills to disk.
 #: Unset: a quarter of the machine's RAM (DuckDB's own default, 80 %, leaves too little for the
@@ -153,20 +160,90 @@ def ensure_schema(con: duckdb.DuckDBPyConnection) -> None:
                     con.execute(f"COMMENT ON COLUMN {table}.\"{name}\" IS {sql_string(doc)}")
 
 
+class StoreError(Exception):
+    """The store cannot be used: locked by another process, read-only, or the disk is full.
+
+    The message is one line meant for the user (the CLI prints it instead of a traceback)."""
+
+
+#: errno values that mean "cannot write here" -> the words used in messages.
+_OS_PROBLEMS = {
+    errno.ENOSPC: "the disk is full",
+    errno.EDQUOT: "the disk quota is exhausted",
+    errno.EROFS: "the file system is read-only",
+    errno.EACCES: "permission denied",
+    errno.EPERM: "permission denied",
+}
+
+
+def one_line_error(exc: BaseException, path: str | Path | None = None) -> str | None:
+    """A one-line message for a store or file-system failure the user must fix (lock conflict,
+    read-only store or folder, full disk), or None when ``exc`` is something else (a bug: let
+    it raise with its traceback)."""
+    where = f" ({path})" if path is not None else ""
+    if isinstance(exc, StoreError):
+        return str(exc)
+    if isinstance(exc, OSError) and exc.errno in _OS_PROBLEMS:
+        target = exc.filename or path
+        return (f"{target}: {_OS_PROBLEMS[exc.errno]}" if target else
+                f"{_OS_PROBLEMS[exc.errno]}{where}") + " (nothing was half-written)"
+    if not isinstance(exc, duckdb.Error):
+        return None
+    text = str(exc)
+    lock = re.search(r"Conflicting lock is held in (.*?) \(PID (\d+)\)", text)
+    if lock or "Could not set lock" in text:
+        pid = f" (PID {lock.group(2)})" if lock else ""
+        return (f"the store{where} is in use by another process{pid}: wait for it to finish, "
+                f"or use another --db")
+    for needle, words in (("No space left", "the disk is full"), ("Disk quota", "the disk quota is exhausted"),
+                          ("Read-only file system", "the file system is read-only"),
+                          ("read-only mode", "it is open read-only"),
+                          ("Permission denied", "permission denied")):
+        if needle in text:
+            return f"cannot write the store{where}: {words} (it keeps its last committed state)"
+    if "database has been invalidated" in text:
+        return (f"the store{where} hit a fatal error earlier in this run (often a full disk) and was "
+                f"rolled back: free space and run again")
+    return None
+
+
+def execute(con: duckdb.DuckDBPyConnection, sql: str, params: Sequence[Any] | None = None,
+            ) -> duckdb.DuckDBPyConnection:
+    """``con.execute(sql, params)`` after a :func:`profiler.faults.point` (crash-safety tests
+    inject a kill or a full disk before any statement of an ingest)."""
+    faults.point("sql: " + " ".join(sql.split()[:4]))
+    return con.execute(sql, params) if params is not None else con.execute(sql)
+
+
 def connect(path: str | Path | None, read_only: bool = False) -> duckdb.DuckDBPyConnection:
     """Open (creating if needed) the store at ``path``; ``None`` gives an in-memory store.
 
-    DuckDB's memory is capped at :func:`default_memory_limit` (it spills to disk past it)."""
+    DuckDB's memory is capped at :func:`default_memory_limit` (it spills to disk past it).
+    A store locked by another process, a read-only store or folder, or a full disk raise
+    :class:`StoreError` with a one-line message."""
     if path is None:
         con = duckdb.connect()
     else:
         path = Path(path)
-        if not read_only:
-            path.parent.mkdir(parents=True, exist_ok=True)
-        elif not path.exists():
+        if read_only and not path.exists():
             raise FileNotFoundError(f"no DuckDB store at {path}")
-        con = duckdb.connect(str(path), read_only=read_only)
+        try:
+            if not read_only:
+                path.parent.mkdir(parents=True, exist_ok=True)
+            con = duckdb.connect(str(path), read_only=read_only)
+        except (OSError, duckdb.Error) as exc:
+            message = one_line_error(exc, path)
+            if message is None:
+                raise
+            raise StoreError(message) from exc
     con.execute("SET memory_limit = ?", [default_memory_limit()])
     if not read_only:
-        ensure_schema(con)
+        try:
+            ensure_schema(con)
+        except (OSError, duckdb.Error) as exc:
+            con.close()
+            message = one_line_error(exc, path)
+            if message is None:
+                raise
+            raise StoreError(message) from exc
     return con

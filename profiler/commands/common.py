@@ -19,7 +19,7 @@ def fail(message: str, code: int = 2) -> NoReturn:
     """Print ``message`` as an error and exit with ``code``.
 
     The message is printed as is: brackets in it (a path, a record's text) are not rich markup."""
-    err_console.print(f"[bold red]error:[/] {escape(message)}")
+    err_console.print(f"[bold red]error:[/] {escape(message)}", soft_wrap=True)  # one line, never wrapped
     raise typer.Exit(code)
 
 

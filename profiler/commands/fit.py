@@ -37,7 +37,10 @@ def fit(
     Example: `profiler fit logs/ --out profile/ && profiler show --profile profile/`
     """
     from profiler.fitting import FitOptions, fit_profile
+    import duckdb
+
     from profiler.ingest import IngestError
+    from profiler.store import StoreError, one_line_error
 
     options = FitOptions(coverage=coverage, prune=prune, seed=seed, min_calls=min_calls,
                          conditional=not no_conditional, max_output_tokens=max_output_tokens)
@@ -68,6 +71,11 @@ def fit(
                                           progress=not quiet)
     except (IngestError, ValueError, KeyError) as exc:
         fail(str(exc))
+    except (StoreError, OSError, duckdb.Error) as exc:  # lock conflict, read-only store or folder, full disk
+        message = one_line_error(exc, db or out)
+        if message is None:
+            raise
+        fail(message)
     report_ingest(report, quiet)
     if json_out:
         print_json(profile.manifest)

@@ -21,14 +21,22 @@ def ingest(
 
     Example: `profiler ingest logs/ --db store.duckdb && duckdb store.duckdb "FROM quarantine"`
     """
-    from profiler.ingest import IngestError, ingest as run
-    from profiler.store import connect
+    import duckdb
 
-    con = connect(db)
+    from profiler.ingest import IngestError, ingest as run
+    from profiler.store import StoreError, connect, one_line_error
+
     try:
-        report = run(con, logs, strict=strict, progress=True)
+        con = connect(db)
+        try:
+            report = run(con, logs, strict=strict, progress=True)
+        finally:
+            con.close()
     except IngestError as exc:
         fail(str(exc))
-    finally:
-        con.close()
+    except (StoreError, OSError, duckdb.Error) as exc:  # lock conflict, read-only store or folder, full disk
+        message = one_line_error(exc, db)
+        if message is None:
+            raise
+        fail(message)
     report_ingest(report)
