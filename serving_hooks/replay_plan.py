@@ -53,13 +53,19 @@ ORDER BY min(t_arrival) OVER (PARTITION BY workflow_id), workflow_id, call_index
 
 
 def load_plan(paths: Sequence[str | Path], *, max_workflows: int | None = None,
-              workflow_types: Sequence[str] | None = None) -> tuple[list[PlannedWorkflow], str]:
+              workflow_types: Sequence[str] | None = None,
+              token_scale: float = 1.0) -> tuple[list[PlannedWorkflow], str]:
     """Ingest ``paths`` into a throw-away in-memory store and build the replay plan.
+
+    ``token_scale`` multiplies every recorded input and output length (e.g. 0.05 to replay
+    long-context traces on a small test engine); the timing structure is unchanged.
 
     Returns the workflows in recorded start order and the ingest summary line. Raises
     :class:`profiler.ingest.IngestError` when no log file is found, ``ValueError`` when no valid
     call is left.
     """
+    if token_scale <= 0:
+        raise ValueError(f"token_scale must be > 0, not {token_scale}")
     con = connect(None)
     report = ingest(con, list(paths))
     rows = con.execute(_CALLS_SQL).fetchall()
@@ -88,7 +94,8 @@ def load_plan(paths: Sequence[str | Path], *, max_workflows: int | None = None,
             parents = [max(finished)[1]] if finished else []
         anchor = max((done[p] for p in parents), default=wf.t_start)
         wf.calls.append(PlannedCall(rid, agent, parents, max(0.0, t_arr - anchor),
-                                    max(0, int(n_in)), max(1, int(n_out))))
+                                    max(0, round(n_in * token_scale)),
+                                    max(1, round(n_out * token_scale))))
         done[rid] = t_fin
         arrivals[wid].append((rid, t_arr, t_fin))
         wf.recorded_jct_s = max(wf.recorded_jct_s, t_fin - wf.t_start)

@@ -26,6 +26,7 @@ def replay(
     time_scale: Annotated[float, typer.Option(help="Multiply every recorded tool/think gap by this (0.1 = 10x faster, 0 = no gaps).", rich_help_panel=HELP_LOAD)] = 1.0,
     workflows: Annotated[Optional[int], typer.Option("--workflows", "-n", help="Replay only the first N workflows (recorded start order).", rich_help_panel=HELP_LOAD)] = None,
     workflow_type: Annotated[Optional[list[str]], typer.Option(help="Only these workflow types (repeat).", rich_help_panel=HELP_LOAD)] = None,
+    token_scale: Annotated[float, typer.Option(help="Multiply recorded input and output lengths by this (e.g. 0.05 to fit long-context traces on a small engine).", rich_help_panel=HELP_LOAD)] = 1.0,
     seed: Annotated[int, typer.Option(help="Seed of the synthetic text and the arrival times.", rich_help_panel=HELP_LOAD)] = 0,
     ignore_eos: Annotated[bool, typer.Option("--ignore-eos/--no-ignore-eos", help="Send ignore_eos so the engine generates the recorded output length (SGLang, vLLM); turn off for servers that reject unknown fields.", rich_help_panel=HELP_WIRE)] = True,
     identity: Annotated[str, typer.Option(help="How the workflow identity is sent: app_metadata (body, read by `profiler gateway`), headers (x-workflow-type-id, x-workflow-id, x-agent-id), both, none.", rich_help_panel=HELP_WIRE)] = "app_metadata",
@@ -75,7 +76,8 @@ def replay(
     except ValueError as exc:
         fail(str(exc))
     try:
-        plan, ingest_summary = load_plan(logs, max_workflows=workflows, workflow_types=workflow_type)
+        plan, ingest_summary = load_plan(logs, max_workflows=workflows, workflow_types=workflow_type,
+                                           token_scale=token_scale)
     except (IngestError, ValueError) as exc:
         fail(str(exc))
     n_calls = sum(len(w.calls) for w in plan)
