@@ -174,7 +174,9 @@ class _Replayer:
                     for choice in chunk.get("choices") or ():
                         delta = choice.get("delta") or {}
                         piece = delta.get("content") or ""
-                        if piece or delta.get("tool_calls") or delta.get("reasoning_content"):
+                        if piece or delta.get("tool_calls") or delta.get("reasoning_content") \
+                                or (choice.get("finish_reason") and res.t_first_token is None):
+                            # tokens that decode to no text become visible with the finish chunk
                             if res.t_first_token is None:
                                 res.t_first_token = time.time()
                             parts.append(piece)

@@ -3,11 +3,11 @@
 The hooks run inside SGLang's scheduler process, which configures logging only *after* loading
 plugins, so :func:`register`'s own log line is lost. The first scheduling round therefore logs
 
-    agent-workflow plugin active: pid=… hooks=… backend=workflow-retention clock=request …
+    agent-workflow plugin active: pid=… hooks=… backend=workflow-retention in_use=True clock=local …
 
 and then, every ``AWP_LOG_EVERY_S`` seconds (default 60; ``0`` never), one line with the
 plugin's counters since start (``priority_set``, ``priority_from_<source>``, ``retention_keep``
-/ ``_drop`` / ``_neutral``, ``prefetch_*``, ``clock_local_fallback``)::
+/ ``_drop`` / ``_neutral``, ``prefetch_*``)::
 
     agent-workflow plugin counters: priority_from_gateway=120 priority_set=131 retention_keep=97 …
 
@@ -66,7 +66,7 @@ def tick(state: Any, scheduler: Any = None, now: float | None = None) -> bool:
         logger.info(
             "agent-workflow plugin active: pid=%d hooks=%d backend=%s in_use=%s clock=%s untagged=%s "
             "default_priority_value=%s tp_size=%s debug=%s", os.getpid(), len(HOOK_TARGETS), BACKEND_NAME,
-            getattr(args, "radix_cache_backend", None) == BACKEND_NAME, state.settings.decision_clock,
+            getattr(args, "radix_cache_backend", None) == BACKEND_NAME, state.clock_mode(scheduler),
             "age" if state.settings.age_untagged else "off", getattr(args, "default_priority_value", None),
             getattr(scheduler, "tp_size", None), debug_enabled())
         state._last_counters_log = now

@@ -130,6 +130,7 @@ def run_due_prefetches(scheduler: Any, now: float | None = None) -> int:
 def after_get_next_batch_to_run(result: Any, scheduler: Any, *args: Any, **kwargs: Any) -> None:
     """AFTER hook on ``Scheduler.get_next_batch_to_run``: stage the due prefixes; log the
     plugin's counters when due (:func:`serving_hooks.sglang_plugin.observe.tick`)."""
+    get_state().sync(scheduler)
     run_due_prefetches(scheduler)
     tick(get_state(), scheduler)
     return None

@@ -4,7 +4,8 @@
   :func:`admit_request`: explicit ``priority`` > the gateway's ``custom_params`` > a default
   for untagged traffic) and its score and arrival time are remembered on the request — and,
   for the gateway's requests, as its *session's* latest score (``PluginState.sessions``).
-  Times come from the request clock shared by all TP ranks (``AWP_DECISION_CLOCK``).
+  Under TP the times come from the scheduler's step counter, the same on every rank
+  (``AWP_DECISION_CLOCK``, see :mod:`serving_hooks.sglang_plugin.settings`).
 * ``SchedulePolicy.calc_priority`` (BEFORE): at each scheduling round, every remembered
   request's priority (waiting and running) becomes ``to_sglang(score + aging_per_s · waited)``
   with the score and arrival of its session's latest call, so all calls of a workflow carry
@@ -61,7 +62,7 @@ def admit_request(req: Any, now: float | None = None, default_priority: int | No
     view = state.view(req)
     if view is None and not state.settings.age_untagged:
         return False
-    now = state.admit_time(req) if now is None else now
+    now = state.now() if now is None else now
     pol = state.settings.priority
     explicit = req.priority is not None and req.priority != default_priority
     if explicit:
@@ -110,6 +111,7 @@ def age_queue(waiting_queue: list, now: float | None = None) -> int:
 
 def before_add_request_to_queue(scheduler: Any, req: Any, *args: Any, **kwargs: Any) -> None:
     """BEFORE hook on ``Scheduler._add_request_to_queue(self, req, is_retracted=False)``."""
+    get_state().sync(scheduler)
     admit_request(req, default_priority=getattr(getattr(scheduler, "server_args", None),
                                                 "default_priority_value", None))
 

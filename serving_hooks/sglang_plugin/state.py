@@ -34,7 +34,7 @@ class PluginState:
                  max_sessions: int = 100_000):
         self.settings = settings
         self.clock = clock
-        self.request_clock = 0.0    # latest request stamp admitted (AWP_DECISION_CLOCK=request)
+        self.steps = 0              # scheduler forward steps seen (the ``step`` decision clock)
         self.prefetch: PrefetchPolicy = settings.new_prefetch_policy()
         self.counters: Counter[str] = Counter()
         self.sessions: OrderedDict[str, tuple[float, float]] = OrderedDict()
@@ -47,27 +47,27 @@ class PluginState:
         while len(self.sessions) > self.max_sessions:
             self.sessions.popitem(last=False)
 
-    def admit_time(self, req: Any) -> float:
-        """The decision time of a request being admitted (advances the request clock).
+    def clock_mode(self, scheduler: Any = None) -> str:
+        """``local`` or ``step`` (``auto`` resolves to ``step`` once a scheduler with TP > 1 is seen)."""
+        mode = self.settings.decision_clock
+        if mode == "auto":
+            if scheduler is not None and getattr(scheduler, "tp_size", 1) > 1:
+                self._tp_seen = True
+            return "step" if getattr(self, "_tp_seen", False) else "local"
+        return mode
 
-        ``request`` clock: the API server's stamp ``req.time_stats.created_time`` (the same
-        value on every TP rank); a request without one uses the local clock, counted in
-        ``clock_local_fallback``. ``local`` clock: :attr:`clock`.
-        """
-        if self.settings.decision_clock == "local":
-            return self.clock()
-        stamp = getattr(getattr(req, "time_stats", None), "created_time", 0.0) or 0.0
-        if stamp <= 0.0:
-            self.counters["clock_local_fallback"] += 1
-            stamp = time.perf_counter()  # the API server's stamps are perf_counter values
-        self.request_clock = max(self.request_clock, float(stamp))
-        return float(stamp)
+    def sync(self, scheduler: Any) -> None:
+        """Read the scheduler's step counter (called from the hooks that get the scheduler)."""
+        self.clock_mode(scheduler)
+        ct = getattr(scheduler, "forward_ct", None)
+        if isinstance(ct, int):
+            self.steps = ct
 
     def now(self) -> float:
-        """"Now" for aging and retention: the request clock, or :attr:`clock` when local."""
-        if self.settings.decision_clock == "local":
-            return self.clock()
-        return self.request_clock
+        """"Now" for aging and retention: :attr:`clock`, or the step clock (same on all ranks)."""
+        if self.clock_mode() == "step":
+            return self.steps * self.settings.step_s
+        return self.clock()
 
     def view(self, req: Any) -> CallView | None:
         cp = custom_params_of(req)
