@@ -215,7 +215,7 @@ class _Replayer:
             if res.status == "ok":
                 prompt = res.prompt_tokens if res.prompt_tokens is not None else estimate_tokens(messages)
                 out = res.completion_tokens if res.completion_tokens is not None else len(reply.split())
-                contexts[call.request_id] = Context(messages, reply, prompt + out)
+                contexts[call.request_id] = Context(messages, reply, prompt, out)
             results.append(res)
             self.calls.append(res)
             if self.on_call is not None:

@@ -9,9 +9,12 @@ shape without the original text:
 where ``base`` is the largest already-finished context that fits the recorded prompt — one of
 the call's parents or the same agent's previous call — and the number of new words is
 ``input_tokens - context_tokens(base)`` (one word ≈ one token: the words are short, common
-English words that byte-level BPE vocabularies hold as single tokens). A call whose recorded
-prompt is shorter than every candidate context starts a fresh conversation. Prefix caches
-(SGLang's radix tree, vLLM's prefix caching) therefore see the reuse the original calls had.
+English words that byte-level BPE vocabularies hold as single tokens). When the whole context
+does not fit (the recorded prompt shrank: history trimmed, another agent's view), the longest
+start of it that fits is shared instead — the prompt without the reply, or its first messages
+— and only a call shorter than every such start begins a fresh conversation. Prefix caches
+(SGLang's radix tree, vLLM's prefix caching) therefore see about the reuse the original calls
+had.
 
 ``context_tokens`` uses the engine's own count when it answered (``usage.prompt_tokens`` +
 ``usage.completion_tokens``), so the sizing follows the target's tokenizer; otherwise the word
@@ -63,10 +66,16 @@ def words(n: int, key: str, seed: int) -> str:
 
 @dataclass
 class Context:
-    """A finished call's conversation: what was sent, what came back, and its size in tokens."""
+    """A finished call's conversation: what was sent, what came back, and their sizes in tokens
+    (the engine's count when it answered)."""
     messages: list[dict] = field(default_factory=list)
     reply: str = ""
-    tokens: int = 0          # prompt + reply tokens (engine's count when known)
+    prompt_tokens: int = 0
+    reply_tokens: int = 0
+
+    @property
+    def tokens(self) -> int:
+        return self.prompt_tokens + self.reply_tokens
 
     def continued(self) -> list[dict]:
         """The messages a follow-up call starts from."""
@@ -74,20 +83,34 @@ class Context:
             return list(self.messages)
         return [*self.messages, {"role": "assistant", "content": self.reply}]
 
+    def prefixes(self) -> list[tuple[list[dict], int]]:
+        """Shareable starts of this conversation, longest first, with their sizes: the whole
+        context with the reply, the prompt alone, then ever shorter runs of its messages (an
+        agent that trims its history keeps the start: system prompt, task)."""
+        out = [(self.continued(), self.tokens + (MESSAGE_OVERHEAD if self.reply else 0)),
+               (list(self.messages), self.prompt_tokens)]
+        for k in range(len(self.messages) - 1, 0, -1):
+            out.append((self.messages[:k], estimate_tokens(self.messages[:k])))
+        return out
+
 
 def estimate_tokens(messages: list[dict]) -> int:
     return sum(len(str(m.get("content", "")).split()) + MESSAGE_OVERHEAD for m in messages)
 
 
 def build_messages(input_tokens: int, candidates: list[Context], key: str, seed: int) -> list[dict]:
-    """The prompt for one call: the largest candidate context that fits, plus new words.
+    """The prompt for one call: the largest shareable prefix of a candidate that fits, plus new words.
 
     ``candidates`` are the finished contexts this call may continue (parents, the same agent's
     previous call). Returns OpenAI chat messages whose size is about ``input_tokens``.
     """
-    fitting = [c for c in candidates if c.tokens <= input_tokens - MESSAGE_OVERHEAD]
-    base = max(fitting, key=lambda c: c.tokens, default=None)
-    if base is None:
-        return [{"role": "user", "content": words(max(1, input_tokens - MESSAGE_OVERHEAD), key, seed)}]
-    new = input_tokens - base.tokens - MESSAGE_OVERHEAD
-    return [*base.continued(), {"role": "user", "content": words(max(1, new), key, seed)}]
+    room = input_tokens - MESSAGE_OVERHEAD
+    best: tuple[list[dict], int] | None = None
+    for c in candidates:
+        for msgs, size in c.prefixes():
+            if size <= room and (best is None or size > best[1]):
+                best = (msgs, size)
+                break                      # prefixes() is longest first
+    if best is None:
+        return [{"role": "user", "content": words(max(1, room), key, seed)}]
+    return [*best[0], {"role": "user", "content": words(max(1, room - best[1]), key, seed)}]

@@ -67,12 +67,16 @@ def test_plan_parents_and_gaps(logs):
 
 
 def test_prompts_extend_the_largest_fitting_context():
-    a = Context([{"role": "user", "content": "x " * 10}], "reply one", 20)
-    b = Context([{"role": "user", "content": "y " * 50}], "reply two", 60)
-    msgs = build_messages(100, [a, b], "k", 0)
-    assert msgs[:2] == b.continued() and msgs[2]["role"] == "user"
-    assert len(msgs[2]["content"].split()) == 100 - 60 - 4
-    assert build_messages(30, [a, b], "k", 0)[:2] == a.continued()
+    a = Context([{"role": "user", "content": "x " * 10}], "reply one", 14, 6)
+    b = Context([{"role": "system", "content": "s " * 21}, {"role": "user", "content": "y " * 26}],
+                "reply two", 55, 6)
+    msgs = build_messages(100, [a, b], "k", 0)          # b + its reply fits: continue it
+    assert msgs[:3] == b.continued() and msgs[3]["role"] == "user"
+    assert len(msgs[3]["content"].split()) == 100 - 4 - (61 + 4)
+    assert build_messages(60, [a, b], "k", 0)[:2] == b.messages          # prompt alone fits
+    assert build_messages(30, [a, b], "k", 0)[:1] == b.messages[:1]      # its system start (25) fits
+    short = build_messages(22, [a], "k", 0)          # 14 + 6 + 4 = 24 > 18: the prompt without the reply
+    assert short[:1] == a.messages and len(short) == 2 and len(short[1]["content"].split()) == 18 - 14
     fresh = build_messages(10, [a, b], "k", 0)                    # nothing fits: new conversation
     assert len(fresh) == 1 and len(fresh[0]["content"].split()) == 6
     assert build_messages(30, [a], "k", 1) != build_messages(30, [a], "k", 2)   # seeded text

@@ -1,0 +1,165 @@
+"""Real-engine A/B: two SGLang replicas, one replayed workload, plain vs the project's hints.
+
+    python bench/bench_engine.py [--seeds 0 1 2] [--workflows 12] [--concurrency 6] [--json]
+
+Runs on this CPU-only machine (tiny local model, ``--load-format dummy``, the test stand-ins of
+``tests/sglang/cpu_standins/``) or on a GPU machine (``--model-dir`` with a real ``config.json``
+and tokenizer, e.g. an 8B Llama config with ``--load-format dummy``: realistic step times, no
+weights; see docs/sglang.md). Two replicas with a small KV pool (``--pool-tokens``) so the
+prefix cache is under pressure, and two set-ups, each fed the *same* replayed workload through
+the project's gateway (``profiler replay``, closed loop, recorded gaps scaled by
+``--time-scale``):
+
+* **baseline** — plain SGLang at its defaults (LRU radix cache, no priority scheduling, plugin
+  off) behind the gateway in ``--routing round-robin`` with no SGLang fields: round robin;
+* **hints** — SGLang with the plugin (priority scheduling, ``--default-priority-value``, the
+  ``workflow-retention`` backend) behind the gateway with ``--routing capacity`` and
+  ``--sglang-fields`` (the profile's predictions as ``priority`` + ``custom_params``).
+
+The workload is generated coding-assistant workflows (``profiler.workloads``): the profile is
+fitted on one generated set and a disjoint set (other seed) is replayed, prompts and outputs
+scaled by ``--token-scale``. Per seed, both set-ups replay the same workflows after a cache flush;
+the table gives avg and P95 workflow JCT and the ratio hints / baseline.
+Not yet here: sglang-router's cache-aware policy as a second baseline, and the simulator's
+figure for the same set-up (issue 13, item 4).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+
+import httpx
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from tests.sglang.real_server import SGLangServer, build_tiny_model  # noqa: E402  (launcher only)
+
+PLUGIN_FLAGS = ["--enable-priority-scheduling", "--schedule-policy", "fcfs", "--default-priority-value", "250",
+                "--radix-cache-backend", "workflow-retention"]
+
+
+def start_pair(model: Path, work: Path, name: str, pool: int, running: int, hints: bool) -> list[SGLangServer]:
+    common = ["--max-total-tokens", str(pool), "--max-running-requests", str(running), "--enable-cache-report"]
+    servers = []
+    for i in range(2):
+        srv = SGLangServer(model, work / f"{name}-{i}.log", extra_args=common + (PLUGIN_FLAGS if hints else []),
+                           env={"AWP_SGLANG_PLUGIN": "1" if hints else "0", "AWP_LOG_EVERY_S": "5"})
+        srv.start()
+        print(f"  {name} replica {i} ready in {srv.startup_s:.0f}s ({srv.url})", file=sys.stderr)
+        servers.append(srv)
+    return servers
+
+
+@contextmanager
+def gateway(urls: list[str], profile: Path, hints: bool):
+    """The project's gateway on a real port: round robin and no SGLang fields (baseline), or
+    capacity routing + ``--sglang-fields`` (hints); predictions in process from ``profile``."""
+    from prometheus_client import CollectorRegistry
+
+    from serving_hooks.annotator import LocalAnnotator
+    from serving_hooks.gateway import Gateway, GatewayOptions, create_gateway_app
+    from serving_hooks.server_thread import serve_in_thread
+    from serving_hooks.service import prediction_service
+    from serving_hooks.upstreams import CapacityRouting, RoundRobinRouter
+
+    registry = CollectorRegistry()
+    service = prediction_service(profile, registry, "profiler_gateway")
+    router = CapacityRouting(urls) if hints else RoundRobinRouter(urls)
+    gw = Gateway(router, LocalAnnotator(service), options=GatewayOptions(sglang_fields=hints),
+                 registry=registry, service=service)
+    with serve_in_thread(create_gateway_app(gw), server_header=False, date_header=False) as srv:
+        yield srv.url
+
+
+def run_setup(servers: list[SGLangServer], profile: Path, plan: list, hints: bool, seed: int,
+              concurrency: int, time_scale: float) -> dict:
+    from serving_hooks.replay import ReplayOptions, replay
+    from serving_hooks.replay_report import summarize
+
+    for s in servers:
+        httpx.post(s.url + "/flush_cache", timeout=60, trust_env=False)
+    with gateway([s.url for s in servers], profile, hints) as url:
+        result = replay(plan, url, ReplayOptions(concurrency=concurrency, time_scale=time_scale, seed=seed,
+                                                 run_tag=f"{'h' if hints else 'b'}{seed}"))
+    return summarize(result)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--workflows", type=int, default=16, help="workflows replayed per seed")
+    ap.add_argument("--concurrency", type=int, default=8)
+    ap.add_argument("--time-scale", type=float, default=0.02)
+    ap.add_argument("--token-scale", type=float, default=0.05)
+    ap.add_argument("--pool-tokens", type=int, default=2500, help="KV pool of each replica")
+    ap.add_argument("--max-running", type=int, default=2)
+    ap.add_argument("--model-dir", type=Path, help="model folder (config.json + tokenizer); default: tiny local")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+
+    from profiler import fitting
+    from profiler.workloads import generate, write_jsonl
+    from serving_hooks.replay_plan import load_plan
+
+    with tempfile.TemporaryDirectory() as tmp, ExitStack() as stack:
+        work = Path(tmp)
+        model = args.model_dir or build_tiny_model(work / "model")
+        write_jsonl(generate("coding_assistant", 80, seed=1000), work / "train" / "ca.jsonl")
+        fitting.fit_profile([work / "train"], work / "profile", options=fitting.FitOptions(min_calls=5))
+        plans = {}
+        for seed in args.seeds:
+            write_jsonl(generate("coding_assistant", args.workflows, seed=seed), work / f"replay{seed}" / "ca.jsonl")
+            plans[seed], _ = load_plan([work / f"replay{seed}"], token_scale=args.token_scale)
+        rows: dict[str, dict[int, dict]] = {"baseline": {}, "hints": {}}
+        for name, hints in (("baseline", False), ("hints", True)):
+            t0 = time.monotonic()
+            servers = start_pair(model, work, name, args.pool_tokens, args.max_running, hints)
+            try:
+                for seed in args.seeds:
+                    rows[name][seed] = run_setup(servers, work / "profile", plans[seed], hints, seed,
+                                                 args.concurrency, args.time_scale)
+                    s = rows[name][seed]
+                    print(f"  {name} seed {seed}: JCT avg {s['workflows']['jct_s']['avg']:.2f}s "
+                          f"p95 {s['workflows']['jct_s']['p95']:.2f}s, errors {s['calls']['errors']}, "
+                          f"cached {s['tokens']['cached_fraction'] or 0:.1%}", file=sys.stderr)
+            finally:
+                for s in servers:
+                    s.stop()
+                    counters = [l for l in s.log_text().splitlines() if "plugin counters" in l]
+                    if counters:
+                        print(f"  {name} {s.url}: {counters[-1].split('] ', 1)[-1]}", file=sys.stderr)
+            print(f"  {name}: {time.monotonic() - t0:.0f}s", file=sys.stderr)
+
+    out = {"args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}, "seeds": {}}
+    for seed in args.seeds:
+        b, h = rows["baseline"][seed], rows["hints"][seed]
+        out["seeds"][seed] = {
+            name: {"jct_avg_s": r["workflows"]["jct_s"]["avg"], "jct_p95_s": r["workflows"]["jct_s"]["p95"],
+                   "errors": r["calls"]["errors"], "cached_fraction": r["tokens"]["cached_fraction"],
+                   "calls": r["calls"]["count"]} for name, r in (("baseline", b), ("hints", h))}
+        out["seeds"][seed]["ratio_avg"] = h["workflows"]["jct_s"]["avg"] / b["workflows"]["jct_s"]["avg"]
+        out["seeds"][seed]["ratio_p95"] = h["workflows"]["jct_s"]["p95"] / b["workflows"]["jct_s"]["p95"]
+    out["mean_ratio_avg"] = float(np.mean([v["ratio_avg"] for v in out["seeds"].values()]))
+    out["mean_ratio_p95"] = float(np.mean([v["ratio_p95"] for v in out["seeds"].values()]))
+    if args.json:
+        print(json.dumps(out, indent=2))
+        return
+    print(f"{'seed':>4} {'base avg':>9} {'base p95':>9} {'hint avg':>9} {'hint p95':>9} {'avg ratio':>9} "
+          f"{'p95 ratio':>9} {'cached b/h':>12}")
+    for seed, v in out["seeds"].items():
+        b, h = v["baseline"], v["hints"]
+        print(f"{seed:>4} {b['jct_avg_s']:>8.2f}s {b['jct_p95_s']:>8.2f}s {h['jct_avg_s']:>8.2f}s "
+              f"{h['jct_p95_s']:>8.2f}s {v['ratio_avg']:>9.3f} {v['ratio_p95']:>9.3f} "
+              f"{(b['cached_fraction'] or 0):>5.1%}/{(h['cached_fraction'] or 0):.1%}")
+    print(f"mean ratio (hints / baseline): avg JCT {out['mean_ratio_avg']:.3f}, P95 JCT {out['mean_ratio_p95']:.3f}")
+
+
+if __name__ == "__main__":
+    main()
