@@ -18,8 +18,10 @@ the project's gateway (``profiler replay``, closed loop, recorded gaps scaled by
 
 The workload is generated coding-assistant workflows (``profiler.workloads``): the profile is
 fitted on one generated set and a disjoint set (other seed) is replayed, prompts and outputs
-scaled by ``--token-scale``. Per seed, both set-ups replay the same workflows after a cache flush;
-the table gives avg and P95 workflow JCT and the ratio hints / baseline.
+scaled by ``--token-scale`` in both (the profile must predict the lengths the replay sends). Per seed, both set-ups replay the same workflows after a cache flush; all four
+replicas run from the start and the two set-ups alternate per seed, so background load on a
+shared machine hits both alike. The table gives avg and P95 workflow JCT and the ratio
+hints / baseline.
 Not yet here: sglang-router's cache-aware policy as a second baseline, and the simulator's
 figure for the same set-up (issue 13, item 4).
 """
@@ -58,7 +60,7 @@ def start_pair(model: Path, work: Path, name: str, pool: int, running: int, hint
 
 
 @contextmanager
-def gateway(urls: list[str], profile: Path, hints: bool):
+def gateway(urls: list[str], profile: Path, hints: bool, budget_s: float):
     """The project's gateway on a real port: round robin and no SGLang fields (baseline), or
     capacity routing + ``--sglang-fields`` (hints); predictions in process from ``profile``."""
     from prometheus_client import CollectorRegistry
@@ -72,23 +74,28 @@ def gateway(urls: list[str], profile: Path, hints: bool):
     registry = CollectorRegistry()
     service = prediction_service(profile, registry, "profiler_gateway")
     router = CapacityRouting(urls) if hints else RoundRobinRouter(urls)
-    gw = Gateway(router, LocalAnnotator(service), options=GatewayOptions(sglang_fields=hints),
+    gw = Gateway(router, LocalAnnotator(service), options=GatewayOptions(sglang_fields=hints, budget_s=budget_s),
                  registry=registry, service=service)
     with serve_in_thread(create_gateway_app(gw), server_header=False, date_header=False) as srv:
-        yield srv.url
+        yield srv.url, registry
 
 
 def run_setup(servers: list[SGLangServer], profile: Path, plan: list, hints: bool, seed: int,
-              concurrency: int, time_scale: float) -> dict:
+              concurrency: int, time_scale: float, budget_s: float) -> dict:
     from serving_hooks.replay import ReplayOptions, replay
     from serving_hooks.replay_report import summarize
 
     for s in servers:
         httpx.post(s.url + "/flush_cache", timeout=60, trust_env=False)
-    with gateway([s.url for s in servers], profile, hints) as url:
+    with gateway([s.url for s in servers], profile, hints, budget_s) as (url, registry):
         result = replay(plan, url, ReplayOptions(concurrency=concurrency, time_scale=time_scale, seed=seed,
                                                  run_tag=f"{'h' if hints else 'b'}{seed}"))
-    return summarize(result)
+        outcomes = {m.labels["outcome"]: int(m.value) for metric in registry.collect()
+                    if metric.name == "profiler_gateway_annotate" for m in metric.samples
+                    if m.name.endswith("_total")}
+    summary = summarize(result)
+    summary["annotate_outcomes"] = outcomes
+    return summary
 
 
 def main() -> None:
@@ -100,6 +107,9 @@ def main() -> None:
     ap.add_argument("--token-scale", type=float, default=0.05)
     ap.add_argument("--pool-tokens", type=int, default=2500, help="KV pool of each replica")
     ap.add_argument("--max-running", type=int, default=2)
+    ap.add_argument("--budget-ms", type=float, default=100.0,
+                    help="gateway annotation budget (its default 5 ms is for an unloaded machine; here, "
+                         "with 2 shared cores, most calls would go out unannotated)")
     ap.add_argument("--model-dir", type=Path, help="model folder (config.json + tokenizer); default: tiny local")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
@@ -111,33 +121,42 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp, ExitStack() as stack:
         work = Path(tmp)
         model = args.model_dir or build_tiny_model(work / "model")
-        write_jsonl(generate("coding_assistant", 80, seed=1000), work / "train" / "ca.jsonl")
+        # the profile learns the lengths the replay will really send (scaled), otherwise the
+        # gateway's drift check sees every band missed and shadows the workflow type
+        train = [{**r, "input_tokens": round(r["input_tokens"] * args.token_scale),
+                  "output_tokens": max(1, round(r["output_tokens"] * args.token_scale))}
+                 for r in generate("coding_assistant", 80, seed=1000)]
+        write_jsonl(train, work / "train" / "ca.jsonl")
         fitting.fit_profile([work / "train"], work / "profile", options=fitting.FitOptions(min_calls=5))
         plans = {}
         for seed in args.seeds:
             write_jsonl(generate("coding_assistant", args.workflows, seed=seed), work / f"replay{seed}" / "ca.jsonl")
             plans[seed], _ = load_plan([work / f"replay{seed}"], token_scale=args.token_scale)
         rows: dict[str, dict[int, dict]] = {"baseline": {}, "hints": {}}
-        for name, hints in (("baseline", False), ("hints", True)):
-            t0 = time.monotonic()
-            servers = start_pair(model, work, name, args.pool_tokens, args.max_running, hints)
-            try:
-                for seed in args.seeds:
-                    rows[name][seed] = run_setup(servers, work / "profile", plans[seed], hints, seed,
-                                                 args.concurrency, args.time_scale)
-                    s = rows[name][seed]
+        # both pairs up at once (an idle server sleeps), runs interleaved per seed, so a change
+        # in the machine's background load hits both set-ups alike
+        pairs = {}
+        try:
+            for name, hints in (("baseline", False), ("hints", True)):
+                pairs[name] = start_pair(model, work, name, args.pool_tokens, args.max_running, hints)
+            for seed in args.seeds:
+                for name in (("baseline", "hints") if seed % 2 == 0 else ("hints", "baseline")):
+                    rows[name][seed] = s = run_setup(pairs[name], work / "profile", plans[seed], name == "hints",
+                                                     seed, args.concurrency, args.time_scale, args.budget_ms / 1000)
                     print(f"  {name} seed {seed}: JCT avg {s['workflows']['jct_s']['avg']:.2f}s "
                           f"p95 {s['workflows']['jct_s']['p95']:.2f}s, errors {s['calls']['errors']}, "
-                          f"cached {s['tokens']['cached_fraction'] or 0:.1%}", file=sys.stderr)
-            finally:
-                for s in servers:
-                    s.stop()
-                    counters = [l for l in s.log_text().splitlines() if "plugin counters" in l]
+                          f"cached {s['tokens']['cached_fraction'] or 0:.1%}, annotate {s['annotate_outcomes']}",
+                          file=sys.stderr)
+        finally:
+            for name, servers in pairs.items():
+                for srv in servers:
+                    srv.stop()
+                    counters = [l for l in srv.log_text().splitlines() if "plugin counters" in l]
                     if counters:
-                        print(f"  {name} {s.url}: {counters[-1].split('] ', 1)[-1]}", file=sys.stderr)
-            print(f"  {name}: {time.monotonic() - t0:.0f}s", file=sys.stderr)
+                        print(f"  {name} {srv.url}: {counters[-1].split('] ', 1)[-1]}", file=sys.stderr)
 
-    out = {"args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}, "seeds": {}}
+    out = {"args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}, "seeds": {},
+           "annotate_outcomes": {seed: rows["hints"][seed]["annotate_outcomes"] for seed in args.seeds}}
     for seed in args.seeds:
         b, h = rows["baseline"][seed], rows["hints"][seed]
         out["seeds"][seed] = {

@@ -147,15 +147,17 @@ class SGLangServer:
         return "\n".join(self.log_text().splitlines()[-n:])
 
     def stop(self, grace_s: float = 20.0) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(grace_s)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)   # its own session: only its children
-            self.proc.wait(10)
-        self._log.close()
+        """SIGTERM to the launcher (its children exit with it); SIGKILL to its process group
+        (its own session: only the server's processes) after ``grace_s``."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(grace_s)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(10)
+        if getattr(self, "_log", None) is not None and not self._log.closed:
+            self._log.close()
 
 
 def _cuda_available() -> bool:
