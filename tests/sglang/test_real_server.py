@@ -39,7 +39,7 @@ def server(tmp_path_factory):
         "--enable-priority-scheduling", "--schedule-policy", "fcfs", "--default-priority-value", "250",
         "--disable-priority-preemption",   # queued order only: no race with a running call
         "--retraction-policy", "priority", "--radix-cache-backend", "workflow-retention",
-        "--enable-hierarchical-cache", "--hicache-ratio", "2", "--hicache-write-policy", "write_back",
+        "--enable-hierarchical-cache", "--hicache-ratio", "4", "--hicache-write-policy", "write_back",
         "--hicache-io-backend", "direct", "--hicache-mem-layout", "layer_first", "--enable-cache-report",
     ], env={"AWP_SGLANG_DEBUG": "1", "AWP_LOG_EVERY_S": "2"})
     srv.start()
@@ -147,6 +147,32 @@ def test_retention_keeps_the_kept_session_and_evicts_dropped_ones(server):
     assert device_dropped < 0.5 * first["prompt_tokens"], revisit
     log = server.log_text()
     assert "rank=KEEP" in log and "rank=DROP" in log and "session=wf-keep" in log
+
+
+def test_prefetch_stages_a_confident_next_prefix_to_host(server):
+    """A call whose next agent is predicted with p = 0.9 gets its history staged to the HiCache
+    host tier by the plugin (counters); after newer untagged calls push it off the device, the
+    session's next call is served from host (``cached_tokens_details.host``). (In write-back
+    mode SGLang also backs a prefix up when it evicts it; the counters show the plugin's copy.)"""
+    ann = {"known": True, "expected_remaining_calls": 0.0, "p_end": 0.95,    # dropped first...
+           "next_agents": [{"agent_id": "coder", "p": 0.9}], "output_len_mean": 4,   # ...but announced
+           "predicted_output_len": [4, 4]}
+    params = flatten_for_sglang(ann, {"workflow_type_id": "ca", "workflow_id": "wf-pre", "agent_id": "coder"})
+    text = _words(300, "prefetched-session")
+    first = _generate(server.url, text, params)
+
+    def staged() -> bool:
+        lines = [l for l in server.log_text().splitlines() if "plugin counters" in l]
+        m = re.search(r"prefetch_staged=(\d+)", lines[-1]) if lines else None
+        return bool(m and int(m.group(1)) >= 1)
+
+    assert wait_for(staged, 30), server.log_tail()
+    for i in range(9):                       # untagged pressure: plain LRU, newer than ours
+        _generate(server.url, _words(300, f"pressure-{i}"))
+    again = _generate(server.url, text + " " + _words(10, "next"))
+    details = again["cached_tokens_details"] or {}
+    print("prefetch test:", again["cached_tokens"], details)
+    assert details.get("host", 0) >= 0.9 * first["prompt_tokens"], (again, server.log_tail())
 
 
 def test_capacity_router_polls_the_real_server(server, model_name):
