@@ -14,7 +14,9 @@ the project's gateway (``profiler replay``, closed loop, recorded gaps scaled by
   off) behind the gateway in ``--routing round-robin`` with no SGLang fields: round robin;
 * **hints** — SGLang with the plugin (priority scheduling, ``--default-priority-value``, the
   ``workflow-retention`` backend) behind the gateway with ``--routing capacity`` and
-  ``--sglang-fields`` (the profile's predictions as ``priority`` + ``custom_params``).
+  ``--sglang-fields`` (the profile's predictions as ``priority`` + ``custom_params``);
+* with ``--ablation`` also **no-priority** — the same without ``--enable-priority-scheduling``
+  (retention + capacity routing only), to tell the priority's share from the rest.
 
 The workload is generated coding-assistant workflows (``profiler.workloads``): the profile is
 fitted on one generated set and a disjoint set (other seed) is replayed, prompts and outputs
@@ -43,16 +45,24 @@ sys.path.insert(0, str(REPO))
 
 from tests.sglang.real_server import SGLangServer, build_tiny_model  # noqa: E402  (launcher only)
 
-PLUGIN_FLAGS = ["--enable-priority-scheduling", "--schedule-policy", "fcfs", "--default-priority-value", "250",
-                "--radix-cache-backend", "workflow-retention"]
+PRIORITY_FLAGS = ["--enable-priority-scheduling", "--schedule-policy", "fcfs", "--default-priority-value", "250"]
+RETENTION_FLAGS = ["--radix-cache-backend", "workflow-retention"]
+#: set-up -> (server flags, plugin on, gateway with capacity routing + --sglang-fields)
+SETUPS = {
+    "baseline": ([], False, False),
+    "hints": (PRIORITY_FLAGS + RETENTION_FLAGS, True, True),
+    # ablation: everything but priority scheduling (SGLang ignores `priority` without the flag)
+    "no-priority": (RETENTION_FLAGS, True, True),
+}
 
 
-def start_pair(model: Path, work: Path, name: str, pool: int, running: int, hints: bool) -> list[SGLangServer]:
+def start_pair(model: Path, work: Path, name: str, pool: int, running: int) -> list[SGLangServer]:
+    flags, plugin, _ = SETUPS[name]
     common = ["--max-total-tokens", str(pool), "--max-running-requests", str(running), "--enable-cache-report"]
     servers = []
     for i in range(2):
-        srv = SGLangServer(model, work / f"{name}-{i}.log", extra_args=common + (PLUGIN_FLAGS if hints else []),
-                           env={"AWP_SGLANG_PLUGIN": "1" if hints else "0", "AWP_LOG_EVERY_S": "5"})
+        srv = SGLangServer(model, work / f"{name}-{i}.log", extra_args=common + flags,
+                           env={"AWP_SGLANG_PLUGIN": "1" if plugin else "0", "AWP_LOG_EVERY_S": "5"})
         srv.start()
         print(f"  {name} replica {i} ready in {srv.startup_s:.0f}s ({srv.url})", file=sys.stderr)
         servers.append(srv)
@@ -81,7 +91,7 @@ def gateway(urls: list[str], profile: Path, hints: bool, budget_s: float):
 
 
 def run_setup(servers: list[SGLangServer], profile: Path, plan: list, hints: bool, seed: int,
-              concurrency: int, time_scale: float, budget_s: float) -> dict:
+              concurrency: int, time_scale: float, budget_s: float, tag: str = "") -> dict:
     from serving_hooks.replay import ReplayOptions, replay
     from serving_hooks.replay_report import summarize
 
@@ -89,7 +99,7 @@ def run_setup(servers: list[SGLangServer], profile: Path, plan: list, hints: boo
         httpx.post(s.url + "/flush_cache", timeout=60, trust_env=False)
     with gateway([s.url for s in servers], profile, hints, budget_s) as (url, registry):
         result = replay(plan, url, ReplayOptions(concurrency=concurrency, time_scale=time_scale, seed=seed,
-                                                 run_tag=f"{'h' if hints else 'b'}{seed}"))
+                                                 run_tag=f"{'h' if hints else 'b'}{seed}{tag}"))
         outcomes = {m.labels["outcome"]: int(m.value) for metric in registry.collect()
                     if metric.name == "profiler_gateway_annotate" for m in metric.samples
                     if m.name.endswith("_total")}
@@ -110,6 +120,8 @@ def main() -> None:
     ap.add_argument("--budget-ms", type=float, default=100.0,
                     help="gateway annotation budget (its default 5 ms is for an unloaded machine; here, "
                          "with 2 shared cores, most calls would go out unannotated)")
+    ap.add_argument("--ablation", action="store_true",
+                    help="also run 'no-priority': plugin + capacity routing without priority scheduling")
     ap.add_argument("--model-dir", type=Path, help="model folder (config.json + tokenizer); default: tiny local")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
@@ -132,17 +144,19 @@ def main() -> None:
         for seed in args.seeds:
             write_jsonl(generate("coding_assistant", args.workflows, seed=seed), work / f"replay{seed}" / "ca.jsonl")
             plans[seed], _ = load_plan([work / f"replay{seed}"], token_scale=args.token_scale)
-        rows: dict[str, dict[int, dict]] = {"baseline": {}, "hints": {}}
+        names = ["baseline", "hints"] + (["no-priority"] if args.ablation else [])
+        rows: dict[str, dict[int, dict]] = {n: {} for n in names}
         # both pairs up at once (an idle server sleeps), runs interleaved per seed, so a change
         # in the machine's background load hits both set-ups alike
         pairs = {}
         try:
-            for name, hints in (("baseline", False), ("hints", True)):
-                pairs[name] = start_pair(model, work, name, args.pool_tokens, args.max_running, hints)
+            for name in names:
+                pairs[name] = start_pair(model, work, name, args.pool_tokens, args.max_running)
             for seed in args.seeds:
-                for name in (("baseline", "hints") if seed % 2 == 0 else ("hints", "baseline")):
-                    rows[name][seed] = s = run_setup(pairs[name], work / "profile", plans[seed], name == "hints",
-                                                     seed, args.concurrency, args.time_scale, args.budget_ms / 1000)
+                for name in (names if seed % 2 == 0 else names[::-1]):
+                    rows[name][seed] = s = run_setup(pairs[name], work / "profile", plans[seed], SETUPS[name][2],
+                                                     seed, args.concurrency, args.time_scale, args.budget_ms / 1000,
+                                                     tag=name[:2])
                     print(f"  {name} seed {seed}: JCT avg {s['workflows']['jct_s']['avg']:.2f}s "
                           f"p95 {s['workflows']['jct_s']['p95']:.2f}s, errors {s['calls']['errors']}, "
                           f"cached {s['tokens']['cached_fraction'] or 0:.1%}, annotate {s['annotate_outcomes']}",
@@ -162,11 +176,19 @@ def main() -> None:
         out["seeds"][seed] = {
             name: {"jct_avg_s": r["workflows"]["jct_s"]["avg"], "jct_p95_s": r["workflows"]["jct_s"]["p95"],
                    "errors": r["calls"]["errors"], "cached_fraction": r["tokens"]["cached_fraction"],
-                   "calls": r["calls"]["count"]} for name, r in (("baseline", b), ("hints", h))}
+                   "calls": r["calls"]["count"]} for name, r in ((n, rows[n][seed]) for n in names)}
         out["seeds"][seed]["ratio_avg"] = h["workflows"]["jct_s"]["avg"] / b["workflows"]["jct_s"]["avg"]
         out["seeds"][seed]["ratio_p95"] = h["workflows"]["jct_s"]["p95"] / b["workflows"]["jct_s"]["p95"]
+        if args.ablation:
+            a = rows["no-priority"][seed]
+            out["seeds"][seed]["ratio_avg_no_priority"] = a["workflows"]["jct_s"]["avg"] / b["workflows"]["jct_s"]["avg"]
+            out["seeds"][seed]["ratio_p95_no_priority"] = a["workflows"]["jct_s"]["p95"] / b["workflows"]["jct_s"]["p95"]
     out["mean_ratio_avg"] = float(np.mean([v["ratio_avg"] for v in out["seeds"].values()]))
     out["mean_ratio_p95"] = float(np.mean([v["ratio_p95"] for v in out["seeds"].values()]))
+    if args.ablation:
+        for k in ("avg", "p95"):
+            out[f"mean_ratio_{k}_no_priority"] = float(np.mean([v[f"ratio_{k}_no_priority"]
+                                                               for v in out["seeds"].values()]))
     if args.json:
         print(json.dumps(out, indent=2))
         return
@@ -178,6 +200,14 @@ def main() -> None:
               f"{h['jct_p95_s']:>8.2f}s {v['ratio_avg']:>9.3f} {v['ratio_p95']:>9.3f} "
               f"{(b['cached_fraction'] or 0):>5.1%}/{(h['cached_fraction'] or 0):.1%}")
     print(f"mean ratio (hints / baseline): avg JCT {out['mean_ratio_avg']:.3f}, P95 JCT {out['mean_ratio_p95']:.3f}")
+    if args.ablation:
+        for seed, v in out["seeds"].items():
+            a = v["no-priority"]
+            print(f"  no-priority seed {seed}: avg {a['jct_avg_s']:.2f}s p95 {a['jct_p95_s']:.2f}s "
+                  f"(ratios {v['ratio_avg_no_priority']:.3f} / {v['ratio_p95_no_priority']:.3f}), "
+                  f"cached {(a['cached_fraction'] or 0):.1%}")
+        print(f"mean ratio (no-priority / baseline): avg JCT {out['mean_ratio_avg_no_priority']:.3f}, "
+              f"P95 JCT {out['mean_ratio_p95_no_priority']:.3f}")
 
 
 if __name__ == "__main__":
