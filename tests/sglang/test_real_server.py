@@ -51,6 +51,12 @@ def server(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def profile(tmp_path_factory) -> Path:
+    """A profile fitted on 40 generated coding-assistant workflows (logs under ``<root>/logs``)."""
+    return fit_generated_profile(tmp_path_factory.mktemp("profile"), 40, seed=11, min_calls=5)
+
+
+@pytest.fixture(scope="module")
 def model_name(server) -> str:
     return httpx.get(server.url + "/v1/models", timeout=30, trust_env=False).json()["data"][0]["id"]
 
@@ -197,7 +203,7 @@ def test_capacity_router_polls_the_real_server(server, model_name):
     assert router.metrics()["poll_ok"] >= 2
 
 
-def test_replay_through_the_gateway_reaches_the_scheduler(server, tmp_path):
+def test_replay_through_the_gateway_reaches_the_scheduler(server, profile, tmp_path):
     """`profiler replay` of generated workflows through `profiler gateway --sglang-fields`:
     every call's gateway priority and session reach the plugin in the scheduler, and the
     replay's prefix-sharing prompts hit the real radix cache."""
@@ -205,8 +211,7 @@ def test_replay_through_the_gateway_reaches_the_scheduler(server, tmp_path):
     from serving_hooks.replay_plan import load_plan
     from serving_hooks.replay_report import summarize
 
-    profile = fit_generated_profile(tmp_path, 40, seed=11, min_calls=5)
-    plan, _ = load_plan([tmp_path / "logs"], max_workflows=3, token_scale=0.02)
+    plan, _ = load_plan([profile.parent / "logs"], max_workflows=3, token_scale=0.02)
     log_dir = tmp_path / "gwlog"
     with running_gateway([server.url], profile, log_dir=log_dir, sglang_fields=True) as gw:
         result = replay(plan, gw.url, ReplayOptions(concurrency=2, time_scale=0.002, run_tag="gw"))
@@ -218,3 +223,60 @@ def test_replay_through_the_gateway_reaches_the_scheduler(server, tmp_path):
     log = server.log_text()
     seen = set(re.findall(r"awp-decision priority rid=\S+ priority=-?\d+ source=gateway session=(\S+)", log))
     assert sessions <= seen, (sessions, seen)
+
+
+def test_gateway_priorities_change_completion_order(server, profile, model_name):
+    """Through `profiler gateway --sglang-fields`: two sessions that reached their last agent
+    (the profile predicts no call after it: a high priority) overtake three sessions' first
+    calls (ten or so calls to go: a low priority) queued before them."""
+    agents = ["planner", "explorer", "chronicler", "architect", "engineer", "engineer", "engineer",
+              "reviewer"]
+    done: list[str] = []
+    lock = threading.Lock()
+
+    def call(url: str, name: str, session: str, agent: str, max_tokens: int, priority: int | None = None) -> None:
+        body = {"model": model_name, "messages": [{"role": "user", "content": _words(20, name)}],
+                "max_tokens": max_tokens, "ignore_eos": True, "temperature": 0,
+                "app_metadata": {"workflow_type_id": "coding_assistant", "workflow_id": session, "agent_id": agent}}
+        if priority is not None:
+            body["priority"] = priority
+        r = httpx.post(url + "/v1/chat/completions", json=body, timeout=300, trust_env=False)
+        assert r.status_code == 200, r.text
+        with lock:
+            done.append(name)
+
+    with running_gateway([server.url], profile, sglang_fields=True, budget_s=1.0) as gw:
+        for i in range(2):                          # walk two sessions up to their last agent
+            for agent in agents:
+                call(gw.url, f"walk{i}-{agent}", f"order-high-{i}", agent, 1)
+        done.clear()
+        blockers = [threading.Thread(target=call, args=(server.url, f"block{i}", f"order-block-{i}", "x", 900, 0))
+                    for i in range(2)]
+        for t in blockers:
+            t.start()
+        assert wait_for(lambda: _loads(server.url)["num_running_reqs"] == 2, 60)
+        lows = [threading.Thread(target=call, args=(gw.url, f"low{i}", f"order-low-{i}", "planner", 20))
+                for i in range(3)]
+        for t in lows:
+            t.start()
+        assert wait_for(lambda: _loads(server.url)["num_waiting_reqs"] >= 3, 60)
+        highs = [threading.Thread(target=call, args=(gw.url, f"high{i}", f"order-high-{i}", "verifier", 20))
+                 for i in range(2)]
+        for t in highs:
+            t.start()
+        assert wait_for(lambda: _loads(server.url)["num_waiting_reqs"] >= 5, 60), done
+        assert not any(n.startswith("block") for n in done), "a blocking call ended before all five were queued"
+        for t in blockers + lows + highs:
+            t.join(300)
+    log = server.log_text()
+
+    def gateway_priority(session: str) -> int:
+        found = re.findall(rf"awp-decision priority rid=\S+ priority=(-?\d+) source=gateway session={session}\b", log)
+        assert found, f"no gateway priority for {session} reached the scheduler"
+        return int(found[-1])
+
+    high = [gateway_priority(f"order-high-{i}") for i in range(2)]
+    low = [gateway_priority(f"order-low-{i}") for i in range(3)]
+    assert min(high) > max(low) + 10, (high, low)
+    order = [n for n in done if n.startswith(("high", "low"))]
+    assert sorted(order[:2]) == ["high0", "high1"], (done, high, low)
