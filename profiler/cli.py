@@ -35,6 +35,7 @@ COMMAND_MODULES: list[str] = [
     "report",
     "serve", "gateway", "watch",
     "simulate",
+    "replay",
 ]
 
 

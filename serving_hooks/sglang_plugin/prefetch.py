@@ -26,6 +26,7 @@ from array import array
 from typing import Any
 
 from serving_hooks.policies import CallView, PrefetchPlan
+from serving_hooks.sglang_plugin.observe import tick
 from serving_hooks.sglang_plugin.state import PluginState, get_state
 
 logger = logging.getLogger(__name__)
@@ -127,6 +128,9 @@ def run_due_prefetches(scheduler: Any, now: float | None = None) -> int:
 
 
 def after_get_next_batch_to_run(result: Any, scheduler: Any, *args: Any, **kwargs: Any) -> None:
-    """AFTER hook on ``Scheduler.get_next_batch_to_run``: stage the due prefixes."""
+    """AFTER hook on ``Scheduler.get_next_batch_to_run``: stage the due prefixes; log the
+    plugin's counters when due (:func:`serving_hooks.sglang_plugin.observe.tick`)."""
+    get_state().sync(scheduler)
     run_due_prefetches(scheduler)
+    tick(get_state(), scheduler)
     return None

@@ -1,9 +1,11 @@
 """Scheduler hooks for the graph-driven priority (Pythia alg. 3).
 
-* ``Scheduler._add_request_to_queue`` (BEFORE): when a request arrives with the gateway's
-  ``custom_params``, its integer ``priority`` is set from them (unless the request already
-  carries one in the top-level ``priority`` field) and its score and arrival time are
-  remembered on the request — and as its *session's* latest score (``PluginState.sessions``).
+* ``Scheduler._add_request_to_queue`` (BEFORE): its integer ``priority`` is set (precedence in
+  :func:`admit_request`: explicit ``priority`` > the gateway's ``custom_params`` > a default
+  for untagged traffic) and its score and arrival time are remembered on the request — and,
+  for the gateway's requests, as its *session's* latest score (``PluginState.sessions``).
+  Under TP the times come from the scheduler's step counter, the same on every rank
+  (``AWP_DECISION_CLOCK``, see :mod:`serving_hooks.sglang_plugin.settings`).
 * ``SchedulePolicy.calc_priority`` (BEFORE): at each scheduling round, every remembered
   request's priority (waiting and running) becomes ``to_sglang(score + aging_per_s · waited)``
   with the score and arrival of its session's latest call, so all calls of a workflow carry
@@ -22,6 +24,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from serving_hooks.sglang_plugin.observe import decision
 from serving_hooks.sglang_plugin.prefetch import plan_prefetch
 from serving_hooks.sglang_plugin.state import get_state
 
@@ -33,31 +36,58 @@ ENQUEUED_ATTR = "_awp_enqueued_at"
 SESSION_ATTR = "_awp_session"
 
 
-def admit_request(req: Any, now: float | None = None) -> bool:
-    """Set ``req.priority`` from its custom_params; remember base score and arrival.
+def admit_request(req: Any, now: float | None = None, default_priority: int | None = None) -> bool:
+    """Set ``req.priority`` (precedence below); remember its base score and arrival.
 
-    Returns False (and leaves the request alone) when it carries no custom_params.
+    Precedence of the base priority, highest first:
+
+    1. an explicit top-level ``priority`` the request carries — a client's own value, or the
+       gateway's (``--sglang-fields`` sends its prediction there, replacing the client's) — unless
+       it equals ``default_priority`` (SGLang's ``--default-priority-value``, which the
+       tokenizer writes into every request without one: indistinguishable from a client that
+       sent exactly that value, so it counts as "not set");
+    2. ``custom_params.priority`` (the gateway's prediction);
+    3. the score computed from ``custom_params`` (``exp_remaining_calls``, ``session_age_s``);
+    4. untagged traffic (no custom_params): ``default_priority`` when set, else the policy's
+       ``unknown_score`` — and it is aged like everything else, so it cannot starve
+       (``AWP_UNTAGGED=off`` leaves untagged requests to SGLang alone).
+
+    Whatever the source, the value is the *base*: at each scheduling round the plugin writes
+    ``base + aging · (session age)`` back into ``req.priority`` (see :func:`age_queue`).
+    Returns False when the request was left alone.
     """
     state = get_state()
+    if getattr(req, BASE_ATTR, None) is not None:  # a retracted request keeps its first arrival
+        return True
     view = state.view(req)
-    if view is None:
+    if view is None and not state.settings.age_untagged:
         return False
-    now = state.clock() if now is None else now
+    now = state.now() if now is None else now
     pol = state.settings.priority
-    if getattr(req, BASE_ATTR, None) is None:  # a retracted request keeps its first arrival
-        if req.priority is None:
-            if view.priority is not None:
-                req.priority = int(view.priority)
-            else:
-                req.priority = pol.to_sglang(pol.session_score(pol.score_view(view), view.session_age_s))
-        base = pol.from_sglang(req.priority)
-        setattr(req, BASE_ATTR, base)
-        setattr(req, ENQUEUED_ATTR, now)
-        if view.session_id:
-            setattr(req, SESSION_ATTR, view.session_id)
-            state.note_session(view.session_id, base, now)
-        state.counters["priority_set"] += 1
-        plan_prefetch(state, req, view, now)
+    explicit = req.priority is not None and req.priority != default_priority
+    if explicit:
+        source = "gateway" if view is not None and view.priority == req.priority else "client"
+    elif view is None:
+        req.priority = default_priority if default_priority is not None else pol.to_sglang(pol.unknown_score)
+        source = "default"
+    elif view.priority is not None:
+        req.priority, source = int(view.priority), "gateway"
+    else:
+        req.priority = pol.to_sglang(pol.session_score(pol.score_view(view), view.session_age_s))
+        source = "plugin"
+    base = pol.from_sglang(req.priority)
+    setattr(req, BASE_ATTR, base)
+    setattr(req, ENQUEUED_ATTR, now)
+    session = view.session_id if view is not None else None
+    if session:
+        setattr(req, SESSION_ATTR, session)
+        state.note_session(session, base, now)
+    state.counters["priority_set"] += 1
+    state.counters[f"priority_from_{source}"] += 1
+    decision("priority", rid=getattr(req, "rid", "?"), priority=req.priority, source=source,
+             session=session, t=round(now, 3))
+    if view is not None:
+        plan_prefetch(state, req, view, state.clock())
     return True
 
 
@@ -65,7 +95,7 @@ def age_queue(waiting_queue: list, now: float | None = None) -> int:
     """Re-score every admitted request of ``waiting_queue``: its session's latest score aged
     from that call's arrival (its own score and arrival when the session is not known)."""
     state = get_state()
-    now = state.clock() if now is None else now
+    now = state.now() if now is None else now
     pol = state.settings.priority
     n = 0
     for req in waiting_queue:
@@ -81,7 +111,9 @@ def age_queue(waiting_queue: list, now: float | None = None) -> int:
 
 def before_add_request_to_queue(scheduler: Any, req: Any, *args: Any, **kwargs: Any) -> None:
     """BEFORE hook on ``Scheduler._add_request_to_queue(self, req, is_retracted=False)``."""
-    admit_request(req)
+    get_state().sync(scheduler)
+    admit_request(req, default_priority=getattr(getattr(scheduler, "server_args", None),
+                                                "default_priority_value", None))
 
 
 def before_calc_priority(policy: Any, waiting_queue: list, running_batch: Any = None, *args: Any,
@@ -108,7 +140,7 @@ def before_calc_priority(policy: Any, waiting_queue: list, running_batch: Any = 
             )
         state.counters["low_values_first_warned"] += 1
         return
-    now = get_state().clock()
+    now = get_state().now()
     age_queue(waiting_queue, now)
     if running_batch is not None and getattr(running_batch, "reqs", None):
         age_queue(running_batch.reqs, now)

@@ -35,6 +35,7 @@ from typing import Any
 from sglang.srt.mem_cache.evict_policy import EvictionStrategy, LRUStrategy
 
 from serving_hooks.policies import Retention, RetentionRank
+from serving_hooks.sglang_plugin.observe import decision
 from serving_hooks.sglang_plugin.state import get_state
 
 logger = logging.getLogger(__name__)
@@ -54,7 +55,7 @@ class RetentionEvictionStrategy(EvictionStrategy):
         self.inner = inner or LRUStrategy()
 
     def clock(self) -> float:
-        return (self._clock or get_state().clock)()
+        return (self._clock or get_state().now)()
 
     def rank(self, node: Any, now: float) -> RetentionRank:
         if getattr(node, UNTIL_ATTR, 0.0) > now:
@@ -94,9 +95,11 @@ def stamp_finished_request(req: Any, tree_cache: Any, now: float | None = None) 
     view = state.view(req)
     if view is None:
         return None
-    now = state.clock() if now is None else now
+    now = state.now() if now is None else now
     retention = state.settings.keep_drop.decide_view(view, now)
     state.counters[f"retention_{retention.rank.name.lower()}"] += 1
+    decision("retention", rid=getattr(req, "rid", "?"), rank=retention.rank.name,
+             retain_until=round(retention.retain_until, 3), session=view.session_id, t=round(now, 3))
     handle = getattr(req, "last_node", None)
     leaf = tree_cache.resolve_node_handle(handle) if handle is not None else None
     if leaf is not None:

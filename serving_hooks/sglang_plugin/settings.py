@@ -16,7 +16,26 @@ variable                           default    meaning
 ``AWP_PREFETCH_TRANSFER_TOK_S``    ``200000`` tokens/s of the copy into host memory
 ``AWP_PREFETCH_DECODE_TOK_S``      ``40``     decode speed used to predict a call's finish
 ``AWP_PREFETCH``                   ``1``      ``0`` disables host prefetch staging
+``AWP_DECISION_CLOCK``             ``auto``   time used by aging and retention: ``local``,
+                                              ``step``, or ``auto`` (``step`` when TP > 1)
+``AWP_STEP_S``                     ``0.025``  seconds one scheduler step counts as (``step``)
+``AWP_UNTAGGED``                   ``age``    requests without custom_params: ``age`` (default
+                                              priority + aging) or ``off`` (left to SGLang)
+``AWP_LOG_EVERY_S``                ``60``     period of the counters log line (``0``: never)
+``AWP_SGLANG_DEBUG``               ``0``      ``1`` logs every decision (priority, keep/drop)
 =================================  =========  ==============================================
+
+Rank consensus: under tensor parallelism every TP rank runs its own scheduler over the same
+broadcast requests and must take the same decisions (SGLang asserts on it in write-back HiCache
+mode). The priority aging and the retention deadlines depend on "now"; each rank's clock reads a
+slightly different moment, and a rounding can then differ. With TP > 1 (``auto``) or
+``AWP_DECISION_CLOCK=step`` the plugin's "now" is the scheduler's forward-step counter
+(``Scheduler.forward_ct``, the same on every rank because all ranks run the same batches) times
+``AWP_STEP_S``: every rank computes the same priorities and deadlines. The cost: aging and TTLs
+advance with work done, not wall time (they stand still while the engine idles, when nothing
+waits and nothing needs evicting); set ``AWP_STEP_S`` near your decode step time. API-server
+timestamps do not reach the scheduler in SGLang 0.5.23, so there is no shared wall clock to use.
+With one rank (``auto``) the process clock is used as before.
 """
 from __future__ import annotations
 
@@ -54,13 +73,29 @@ class PluginSettings:
     prefetch_min_p: float
     prefetch_transfer_tok_s: float
     prefetch_decode_tok_s: float
+    decision_clock: str = "auto"
+    step_s: float = 0.025
+    age_untagged: bool = True
+    log_every_s: float = 60.0
+    debug: bool = False
 
     @classmethod
     def from_env(cls) -> "PluginSettings":
         lineage = os.environ.get("AWP_KEEP_LINEAGE", "session")
         if lineage not in ("session", "agent"):
             raise ValueError(f"AWP_KEEP_LINEAGE must be 'session' or 'agent', got {lineage!r}")
+        clock = os.environ.get("AWP_DECISION_CLOCK", "auto") or "auto"
+        if clock not in ("auto", "local", "step"):
+            raise ValueError(f"AWP_DECISION_CLOCK must be 'auto', 'local' or 'step', got {clock!r}")
+        untagged = os.environ.get("AWP_UNTAGGED", "age") or "age"
+        if untagged not in ("age", "off"):
+            raise ValueError(f"AWP_UNTAGGED must be 'age' or 'off', got {untagged!r}")
         return cls(
+            decision_clock=clock,
+            step_s=_f("AWP_STEP_S", 0.025),
+            age_untagged=untagged == "age",
+            log_every_s=_f("AWP_LOG_EVERY_S", 60.0),
+            debug=_flag("AWP_SGLANG_DEBUG", False),
             enabled=_flag("AWP_SGLANG_PLUGIN"),
             prefetch_enabled=_flag("AWP_PREFETCH"),
             priority=PriorityPolicy(

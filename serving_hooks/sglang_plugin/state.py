@@ -34,6 +34,7 @@ class PluginState:
                  max_sessions: int = 100_000):
         self.settings = settings
         self.clock = clock
+        self.steps = 0              # scheduler forward steps seen (the ``step`` decision clock)
         self.prefetch: PrefetchPolicy = settings.new_prefetch_policy()
         self.counters: Counter[str] = Counter()
         self.sessions: OrderedDict[str, tuple[float, float]] = OrderedDict()
@@ -45,6 +46,28 @@ class PluginState:
         self.sessions.move_to_end(session_id)
         while len(self.sessions) > self.max_sessions:
             self.sessions.popitem(last=False)
+
+    def clock_mode(self, scheduler: Any = None) -> str:
+        """``local`` or ``step`` (``auto`` resolves to ``step`` once a scheduler with TP > 1 is seen)."""
+        mode = self.settings.decision_clock
+        if mode == "auto":
+            if scheduler is not None and getattr(scheduler, "tp_size", 1) > 1:
+                self._tp_seen = True
+            return "step" if getattr(self, "_tp_seen", False) else "local"
+        return mode
+
+    def sync(self, scheduler: Any) -> None:
+        """Read the scheduler's step counter (called from the hooks that get the scheduler)."""
+        self.clock_mode(scheduler)
+        ct = getattr(scheduler, "forward_ct", None)
+        if isinstance(ct, int):
+            self.steps = ct
+
+    def now(self) -> float:
+        """"Now" for aging and retention: :attr:`clock`, or the step clock (same on all ranks)."""
+        if self.clock_mode() == "step":
+            return self.steps * self.settings.step_s
+        return self.clock()
 
     def view(self, req: Any) -> CallView | None:
         cp = custom_params_of(req)

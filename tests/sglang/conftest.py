@@ -197,10 +197,14 @@ class FakeClock:
 
 @pytest.fixture
 def clock(request):
-    """A fresh plugin state on a :class:`FakeClock` starting at the module's ``CLOCK_START``."""
+    """A fresh plugin state on a :class:`FakeClock` starting at the module's ``CLOCK_START``.
+
+    Decisions use that clock (``decision_clock="local"``), not the request clock a server uses."""
+    from dataclasses import replace
+
     from serving_hooks.sglang_plugin.state import PluginState, get_state, reset_state
 
     c = FakeClock(getattr(request.module, "CLOCK_START", 0.0))
-    reset_state(PluginState(get_state().settings, clock=c))
+    reset_state(PluginState(replace(get_state().settings, decision_clock="local"), clock=c))
     yield c
     reset_state()

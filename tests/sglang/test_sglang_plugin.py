@@ -98,8 +98,9 @@ def test_calc_priority_orders_real_reqs_as_our_priority_says(clock):
     from sglang.srt.mem_cache.radix_cache import RadixCache
 
     # a fast aging rate (0.05 /s) so that 20 s of waiting visibly reorders the queue
-    reset_state(PluginState(replace(get_state().settings, priority=PriorityPolicy(aging_per_s=0.05)),
-                            clock=clock))
+    # untagged traffic left to SGLang here (AWP_UNTAGGED=off); the default is tested below
+    reset_state(PluginState(replace(get_state().settings, priority=PriorityPolicy(aging_per_s=0.05),
+                                    decision_clock="local", age_untagged=False), clock=clock))
     pol = get_state().settings.priority
     # Same small graph as tests/test_policies_priority_capacity.py, computed by the gateway:
     # a = planner (3 left, idle coder 1 call away) 1.25; b = coder (2 left) 1/3; c = tester (0 left) 1.0
