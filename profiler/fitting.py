@@ -7,6 +7,8 @@ Sections of ``profile.json`` and who builds them:
 
 ``output_length``   :class:`predictors.output_length.OutputLengthIntervals`
 ``tool_latency``    :class:`predictors.tool_latency.ToolLatencyModel`
+``idle_gap``        :class:`predictors.idle_gap.IdleGapModel` (keep-alive TTL from call finish to
+                    the session's next arrival)
 ``agents``          per-agent timing and size statistics (SQL over ``calls``)
 ``workflow_types``  counts per workflow type
 others              :data:`SECTION_BUILDERS` (e.g. ``workflows``: the synthesized automata)
@@ -22,6 +24,7 @@ from typing import Any, Callable, Sequence
 import duckdb
 import pandas as pd
 
+from predictors.idle_gap import IdleGapModel
 from predictors.output_length import OutputLengthIntervals
 from predictors.tool_latency import ToolLatencyModel
 from profiler import ingest as ingest_mod
@@ -87,6 +90,20 @@ def fit_tool_latency(con: duckdb.DuckDBPyConnection, options: FitOptions) -> Too
                             max_ttl_s=options.max_ttl_s).fit(timed_tool_calls(con))
 
 
+def idle_gap_calls(con: duckdb.DuckDBPyConnection) -> pd.DataFrame:
+    """Every call with its idle gap (``gap_after_s``, NULL at a session's end) and the first tool
+    its response named (``""`` when none), in a fixed order (see :func:`ok_calls`)."""
+    return con.execute(
+        "SELECT workflow_type_id, workflow_id, agent_id, coalesce(tool_names[1], '') AS tool, call_index, "
+        "t_arrival, gap_after_s FROM calls ORDER BY workflow_type_id, workflow_id, call_index").df()
+
+
+def fit_idle_gap(con: duckdb.DuckDBPyConnection, options: FitOptions) -> IdleGapModel:
+    """The idle-gap keep-alive model (quantile ``ttl_quantile``, cap ``max_ttl_s``) on every call."""
+    return IdleGapModel(quantile=options.ttl_quantile, max_ttl_s=options.max_ttl_s,
+                        random_state=options.seed).fit(idle_gap_calls(con))
+
+
 def agent_stats(con: duckdb.DuckDBPyConnection) -> dict[str, dict[str, dict[str, Any]]]:
     """Per (workflow type, agent): call count, latency, TTFT, sizes, decode speed, gap after."""
     rows = con.execute("""
@@ -129,9 +146,12 @@ def fit_from_store(con: duckdb.DuckDBPyConnection, options: FitOptions,
                                conditional=options.conditional, random_state=options.seed).fit(ok_calls(con))
     progress("tool-latency lognormals")
     tl = fit_tool_latency(con, options)
+    progress("idle-gap keep-alive TTLs")
+    ig = fit_idle_gap(con, options)
     data: dict[str, Any] = {
         "output_length": ol.to_dict(),
         "tool_latency": tl.to_dict(),
+        "idle_gap": ig.to_dict(),
         "agents": agent_stats(con),
         "workflow_types": {
             wt: {"workflows": int(w), "calls": int(c)} for wt, w, c in con.execute(
