@@ -264,7 +264,10 @@ class IdleGapModel(BaseEstimator):
             n_wf = int(g["workflow_id"].nunique())
             gaps = int(g["gap_after_s"].notna().sum())
             info: dict[str, Any] = {"n": gaps, "workflows": n_wf,
-                                    "end_share": float(1 - gaps / len(g)) if len(g) else 0.0}
+                                    "end_share": float(1 - gaps / len(g)) if len(g) else 0.0,
+                                    # the naive baseline: one plain quantile of the type's gaps
+                                    "baseline_quantile_s": float(np.quantile(g["gap_after_s"].dropna(),
+                                                                             self.quantile)) if gaps else None}
             if gaps == 0:
                 self.workflow_types_[wt] = {**info, "level": "none", "reason": "no idle gaps (no call "
                                             "follows another)", "entries": {lv: [] for lv in LEVELS}}
@@ -301,10 +304,10 @@ class IdleGapModel(BaseEstimator):
         self._lookup: dict[tuple, dict] = {}
         for wt, info in self.workflow_types_.items():
             for lv, rows in info.get("entries", {}).items():
-                for r in rows:
-                    if r.get("ttl_z") is None:
-                        r["ttl_z"] = math.inf
-                    self._lookup[(lv, tuple(r[k] for k in LEVEL_KEYS[lv]))] = r
+                for r in rows:   # a copy: the profile's dict stays plain JSON
+                    z = r.get("ttl_z")
+                    self._lookup[(lv, tuple(r[k] for k in LEVEL_KEYS[lv]))] = {
+                        **r, "ttl_z": math.inf if z is None else float(z)}
 
     # ------------------------------------------------------------------- serve
     def entry(self, wt: str, agent: str | None = None, tool: str | None = None,

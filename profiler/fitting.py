@@ -92,10 +92,16 @@ def fit_tool_latency(con: duckdb.DuckDBPyConnection, options: FitOptions) -> Too
 
 def idle_gap_calls(con: duckdb.DuckDBPyConnection) -> pd.DataFrame:
     """Every call with its idle gap (``gap_after_s``, NULL at a session's end) and the first tool
-    its response named (``""`` when none), in a fixed order (see :func:`ok_calls`)."""
+    its response named (``""`` when none), in a fixed order (see :func:`ok_calls`).
+
+    A zero-latency call (``t_finish = t_arrival``, e.g. logs with request times only) is its own
+    ASOF match in ``gap_after_s`` (gap 0); its gap is taken to the next call in order instead."""
     return con.execute(
         "SELECT workflow_type_id, workflow_id, agent_id, coalesce(tool_names[1], '') AS tool, call_index, "
-        "t_arrival, gap_after_s FROM calls ORDER BY workflow_type_id, workflow_id, call_index").df()
+        "t_arrival, CASE WHEN t_finish <= t_arrival THEN lead(t_arrival) OVER w - t_finish "
+        "ELSE gap_after_s END AS gap_after_s FROM calls "
+        "WINDOW w AS (PARTITION BY workflow_type_id, workflow_id ORDER BY call_index) "
+        "ORDER BY workflow_type_id, workflow_id, call_index").df()
 
 
 def fit_idle_gap(con: duckdb.DuckDBPyConnection, options: FitOptions) -> IdleGapModel:
