@@ -156,7 +156,7 @@ class IdleGapModel(BaseEstimator):
 
     def __init__(self, quantile: float = 0.95, max_ttl_s: float | None = 600.0, min_samples: int = 19,
                  folds: int = 5, prior_weights: Sequence[float | None] = (None, 1.0, 4.0, 16.0),
-                 half_lives: Sequence[float | None] = (None, 0.5, 0.25), min_workflows_drift: int = 20,
+                 half_lives: Sequence[float | None] = (None, 0.5, 0.2, 0.05), min_workflows_drift: int = 20,
                  random_state: int = 0):
         self.quantile = quantile
         self.max_ttl_s = max_ttl_s
@@ -285,6 +285,8 @@ class IdleGapModel(BaseEstimator):
                 scores, level, w, tool_level = {}, "workflow_type", None, False
                 reason = "one workflow: no validation, workflow-type level"
             tables = self._tables(g[g["gap_after_s"].notna()], w)
+            if tables["workflow_type"].empty:
+                reason += f"; fewer than {self.min_samples} gaps: no idle-gap TTL (the tool-latency TTL applies)"
             info.update({
                 "level": level, "tool_level": bool(tool_level), "prior_weight": w, "reason": reason,
                 "half_life": h, "half_life_workflows": None if h is None else float(h * n_wf),
