@@ -85,9 +85,14 @@ def timed_tool_calls(con: duckdb.DuckDBPyConnection) -> pd.DataFrame:
 
 
 def fit_tool_latency(con: duckdb.DuckDBPyConnection, options: FitOptions) -> ToolLatencyModel:
-    """The tool-latency model of ``options`` fit on every timed tool execution in the store."""
+    """The tool-latency model of ``options`` fit on every timed tool execution in the store, with
+    recency weighting per workflow type (half-life chosen on a later slice; ``extra={"drift":
+    False}`` turns it off)."""
+    rows = con.execute("SELECT workflow_type_id, workflow_id, tool_name, t_start, latency_s FROM tool_calls "
+                       "WHERE latency_s IS NOT NULL ORDER BY request_id, tool_index").df()
+    half_lives = IdleGapModel().half_lives if options.extra.get("drift", True) else (None,)
     return ToolLatencyModel(ks_threshold=options.ks_threshold, ttl_quantile=options.ttl_quantile,
-                            max_ttl_s=options.max_ttl_s).fit(timed_tool_calls(con))
+                            max_ttl_s=options.max_ttl_s, half_lives=half_lives).fit(rows)
 
 
 def idle_gap_calls(con: duckdb.DuckDBPyConnection) -> pd.DataFrame:
@@ -105,9 +110,11 @@ def idle_gap_calls(con: duckdb.DuckDBPyConnection) -> pd.DataFrame:
 
 
 def fit_idle_gap(con: duckdb.DuckDBPyConnection, options: FitOptions) -> IdleGapModel:
-    """The idle-gap keep-alive model (quantile ``ttl_quantile``, cap ``max_ttl_s``) on every call."""
+    """The idle-gap keep-alive model (quantile ``ttl_quantile``, cap ``max_ttl_s``) on every call;
+    ``extra={"drift": False}`` turns recency weighting off."""
+    drift = {} if options.extra.get("drift", True) else {"half_lives": (None,)}
     return IdleGapModel(quantile=options.ttl_quantile, max_ttl_s=options.max_ttl_s,
-                        random_state=options.seed).fit(idle_gap_calls(con))
+                        random_state=options.seed, **drift).fit(idle_gap_calls(con))
 
 
 def agent_stats(con: duckdb.DuckDBPyConnection) -> dict[str, dict[str, dict[str, Any]]]:

@@ -12,6 +12,7 @@ import pytest
 
 from predictors import Predictor
 from predictors.idle_gap import IdleGapModel, weighted_conformal_quantile
+from predictors.tool_latency import ToolLatencyModel
 from profiler import fitting
 from profiler.evaluation import evaluate
 from profiler.workloads import generate, write_jsonl
@@ -181,3 +182,18 @@ def test_eval_reports_keep_alive_beside_baselines(fitted):
     assert set(ka["baselines"]) == {"idle_gap_p95", "tool_p95"}
     assert 0.0 <= ka["idle_gap_coverage"] <= 1.0 and ka["scored_share"] == 1.0
     assert ka["idle_gap_coverage"] >= 0.85
+
+
+def test_tool_latency_recency_weighting_after_a_shape_change():
+    """A tool 10× slower in the older half of the log: the weighted p95 follows the new shape."""
+    rng = np.random.default_rng(5)
+    rows = [{"workflow_type_id": "wt", "workflow_id": f"w{i:03d}", "tool_name": "bash", "t_start": i * 100.0 + k,
+             "latency_s": float(rng.lognormal(math.log(10.0 if i < 60 else 1.0), 0.3))}
+            for i in range(120) for k in range(5)]
+    df = pd.DataFrame(rows)
+    plain = ToolLatencyModel().fit(df).lookup("wt", "bash")
+    weighted = ToolLatencyModel(half_lives=(None, 0.5, 0.2, 0.05))
+    entry = weighted.fit(df).lookup("wt", "bash")
+    assert weighted.half_life_["wt"] is not None
+    assert entry["p95_s"] < 3.0 < 10.0 < plain["p95_s"]
+    assert ToolLatencyModel.from_dict(weighted.to_dict()).half_life_ == weighted.half_life_
