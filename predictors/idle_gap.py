@@ -148,6 +148,8 @@ class IdleGapModel(BaseEstimator):
     prior_weights : candidate prior weights of the session correction (None = no correction).
     half_lives : candidate half-lives as a fraction of the type's workflows (None = no decay).
     min_workflows_drift : fewest workflows of a type for the half-life to be chosen at all.
+    max_cv_workflows : the choices (half-life, level, prior weight) are validated on a seeded sample
+        of at most this many workflows per type (0 = all); the final fit uses every workflow.
     random_state : seed of the fold assignment.
 
     Fitted attributes: ``workflow_types_`` ({wt: {level, tool_level, prior_weight, half_life,
@@ -157,7 +159,7 @@ class IdleGapModel(BaseEstimator):
     def __init__(self, quantile: float = 0.95, max_ttl_s: float | None = 600.0, min_samples: int = 19,
                  folds: int = 5, prior_weights: Sequence[float | None] = (None, 1.0, 4.0, 16.0),
                  half_lives: Sequence[float | None] = (None, 0.5, 0.2, 0.05), min_workflows_drift: int = 20,
-                 random_state: int = 0):
+                 max_cv_workflows: int = 5000, random_state: int = 0):
         self.quantile = quantile
         self.max_ttl_s = max_ttl_s
         self.min_samples = min_samples
@@ -165,6 +167,7 @@ class IdleGapModel(BaseEstimator):
         self.prior_weights = prior_weights
         self.half_lives = half_lives
         self.min_workflows_drift = min_workflows_drift
+        self.max_cv_workflows = max_cv_workflows
         self.random_state = random_state
 
     # ------------------------------------------------------------------ pieces
@@ -272,10 +275,15 @@ class IdleGapModel(BaseEstimator):
                 self.workflow_types_[wt] = {**info, "level": "none", "reason": "no idle gaps (no call "
                                             "follows another)", "entries": {lv: [] for lv in LEVELS}}
                 continue
-            h, h_scores = self._choose_half_life(g, n_wf)
+            sample = g
+            if 0 < self.max_cv_workflows < n_wf:
+                keep = np.random.default_rng(self.random_state).choice(
+                    np.sort(g["workflow_id"].unique()), self.max_cv_workflows, replace=False)
+                sample = g[g["workflow_id"].isin(keep)]
+            h, h_scores = self._choose_half_life(sample, n_wf)
             g = g.assign(weight=recency_weights(g["rank"].to_numpy(), n_wf, h))
             if n_wf >= 2:
-                scores = self._cross_validate(g)
+                scores = self._cross_validate(g.loc[sample.index])
                 arrival = self._pick({k: v for k, v in scores.items() if k[0] != "tool"})
                 level, w = arrival
                 tool_level = (scores[("tool", w)][0] >= self.quantile
