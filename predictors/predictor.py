@@ -33,6 +33,9 @@ Annotation (``known: true``), a superset of DESIGN.md's listing::
      "session_age_s",         # seconds since the session's first call (workflow-level aging)
      "tool_latency": {tool: {"mu", "sigma", "p50_s", "p95_s", "ttl_s"}},   # by frequency
      "retain_s",              # keep-alive TTL (SAGA) of the most frequent tool, when it has one
+     "keep_alive_ttl_s",      # keep-alive TTL from the idle gap (finish -> session's next call),
+                              # scaled by the session's own gaps so far (predictors/idle_gap.py)
+     "keep_alive_ttl_by_tool",  # {tool: TTL} when the tool level validated (tool known at finish)
      "next_agents", "predicted_path_regex", "expected_remaining_calls", "expected_remaining_s",
      "expected_distance", "p_end", "prompt_composition",  # when the profile has the automaton
      "priority"}                                   # when a priority policy is configured
@@ -41,6 +44,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import math
 import threading
 import time
 from collections import OrderedDict, deque
@@ -49,6 +53,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Mapping
 
+from predictors.idle_gap import MAX_FACTOR, MIN_GAP_S, IdleGapModel
 from predictors.output_length import OutputLengthIntervals
 from predictors.tool_latency import ToolLatencyModel
 
@@ -119,6 +124,7 @@ class _AgentEntry:
     retain_s: float | None = None              # keep-alive TTL of the agent's most frequent tool
     upper_bounds: tuple = ()                   # ((α, U(α)), …) one-sided output bounds
     mean_output: float | None = None           # mean output tokens of the agent
+    keep_alive: tuple | None = None            # (idle-gap TTL z-quantile, median gap, prior weight, by tool)
 
 
 class CompiledProfile:
@@ -135,6 +141,8 @@ class CompiledProfile:
         self.coverage = float(ol["coverage"]) if ol else None
         tl = data.get("tool_latency")
         self.tools = ToolLatencyModel.from_dict(tl) if tl else None
+        ig = data.get("idle_gap")
+        self.idle_gap = IdleGapModel.from_dict(ig) if ig else None
         wts = data.get("workflow_types") or {}
         self.workflow_type_calls: dict[str, int] = {wt: int((v or {}).get("calls", 0)) for wt, v in wts.items()}
         if self.bands is not None:
@@ -180,7 +188,36 @@ class CompiledProfile:
             mean_out = (self.bands.agents_.get(wt, {}).get(agent) or {}).get("mean")
         return _AgentEntry(calls=calls, tool_latency=tools, static_band=static,
                            retain_s=first.get("ttl_s", first.get("p95_s")),
-                           upper_bounds=upper, mean_output=mean_out)
+                           upper_bounds=upper, mean_output=mean_out,
+                           keep_alive=self._keep_alive(wt, agent, tools))
+
+    def _keep_alive(self, wt: str, agent: str, tools: Mapping[str, dict]) -> tuple | None:
+        """``(ttl_z, median_s, prior_weight, {tool: ttl_z})`` of the agent's idle-gap entry."""
+        if self.idle_gap is None:
+            return None
+        e, _ = self.idle_gap.entry(wt, agent)
+        if e is None:
+            return None
+        by_tool = {}
+        if (self.idle_gap.workflow_types_.get(wt) or {}).get("tool_level"):
+            for name in tools:
+                te, lv = self.idle_gap.entry(wt, agent, name)
+                if te is not None and lv == "tool":
+                    by_tool[name] = float(te["ttl_z"])
+        return (float(e["ttl_z"]), self.idle_gap.median(wt, agent), self.idle_gap.prior_weight(wt), by_tool)
+
+    def keep_alive_ttl(self, entry: _AgentEntry, log_sum: float, n: int) -> tuple[float | None, dict]:
+        """Served idle-gap TTL and by-tool TTLs for a session with ``n`` earlier gaps whose
+        ``Σ ln(gap/median)`` is ``log_sum``: ``c · Q_q(z)``, ``c = exp(clip(log_sum / (n + w), ±ln 8))``."""
+        if entry.keep_alive is None or self.idle_gap is None:
+            return None, {}
+        ttl_z, _, w, by_tool = entry.keep_alive
+        c = 1.0 if w is None else math.exp(max(-math.log(MAX_FACTOR),
+                                                min(math.log(MAX_FACTOR), log_sum / (n + w))))
+        cap = self.idle_gap.max_ttl_s
+        serve = (lambda z: min(c * z, cap)) if cap is not None else (lambda z: c * z)
+        return (serve(ttl_z) if math.isfinite(ttl_z) or cap is not None else None,
+                {k: serve(v) for k, v in by_tool.items()})
 
     def global_for_lack_of_data(self, wt: str, agent: str) -> bool:
         """True when the agent is served the global band because it has too little data (a
@@ -218,6 +255,10 @@ class _Session:
     started_at: float | None = None        # clock of the session's first call
     nbytes: int = 0                        # estimated bytes (see _session_bytes)
     text_bytes: int = 0                    # bytes of the response texts in ``recent``
+    idle_since: float | None = None        # clock of the last completion (idle-gap start)
+    idle_median: float | None = None       # predicted median idle gap after that completion
+    gap_log_sum: float = 0.0               # Σ ln(observed gap / predicted median)
+    gap_n: int = 0                         # idle gaps observed in this session
 
 
 def _session_bytes(s: _Session) -> int:
@@ -501,6 +542,11 @@ class Predictor:
             first_time = request_id is None or request_id not in s.pending
             if advance and first_time:
                 self._advance(m, s, agent)
+                if s.idle_since is not None and s.idle_median and now >= s.idle_since:
+                    s.gap_log_sum += math.log(max(now - s.idle_since, MIN_GAP_S) / max(s.idle_median, MIN_GAP_S))
+                    s.gap_n += 1
+                s.idle_since = None
+            gap_stats = (s.gap_log_sum, s.gap_n)
             issued_at = now if first_time else s.pending[request_id][2]
             session_age = max(0.0, issued_at - (s.started_at if s.started_at is not None else issued_at))
             if m is None:
@@ -545,6 +591,11 @@ class Predictor:
         ann["tool_latency"] = dict(entry.tool_latency)
         if entry.retain_s is not None:
             ann["retain_s"] = entry.retain_s
+        ttl, by_tool = m.keep_alive_ttl(entry, *gap_stats)
+        if ttl is not None:
+            ann["keep_alive_ttl_s"] = ttl
+            if by_tool:
+                ann["keep_alive_ttl_by_tool"] = by_tool
         if paths is not None:
             self._path_fields(ann, paths, state, context)
         if self.priority_policy is not None:
@@ -626,6 +677,9 @@ class Predictor:
                 s.last_output[agent] = int(out)
             if completion.get("t_finish") is not None:
                 s.last_finish = completion.get("t_finish")
+            ka = m.agents.get((wt, agent)) if m is not None else None
+            s.idle_since = now                     # the session's KV is idle from here
+            s.idle_median = ka.keep_alive[1] if ka is not None and ka.keep_alive is not None else None
             if completion.get("response_text") is not None:
                 self._remember_text(s, {"request_id": request_id, "agent_id": agent,
                                         "response_text": completion.get("response_text")})

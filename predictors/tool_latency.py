@@ -6,6 +6,13 @@ Kolmogorov–Smirnov distance D = sup_t |F̂ₙ(t) − F_LN(t; μ̂, σ̂)| says
 above ``ks_threshold`` the lognormal is flagged ``poor_fit`` and the served quantiles come from the
 data instead. The keep-alive TTL a serving engine should hold a session's KV cache for during the
 tool call is the served ``ttl_quantile`` (p95 by default, as in SAGA), capped at ``max_ttl_s``.
+
+**Drift.** With ``half_lives`` of more than one candidate and rows that carry ``workflow_id`` and
+``t_start``, executions are weighted ``wᵢ = 2^(−ageᵢ / h)`` (age in workflows of the type started
+after this one's; see :mod:`predictors.idle_gap`): weighted MLE ``μ̂ = Σwᵢ ln tᵢ / Σwᵢ``,
+``σ̂² = Σwᵢ (ln tᵢ − μ̂)² / Σwᵢ`` and weighted empirical quantiles. ``h`` is chosen per workflow
+type on a later slice (fit on the oldest 70 % of workflows, score p95 coverage on the rest: the
+narrowest reaching the quantile, else the best covered), so an older release does not dominate.
 """
 from __future__ import annotations
 
@@ -15,6 +22,8 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 from sklearn.base import BaseEstimator
+
+from predictors.idle_gap import recency_weights, weighted_conformal_quantile, workflow_ranks
 
 #: Latencies are floored here before taking logs (a 0 s tool is a clock artifact).
 MIN_LATENCY_S = 1e-4
@@ -49,16 +58,27 @@ class ToolLatencyModel(BaseEstimator):
     """
 
     def __init__(self, min_samples: int = 5, ks_threshold: float = 0.1, ttl_quantile: float = 0.95,
-                 max_ttl_s: float | None = 600.0):
+                 max_ttl_s: float | None = 600.0, half_lives: tuple = (None,), min_workflows_drift: int = 20):
         self.min_samples = min_samples
         self.ks_threshold = ks_threshold
         self.ttl_quantile = ttl_quantile
         self.max_ttl_s = max_ttl_s
+        self.half_lives = half_lives
+        self.min_workflows_drift = min_workflows_drift
 
-    def _entry(self, latencies: np.ndarray) -> dict[str, Any]:
+    def _entry(self, latencies: np.ndarray, weights: np.ndarray | None = None) -> dict[str, Any]:
         x = np.asarray(latencies, dtype=float)
-        fit = fit_lognormal(x)
-        emp = np.quantile(x, [0.5, 0.95, 0.99, self.ttl_quantile])
+        if weights is None or np.allclose(weights, weights[0]):
+            fit = fit_lognormal(x)
+            emp = np.quantile(x, [0.5, 0.95, 0.99, self.ttl_quantile])
+        else:
+            w = np.asarray(weights, dtype=float)
+            lx = np.log(np.maximum(x, MIN_LATENCY_S))
+            mu = float(np.average(lx, weights=w))
+            sigma = max(float(np.sqrt(np.average((lx - mu) ** 2, weights=w))), 1e-6)
+            ks = float(stats.kstest(np.maximum(x, MIN_LATENCY_S), "lognorm", args=(sigma, 0, np.exp(mu))).statistic)
+            fit = {"mu": mu, "sigma": sigma, "ks": ks}
+            emp = [weighted_conformal_quantile(x, w, q, 0.0) for q in (0.5, 0.95, 0.99, self.ttl_quantile)]
         poor = fit["ks"] > self.ks_threshold
         if poor:
             served = emp
@@ -73,14 +93,53 @@ class ToolLatencyModel(BaseEstimator):
             "mean_s": float(x.mean()), "ttl_s": ttl,
         }
 
+    def _fit_tools(self, df: pd.DataFrame) -> dict[str, dict[str, Any]]:
+        """{tool: entry} of one workflow type's rows (``weight`` column optional)."""
+        out = {}
+        for tool, g in df.groupby("tool_name", sort=True):
+            if len(g) >= self.min_samples:
+                w = g["weight"].to_numpy() if "weight" in g else None
+                out[tool] = self._entry(g["latency_s"].to_numpy(), w)
+        return out
+
+    def _choose_half_life(self, g: pd.DataFrame) -> float | None:
+        """Half-life of one workflow type by a later slice (see module doc)."""
+        n_wf = int(g["rank"].max()) + 1
+        if len(self.half_lives) <= 1 or n_wf < self.min_workflows_drift:
+            return None
+        cut = int(round(0.7 * n_wf))
+        train, val = g[g["rank"] < cut], g[g["rank"] >= cut]
+        scores = {}
+        for h in self.half_lives:
+            tools = self._fit_tools(train.assign(weight=recency_weights(train["rank"].to_numpy(), cut, h)))
+            p95 = val["tool_name"].map({t: e["p95_s"] for t, e in tools.items()}).to_numpy(dtype=float)
+            ok = ~np.isnan(p95)
+            if ok.any():
+                x = val["latency_s"].to_numpy()[ok]
+                scores[h] = (float(np.mean(x <= p95[ok])), float(np.mean(p95[ok])))
+        good = [h for h, v in scores.items() if v[0] >= self.ttl_quantile]
+        if good:
+            return min(good, key=lambda h: scores[h][1])
+        return max(scores, key=lambda h: scores[h][0]) if scores else None
+
     def fit(self, tool_calls: pd.DataFrame) -> "ToolLatencyModel":
-        """``tool_calls``: rows with workflow_type_id, tool_name, latency_s (NULLs ignored)."""
+        """``tool_calls``: rows with workflow_type_id, tool_name, latency_s (NULLs ignored); with
+        ``workflow_id`` and ``t_start`` too, recency weighting per workflow type (module doc)."""
         df = tool_calls.dropna(subset=["latency_s"])
         df = df[df["latency_s"] >= 0]
         self.tools_ = {}
-        for (wt, tool), g in df.groupby(["workflow_type_id", "tool_name"], sort=True):
-            if len(g) >= self.min_samples:
-                self.tools_.setdefault(wt, {})[tool] = self._entry(g["latency_s"].to_numpy())
+        self.half_life_: dict[str, float | None] = {}
+        drift = len(self.half_lives) > 1 and {"workflow_id", "t_start"} <= set(df.columns) and len(df)
+        if drift:
+            df = df.assign(rank=workflow_ranks(df.assign(t_arrival=df["t_start"])).to_numpy())
+        for wt, g in df.groupby("workflow_type_id", sort=True):
+            if drift:
+                h = self._choose_half_life(g)
+                self.half_life_[wt] = h
+                g = g.assign(weight=recency_weights(g["rank"].to_numpy(), int(g["rank"].max()) + 1, h))
+            tools = self._fit_tools(g)
+            if tools:
+                self.tools_[wt] = tools
         self.global_tools_ = {
             tool: self._entry(g["latency_s"].to_numpy())
             for tool, g in df.groupby("tool_name", sort=True) if len(g) >= self.min_samples
@@ -100,11 +159,14 @@ class ToolLatencyModel(BaseEstimator):
         return stats.lognorm.cdf(np.asarray(t, dtype=float), e["sigma"], 0, np.exp(e["mu"]))
 
     def to_dict(self) -> dict[str, Any]:
-        return {"params": self.get_params(), "workflow_types": self.tools_, "global": self.global_tools_}
+        return {"params": {**self.get_params(), "half_lives": list(self.half_lives)},
+                "workflow_types": self.tools_, "global": self.global_tools_,
+                "half_life": getattr(self, "half_life_", {})}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "ToolLatencyModel":
         est = cls(**d.get("params", {}))
         est.tools_ = d["workflow_types"]
         est.global_tools_ = d.get("global", {})
+        est.half_life_ = d.get("half_life", {})
         return est

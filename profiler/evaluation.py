@@ -6,6 +6,12 @@ columns), then:
 * **output length**: ``coverage`` = share of calls whose true output length fell inside the
   predicted band (nominal = the profile's target); ``mean_width`` = mean of hi − lo over calls;
   ``global_band_width`` = width of the one band fit to all agents together (the naive baseline).
+* **keep-alive** (``keep_alive``): ``idle_gap_coverage`` = share of held-out idle gaps (a call's
+  finish → the same session's next arrival) within the TTL served at the call's arrival (the
+  idle-gap model replayed session by session, so its per-session correction sees only earlier
+  gaps), every TTL bounded as the keep/drop policy serves it; ``baselines``: ``idle_gap_p95`` (one
+  plain training quantile per workflow type) and ``tool_p95`` (today's TTL: the most frequent
+  tool's p95); ``end_share`` = calls with no next call (a TTL kept there is wasted).
 * **tool latency**: ``p95_coverage`` = share of timed tool executions that finished within the
   served p95 (nominal 0.95); ``ks_max`` = the largest Kolmogorov–Smirnov distance between a tool's
   held-out latencies and its fitted lognormal (tools with ≥ ``MIN_TOOL_SAMPLES`` executions).
@@ -21,12 +27,15 @@ import duckdb
 import numpy as np
 from scipy import stats
 
+from predictors.idle_gap import IdleGapModel
 from predictors.output_length import OutputLengthIntervals
+from predictors.predictor import CompiledProfile
 from predictors.tool_latency import MIN_LATENCY_S, ToolLatencyModel
 from profiler import ingest as ingest_mod
-from profiler.fitting import ok_calls, resolve, timed_tool_calls
+from profiler.fitting import idle_gap_calls, ok_calls, resolve, timed_tool_calls
 from profiler.profile_artifact import Profile
 from profiler.store import connect
+from serving_hooks.policies.keep_drop import KeepDropPolicy
 
 #: Extra evaluations: "module:function" of ``(profile, con) -> dict`` merged into the result.
 EVAL_EXTENSIONS: list[str] = [
@@ -114,6 +123,53 @@ def tool_latency_scores(profile: Profile, con: duckdb.DuckDBPyConnection) -> dic
     }
 
 
+def keep_alive_scores(profile: Profile, con: duckdb.DuckDBPyConnection) -> dict[str, Any]:
+    """Coverage of held-out idle gaps by the served keep-alive TTL, beside two baselines."""
+    section = profile.data.get("idle_gap")
+    if not section:
+        return {"idle_gap_coverage": None, "nominal": None, "reason": "profile has no idle_gap section"}
+    model = IdleGapModel.from_dict(section)
+    df = idle_gap_calls(con)
+    policy = KeepDropPolicy()
+    bound = np.vectorize(lambda t: policy.ttl_s(None if np.isnan(t) else float(t)), otypes=[float])
+    ours = model.predict_sessions(df)
+    base = df["workflow_type_id"].map({wt: v.get("baseline_quantile_s") for wt, v in
+                                       model.workflow_types_.items()}).to_numpy(dtype=float)
+    compiled = CompiledProfile(profile.data, profile.version)
+    keys = list(zip(df["workflow_type_id"], df["agent_id"]))
+    tool = np.array([np.nan if (e := compiled.agents.get(k)) is None or e.retain_s is None else e.retain_s
+                     for k in keys], dtype=float)
+    gap = df["gap_after_s"].to_numpy(dtype=float)
+    has = ~np.isnan(gap)
+    scored = has & ~np.isnan(ours)
+    end = ~has & ~np.isnan(ours)
+
+    def cov(ttl: np.ndarray, mask: np.ndarray) -> float | None:
+        return float(np.mean(gap[mask] <= bound(ttl[mask]))) if mask.any() else None
+
+    def mean(ttl: np.ndarray, mask: np.ndarray) -> float | None:
+        return float(np.mean(bound(ttl[mask]))) if mask.any() else None
+
+    per_type = {}
+    for wt in sorted(set(df["workflow_type_id"])):
+        m = scored & (df["workflow_type_id"] == wt).to_numpy()
+        per_type[wt] = {"gaps": int(m.sum()), "idle_gap_coverage": cov(ours, m), "mean_ttl_s": mean(ours, m),
+                        "idle_gap_p95": cov(base, m), "tool_p95": cov(tool, m),
+                        "level": (model.workflow_types_.get(wt) or {}).get("level")}
+    return {
+        "idle_gap_coverage": cov(ours, scored),
+        "nominal": float(model.quantile),
+        "idle_gap_coverage_unbounded": float(np.mean(gap[scored] <= ours[scored])) if scored.any() else None,
+        "mean_ttl_s": mean(ours, scored),
+        "scored_share": float(scored.sum() / has.sum()) if has.any() else None,
+        "end_share": float(np.mean(~has)) if len(gap) else None,
+        "wasted_keep_s_mean": mean(ours, end),
+        "baselines": {"idle_gap_p95": cov(base, scored), "tool_p95": cov(tool, scored)},
+        "baseline_mean_ttl_s": {"idle_gap_p95": mean(base, scored), "tool_p95": mean(tool, scored)},
+        "by_workflow_type": per_type,
+    }
+
+
 def evaluate_store(profile: Profile, con: duckdb.DuckDBPyConnection) -> dict[str, Any]:
     """All scores of ``profile`` on the calls already loaded in ``con``."""
     calls, workflows = con.execute(
@@ -124,6 +180,7 @@ def evaluate_store(profile: Profile, con: duckdb.DuckDBPyConnection) -> dict[str
         "workflows": int(workflows),
         "output_len": output_length_scores(profile, con),
         "tool_latency": tool_latency_scores(profile, con),
+        "keep_alive": keep_alive_scores(profile, con),
     }
     for spec in EVAL_EXTENSIONS:
         result.update(resolve(spec)(profile, con))

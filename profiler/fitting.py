@@ -7,6 +7,8 @@ Sections of ``profile.json`` and who builds them:
 
 ``output_length``   :class:`predictors.output_length.OutputLengthIntervals`
 ``tool_latency``    :class:`predictors.tool_latency.ToolLatencyModel`
+``idle_gap``        :class:`predictors.idle_gap.IdleGapModel` (keep-alive TTL from call finish to
+                    the session's next arrival)
 ``agents``          per-agent timing and size statistics (SQL over ``calls``)
 ``workflow_types``  counts per workflow type
 others              :data:`SECTION_BUILDERS` (e.g. ``workflows``: the synthesized automata)
@@ -22,6 +24,7 @@ from typing import Any, Callable, Sequence
 import duckdb
 import pandas as pd
 
+from predictors.idle_gap import IdleGapModel
 from predictors.output_length import OutputLengthIntervals
 from predictors.tool_latency import ToolLatencyModel
 from profiler import ingest as ingest_mod
@@ -83,9 +86,36 @@ def timed_tool_calls(con: duckdb.DuckDBPyConnection) -> pd.DataFrame:
 
 
 def fit_tool_latency(con: duckdb.DuckDBPyConnection, options: FitOptions) -> ToolLatencyModel:
-    """The tool-latency model of ``options`` fit on every timed tool execution in the store."""
+    """The tool-latency model of ``options`` fit on every timed tool execution in the store, with
+    recency weighting per workflow type (half-life chosen on a later slice; ``extra={"drift":
+    False}`` turns it off)."""
+    rows = con.execute("SELECT workflow_type_id, workflow_id, tool_name, t_start, latency_s FROM tool_calls "
+                       "WHERE latency_s IS NOT NULL ORDER BY request_id, tool_index").df()
+    half_lives = IdleGapModel().half_lives if options.extra.get("drift", True) else (None,)
     return ToolLatencyModel(ks_threshold=options.ks_threshold, ttl_quantile=options.ttl_quantile,
-                            max_ttl_s=options.max_ttl_s).fit(timed_tool_calls(con))
+                            max_ttl_s=options.max_ttl_s, half_lives=half_lives).fit(rows)
+
+
+def idle_gap_calls(con: duckdb.DuckDBPyConnection) -> pd.DataFrame:
+    """Every call with its idle gap (``gap_after_s``, NULL at a session's end) and the first tool
+    its response named (``""`` when none), in a fixed order (see :func:`ok_calls`).
+
+    A zero-latency call (``t_finish = t_arrival``, e.g. logs with request times only) is its own
+    ASOF match in ``gap_after_s`` (gap 0); its gap is taken to the next call in order instead."""
+    return con.execute(
+        "SELECT workflow_type_id, workflow_id, agent_id, coalesce(tool_names[1], '') AS tool, call_index, "
+        "t_arrival, CASE WHEN t_finish <= t_arrival THEN lead(t_arrival) OVER w - t_finish "
+        "ELSE gap_after_s END AS gap_after_s FROM calls "
+        "WINDOW w AS (PARTITION BY workflow_type_id, workflow_id ORDER BY call_index) "
+        "ORDER BY workflow_type_id, workflow_id, call_index").df()
+
+
+def fit_idle_gap(con: duckdb.DuckDBPyConnection, options: FitOptions) -> IdleGapModel:
+    """The idle-gap keep-alive model (quantile ``ttl_quantile``, cap ``max_ttl_s``) on every call;
+    ``extra={"drift": False}`` turns recency weighting off."""
+    drift = {} if options.extra.get("drift", True) else {"half_lives": (None,)}
+    return IdleGapModel(quantile=options.ttl_quantile, max_ttl_s=options.max_ttl_s,
+                        random_state=options.seed, **drift).fit(idle_gap_calls(con))
 
 
 def agent_stats(con: duckdb.DuckDBPyConnection) -> dict[str, dict[str, dict[str, Any]]]:
@@ -131,9 +161,12 @@ def fit_from_store(con: duckdb.DuckDBPyConnection, options: FitOptions,
                                random_state=options.seed).fit(ok_calls(con))
     progress("tool-latency lognormals")
     tl = fit_tool_latency(con, options)
+    progress("idle-gap keep-alive TTLs")
+    ig = fit_idle_gap(con, options)
     data: dict[str, Any] = {
         "output_length": ol.to_dict(),
         "tool_latency": tl.to_dict(),
+        "idle_gap": ig.to_dict(),
         "agents": agent_stats(con),
         "workflow_types": {
             wt: {"workflows": int(w), "calls": int(c)} for wt, w, c in con.execute(

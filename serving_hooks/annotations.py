@@ -25,7 +25,7 @@ from typing import Any
 CUSTOM_PARAM_KEYS = ("wf_type", "wf_id", "agent", "known", "pred_out_lo", "pred_out_hi", "priority",
                      "exp_remaining_calls", "exp_remaining_s", "next_agent", "next_agent_p",
                      "tool_p95_s", "retain_s", "profile_version", "p_end", "session_age_s",
-                     "pred_out_mean")
+                     "pred_out_mean", "keep_alive_ttl_s")
 
 
 def find_app_metadata(body: Any) -> tuple[dict | None, str | None]:
@@ -57,7 +57,9 @@ def flatten_for_sglang(sys_annotations: dict, app_metadata: dict | None = None) 
     keep-alive TTL hint for that tool (the profile's ``ttl_s``), which the keep/drop policy bounds;
     ``p_end`` (probability no call follows, from the automaton) drives early drops and
     ``session_age_s`` the workflow-level aging of the priority in the scheduler;
-    ``pred_out_mean`` (the agent's mean output length) times the plugin's prefetch. Every key of
+    ``pred_out_mean`` (the agent's mean output length) times the plugin's prefetch;
+    ``keep_alive_ttl_s`` is the idle-gap TTL (finish → the session's next call, scaled by the
+    session's own gaps), which the keep/drop policy prefers over ``retain_s``. Every key of
     :data:`CUSTOM_PARAM_KEYS` is present (None = unknown).
     """
     ann = sys_annotations or {}
@@ -84,6 +86,7 @@ def flatten_for_sglang(sys_annotations: dict, app_metadata: dict | None = None) 
         "p_end": ann.get("p_end"),
         "session_age_s": ann.get("session_age_s"),
         "pred_out_mean": ann.get("output_len_mean"),
+        "keep_alive_ttl_s": ann.get("keep_alive_ttl_s"),
     }
     for key in ("wf_type", "wf_id", "agent"):
         if flat[key] is not None and not isinstance(flat[key], str):

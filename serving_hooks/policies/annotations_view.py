@@ -78,6 +78,8 @@ class CallView:
     pred_out_mean: float | None = None
     #: ``((α, U(α)), …)``, largest α first: one-sided (1 − α) upper bounds of the output length.
     upper_bounds: tuple[tuple[float, int], ...] = ()
+    #: Keep-alive TTL from the idle gap (call finish → the session's next arrival), seconds.
+    keep_alive_ttl_s: float | None = None
 
     @property
     def session_id(self) -> str | None:
@@ -109,6 +111,7 @@ class CallView:
             session_age_s=_num(p.get("session_age_s")),
             p_end=_num(p.get("p_end")),
             pred_out_mean=_num(p.get("pred_out_mean")),
+            keep_alive_ttl_s=_num(p.get("keep_alive_ttl_s")),
         )
 
     @classmethod
@@ -141,6 +144,7 @@ class CallView:
             session_age_s=_num(a.get("session_age_s")),
             p_end=_num(a.get("p_end")),
             pred_out_mean=_num(a.get("output_len_mean")),
+            keep_alive_ttl_s=_num(a.get("keep_alive_ttl_s")),
             upper_bounds=_upper_table(a.get("output_len_upper")),
             known=a.get("known") is True,
             wf_type=_str(meta.get("workflow_type_id")),

@@ -7,10 +7,12 @@ call will extend) is, for the eviction order of the radix cache:
 
 * **kept** (rank ``KEEP``) when the session's predicted path goes on — ``p_end < drop_end_p``
   (without ``p_end``: ``exp_remaining_calls ≥ min_remaining_calls``) — and comes back to this
-  lineage — ``revisit_p ≥ min_revisit_p`` — for a TTL equal to the latency quantile of the tool
-  just called, bounded:
+  lineage — ``revisit_p ≥ min_revisit_p`` — for a TTL equal to the quantile of the session's
+  *idle gap* (``keep_alive_ttl_s``: the call's finish to the session's next arrival, tool time
+  plus think/wait time, scaled by the session's own gaps so far; ``predictors/idle_gap.py``),
+  else (older profiles) the latency quantile of the tool just called, bounded:
 
-      retain_until = now + clip(Q_q(tool latency), min_ttl_s, max_ttl_s)
+      retain_until = now + clip(Q_q(idle gap) or Q_q(tool latency), min_ttl_s, max_ttl_s)
 
   (SAGA: hold the KV across the tool call for as long as the tool is likely to run, and no
   longer; ``Q_0.95`` of the tool's fitted lognormal is ``exp(μ + 1.645·σ)``);
@@ -179,15 +181,17 @@ class KeepDropPolicy:
     def decide_view(self, view: CallView, now: float) -> Retention:
         """:meth:`decide` from a :class:`CallView` (the gateway's custom_params or annotations).
 
-        A ``retain_s`` set upstream (e.g. the predictor's exact lognormal quantile) is used as
-        the TTL before bounding; otherwise ``tool_p95_s``.
+        The TTL before bounding is, first available: ``keep_alive_ttl_s`` (the idle-gap
+        quantile, what the KV actually waits for), ``retain_s`` (the predictor's tool-latency
+        quantile), ``tool_p95_s``.
         """
+        ttl = next((v for v in (view.keep_alive_ttl_s, view.retain_s) if v is not None), view.tool_p95_s)
         return self.decide(
             now,
             view.known,
             view.exp_remaining_calls,
             revisit_probability(view, self.lineage),
-            tool_p95_s=view.retain_s if view.retain_s is not None else view.tool_p95_s,
+            tool_p95_s=ttl,
             p_end=view.p_end,
         )
 

@@ -1,0 +1,386 @@
+"""Keep-alive TTL from the idle gap: how long a session's KV cache sits unused after a call.
+
+A session's KV is idle from a call's *finish* to the *next arrival* of the same session
+(``gap_after_s`` in the store) — the tool run plus the agent's own think/wait time, not the tool
+alone. The engine (SGLang semantics) keeps a finished call's KV for ``TTL`` seconds, so the TTL
+that outlasts a share ``q`` of idle gaps is the ``q``-quantile of the gap distribution.
+
+Estimator, per workflow type
+----------------------------
+* **Levels with backoff**: ``(wt, agent, tool)`` → ``(wt, agent)`` → ``(wt)``; a finer entry is
+  used only with ≥ ``min_samples`` gaps. ``tool`` is the first tool the call's response named
+  (``""`` when none). At a call's *arrival* the tool is unknown, so the served TTL comes from the
+  ``agent`` or ``workflow_type`` level; the ``tool`` level is offered beside it
+  (``keep_alive_ttl_by_tool``) when validation says it helps and the consumer knows the tool.
+* **Finite-sample quantile** (weighted split-conformal, Barber et al. 2023): with gaps ``xᵢ`` and
+  weights ``wᵢ`` sorted by ``x``, the TTL is the smallest ``x₍ₖ₎`` with
+  ``Σ_{i≤k} wᵢ / (Σ wᵢ + w_new) ≥ q`` (``w_new`` = the weight of a new gap, 1). When no ``x₍ₖ₎``
+  qualifies (too few gaps) the TTL is the cap ``max_ttl_s``.
+* **Online per-session correction**: a session whose gaps run long gets longer TTLs. With
+  ``ℓⱼ = ln(gapⱼ / median)`` over the session's earlier gaps, the factor is
+  ``c = exp(clip(Σℓⱼ / (n + prior_weight), ±ln 8))`` (shrunk toward 1). Scores are normalized
+  the same way at fit time (``z = gap / c``) and the TTL is ``c · Q_q(z)`` — a normalized
+  conformal quantile, so coverage stays calibrated while slow sessions get more.
+* **Drift**: weights ``wᵢ = 2^(−ageᵢ / h)``, ``ageᵢ`` = how many workflows of the type started
+  after the one the gap belongs to, so an older release's shape does not dominate. ``h`` (a
+  fraction of the type's workflow count, or ∞) is chosen on a *later slice*: fit on the first
+  70 % of workflows by start time, score the last 30 %.
+* **Choice by validation**: level and prior weight are chosen per workflow type by K-fold
+  cross-validation *by workflow*: the narrowest mean TTL whose validation coverage reaches ``q``,
+  else the highest coverage.
+
+Sessions whose last call has no next call (END) have no gap; their share is kept
+(``end_share``) because a TTL kept there is wasted memory.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+from sklearn.base import BaseEstimator
+
+#: Levels from finest to coarsest.
+LEVELS = ("tool", "agent", "workflow_type")
+#: Key columns of each level.
+LEVEL_KEYS = {"tool": ["workflow_type_id", "agent_id", "tool"], "agent": ["workflow_type_id", "agent_id"],
+              "workflow_type": ["workflow_type_id"]}
+#: Gaps are floored here before logs (a 0 s gap is a clock artifact).
+MIN_GAP_S = 1e-3
+#: Bound of the session factor: ``c ∈ [1/8, 8]``.
+MAX_FACTOR = 8.0
+#: Columns :meth:`IdleGapModel.fit` reads.
+GAP_COLUMNS = ("workflow_type_id", "workflow_id", "agent_id", "tool", "call_index", "t_arrival", "gap_after_s")
+
+
+def weighted_conformal_quantile(x: np.ndarray, w: np.ndarray, q: float, w_new: float = 1.0) -> float:
+    """Smallest ``x₍ₖ₎`` with ``Σ_{i≤k} w₍ᵢ₎ / (Σ w + w_new) ≥ q``; ``inf`` when none qualifies.
+
+    With unit weights this is the split-conformal order statistic ``x₍⌈(n+1)q⌉₎``."""
+    x = np.asarray(x, dtype=float)
+    if len(x) == 0:
+        return math.inf
+    order = np.argsort(x, kind="stable")
+    cw = np.cumsum(np.asarray(w, dtype=float)[order])
+    k = int(np.searchsorted(cw / (cw[-1] + w_new), q - 1e-12))
+    return float(x[order][k]) if k < len(x) else math.inf
+
+
+def weighted_median(x: np.ndarray, w: np.ndarray) -> float:
+    """The weighted median of ``x`` (the smallest ``x₍ₖ₎`` holding half the weight)."""
+    order = np.argsort(x, kind="stable")
+    cw = np.cumsum(np.asarray(w, dtype=float)[order])
+    return float(np.asarray(x, dtype=float)[order][int(np.searchsorted(cw, 0.5 * cw[-1]))])
+
+
+def recency_weights(workflow_rank: np.ndarray, n_workflows: int, half_life: float | None) -> np.ndarray:
+    """``2^(−age / (half_life · n_workflows))``, age = ``n_workflows − 1 − rank`` (1 for all when
+    ``half_life`` is None)."""
+    rank = np.asarray(workflow_rank, dtype=float)
+    if half_life is None or n_workflows <= 1:
+        return np.ones_like(rank)
+    age = (n_workflows - 1) - rank
+    return np.power(0.5, age / max(half_life * n_workflows, 1e-9))
+
+
+def workflow_ranks(df: pd.DataFrame) -> pd.Series:
+    """Per row: the rank (0 = oldest) of its workflow among its type's workflows by first arrival."""
+    start = df.groupby(["workflow_type_id", "workflow_id"], sort=False)["t_arrival"].transform("min")
+    key = pd.DataFrame({"wt": df["workflow_type_id"], "start": start, "wf": df["workflow_id"]})
+    firsts = key.drop_duplicates(["wt", "wf"]).sort_values(["wt", "start", "wf"])
+    firsts["rank"] = firsts.groupby("wt").cumcount()
+    return key.merge(firsts[["wt", "wf", "rank"]], on=["wt", "wf"], how="left")["rank"].set_axis(df.index)
+
+
+def session_factors(df: pd.DataFrame, median: np.ndarray, prior_weight: float | None) -> np.ndarray:
+    """Per row (rows sorted by workflow, call_index): the session factor from *earlier* gaps,
+    ``exp(clip(Σ ln(gap/median) / (n + prior_weight), ±ln 8))``; 1 when ``prior_weight`` is None."""
+    if prior_weight is None or len(df) == 0:
+        return np.ones(len(df))
+    gap = df["gap_after_s"].to_numpy(dtype=float)
+    has = ~np.isnan(gap)
+    ell = np.where(has, np.log(np.maximum(np.nan_to_num(gap, nan=1.0), MIN_GAP_S)
+                               / np.maximum(median, MIN_GAP_S)), 0.0)
+    wf = df["workflow_id"].to_numpy()
+    prev_sum = pd.Series(ell).groupby(wf, sort=False).cumsum().to_numpy() - ell
+    prev_n = pd.Series(has.astype(float)).groupby(wf, sort=False).cumsum().to_numpy() - has
+    lim = math.log(MAX_FACTOR)
+    return np.exp(np.clip(prev_sum / (prev_n + prior_weight), -lim, lim))
+
+
+def _level_table(df: pd.DataFrame, level: str, value: str, q: float, min_samples: int) -> pd.DataFrame:
+    """One row per key of ``level`` with ≥ ``min_samples`` gaps: n, n_eff, p50 of raw gaps,
+    conformal q-quantile of ``value``."""
+    keys = LEVEL_KEYS[level]
+    rows = []
+    for key, g in df.groupby(keys, sort=True):
+        if len(g) < min_samples:
+            continue
+        w = g["weight"].to_numpy()
+        key = key if isinstance(key, tuple) else (key,)
+        rows.append((*key, len(g), float(w.sum() ** 2 / (w ** 2).sum()),
+                     weighted_median(g["gap_after_s"].to_numpy(), w),
+                     weighted_conformal_quantile(g[value].to_numpy(), w, q)))
+    return pd.DataFrame(rows, columns=[*keys, "n", "n_eff", "p50_s", "q_z"])
+
+
+def _json_safe(value: Any) -> Any:
+    """A deep copy of ``value`` with NaN/inf floats as None."""
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+class IdleGapModel(BaseEstimator):
+    """Idle-gap TTL per (workflow type, agent, tool) with backoff, session correction and recency.
+
+    Parameters
+    ----------
+    quantile : share of idle gaps the TTL should outlast (0.95).
+    max_ttl_s : cap of the TTL (also served when too few gaps certify the quantile).
+    min_samples : fewest gaps for an entry of a level (19 is the least for a finite 0.95 quantile).
+    folds : K of the cross-validation by workflow.
+    prior_weights : candidate prior weights of the session correction (None = no correction).
+    half_lives : candidate half-lives as a fraction of the type's workflows (None = no decay).
+    min_workflows_drift : fewest workflows of a type for the half-life to be chosen at all.
+    max_cv_workflows : the choices (half-life, level, prior weight) are validated on a seeded sample
+        of at most this many workflows per type (0 = all); the final fit uses every workflow.
+    random_state : seed of the fold assignment.
+
+    Fitted attributes: ``workflow_types_`` ({wt: {level, tool_level, prior_weight, half_life,
+    half_life_workflows, end_share, n, scores, entries: {level: [{keys…, n, p50_s, ttl_z}]}}}).
+    """
+
+    def __init__(self, quantile: float = 0.95, max_ttl_s: float | None = 600.0, min_samples: int = 19,
+                 folds: int = 5, prior_weights: Sequence[float | None] = (None, 1.0, 4.0, 16.0),
+                 half_lives: Sequence[float | None] = (None, 0.5, 0.2, 0.05), min_workflows_drift: int = 20,
+                 max_cv_workflows: int = 5000, random_state: int = 0):
+        self.quantile = quantile
+        self.max_ttl_s = max_ttl_s
+        self.min_samples = min_samples
+        self.folds = folds
+        self.prior_weights = prior_weights
+        self.half_lives = half_lives
+        self.min_workflows_drift = min_workflows_drift
+        self.max_cv_workflows = max_cv_workflows
+        self.random_state = random_state
+
+    # ------------------------------------------------------------------ pieces
+    def _cap(self, ttl: np.ndarray) -> np.ndarray:
+        cap = math.inf if self.max_ttl_s is None else float(self.max_ttl_s)
+        return np.minimum(np.nan_to_num(np.asarray(ttl, dtype=float), nan=cap, posinf=cap), cap)
+
+    def _tables(self, train: pd.DataFrame, prior_weight: float | None) -> dict[str, pd.DataFrame]:
+        """Entries of every level fit on ``train`` (gap rows, sorted, with ``weight``)."""
+        med = {lv: _level_table(train.assign(z=train["gap_after_s"]), lv, "z", 0.5, self.min_samples)
+               for lv in LEVELS}
+        train = train.assign(med=self._row_values(train, med, "agent", "p50_s"))
+        train = train.assign(z=train["gap_after_s"] / session_factors(train, train["med"].to_numpy(), prior_weight))
+        return {lv: _level_table(train, lv, "z", self.quantile, self.min_samples) for lv in LEVELS}
+
+    def _row_values(self, df: pd.DataFrame, tables: Mapping[str, pd.DataFrame], level: str,
+                    column: str) -> np.ndarray:
+        """``column`` of each row's entry at ``level``, backing off to coarser levels (NaN if none)."""
+        out = np.full(len(df), np.nan)
+        for lv in LEVELS[LEVELS.index(level):]:
+            t = tables[lv]
+            if t.empty:
+                continue
+            keys = LEVEL_KEYS[lv]
+            vals = df[keys].merge(t[[*keys, column]], on=keys, how="left")[column].to_numpy(dtype=float)
+            out = np.where(np.isnan(out), vals, out)
+        return out
+
+    def _predict_rows(self, df: pd.DataFrame, tables: Mapping[str, pd.DataFrame], level: str,
+                      prior_weight: float | None) -> np.ndarray:
+        """Served TTL per row of ``df`` (sorted by workflow, call_index; END rows included so the
+        session factor sees the order), with the session factor of earlier gaps."""
+        med = self._row_values(df, tables, "agent", "p50_s")
+        c = session_factors(df, np.nan_to_num(med, nan=1.0), prior_weight)
+        return self._cap(c * self._row_values(df, tables, level, "q_z"))
+
+    def _score(self, df: pd.DataFrame, ttl: np.ndarray) -> tuple[float, float]:
+        gap = df["gap_after_s"].to_numpy(dtype=float)
+        has = ~np.isnan(gap)
+        if not has.any():
+            return math.nan, math.nan
+        return float(np.mean(gap[has] <= ttl[has])), float(np.mean(ttl[has]))
+
+    def _pick(self, scores: Mapping[Any, tuple[float, float]]) -> Any:
+        """Narrowest candidate whose coverage reaches the quantile, else the best covered."""
+        ok = {k: v for k, v in scores.items() if not math.isnan(v[0])}
+        if not ok:
+            return next(iter(scores))
+        good = [k for k, v in ok.items() if v[0] >= self.quantile]
+        if good:
+            return min(good, key=lambda k: ok[k][1])
+        return max(ok, key=lambda k: (ok[k][0], -ok[k][1]))
+
+    def _choose_half_life(self, g: pd.DataFrame, n_wf: int) -> tuple[float | None, dict]:
+        """Half-life by a later slice: fit on the oldest 70 % of workflows, score the rest."""
+        cands = list(self.half_lives)
+        if n_wf < self.min_workflows_drift or len(cands) <= 1:
+            return None, {}
+        cut = int(round(0.7 * n_wf))
+        train, val = g[g["rank"] < cut], g[g["rank"] >= cut]
+        scores = {}
+        for h in cands:
+            tr = train.assign(weight=recency_weights(train["rank"].to_numpy(), cut, h))
+            tables = self._tables(tr[tr["gap_after_s"].notna()], None)
+            scores[h] = self._score(val, self._predict_rows(val, tables, "agent", None))
+        return self._pick(scores), {str(k): list(v) for k, v in scores.items()}
+
+    def _cross_validate(self, g: pd.DataFrame) -> dict[tuple[str, Any], tuple[float, float]]:
+        """K-fold by workflow: (level, prior weight) -> (coverage, mean TTL) on held-out folds."""
+        wfs = np.array(sorted(g["workflow_id"].unique()))
+        k = min(self.folds, len(wfs))
+        rng = np.random.default_rng(self.random_state)
+        fold_of = dict(zip(wfs, rng.permutation(len(wfs)) % k))
+        fold = g["workflow_id"].map(fold_of).to_numpy()
+        preds: dict[tuple[str, Any], np.ndarray] = {(lv, w): np.full(len(g), np.nan)
+                                                    for lv in LEVELS for w in self.prior_weights}
+        for f in range(k):
+            tr, va = g[(fold != f)], g[fold == f]
+            for w in self.prior_weights:
+                tables = self._tables(tr[tr["gap_after_s"].notna()], w)
+                for lv in LEVELS:
+                    preds[(lv, w)][fold == f] = self._predict_rows(va, tables, lv, w)
+        return {key: self._score(g, p) for key, p in preds.items()}
+
+    # --------------------------------------------------------------------- fit
+    def fit(self, calls: pd.DataFrame) -> "IdleGapModel":
+        """``calls``: one row per call with :data:`GAP_COLUMNS` (``gap_after_s`` NaN = END)."""
+        df = calls.loc[:, list(GAP_COLUMNS)].copy()
+        df["tool"] = df["tool"].fillna("").astype(str)
+        df["gap_after_s"] = pd.to_numeric(df["gap_after_s"], errors="coerce")
+        df.loc[df["gap_after_s"] < 0, "gap_after_s"] = np.nan
+        df["rank"] = workflow_ranks(df) if len(df) else pd.Series(dtype=float)
+        df = df.sort_values(["workflow_type_id", "workflow_id", "call_index"], kind="stable").reset_index(drop=True)
+        self.workflow_types_: dict[str, dict[str, Any]] = {}
+        for wt, g in df.groupby("workflow_type_id", sort=True):
+            g = g.reset_index(drop=True)
+            n_wf = int(g["workflow_id"].nunique())
+            gaps = int(g["gap_after_s"].notna().sum())
+            info: dict[str, Any] = {"n": gaps, "workflows": n_wf,
+                                    "end_share": float(1 - gaps / len(g)) if len(g) else 0.0,
+                                    # the naive baseline: one plain quantile of the type's gaps
+                                    "baseline_quantile_s": float(np.quantile(g["gap_after_s"].dropna(),
+                                                                             self.quantile)) if gaps else None}
+            if gaps == 0:
+                self.workflow_types_[wt] = {**info, "level": "none", "reason": "no idle gaps (no call "
+                                            "follows another)", "entries": {lv: [] for lv in LEVELS}}
+                continue
+            sample = g
+            if 0 < self.max_cv_workflows < n_wf:
+                keep = np.random.default_rng(self.random_state).choice(
+                    np.sort(g["workflow_id"].unique()), self.max_cv_workflows, replace=False)
+                sample = g[g["workflow_id"].isin(keep)]
+            h, h_scores = self._choose_half_life(sample, n_wf)
+            g = g.assign(weight=recency_weights(g["rank"].to_numpy(), n_wf, h))
+            if n_wf >= 2:
+                scores = self._cross_validate(g.loc[sample.index])
+                arrival = self._pick({k: v for k, v in scores.items() if k[0] != "tool"})
+                level, w = arrival
+                tool_level = (scores[("tool", w)][0] >= self.quantile
+                              and scores[("tool", w)][1] < scores[arrival][1])
+                reason = "cross-validation by workflow"
+            else:
+                scores, level, w, tool_level = {}, "workflow_type", None, False
+                reason = "one workflow: no validation, workflow-type level"
+            tables = self._tables(g[g["gap_after_s"].notna()], w)
+            if tables["workflow_type"].empty:
+                reason += f"; fewer than {self.min_samples} gaps: no idle-gap TTL (the tool-latency TTL applies)"
+            info.update({
+                "level": level, "tool_level": bool(tool_level), "prior_weight": w, "reason": reason,
+                "half_life": h, "half_life_workflows": None if h is None else float(h * n_wf),
+                "half_life_scores": h_scores,
+                "scores": {f"{lv}/{pw}": {"coverage": v[0], "mean_ttl_s": v[1]} for (lv, pw), v in scores.items()},
+                "entries": {lv: [{**{k: (v.item() if hasattr(v, "item") else v) for k, v in r.items()
+                                     if k != "q_z"}, "ttl_z": float(r["q_z"])}
+                                 for r in t.to_dict("records")] for lv, t in tables.items()},
+            })
+            self.workflow_types_[wt] = info
+        self._index()
+        return self
+
+    def _index(self) -> None:
+        """Lookup dicts from the entries: {(level, key tuple): entry}; a ``ttl_z`` of None (JSON
+        for "not certified") is +inf in memory (served as the cap)."""
+        self._lookup: dict[tuple, dict] = {}
+        for wt, info in self.workflow_types_.items():
+            for lv, rows in info.get("entries", {}).items():
+                for r in rows:   # a copy: the profile's dict stays plain JSON
+                    z = r.get("ttl_z")
+                    self._lookup[(lv, tuple(r[k] for k in LEVEL_KEYS[lv]))] = {
+                        **r, "ttl_z": math.inf if z is None else float(z)}
+
+    # ------------------------------------------------------------------- serve
+    def entry(self, wt: str, agent: str | None = None, tool: str | None = None,
+              level: str | None = None) -> tuple[dict | None, str | None]:
+        """The entry serving ``(wt, agent, tool)`` at ``level`` (default: the type's chosen one,
+        the tool level when ``tool`` is given and validated), backing off to coarser levels."""
+        info = self.workflow_types_.get(wt)
+        if info is None or info.get("level") == "none":
+            return None, None
+        if level is None:
+            level = "tool" if (tool is not None and info.get("tool_level")) else info["level"]
+        for lv in LEVELS[LEVELS.index(level):]:
+            key = {"tool": (wt, agent, tool), "agent": (wt, agent), "workflow_type": (wt,)}[lv]
+            e = self._lookup.get((lv, key))
+            if e is not None:
+                return e, lv
+        return None, None
+
+    def ttl(self, wt: str, agent: str | None = None, tool: str | None = None, factor: float = 1.0) -> float | None:
+        """Served TTL (s): ``factor · Q_q(z)`` of the entry, capped; None when the type has none."""
+        e, _ = self.entry(wt, agent, tool)
+        if e is None:
+            return None
+        return float(self._cap(np.array([factor * e["ttl_z"]]))[0])
+
+    def median(self, wt: str, agent: str | None = None) -> float | None:
+        """Median idle gap of the agent's entry (the session correction's reference)."""
+        e, _ = self.entry(wt, agent, level="agent")
+        return None if e is None else float(e["p50_s"])
+
+    def prior_weight(self, wt: str) -> float | None:
+        info = self.workflow_types_.get(wt) or {}
+        return info.get("prior_weight")
+
+    def predict_sessions(self, calls: pd.DataFrame) -> np.ndarray:
+        """TTL served at each call's arrival when replaying held-out sessions in call order (the
+        session factor from each session's own earlier gaps). ``calls`` as in :meth:`fit`; the
+        result follows the rows of ``calls``."""
+        df = calls.loc[:, list(GAP_COLUMNS)].copy()
+        df["tool"] = df["tool"].fillna("").astype(str)
+        df["_row"] = np.arange(len(df))
+        df = df.sort_values(["workflow_type_id", "workflow_id", "call_index"], kind="stable").reset_index(drop=True)
+        out = np.full(len(df), np.nan)
+        for wt, g in df.groupby("workflow_type_id", sort=False):
+            info = self.workflow_types_.get(wt)
+            if info is None or info.get("level") == "none":
+                continue
+            tables = {lv: pd.DataFrame(info["entries"][lv], columns=[*LEVEL_KEYS[lv], "n", "n_eff", "p50_s", "ttl_z"])
+                      .rename(columns={"ttl_z": "q_z"}).fillna({"q_z": math.inf}) for lv in LEVELS}
+            out[g.index.to_numpy()] = self._predict_rows(g, tables, info["level"], info.get("prior_weight"))
+        result = np.full(len(df), np.nan)
+        result[df["_row"].to_numpy()] = out
+        return result
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON: non-finite floats (an uncertified TTL, an unscored candidate) become None."""
+        return _json_safe({"params": {**self.get_params(), "prior_weights": list(self.prior_weights),
+                                      "half_lives": list(self.half_lives)},
+                           "workflow_types": self.workflow_types_})
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "IdleGapModel":
+        est = cls(**d.get("params", {}))
+        est.workflow_types_ = dict(d.get("workflow_types") or {})
+        est._index()
+        return est
