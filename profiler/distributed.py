@@ -237,7 +237,7 @@ def fit_with_ray(paths: Sequence[str | Path], out: str | Path, options: FitOptio
     ray = _import_ray(local=address is None)
     from rich.progress import Progress
 
-    from profiler.fitting import fit_tool_latency, manifest_fields
+    from profiler.fitting import fit_idle_gap, fit_tool_latency, manifest_fields
     from profiler.ingest import IngestError, discover
     from profiler.profile_artifact import write_profile
 
@@ -301,6 +301,9 @@ def fit_with_ray(paths: Sequence[str | Path], out: str | Path, options: FitOptio
             data = merge_sections([r["data"] for r in fit_results], global_band, tool_latency)
             if ol_section:
                 data["output_length"] = ol_section
+            # the idle-gap fit chooses drift weights on each type's newest workflows: fit it on the
+            # merged store, exactly as the single-node fit does
+            data["idle_gap"] = fit_idle_gap(con, options).to_dict()
             profile = write_profile(out, data, {
                 **manifest_fields(con, options, db_path),
                 "engine": {"name": "ray", "shards": len(plan), "workflow_types": len(types), "cpus": cpus}})
