@@ -71,7 +71,7 @@ DEFAULT_MAX_SESSION_BYTES = 512 << 20
 #: history, per pending request and per per-agent dict entry; measured with tracemalloc and
 #: rounded up (the base includes the deque block a session keeps once it has held a response;
 #: docs/serving-security.md).
-SESSION_BASE_BYTES = 1800
+SESSION_BASE_BYTES = 2900
 AGENT_BYTES = 16
 PENDING_BYTES = 320
 AGENT_ENTRY_BYTES = 160
