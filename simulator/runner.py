@@ -50,7 +50,7 @@ from simulator.workload import Call, Workload, replicate_records, workload_from_
 
 LOAD_LEVELS: dict[str, float] = {"low": 0.5, "medium": 1.0, "peak": 1.5}
 #: Policies of the main table, in display order.
-MAIN_POLICIES = ("sglang-default", "least-load", "autellix-plas", "continuum-ttl",
+MAIN_POLICIES = ("sglang-default", "sglang-rr", "least-load", "autellix-plas", "continuum-ttl",
                  "mori-idleness", "belady", "oracle-srpt", "ours")
 ABLATION_POLICIES = tuple(n for n in OURS_VARIANTS if n != "ours")
 ALL_POLICIES = MAIN_POLICIES + ABLATION_POLICIES

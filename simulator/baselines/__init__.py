@@ -3,7 +3,9 @@
 =================  ==============================  ==========================  =====================
 name               scheduler                       router                      eviction
 =================  ==============================  ==========================  =====================
-sglang-default     FCFS                            round robin                 LRU (+ host LRU)
+sglang-default     FCFS                            cache-aware (SGLang router  LRU (+ host LRU)
+                                                   defaults)
+sglang-rr          FCFS                            round robin                 LRU (+ host LRU)
 least-load         FCFS                            least outstanding tokens    LRU
 autellix-plas      PLAS, multi-level, preemptive   least-used, long prompts    LRU
                    anti-starvation                 pinned to their session
@@ -13,8 +15,11 @@ belady             FCFS                            session affinity            B
 oracle-srpt        workflow SRPT (oracle)          session affinity            LRU
 =================  ==============================  ==========================  =====================
 
-``belady`` and ``oracle-srpt`` read the replay's future: they are references (what the best
-eviction, or the best queue order, could do), not deployable policies.
+``belady`` and ``oracle-srpt`` read the replay's future: they are references, not deployable
+policies and not bounds. ``oracle-srpt`` orders queues by true remaining work but keeps FCFS-era
+routing and LRU; a policy that also routes and caches well can beat it. ``belady`` is the
+optimal *eviction order* only under its own routing and scheduling; the fair comparison for
+ours' eviction is ``ours-belady`` (ours' router and scheduler, Bélády's eviction).
 
 Every baseline runs on the same hardware: the same replicas, GPU and host tiers, admission,
 chunked prefill and preemption of :mod:`simulator.engine`.
@@ -24,13 +29,16 @@ from __future__ import annotations
 from typing import Callable
 
 from simulator.baselines.caches import LRU, Belady, ContinuumTTL, MoriIdleness
-from simulator.baselines.routers import AutellixRouter, LeastLoad, RoundRobin, StickyLeastLoad
+from simulator.baselines.routers import AutellixRouter, CacheAware, LeastLoad, RoundRobin, StickyLeastLoad
 from simulator.baselines.schedulers import FCFS, PLAS, OracleSRPT, ProgramFCFS
 from simulator.policy import Policy
 
 BASELINES: dict[str, Callable[[], Policy]] = {
-    "sglang-default": lambda: Policy("sglang-default", RoundRobin(), FCFS(), LRU(),
-                                     "FCFS, LRU eviction, round-robin routing"),
+    "sglang-default": lambda: Policy("sglang-default", CacheAware(), FCFS(), LRU(),
+                                     "FCFS, LRU eviction, SGLang router's default cache-aware "
+                                     "routing (threshold 0.3, balance 64 / 1.5×)"),
+    "sglang-rr": lambda: Policy("sglang-rr", RoundRobin(), FCFS(), LRU(),
+                                "FCFS, LRU eviction, round-robin routing"),
     "least-load": lambda: Policy("least-load", LeastLoad(), FCFS(), LRU(),
                                  "FCFS, LRU, least outstanding tokens"),
     "autellix-plas": lambda: Policy("autellix-plas", AutellixRouter(), PLAS(), LRU(),
@@ -46,5 +54,5 @@ BASELINES: dict[str, Callable[[], Policy]] = {
                                   "clairvoyant workflow-level shortest remaining work first"),
 }
 
-__all__ = ["BASELINES", "LRU", "Belady", "ContinuumTTL", "MoriIdleness", "AutellixRouter",
+__all__ = ["BASELINES", "LRU", "Belady", "ContinuumTTL", "MoriIdleness", "AutellixRouter", "CacheAware",
            "LeastLoad", "RoundRobin", "StickyLeastLoad", "FCFS", "PLAS", "OracleSRPT", "ProgramFCFS"]
