@@ -29,7 +29,7 @@ import json
 import time
 from pathlib import Path
 
-from simulator.config import ClusterConfig
+from simulator.config import hardware_config
 from simulator.report import markdown, plot_jct_vs_load
 from simulator.runner import ALL_POLICIES, MAIN_POLICIES, compare, parse_load, prepare
 
@@ -78,7 +78,8 @@ def main() -> None:
     ap.add_argument("--only", choices=sorted(WORKLOADS), action="append")
     ap.add_argument("--loads", default="low,medium,peak")
     ap.add_argument("--replicas", type=int, default=4)
-    ap.add_argument("--kv-capacity-tokens", type=int, default=500_000)
+    ap.add_argument("--kv-capacity-tokens", type=int, default=None,
+                    help="default: from the hardware (Llama-3.1-8B on one H100: ≈ 396k)")
     ap.add_argument("--workflows", type=int, default=None)
     ap.add_argument("--seed", type=int, default=0,
                     help="seed of the split, generation and arrivals (one replay per seed)")
@@ -86,7 +87,7 @@ def main() -> None:
                     help="also replay the peak load with these arrival seeds (main policies)")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    cfg = ClusterConfig(replicas=args.replicas, kv_capacity_tokens=args.kv_capacity_tokens)
+    cfg = hardware_config(replicas=args.replicas, kv_capacity_tokens=args.kv_capacity_tokens)
     levels = args.loads.split(",")
     results, summary = [], []
     for name in args.only or list(WORKLOADS):

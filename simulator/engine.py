@@ -348,7 +348,12 @@ class Simulator:
         req.prefill_left = req.prefill_total
         req.missing_path = missing
         ctx = call.input_tokens + req.decoded
-        req.prefill_rate = self.step.a + self.step.a_ctx * ctx / req.prefill_total
+        # Per computed token: GEMMs (a), plus the context's KV read once per call (a_ctx, spread
+        # over its chunks). A fitted model's context term is not charged when the whole path is a
+        # cache hit (only the call's own tokens are computed): the fit's calls were not hits.
+        st = self.step
+        ctx_cost = st.a_ctx * ctx if (missing > 0 or st.a_attn > 0) else 0.0
+        req.prefill_rate = st.a + ctx_cost / req.prefill_total
         if req.preempts == 0:     # hit ratios describe each call's first admission
             req.gpu_hit = gpu_tok
             req.host_hit = host_tok
@@ -494,14 +499,21 @@ class Simulator:
             else:
                 decoders.append(q)
         kv = sum(q.call.input_tokens + q.decoded for q in decoders)
+        b = len(decoders)
         if prefill:
+            # one iteration: weights once (prefill_t0), the chunks, one token per decoder. The
+            # decoders' fixed cost t0 is not added again: the weights are read once per iteration
+            # (adding it counted the prefill stall twice).
             k = 1
-            dt = sum(take * q.prefill_rate for q, take in prefill)
-            if decoders:
-                dt += step.t0 + step.c * kv
+            dt = step.prefill_t0 + step.e * b + step.c * kv
+            if step.a_attn > 0:
+                for q, take in prefill:
+                    pos = q.call.input_tokens + q.decoded - q.prefill_left
+                    dt += take * q.prefill_rate + step.a_attn * take * (pos + take / 2)
+            else:
+                dt += sum(take * q.prefill_rate for q, take in prefill)
         else:
-            b = len(decoders)
-            dt = k * (step.t0 + step.c * kv) + step.c * b * k * (k - 1) / 2
+            dt = k * (step.t0 + step.e * b + step.c * kv) + step.c * b * k * (k - 1) / 2
         rep.plan = (prefill, decoders, k, dt, kv)
         rep.stepping = True
         rep.plan_id += 1
@@ -520,7 +532,7 @@ class Simulator:
             return
         step = self.step
         b = len(decoders)
-        dt0 = step.t0 + step.c * kv
+        dt0 = step.t0 + step.e * b + step.c * kv
         growth = step.c * b
         done = _steps_within(self.now - rep.plan_start, dt0, growth)
         m = min(k, done + 1)   # the iteration in progress completes

@@ -162,7 +162,8 @@ def critical_path_jct(wl: Workload, cfg: ClusterConfig, kv_read: float | None = 
         start = max((finish[p] for p in c.parents), default=0.0) + (c.gap_s if c.parents else 0.0)
         new = c.input_tokens - wl.path_tokens(c)
         k = c.input_tokens + c.output_tokens / 2 if kv_read is None else kv_read
-        dur = st.a * new + st.a_ctx * c.input_tokens + c.output_tokens * st.decode_step(k)
+        dur = (st.prefill_t0 + st.a * new + st.a_ctx * c.input_tokens
+               + st.a_attn * new * (c.input_tokens - new / 2) + c.output_tokens * st.decode_step(k))
         finish[c.idx] = start + dur
     out = np.zeros(len(wl.workflows))
     for wf in wl.workflows:

@@ -41,11 +41,18 @@ def simulate(
     gaps: Annotated[str, typer.Option(
         help="Tool gaps: recorded, or sampled from the profile's tool lognormals.")] = "recorded",
     replicas: Annotated[int, typer.Option(help="Engine replicas.", min=1)] = 4,
-    kv_capacity_tokens: Annotated[int, typer.Option(
-        help="GPU KV capacity per replica, tokens (default: GLM-4.5-FP8 on 8×H100).", min=1000)] = 500_000,
+    gpu: Annotated[str, typer.Option(help="GPU of a replica: h100-sxm or h200 (roofline step model).")] = "h100-sxm",
+    model: Annotated[str, typer.Option(help="Served model: llama-3.1-8b or llama-3.1-70b.")] = "llama-3.1-8b",
+    tp: Annotated[int, typer.Option(help="GPUs per replica (tensor parallel).", min=1)] = 1,
+    step_model: Annotated[str, typer.Option(
+        help="roofline (from --gpu/--model) or glm45-fit (the earlier fit: GLM-4.5-FP8 on 8×H100, "
+             "500k KV tokens).")] = "roofline",
+    kv_capacity_tokens: Annotated[Optional[int], typer.Option(
+        help="GPU KV capacity per replica, tokens (default: from --gpu/--model).", min=1000)] = None,
     host_ratio: Annotated[float, typer.Option(
         help="Host KV tier as a multiple of the GPU tier (SGLang --hicache-ratio default 2).", min=0.0)] = 2.0,
-    pcie_s_per_token: Annotated[float, typer.Option(help="Host↔GPU seconds per KV token.", min=0.0)] = 2.0e-6,
+    pcie_s_per_token: Annotated[Optional[float], typer.Option(
+        help="Host↔GPU seconds per KV token (default: from --gpu/--model).", min=0.0)] = None,
     chunked_prefill_size: Annotated[int, typer.Option(help="Prefill tokens per iteration.", min=64)] = 8192,
     max_running_requests: Annotated[int, typer.Option(help="Running calls per replica.", min=1)] = 256,
     calibrate: Annotated[Optional[Path], typer.Option(
@@ -77,7 +84,7 @@ def simulate(
 
     from serving_hooks.policies import CapacityPolicy, PriorityPolicy
     from simulator.calibration import fit_step_time
-    from simulator.config import ClusterConfig
+    from simulator.config import glm45_fit_config, hardware_config
     from simulator.ours import OursOptions
     from simulator.report import json_view, markdown as to_markdown, plot_jct_vs_load, tables
     from simulator.runner import compare, parse_load, parse_policies, prepare
@@ -89,9 +96,18 @@ def simulate(
             parse_load(level)
     except ValueError as exc:
         fail(str(exc))
-    cfg = ClusterConfig(replicas=replicas, kv_capacity_tokens=kv_capacity_tokens, host_ratio=host_ratio,
-                        pcie_s_per_token=pcie_s_per_token, chunked_prefill_size=chunked_prefill_size,
-                        max_running_requests=max_running_requests)
+    knobs = dict(replicas=replicas, kv_capacity_tokens=kv_capacity_tokens, host_ratio=host_ratio,
+                 pcie_s_per_token=pcie_s_per_token, chunked_prefill_size=chunked_prefill_size,
+                 max_running_requests=max_running_requests)
+    try:
+        if step_model == "glm45-fit":
+            cfg = glm45_fit_config(**{k: v for k, v in knobs.items() if v is not None})
+        elif step_model == "roofline":
+            cfg = hardware_config(gpu, model, tp, **knobs)
+        else:
+            raise ValueError(f"--step-model {step_model!r}: use roofline or glm45-fit")
+    except ValueError as exc:
+        fail(str(exc))
     if calibrate is not None:
         from simulator.sources import load_logs
 
