@@ -3,7 +3,9 @@
 ======================  ===================================================================
 key                     meaning
 ======================  ===================================================================
-avg_jct_s, p95_jct_s    job completion time: last call's finish − workflow arrival
+avg_jct_s, p95_jct_s    job completion time: last call's finish − workflow arrival, over the
+                        measured window (warm-up and tail left out)
+settling                mean JCT of the window's 2nd half ÷ its 1st half (≈ 1: settled)
 throughput_tok_s        output tokens per second over the makespan
 workflows_per_min       completed workflows per minute over the makespan
 avg_ttft_s, p95_ttft_s  first token − issue, per call (queueing + host load + prefill)
@@ -24,11 +26,22 @@ import numpy as np
 from simulator.engine import SimResult
 
 
-def summarize(res: SimResult) -> dict:
+def summarize(res: SimResult, measured: np.ndarray | None = None) -> dict:
+    """Figures of a run. With ``measured`` (a mask over workflows: the measured window), the JCT
+    and TTFT figures cover those workflows only; ``settling`` is the mean JCT of the window's
+    second half over its first half, by arrival (≈ 1 when the load settled; > 1.2 means a
+    backlog still grows and the figures depend on the run length)."""
     wl = res.workload
     reqs = res.requests
-    jct = res.wf_finish - res.wf_arrival
-    ttft = np.array([r.t_first - r.t_issue for r in reqs])
+    all_jct = res.wf_finish - res.wf_arrival
+    mask = np.ones(len(all_jct), bool) if measured is None else np.asarray(measured, bool)
+    jct = all_jct[mask]
+    in_window = mask[[r.wf for r in reqs]]
+    ttft = np.array([r.t_first - r.t_issue for r, m in zip(reqs, in_window) if m])
+    order = np.argsort(res.wf_arrival[mask], kind="stable")
+    half = len(order) // 2
+    settling = (float(jct[order[half:]].mean() / max(jct[order[:half]].mean(), 1e-9))
+                if half >= 2 else float("nan"))
     inp = sum(r.call.input_tokens for r in reqs)
     out = sum(r.call.output_tokens for r in reqs)
     reusable = sum(wl.path_tokens(r.call) for r in reqs)
@@ -53,7 +66,9 @@ def summarize(res: SimResult) -> dict:
         "gpu_idle_s": float(idle),
         "gpu_idle_share": float(idle / (span * len(res.replica_busy_s))),
         "makespan_s": float(res.makespan_s),
-        "workflows": int(len(jct)),
+        "workflows": int(len(all_jct)),
+        "measured_workflows": int(len(jct)),
+        "settling": settling,
         "calls": int(len(reqs)),
         "host_loaded_tokens": int(res.host_loaded_tokens),
         "events": int(res.events),

@@ -37,7 +37,19 @@ def simulate(
              "(default: a temporary folder).")] = None,
     seed: Annotated[int, typer.Option(help="Seed of the split, generation and arrivals.")] = 0,
     arrivals: Annotated[str, typer.Option(
-        help="poisson, trace (recorded spacing), or closed (a fixed population of sessions).")] = "poisson",
+        help="poisson, gamma (bursty: --cv), trace (recorded spacing), or closed (a fixed "
+             "population of sessions).")] = "poisson",
+    cv: Annotated[float, typer.Option(
+        help="--arrivals gamma: coefficient of variation of inter-arrivals (0 fixed, 1 Poisson, "
+             "4 bursty).", min=0.0)] = 1.0,
+    warmup: Annotated[float, typer.Option(
+        help="Share of the workflows (by arrival) left out of the figures as warm-up.", min=0.0, max=0.9)] = 0.2,
+    tail: Annotated[float, typer.Option(
+        help="Share of the last arrivals left out (they keep the load on while the window runs).",
+        min=0.0, max=0.9)] = 0.2,
+    seeds: Annotated[Optional[str], typer.Option(
+        help="Comma list of arrival seeds (e.g. 0,1,2): one replay per seed; the JSON's `seeds` "
+             "holds every seed's figures and the spread of the ratio vs sglang-default.")] = None,
     gaps: Annotated[str, typer.Option(
         help="Tool gaps: recorded, or sampled from the profile's tool lognormals.")] = "recorded",
     replicas: Annotated[int, typer.Option(help="Engine replicas.", min=1)] = 4,
@@ -87,7 +99,7 @@ def simulate(
     from simulator.config import glm45_fit_config, hardware_config
     from simulator.ours import OursOptions
     from simulator.report import json_view, markdown as to_markdown, plot_jct_vs_load, tables
-    from simulator.runner import compare, parse_load, parse_policies, prepare
+    from simulator.runner import compare, compare_seeds, parse_load, parse_policies, prepare
 
     try:
         names = parse_policies(policies, ablation)
@@ -140,8 +152,14 @@ def simulate(
             bar.update(task, advance=1, description=f"{level}: {name} avg JCT {row['avg_jct_s']:.0f}s")
 
         try:
-            result = compare(prep, names, levels, cfg, arrivals_mode=arrivals, gaps_mode=gaps,
-                             on_result=done, ours=ours)
+            kw = dict(arrivals_mode=arrivals, gaps_mode=gaps, on_result=done, ours=ours, cv=cv,
+                      warmup=warmup, tail=tail)
+            if seeds:
+                seed_list = [int(x) for x in seeds.split(",") if x.strip()]
+                bar.update(task, total=len(levels) * len(names) * len(seed_list))
+                result = compare_seeds(prep, names, levels, cfg, seed_list, **kw)
+            else:
+                result = compare(prep, names, levels, cfg, **kw)
         except ValueError as exc:
             fail(str(exc))
     if plot is not None:
