@@ -10,7 +10,7 @@ part switched off or put back to its earlier rule, ``ours-sticky``, ``ours-belad
 * the headline figures against the issue's targets: avg-JCT ratio ours / sglang-default at peak
   on the coding workload (target ≥ 2×), ours vs ``autellix-plas`` and ``continuum-ttl``, and
   ours' recomputed prefill over Bélády's (target ≤ 1.3×); and what the clairvoyant queue order
-  (``oracle-srpt``) reaches against ``sglang-default``, the ceiling of any scheduling;
+  (``oracle-srpt``) reaches against ``sglang-default`` — a reference, not a ceiling: it keeps session-affinity routing and LRU, so a policy that also routes and caches well can beat it;
 * the wall time of each comparison.
 
 It also writes ``<out>/<workload>.json`` (the ``profiler simulate --json`` object), ``<out>/*.md``

@@ -61,7 +61,7 @@ class Request:
         "call", "idx", "wf", "state", "replica", "t_issue", "t_admit", "t_first", "t_finish",
         "prefill_left", "prefill_total", "missing_path", "prefill_rate", "decoded", "private",
         "locked", "preempts", "service_s", "recompute_own", "gpu_hit", "host_hit", "computed",
-        "recomputed", "pred", "t_enqueue", "swapped",
+        "recomputed", "pred", "t_enqueue", "swapped", "recomputed_evict", "recomputed_preempt",
     )
 
     def __init__(self, call: Call, t_issue: float) -> None:
@@ -90,6 +90,11 @@ class Request:
         self.host_hit = 0
         self.computed = 0
         self.recomputed = 0
+        #: Of ``recomputed``: segments this replica had held and evicted (eviction-caused), and
+        #: the call's own tokens redone after a preemption; the rest was computed elsewhere
+        #: (routing-caused: the session moved).
+        self.recomputed_evict = 0
+        self.recomputed_preempt = 0
         #: Predictions a policy attached to the call (e.g. output band, priority).
         self.pred: dict | None = None
 
@@ -172,6 +177,9 @@ class Simulator:
                                     workload.seg_tokens, workload.seg_parent))
             for i in range(config.replicas)
         ]
+        #: Per replica: has this segment ever been on its GPU tier? (a recompute of a segment it
+        #: held is eviction-caused; of one it never held, routing-caused)
+        self.held = np.zeros((config.replicas, len(workload.seg_tokens)), dtype=bool)
         self.now = 0.0
         n = workload.n_calls
         self.requests: list[Request | None] = [None] * n
@@ -316,6 +324,8 @@ class Simulator:
         # (or, for a call swapped out by a preemption, loaded back from its swap copy)
         missing = 0
         recomputed = 0
+        evict_rc = 0
+        held = self.held[rep.idx]
         host_left = host_tok
         tok = self.workload.seg_tokens
         swapped = req.swapped
@@ -327,8 +337,11 @@ class Simulator:
                 missing += tok[s]
                 if self.seg_computed[s]:
                     recomputed += tok[s]
+                    if held[s]:
+                        evict_rc += tok[s]
                 self.seg_computed[s] = True
             cache.insert_gpu(s, now)
+            held[s] = True
         cache.lock_path(path[n_gpu:], now)
         req.locked = tuple(path)
         own = call.own_prompt_tokens + req.decoded
@@ -341,6 +354,8 @@ class Simulator:
         else:
             prefill = missing + own
         recomputed += req.recompute_own
+        req.recomputed_preempt += req.recompute_own
+        req.recomputed_evict += evict_rc
         req.recompute_own = 0
         req.private = own
         rep.private += own
@@ -583,6 +598,7 @@ class Simulator:
         call = req.call
         cache.insert_gpu(call.own_seg, now)
         self.seg_computed[call.own_seg] = True
+        self.held[rep.idx, call.own_seg] = True
         req.state = DONE
         req.t_finish = now
         self.finish_t[req.idx] = now

@@ -32,9 +32,9 @@ prefetch            ``PrefetchPolicy`` (alg. 1)           a plan per call; when 
 ==================  ====================================  ========================================
 
 Each part can be switched off for an ablation (:func:`build_ours`); the part then falls back to
-what ``sglang-default`` does (FCFS, round robin, LRU, no prefetch). ``ours-sticky`` replaces only
+what ``sglang-rr`` does (FCFS, round robin, LRU, no prefetch). ``ours-sticky`` replaces only
 the capacity router by the session-affinity router the cache-centric baselines use, and
-``ours-belady`` only the eviction order by Bélády's MIN (the bound for our keep/drop).
+``ours-belady`` only the eviction order by Bélády's MIN (the reference for our keep/drop: same routing and scheduling).
 ``ours-call-aging`` and ``ours-p99`` put back the earlier rules (aging from each call's enqueue
 time at 0.05 /s; one fixed p99.5 bound per request) to measure what the current ones buy.
 

@@ -42,7 +42,7 @@ import numpy as np
 from simulator.baselines import BASELINES
 from simulator.config import ClusterConfig
 from simulator.engine import SimResult, Simulator
-from simulator.metrics import add_belady_ratio, summarize
+from simulator.metrics import add_recompute_ratios, summarize
 from simulator.ours import OURS_VARIANTS, OursOptions, build_ours, ours_stats
 from simulator.policy import Policy
 from simulator.sources import BUILTIN, Source, fit_train_profile, generated, load_logs, make_predictor
@@ -51,8 +51,8 @@ from simulator.workload import Call, Workload, replicate_records, workload_from_
 LOAD_LEVELS: dict[str, float] = {"low": 0.5, "medium": 1.0, "peak": 1.5}
 #: Policies of the main table, in display order.
 MAIN_POLICIES = ("sglang-default", "sglang-rr", "least-load", "autellix-plas", "continuum-ttl",
-                 "mori-idleness", "belady", "oracle-srpt", "ours")
-ABLATION_POLICIES = tuple(n for n in OURS_VARIANTS if n != "ours")
+                 "mori-idleness", "belady", "oracle-srpt", "ours", "ours-belady")
+ABLATION_POLICIES = tuple(n for n in OURS_VARIANTS if n not in MAIN_POLICIES)
 ALL_POLICIES = MAIN_POLICIES + ABLATION_POLICIES
 
 
@@ -338,9 +338,7 @@ def compare(prep: Prepared, policies: Sequence[str], loads: Sequence[str], cfg: 
             rows[name] = row
             if on_result is not None:
                 on_result(level, name, row)
-        add_belady_ratio(rows, "belady")
-        add_belady_ratio({n: row for n, row in rows.items() if n.startswith("ours")}, "ours-belady",
-                         "recompute_vs_ours_belady")
+        add_recompute_ratios(rows)
         out["loads"][level] = {"load_share": share, "sessions": sessions, "rate_wf_per_s": rate,
                                "policies": rows}
     return out

@@ -67,3 +67,25 @@ def test_imbalance_overrides_the_prefix_match():
     router.tree[1].clear()
     router.size[1] = 0.0
     assert router.route(Request(wl.calls[1], 0.0)) == 0
+
+
+def test_recompute_is_split_by_cause():
+    from simulator.metrics import summarize
+
+    # routing-caused: round robin sends the second call of a session to the other replica
+    wl = workload_from_records([rec("A", 1, 0.0, 0.5, 1000, 10), rec("A", 2, 1.5, 2.0, 1100, 5)])
+    row = summarize(Simulator(wl, BASELINES["sglang-rr"](), cfg(), [0.0]).run())
+    assert row["routing_recomputed_tokens"] > 0
+    assert row["eviction_recomputed_tokens"] == 0
+    # eviction-caused: one small replica; B's prompt evicts A's conversation during A's tool gap
+    wl = workload_from_records([
+        rec("A", 1, 0.0, 0.5, 1000, 10), rec("A", 2, 10.5, 11.0, 1100, 5),
+        rec("B", 1, 0.0, 0.5, 2500, 10),
+    ])
+    res = Simulator(wl, BASELINES["sglang-default"](), cfg(replicas=1, kv_capacity_tokens=3000),
+                    [0.0, 2.0]).run()
+    row = summarize(res)
+    assert row["eviction_recomputed_tokens"] > 0
+    assert row["routing_recomputed_tokens"] == 0
+    assert row["eviction_recomputed_tokens"] + row["preemption_recomputed_tokens"] \
+        == row["recomputed_prefill_tokens"]
