@@ -48,6 +48,7 @@ import numpy as np
 from simulator.cache import ReplicaCache
 from simulator.config import ClusterConfig
 from simulator.policy import Policy
+from simulator.pools import Pools
 from simulator.workload import Call, Workload
 
 WAITING, LOADING, RUNNING, DONE = range(4)
@@ -158,7 +159,7 @@ class Simulator:
 
     def __init__(self, workload: Workload, policy: Policy, config: ClusterConfig,
                  wf_arrivals: Sequence[float], gap_fn: Callable[[Call], float] | None = None,
-                 concurrency: int | None = None) -> None:
+                 concurrency: int | None = None, pools: "Pools | None" = None) -> None:
         if len(wf_arrivals) != len(workload.workflows):
             raise ValueError("one arrival time per workflow is needed")
         self.workload = workload
@@ -180,6 +181,12 @@ class Simulator:
         #: Per replica: has this segment ever been on its GPU tier? (a recompute of a segment it
         #: held is eviction-caused; of one it never held, routing-caused)
         self.held = np.zeros((config.replicas, len(workload.seg_tokens)), dtype=bool)
+        #: Model pools (multi-model workflows): a call is served by the replicas of its agent's
+        #: pool. None: one pool of every replica.
+        self.pools = pools
+        if pools is not None:
+            pools.check(workload, config.replicas)
+            self._pool_reps = [[self.replicas[i] for i in reps] for reps in pools.replicas]
         self.now = 0.0
         n = workload.n_calls
         self.requests: list[Request | None] = [None] * n
@@ -206,6 +213,26 @@ class Simulator:
         self.counters: dict[str, int] = {"admission_evictions": 0, "decode_evictions": 0,
                                          "max_waiting": 0}
         policy.bind(self)
+
+    # --- model pools --------------------------------------------------------------------------
+    def candidates(self, req: Request) -> list[Replica]:
+        """The replicas that may serve ``req`` (its agent's model pool; all without pools)."""
+        if self.pools is None:
+            return self.replicas
+        return self._pool_reps[self.pools.pool_of_call[req.idx]]
+
+    def home_key(self, req: Request) -> object:
+        """Key of a session's home replica for a router: the workflow, per model pool."""
+        if self.pools is None:
+            return req.wf
+        return (req.wf, int(self.pools.pool_of_call[req.idx]))
+
+    def pool_queue_depths(self) -> dict[str, int] | None:
+        """Waiting calls per model pool (the idle-downstream term's input); None without pools."""
+        if self.pools is None:
+            return None
+        return {name: sum(len(r.waiting) for r in reps)
+                for name, reps in zip(self.pools.names, self._pool_reps)}
 
     # --- event plumbing -----------------------------------------------------------------------
     def _push(self, t: float, kind: int, payload: object) -> None:

@@ -12,19 +12,21 @@ class RoundRobin(Router):
     """SGLang router's ``round_robin`` policy: replicas in turn, whatever the session."""
 
     def __init__(self) -> None:
-        self._next = 0
+        self._next: dict[int, int] = {}
 
     def route(self, req: Request) -> int:
-        r = self._next % len(self.sim.replicas)
-        self._next += 1
-        return r
+        reps = self.sim.candidates(req)
+        key = reps[0].idx                 # one turn counter per model pool
+        n = self._next.get(key, 0)
+        self._next[key] = n + 1
+        return reps[n % len(reps)].idx
 
 
 class LeastLoad(Router):
     """The replica with the fewest outstanding tokens (KV of running calls + waiting prompts)."""
 
     def route(self, req: Request) -> int:
-        return min(self.sim.replicas, key=lambda rep: (rep.load_tokens(), rep.idx)).idx
+        return min(self.sim.candidates(req), key=lambda rep: (rep.load_tokens(), rep.idx)).idx
 
 
 class StickyLeastLoad(LeastLoad):
@@ -34,12 +36,13 @@ class StickyLeastLoad(LeastLoad):
     the engine that serves it."""
 
     def __init__(self) -> None:
-        self.home: dict[int, int] = {}
+        self.home: dict[object, int] = {}
 
     def route(self, req: Request) -> int:
-        r = self.home.get(req.wf)
+        key = self.sim.home_key(req)
+        r = self.home.get(key)
         if r is None:
-            r = self.home[req.wf] = super().route(req)
+            r = self.home[key] = super().route(req)
         return r
 
 
@@ -50,15 +53,16 @@ class AutellixRouter(Router):
 
     def __init__(self, long_prompt_tokens: int = 2048) -> None:
         self.long_prompt_tokens = long_prompt_tokens
-        self.home: dict[int, int] = {}
+        self.home: dict[object, int] = {}
 
     def route(self, req: Request) -> int:
-        home = self.home.get(req.wf)
+        key = self.sim.home_key(req)
+        home = self.home.get(key)
         if req.call.input_tokens > self.long_prompt_tokens and home is not None:
             return home
-        r = min(self.sim.replicas, key=lambda rep: (len(rep.running) + len(rep.waiting), rep.idx)).idx
+        r = min(self.sim.candidates(req), key=lambda rep: (len(rep.running) + len(rep.waiting), rep.idx)).idx
         if req.call.input_tokens > self.long_prompt_tokens or home is None:
-            self.home[req.wf] = r
+            self.home[key] = r
         return r
 
 
@@ -149,21 +153,22 @@ class CacheAware(Router):
         while sim.now >= self._next_evict:
             self._evict()
             self._next_evict += self.eviction_interval_s
-        loads = [len(rep.running) + len(rep.waiting) for rep in sim.replicas]
+        reps = sim.candidates(req)      # one router (tree) per model, as sgl-router keeps
+        loads = [len(rep.running) + len(rep.waiting) for rep in reps]
         hi, lo = max(loads), min(loads)
         if hi - lo > self.balance_abs_threshold and hi > lo * self.balance_rel_threshold:
-            r = loads.index(lo)
+            r = reps[loads.index(lo)].idx
             self.counts["imbalanced"] += 1
         else:
             best, best_t, r = 0.0, -1.0, -1
-            for i in range(len(loads)):
-                m, t = self._match(i, req.call.path)
+            for rep in reps:
+                m, t = self._match(rep.idx, req.call.path)
                 if m > best or (m == best and m > 0 and t > best_t):
-                    best, best_t, r = m, t, i
+                    best, best_t, r = m, t, rep.idx
             if r >= 0 and best / max(req.call.input_tokens, 1) > self.cache_threshold:
                 self.counts["cache_hit"] += 1
             else:
-                r = min(range(len(loads)), key=lambda i: (self.size[i], i))
+                r = min(reps, key=lambda rep: (self.size[rep.idx], rep.idx)).idx
                 self.counts["cache_miss"] += 1
         self._insert(r, req)
         return r
