@@ -91,6 +91,9 @@ class Prepared:
     profile: Any
     seed: int
     notes: list[str] = field(default_factory=list)
+    #: Model pools of a multi-model scenario (None: one pool of every replica).
+    pools: Any = None
+    scenario: Any = None
 
 
 def prepare(workload: str, n_workflows: int | None = None, seed: int = 0,
@@ -286,7 +289,7 @@ def simulate(prep: Prepared, name: str, cfg: ClusterConfig, arrivals: np.ndarray
     JCT and TTFT figures over the measured window (``window`` = warm-up and tail shares)."""
     policy = make_policy(name, prep, ours)
     t0 = time.perf_counter()
-    res = Simulator(prep.workload, policy, cfg, arrivals, gap_fn, concurrency).run()
+    res = Simulator(prep.workload, policy, cfg, arrivals, gap_fn, concurrency, prep.pools).run()
     mask = measured_mask(res.wf_arrival, mode, concurrency, *window)
     row = summarize(res, mask)
     row["wall_s"] = round(time.perf_counter() - t0, 3)
@@ -322,11 +325,24 @@ def compare(prep: Prepared, policies: Sequence[str], loads: Sequence[str], cfg: 
         "notes": prep.notes,
         "loads": {},
     }
+    if prep.scenario is not None:
+        out["scenario"] = prep.scenario.to_dict()
+    if arrivals_mode == "burst":
+        loads = ["burst"]
+        warmup = tail = 0.0            # the burst is the load: every workflow is measured
     for level in loads:
-        share = parse_load(level)
-        sessions = max(1, int(round(share * c_kv)))
-        rate = share * c_kv / t_sat
-        arr = arrival_times(wl, rate, a_seed, arrivals_mode, recorded, sessions, t_sat, cv)
+        if arrivals_mode == "burst":
+            sc = prep.scenario
+            span = sc.burst_s if sc is not None else t_sat
+            sessions = len(wl.workflows)
+            share = sessions / c_kv
+            rate = sessions / max(span, 1e-9)
+            arr = np.sort(np.random.default_rng([a_seed, 43]).uniform(0.0, span, size=sessions))
+        else:
+            share = parse_load(level)
+            sessions = max(1, int(round(share * c_kv)))
+            rate = share * c_kv / t_sat
+            arr = arrival_times(wl, rate, a_seed, arrivals_mode, recorded, sessions, t_sat, cv)
         closed = sessions if arrivals_mode == "closed" else None
         if sessions * 1.5 > len(wl.workflows):
             prep.notes.append(f"load {level}: {sessions} sessions for {len(wl.workflows)} workflows; "
@@ -380,3 +396,21 @@ def compare_seeds(prep: Prepared, policies: Sequence[str], loads: Sequence[str],
         agg[level] = per
     out["seeds"] = {"seeds": list(seeds), "base": base, "loads": agg}
     return out
+
+
+def prepare_scenario(name: str, seed: int = 0, n_train: int = 400,
+                     profile_dir: str | Path | None = None,
+                     replicas: int | None = None) -> tuple[Prepared, ClusterConfig]:
+    """The workload, cluster and pools of a named scenario (:mod:`simulator.scenarios`)."""
+    from simulator.config import hardware_config
+    from simulator.pools import build_pools
+    from simulator.scenarios import get_scenario
+
+    sc = get_scenario(name)
+    cfg = hardware_config(sc.gpu, sc.model, sc.tp, replicas=sc.replicas,
+                          kv_capacity_tokens=sc.kv_capacity_tokens, host_ratio=sc.host_ratio)
+    prep = prepare(sc.workload, sc.burst_workflows, seed=seed, profile_dir=profile_dir,
+                   n_train=n_train, cfg=cfg)
+    prep.pools = build_pools(prep.workload, sc.pool_replicas, sc.agent_pool)
+    prep.scenario = sc
+    return prep, cfg

@@ -12,8 +12,11 @@ from profiler.commands.common import console, err_console, fail, print_json
 
 @app.command(no_args_is_help=True)
 def simulate(
-    workload: Annotated[str, typer.Option(
-        help="coding-assistant, deep-research (generated), or a log file/folder (replayed).")],
+    workload: Annotated[Optional[str], typer.Option(
+        help="coding-assistant, deep-research (generated), or a log file/folder (replayed).")] = None,
+    scenario: Annotated[Optional[str], typer.Option(
+        help="A named scenario instead of --workload: pythia-like (multi-model pools, a burst "
+             "of 600 workflows; see docs/simulator.md).")] = None,
     load: Annotated[str, typer.Option(
         help="low, medium, peak: 0.5 / 1.0 / 1.5 × the rate a KV-saturated cluster drains "
              "(see README); a number; or a comma list (e.g. low,medium,peak).")] = "peak",
@@ -37,8 +40,8 @@ def simulate(
              "(default: a temporary folder).")] = None,
     seed: Annotated[int, typer.Option(help="Seed of the split, generation and arrivals.")] = 0,
     arrivals: Annotated[str, typer.Option(
-        help="poisson, gamma (bursty: --cv), trace (recorded spacing), or closed (a fixed "
-             "population of sessions).")] = "poisson",
+        help="poisson, gamma (bursty: --cv), trace (recorded spacing), closed (a fixed "
+             "population of sessions), or burst (a scenario's burst).")] = "poisson",
     cv: Annotated[float, typer.Option(
         help="--arrivals gamma: coefficient of variation of inter-arrivals (0 fixed, 1 Poisson, "
              "4 bursty).", min=0.0)] = 1.0,
@@ -99,7 +102,8 @@ def simulate(
     from simulator.config import glm45_fit_config, hardware_config
     from simulator.ours import OursOptions
     from simulator.report import json_view, markdown as to_markdown, plot_jct_vs_load, tables
-    from simulator.runner import compare, compare_seeds, parse_load, parse_policies, prepare
+    from simulator.runner import (compare, compare_seeds, parse_load, parse_policies, prepare,
+                                  prepare_scenario)
 
     try:
         names = parse_policies(policies, ablation)
@@ -135,11 +139,18 @@ def simulate(
     if ours_aging_per_s is not None:
         ours = replace(ours, priority_policy=PriorityPolicy(aging_per_s=ours_aging_per_s))
 
+    if (workload is None) == (scenario is None):
+        fail("give --workload or --scenario (one of them)")
     with err_console.status("preparing the workload (split, fit the train profile)"):
         try:
-            prep = prepare(workload, workflows, seed=seed, profile_dir=profile,
-                           train_share=train_share, n_train=train_workflows, cfg=cfg,
-                           max_load=max(parse_load(v) for v in levels))
+            if scenario is not None:
+                prep, cfg = prepare_scenario(scenario, seed=seed, n_train=train_workflows,
+                                             profile_dir=profile)
+                arrivals = "burst"
+            else:
+                prep = prepare(workload, workflows, seed=seed, profile_dir=profile,
+                               train_share=train_share, n_train=train_workflows, cfg=cfg,
+                               max_load=max(parse_load(v) for v in levels))
         except ValueError as exc:
             fail(str(exc))
     for note in prep.notes:
