@@ -444,7 +444,8 @@ class Simulator:
         if not rep.waiting:
             return
         sched = self.policy.scheduler
-        rep.waiting.sort(key=sched.queue_key)
+        if len(rep.waiting) > 1:
+            rep.waiting.sort(key=sched.sort_key())
         cfg = self.config
         chunk = cfg.chunked_prefill_size
         backlog = sum(q.prefill_left for q in rep.running if q.state != DONE)
@@ -467,7 +468,7 @@ class Simulator:
                         ok = True
                         break
                 if victims:
-                    rep.waiting.sort(key=sched.queue_key)
+                    rep.waiting.sort(key=sched.sort_key())
             if not ok:
                 break
             rep.waiting.remove(req)   # the head, unless preemptions re-sorted the queue
