@@ -51,7 +51,8 @@ from simulator.workload import Call, Workload, replicate_records, workload_from_
 LOAD_LEVELS: dict[str, float] = {"low": 0.5, "medium": 1.0, "peak": 1.5}
 #: Policies of the main table, in display order.
 MAIN_POLICIES = ("sglang-default", "sglang-rr", "least-load", "autellix-plas", "continuum-ttl",
-                 "mori-idleness", "belady", "oracle-srpt", "ours", "ours-belady")
+                 "mori-idleness", "saga", "astraea", "belady", "oracle-srpt", "ours",
+                 "ours-belady")
 ABLATION_POLICIES = tuple(n for n in OURS_VARIANTS if n not in MAIN_POLICIES)
 ALL_POLICIES = MAIN_POLICIES + ABLATION_POLICIES
 

@@ -11,6 +11,8 @@ autellix-plas      PLAS, multi-level, preemptive   least-used, long prompts    L
                    anti-starvation                 pinned to their session
 continuum-ttl      program-level FCFS              session affinity            LRU + TTL pins
 mori-idleness      FCFS                            session affinity            idleness rank, both tiers
+saga               Agent Fair Share                affinity + work stealing    workflow-aware LRU + TTL
+astraea            MLFQ + HRRN aging               least outstanding tokens    keep / swap / discard
 belady             FCFS                            session affinity            Bélády MIN (oracle)
 oracle-srpt        workflow SRPT (oracle)          session affinity            LRU
 =================  ==============================  ==========================  =====================
@@ -31,6 +33,7 @@ from typing import Callable
 from simulator.baselines.caches import LRU, Belady, ContinuumTTL, MoriIdleness
 from simulator.baselines.routers import AutellixRouter, CacheAware, LeastLoad, RoundRobin, StickyLeastLoad
 from simulator.baselines.schedulers import FCFS, PLAS, OracleSRPT, ProgramFCFS
+from simulator.baselines.seeds import AgentFairShare, AstraeaCache, AstraeaMLFQ, SagaCache, SagaRouter
 from simulator.policy import Policy
 
 BASELINES: dict[str, Callable[[], Policy]] = {
@@ -48,6 +51,12 @@ BASELINES: dict[str, Callable[[], Policy]] = {
                                     "program-level FCFS, TTL pins from tool running means"),
     "mori-idleness": lambda: Policy("mori-idleness", StickyLeastLoad(), FCFS(), MoriIdleness(),
                                     "idleness-ranked GPU/host placement"),
+    "saga": lambda: Policy("saga", SagaRouter(), AgentFairShare(), SagaCache(),
+                           "Agent Fair Share, workflow-aware LRU + tool-latency TTL, session "
+                           "affinity with work stealing (simulator/baselines/seeds.py)"),
+    "astraea": lambda: Policy("astraea", LeastLoad(), AstraeaMLFQ(), AstraeaCache(),
+                              "state-aware MLFQ + HRRN aging, keep/swap/discard by memory "
+                              "pressure (simulator/baselines/seeds.py)"),
     "belady": lambda: Policy("belady", StickyLeastLoad(), FCFS(), Belady(),
                              "offline-optimal (MIN) eviction, oracle of future accesses"),
     "oracle-srpt": lambda: Policy("oracle-srpt", StickyLeastLoad(), OracleSRPT(), LRU(),
@@ -55,4 +64,5 @@ BASELINES: dict[str, Callable[[], Policy]] = {
 }
 
 __all__ = ["BASELINES", "LRU", "Belady", "ContinuumTTL", "MoriIdleness", "AutellixRouter", "CacheAware",
-           "LeastLoad", "RoundRobin", "StickyLeastLoad", "FCFS", "PLAS", "OracleSRPT", "ProgramFCFS"]
+           "LeastLoad", "RoundRobin", "StickyLeastLoad", "FCFS", "PLAS", "OracleSRPT", "ProgramFCFS",
+           "SagaRouter", "SagaCache", "AgentFairShare", "AstraeaMLFQ", "AstraeaCache"]
