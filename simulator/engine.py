@@ -38,6 +38,7 @@ first token, finish, GPU and host prefix hits, computed and recomputed prefill t
 """
 from __future__ import annotations
 
+import bisect
 import heapq
 import math
 from dataclasses import dataclass, field
@@ -310,10 +311,19 @@ class Simulator:
         r = self.policy.router.route(req)
         req.replica = r
         rep = self.replicas[r]
-        rep.waiting.append(req)
+        self._enqueue(rep, req)
         if len(rep.waiting) > self.counters["max_waiting"]:
             self.counters["max_waiting"] = len(rep.waiting)
         return rep
+
+    def _enqueue(self, rep: Replica, req: Request) -> None:
+        """Queue ``req`` on ``rep``: at its place when the scheduler's order is static (the queue
+        stays sorted, ties after equals as a stable sort leaves them), else at the end."""
+        sched = self.policy.scheduler
+        if sched.static_order:
+            bisect.insort_right(rep.waiting, req, key=sched.queue_key)
+        else:
+            rep.waiting.append(req)
 
     # --- a scheduling round -------------------------------------------------------------------
     def _evict(self, rep: Replica, need: int) -> int:
@@ -437,14 +447,14 @@ class Simulator:
         req.t_enqueue = self.now
         self.preemptions += 1
         rep.running.remove(req)
-        rep.waiting.append(req)
+        self._enqueue(rep, req)
         self.policy.hook("on_preempt", req)
 
     def _admit(self, rep: Replica) -> None:
         if not rep.waiting:
             return
         sched = self.policy.scheduler
-        if len(rep.waiting) > 1:
+        if len(rep.waiting) > 1 and not sched.static_order:
             rep.waiting.sort(key=sched.sort_key())
         cfg = self.config
         chunk = cfg.chunked_prefill_size
@@ -467,7 +477,7 @@ class Simulator:
                     if self._try_admit(rep, req, reserve):
                         ok = True
                         break
-                if victims:
+                if victims and not sched.static_order:
                     rep.waiting.sort(key=sched.sort_key())
             if not ok:
                 break
