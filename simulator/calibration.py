@@ -4,7 +4,7 @@ A continuous-batching engine runs *iterations*. One iteration processes a chunk 
 (new prompt tokens of admitted requests) and one decode token for every request already decoding.
 Its duration is modelled as linear in the work it does::
 
-    dt = t0 + a·P + a_ctx·X + c·K
+    dt = t0 + a·P + a_ctx·X + c·K      (+ e·B + a_attn·Σ P·ctx for the roofline model)
 
 ``P``     prefill tokens computed in the iteration (cache hits are not computed);
 ``X``     attention context of those prefill tokens (per request: prefix length × chunk share);
@@ -23,7 +23,8 @@ How it is fitted (:func:`fit_step_time`), on flat records with ``t_first_token``
   decoding at the same time), which is robust to the stalls other calls' prefills cause.
 
 :data:`SWE_AGENT_GLM45` holds the fit on the bundled SWE-agent traces (GLM-4.5-FP8 on vLLM), the
-default of every simulation; ``profiler simulate --calibrate LOGS`` refits on other logs.
+step model of ``--step-model glm45-fit``; ``profiler simulate --calibrate LOGS`` refits on other
+logs. The default step model is the hardware roofline of :mod:`simulator.hardware`.
 """
 from __future__ import annotations
 
@@ -41,6 +42,12 @@ class StepTimeModel:
     a: float
     a_ctx: float
     c: float
+    #: Seconds per decoding sequence per iteration (its token's GEMMs; 0 in the fitted model).
+    e: float = 0.0
+    #: Seconds per (computed prompt token × context token): causal attention (0 when fitted).
+    a_attn: float = 0.0
+    #: Fixed cost of an iteration that prefills (weights read once; 0 when fitted: in ``a``).
+    prefill_t0: float = 0.0
     source: str = ""
     n_prefill: int = 0
     n_decode: int = 0
@@ -51,9 +58,9 @@ class StepTimeModel:
         """Seconds of prefill work for ``new_tokens`` with ``context_tokens`` of attention."""
         return self.a * new_tokens + self.a_ctx * context_tokens
 
-    def decode_step(self, kv_tokens: float) -> float:
-        """Duration of a pure-decode iteration reading ``kv_tokens`` of KV cache."""
-        return self.t0 + self.c * kv_tokens
+    def decode_step(self, kv_tokens: float, sequences: int = 1) -> float:
+        """Duration of a pure-decode iteration of ``sequences`` reading ``kv_tokens`` of KV."""
+        return self.t0 + self.e * sequences + self.c * kv_tokens
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -1,18 +1,22 @@
 """Cluster and engine constants of a simulation, each with its default and where it comes from.
 
 Every field is a ``profiler simulate`` option (``--replicas``, ``--kv-capacity-tokens``, …).
-The defaults describe the setting the step-time model was calibrated on
-(:data:`simulator.calibration.SWE_AGENT_GLM45`): GLM-4.5-FP8 served with tensor parallelism on
-one 8-GPU node per replica.
+The defaults describe **Llama-3.1-8B in bf16 on one H100 SXM 80 GB per replica**, with the step
+time, KV capacity and PCIe time of the hardware roofline (:mod:`simulator.hardware`).
+:func:`glm45_fit_config` gives the earlier setting (GLM-4.5-FP8 on one 8×H100 node per replica,
+step time fitted on the bundled SWE-agent traces, ``--step-model glm45-fit``).
 """
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
 from simulator.calibration import SWE_AGENT_GLM45, StepTimeModel
+from simulator.hardware import GPUS, H100_SXM, LLAMA31_8B, MODELS, kv_capacity_tokens, pcie_s_per_token, roofline_step
 
 #: KV bytes per token of GLM-4.5 (92 layers × 8 KV heads × 128 dims × K and V × 2 bytes, bf16 KV).
 GLM45_KV_BYTES_PER_TOKEN = 92 * 8 * 128 * 2 * 2
+#: Step models ``--step-model`` names.
+STEP_MODELS = ("roofline", "glm45-fit")
 
 
 @dataclass
@@ -21,15 +25,16 @@ class ClusterConfig:
 
     #: Engine replicas behind the router.
     replicas: int = 4
-    #: GPU KV capacity per replica in tokens. 8×H100-80GB at SGLang's mem fraction 0.9 = 576 GB,
-    #: minus ~362 GB of FP8 weights and ~20 GB of activations/graphs, over 376,832 B per token.
-    kv_capacity_tokens: int = 500_000
+    #: GPU KV capacity per replica in tokens: Llama-3.1-8B on one H100 80 GB at SGLang's mem
+    #: fraction 0.9, minus 16.1 GB of weights and 4 GB of activations, over 131,072 B per token
+    #: (:func:`simulator.hardware.kv_capacity_tokens`, ≈ 396k).
+    kv_capacity_tokens: int = field(default_factory=lambda: kv_capacity_tokens(H100_SXM, LLAMA31_8B))
     #: Host (CPU DRAM) tier as a multiple of the GPU KV capacity: SGLang's ``--hicache-ratio``
     #: default (2.0). 0 disables the host tier.
     host_ratio: float = 2.0
-    #: Seconds to move one token of KV between host and GPU: 376,832 B over 8 GPUs = 46 KiB per
-    #: GPU per token at ~25 GB/s practical PCIe Gen5 x16 for paged copies ≈ 1.9 µs.
-    pcie_s_per_token: float = 2.0e-6
+    #: Seconds to move one token of KV between host and GPU: 131,072 B at ~25 GB/s practical
+    #: PCIe Gen5 x16 for paged copies ≈ 5.2 µs.
+    pcie_s_per_token: float = field(default_factory=lambda: pcie_s_per_token(H100_SXM, LLAMA31_8B))
     #: Prefill tokens per iteration (chunked prefill): SGLang's default on 80 GB GPUs.
     chunked_prefill_size: int = 8192
     #: Cap on requests running at once on a replica (SGLang's ``--max-running-requests``).
@@ -39,8 +44,9 @@ class ClusterConfig:
     new_token_ratio: float = 0.1
     #: Per-call cap of that estimate: SGLang's ``SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION`` (4096).
     new_token_clip: int = 4096
-    #: Iteration time model (calibrated, see :mod:`simulator.calibration`).
-    step: StepTimeModel = field(default_factory=lambda: SWE_AGENT_GLM45)
+    #: Iteration time model (hardware roofline, :mod:`simulator.hardware`; or fitted,
+    #: :mod:`simulator.calibration`).
+    step: StepTimeModel = field(default_factory=lambda: roofline_step(H100_SXM, LLAMA31_8B))
     #: Largest number of identical decode iterations simulated as one event (exact arithmetic;
     #: only bounds how far ahead eviction frees memory for decode growth).
     max_macro_steps: int = 256
@@ -53,3 +59,27 @@ class ClusterConfig:
         d = asdict(self)
         d["step"] = self.step.to_dict()
         return d
+
+
+def glm45_fit_config(**kw) -> ClusterConfig:
+    """The earlier default: GLM-4.5-FP8 on one 8×H100 node per replica (576 GB at mem fraction 0.9
+    minus ~362 GB of FP8 weights and ~20 GB of activations over 376,832 B per token ≈ 500k
+    tokens; 46 KiB per GPU per token over PCIe ≈ 2 µs), step time fitted on the SWE-agent traces."""
+    base = dict(kv_capacity_tokens=500_000, pcie_s_per_token=2.0e-6, step=SWE_AGENT_GLM45)
+    base.update(kw)
+    return ClusterConfig(**base)
+
+
+def hardware_config(gpu: str = "h100-sxm", model: str = "llama-3.1-8b", tp: int = 1,
+                    **kw) -> ClusterConfig:
+    """A cluster of ``gpu`` × ``tp`` per replica serving ``model`` (names of
+    :data:`simulator.hardware.GPUS` / ``MODELS``): roofline step, KV capacity and PCIe time."""
+    if gpu not in GPUS:
+        raise ValueError(f"--gpu {gpu!r}: use one of {', '.join(GPUS)}")
+    if model not in MODELS:
+        raise ValueError(f"--model {model!r}: use one of {', '.join(MODELS)}")
+    g, m = GPUS[gpu], MODELS[model]
+    base = dict(kv_capacity_tokens=kv_capacity_tokens(g, m, tp), pcie_s_per_token=pcie_s_per_token(g, m, tp),
+                step=roofline_step(g, m, tp))
+    base.update({k: v for k, v in kw.items() if v is not None})
+    return ClusterConfig(**base)

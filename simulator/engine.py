@@ -38,6 +38,7 @@ first token, finish, GPU and host prefix hits, computed and recomputed prefill t
 """
 from __future__ import annotations
 
+import bisect
 import heapq
 import math
 from dataclasses import dataclass, field
@@ -48,6 +49,7 @@ import numpy as np
 from simulator.cache import ReplicaCache
 from simulator.config import ClusterConfig
 from simulator.policy import Policy
+from simulator.pools import Pools
 from simulator.workload import Call, Workload
 
 WAITING, LOADING, RUNNING, DONE = range(4)
@@ -61,7 +63,7 @@ class Request:
         "call", "idx", "wf", "state", "replica", "t_issue", "t_admit", "t_first", "t_finish",
         "prefill_left", "prefill_total", "missing_path", "prefill_rate", "decoded", "private",
         "locked", "preempts", "service_s", "recompute_own", "gpu_hit", "host_hit", "computed",
-        "recomputed", "pred", "t_enqueue", "swapped",
+        "recomputed", "pred", "t_enqueue", "swapped", "recomputed_evict", "recomputed_preempt",
     )
 
     def __init__(self, call: Call, t_issue: float) -> None:
@@ -90,6 +92,11 @@ class Request:
         self.host_hit = 0
         self.computed = 0
         self.recomputed = 0
+        #: Of ``recomputed``: segments this replica had held and evicted (eviction-caused), and
+        #: the call's own tokens redone after a preemption; the rest was computed elsewhere
+        #: (routing-caused: the session moved).
+        self.recomputed_evict = 0
+        self.recomputed_preempt = 0
         #: Predictions a policy attached to the call (e.g. output band, priority).
         self.pred: dict | None = None
 
@@ -153,7 +160,7 @@ class Simulator:
 
     def __init__(self, workload: Workload, policy: Policy, config: ClusterConfig,
                  wf_arrivals: Sequence[float], gap_fn: Callable[[Call], float] | None = None,
-                 concurrency: int | None = None) -> None:
+                 concurrency: int | None = None, pools: "Pools | None" = None) -> None:
         if len(wf_arrivals) != len(workload.workflows):
             raise ValueError("one arrival time per workflow is needed")
         self.workload = workload
@@ -172,6 +179,15 @@ class Simulator:
                                     workload.seg_tokens, workload.seg_parent))
             for i in range(config.replicas)
         ]
+        #: Per replica: has this segment ever been on its GPU tier? (a recompute of a segment it
+        #: held is eviction-caused; of one it never held, routing-caused)
+        self.held = np.zeros((config.replicas, len(workload.seg_tokens)), dtype=bool)
+        #: Model pools (multi-model workflows): a call is served by the replicas of its agent's
+        #: pool. None: one pool of every replica.
+        self.pools = pools
+        if pools is not None:
+            pools.check(workload, config.replicas)
+            self._pool_reps = [[self.replicas[i] for i in reps] for reps in pools.replicas]
         self.now = 0.0
         n = workload.n_calls
         self.requests: list[Request | None] = [None] * n
@@ -198,6 +214,26 @@ class Simulator:
         self.counters: dict[str, int] = {"admission_evictions": 0, "decode_evictions": 0,
                                          "max_waiting": 0}
         policy.bind(self)
+
+    # --- model pools --------------------------------------------------------------------------
+    def candidates(self, req: Request) -> list[Replica]:
+        """The replicas that may serve ``req`` (its agent's model pool; all without pools)."""
+        if self.pools is None:
+            return self.replicas
+        return self._pool_reps[self.pools.pool_of_call[req.idx]]
+
+    def home_key(self, req: Request) -> object:
+        """Key of a session's home replica for a router: the workflow, per model pool."""
+        if self.pools is None:
+            return req.wf
+        return (req.wf, int(self.pools.pool_of_call[req.idx]))
+
+    def pool_queue_depths(self) -> dict[str, int] | None:
+        """Waiting calls per model pool (the idle-downstream term's input); None without pools."""
+        if self.pools is None:
+            return None
+        return {name: sum(len(r.waiting) for r in reps)
+                for name, reps in zip(self.pools.names, self._pool_reps)}
 
     # --- event plumbing -----------------------------------------------------------------------
     def _push(self, t: float, kind: int, payload: object) -> None:
@@ -275,10 +311,19 @@ class Simulator:
         r = self.policy.router.route(req)
         req.replica = r
         rep = self.replicas[r]
-        rep.waiting.append(req)
+        self._enqueue(rep, req)
         if len(rep.waiting) > self.counters["max_waiting"]:
             self.counters["max_waiting"] = len(rep.waiting)
         return rep
+
+    def _enqueue(self, rep: Replica, req: Request) -> None:
+        """Queue ``req`` on ``rep``: at its place when the scheduler's order is static (the queue
+        stays sorted, ties after equals as a stable sort leaves them), else at the end."""
+        sched = self.policy.scheduler
+        if sched.static_order:
+            bisect.insort_right(rep.waiting, req, key=sched.queue_key)
+        else:
+            rep.waiting.append(req)
 
     # --- a scheduling round -------------------------------------------------------------------
     def _evict(self, rep: Replica, need: int) -> int:
@@ -316,6 +361,8 @@ class Simulator:
         # (or, for a call swapped out by a preemption, loaded back from its swap copy)
         missing = 0
         recomputed = 0
+        evict_rc = 0
+        held = self.held[rep.idx]
         host_left = host_tok
         tok = self.workload.seg_tokens
         swapped = req.swapped
@@ -327,8 +374,11 @@ class Simulator:
                 missing += tok[s]
                 if self.seg_computed[s]:
                     recomputed += tok[s]
+                    if held[s]:
+                        evict_rc += tok[s]
                 self.seg_computed[s] = True
             cache.insert_gpu(s, now)
+            held[s] = True
         cache.lock_path(path[n_gpu:], now)
         req.locked = tuple(path)
         own = call.own_prompt_tokens + req.decoded
@@ -341,6 +391,8 @@ class Simulator:
         else:
             prefill = missing + own
         recomputed += req.recompute_own
+        req.recomputed_preempt += req.recompute_own
+        req.recomputed_evict += evict_rc
         req.recompute_own = 0
         req.private = own
         rep.private += own
@@ -348,7 +400,12 @@ class Simulator:
         req.prefill_left = req.prefill_total
         req.missing_path = missing
         ctx = call.input_tokens + req.decoded
-        req.prefill_rate = self.step.a + self.step.a_ctx * ctx / req.prefill_total
+        # Per computed token: GEMMs (a), plus the context's KV read once per call (a_ctx, spread
+        # over its chunks). A fitted model's context term is not charged when the whole path is a
+        # cache hit (only the call's own tokens are computed): the fit's calls were not hits.
+        st = self.step
+        ctx_cost = st.a_ctx * ctx if (missing > 0 or st.a_attn > 0) else 0.0
+        req.prefill_rate = st.a + ctx_cost / req.prefill_total
         if req.preempts == 0:     # hit ratios describe each call's first admission
             req.gpu_hit = gpu_tok
             req.host_hit = host_tok
@@ -390,14 +447,15 @@ class Simulator:
         req.t_enqueue = self.now
         self.preemptions += 1
         rep.running.remove(req)
-        rep.waiting.append(req)
+        self._enqueue(rep, req)
         self.policy.hook("on_preempt", req)
 
     def _admit(self, rep: Replica) -> None:
         if not rep.waiting:
             return
         sched = self.policy.scheduler
-        rep.waiting.sort(key=sched.queue_key)
+        if len(rep.waiting) > 1 and not sched.static_order:
+            rep.waiting.sort(key=sched.sort_key())
         cfg = self.config
         chunk = cfg.chunked_prefill_size
         backlog = sum(q.prefill_left for q in rep.running if q.state != DONE)
@@ -419,8 +477,8 @@ class Simulator:
                     if self._try_admit(rep, req, reserve):
                         ok = True
                         break
-                if victims:
-                    rep.waiting.sort(key=sched.queue_key)
+                if victims and not sched.static_order:
+                    rep.waiting.sort(key=sched.sort_key())
             if not ok:
                 break
             rep.waiting.remove(req)   # the head, unless preemptions re-sorted the queue
@@ -494,14 +552,21 @@ class Simulator:
             else:
                 decoders.append(q)
         kv = sum(q.call.input_tokens + q.decoded for q in decoders)
+        b = len(decoders)
         if prefill:
+            # one iteration: weights once (prefill_t0), the chunks, one token per decoder. The
+            # decoders' fixed cost t0 is not added again: the weights are read once per iteration
+            # (adding it counted the prefill stall twice).
             k = 1
-            dt = sum(take * q.prefill_rate for q, take in prefill)
-            if decoders:
-                dt += step.t0 + step.c * kv
+            dt = step.prefill_t0 + step.e * b + step.c * kv
+            if step.a_attn > 0:
+                for q, take in prefill:
+                    pos = q.call.input_tokens + q.decoded - q.prefill_left
+                    dt += take * q.prefill_rate + step.a_attn * take * (pos + take / 2)
+            else:
+                dt += sum(take * q.prefill_rate for q, take in prefill)
         else:
-            b = len(decoders)
-            dt = k * (step.t0 + step.c * kv) + step.c * b * k * (k - 1) / 2
+            dt = k * (step.t0 + step.e * b + step.c * kv) + step.c * b * k * (k - 1) / 2
         rep.plan = (prefill, decoders, k, dt, kv)
         rep.stepping = True
         rep.plan_id += 1
@@ -520,7 +585,7 @@ class Simulator:
             return
         step = self.step
         b = len(decoders)
-        dt0 = step.t0 + step.c * kv
+        dt0 = step.t0 + step.e * b + step.c * kv
         growth = step.c * b
         done = _steps_within(self.now - rep.plan_start, dt0, growth)
         m = min(k, done + 1)   # the iteration in progress completes
@@ -571,6 +636,7 @@ class Simulator:
         call = req.call
         cache.insert_gpu(call.own_seg, now)
         self.seg_computed[call.own_seg] = True
+        self.held[rep.idx, call.own_seg] = True
         req.state = DONE
         req.t_finish = now
         self.finish_t[req.idx] = now

@@ -3,7 +3,9 @@
 ======================  ===================================================================
 key                     meaning
 ======================  ===================================================================
-avg_jct_s, p95_jct_s    job completion time: last call's finish − workflow arrival
+avg_jct_s, p95_jct_s    job completion time: last call's finish − workflow arrival, over the
+                        measured window (warm-up and tail left out)
+settling                mean JCT of the window's 2nd half ÷ its 1st half (≈ 1: settled)
 throughput_tok_s        output tokens per second over the makespan
 workflows_per_min       completed workflows per minute over the makespan
 avg_ttft_s, p95_ttft_s  first token − issue, per call (queueing + host load + prefill)
@@ -12,7 +14,11 @@ host_hit_ratio          prompt tokens loaded back from the host tier / all promp
 reuse_hit_ratio         (GPU + host hits) / prompt tokens a cache could have served at all
 prefill_tokens          prompt tokens computed (misses, recomputes, the first-time tokens)
 recomputed_prefill_tokens  tokens computed again: evicted, on another replica, or preempted
-recompute_vs_belady     recomputed / recomputed of the ``belady`` run (when it ran)
+eviction_/routing_/preemption_recomputed_tokens  recompute by cause: a segment this replica
+                        held and evicted / one computed on another replica / a preempted call's
+recompute_vs_belady     baselines: recomputed ÷ that of ``belady``; ours and its variants:
+                        eviction-caused recompute ÷ that of ``ours-belady`` (same routing and
+                        scheduling, Bélády eviction); ``recompute_reference`` says which
 preemptions             running calls preempted because KV ran out (or by priority)
 gpu_idle_s, gpu_idle_share  replica-seconds with nothing to run over the makespan
 ======================  ===================================================================
@@ -24,11 +30,22 @@ import numpy as np
 from simulator.engine import SimResult
 
 
-def summarize(res: SimResult) -> dict:
+def summarize(res: SimResult, measured: np.ndarray | None = None) -> dict:
+    """Figures of a run. With ``measured`` (a mask over workflows: the measured window), the JCT
+    and TTFT figures cover those workflows only; ``settling`` is the mean JCT of the window's
+    second half over its first half, by arrival (≈ 1 when the load settled; > 1.2 means a
+    backlog still grows and the figures depend on the run length)."""
     wl = res.workload
     reqs = res.requests
-    jct = res.wf_finish - res.wf_arrival
-    ttft = np.array([r.t_first - r.t_issue for r in reqs])
+    all_jct = res.wf_finish - res.wf_arrival
+    mask = np.ones(len(all_jct), bool) if measured is None else np.asarray(measured, bool)
+    jct = all_jct[mask]
+    in_window = mask[[r.wf for r in reqs]]
+    ttft = np.array([r.t_first - r.t_issue for r, m in zip(reqs, in_window) if m])
+    order = np.argsort(res.wf_arrival[mask], kind="stable")
+    half = len(order) // 2
+    settling = (float(jct[order[half:]].mean() / max(jct[order[:half]].mean(), 1e-9))
+                if half >= 2 else float("nan"))
     inp = sum(r.call.input_tokens for r in reqs)
     out = sum(r.call.output_tokens for r in reqs)
     reusable = sum(wl.path_tokens(r.call) for r in reqs)
@@ -49,11 +66,17 @@ def summarize(res: SimResult) -> dict:
         "reuse_hit_ratio": float((gpu_hit + host_hit) / max(reusable, 1)),
         "prefill_tokens": int(sum(r.computed for r in reqs)),
         "recomputed_prefill_tokens": int(sum(r.recomputed for r in reqs)),
+        "eviction_recomputed_tokens": int(sum(r.recomputed_evict for r in reqs)),
+        "preemption_recomputed_tokens": int(sum(r.recomputed_preempt for r in reqs)),
+        "routing_recomputed_tokens": int(sum(r.recomputed - r.recomputed_evict - r.recomputed_preempt
+                                             for r in reqs)),
         "preemptions": int(res.preemptions),
         "gpu_idle_s": float(idle),
         "gpu_idle_share": float(idle / (span * len(res.replica_busy_s))),
         "makespan_s": float(res.makespan_s),
-        "workflows": int(len(jct)),
+        "workflows": int(len(all_jct)),
+        "measured_workflows": int(len(jct)),
+        "settling": settling,
         "calls": int(len(reqs)),
         "host_loaded_tokens": int(res.host_loaded_tokens),
         "events": int(res.events),
@@ -61,12 +84,30 @@ def summarize(res: SimResult) -> dict:
 
 
 def add_belady_ratio(rows: dict[str, dict], reference: str = "belady",
-                     key: str = "recompute_vs_belady") -> None:
-    """Set ``key`` (recomputed tokens ÷ those of the ``reference`` row) on every row, in place."""
+                     key: str = "recompute_vs_belady",
+                     tokens: str = "recomputed_prefill_tokens") -> None:
+    """Set ``key`` (``tokens`` ÷ those of the ``reference`` row) on every row, in place."""
     ref = rows.get(reference)
     if ref is None:
         return
-    base = ref["recomputed_prefill_tokens"]
+    base = ref[tokens]
     for row in rows.values():
-        r = row["recomputed_prefill_tokens"]
+        r = row[tokens]
         row[key] = float(r / base) if base > 0 else (1.0 if r == 0 else float("inf"))
+        row["recompute_reference"] = f"{reference} ({tokens})"
+
+
+def add_recompute_ratios(rows: dict[str, dict]) -> None:
+    """The recompute ratio of each row against the Bélády run that shares its routing and
+    scheduling: ours and its variants against ``ours-belady`` on **eviction-caused** recompute
+    (what an eviction order can change; a session moved by the router or a preempted call is
+    recomputed whatever the eviction), the baselines against ``belady`` (session affinity, FCFS)
+    on all recompute. Both ratios are kept under their own keys as well."""
+    add_belady_ratio(rows, "belady")
+    ours = {n: row for n, row in rows.items() if n.startswith("ours")}
+    add_belady_ratio(ours, "ours-belady", "recompute_vs_ours_belady")
+    add_belady_ratio(ours, "ours-belady", "eviction_recompute_vs_ours_belady",
+                     "eviction_recomputed_tokens")
+    if "ours-belady" in rows:
+        for row in ours.values():
+            row["recompute_vs_belady"] = row["eviction_recompute_vs_ours_belady"]

@@ -32,16 +32,17 @@ prefetch            ``PrefetchPolicy`` (alg. 1)           a plan per call; when 
 ==================  ====================================  ========================================
 
 Each part can be switched off for an ablation (:func:`build_ours`); the part then falls back to
-what ``sglang-default`` does (FCFS, round robin, LRU, no prefetch). ``ours-sticky`` replaces only
+what ``sglang-rr`` does (FCFS, round robin, LRU, no prefetch). ``ours-sticky`` replaces only
 the capacity router by the session-affinity router the cache-centric baselines use, and
-``ours-belady`` only the eviction order by Bélády's MIN (the bound for our keep/drop).
+``ours-belady`` only the eviction order by Bélády's MIN (the reference for our keep/drop: same routing and scheduling).
 ``ours-call-aging`` and ``ours-p99`` put back the earlier rules (aging from each call's enqueue
 time at 0.05 /s; one fixed p99.5 bound per request) to measure what the current ones buy.
 
-The idle-downstream term of alg. 3 needs a model other than the one serving the call: the
-simulated cluster serves every agent with one model, whose own queue is the one being ordered,
-so that term is inactive here (``score_view`` gets no queue depths; the term would add the same
-constant to every call but the last of each workflow, against shortest-remaining-work-first).
+The idle-downstream term of alg. 3 needs a model other than the one serving the call: with
+model pools (:mod:`simulator.pools`, e.g. ``--scenario pythia-like``) ``score_view`` gets each
+pool's queue depth and the agent → pool map; with one model there is no other queue that could
+idle and the term is inactive. ``ours-seconds`` ranks by expected remaining *seconds* instead of
+calls, ``ours-seconds-p90`` by the 0.9 quantile of it (``PriorityPolicy.remaining_unit``).
 """
 from __future__ import annotations
 
@@ -146,7 +147,7 @@ class CapacityRouter(Router):
         self.policy = policy or CapacityPolicy()
         self.risk_split = risk_split
         self.drain_window_s = drain_window_s
-        self.home: dict[int, int] = {}
+        self.home: dict[object, int] = {}
         self.active: list[dict[int, ActiveRequest]] = []
         self.counts = {"decisions": 0, "fallbacks": 0, "affinity": 0, "moved": 0}
 
@@ -170,14 +171,16 @@ class CapacityRouter(Router):
     def route(self, req: Request) -> int:
         sim = self.sim
         cap = sim.config.kv_capacity_tokens
-        states = [ReplicaState(str(i), cap, tuple(act.values()), drain_tokens_per_s=self.drain(i))
-                  for i, act in enumerate(self.active)]
+        states = [ReplicaState(str(rep.idx), cap, tuple(self.active[rep.idx].values()),
+                               drain_tokens_per_s=self.drain(rep.idx))
+                  for rep in sim.candidates(req)]
         view = self.feed.view(req)
         hi = self.feed.upper_bound(req)
         table = self.feed.bound_table(req) if self.risk_split else ()
         alpha = self.alpha if view.known else None
         exp_out = self.feed.expected_out(req)
-        home = self.home.get(req.wf)
+        key = sim.home_key(req)
+        home = self.home.get(key)
         placement = self.policy.choose(
             states, req.call.input_tokens, hi, alpha=alpha, expected_out=exp_out,
             last_replica=None if home is None else str(home), upper_bounds=table)
@@ -186,7 +189,7 @@ class CapacityRouter(Router):
         self.counts["fallbacks"] += placement.fallback
         self.counts["affinity"] += placement.affinity
         self.counts["moved"] += home is not None and r != home
-        self.home[req.wf] = r
+        self.home[key] = r
         self.active[r][req.idx] = ActiveRequest(
             req.call.request_id, req.call.input_tokens, hi,
             self.policy.default_alpha if alpha is None else alpha, str(req.wf),
@@ -232,13 +235,15 @@ class PriorityScheduler(Scheduler):
     def on_issue(self, req: Request) -> None:
         view = self.feed.view(req)
         pol = self.policy
-        # no queue depths: the only model is the one this queue serves, so no *other* model
-        # may idle (module doc)
+        # idle-downstream term: the queue depths of the model pools (multi-model scenarios;
+        # with one model there is no other queue that could idle)
+        depth = self.sim.pool_queue_depths()
+        agent_model = self.sim.pools.agent_pool if depth is not None else None
         if not self.workflow_level:
-            self.base[req.idx] = pol.score_view(view)
+            self.base[req.idx] = pol.score_view(view, depth, agent_model)
             return
         if view.known:
-            self._wf_base[req.wf] = pol.score_view(view)
+            self._wf_base[req.wf] = pol.score_view(view, depth, agent_model)
         base = self._wf_base.get(req.wf, pol.unknown_score)
         age = self.sim.now - float(self.sim.wf_arrival[req.wf])
         self.session[req.wf] = (pol.session_score(base, age), self.sim.now)
@@ -253,6 +258,23 @@ class PriorityScheduler(Scheduler):
 
     def queue_key(self, req: Request) -> tuple:
         return (-self.priority(req), req.t_enqueue, req.idx)
+
+    def sort_key(self):
+        """``queue_key`` with the policy's arithmetic inlined (``to_sglang(aged(score, t, now))``
+        for the workflow-level rule): the same order, a fraction of the calls."""
+        pol = self.policy
+        if not self.workflow_level or type(pol).to_sglang is not PriorityPolicy.to_sglang \
+                or type(pol).aged is not PriorityPolicy.aged:
+            return self.queue_key
+        now, aging, scale, session = self.sim.now, pol.aging_per_s, pol.scale, self.session
+        lim = 2 ** 62
+
+        def key(req: Request) -> tuple:
+            score, t = session[req.wf]
+            v = int(round((score + aging * max(0.0, now - t)) * scale))
+            return (-max(-lim, min(lim, v)), req.t_enqueue, req.idx)
+
+        return key
 
     def may_preempt(self, waiting: Request, running: Request) -> bool:
         return self.priority(waiting) - self.priority(running) > (self.preemption_threshold or 0)
@@ -399,6 +421,10 @@ OURS_VARIANTS: dict[str, dict[str, Any]] = {
     "ours-no-keepdrop": {"keep_drop": False},
     "ours-no-prefetch": {"prefetch": False},
     "ours-belady": {"belady_eviction": True},
+    "ours-seconds": {"priority_policy": PriorityPolicy(remaining_unit="seconds")},
+    "ours-no-idle": {"priority_policy": PriorityPolicy(w2=0.0)},
+    "ours-seconds-p90": {"priority_policy": PriorityPolicy(remaining_unit="seconds",
+                                                           remaining_quantile=0.9)},
 }
 
 

@@ -52,9 +52,17 @@ class Scheduler(Part):
     slot_preemption: bool = False
     #: Do priority preemptions swap the victim's KV to the host tier instead of dropping it?
     swap_on_preempt: bool = False
+    #: Is a call's ``queue_key`` fixed once it is queued? Then the engine keeps each queue sorted
+    #: by insertion (one key per call) instead of sorting it at every admission round.
+    static_order: bool = False
 
     def queue_key(self, req: "Request") -> Any:  # pragma: no cover - interface
         raise NotImplementedError
+
+    def sort_key(self) -> Any:
+        """The key function a queue is sorted with now (default: ``queue_key``); a scheduler
+        may return a faster closure that gives the same order."""
+        return self.queue_key
 
     def preempt_rank(self, req: "Request") -> Any:
         """Coarse class compared for priority preemption (default: the queue key itself)."""

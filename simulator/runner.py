@@ -42,7 +42,7 @@ import numpy as np
 from simulator.baselines import BASELINES
 from simulator.config import ClusterConfig
 from simulator.engine import SimResult, Simulator
-from simulator.metrics import add_belady_ratio, summarize
+from simulator.metrics import add_recompute_ratios, summarize
 from simulator.ours import OURS_VARIANTS, OursOptions, build_ours, ours_stats
 from simulator.policy import Policy
 from simulator.sources import BUILTIN, Source, fit_train_profile, generated, load_logs, make_predictor
@@ -50,9 +50,10 @@ from simulator.workload import Call, Workload, replicate_records, workload_from_
 
 LOAD_LEVELS: dict[str, float] = {"low": 0.5, "medium": 1.0, "peak": 1.5}
 #: Policies of the main table, in display order.
-MAIN_POLICIES = ("sglang-default", "least-load", "autellix-plas", "continuum-ttl",
-                 "mori-idleness", "belady", "oracle-srpt", "ours")
-ABLATION_POLICIES = tuple(n for n in OURS_VARIANTS if n != "ours")
+MAIN_POLICIES = ("sglang-default", "sglang-rr", "least-load", "autellix-plas", "continuum-ttl",
+                 "mori-idleness", "saga", "astraea", "belady", "oracle-srpt", "ours",
+                 "ours-belady")
+ABLATION_POLICIES = tuple(n for n in OURS_VARIANTS if n not in MAIN_POLICIES)
 ALL_POLICIES = MAIN_POLICIES + ABLATION_POLICIES
 
 
@@ -91,6 +92,9 @@ class Prepared:
     profile: Any
     seed: int
     notes: list[str] = field(default_factory=list)
+    #: Model pools of a multi-model scenario (None: one pool of every replica).
+    pools: Any = None
+    scenario: Any = None
 
 
 def prepare(workload: str, n_workflows: int | None = None, seed: int = 0,
@@ -99,8 +103,9 @@ def prepare(workload: str, n_workflows: int | None = None, seed: int = 0,
             max_load: float = 1.0) -> Prepared:
     """Load or generate the workload, split it, fit (or load) the profile on the train side.
 
-    Without ``n_workflows``, the replay gets ``max(100, 2 × max_load × C_kv)`` workflows (sized
-    on the train side): twice the highest load's population;
+    Without ``n_workflows``, the replay gets ``max(100, 3 × max_load × C_kv)`` workflows (sized
+    on the train side): three times the highest load's population (warm-up, measured window,
+    tail);
     a log test split is resampled to that many sessions (each copy its own session).
     """
     cfg = cfg or ClusterConfig()
@@ -113,7 +118,7 @@ def prepare(workload: str, n_workflows: int | None = None, seed: int = 0,
         src = load_logs([workload], train=train_share, seed=seed, progress=progress)
     if n_workflows is None:
         c_kv, _ = saturating_concurrency(src.train or src.test, cfg)
-        n_workflows = max(100, int(math.ceil(2 * max_load * c_kv)))
+        n_workflows = max(100, int(math.ceil(3 * max_load * c_kv)))
     if src.generated:
         src.test = generated(workload, n_train=0, n_test=n_workflows, seed=seed).test
         test = src.test
@@ -162,7 +167,8 @@ def critical_path_jct(wl: Workload, cfg: ClusterConfig, kv_read: float | None = 
         start = max((finish[p] for p in c.parents), default=0.0) + (c.gap_s if c.parents else 0.0)
         new = c.input_tokens - wl.path_tokens(c)
         k = c.input_tokens + c.output_tokens / 2 if kv_read is None else kv_read
-        dur = st.a * new + st.a_ctx * c.input_tokens + c.output_tokens * st.decode_step(k)
+        dur = (st.prefill_t0 + st.a * new + st.a_ctx * c.input_tokens
+               + st.a_attn * new * (c.input_tokens - new / 2) + c.output_tokens * st.decode_step(k))
         finish[c.idx] = start + dur
     out = np.zeros(len(wl.workflows))
     for wf in wl.workflows:
@@ -177,12 +183,41 @@ def saturating_concurrency(records: Sequence[dict], cfg: ClusterConfig) -> tuple
     return c_kv, prof
 
 
+def gamma_gaps(n: int, rate: float, cv: float, seed: int) -> np.ndarray:
+    """``n`` inter-arrival gaps of mean ``1/rate`` and coefficient of variation ``cv``: gamma with
+    shape ``1/cv²`` and scale ``cv²/rate``. ``cv = 0`` is a fixed spacing, ``1`` Poisson, ``4``
+    bursts (most gaps near 0, a few very long: the same mean rate arrives in clumps)."""
+    if cv < 0:
+        raise ValueError(f"--cv {cv}: a coefficient of variation is ≥ 0")
+    if cv == 0:
+        return np.full(n, 1.0 / rate)
+    return np.random.default_rng([seed, 41]).gamma(1.0 / cv ** 2, cv ** 2 / rate, size=n)
+
+
+def measured_mask(arrival: np.ndarray, mode: str, concurrency: int | None, warmup: float,
+                  tail: float) -> np.ndarray:
+    """Workflows whose figures are reported: by arrival rank, the first ``warmup`` share is the
+    warm-up (the system fills) and the last ``tail`` share only keeps the load on (in a closed
+    population, at least the last ``concurrency`` too: while they run the population shrinks)."""
+    n = len(arrival)
+    rank = np.empty(n, dtype=np.int64)
+    rank[np.argsort(arrival, kind="stable")] = np.arange(n)
+    lo = int(math.floor(warmup * n))
+    hi = n - int(math.ceil(tail * n))
+    if mode == "closed" and concurrency:
+        lo, hi = max(lo, min(concurrency, n // 3)), min(hi, n - min(concurrency, n // 3))
+    if hi - lo < max(3, n // 10):        # too few workflows for a window: measure them all
+        return np.ones(n, dtype=bool)
+    return (rank >= lo) & (rank < hi)
+
+
 def arrival_times(wl: Workload, rate: float, seed: int, mode: str = "poisson",
                   recorded_starts: Sequence[float] | None = None, concurrency: int = 0,
-                  span_s: float = 0.0) -> np.ndarray:
+                  span_s: float = 0.0, cv: float = 1.0) -> np.ndarray:
     """Workflow arrival times (s): ``closed`` (the first ``concurrency`` spread over ``span_s``;
-    the others arrive when earlier ones finish), Poisson at ``rate`` workflows/s, or the recorded
-    spacing at that mean rate."""
+    the others arrive when earlier ones finish), Poisson at ``rate`` workflows/s, ``gamma``
+    inter-arrivals of mean ``1/rate`` and coefficient of variation ``cv`` (:func:`gamma_gaps`),
+    or the recorded spacing at that mean rate."""
     n = len(wl.workflows)
     if mode == "closed":
         t = np.sort(np.random.default_rng([seed, 37]).uniform(0.0, max(span_s, 0.0), size=n))
@@ -190,6 +225,9 @@ def arrival_times(wl: Workload, rate: float, seed: int, mode: str = "poisson",
         return t
     if mode == "poisson":
         gaps = np.random.default_rng([seed, 29]).exponential(1.0 / rate, size=n)
+        return np.cumsum(gaps) - gaps[0]
+    if mode == "gamma":
+        gaps = gamma_gaps(n, rate, cv, seed)
         return np.cumsum(gaps) - gaps[0]
     if mode == "trace":
         starts = np.sort(np.asarray(recorded_starts if recorded_starts is not None else [], float))
@@ -199,7 +237,7 @@ def arrival_times(wl: Workload, rate: float, seed: int, mode: str = "poisson",
         gaps = np.resize(gaps, max(n - 1, 0))
         gaps = gaps * ((1.0 / rate) / max(gaps.mean(), 1e-9)) if len(gaps) else gaps
         return np.concatenate([[0.0], np.cumsum(gaps)])
-    raise ValueError(f"--arrivals {mode!r}: use closed, poisson or trace")
+    raise ValueError(f"--arrivals {mode!r}: use closed, poisson, gamma or trace")
 
 
 def gap_function(wl: Workload, profile: Any, mode: str, seed: int) -> Callable[[Call], float] | None:
@@ -246,12 +284,15 @@ def make_policy(name: str, prep: Prepared, ours: OursOptions | None = None) -> P
 
 def simulate(prep: Prepared, name: str, cfg: ClusterConfig, arrivals: np.ndarray,
              gap_fn: Callable[[Call], float] | None = None,
-             ours: OursOptions | None = None, concurrency: int | None = None) -> tuple[SimResult, dict]:
-    """Run one policy; returns the raw result and its metrics (plus our parts' counters)."""
+             ours: OursOptions | None = None, concurrency: int | None = None,
+             window: tuple[float, float] = (0.0, 0.0), mode: str = "poisson") -> tuple[SimResult, dict]:
+    """Run one policy; returns the raw result and its metrics (plus our parts' counters), the
+    JCT and TTFT figures over the measured window (``window`` = warm-up and tail shares)."""
     policy = make_policy(name, prep, ours)
     t0 = time.perf_counter()
-    res = Simulator(prep.workload, policy, cfg, arrivals, gap_fn, concurrency).run()
-    row = summarize(res)
+    res = Simulator(prep.workload, policy, cfg, arrivals, gap_fn, concurrency, prep.pools).run()
+    mask = measured_mask(res.wf_arrival, mode, concurrency, *window)
+    row = summarize(res, mask)
     row["wall_s"] = round(time.perf_counter() - t0, 3)
     row.update(ours_stats(policy))
     return res, row
@@ -260,11 +301,14 @@ def simulate(prep: Prepared, name: str, cfg: ClusterConfig, arrivals: np.ndarray
 def compare(prep: Prepared, policies: Sequence[str], loads: Sequence[str], cfg: ClusterConfig,
             arrivals_mode: str = "poisson", gaps_mode: str = "recorded",
             on_result: Callable[[str, str, dict], None] | None = None,
-            ours: OursOptions | None = None, arrival_seed: int | None = None) -> dict:
+            ours: OursOptions | None = None, arrival_seed: int | None = None,
+            cv: float = 1.0, warmup: float = 0.2, tail: float = 0.2) -> dict:
     """Every policy at every load on the same workload, arrivals and gaps; a JSON-able dict.
 
     ``arrival_seed`` (default: the workload's seed) draws another arrival sequence of the same
-    workflows at the same rates (a robustness check of a comparison)."""
+    workflows at the same rates (a robustness check of a comparison). ``cv``: coefficient of
+    variation of ``gamma`` inter-arrivals. JCT figures cover the measured window only
+    (:func:`measured_mask`: ``warmup`` and ``tail`` shares of the arrivals left out)."""
     a_seed = prep.seed if arrival_seed is None else int(arrival_seed)
     wl = prep.workload
     recorded = _recorded_starts(prep)
@@ -277,27 +321,41 @@ def compare(prep: Prepared, policies: Sequence[str], loads: Sequence[str], cfg: 
         "workload": prep.name, "workload_summary": wl.summary(), "config": cfg.to_dict(),
         "saturating_sessions": c_kv, "session": sess, "profile_version": prep.profile.version,
         "arrivals": arrivals_mode, "gaps": gaps_mode, "seed": prep.seed, "arrival_seed": a_seed,
+        "cv": cv if arrivals_mode == "gamma" else (1.0 if arrivals_mode == "poisson" else None),
+        "window": {"warmup": warmup, "tail": tail},
         "notes": prep.notes,
         "loads": {},
     }
+    if prep.scenario is not None:
+        out["scenario"] = prep.scenario.to_dict()
+    if arrivals_mode == "burst":
+        loads = ["burst"]
+        warmup = tail = 0.0            # the burst is the load: every workflow is measured
     for level in loads:
-        share = parse_load(level)
-        sessions = max(1, int(round(share * c_kv)))
-        rate = share * c_kv / t_sat
-        arr = arrival_times(wl, rate, a_seed, arrivals_mode, recorded, sessions, t_sat)
+        if arrivals_mode == "burst":
+            sc = prep.scenario
+            span = sc.burst_s if sc is not None else t_sat
+            sessions = len(wl.workflows)
+            share = sessions / c_kv
+            rate = sessions / max(span, 1e-9)
+            arr = np.sort(np.random.default_rng([a_seed, 43]).uniform(0.0, span, size=sessions))
+        else:
+            share = parse_load(level)
+            sessions = max(1, int(round(share * c_kv)))
+            rate = share * c_kv / t_sat
+            arr = arrival_times(wl, rate, a_seed, arrivals_mode, recorded, sessions, t_sat, cv)
         closed = sessions if arrivals_mode == "closed" else None
         if sessions * 1.5 > len(wl.workflows):
             prep.notes.append(f"load {level}: {sessions} sessions for {len(wl.workflows)} workflows; "
-                              "give --workflows ≥ 2× the sessions")
+                              "give --workflows ≥ 3× the sessions")
         rows: dict[str, dict] = {}
         for name in policies:
-            _, row = simulate(prep, name, cfg, arr, gap_fn, ours, closed)
+            _, row = simulate(prep, name, cfg, arr, gap_fn, ours, closed, (warmup, tail),
+                              arrivals_mode)
             rows[name] = row
             if on_result is not None:
                 on_result(level, name, row)
-        add_belady_ratio(rows, "belady")
-        add_belady_ratio({n: row for n, row in rows.items() if n.startswith("ours")}, "ours-belady",
-                         "recompute_vs_ours_belady")
+        add_recompute_ratios(rows)
         out["loads"][level] = {"load_share": share, "sessions": sessions, "rate_wf_per_s": rate,
                                "policies": rows}
     return out
@@ -311,3 +369,49 @@ def _recorded_starts(prep: Prepared) -> list[float]:
         if wf not in first or t < first[wf]:
             first[wf] = t
     return sorted(first.values())
+
+
+def compare_seeds(prep: Prepared, policies: Sequence[str], loads: Sequence[str], cfg: ClusterConfig,
+                  seeds: Sequence[int], base: str = "sglang-default", **kw: Any) -> dict:
+    """:func:`compare` once per arrival seed; the first seed's result, plus ``seeds``: per load
+    and policy the avg/P95 JCT of every seed, their mean and standard deviation, and the ratio
+    ``avg JCT(base) / avg JCT(policy)`` per seed (mean, min, max): the spread of a comparison."""
+    runs = [compare(prep, policies, loads, cfg, arrival_seed=s, **kw) for s in seeds]
+    out = runs[0]
+    agg: dict[str, dict] = {}
+    for level in out["loads"]:
+        per: dict[str, dict] = {}
+        for name in out["loads"][level]["policies"]:
+            avg = [r["loads"][level]["policies"][name]["avg_jct_s"] for r in runs]
+            p95 = [r["loads"][level]["policies"][name]["p95_jct_s"] for r in runs]
+            settle = [r["loads"][level]["policies"][name]["settling"] for r in runs]
+            row = {"avg_jct_s": avg, "p95_jct_s": p95, "settling": settle,
+                   "avg_jct_mean": float(np.mean(avg)), "avg_jct_std": float(np.std(avg, ddof=1)) if len(avg) > 1 else 0.0,
+                   "p95_jct_mean": float(np.mean(p95))}
+            if base in out["loads"][level]["policies"]:
+                ratio = [r["loads"][level]["policies"][base]["avg_jct_s"] / max(a, 1e-9)
+                         for r, a in zip(runs, avg)]
+                row.update({f"ratio_vs_{base}": ratio, "ratio_mean": float(np.mean(ratio)),
+                            "ratio_min": float(np.min(ratio)), "ratio_max": float(np.max(ratio))})
+            per[name] = row
+        agg[level] = per
+    out["seeds"] = {"seeds": list(seeds), "base": base, "loads": agg}
+    return out
+
+
+def prepare_scenario(name: str, seed: int = 0, n_train: int = 400,
+                     profile_dir: str | Path | None = None,
+                     replicas: int | None = None) -> tuple[Prepared, ClusterConfig]:
+    """The workload, cluster and pools of a named scenario (:mod:`simulator.scenarios`)."""
+    from simulator.config import hardware_config
+    from simulator.pools import build_pools
+    from simulator.scenarios import get_scenario
+
+    sc = get_scenario(name)
+    cfg = hardware_config(sc.gpu, sc.model, sc.tp, replicas=sc.replicas,
+                          kv_capacity_tokens=sc.kv_capacity_tokens, host_ratio=sc.host_ratio)
+    prep = prepare(sc.workload, sc.burst_workflows, seed=seed, profile_dir=profile_dir,
+                   n_train=n_train, cfg=cfg)
+    prep.pools = build_pools(prep.workload, sc.pool_replicas, sc.agent_pool)
+    prep.scenario = sc
+    return prep, cfg

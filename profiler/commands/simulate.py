@@ -12,8 +12,11 @@ from profiler.commands.common import console, err_console, fail, print_json
 
 @app.command(no_args_is_help=True)
 def simulate(
-    workload: Annotated[str, typer.Option(
-        help="coding-assistant, deep-research (generated), or a log file/folder (replayed).")],
+    workload: Annotated[Optional[str], typer.Option(
+        help="coding-assistant, deep-research (generated), or a log file/folder (replayed).")] = None,
+    scenario: Annotated[Optional[str], typer.Option(
+        help="A named scenario instead of --workload: pythia-like (multi-model pools, a burst "
+             "of 600 workflows; see docs/simulator.md).")] = None,
     load: Annotated[str, typer.Option(
         help="low, medium, peak: 0.5 / 1.0 / 1.5 × the rate a KV-saturated cluster drains "
              "(see README); a number; or a comma list (e.g. low,medium,peak).")] = "peak",
@@ -37,15 +40,34 @@ def simulate(
              "(default: a temporary folder).")] = None,
     seed: Annotated[int, typer.Option(help="Seed of the split, generation and arrivals.")] = 0,
     arrivals: Annotated[str, typer.Option(
-        help="poisson, trace (recorded spacing), or closed (a fixed population of sessions).")] = "poisson",
+        help="poisson, gamma (bursty: --cv), trace (recorded spacing), closed (a fixed "
+             "population of sessions), or burst (a scenario's burst).")] = "poisson",
+    cv: Annotated[float, typer.Option(
+        help="--arrivals gamma: coefficient of variation of inter-arrivals (0 fixed, 1 Poisson, "
+             "4 bursty).", min=0.0)] = 1.0,
+    warmup: Annotated[float, typer.Option(
+        help="Share of the workflows (by arrival) left out of the figures as warm-up.", min=0.0, max=0.9)] = 0.2,
+    tail: Annotated[float, typer.Option(
+        help="Share of the last arrivals left out (they keep the load on while the window runs).",
+        min=0.0, max=0.9)] = 0.2,
+    seeds: Annotated[Optional[str], typer.Option(
+        help="Comma list of arrival seeds (e.g. 0,1,2): one replay per seed; the JSON's `seeds` "
+             "holds every seed's figures and the spread of the ratio vs sglang-default.")] = None,
     gaps: Annotated[str, typer.Option(
         help="Tool gaps: recorded, or sampled from the profile's tool lognormals.")] = "recorded",
     replicas: Annotated[int, typer.Option(help="Engine replicas.", min=1)] = 4,
-    kv_capacity_tokens: Annotated[int, typer.Option(
-        help="GPU KV capacity per replica, tokens (default: GLM-4.5-FP8 on 8×H100).", min=1000)] = 500_000,
+    gpu: Annotated[str, typer.Option(help="GPU of a replica: h100-sxm or h200 (roofline step model).")] = "h100-sxm",
+    model: Annotated[str, typer.Option(help="Served model: llama-3.1-8b or llama-3.1-70b.")] = "llama-3.1-8b",
+    tp: Annotated[int, typer.Option(help="GPUs per replica (tensor parallel).", min=1)] = 1,
+    step_model: Annotated[str, typer.Option(
+        help="roofline (from --gpu/--model) or glm45-fit (the earlier fit: GLM-4.5-FP8 on 8×H100, "
+             "500k KV tokens).")] = "roofline",
+    kv_capacity_tokens: Annotated[Optional[int], typer.Option(
+        help="GPU KV capacity per replica, tokens (default: from --gpu/--model).", min=1000)] = None,
     host_ratio: Annotated[float, typer.Option(
         help="Host KV tier as a multiple of the GPU tier (SGLang --hicache-ratio default 2).", min=0.0)] = 2.0,
-    pcie_s_per_token: Annotated[float, typer.Option(help="Host↔GPU seconds per KV token.", min=0.0)] = 2.0e-6,
+    pcie_s_per_token: Annotated[Optional[float], typer.Option(
+        help="Host↔GPU seconds per KV token (default: from --gpu/--model).", min=0.0)] = None,
     chunked_prefill_size: Annotated[int, typer.Option(help="Prefill tokens per iteration.", min=64)] = 8192,
     max_running_requests: Annotated[int, typer.Option(help="Running calls per replica.", min=1)] = 256,
     calibrate: Annotated[Optional[Path], typer.Option(
@@ -77,10 +99,11 @@ def simulate(
 
     from serving_hooks.policies import CapacityPolicy, PriorityPolicy
     from simulator.calibration import fit_step_time
-    from simulator.config import ClusterConfig
+    from simulator.config import glm45_fit_config, hardware_config
     from simulator.ours import OursOptions
     from simulator.report import json_view, markdown as to_markdown, plot_jct_vs_load, tables
-    from simulator.runner import compare, parse_load, parse_policies, prepare
+    from simulator.runner import (compare, compare_seeds, parse_load, parse_policies, prepare,
+                                  prepare_scenario)
 
     try:
         names = parse_policies(policies, ablation)
@@ -89,9 +112,18 @@ def simulate(
             parse_load(level)
     except ValueError as exc:
         fail(str(exc))
-    cfg = ClusterConfig(replicas=replicas, kv_capacity_tokens=kv_capacity_tokens, host_ratio=host_ratio,
-                        pcie_s_per_token=pcie_s_per_token, chunked_prefill_size=chunked_prefill_size,
-                        max_running_requests=max_running_requests)
+    knobs = dict(replicas=replicas, kv_capacity_tokens=kv_capacity_tokens, host_ratio=host_ratio,
+                 pcie_s_per_token=pcie_s_per_token, chunked_prefill_size=chunked_prefill_size,
+                 max_running_requests=max_running_requests)
+    try:
+        if step_model == "glm45-fit":
+            cfg = glm45_fit_config(**{k: v for k, v in knobs.items() if v is not None})
+        elif step_model == "roofline":
+            cfg = hardware_config(gpu, model, tp, **knobs)
+        else:
+            raise ValueError(f"--step-model {step_model!r}: use roofline or glm45-fit")
+    except ValueError as exc:
+        fail(str(exc))
     if calibrate is not None:
         from simulator.sources import load_logs
 
@@ -107,11 +139,18 @@ def simulate(
     if ours_aging_per_s is not None:
         ours = replace(ours, priority_policy=PriorityPolicy(aging_per_s=ours_aging_per_s))
 
+    if (workload is None) == (scenario is None):
+        fail("give --workload or --scenario (one of them)")
     with err_console.status("preparing the workload (split, fit the train profile)"):
         try:
-            prep = prepare(workload, workflows, seed=seed, profile_dir=profile,
-                           train_share=train_share, n_train=train_workflows, cfg=cfg,
-                           max_load=max(parse_load(v) for v in levels))
+            if scenario is not None:
+                prep, cfg = prepare_scenario(scenario, seed=seed, n_train=train_workflows,
+                                             profile_dir=profile)
+                arrivals = "burst"
+            else:
+                prep = prepare(workload, workflows, seed=seed, profile_dir=profile,
+                               train_share=train_share, n_train=train_workflows, cfg=cfg,
+                               max_load=max(parse_load(v) for v in levels))
         except ValueError as exc:
             fail(str(exc))
     for note in prep.notes:
@@ -124,8 +163,14 @@ def simulate(
             bar.update(task, advance=1, description=f"{level}: {name} avg JCT {row['avg_jct_s']:.0f}s")
 
         try:
-            result = compare(prep, names, levels, cfg, arrivals_mode=arrivals, gaps_mode=gaps,
-                             on_result=done, ours=ours)
+            kw = dict(arrivals_mode=arrivals, gaps_mode=gaps, on_result=done, ours=ours, cv=cv,
+                      warmup=warmup, tail=tail)
+            if seeds:
+                seed_list = [int(x) for x in seeds.split(",") if x.strip()]
+                bar.update(task, total=len(levels) * len(names) * len(seed_list))
+                result = compare_seeds(prep, names, levels, cfg, seed_list, **kw)
+            else:
+                result = compare(prep, names, levels, cfg, **kw)
         except ValueError as exc:
             fail(str(exc))
     if plot is not None:

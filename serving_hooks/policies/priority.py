@@ -42,12 +42,18 @@ to ``round(scale · score)``.
 A call with no prediction (``known: false``) gets ``unknown_score``: neutral, served as if a
 few calls remained, and aged like every other request.
 
+With ``remaining_unit="seconds"`` the remaining work is the profile's expected remaining
+*seconds* of the workflow (``exp_remaining_s``, LLM and tool time), or a quantile of it, in
+units of ``seconds_per_call`` (same scale as calls against aging); which unit serves better is
+chosen by simulation (``profiler simulate``: ``ours`` vs ``ours-seconds``).
+
 Worked example (``w1 = w2 = 1``, threshold 2): a call with 1 call remaining after it
 (``E[D_remain] = 2``) whose workflow reaches idle model ``verifier`` in 2 calls scores
 ``1/2 + 1/2 = 1.0``; a call with 4 remaining and no idle downstream scores ``1/5 = 0.2``.
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
@@ -81,6 +87,16 @@ class PriorityPolicy:
     aging_per_s: float = 0.001
     unknown_score: float = 0.25
     scale: float = 1000.0
+    #: What ``E[D_remain]`` counts: ``"calls"`` (alg. 3) or ``"seconds"`` — the profile's
+    #: expected remaining seconds of the workflow (LLM and tool time), in units of
+    #: ``seconds_per_call`` so both scores live on the same scale against aging:
+    #: ``w1 / (1 + R_s / seconds_per_call)``.
+    remaining_unit: str = "calls"
+    seconds_per_call: float = 30.0
+    #: Rank by a quantile of the remaining seconds instead of their mean. The profile holds only
+    #: the mean, so the quantile assumes an exponential remaining time: ``R_q = −ln(1 − q)·R``
+    #: (the same order between workflows; it re-weighs the term against aging and idle models).
+    remaining_quantile: float | None = None
 
     def base_score(
         self,
@@ -127,7 +143,13 @@ class PriorityPolicy:
                 model = agent_model.get(agent, agent)
                 by_model[model] = min(d, by_model.get(model, float("inf")))
             distance = by_model
-        return self.base_score(view.exp_remaining_calls, distance, queue_depth, known=view.known)
+        remaining = view.exp_remaining_calls
+        if self.remaining_unit == "seconds" and view.exp_remaining_s is not None:
+            sec = max(0.0, float(view.exp_remaining_s))
+            if self.remaining_quantile is not None:
+                sec *= -math.log(max(1e-9, 1.0 - self.remaining_quantile))
+            remaining = sec / max(self.seconds_per_call, 1e-9)
+        return self.base_score(remaining, distance, queue_depth, known=view.known)
 
     def session_score(self, base: float, session_age_s: float | None) -> float:
         """``base + aging_per_s · session_age_s``: the score of a call issued when its workflow

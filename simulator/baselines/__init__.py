@@ -3,18 +3,25 @@
 =================  ==============================  ==========================  =====================
 name               scheduler                       router                      eviction
 =================  ==============================  ==========================  =====================
-sglang-default     FCFS                            round robin                 LRU (+ host LRU)
+sglang-default     FCFS                            cache-aware (SGLang router  LRU (+ host LRU)
+                                                   defaults)
+sglang-rr          FCFS                            round robin                 LRU (+ host LRU)
 least-load         FCFS                            least outstanding tokens    LRU
 autellix-plas      PLAS, multi-level, preemptive   least-used, long prompts    LRU
                    anti-starvation                 pinned to their session
 continuum-ttl      program-level FCFS              session affinity            LRU + TTL pins
 mori-idleness      FCFS                            session affinity            idleness rank, both tiers
+saga               Agent Fair Share                affinity + work stealing    workflow-aware LRU + TTL
+astraea            MLFQ + HRRN aging               least outstanding tokens    keep / swap / discard
 belady             FCFS                            session affinity            Bélády MIN (oracle)
 oracle-srpt        workflow SRPT (oracle)          session affinity            LRU
 =================  ==============================  ==========================  =====================
 
-``belady`` and ``oracle-srpt`` read the replay's future: they are references (what the best
-eviction, or the best queue order, could do), not deployable policies.
+``belady`` and ``oracle-srpt`` read the replay's future: they are references, not deployable
+policies and not bounds. ``oracle-srpt`` orders queues by true remaining work but keeps FCFS-era
+routing and LRU; a policy that also routes and caches well can beat it. ``belady`` is the
+optimal *eviction order* only under its own routing and scheduling; the fair comparison for
+ours' eviction is ``ours-belady`` (ours' router and scheduler, Bélády's eviction).
 
 Every baseline runs on the same hardware: the same replicas, GPU and host tiers, admission,
 chunked prefill and preemption of :mod:`simulator.engine`.
@@ -24,13 +31,17 @@ from __future__ import annotations
 from typing import Callable
 
 from simulator.baselines.caches import LRU, Belady, ContinuumTTL, MoriIdleness
-from simulator.baselines.routers import AutellixRouter, LeastLoad, RoundRobin, StickyLeastLoad
+from simulator.baselines.routers import AutellixRouter, CacheAware, LeastLoad, RoundRobin, StickyLeastLoad
 from simulator.baselines.schedulers import FCFS, PLAS, OracleSRPT, ProgramFCFS
+from simulator.baselines.seeds import AgentFairShare, AstraeaCache, AstraeaMLFQ, SagaCache, SagaRouter
 from simulator.policy import Policy
 
 BASELINES: dict[str, Callable[[], Policy]] = {
-    "sglang-default": lambda: Policy("sglang-default", RoundRobin(), FCFS(), LRU(),
-                                     "FCFS, LRU eviction, round-robin routing"),
+    "sglang-default": lambda: Policy("sglang-default", CacheAware(), FCFS(), LRU(),
+                                     "FCFS, LRU eviction, SGLang router's default cache-aware "
+                                     "routing (threshold 0.3, balance 64 / 1.5×)"),
+    "sglang-rr": lambda: Policy("sglang-rr", RoundRobin(), FCFS(), LRU(),
+                                "FCFS, LRU eviction, round-robin routing"),
     "least-load": lambda: Policy("least-load", LeastLoad(), FCFS(), LRU(),
                                  "FCFS, LRU, least outstanding tokens"),
     "autellix-plas": lambda: Policy("autellix-plas", AutellixRouter(), PLAS(), LRU(),
@@ -40,11 +51,18 @@ BASELINES: dict[str, Callable[[], Policy]] = {
                                     "program-level FCFS, TTL pins from tool running means"),
     "mori-idleness": lambda: Policy("mori-idleness", StickyLeastLoad(), FCFS(), MoriIdleness(),
                                     "idleness-ranked GPU/host placement"),
+    "saga": lambda: Policy("saga", SagaRouter(), AgentFairShare(), SagaCache(),
+                           "Agent Fair Share, workflow-aware LRU + tool-latency TTL, session "
+                           "affinity with work stealing (simulator/baselines/seeds.py)"),
+    "astraea": lambda: Policy("astraea", LeastLoad(), AstraeaMLFQ(), AstraeaCache(),
+                              "state-aware MLFQ + HRRN aging, keep/swap/discard by memory "
+                              "pressure (simulator/baselines/seeds.py)"),
     "belady": lambda: Policy("belady", StickyLeastLoad(), FCFS(), Belady(),
                              "offline-optimal (MIN) eviction, oracle of future accesses"),
     "oracle-srpt": lambda: Policy("oracle-srpt", StickyLeastLoad(), OracleSRPT(), LRU(),
                                   "clairvoyant workflow-level shortest remaining work first"),
 }
 
-__all__ = ["BASELINES", "LRU", "Belady", "ContinuumTTL", "MoriIdleness", "AutellixRouter",
-           "LeastLoad", "RoundRobin", "StickyLeastLoad", "FCFS", "PLAS", "OracleSRPT", "ProgramFCFS"]
+__all__ = ["BASELINES", "LRU", "Belady", "ContinuumTTL", "MoriIdleness", "AutellixRouter", "CacheAware",
+           "LeastLoad", "RoundRobin", "StickyLeastLoad", "FCFS", "PLAS", "OracleSRPT", "ProgramFCFS",
+           "SagaRouter", "SagaCache", "AgentFairShare", "AstraeaMLFQ", "AstraeaCache"]

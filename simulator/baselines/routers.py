@@ -12,19 +12,21 @@ class RoundRobin(Router):
     """SGLang router's ``round_robin`` policy: replicas in turn, whatever the session."""
 
     def __init__(self) -> None:
-        self._next = 0
+        self._next: dict[int, int] = {}
 
     def route(self, req: Request) -> int:
-        r = self._next % len(self.sim.replicas)
-        self._next += 1
-        return r
+        reps = self.sim.candidates(req)
+        key = reps[0].idx                 # one turn counter per model pool
+        n = self._next.get(key, 0)
+        self._next[key] = n + 1
+        return reps[n % len(reps)].idx
 
 
 class LeastLoad(Router):
     """The replica with the fewest outstanding tokens (KV of running calls + waiting prompts)."""
 
     def route(self, req: Request) -> int:
-        return min(self.sim.replicas, key=lambda rep: (rep.load_tokens(), rep.idx)).idx
+        return min(self.sim.candidates(req), key=lambda rep: (rep.load_tokens(), rep.idx)).idx
 
 
 class StickyLeastLoad(LeastLoad):
@@ -34,12 +36,13 @@ class StickyLeastLoad(LeastLoad):
     the engine that serves it."""
 
     def __init__(self) -> None:
-        self.home: dict[int, int] = {}
+        self.home: dict[object, int] = {}
 
     def route(self, req: Request) -> int:
-        r = self.home.get(req.wf)
+        key = self.sim.home_key(req)
+        r = self.home.get(key)
         if r is None:
-            r = self.home[req.wf] = super().route(req)
+            r = self.home[key] = super().route(req)
         return r
 
 
@@ -50,13 +53,122 @@ class AutellixRouter(Router):
 
     def __init__(self, long_prompt_tokens: int = 2048) -> None:
         self.long_prompt_tokens = long_prompt_tokens
-        self.home: dict[int, int] = {}
+        self.home: dict[object, int] = {}
 
     def route(self, req: Request) -> int:
-        home = self.home.get(req.wf)
+        key = self.sim.home_key(req)
+        home = self.home.get(key)
         if req.call.input_tokens > self.long_prompt_tokens and home is not None:
             return home
-        r = min(self.sim.replicas, key=lambda rep: (len(rep.running) + len(rep.waiting), rep.idx)).idx
+        r = min(self.sim.candidates(req), key=lambda rep: (len(rep.running) + len(rep.waiting), rep.idx)).idx
         if req.call.input_tokens > self.long_prompt_tokens or home is None:
-            self.home[req.wf] = r
+            self.home[key] = r
+        return r
+
+
+class CacheAware(Router):
+    """SGLang router's default ``cache_aware`` policy (sgl-router, ``src/policies/cache_aware.rs``),
+    at the defaults of ``py_src/sglang_router/router_args.py`` (``RouterArgs``: ``policy =
+    "cache_aware"``, ``cache_threshold = 0.3``, ``balance_abs_threshold = 64``,
+    ``balance_rel_threshold = 1.5``, ``eviction_interval_secs = 120``, ``max_tree_size = 2**26``).
+
+    Per call, with ``load(r)`` = requests the router has in flight on replica ``r`` (running +
+    waiting: what ``Worker::load()`` counts)::
+
+        imbalanced = max_load − min_load > abs_threshold  and  max_load > rel_threshold · min_load
+        imbalanced → the least-loaded replica
+        else       → m = longest prefix match of the prompt in the router's approximate tree
+                     m / prompt > cache_threshold → the replica holding that prefix
+                     otherwise                    → the replica with the smallest tree
+
+    and the chosen replica's tree gets the prompt either way. The tree is the router's own
+    record of the text it sent each replica (it never asks the engines what they hold), so a
+    prefix the engine already evicted still attracts its session. Every
+    ``eviction_interval_s`` the least recently used entries of each replica's tree are evicted
+    down to ``max_tree_size`` characters. The tree stores characters; the simulator has tokens,
+    converted at ``chars_per_token`` (4, a common English BPE ratio). A prompt's path segments
+    are inserted whole and the call's own segment with its prompt part only (the router never
+    sees the output, so a later prompt's match stops inside the previous output). Ties between
+    replicas holding the longest match go to the most recent access (the Rust tree returns one
+    tenant of the deepest matched node).
+    """
+
+    def __init__(self, cache_threshold: float = 0.3, balance_abs_threshold: int = 64,
+                 balance_rel_threshold: float = 1.5, eviction_interval_s: float = 120.0,
+                 max_tree_size: int = 2 ** 26, chars_per_token: float = 4.0) -> None:
+        self.cache_threshold = cache_threshold
+        self.balance_abs_threshold = balance_abs_threshold
+        self.balance_rel_threshold = balance_rel_threshold
+        self.eviction_interval_s = eviction_interval_s
+        self.max_tree_tokens = max_tree_size / chars_per_token
+        self.counts = {"imbalanced": 0, "cache_hit": 0, "cache_miss": 0}
+
+    def bind(self, sim) -> None:
+        super().bind(sim)
+        n = len(sim.replicas)
+        #: per replica: segment -> (tokens recorded, last access)
+        self.tree: list[dict[int, list]] = [{} for _ in range(n)]
+        self.size = [0.0] * n
+        self._next_evict = self.eviction_interval_s
+
+    def _match(self, r: int, path: tuple[int, ...]) -> tuple[float, float]:
+        tree, tok = self.tree[r], self.sim.workload.seg_tokens
+        got, last = 0.0, -1.0
+        for s in path:
+            e = tree.get(s)
+            if e is None:
+                break
+            got += e[0]
+            last = e[1]
+            if e[0] < tok[s]:      # only the prompt part of an earlier call's own segment
+                break
+        return got, last
+
+    def _insert(self, r: int, req: Request) -> None:
+        tree, tok, now = self.tree[r], self.sim.workload.seg_tokens, self.sim.now
+        call = req.call
+        for s, n in [*((s, tok[s]) for s in call.path), (call.own_seg, call.own_prompt_tokens)]:
+            e = tree.get(s)
+            if e is None:
+                tree[s] = [n, now]
+                self.size[r] += n
+            else:
+                if n > e[0]:
+                    self.size[r] += n - e[0]
+                    e[0] = n
+                e[1] = now
+
+    def _evict(self) -> None:
+        for r, tree in enumerate(self.tree):
+            if self.size[r] <= self.max_tree_tokens:
+                continue
+            # LRU first; among equal times the newer (deeper) segment first: leaves before parents
+            for s in sorted(tree, key=lambda s: (tree[s][1], -s)):
+                self.size[r] -= tree.pop(s)[0]
+                if self.size[r] <= self.max_tree_tokens:
+                    break
+
+    def route(self, req: Request) -> int:
+        sim = self.sim
+        while sim.now >= self._next_evict:
+            self._evict()
+            self._next_evict += self.eviction_interval_s
+        reps = sim.candidates(req)      # one router (tree) per model, as sgl-router keeps
+        loads = [len(rep.running) + len(rep.waiting) for rep in reps]
+        hi, lo = max(loads), min(loads)
+        if hi - lo > self.balance_abs_threshold and hi > lo * self.balance_rel_threshold:
+            r = reps[loads.index(lo)].idx
+            self.counts["imbalanced"] += 1
+        else:
+            best, best_t, r = 0.0, -1.0, -1
+            for rep in reps:
+                m, t = self._match(rep.idx, req.call.path)
+                if m > best or (m == best and m > 0 and t > best_t):
+                    best, best_t, r = m, t, rep.idx
+            if r >= 0 and best / max(req.call.input_tokens, 1) > self.cache_threshold:
+                self.counts["cache_hit"] += 1
+            else:
+                r = min(reps, key=lambda rep: (self.size[rep.idx], rep.idx)).idx
+                self.counts["cache_miss"] += 1
+        self._insert(r, req)
         return r

@@ -11,6 +11,8 @@ class FCFS(Scheduler):
     """First come, first served by call issue time; the newest call is preempted first (vLLM and
     SGLang's recompute preemption)."""
 
+    static_order = True
+
     def queue_key(self, req: Request) -> tuple:
         return (req.t_issue, req.idx)
 
@@ -18,6 +20,8 @@ class FCFS(Scheduler):
 class ProgramFCFS(Scheduler):
     """Program-level FCFS (Continuum): calls ordered by their workflow's arrival, so an older
     program's next turn goes ahead of newer programs' calls."""
+
+    static_order = True
 
     def queue_key(self, req: Request) -> tuple:
         return (self.sim.wf_arrival[req.wf], req.t_issue, req.idx)
