@@ -9,7 +9,9 @@ opens one per batch): the delete and the re-insert commit together or not at all
 * position: ``call_index = row_number() over (workflow order by t_arrival, request_id) - 1``;
 * neighbours: ``lag``/``lead`` over the same window;
 * the gap after a call: ``gap_after_s = t_arrival(next call with t_arrival >= t_finish) - t_finish``
-  (an ASOF join), the time the program spent in tools (or thinking) before calling again;
+  (an ASOF join), the time the program spent in tools (or thinking) before calling again; a call
+  logged with one time (``t_finish = t_arrival``) takes the next call in the workflow's order,
+  never itself;
 * tool latency: explicit ``tool_calls`` timings when logged; otherwise the gap to the next call of
   the same workflow *and agent* (log-format §2), split evenly over the tools the response named.
 """
@@ -49,7 +51,8 @@ def insert_calls(con: duckdb.DuckDBPyConnection, new_rows_sql: str, has_tool_lis
     execute(con, """
         CREATE OR REPLACE TEMP TABLE derived AS
         WITH o AS (
-          SELECT request_id, workflow_type_id, workflow_id, t_finish,
+          SELECT request_id, workflow_type_id, workflow_id, t_arrival, t_finish,
+            lead(t_arrival) OVER wf AS next_arrival,
             t_finish - t_arrival AS latency_s,
             t_first_token - t_arrival AS ttft_s,
             (row_number() OVER wf - 1)::INTEGER AS call_index,
@@ -65,7 +68,10 @@ def insert_calls(con: duckdb.DuckDBPyConnection, new_rows_sql: str, has_tool_lis
           WINDOW wf AS (PARTITION BY workflow_type_id, workflow_id ORDER BY t_arrival, request_id),
                  wa AS (PARTITION BY workflow_type_id, workflow_id, agent_id ORDER BY t_arrival, request_id)
         )
-        SELECT o.* EXCLUDE (workflow_type_id, workflow_id, t_finish), n.t_arrival - o.t_finish AS gap_after_s
+        SELECT o.* EXCLUDE (workflow_type_id, workflow_id, t_arrival, t_finish, next_arrival),
+          -- a zero-latency call (t_finish = t_arrival: logs with one time per call) is its own
+          -- ASOF match; its next call is simply the next one in the workflow's order
+          CASE WHEN o.t_finish <= o.t_arrival THEN o.next_arrival ELSE n.t_arrival END - o.t_finish AS gap_after_s
         FROM o ASOF LEFT JOIN (SELECT workflow_type_id, workflow_id, t_arrival FROM new_calls) n
           ON o.workflow_type_id = n.workflow_type_id AND o.workflow_id = n.workflow_id
          AND n.t_arrival >= o.t_finish
@@ -81,10 +87,16 @@ def _insert_tool_calls(con: duckdb.DuckDBPyConnection) -> None:
     """``tool_calls`` rows for the calls in ``new_calls``."""
     execute(con, """
         INSERT INTO tool_calls
-        WITH agent_gap AS (   -- gap to the next call of the same workflow and agent
-          SELECT c.request_id, n.t_arrival AS next_same_agent_arrival
-          FROM (SELECT request_id, workflow_type_id, workflow_id, agent_id, t_finish FROM new_calls
-                WHERE len(tool_names) > 0) c
+        WITH agent_next AS (
+          SELECT request_id, workflow_type_id, workflow_id, agent_id, t_arrival, t_finish, tool_names,
+            lead(t_arrival) OVER (PARTITION BY workflow_type_id, workflow_id, agent_id
+                                  ORDER BY t_arrival, request_id) AS next_arrival
+          FROM new_calls
+        ),
+        agent_gap AS (   -- gap to the next call of the same workflow and agent
+          SELECT c.request_id,
+            CASE WHEN c.t_finish <= c.t_arrival THEN c.next_arrival ELSE n.t_arrival END AS next_same_agent_arrival
+          FROM (SELECT * FROM agent_next WHERE len(tool_names) > 0) c
           ASOF LEFT JOIN (SELECT workflow_type_id, workflow_id, agent_id, t_arrival FROM new_calls) n
             ON c.workflow_type_id = n.workflow_type_id AND c.workflow_id = n.workflow_id
            AND c.agent_id = n.agent_id AND n.t_arrival >= c.t_finish
