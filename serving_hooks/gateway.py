@@ -106,6 +106,7 @@ class GatewayOptions:
     upstream_timeout_s: float = 600.0  # read timeout (between bytes) on upstream responses
     connect_timeout_s: float = 10.0
     max_request_bytes: int = 32 << 20
+    body_timeout_s: float | None = 30.0  # whole request body within this (408 beyond)
     admin_token: str | None = None
     max_connections: int = 1024
     forward_paths: tuple[str, ...] = DEFAULT_FORWARD_PATHS  # fnmatch patterns proxied upstream
@@ -607,7 +608,8 @@ def create_gateway_app(gateway: Gateway) -> FastAPI:
     app.state.gateway = gateway
     app.add_middleware(RequestMetricsMiddleware, requests=requests_total, latency=request_seconds)
     if gateway.options.max_request_bytes:
-        app.add_middleware(BodySizeLimit, max_bytes=gateway.options.max_request_bytes)
+        app.add_middleware(BodySizeLimit, max_bytes=gateway.options.max_request_bytes,
+                           body_timeout_s=gateway.options.body_timeout_s)
 
     @app.get("/healthz", tags=["gateway"])
     async def healthz() -> dict:

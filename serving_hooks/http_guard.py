@@ -3,7 +3,9 @@
 * :class:`BodySizeLimit` is a pure ASGI middleware: a request whose ``Content-Length`` exceeds
   the limit is answered ``413`` before its body is read; a chunked request (no length) is
   buffered up to the limit and refused the moment it goes over, so a client cannot make the
-  server hold more than ``max_bytes`` of one request in memory.
+  server hold more than ``max_bytes`` of one request in memory. With ``body_timeout_s`` the whole
+  body must also arrive within that many seconds of the request's headers, else ``408``: a slow
+  client that trickles (or never finishes) its body cannot hold a worker and a buffer forever.
 * :func:`admin_auth` builds a FastAPI dependency that requires ``Authorization: Bearer <token>``
   on admin endpoints (reload, observe) when a token is configured, and is a no-op otherwise.
   Tokens are compared in constant time.
@@ -16,6 +18,7 @@
 """
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import secrets
@@ -39,12 +42,19 @@ def _too_large(limit: int) -> dict:
                       "type": "request_too_large", "code": 413}}
 
 
-class BodySizeLimit:
-    """ASGI middleware refusing HTTP request bodies larger than ``max_bytes`` with 413."""
+def _too_slow(timeout_s: float) -> dict:
+    return {"error": {"message": f"request body not received within {timeout_s:g} s",
+                      "type": "request_timeout", "code": 408}}
 
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+
+class BodySizeLimit:
+    """ASGI middleware refusing HTTP request bodies larger than ``max_bytes`` with 413 and, when
+    ``body_timeout_s`` is set, bodies that take longer than that to arrive with 408."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int, body_timeout_s: float | None = None) -> None:
         self.app = app
         self.max_bytes = int(max_bytes)
+        self.body_timeout_s = body_timeout_s
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
@@ -60,13 +70,35 @@ class BodySizeLimit:
                                                            "type": "bad_request", "code": 400}})
                     return
                 break
-        if length is not None:
-            if length > self.max_bytes:
-                await _send_json(send, 413, _too_large(self.max_bytes))
-                return
+        if length is not None and length > self.max_bytes:
+            await _send_json(send, 413, _too_large(self.max_bytes))
+            return
+        if length is not None and self.body_timeout_s is None:
             await self.app(scope, receive, send)  # the HTTP server enforces the declared length
             return
-        # No length: buffer up to the limit, then replay the body to the app as one message.
+        # Read the body here (bounded by the size limit and the deadline), then replay it to the
+        # app as one message.
+        try:
+            body = await asyncio.wait_for(self._read_body(receive), self.body_timeout_s)
+        except asyncio.TimeoutError:
+            await _send_json(send, 408, _too_slow(self.body_timeout_s))
+            return
+        if body is None:
+            await _send_json(send, 413, _too_large(self.max_bytes))
+            return
+        replayed = False
+
+        async def replay():
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+    async def _read_body(self, receive) -> bytes | None:
+        """The whole request body, or None once it goes over ``max_bytes``."""
         chunks: list[bytes] = []
         size = 0
         while True:
@@ -76,21 +108,11 @@ class BodySizeLimit:
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > self.max_bytes:
-                await _send_json(send, 413, _too_large(self.max_bytes))
-                return
+                return None
             chunks.append(chunk)
             if not message.get("more_body", False):
                 break
-        replayed = False
-
-        async def replay():
-            nonlocal replayed
-            if not replayed:
-                replayed = True
-                return {"type": "http.request", "body": b"".join(chunks), "more_body": False}
-            return await receive()
-
-        await self.app(scope, replay, send)
+        return b"".join(chunks)
 
 
 class StrictJSONError(ValueError):

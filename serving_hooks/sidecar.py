@@ -167,6 +167,7 @@ def _annotate_one(service: PredictionService, req: AnnotateRequest) -> dict:
 
 def create_sidecar_app(service: PredictionService, *, registry: CollectorRegistry | None = None,
                        admin_token: str | None = None, max_request_bytes: int = 1 << 20,
+                       body_timeout_s: float | None = 30.0,
                        background: list | None = None, routers: Sequence[APIRouter] = ()) -> FastAPI:
     """The sidecar ASGI app over a :class:`PredictionService`.
 
@@ -201,7 +202,7 @@ def create_sidecar_app(service: PredictionService, *, registry: CollectorRegistr
     app.add_middleware(StrictJSONBody)
     app.add_middleware(RequestMetricsMiddleware, requests=requests_total, latency=request_seconds)
     if max_request_bytes:
-        app.add_middleware(BodySizeLimit, max_bytes=max_request_bytes)
+        app.add_middleware(BodySizeLimit, max_bytes=max_request_bytes, body_timeout_s=body_timeout_s)
 
     @app.post("/v1/annotate", response_model=AnnotateResponse, tags=["predict"])
     async def annotate(req: AnnotateRequest) -> JSONResponse:

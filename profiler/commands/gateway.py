@@ -28,6 +28,7 @@ def gateway(
     routing: Annotated[str, typer.Option(help="round-robin, or capacity (Pythia alg. 2 over each upstream's /v1/loads; round robin while they do not report).")] = "round-robin",
     upstream_timeout: Annotated[float, typer.Option(help="Seconds without a byte from the upstream before the call fails with 504.")] = 600.0,
     max_request_mb: Annotated[float, typer.Option(help="Largest request body accepted (413 beyond).")] = 32.0,
+    body_timeout: Annotated[float, typer.Option(help="Seconds a request body may take to arrive (408 beyond): slow clients cannot hold the gateway.")] = 30.0,
     admin_token: Annotated[Optional[str], typer.Option(envvar="PROFILER_ADMIN_TOKEN", help="Bearer token for /admin/* (and sent to the sidecar's /v1/observe).")] = None,
     log_rotate_mb: Annotated[float, typer.Option(help="Start a new log file beyond this size.")] = 64.0,
     log_rotate_every: Annotated[str, typer.Option(help="Close the open log file after this long (bounds how stale a refit's data is).")] = "5m",
@@ -105,7 +106,8 @@ def gateway(
     options = GatewayOptions(budget_s=budget_ms / 1000.0, sglang_fields=sglang_fields,
                              strip_metadata=strip_metadata, stream_usage=stream_usage,
                              upstream_timeout_s=upstream_timeout,
-                             max_request_bytes=int(max_request_mb * (1 << 20)), admin_token=admin_token,
+                             max_request_bytes=int(max_request_mb * (1 << 20)), body_timeout_s=body_timeout,
+                             admin_token=admin_token,
                              forward_paths=DEFAULT_FORWARD_PATHS + tuple(allow_path or ()),
                              allow_client_scheduler_fields=allow_client_scheduler_fields)
     gw = Gateway(router, annotator, log_writer=writer, options=options, registry=registry, service=service)

@@ -86,6 +86,7 @@ def serve(
     refit_timeout: Annotated[str, typer.Option(help="With --logs: kill a refit child that runs longer than this (0 = no limit).")] = "30m",
     session_idle: Annotated[str, typer.Option(help="Forget a session after this long without a call.")] = "1h",
     max_request_bytes: Annotated[int, typer.Option(help="Largest request body accepted (413 beyond).")] = 1 << 20,
+    body_timeout: Annotated[float, typer.Option(help="Seconds a request body may take to arrive (408 beyond): slow clients cannot hold the server.")] = 30.0,
     shadow_min_calls: Annotated[int, typer.Option(help="Calls a workflow type needs in the profile before it can leave shadow mode.", rich_help_panel=HELP_SHADOW)] = 100,
     coverage_window: Annotated[int, typer.Option(help="Observed calls per workflow type in the live-coverage window.", rich_help_panel=HELP_SHADOW)] = 200,
     coverage_min_window: Annotated[int, typer.Option(help="Fewest observed calls before live coverage is judged.", rich_help_panel=HELP_SHADOW)] = 50,
@@ -118,7 +119,7 @@ def serve(
         max_unknown_types=max_unknown_types)
     loop = refit_loop(profile, logs or [], refit_every, service, refit_timeout)
     app_ = create_sidecar_app(service, registry=registry, admin_token=admin_token,
-                              max_request_bytes=max_request_bytes,
+                              max_request_bytes=max_request_bytes, body_timeout_s=body_timeout,
                               background=[loop] if loop else [])
     err_console.print(f"[green]sidecar[/] profile {service.predictor.version} on http://{host}:{port} "
                       f"(docs: /docs; admin token {'required' if admin_token else 'not set'}"
