@@ -14,7 +14,8 @@ once while the others train. For each held-out call the candidates predict
 * **the remaining calls** (:class:`synth.remaining.RemainingWork`) for every ``order`` ×
   ``position`` × ``min_n`` × point (median or mean): the candidate with the smallest mean
   absolute error wins among those that beat the position median (``order = 0``, median) by
-  more than two standard errors of the paired per-workflow difference.
+  more than z standard errors of the paired per-workflow difference (z ≥ 2, Bonferroni over
+  the candidate grid).
 
 At most ``max_workflows`` workflows (a seeded multinomial sample of the distinct paths by
 their counts) take part, which keeps the cost flat on large stores; the fit itself then uses
@@ -23,6 +24,7 @@ every training workflow.
 from __future__ import annotations
 
 from collections import defaultdict
+from statistics import NormalDist
 from typing import Callable, Mapping, Sequence
 
 import numpy as np
@@ -40,8 +42,11 @@ REMAINING_MIN_N = (1, 3, 10)
 #: held-out workflows' lengths drift from the training ones); column in the table rows.
 REMAINING_POINTS = {"p50": 1, "mean": 3}
 EPS = 1e-6
-#: How many standard errors a remaining-work candidate must beat the position median by.
+#: How many standard errors a remaining-work candidate must beat the position median by, at
+#: least; with m candidates the bar is the Bonferroni one, z = Φ⁻¹(1 − FAMILY_ALPHA / (2m)), so
+#: that the best of many near-equal candidates does not win by chance (winner's curse).
 SE_FACTOR = 2.0
+FAMILY_ALPHA = 0.05
 #: Remaining-work validation: folds and repeats (different fold draws), pooled; repeated
 #: only below ``REPEAT_BELOW`` workflows, where one draw of folds is noisy.
 REMAINING_FOLDS = 5
@@ -244,6 +249,7 @@ def _choose_remaining(err: Mapping[tuple, float], diff: Mapping[tuple, list], ca
     workflows is not trusted to help on new ones."""
     scores = sorted((e / calls, key) for key, e in err.items())
     base_key = BASE_REMAINING
+    z = max(SE_FACTOR, NormalDist().inv_cdf(1 - FAMILY_ALPHA / (2 * max(len(err) - 1, 1))))
 
     def significant(key: tuple) -> bool:
         s1, s2 = diff[key]
@@ -251,12 +257,13 @@ def _choose_remaining(err: Mapping[tuple, float], diff: Mapping[tuple, list], ca
             return key == base_key
         mean = s1 / workflows
         var = max(s2 / workflows - mean * mean, 0.0) * workflows / (workflows - 1)
-        return mean + SE_FACTOR * (var / workflows) ** 0.5 < 0.0
+        return mean + z * (var / workflows) ** 0.5 < 0.0
     mae, (order, pos, min_n, point) = next((m, k) for m, k in scores if significant(k))
     baseline = err[base_key] / calls
     return {"order": order, "position": pos, "min_n": min_n, "point": point,
             "validation_mae": round(mae, 5), "position_median_mae": round(baseline, 5),
             "rule": "best validation MAE among candidates better than the position median "
-                    f"by more than {SE_FACTOR:g} standard errors (paired by workflow)",
+                    f"by more than {z:.2f} standard errors (paired by workflow; Bonferroni over "
+                    f"{len(err) - 1} candidates)",
             "best_candidates": [{"order": k[0], "position": k[1], "min_n": k[2],
                                  "point": k[3], "mae": round(s, 5)} for s, k in scores[:5]]}
