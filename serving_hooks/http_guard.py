@@ -47,6 +47,38 @@ def _too_slow(timeout_s: float) -> dict:
                       "type": "request_timeout", "code": 408}}
 
 
+async def read_body(receive, max_bytes: int | None = None) -> bytes | None:
+    """The whole ASGI request body, or None once it goes over ``max_bytes``."""
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            break
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if max_bytes is not None and size > max_bytes:
+            return None
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            break
+    return b"".join(chunks)
+
+
+def replaying(body: bytes, receive):
+    """An ASGI ``receive`` that yields ``body`` as one message, then defers to ``receive``."""
+    replayed = False
+
+    async def replay():
+        nonlocal replayed
+        if not replayed:
+            replayed = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replay
+
+
 class BodySizeLimit:
     """ASGI middleware refusing HTTP request bodies larger than ``max_bytes`` with 413 and, when
     ``body_timeout_s`` is set, bodies that take longer than that to arrive with 408."""
@@ -79,40 +111,14 @@ class BodySizeLimit:
         # Read the body here (bounded by the size limit and the deadline), then replay it to the
         # app as one message.
         try:
-            body = await asyncio.wait_for(self._read_body(receive), self.body_timeout_s)
+            body = await asyncio.wait_for(read_body(receive, self.max_bytes), self.body_timeout_s)
         except asyncio.TimeoutError:
             await _send_json(send, 408, _too_slow(self.body_timeout_s))
             return
         if body is None:
             await _send_json(send, 413, _too_large(self.max_bytes))
             return
-        replayed = False
-
-        async def replay():
-            nonlocal replayed
-            if not replayed:
-                replayed = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            return await receive()
-
-        await self.app(scope, replay, send)
-
-    async def _read_body(self, receive) -> bytes | None:
-        """The whole request body, or None once it goes over ``max_bytes``."""
-        chunks: list[bytes] = []
-        size = 0
-        while True:
-            message = await receive()
-            if message["type"] != "http.request":
-                break
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > self.max_bytes:
-                return None
-            chunks.append(chunk)
-            if not message.get("more_body", False):
-                break
-        return b"".join(chunks)
+        await self.app(scope, replaying(body, receive), send)
 
 
 class StrictJSONError(ValueError):
@@ -187,31 +193,14 @@ class StrictJSONBody:
         if ctype and b"json" not in ctype.lower():
             await self.app(scope, receive, send)
             return
-        chunks: list[bytes] = []
-        while True:
-            message = await receive()
-            if message["type"] != "http.request":
-                break
-            chunks.append(message.get("body", b""))
-            if not message.get("more_body", False):
-                break
-        body = b"".join(chunks)
+        body = await read_body(receive)
         if body.strip():
             try:
                 strict_json_loads(body)
             except StrictJSONError as exc:
                 await _send_json(send, 400, {"detail": str(exc)})
                 return
-        replayed = False
-
-        async def replay():
-            nonlocal replayed
-            if not replayed:
-                replayed = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            return await receive()
-
-        await self.app(scope, replay, send)
+        await self.app(scope, replaying(body, receive), send)
 
 
 def admin_auth(token: str | None) -> Callable:
