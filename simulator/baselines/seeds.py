@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 
 from simulator.baselines.caches import ContinuumTTL
-from simulator.baselines.routers import LeastLoad
+from simulator.baselines.routers import StickyLeastLoad
 from simulator.engine import Request
 from simulator.policy import CachePolicy, Scheduler
 
@@ -40,31 +40,29 @@ class SagaCache(ContinuumTTL):
         return (0 if wf in self.done else 1, self.sim.replicas[replica].cache.gpu[seg])
 
 
-class SagaRouter(LeastLoad):
+class SagaRouter(StickyLeastLoad):
     """Session affinity with work stealing: a session's calls go to its home replica (a new
     session: the fewest outstanding tokens); when the home has calls waiting and another replica
     of the pool has none waiting and a free running slot, that replica steals the call and
     becomes the session's home."""
 
     def __init__(self) -> None:
-        self.home: dict[object, int] = {}
+        super().__init__()
         self.steals = 0
 
     def route(self, req: Request) -> int:
         key = self.sim.home_key(req)
-        r = self.home.get(key)
-        if r is None:
-            r = self.home[key] = super().route(req)
+        known = key in self.home
+        r = super().route(req)
+        if not known or not self.sim.replicas[r].waiting:
             return r
-        rep = self.sim.replicas[r]
-        if rep.waiting:
-            cap = self.sim.config.max_running_requests
-            idle = [q for q in self.sim.candidates(req)
-                    if not q.waiting and len(q.running) < cap and q.idx != r]
-            if idle:
-                r = min(idle, key=lambda q: (q.load_tokens(), q.idx)).idx
-                self.home[key] = r
-                self.steals += 1
+        cap = self.sim.config.max_running_requests
+        idle = [q for q in self.sim.candidates(req)
+                if not q.waiting and len(q.running) < cap and q.idx != r]
+        if idle:
+            r = min(idle, key=lambda q: (q.load_tokens(), q.idx)).idx
+            self.home[key] = r
+            self.steals += 1
         return r
 
 
