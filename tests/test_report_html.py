@@ -244,7 +244,7 @@ def test_real_browser_loads_the_page_without_errors_and_draws_the_graph(report_h
 
         box = evaluate("(() => { const r = document.getElementById('wt-review_bot-graph')"
                        ".getBoundingClientRect(); return [r.x, r.y + window.scrollY, r.width, r.height]; })()")
-        assert box[2] > 400 and box[3] > 100
+        assert box[2] > 150 and box[3] > 300  # layered top to bottom: START above, END below
         shot = browser.send("Page.captureScreenshot", {"format": "png", "captureBeyondViewport": True, "clip": {
             "x": box[0], "y": box[1], "width": box[2], "height": box[3], "scale": 1}}, session=session)
         png = base64.b64decode(shot["data"])

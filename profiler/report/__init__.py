@@ -23,7 +23,7 @@ from typing import Any, Sequence
 
 from predictors.band_selection import band_warnings
 from profiler.report import page
-from profiler.report.graph import WorkflowGraph, edge_rows, render_svg
+from profiler.report.graph import WorkflowGraph, collapse_rare, edge_rows, render_svg
 
 #: Sampled workflows per type for the graph's edge probabilities.
 MAX_GRAPH_WORKFLOWS = 20_000
@@ -51,12 +51,21 @@ def _graph_section(wt: str, section: dict | None, con, notes: list[str]) -> str:
     if graph is None:
         return '<p class="note">No workflow data and no synthesized automaton for this type.</p>'
     gid = page.slug(wt) + "-graph"
+    shown = collapse_rare(graph)
+    if shown is not graph:
+        (other, rest), = shown.merged.items()
+        notes.append(f"the {len(rest)} agents beyond the {len(shown.nodes) - 3} busiest are pooled "
+                     f"into \"{other}\" (hover it for their names; every transition is in the table)")
+    n_rare = sum(1 for p in shown.edges.values() if p < MIN_EDGE_P)
     out = [f'<div class="legend note"><span><i class="swatch"></i>kept transition</span>'
            f'<span><i class="swatch pruned"></i>pruned from the automaton</span>'
+           f'<span><i class="swatch back"></i>loop back</span>'
            f'<span>line width ∝ probability; hover for counts</span>'
            f'<label><input type="checkbox" class="toggle-pruned" data-target="{gid}-box" checked> '
-           f'show pruned edges</label></div>',
-           f'<div class="graph-box" id="{gid}-box">{render_svg(graph, gid, MIN_EDGE_P)}</div>']
+           f'show pruned edges</label>'
+           f'<label><input type="checkbox" class="toggle-rare" data-target="{gid}-box"> '
+           f'show rare edges (p &lt; {MIN_EDGE_P:g}: {n_rare})</label></div>',
+           f'<div class="graph-box" id="{gid}-box">{render_svg(shown, gid, MIN_EDGE_P)}</div>']
     rows = edge_rows(graph)
     out.append(f"<details><summary class=\"note\">all {len(rows)} transitions "
                f"({len(graph.pruned)} pruned)</summary>"

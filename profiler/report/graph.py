@@ -10,9 +10,11 @@ over the workflows of the store (``END`` counts workflows that stop after a). An
 entered by ``a`` and leaves by ``b`` (``START``: the initial state has no ``b``; ``END``: no
 state entered by ``a`` may stop). Pruned edges are drawn grey and dashed.
 
-The drawing is an arc diagram: nodes on one line ordered by their mean relative position in the
-workflows (so the usual flow reads left to right), forward edges as arcs above the line,
-backward edges below, self-loops as small loops; line width grows with the probability.
+The drawing is layered top to bottom (:mod:`profiler.report.layout`): ``START`` on top, each
+agent on the layer of its longest path from ``START``, ``END`` alone at the bottom; loops of the
+workflow are drawn as back edges curving up; line width grows with the probability. A team with
+more than :data:`MAX_NODES` agents keeps its busiest ones and pools the rest into one node
+(:func:`collapse_rare`).
 """
 from __future__ import annotations
 
@@ -21,6 +23,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from html import escape
 from typing import Iterable, Sequence
+
+from profiler.report.layout import LINE_H, layered_layout
 
 START, END = "START", "END"
 
@@ -36,6 +40,7 @@ class WorkflowGraph:
     counts: dict[tuple[str, str], int]                # (a, b) -> transitions seen
     pruned: set[tuple[str, str]] = field(default_factory=set)
     workflows: int = 0
+    merged: dict[str, list[str]] = field(default_factory=dict)  # pooled node -> agents behind it
 
     @classmethod
     def from_symbol_sequences(cls, workflow_type: str, sequences: Iterable[Sequence[str]],
@@ -123,85 +128,156 @@ def _order_by_reachability(pfa: dict) -> list[str]:
     return order
 
 
+# ----------------------------------------------------------------------------- many agents
+#: Agents (symbols) drawn as their own node; the rest are merged into one "other agents" node.
+MAX_NODES = 16
+
+
+def collapse_rare(graph: WorkflowGraph, max_nodes: int = MAX_NODES) -> WorkflowGraph:
+    """The graph with only the ``max_nodes`` busiest symbols (by steps) kept as nodes and the rest
+    merged into one node ``other agents (k)``; its edges pool the counts of the merged ones
+    (``P = Σ count / Σ steps``). A merged edge is pruned only if all edges it pools were pruned.
+    ``merged`` lists the agents behind the pooled node. A graph within the limit comes back as is."""
+    middle = [n for n in graph.nodes if n not in (START, END)]
+    if len(middle) <= max_nodes:
+        return graph
+    keep = set(sorted(middle, key=lambda n: (-graph.steps.get(n, 0), n))[:max_nodes])
+    rest = [n for n in middle if n not in keep]
+    other = f"other agents ({len(rest)})"
+    name = {n: (n if n in keep or n in (START, END) else other) for n in graph.nodes}
+    steps: Counter = Counter()
+    for n, k in graph.steps.items():
+        steps[name.get(n, other)] += k
+    counts: Counter = Counter()
+    all_pruned: dict[tuple[str, str], bool] = {}
+    for (a, b), c in graph.counts.items():
+        e = (name.get(a, other), name.get(b, other))
+        counts[e] += c
+        all_pruned[e] = all_pruned.get(e, True) and (a, b) in graph.pruned
+    edges = {e: c / steps[e[0]] for e, c in counts.items() if steps[e[0]]}
+    nodes = [START, *[n for n in middle if n in keep], other, END]
+    out = WorkflowGraph(graph.workflow_type, nodes, dict(steps), edges, dict(counts),
+                        {e for e, p in all_pruned.items() if p and e in edges}, graph.workflows,
+                        merged={other: rest})
+    return out
+
+
 # ------------------------------------------------------------------------------- drawing
-NODE_W, NODE_H, GAP = 108, 36, 38
 KEPT, PRUNED_COLOR, NODE_FILL, END_FILL = "#2b6cb0", "#a0aec0", "#ebf4ff", "#f0fff4"
+BACK_BOW = 30.0  # horizontal bulge (px) of back edges, so a loop never hides its forward twin
+LABEL_W, LABEL_H = 30.0, 13.0
 
 
-def _short(label: str, limit: int = 16) -> str:
-    return label if len(label) <= limit else label[: limit - 1] + "…"
+def _bezier(p0, c1, c2, p1, t: float) -> tuple[float, float]:
+    u = 1 - t
+    return tuple(u ** 3 * a + 3 * u * u * t * b + 3 * u * t * t * c + t ** 3 * d
+                 for a, b, c, d in zip(p0, c1, c2, p1))  # type: ignore[return-value]
+
+
+def _edge_path(pts: list[tuple[float, float]], back: bool) -> tuple[str, list[tuple]]:
+    """SVG path through ``pts`` (vertical tangents at every point: smooth layered edges; back
+    edges bow to the right) and its cubic segments."""
+    bow = BACK_BOW if back else 0.0
+    d = [f"M{pts[0][0]:.1f},{pts[0][1]:.1f}"]
+    segs = []
+    for (x0, y0), (x1, y1) in zip(pts, pts[1:]):
+        dy = (y1 - y0) / 2
+        c1, c2 = (x0 + bow, y0 + dy), (x1 + bow, y1 - dy)
+        d.append(f"C{c1[0]:.1f},{c1[1]:.1f} {c2[0]:.1f},{c2[1]:.1f} {x1:.1f},{y1:.1f}")
+        segs.append(((x0, y0), c1, c2, (x1, y1)))
+    return " ".join(d), segs
+
+
+def _overlaps(box, boxes) -> bool:
+    x0, y0, x1, y1 = box
+    return any(x0 < b[2] and b[0] < x1 and y0 < b[3] and b[1] < y1 for b in boxes)
 
 
 def render_svg(graph: WorkflowGraph, element_id: str, min_p: float = 0.0) -> str:
-    """The graph as an ``<svg>`` element (hover an edge or node for its numbers).
+    """The graph as an ``<svg>`` element, laid out in layers top to bottom
+    (:func:`profiler.report.layout.layered_layout`): ``START`` on top, ``END`` at the bottom,
+    back edges (loops of the workflow) curving up on the right, self-loops beside their node.
 
-    Edges with probability below ``min_p`` are left out (they are listed in the edge table).
+    Edges with probability below ``min_p`` are drawn with class ``rare`` (hidden until the
+    page's checkbox shows them); pruned edges with class ``pruned`` (grey, dashed). Hover an
+    edge or node for its numbers. Nodes are as wide as their (wrapped, never cut) names.
     """
-    xs = {node: GAP + i * (NODE_W + GAP) + NODE_W / 2 for i, node in enumerate(graph.nodes)}
-    index = {node: i for i, node in enumerate(graph.nodes)}
-    drawn = {e: p for e, p in graph.edges.items() if p >= min_p}
-    span_up = max([index[b] - index[a] for a, b in drawn if index[b] > index[a]] or [1])
-    span_down = max([index[a] - index[b] for a, b in drawn if index[b] < index[a]] or [1])
-    has_loop = any(a == b for a, b in drawn)
-    has_back = any(index[b] < index[a] for a, b in drawn)
-    up = 40 + 34 * min(span_up, 6) + (10 if has_loop else 0)
-    down = 40 + 34 * min(span_down, 6) if has_back else 8
-    width = GAP + len(graph.nodes) * (NODE_W + GAP)
-    y = up + 30
-    height = y + NODE_H / 2 + down + 10
+    drawn_for_layout = {e: p for e, p in graph.edges.items() if p >= min_p} or dict(graph.edges)
+    lay = layered_layout(graph.nodes, drawn_for_layout, START, END)
+    width, height = lay.width, lay.height
     parts = [f'<svg id="{escape(element_id)}" class="wf-graph" xmlns="http://www.w3.org/2000/svg" '
              f'viewBox="0 0 {width:.0f} {height:.0f}" width="{width:.0f}" height="{height:.0f}" '
+             f'data-layers="{len(lay.layers)}" data-crossings="{lay.crossings}" '
              f'role="img" aria-label="workflow graph of {escape(graph.workflow_type)}">',
              '<defs>'
-             f'<marker id="{element_id}-arrow" viewBox="0 0 10 10" refX="9" refY="5" markerWidth="11" '
-             f'markerHeight="11" markerUnits="userSpaceOnUse" orient="auto-start-reverse"><path d="M0,0 L10,5 L0,10 z" fill="{KEPT}"/></marker>'
-             f'<marker id="{element_id}-arrow-pruned" viewBox="0 0 10 10" refX="9" refY="5" markerWidth="11" '
-             f'markerHeight="11" markerUnits="userSpaceOnUse" orient="auto-start-reverse"><path d="M0,0 L10,5 L0,10 z" fill="{PRUNED_COLOR}"/>'
+             f'<marker id="{element_id}-arrow" viewBox="0 0 10 10" refX="9" refY="5" markerWidth="10" '
+             f'markerHeight="10" markerUnits="userSpaceOnUse" orient="auto-start-reverse"><path d="M0,0 L10,5 L0,10 z" fill="{KEPT}"/></marker>'
+             f'<marker id="{element_id}-arrow-pruned" viewBox="0 0 10 10" refX="9" refY="5" markerWidth="10" '
+             f'markerHeight="10" markerUnits="userSpaceOnUse" orient="auto-start-reverse"><path d="M0,0 L10,5 L0,10 z" fill="{PRUNED_COLOR}"/>'
              '</marker></defs>']
-    # kept edges drawn last so that they sit on top of pruned ones
-    for (a, b), p in sorted(drawn.items(), key=lambda kv: (kv[0] not in graph.pruned, kv[1])):
+    taken = [(b.left - 2, b.top - 2, b.right + 2, b.bottom + 2) for b in lay.nodes.values()]
+    labels = []
+    # kept edges drawn last so that they sit on top of pruned ones; rare ones first of all
+    for (a, b), p in sorted(graph.edges.items(), key=lambda kv: (kv[1] >= min_p, kv[0] not in graph.pruned, kv[1])):
         pruned = (a, b) in graph.pruned
+        rare = p < min_p
         color = PRUNED_COLOR if pruned else KEPT
         stroke = 1.2 + 5.0 * p
         marker = f"url(#{element_id}-arrow{'-pruned' if pruned else ''})"
         dash = ' stroke-dasharray="5 4"' if pruned else ""
-        cls = "edge pruned" if pruned else "edge"
+        back = (a, b) in lay.back_edges
+        cls = "edge" + (" pruned" if pruned else "") + (" rare" if rare else "") + (" back" if back else "")
         title = (f"{a} → {b}: p = {p:.3f} ({graph.counts.get((a, b), 0):,} transitions)"
-                 + (" — pruned from the automaton" if pruned else ""))
+                 + (" — pruned from the automaton" if pruned else "") + (" — rare" if rare else ""))
         if a == b:
-            x = xs[a]
-            d = (f"M{x - 14:.1f},{y - NODE_H / 2:.1f} C{x - 34:.1f},{y - NODE_H / 2 - 52:.1f} "
-                 f"{x + 34:.1f},{y - NODE_H / 2 - 52:.1f} {x + 14:.1f},{y - NODE_H / 2:.1f}")
-            lx, ly = x, y - NODE_H / 2 - 44
+            box = lay.nodes[a]
+            r, y = box.right, box.y
+            d = f"M{r:.1f},{y - 7:.1f} C{r + 42:.1f},{y - 30:.1f} {r + 42:.1f},{y + 30:.1f} {r + 1:.1f},{y + 7:.1f}"
+            cands = [(r + 24, y + 4)]
         else:
-            x1, x2 = xs[a], xs[b]
-            forward = x2 > x1
-            dist = abs(index[b] - index[a])
-            lift = (30 + 34 * min(dist, 6)) * (-1 if forward else 1)
-            y0 = y - NODE_H / 2 if forward else y + NODE_H / 2
-            sx, ex = x1 + (10 if forward else -10), x2 - (10 if forward else -10)
-            d = f"M{sx:.1f},{y0:.1f} C{sx:.1f},{y0 + lift:.1f} {ex:.1f},{y0 + lift:.1f} {ex:.1f},{y0:.1f}"
-            lx, ly = (sx + ex) / 2, y0 + 0.75 * lift + (4 if not forward else 0)
+            pts = lay.routes.get((a, b))
+            if pts is None:  # a rare edge outside the layout: from a's side to b's side
+                ba, bb = lay.nodes[a], lay.nodes[b]
+                up = bb.y < ba.y
+                pts = [(ba.x, ba.top if up else ba.bottom), (bb.x, bb.bottom if up else bb.top)]
+                back = back or up
+            d, segs = _edge_path(pts, back)
+            mid = segs[len(segs) // 2]
+            cands = [_bezier(*mid, t) for t in (0.5, 0.35, 0.65, 0.22, 0.78, 0.1, 0.9)]
+        lx, ly = cands[0]
+        for cx, cy in cands:
+            bx = (cx - LABEL_W / 2, cy - LABEL_H / 2, cx + LABEL_W / 2, cy + LABEL_H / 2)
+            if not _overlaps(bx, taken):
+                lx, ly = cx, cy
+                break
+        if not rare:
+            taken.append((lx - LABEL_W / 2, ly - LABEL_H / 2, lx + LABEL_W / 2, ly + LABEL_H / 2))
         parts.append(f'<g class="{cls}" data-from="{escape(a)}" data-to="{escape(b)}" data-p="{p:.4f}">'
                      f'<title>{escape(title)}</title>'
                      f'<path d="{d}" fill="none" stroke="{color}" stroke-width="{stroke:.2f}"{dash} '
-                     f'marker-end="{marker}" opacity="0.9"/>'
-                     f'<text x="{lx:.1f}" y="{ly:.1f}" text-anchor="middle" class="edge-label" '
+                     f'marker-end="{marker}" opacity="0.85"/>'
+                     f'<text x="{lx:.1f}" y="{ly + 4:.1f}" text-anchor="middle" class="edge-label" '
                      f'fill="{"#718096" if pruned else "#1a365d"}">{p:.2f}</text></g>')
+        labels.append((lx, ly))
+    merged = graph.merged
     for node in graph.nodes:
-        x = xs[node]
+        box = lay.nodes[node]
         terminal = node in (START, END)
         fill = END_FILL if terminal else NODE_FILL
         n = graph.steps.get(node)
         title = f"{node}: {n:,} steps" if n is not None and not terminal else node
         if node == START:
             title = f"START: {graph.workflows:,} workflows"
+        if node in merged:
+            title += " — " + ", ".join(merged[node])
+        y0 = box.y - (len(box.lines) - 1) * LINE_H / 2 + 4.5
+        tspans = "".join(f'<tspan x="{box.x:.1f}" y="{y0 + i * LINE_H:.1f}">{escape(line)}</tspan>'
+                         for i, line in enumerate(box.lines))
         parts.append(f'<g class="node" data-node="{escape(node)}"><title>{escape(title)}</title>'
-                     f'<rect x="{x - NODE_W / 2:.1f}" y="{y - NODE_H / 2:.1f}" width="{NODE_W}" '
-                     f'height="{NODE_H}" rx="{NODE_H / 2 if terminal else 8}" fill="{fill}" '
+                     f'<rect x="{box.left:.1f}" y="{box.top:.1f}" width="{box.w:.1f}" '
+                     f'height="{box.h:.1f}" rx="{min(box.h / 2, 16) if terminal else 8}" fill="{fill}" '
                      f'stroke="{"#2f855a" if terminal else KEPT}" stroke-width="1.5"/>'
-                     f'<text x="{x:.1f}" y="{y + 5:.1f}" text-anchor="middle" class="node-label">'
-                     f'{escape(_short(node))}</text></g>')
+                     f'<text text-anchor="middle" class="node-label">{tspans}</text></g>')
     parts.append("</svg>")
     return "".join(parts)
 

@@ -25,11 +25,13 @@ h3 { margin: 18px 0 6px; font-size: 15px; color: #2d3748; }
 .note { color: var(--muted); font-size: 12.5px; }
 .graph-box { overflow-x: auto; border: 1px solid var(--line); border-radius: 6px; background: #fcfdff;
              padding: 6px; }
-.graph-box svg { display: block; max-width: none; }
+.graph-box svg { display: block; margin: 0 auto; max-width: 100%; height: auto; }
 .wf-graph .node-label { font: 600 12px system-ui, sans-serif; fill: #1a202c; }
-.wf-graph .edge-label { font: 11px system-ui, sans-serif; }
+.wf-graph .edge-label { font: 11px system-ui, sans-serif; paint-order: stroke; stroke: #fcfdff;
+                        stroke-width: 3px; stroke-linejoin: round; }
 .wf-graph .edge:hover path { opacity: 1; stroke-width: 6; }
 .hide-pruned .edge.pruned { display: none; }
+.hide-rare .edge.rare { display: none; }
 code.regex { display: block; background: #f7fafc; border: 1px solid var(--line); border-radius: 6px;
              padding: 8px 10px; font: 13px ui-monospace, SFMono-Regular, Menlo, monospace;
              white-space: pre-wrap; word-break: break-word; }
@@ -45,15 +47,18 @@ tr.pruned td { color: var(--muted); }
 .swatch { display: inline-block; width: 26px; height: 0; border-top: 3px solid #2b6cb0; vertical-align: middle;
           margin-right: 5px; }
 .swatch.pruned { border-top: 3px dashed #a0aec0; }
+.swatch.back { width: 22px; height: 10px; border: 2px solid #2b6cb0; border-left: none; border-radius: 0 8px 8px 0; }
 """
 
 JS = """
 (function () {
-  document.querySelectorAll('input.toggle-pruned').forEach(function (box) {
-    var target = document.getElementById(box.getAttribute('data-target'));
-    function apply() { if (target) { target.classList.toggle('hide-pruned', !box.checked); } }
-    box.addEventListener('change', apply);
-    apply();
+  [['toggle-pruned', 'hide-pruned'], ['toggle-rare', 'hide-rare']].forEach(function (pair) {
+    document.querySelectorAll('input.' + pair[0]).forEach(function (box) {
+      var target = document.getElementById(box.getAttribute('data-target'));
+      function apply() { if (target) { target.classList.toggle(pair[1], !box.checked); } }
+      box.addEventListener('change', apply);
+      apply();
+    });
   });
   var graphs = document.querySelectorAll('svg.wf-graph').length;
   document.body.setAttribute('data-graphs', String(graphs));
