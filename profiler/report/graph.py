@@ -255,7 +255,7 @@ def render_svg(graph: WorkflowGraph, element_id: str, min_p: float = 0.0) -> str
         parts.append(f'<g class="{cls}" data-from="{escape(a)}" data-to="{escape(b)}" data-p="{p:.4f}">'
                      f'<title>{escape(title)}</title>'
                      f'<path d="{d}" fill="none" stroke="{color}" stroke-width="{stroke:.2f}"{dash} '
-                     f'marker-end="{marker}" opacity="0.85"/>'
+                     f'marker-end="{marker}" opacity="{0.85 if pruned else 1}"/>'
                      f'<text x="{lx:.1f}" y="{ly + 4:.1f}" text-anchor="middle" class="edge-label" '
                      f'fill="{"#718096" if pruned else "#1a365d"}">{p:.2f}</text></g>')
         labels.append((lx, ly))
