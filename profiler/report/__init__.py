@@ -29,8 +29,14 @@ from profiler.report.graph import WorkflowGraph, collapse_rare, edge_rows, rende
 MAX_GRAPH_WORKFLOWS = 20_000
 #: Charts per workflow type and kind (agents, tools) beyond which the rest are listed only.
 MAX_CHARTS = 36
-#: Edges rarer than this are not drawn (they stay in the edge table).
+#: Edges rarer than this are hidden until the page's "show rare edges" box is ticked.
 MIN_EDGE_P = 0.01
+#: Rows per small-sample strip plot (more agents: more plots).
+STRIP_ROWS = 40
+#: Workflows drawn as a timeline per workflow type.
+TIMELINES = 3
+#: Agents with fewer held-out calls are pooled into one bar of the evaluation chart.
+EVAL_MIN_CALLS = 5
 
 
 def _graph_section(wt: str, section: dict | None, con, notes: list[str]) -> str:
@@ -85,33 +91,91 @@ def _regex_block(section: dict | None) -> str:
             f'<p class="note">{" · ".join(escape(f) for f in facts)}</p>')
 
 
+def _count(n: int, noun: str) -> str:
+    return f"{n:,} {noun}{'' if n == 1 else 's'}"
+
+
+def _badge(notes: list[str]) -> str:
+    """A visible warning badge; the full reasons in its tooltip."""
+    return (f'<span class="badge warn" title="{escape("; ".join(notes))}">⚠ '
+            f'{escape(_badge_text(notes))}</span>')
+
+
+def _badge_text(notes: list[str]) -> str:
+    if any("workflow type's band" in n for n in notes):
+        return "band wider than its workflow type's"
+    if any("global band" in n for n in notes):
+        return "band wider than the global band"
+    return "fallback band"
+
+
+def _calibration_table(wt: str, bands: dict, warned: dict, inside: dict[str, int] | None,
+                       stored_n: dict[str, int] | None) -> str:
+    """Per agent: the served band, how it was chosen, its held-out (cross-validated) coverage and
+    width, the share of stored calls inside it, and a badge when it is wider than its parent's."""
+    rows, classes = [], []
+    for agent, b in sorted(bands.items(), key=lambda kv: (-kv[1]["n"], kv[0])):
+        sel = b.get("selection") or {}
+        chosen = sel.get("chosen", "–")
+        cand = (sel.get("candidates") or {}).get(chosen) or {}
+        served = "conditional" if b.get("conditional") else b.get("level", "")
+        stored = (f"{inside[agent] / stored_n[agent]:.1%}" if inside is not None and stored_n
+                  and stored_n.get(agent) and agent in inside else None)
+        rows.append((agent, b["n"], f"[{b['lo']:,}, {b['hi']:,}]", served, chosen,
+                     cand.get("coverage"), cand.get("mean_width"), stored,
+                     _badge(warned[agent]) if agent in warned else ""))
+        classes.append("warn" if agent in warned else "")
+    return page.table(["agent", "calls", "band", "served by", "chosen", "held-out coverage",
+                       "held-out width", "stored calls inside", ""], rows, numeric={1, 5, 6, 7},
+                      row_classes=classes, raw={8})
+
+
 def _output_length_block(wt: str, data: dict, con) -> str:
     from profiler.report import figures
-    from profiler.report.data import band_coverage, output_histograms
+    from profiler.report.data import SMALL_N, band_coverage, output_histograms, small_sample_outputs
 
-    bands = (data.get("output_length") or {}).get("agents", {}).get(wt, {})
-    warned = {a: notes for (t, a), notes in band_warnings(data.get("output_length") or {}).items() if t == wt}
-    badge = "".join(f'<p class="note">⚠ {escape(a)}: {escape("; ".join(n))}</p>' for a, n in warned.items())
+    ol = data.get("output_length") or {}
+    bands = ol.get("agents", {}).get(wt, {})
+    warned = {a: notes for (t, a), notes in band_warnings(ol).items() if t == wt}
+    nominal = ol.get("coverage")
+    head = (f'<p class="note">Calibration: the band each agent is served (nominal coverage '
+            f'{nominal if nominal is not None else "?"}), the candidate chosen by cross-validation by '
+            f'workflow, and its held-out coverage and width. {len(warned)} of {len(bands)} agents '
+            f'carry a ⚠: their band is wider than their workflow type\'s or the global band.</p>')
     if con is None:
-        rows = [(a, b["n"], b["lo"], b["hi"], "conditional" if b.get("conditional") else b["level"])
-                for a, b in bands.items()]
-        return page.table(["agent", "calls", "lo", "hi", "served by"], rows, numeric={1, 2, 3}) + badge
+        return head + _calibration_table(wt, bands, warned, None, None)
     hists = output_histograms(con, wt)
     inside = band_coverage(con, wt, {a: (b["lo"], b["hi"]) for a, b in bands.items()})
+    table = _calibration_table(wt, bands, warned, inside, {a: h.n for a, h in hists.items()})
     figs = []
-    for agent, h in list(hists.items())[:MAX_CHARTS]:
-        h.inside = inside.get(agent)
-        figs.append(page.figure(figures.output_length_histogram(h, bands.get(agent)),
-                                f"output-length histogram of {agent}"))
-    more = len(hists) - MAX_CHARTS
-    tail = f'<p class="note">{more} more agents not drawn.</p>' if more > 0 else ""
-    return f'<div class="grid">{"".join(figs)}</div>{tail}{badge}'
+    big = sorted((h for h in hists.values() if h.n >= SMALL_N), key=lambda h: (-h.n, h.agent))
+    for h in big[:MAX_CHARTS]:
+        h.inside = inside.get(h.agent)
+        figs.append(page.figure(figures.output_length_histogram(h, bands.get(h.agent)),
+                                f"output-length histogram of {h.agent}",
+                                caption=_badge(warned[h.agent]) if h.agent in warned else ""))
+    more = len(big) - MAX_CHARTS
+    tail = f'<p class="note">{more} more agents not drawn (see the table).</p>' if more > 0 else ""
+    small = small_sample_outputs(con, wt, SMALL_N)
+    strips = []
+    names = list(small)
+    for k in range(0, len(names), STRIP_ROWS):
+        chunk = {a: small[a] for a in names[k:k + STRIP_ROWS]}
+        part = f" ({k // STRIP_ROWS + 1} of {-(-len(names) // STRIP_ROWS)})" if len(names) > STRIP_ROWS else ""
+        strips.append(page.figure(figures.strip_plot(
+            f"agents with fewer than {SMALL_N} calls: every call{part}", chunk, "output tokens",
+            {a: (bands[a]["lo"], bands[a]["hi"]) for a in chunk if a in bands}, "served band",
+            flagged=set(warned)), f"output lengths of small-sample agents{part}", wide=True))
+    small_html = (f'<p class="note">{_count(len(small), "agent")} with fewer than {SMALL_N} calls: each call is '
+                  f'a dot (no histogram of so few points); ⚠ marks a band wider than its parent\'s.</p>'
+                  + "".join(strips)) if small else ""
+    return f'{head}{table}<div class="grid">{"".join(figs)}</div>{tail}{small_html}'
 
 
 def _tool_block(wt: str, data: dict, con) -> str:
     from predictors.tool_latency import ToolLatencyModel
     from profiler.report import figures
-    from profiler.report.data import tool_latency_quantiles
+    from profiler.report.data import SMALL_N, small_sample_latencies, tool_latency_quantiles
 
     tl = data.get("tool_latency") or {}
     model = ToolLatencyModel.from_dict(tl) if tl else None
@@ -119,8 +183,9 @@ def _tool_block(wt: str, data: dict, con) -> str:
     if con is None:
         rows = [(t, e["n"], e["mu"], e["sigma"], e["ks"], e["p95_s"], e["source"]) for t, e in fitted.items()]
         return page.table(["tool", "n", "μ", "σ", "KS", "p95 s", "served from"], rows, numeric={1, 2, 3, 4, 5})
-    quantiles = tool_latency_quantiles(con, wt)
-    if not quantiles:
+    quantiles = {t: v for t, v in tool_latency_quantiles(con, wt).items() if v[0] >= SMALL_N}
+    small = small_sample_latencies(con, wt, SMALL_N)
+    if not quantiles and not small:
         return '<p class="note">No timed tool executions for this type.</p>'
     figs = []
     for tool, (n, q) in list(quantiles.items())[:MAX_CHARTS]:
@@ -129,7 +194,38 @@ def _tool_block(wt: str, data: dict, con) -> str:
         figs.append(page.figure(figures.tool_latency_cdf(tool, n, q, entry, cdf), f"latency CDF of {tool}"))
     more = len(quantiles) - MAX_CHARTS
     tail = f'<p class="note">{more} more tools not drawn.</p>' if more > 0 else ""
+    if small:
+        marks = {}
+        for tool in small:
+            entry = model.lookup(wt, tool) if model else None
+            if entry:
+                marks[tool] = entry["p95_s"]
+        tail += (f'<p class="note">{_count(len(small), "tool")} ran fewer than {SMALL_N} times: each execution is '
+                 'a dot (a CDF of so few points would draw straight lines between them).</p>'
+                 + page.figure(figures.strip_plot(f"tools with fewer than {SMALL_N} executions",
+                                                  small, "latency (s)", marks=marks,
+                                                  mark_label="served p95"),
+                               "latencies of small-sample tools", wide=True))
     return f'<div class="grid">{"".join(figs)}</div>{tail}'
+
+
+def _timeline_block(wt: str, con) -> str:
+    from profiler.report import figures
+    from profiler.report.data import sample_timelines
+
+    if con is None:
+        return '<p class="note">Timelines need the store.</p>'
+    tls = sample_timelines(con, wt, TIMELINES)
+    if not tls:
+        return '<p class="note">No workflows in the store for this type.</p>'
+    note = ("" if all(t.real_times for t in tls) else
+            '<p class="note">This log has no real times (order only): each call takes one slot; '
+            'durations, tool gaps and idle gaps cannot be shown.</p>')
+    figs = [page.figure(figures.timeline(t, f"workflow {t.workflow_id}"),
+                        f"timeline of workflow {t.workflow_id}", wide=True) for t in tls]
+    return (f'<p class="note">{len(tls)} workflows taken at the 20th, middle and 95th percentile of '
+            f'call count: calls per agent, tool executions, idle gaps (grey).</p>{note}'
+            f'<div class="grid">{"".join(figs)}</div>')
 
 
 def _scalars(d: dict, prefix: str = "") -> list[tuple[str, Any]]:
@@ -144,6 +240,30 @@ def _scalars(d: dict, prefix: str = "") -> list[tuple[str, Any]]:
     return rows
 
 
+def _pooled_coverage(per_agent: dict[str, dict]) -> tuple[list[str], list[float], list[str]]:
+    """Bars of the per-agent coverage chart: agents with at least :data:`EVAL_MIN_CALLS` held-out
+    calls each (most calls first), the rest pooled (coverage weighted by calls)."""
+    def calls(v: dict) -> int:
+        return int(v.get("calls") or v.get("n") or 0)
+
+    big = sorted(((k, v) for k, v in per_agent.items() if calls(v) >= EVAL_MIN_CALLS),
+                 key=lambda kv: (-calls(kv[1]), kv[0]))
+    rest = [v for v in per_agent.values() if calls(v) < EVAL_MIN_CALLS]
+    labels = [k for k, _ in big]
+    values = [float(v["coverage"]) for _, v in big]
+    notes = [f"(n {calls(v):,}, w {v['mean_width']:.0f})" for _, v in big]
+    n_rest = sum(calls(v) for v in rest)
+    if rest and n_rest:
+        labels.append(f"{len(rest)} agents with < {EVAL_MIN_CALLS} calls")
+        values.append(sum(v["coverage"] * calls(v) for v in rest) / n_rest)
+        notes.append(f"(n {n_rest:,})")
+    elif rest:  # no call counts in this result: one bar each
+        labels += [k for k, v in per_agent.items() if calls(v) < EVAL_MIN_CALLS]
+        values += [float(v["coverage"]) for v in rest]
+        notes += [f"(w {v['mean_width']:.0f})" for v in rest]
+    return labels, values, notes
+
+
 def _eval_section(profile, eval_logs: Sequence[Path]) -> str:
     from profiler.evaluation import evaluate
     from profiler.report import figures
@@ -154,15 +274,15 @@ def _eval_section(profile, eval_logs: Sequence[Path]) -> str:
     ol = scores.get("output_len") or {}
     per_agent = ol.get("per_agent") or {}
     if per_agent:
-        labels = list(per_agent)
+        labels, values, notes = _pooled_coverage(per_agent)
         out.append("<h3>Output-length bands</h3><p class=\"note\">"
                    f"coverage {ol.get('coverage', float('nan')):.1%} (nominal {ol.get('nominal', 0):g}), "
                    f"mean band width {page.fmt(ol.get('mean_width'))} tokens vs "
-                   f"{page.fmt(ol.get('global_band_width'))} for one global band</p>")
+                   f"{page.fmt(ol.get('global_band_width'))} for one global band; agents with fewer "
+                   f"than {EVAL_MIN_CALLS} held-out calls pooled into one bar</p>")
         out.append(page.figure(figures.coverage_bars(
-            "held-out calls inside their agent's band", labels, [per_agent[k]["coverage"] for k in labels],
-            float(ol.get("nominal", 0.99)),
-            [f"(w {per_agent[k]['mean_width']:.0f})" for k in labels]), "band coverage per agent", wide=True))
+            "held-out calls inside their agent's band", labels, values,
+            float(ol.get("nominal", 0.99)), notes), "band coverage per agent", wide=True))
     tl = scores.get("tool_latency") or {}
     known = {k: v for k, v in (tl.get("per_tool") or {}).items() if v.get("known")}
     if known:
@@ -231,7 +351,8 @@ def build_report(profile_path: str | Path, out: str | Path, *, db: str | Path | 
                 f"<h3>Workflow graph</h3>{graph_html}{note_html}"
                 f"<h3>Dominant paths (regex)</h3>{_regex_block(section)}"
                 f"<h3>Output length per agent</h3>{_output_length_block(wt, data, con)}"
-                f"<h3>Tool latency</h3>{_tool_block(wt, data, con)}</section>")
+                f"<h3>Tool latency</h3>{_tool_block(wt, data, con)}"
+                f"<h3>Timelines</h3>{_timeline_block(wt, con)}</section>")
         if eval_logs:
             body.append(_eval_section(profile, [Path(p) for p in eval_logs]))
     finally:

@@ -127,10 +127,87 @@ def band_coverage(con: duckdb.DuckDBPyConnection, workflow_type: str,
 
 def tool_latency_quantiles(con: duckdb.DuckDBPyConnection, workflow_type: str) -> dict[str, tuple[int, np.ndarray]]:
     """Per tool: (executions, latency at each of :data:`CDF_LEVELS`) — the empirical CDF sampled
-    at 201 probability levels, enough for a plot at any data size."""
+    at 201 probability levels, enough for a plot at any data size. Discrete quantiles (observed
+    values, no interpolation), so the curve is the true step function, not a diagonal."""
     rows = con.execute(f"""
-        SELECT tool_name, count(*), quantile_cont(latency_s, {CDF_LEVELS})
+        SELECT tool_name, count(*), quantile_disc(latency_s, {CDF_LEVELS})
         FROM store.tool_calls WHERE workflow_type_id = ? AND latency_s IS NOT NULL
         GROUP BY tool_name ORDER BY tool_name
     """, [workflow_type]).fetchall()
     return {tool: (int(n), np.asarray(q, dtype=float)) for tool, n, q in rows}
+
+
+#: Below this many observations a distribution is drawn as a strip of dots, not a histogram/CDF.
+SMALL_N = 20
+
+
+def small_sample_outputs(con: duckdb.DuckDBPyConnection, workflow_type: str,
+                         below: int = SMALL_N) -> dict[str, list[int]]:
+    """Per agent with fewer than ``below`` ok calls: every output length (for a strip plot)."""
+    rows = con.execute("""
+        SELECT agent_id, list(output_tokens ORDER BY output_tokens)
+        FROM store.calls WHERE workflow_type_id = ? AND status = 'ok' AND output_tokens IS NOT NULL
+        GROUP BY agent_id HAVING count(*) < ? ORDER BY count(*) DESC, agent_id
+    """, [workflow_type, below]).fetchall()
+    return {a: [int(v) for v in vals] for a, vals in rows}
+
+
+def small_sample_latencies(con: duckdb.DuckDBPyConnection, workflow_type: str,
+                           below: int = SMALL_N) -> dict[str, list[float]]:
+    """Per tool with fewer than ``below`` timed executions: every latency (for a strip plot)."""
+    rows = con.execute("""
+        SELECT tool_name, list(latency_s ORDER BY latency_s)
+        FROM store.tool_calls WHERE workflow_type_id = ? AND latency_s IS NOT NULL
+        GROUP BY tool_name HAVING count(*) < ? ORDER BY tool_name
+    """, [workflow_type, below]).fetchall()
+    return {t: [float(v) for v in vals] for t, vals in rows}
+
+
+@dataclass
+class Timeline:
+    """One workflow's calls and tool executions in time (or, for order-only logs, in order).
+
+    ``calls``: (agent, start, end) per call; ``tools``: (tool, start, end) per execution;
+    ``real_times`` is False when the log has no real times (``extra.timing`` =
+    ``synthetic_order``, or every call at the same instant): then start/end are call positions.
+    """
+
+    workflow_id: str
+    calls: list[tuple[str, float, float]]
+    tools: list[tuple[str, float, float]]
+    real_times: bool
+
+
+def sample_timelines(con: duckdb.DuckDBPyConnection, workflow_type: str, k: int = 3) -> list[Timeline]:
+    """``k`` workflows of the type, taken at evenly spaced quantiles of their call count (short,
+    typical, long; a hash of the id breaks ties, so the choice is stable)."""
+    ids = [r[0] for r in con.execute("""
+        SELECT workflow_id FROM store.calls WHERE workflow_type_id = ?
+        GROUP BY workflow_id ORDER BY count(*), hash(workflow_id), workflow_id
+    """, [workflow_type]).fetchall()]
+    if not ids:
+        return []
+    picks = sorted({ids[round(q * (len(ids) - 1))] for q in np.linspace(0.2, 0.95, k)},
+                   key=ids.index)
+    out = []
+    for wid in picks:
+        calls = con.execute("""
+            SELECT agent_id, t_arrival, t_finish, json_extract_string(extra, '$.timing')
+            FROM store.calls WHERE workflow_type_id = ? AND workflow_id = ?
+            ORDER BY call_index, t_arrival, request_id
+        """, [workflow_type, wid]).fetchall()
+        tools = con.execute("""
+            SELECT tool_name, t_start, t_end FROM store.tool_calls
+            WHERE workflow_type_id = ? AND workflow_id = ? AND t_start IS NOT NULL AND t_end IS NOT NULL
+            ORDER BY t_start
+        """, [workflow_type, wid]).fetchall()
+        synthetic = any(c[3] == "synthetic_order" for c in calls)
+        spans = [(c[1], c[2]) for c in calls if c[1] is not None and c[2] is not None]
+        same_instant = len(calls) > 1 and len({s for s, _ in spans}) <= 1
+        if synthetic or len(spans) < len(calls) or same_instant:
+            out.append(Timeline(wid, [(c[0], float(i), float(i) + 0.8) for i, c in enumerate(calls)], [], False))
+        else:
+            t0 = min(s for s, _ in spans)
+            out.append(Timeline(wid, [(c[0], c[1] - t0, c[2] - t0) for c in calls],
+                                [(t, s - t0, e - t0) for t, s, e in tools], True))
+    return out

@@ -38,11 +38,15 @@ code.regex { display: block; background: #f7fafc; border: 1px solid var(--line);
 .grid { display: flex; flex-wrap: wrap; gap: 10px; }
 .grid figure { margin: 0; background: #fff; border: 1px solid var(--line); border-radius: 6px; padding: 4px; }
 .grid img { display: block; width: 420px; max-width: 100%; height: auto; }
-img.wide { width: 680px; max-width: 100%; }
+img.wide { width: 720px; max-width: 100%; }
 table { border-collapse: collapse; font-size: 12.5px; margin: 6px 0; }
 th, td { border-bottom: 1px solid var(--line); padding: 3px 10px 3px 0; text-align: left; }
 td.num, th.num { text-align: right; }
 tr.pruned td { color: var(--muted); }
+tr.warn td { background: #fffaf0; }
+.badge { display: inline-block; border-radius: 10px; padding: 1px 8px; font-size: 11.5px; white-space: nowrap; }
+.badge.warn { background: #feebc8; color: #7b341e; border: 1px solid #f6ad55; }
+figcaption { padding: 2px 4px; }
 .legend span { display: inline-block; margin-right: 16px; }
 .swatch { display: inline-block; width: 26px; height: 0; border-top: 3px solid #2b6cb0; vertical-align: middle;
           margin-right: 5px; }
@@ -89,23 +93,29 @@ def fmt(value: Any, digits: int = 3) -> str:
 
 
 def table(headers: Iterable[str], rows: Iterable[Iterable[Any]], numeric: set[int] | None = None,
-          row_classes: Iterable[str] | None = None) -> str:
+          row_classes: Iterable[str] | None = None, raw: set[int] | None = None) -> str:
+    """An HTML table; cells are escaped and formatted by :func:`fmt`, except the columns in
+    ``raw``, which hold ready HTML (e.g. a badge)."""
     numeric = numeric or set()
+    raw = raw or set()
     head = "".join(f'<th class="num">{escape(h)}</th>' if i in numeric else f"<th>{escape(h)}</th>"
                    for i, h in enumerate(headers))
     body = []
     classes = list(row_classes) if row_classes is not None else None
     for r, row in enumerate(rows):
         cls = f' class="{classes[r]}"' if classes and classes[r] else ""
-        cells = "".join(f'<td class="num">{fmt(v)}</td>' if i in numeric else f"<td>{fmt(v)}</td>"
+        cells = "".join(f"<td>{v}</td>" if i in raw else
+                        f'<td class="num">{fmt(v)}</td>' if i in numeric else f"<td>{fmt(v)}</td>"
                         for i, v in enumerate(row))
         body.append(f"<tr{cls}>{cells}</tr>")
     return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
 
 
-def figure(uri: str, alt: str, wide: bool = False) -> str:
+def figure(uri: str, alt: str, wide: bool = False, caption: str = "") -> str:
+    """An inline chart; ``caption`` is ready HTML (e.g. a warning badge) shown under it."""
     cls = ' class="wide"' if wide else ""
-    return f'<figure><img{cls} src="{uri}" alt="{escape(alt)}"></figure>'
+    cap = f"<figcaption>{caption}</figcaption>" if caption else ""
+    return f'<figure><img{cls} src="{uri}" alt="{escape(alt)}">{cap}</figure>'
 
 
 def document(title: str, header_meta: str, nav: str, body: str) -> str:
