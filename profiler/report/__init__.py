@@ -112,22 +112,40 @@ def _badge_text(notes: list[str]) -> str:
 def _calibration_table(wt: str, bands: dict, warned: dict, inside: dict[str, int] | None,
                        stored_n: dict[str, int] | None) -> str:
     """Per agent: the served band, how it was chosen, its held-out (cross-validated) coverage and
-    width, the share of stored calls inside it, and a badge when it is wider than its parent's."""
-    rows, classes = [], []
-    for agent, b in sorted(bands.items(), key=lambda kv: (-kv[1]["n"], kv[0])):
-        sel = b.get("selection") or {}
-        chosen = sel.get("chosen", "–")
-        cand = (sel.get("candidates") or {}).get(chosen) or {}
-        served = "conditional" if b.get("conditional") else b.get("level", "")
-        stored = (f"{inside[agent] / stored_n[agent]:.1%}" if inside is not None and stored_n
-                  and stored_n.get(agent) and agent in inside else None)
-        rows.append((agent, b["n"], f"[{b['lo']:,}, {b['hi']:,}]", served, chosen,
-                     cand.get("coverage"), cand.get("mean_width"), stored,
-                     _badge(warned[agent]) if agent in warned else ""))
-        classes.append("warn" if agent in warned else "")
-    return page.table(["agent", "calls", "band", "served by", "chosen", "held-out coverage",
-                       "held-out width", "stored calls inside", ""], rows, numeric={1, 5, 6, 7},
-                      row_classes=classes, raw={8})
+    width, the share of stored calls inside it, and a badge when it is wider than its parent's.
+    Agents with fewer than ``SMALL_N`` calls are folded into a second table (a team of experts
+    can have a hundred of those)."""
+    from profiler.report.data import SMALL_N
+
+    def rows_of(items):
+        rows, classes = [], []
+        for agent, b in items:
+            sel = b.get("selection") or {}
+            chosen = sel.get("chosen", "–")
+            cand = (sel.get("candidates") or {}).get(chosen) or {}
+            served = "conditional" if b.get("conditional") else b.get("level", "")
+            stored = (f"{inside[agent] / stored_n[agent]:.1%}" if inside is not None and stored_n
+                      and stored_n.get(agent) and agent in inside else None)
+            rows.append((agent, b["n"], f"[{b['lo']:,}, {b['hi']:,}]", served, chosen,
+                         cand.get("coverage"), cand.get("mean_width"), stored,
+                         _badge(warned[agent]) if agent in warned else ""))
+            classes.append("warn" if agent in warned else "")
+        return page.table(["agent", "calls", "band", "served by", "chosen", "held-out coverage",
+                           "held-out width", "stored calls inside", ""], rows, numeric={1, 5, 6, 7},
+                          row_classes=classes, raw={8})
+
+    ordered = sorted(bands.items(), key=lambda kv: (-kv[1]["n"], kv[0]))
+    big = [(a, b) for a, b in ordered if b["n"] >= SMALL_N]
+    small = [(a, b) for a, b in ordered if b["n"] < SMALL_N]
+    out = rows_of(big) if big else ""
+    if small:
+        n_warn = sum(1 for a, _ in small if a in warned)
+        body = rows_of(small)
+        if big:
+            body = (f'<details><summary class="note">{_count(len(small), "agent")} with fewer than '
+                    f'{SMALL_N} calls ({n_warn} with ⚠)</summary>{body}</details>')
+        out += body
+    return out
 
 
 def _output_length_block(wt: str, data: dict, con) -> str:
@@ -138,10 +156,12 @@ def _output_length_block(wt: str, data: dict, con) -> str:
     bands = ol.get("agents", {}).get(wt, {})
     warned = {a: notes for (t, a), notes in band_warnings(ol).items() if t == wt}
     nominal = ol.get("coverage")
+    wider = sum(1 for notes in warned.values() if any("wider than" in n for n in notes))
     head = (f'<p class="note">Calibration: the band each agent is served (nominal coverage '
             f'{nominal if nominal is not None else "?"}), the candidate chosen by cross-validation by '
-            f'workflow, and its held-out coverage and width. {len(warned)} of {len(bands)} agents '
-            f'carry a ⚠: their band is wider than their workflow type\'s or the global band.</p>')
+            f'workflow, and its held-out coverage and width. ⚠: {wider} of {len(bands)} agents have a '
+            f'band wider than their workflow type\'s or the global band; {len(warned) - wider} more '
+            f'are served a fallback band (too few calls to validate; hover the badge).</p>')
     if con is None:
         return head + _calibration_table(wt, bands, warned, None, None)
     hists = output_histograms(con, wt)
@@ -296,7 +316,11 @@ def _eval_section(profile, eval_logs: Sequence[Path]) -> str:
     by_type = {wt: v for wt, v in (scores.get("workflows_by_type") or {}).items() if v.get("known")}
     if by_type:
         wts = list(by_type)
-        acc = {"next-agent top-1 accuracy": [(by_type[w].get("next_agent") or {}).get("top1_accuracy") for w in wts],
+        def na(w: str) -> dict:
+            return by_type[w].get("next_agent") or {}
+
+        acc = {"next-agent top-1 accuracy": [na(w).get("top1_accuracy") for w in wts],
+               "baseline: first-order Markov": [(na(w).get("baselines") or {}).get("markov1") for w in wts],
                "regex acceptance": [(by_type[w].get("path") or {}).get("regex_acceptance") for w in wts]}
         mae = {"profile": [(by_type[w].get("remaining_calls") or {}).get("mae") for w in wts],
                "position-only baseline": [(by_type[w].get("remaining_calls") or {}).get("baseline_mae") for w in wts]}
@@ -306,13 +330,14 @@ def _eval_section(profile, eval_logs: Sequence[Path]) -> str:
                 ("remaining calls: mean absolute error", mae, "calls", "remaining-calls error per workflow type")):
             series = {k: v for k, v in series.items() if all(x is not None for x in v)}
             if series:
-                out.append(page.figure(figures.grouped_bars(title, wts, series, xlabel), alt))
+                out.append(page.figure(figures.grouped_bars(title, wts, series, xlabel), alt, wide=True))
         out.append("</div>")
     core = {"output_len", "tool_latency", "profile_version"}
     extra = {k: v for k, v in scores.items() if k not in core}
     rows = [(k, v) for k, v in _scalars(extra) if not k.endswith(".regex")]
     if rows:
-        out.append("<h3>All figures</h3>" + page.table(["metric", "value"], rows, numeric={1}))
+        out.append(f'<details><summary class="note">all {len(rows)} figures of <code>profiler eval</code>'
+                   '</summary>' + page.table(["metric", "value"], rows, numeric={1}) + "</details>")
     out.append("</section>")
     return "".join(out)
 

@@ -64,8 +64,8 @@ def output_length_histogram(h: Histogram, band: dict[str, Any] | None) -> str:
             sub += f"\n{h.inside / h.n:.1%} of stored calls inside"
     ax.set_xlabel("output tokens")
     ax.set_ylabel("calls")
-    ax.set_title(h.agent, fontsize=10, loc="left", pad=22 if "\n" in sub else 14)
-    ax.text(0, 1.02, sub, transform=ax.transAxes, fontsize=7, color="#2d3748", va="bottom")
+    ax.set_title(h.agent, fontsize=10, loc="left", pad=27 if "\n" in sub else 16)
+    ax.text(0, 1.035, sub, transform=ax.transAxes, fontsize=7, color="#2d3748", va="bottom")
     return to_data_uri(fig)
 
 
