@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import io
+import itertools
 import json
 import os
 import re
@@ -281,3 +282,124 @@ def test_report_without_store_falls_back_to_the_profile(report_html, tmp_path):
     svg = re.search(r'<svg id="wt-review_bot-graph".*?</svg>', html, re.S).group(0)
     assert re.findall(r'data-node="([^"]+)"', svg)[:2] == ["START", "planner"]  # from the automaton's counts
     assert "<table>" in html and "data:image/svg+xml" not in html.split('id="evaluation"')[0]
+
+
+# --------------------------------------------------- a real multi-agent team in a real browser
+REAL_SET = Path(__file__).resolve().parents[1] / "datasets" / "real" / "seq_whowhen_magentic_captain.jsonl"
+
+#: Where the screenshots of the real-team report land (printed by the test; override with
+#: REPORT_SCREENSHOT_DIR).
+SCREENSHOT_DIR = Path(os.environ.get("REPORT_SCREENSHOT_DIR", tempfile.gettempdir())) / "profiler-report-screenshots"
+
+NODE_BOXES_JS = """(() => {
+  const vw = document.documentElement.clientWidth, out = [];
+  const r4 = r => [r.left, r.top, r.right, r.bottom];
+  document.querySelectorAll('svg.wf-graph').forEach(svg => {
+    const box = svg.parentElement.getBoundingClientRect(), s = svg.getBoundingClientRect();
+    svg.querySelectorAll('g.node').forEach(g => out.push({
+      graph: svg.id, node: g.getAttribute('data-node'),
+      lines: Array.from(g.querySelectorAll('tspan')).map(t => t.textContent),
+      text: r4(g.querySelector('text').getBoundingClientRect()),
+      rect: r4(g.querySelector('rect').getBoundingClientRect()),
+      svg: r4(s), box: r4(box), vw: vw}));
+  });
+  return out;
+})()"""
+
+
+def _inside(inner, outer, tol=0.5):
+    return (inner[0] >= outer[0] - tol and inner[1] >= outer[1] - tol
+            and inner[2] <= outer[2] + tol and inner[3] <= outer[3] + tol)
+
+
+@pytest.fixture(scope="module")
+def real_team_report(tmp_path_factory) -> tuple[Path, list[str]]:
+    """``profiler fit`` + ``profiler report`` on the real Who&When copy (Magentic-One and
+    CaptainAgent, order-only times); returns the page and every agent name in the data."""
+    root = tmp_path_factory.mktemp("real-team")
+    _register()
+    runner = CliRunner()
+    result = runner.invoke(app, ["fit", str(REAL_SET), "--out", str(root / "profile")])
+    assert result.exit_code == 0, result.output
+    out = root / "report.html"
+    result = runner.invoke(app, ["report", "--profile", str(root / "profile"), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    agents = sorted({json.loads(line)["agent_id"] for line in REAL_SET.read_text().splitlines()})
+    return out, agents
+
+
+def test_real_team_report_shows_every_agent_name_unclipped(real_team_report, chromium):
+    path, agents = real_team_report
+    html = path.read_text()
+    browser = DevToolsPipe(chromium)
+    try:
+        target = browser.send("Target.createTarget", {"url": "about:blank"})["targetId"]
+        session = browser.send("Target.attachToTarget", {"targetId": target, "flatten": True})["sessionId"]
+        for domain in ("Page", "Runtime", "Log"):
+            browser.send(f"{domain}.enable", session=session)
+        browser.send("Emulation.setDeviceMetricsOverride",
+                     {"width": 1280, "height": 900, "deviceScaleFactor": 1, "mobile": False}, session=session)
+        browser.send("Page.navigate", {"url": path.as_uri()}, session=session)
+        browser.wait_for("Page.loadEventFired")
+        browser.drain(0.5)
+
+        def evaluate(expr: str):
+            return browser.send("Runtime.evaluate", {"expression": expr, "returnByValue": True},
+                                session=session)["result"].get("value")
+
+        assert evaluate("document.body.getAttribute('data-ready')") == "1"
+        assert evaluate("document.body.getAttribute('data-graphs')") == "2"
+        nodes = evaluate(NODE_BOXES_JS)
+        by_graph: dict[str, list[dict]] = {}
+        for n in nodes:
+            by_graph.setdefault(n["graph"], []).append(n)
+        assert set(by_graph) == {"wt-magentic_one-graph", "wt-captain_agent-graph"}
+        for graph, ns in by_graph.items():
+            for n in ns:
+                # the full name, wrapped into lines, never cut
+                assert "".join(n["lines"]).replace(" ", "") == n["node"].replace(" ", ""), n
+                assert "…" not in "".join(n["lines"])
+                # the text inside its box, the box inside the drawing, the drawing on the page
+                assert _inside(n["text"], n["rect"]), n
+                assert _inside(n["rect"], n["svg"]), n
+                assert _inside(n["svg"], n["box"]) and n["svg"][2] <= n["vw"], n
+            for a, b in itertools.combinations(ns, 2):
+                ra, rb = a["rect"], b["rect"]
+                assert ra[2] <= rb[0] or rb[2] <= ra[0] or ra[3] <= rb[1] or rb[3] <= ra[1], (a, b)
+            tops = {n["node"]: n["rect"][1] for n in ns}
+            assert tops["START"] == min(tops.values()) and tops["END"] == max(tops.values())
+        drawn = {n["node"] for n in by_graph["wt-magentic_one-graph"]}
+        assert {"Orchestrator", "WebSurfer", "FileSurfer", "Assistant"} <= drawn
+        # every agent of the data is named on the page: a graph node, or (pooled) in the
+        # calibration table and the pooled node's tooltip
+        text = evaluate("document.body.textContent")
+        missing = [a for a in agents if a not in text]
+        assert missing == []
+
+        SCREENSHOT_DIR.mkdir(parents=True, exist_ok=True)
+        shots = []
+        for graph in sorted(by_graph):
+            box = evaluate(f"(() => {{ const r = document.getElementById('{graph}').parentElement"
+                           ".getBoundingClientRect(); return [r.x, r.y + window.scrollY, r.width, r.height]; })()")
+            shot = browser.send("Page.captureScreenshot", {"format": "png", "captureBeyondViewport": True, "clip": {
+                "x": box[0], "y": box[1], "width": box[2], "height": box[3], "scale": 1}}, session=session)
+            dest = SCREENSHOT_DIR / f"{graph}.png"
+            dest.write_bytes(base64.b64decode(shot["data"]))
+            shots.append(dest)
+        full = browser.send("Page.captureScreenshot", {"format": "png", "captureBeyondViewport": True},
+                            session=session)
+        (SCREENSHOT_DIR / "report-top.png").write_bytes(base64.b64decode(full["data"]))
+        print(f"\nscreenshots of the real-team report: {', '.join(map(str, shots))}, "
+              f"{SCREENSHOT_DIR / 'report-top.png'}")
+    finally:
+        browser.close()
+
+    import matplotlib.image as mpimg
+
+    for shot in shots:
+        pixels = mpimg.imread(shot)[..., :3]
+        assert np.any(pixels < 0.9, axis=-1).mean() > 0.02  # a drawing, not a blank box
+    # small samples as strips, order-only timelines said so, the rare-edge toggle present
+    assert "output lengths of small-sample agents" in html
+    assert "timeline of workflow" in html and "no real times" in html
+    assert 'class="toggle-rare"' in html
