@@ -216,7 +216,6 @@ def render_svg(graph: WorkflowGraph, element_id: str, min_p: float = 0.0) -> str
              f'markerHeight="10" markerUnits="userSpaceOnUse" orient="auto-start-reverse"><path d="M0,0 L10,5 L0,10 z" fill="{PRUNED_COLOR}"/>'
              '</marker></defs>']
     taken = [(b.left - 2, b.top - 2, b.right + 2, b.bottom + 2) for b in lay.nodes.values()]
-    labels = []
     # kept edges drawn last so that they sit on top of pruned ones; rare ones first of all
     for (a, b), p in sorted(graph.edges.items(), key=lambda kv: (kv[1] >= min_p, kv[0] not in graph.pruned, kv[1])):
         pruned = (a, b) in graph.pruned
@@ -258,7 +257,6 @@ def render_svg(graph: WorkflowGraph, element_id: str, min_p: float = 0.0) -> str
                      f'marker-end="{marker}" opacity="{0.85 if pruned else 1}"/>'
                      f'<text x="{lx:.1f}" y="{ly + 4:.1f}" text-anchor="middle" class="edge-label" '
                      f'fill="{"#718096" if pruned else "#1a365d"}">{p:.2f}</text></g>')
-        labels.append((lx, ly))
     merged = graph.merged
     for node in graph.nodes:
         box = lay.nodes[node]
