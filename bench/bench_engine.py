@@ -376,10 +376,13 @@ def print_report(out: dict, args: argparse.Namespace, names: list[str]) -> None:
         for seed, v in sim["seeds"].items():
             print(f"{seed:>4} " + " ".join(f"{v[n]['jct_avg_s']:>11.2f} {v[n]['jct_p95_s']:>11.2f}" for n in names)
                   + "   " + "/".join(f"{v[n]['cached_fraction']:.0%}" for n in names))
-    print(f"\n{'ratio (mean over ' + str(len(args.seeds)) + ' seeds)':<34} {'measured avg':>12} {'measured p95':>12}"
-          + (f" {'simulated avg':>13} {'simulated p95':>13}" if sim else ""))
+    if not out["ratios"]:
+        return
+    print(f"\n{'ratio (mean over ' + str(len(args.seeds)) + ' seeds)':<34} {'measured avg':>12} {'(seed range)':>13} "
+          f"{'measured p95':>12}" + (f" {'simulated avg':>13} {'simulated p95':>13}" if sim else ""))
     for key, r in out["ratios"].items():
-        line = f"{key:<34} {r['mean_avg']:>12.3f} {r['mean_p95']:>12.3f}"
+        spread = f"({min(r['avg']):.2f}-{max(r['avg']):.2f})"
+        line = f"{key:<34} {r['mean_avg']:>12.3f} {spread:>13} {r['mean_p95']:>12.3f}"
         if sim:
             s = sim["ratios"][key]
             line += f" {s['mean_avg']:>13.3f} {s['mean_p95']:>13.3f}"

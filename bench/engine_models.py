@@ -68,7 +68,7 @@ def local_tokenizer(root: Path, vocab_size: int = 1536) -> tuple[int, int]:
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=specials,
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=specials, show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tok.train_from_iterator(((" ".join(WORDS) + "\n") * 50 + "user assistant system tok\n" * 20).splitlines(),
                             trainer)
