@@ -15,7 +15,10 @@ replays the same trace under the same three set-ups.
   workflows, released in the same order; the prompt prefix structure is the replay's own
   (:func:`replay_prefixes`, the rule of ``serving_hooks.replay_prompts``).
 * **Set-ups** — round robin → ``sglang-rr`` (FCFS, round robin, LRU); sglang-router →
-  ``sglang-default`` (FCFS, the router's cache-aware policy at its defaults, LRU); the gateway
+  :class:`RouterCacheAware032` (FCFS, LRU, the simulator's ``sglang-default`` router with the
+  two rules sglang-router 0.3.2 changed: a prompt below the cache threshold goes to the
+  *least-loaded* worker, not the one with the smallest tree, and the tree is trimmed every
+  60 s, not 120 s); the gateway
   with the plugin → ``ours`` with priority preemption at SGLang's default threshold (10) and no
   prefetch (no host tier); ``no-priority`` → ``ours-no-priority``. The profile is the bench's own.
 
@@ -28,16 +31,68 @@ from pathlib import Path
 
 import numpy as np
 
+from simulator.baselines.caches import LRU
+from simulator.baselines.routers import CacheAware
+from simulator.baselines.schedulers import FCFS
 from simulator.calibration import StepTimeModel, fit_step_time, mark_concurrency
 from simulator.config import ClusterConfig
-from simulator.engine import Simulator
+from simulator.engine import Request, Simulator
 from simulator.metrics import summarize
 from simulator.ours import OursOptions, build_ours
+from simulator.policy import Policy
 from simulator.workload import Workload, workload_from_records
 
 #: bench set-up -> simulator policy
-SIM_POLICIES = {"round-robin": "sglang-rr", "router": "sglang-default", "hints": "ours",
+SIM_POLICIES = {"round-robin": "sglang-rr", "router": "sglang-router-0.3.2", "hints": "ours",
                 "no-priority": "ours-no-priority"}
+
+
+class RouterCacheAware032(CacheAware):
+    """``sglang-router`` 0.3.2's ``cache_aware`` (``select_worker_with_text``, HTTP path): as the
+    simulator's :class:`~simulator.baselines.routers.CacheAware` (imbalance → least loaded;
+    match share > ``cache_threshold`` → the worker holding the match), but a miss goes to the
+    worker with the fewest requests in flight (first such worker on ties) instead of the one
+    with the smallest tree, and the tree is trimmed every 60 s (``eviction_interval_secs``)."""
+
+    def __init__(self) -> None:
+        super().__init__(eviction_interval_s=60.0)
+
+    def route(self, req: Request) -> int:
+        sim = self.sim
+        while sim.now >= self._next_evict:
+            self._evict()
+            self._next_evict += self.eviction_interval_s
+        reps = sim.candidates(req)
+        loads = [len(rep.running) + len(rep.waiting) for rep in reps]
+        hi, lo = max(loads), min(loads)
+        least = reps[loads.index(lo)].idx
+        if hi - lo > self.balance_abs_threshold and hi > lo * self.balance_rel_threshold:
+            r = least
+            self.counts["imbalanced"] += 1
+        else:
+            best, best_t, r = 0.0, -1.0, -1
+            for rep in reps:
+                m, t = self._match(rep.idx, req.call.path)
+                if m > best or (m == best and m > 0 and t > best_t):
+                    best, best_t, r = m, t, rep.idx
+            if r >= 0 and best / max(req.call.input_tokens, 1) > self.cache_threshold:
+                self.counts["cache_hit"] += 1
+            else:
+                r = least
+                self.counts["cache_miss"] += 1
+        self._insert(r, req)
+        return r
+
+
+def _policy(name: str, profile_dir: Path, opts: OursOptions) -> Policy:
+    from predictors.predictor import Predictor
+    from simulator.baselines import BASELINES
+
+    if name == "sglang-router-0.3.2":
+        return Policy(name, RouterCacheAware032(), FCFS(), LRU(), "sglang-router 0.3.2 cache_aware, FCFS, LRU")
+    if name.startswith("ours"):
+        return build_ours(Predictor(profile_dir), name, opts)
+    return BASELINES[name]()
 _LIMITS = re.compile(r"max_total_num_tokens=(\d+), chunked_prefill_size=(-?\d+), .*?max_running_requests=(\d+)")
 
 
@@ -112,17 +167,13 @@ def replay_prefixes(wl: Workload) -> Workload:
 def simulate_setups(records: list[dict], profile_dir: Path, cfg: ClusterConfig, concurrency: int,
                     setups: list[str]) -> dict[str, dict]:
     """Simulated avg/P95 JCT and GPU-tier hit share of each bench set-up on ``records``."""
-    from predictors.predictor import Predictor
-    from simulator.baselines import BASELINES
-
     wl = replay_prefixes(workload_from_records(records, name="bench-engine", conversation_lineage=False))
     arrivals = np.zeros(len(wl.workflows))
     opts = OursOptions(prefetch=False, preemption_threshold=10)
     out = {}
     for name in setups:
         pol_name = SIM_POLICIES[name]
-        policy = (build_ours(Predictor(profile_dir), pol_name, opts) if pol_name.startswith("ours")
-                  else BASELINES[pol_name]())
+        policy = _policy(pol_name, profile_dir, opts)
         res = Simulator(wl, policy, cfg, arrivals, None, concurrency).run()
         row = summarize(res)
         out[name] = {"policy": pol_name, "jct_avg_s": row["avg_jct_s"], "jct_p95_s": row["p95_jct_s"],
