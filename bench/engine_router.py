@@ -8,9 +8,11 @@ so the policy is the default ``cache_aware`` (``sglang_router/router_args.py``, 
 in 0.3.2: ``policy = "cache_aware"``, ``cache_threshold = 0.3``, ``balance_abs_threshold = 64``,
 ``balance_rel_threshold = 1.5``, ``eviction_interval_secs = 60``, ``max_tree_size = 2**26``).
 Per request the router matches the prompt text against its own approximate radix tree of
-what it sent each worker: if the workers' loads are balanced and the match covers more than
-``cache_threshold`` of the prompt, the worker holding the match gets it, else the worker with
-the smallest tree; under imbalance, the least-loaded worker. Only ``--host``/``--port`` and
+what it sent each worker: if the workers' loads (requests it has in flight on each) are
+balanced and the match covers more than ``cache_threshold`` of the prompt, the worker holding
+the match gets it, else the least-loaded worker; under imbalance, the least-loaded worker.
+(Older versions sent a miss to the worker with the smallest tree; the simulator's model of
+0.3.2 is ``bench.engine_sim.RouterCacheAware032``.) Only ``--host``/``--port`` and
 the worker list are set here. It proxies OpenAI streams unchanged (``ignore_eos``,
 ``stream_options`` and the engine's ``usage.prompt_tokens_details.cached_tokens`` pass through;
 checked against sglang-router 0.3.2 and SGLang 0.5.23).
