@@ -15,7 +15,8 @@ How it is fitted (:func:`fit_step_time`), on flat records with ``t_first_token``
 
 * **prefill** ``a``, ``a_ctx``: time to first token of calls served alone (``num_workers == 1``
   when the log says so, else all calls) regressed on the *uncached* prompt tokens (the prompt minus
-  the previous call's prompt and output, which a prefix cache holds) and on the whole prompt
+  the engine's reported ``cached_tokens``; without them, minus the previous call's prompt and
+  output, which a prefix cache holds) and on the whole prompt
   length, non-negative least squares (``TTFT ≈ a·new + a_ctx·input``);
 * **decode** ``t0``, ``c``: time per output token ``(t_last − t_first)/(out − 1)`` of calls with at
   least 16 output tokens, regressed by **median** (L1) regression on the KV tokens being read in
@@ -25,6 +26,16 @@ How it is fitted (:func:`fit_step_time`), on flat records with ``t_first_token``
 :data:`SWE_AGENT_GLM45` holds the fit on the bundled SWE-agent traces (GLM-4.5-FP8 on vLLM), the
 step model of ``--step-model glm45-fit``; ``profiler simulate --calibrate LOGS`` refits on other
 logs. The default step model is the hardware roofline of :mod:`simulator.hardware`.
+
+**From a replay** (``profiler replay --out calls.jsonl`` or ``serving_hooks.replay_report.call_records``,
+sent to *one* replica): the records carry the send time as ``t_arrival``, the first streamed
+token and the last chunk, but no ``num_workers``. :func:`mark_concurrency` derives it — calls in
+flight on the replica while the call waited for its first token — so that the prefill fit uses
+the calls served alone; ``fit_step_time(..., prefill_intercept=True)`` adds a constant to the
+prefill regression (``TTFT ≈ p0 + a·new + a_ctx·input``, stored as ``prefill_t0``): on a small
+engine the fixed cost of a call (HTTP, tokenizer, scheduler round trip, one forward pass) is a
+large share of its TTFT, and a fit through the origin would fold it into ``a``.
+``bench/bench_engine.py`` calibrates the simulator to real SGLang replicas this way.
 """
 from __future__ import annotations
 
@@ -85,7 +96,7 @@ def _records_frame(records: Iterable[dict]):
             "wf": r["workflow_id"], "t_arrival": float(r["t_arrival"]),
             "t_first": r.get("t_first_token"), "t_last": r.get("t_last_chunk", r["t_finish"]),
             "input": int(r["input_tokens"]), "output": int(r["output_tokens"]),
-            "workers": r.get("num_workers"),
+            "workers": r.get("num_workers"), "cached": r.get("cached_tokens"),
         }
         for r in records
     ]
@@ -96,11 +107,34 @@ def _records_frame(records: Iterable[dict]):
     prev_ctx = (df.groupby("wf")["input"].shift(1) + df.groupby("wf")["output"].shift(1)).fillna(0)
     df["new"] = (df["input"] - prev_ctx).clip(lower=0)
     df.loc[df["new"] <= 0, "new"] = df["input"]
+    # the engine's own count of prompt tokens served from its cache, when it reported one
+    known = df["cached"].notna()
+    df.loc[known, "new"] = (df.loc[known, "input"] - df.loc[known, "cached"].astype(float)).clip(lower=1)
     return df
 
 
-def fit_step_time(records: Iterable[dict], source: str = "") -> StepTimeModel:
-    """Fit :class:`StepTimeModel` from flat log records (see the module docstring for the method)."""
+def mark_concurrency(records: Iterable[dict]) -> list[dict]:
+    """Copies of ``records`` (calls sent to one replica) with ``num_workers`` = 1 + the number of
+    other calls in flight at some point between the call's send (``t_arrival``) and its first
+    token (``t_first_token``; its finish when absent). ``num_workers == 1``: served alone."""
+    recs = [dict(r) for r in records]
+    if not recs:
+        return recs
+    send = np.array([float(r["t_arrival"]) for r in recs])
+    fin = np.array([float(r["t_finish"]) for r in recs])
+    first = np.array([float(r.get("t_first_token") or r["t_finish"]) for r in recs])
+    # j overlaps i's wait [send_i, first_i] iff send_j < first_i and fin_j > send_i
+    overlap = (send[None, :] < first[:, None]) & (fin[None, :] > send[:, None])
+    for r, n in zip(recs, overlap.sum(axis=1)):
+        r["num_workers"] = int(n)            # the diagonal counts the call itself
+    return recs
+
+
+def fit_step_time(records: Iterable[dict], source: str = "", prefill_intercept: bool = False) -> StepTimeModel:
+    """Fit :class:`StepTimeModel` from flat log records (see the module docstring for the method).
+
+    ``prefill_intercept``: fit ``TTFT ≈ p0 + a·new + a_ctx·input`` and keep ``p0`` as
+    ``prefill_t0`` (the fixed cost of a prefilling iteration and of the call around it)."""
     from scipy.optimize import nnls
     from sklearn.linear_model import QuantileRegressor
 
@@ -116,8 +150,12 @@ def fit_step_time(records: Iterable[dict], source: str = "") -> StepTimeModel:
     if alone.sum() < 10:
         alone = np.ones(len(df), bool)
     a_mat = np.c_[new[alone], inp[alone]]
-    (a, a_ctx), _ = nnls(a_mat, ttft[alone])
-    pre_err = np.median(np.abs(a_mat @ [a, a_ctx] - ttft[alone]) / ttft[alone])
+    if prefill_intercept:
+        a_mat = np.c_[a_mat, np.ones(int(alone.sum()))]
+    coef, _ = nnls(a_mat, ttft[alone])
+    a, a_ctx = coef[0], coef[1]
+    p0 = float(coef[2]) if prefill_intercept else 0.0
+    pre_err = np.median(np.abs(a_mat @ coef - ttft[alone]) / ttft[alone])
 
     # KV tokens read while each call decodes: its own context plus the time-weighted contexts of
     # every call decoding at the same time (a sweep over sorted intervals would be O(n log n);
@@ -140,6 +178,6 @@ def fit_step_time(records: Iterable[dict], source: str = "") -> StepTimeModel:
     dec_err = np.median(np.abs(t0 + c * kv_read[keep] - tpot[keep]) / tpot[keep])
     return StepTimeModel(
         t0=round(t0, 6), a=float(f"{a:.6g}"), a_ctx=float(f"{a_ctx:.6g}"), c=float(f"{c:.5g}"),
-        source=source, n_prefill=int(alone.sum()), n_decode=int(keep.sum()),
+        prefill_t0=round(p0, 6), source=source, n_prefill=int(alone.sum()), n_decode=int(keep.sum()),
         prefill_mdape=round(float(pre_err), 3), decode_mdape=round(float(dec_err), 3),
     )

@@ -1,0 +1,185 @@
+"""Simulator fidelity for ``bench/bench_engine.py``: the simulator, calibrated to the real replicas,
+replays the same trace under the same three set-ups.
+
+* **Step time** — measured, not assumed: a calibration replay (``profiler replay``'s call
+  records, sent straight to one plain replica, first one workflow at a time, then two) is fitted
+  with :func:`simulator.calibration.fit_step_time` after :func:`~simulator.calibration.mark_concurrency`
+  (calls served alone fit the prefill, every call the decode), with a prefill intercept (the
+  fixed cost of a call on a small engine).
+* **Cluster** — what the servers report at start-up (``max_total_num_tokens``,
+  ``chunked_prefill_size``, ``max_running_requests`` from their log), 2 replicas, no host tier
+  (the bench runs without HiCache).
+* **Trace** — the replayed records with the replay's scaling: token counts as
+  ``serving_hooks.replay_plan.load_plan`` scales them, every timestamp × ``time_scale`` (so the
+  gaps and root offsets shrink as in the replay); a closed population of ``concurrency``
+  workflows, released in the same order; the prompt prefix structure is the replay's own
+  (:func:`replay_prefixes`, the rule of ``serving_hooks.replay_prompts``).
+* **Set-ups** — round robin → ``sglang-rr`` (FCFS, round robin, LRU); sglang-router →
+  :class:`RouterCacheAware032` (FCFS, LRU, the simulator's ``sglang-default`` router with the
+  two rules sglang-router 0.3.2 changed: a prompt below the cache threshold goes to the
+  *least-loaded* worker, not the one with the smallest tree, and the tree is trimmed every
+  60 s, not 120 s); the gateway
+  with the plugin → ``ours`` with priority preemption at SGLang's default threshold (10) and no
+  prefetch (no host tier); ``no-priority`` → ``ours-no-priority``. The profile is the bench's own.
+
+Every workflow counts (no warm-up window), as in the measured replay.
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+
+from simulator.baselines.caches import LRU
+from simulator.baselines.routers import CacheAware
+from simulator.baselines.schedulers import FCFS
+from simulator.calibration import StepTimeModel, fit_step_time, mark_concurrency
+from simulator.config import ClusterConfig
+from simulator.engine import Request, Simulator
+from simulator.metrics import summarize
+from simulator.ours import OursOptions, build_ours
+from simulator.policy import Policy
+from simulator.workload import Workload, workload_from_records
+
+#: bench set-up -> simulator policy
+SIM_POLICIES = {"round-robin": "sglang-rr", "router": "sglang-router-0.3.2", "hints": "ours",
+                "no-priority": "ours-no-priority"}
+
+
+class RouterCacheAware032(CacheAware):
+    """``sglang-router`` 0.3.2's ``cache_aware`` (``select_worker_with_text``, HTTP path): as the
+    simulator's :class:`~simulator.baselines.routers.CacheAware` (imbalance → least loaded;
+    match share > ``cache_threshold`` → the worker holding the match), but a miss goes to the
+    worker with the fewest requests in flight (first such worker on ties) instead of the one
+    with the smallest tree, and the tree is trimmed every 60 s (``eviction_interval_secs``)."""
+
+    def __init__(self) -> None:
+        super().__init__(eviction_interval_s=60.0)
+
+    def route(self, req: Request) -> int:
+        sim = self.sim
+        while sim.now >= self._next_evict:
+            self._evict()
+            self._next_evict += self.eviction_interval_s
+        reps = sim.candidates(req)
+        loads = [len(rep.running) + len(rep.waiting) for rep in reps]
+        hi, lo = max(loads), min(loads)
+        least = reps[loads.index(lo)].idx
+        if hi - lo > self.balance_abs_threshold and hi > lo * self.balance_rel_threshold:
+            r = least
+            self.counts["imbalanced"] += 1
+        else:
+            best, best_t, r = 0.0, -1.0, -1
+            for rep in reps:
+                m, t = self._match(rep.idx, req.call.path)
+                if m > best or (m == best and m > 0 and t > best_t):
+                    best, best_t, r = m, t, rep.idx
+            if r >= 0 and best / max(req.call.input_tokens, 1) > self.cache_threshold:
+                self.counts["cache_hit"] += 1
+            else:
+                r = least
+                self.counts["cache_miss"] += 1
+        self._insert(r, req)
+        return r
+
+
+def _policy(name: str, profile_dir: Path, opts: OursOptions) -> Policy:
+    from predictors.predictor import Predictor
+    from simulator.baselines import BASELINES
+
+    if name == "sglang-router-0.3.2":
+        return Policy(name, RouterCacheAware032(), FCFS(), LRU(), "sglang-router 0.3.2 cache_aware, FCFS, LRU")
+    if name.startswith("ours"):
+        return build_ours(Predictor(profile_dir), name, opts)
+    return BASELINES[name]()
+_LIMITS = re.compile(r"max_total_num_tokens=(\d+), chunked_prefill_size=(-?\d+), .*?max_running_requests=(\d+)")
+
+
+def server_limits(log_text: str) -> dict[str, int]:
+    """KV pool, chunked-prefill size and running cap the SGLang server logged at start-up."""
+    m = _LIMITS.search(log_text)
+    if m is None:
+        raise ValueError("the SGLang log has no 'max_total_num_tokens=…, chunked_prefill_size=…' line")
+    pool, chunk, running = map(int, m.groups())
+    return {"kv_capacity_tokens": pool, "chunked_prefill_size": chunk if chunk > 0 else 1 << 30,
+            "max_running_requests": running}
+
+
+def calibrate(call_records: list[dict], source: str) -> StepTimeModel:
+    """Step-time model of one replica from its replayed calls (ok calls with a first token)."""
+    ok = [r for r in call_records if r.get("status") == "ok" and r.get("t_first_token") is not None]
+    return fit_step_time(mark_concurrency(ok), source=source, prefill_intercept=True)
+
+
+def scaled_records(records: list[dict], token_scale: float, time_scale: float) -> list[dict]:
+    """The records as the replay sends them: tokens scaled like ``load_plan``, times × time_scale."""
+    out = []
+    for r in records:
+        s = dict(r)
+        s["input_tokens"] = max(0, round(r["input_tokens"] * token_scale))
+        s["output_tokens"] = max(1, round(r["output_tokens"] * token_scale))
+        for k in ("t_arrival", "t_first_token", "t_finish"):
+            if s.get(k) is not None:
+                s[k] = float(s[k]) * time_scale
+        out.append(s)
+    return out
+
+
+def replay_prefixes(wl: Workload) -> Workload:
+    """Re-draw ``wl``'s prompt paths the way ``profiler replay`` builds prompts: a call continues
+    the largest finished context that fits its prompt among its parents and its agent's previous
+    call — that call's whole context (path + own segment: prompt and reply) or, when that is too
+    long, the longest start of its path that fits; else it starts fresh (no shared prefix). The
+    replay can also share a context's prompt without its reply; a segment holds both here, so the
+    simulator shares only whole segments (slightly less reuse than the replay)."""
+    tok = wl.seg_tokens
+    last_of_agent: dict[tuple[int, str], int] = {}
+    for c in wl.calls:                       # workflow order: parents come first
+        prev = last_of_agent.get((c.wf, c.agent))
+        best: tuple[int, tuple[int, ...]] = (0, ())
+        for k in dict.fromkeys([*c.parents, *([prev] if prev is not None else [])]):
+            base = wl.calls[k]
+            whole = base.path + (base.own_seg,)
+            for cut in range(len(whole), 0, -1):
+                size = sum(tok[s] for s in whole[:cut])
+                if size <= c.input_tokens:
+                    if size > best[0]:
+                        best = (size, whole[:cut])
+                    break
+        c.path = best[1]
+        c.own_prompt_tokens = c.input_tokens - best[0]
+        tok[c.own_seg] = c.own_prompt_tokens + c.output_tokens
+        last_of_agent[(c.wf, c.agent)] = c.idx
+    n = len(tok)
+    wl.seg_consumers = [[] for _ in range(n)]
+    wl.seg_parent, wl.seg_wf = [-1] * n, [-1] * n
+    for c in wl.calls:
+        before = -1
+        for s in c.path:
+            wl.seg_consumers[s].append(c.idx)
+            wl.seg_parent[s], wl.seg_wf[s] = before, c.wf
+            before = s
+        wl.seg_parent[c.own_seg], wl.seg_wf[c.own_seg] = before, c.wf
+    return wl
+
+
+def simulate_setups(records: list[dict], profile_dir: Path, cfg: ClusterConfig, concurrency: int,
+                    setups: list[str]) -> dict[str, dict]:
+    """Simulated avg/P95 JCT and GPU-tier hit share of each bench set-up on ``records``."""
+    wl = replay_prefixes(workload_from_records(records, name="bench-engine", conversation_lineage=False))
+    arrivals = np.zeros(len(wl.workflows))
+    opts = OursOptions(prefetch=False, preemption_threshold=10)
+    out = {}
+    for name in setups:
+        pol_name = SIM_POLICIES[name]
+        policy = _policy(pol_name, profile_dir, opts)
+        res = Simulator(wl, policy, cfg, arrivals, None, concurrency).run()
+        row = summarize(res)
+        out[name] = {"policy": pol_name, "jct_avg_s": row["avg_jct_s"], "jct_p95_s": row["p95_jct_s"],
+                     "cached_fraction": row["gpu_hit_ratio"], "preemptions": row["preemptions"]}
+    return out
+
+
+def cluster(limits: dict[str, int], step: StepTimeModel, replicas: int = 2) -> ClusterConfig:
+    return ClusterConfig(replicas=replicas, host_ratio=0.0, step=step, **limits)
