@@ -48,21 +48,18 @@ import math
 import threading
 import time
 from collections import OrderedDict, deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Mapping
 
+from predictors.contract import ID_KEYS, TOOL_FIELDS, Annotation, NextAgent, ToolLatency
 from predictors.idle_gap import MAX_FACTOR, MIN_GAP_S, IdleGapModel
 from predictors.output_length import OutputLengthIntervals
 from predictors.tool_latency import ToolLatencyModel
 
 log = logging.getLogger(__name__)
 
-#: Keys every annotation echoes from app_metadata.
-ID_KEYS = ("workflow_type_id", "workflow_id", "agent_id")
-#: Fields of a tool-latency entry that go into an annotation.
-TOOL_FIELDS = ("mu", "sigma", "p50_s", "p95_s", "ttl_s")
 #: Agents kept per session for replaying the automaton after a profile swap.
 MAX_SESSION_AGENTS = 4096
 #: Default byte budget of the session table (``--max-session-mb``).
@@ -80,9 +77,6 @@ RECENT_ENTRY_BYTES = 360
 #: Last agents of a session kept for the variable-order sequence model (its contexts are <= 8).
 PATH_CONTEXT = 16
 
-_DEFAULT_PRIORITY = object()
-
-
 def _workflow_paths_class():
     """``synth.session.WorkflowPaths`` when the synth package provides it, else None."""
     try:
@@ -92,34 +86,12 @@ def _workflow_paths_class():
     return WorkflowPaths
 
 
-def _default_priority_policy():
-    try:
-        from serving_hooks.policies.priority import PriorityPolicy
-        from serving_hooks.policies.annotations_view import CallView
-    except ImportError:
-        return None
-    return _PolicyPriority(PriorityPolicy(), CallView)
-
-
-@dataclass(frozen=True)
-class _PolicyPriority:
-    """Adapts ``serving_hooks.policies.priority.PriorityPolicy`` to one annotation -> int."""
-
-    policy: Any
-    view: Any
-
-    def __call__(self, annotation: dict, app_metadata: Mapping) -> int:
-        view = self.view.from_sys_annotations(annotation, app_metadata)
-        return self.policy.to_sglang(self.policy.session_score(
-            self.policy.score_view(view), view.session_age_s))
-
-
 @dataclass
 class _AgentEntry:
     """What never changes between calls of one (workflow type, agent)."""
 
     calls: int
-    tool_latency: dict[str, dict]
+    tool_latency: dict[str, ToolLatency]
     static_band: tuple[int, int, str] | None   # None: the conditional model needs features
     retain_s: float | None = None              # keep-alive TTL of the agent's most frequent tool
     upper_bounds: tuple = ()                   # ((α, U(α)), …) one-sided output bounds
@@ -172,7 +144,7 @@ class CompiledProfile:
             for name in sorted(counts, key=lambda t: (-counts[t], t))[:max_tools]:
                 entry = self.tools.lookup(wt, name)
                 if entry:
-                    tools[name] = {k: entry[k] for k in TOOL_FIELDS if entry.get(k) is not None}
+                    tools[name] = ToolLatency(*(entry.get(k) for k in TOOL_FIELDS))
         static = None
         if self.bands is not None:
             band, level = self.bands.lookup(wt, agent)
@@ -180,14 +152,14 @@ class CompiledProfile:
                 static = (int(band["lo"]), int(band["hi"]), level)
         calls = int(stats.get("calls") or (self.bands.agents_.get(wt, {}).get(agent, {}).get("n", 0)
                                            if self.bands is not None else 0))
-        first = next(iter(tools.values()), {})
+        first = next(iter(tools.values()), ToolLatency())
         upper: tuple = ()
         mean_out = None
         if self.bands is not None:
-            upper = tuple([a, u] for a, u in self.bands.upper_bounds(wt, agent))
+            upper = tuple((float(a), int(u)) for a, u in self.bands.upper_bounds(wt, agent))
             mean_out = (self.bands.agents_.get(wt, {}).get(agent) or {}).get("mean")
         return _AgentEntry(calls=calls, tool_latency=tools, static_band=static,
-                           retain_s=first.get("ttl_s", first.get("p95_s")),
+                           retain_s=first.ttl_s if first.ttl_s is not None else first.p95_s,
                            upper_bounds=upper, mean_output=mean_out,
                            keep_alive=self._keep_alive(wt, agent, tools))
 
@@ -289,14 +261,16 @@ class Predictor:
     max_tools : tools listed in ``tool_latency`` per agent (the most frequent ones).
     recent_outputs : responses kept per session for prompt composition.
     gate : an object deciding shadow mode (``serving_hooks.shadow.ShadowGate``) or None.
-    priority_policy : callable ``(annotation, app_metadata) -> int``; by default
-        ``serving_hooks.policies.priority.PriorityPolicy`` when importable; None disables.
+    priority_policy : callable ``(annotation: Annotation, app_metadata) -> int`` giving a known
+        call its SGLang priority, or None (no ``priority`` field). The serving layer injects
+        ``serving_hooks.policies.AnnotationPriority`` (``PredictionService`` does by default):
+        the facade depends on no policy.
     prompt_composition_agents : next agents (most likely first) whose prompt template is included.
     """
 
     def __init__(self, profile: Any = None, *, max_sessions: int = 100_000,
                  session_idle_s: float = 3600.0, max_tools: int = 3, recent_outputs: int = 8,
-                 gate: Any = None, priority_policy: Any = _DEFAULT_PRIORITY,
+                 gate: Any = None, priority_policy: Any = None,
                  prompt_composition_agents: int = 1, clock=time.monotonic,
                  max_session_bytes: int = DEFAULT_MAX_SESSION_BYTES) -> None:
         self.max_sessions = int(max_sessions)
@@ -310,8 +284,7 @@ class Predictor:
         self.max_tools = int(max_tools)
         self.recent_outputs = int(recent_outputs)
         self.gate = gate
-        self.priority_policy = _default_priority_policy() if priority_policy is _DEFAULT_PRIORITY \
-            else priority_policy
+        self.priority_policy = priority_policy
         self.prompt_composition_agents = int(prompt_composition_agents)
         self.clock = clock
         self._paths_class = _workflow_paths_class()
@@ -502,17 +475,16 @@ class Predictor:
             return None
 
     # ----------------------------------------------------------------- annotate
-    @staticmethod
-    def _unknown(base: dict, reason: str, detail: str | None = None) -> dict:
-        base["known"] = False
-        base["reason"] = reason
-        if detail:
-            base["detail"] = detail
-        return base
-
     def annotate(self, app_metadata: Mapping[str, Any] | None, *, request_id: str | None = None,
                  input_tokens: int | None = None, advance: bool = True) -> dict:
-        """sys_annotations for one call (see module doc); never raises on bad input.
+        """sys_annotations JSON for one call (:meth:`annotate_call` rendered with
+        ``Annotation.to_dict``); never raises on bad input."""
+        return self.annotate_call(app_metadata, request_id=request_id, input_tokens=input_tokens,
+                                  advance=advance).to_dict()
+
+    def annotate_call(self, app_metadata: Mapping[str, Any] | None, *, request_id: str | None = None,
+                      input_tokens: int | None = None, advance: bool = True) -> Annotation:
+        """The annotation contract for one call (see module doc); never raises on bad input.
 
         ``request_id`` makes the session advance idempotent (and lets :meth:`observe` score the
         band this call was given); ``input_tokens`` feeds the conditional output-length model;
@@ -521,20 +493,24 @@ class Predictor:
         ann = self._annotate(app_metadata, request_id, input_tokens, advance)
         with self._count_lock:
             self.annotations_total += 1
-            self.annotations_unknown += not ann["known"]
+            self.annotations_unknown += not ann.known
         return ann
 
     def _annotate(self, app_metadata: Any, request_id: str | None, input_tokens: int | None,
-                  advance: bool) -> dict:
+                  advance: bool) -> Annotation:
         m = self._model
         meta = app_metadata if isinstance(app_metadata, Mapping) else {}
         ids = [meta.get(k) for k in ID_KEYS]
-        base = {"profile_version": m.version if m is not None else None, "known": False}
-        for k, v in zip(ID_KEYS, ids):
-            base[k] = v
+        base = Annotation(m.version if m is not None else None, False,
+                          *(str(v) if isinstance(v, (str, int)) and not isinstance(v, bool) and v != ""
+                            else None for v in ids))
+
+        def unknown(reason: str, detail: str | None = None) -> Annotation:
+            return replace(base, reason=reason, detail=detail or None)
+
         missing = [k for k, v in zip(ID_KEYS, ids) if v is None or v == "" or not isinstance(v, (str, int))]
         if missing:
-            return self._unknown(base, "missing_app_metadata", "app_metadata lacks " + ", ".join(missing))
+            return unknown("missing_app_metadata", "app_metadata lacks " + ", ".join(missing))
         wt, wf, agent = (str(v) for v in ids)
         now = self.clock()
         with self._lock:
@@ -551,7 +527,7 @@ class Predictor:
             session_age = max(0.0, issued_at - (s.started_at if s.started_at is not None else issued_at))
             if m is None:
                 self._account(s)
-                return self._unknown(base, "no_profile")
+                return unknown("no_profile")
             state = self._path_state(m, s)
             context = (tuple(s.tail), s.calls)
             entry = m.agents.get((wt, agent))
@@ -567,80 +543,60 @@ class Predictor:
         if wt not in m.workflow_type_calls:
             if self.gate is not None:
                 self.gate.note_unknown(wt)
-            return self._unknown(base, "unknown_workflow_type")
+            return unknown("unknown_workflow_type")
         if self.gate is not None and self.gate.is_shadowed(wt):
-            return self._unknown(base, "shadow", self.gate.reason(wt))
+            return unknown("shadow", self.gate.reason(wt))
         if entry is None:
-            return self._unknown(base, "unknown_agent")
+            return unknown("unknown_agent")
         if band is None or (band[2] == "global" and m.global_for_lack_of_data(wt, agent)):
-            return self._unknown(base, "too_little_data",
-                                 f"agent {agent!r} has {entry.calls} calls: only the global band applies")
+            return unknown("too_little_data", f"agent {agent!r} has {entry.calls} calls: only the global band applies")
         paths = m.paths.get(wt)
         if paths is not None and state is None and not getattr(paths, "has_sequence_model", False):
-            return self._unknown(base, "off_path", "the session left the dominant paths of the automaton")
-        ann = base
-        ann["known"] = True
-        ann["predicted_output_len"] = [band[0], band[1]]
-        ann["output_len_coverage"] = m.coverage
-        ann["output_len_level"] = band[2]
-        if entry.mean_output is not None:
-            ann["output_len_mean"] = entry.mean_output
-        if entry.upper_bounds:
-            ann["output_len_upper"] = [list(p) for p in entry.upper_bounds]
-        ann["session_age_s"] = session_age
-        ann["tool_latency"] = dict(entry.tool_latency)
-        if entry.retain_s is not None:
-            ann["retain_s"] = entry.retain_s
+            return unknown("off_path", "the session left the dominant paths of the automaton")
         ttl, by_tool = m.keep_alive_ttl(entry, *gap_stats)
-        if ttl is not None:
-            ann["keep_alive_ttl_s"] = ttl
-            if by_tool:
-                ann["keep_alive_ttl_by_tool"] = by_tool
+        fields: dict[str, Any] = dict(
+            known=True, predicted_output_len=(band[0], band[1]), output_len_coverage=m.coverage,
+            output_len_level=band[2], output_len_mean=entry.mean_output,
+            output_len_upper=entry.upper_bounds, session_age_s=session_age,
+            tool_latency=entry.tool_latency, retain_s=entry.retain_s, keep_alive_ttl_s=ttl,
+            keep_alive_ttl_by_tool=by_tool if ttl is not None else {})
         if paths is not None:
-            self._path_fields(ann, paths, state, context)
+            fields.update(self._path_fields(paths, state, context))
+        ann = replace(base, **fields)
         if self.priority_policy is not None:
             try:
-                ann["priority"] = int(self.priority_policy(ann, meta))
+                ann = replace(ann, priority=int(self.priority_policy(ann, meta)))
             except Exception as exc:
                 log.warning("priority policy failed: %s", exc)
         return ann
 
-    def _path_fields(self, ann: dict, paths: Any, state: Any,
-                     context: tuple[tuple[str, ...], int] | None = None) -> None:
-        """Path annotations: from the sequence model (``paths.predict_at``: next agents, p_end
-        and remaining work after the session's last agents, on the automaton or off it) when the
-        profile has one, else from the automaton state."""
+    def _path_fields(self, paths: Any, state: Any,
+                     context: tuple[tuple[str, ...], int] | None = None) -> dict[str, Any]:
+        """Path fields of the contract: from the sequence model (``paths.predict_at``: next
+        agents, p_end and remaining work after the session's last agents, on the automaton or
+        off it) when the profile has one, else from the automaton state."""
+        out: dict[str, Any] = {}
         if context is not None and getattr(paths, "has_sequence_model", False):
             est = paths.predict_at(state, context[0], context[1])
-            ann["on_path"] = state is not None
-            for key in ("remaining_calls_p50", "remaining_calls_p90"):
-                if est.get(key) is not None:
-                    ann[key] = est[key]
+            out["on_path"] = state is not None
+            out["remaining_calls_p50"] = est.get("remaining_calls_p50")
+            out["remaining_calls_p90"] = est.get("remaining_calls_p90")
         else:
             est = paths.estimates(state)
-        next_agents = list(est.get("next_agents") or ())
-        ann["next_agents"] = next_agents
-        ann["predicted_path_regex"] = paths.regex
-        ann["expected_remaining_calls"] = est.get("expected_remaining_calls")
-        ann["expected_remaining_s"] = est.get("expected_remaining_s")
-        ann["expected_distance"] = dict(est.get("expected_distance") or {})
-        if est.get("p_end") is not None:
-            ann["p_end"] = est.get("p_end")
+        next_agents = tuple(NextAgent(item["agent_id"], float(item["p"]))
+                            for item in est.get("next_agents") or ())
+        out["next_agents"] = next_agents
+        out["predicted_path_regex"] = paths.regex
+        out["expected_remaining_calls"] = est.get("expected_remaining_calls")
+        out["expected_remaining_s"] = est.get("expected_remaining_s")
+        out["expected_distance"] = dict(est.get("expected_distance") or {})
+        out["p_end"] = est.get("p_end")
         templates = getattr(paths, "prompt_templates", None) or {}
         if templates and self.prompt_composition_agents > 0:
-            chosen = {}
-            for item in next_agents[: self.prompt_composition_agents]:
-                name = item.get("agent_id")
-                if name in templates:
-                    chosen[name] = templates[name]
-            if chosen:
-                ann["prompt_composition"] = chosen
-
-    def annotate_many(self, items: list[Mapping[str, Any]]) -> list[dict]:
-        """:meth:`annotate` for each ``{"app_metadata", "request_id"?, "input_tokens"?, "advance"?}``."""
-        return [self.annotate(it.get("app_metadata"), request_id=it.get("request_id"),
-                              input_tokens=it.get("input_tokens"), advance=it.get("advance", True))
-                for it in items]
+            chosen = {n.agent_id: templates[n.agent_id]
+                      for n in next_agents[: self.prompt_composition_agents] if n.agent_id in templates}
+            out["prompt_composition"] = chosen
+        return out
 
     # ------------------------------------------------------------------ observe
     def observe(self, completion: Mapping[str, Any]) -> bool | None:

@@ -38,11 +38,6 @@ def fit_lognormal(latencies: np.ndarray) -> dict[str, float]:
     return {"mu": float(np.log(scale)), "sigma": sigma, "ks": ks}
 
 
-def lognormal_quantile(mu: float, sigma: float, q: float) -> float:
-    """Quantile of LN(μ, σ²): exp(μ + σ Φ⁻¹(q))."""
-    return float(np.exp(mu + sigma * stats.norm.ppf(q)))
-
-
 class ToolLatencyModel(BaseEstimator):
     """Lognormal latency per (workflow type, tool), with empirical fallback and TTL.
 
@@ -83,7 +78,8 @@ class ToolLatencyModel(BaseEstimator):
         if poor:
             served = emp
         else:
-            served = [lognormal_quantile(fit["mu"], fit["sigma"], q) for q in (0.5, 0.95, 0.99, self.ttl_quantile)]
+            served = stats.lognorm.ppf([0.5, 0.95, 0.99, self.ttl_quantile], s=fit["sigma"],
+                                          scale=np.exp(fit["mu"])).tolist()
         ttl = float(served[3]) if self.max_ttl_s is None else float(min(served[3], self.max_ttl_s))
         return {
             "n": int(len(x)), **fit, "poor_fit": bool(poor),

@@ -13,6 +13,7 @@ from profiler import fitting
 from profiler.profile_artifact import load_profile, write_profile
 from profiler.workloads import generate, write_jsonl
 from serving_hooks.shadow import ShadowGate
+from serving_hooks.policies import AnnotationPriority
 
 WT = "coding_assistant"
 
@@ -37,7 +38,7 @@ def meta(wf: str, agent: str, wt: str = WT) -> dict:
 
 def test_known_call_carries_every_prediction(fitted):
     profile, sequences = fitted
-    p = Predictor(profile)
+    p = Predictor(profile, priority_policy=AnnotationPriority())
     seq = next(s for s in sequences if p.profile.paths[WT].track(s)[-1] is not None)
     remaining = []
     for i, agent in enumerate(seq):
@@ -152,7 +153,7 @@ def test_concurrent_annotate_and_observe_keep_sessions_consistent(fitted):
 
 def test_profile_swap_replays_live_sessions_on_the_new_automaton(fitted, tmp_path):
     profile, sequences = fitted
-    p = Predictor(profile)
+    p = Predictor(profile, priority_policy=AnnotationPriority())
     seq = next(s for s in sequences if len(s) > 4 and p.profile.paths[WT].track(s)[-1] is not None)
     for agent in seq[:3]:
         p.annotate(meta("w", agent))
