@@ -6,6 +6,8 @@ reads a clock: every time is passed in as ``now`` (seconds on any monotonic scal
 
 ==========================  =======================================================
 :class:`Annotation`         the per-call prediction message (``predictors.contract``)
+:class:`CapacityLedger`     bookkeeping: requests in flight, drain rate, last replica
+:class:`SessionPriorityBook`  bookkeeping: each session's priority reference
 :class:`PriorityPolicy`     Pythia alg. 3 per workflow: remaining work + idle downstream
 :class:`CapacityPolicy`     Pythia alg. 2: union bound (risk split), session affinity
 :class:`KeepDropPolicy`     Pythia alg. 1 + SAGA TTL: retain / drop a session prefix
@@ -16,6 +18,8 @@ reads a clock: every time is passed in as ``now`` (seconds on any monotonic scal
 from predictors.contract import (Annotation, NextAgent, ToolLatency, from_custom_params,
                                  to_sglang_custom_params)
 from serving_hooks.policies.annotations_view import CallView
+from serving_hooks.policies.bookkeeping import (CapacityLedger, SessionPriorityBook,
+                                                capacity_request)
 from serving_hooks.policies.autoscale import AutoscalePolicy, autoscale_advice
 from serving_hooks.policies.capacity import (
     ActiveRequest,
@@ -45,6 +49,9 @@ __all__ = [
     "to_sglang_custom_params",
     "AutoscalePolicy",
     "CallView",
+    "CapacityLedger",
+    "SessionPriorityBook",
+    "capacity_request",
     "CapacityPolicy",
     "HOST_TIER",
     "KeepDropPolicy",
