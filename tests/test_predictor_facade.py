@@ -1,6 +1,8 @@
 """predictors.Predictor: annotations from a real fitted profile, session state, never-fail."""
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 
 import duckdb
@@ -209,3 +211,23 @@ def _shared_predictor(fitted) -> Predictor:
     if key not in _PREDICTORS:
         _PREDICTORS[key] = Predictor(fitted[0], gate=ShadowGate())
     return _PREDICTORS[key]
+
+
+def test_serving_path_imports_no_pandas_scipy_sklearn(fitted_profile):
+    """The facade, the sidecar, the gateway and the capacity router, with a real profile
+    compiled and a call annotated, load none of the fit-time libraries (a fresh interpreter)."""
+    code = (
+        "import sys\n"
+        "from predictors import Predictor\n"
+        "from serving_hooks.sidecar import create_sidecar_app\n"
+        "from serving_hooks.gateway import create_gateway_app\n"
+        "from serving_hooks.upstreams import CapacityRouting\n"
+        "from serving_hooks.policies import AnnotationPriority\n"
+        f"p = Predictor({str(fitted_profile)!r}, priority_policy=AnnotationPriority())\n"
+        "a = p.annotate({'workflow_type_id': 'coding_assistant', 'workflow_id': 'w', 'agent_id': 'planner'})\n"
+        "assert a['known'] and isinstance(a['priority'], int), a\n"
+        "print(sorted(m for m in ('pandas', 'scipy', 'sklearn') if m in sys.modules))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
