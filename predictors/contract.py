@@ -123,52 +123,65 @@ class Annotation:
     profile) carries only the ids, a ``reason`` and its ``detail``: serve the call reactively.
     """
 
+    #: OpenAPI descriptions from the attribute docstrings (pydantic reads this dict, no import)
+    __pydantic_config__ = {"use_attribute_docstrings": True}
+
     profile_version: str | None = None
+    """version of the profile that made the prediction"""
     known: bool = False
+    """true: the fields below are a prediction; false: serve the call reactively"""
     workflow_type_id: str | None = None
+    """echoed from app_metadata"""
     workflow_id: str | None = None
+    """echoed from app_metadata (the session)"""
     agent_id: str | None = None
-    #: why ``known`` is false: missing_app_metadata, no_profile, unknown_workflow_type, shadow,
-    #: unknown_agent, too_little_data, off_path
+    """echoed from app_metadata"""
     reason: str | None = None
+    """why ``known`` is false: missing_app_metadata, no_profile, unknown_workflow_type, shadow, unknown_agent, too_little_data, off_path"""
     detail: str | None = None
-    #: ``(lo, hi)`` output-length band (tokens) at ``output_len_coverage``
+    """human-readable detail of ``reason``"""
     predicted_output_len: tuple[int, int] | None = None
+    """``(lo, hi)`` output-length band (tokens) at ``output_len_coverage``"""
     output_len_coverage: float | None = None
-    #: level the band was fit at: agent, workflow_type, global, conditional…
+    """probability the output length falls in the band"""
     output_len_level: str | None = None
-    #: the agent's mean output length (tokens)
+    """level the band was fit at: agent, workflow_type, global, conditional…"""
     output_len_mean: float | None = None
-    #: ``((α, U(α)), …)``, largest α first: one-sided (1 − α) upper bounds of the output length
+    """the agent's mean output length (tokens)"""
     output_len_upper: tuple[tuple[float, int], ...] = ()
-    #: seconds since the session's first call (workflow-level aging)
+    """``((α, U(α)), …)``, largest α first: one-sided (1 − α) upper bounds of the output length"""
     session_age_s: float | None = None
-    #: the agent's most frequent tools (most frequent first)
+    """seconds since the session's first call (workflow-level aging)"""
     tool_latency: Mapping[str, ToolLatency] = field(default_factory=dict)
-    #: keep-alive TTL (SAGA) of the most frequent tool, when it has one
+    """the agent's most frequent tools (most frequent first)"""
     retain_s: float | None = None
-    #: keep-alive TTL from the idle gap (finish → the session's next call), session-scaled
+    """keep-alive TTL (SAGA) of the most frequent tool, when it has one"""
     keep_alive_ttl_s: float | None = None
-    #: ``{tool: TTL}`` when the idle-gap tool level validated
+    """keep-alive TTL from the idle gap (finish → the session's next call), session-scaled"""
     keep_alive_ttl_by_tool: Mapping[str, float] = field(default_factory=dict)
-    #: possible next agents, most likely first
+    """``{tool: TTL}`` when the idle-gap tool level validated"""
     next_agents: tuple[NextAgent, ...] = ()
+    """possible next agents, most likely first"""
     predicted_path_regex: str | None = None
+    """the workflow type's dominant paths as a regex over agents"""
     expected_remaining_calls: float | None = None
+    """expected calls after this one"""
     expected_remaining_s: float | None = None
-    #: median and 0.9 quantile of the calls left (sequence model)
+    """expected seconds of LLM and tool time left in the workflow"""
     remaining_calls_p50: float | None = None
+    """median of the calls left (sequence model)"""
     remaining_calls_p90: float | None = None
-    #: expected distance in calls to each agent
+    """0.9 quantile of the calls left (sequence model)"""
     expected_distance: Mapping[str, float] = field(default_factory=dict)
-    #: probability that no call follows this one
+    """expected distance in calls to each agent"""
     p_end: float | None = None
-    #: whether the session is on the automaton's dominant paths (sequence-model profiles)
+    """probability that no call follows this one"""
     on_path: bool | None = None
-    #: prompt templates of the likely next agents
+    """whether the session is on the automaton's dominant paths (sequence-model profiles)"""
     prompt_composition: Mapping[str, str] = field(default_factory=dict)
-    #: SGLang integer priority (bigger runs first), when a priority policy is configured
+    """prompt templates of the likely next agents"""
     priority: int | None = None
+    """SGLang integer priority (bigger runs first), when a priority policy is configured"""
 
     # ------------------------------------------------------------------ derived
     @property
