@@ -6,8 +6,9 @@ What never changes between calls of one (workflow type, agent) — its tools, st
 table, mean output, keep-alive entry — is precomputed into an :class:`AgentEntry`.
 
 The estimator sections are read with the serving-time readers of :mod:`predictors.served`
-(numpy and the standard library), and the workflow automata with ``synth.session.WorkflowPaths``,
-so compiling a profile imports neither pandas, scipy nor scikit-learn.
+(numpy and the standard library), and the workflow automata with the ``paths_class`` the caller
+passes (``synth.session.WorkflowPaths``, numpy only), so compiling a profile imports neither
+pandas, scipy nor scikit-learn.
 """
 from __future__ import annotations
 
@@ -19,7 +20,6 @@ from typing import Any, Mapping
 
 from predictors.contract import TOOL_FIELDS, ToolLatency
 from predictors.served import MAX_FACTOR, IdleGapTable, OutputBands, ToolLatencyTable
-from synth.session import WorkflowPaths
 
 log = logging.getLogger(__name__)
 
@@ -38,10 +38,13 @@ class AgentEntry:
 
 
 class CompiledProfile:
-    """A profile turned into lookup structures; immutable once built (safe to share across threads)."""
+    """A profile turned into lookup structures; immutable once built (safe to share across threads).
+
+    ``paths_class`` compiles each workflow type's automaton (``synth.session.WorkflowPaths``, what
+    the ``Predictor`` passes); None skips them (callers that need only the per-agent entries)."""
 
     def __init__(self, data: Mapping[str, Any], version: str, *, max_tools: int = 3,
-                 paths_class: Any = WorkflowPaths) -> None:
+                 paths_class: Any = None) -> None:
         self.version = version
         self.data = data
         self.manifest: dict = {}

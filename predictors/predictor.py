@@ -57,6 +57,7 @@ from predictors.contract import ID_KEYS, Annotation, NextAgent
 from predictors.served import MIN_GAP_S
 from predictors.sessions import DEFAULT_MAX_SESSION_BYTES, SESSION_BASE_BYTES, Session, SessionTable
 from profiler.profile_artifact import load_profile
+from synth.session import WorkflowPaths
 
 __all__ = ["CompiledProfile", "DEFAULT_MAX_SESSION_BYTES", "Predictor", "SESSION_BASE_BYTES"]
 
@@ -115,7 +116,8 @@ class Predictor:
         """Compile ``profile`` (a Profile, or a folder to load) and swap it in atomically."""
         if isinstance(profile, (str, Path)):
             profile = load_profile(profile)
-        compiled = CompiledProfile(profile.data, profile.version, max_tools=self.max_tools)
+        compiled = CompiledProfile(profile.data, profile.version, max_tools=self.max_tools,
+                                   paths_class=WorkflowPaths)
         compiled.manifest = getattr(profile, "manifest", {}) or {}
         compiled.path = getattr(profile, "path", None)
         if self.gate is not None:
