@@ -114,9 +114,10 @@ def session_calls(seqs: list[list[dict]], n: int, concurrent: int = 64):
 # --------------------------------------------------------------------------- 1. in process
 def bench_in_process(profile: Path, seqs, n: int) -> dict:
     from predictors import Predictor
+    from serving_hooks.policies import AnnotationPriority
     from serving_hooks.shadow import ShadowGate
 
-    p = Predictor(profile, gate=ShadowGate())
+    p = Predictor(profile, gate=ShadowGate(), priority_policy=AnnotationPriority())
     calls = session_calls(seqs, n)
     times = np.empty(n)
     known = 0

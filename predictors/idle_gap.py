@@ -41,15 +41,8 @@ import numpy as np
 import pandas as pd
 from sklearn.base import BaseEstimator
 
-#: Levels from finest to coarsest.
-LEVELS = ("tool", "agent", "workflow_type")
-#: Key columns of each level.
-LEVEL_KEYS = {"tool": ["workflow_type_id", "agent_id", "tool"], "agent": ["workflow_type_id", "agent_id"],
-              "workflow_type": ["workflow_type_id"]}
-#: Gaps are floored here before logs (a 0 s gap is a clock artifact).
-MIN_GAP_S = 1e-3
-#: Bound of the session factor: ``c ∈ [1/8, 8]``.
-MAX_FACTOR = 8.0
+from predictors.served import LEVEL_KEYS, LEVELS, MAX_FACTOR, MIN_GAP_S, IdleGapTable
+
 #: Columns :meth:`IdleGapModel.fit` reads.
 GAP_COLUMNS = ("workflow_type_id", "workflow_id", "agent_id", "tool", "call_index", "t_arrival", "gap_after_s")
 
@@ -136,7 +129,7 @@ def _json_safe(value: Any) -> Any:
     return value
 
 
-class IdleGapModel(BaseEstimator):
+class IdleGapModel(IdleGapTable, BaseEstimator):
     """Idle-gap TTL per (workflow type, agent, tool) with backoff, session correction and recency.
 
     Parameters
@@ -308,49 +301,14 @@ class IdleGapModel(BaseEstimator):
         self._index()
         return self
 
-    def _index(self) -> None:
-        """Lookup dicts from the entries: {(level, key tuple): entry}; a ``ttl_z`` of None (JSON
-        for "not certified") is +inf in memory (served as the cap)."""
-        self._lookup: dict[tuple, dict] = {}
-        for wt, info in self.workflow_types_.items():
-            for lv, rows in info.get("entries", {}).items():
-                for r in rows:   # a copy: the profile's dict stays plain JSON
-                    z = r.get("ttl_z")
-                    self._lookup[(lv, tuple(r[k] for k in LEVEL_KEYS[lv]))] = {
-                        **r, "ttl_z": math.inf if z is None else float(z)}
-
     # ------------------------------------------------------------------- serve
-    def entry(self, wt: str, agent: str | None = None, tool: str | None = None,
-              level: str | None = None) -> tuple[dict | None, str | None]:
-        """The entry serving ``(wt, agent, tool)`` at ``level`` (default: the type's chosen one,
-        the tool level when ``tool`` is given and validated), backing off to coarser levels."""
-        info = self.workflow_types_.get(wt)
-        if info is None or info.get("level") == "none":
-            return None, None
-        if level is None:
-            level = "tool" if (tool is not None and info.get("tool_level")) else info["level"]
-        for lv in LEVELS[LEVELS.index(level):]:
-            key = {"tool": (wt, agent, tool), "agent": (wt, agent), "workflow_type": (wt,)}[lv]
-            e = self._lookup.get((lv, key))
-            if e is not None:
-                return e, lv
-        return None, None
-
+    # entry / median / prior_weight / _index / from_dict: predictors.served.IdleGapTable
     def ttl(self, wt: str, agent: str | None = None, tool: str | None = None, factor: float = 1.0) -> float | None:
         """Served TTL (s): ``factor · Q_q(z)`` of the entry, capped; None when the type has none."""
         e, _ = self.entry(wt, agent, tool)
         if e is None:
             return None
         return float(self._cap(np.array([factor * e["ttl_z"]]))[0])
-
-    def median(self, wt: str, agent: str | None = None) -> float | None:
-        """Median idle gap of the agent's entry (the session correction's reference)."""
-        e, _ = self.entry(wt, agent, level="agent")
-        return None if e is None else float(e["p50_s"])
-
-    def prior_weight(self, wt: str) -> float | None:
-        info = self.workflow_types_.get(wt) or {}
-        return info.get("prior_weight")
 
     def predict_sessions(self, calls: pd.DataFrame) -> np.ndarray:
         """TTL served at each call's arrival when replaying held-out sessions in call order (the
@@ -377,10 +335,3 @@ class IdleGapModel(BaseEstimator):
         return _json_safe({"params": {**self.get_params(), "prior_weights": list(self.prior_weights),
                                       "half_lives": list(self.half_lives)},
                            "workflow_types": self.workflow_types_})
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> "IdleGapModel":
-        est = cls(**d.get("params", {}))
-        est.workflow_types_ = dict(d.get("workflow_types") or {})
-        est._index()
-        return est

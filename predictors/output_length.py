@@ -40,7 +40,7 @@ without those from the band's ``hi``.
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 import pandas as pd
@@ -50,15 +50,13 @@ from sklearn.base import BaseEstimator
 from predictors import band_selection as bs
 from predictors import quantile_tree as qt
 from predictors.quantile_tree import COND_FEATURES
+from predictors.served import (_MAX_EXP, UPPER_ALPHAS, OutputBands, band_upper_bound, cond_bands,
+                               lognormal_upper)
 
 __all__ = ["COND_FEATURES", "UPPER_ALPHAS", "OutputLengthIntervals", "band_upper_bound",
            "conformal_band", "lognormal_band", "log_moments", "lognormal_upper",
            "upper_prediction_bound", "upper_table"]
 
-#: Risks α at which every band tabulates its one-sided upper bound U(α) (``band["upper"]``).
-UPPER_ALPHAS = (0.2, 0.1, 0.05, 0.02, 0.01, 0.005, 0.002, 0.001, 5e-4, 2e-4, 1e-4, 5e-5, 2e-5, 1e-5)
-#: Largest exponent handed to exp() (e^700 ≈ 1e304: finite, and far past any ceiling).
-_MAX_EXP = 700.0
 
 
 def conformal_band(y: np.ndarray, coverage: float) -> tuple[int, int, bool]:
@@ -95,14 +93,6 @@ def log_moments(y: np.ndarray) -> tuple[float, float]:
     return float(z.mean()), float(z.std(ddof=1)) if len(z) > 1 else 0.0
 
 
-def lognormal_upper(mu: float, sigma: float, n: int, alpha: float) -> float:
-    """One-sided (1 − α) lognormal prediction bound exp(μ + q·σ·√(1 + 1/n)), with q the
-    Student-t quantile t_{n−1, 1−α} (the normal one when n is unknown or tiny). The exponent is
-    capped (e^700), so a wild σ gives a huge finite number, never an OverflowError."""
-    q = stats.t.isf(alpha, df=n - 1) if n >= 3 else stats.norm.isf(alpha)
-    return math.exp(min(mu + q * max(sigma, 0.0) * math.sqrt(1 + 1 / max(n, 1)), _MAX_EXP))
-
-
 def upper_prediction_bound(y: np.ndarray, alpha: float, ceiling: int | None = None) -> int:
     """U(α): one-sided (1 − α) prediction bound of a new value of ``y``.
 
@@ -128,28 +118,13 @@ def upper_table(y: np.ndarray, ceiling: int, alphas: Sequence[float] = UPPER_ALP
             for a, k in sorted(ks.items(), reverse=True)}
 
 
-def _linear_cond_bands(model: Mapping[str, Any], X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Bands of a linear CQR model (profiles written before the quantile tree)."""
-    lo = X @ np.asarray(model["lo_coef"]) + model["lo_intercept"] - model["q_adjust"]
-    hi = X @ np.asarray(model["hi_coef"]) + model["hi_intercept"] + model["q_adjust"]
-    lo = np.maximum(np.floor(lo), 0)
-    hi = np.maximum(np.ceil(hi), lo)
-    return lo, hi
-
-
-def _cond_bands(model: Mapping[str, Any], X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    if model.get("kind") == "quantile_tree":
-        return qt.tree_bands(model, X)
-    return _linear_cond_bands(model, X)
-
-
 def _clean(y: np.ndarray) -> np.ndarray:
     """Lengths as non-negative finite floats (a missing or negative length counts as 0)."""
     y = np.asarray(y, dtype=float)
     return np.where(np.isfinite(y), np.maximum(y, 0.0), 0.0)
 
 
-class OutputLengthIntervals(BaseEstimator):
+class OutputLengthIntervals(OutputBands, BaseEstimator):
     """Per-(workflow type, agent) output-length bands, each chosen by K-fold CV by workflow.
 
     Parameters
@@ -168,7 +143,9 @@ class OutputLengthIntervals(BaseEstimator):
     random_state : seed of the fold assignment and the subsamples.
 
     Fitted attributes: ``global_``, ``workflow_types_``, ``agents_`` (dicts of entries),
-    ``n_conditional_`` (agents served by the conditional model).
+    ``n_conditional_`` (agents served by the conditional model). Serving (``lookup``,
+    ``predict_band``, ``upper_bound(s)``, ``from_dict``) is inherited from
+    :class:`predictors.served.OutputBands`.
     """
 
     def __init__(self, coverage: float = 0.99, min_calls: int = 50, conditional: bool = True,
@@ -329,47 +306,6 @@ class OutputLengthIntervals(BaseEstimator):
         return model
 
     # ------------------------------------------------------------- prediction
-    def lookup(self, workflow_type_id: str, agent_id: str) -> tuple[dict, str]:
-        """The entry serving this agent and its level (an unseen agent: its workflow type's
-        served band, an unseen type: the global band)."""
-        band = self.agents_.get(workflow_type_id, {}).get(agent_id)
-        if band is not None:
-            return band, band["level"]
-        wt = self.workflow_types_.get(workflow_type_id)
-        if wt is not None:
-            if "level" in wt:
-                return wt, wt["level"]
-            if wt["n"] >= self.min_calls:  # a profile written before validated selection
-                return wt, "workflow_type"
-        return self.global_, "global"
-
-    def predict_band(self, workflow_type_id: str, agent_id: str,
-                     features: Mapping[str, float | None] | None = None) -> tuple[int, int, str]:
-        """(lo, hi, level) for one call; ``features`` feed the conditional model when present
-        (keys ``prev_agent_output_tokens``, ``input_tokens``, ``agent_call_index``)."""
-        band, level = self.lookup(workflow_type_id, agent_id)
-        cond = band.get("conditional")
-        if cond and features and features.get("input_tokens") is not None:
-            prev = features.get("prev_agent_output_tokens")
-            x = np.array([[prev is not None, prev or 0.0, features["input_tokens"],
-                           features.get("agent_call_index") or 0.0]], dtype=float)
-            lo, hi = _cond_bands(cond, x)
-            return int(lo[0]), int(hi[0]), "conditional"
-        return int(band["lo"]), int(band["hi"]), level
-
-    def upper_bound(self, workflow_type_id: str, agent_id: str, alpha: float) -> int:
-        """U(α): the (1 − α) one-sided upper bound of this agent's next output length; the
-        entry's ceiling below its ``certified_alpha`` (see the module docstring)."""
-        band, _ = self.lookup(workflow_type_id, agent_id)
-        return band_upper_bound(band, alpha, self.coverage)
-
-    def upper_bounds(self, workflow_type_id: str, agent_id: str,
-                     alphas: Sequence[float] = UPPER_ALPHAS) -> tuple[tuple[float, int], ...]:
-        """``((α, U(α)), …)`` over ``alphas``, largest α first: the table a router interpolates."""
-        band, _ = self.lookup(workflow_type_id, agent_id)
-        return tuple((float(a), band_upper_bound(band, a, self.coverage))
-                     for a in sorted(alphas, reverse=True))
-
     def predict(self, calls: pd.DataFrame) -> np.ndarray:
         """Bands for every row of ``calls`` (same columns as ``fit``): array of shape (n, 2)."""
         out = np.zeros((len(calls), 2))
@@ -378,7 +314,7 @@ class OutputLengthIntervals(BaseEstimator):
             band, _ = self.lookup(wt, agent)
             cond = band.get("conditional")
             if cond:
-                lo, hi = _cond_bands(cond, qt.features(calls.iloc[idx]))
+                lo, hi = cond_bands(cond, qt.features(calls.iloc[idx]))
                 out[idx, 0], out[idx, 1] = lo, hi
             else:
                 out[idx, 0], out[idx, 1] = band["lo"], band["hi"]
@@ -388,45 +324,3 @@ class OutputLengthIntervals(BaseEstimator):
     def to_dict(self) -> dict[str, Any]:
         return {"coverage": self.coverage, "params": self.get_params(), "global": self.global_,
                 "workflow_types": self.workflow_types_, "agents": self.agents_}
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> "OutputLengthIntervals":
-        known = set(cls().get_params())
-        params = {k: v for k, v in d.get("params", {"coverage": d["coverage"]}).items() if k in known}
-        est = cls(**params)
-        est.global_ = d["global"]
-        est.workflow_types_ = d["workflow_types"]
-        est.agents_ = d["agents"]
-        est.n_conditional_ = sum(1 for agents in est.agents_.values()
-                                 for b in agents.values() if b.get("conditional"))
-        return est
-
-
-def band_upper_bound(band: Mapping[str, Any], alpha: float, coverage: float | None = None) -> int:
-    """U(α) from one fitted entry (see the module docstring): below ``certified_alpha`` or past
-    the table's smallest α, the entry's ``ceiling``; never above it."""
-    if not 0.0 < alpha < 1.0:
-        raise ValueError(f"alpha must be in (0, 1), got {alpha}")
-    table = band.get("upper")
-    n = int(band.get("n") or 0)
-    if band.get("certified_alpha") is not None and band.get("ceiling") is not None:
-        ceiling = int(band["ceiling"])
-        if alpha < float(band["certified_alpha"]) or not table:
-            return ceiling
-        pairs = sorted(((float(a), int(v)) for a, v in table.items()), reverse=True)
-        usable = [v for a, v in pairs if a <= alpha]
-        return min(usable[0], ceiling) if usable else ceiling
-    if table:  # a profile written before certified_alpha: table, then the lognormal tail
-        pairs = sorted(((float(a), int(v)) for a, v in table.items()), reverse=True)
-        usable = [v for a, v in pairs if a <= alpha]
-        if usable:
-            return usable[0]
-        if band.get("log_mu") is not None and band.get("log_sigma") is not None:
-            return max(pairs[-1][1], int(math.ceil(lognormal_upper(
-                float(band["log_mu"]), float(band["log_sigma"]), n, alpha))))
-        return pairs[-1][1]
-    mean, cv = band.get("mean"), band.get("cv")
-    if mean and cv is not None and mean > 0:
-        s2 = math.log1p(float(cv) ** 2)
-        return int(math.ceil(lognormal_upper(math.log(float(mean)) - s2 / 2, math.sqrt(s2), n, alpha)))
-    return int(band["hi"])

@@ -21,6 +21,8 @@ import numpy as np
 import pandas as pd
 from sklearn.tree import DecisionTreeRegressor
 
+from predictors.served import leaf_quantiles, tree_bands  # the serving half (numpy only)
+
 #: Features of the conditional model, in order.
 COND_FEATURES = ("has_prev", "prev_agent_output_tokens", "input_tokens", "agent_call_index")
 
@@ -56,21 +58,6 @@ def fit_tree(X: np.ndarray, y: np.ndarray, coverage: float, max_leaves: int = 8,
             "q_lo": lo.tolist(), "q_hi": hi.tolist(), "q_adjust": 0.0}
 
 
-def leaf_quantiles(model: Mapping[str, Any], X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(q_lo(x), q_hi(x)) per row: walk every row down the tree at once."""
-    left, right = np.asarray(model["left"]), np.asarray(model["right"])
-    feat, thr = np.asarray(model["feature"]), np.asarray(model["threshold"])
-    node = np.zeros(len(X), dtype=int)
-    inner = left[node] != -1
-    while inner.any():
-        rows = np.flatnonzero(inner)
-        n = node[rows]
-        go_left = X[rows, feat[n]] <= thr[n]
-        node[rows] = np.where(go_left, left[n], right[n])
-        inner = left[node] != -1
-    return np.asarray(model["q_lo"])[node], np.asarray(model["q_hi"])[node]
-
-
 def scores(model: Mapping[str, Any], X: np.ndarray, y: np.ndarray) -> np.ndarray:
     """Conformity scores E on the log scale (see the module doc)."""
     lo, hi = leaf_quantiles(model, X)
@@ -90,19 +77,3 @@ def conformal_q(e: np.ndarray, coverage: float) -> float:
     return float(np.partition(e, k - 1)[k - 1])
 
 
-def tree_bands(model: Mapping[str, Any], X: np.ndarray, q: float | None = None,
-               ceiling: float | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """Integer bands [lo, hi] per row, corrected by ``q`` (default: the model's ``q_adjust``)."""
-    q = float(model["q_adjust"]) if q is None else q
-    ceiling = model.get("ceiling") if ceiling is None else ceiling
-    qlo, qhi = leaf_quantiles(model, X)
-    if math.isinf(q):
-        lo = np.zeros(len(X))
-        hi = np.full(len(X), np.inf)
-    else:
-        lo = np.expm1(np.log1p(qlo) - q)
-        hi = np.expm1(np.minimum(np.log1p(qhi) + q, 700.0))
-    if ceiling is not None:
-        hi = np.minimum(hi, float(ceiling))
-    lo = np.maximum(np.floor(lo), 0.0)
-    return lo, np.maximum(np.ceil(hi), lo)

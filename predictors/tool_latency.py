@@ -16,7 +16,7 @@ narrowest reaching the quantile, else the best covered), so an older release doe
 """
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -24,6 +24,7 @@ from scipy import stats
 from sklearn.base import BaseEstimator
 
 from predictors.idle_gap import recency_weights, weighted_conformal_quantile, workflow_ranks
+from predictors.served import ToolLatencyTable
 
 #: Latencies are floored here before taking logs (a 0 s tool is a clock artifact).
 MIN_LATENCY_S = 1e-4
@@ -38,12 +39,7 @@ def fit_lognormal(latencies: np.ndarray) -> dict[str, float]:
     return {"mu": float(np.log(scale)), "sigma": sigma, "ks": ks}
 
 
-def lognormal_quantile(mu: float, sigma: float, q: float) -> float:
-    """Quantile of LN(μ, σ²): exp(μ + σ Φ⁻¹(q))."""
-    return float(np.exp(mu + sigma * stats.norm.ppf(q)))
-
-
-class ToolLatencyModel(BaseEstimator):
+class ToolLatencyModel(ToolLatencyTable, BaseEstimator):
     """Lognormal latency per (workflow type, tool), with empirical fallback and TTL.
 
     Parameters
@@ -83,7 +79,8 @@ class ToolLatencyModel(BaseEstimator):
         if poor:
             served = emp
         else:
-            served = [lognormal_quantile(fit["mu"], fit["sigma"], q) for q in (0.5, 0.95, 0.99, self.ttl_quantile)]
+            served = [float(np.exp(fit["mu"] + fit["sigma"] * stats.norm.ppf(q)))  # LN quantiles
+                      for q in (0.5, 0.95, 0.99, self.ttl_quantile)]
         ttl = float(served[3]) if self.max_ttl_s is None else float(min(served[3], self.max_ttl_s))
         return {
             "n": int(len(x)), **fit, "poor_fit": bool(poor),
@@ -146,11 +143,6 @@ class ToolLatencyModel(BaseEstimator):
         }
         return self
 
-    def lookup(self, workflow_type_id: str, tool: str) -> dict[str, Any] | None:
-        """The entry for this tool in this workflow type, else the pooled one, else None."""
-        entry = self.tools_.get(workflow_type_id, {}).get(tool)
-        return entry if entry is not None else self.global_tools_.get(tool)
-
     def cdf(self, workflow_type_id: str, tool: str, t: np.ndarray) -> np.ndarray:
         """The fitted lognormal CDF at ``t`` (for evaluation and plots)."""
         e = self.lookup(workflow_type_id, tool)
@@ -162,11 +154,3 @@ class ToolLatencyModel(BaseEstimator):
         return {"params": {**self.get_params(), "half_lives": list(self.half_lives)},
                 "workflow_types": self.tools_, "global": self.global_tools_,
                 "half_life": getattr(self, "half_life_", {})}
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> "ToolLatencyModel":
-        est = cls(**d.get("params", {}))
-        est.tools_ = d["workflow_types"]
-        est.global_tools_ = d.get("global", {})
-        est.half_life_ = d.get("half_life", {})
-        return est

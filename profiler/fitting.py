@@ -29,7 +29,7 @@ from predictors.output_length import OutputLengthIntervals
 from predictors.tool_latency import ToolLatencyModel
 from profiler import ingest as ingest_mod
 from profiler.profile_artifact import Profile, store_path, write_profile
-from profiler.store import connect
+from profiler.store import connect, store_counts
 
 #: Extra profile sections: name -> "module:function" of ``(con, options) -> dict``.
 SECTION_BUILDERS: dict[str, str] = {
@@ -177,16 +177,6 @@ def fit_from_store(con: duckdb.DuckDBPyConnection, options: FitOptions,
         progress(f"section {name}")
         data[name] = resolve(spec)(con, options.as_dict())
     return data
-
-
-def store_counts(con: duckdb.DuckDBPyConnection) -> dict[str, int]:
-    """Calls, workflows, workflow types, tool executions and quarantined records in the store."""
-    calls, workflows, types = con.execute(
-        "SELECT count(*), count(DISTINCT (workflow_type_id, workflow_id)), count(DISTINCT workflow_type_id) "
-        "FROM calls").fetchone()
-    return {"calls": int(calls), "workflows": int(workflows), "workflow_types": int(types),
-            "tool_calls": int(con.execute("SELECT count(*) FROM tool_calls").fetchone()[0]),
-            "quarantined": int(con.execute("SELECT count(*) FROM quarantine").fetchone()[0])}
 
 
 def manifest_fields(con: duckdb.DuckDBPyConnection, options: FitOptions, db_path: Path) -> dict[str, Any]:

@@ -247,3 +247,15 @@ def connect(path: str | Path | None, read_only: bool = False) -> duckdb.DuckDBPy
                 raise
             raise StoreError(message) from exc
     return con
+
+
+def store_counts(con: duckdb.DuckDBPyConnection, schema: str | None = None) -> dict[str, int]:
+    """Calls, workflows, workflow types, tool executions and quarantined records in the store
+    (``schema``: the name the store is attached under, e.g. ``"store"``; None: the main database)."""
+    q = f"{schema}." if schema else ""
+    calls, workflows, types = con.execute(
+        "SELECT count(*), count(DISTINCT (workflow_type_id, workflow_id)), count(DISTINCT workflow_type_id) "
+        f"FROM {q}calls").fetchone()
+    return {"calls": int(calls), "workflows": int(workflows), "workflow_types": int(types),
+            "tool_calls": int(con.execute(f"SELECT count(*) FROM {q}tool_calls").fetchone()[0]),
+            "quarantined": int(con.execute(f"SELECT count(*) FROM {q}quarantine").fetchone()[0])}

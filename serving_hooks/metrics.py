@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client import disable_created_metrics, generate_latest
@@ -63,11 +63,12 @@ class PredictionMetrics:
     shadowed: Gauge
     live_coverage: Gauge          # labels: workflow_type
 
-    def count_annotation(self, sys_annotations: dict) -> None:
-        if sys_annotations.get("known"):
+    def count_annotation(self, annotation: Any) -> None:
+        """Count one annotation (the contract object, ``predictors.contract.Annotation``)."""
+        if annotation.known:
             self._by_outcome("true", "").inc()
         else:
-            self._by_outcome("false", str(sys_annotations.get("reason", ""))).inc()
+            self._by_outcome("false", str(annotation.reason or "")).inc()
 
     def __post_init__(self) -> None:
         self._by_outcome = Labeled(self.annotations)

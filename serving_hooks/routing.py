@@ -2,13 +2,15 @@
 
 The gateway (``serving_hooks/gateway*.py``) calls, per request::
 
-    worker = router.decide(session_id, input_tokens, predicted_hi, alpha, request_id=rid).worker
+    worker = router.decide_annotated(rid, session_id, input_tokens, annotation).worker
     ...forward to worker...
     router.on_finish(rid)            # when the response (or the error) is complete
 
-``decide(..., request_id=rid)`` reserves the request's bound atomically (it calls
-:meth:`CapacityRouter.on_start` itself), so concurrent requests never see the same headroom
-twice; without ``request_id`` the caller calls :meth:`on_start` once it has sent the request.
+``decide_annotated`` turns the call's annotation contract into its KV bound with
+:func:`serving_hooks.policies.bookkeeping.capacity_request` — the function the simulator's router
+uses — and reserves it atomically, so concurrent requests never see the same headroom twice.
+``decide`` takes the bound's parts directly (``request_id`` given: reserved at once; else the
+caller calls :meth:`on_start` once it has sent the request).
 
 How the choice is made
 ----------------------
@@ -16,13 +18,17 @@ How the choice is made
   ``poll_interval_s`` and keeps, per worker, its KV capacity (``max_total_num_tokens``) and
   its own count of tokens in use or queued (``num_total_tokens``), summed over DP ranks.
 * It tracks the requests it has in flight with their predicted bounds ``input + hi`` and
-  ``α`` (the chance the output runs past ``hi``), and when each was sent: a request sent
-  after the last poll cannot be in the worker's count yet, so its bound is added to it.
+  ``α`` (the chance the output runs past ``hi``), and when each was sent, in a
+  :class:`~serving_hooks.policies.bookkeeping.CapacityLedger` (the object the simulator's router
+  keeps): a request sent after the last poll cannot be in the worker's count yet, so its bound
+  is added to it. A request without a prediction reserves its prompt plus
+  ``unknown_output_tokens`` (the profile's global band ``hi`` when the gateway has the profile).
 * With a fresh load report from every worker it asks :class:`CapacityPolicy` (Pythia alg. 2,
   union bound): the session's last worker when it is safe, else the safe worker with the
   largest expected headroom — a session moves only when the wait it saves exceeds rebuilding
   its prefix, judged with each worker's drain rate (expected KV tokens, ``input + E[out]``, of the
-  requests that finished there over the last ``drain_window_s``); if no worker is safe it counts a
+  requests that finished there over the last ``drain_window_s``, divided by the time observed,
+  ``min(drain_window_s, now − router start)``); if no worker is safe it counts a
   ``fallback_least_loaded`` decision.
 * If any worker's report is missing or stale (no ``/v1/loads``, an error, a timeout), it
   falls back to round robin over all workers and counts ``round_robin`` decisions.
@@ -39,13 +45,14 @@ import itertools
 import logging
 import threading
 import time
-from collections import OrderedDict, deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
 
+from predictors.contract import Annotation
+from serving_hooks.policies.bookkeeping import UNKNOWN_OUTPUT_TOKENS, CapacityLedger, capacity_request
 from serving_hooks.policies.capacity import (ActiveRequest, BoundTable, CapacityPolicy, Placement,
                                              ReplicaState)
 
@@ -122,6 +129,8 @@ class CapacityRouter:
         How many sessions' last worker to remember (LRU).
     drain_window_s:
         Window over which each worker's drain rate (released tokens per second) is measured.
+    unknown_output_tokens:
+        Output bound reserved for a request without a prediction (the profile's global ``hi``).
     """
 
     def __init__(
@@ -135,6 +144,7 @@ class CapacityRouter:
         max_sessions: int = 100_000,
         loads_path: str = "/v1/loads",
         drain_window_s: float = 60.0,
+        unknown_output_tokens: int = UNKNOWN_OUTPUT_TOKENS,
     ) -> None:
         if not workers:
             raise ValueError("CapacityRouter needs at least one worker URL")
@@ -148,11 +158,9 @@ class CapacityRouter:
         self.loads_path = loads_path
         self._lock = threading.Lock()
         self._loads: dict[str, WorkerLoad] = {}
-        # request id -> (worker, time sent, request with its bound)
-        self._inflight: dict[str, tuple[str, float, ActiveRequest]] = {}
-        self._last_worker: OrderedDict[str, str] = OrderedDict()
-        self.drain_window_s = drain_window_s
-        self._released: dict[str, deque] = {w: deque() for w in self.workers}   # (t, tokens)
+        self.unknown_output_tokens = int(unknown_output_tokens)
+        self.ledger = CapacityLedger(self.workers, drain_window_s=drain_window_s,
+                                     max_sessions=max_sessions, started_at=clock())
         self._rr = itertools.count()
         self._counters: dict[str, int] = {
             "capacity": 0,
@@ -167,6 +175,16 @@ class CapacityRouter:
         self._stop = threading.Event()
 
     # ----------------------------------------------------------------- decisions
+    def decide_annotated(self, request_id: str, session_id: str | None, input_tokens: int,
+                         annotation: Annotation | dict | None) -> RouteDecision:
+        """Route and reserve one request from its annotation contract (module doc)."""
+        ann = Annotation.from_dict(annotation) if annotation is not None else None
+        req = capacity_request(request_id, int(input_tokens), ann, session_id,
+                               default_alpha=self.policy.default_alpha,
+                               unknown_output_tokens=self.unknown_output_tokens)
+        known = ann is not None and ann.known
+        return self._decide(session_id, req, req.alpha if known else None, request_id)
+
     def decide(
         self,
         session_id: str | None,
@@ -177,14 +195,18 @@ class CapacityRouter:
         expected_out: float | None = None,
         upper_bounds: BoundTable = (),
     ) -> RouteDecision:
-        """Route one request (``.worker`` is the URL); reserve its bound when ``request_id`` is
-        given.
+        """Route one request (``.worker`` is the URL) from its bound's parts; reserve it when
+        ``request_id`` is given. ``predicted_hi`` None: ``unknown_output_tokens`` at the policy's
+        default ``α``; ``upper_bounds`` (``((α, U(α)), …)``) lets it share the worker's risk
+        budget instead."""
+        hi = int(predicted_hi) if predicted_hi is not None else self.unknown_output_tokens
+        a = self.policy.default_alpha if alpha is None else float(alpha)
+        req = ActiveRequest(request_id or "", int(input_tokens), hi, a, session_id,
+                            tuple(upper_bounds), expected_out)
+        return self._decide(session_id, req, alpha, request_id)
 
-        A request without a prediction (``predicted_hi`` None) is counted with ``hi = 0`` and
-        the policy's default ``α``; ``upper_bounds`` (``((α, U(α)), …)``, the annotation's
-        ``output_len_upper``) lets it share the worker's risk budget instead.
-        """
-        hi = int(predicted_hi or 0)
+    def _decide(self, session_id: str | None, req: ActiveRequest, alpha: float | None,
+                request_id: str | None) -> RouteDecision:
         now = self.clock()
         with self._lock:
             states = self._replica_states(now)
@@ -192,10 +214,9 @@ class CapacityRouter:
                 worker = self.workers[next(self._rr) % len(self.workers)]
                 decision = RouteDecision(worker, "round_robin")
             else:
-                last = self._last_worker.get(session_id) if session_id else None
                 placement = self.policy.choose(
-                    states, int(input_tokens), hi, alpha, expected_out, last_replica=last,
-                    upper_bounds=tuple(upper_bounds),
+                    states, req.input_tokens, req.predicted_hi, alpha, req.expected_out,
+                    last_replica=self.ledger.last_replica(session_id), upper_bounds=req.upper_bounds,
                 )
                 mode = "fallback_least_loaded" if placement.fallback else "capacity"
                 decision = RouteDecision(placement.replica, mode, placement)
@@ -203,39 +224,18 @@ class CapacityRouter:
                     self._counters["affinity"] += 1
             self._counters[decision.mode] += 1
             if request_id is not None:
-                self._start_locked(request_id, decision.worker, int(input_tokens), hi, alpha, session_id,
-                                   tuple(upper_bounds), expected_out)
+                self.ledger.start(request_id, decision.worker, req, now, session=session_id or None)
         return decision
 
     def _replica_states(self, now: float) -> list[ReplicaState] | None:
-        per: dict[str, list[tuple[float, ActiveRequest]]] = {w: [] for w in self.workers}
-        for worker, started_at, req in self._inflight.values():
-            per.setdefault(worker, []).append((started_at, req))
         states = []
         for w in self.workers:
             load = self._loads.get(w)
             if load is None or now - load.fetched_at > self.stale_after_s:
                 return None
-            unreported = sum(r.bound_tokens for t, r in per[w] if t >= load.requested_at)
-            states.append(
-                ReplicaState(
-                    w,
-                    load.capacity_tokens,
-                    tuple(r for _, r in per[w]),
-                    load.reported_tokens,
-                    unreported,
-                    self._drain_locked(w, now),
-                )
-            )
+            states.append(self.ledger.state(w, load.capacity_tokens, now, reported_tokens=load.reported_tokens,
+                                            reported_at=load.requested_at))
         return states
-
-    def _drain_locked(self, worker: str, now: float) -> float | None:
-        """Expected KV tokens (``input + E[out]``) per second of the requests that finished on
-        ``worker`` over the last ``drain_window_s``."""
-        q = self._released.setdefault(worker, deque())
-        while q and q[0][0] < now - self.drain_window_s:
-            q.popleft()
-        return sum(t for _, t in q) / self.drain_window_s if q else None
 
     # -------------------------------------------------------------- in-flight
     def on_start(
@@ -248,45 +248,42 @@ class CapacityRouter:
         session_id: str | None = None,
     ) -> None:
         """Track a request sent to ``worker`` with its predicted bound until :meth:`on_finish`."""
-        with self._lock:
-            self._start_locked(request_id, worker.rstrip("/"), int(input_tokens), int(predicted_hi or 0), alpha, session_id)
-
-    def _start_locked(self, request_id, worker, input_tokens, hi, alpha, session_id,
-                      upper_bounds=(), expected_out=None) -> None:
         a = self.policy.default_alpha if alpha is None else float(alpha)
-        self._inflight[request_id] = (
-            worker,
-            self.clock(),
-            ActiveRequest(request_id, input_tokens, hi, a, session_id, upper_bounds, expected_out),
-        )
-        if session_id:
-            self._last_worker[session_id] = worker
-            self._last_worker.move_to_end(session_id)
-            while len(self._last_worker) > self.max_sessions:
-                self._last_worker.popitem(last=False)
+        hi = int(predicted_hi) if predicted_hi is not None else self.unknown_output_tokens
+        with self._lock:
+            self.ledger.start(request_id, worker.rstrip("/"),
+                              ActiveRequest(request_id, int(input_tokens), hi, a, session_id),
+                              self.clock(), session=session_id or None)
 
     def on_finish(self, request_id: str) -> None:
         """Forget a finished (or failed) request (its expected tokens count toward its worker's
         drain rate); unknown ids are ignored."""
         with self._lock:
-            done = self._inflight.pop(request_id, None)
-            if done is not None:
-                worker, _, req = done
-                self._released.setdefault(worker, deque()).append((self.clock(), req.expected_tokens))
+            self.ledger.finish(request_id, self.clock())
+
+    def note_load(self, worker: str, load: WorkerLoad | None) -> None:
+        """Record a worker's load report (None: it failed) and its waiting-queue depth."""
+        with self._lock:
+            if load is None:
+                self._counters["poll_errors"] += 1
+                self._loads.pop(worker, None)
+                self.ledger.forget_queue_depth(worker)
+            else:
+                self._counters["poll_ok"] += 1
+                self._loads[worker] = load
+                self.ledger.note_queue_depths({worker: load.waiting_requests})
 
     # ------------------------------------------------------------------ views
     def inflight(self) -> dict[str, int]:
         """Tracked bound tokens per worker."""
         with self._lock:
-            out = {w: 0 for w in self.workers}
-            for worker, _, req in self._inflight.values():
-                out[worker] = out.get(worker, 0) + req.bound_tokens
-            return out
+            return self.ledger.bound_tokens()
 
     def queue_depths(self) -> dict[str, int]:
-        """Waiting requests per worker from the last load reports (for the priority policy)."""
+        """Waiting requests per worker from the last load reports (the ledger's; for the
+        priority policy's idle-downstream term)."""
         with self._lock:
-            return {w: load.waiting_requests for w, load in self._loads.items()}
+            return self.ledger.queue_depths()
 
     def loads(self) -> dict[str, WorkerLoad]:
         with self._lock:
@@ -306,13 +303,7 @@ class CapacityRouter:
         except (httpx.HTTPError, ValueError) as exc:
             logger.debug("load poll of %s failed: %s", worker, exc)
             load = None
-        with self._lock:
-            if load is None:
-                self._counters["poll_errors"] += 1
-                self._loads.pop(worker, None)
-            else:
-                self._counters["poll_ok"] += 1
-                self._loads[worker] = load
+        self.note_load(worker, load)
 
     async def poll_once(self, client: httpx.AsyncClient | None = None) -> None:
         """Poll every worker once, concurrently."""

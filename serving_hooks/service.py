@@ -13,7 +13,9 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
+from predictors.contract import Annotation
 from predictors.predictor import Predictor
+from serving_hooks.policies.priority import AnnotationPriority
 from serving_hooks.metrics import MemoryCollector, PredictionMetrics, prediction_metrics
 from serving_hooks.policies import AutoscalePolicy, autoscale_advice
 from serving_hooks.profile_reload import ProfileReloader
@@ -86,7 +88,12 @@ class PredictionService:
         return self.reloader.check(force=True)
 
     def annotate(self, app_metadata: Any, **kwargs) -> dict:
-        ann = self.predictor.annotate(app_metadata, **kwargs)
+        """The sys_annotations JSON of one call (:meth:`annotate_call` rendered)."""
+        return self.annotate_call(app_metadata, **kwargs).to_dict()
+
+    def annotate_call(self, app_metadata: Any, **kwargs) -> Annotation:
+        """The annotation contract of one call, counted in the metrics."""
+        ann = self.predictor.annotate_call(app_metadata, **kwargs)
         self.metrics.count_annotation(ann)
         return ann
 
@@ -154,6 +161,7 @@ def prediction_service(profile: str | Path, registry: CollectorRegistry, prefix:
                        **predictor_kwargs: Any) -> PredictionService:
     """Load ``profile`` (a profile root, or a version folder: then no hot reload) and wire it up."""
     gate = gate or ShadowGate()
+    predictor_kwargs.setdefault("priority_policy", AnnotationPriority())  # the facade needs no policy
     predictor = Predictor(gate=gate, **predictor_kwargs)
 
     def unknown_ratio() -> float:

@@ -41,7 +41,7 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CollectorRegistry
 from pydantic import BaseModel, ConfigDict, Field
 
-from serving_hooks.annotations import flatten_for_sglang
+from predictors.contract import Annotation, to_sglang_custom_params
 from serving_hooks.http_guard import BodySizeLimit, StrictJSONBody, admin_auth
 from serving_hooks.metrics import RequestMetricsMiddleware, render, request_metrics
 from serving_hooks.policies import AutoscalePolicy
@@ -74,40 +74,13 @@ class AnnotateRequest(BaseModel):
     sglang: bool = Field(False, description="also return SGLang's flat custom_params")
 
 
-class SysAnnotations(BaseModel):
-    """The predictor's answer (DESIGN.md; every key in :mod:`predictors.predictor`'s module doc);
-    ``known: false`` carries only ids, a reason and its detail."""
-
-    model_config = ConfigDict(extra="allow")
-    profile_version: str | None
-    known: bool
-    workflow_type_id: str | None = None
-    workflow_id: str | None = None
-    agent_id: str | None = None
-    reason: str | None = None
-    detail: str | None = None
-    predicted_output_len: list[int] | None = None
-    output_len_coverage: float | None = None
-    output_len_level: str | None = Field(None, description="level the band was fit at: agent or "
-                                         "workflow_type")
-    output_len_mean: float | None = None
-    output_len_upper: list[list[float]] | None = Field(None, description="[[α, U(α)], …]: one-sided "
-                                                       "(1 − α) upper bounds, largest α first")
-    session_age_s: float | None = Field(None, description="seconds since the session's first call")
-    next_agents: list[dict[str, Any]] | None = None
-    predicted_path_regex: str | None = None
-    expected_remaining_calls: float | None = None
-    expected_remaining_s: float | None = None
-    expected_distance: dict[str, float] | None = None
-    p_end: float | None = Field(None, description="probability that no call follows this one")
-    tool_latency: dict[str, dict[str, float]] | None = None
-    retain_s: float | None = Field(None, description="keep-alive TTL of the most frequent tool")
-    prompt_composition: dict[str, str] | None = None
-    priority: int | None = None
+#: The predictor's answer: the annotation contract itself (``predictors.contract.Annotation``,
+#: every field documented there); ``known: false`` carries only ids, a reason and its detail.
+SysAnnotations = Annotation
 
 
 class AnnotateResponse(BaseModel):
-    sys_annotations: SysAnnotations
+    sys_annotations: Annotation
     custom_params: dict[str, Any] | None = None
 
 
@@ -157,11 +130,11 @@ class Health(BaseModel):
 
 def _annotate_one(service: PredictionService, req: AnnotateRequest) -> dict:
     meta = req.app_metadata.model_dump(exclude_none=True)
-    ann = service.annotate(meta, request_id=req.request_id, input_tokens=req.input_tokens,
-                           advance=req.advance)
-    out: dict[str, Any] = {"sys_annotations": ann}
+    ann = service.annotate_call(meta, request_id=req.request_id, input_tokens=req.input_tokens,
+                                advance=req.advance)
+    out: dict[str, Any] = {"sys_annotations": ann.to_dict()}
     if req.sglang:
-        out["custom_params"] = flatten_for_sglang(ann, meta)
+        out["custom_params"] = to_sglang_custom_params(ann, meta)
     return out
 
 

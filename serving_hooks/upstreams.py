@@ -21,6 +21,9 @@ import itertools
 import json
 from typing import Any, Protocol, Sequence
 
+from predictors.contract import Annotation
+from serving_hooks.routing import CapacityRouter
+
 
 def normalize_upstream(url: str) -> str:
     """``http://h:p``, ``http://h:p/`` and ``http://h:p/v1`` all name the same OpenAI server."""
@@ -80,24 +83,18 @@ class CapacityRouting:
     """:class:`UpstreamRouter` over :class:`serving_hooks.routing.CapacityRouter`."""
 
     def __init__(self, upstreams: Sequence[str], **router_kwargs: Any) -> None:
-        from serving_hooks.routing import CapacityRouter
         self.upstreams = [normalize_upstream(u) for u in upstreams]
         self.router = CapacityRouter(self.upstreams, **router_kwargs)
 
     def choose_upstream(self, request_id: str, body: Any, sys_annotations: dict | None,
                         app_metadata: dict | None) -> str:
-        ann = sys_annotations or {}
-        known = ann.get("known") is True
-        band = ann.get("predicted_output_len") if known else None
-        hi = int(band[1]) if band else None
-        cov = ann.get("output_len_coverage") if known else None
-        alpha = (1.0 - float(cov)) / 2 if cov is not None else None  # upper tail of a 2-sided band
-        session = (app_metadata or {}).get("workflow_id")
-        upper = ann.get("output_len_upper") if known else None
-        return self.router.decide(str(session) if session is not None else None,
-                                  estimate_prompt_tokens(body), hi, alpha, request_id=request_id,
-                                  expected_out=ann.get("output_len_mean") if known else None,
-                                  upper_bounds=tuple(map(tuple, upper or ()))).worker
+        """The worker for one request: its annotation contract's bound (as the simulator builds
+        it) checked against every worker's KV capacity."""
+        ann = Annotation.from_dict(sys_annotations, app_metadata) if sys_annotations is not None else None
+        session = ann.workflow_id if ann is not None else None
+        if session is None and isinstance(app_metadata, dict) and app_metadata.get("workflow_id") is not None:
+            session = str(app_metadata["workflow_id"])
+        return self.router.decide_annotated(request_id, session, estimate_prompt_tokens(body), ann).worker
 
     def finished(self, request_id: str) -> None:
         self.router.on_finish(request_id)

@@ -46,20 +46,19 @@ calls, ``ours-seconds-p90`` by the 0.9 quantile of it (``PriorityPolicy.remainin
 """
 from __future__ import annotations
 
-from collections import deque
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from serving_hooks.policies import (
-    ActiveRequest,
+    Annotation,
     CallView,
     CapacityPolicy,
     KeepDropPolicy,
     PrefetchPolicy,
     PriorityPolicy,
-    ReplicaState,
     RetentionRank,
 )
+from serving_hooks.policies.bookkeeping import CapacityLedger, SessionPriorityBook, capacity_request
 from simulator.baselines import FCFS, LRU, Belady, RoundRobin, StickyLeastLoad
 from simulator.engine import Request, Simulator
 from simulator.policy import CachePolicy, Part, Policy, Router, Scheduler
@@ -67,15 +66,15 @@ from simulator.policy import CachePolicy, Part, Policy, Router, Scheduler
 class PredictionFeed(Part):
     """Drives a ``predictors.Predictor`` with simulated time and attaches a ``CallView``.
 
-    ``req.pred`` becomes ``{"ann": sys_annotations, "view": CallView}``; the view's tool p95 is
-    that of the tool the call runs (known once its response names it).
+    ``req.pred`` becomes ``{"ann": Annotation, "meta": app_metadata, "view": CallView}`` (the
+    annotation contract and the policies' view of it); the view's tool p95 is that of the tool
+    the call runs (known once its response names it).
     """
 
     def __init__(self, predictor: Any) -> None:
         self.predictor = predictor
         self.global_hi = 4096
         self.coverage = 0.99
-        self._tables: dict[tuple, tuple] = {}
 
     def bind(self, sim: Simulator) -> None:
         super().bind(sim)
@@ -91,10 +90,9 @@ class PredictionFeed(Part):
         wf = self.sim.workload.workflows[req.wf]
         meta = {"workflow_type_id": wf.workflow_type, "workflow_id": wf.workflow_id,
                 "agent_id": req.call.agent}
-        ann = self.predictor.annotate(meta, request_id=req.call.request_id,
-                                      input_tokens=req.call.input_tokens)
-        view = CallView.from_sys_annotations(ann, meta, tool=req.call.tool)
-        req.pred = {"ann": ann, "meta": meta, "view": view}
+        ann = self.predictor.annotate_call(meta, request_id=req.call.request_id,
+                                           input_tokens=req.call.input_tokens)
+        req.pred = {"ann": ann, "meta": meta, "view": CallView.from_annotation(ann, meta, tool=req.call.tool)}
 
     def on_finish(self, req: Request) -> None:
         meta = req.pred["meta"] if req.pred else None
@@ -105,41 +103,27 @@ class PredictionFeed(Part):
                                 "input_tokens": req.call.input_tokens, "t_finish": self.sim.now})
 
     # helpers used by the other parts
+    def annotation(self, req: Request) -> Annotation | None:
+        """The call's annotation contract (None before it was annotated)."""
+        return req.pred["ann"] if req.pred else None
+
     def view(self, req: Request) -> CallView:
         return req.pred["view"] if req.pred else CallView()
-
-    def upper_bound(self, req: Request) -> int:
-        v = self.view(req)
-        return int(v.pred_out_hi) if v.known and v.pred_out_hi is not None else self.global_hi
-
-    def expected_out(self, req: Request) -> float:
-        """The agent's mean output (the band's midpoint when the profile has no mean)."""
-        v = self.view(req)
-        if v.known and v.pred_out_mean is not None:
-            return float(v.pred_out_mean)
-        hi = self.upper_bound(req)
-        lo = v.pred_out_lo if v.known and v.pred_out_lo is not None else hi / 2
-        return (lo + hi) / 2
-
-    def bound_table(self, req: Request) -> tuple:
-        """The call's ``((α, U(α)), …)`` table, one shared object per distinct table."""
-        v = self.view(req)
-        if not v.known or not v.upper_bounds:
-            return ()
-        return self._tables.setdefault(v.upper_bounds, v.upper_bounds)
 
 
 class CapacityRouter(Router):
     """``CapacityPolicy.choose`` over the replicas' in-flight requests (see the module table).
 
-    The router knows what a gateway knows: the requests it sent (input, predicted bounds) and
-    when they finished; from the latter it measures each replica's drain rate (KV tokens of
-    finished requests per second over the last ``drain_window_s``), which the policy uses to
-    tell whether moving a session off its replica saves more waiting than the move costs. The
-    policy's ``prefill_s_per_token`` is set from the simulated hardware.
+    The router knows what a gateway knows, kept in the same :class:`CapacityLedger` the gateway's
+    router drives: the requests it sent (input, predicted bounds, from the call's annotation by
+    :func:`capacity_request`, exactly as the gateway builds them) and when they finished, from
+    which the ledger measures each replica's drain rate (KV tokens of finished requests per
+    second over the last ``drain_window_s``), which the policy uses to tell whether moving a
+    session off its replica saves more waiting than the move costs. The policy's
+    ``prefill_s_per_token`` is set from the simulated hardware.
 
     ``risk_split=False`` gives every request one fixed bound instead of its table: the band's
-    ``hi`` at ``α = (1 − coverage)/2`` (its upper tail), as the gateway does without tables."""
+    ``hi`` at ``α = (1 − coverage)/2`` (its upper tail), as a gateway does without tables."""
 
     def __init__(self, feed: PredictionFeed, policy: CapacityPolicy | None = None,
                  risk_split: bool = True, drain_window_s: float = 60.0) -> None:
@@ -147,60 +131,46 @@ class CapacityRouter(Router):
         self.policy = policy or CapacityPolicy()
         self.risk_split = risk_split
         self.drain_window_s = drain_window_s
-        self.home: dict[object, int] = {}
-        self.active: list[dict[int, ActiveRequest]] = []
+        self.ledger: CapacityLedger | None = None
         self.counts = {"decisions": 0, "fallbacks": 0, "affinity": 0, "moved": 0}
 
     def bind(self, sim: Simulator) -> None:
         super().bind(sim)
         self.policy = replace(self.policy, prefill_s_per_token=sim.config.step.a)
-        self.active = [{} for _ in sim.replicas]
-        self.released: list[deque] = [deque() for _ in sim.replicas]
-        self.released_sum = [0.0 for _ in sim.replicas]
-        self.alpha = max(1e-6, (1.0 - self.feed.coverage) / 2)
+        self.ledger = CapacityLedger([str(rep.idx) for rep in sim.replicas],
+                                     drain_window_s=self.drain_window_s, max_sessions=None,
+                                     started_at=0.0)
 
     def drain(self, r: int) -> float | None:
         """KV tokens per second replica ``r`` released over the last ``drain_window_s``."""
-        now = self.sim.now
-        q = self.released[r]
-        while q and q[0][0] < now - self.drain_window_s:
-            self.released_sum[r] -= q.popleft()[1]
-        span = min(self.drain_window_s, now)
-        return self.released_sum[r] / span if q and span > 0 else None
+        return self.ledger.drain(str(r), self.sim.now)
 
     def route(self, req: Request) -> int:
         sim = self.sim
+        now = sim.now
+        ledger = self.ledger
         cap = sim.config.kv_capacity_tokens
-        states = [ReplicaState(str(rep.idx), cap, tuple(self.active[rep.idx].values()),
-                               drain_tokens_per_s=self.drain(rep.idx))
-                  for rep in sim.candidates(req)]
-        view = self.feed.view(req)
-        hi = self.feed.upper_bound(req)
-        table = self.feed.bound_table(req) if self.risk_split else ()
-        alpha = self.alpha if view.known else None
-        exp_out = self.feed.expected_out(req)
+        states = [ledger.state(str(rep.idx), cap, now) for rep in sim.candidates(req)]
+        ann = self.feed.annotation(req)
         key = sim.home_key(req)
-        home = self.home.get(key)
+        request = capacity_request(req.call.request_id, req.call.input_tokens, ann, str(req.wf),
+                                   default_alpha=self.policy.default_alpha,
+                                   unknown_output_tokens=self.feed.global_hi, risk_split=self.risk_split)
+        home = ledger.last_replica(key)
         placement = self.policy.choose(
-            states, req.call.input_tokens, hi, alpha=alpha, expected_out=exp_out,
-            last_replica=None if home is None else str(home), upper_bounds=table)
+            states, request.input_tokens, request.predicted_hi,
+            alpha=request.alpha if ann is not None and ann.known else None,
+            expected_out=request.expected_out, last_replica=home, upper_bounds=request.upper_bounds)
         r = int(placement.replica)
         self.counts["decisions"] += 1
         self.counts["fallbacks"] += placement.fallback
         self.counts["affinity"] += placement.affinity
-        self.counts["moved"] += home is not None and r != home
-        self.home[key] = r
-        self.active[r][req.idx] = ActiveRequest(
-            req.call.request_id, req.call.input_tokens, hi,
-            self.policy.default_alpha if alpha is None else alpha, str(req.wf),
-            upper_bounds=table, expected_out=exp_out)
+        self.counts["moved"] += home is not None and placement.replica != home
+        ledger.start(req.idx, placement.replica, request, now, session=key)
         return r
 
     def on_finish(self, req: Request) -> None:
-        done = self.active[req.replica].pop(req.idx, None)
-        if done is not None:
-            self.released[req.replica].append((self.sim.now, done.expected_tokens))
-            self.released_sum[req.replica] += done.expected_tokens
+        self.ledger.finish(req.idx, self.sim.now)
 
 
 class PriorityScheduler(Scheduler):
@@ -212,7 +182,8 @@ class PriorityScheduler(Scheduler):
     the plugin then ages it from enqueue (``aged``). Every waiting call of a session is ordered
     by the session's latest score, so the queue key is SGLang's integer priority of
     ``base_wf + aging · (now − workflow start)`` (bigger first), then FCFS. A call without a
-    prediction keeps its session's last base (``unknown_score`` if it never had one).
+    prediction keeps its session's score (``unknown_score`` if it never had one). The sessions'
+    scores live in a :class:`SessionPriorityBook`, the object the SGLang plugin keeps them in.
 
     ``workflow_level=False`` is the earlier rule (each call scored alone, aged from its own
     enqueue time), kept for the ablation. With ``preemption_threshold`` set, a waiting call
@@ -229,8 +200,8 @@ class PriorityScheduler(Scheduler):
         self.preemption_threshold = preemption_threshold
         self.slot_preemption = preemption_threshold is not None
         self.base: dict[int, float] = {}       # per call (workflow_level=False)
-        self.session: dict[int, tuple[float, float]] = {}   # wf -> (score at issue, issue time)
-        self._wf_base: dict[int, float] = {}
+        #: wf -> (score of its latest predicted call, when it arrived): the plugin's book
+        self.book = SessionPriorityBook(self.policy, max_sessions=None)
 
     def on_issue(self, req: Request) -> None:
         view = self.feed.view(req)
@@ -242,19 +213,16 @@ class PriorityScheduler(Scheduler):
         if not self.workflow_level:
             self.base[req.idx] = pol.score_view(view, depth, agent_model)
             return
-        if view.known:
-            self._wf_base[req.wf] = pol.score_view(view, depth, agent_model)
-        base = self._wf_base.get(req.wf, pol.unknown_score)
         age = self.sim.now - float(self.sim.wf_arrival[req.wf])
-        self.session[req.wf] = (pol.session_score(base, age), self.sim.now)
+        score = pol.session_score(pol.score_view(view, depth, agent_model), age) if view.known else None
+        self.book.note(req.wf, score, self.sim.now, fallback=pol.session_score(pol.unknown_score, age))
 
     def priority(self, req: Request) -> int:
         """SGLang integer priority of ``req`` now (bigger runs first)."""
         pol = self.policy
         if not self.workflow_level:
             return pol.to_sglang(pol.aged(self.base[req.idx], req.t_enqueue, self.sim.now))
-        score, t = self.session[req.wf]
-        return pol.to_sglang(pol.aged(score, t, self.sim.now))
+        return self.book.priority(req.wf, self.sim.now)
 
     def queue_key(self, req: Request) -> tuple:
         return (-self.priority(req), req.t_enqueue, req.idx)
@@ -266,7 +234,7 @@ class PriorityScheduler(Scheduler):
         if not self.workflow_level or type(pol).to_sglang is not PriorityPolicy.to_sglang \
                 or type(pol).aged is not PriorityPolicy.aged:
             return self.queue_key
-        now, aging, scale, session = self.sim.now, pol.aging_per_s, pol.scale, self.session
+        now, aging, scale, session = self.sim.now, pol.aging_per_s, pol.scale, self.book.references()
         lim = 2 ** 62
 
         def key(req: Request) -> tuple:

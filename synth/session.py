@@ -10,7 +10,6 @@ from __future__ import annotations
 from typing import Iterable, Sequence
 
 import numpy as np
-from scipy import sparse
 
 from synth.remaining import RemainingWork
 from synth.vomm import VariableOrderMarkov
@@ -189,8 +188,9 @@ class WorkflowPaths:
             entries = [(c, target, agent_index, p) for c, row in enumerate(self._chain_rows)
                        for agent_index, target, p in row]
             cs, ts, ais, ps = zip(*entries) if entries else ((), (), (), ())
-            q = sparse.csr_matrix((ps, (cs, ts)), shape=(n, n))
-            r = sparse.csr_matrix((ps, (cs, ais)), shape=(n, k)).toarray()
+            q, r = np.zeros((n, n)), np.zeros((n, k))
+            np.add.at(q, (list(cs), list(ts)), list(ps))     # duplicates summed, as a sparse build
+            np.add.at(r, (list(cs), list(ais)), list(ps))
             acc, power = np.zeros((n, k)), r
             for _ in range(horizon):
                 acc += power

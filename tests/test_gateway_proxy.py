@@ -11,7 +11,7 @@ from openai import OpenAI
 from prometheus_client import CollectorRegistry
 
 from profiler import fitting
-from serving_hooks.annotations import CUSTOM_PARAM_KEYS
+from predictors.contract import FLAT_KEYS as CUSTOM_PARAM_KEYS
 from serving_hooks.annotator import LocalAnnotator
 from serving_hooks.fake_openai import FakeOpenAI
 from serving_hooks.gateway import Gateway, create_gateway_app

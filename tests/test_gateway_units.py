@@ -7,7 +7,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from profiler.ingest import discover
-from serving_hooks.annotations import CUSTOM_PARAM_KEYS, find_app_metadata, flatten_for_sglang, forward_body
+from predictors.contract import FLAT_KEYS as CUSTOM_PARAM_KEYS
+from serving_hooks.annotations import find_app_metadata, flatten_for_sglang, forward_body
 from serving_hooks.gateway_log import GatewayLog
 from serving_hooks.sse import StreamFollower
 

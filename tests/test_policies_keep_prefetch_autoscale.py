@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
+from predictors.contract import to_sglang_custom_params
 from serving_hooks.policies import (
     HOST_TIER,
     AutoscalePolicy,
@@ -79,7 +80,12 @@ def test_call_view_tolerates_bad_fields():
          "tool_latency": {"bash": {"p95_s": 1.4}, "edit": {"p95_s": 3.0}}},
         {"workflow_id": "w", "agent_id": "a"},
     )
-    assert nested.next_agent == "v" and nested.pred_out_hi == 90 and nested.tool_p95_s == 3.0
+    # tool_p95_s is the most frequent (first-listed) tool's p95 in every form (the contract's one
+    # definition; CallView used to take the largest, 3.0, while the flat form took the first)
+    assert nested.next_agent == "v" and nested.pred_out_hi == 90 and nested.tool_p95_s == 1.4
+    flat = to_sglang_custom_params({"known": True, "tool_latency": {"bash": {"p95_s": 1.4},
+                                                                    "edit": {"p95_s": 3.0}}})
+    assert CallView.from_custom_params(flat).tool_p95_s == nested.tool_p95_s == flat["tool_p95_s"]
 
 
 def test_prefetch_is_just_in_time_and_host_only():

@@ -1,6 +1,8 @@
 """predictors.Predictor: annotations from a real fitted profile, session state, never-fail."""
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 
 import duckdb
@@ -13,6 +15,7 @@ from profiler import fitting
 from profiler.profile_artifact import load_profile, write_profile
 from profiler.workloads import generate, write_jsonl
 from serving_hooks.shadow import ShadowGate
+from serving_hooks.policies import AnnotationPriority
 
 WT = "coding_assistant"
 
@@ -37,7 +40,7 @@ def meta(wf: str, agent: str, wt: str = WT) -> dict:
 
 def test_known_call_carries_every_prediction(fitted):
     profile, sequences = fitted
-    p = Predictor(profile)
+    p = Predictor(profile, priority_policy=AnnotationPriority())
     seq = next(s for s in sequences if p.profile.paths[WT].track(s)[-1] is not None)
     remaining = []
     for i, agent in enumerate(seq):
@@ -152,7 +155,7 @@ def test_concurrent_annotate_and_observe_keep_sessions_consistent(fitted):
 
 def test_profile_swap_replays_live_sessions_on_the_new_automaton(fitted, tmp_path):
     profile, sequences = fitted
-    p = Predictor(profile)
+    p = Predictor(profile, priority_policy=AnnotationPriority())
     seq = next(s for s in sequences if len(s) > 4 and p.profile.paths[WT].track(s)[-1] is not None)
     for agent in seq[:3]:
         p.annotate(meta("w", agent))
@@ -208,3 +211,23 @@ def _shared_predictor(fitted) -> Predictor:
     if key not in _PREDICTORS:
         _PREDICTORS[key] = Predictor(fitted[0], gate=ShadowGate())
     return _PREDICTORS[key]
+
+
+def test_serving_path_imports_no_pandas_scipy_sklearn(fitted_profile):
+    """The facade, the sidecar, the gateway and the capacity router, with a real profile
+    compiled and a call annotated, load none of the fit-time libraries (a fresh interpreter)."""
+    code = (
+        "import sys\n"
+        "from predictors import Predictor\n"
+        "from serving_hooks.sidecar import create_sidecar_app\n"
+        "from serving_hooks.gateway import create_gateway_app\n"
+        "from serving_hooks.upstreams import CapacityRouting\n"
+        "from serving_hooks.policies import AnnotationPriority\n"
+        f"p = Predictor({str(fitted_profile)!r}, priority_policy=AnnotationPriority())\n"
+        "a = p.annotate({'workflow_type_id': 'coding_assistant', 'workflow_id': 'w', 'agent_id': 'planner'})\n"
+        "assert a['known'] and isinstance(a['priority'], int), a\n"
+        "print(sorted(m for m in ('pandas', 'scipy', 'sklearn') if m in sys.modules))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"

@@ -5,7 +5,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from predictors.tool_latency import ToolLatencyModel, lognormal_quantile
+from predictors.tool_latency import ToolLatencyModel
+from serving_hooks.policies import lognormal_quantile
 
 
 def frame(wt, tool, x):

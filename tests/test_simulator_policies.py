@@ -61,7 +61,7 @@ def test_capacity_router_does_not_send_a_request_where_its_bound_overflows(codin
     policy = build_ours(make_predictor(coding.profile))
     Simulator(coding.workload, policy, cfg, arrival_times(coding.workload, 0.05, 0))  # binds
     router = policy.router
-    router.active[0][10_000] = ActiveRequest("big", 55_000, 4_000, 0.001)   # replica 0 nearly full
+    router.ledger.start(10_000, "0", ActiveRequest("big", 55_000, 4_000, 0.001), 0.0)  # replica 0 nearly full
     call = coding.workload.calls[0]
     req = Request(call, 0.0)
     policy.hook("on_issue", req)
@@ -248,8 +248,8 @@ def test_capacity_router_keeps_a_session_home_and_measures_drain(coding):
     assert router.policy.prefill_s_per_token == cfg.step.a      # the simulated hardware's
     assert router.drain(0) is None
     sim.now = 30.0
-    router.released[0].append((10.0, 3000.0))
-    router.released_sum[0] += 3000.0
+    router.ledger.start("r", "0", ActiveRequest("r", 1000, 4000, 0.01, expected_out=2000.0), 5.0)
+    router.ledger.finish("r", 10.0)                              # releases 1000 + 2000 tokens
     assert router.drain(0) == pytest.approx(100.0)               # 3000 tokens over 30 s
     sim.now = 100.0
     assert router.drain(0) is None                               # older than the 60 s window

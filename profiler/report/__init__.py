@@ -354,7 +354,7 @@ def build_report(profile_path: str | Path, out: str | Path, *, db: str | Path | 
     con, store_note = None, ""
     try:
         con = open_store(store)
-        sc = store_counts(con)
+        sc = store_counts(con, "store")
         store_note = f"store {store}: {sc['calls']:,} calls, {sc['workflows']:,} workflows"
     except StoreUnavailable as exc:
         store_note = f"histograms and CDFs need the store: {exc}"

@@ -14,7 +14,7 @@ from pathlib import Path
 import duckdb
 import numpy as np
 
-from profiler.store import sql_string
+from profiler.store import sql_string, store_counts  # noqa: F401  (the report's store summary)
 
 #: Histogram bins per agent (log-spaced between the agent's shortest and longest output).
 HIST_BINS = 40
@@ -38,12 +38,6 @@ def open_store(path: Path) -> duckdb.DuckDBPyConnection:
         raise StoreUnavailable(f"cannot open {path} read-only ({str(exc).splitlines()[0]}); "
                                "is a fit writing to it right now?") from exc
     return con
-
-
-def store_counts(con: duckdb.DuckDBPyConnection) -> dict[str, int]:
-    calls, workflows = con.execute(
-        "SELECT count(*), count(DISTINCT (workflow_type_id, workflow_id)) FROM store.calls").fetchone()
-    return {"calls": int(calls), "workflows": int(workflows)}
 
 
 def symbol_sequences(con: duckdb.DuckDBPyConnection, workflow_type: str,

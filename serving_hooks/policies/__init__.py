@@ -5,6 +5,9 @@ The SGLang plugin (``serving_hooks.sglang_plugin``), the gateway's router
 reads a clock: every time is passed in as ``now`` (seconds on any monotonic scale).
 
 ==========================  =======================================================
+:class:`Annotation`         the per-call prediction message (``predictors.contract``)
+:class:`CapacityLedger`     bookkeeping: requests in flight, drain rate, last replica
+:class:`SessionPriorityBook`  bookkeeping: each session's priority reference
 :class:`PriorityPolicy`     Pythia alg. 3 per workflow: remaining work + idle downstream
 :class:`CapacityPolicy`     Pythia alg. 2: union bound (risk split), session affinity
 :class:`KeepDropPolicy`     Pythia alg. 1 + SAGA TTL: retain / drop a session prefix
@@ -12,7 +15,11 @@ reads a clock: every time is passed in as ``now`` (seconds on any monotonic scal
 :class:`AutoscalePolicy`    Pythia alg. 4: projected calls → suggested replicas
 ==========================  =======================================================
 """
+from predictors.contract import (Annotation, NextAgent, ToolLatency, from_custom_params,
+                                 to_sglang_custom_params)
 from serving_hooks.policies.annotations_view import CallView
+from serving_hooks.policies.bookkeeping import (CapacityLedger, SessionPriorityBook,
+                                                capacity_request)
 from serving_hooks.policies.autoscale import AutoscalePolicy, autoscale_advice
 from serving_hooks.policies.capacity import (
     ActiveRequest,
@@ -30,12 +37,21 @@ from serving_hooks.policies.keep_drop import (
     revisit_probability,
 )
 from serving_hooks.policies.prefetch import HOST_TIER, PrefetchPlan, PrefetchPolicy
-from serving_hooks.policies.priority import PriorityPolicy
+from serving_hooks.policies.priority import AnnotationPriority, PriorityPolicy
 
 __all__ = [
     "ActiveRequest",
+    "Annotation",
+    "AnnotationPriority",
+    "NextAgent",
+    "ToolLatency",
+    "from_custom_params",
+    "to_sglang_custom_params",
     "AutoscalePolicy",
     "CallView",
+    "CapacityLedger",
+    "SessionPriorityBook",
+    "capacity_request",
     "CapacityPolicy",
     "HOST_TIER",
     "KeepDropPolicy",

@@ -109,12 +109,6 @@ class ActiveRequest:
         out = self.predicted_hi if self.expected_out is None else self.expected_out
         return float(self.input_tokens) + float(out)
 
-    def bound_tokens_at(self, alpha: float) -> int:
-        """``input + U(α)`` with the table; ``input + hi`` without one."""
-        if not self.upper_bounds:
-            return self.bound_tokens
-        return int(self.input_tokens) + bound_at(self.upper_bounds, alpha)
-
 
 @dataclass(frozen=True)
 class ReplicaState:

@@ -38,7 +38,7 @@ import math
 from dataclasses import dataclass
 from enum import IntEnum
 
-from scipy.stats import lognorm
+from statistics import NormalDist
 
 from serving_hooks.policies.annotations_view import CallView
 
@@ -72,8 +72,10 @@ class Retention:
 
 
 def lognormal_quantile(mu: float, sigma: float, q: float = 0.95) -> float:
-    """``Q_q`` of a lognormal: ``exp(μ + σ · Φ⁻¹(q))`` (scipy's ``lognorm(s=σ, scale=e^μ)``)."""
-    return float(lognorm.ppf(q, s=sigma, scale=math.exp(mu)))
+    """``Q_q`` of a lognormal: ``exp(μ + σ · Φ⁻¹(q))`` (scipy's ``lognorm(s=σ, scale=e^μ).ppf``,
+    computed with the standard library so the serving path loads no scipy). The one copy: the
+    tool-latency fit calls scipy's vectorized ``lognorm.ppf`` directly."""
+    return math.exp(mu + sigma * NormalDist().inv_cdf(q))
 
 
 def revisit_probability(view: CallView, lineage: str = "session") -> float:

@@ -57,6 +57,7 @@ import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from predictors.contract import Annotation
 from serving_hooks.policies.annotations_view import CallView
 
 #: SGLang stores priorities in a Python int and compares them; keep well inside int64.
@@ -186,3 +187,17 @@ class PriorityPolicy:
             (-self.to_sglang(self.aged(base, t0, now)), t0, rid) for rid, base, t0 in items
         ]
         return [rid for _, _, rid in sorted(keyed)]
+
+
+@dataclass(frozen=True)
+class AnnotationPriority:
+    """The priority the predictor puts on a known call: ``to_sglang(session_score(score_view(view),
+    session age))`` — injected into ``predictors.Predictor`` by the serving layer
+    (``PredictionService``), so the facade depends on no policy."""
+
+    policy: PriorityPolicy = PriorityPolicy()
+
+    def __call__(self, annotation: Annotation, app_metadata: Mapping | None = None) -> int:
+        view = CallView.from_annotation(annotation, app_metadata)
+        pol = self.policy
+        return pol.to_sglang(pol.session_score(pol.score_view(view), view.session_age_s))

@@ -3,7 +3,9 @@
 * ``Scheduler._add_request_to_queue`` (BEFORE): its integer ``priority`` is set (precedence in
   :func:`admit_request`: explicit ``priority`` > the gateway's ``custom_params`` > a default
   for untagged traffic) and its score and arrival time are remembered on the request — and,
-  for the gateway's requests, as its *session's* latest score (``PluginState.sessions``).
+  for the gateway's requests, as its *session's* latest score (``PluginState.sessions``, a
+  :class:`~serving_hooks.policies.bookkeeping.SessionPriorityBook`; a call without a prediction
+  leaves its session's score as it is and takes that score, aged).
   Under TP the times come from the scheduler's step counter, the same on every rank
   (``AWP_DECISION_CLOCK``, see :mod:`serving_hooks.sglang_plugin.settings`).
 * ``SchedulePolicy.calc_priority`` (BEFORE): at each scheduling round, every remembered
@@ -65,23 +67,34 @@ def admit_request(req: Any, now: float | None = None, default_priority: int | No
     now = state.now() if now is None else now
     pol = state.settings.priority
     explicit = req.priority is not None and req.priority != default_priority
+    session = view.session_id if view is not None else None
+    score: float | None = None                 # the call's own score (None: no prediction)
     if explicit:
         source = "gateway" if view is not None and view.priority == req.priority else "client"
+        score = pol.from_sglang(req.priority)
     elif view is None:
         req.priority = default_priority if default_priority is not None else pol.to_sglang(pol.unknown_score)
         source = "default"
     elif view.priority is not None:
         req.priority, source = int(view.priority), "gateway"
-    else:
+        score = pol.from_sglang(req.priority)
+    elif view.known:
         req.priority = pol.to_sglang(pol.session_score(pol.score_view(view), view.session_age_s))
         source = "plugin"
+        score = pol.from_sglang(req.priority)
+    else:                                      # no prediction: the session's score, aged
+        source = "plugin"
+    if session:
+        fallback = pol.from_sglang(pol.to_sglang(pol.session_score(pol.unknown_score, view.session_age_s)))
+        ref = state.sessions.note(session, score, now, fallback=fallback)
+        if score is None:
+            req.priority = pol.to_sglang(pol.aged(ref[0], ref[1], now))
+        setattr(req, SESSION_ATTR, session)
+    elif score is None and view is not None:
+        req.priority = pol.to_sglang(pol.session_score(pol.unknown_score, view.session_age_s))
     base = pol.from_sglang(req.priority)
     setattr(req, BASE_ATTR, base)
     setattr(req, ENQUEUED_ATTR, now)
-    session = view.session_id if view is not None else None
-    if session:
-        setattr(req, SESSION_ATTR, session)
-        state.note_session(session, base, now)
     state.counters["priority_set"] += 1
     state.counters[f"priority_from_{source}"] += 1
     decision("priority", rid=getattr(req, "rid", "?"), priority=req.priority, source=source,
@@ -102,7 +115,7 @@ def age_queue(waiting_queue: list, now: float | None = None) -> int:
         base = getattr(req, BASE_ATTR, None)
         if base is None:
             continue
-        ref = state.sessions.get(getattr(req, SESSION_ATTR, None) or "")
+        ref = state.sessions.reference(getattr(req, SESSION_ATTR, None) or "")
         score, since = ref if ref is not None else (base, getattr(req, ENQUEUED_ATTR, now))
         req.priority = pol.to_sglang(pol.aged(score, since, now))
         n += 1

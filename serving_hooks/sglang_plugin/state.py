@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import threading
 import time
-from collections import Counter, OrderedDict
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
 from serving_hooks.policies import CallView, PrefetchPolicy
+from serving_hooks.policies.bookkeeping import SessionPriorityBook
 from serving_hooks.sglang_plugin.settings import PluginSettings
 
 
@@ -25,9 +26,10 @@ def custom_params_of(req: Any) -> dict | None:
 class PluginState:
     """Policies + clock + counters shared by the hooks of one process.
 
-    ``sessions`` remembers, per workflow id, the priority score of the session's latest call
-    and when it arrived (LRU, ``max_sessions``): every queued call of a session is aged from
-    that reference, so the priority is the session's, not each call's (alg. 3, workflow level).
+    ``sessions`` is the :class:`SessionPriorityBook` (the object the simulator's scheduler keeps):
+    per workflow id, the priority score of the session's latest predicted call and when it
+    arrived (LRU, ``max_sessions``); every queued call of a session is aged from that reference,
+    so the priority is the session's, not each call's (alg. 3, workflow level).
     """
 
     def __init__(self, settings: PluginSettings, clock: Callable[[], float] = time.monotonic,
@@ -37,15 +39,8 @@ class PluginState:
         self.steps = 0              # scheduler forward steps seen (the ``step`` decision clock)
         self.prefetch: PrefetchPolicy = settings.new_prefetch_policy()
         self.counters: Counter[str] = Counter()
-        self.sessions: OrderedDict[str, tuple[float, float]] = OrderedDict()
+        self.sessions = SessionPriorityBook(settings.priority, max_sessions=max_sessions)
         self.max_sessions = max_sessions
-
-    def note_session(self, session_id: str, score: float, now: float) -> None:
-        """The session's latest call arrived at ``now`` with ``score`` (its workflow score)."""
-        self.sessions[session_id] = (score, now)
-        self.sessions.move_to_end(session_id)
-        while len(self.sessions) > self.max_sessions:
-            self.sessions.popitem(last=False)
 
     def clock_mode(self, scheduler: Any = None) -> str:
         """``local`` or ``step`` (``auto`` resolves to ``step`` once a scheduler with TP > 1 is seen)."""

@@ -170,7 +170,7 @@ def test_calls_of_one_session_share_the_workflow_priority(clock):
     clock.t = 1020.0
     x2 = _req("x2", gateway_custom_params("wX", "coder", 3.0, 870), 870)
     admit_request(x2, now=1020.0)
-    assert get_state().sessions["wX"] == (pytest.approx(0.87), 1020.0)
+    assert get_state().sessions.reference("wX") == (pytest.approx(0.87), 1020.0)
     policy = SchedulePolicy("fcfs", RadixCache.create_simulated(), False, True, False)
     queue = [y1, x2, x1]
     policy.calc_priority(queue)

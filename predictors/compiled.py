@@ -1,0 +1,149 @@
+"""``CompiledProfile``: a profile turned into per-call lookup structures, once.
+
+:meth:`predictors.Predictor.load` compiles ``profile.json`` into this object and swaps it in with
+one reference assignment; it is immutable once built, so every request thread shares it.
+What never changes between calls of one (workflow type, agent) — its tools, static band, bound
+table, mean output, keep-alive entry — is precomputed into an :class:`AgentEntry`.
+
+The estimator sections are read with the serving-time readers of :mod:`predictors.served`
+(numpy and the standard library), and the workflow automata with the ``paths_class`` the caller
+passes (``synth.session.WorkflowPaths``, numpy only), so compiling a profile imports neither
+pandas, scipy nor scikit-learn.
+"""
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+from predictors.contract import TOOL_FIELDS, ToolLatency
+from predictors.served import MAX_FACTOR, IdleGapTable, OutputBands, ToolLatencyTable
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class AgentEntry:
+    """What never changes between calls of one (workflow type, agent)."""
+
+    calls: int
+    tool_latency: dict[str, ToolLatency]
+    static_band: tuple[int, int, str] | None   # None: the conditional model needs features
+    retain_s: float | None = None              # keep-alive TTL of the agent's most frequent tool
+    upper_bounds: tuple = ()                   # ((α, U(α)), …) one-sided output bounds
+    mean_output: float | None = None           # mean output tokens of the agent
+    keep_alive: tuple | None = None            # (idle-gap TTL z-quantile, median gap, prior weight, by tool)
+
+
+class CompiledProfile:
+    """A profile turned into lookup structures; immutable once built (safe to share across threads).
+
+    ``paths_class`` compiles each workflow type's automaton (``synth.session.WorkflowPaths``, what
+    the ``Predictor`` passes); None skips them (callers that need only the per-agent entries)."""
+
+    def __init__(self, data: Mapping[str, Any], version: str, *, max_tools: int = 3,
+                 paths_class: Any = None) -> None:
+        self.version = version
+        self.data = data
+        self.manifest: dict = {}
+        self.path: Path | None = None
+        ol = data.get("output_length")
+        self.bands = OutputBands.from_dict(ol) if ol else None
+        self.coverage = float(ol["coverage"]) if ol else None
+        tl = data.get("tool_latency")
+        self.tools = ToolLatencyTable.from_dict(tl) if tl else None
+        ig = data.get("idle_gap")
+        self.idle_gap = IdleGapTable.from_dict(ig) if ig else None
+        wts = data.get("workflow_types") or {}
+        self.workflow_type_calls: dict[str, int] = {wt: int((v or {}).get("calls", 0)) for wt, v in wts.items()}
+        if self.bands is not None:
+            for wt, band in self.bands.workflow_types_.items():
+                self.workflow_type_calls.setdefault(wt, int(band.get("n", 0)))
+        self.agents: dict[tuple[str, str], AgentEntry] = {}
+        agent_stats = data.get("agents") or {}
+        band_agents = self.bands.agents_ if self.bands is not None else {}
+        for wt in set(agent_stats) | set(band_agents):
+            for agent in set(agent_stats.get(wt, {})) | set(band_agents.get(wt, {})):
+                self.agents[(wt, agent)] = self._agent_entry(wt, agent, agent_stats.get(wt, {}).get(agent) or {},
+                                                             max_tools)
+        self.paths: dict[str, Any] = {}
+        self.path_errors: dict[str, str] = {}
+        if paths_class is not None:
+            for wt, section in (data.get("workflows") or {}).items():
+                try:
+                    self.paths[wt] = paths_class.from_section(section)
+                except Exception as exc:  # a bad section costs that type its path fields only
+                    self.path_errors[wt] = f"{type(exc).__name__}: {exc}"
+                    log.warning("profile %s: workflow automaton of %r not usable: %s", version, wt, exc)
+
+    def _agent_entry(self, wt: str, agent: str, stats: Mapping, max_tools: int) -> AgentEntry:
+        tools: dict[str, dict] = {}
+        counts = stats.get("tools") or {}
+        if self.tools is not None:
+            for name in sorted(counts, key=lambda t: (-counts[t], t))[:max_tools]:
+                entry = self.tools.lookup(wt, name)
+                if entry:
+                    tools[name] = ToolLatency(*(entry.get(k) for k in TOOL_FIELDS))
+        static = None
+        if self.bands is not None:
+            band, level = self.bands.lookup(wt, agent)
+            if not band.get("conditional"):
+                static = (int(band["lo"]), int(band["hi"]), level)
+        calls = int(stats.get("calls") or (self.bands.agents_.get(wt, {}).get(agent, {}).get("n", 0)
+                                           if self.bands is not None else 0))
+        first = next(iter(tools.values()), ToolLatency())
+        upper: tuple = ()
+        mean_out = None
+        if self.bands is not None:
+            upper = tuple((float(a), int(u)) for a, u in self.bands.upper_bounds(wt, agent))
+            mean_out = (self.bands.agents_.get(wt, {}).get(agent) or {}).get("mean")
+        return AgentEntry(calls=calls, tool_latency=tools, static_band=static,
+                           retain_s=first.ttl_s if first.ttl_s is not None else first.p95_s,
+                           upper_bounds=upper, mean_output=mean_out,
+                           keep_alive=self._keep_alive(wt, agent, tools))
+
+    def _keep_alive(self, wt: str, agent: str, tools: Mapping[str, dict]) -> tuple | None:
+        """``(ttl_z, median_s, prior_weight, {tool: ttl_z})`` of the agent's idle-gap entry."""
+        if self.idle_gap is None:
+            return None
+        e, _ = self.idle_gap.entry(wt, agent)
+        if e is None:
+            return None
+        by_tool = {}
+        if (self.idle_gap.workflow_types_.get(wt) or {}).get("tool_level"):
+            for name in tools:
+                te, lv = self.idle_gap.entry(wt, agent, name)
+                if te is not None and lv == "tool":
+                    by_tool[name] = float(te["ttl_z"])
+        return (float(e["ttl_z"]), self.idle_gap.median(wt, agent), self.idle_gap.prior_weight(wt), by_tool)
+
+    def keep_alive_ttl(self, entry: AgentEntry, log_sum: float, n: int) -> tuple[float | None, dict]:
+        """Served idle-gap TTL and by-tool TTLs for a session with ``n`` earlier gaps whose
+        ``Σ ln(gap/median)`` is ``log_sum``: ``c · Q_q(z)``, ``c = exp(clip(log_sum / (n + w), ±ln 8))``."""
+        if entry.keep_alive is None or self.idle_gap is None:
+            return None, {}
+        ttl_z, _, w, by_tool = entry.keep_alive
+        c = 1.0 if w is None else math.exp(max(-math.log(MAX_FACTOR),
+                                                min(math.log(MAX_FACTOR), log_sum / (n + w))))
+        cap = self.idle_gap.max_ttl_s
+        serve = (lambda z: min(c * z, cap)) if cap is not None else (lambda z: c * z)
+        return (serve(ttl_z) if math.isfinite(ttl_z) or cap is not None else None,
+                {k: serve(v) for k, v in by_tool.items()})
+
+    def global_for_lack_of_data(self, wt: str, agent: str) -> bool:
+        """True when the agent is served the global band because it has too little data (a
+        degenerate agent, or a profile written before bands were chosen by validation), False
+        when held-out validation chose the global band as the narrowest that holds coverage."""
+        if self.bands is None:
+            return True
+        band, level = self.bands.lookup(wt, agent)
+        return level == "global" and ("selection" not in band or bool(band.get("fallback_reason")))
+
+    def band(self, wt: str, agent: str, entry: AgentEntry, features: Mapping) -> tuple[int, int, str] | None:
+        if entry.static_band is not None:
+            return entry.static_band
+        if self.bands is None:
+            return None
+        return self.bands.predict_band(wt, agent, features)

@@ -1,0 +1,228 @@
+"""The session table: per-workflow state of the calls so far, bounded in count, bytes and age.
+
+Per ``(workflow_type_id, workflow_id)``: the agents seen so far (in arrival order), the automaton
+state they lead to, each agent's last output length (a feature of the conditional output-length
+model), the last few responses (what prompt templates reference), the pending requests (so a
+retried annotate does not advance twice) and the session's idle gaps so far (they scale its
+keep-alive TTL). Sessions live in an LRU table bounded by ``max_sessions`` *and* by
+``max_session_bytes`` (an O(1) per-session estimate, :func:`session_bytes`), and are forgotten
+after ``session_idle_s`` without a call. Over the byte budget the least recently written response
+texts are dropped first (they only serve ``GET /v1/sessions``), then whole sessions.
+
+Not thread-safe by itself: :class:`predictors.Predictor` holds one lock around every call; every
+operation here is O(1) (after a profile swap a session's first call replays its agents on the
+new automaton, once).
+"""
+from __future__ import annotations
+
+import sys
+from collections import OrderedDict, deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from predictors.compiled import CompiledProfile
+
+#: Agents kept per session for replaying the automaton after a profile swap.
+MAX_SESSION_AGENTS = 4096
+#: Default byte budget of the session table (``--max-session-mb``).
+DEFAULT_MAX_SESSION_BYTES = 512 << 20
+#: Estimated bytes of one session without texts (object, key, table slot), per agent in its
+#: history, per pending request and per per-agent dict entry; measured with tracemalloc and
+#: rounded up (the base includes the deque block a session keeps once it has held a response;
+#: docs/serving-security.md).
+SESSION_BASE_BYTES = 2900
+AGENT_BYTES = 16
+PENDING_BYTES = 320
+AGENT_ENTRY_BYTES = 160
+#: Extra bytes per kept response (its dict and deque slot) on top of the text itself.
+RECENT_ENTRY_BYTES = 360
+#: Last agents of a session kept for the variable-order sequence model (its contexts are <= 8).
+PATH_CONTEXT = 16
+
+
+@dataclass(slots=True)
+class Session:
+    workflow_type_id: str
+    workflow_id: str
+    last_seen: float
+    agents: list[str] = field(default_factory=list)
+    path_state: Any = None
+    path_version: str | None = None
+    calls: int = 0                          # calls so far (the sequence model's position)
+    tail: deque = field(default_factory=lambda: deque(maxlen=PATH_CONTEXT))  # last agents
+    agent_calls: dict[str, int] = field(default_factory=dict)
+    last_output: dict[str, int] = field(default_factory=dict)
+    pending: OrderedDict = field(default_factory=OrderedDict)   # request_id -> (agent, band | None, issued_at)
+    recent: deque = field(default_factory=lambda: deque(maxlen=8))
+    last_finish: float | None = None
+    truncated: bool = False
+    started_at: float | None = None        # clock of the session's first call
+    nbytes: int = 0                        # estimated bytes (see _session_bytes)
+    text_bytes: int = 0                    # bytes of the response texts in ``recent``
+    idle_since: float | None = None        # clock of the last completion (idle-gap start)
+    idle_median: float | None = None       # predicted median idle gap after that completion
+    gap_log_sum: float = 0.0               # Σ ln(observed gap / predicted median)
+    gap_n: int = 0                         # idle gaps observed in this session
+
+
+def session_bytes(s: Session) -> int:
+    """Estimated memory of one session, O(1):
+
+    ``B = base + 16·agents + 320·pending + 160·(agent dict entries) + Σ_recent (|text| + 360)``.
+    """
+    return (SESSION_BASE_BYTES + AGENT_BYTES * len(s.agents) + PENDING_BYTES * len(s.pending)
+            + AGENT_ENTRY_BYTES * (len(s.agent_calls) + len(s.last_output)) + s.text_bytes)
+
+
+def text_size(entry: dict) -> int:
+    text = entry.get("response_text")
+    return RECENT_ENTRY_BYTES + (sys.getsizeof(text) if isinstance(text, str) else 0)
+
+
+class SessionTable:
+    """The LRU table of :class:`Session` objects with its count, byte and idle bounds (module doc)."""
+
+    def __init__(self, *, max_sessions: int = 100_000, max_session_bytes: int = DEFAULT_MAX_SESSION_BYTES,
+                 session_idle_s: float = 3600.0, recent_outputs: int = 8) -> None:
+        self.max_sessions = int(max_sessions)
+        self.max_session_bytes = int(max_session_bytes)
+        self.session_idle_s = float(session_idle_s)
+        self.recent_outputs = int(recent_outputs)
+        self.session_bytes = 0                # estimated bytes held by the session table
+        self.session_text_bytes = 0
+        self.sessions_evicted = {"count": 0, "bytes": 0, "idle": 0}
+        self.texts_dropped = 0                # responses dropped for the byte budget
+        self._text_lru: OrderedDict[tuple[str, str], None] = OrderedDict()
+        self._sessions: OrderedDict[tuple[str, str], Session] = OrderedDict()
+        self._ops = 0
+
+    def __len__(self) -> int:
+        return len(self._sessions)
+
+    def find(self, wt: str, wf: str) -> Session | None:
+        """The session if held (no LRU move, no creation)."""
+        return self._sessions.get((wt, wf))
+
+    def values(self) -> list[Session]:
+        return list(self._sessions.values())
+
+    def get(self, wt: str, wf: str, now: float) -> Session:
+        """Get or create a session; also evicts idle/LRU sessions."""
+        key = (wt, wf)
+        s = self._sessions.get(key)
+        if s is not None and now - s.last_seen > self.session_idle_s:
+            self.drop(key, "idle")  # idle too long: a new execution under a reused id starts fresh
+            s = None
+        if s is None:
+            s = Session(wt, wf, now, recent=deque(maxlen=self.recent_outputs), started_at=now)
+            self._sessions[key] = s
+            self.account(s)
+        else:
+            self._sessions.move_to_end(key)
+        s.last_seen = now
+        self._ops += 1
+        while len(self._sessions) > self.max_sessions:
+            self.drop(next(iter(self._sessions)), "count")
+        if self._ops % 256 == 0:
+            self.expire(now)
+        return s
+
+    def drop(self, key: tuple[str, str], reason: str) -> None:
+        """Forget one session and give its bytes back."""
+        s = self._sessions.pop(key, None)
+        if s is None:
+            return
+        self.session_bytes -= s.nbytes
+        self.session_text_bytes -= s.text_bytes
+        self._text_lru.pop(key, None)
+        self.sessions_evicted[reason] += 1
+
+    def account(self, s: Session) -> None:
+        """Re-estimate ``s`` after a change (O(1)) and enforce the byte budget."""
+        new = session_bytes(s)
+        self.session_bytes += new - s.nbytes
+        s.nbytes = new
+        if self.session_bytes > self.max_session_bytes:
+            self._shrink((s.workflow_type_id, s.workflow_id))
+
+    def _shrink(self, keep: tuple[str, str]) -> None:
+        """Over the byte budget: drop the least recently written texts, then LRU sessions
+        (never ``keep``, the session being served)."""
+        while self.session_bytes > self.max_session_bytes and self._text_lru:
+            key = next(iter(self._text_lru))
+            del self._text_lru[key]
+            s = self._sessions.get(key)
+            if s is None or not s.recent:
+                continue
+            self.texts_dropped += len(s.recent)
+            s.recent.clear()
+            self.session_text_bytes -= s.text_bytes
+            s.text_bytes = 0
+            new = session_bytes(s)
+            self.session_bytes += new - s.nbytes
+            s.nbytes = new
+        while self.session_bytes > self.max_session_bytes and len(self._sessions) > 1:
+            key = next(iter(self._sessions))
+            if key == keep:
+                self._sessions.move_to_end(key)
+                key = next(iter(self._sessions))
+            self.drop(key, "bytes")
+
+    def remember_text(self, s: Session, entry: dict) -> None:
+        """Append a response to ``s.recent`` keeping the byte counts right."""
+        if s.recent.maxlen == 0:
+            return
+        if s.recent.maxlen is not None and len(s.recent) == s.recent.maxlen:
+            gone = text_size(s.recent[0])
+            s.text_bytes -= gone
+            self.session_text_bytes -= gone
+        s.recent.append(entry)
+        size = text_size(entry)
+        s.text_bytes += size
+        self.session_text_bytes += size
+        key = (s.workflow_type_id, s.workflow_id)
+        self._text_lru[key] = None
+        self._text_lru.move_to_end(key)
+
+    def memory_stats(self) -> dict:
+        """Session-table memory: estimated bytes, limits and evictions by reason."""
+        return {"sessions": len(self._sessions), "max_sessions": self.max_sessions,
+                "session_bytes": self.session_bytes, "session_text_bytes": self.session_text_bytes,
+                "max_session_bytes": self.max_session_bytes,
+                "evicted": dict(self.sessions_evicted), "texts_dropped": self.texts_dropped}
+
+    def expire(self, now: float) -> None:
+        """Drop sessions idle longer than ``session_idle_s`` (oldest first; stops at the first live)."""
+        limit = now - self.session_idle_s
+        while self._sessions:
+            key, s = next(iter(self._sessions.items()))
+            if s.last_seen >= limit:
+                break
+            self.drop(key, "idle")
+
+    def path_state(self, m: CompiledProfile, s: Session) -> Any:
+        """The session's automaton state under profile ``m`` (replayed after a profile swap)."""
+        paths = m.paths.get(s.workflow_type_id)
+        if paths is None:
+            return None
+        if s.path_version != m.version:
+            state = None if s.truncated else paths.start()
+            for agent in s.agents:
+                if state is None:
+                    break
+                state = paths.advance(state, agent)
+            s.path_state, s.path_version = state, m.version
+        return s.path_state
+
+    def advance(self, m: CompiledProfile | None, s: Session, agent: str) -> None:
+        if m is not None:
+            self.path_state(m, s)  # bring the state up to this profile before stepping
+        if len(s.agents) < MAX_SESSION_AGENTS:
+            s.agents.append(sys.intern(agent))  # one copy of each agent name, not one per call
+        else:
+            s.truncated = True
+        s.agent_calls[agent] = s.agent_calls.get(agent, 0) + 1
+        s.calls += 1
+        s.tail.append(agent)
+        if m is not None and s.path_version == m.version and s.path_state is not None:
+            s.path_state = m.paths[s.workflow_type_id].advance(s.path_state, agent)

@@ -1,0 +1,252 @@
+"""The policies' bookkeeping, written once: a capacity ledger and a session priority book.
+
+The rules (:class:`~serving_hooks.policies.capacity.CapacityPolicy`,
+:class:`~serving_hooks.policies.priority.PriorityPolicy`) are pure functions of their inputs;
+what feeds them is state kept over time — which requests are in flight where, how fast each
+replica drains, where each session ran last, what each session's priority score is. That state
+is kept here, once, and the gateway's router (``serving_hooks.routing``), the SGLang plugin
+(``serving_hooks.sglang_plugin``) and the simulator (``simulator.ours``) all drive these same
+objects, so the router that is benchmarked is the router that is deployed.
+
+No HTTP, no threads, no SGLang, no clock: every time is an argument ``now`` (seconds on any
+monotonic scale); callers that share an object across threads hold their own lock.
+
+:class:`CapacityLedger`
+    per replica, the requests sent and not yet finished with their predicted KV bounds
+    (:func:`capacity_request` turns an annotation into one), the tokens released by finished
+    ones over the last ``drain_window_s`` (the drain rate), each session's last replica, and the
+    replicas' waiting-queue depths (the idle-downstream input of the priority rule).
+:class:`SessionPriorityBook`
+    per session, the score of its latest *predicted* call and when it arrived; a call without a
+    prediction keeps its session's score (aged), a session never predicted gets
+    ``unknown_score``.
+
+Decisions shared by every caller (each was a divergence between two hand-kept copies):
+
+* a call without a prediction reserves its prompt **plus** ``unknown_output_tokens`` (the
+  profile's global band ``hi`` where the caller knows it, 4096 otherwise) at the policy's
+  default α — not its prompt alone: its output is unknown, not zero, and counting it as zero
+  overfills a replica exactly when predictions are missing;
+* a call's expected output is the agent's mean, else its band's midpoint (``lo`` of an unknown
+  call: half its bound), which the drain rate and the expected headroom use;
+* the drain rate divides the tokens released in the window by the time actually observed,
+  ``min(drain_window_s, now − started_at)``, so a fresh ledger does not under-read it;
+* an unknown call leaves its session's priority score unchanged (it carries no new knowledge of
+  the remaining work), it does not reset it to ``unknown_score``.
+"""
+from __future__ import annotations
+
+from collections import OrderedDict, deque
+from collections.abc import Hashable, Iterable, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+
+from predictors.contract import Annotation
+from serving_hooks.policies.capacity import ActiveRequest, BoundTable, ReplicaState
+from serving_hooks.policies.priority import PriorityPolicy
+
+#: Output bound of a call without a prediction when the caller knows no better (tokens).
+UNKNOWN_OUTPUT_TOKENS = 4096
+#: Smallest α a band's upper tail is given (a coverage of 1.0 would otherwise give α = 0).
+MIN_ALPHA = 1e-6
+
+
+def capacity_request(request_id: Hashable, input_tokens: int, annotation: Annotation | None,
+                     session: Hashable | None = None, *, default_alpha: float,
+                     unknown_output_tokens: int = UNKNOWN_OUTPUT_TOKENS,
+                     risk_split: bool = True) -> ActiveRequest:
+    """The :class:`ActiveRequest` (KV bound, its risk α, expected output, bound table) of one call.
+
+    Known: ``hi`` of its band at α = the band's upper tail ``(1 − coverage)/2`` (at least
+    :data:`MIN_ALPHA`), its ``output_len_upper`` table (``risk_split``), expected output = the
+    agent's mean, else the band's midpoint. Unknown: ``unknown_output_tokens`` at
+    ``default_alpha``, expected output ``0.75 · unknown_output_tokens`` (module doc).
+    """
+    known = annotation is not None and annotation.known and annotation.output_hi is not None
+    hi = int(annotation.output_hi) if known else int(unknown_output_tokens)
+    alpha = default_alpha
+    if known and annotation.upper_tail_alpha is not None:
+        alpha = max(MIN_ALPHA, annotation.upper_tail_alpha)
+    if known and annotation.output_len_mean is not None:
+        expected = float(annotation.output_len_mean)
+    else:
+        lo = annotation.output_lo if known and annotation.output_lo is not None else hi / 2
+        expected = (lo + hi) / 2
+    table: BoundTable = tuple(annotation.output_len_upper) if known and risk_split else ()
+    return ActiveRequest(request_id, int(input_tokens), hi, alpha,
+                         None if session is None else str(session), table, expected)
+
+
+@dataclass(frozen=True)
+class Reservation:
+    """A request in flight: where it went, when, and its bound."""
+
+    replica: str
+    started_at: float
+    request: ActiveRequest
+    session: Hashable | None = None
+
+
+class CapacityLedger:
+    """What a router knows about its replicas besides their own load reports (module doc).
+
+    Parameters
+    ----------
+    replicas : replica names (a gateway's worker URLs, the simulator's replica indices).
+    drain_window_s : window of the drain rate (tokens released per second).
+    max_sessions : sessions whose last replica is remembered (LRU); None: all.
+    started_at : when observation began (the drain rate's span never reaches before it).
+    """
+
+    def __init__(self, replicas: Iterable[str], *, drain_window_s: float = 60.0,
+                 max_sessions: int | None = 100_000, started_at: float = 0.0) -> None:
+        self.replicas = list(replicas)
+        self.drain_window_s = float(drain_window_s)
+        self.max_sessions = max_sessions
+        self.started_at = float(started_at)
+        self._inflight: dict[Hashable, Reservation] = {}
+        self._active: dict[str, dict[Hashable, ActiveRequest]] = {r: {} for r in self.replicas}
+        self._released: dict[str, deque] = {r: deque() for r in self.replicas}   # (t, tokens)
+        self._released_sum: dict[str, float] = {r: 0.0 for r in self.replicas}
+        self._last: OrderedDict[Hashable, str] = OrderedDict()
+        self._tables: dict[BoundTable, BoundTable] = {}
+        self._queue_depths: dict[str, int] = {}
+
+    # ------------------------------------------------------------- in flight
+    def start(self, request_id: Hashable, replica: str, request: ActiveRequest, now: float,
+              session: Hashable | None = None) -> None:
+        """Reserve ``request``'s bound on ``replica`` until :meth:`finish`; the session's last
+        replica becomes ``replica``. Equal bound tables are shared (one object per distinct
+        table, so a replica's risk split groups them)."""
+        if request.upper_bounds:
+            table = self._tables.setdefault(request.upper_bounds, request.upper_bounds)
+            if table is not request.upper_bounds:
+                request = ActiveRequest(request.request_id, request.input_tokens, request.predicted_hi,
+                                        request.alpha, request.session_id, table, request.expected_out)
+        self.finish(request_id, now, released=False)
+        self._inflight[request_id] = Reservation(replica, float(now), request, session)
+        self._active.setdefault(replica, {})[request_id] = request
+        if session is not None:
+            self._last[session] = replica
+            self._last.move_to_end(session)
+            while self.max_sessions is not None and len(self._last) > self.max_sessions:
+                self._last.popitem(last=False)
+
+    def finish(self, request_id: Hashable, now: float, released: bool = True) -> ActiveRequest | None:
+        """Forget a finished (or failed) request; its expected tokens count toward its replica's
+        drain rate. Unknown ids are ignored (None)."""
+        res = self._inflight.pop(request_id, None)
+        if res is None:
+            return None
+        self._active[res.replica].pop(request_id, None)
+        if released:
+            tokens = res.request.expected_tokens
+            self._released.setdefault(res.replica, deque()).append((float(now), tokens))
+            self._released_sum[res.replica] = self._released_sum.get(res.replica, 0.0) + tokens
+        return res.request
+
+    def last_replica(self, session: Hashable | None) -> str | None:
+        """Where the session's latest request went (None: new or forgotten session)."""
+        return self._last.get(session) if session is not None else None
+
+    def active(self, replica: str) -> tuple[ActiveRequest, ...]:
+        """The requests in flight on ``replica``, oldest first."""
+        return tuple(self._active.get(replica, {}).values())
+
+    def reservations(self) -> list[Reservation]:
+        return list(self._inflight.values())
+
+    def bound_tokens(self) -> dict[str, int]:
+        """Reserved ``input + hi`` tokens per replica."""
+        return {r: sum(q.bound_tokens for q in self._active.get(r, {}).values()) for r in self.replicas}
+
+    def unreported_tokens(self, replica: str, since: float) -> int:
+        """Bounds of the requests sent to ``replica`` at or after ``since`` (a load report taken
+        at ``since`` cannot count them yet)."""
+        return sum(res.request.bound_tokens for res in self._inflight.values()
+                   if res.replica == replica and res.started_at >= since)
+
+    def drain(self, replica: str, now: float) -> float | None:
+        """KV tokens per second ``replica`` released over the last ``drain_window_s``:
+        ``Σ tokens / min(window, now − started_at)``; None before anything finished there."""
+        q = self._released.setdefault(replica, deque())
+        while q and q[0][0] < now - self.drain_window_s:
+            self._released_sum[replica] -= q.popleft()[1]
+        span = min(self.drain_window_s, now - self.started_at)
+        return self._released_sum[replica] / span if q and span > 0 else None
+
+    def state(self, replica: str, capacity_tokens: int, now: float, *, reported_tokens: int = 0,
+              reported_at: float | None = None) -> ReplicaState:
+        """The policy's view of one replica: its capacity, our requests there, its own load
+        report (``reported_tokens`` taken at ``reported_at``) and its drain rate."""
+        unreported = self.unreported_tokens(replica, reported_at) if reported_at is not None else 0
+        return ReplicaState(replica, int(capacity_tokens), self.active(replica), int(reported_tokens),
+                            unreported, self.drain(replica, now))
+
+    # ------------------------------------------------------------ queue depths
+    def note_queue_depths(self, depths: Mapping[str, int]) -> None:
+        """Record the replicas' (or model pools') waiting-queue depths from their latest reports."""
+        self._queue_depths.update({str(k): int(v) for k, v in depths.items()})
+
+    def forget_queue_depth(self, replica: str) -> None:
+        self._queue_depths.pop(replica, None)
+
+    def queue_depths(self) -> dict[str, int]:
+        """Waiting requests per replica (or pool): the idle-downstream term's ``queue_depth``."""
+        return dict(self._queue_depths)
+
+
+class SessionPriorityBook:
+    """Each session's workflow-level priority (alg. 3; ``serving_hooks.policies.priority``).
+
+    A session's reference is ``(score, since)``: the score its latest predicted call was given
+    (``base + aging · session age`` at arrival) and when that call arrived; every call of the
+    session is ranked by ``aged(score, since, now)``. An unknown call leaves the reference as it
+    is; a session never predicted is created at the caller's fallback score (module doc).
+    """
+
+    def __init__(self, policy: PriorityPolicy | None = None, max_sessions: int | None = 100_000) -> None:
+        self.policy = policy or PriorityPolicy()
+        self.max_sessions = max_sessions
+        self._ref: OrderedDict[Hashable, tuple[float, float]] = OrderedDict()
+
+    def note(self, session: Hashable, score: float | None, now: float,
+             fallback: float | None = None) -> tuple[float, float]:
+        """A call of ``session`` arrived at ``now`` with ``score`` (None: no prediction).
+
+        A known score replaces the session's reference; an unknown one keeps it, or, for a
+        session without one, starts it at ``fallback`` (default: the policy's
+        ``unknown_score``). Returns the session's reference ``(score, since)``."""
+        ref = self._ref.get(session)
+        if score is not None or ref is None:
+            value = score if score is not None else (self.policy.unknown_score if fallback is None
+                                                     else fallback)
+            ref = (float(value), float(now))
+            self._ref[session] = ref
+        self._ref.move_to_end(session)
+        while self.max_sessions is not None and len(self._ref) > self.max_sessions:
+            self._ref.popitem(last=False)
+        return ref
+
+    def reference(self, session: Hashable | None) -> tuple[float, float] | None:
+        return self._ref.get(session) if session is not None else None
+
+    def score(self, session: Hashable, now: float) -> float | None:
+        """The session's aged score at ``now`` (None: unknown session)."""
+        ref = self._ref.get(session)
+        return None if ref is None else self.policy.aged(ref[0], ref[1], now)
+
+    def priority(self, session: Hashable, now: float) -> int | None:
+        """SGLang integer priority of the session at ``now`` (bigger runs first)."""
+        s = self.score(session, now)
+        return None if s is None else self.policy.to_sglang(s)
+
+    def references(self) -> Mapping[Hashable, tuple[float, float]]:
+        """Every session's ``(score, since)`` (a live read-only view, for a caller's sort key)."""
+        return MappingProxyType(self._ref)
+
+    def __len__(self) -> int:
+        return len(self._ref)
+
+    def __contains__(self, session: object) -> bool:
+        return session in self._ref
