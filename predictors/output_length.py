@@ -173,8 +173,10 @@ class OutputLengthIntervals(BaseEstimator):
 
     def __init__(self, coverage: float = 0.99, min_calls: int = 50, conditional: bool = True,
                  cond_min_calls: int = 30, cond_max_samples: int = 3000, n_folds: int = 5,
-                 max_output_tokens: int | None = None, random_state: int = 0):
+                 max_output_tokens: int | None = None, random_state: int = 0,
+                 shared_budget: bool = True):
         self.coverage = coverage
+        self.shared_budget = shared_budget
         self.min_calls = min_calls
         self.conditional = conditional
         self.cond_min_calls = cond_min_calls
@@ -196,14 +198,18 @@ class OutputLengthIntervals(BaseEstimator):
             wt_entry, wt_folds = self._fit_node(y[wt_idx], fold[wt_idx], self.global_, g_folds,
                                                 "workflow_type")
             self.workflow_types_[wt] = wt_entry
-            per_agent = {}
+            per_agent, rows_of = {}, {}
             sub = calls.iloc[wt_idx]
             for agent, a_idx in sub.groupby("agent_id", sort=True).indices.items():
                 rows = wt_idx[a_idx]
                 entry, _ = self._fit_node(y[rows], fold[rows], wt_entry, wt_folds, "agent",
                                           frame=calls.iloc[rows] if self.conditional else None)
-                self.n_conditional_ += entry.get("conditional") is not None
                 per_agent[agent] = entry
+                rows_of[agent] = rows
+            if self.shared_budget:
+                self._allocate_type(wt_entry, wt_folds, y[wt_idx], fold[wt_idx], per_agent,
+                                    {a: (y[r], fold[r]) for a, r in rows_of.items()})
+            self.n_conditional_ += sum(e.get("conditional") is not None for e in per_agent.values())
             self.agents_[wt] = per_agent
         return self
 
@@ -290,6 +296,109 @@ class OutputLengthIntervals(BaseEstimator):
         if marginal == "parent":
             served = {k: (lo_, min(hi_, ceiling)) for k, (lo_, hi_) in served.items()}
         return entry, served
+
+    def _allocate_type(self, wt_entry: dict, wt_folds: dict, y_t: np.ndarray, fold_t: np.ndarray,
+                       per_agent: dict[str, dict], data: dict[str, tuple[np.ndarray, np.ndarray]]) -> None:
+        """Spend the workflow type's miscoverage budget where bands are widest.
+
+        The type's pooled held-out coverage, not each agent's, is held to nominal: every agent
+        (and, as one group, the agents served their parent's band) picks one option — its
+        validated candidates at nominal (``parent`` included) or its order-statistic band at
+        another level of :data:`band_selection.BUDGET_LEVELS` — so that the summed held-out
+        misses stay within ⌊α·(N+1)⌋ of the type's N held-out calls and the summed held-out width
+        is least (:func:`band_selection.allocate_budget`). A heavy-tailed agent then gives up a
+        little of its own coverage and the narrow ones keep theirs, instead of every agent paying
+        for its own tail at 1 − α. The configuration of per-agent choices at nominal competes (its
+        options are in every menu), so the type is never served wider than validation allows."""
+        cov, cap = self.coverage, self.max_output_tokens
+        groups: list[tuple[list[str], dict[str, tuple[int, float]]]] = []
+        fitters: list[dict[str, Any]] = []
+        degenerate = [a for a, e in per_agent.items() if e.get("fallback_reason")]
+        own = [a for a in per_agent if a not in degenerate]
+        for agent in own:
+            e, (ya, fa) = per_agent[agent], data[agent]
+            sel = e["selection"]
+            n_val = int(sel.get("n_val") or 0)
+            if n_val == 0:
+                return
+            menu = {("keep:" if name == sel["chosen"] else "") + name:
+                    (int(round((1 - v["coverage"]) * n_val)), v["mean_width"] * n_val)
+                    for name, v in sel["candidates"].items() if name in (sel["chosen"], "parent")}
+            menu.update(self._level_scores(ya, fa, ya, fa))
+            groups.append(([agent], menu))
+            fitters.append({"y": ya})
+        if degenerate:
+            ya = np.concatenate([data[a][0] for a in degenerate])
+            fa = np.concatenate([data[a][1] for a in degenerate])
+            menu = {"keep:parent": (0, 0.0)}
+            miss = width = 0.0
+            for k in np.unique(fa):
+                lo, hi = wt_folds.get(int(k), (wt_entry["lo"], wt_entry["hi"]))
+                te = fa == k
+                miss += int(np.sum((ya[te] < lo) | (ya[te] > hi)))
+                width += (hi - lo) * int(te.sum())
+            menu["keep:parent"] = (int(miss), float(width))
+            menu.update(self._level_scores(y_t, fold_t, ya, fa))
+            groups.append((degenerate, menu))
+            fitters.append({"y": y_t})
+        total = sum(len(data[a][0]) for a in per_agent)
+        if not groups or total == 0:
+            return
+        budget = bs.budget_misses(total, cov)
+        found = bs.allocate_budget([m for _, m in groups], budget)
+        if found is None:
+            return
+        choices, misses, width = found
+        at_nominal = sum(min((v for k, v in m.items() if k.startswith("keep:")), key=lambda t: t[1])[1]
+                         for _, m in groups)
+        note = {"workflow_type_calls": int(total), "budget_misses": budget,
+                "held_out_misses": int(misses), "held_out_mean_width": width / total,
+                "held_out_mean_width_at_nominal": at_nominal / total}
+        for (agents, menu), choice, fit in zip(groups, choices, fitters):
+            if choice.startswith("keep:"):
+                for a in agents:
+                    per_agent[a]["selection"]["budget"] = {**note, "option": choice[5:]}
+                continue
+            m, w = menu[choice]
+            n_group = max(sum(len(data[b][0]) for b in agents), 1)
+            if choice == "parent":
+                ceiling = bs.ceiling_of(fit["y"], cap)
+                lo, hi, level_name = wt_entry["lo"], min(wt_entry["hi"], ceiling), wt_entry["level"]
+                why = "shared budget of the workflow type: the parent's band"
+            else:
+                level = float(choice.split("@")[1])
+                ceiling = bs.ceiling_of(fit["y"], cap)
+                lo, hi = bs.candidate_bands(fit["y"], level, ceiling)["order_stat"]
+                level_name = "agent" if agents[0] in own else wt_entry["level"]
+                why = f"shared budget of the workflow type: order statistics at {level:g}"
+            for a in agents:
+                e = per_agent[a]
+                # a degenerate agent keeps method "parent": its band is its workflow type's data
+                e.update(lo=int(lo), hi=int(max(hi, lo)), conditional=None, level=level_name,
+                         method=choice if a in own else "parent")
+                e["selection"]["chosen"] = choice
+                e["selection"]["reason"] = f"{why} (held-out coverage {1 - m / n_group:.3f} of {n_group:,} calls)"
+                e["selection"]["budget"] = {**note, "option": choice, "group_misses": int(m),
+                                            "group_mean_width": w / n_group}
+
+    def _level_scores(self, y_fit: np.ndarray, f_fit: np.ndarray, y_val: np.ndarray, f_val: np.ndarray
+                      ) -> dict[str, tuple[int, float]]:
+        """Held-out (misses, width sum) on ``y_val`` of the order-statistic band of ``y_fit`` at
+        each level of :data:`band_selection.BUDGET_LEVELS`, fold by fold."""
+        out: dict[str, tuple[int, float]] = {}
+        ks = [k for k in np.unique(f_val) if np.any(f_fit != k)]
+        if len(ks) < len(np.unique(f_val)):
+            return out
+        for level in bs.BUDGET_LEVELS:
+            miss = width = 0.0
+            for k in ks:
+                ytr = y_fit[f_fit != k]
+                lo, hi = bs.candidate_bands(ytr, level, bs.ceiling_of(ytr, self.max_output_tokens))["order_stat"]
+                te = y_val[f_val == k]
+                miss += int(np.sum((te < lo) | (te > hi)))
+                width += (hi - lo) * len(te)
+            out[f"order_stat@{level:g}"] = (int(miss), float(width))
+        return out
 
     def _conditional_cv(self, X: np.ndarray, y: np.ndarray, fold: np.ndarray, ks: np.ndarray,
                         scores: bs.FoldScores) -> np.ndarray | None:

@@ -128,3 +128,25 @@ def test_fit_rejects_empty_and_bad_coverage():
     df = frame(np.random.default_rng(6), {"a": (1, 100, 0.2)}, 10)
     with pytest.raises(ValueError, match="coverage"):
         OutputLengthIntervals(coverage=1.5).fit(df)
+
+
+def test_shared_budget_spends_miscoverage_on_the_heavy_tailed_agent():
+    """A narrow agent and a heavy-tailed one in one type (Magentic-One's Orchestrator and
+    WebSurfer): the type's budget, not each agent's 1 − α, is held to nominal, so the pooled
+    band is narrower than per-agent bands at nominal, and still covers new data at nominal."""
+    rng = np.random.default_rng(3)
+    agents = {"orchestrator": (6, 300, 0.3), "websurfer": (1, 900, 1.6)}
+    train, test = frame(rng, agents, 150), frame(np.random.default_rng(4), agents, 600)
+    shared = OutputLengthIntervals(conditional=False).fit(train)
+    alone = OutputLengthIntervals(conditional=False, shared_budget=False).fit(train)
+
+    def scores(est):
+        b = est.predict(test)
+        y = test.output_tokens.to_numpy()
+        return float(np.mean((y >= b[:, 0]) & (y <= b[:, 1]))), float(np.mean(b[:, 1] - b[:, 0]))
+
+    (cov_s, w_s), (cov_a, w_a) = scores(shared), scores(alone)
+    assert cov_s >= 0.98 and w_s < 0.9 * w_a, (cov_s, w_s, cov_a, w_a)
+    budget = shared.agents_["app"]["websurfer"]["selection"]["budget"]
+    assert budget["held_out_misses"] <= budget["budget_misses"]
+    assert budget["held_out_mean_width"] <= budget["held_out_mean_width_at_nominal"]
