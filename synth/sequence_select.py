@@ -145,7 +145,11 @@ def select_models(sequences: Sequence[Sequence[str]], counts: Sequence[int],
                          + ((1.0 - lams)[:, None, None] * pv if pv is not None else 0.0))
                 if pv is None:
                     mixed = np.broadcast_to(vecs[None], mixed.shape)
-                p = mixed[..., actual] if actual is not None else np.zeros(mixed.shape[:2])
+                if actual is not None:
+                    p = mixed[..., actual]
+                else:  # a symbol the training folds never saw: the model's novel-symbol mass
+                    novel = np.maximum(1.0 - vecs.sum(axis=-1), 0.0)[None]
+                    p = (lams[:, None] if pv is not None else np.ones((len(lams), 1))) * novel
                 loss -= w * np.log(np.maximum(p, EPS)).T
                 if t < len(seq):  # top-1 over agents, as profiler eval scores it
                     agent_events += w

@@ -179,7 +179,10 @@ class WorkflowPaths:
         i = self.vomm.index_of(symbol)
         order = self.context_order()
         tail = tuple(history[len(history) - order:]) if len(history) > order else tuple(history)
-        return 0.0 if i is None else float(self._next_vector(state, tail)[i])
+        if i is None:  # never seen in training: the mass the model keeps for a novel symbol
+            weight = 1.0 if state is None else min(self.mixture, 1.0)
+            return weight * self.vomm.novel_probability(tail)
+        return float(self._next_vector(state, tail)[i])
 
     # -- fleet view -------------------------------------------------------------------------
     def _projection(self, horizon: int) -> np.ndarray:

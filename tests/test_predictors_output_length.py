@@ -146,7 +146,7 @@ def test_shared_budget_spends_miscoverage_on_the_heavy_tailed_agent():
         return float(np.mean((y >= b[:, 0]) & (y <= b[:, 1]))), float(np.mean(b[:, 1] - b[:, 0]))
 
     (cov_s, w_s), (cov_a, w_a) = scores(shared), scores(alone)
-    assert cov_s >= 0.98 and w_s < 0.9 * w_a, (cov_s, w_s, cov_a, w_a)
+    assert cov_s >= 0.98 and w_s < 0.75 * w_a, (cov_s, w_s, cov_a, w_a)
     budget = shared.agents_["app"]["websurfer"]["selection"]["budget"]
     assert budget["held_out_misses"] <= budget["budget_misses"]
     assert budget["held_out_mean_width"] <= budget["held_out_mean_width_at_nominal"]
