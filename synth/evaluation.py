@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, fields
-from typing import Sequence
+from typing import Mapping, Sequence
 
 from synth.markov_baselines import BaselinePredictor
 
@@ -109,8 +109,10 @@ class PathScores:
 
 
 def score_sequences(section: dict, sequences: Sequence[WorkflowSequence],
-                    paths: WorkflowPaths | None = None) -> PathScores:
-    """Replay held-out ``sequences`` against one workflow type's section."""
+                    paths: WorkflowPaths | None = None,
+                    tools: Mapping[str, Sequence[str]] | None = None) -> PathScores:
+    """Replay held-out ``sequences`` against one workflow type's section (``tools``: workflow
+    id → first tool name of each call, for a remaining-work model over tool names)."""
     paths = paths or WorkflowPaths.from_section(section)
     pfa = PFA.from_dict(section["pfa"])
     stepper = PFA.from_dict(section.get("session_pfa") or section["pfa"])
@@ -133,6 +135,7 @@ def score_sequences(section: dict, sequences: Sequence[WorkflowSequence],
         if seq.calls not in regex_memo:
             regex_memo[seq.calls] = paths.regex_accepts(seq.calls)
         scores.regex_accepted += regex_memo[seq.calls]
+        tool_seq = tuple((tools or {}).get(seq.workflow_id, ()))
         states = paths.track(seq.calls)
         last = states[-1] if states else paths.start()
         scores.session_accepted += paths.is_accepting(last)
@@ -140,7 +143,7 @@ def score_sequences(section: dict, sequences: Sequence[WorkflowSequence],
             scores.calls += 1
             remaining = n - 1 - i
             history = seq.calls[:i + 1]
-            pred = paths.predict_at(state, history, i + 1) if modelled else None
+            pred = paths.predict_at(state, history, i + 1, tool_seq[:i + 1]) if modelled else None
             if i < n - 1:
                 actual = seq.calls[i + 1]
                 scores.next_total += 1

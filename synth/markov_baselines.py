@@ -13,9 +13,10 @@ keeps what they need in compact form:
 * ``position_median``: median remaining calls after the i-th call of a workflow.
 
 **Log-loss.** Both Markov baselines also give a probability of the actual next agent, for the
-log-loss column beside ours: add-one (Laplace) smoothing over the agents seen in training at the
-context that predicts (the previous symbol; the longest context seen), p = (c(h, y) + 1) /
-(c(h) + V). ``markov_vo`` stores its contexts' counts for this (``counts``); a profile written
+log-loss column beside ours: add-one (Laplace) smoothing over the agents seen in training and END
+at the context that predicts (the previous symbol; the longest context seen), p = (c(h, y) + 1) /
+(c(h) + V). END stays in the distribution (as in ours, which predicts ``p_end``), so a one-agent
+workflow does not get p = 1 for free. ``markov_vo`` stores its contexts' counts for this (``counts``); a profile written
 before has only the arg-max and gives no log-loss.
 
 END is not a candidate: the baselines are scored, like the model, on "which agent calls
@@ -44,7 +45,7 @@ def fit_baselines(sequences: Sequence[Sequence[str]], weights: Sequence[float],
     """The ``baselines`` block of a workflow section (see the module docstring)."""
     first: dict[str, Counter] = defaultdict(Counter)
     for seq, w in zip(sequences, weights):
-        for prev, nxt in zip((START, *seq), seq):
+        for prev, nxt in zip((START, *seq), (*seq, END)):
             first[prev][nxt] += w
     counts = context_counts(sequences, weights, VO_ORDER)
     totals = {h: sum(c for y, c in row.items() if y != END) for h, row in counts.items()}
@@ -68,7 +69,7 @@ def fit_baselines(sequences: Sequence[Sequence[str]], weights: Sequence[float],
             "markov_vo": {"min_count": min_count,
                           "argmax": {SEP.join(h): _argmax(counts[h]) for h in kept},
                           "counts": {SEP.join(h): {y: round(float(c), 6) for y, c in counts[h].items()
-                                                   if y != END and c > 0} for h in kept}},
+                                                   if c > 0} for h in kept}},
             "position_median": medians}
 
 
@@ -83,8 +84,8 @@ class BaselinePredictor:
         self.overall = _argmax(dict(overall))
         self.vo = block["markov_vo"]["argmax"]
         self.vo_counts = block["markov_vo"].get("counts")
-        self.counts1 = {prev: {y: c for y, c in row.items() if y != END} for prev, row in block["markov1"].items()}
-        self.vocab = {y for row in self.counts1.values() for y in row}
+        self.counts1 = {prev: dict(row) for prev, row in block["markov1"].items()}
+        self.vocab = {y for row in self.counts1.values() for y in row} | {END}
         self.position = block["position_median"]
 
     def _laplace(self, row: dict[str, float] | None, actual: str) -> float:

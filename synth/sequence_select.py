@@ -160,6 +160,26 @@ def select_models(sequences: Sequence[Sequence[str]], counts: Sequence[int],
             "folds": folds, "workflows": total}
 
 
+def select_remaining(sequences: Sequence[Sequence[str]], counts: Sequence[int],
+                     max_workflows: int = 1000, seed: int = 0) -> dict:
+    """The remaining-work choice of :func:`select_models` alone, for another alphabet of the
+    same workflows (tool names where a workflow type has a single agent)."""
+    sub = subsample(counts, max_workflows, seed)
+    keep = np.flatnonzero(sub)
+    seqs, sub = [tuple(sequences[j]) for j in keep], sub[keep]
+    total = int(sub.sum())
+    if total < REMAINING_FOLDS:
+        return {"order": 0, "position": "none", "min_n": 1, "point": "p50",
+                "reason": f"{total} workflows: too few to cross-validate"}
+    return _remaining_cv(seqs, sub, REMAINING_FOLDS,
+                         REMAINING_REPEATS if total < REPEAT_BELOW else 1, seed)
+
+
+def is_position_median(choice: Mapping) -> bool:
+    """Is this remaining-work choice the position-median baseline itself (no context, median)?"""
+    return choice.get("order") == 0 and choice.get("point") == "p50"
+
+
 def _remaining_cv(seqs: Sequence[tuple], counts: np.ndarray, folds: int, repeats: int,
                   seed: int) -> dict:
     """Remaining-work candidates scored by ``repeats`` × ``folds``-fold CV by workflow (no

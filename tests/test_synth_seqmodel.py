@@ -135,10 +135,11 @@ def test_baselines_by_hand():
     assert base.markov1(["a", "b"]) == "d" and base.markov1([]) == "a"
     assert base.markov_vo(["a", "b"]) == "d" and base.markov_vo(["q"]) is not None
     assert [base.position_median(i) for i in range(4)] == [2.0, 1.0, 0.0, 0.0]
-    # log-loss probabilities: add-one over the 4 training agents a, b, c, d
-    assert base.markov1_probability(["a", "b"], "d") == pytest.approx((2 + 1) / (3 + 4))
-    assert base.markov_vo_probability(["a", "b"], "c") == pytest.approx((1 + 1) / (3 + 4))
-    assert base.markov_vo_probability(["a", "b"], "new") == pytest.approx(1 / (3 + 5))
+    # log-loss probabilities: add-one over the 4 training agents a, b, c, d and END
+    assert base.markov1_probability(["a", "b"], "d") == pytest.approx((2 + 1) / (3 + 5))
+    assert base.markov_vo_probability(["a", "b"], "c") == pytest.approx((1 + 1) / (3 + 5))
+    assert base.markov_vo_probability(["a", "b"], "new") == pytest.approx(1 / (3 + 6))
+    assert base.markov1_probability(["a", "b", "d"], "a") == pytest.approx(1 / (2 + 5))  # d -> END twice
     old = {**block, "markov_vo": {k: v for k, v in block["markov_vo"].items() if k != "counts"}}
     assert BaselinePredictor(old).markov_vo_probability(["a"], "b") is None  # older profile
 
@@ -153,3 +154,40 @@ def test_section_survives_json_and_records_the_choice():
     assert sel["max_order"] in (1, 2, 3, 4, 6, 8) and 0.0 <= section["sequence_model"]["mixture"] <= 1
     assert section["remaining_model"]["selection"]["position_median_mae"] >= \
         section["remaining_model"]["selection"]["validation_mae"]
+
+
+def _single_agent_logs(path, n_workflows, seed):
+    """One agent; tool "find" until the last 5 calls, which run "edit": the tool names tell how
+    many calls are left, the agent sequence only the call index."""
+    rng = np.random.default_rng(seed)
+    with open(path, "w") as f:
+        for w in range(n_workflows):
+            n = int(rng.integers(8, 40))
+            t = 1000.0 * w
+            for i in range(n):
+                tool = "edit" if i >= n - 5 else "find"
+                f.write(json.dumps({
+                    "request_id": f"w{seed}-{w}#{i}", "workflow_type_id": "solo",
+                    "workflow_id": f"w{seed}-{w}", "agent_id": "main", "t_arrival": t,
+                    "t_finish": t + 1.0, "input_tokens": 100, "output_tokens": 50,
+                    "tool_calls": [{"name": tool, "t_start": t + 1.0, "t_end": t + 1.5, "status": "ok"}]}) + "\n")
+                t += 2.0
+
+
+def test_single_agent_type_uses_tool_names_for_remaining_work(tmp_path):
+    from profiler.evaluation import evaluate
+    from profiler.fitting import fit_profile
+    _single_agent_logs(tmp_path / "train.jsonl", 120, 0)
+    _single_agent_logs(tmp_path / "test.jsonl", 60, 1)
+    profile, _ = fit_profile([tmp_path / "train.jsonl"], tmp_path / "p")
+    rm = profile.data["workflows"]["solo"]["remaining_model"]
+    assert rm["alphabet"] == "tool" and rm["selection"]["tool_alphabet"]["chosen"] is True
+    result, _ = evaluate(profile, [tmp_path / "test.jsonl"])
+    rc = result["remaining_calls"]
+    assert rc["scored_share"] == 1.0
+    assert rc["mae"] < 0.8 * rc["baselines"]["position_median"], rc
+    # serving without the tool history backs off to the call index (never fails)
+    paths = WorkflowPaths.from_section(profile.data["workflows"]["solo"])
+    with_tools = paths.predict(None, ["main"] * 12, ["find"] * 10 + ["edit"] * 2)
+    without = paths.predict(None, ["main"] * 12)
+    assert with_tools["remaining_calls_p50"] == 3 and without["remaining_calls_p50"] is not None
