@@ -284,7 +284,7 @@ class IdleGapModel(BaseEstimator):
         scores = {}
         for h in cands:
             tr = train.assign(weight=recency_weights(train["rank"].to_numpy(), cut, h))
-            tables = self._tables(tr[tr["gap_after_s"].notna()], None)
+            tables = self._tables_by_prior(tr[tr["gap_after_s"].notna()], (None,))[None]
             scores[h] = self._score(val, self._predict_rows(val, tables, "agent", None))
         return self._pick(scores), {str(k): list(v) for k, v in scores.items()}
 
