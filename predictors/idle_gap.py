@@ -142,7 +142,7 @@ def _level_table(df: pd.DataFrame, level: str, value: str | None, q: float, min_
     columns = [*keys, "n", "n_eff", "p50_s", "q_z"]
     if df.empty:
         return pd.DataFrame(columns=columns)
-    grouped = df.groupby(keys, sort=True)
+    grouped = df.groupby(keys, sort=True, observed=True)
     codes = grouped.ngroup().to_numpy()
     size = grouped.size()
     n_groups = len(size)
@@ -162,6 +162,36 @@ def _level_table(df: pd.DataFrame, level: str, value: str | None, q: float, min_
     table["q_z"] = (grouped_weighted_quantile(codes, df[value].to_numpy(dtype=float), w, q, 1.0, n_groups)
                     if value is not None else np.nan)
     return table[keep].reset_index(drop=True)[columns]
+
+
+def _lookup_codes(df: pd.DataFrame, table: pd.DataFrame, keys: list[str], column: str) -> np.ndarray | None:
+    """``table[column]`` at each row's ``keys`` through the categorical codes the rows and the
+    table share (a dense array indexed by the mixed-radix code: no join); None when a key column
+    is not categorical in both, or their categories differ, or the code space is too large."""
+    sizes = []
+    for k in keys:
+        a, b = df[k].dtype, table[k].dtype
+        if not (isinstance(a, pd.CategoricalDtype) and isinstance(b, pd.CategoricalDtype)
+                and a.categories.equals(b.categories)):
+            return None
+        sizes.append(len(a.categories))
+    if int(np.prod(sizes, dtype=np.int64)) > 5_000_000:
+        return None
+
+    def flat(frame: pd.DataFrame) -> np.ndarray | None:
+        code = np.zeros(len(frame), dtype=np.int64)
+        for k, size in zip(keys, sizes):
+            c = frame[k].cat.codes.to_numpy(dtype=np.int64)
+            if len(c) and c.min() < 0:  # a missing key: let the join handle it
+                return None
+            code = code * size + c
+        return code
+    rows, at = flat(df), flat(table)
+    if rows is None or at is None:
+        return None
+    dense = np.full(int(np.prod(sizes, dtype=np.int64)), np.nan)
+    dense[at] = table[column].to_numpy(dtype=float)
+    return dense[rows]
 
 
 def _json_safe(value: Any) -> Any:
@@ -245,7 +275,9 @@ class IdleGapModel(BaseEstimator):
             if t.empty:
                 continue
             keys = LEVEL_KEYS[lv]
-            vals = df[keys].merge(t[[*keys, column]], on=keys, how="left")[column].to_numpy(dtype=float)
+            vals = _lookup_codes(df, t, keys, column)
+            if vals is None:  # plain string keys: a left join
+                vals = df[keys].merge(t[[*keys, column]], on=keys, how="left")[column].to_numpy(dtype=float)
             out = np.where(np.isnan(out), vals, out)
         return out
 
@@ -315,8 +347,10 @@ class IdleGapModel(BaseEstimator):
         df.loc[df["gap_after_s"] < 0, "gap_after_s"] = np.nan
         df["rank"] = workflow_ranks(df) if len(df) else pd.Series(dtype=float)
         df = df.sort_values(["workflow_type_id", "workflow_id", "call_index"], kind="stable").reset_index(drop=True)
+        # categorical keys (categories sorted like the strings): groupby and merges take codes
+        df = df.astype({"workflow_type_id": "category", "agent_id": "category", "tool": "category"})
         self.workflow_types_: dict[str, dict[str, Any]] = {}
-        for wt, g in df.groupby("workflow_type_id", sort=True):
+        for wt, g in df.groupby("workflow_type_id", sort=True, observed=True):
             g = g.reset_index(drop=True)
             n_wf = int(g["workflow_id"].nunique())
             gaps = int(g["gap_after_s"].notna().sum())
@@ -414,6 +448,8 @@ class IdleGapModel(BaseEstimator):
         df["tool"] = df["tool"].fillna("").astype(str)
         df["_row"] = np.arange(len(df))
         df = df.sort_values(["workflow_type_id", "workflow_id", "call_index"], kind="stable").reset_index(drop=True)
+        # categorical keys (categories sorted like the strings): groupby and merges take codes
+        df = df.astype({"workflow_type_id": "category", "agent_id": "category", "tool": "category"})
         out = np.full(len(df), np.nan)
         for wt, g in df.groupby("workflow_type_id", sort=False):
             info = self.workflow_types_.get(wt)
