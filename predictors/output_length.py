@@ -368,7 +368,7 @@ class OutputLengthIntervals(BaseEstimator):
             else:
                 level = float(choice.split("@")[1])
                 ceiling = bs.ceiling_of(fit["y"], cap)
-                lo, hi = bs.candidate_bands(fit["y"], level, ceiling)["order_stat"]
+                lo, hi = bs.order_stat_band(fit["y"], level, ceiling)
                 level_name = "agent" if agents[0] in own else wt_entry["level"]
                 why = f"shared budget of the workflow type: order statistics at {level:g}"
             for a in agents:
@@ -393,7 +393,7 @@ class OutputLengthIntervals(BaseEstimator):
             miss = width = 0.0
             for k in ks:
                 ytr = y_fit[f_fit != k]
-                lo, hi = bs.candidate_bands(ytr, level, bs.ceiling_of(ytr, self.max_output_tokens))["order_stat"]
+                lo, hi = bs.order_stat_band(ytr, level, bs.ceiling_of(ytr, self.max_output_tokens))
                 te = y_val[f_val == k]
                 miss += int(np.sum((te < lo) | (te > hi)))
                 width += (hi - lo) * len(te)
