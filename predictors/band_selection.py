@@ -170,6 +170,11 @@ def band_warnings(output_length: dict[str, Any]) -> dict[tuple[str, str], list[s
                 notes.append(f"wider than its workflow type's band ({w:,} > {t_w:,} tokens)")
             if g and w > g_w:
                 notes.append(f"wider than the global band ({w:,} > {g_w:,} tokens)")
+            budget = (b.get("selection") or {}).get("budget")
+            if notes and budget:
+                notes.append(f"chosen under the workflow type's shared budget: the type's held-out mean "
+                             f"width {budget['held_out_mean_width']:,.0f} vs "
+                             f"{budget['held_out_mean_width_at_nominal']:,.0f} with every agent at nominal")
             if b.get("fallback_reason"):
                 notes.append(b["fallback_reason"])
             if notes:

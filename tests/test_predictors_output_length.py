@@ -150,3 +150,18 @@ def test_shared_budget_spends_miscoverage_on_the_heavy_tailed_agent():
     budget = shared.agents_["app"]["websurfer"]["selection"]["budget"]
     assert budget["held_out_misses"] <= budget["budget_misses"]
     assert budget["held_out_mean_width"] <= budget["held_out_mean_width_at_nominal"]
+
+
+def test_band_warnings_name_wider_bands_and_the_shared_budget():
+    from predictors.band_selection import band_warnings
+    budget = {"held_out_mean_width": 900.0, "held_out_mean_width_at_nominal": 1500.0}
+    section = {"global": {"lo": 0, "hi": 3000}, "workflow_types": {"app": {"lo": 0, "hi": 2000}},
+               "agents": {"app": {"narrow": {"lo": 10, "hi": 500, "selection": {"budget": budget}},
+                                  "tail": {"lo": 5, "hi": 4000, "selection": {"budget": budget}},
+                                  "odd": {"lo": 0, "hi": 2500}}}}
+    warn = band_warnings(section)
+    assert ("app", "narrow") not in warn
+    assert any("workflow type's band (3,995 > 2,000" in n for n in warn[("app", "tail")])
+    assert any("global band" in n for n in warn[("app", "tail")])
+    assert any("shared budget" in n and "900 vs 1,500" in n for n in warn[("app", "tail")])
+    assert not any("shared budget" in n for n in warn[("app", "odd")])
