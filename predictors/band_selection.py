@@ -171,9 +171,9 @@ def band_warnings(output_length: dict[str, Any]) -> dict[tuple[str, str], list[s
             if g and w > g_w:
                 notes.append(f"wider than the global band ({w:,} > {g_w:,} tokens)")
             budget = (b.get("selection") or {}).get("budget")
-            if notes and budget:
-                notes.append(f"chosen under the workflow type's shared budget: the type's held-out mean "
-                             f"width {budget['held_out_mean_width']:,.0f} vs "
+            if notes and budget and budget.get("held_out_mean_width_at_nominal") is not None:
+                notes.append(f"chosen under the shared coverage budget: held-out mean width of all "
+                             f"calls {budget['held_out_mean_width']:,.0f} vs "
                              f"{budget['held_out_mean_width_at_nominal']:,.0f} with every agent at nominal")
             if b.get("fallback_reason"):
                 notes.append(b["fallback_reason"])
@@ -199,7 +199,7 @@ BUDGET_LEVELS = (0.8, 0.9, 0.95, 0.97, 0.98, 0.99, 0.995, 0.998, 0.999)
 
 
 #: Binomial standard deviations of tolerance in a workflow type's miss budget (see budget_misses).
-BUDGET_Z = TOLERANCE_Z
+BUDGET_Z = 0.5
 
 
 def budget_misses(total: int, coverage: float, z: float | None = None) -> int:
@@ -210,6 +210,22 @@ def budget_misses(total: int, coverage: float, z: float | None = None) -> int:
     alpha = 1.0 - coverage
     z = BUDGET_Z if z is None else z
     return int(math.floor(alpha * (total + 1) + z * math.sqrt(total * alpha * (1 - alpha)) + 1e-9))
+
+
+#: Charge every option of the budget at least its nominal misses (see :func:`charged_misses`).
+#: Off: measured on Who&When (seeds 1–5 pooled, 3,536 held-out calls) it bought 0.6 pt of
+#: coverage (0.976 → 0.982) for a band wider than the global one (3,546 vs 3,308 tokens).
+CHARGE_NOMINAL = False
+
+
+def charged_misses(observed: int, n: int, coverage: float) -> int:
+    """Misses an option is charged in the budget: its held-out misses, but never fewer than a band
+    at its own nominal level makes on average, round((1 − coverage)·n). Choosing among many
+    configurations on the same folds favours options that missed less than their level by
+    chance (winner's curse); charging the nominal floor removes that advantage."""
+    if not CHARGE_NOMINAL:
+        return int(observed)
+    return max(int(observed), int((1.0 - coverage) * n + 0.5))
 
 
 def allocate_budget(menus: list[dict[str, tuple[int, float]]], budget: int
@@ -229,7 +245,7 @@ def allocate_budget(menus: list[dict[str, tuple[int, float]]], budget: int
         for m0, w0 in enumerate(best):
             if w0 == inf:
                 continue
-            for name in sorted(menu):
+            for name in sorted(menu, key=lambda k: (not k.startswith("keep:"), k)):  # ties: keep
                 miss, width = menu[name]
                 m = m0 + int(miss)
                 if m <= budget and w0 + width < nxt[m] - 1e-9:

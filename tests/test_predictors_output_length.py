@@ -50,7 +50,8 @@ def test_selection_picks_the_parent_when_the_agents_own_band_is_wider():
     # "common" dominates the type; "rare" (30 calls, heavy-tailed) has no narrower band of its own
     df = frame(rng, {"common": (2, 500, 0.3)}, 100)
     rare = frame(rng, {"rare": (1, 500, 0.3)}, 30)
-    est = OutputLengthIntervals(conditional=False).fit(pd.concat([df, rare]))
+    # the per-agent rule alone (the shared budget may then move bands: tested below)
+    est = OutputLengthIntervals(conditional=False, shared_budget=False).fit(pd.concat([df, rare]))
     common, rare_e = est.agents_["app"]["common"], est.agents_["app"]["rare"]
     assert common["lo"] <= common["hi"]
     sel = rare_e["selection"]
@@ -79,7 +80,7 @@ def test_chosen_band_covers_held_out_folds_at_nominal():
     # coverage 0.9 on 600 calls: the accepted candidate's held-out misses are within
     # α(N+1) + √(Nα(1−α)) = 60.1 + 7.3
     df = frame(np.random.default_rng(8), {"a": (3, 700, 0.6)}, 200)
-    e = OutputLengthIntervals(coverage=0.9, conditional=False).fit(df).agents_["app"]["a"]
+    e = OutputLengthIntervals(coverage=0.9, conditional=False, shared_budget=False).fit(df).agents_["app"]["a"]
     v = e["selection"]["candidates"][e["selection"]["chosen"]]
     assert e["selection"]["n_val"] == 600
     assert round((1 - v["coverage"]) * 600) <= 67
@@ -163,5 +164,5 @@ def test_band_warnings_name_wider_bands_and_the_shared_budget():
     assert ("app", "narrow") not in warn
     assert any("workflow type's band (3,995 > 2,000" in n for n in warn[("app", "tail")])
     assert any("global band" in n for n in warn[("app", "tail")])
-    assert any("shared budget" in n and "900 vs 1,500" in n for n in warn[("app", "tail")])
-    assert not any("shared budget" in n for n in warn[("app", "odd")])
+    assert any("shared coverage budget" in n and "900 vs 1,500" in n for n in warn[("app", "tail")])
+    assert not any("budget" in n for n in warn[("app", "odd")])
