@@ -11,7 +11,9 @@ narrowest whose coverage on held-out workflows (K-fold *by workflow*) reaches no
 (:mod:`predictors.band_selection` has the candidates, the tolerance and the rule;
 :mod:`predictors.quantile_tree` the conditional model). No call-count threshold decides: a band
 is wider than its parent's only when validation rejects the parent. Each entry records what was
-chosen and why (``selection``: held-out coverage and width of every candidate). An agent that
+chosen and why (``selection``: held-out coverage and width of every candidate). Then one
+miscoverage budget is shared over the whole log (:meth:`OutputLengthIntervals._allocate`): the
+pooled held-out coverage is held to nominal and spent where bands are widest. An agent that
 cannot be validated (fewer than 3 calls, or all in one workflow) is *degenerate*: it is served
 its parent's entry and ``fallback_reason`` says why.
 
@@ -166,6 +168,8 @@ class OutputLengthIntervals(BaseEstimator):
     max_output_tokens : a hard cap on any length (the request's ``max_tokens`` or the context
         limit) when known; else the ceiling is twice the largest observed length.
     random_state : seed of the fold assignment and the subsamples.
+    shared_budget : after the per-agent choice, share one miscoverage budget over the whole log
+        (:meth:`_allocate`); False keeps every agent at its own 1 − α.
 
     Fitted attributes: ``global_``, ``workflow_types_``, ``agents_`` (dicts of entries),
     ``n_conditional_`` (agents served by the conditional model).
