@@ -38,9 +38,10 @@ gives one — the request's ``max_tokens`` or the model's context limit — and 
 from __future__ import annotations
 
 import math
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
+import pandas as pd
 from scipy import stats
 
 #: The largest observed length times this factor is an upper tail's ceiling.
@@ -83,6 +84,19 @@ def order_stat_band(y: np.ndarray, coverage: float, ceiling: int) -> Band:
     return max(0.0, math.floor(a)), float(min(max(math.ceil(b), math.floor(a)), ceiling))
 
 
+def order_stat_bands(y: np.ndarray, coverages: Sequence[float], ceiling: int) -> list[Band]:
+    """:func:`order_stat_band` at several coverages, with one partition for all their ranks."""
+    y = np.asarray(y, dtype=float)
+    n = len(y)
+    ranks = [_ranks(n, c) for c in coverages]
+    vals = _order_stats(y, [r for lo, hi in ranks for r in (max(lo, 1), min(hi, n))])
+    out = []
+    for lo_k, hi_k in ranks:
+        a, b = vals[max(lo_k, 1)], vals[min(hi_k, n)]
+        out.append((max(0.0, math.floor(a)), float(min(max(math.ceil(b), math.floor(a)), ceiling))))
+    return out
+
+
 def candidate_bands(y: np.ndarray, coverage: float, ceiling: int) -> dict[str, Band]:
     """Every marginal candidate fit on ``y`` (n ≥ 1), clipped to ``[0, ceiling]``."""
     y = np.asarray(y, dtype=float)
@@ -116,7 +130,7 @@ def accepted(misses: int, total: int, coverage: float, z: float = TOLERANCE_Z) -
 
 def workflow_folds(keys: np.ndarray, n_folds: int, seed: int) -> np.ndarray:
     """Fold (0…K−1) of every row: its workflow's place in a seeded shuffle, dealt round-robin."""
-    uniq, inv = np.unique(keys, return_inverse=True)
+    inv, uniq = pd.factorize(keys, sort=True)  # hashing, same sorted order as np.unique
     order = np.random.default_rng(seed).permutation(len(uniq))
     return (order % max(n_folds, 1))[inv]
 
@@ -237,29 +251,32 @@ def allocate_budget(menus: list[dict[str, tuple[int, float]]], budget: int
     the agents served their parent's band). A multiple-choice knapsack, solved exactly by dynamic
     programming over the miss count (budgets are small: ⌊α·(N+1)⌋). Returns (choices, misses,
     width sum), or None when no combination fits the budget."""
-    inf = float("inf")
-    best = [0.0] + [inf] * budget          # best[m]: least width with exactly m misses so far
-    back: list[list[tuple[int, str] | None]] = []
+    inf = np.inf
+    best = np.full(budget + 1, inf)
+    best[0] = 0.0                      # best[m]: least width with exactly m misses so far
+    back: list[tuple[np.ndarray, list[str]]] = []  # per group: option index per m, option names
     for menu in menus:
-        nxt = [inf] * (budget + 1)
-        ptr: list[tuple[int, str] | None] = [None] * (budget + 1)
-        for m0, w0 in enumerate(best):
-            if w0 == inf:
+        names = sorted(menu, key=lambda k: (not k.startswith("keep:"), k))  # ties: keep
+        nxt = np.full(budget + 1, inf)
+        pick = np.full(budget + 1, -1)
+        for j, name in enumerate(names):
+            miss, width = int(menu[name][0]), float(menu[name][1])
+            if miss > budget:
                 continue
-            for name in sorted(menu, key=lambda k: (not k.startswith("keep:"), k)):  # ties: keep
-                miss, width = menu[name]
-                m = m0 + int(miss)
-                if m <= budget and w0 + width < nxt[m] - 1e-9:
-                    nxt[m], ptr[m] = w0 + width, (m0, name)
+            cand = np.full(budget + 1, inf)
+            cand[miss:] = best[:budget + 1 - miss] + width
+            better = cand < nxt - 1e-9
+            nxt[better], pick[better] = cand[better], j
         best = nxt
-        back.append(ptr)
-    m_end = min(range(budget + 1), key=lambda m: (best[m], m))
-    if best[m_end] == inf:
+        back.append((pick, names))
+    if not np.isfinite(best).any():
         return None
+    m_end = int(np.argmin(best))
     choices: list[str] = []
     m = m_end
-    for ptr in reversed(back):
-        m_prev, name = ptr[m]  # type: ignore[misc]
+    for g in range(len(menus) - 1, -1, -1):
+        pick, names = back[g]
+        name = names[int(pick[m])]
         choices.append(name)
-        m = m_prev
-    return choices[::-1], m_end, best[m_end]
+        m -= int(menus[g][name][0])
+    return choices[::-1], m_end, float(best[m_end])

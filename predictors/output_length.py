@@ -411,21 +411,21 @@ class OutputLengthIntervals(BaseEstimator):
     def _level_scores(self, y_fit: np.ndarray, f_fit: np.ndarray, y_val: np.ndarray, f_val: np.ndarray
                       ) -> dict[str, tuple[int, float]]:
         """Held-out (misses, width sum) on ``y_val`` of the order-statistic band of ``y_fit`` at
-        each level of :data:`band_selection.BUDGET_LEVELS`, fold by fold."""
-        out: dict[str, tuple[int, float]] = {}
-        ks = [k for k in np.unique(f_val) if np.any(f_fit != k)]
-        if len(ks) < len(np.unique(f_val)):
-            return out
-        for level in bs.BUDGET_LEVELS:
-            miss = width = 0.0
-            for k in ks:
-                ytr = y_fit[f_fit != k]
-                lo, hi = bs.order_stat_band(ytr, level, bs.ceiling_of(ytr, self.max_output_tokens))
-                te = y_val[f_val == k]
-                miss += int(np.sum((te < lo) | (te > hi)))
-                width += (hi - lo) * len(te)
-            out[f"order_stat@{level:g}"] = (bs.charged_misses(int(miss), len(y_val), level), float(width))
-        return out
+        each level of :data:`band_selection.BUDGET_LEVELS`, fold by fold (per fold one partition
+        for every level's ranks and one sort of the held-out lengths)."""
+        levels = bs.BUDGET_LEVELS
+        miss, width = np.zeros(len(levels)), np.zeros(len(levels))
+        for k in np.unique(f_val):
+            ytr = y_fit[f_fit != k]
+            if len(ytr) == 0:
+                return {}
+            te = np.sort(y_val[f_val == k])
+            ceiling = bs.ceiling_of(ytr, self.max_output_tokens)
+            for i, (lo, hi) in enumerate(bs.order_stat_bands(ytr, levels, ceiling)):
+                miss[i] += np.searchsorted(te, lo, "left") + len(te) - np.searchsorted(te, hi, "right")
+                width[i] += (hi - lo) * len(te)
+        return {f"order_stat@{level:g}": (bs.charged_misses(int(m), len(y_val), level), float(w))
+                for level, m, w in zip(levels, miss, width)}
 
     def _conditional_cv(self, X: np.ndarray, y: np.ndarray, fold: np.ndarray, ks: np.ndarray,
                         scores: bs.FoldScores) -> np.ndarray | None:
