@@ -124,9 +124,9 @@ def tool_remaining(con: duckdb.DuckDBPyConnection, wt: str, section: dict,
                                                                     "reason": "one tool name (or none)"}
         return
     sel = select_remaining(calls, counts, seed=seed)
-    agent_mae = section["remaining_model"]["selection"].get("validation_mae", float("inf"))
+    agent_mae = section["remaining_model"]["selection"].get("validation_mae")  # None: not validated
     chosen = (not is_position_median(sel) and sel.get("validation_mae") is not None
-              and sel["validation_mae"] < agent_mae)
+              and agent_mae is not None and sel["validation_mae"] < agent_mae)
     summary = {"chosen": bool(chosen), "validation_mae": sel.get("validation_mae"),
                "agent_validation_mae": agent_mae,
                "order": sel.get("order"), "position": sel.get("position")}
