@@ -2,6 +2,7 @@
 
     python bench/bench_real.py [--sets agentless,whowhen,swe_agent,mini_swe,messy] [--cv K]
                                [--messy-seeds 0,1,2] [--messy-workflows 200] [--json]
+    python bench/bench_real.py --sets coding-assistant,deep-research   # generated sets + Bayes bound
 
 For every real set (the full files in ``../shared/datasets/`` when that folder exists, else the
 small copies in ``datasets/real/``; ``--data`` picks another folder) and for the messy workload
@@ -11,19 +12,28 @@ set; n/a where the eval does not compute a score yet). With ``--cv K`` every set
 K-fold cross-validation by workflow instead (``profiler eval --cv K``): mean ± std over folds.
 The messy column is the mean ± std over its seeds.
 
+The generated Pythia workloads (``coding-assistant``, ``deep-research``: 400 workflows, seed 0)
+are sets too; for them the bench also prints the **Bayes bound** of next-agent top-1: the
+generator's own structure is simulated (``profiler.workloads._expand``, 200,000 workflows) to get
+P(next | whole history), and the oracle that predicts its arg-max is scored on the same held-out
+calls (``bayes_top1_heldout``; on a 70/30 split) beside its expectation (``bayes_top1_expected``).
+
 The command line, the data source of every set and the wall time are printed with the table;
 ``--json`` prints all of it, every eval result included, as one object.
 """
 from __future__ import annotations
 
 import argparse
+import json
 import shlex
 import sys
 import tempfile
 import time
 from pathlib import Path
+from collections import Counter, defaultdict
 from typing import Any
 
+import numpy as np
 from rich.console import Console
 
 REPO = Path(__file__).resolve().parents[1]
@@ -35,7 +45,7 @@ from profiler.cross_validation import aggregate, cross_validate, nest  # noqa: E
 from profiler.evaluation import evaluate  # noqa: E402
 from profiler.fitting import fit_profile  # noqa: E402
 from profiler.split import split_logs  # noqa: E402
-from profiler.workloads import generate, write_jsonl  # noqa: E402
+from profiler.workloads import _expand, generate, load_spec, write_jsonl  # noqa: E402
 
 #: Short name -> file name of the real sets (in ../shared/datasets or datasets/real).
 REAL_SETS = {
@@ -44,6 +54,8 @@ REAL_SETS = {
     "swe_agent": "swe_agent_glm45_bs4.jsonl",
     "mini_swe": "mini_swe_agent_gemini3.jsonl",
 }
+#: Generated sets (workload name -> workflows) scored beside their Bayes bound.
+GENERATED = {"coding-assistant": 400, "deep-research": 400}
 SHARED = REPO.parent / "shared" / "datasets"
 SMALL = REPO / "datasets" / "real"
 
@@ -55,6 +67,34 @@ def real_source(name: str, data: Path | None) -> Path:
         if path.exists():
             return path
     raise SystemExit(f"error: {REAL_SETS[name]} not found in {data or f'{SHARED} or {SMALL}'}")
+
+
+def bayes_top1(workload: str, test: Path, n_sim: int = 200_000, seed: int = 12345) -> dict[str, float]:
+    """Next-agent top-1 of the Bayes oracle of a generated workload (see the module docstring):
+    ``bayes_top1_expected`` = E[max_y P(y | history)] per scored call, ``bayes_top1_heldout`` =
+    the oracle's hits on the held-out sequences in ``test`` (a file or folder of records)."""
+    spec = load_spec(workload)
+    rng = np.random.default_rng(seed)
+    table: dict[tuple[str, ...], Counter] = defaultdict(Counter)
+    for _ in range(n_sim):
+        seq = [a for stage in _expand(spec["structure"], rng) for a in stage]
+        for i in range(1, len(seq)):
+            table[tuple(seq[:i])][seq[i]] += 1
+    hits = sum(max(c.values()) for c in table.values())
+    events = sum(sum(c.values()) for c in table.values())
+    calls: dict[str, list[tuple[float, str]]] = defaultdict(list)
+    for f in ([test] if test.is_file() else sorted(test.rglob("*.jsonl"))):
+        for line in f.open():
+            r = json.loads(line)
+            calls[r["workflow_id"]].append((r["t_arrival"], r["agent_id"]))
+    ok = n = 0
+    for rows in calls.values():
+        seq = [a for _, a in sorted(rows)]
+        for i in range(1, len(seq)):
+            row = table.get(tuple(seq[:i]))
+            n += 1
+            ok += bool(row) and min(row, key=lambda y: (-row[y], y)) == seq[i]
+    return {"bayes_top1_expected": hits / events, "bayes_top1_heldout": ok / max(n, 1)}
 
 
 def split_fit_eval(logs: list[Path], work: Path) -> dict[str, Any]:
@@ -88,7 +128,7 @@ def over_seeds(results: list[dict[str, Any]]) -> dict[str, Any]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sets", default="agentless,whowhen,swe_agent,mini_swe,messy",
-                    help="comma-separated: " + ", ".join([*REAL_SETS, "messy"]))
+                    help="comma-separated: " + ", ".join([*REAL_SETS, "messy", *GENERATED]))
     ap.add_argument("--cv", type=int, default=None, metavar="K", help="K-fold CV by workflow instead of one 70/30 split")
     ap.add_argument("--messy-seeds", default="0,1,2", help="seeds of the messy workload")
     ap.add_argument("--messy-workflows", type=int, default=200, help="workflows per messy seed")
@@ -96,9 +136,9 @@ def main() -> None:
     ap.add_argument("--json", action="store_true", help="one JSON object: command, sources, times, every result")
     args = ap.parse_args()
     names = [s.strip() for s in args.sets.split(",") if s.strip()]
-    unknown = [n for n in names if n not in REAL_SETS and n != "messy"]
+    unknown = [n for n in names if n not in REAL_SETS and n != "messy" and n not in GENERATED]
     if unknown:
-        ap.error(f"unknown set(s) {', '.join(unknown)}: choose from {', '.join([*REAL_SETS, 'messy'])}")
+        ap.error(f"unknown set(s) {', '.join(unknown)}: choose from {', '.join([*REAL_SETS, 'messy', *GENERATED])}")
     command = "python " + " ".join(shlex.quote(a) for a in [str(Path(sys.argv[0])), *sys.argv[1:]])
     err = Console(stderr=True)
     out: dict[str, Any] = {"command": command, "mode": f"{args.cv}-fold CV by workflow" if args.cv
@@ -119,6 +159,16 @@ def main() -> None:
                 result = failed[0] if failed else over_seeds(per_seed)
                 source = f"profiler generate --messy --workflows {args.messy_workflows} --seed {{{args.messy_seeds}}}"
                 label = f"messy ×{len(seeds)} seeds"
+            elif name in GENERATED:
+                path = work / name / f"{name}.jsonl"
+                with err.status(f"{name}: generating"):
+                    write_jsonl(generate(name, GENERATED[name], seed=0), path)
+                    result = score([path], work / name, args.cv)
+                    if not isinstance(result, Exception):
+                        held_out = path if args.cv else work / name / "split" / "test"
+                        result["bayes"] = bayes_top1(name, held_out)
+                source = f"profiler generate --workload {name} --workflows {GENERATED[name]} --seed 0"
+                label = name
             else:
                 path = real_source(name, args.data)
                 with err.status(f"{name}: {path}"):
@@ -146,6 +196,12 @@ def main() -> None:
         size = (f"{r['calls']:,} held-out calls, {r['workflows']:,} workflows" if "calls" in r
                 else f"{r['mean'].get('calls', 0):,.0f} held-out calls per seed on average")
         console.print(f"  {label}: {s['source']} ({size}; {s['seconds']} s)", highlight=False)
+        if "bayes" in r:
+            b, na = r["bayes"], (r.get("mean", r).get("next_agent") or {})
+            console.print(f"    next-agent top-1 Bayes bound: {b['bayes_top1_expected']:.3f} expected, "
+                          f"{b['bayes_top1_heldout']:.3f} on these held-out calls"
+                          + (" (all workflows)" if "folds" in r else "")
+                          + f"; ours {na.get('top1_accuracy', float('nan')):.3f}", highlight=False)
     spread = "; mean ± std over folds" if args.cv else ""
     spread += "; messy: mean ± std over seeds" if "messy" in names else ""
     console.print(baseline_table({label: s["result"] for label, s in out["sets"].items() if "result" in s},

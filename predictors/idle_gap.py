@@ -102,20 +102,89 @@ def session_factors(df: pd.DataFrame, median: np.ndarray, prior_weight: float | 
     return np.exp(np.clip(prev_sum / (prev_n + prior_weight), -lim, lim))
 
 
-def _level_table(df: pd.DataFrame, level: str, value: str, q: float, min_samples: int) -> pd.DataFrame:
+def grouped_weighted_quantile(codes: np.ndarray, x: np.ndarray, w: np.ndarray, q: float,
+                              w_new: float, n_groups: int, tol: float = 1e-12) -> np.ndarray:
+    """:func:`weighted_conformal_quantile` of every group at once (``codes`` 0…n_groups−1, each
+    group non-empty): one lexsort by (group, x), cumulative weights within each group, and the
+    first row per group whose share ``cum / (W_g + w_new)`` reaches ``q − tol`` (``inf`` when none).
+    With ``w_new = 0`` and ``tol = 0`` it is :func:`weighted_median` at ``q = 0.5``."""
+    order = np.lexsort((x, codes))
+    c, xs, ws = codes[order], x[order], w[order]
+    n = np.bincount(c, minlength=n_groups)
+    starts = np.concatenate(([0], np.cumsum(n)[:-1]))
+    cw = np.cumsum(ws)
+    before = cw[starts] - ws[starts]
+    within = cw - before[c]
+    total = within[starts + n - 1]
+    hit = within >= (q - tol) * (total[c] + w_new)
+    idx = np.where(hit, np.arange(len(c)), len(c))
+    first = np.minimum.reduceat(idx, starts)
+    out = np.full(n_groups, math.inf)
+    ok = first < starts + n
+    out[ok] = xs[first[ok]]
+    return out
+
+
+def _level_table(df: pd.DataFrame, level: str, value: str | None, q: float, min_samples: int,
+                 p50: pd.DataFrame | None = None, with_p50: bool = True) -> pd.DataFrame:
     """One row per key of ``level`` with ≥ ``min_samples`` gaps: n, n_eff, p50 of raw gaps,
-    conformal q-quantile of ``value``."""
+    conformal q-quantile of ``value`` (every group at once: :func:`grouped_weighted_quantile`).
+    ``value`` None skips the quantile (NaN); ``p50``: a table of the same rows and level whose
+    ``p50_s`` is reused instead of sorting again; ``with_p50=False`` leaves ``p50_s`` NaN."""
     keys = LEVEL_KEYS[level]
-    rows = []
-    for key, g in df.groupby(keys, sort=True):
-        if len(g) < min_samples:
-            continue
-        w = g["weight"].to_numpy()
-        key = key if isinstance(key, tuple) else (key,)
-        rows.append((*key, len(g), float(w.sum() ** 2 / (w ** 2).sum()),
-                     weighted_median(g["gap_after_s"].to_numpy(), w),
-                     weighted_conformal_quantile(g[value].to_numpy(), w, q)))
-    return pd.DataFrame(rows, columns=[*keys, "n", "n_eff", "p50_s", "q_z"])
+    columns = [*keys, "n", "n_eff", "p50_s", "q_z"]
+    if df.empty:
+        return pd.DataFrame(columns=columns)
+    grouped = df.groupby(keys, sort=True, observed=True)
+    codes = grouped.ngroup().to_numpy()
+    size = grouped.size()
+    n_groups = len(size)
+    w = df["weight"].to_numpy(dtype=float)
+    sw = np.bincount(codes, weights=w, minlength=n_groups)
+    sw2 = np.bincount(codes, weights=w * w, minlength=n_groups)
+    table = size.rename("n").reset_index()
+    table["n_eff"] = sw ** 2 / sw2
+    keep = (table["n"] >= min_samples).to_numpy()
+    if p50 is not None or not with_p50:
+        table["p50_s"] = np.nan
+        if p50 is not None:
+            table.loc[keep, "p50_s"] = p50["p50_s"].to_numpy(dtype=float)
+    else:
+        table["p50_s"] = grouped_weighted_quantile(codes, df["gap_after_s"].to_numpy(dtype=float), w,
+                                                   0.5, 0.0, n_groups, tol=0.0)
+    table["q_z"] = (grouped_weighted_quantile(codes, df[value].to_numpy(dtype=float), w, q, 1.0, n_groups)
+                    if value is not None else np.nan)
+    return table[keep].reset_index(drop=True)[columns]
+
+
+def _lookup_codes(df: pd.DataFrame, table: pd.DataFrame, keys: list[str], column: str) -> np.ndarray | None:
+    """``table[column]`` at each row's ``keys`` through the categorical codes the rows and the
+    table share (a dense array indexed by the mixed-radix code: no join); None when a key column
+    is not categorical in both, or their categories differ, or the code space is too large."""
+    sizes = []
+    for k in keys:
+        a, b = df[k].dtype, table[k].dtype
+        if not (isinstance(a, pd.CategoricalDtype) and isinstance(b, pd.CategoricalDtype)
+                and a.categories.equals(b.categories)):
+            return None
+        sizes.append(len(a.categories))
+    if int(np.prod(sizes, dtype=np.int64)) > 5_000_000:
+        return None
+
+    def flat(frame: pd.DataFrame) -> np.ndarray | None:
+        code = np.zeros(len(frame), dtype=np.int64)
+        for k, size in zip(keys, sizes):
+            c = frame[k].cat.codes.to_numpy(dtype=np.int64)
+            if len(c) and c.min() < 0:  # a missing key: let the join handle it
+                return None
+            code = code * size + c
+        return code
+    rows, at = flat(df), flat(table)
+    if rows is None or at is None:
+        return None
+    dense = np.full(int(np.prod(sizes, dtype=np.int64)), np.nan)
+    dense[at] = table[column].to_numpy(dtype=float)
+    return dense[rows]
 
 
 def _json_safe(value: Any) -> Any:
@@ -170,11 +239,25 @@ class IdleGapModel(IdleGapTable, BaseEstimator):
 
     def _tables(self, train: pd.DataFrame, prior_weight: float | None) -> dict[str, pd.DataFrame]:
         """Entries of every level fit on ``train`` (gap rows, sorted, with ``weight``)."""
-        med = {lv: _level_table(train.assign(z=train["gap_after_s"]), lv, "z", 0.5, self.min_samples)
-               for lv in LEVELS}
-        train = train.assign(med=self._row_values(train, med, "agent", "p50_s"))
-        train = train.assign(z=train["gap_after_s"] / session_factors(train, train["med"].to_numpy(), prior_weight))
-        return {lv: _level_table(train, lv, "z", self.quantile, self.min_samples) for lv in LEVELS}
+        return self._tables_by_prior(train, (prior_weight,), full=True)[prior_weight]
+
+    def _tables_by_prior(self, train: pd.DataFrame, prior_weights: Sequence[float | None],
+                         full: bool = False) -> dict[Any, dict[str, pd.DataFrame]]:
+        """:meth:`_tables` for several prior weights of the same ``train``: the medians (which do
+        not depend on the prior weight) are computed once and reused. ``full`` also computes the
+        tool level's median (recorded in the profile; the served TTL never reads it)."""
+        arrival = [lv for lv in LEVELS if lv != "tool"]
+        med = {lv: _level_table(train, lv, None, 0.5, self.min_samples) for lv in arrival}
+        med["tool"] = pd.DataFrame(columns=[*LEVEL_KEYS["tool"], "p50_s"])
+        med_row = self._row_values(train, med, "agent", "p50_s")
+        out = {}
+        for w in prior_weights:
+            t = train.assign(z=train["gap_after_s"] / session_factors(train, med_row, w))
+            out[w] = {lv: _level_table(t, lv, "z", self.quantile, self.min_samples,
+                                       p50=med[lv] if lv != "tool" else None,
+                                       with_p50=lv != "tool" or full)
+                      for lv in LEVELS}
+        return out
 
     def _row_values(self, df: pd.DataFrame, tables: Mapping[str, pd.DataFrame], level: str,
                     column: str) -> np.ndarray:
@@ -185,7 +268,9 @@ class IdleGapModel(IdleGapTable, BaseEstimator):
             if t.empty:
                 continue
             keys = LEVEL_KEYS[lv]
-            vals = df[keys].merge(t[[*keys, column]], on=keys, how="left")[column].to_numpy(dtype=float)
+            vals = _lookup_codes(df, t, keys, column)
+            if vals is None:  # plain string keys: a left join
+                vals = df[keys].merge(t[[*keys, column]], on=keys, how="left")[column].to_numpy(dtype=float)
             out = np.where(np.isnan(out), vals, out)
         return out
 
@@ -224,7 +309,7 @@ class IdleGapModel(IdleGapTable, BaseEstimator):
         scores = {}
         for h in cands:
             tr = train.assign(weight=recency_weights(train["rank"].to_numpy(), cut, h))
-            tables = self._tables(tr[tr["gap_after_s"].notna()], None)
+            tables = self._tables_by_prior(tr[tr["gap_after_s"].notna()], (None,))[None]
             scores[h] = self._score(val, self._predict_rows(val, tables, "agent", None))
         return self._pick(scores), {str(k): list(v) for k, v in scores.items()}
 
@@ -239,8 +324,9 @@ class IdleGapModel(IdleGapTable, BaseEstimator):
                                                     for lv in LEVELS for w in self.prior_weights}
         for f in range(k):
             tr, va = g[(fold != f)], g[fold == f]
+            by_prior = self._tables_by_prior(tr[tr["gap_after_s"].notna()], self.prior_weights)
             for w in self.prior_weights:
-                tables = self._tables(tr[tr["gap_after_s"].notna()], w)
+                tables = by_prior[w]
                 for lv in LEVELS:
                     preds[(lv, w)][fold == f] = self._predict_rows(va, tables, lv, w)
         return {key: self._score(g, p) for key, p in preds.items()}
@@ -254,8 +340,10 @@ class IdleGapModel(IdleGapTable, BaseEstimator):
         df.loc[df["gap_after_s"] < 0, "gap_after_s"] = np.nan
         df["rank"] = workflow_ranks(df) if len(df) else pd.Series(dtype=float)
         df = df.sort_values(["workflow_type_id", "workflow_id", "call_index"], kind="stable").reset_index(drop=True)
+        # categorical keys (categories sorted like the strings): groupby and merges take codes
+        df = df.astype({"workflow_type_id": "category", "agent_id": "category", "tool": "category"})
         self.workflow_types_: dict[str, dict[str, Any]] = {}
-        for wt, g in df.groupby("workflow_type_id", sort=True):
+        for wt, g in df.groupby("workflow_type_id", sort=True, observed=True):
             g = g.reset_index(drop=True)
             n_wf = int(g["workflow_id"].nunique())
             gaps = int(g["gap_after_s"].notna().sum())
@@ -318,6 +406,8 @@ class IdleGapModel(IdleGapTable, BaseEstimator):
         df["tool"] = df["tool"].fillna("").astype(str)
         df["_row"] = np.arange(len(df))
         df = df.sort_values(["workflow_type_id", "workflow_id", "call_index"], kind="stable").reset_index(drop=True)
+        # categorical keys (categories sorted like the strings): groupby and merges take codes
+        df = df.astype({"workflow_type_id": "category", "agent_id": "category", "tool": "category"})
         out = np.full(len(df), np.nan)
         for wt, g in df.groupby("workflow_type_id", sort=False):
             info = self.workflow_types_.get(wt)

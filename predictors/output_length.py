@@ -11,7 +11,9 @@ narrowest whose coverage on held-out workflows (K-fold *by workflow*) reaches no
 (:mod:`predictors.band_selection` has the candidates, the tolerance and the rule;
 :mod:`predictors.quantile_tree` the conditional model). No call-count threshold decides: a band
 is wider than its parent's only when validation rejects the parent. Each entry records what was
-chosen and why (``selection``: held-out coverage and width of every candidate). An agent that
+chosen and why (``selection``: held-out coverage and width of every candidate). Then one
+miscoverage budget is shared over the whole log (:meth:`OutputLengthIntervals._allocate`): the
+pooled held-out coverage is held to nominal and spent where bands are widest. An agent that
 cannot be validated (fewer than 3 calls, or all in one workflow) is *degenerate*: it is served
 its parent's entry and ``fallback_reason`` says why.
 
@@ -141,6 +143,8 @@ class OutputLengthIntervals(OutputBands, BaseEstimator):
     max_output_tokens : a hard cap on any length (the request's ``max_tokens`` or the context
         limit) when known; else the ceiling is twice the largest observed length.
     random_state : seed of the fold assignment and the subsamples.
+    shared_budget : after the per-agent choice, share one miscoverage budget over the whole log
+        (:meth:`_allocate`); False keeps every agent at its own 1 − α.
 
     Fitted attributes: ``global_``, ``workflow_types_``, ``agents_`` (dicts of entries),
     ``n_conditional_`` (agents served by the conditional model). Serving (``lookup``,
@@ -150,8 +154,10 @@ class OutputLengthIntervals(OutputBands, BaseEstimator):
 
     def __init__(self, coverage: float = 0.99, min_calls: int = 50, conditional: bool = True,
                  cond_min_calls: int = 30, cond_max_samples: int = 3000, n_folds: int = 5,
-                 max_output_tokens: int | None = None, random_state: int = 0):
+                 max_output_tokens: int | None = None, random_state: int = 0,
+                 shared_budget: bool = True):
         self.coverage = coverage
+        self.shared_budget = shared_budget
         self.min_calls = min_calls
         self.conditional = conditional
         self.cond_min_calls = cond_min_calls
@@ -168,20 +174,26 @@ class OutputLengthIntervals(OutputBands, BaseEstimator):
         y, fold = self._lengths_and_folds(calls)
         self.global_, g_folds = self._fit_node(y, fold, None, None, "global")
         self.workflow_types_, self.agents_ = {}, {}
-        self.n_conditional_ = 0
+        types: list[tuple] = []
         for wt, wt_idx in calls.groupby("workflow_type_id", sort=True).indices.items():
             wt_entry, wt_folds = self._fit_node(y[wt_idx], fold[wt_idx], self.global_, g_folds,
                                                 "workflow_type")
             self.workflow_types_[wt] = wt_entry
-            per_agent = {}
+            per_agent, rows_of = {}, {}
             sub = calls.iloc[wt_idx]
             for agent, a_idx in sub.groupby("agent_id", sort=True).indices.items():
                 rows = wt_idx[a_idx]
                 entry, _ = self._fit_node(y[rows], fold[rows], wt_entry, wt_folds, "agent",
                                           frame=calls.iloc[rows] if self.conditional else None)
-                self.n_conditional_ += entry.get("conditional") is not None
                 per_agent[agent] = entry
+                rows_of[agent] = rows
+            types.append((wt_entry, wt_folds, y[wt_idx], fold[wt_idx], per_agent,
+                          {a: (y[r], fold[r]) for a, r in rows_of.items()}))
             self.agents_[wt] = per_agent
+        if self.shared_budget:
+            self._allocate(types, g_folds)
+        self.n_conditional_ = sum(e.get("conditional") is not None
+                                  for agents in self.agents_.values() for e in agents.values())
         return self
 
     def _lengths_and_folds(self, calls: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
@@ -267,6 +279,130 @@ class OutputLengthIntervals(OutputBands, BaseEstimator):
         if marginal == "parent":
             served = {k: (lo_, min(hi_, ceiling)) for k, (lo_, hi_) in served.items()}
         return entry, served
+
+    def _allocate(self, types: list[tuple], g_folds: dict) -> None:
+        """Spend one miscoverage budget over the whole log where bands are widest.
+
+        What a caller and ``profiler eval`` measure is the coverage over all calls, so the pooled
+        held-out coverage, not each agent's, is held to nominal: every agent (and, per workflow
+        type, the agents served their parent's band, as one group) picks one option — its
+        validated choice at nominal, its workflow type's band, the global band, or its
+        order-statistic band at another level of :data:`band_selection.BUDGET_LEVELS` — so that
+        the summed held-out misses stay within the budget of all N held-out calls
+        (:func:`band_selection.budget_misses`) and the summed held-out width is least
+        (:func:`band_selection.allocate_budget`). A heavy-tailed agent then gives up a little of
+        its own coverage and the narrow ones keep theirs. "Every agent at its validated choice",
+        "every agent at its type's band" and "every agent at the global band" are all in the
+        search, so the log is never served a configuration that validation says is wider than
+        those at nominal coverage.
+
+        ``types``: per workflow type (wt entry, its band per fold, its lengths and folds, its
+        agents' entries, each agent's (lengths, folds))."""
+        cov, cap = self.coverage, self.max_output_tokens
+        g = self.global_
+        groups: list[dict[str, Any]] = []
+        for wt_entry, wt_folds, y_t, fold_t, per_agent, data in types:
+            degenerate = [a for a, e in per_agent.items() if e.get("fallback_reason")]
+            own = [a for a in per_agent if a not in degenerate]
+            for agent in own:
+                e, (ya, fa) = per_agent[agent], data[agent]
+                sel = e["selection"]
+                n_val = int(sel.get("n_val") or 0)
+                if n_val == 0:
+                    return
+                menu = {("keep:" if name == sel["chosen"] else "") + name:
+                        (bs.charged_misses(int(round((1 - v["coverage"]) * n_val)), n_val, cov),
+                         v["mean_width"] * n_val)
+                        for name, v in sel["candidates"].items() if name in (sel["chosen"], "parent")}
+                menu.update(self._level_scores(ya, fa, ya, fa))
+                if e["level"] != "global":
+                    menu["global"] = self._served_scores(ya, fa, g_folds, g, cov)
+                groups.append({"agents": [agent], "own": True, "menu": menu, "y": ya,
+                               "wt_entry": wt_entry, "per_agent": per_agent, "n": len(ya)})
+            if degenerate:
+                ya = np.concatenate([data[a][0] for a in degenerate])
+                fa = np.concatenate([data[a][1] for a in degenerate])
+                menu = {"keep:parent": self._served_scores(ya, fa, wt_folds, wt_entry, cov)}
+                menu.update(self._level_scores(y_t, fold_t, ya, fa))
+                if wt_entry["level"] != "global":
+                    menu["global"] = self._served_scores(ya, fa, g_folds, g, cov)
+                groups.append({"agents": degenerate, "own": False, "menu": menu, "y": y_t,
+                               "wt_entry": wt_entry, "per_agent": per_agent, "n": len(ya)})
+        total = sum(gr["n"] for gr in groups)
+        if not groups or total == 0:
+            return
+        budget = bs.budget_misses(total, cov)
+        found = bs.allocate_budget([gr["menu"] for gr in groups], budget)
+        if found is None:
+            return
+        choices, misses, width = found
+
+        def config_width(prefix: str) -> float | None:
+            picks = [[v for k, v in gr["menu"].items() if k.startswith(prefix)] for gr in groups]
+            return sum(min(p, key=lambda t: t[1])[1] for p in picks) / total if all(picks) else None
+        note = {"calls": int(total), "budget_misses": budget, "held_out_misses": int(misses),
+                "held_out_mean_width": width / total,
+                "held_out_mean_width_at_nominal": config_width("keep:"),
+                "held_out_mean_width_global": config_width("global") if all(
+                    "global" in gr["menu"] for gr in groups) else None}
+        for gr, choice in zip(groups, choices):
+            per_agent, wt_entry = gr["per_agent"], gr["wt_entry"]
+            if choice.startswith("keep:"):
+                for a in gr["agents"]:
+                    per_agent[a]["selection"]["budget"] = {**note, "option": choice[5:]}
+                continue
+            m, w = gr["menu"][choice]
+            n_group = max(gr["n"], 1)
+            ceiling = bs.ceiling_of(gr["y"], cap)
+            if choice in ("parent", "global"):
+                src = wt_entry if choice == "parent" else g
+                lo, hi, level_name = src["lo"], min(src["hi"], ceiling), src["level"]
+                why = f"shared coverage budget: the {'workflow type' if choice == 'parent' else 'global'} band"
+            else:
+                level = float(choice.split("@")[1])
+                lo, hi = bs.order_stat_band(gr["y"], level, ceiling)
+                level_name = "agent" if gr["own"] else wt_entry["level"]
+                why = f"shared coverage budget: order statistics at {level:g}"
+            for a in gr["agents"]:
+                e = per_agent[a]
+                # a degenerate agent keeps method "parent": its band is its workflow type's data
+                e.update(lo=int(lo), hi=int(max(hi, lo)), conditional=None, level=level_name,
+                         method=choice if gr["own"] else "parent")
+                e["selection"]["chosen"] = choice
+                e["selection"]["reason"] = f"{why} (held-out coverage {1 - m / n_group:.3f} of {n_group:,} calls)"
+                e["selection"]["budget"] = {**note, "option": choice, "group_misses": int(m),
+                                            "group_mean_width": w / n_group}
+
+    @staticmethod
+    def _served_scores(y: np.ndarray, fold: np.ndarray, folds: dict, entry: dict, cov: float
+                       ) -> tuple[int, float]:
+        """Held-out (charged misses, width sum) on ``y`` of a band served per fold."""
+        miss = width = 0.0
+        for k in np.unique(fold):
+            lo, hi = folds.get(int(k), (entry["lo"], entry["hi"]))
+            te = y[fold == k]
+            miss += int(np.sum((te < lo) | (te > hi)))
+            width += (hi - lo) * len(te)
+        return bs.charged_misses(int(miss), len(y), cov), float(width)
+
+    def _level_scores(self, y_fit: np.ndarray, f_fit: np.ndarray, y_val: np.ndarray, f_val: np.ndarray
+                      ) -> dict[str, tuple[int, float]]:
+        """Held-out (misses, width sum) on ``y_val`` of the order-statistic band of ``y_fit`` at
+        each level of :data:`band_selection.BUDGET_LEVELS`, fold by fold (per fold one partition
+        for every level's ranks and one sort of the held-out lengths)."""
+        levels = bs.BUDGET_LEVELS
+        miss, width = np.zeros(len(levels)), np.zeros(len(levels))
+        for k in np.unique(f_val):
+            ytr = y_fit[f_fit != k]
+            if len(ytr) == 0:
+                return {}
+            te = np.sort(y_val[f_val == k])
+            ceiling = bs.ceiling_of(ytr, self.max_output_tokens)
+            for i, (lo, hi) in enumerate(bs.order_stat_bands(ytr, levels, ceiling)):
+                miss[i] += np.searchsorted(te, lo, "left") + len(te) - np.searchsorted(te, hi, "right")
+                width[i] += (hi - lo) * len(te)
+        return {f"order_stat@{level:g}": (bs.charged_misses(int(m), len(y_val), level), float(w))
+                for level, m, w in zip(levels, miss, width)}
 
     def _conditional_cv(self, X: np.ndarray, y: np.ndarray, fold: np.ndarray, ks: np.ndarray,
                         scores: bs.FoldScores) -> np.ndarray | None:

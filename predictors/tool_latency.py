@@ -16,7 +16,8 @@ narrowest reaching the quantile, else the best covered), so an older release doe
 """
 from __future__ import annotations
 
-from typing import Any
+import math
+from typing import Any, Sequence
 
 import numpy as np
 import pandas as pd
@@ -37,6 +38,27 @@ def fit_lognormal(latencies: np.ndarray) -> dict[str, float]:
     sigma = max(float(sigma), 1e-6)
     ks = float(stats.kstest(x, "lognorm", args=(sigma, 0, scale)).statistic)
     return {"mu": float(np.log(scale)), "sigma": sigma, "ks": ks}
+
+
+def ks_lognormal_sorted(xs: np.ndarray, mu: float, sigma: float) -> float:
+    """Kolmogorov–Smirnov distance of the *sorted* sample ``xs`` to LN(μ, σ²): the statistic
+    ``scipy.stats.kstest`` computes, without sorting again."""
+    n = len(xs)
+    cdf = stats.lognorm.cdf(xs, sigma, 0, np.exp(mu))
+    i = np.arange(n, dtype=float)
+    return float(max(np.max((i + 1) / n - cdf), np.max(cdf - i / n)))
+
+
+def sorted_weighted_quantiles(xs: np.ndarray, ws: np.ndarray, qs: Sequence[float]) -> list[float]:
+    """:func:`predictors.idle_gap.weighted_conformal_quantile` (``w_new = 0``) at several ``qs``
+    of a sample already sorted by value (``ws`` in the same order): one cumulative sum."""
+    cw = np.cumsum(ws)
+    share = cw / cw[-1]
+    out = []
+    for q in qs:
+        k = int(np.searchsorted(share, q - 1e-12))
+        out.append(float(xs[k]) if k < len(xs) else math.inf)
+    return out
 
 
 class ToolLatencyModel(ToolLatencyTable, BaseEstimator):
@@ -72,9 +94,11 @@ class ToolLatencyModel(ToolLatencyTable, BaseEstimator):
             lx = np.log(np.maximum(x, MIN_LATENCY_S))
             mu = float(np.average(lx, weights=w))
             sigma = max(float(np.sqrt(np.average((lx - mu) ** 2, weights=w))), 1e-6)
-            ks = float(stats.kstest(np.maximum(x, MIN_LATENCY_S), "lognorm", args=(sigma, 0, np.exp(mu))).statistic)
+            order = np.argsort(x, kind="stable")  # one sort for the KS distance and 4 quantiles
+            xs = x[order]
+            ks = ks_lognormal_sorted(np.maximum(xs, MIN_LATENCY_S), mu, sigma)
             fit = {"mu": mu, "sigma": sigma, "ks": ks}
-            emp = [weighted_conformal_quantile(x, w, q, 0.0) for q in (0.5, 0.95, 0.99, self.ttl_quantile)]
+            emp = sorted_weighted_quantiles(xs, w[order], (0.5, 0.95, 0.99, self.ttl_quantile))
         poor = fit["ks"] > self.ks_threshold
         if poor:
             served = emp
@@ -93,7 +117,7 @@ class ToolLatencyModel(ToolLatencyTable, BaseEstimator):
     def _fit_tools(self, df: pd.DataFrame) -> dict[str, dict[str, Any]]:
         """{tool: entry} of one workflow type's rows (``weight`` column optional)."""
         out = {}
-        for tool, g in df.groupby("tool_name", sort=True):
+        for tool, g in df.groupby("tool_name", sort=True, observed=True):
             if len(g) >= self.min_samples:
                 w = g["weight"].to_numpy() if "weight" in g else None
                 out[tool] = self._entry(g["latency_s"].to_numpy(), w)
@@ -109,7 +133,7 @@ class ToolLatencyModel(ToolLatencyTable, BaseEstimator):
         scores = {}
         for h in self.half_lives:
             tools = self._fit_tools(train.assign(weight=recency_weights(train["rank"].to_numpy(), cut, h)))
-            p95 = val["tool_name"].map({t: e["p95_s"] for t, e in tools.items()}).to_numpy(dtype=float)
+            p95 = val["tool_name"].astype(object).map({t: e["p95_s"] for t, e in tools.items()}).to_numpy(dtype=float)
             ok = ~np.isnan(p95)
             if ok.any():
                 x = val["latency_s"].to_numpy()[ok]
@@ -124,12 +148,14 @@ class ToolLatencyModel(ToolLatencyTable, BaseEstimator):
         ``workflow_id`` and ``t_start`` too, recency weighting per workflow type (module doc)."""
         df = tool_calls.dropna(subset=["latency_s"])
         df = df[df["latency_s"] >= 0]
+        # categorical keys: groupby and row selection take codes, not (Arrow) strings
+        df = df.astype({c: "category" for c in ("workflow_type_id", "tool_name") if c in df.columns})
         self.tools_ = {}
         self.half_life_: dict[str, float | None] = {}
         drift = len(self.half_lives) > 1 and {"workflow_id", "t_start"} <= set(df.columns) and len(df)
         if drift:
             df = df.assign(rank=workflow_ranks(df.assign(t_arrival=df["t_start"])).to_numpy())
-        for wt, g in df.groupby("workflow_type_id", sort=True):
+        for wt, g in df.groupby("workflow_type_id", sort=True, observed=True):
             if drift:
                 h = self._choose_half_life(g)
                 self.half_life_[wt] = h
@@ -139,7 +165,7 @@ class ToolLatencyModel(ToolLatencyTable, BaseEstimator):
                 self.tools_[wt] = tools
         self.global_tools_ = {
             tool: self._entry(g["latency_s"].to_numpy())
-            for tool, g in df.groupby("tool_name", sort=True) if len(g) >= self.min_samples
+            for tool, g in df.groupby("tool_name", sort=True, observed=True) if len(g) >= self.min_samples
         }
         return self
 

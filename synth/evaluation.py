@@ -18,6 +18,8 @@ For every held-out workflow the session is replayed call by call through
   automaton (``known_share``), with its expected remaining calls. ``baselines`` (first-order and plain variable-order Markov top-1, position
   median remaining calls, :mod:`synth.markov_baselines`) are scored on the same calls;
   ``baseline_mae`` is the position-only mean's error on the automaton's calls.
+  ``baselines_log_loss`` gives the two Markov baselines' log-loss (add-one smoothed, see
+  :mod:`synth.markov_baselines`) on the same calls.
 * **acceptance**: share of workflows whose whole sequence is accepted by the pruned PFA (step
   symbols), by the bounded regex parsed back into an NFA (calls), and by the session tracker
   (call by call on the counting session automaton: never left it and ended where the workflow
@@ -27,7 +29,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, fields
-from typing import Sequence
+from typing import Mapping, Sequence
 
 from synth.markov_baselines import BaselinePredictor
 
@@ -59,6 +61,9 @@ class PathScores:
     baseline_events: int = 0
     markov1_correct: int = 0
     markov_vo_correct: int = 0
+    markov1_log_loss_sum: float = 0.0
+    markov_vo_log_loss_sum: float = 0.0
+    markov_vo_log_loss_events: int = 0
     position_median_abs_error: float = 0.0
     baseline_calls: int = 0
 
@@ -77,6 +82,10 @@ class PathScores:
                                "markov1": ratio(self.markov1_correct, self.baseline_events),
                                "markov_vo": ratio(self.markov_vo_correct,
                                                   self.baseline_events)},
+                           "baselines_log_loss": {
+                               "markov1": ratio(self.markov1_log_loss_sum, self.baseline_events),
+                               "markov_vo": ratio(self.markov_vo_log_loss_sum,
+                                                  self.markov_vo_log_loss_events)},
                            "n": self.next_total,
                            "step_top1_accuracy": ratio(self.step_correct, self.step_total),
                            "n_steps": self.step_total},
@@ -100,8 +109,10 @@ class PathScores:
 
 
 def score_sequences(section: dict, sequences: Sequence[WorkflowSequence],
-                    paths: WorkflowPaths | None = None) -> PathScores:
-    """Replay held-out ``sequences`` against one workflow type's section."""
+                    paths: WorkflowPaths | None = None,
+                    tools: Mapping[str, Sequence[str]] | None = None) -> PathScores:
+    """Replay held-out ``sequences`` against one workflow type's section (``tools``: workflow
+    id → first tool name of each call, for a remaining-work model over tool names)."""
     paths = paths or WorkflowPaths.from_section(section)
     pfa = PFA.from_dict(section["pfa"])
     stepper = PFA.from_dict(section.get("session_pfa") or section["pfa"])
@@ -124,6 +135,7 @@ def score_sequences(section: dict, sequences: Sequence[WorkflowSequence],
         if seq.calls not in regex_memo:
             regex_memo[seq.calls] = paths.regex_accepts(seq.calls)
         scores.regex_accepted += regex_memo[seq.calls]
+        tool_seq = tuple((tools or {}).get(seq.workflow_id, ()))
         states = paths.track(seq.calls)
         last = states[-1] if states else paths.start()
         scores.session_accepted += paths.is_accepting(last)
@@ -131,7 +143,7 @@ def score_sequences(section: dict, sequences: Sequence[WorkflowSequence],
             scores.calls += 1
             remaining = n - 1 - i
             history = seq.calls[:i + 1]
-            pred = paths.predict_at(state, history, i + 1) if modelled else None
+            pred = paths.predict_at(state, history, i + 1, tool_seq[:i + 1]) if modelled else None
             if i < n - 1:
                 actual = seq.calls[i + 1]
                 scores.next_total += 1
@@ -148,6 +160,11 @@ def score_sequences(section: dict, sequences: Sequence[WorkflowSequence],
                     scores.baseline_events += 1
                     scores.markov1_correct += base.markov1(history) == actual
                     scores.markov_vo_correct += base.markov_vo(history) == actual
+                    scores.markov1_log_loss_sum -= math.log(max(base.markov1_probability(history, actual), 1e-6))
+                    p_vo = base.markov_vo_probability(history, actual)
+                    if p_vo is not None:
+                        scores.markov_vo_log_loss_events += 1
+                        scores.markov_vo_log_loss_sum -= math.log(max(p_vo, 1e-6))
             if base is not None:
                 scores.baseline_calls += 1
                 scores.position_median_abs_error += abs(base.position_median(i) - remaining)

@@ -12,6 +12,13 @@ keeps what they need in compact form:
   dropped only when more than ``max_contexts`` remain (recorded in ``min_count``).
 * ``position_median``: median remaining calls after the i-th call of a workflow.
 
+**Log-loss.** Both Markov baselines also give a probability of the actual next agent, for the
+log-loss column beside ours: add-one (Laplace) smoothing over the agents seen in training and END
+at the context that predicts (the previous symbol; the longest context seen), p = (c(h, y) + 1) /
+(c(h) + V). END stays in the distribution (as in ours, which predicts ``p_end``), so a one-agent
+workflow does not get p = 1 for free. ``markov_vo`` stores its contexts' counts for this (``counts``); a profile written
+before has only the arg-max and gives no log-loss.
+
 END is not a candidate: the baselines are scored, like the model, on "which agent calls
 next" after every call but the last.
 """
@@ -38,7 +45,7 @@ def fit_baselines(sequences: Sequence[Sequence[str]], weights: Sequence[float],
     """The ``baselines`` block of a workflow section (see the module docstring)."""
     first: dict[str, Counter] = defaultdict(Counter)
     for seq, w in zip(sequences, weights):
-        for prev, nxt in zip((START, *seq), seq):
+        for prev, nxt in zip((START, *seq), (*seq, END)):
             first[prev][nxt] += w
     counts = context_counts(sequences, weights, VO_ORDER)
     totals = {h: sum(c for y, c in row.items() if y != END) for h, row in counts.items()}
@@ -60,7 +67,9 @@ def fit_baselines(sequences: Sequence[Sequence[str]], weights: Sequence[float],
     return {"markov1": {prev: {y: round(float(c), 6) for y, c in row.items()}
                         for prev, row in first.items()},
             "markov_vo": {"min_count": min_count,
-                          "argmax": {SEP.join(h): _argmax(counts[h]) for h in kept}},
+                          "argmax": {SEP.join(h): _argmax(counts[h]) for h in kept},
+                          "counts": {SEP.join(h): {y: round(float(c), 6) for y, c in counts[h].items()
+                                                   if c > 0} for h in kept}},
             "position_median": medians}
 
 
@@ -74,7 +83,39 @@ class BaselinePredictor:
             overall.update(row)
         self.overall = _argmax(dict(overall))
         self.vo = block["markov_vo"]["argmax"]
+        self.vo_counts = block["markov_vo"].get("counts")
+        self.counts1 = {prev: dict(row) for prev, row in block["markov1"].items()}
+        self.vocab = {y for row in self.counts1.values() for y in row} | {END}
         self.position = block["position_median"]
+
+    def _laplace(self, row: dict[str, float] | None, actual: str) -> float:
+        """(c(h, y) + 1) / (c(h) + V) over the V training agents (an agent never seen in
+        training: one more symbol in the denominator)."""
+        row = row or {}
+        v = len(self.vocab) + (actual not in self.vocab)
+        return (row.get(actual, 0.0) + 1.0) / (sum(row.values()) + v)
+
+    def markov1_probability(self, history: Sequence[str], actual: str) -> float:
+        """P(actual | previous symbol), add-one smoothed (the overall counts for an unseen one)."""
+        prev = history[-1] if history else START
+        row = self.counts1.get(prev)
+        if row is None:
+            row = {}
+            for r in self.counts1.values():
+                for y, c in r.items():
+                    row[y] = row.get(y, 0.0) + c
+        return self._laplace(row, actual)
+
+    def markov_vo_probability(self, history: Sequence[str], actual: str) -> float | None:
+        """P(actual | longest context seen), add-one smoothed; None for an older profile."""
+        if self.vo_counts is None:
+            return None
+        full = (START, *history)
+        for k in range(min(VO_ORDER, len(full)), -1, -1):
+            row = self.vo_counts.get(SEP.join(full[len(full) - k:]))
+            if row:
+                return self._laplace(row, actual)
+        return self._laplace({}, actual)
 
     def markov1(self, history: Sequence[str]) -> str | None:
         prev = history[-1] if history else START

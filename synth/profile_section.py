@@ -38,6 +38,8 @@ from synth.evaluation import PathScores, score_sequences
 from synth.fit import DEFAULT_ALPHA, DEFAULT_PRUNE, fit_sequences
 from synth.prompts import evaluate_templates, load_text_workflows
 from synth.regex_synth import LOOP_QUANTILES
+from synth.remaining import RemainingWork
+from synth.sequence_select import is_position_median, select_remaining
 from synth.sequences import (load_sequence_counts, load_sequences, symbol_expression,
                              workflow_counts)
 from synth.session import WorkflowPaths
@@ -80,6 +82,7 @@ def build_workflows_section(con: duckdb.DuckDBPyConnection, options: dict[str, A
     max_workflows = DEFAULT_MAX_WORKFLOWS if max_workflows is None else int(max_workflows)
     seed = int(options.get("seed") or 0)
     timings = agent_timings(con)
+    tool_timings = agent_timings(con, "tool")
     totals = workflow_counts(con)
     sections = {}
     distinct = load_sequence_counts(con, max_workflows=max_workflows, seed=seed)
@@ -90,12 +93,50 @@ def build_workflows_section(con: duckdb.DuckDBPyConnection, options: dict[str, A
             alpha=DEFAULT_ALPHA if alpha is None else float(alpha),
             prune=DEFAULT_PRUNE if prune is None else float(prune),
             loop_quantiles=quantiles, text_workflows=text or None, counts=counts)
+        if section.get("remaining_model") and len({a for q in sequences for a in q.calls}) == 1:
+            tool_remaining(con, wt, section, tool_timings, max_workflows, seed)
         section["training_sample"] = {
             "workflows_used": section["workflows"], "workflows_total": totals.get(wt, 0),
             "distinct_paths": len(sequences),
             "max_workflows": max_workflows if max_workflows > 0 else None, "seed": seed}
         sections[wt] = section
     return sections
+
+
+def tool_remaining(con: duckdb.DuckDBPyConnection, wt: str, section: dict,
+                   tool_timings: dict[str, dict[str, tuple[float, float]]],
+                   max_workflows: int, seed: int) -> None:
+    """Where a workflow type has one agent its agent sequence says nothing but the call index;
+    the tool each call ran (``tool_names[1]``; SWE-agent's ``submit``, ``str_replace_editor``…)
+    may say more. The remaining-work model is refit over tool names and replaces the agent one
+    when its validation beat the position median by the Bonferroni bar
+    (:func:`synth.sequence_select.select_remaining`) and its validation MAE is lower than the
+    agent model's; the choice is recorded either way (``selection.tool_alphabet``)."""
+    counted = load_sequence_counts(con, wt, alphabet="tool",
+                                   max_workflows=max_workflows if max_workflows > 0 else None,
+                                   seed=seed).get(wt)
+    if not counted:
+        return
+    seqs, counts = counted
+    calls = [s.calls for s in seqs]
+    if len({t for c in calls for t in c}) < 2:
+        section["remaining_model"]["selection"]["tool_alphabet"] = {"chosen": False,
+                                                                    "reason": "one tool name (or none)"}
+        return
+    sel = select_remaining(calls, counts, seed=seed)
+    agent_mae = section["remaining_model"]["selection"].get("validation_mae")  # None: not validated
+    chosen = (not is_position_median(sel) and sel.get("validation_mae") is not None
+              and agent_mae is not None and sel["validation_mae"] < agent_mae)
+    summary = {"chosen": bool(chosen), "validation_mae": sel.get("validation_mae"),
+               "agent_validation_mae": agent_mae,
+               "order": sel.get("order"), "position": sel.get("position")}
+    if not chosen:
+        section["remaining_model"]["selection"]["tool_alphabet"] = summary
+        return
+    model = RemainingWork(order=sel["order"], position=sel["position"], min_n=sel["min_n"],
+                          point=sel["point"]).fit(calls, counts, tool_timings.get(wt, {}))
+    section["remaining_model"] = {**model.to_dict(), "alphabet": "tool",
+                                  "selection": {**sel, "tool_alphabet": summary}}
 
 
 def evaluate_workflows(profile: Any, con: duckdb.DuckDBPyConnection) -> dict:
@@ -120,7 +161,10 @@ def evaluate_workflows(profile: Any, con: duckdb.DuckDBPyConnection) -> dict:
             by_type[wt] = {"known": False, **unknown.summary()}
             continue
         paths = WorkflowPaths.from_section(section)
-        scores = score_sequences(section, sequences, paths)
+        tools = None
+        if paths.remaining_alphabet == "tool":
+            tools = {s.workflow_id: s.calls for s in load_sequences(con, wt, alphabet="tool").get(wt, [])}
+        scores = score_sequences(section, sequences, paths, tools=tools)
         total.add(scores)
         by_type[wt] = {"known": True, "regex": section.get("regex"), **scores.summary()}
         templates = (section.get("prompt_composition") or {}).get("template_parts")

@@ -145,7 +145,11 @@ def select_models(sequences: Sequence[Sequence[str]], counts: Sequence[int],
                          + ((1.0 - lams)[:, None, None] * pv if pv is not None else 0.0))
                 if pv is None:
                     mixed = np.broadcast_to(vecs[None], mixed.shape)
-                p = mixed[..., actual] if actual is not None else np.zeros(mixed.shape[:2])
+                if actual is not None:
+                    p = mixed[..., actual]
+                else:  # a symbol the training folds never saw: the model's novel-symbol mass
+                    novel = np.maximum(1.0 - vecs.sum(axis=-1), 0.0)[None]
+                    p = (lams[:, None] if pv is not None else np.ones((len(lams), 1))) * novel
                 loss -= w * np.log(np.maximum(p, EPS)).T
                 if t < len(seq):  # top-1 over agents, as profiler eval scores it
                     agent_events += w
@@ -154,6 +158,26 @@ def select_models(sequences: Sequence[Sequence[str]], counts: Sequence[int],
             "remaining": _remaining_cv(seqs, sub, REMAINING_FOLDS,
                                        REMAINING_REPEATS if total < REPEAT_BELOW else 1, seed),
             "folds": folds, "workflows": total}
+
+
+def select_remaining(sequences: Sequence[Sequence[str]], counts: Sequence[int],
+                     max_workflows: int = 1000, seed: int = 0) -> dict:
+    """The remaining-work choice of :func:`select_models` alone, for another alphabet of the
+    same workflows (tool names where a workflow type has a single agent)."""
+    sub = subsample(counts, max_workflows, seed)
+    keep = np.flatnonzero(sub)
+    seqs, sub = [tuple(sequences[j]) for j in keep], sub[keep]
+    total = int(sub.sum())
+    if total < REMAINING_FOLDS:
+        return {"order": 0, "position": "none", "min_n": 1, "point": "p50",
+                "reason": f"{total} workflows: too few to cross-validate"}
+    return _remaining_cv(seqs, sub, REMAINING_FOLDS,
+                         REMAINING_REPEATS if total < REPEAT_BELOW else 1, seed)
+
+
+def is_position_median(choice: Mapping) -> bool:
+    """Is this remaining-work choice the position-median baseline itself (no context, median)?"""
+    return choice.get("order") == 0 and choice.get("point") == "p50"
 
 
 def _remaining_cv(seqs: Sequence[tuple], counts: np.ndarray, folds: int, repeats: int,

@@ -55,6 +55,9 @@ class WorkflowPaths:
         remaining = section.get("remaining_model")
         self.remaining: RemainingWork | None = (
             RemainingWork.from_dict(remaining) if remaining else None)
+        #: Symbols the remaining-work model reads: "agent" (the session's agents) or "tool"
+        #: (the first tool of each call, for single-agent types; see synth.profile_section).
+        self.remaining_alphabet: str = (remaining or {}).get("alphabet", "agent")
         self._predict_cache: dict[tuple, dict] = {}
 
     @classmethod
@@ -103,12 +106,13 @@ class WorkflowPaths:
             orders.append(self.remaining.order)
         return max(orders)
 
-    def predict(self, state: PathState | None, history: Sequence[str]) -> dict | None:
+    def predict(self, state: PathState | None, history: Sequence[str],
+                tools: Sequence[str] | None = None) -> dict | None:
         """:meth:`predict_at` with the whole history of the session's calls."""
-        return self.predict_at(state, history, len(history))
+        return self.predict_at(state, history, len(history), tools)
 
     def predict_at(self, state: PathState | None, tail: Sequence[str],
-                   n_calls: int) -> dict | None:
+                   n_calls: int, tools: Sequence[str] | None = None) -> dict | None:
         """Estimates after ``n_calls`` calls whose last ones are ``tail`` (the whole history
         when shorter than :meth:`context_order`, else at least that many); ``state`` is the
         automaton state (None off the automaton).
@@ -120,12 +124,20 @@ class WorkflowPaths:
         ``remaining_calls_p90``; ``expected_remaining_s`` and ``expected_distance`` from the
         automaton while on it, else the context model's mean seconds and ``{}``. Without a
         sequence model: the automaton's estimates, None off it.
+
+        ``tools``: the first tool name of each call so far (same length as the history), read by
+        a remaining-work model over tool names (:attr:`remaining_alphabet` ``"tool"``); without
+        it such a model backs off to the call index alone (the position median).
         """
         if self.vomm is None:
             return None if state is None else self.estimates(state)
         order = self.context_order()
         tail = tuple(tail[len(tail) - order:]) if len(tail) > order else tuple(tail)
-        key = (state, tail, n_calls)
+        rem_tail = tail
+        if self.remaining is not None and self.remaining_alphabet == "tool":
+            k = self.remaining.order
+            rem_tail = tuple(tools[len(tools) - k:]) if tools and k else ()
+        key = (state, tail, n_calls, rem_tail)
         out = self._predict_cache.get(key)
         if out is not None:
             return out
@@ -137,7 +149,7 @@ class WorkflowPaths:
                                for a, q in ranked[:MAX_NEXT_AGENTS]],
                "p_end": round(float(p[-1]), 6), "on_path": state is not None}
         if self.remaining is not None and n_calls > 0:
-            rem = self.remaining.predict(tail, n_calls - 1)
+            rem = self.remaining.predict(rem_tail, n_calls - 1)
             out["expected_remaining_calls"] = rem["mean"]
             out["remaining_calls_p50"] = rem["p50"]
             out["remaining_calls_p90"] = rem["p90"]
@@ -178,7 +190,10 @@ class WorkflowPaths:
         i = self.vomm.index_of(symbol)
         order = self.context_order()
         tail = tuple(history[len(history) - order:]) if len(history) > order else tuple(history)
-        return 0.0 if i is None else float(self._next_vector(state, tail)[i])
+        if i is None:  # never seen in training: the mass the model keeps for a novel symbol
+            weight = 1.0 if state is None else min(self.mixture, 1.0)
+            return weight * self.vomm.novel_probability(tail)
+        return float(self._next_vector(state, tail)[i])
 
     # -- fleet view -------------------------------------------------------------------------
     def _projection(self, horizon: int) -> np.ndarray:

@@ -11,9 +11,12 @@ after ``h`` and ``h'`` the context one symbol shorter,
 
     P(y | h) = (c(h, y) + β·T(h)·P(y | h')) / (c(h) + β·T(h)),
 
-down to the empty context, which escapes to the uniform distribution over the vocabulary and
-END. A context never seen (or pruned) is skipped: ``P(y | h) = P(y | h')``. Every level is a
-convex combination of proper distributions, so the probabilities sum to 1. ``β`` (the escape
+down to the empty context, which escapes to the uniform distribution over the vocabulary, END
+and one more outcome, "a symbol never seen in training" (an agent created per task, as
+CaptainAgent's experts are): :meth:`VariableOrderMarkov.novel_probability` is the mass that
+outcome keeps, so a new agent gets a small probability instead of none (its log-loss is finite).
+A context never seen (or pruned) is skipped: ``P(y | h) = P(y | h')``. Every level is a
+convex combination of proper distributions, so the probabilities (novel outcome included) sum to 1. ``β`` (the escape
 scale) and ``max_order`` are chosen by cross-validation by workflow
 (:mod:`synth.sequence_select`). Contexts seen fewer than ``min_count`` times are pruned; when
 more than ``max_contexts`` remain, ``min_count`` is raised until they fit (``min_count_``
@@ -98,7 +101,7 @@ class VariableOrderMarkov:
         max_order = self.max_order if max_order is None else min(max_order, self.max_order)
         beta = self.escape if escape is None else escape
         full = (START, *history[-max_order:]) if max_order else ()
-        p = np.full(len(self.vocab_), 1.0 / len(self.vocab_))
+        p = np.full(len(self.vocab_), 1.0 / (len(self.vocab_) + 1))
         for k in range(0, max_order + 1):
             if k > len(full):
                 yield p
@@ -110,6 +113,10 @@ class VariableOrderMarkov:
                 p = p * (lam / (total + lam))
                 np.add.at(p, idx, cnt / (total + lam))
             yield p
+
+    def novel_probability(self, history: Sequence[str]) -> float:
+        """Probability that the next symbol is one never seen in training: 1 − Σ predict_proba."""
+        return max(0.0, 1.0 - float(self.predict_proba(history).sum()))
 
     def predict_proba(self, history: Sequence[str]) -> np.ndarray:
         """Probability of each symbol of :attr:`vocab_` (END last) coming next."""

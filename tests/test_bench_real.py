@@ -26,3 +26,19 @@ def test_bench_real_json_on_small_copies():
     messy = out["sets"]["messy ×2 seeds"]
     assert len(messy["result"]["folds"]) == 2  # one result per seed, aggregated
     assert messy["result"]["summary"]["output_len.coverage"]["folds"] == 2
+
+
+def test_bayes_bound_of_a_generated_workload(tmp_path):
+    """deep-research: decomposer → 2–5 researchers → summarizer, 1–3 times, then the writer.
+    The oracle's expected top-1 is the mean of max P(next | history) per scored call: 0.80."""
+    import importlib.util
+
+    from profiler.workloads import generate, write_jsonl
+    spec = importlib.util.spec_from_file_location("bench_real", REPO / "bench" / "bench_real.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    path = tmp_path / "dr.jsonl"
+    write_jsonl(generate("deep-research", 60, seed=3), path)
+    b = bench.bayes_top1("deep-research", path, n_sim=20_000)
+    assert 0.79 < b["bayes_top1_expected"] < 0.82
+    assert 0.7 < b["bayes_top1_heldout"] < 0.9

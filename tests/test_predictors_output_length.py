@@ -50,7 +50,8 @@ def test_selection_picks_the_parent_when_the_agents_own_band_is_wider():
     # "common" dominates the type; "rare" (30 calls, heavy-tailed) has no narrower band of its own
     df = frame(rng, {"common": (2, 500, 0.3)}, 100)
     rare = frame(rng, {"rare": (1, 500, 0.3)}, 30)
-    est = OutputLengthIntervals(conditional=False).fit(pd.concat([df, rare]))
+    # the per-agent rule alone (the shared budget may then move bands: tested below)
+    est = OutputLengthIntervals(conditional=False, shared_budget=False).fit(pd.concat([df, rare]))
     common, rare_e = est.agents_["app"]["common"], est.agents_["app"]["rare"]
     assert common["lo"] <= common["hi"]
     sel = rare_e["selection"]
@@ -79,7 +80,7 @@ def test_chosen_band_covers_held_out_folds_at_nominal():
     # coverage 0.9 on 600 calls: the accepted candidate's held-out misses are within
     # α(N+1) + √(Nα(1−α)) = 60.1 + 7.3
     df = frame(np.random.default_rng(8), {"a": (3, 700, 0.6)}, 200)
-    e = OutputLengthIntervals(coverage=0.9, conditional=False).fit(df).agents_["app"]["a"]
+    e = OutputLengthIntervals(coverage=0.9, conditional=False, shared_budget=False).fit(df).agents_["app"]["a"]
     v = e["selection"]["candidates"][e["selection"]["chosen"]]
     assert e["selection"]["n_val"] == 600
     assert round((1 - v["coverage"]) * 600) <= 67
@@ -128,3 +129,40 @@ def test_fit_rejects_empty_and_bad_coverage():
     df = frame(np.random.default_rng(6), {"a": (1, 100, 0.2)}, 10)
     with pytest.raises(ValueError, match="coverage"):
         OutputLengthIntervals(coverage=1.5).fit(df)
+
+
+def test_shared_budget_spends_miscoverage_on_the_heavy_tailed_agent():
+    """A narrow agent and a heavy-tailed one in one type (Magentic-One's Orchestrator and
+    WebSurfer): the type's budget, not each agent's 1 − α, is held to nominal, so the pooled
+    band is narrower than per-agent bands at nominal, and still covers new data at nominal."""
+    rng = np.random.default_rng(3)
+    agents = {"orchestrator": (6, 300, 0.3), "websurfer": (1, 900, 1.6)}
+    train, test = frame(rng, agents, 150), frame(np.random.default_rng(4), agents, 600)
+    shared = OutputLengthIntervals(conditional=False).fit(train)
+    alone = OutputLengthIntervals(conditional=False, shared_budget=False).fit(train)
+
+    def scores(est):
+        b = est.predict(test)
+        y = test.output_tokens.to_numpy()
+        return float(np.mean((y >= b[:, 0]) & (y <= b[:, 1]))), float(np.mean(b[:, 1] - b[:, 0]))
+
+    (cov_s, w_s), (cov_a, w_a) = scores(shared), scores(alone)
+    assert cov_s >= 0.98 and w_s < 0.75 * w_a, (cov_s, w_s, cov_a, w_a)
+    budget = shared.agents_["app"]["websurfer"]["selection"]["budget"]
+    assert budget["held_out_misses"] <= budget["budget_misses"]
+    assert budget["held_out_mean_width"] <= budget["held_out_mean_width_at_nominal"]
+
+
+def test_band_warnings_name_wider_bands_and_the_shared_budget():
+    from predictors.band_selection import band_warnings
+    budget = {"held_out_mean_width": 900.0, "held_out_mean_width_at_nominal": 1500.0}
+    section = {"global": {"lo": 0, "hi": 3000}, "workflow_types": {"app": {"lo": 0, "hi": 2000}},
+               "agents": {"app": {"narrow": {"lo": 10, "hi": 500, "selection": {"budget": budget}},
+                                  "tail": {"lo": 5, "hi": 4000, "selection": {"budget": budget}},
+                                  "odd": {"lo": 0, "hi": 2500}}}}
+    warn = band_warnings(section)
+    assert ("app", "narrow") not in warn
+    assert any("workflow type's band (3,995 > 2,000" in n for n in warn[("app", "tail")])
+    assert any("global band" in n for n in warn[("app", "tail")])
+    assert any("shared coverage budget" in n and "900 vs 1,500" in n for n in warn[("app", "tail")])
+    assert not any("budget" in n for n in warn[("app", "odd")])

@@ -18,14 +18,15 @@ from synth.vomm import END, VariableOrderMarkov
 
 def test_witten_bell_by_hand():
     # one sequence "a b": contexts () -> {a:1, b:1, $:1}; (^,) -> {a:1}; (a,) -> {b:1};
-    # (b,) -> {$:1}. Vocab [a, b, $], uniform 1/3.
+    # (b,) -> {$:1}. Vocab [a, b, $] plus the novel-symbol slot: uniform 1/4.
     m = VariableOrderMarkov(max_order=1).fit([["a", "b"]])
     assert m.vocab_ == ["a", "b", END]
-    # order 0: (c(y) + T·1/3) / (c + T) with c = 3, T = 3 -> (1 + 1) / 6 = 1/3 each
-    # after "a": (c(a,y) + T·P0(y)) / (c + T) with c = 1, T = 1 -> b: (1 + 1/3) / 2 = 2/3
+    # order 0: (c(y) + T·1/4) / (c + T) with c = 3, T = 3 -> (1 + 3/4) / 6 = 7/24 each, novel 1/8
+    # after "a": (c(a,y) + T·P0(y)) / (c + T) with c = 1, T = 1 -> b: (1 + 7/24) / 2 = 31/48
     p = m.distribution(["a"])
-    assert p["b"] == pytest.approx(2 / 3) and p["a"] == pytest.approx(1 / 6)
-    assert p[END] == pytest.approx(1 / 6)
+    assert p["b"] == pytest.approx(31 / 48) and p["a"] == pytest.approx(7 / 48)
+    assert p[END] == pytest.approx(7 / 48)
+    assert m.novel_probability(["a"]) == pytest.approx(1 / 16)  # an agent never seen: > 0
     # after "b" END is the likely next symbol: p_end predicted
     assert max(m.distribution(["b"]).items(), key=lambda kv: kv[1])[0] == END
 
@@ -36,8 +37,10 @@ def test_backoff_probabilities_sum_to_one_for_any_history(escape):
     m = VariableOrderMarkov(max_order=3, escape=escape).fit(seqs, [3, 1, 2, 1])
     for history in ([], ["a"], list("abca"), ["zzz"], list("cccccccc")):
         for level in m.levels(history):
-            assert level.sum() == pytest.approx(1.0)
+            assert 0.5 < level.sum() < 1.0  # the rest: the novel-symbol slot
             assert (level > 0).all()  # unseen symbols keep escape mass
+        assert m.predict_proba(history).sum() + m.novel_probability(history) == pytest.approx(1.0)
+        assert 0 < m.novel_probability(history) < 0.5
 
 
 def test_longer_context_wins_when_it_matters_and_serialization_round_trips():
@@ -56,7 +59,7 @@ def test_pruning_bounds_the_table():
     seqs = [list(rng.choice(list("abcdefgh"), size=12)) for _ in range(200)]
     m = VariableOrderMarkov(max_order=8, max_contexts=500).fit(seqs)
     assert len(m.contexts_) <= 500 and m.min_count_ > 1
-    assert m.predict_proba(seqs[0][:5]).sum() == pytest.approx(1.0)
+    assert m.predict_proba(seqs[0][:5]).sum() + m.novel_probability(seqs[0][:5]) == pytest.approx(1.0)
 
 
 def test_remaining_work_quantiles_and_backoff():
@@ -120,6 +123,8 @@ def test_eval_scores_every_call_beside_the_baselines():
     na, rc = out["next_agent"], out["remaining_calls"]
     assert na["scored_share"] == 1.0 and rc["scored_share"] == 1.0
     assert set(na["baselines"]) == {"markov1", "markov_vo"}
+    assert set(na["baselines_log_loss"]) == {"markov1", "markov_vo"}
+    assert all(0 < v < 14 for v in na["baselines_log_loss"].values())
     assert na["log_loss"] > 0 and na["top1_accuracy"] >= na["baselines"]["markov1"]
     assert rc["mae"] is not None and "position_median" in rc["baselines"]
 
@@ -130,6 +135,13 @@ def test_baselines_by_hand():
     assert base.markov1(["a", "b"]) == "d" and base.markov1([]) == "a"
     assert base.markov_vo(["a", "b"]) == "d" and base.markov_vo(["q"]) is not None
     assert [base.position_median(i) for i in range(4)] == [2.0, 1.0, 0.0, 0.0]
+    # log-loss probabilities: add-one over the 4 training agents a, b, c, d and END
+    assert base.markov1_probability(["a", "b"], "d") == pytest.approx((2 + 1) / (3 + 5))
+    assert base.markov_vo_probability(["a", "b"], "c") == pytest.approx((1 + 1) / (3 + 5))
+    assert base.markov_vo_probability(["a", "b"], "new") == pytest.approx(1 / (3 + 6))
+    assert base.markov1_probability(["a", "b", "d"], "a") == pytest.approx(1 / (2 + 5))  # d -> END twice
+    old = {**block, "markov_vo": {k: v for k, v in block["markov_vo"].items() if k != "counts"}}
+    assert BaselinePredictor(old).markov_vo_probability(["a"], "b") is None  # older profile
 
 
 def test_section_survives_json_and_records_the_choice():
@@ -142,3 +154,40 @@ def test_section_survives_json_and_records_the_choice():
     assert sel["max_order"] in (1, 2, 3, 4, 6, 8) and 0.0 <= section["sequence_model"]["mixture"] <= 1
     assert section["remaining_model"]["selection"]["position_median_mae"] >= \
         section["remaining_model"]["selection"]["validation_mae"]
+
+
+def _single_agent_logs(path, n_workflows, seed):
+    """One agent; tool "find" until the last 5 calls, which run "edit": the tool names tell how
+    many calls are left, the agent sequence only the call index."""
+    rng = np.random.default_rng(seed)
+    with open(path, "w") as f:
+        for w in range(n_workflows):
+            n = int(rng.integers(8, 40))
+            t = 1000.0 * w
+            for i in range(n):
+                tool = "edit" if i >= n - 5 else "find"
+                f.write(json.dumps({
+                    "request_id": f"w{seed}-{w}#{i}", "workflow_type_id": "solo",
+                    "workflow_id": f"w{seed}-{w}", "agent_id": "main", "t_arrival": t,
+                    "t_finish": t + 1.0, "input_tokens": 100, "output_tokens": 50,
+                    "tool_calls": [{"name": tool, "t_start": t + 1.0, "t_end": t + 1.5, "status": "ok"}]}) + "\n")
+                t += 2.0
+
+
+def test_single_agent_type_uses_tool_names_for_remaining_work(tmp_path):
+    from profiler.evaluation import evaluate
+    from profiler.fitting import fit_profile
+    _single_agent_logs(tmp_path / "train.jsonl", 120, 0)
+    _single_agent_logs(tmp_path / "test.jsonl", 60, 1)
+    profile, _ = fit_profile([tmp_path / "train.jsonl"], tmp_path / "p")
+    rm = profile.data["workflows"]["solo"]["remaining_model"]
+    assert rm["alphabet"] == "tool" and rm["selection"]["tool_alphabet"]["chosen"] is True
+    result, _ = evaluate(profile, [tmp_path / "test.jsonl"])
+    rc = result["remaining_calls"]
+    assert rc["scored_share"] == 1.0
+    assert rc["mae"] < 0.8 * rc["baselines"]["position_median"], rc
+    # serving without the tool history backs off to the call index (never fails)
+    paths = WorkflowPaths.from_section(profile.data["workflows"]["solo"])
+    with_tools = paths.predict(None, ["main"] * 12, ["find"] * 10 + ["edit"] * 2)
+    without = paths.predict(None, ["main"] * 12)
+    assert with_tools["remaining_calls_p50"] == 3 and without["remaining_calls_p50"] is not None
