@@ -11,7 +11,7 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from profiler.baseline_table import ROWS, baseline_rows, baseline_table
-from profiler.cli import _register, app
+from profiler.cli import app
 from profiler.cross_validation import aggregate, cross_validate, nest, numeric_leaves, write_folds
 
 REPO = Path(__file__).resolve().parents[1]
@@ -84,7 +84,6 @@ def test_cross_validate_end_to_end_with_real_fit():
     assert "next_agent.top1_accuracy" in r["summary"]  # keys from extensions are aggregated too
 
 
-_register()
 runner = CliRunner()
 
 

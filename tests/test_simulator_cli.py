@@ -7,12 +7,11 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
-from profiler.cli import _register, app
+from profiler.cli import app
 
 DATA = Path(__file__).resolve().parents[1] / "datasets" / "swe_agent" / "swe_agent_glm45_bs4.jsonl"
 REQUIRED = {"avg_jct_s", "p95_jct_s", "throughput_tok_s", "recomputed_prefill_tokens", "preemptions"}
 
-_register()
 runner = CliRunner()
 
 
