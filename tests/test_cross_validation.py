@@ -69,6 +69,7 @@ def test_aggregate_is_generic_and_weighted():
     assert numeric_leaves({"x": float("nan"), "y": 2}, 1.0) == {"y": (2.0, 1.0)}
 
 
+@pytest.mark.slow
 def test_cross_validate_end_to_end_with_real_fit():
     r = cross_validate([AGENTLESS], 3, seed=0)
     assert r["k"] == 3 and len(r["folds"]) == 3 and r["workflows"] == 85 and r["calls"] == 227

@@ -34,6 +34,7 @@ def run_session(url: str, upstream: FakeOpenAI, wf: str, tokens: int = 8) -> lis
     return seen
 
 
+@pytest.mark.slow
 def test_new_workflow_type_is_shadowed_until_promoted_then_drift_demotes(upstream, tmp_path):
     root = fit_root(tmp_path)
     logs = tmp_path / "gateway-logs"

@@ -203,6 +203,7 @@ def test_distinct_sequence_counts_expand_to_the_workflows():
         assert sum(counts) == len(full[wt]) and max(counts) > 1
 
 
+@pytest.mark.slow
 def test_fit_with_counts_equals_fit_of_repeated_sequences():
     from synth.fit import fit_sequences
 
