@@ -88,6 +88,7 @@ def test_cross_validate_end_to_end_with_real_fit():
 runner = CliRunner()
 
 
+@pytest.mark.slow
 def test_cli_cv_json_table_and_errors(tmp_path):
     small = tmp_path / "small.jsonl"  # the first 30 workflows: keeps the two CLI runs fast
     keep = sorted(workflows(AGENTLESS))[:30]

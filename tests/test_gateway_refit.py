@@ -91,6 +91,7 @@ def test_profile_swapped_during_a_stream_of_gateway_requests(upstream, tmp_path)
     assert base.version in versions and written[-1] in versions and None not in versions
 
 
+@pytest.mark.slow
 def test_refit_loop_and_durations(tmp_path):
     assert parse_duration("10m") == 600 and parse_duration("250ms") == 0.25 and parse_duration(3) == 3
     with pytest.raises(ValueError, match="not a duration"):

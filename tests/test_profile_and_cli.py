@@ -99,6 +99,7 @@ def test_cli_errors_are_clear(tmp_path):
     assert proc.returncode == 2 and "unknown workload" in proc.stderr
 
 
+@pytest.mark.slow
 def test_cli_fit_reads_other_trace_formats(tmp_path):
     fixtures = Path(__file__).parent / "fixtures" / "importers" / "otel"
     out = tmp_path / "p"

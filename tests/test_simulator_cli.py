@@ -5,6 +5,7 @@ import json
 import shutil
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from profiler.cli import app
@@ -39,6 +40,7 @@ def test_generated_workload_json_table_and_plot(tmp_path):
     assert (tmp_path / "prof" / "profile" / "CURRENT").exists()
 
 
+@pytest.mark.slow
 def test_log_folder_replay_prints_tables(tmp_path):
     logs = tmp_path / "logs"
     logs.mkdir()
