@@ -31,7 +31,7 @@ def lint(root: Path) -> subprocess.CompletedProcess[str]:
 
 def layer_modules() -> list[str]:
     (layers,) = [c for c in CONFIG["contracts"] if c["type"] == "layers"]
-    return [m.strip() for layer in layers["layers"] for m in layer.replace("|", ":").split(":")]
+    return [m.strip().strip("()") for layer in layers["layers"] for m in layer.replace("|", ":").split(":")]
 
 
 def test_contracts_hold() -> None:
