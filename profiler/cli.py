@@ -1,49 +1,21 @@
 """The `profiler` command line.
 
 Every sub-command lives in its own module under ``profiler/commands/`` and registers itself on
-:data:`app` at import time; this file only lists those modules, so adding a command is one new
-module plus one line in :data:`COMMAND_MODULES`.
+:data:`profiler.commands.common.app` when imported; this file imports those modules — the list of
+commands is the import list below — and runs the app. Adding a command is one new module plus
+one name here.
 """
 from __future__ import annotations
 
-import importlib
+# Imported to register their commands; `profiler --help` lists them in this order.
+from profiler.commands import generate, ingest, fit, show, evaluate, split  # noqa: F401
+from profiler.commands import import_, report  # noqa: F401
+from profiler.commands import serve, gateway, watch  # noqa: F401
+from profiler.commands import simulate, replay  # noqa: F401
+from profiler.commands.common import app
 
-import typer
-
-app = typer.Typer(
-    name="profiler",
-    help=(
-        "Mine agent request logs into workflow profiles (output-length bands, tool latencies, "
-        "workflow automata) and serve them to the LLM serving engine.\n\n"
-        "Typical flow: `profiler fit logs/ --out profile/` → `profiler show --profile profile/` → "
-        "`profiler eval --profile profile/ heldout/`."
-    ),
-    no_args_is_help=True,
-    rich_markup_mode="markdown",
-    pretty_exceptions_show_locals=False,
-)
-
-#: Modules under ``profiler.commands`` that register sub-commands on :data:`app`.
-COMMAND_MODULES: list[str] = [
-    "generate",
-    "ingest",
-    "fit",
-    "show",
-    "evaluate",
-    "split",
-    "import_",
-    "report",
-    "serve", "gateway", "watch",
-    "simulate",
-    "replay",
-]
-
-
-def _register() -> None:
-    for name in COMMAND_MODULES:
-        importlib.import_module(f"profiler.commands.{name}")
+__all__ = ["app", "main"]
 
 
 def main() -> None:  # console-script entry point
-    _register()
     app()

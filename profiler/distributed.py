@@ -34,19 +34,22 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import Any, Sequence
 
-from profiler.fitting import FitOptions
-from profiler.profile_artifact import Profile, store_path
+import duckdb
+from rich.progress import Progress
+
+from predictors.output_length import OutputLengthIntervals
+from profiler import derive
+from profiler.fitting import (SECTION_BUILDERS, FitOptions, fit_from_store, fit_idle_gap,
+                              fit_tool_latency, manifest_fields, ok_calls)
+from profiler.ingest import FileReport, IngestError, IngestReport, discover, ingest, reason_line
+from profiler.profile_artifact import Profile, store_path, write_profile
 from profiler.store import BASE_CALL_COLUMNS, TABLE_DOCS, connect, sql_columns, sql_string
-
-if TYPE_CHECKING:
-    import duckdb
-
-    from profiler.ingest import IngestReport
 
 #: Sections whose value is {workflow_type: ...} and are united as is.
 PER_TYPE_SECTIONS = ("agents", "workflow_types")
@@ -86,7 +89,6 @@ def task_store(work_dir: str, name: str, limits: dict[str, Any]) -> "duckdb.Duck
 
 def ingest_shard(files: list[str], work_dir: str, shard: int, limits: dict[str, Any]) -> dict[str, Any]:
     """Ray task: ingest ``files`` into an in-memory store, write its calls as Parquet by type."""
-    from profiler.ingest import ingest
 
     t0 = time.perf_counter()
     con = task_store(work_dir, f"shard-{shard}", limits)
@@ -111,8 +113,6 @@ def ingest_shard(files: list[str], work_dir: str, shard: int, limits: dict[str, 
 def fit_workflow_type(workflow_type: str, work_dir: str, options: dict[str, Any],
                       limits: dict[str, Any]) -> dict[str, Any]:
     """Ray task: gather one workflow type from every shard, derive, fit it alone."""
-    from profiler import derive
-    from profiler.fitting import fit_from_store
 
     t0 = time.perf_counter()
     key = wt_key(workflow_type)
@@ -162,8 +162,6 @@ def _output_length_section(con, params: dict[str, Any]) -> dict[str, Any]:
     """The output-length section fit once over every valid call of the final store: bands are
     chosen top-down by validation (global → workflow type → agent, each against its parent on
     the same workflow folds), which per-type fits cannot reproduce; it is a small share of a fit."""
-    from predictors.output_length import OutputLengthIntervals
-    from profiler.fitting import ok_calls
 
     return OutputLengthIntervals(**params).fit(ok_calls(con)).to_dict()
 
@@ -175,7 +173,6 @@ def merge_sections(parts: list[dict[str, Any]], global_band: dict[str, Any],
     An agent that fell back to the global band (``level == "global"``) in its type's fit got that
     *type's* pooled band; it is given the true global band here.
     """
-    from profiler.fitting import SECTION_BUILDERS
 
     parts = [p for p in parts if p]
     data: dict[str, Any] = {}
@@ -235,11 +232,7 @@ def fit_with_ray(paths: Sequence[str | Path], out: str | Path, options: FitOptio
     per stage.
     """
     ray = _import_ray(local=address is None)
-    from rich.progress import Progress
 
-    from profiler.fitting import fit_idle_gap, fit_tool_latency, manifest_fields
-    from profiler.ingest import IngestError, discover
-    from profiler.profile_artifact import write_profile
 
     options = options or FitOptions()
     out = Path(out)
@@ -331,8 +324,6 @@ def _import_ray(local: bool):
     off (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``, read when Ray is imported, also by its worker
     processes); usage reporting is turned off too. A cluster (``address`` given) is left as is.
     """
-    import sys
-
     if local:
         os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
@@ -368,7 +359,6 @@ def fit_profile_ray(paths: Sequence[str | Path], out: str | Path, *, db: str | P
     pick its engine with one line. ``ray_options``: ``address``, ``num_cpus``, ``shards``,
     ``work_dir``, ``task_memory``, ``timings``.
     """
-    from profiler.ingest import FileReport, IngestReport, reason_line
 
     profile = fit_with_ray(paths, out, options, db=db, strict=strict, progress=progress, **ray_options)
     db_path = store_path(out, db)

@@ -21,7 +21,7 @@ Other parts add their own keys through :data:`EVAL_EXTENSIONS`.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import duckdb
 import numpy as np
@@ -32,14 +32,15 @@ from predictors.output_length import OutputLengthIntervals
 from predictors.predictor import CompiledProfile
 from predictors.tool_latency import MIN_LATENCY_S, ToolLatencyModel
 from profiler import ingest as ingest_mod
-from profiler.fitting import idle_gap_calls, ok_calls, resolve, timed_tool_calls
+from profiler.fitting import idle_gap_calls, ok_calls, timed_tool_calls
 from profiler.profile_artifact import Profile
 from profiler.store import connect
 from serving_hooks.policies.keep_drop import KeepDropPolicy
+from synth.profile_section import evaluate_workflows
 
-#: Extra evaluations: "module:function" of ``(profile, con) -> dict`` merged into the result.
-EVAL_EXTENSIONS: list[str] = [
-    "synth.profile_section:evaluate_workflows",
+#: Extra evaluations: ``(profile, con) -> dict``, each merged into the result.
+EVAL_EXTENSIONS: list[Callable[[Profile, duckdb.DuckDBPyConnection], dict[str, Any]]] = [
+    evaluate_workflows,
 ]
 #: Fewest held-out executions of a tool for its KS distance to count in ``ks_max``.
 MIN_TOOL_SAMPLES = 5
@@ -182,8 +183,8 @@ def evaluate_store(profile: Profile, con: duckdb.DuckDBPyConnection) -> dict[str
         "tool_latency": tool_latency_scores(profile, con),
         "keep_alive": keep_alive_scores(profile, con),
     }
-    for spec in EVAL_EXTENSIONS:
-        result.update(resolve(spec)(profile, con))
+    for extension in EVAL_EXTENSIONS:
+        result.update(extension(profile, con))
     return result
 
 

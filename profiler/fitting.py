@@ -15,7 +15,6 @@ others              :data:`SECTION_BUILDERS` (e.g. ``workflows``: the synthesize
 """
 from __future__ import annotations
 
-import importlib
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,10 +29,11 @@ from predictors.tool_latency import ToolLatencyModel
 from profiler import ingest as ingest_mod
 from profiler.profile_artifact import Profile, store_path, write_profile
 from profiler.store import connect, store_counts
+from synth.profile_section import build_workflows_section
 
-#: Extra profile sections: name -> "module:function" of ``(con, options) -> dict``.
-SECTION_BUILDERS: dict[str, str] = {
-    "workflows": "synth.profile_section:build_workflows_section",
+#: Extra profile sections: name -> ``(con, options) -> dict`` that builds it.
+SECTION_BUILDERS: dict[str, Callable[[duckdb.DuckDBPyConnection, dict[str, Any]], dict[str, Any]]] = {
+    "workflows": build_workflows_section,
 }
 
 
@@ -55,13 +55,6 @@ class FitOptions:
     def as_dict(self) -> dict[str, Any]:
         d = {k: v for k, v in self.__dict__.items() if k != "extra"}
         return {**d, **self.extra}
-
-
-def resolve(spec: str) -> Callable:
-    """The callable named ``"module:function"`` (the form of :data:`SECTION_BUILDERS` and
-    :data:`profiler.evaluation.EVAL_EXTENSIONS`)."""
-    module, _, func = spec.partition(":")
-    return getattr(importlib.import_module(module), func)
 
 
 #: Columns of ``calls`` the output-length model is fit and scored on.
@@ -173,9 +166,9 @@ def fit_from_store(con: duckdb.DuckDBPyConnection, options: FitOptions,
                 "SELECT workflow_type_id, count(DISTINCT workflow_id), count(*) FROM calls "
                 "GROUP BY 1 ORDER BY 1").fetchall()},
     }
-    for name, spec in SECTION_BUILDERS.items():
+    for name, build in SECTION_BUILDERS.items():
         progress(f"section {name}")
-        data[name] = resolve(spec)(con, options.as_dict())
+        data[name] = build(con, options.as_dict())
     return data
 
 

@@ -14,10 +14,10 @@ import logging
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
-if TYPE_CHECKING:  # pragma: no cover
-    from predictors.predictor import Predictor
+from predictors.predictor import Predictor
+from profiler.profile_artifact import current_version, load_profile
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +42,6 @@ class ProfileReloader:
 
     def check(self, force: bool = False) -> bool:
         """Load the version ``CURRENT`` names if it is new (or ``force``); True when one was swapped in."""
-        from profiler.profile_artifact import current_version, load_profile
         with self._lock:
             version = current_version(self.root)
             if version is None:

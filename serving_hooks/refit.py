@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
+import dataclasses
 import os
 import subprocess
 import sys
@@ -24,10 +25,13 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import Callable, Sequence
 
-if TYPE_CHECKING:  # pragma: no cover
-    from profiler.fitting import FitOptions
+import duckdb
+
+from profiler.fitting import FitOptions, fit_profile
+from profiler.ingest import discover, sha256_of
+from profiler.profile_artifact import ProfileError, current_version, load_profile, store_path
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +60,6 @@ def parse_duration(text: str | float | int) -> float:
 
 def new_log_files(logs: Sequence[str | Path], db: str | Path) -> list[Path]:
     """Log files under ``logs`` whose content the store at ``db`` has not ingested yet."""
-    from profiler.ingest import discover, sha256_of
     existing = [p for p in logs if Path(p).exists()]
     files = [p for p, _ in discover(existing)] if existing else []
     if not files:
@@ -64,7 +67,6 @@ def new_log_files(logs: Sequence[str | Path], db: str | Path) -> list[Path]:
     db = Path(db)
     if not db.exists():
         return files
-    import duckdb
     try:
         con = duckdb.connect(str(db), read_only=True)
     except duckdb.Error:
@@ -105,10 +107,6 @@ def options_from_profile(profile_root: str | Path) -> FitOptions:
     A refit keeps the choices of the original ``profiler fit`` (coverage, pruning, seed, …)
     without the server having to repeat them.
     """
-    import dataclasses
-
-    from profiler.fitting import FitOptions
-    from profiler.profile_artifact import ProfileError, load_profile
     try:
         recorded = dict(load_profile(profile_root).manifest.get("options") or {})
     except (ProfileError, OSError, ValueError):
@@ -121,9 +119,6 @@ def options_from_profile(profile_root: str | Path) -> FitOptions:
 def refit_once(profile_root: str | Path, logs: Sequence[str | Path], *, db: str | Path | None = None,
                options: FitOptions | None = None) -> RefitResult:
     """Ingest new files under ``logs`` and fit a new version under ``profile_root`` (see module doc)."""
-    from profiler.fitting import fit_profile
-    from profiler.profile_artifact import current_version, store_path
-
     root = Path(profile_root)
     db_path = store_path(root, db)
     t0 = time.monotonic()

@@ -14,10 +14,39 @@ Every part sees the running :class:`simulator.engine.Simulator` through ``bind``
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-if TYPE_CHECKING:  # pragma: no cover
-    from simulator.engine import Request, Simulator
+import numpy as np
+
+from simulator.config import ClusterConfig
+from simulator.pools import Pools
+from simulator.workload import Workload
+
+#: A call in flight: :class:`simulator.engine.Request`. This module sits below the engine (the
+#: engine imports it to drive the parts), so it names the engine's runtime types without
+#: importing them; parts read the request's documented attributes.
+Request = Any
+
+
+class Simulator(Protocol):
+    """What a part sees of the running simulator; :class:`simulator.engine.Simulator` is one.
+
+    Declared here, not imported from the engine, so the arrow runs one way: the engine
+    imports the policy interface, never the reverse."""
+
+    now: float
+    workload: Workload
+    config: ClusterConfig
+    pools: Pools | None
+    replicas: list[Any]          # simulator.engine.Replica
+    requests: list[Any]          # simulator.engine.Request | None, by call index
+    wf_arrival: np.ndarray
+    wf_left: np.ndarray
+
+    def candidates(self, req: Request) -> list[Any]: ...
+    def home_key(self, req: Request) -> object: ...
+    def pool_queue_depths(self) -> dict[str, int] | None: ...
+    def add_timer(self, t: float) -> None: ...
 
 
 class Part:

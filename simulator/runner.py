@@ -39,12 +39,16 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from predictors.tool_latency import ToolLatencyModel
+from profiler.profile_artifact import load_profile
 from simulator.baselines import BASELINES
-from simulator.config import ClusterConfig
+from simulator.config import ClusterConfig, hardware_config
 from simulator.engine import SimResult, Simulator
 from simulator.metrics import add_recompute_ratios, summarize
 from simulator.ours import OURS_VARIANTS, OursOptions, build_ours, ours_stats
 from simulator.policy import Policy
+from simulator.pools import build_pools
+from simulator.scenarios import get_scenario
 from simulator.sources import BUILTIN, Source, fit_train_profile, generated, load_logs, make_predictor
 from simulator.workload import Call, Workload, replicate_records, workload_from_records
 
@@ -126,7 +130,6 @@ def prepare(workload: str, n_workflows: int | None = None, seed: int = 0,
         test = replicate_records(src.test, n_workflows, seed=seed)
     notes = list(src.notes)
     if profile_dir is not None and (Path(profile_dir) / "CURRENT").exists():
-        from profiler.profile_artifact import load_profile
         profile = load_profile(profile_dir)
         notes.append(f"profile loaded from {profile_dir} (version {profile.version}); make sure it "
                      "was not fit on the replayed workflows")
@@ -248,8 +251,6 @@ def gap_function(wl: Workload, profile: Any, mode: str, seed: int) -> Callable[[
         return None
     if mode != "sampled":
         raise ValueError(f"--gaps {mode!r}: use recorded or sampled")
-    from predictors.tool_latency import ToolLatencyModel
-
     tl = ToolLatencyModel.from_dict(profile.data.get("tool_latency") or {})
     cache: dict[int, float] = {}
 
@@ -403,10 +404,6 @@ def prepare_scenario(name: str, seed: int = 0, n_train: int = 400,
                      profile_dir: str | Path | None = None,
                      replicas: int | None = None) -> tuple[Prepared, ClusterConfig]:
     """The workload, cluster and pools of a named scenario (:mod:`simulator.scenarios`)."""
-    from simulator.config import hardware_config
-    from simulator.pools import build_pools
-    from simulator.scenarios import get_scenario
-
     sc = get_scenario(name)
     cfg = hardware_config(sc.gpu, sc.model, sc.tp, replicas=sc.replicas,
                           kv_capacity_tokens=sc.kv_capacity_tokens, host_ratio=sc.host_ratio)

@@ -21,6 +21,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
+from predictors.predictor import Predictor
+from profiler.fitting import fit_profile
+from profiler.ingest import ingest
+from profiler.store import connect
+from profiler.workloads import generate, load_spec
+
 #: Built-in generated workloads (command-line names → ``profiler.workloads`` spec names).
 BUILTIN = {"coding-assistant": "coding_assistant", "deep-research": "deep_research",
            "coding_assistant": "coding_assistant", "deep_research": "deep_research"}
@@ -63,9 +69,6 @@ def _rows_to_records(rows: list[tuple], cols: list[str]) -> list[dict]:
 def load_logs(paths: Sequence[str | Path], train: float = 0.7, seed: int = 0,
               progress: bool = False) -> Source:
     """Ingest log files/folders and split them by workflow (see the module docstring)."""
-    from profiler.ingest import ingest
-    from profiler.store import connect
-
     con = connect(None)
     try:
         report = ingest(con, [str(p) for p in paths], progress=progress)
@@ -90,8 +93,6 @@ def load_logs(paths: Sequence[str | Path], train: float = 0.7, seed: int = 0,
 
 def generated(workload: str, n_train: int, n_test: int, seed: int = 0) -> Source:
     """Train/test records of a built-in generated workload (different seeds: no leakage)."""
-    from profiler.workloads import generate, load_spec
-
     spec_name = BUILTIN[workload]
     spec = load_spec(spec_name)
     train = list(generate(spec, n_train, seed=seed, with_text=False, arrival_rate=1.0)) if n_train else []
@@ -106,8 +107,6 @@ def fit_train_profile(records: list[dict], profile_dir: str | Path | None = None
     """Fit a profile on ``records`` with ``profiler.fitting.fit_profile``; returns the Profile.
 
     The records are written to ``<dir>/train/train.jsonl`` first (the fit reads files)."""
-    from profiler.fitting import fit_profile
-
     if profile_dir is not None:
         root = Path(profile_dir)
     else:  # a throw-away profile: removed when the process ends
@@ -125,6 +124,4 @@ def fit_train_profile(records: list[dict], profile_dir: str | Path | None = None
 
 def make_predictor(profile: Any) -> Any:
     """A ``predictors.Predictor`` over ``profile`` (a Profile or a profile folder)."""
-    from predictors.predictor import Predictor
-
     return Predictor(profile)

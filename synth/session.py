@@ -243,6 +243,6 @@ class WorkflowPaths:
     def regex_accepts(self, agents: Sequence[str]) -> bool:
         """Does :attr:`regex`, parsed back into an automata-lib NFA, accept this sequence?"""
         if self._matcher is None:
-            from synth.regex_synth import RegexMatcher
+            from synth.regex_synth import RegexMatcher  # lazy: automata-lib (+networkx) off the serving path
             self._matcher = RegexMatcher(self.regex)
         return self._matcher.accepts(agents)

@@ -58,7 +58,13 @@ def running_gateway(upstreams: list[str], profile_root: Path | None = None, *,
     """A gateway on a real port over ``upstreams`` (round robin), predicting in process from
     ``profile_root`` (with ``gate`` and hot reload every ``reload_every_s``), from a ``sidecar``
     URL, or with ``annotator``; ``options`` are :class:`GatewayOptions`. Yields the
-    :class:`Gateway` with its ``url`` set."""
+    :class:`Gateway` with its ``url`` set.
+
+    The annotation budget defaults to 30 s here, not the deployed 5 ms: a test that checks what
+    the annotations say must not depend on how fast a loaded machine computes them (an
+    annotation over budget is forwarded without one). Tests of the budget itself name
+    ``budget_s``."""
+    options.setdefault("budget_s", 30.0)
     from serving_hooks.annotator import LocalAnnotator, SidecarAnnotator
     from serving_hooks.gateway import Gateway, GatewayOptions, create_gateway_app
     from serving_hooks.gateway_log import GatewayLog

@@ -6,9 +6,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow
 def test_bench_real_json_on_small_copies():
     proc = subprocess.run(
         [sys.executable, str(REPO / "bench" / "bench_real.py"), "--data", str(REPO / "datasets" / "real"),

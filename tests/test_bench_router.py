@@ -46,6 +46,7 @@ def _served_by(fakes: list[FakeOpenAI], content: str) -> int:
     return hits[0]
 
 
+@pytest.mark.slow
 def test_router_proxies_streams_and_routes_cache_aware(tmp_path):
     fakes = [FakeOpenAI(), FakeOpenAI()]
     with serve_in_thread(_with_health(fakes[0])) as a, serve_in_thread(_with_health(fakes[1])) as b, \

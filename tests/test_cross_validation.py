@@ -11,7 +11,7 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from profiler.baseline_table import ROWS, baseline_rows, baseline_table
-from profiler.cli import _register, app
+from profiler.cli import app
 from profiler.cross_validation import aggregate, cross_validate, nest, numeric_leaves, write_folds
 
 REPO = Path(__file__).resolve().parents[1]
@@ -69,6 +69,7 @@ def test_aggregate_is_generic_and_weighted():
     assert numeric_leaves({"x": float("nan"), "y": 2}, 1.0) == {"y": (2.0, 1.0)}
 
 
+@pytest.mark.slow
 def test_cross_validate_end_to_end_with_real_fit():
     r = cross_validate([AGENTLESS], 3, seed=0)
     assert r["k"] == 3 and len(r["folds"]) == 3 and r["workflows"] == 85 and r["calls"] == 227
@@ -84,10 +85,10 @@ def test_cross_validate_end_to_end_with_real_fit():
     assert "next_agent.top1_accuracy" in r["summary"]  # keys from extensions are aggregated too
 
 
-_register()
 runner = CliRunner()
 
 
+@pytest.mark.slow
 def test_cli_cv_json_table_and_errors(tmp_path):
     small = tmp_path / "small.jsonl"  # the first 30 workflows: keeps the two CLI runs fast
     keep = sorted(workflows(AGENTLESS))[:30]

@@ -172,13 +172,18 @@ def test_admin_profile_needs_the_token(recorder, profile_root):
         assert "path" not in json.dumps(health)
 
 
+#: How long the hung annotator takes, and the bound a budgeted request must stay under: far apart,
+#: so the check holds on a loaded machine (a request's own cost is not what is measured).
+HANG_S, BOUND_S = 20.0, 10.0
+
+
 class _Hang:
     """A sidecar annotator that never answers within the budget."""
 
     blocking = False
 
     async def annotate(self, meta, request_id, input_tokens):
-        await asyncio_sleep_uncancellable(1.0)
+        await asyncio_sleep_uncancellable(HANG_S)
         return {"known": True}
 
     async def observe(self, completion):
@@ -206,7 +211,7 @@ def test_annotate_budget_is_a_bound(recorder, profile_root):
         r = httpx.post(gw.url + "/v1/chat/completions", json={**CHAT, "app_metadata": META})
         elapsed = time.perf_counter() - t0
         assert r.status_code == 200 and "sys_annotations" not in json.loads(recorder.raws[-1])
-        assert elapsed < 0.9          # the hung annotation would take ≥ 1 s; the budget is 5 ms
+        assert elapsed < BOUND_S      # the hung annotation would take ≥ HANG_S; the budget is 5 ms
         assert metric(gw.url, "profiler_gateway_annotate_total", outcome="timeout") == 1
     with running_gateway([recorder.url], profile_root, budget_s=0.005) as gw:
         lock = gw.service.predictor._lock     # the session table held by another thread
@@ -215,8 +220,8 @@ def test_annotate_budget_is_a_bound(recorder, profile_root):
             for i in range(3):
                 t0 = time.perf_counter()
                 r = httpx.post(gw.url + "/v1/chat/completions", json={**CHAT, "app_metadata": META},
-                               timeout=10)
-                assert time.perf_counter() - t0 < 0.9
+                               timeout=2 * BOUND_S)
+                assert time.perf_counter() - t0 < BOUND_S   # the lock is held until after the loop
                 assert r.status_code == 200 and "sys_annotations" not in json.loads(recorder.raws[-1])
         finally:
             lock.release()

@@ -141,7 +141,8 @@ def test_openai_client_with_extra_body(upstream, profile_root):
 
 
 def test_upstream_errors_reach_the_client_unchanged(upstream, profile_root):
-    with running_gateway([upstream.url], profile_root, upstream_timeout_s=0.5) as gw:
+    # timeout 2 s vs a 6 s delay: the answers that must arrive do so well inside it under load
+    with running_gateway([upstream.url], profile_root, upstream_timeout_s=2.0) as gw:
         direct = httpx.post(upstream.url + "/v1/chat/completions", json=CHAT, headers={"x-fake-status": "500"})
         r = httpx.post(gw.url + "/v1/chat/completions", json={**CHAT, "app_metadata": META},
                        headers={"x-fake-status": "500"})
@@ -150,7 +151,7 @@ def test_upstream_errors_reach_the_client_unchanged(upstream, profile_root):
         r = httpx.post(gw.url + "/v1/chat/completions", json={**CHAT, "app_metadata": META},
                        headers={"x-fake-status": "429"})
         assert r.status_code == 429
-        r = httpx.post(gw.url + "/v1/chat/completions", json=CHAT, headers={"x-fake-delay": "2"})
+        r = httpx.post(gw.url + "/v1/chat/completions", json=CHAT, headers={"x-fake-delay": "6"})
         assert r.status_code == 504 and r.json()["error"]["type"] == "upstream_timeout"
         assert metric(gw.url, "profiler_gateway_upstream_responses_total",
                       upstream=upstream.url, outcome="timeout") == 1

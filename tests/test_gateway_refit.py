@@ -34,6 +34,7 @@ def run_session(url: str, upstream: FakeOpenAI, wf: str, tokens: int = 8) -> lis
     return seen
 
 
+@pytest.mark.slow
 def test_new_workflow_type_is_shadowed_until_promoted_then_drift_demotes(upstream, tmp_path):
     root = fit_root(tmp_path)
     logs = tmp_path / "gateway-logs"
@@ -90,6 +91,7 @@ def test_profile_swapped_during_a_stream_of_gateway_requests(upstream, tmp_path)
     assert base.version in versions and written[-1] in versions and None not in versions
 
 
+@pytest.mark.slow
 def test_refit_loop_and_durations(tmp_path):
     assert parse_duration("10m") == 600 and parse_duration("250ms") == 0.25 and parse_duration(3) == 3
     with pytest.raises(ValueError, match="not a duration"):

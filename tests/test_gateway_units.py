@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import threading
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -94,7 +95,15 @@ def test_stream_follower_is_independent_of_chunk_boundaries(n_tokens, cuts):
 
 
 def test_gateway_log_rotates_by_size_and_hides_open_files(tmp_path):
-    log = GatewayLog(tmp_path, max_bytes=2000, max_age_s=3600)
+    written = threading.Condition()
+    count = [0]
+
+    def on_written(n: int) -> None:  # called by the writer thread once a record is on disk
+        with written:
+            count[0] += n
+            written.notify_all()
+
+    log = GatewayLog(tmp_path, max_bytes=2000, max_age_s=3600, on_written=on_written)
     for i in range(30):
         log.write({"request_id": f"r{i}", "pad": "x" * 200})
     log.rotate()
@@ -105,10 +114,9 @@ def test_gateway_log_rotates_by_size_and_hides_open_files(tmp_path):
     log.write({"request_id": "late"})
     log.rotate(wait=False)
     log.write({"request_id": "open"})
-    import time
-    deadline = time.monotonic() + 5
-    while not list(tmp_path.glob("*.jsonl.open")) and time.monotonic() < deadline:
-        time.sleep(0.01)
+    with written:  # woken by the write itself; the timeout only bounds a writer that died
+        assert written.wait_for(lambda: count[0] == 32, timeout=60)
+    assert len(list(tmp_path.glob("*.jsonl.open"))) == 1  # "open" sits in a file still open
     assert {p.name for p, _ in discover([tmp_path])} == {p.name for p in tmp_path.glob("*.jsonl")}
     log.close()
     assert not list(tmp_path.glob("*.open")) and log.records_written == 32

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from profiler.cli import _register, app
+from profiler.cli import app
 from profiler.importers import FORMATS, convert_to_folder, get_format
 from profiler.ingest import ingest
 from profiler.store import connect
@@ -19,7 +19,6 @@ FIXTURES = Path(__file__).parent / "fixtures" / "importers"
 EXPECTED = {"otel": (FIXTURES / "otel", 7, 3), "swe-agent": (FIXTURES / "swe_agent", 4, 3),
             "openhands": (FIXTURES / "openhands", 7, 5)}  # format -> (source, calls, tool executions)
 
-_register()
 runner = CliRunner()
 
 

@@ -62,6 +62,7 @@ def test_fitted_profile_has_every_section(fitted_profile):
     assert (fitted_profile / "store.duckdb").exists()
 
 
+@pytest.mark.slow
 def test_cli_fit_show_eval_json(tmp_path, coding_logs, coding_test_logs):
     out = tmp_path / "p"
     run("fit", str(coding_logs), "--out", str(out), "-q")
@@ -98,6 +99,7 @@ def test_cli_errors_are_clear(tmp_path):
     assert proc.returncode == 2 and "unknown workload" in proc.stderr
 
 
+@pytest.mark.slow
 def test_cli_fit_reads_other_trace_formats(tmp_path):
     fixtures = Path(__file__).parent / "fixtures" / "importers" / "otel"
     out = tmp_path / "p"

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from profiler.cli import _register, app
+from profiler.cli import app
 from serving_hooks.fake_openai import FakeOpenAI
 from serving_hooks.replay import ReplayOptions, arrival_offsets, replay
 from serving_hooks.replay_plan import load_plan
@@ -17,7 +17,6 @@ from serving_hooks.replay_prompts import Context, build_messages
 from serving_hooks.replay_report import call_records, summarize
 from serving_hooks.server_thread import serve_in_thread
 
-_register()
 runner = CliRunner()
 
 

@@ -1,7 +1,7 @@
 """The capacity router against three real HTTP workers on loopback that report /v1/loads."""
 from __future__ import annotations
 
-import time
+import threading
 
 import pytest
 from fastapi import FastAPI, HTTPException
@@ -17,17 +17,27 @@ class FakeWorker:
     def __init__(self, capacity: int, used: int, waiting: int = 0, has_loads: bool = True):
         self.capacity, self.used, self.waiting, self.has_loads = capacity, used, waiting, has_loads
         self.polls = 0
+        self._polled = threading.Condition()
         self.app = FastAPI()
 
         @self.app.get("/v1/loads")
         def loads():
-            self.polls += 1
+            with self._polled:
+                self.polls += 1
+                self._polled.notify_all()
             if not self.has_loads:
                 raise HTTPException(404, "Not Found")
             return {"timestamp": "now", "version": "0.5.23", "loads": [
                 {"dp_rank": 0, "num_running_reqs": 1, "num_waiting_reqs": self.waiting,
                  "num_used_tokens": self.used, "num_total_tokens": self.used,
                  "max_total_num_tokens": self.capacity, "token_usage": self.used / self.capacity}]}
+
+    def wait_polls(self, n: int, timeout: float = 60.0) -> None:
+        """Block until this worker has been polled ``n`` more times. Woken by the poll itself,
+        not a deadline race; ``timeout`` only bounds a poller that never comes."""
+        with self._polled:
+            target = self.polls + n
+            assert self._polled.wait_for(lambda: self.polls >= target, timeout), "router stopped polling"
 
     def __enter__(self):
         self.handle = serve_in_thread(self.app, lifespan="off")
@@ -114,22 +124,18 @@ def test_background_poller_follows_load_changes_and_affinity(workers):
     router = CapacityRouter([w.url for w in workers], poll_interval_s=0.05)
     router.start_background()
     try:
-        deadline = time.monotonic() + 5
-        while len(router.loads()) < 3 and time.monotonic() < deadline:
-            time.sleep(0.02)
+        for w in workers:  # the second poll starts after the first one's answer was taken in
+            w.wait_polls(2)
+        assert len(router.loads()) == 3
         assert router.decide("sess", 150, 100).worker == w1.url
         w0.used = 0  # w0 drains: now the roomiest
-        polls = w0.polls
-        while w0.polls < polls + 2 and time.monotonic() < deadline:
-            time.sleep(0.02)
+        w0.wait_polls(2)
         # w0 headroom 1000-0-250 = 750 vs w1 650: 100 apart, more than the 5 % slack (50)
         assert router.decide("other", 150, 100).worker == w0.url
         router.on_start("x", w1.url, 0, 0, session_id="sess")  # the session last ran on w1
         w1.used = 60  # w1 headroom 690: 60 behind w0; with a 7 % slack (70) that is a tie
         router.policy = CapacityPolicy(affinity_slack=0.07)
-        polls = w1.polls
-        while w1.polls < polls + 2 and time.monotonic() < deadline:
-            time.sleep(0.02)
+        w1.wait_polls(2)
         d = router.decide("sess", 150, 100)
         assert d.worker == w1.url and d.placement.affinity  # the session's last worker wins the tie
     finally:

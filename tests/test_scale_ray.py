@@ -63,6 +63,7 @@ def test_shards_balance_bytes(logs):
     assert len(plan) == 2 and max(sizes) - min(sizes) <= largest  # greedy: off by at most one file
 
 
+@pytest.mark.slow
 def test_ray_profile_equals_single_node(logs, tmp_path):
     options = FitOptions(min_calls=30)
     local, local_report = fit_profile([logs], tmp_path / "local", options=options)
@@ -89,6 +90,7 @@ def test_ray_profile_equals_single_node(logs, tmp_path):
     assert a.execute("SELECT count(*) FROM quarantine").fetchone()[0] == 2  # conflict + broken line
 
 
+@pytest.mark.slow
 def test_ray_engine_refuses_a_store_with_calls_and_is_strict_on_request(logs, tmp_path):
     fit_profile([logs / "b"], tmp_path / "p", options=FitOptions(min_calls=30))
     with pytest.raises(ValueError, match="already holds"):

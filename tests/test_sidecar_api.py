@@ -113,6 +113,7 @@ def test_new_version_swapped_in_during_a_stream_of_requests(profile_root, tmp_pa
     assert reloads >= 4  # the first load and the three new versions
 
 
+@pytest.mark.slow
 def test_serve_command_refits_from_new_logs(profile_root, tmp_path):
     """`profiler serve --logs DIR --refit-every 1s` as users run it: a new log file → new version."""
     root = tmp_path / "root"

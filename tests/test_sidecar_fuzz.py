@@ -51,6 +51,7 @@ def _operations(app):
     return ops
 
 
+@pytest.mark.slow
 def test_schemathesis_finds_no_server_error(sidecar):
     url, app = sidecar
     seen: dict[str, int] = {}

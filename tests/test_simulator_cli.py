@@ -5,14 +5,14 @@ import json
 import shutil
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
-from profiler.cli import _register, app
+from profiler.cli import app
 
 DATA = Path(__file__).resolve().parents[1] / "datasets" / "swe_agent" / "swe_agent_glm45_bs4.jsonl"
 REQUIRED = {"avg_jct_s", "p95_jct_s", "throughput_tok_s", "recomputed_prefill_tokens", "preemptions"}
 
-_register()
 runner = CliRunner()
 
 
@@ -40,6 +40,7 @@ def test_generated_workload_json_table_and_plot(tmp_path):
     assert (tmp_path / "prof" / "profile" / "CURRENT").exists()
 
 
+@pytest.mark.slow
 def test_log_folder_replay_prints_tables(tmp_path):
     logs = tmp_path / "logs"
     logs.mkdir()

@@ -28,6 +28,7 @@ def test_generated_replay_never_uses_training_workflows(coding):
     assert test_ids and not (train_ids & test_ids)
 
 
+@pytest.mark.slow
 def test_log_split_is_by_workflow(tmp_path):
     from pathlib import Path
     src = Path(__file__).resolve().parents[1] / "datasets" / "swe_agent" / "swe_agent_glm45_bs4.jsonl"

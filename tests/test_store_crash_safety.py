@@ -171,6 +171,7 @@ def test_full_disk_at_every_write_loses_and_duplicates_nothing(setup, tmp_path):
         shutil.rmtree(work)
 
 
+@pytest.mark.slow
 def test_stale_temp_folders_are_removed_by_the_next_fit(setup, tmp_path):
     work = tmp_path / "stale"
     shutil.copytree(setup["base"], work)
@@ -197,6 +198,7 @@ CLI_WITH_FULL_DISK = textwrap.dedent("""
 
 @pytest.mark.parametrize("label,filename", [("sql: DELETE FROM calls t", None),
                                             ("write profile.json", "profile.json")])
+@pytest.mark.slow
 def test_cli_full_disk_is_one_line_error(setup, tmp_path, label, filename):
     work = tmp_path / "cli"
     shutil.copytree(setup["base"], work)
@@ -214,6 +216,7 @@ def test_cli_full_disk_is_one_line_error(setup, tmp_path, label, filename):
     assert after["version"] == before["version"]  # CURRENT still names the old profile
 
 
+@pytest.mark.slow
 def test_cli_lock_conflict_is_one_line_error(setup, tmp_path):
     work = tmp_path / "locked"
     shutil.copytree(setup["base"], work)
@@ -242,6 +245,7 @@ def small_disk(tmp_path):
         subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
 
 
+@pytest.mark.slow
 def test_real_full_disk_on_a_small_tmpfs(setup, small_disk):
     """The disk really fills (DuckDB's own writes and the profile's): one-line error, the store
     as before, and after freeing space the re-run equals the uninterrupted fit."""

@@ -162,6 +162,7 @@ print(hashlib.sha256(json.dumps(section, sort_keys=True).encode()).hexdigest(), 
 """
 
 
+@pytest.mark.slow
 def test_fit_is_reproducible_across_hash_seeds(tmp_path):
     """The profile version is a hash of its content: the same logs must give the same section
     whatever PYTHONHASHSEED (automata-lib's minimization names states by set order; hash

@@ -99,6 +99,7 @@ def test_eval_counts_unknown_workflow_types_as_misses(con):
     assert result["workflows_by_type"]["app"]["known"] is False
 
 
+@pytest.mark.slow
 def test_profile_fit_and_eval_through_the_cli_layer(fitted_profile, coding_test_logs):
     """The lead's fit registers the section; eval merges our keys (generated coding logs)."""
     from profiler.evaluation import evaluate
@@ -168,6 +169,7 @@ def as_tuples(seqs) -> list[tuple]:
             for s in seqs]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("alphabet", ["agent", "tool"])
 def test_sql_fan_out_groups_equal_the_python_union_find(alphabet):
     rows = random_workflows(300, seed=5)
@@ -187,6 +189,7 @@ def test_sql_fan_out_groups_equal_the_python_union_find(alphabet):
                for a, b in zip(expected[wt], overlap_only[wt]))
 
 
+@pytest.mark.slow
 def test_distinct_sequence_counts_expand_to_the_workflows():
     rows = random_workflows(300, seed=6)
     rows += [dict(r, id=r["id"] + "'", wf=r["wf"] + "'") for r in rows[:200]]  # duplicates
@@ -203,6 +206,7 @@ def test_distinct_sequence_counts_expand_to_the_workflows():
         assert sum(counts) == len(full[wt]) and max(counts) > 1
 
 
+@pytest.mark.slow
 def test_fit_with_counts_equals_fit_of_repeated_sequences():
     from synth.fit import fit_sequences
 

@@ -130,6 +130,7 @@ def test_existing_workloads_unchanged(workload, digest):
     assert h.hexdigest() == digest
 
 
+@pytest.mark.slow
 def test_cli_messy_flag(tmp_path):
     out = tmp_path / "messy.jsonl"
     proc = subprocess.run([sys.executable, "-m", "profiler", "generate", "--messy", "--workflows", "12",

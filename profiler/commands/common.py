@@ -1,4 +1,4 @@
-"""Helpers shared by the sub-commands: consoles, error exits, ingest summaries."""
+"""What the sub-commands share: the Typer :data:`app`, consoles, error exits, ingest summaries."""
 from __future__ import annotations
 
 import json
@@ -9,6 +9,21 @@ from typing import Any, NoReturn
 import typer
 from rich.console import Console
 from rich.markup import escape
+
+#: The ``profiler`` application: every sub-command module registers itself on it at import;
+#: :mod:`profiler.cli` imports those modules (the list of commands) and runs it.
+app = typer.Typer(
+    name="profiler",
+    help=(
+        "Mine agent request logs into workflow profiles (output-length bands, tool latencies, "
+        "workflow automata) and serve them to the LLM serving engine.\n\n"
+        "Typical flow: `profiler fit logs/ --out profile/` → `profiler show --profile profile/` → "
+        "`profiler eval --profile profile/ heldout/`."
+    ),
+    no_args_is_help=True,
+    rich_markup_mode="markdown",
+    pretty_exceptions_show_locals=False,
+)
 
 # Tables stay readable when piped (rich falls back to 80 columns without a terminal).
 console = Console(width=None if sys.stdout.isatty() else 150)

@@ -6,7 +6,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from profiler.cli import app
+from profiler.commands.common import app
 from profiler.commands.common import fail
 
 FORMAT_HELP = (

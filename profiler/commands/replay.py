@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from profiler.cli import app
+from profiler.commands.common import app
 from profiler.commands.common import console, err_console, fail, print_json
 
 HELP_LOAD = "Load shape"

@@ -6,7 +6,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from profiler.cli import app
+from profiler.commands.common import app
 
 
 @app.command("report", no_args_is_help=True)

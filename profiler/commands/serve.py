@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
-from profiler.cli import app
+from profiler.commands.common import app
 from profiler.commands.common import err_console, fail
 
 if TYPE_CHECKING:  # heavy: imported inside the commands so that `profiler --help` stays fast

@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from profiler.cli import app
+from profiler.commands.common import app
 from profiler.commands.common import err_console, fail
 
 

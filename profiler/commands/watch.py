@@ -9,7 +9,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from profiler.cli import app
+from profiler.commands.common import app
 from profiler.commands.common import err_console, fail
 
 

@@ -32,6 +32,10 @@ in :mod:`serving_hooks.sglang_plugin.settings`.
 from __future__ import annotations
 
 import logging
+from importlib import import_module
+
+from serving_hooks.sglang_plugin.settings import BACKEND_NAME
+from serving_hooks.sglang_plugin.state import get_state
 
 logger = logging.getLogger(__name__)
 
@@ -57,22 +61,20 @@ def register() -> None:
     Idempotent; a no-op when ``AWP_SGLANG_PLUGIN=0``.
     """
     global _registered
-    from importlib import import_module
-
-    from serving_hooks.sglang_plugin.state import get_state
-
     if _registered:
         return
     if not get_state().settings.enabled:
         logger.info("agent-workflow plugin disabled by AWP_SGLANG_PLUGIN=0")
         return
+    # sglang (and retention, which subclasses its cache) only when sglang calls us: SGLang loads
+    # this entry point in every process, and the policies/state must import without it.
     from sglang.srt.mem_cache.registry import get_radix_cache_factory, register_radix_cache_backend
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
     for target, (hook_type, module, func) in HOOK_TARGETS.items():
         hook = getattr(import_module(f"serving_hooks.sglang_plugin.{module}"), func)
         HookRegistry.register(target, hook, HookType[hook_type])
-    from serving_hooks.sglang_plugin.retention import BACKEND_NAME, retention_cache_factory
+    from serving_hooks.sglang_plugin.retention import retention_cache_factory
 
     if get_radix_cache_factory(BACKEND_NAME) is None:
         register_radix_cache_backend(BACKEND_NAME, retention_cache_factory)

@@ -23,6 +23,10 @@ import os
 import time
 from typing import Any
 
+from serving_hooks.sglang_plugin import HOOK_TARGETS
+from serving_hooks.sglang_plugin.settings import BACKEND_NAME
+from serving_hooks.sglang_plugin.state import get_state
+
 logger = logging.getLogger("serving_hooks.sglang_plugin")
 
 _debug: bool | None = None
@@ -31,8 +35,6 @@ _debug: bool | None = None
 def debug_enabled() -> bool:
     global _debug
     if _debug is None:
-        from serving_hooks.sglang_plugin.state import get_state
-
         _debug = get_state().settings.debug
     return _debug
 
@@ -59,9 +61,6 @@ def tick(state: Any, scheduler: Any = None, now: float | None = None) -> bool:
     now = time.monotonic() if now is None else now
     last = getattr(state, "_last_counters_log", None)
     if last is None:
-        from serving_hooks.sglang_plugin import HOOK_TARGETS
-        from serving_hooks.sglang_plugin.retention import BACKEND_NAME
-
         args = getattr(scheduler, "server_args", None)
         logger.info(
             "agent-workflow plugin active: pid=%d hooks=%d backend=%s in_use=%s clock=%s untagged=%s "

@@ -67,7 +67,7 @@ def stage_prefix_to_host(tree_cache: Any, token_ids: array, extra_key: str | Non
     runs after an insert: a backup chain of the node and its un-backed ancestors,
     submitted to the HiCache controller and acknowledged asynchronously.
     """
-    from sglang.srt.mem_cache.base_prefix_cache import MatchPrefixParams
+    from sglang.srt.mem_cache.base_prefix_cache import MatchPrefixParams  # sglang: only when SGLang runs this hook
     from sglang.srt.mem_cache.radix_cache import RadixKey
 
     if getattr(tree_cache, "cache_controller", None) is None or not hasattr(tree_cache, "tree_core"):

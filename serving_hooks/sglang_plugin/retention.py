@@ -36,12 +36,11 @@ from sglang.srt.mem_cache.evict_policy import EvictionStrategy, LRUStrategy
 
 from serving_hooks.policies import Retention, RetentionRank
 from serving_hooks.sglang_plugin.observe import decision
+from serving_hooks.sglang_plugin.settings import BACKEND_NAME
 from serving_hooks.sglang_plugin.state import get_state
 
 logger = logging.getLogger(__name__)
 
-#: Name under which the cache backend is registered (``--radix-cache-backend``).
-BACKEND_NAME = "workflow-retention"
 #: Node attributes written by the stamps.
 UNTIL_ATTR = "_awp_retain_until"
 DROP_ATTR = "_awp_drop_access"
@@ -151,7 +150,7 @@ def install_retention_strategy(cache: Any, clock: Callable[[], float] | None = N
 
 def retention_cache_factory(ctx: Any) -> Any:
     """Radix-cache backend ``workflow-retention``: SGLang's default cache + retention order."""
-    from sglang.srt.mem_cache.registry import default_radix_cache_factory
+    from sglang.srt.mem_cache.registry import default_radix_cache_factory  # lazy as in register(): sglang only once it runs us
 
     if getattr(ctx.params, "tree_core_backend", None) is None:
         ctx.params.tree_core_backend = "python"

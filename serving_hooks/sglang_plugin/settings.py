@@ -44,6 +44,10 @@ from dataclasses import dataclass
 
 from serving_hooks.policies import KeepDropPolicy, PrefetchPolicy, PriorityPolicy
 
+#: Name under which the cache backend is registered (``--radix-cache-backend``); defined here,
+#: below ``retention`` and ``observe``, so both read it without importing each other.
+BACKEND_NAME = "workflow-retention"
+
 
 def _f(name: str, default: float) -> float:
     raw = os.environ.get(name)

@@ -1,0 +1,81 @@
+"""The layers point one way: the import-linter contracts of pyproject.toml hold, cover every
+module, and break when an arrow runs back up (docs/architecture.md "Layers")."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10: pytest's own dependency
+    import tomli as tomllib
+
+REPO = Path(__file__).resolve().parents[1]
+CONFIG = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["importlinter"]
+LINT = shutil.which("lint-imports") or str(Path(sys.executable).with_name("lint-imports"))
+
+pytestmark = pytest.mark.skipif(not Path(LINT).exists(), reason="import-linter not installed (test extra)")
+
+
+def lint(root: Path) -> subprocess.CompletedProcess[str]:
+    """``lint-imports`` over the packages under ``root`` with ``root``'s pyproject.toml."""
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    return subprocess.run([LINT, "--no-cache", str(root / "pyproject.toml")], cwd=root,
+                          env=env, capture_output=True, text=True, timeout=300)
+
+
+def layer_modules() -> list[str]:
+    (layers,) = [c for c in CONFIG["contracts"] if c["type"] == "layers"]
+    return [m.strip().strip("()") for layer in layers["layers"] for m in layer.replace("|", ":").split(":")]
+
+
+def test_contracts_hold() -> None:
+    res = lint(REPO)
+    assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-2000:]
+    assert "BROKEN" not in res.stdout and "0 broken" in res.stdout
+
+
+def test_every_module_sits_in_a_layer() -> None:
+    """A module no layer names is checked by nothing: a new module must be given a layer."""
+    listed = layer_modules()
+    missing = []
+    for package in CONFIG["root_packages"]:
+        for path in sorted((REPO / package).rglob("*.py")):
+            parts = path.relative_to(REPO).with_suffix("").parts
+            module = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+            if module in CONFIG["root_packages"]:
+                continue  # a package's own __init__: re-exports only
+            if not any(module == m or module.startswith(m + ".") for m in listed):
+                missing.append(module)
+    assert not missing, f"add these modules to a layer in pyproject.toml [tool.importlinter]: {missing}"
+
+
+@pytest.mark.parametrize("module, line, contract", [
+    # models importing the CLI: the layers and the models-stay-down contract both break
+    ("synth/pfa.py", "import profiler.cli", "synth and predictors never import serving"),
+    # a policy importing an HTTP client
+    ("serving_hooks/policies/capacity.py", "import httpx", "policies are free of SGLang and HTTP"),
+    # the facade reaching pandas
+    ("predictors/sessions.py", "import pandas", "never imports pandas"),
+    # a cycle between two store modules
+    ("profiler/faults.py", "import profiler.store", "no import cycles"),
+])
+def test_a_back_arrow_breaks_a_contract(tmp_path: Path, module: str, line: str, contract: str) -> None:
+    """Plant one bad import in a copy of the tree: lint-imports must fail and name the contract."""
+    for name in (*CONFIG["root_packages"], "pyproject.toml"):
+        src = REPO / name
+        if src.is_dir():
+            shutil.copytree(src, tmp_path / name, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy(src, tmp_path / name)
+    target = tmp_path / module
+    target.write_text(target.read_text(encoding="utf-8") + f"\n{line}\n", encoding="utf-8")
+    res = lint(tmp_path)
+    assert res.returncode != 0, res.stdout[-3000:]
+    broken = res.stdout.split("Broken contracts")[-1]
+    assert contract in broken, res.stdout[-3000:]
