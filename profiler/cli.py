@@ -36,6 +36,7 @@ COMMAND_MODULES: list[str] = [
     "serve", "gateway", "watch",
     "simulate",
     "replay",
+    "version",
 ]
 
 
