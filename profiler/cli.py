@@ -12,6 +12,7 @@ from profiler.commands import generate, ingest, fit, show, evaluate, split  # no
 from profiler.commands import import_, report  # noqa: F401
 from profiler.commands import serve, gateway, watch  # noqa: F401
 from profiler.commands import simulate, replay  # noqa: F401
+from profiler.commands import version  # noqa: F401  (the root callback: --version)
 from profiler.commands.common import app
 
 __all__ = ["app", "main"]

@@ -38,8 +38,9 @@ from typing import Any, Iterator
 
 import numpy as np
 
-#: Folder of the built-in specs (data, not code).
-SPEC_DIR = Path(__file__).resolve().parents[1] / "datasets" / "workloads"
+#: Folder of the built-in specs (data, not code), shipped as package data so a plain
+#: ``pip install`` has them; ``datasets/workloads`` in the repository links here.
+SPEC_DIR = Path(__file__).resolve().parent / "workload_specs"
 #: Built-in spec names accepted on the command line (dashes or underscores).
 BUILTIN_SPECS = ("coding_assistant", "deep_research", "messy")
 #: Cap on words per generated response text.

@@ -56,6 +56,7 @@ from starlette.background import BackgroundTask
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from serving_hooks.annotations import find_app_metadata, forward_body
+from serving_hooks.api_docs import NO_CDN_DOCS, mount_local_docs
 from serving_hooks.gateway_log import GatewayLog
 from serving_hooks.http_guard import BodySizeLimit, StrictJSONError, admin_auth, strict_json_loads
 from serving_hooks.metrics import (LATENCY_BUCKETS, Labeled, RequestMetricsMiddleware, render,
@@ -599,13 +600,14 @@ def create_gateway_app(gateway: Gateway) -> FastAPI:
         finally:
             await gateway.aclose()
 
-    app = FastAPI(title="agent-workflow-profiler gateway", version="1", lifespan=lifespan,
+    app = FastAPI(title="agent-workflow-profiler gateway", version="1", lifespan=lifespan, **NO_CDN_DOCS,
                   description="OpenAI-compatible proxy that injects workflow predictions "
                               "(sys_annotations) and logs completed calls for refitting. "
                               "Proxied (not listed here): POST /v1/chat/completions and "
                               "POST /v1/completions (annotated), GET /v1/models and the other "
                               "paths of the allow-list (--allow-path); engine admin paths never.")
     app.state.gateway = gateway
+    mount_local_docs(app)
     app.add_middleware(RequestMetricsMiddleware, requests=requests_total, latency=request_seconds)
     if gateway.options.max_request_bytes:
         app.add_middleware(BodySizeLimit, max_bytes=gateway.options.max_request_bytes,

@@ -42,6 +42,7 @@ from prometheus_client import CollectorRegistry
 from pydantic import BaseModel, ConfigDict, Field
 
 from predictors.contract import Annotation, to_sglang_custom_params
+from serving_hooks.api_docs import NO_CDN_DOCS, mount_local_docs
 from serving_hooks.http_guard import BodySizeLimit, StrictJSONBody, admin_auth
 from serving_hooks.metrics import RequestMetricsMiddleware, render, request_metrics
 from serving_hooks.policies import AutoscalePolicy
@@ -166,11 +167,12 @@ def create_sidecar_app(service: PredictionService, *, registry: CollectorRegistr
                 obj.stop()
             service.stop()
 
-    app = FastAPI(title=API_TITLE, version="1", lifespan=lifespan,
+    app = FastAPI(title=API_TITLE, version="1", lifespan=lifespan, **NO_CDN_DOCS,
                   description="Per-call predictions (output-length band, next agents, remaining "
                               "work, tool latency) from a workflow profile. See README, section "
                               "'Serving predictions'.")
     app.state.service = service
+    mount_local_docs(app)
 
     app.add_middleware(StrictJSONBody)
     app.add_middleware(RequestMetricsMiddleware, requests=requests_total, latency=request_seconds)

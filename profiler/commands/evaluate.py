@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 
@@ -74,7 +74,8 @@ def eval_(
                   f"max KS distance {tl['ks_max']:.3f}")
     for key in result:
         if key not in ("profile_version", "calls", "workflows", "output_len", "tool_latency"):
-            console.print(f"{key}: {result[key]}", highlight=False)
+            for line in readable_lines(key, result[key]):
+                console.print(line, highlight=False, markup=False)
     console.print(baseline_table({"held-out": result}, title="ours vs baselines (same held-out calls)"))
 
 
@@ -119,3 +120,37 @@ def _cross_validate(logs: list[Path], k: int, seed: int, json_out: bool, strict:
         console.print(f"tool latency: p95 coverage {tl['weighted_mean']:.3f} ± {tl['std']:.3f} (nominal 0.95)")
     console.print(baseline_table({f"mean ± std over {k} folds": result},
                                  title="ours vs baselines (same held-out calls in every fold)"))
+
+
+def _scalar(v: Any) -> str:
+    """A leaf value as people read it: 3 decimals for rates and small reals, thousands separators."""
+    if isinstance(v, bool) or v is None:
+        return str(v).lower() if isinstance(v, bool) else "n/a"
+    if isinstance(v, int):
+        return f"{v:,}"
+    if isinstance(v, float):
+        if v != v:
+            return "n/a"
+        return f"{v:,.0f}" if abs(v) >= 1000 else f"{v:.3f}"
+    return str(v)
+
+
+def readable_lines(key: str, value: Any, indent: int = 0) -> list[str]:
+    """An eval result's section as indented ``key: value`` lines (the JSON is ``--json``): a
+    mapping whose values are all scalars goes on one line, deeper ones nest below their key."""
+    pad = "  " * indent
+    if not isinstance(value, dict):
+        return [f"{pad}{key}: {_scalar(value)}"]
+    if not value:
+        return [f"{pad}{key}: (none)"]
+    if all(not isinstance(v, dict) for v in value.values()):
+        return [f"{pad}{key}: " + ", ".join(f"{k} {_scalar(v)}" for k, v in value.items())]
+    lines = [f"{pad}{key}:"]
+    scalars = {k: v for k, v in value.items() if not isinstance(v, dict)}
+    if scalars:
+        lines.append(f"{pad}  " + ", ".join(f"{k} {_scalar(v)}" for k, v in scalars.items()))
+    for k, v in value.items():
+        if isinstance(v, dict):
+            lines.extend(readable_lines(k, v, indent + 1))
+    return lines
+

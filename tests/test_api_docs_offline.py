@@ -1,0 +1,57 @@
+"""`/docs` works without internet: the Swagger UI page references only local assets, which the
+sidecar and the gateway serve themselves (real servers on real ports)."""
+from __future__ import annotations
+
+import re
+
+import httpx
+import pytest
+from prometheus_client import CollectorRegistry
+
+from serving_hooks.annotator import LocalAnnotator
+from serving_hooks.fake_openai import FakeOpenAI
+from serving_hooks.gateway import Gateway, create_gateway_app
+from serving_hooks.server_thread import serve_in_thread
+from serving_hooks.service import prediction_service
+from serving_hooks.sidecar import create_sidecar_app
+from serving_hooks.upstreams import RoundRobinRouter
+from tests.serving_helpers import fit_generated_profile
+
+
+@pytest.fixture(scope="module")
+def profile_root(tmp_path_factory):
+    return fit_generated_profile(tmp_path_factory.mktemp("docs"), 20, seed=3, min_calls=10)
+
+
+def assert_offline_docs(base_url: str) -> None:
+    page = httpx.get(base_url + "/docs")
+    assert page.status_code == 200 and "swagger" in page.text.lower()
+    urls = re.findall(r"""(?:src|href)=["']([^"']+)["']""", page.text)
+    urls += re.findall(r"""url:\s*['"]([^'"]+)['"]""", page.text)
+    assert urls, page.text
+    external = [u for u in urls if u.startswith(("http:", "https:", "//"))]
+    assert external == [], f"/docs loads assets from the network: {external}"
+    for asset in ("/docs-assets/swagger-ui-bundle.js", "/docs-assets/swagger-ui.css"):
+        assert asset in page.text
+        r = httpx.get(base_url + asset)
+        assert r.status_code == 200 and len(r.content) > 10_000, asset
+    assert httpx.get(base_url + "/openapi.json").json()["openapi"].startswith("3.")
+    assert httpx.get(base_url + "/redoc").status_code in (404, 405)  # no CDN-only page offered
+
+
+def test_sidecar_docs_are_served_offline(profile_root):
+    registry = CollectorRegistry()
+    service = prediction_service(profile_root, registry, "profiler_sidecar")
+    with serve_in_thread(create_sidecar_app(service, registry=registry)) as server:
+        assert_offline_docs(server.url)
+
+
+def test_gateway_docs_are_served_offline_not_proxied(profile_root):
+    upstream = FakeOpenAI()
+    with serve_in_thread(upstream.app) as up:
+        registry = CollectorRegistry()
+        service = prediction_service(profile_root, registry, "profiler_gateway")
+        gw = Gateway(RoundRobinRouter([up.url]), LocalAnnotator(service), registry=registry, service=service)
+        with serve_in_thread(create_gateway_app(gw)) as server:
+            assert_offline_docs(server.url)
+    assert not [r.path for r in upstream.received if "docs" in r.path]
