@@ -233,6 +233,12 @@ class SessionTable:
         s.tail.extend(s.agents[-PATH_CONTEXT:])
         s.path_state, s.path_version = None, None   # replayed by path_state()
         return True
+    def forget(self, key: tuple[str, str]) -> None:
+        """Drop a session that never was one (the gateway's warm-up probe): not an eviction."""
+        s = self._sessions.get(key)
+        if s is not None:
+            self.drop(key, "idle")
+            self.sessions_evicted["idle"] -= 1
     # --- end of `dialects` addition ------------------------------------------------------------
 
     def advance(self, m: CompiledProfile | None, s: Session, agent: str) -> None:
