@@ -227,6 +227,24 @@ class UpstreamSpec:
     priority_order: str | None = None
 
 
+def parse_upstreams(values: list[str]) -> list[UpstreamSpec]:
+    """All ``--upstream`` values: each may hold several URLs separated by commas or spaces, each
+    URL followed by its own ``key=value`` options (``http://a:1,dialect=vllm,http://b:2``)."""
+    groups: list[list[str]] = []
+    for value in values:
+        for token in value.replace(" ", ",").split(","):
+            token = token.strip()
+            if not token:
+                continue
+            if "=" in token and "://" not in token:
+                if not groups:
+                    raise ValueError(f"--upstream {value!r}: option {token!r} before any URL")
+                groups[-1].append(token)
+            else:
+                groups.append([token])
+    return [parse_upstream(",".join(g)) for g in groups]
+
+
 def parse_upstream(value: str) -> UpstreamSpec:
     """Parse ``URL[,dialect=vllm][,priority=low_first]`` (one-line error on a bad option)."""
     url, *opts = [p.strip() for p in value.split(",")]
