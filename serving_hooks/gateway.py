@@ -19,6 +19,15 @@ An OpenAI-compatible reverse proxy in front of SGLang (or any OpenAI-compatible 
    reports the completion to the predictor (``observe``), which advances the session and scores
    the band for shadow mode.
 
+Beyond chat/completions (issue 14, docs/dialects.md): ``POST /v1/responses`` and SGLang's
+``POST /generate`` are annotated the same way (:mod:`serving_hooks.endpoints`); the hints are
+rendered in each upstream's engine dialect (:mod:`serving_hooks.dialects`: SGLang, vLLM, Dynamo,
+``X-Agentprof-*`` headers); ``app_metadata`` may come from OpenAI ``metadata`` or agent-harness
+headers (:mod:`serving_hooks.identity`); retried attempts share one request id and a failed
+attempt rolls its session advance back (:mod:`serving_hooks.retries`); ``GET /readyz`` is 503
+until the profile is loaded and warmed up; with a tracer each call is an OpenTelemetry span
+(:mod:`serving_hooks.telemetry`).
+
 Streams: to log token counts the gateway asks for ``stream_options.include_usage`` when the
 client did not, and then drops the usage-only final chunk from what the client receives, so the
 client's stream has the chunks it asked for (``--no-stream-usage`` turns this off; streamed calls
@@ -463,8 +472,9 @@ class Gateway:
             self.metrics.identity.labels(id_source or "none").inc()
         advance = True
         if meta is not None and raw:
-            attempt = self.retries.attempt((str(meta.get("workflow_type_id")),
-                                            str(meta.get("workflow_id"))), raw, request.headers)
+            attempt = self.retries.attempt(tuple(str(meta.get(k)) for k in
+                                                 ("workflow_type_id", "workflow_id", "agent_id")),
+                                           raw, request.headers)
             request_id = attempt.request_id
             if attempt.retry:
                 self.metrics.retries.labels("after_completion" if attempt.completed else "retry").inc()

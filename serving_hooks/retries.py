@@ -67,7 +67,8 @@ class RetryLedger:
         self._lock = threading.Lock()
 
     def attempt(self, session: tuple, raw: bytes, headers: Mapping[str, str]) -> Attempt:
-        """The request id of this HTTP attempt of a call of ``session``."""
+        """The request id of this HTTP attempt of a call of ``session`` (the gateway passes
+        ``(workflow type, workflow id, agent)``: two agents sending the same body are two calls)."""
         h = {k.lower(): v for k, v in headers.items()}
         idem = h.get("idempotency-key")
         key = (session, "idem", idem) if idem else (session, "body", hashlib.sha256(raw).hexdigest())
