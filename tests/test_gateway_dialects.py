@@ -147,7 +147,8 @@ def test_sglang_native_generate_is_annotated(upstream, profile_root, tmp_path):
             assert sp["max_new_tokens"] == 8 and sp["custom_params"]["wf_id"] == m["workflow_id"]
             assert "custom_params" not in got
             assert wait_for(lambda: logged(gw) == i + 1)
-            assert gw.service.predictor.sessions.find(WT, m["workflow_id"]).last_output == {"planner": 8}
+            session = gw.service.predictor.sessions.find(WT, m["workflow_id"])
+            assert wait_for(lambda: session.last_output == {"planner": 8})   # observed after the log
 
 
 def test_claude_code_headers_alone_are_annotated(upstream, profile_root, tmp_path):
