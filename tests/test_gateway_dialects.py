@@ -311,3 +311,39 @@ def test_renderers_are_pure_and_merge_client_fields():
     assert patch == {"nvext": {"agent_hints": {}}}
     with pytest.raises(ValueError, match="dialect"):
         parse_upstreams(["http://a:1,dialect=trt"])
+
+
+def test_otlp_exporter_posts_spans_to_a_collector():
+    """The configured OTLP/HTTP exporter really sends: a fake collector on a real port receives
+    the protobuf export request at /v1/traces."""
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import Response
+    from starlette.routing import Route
+
+    from serving_hooks.telemetry import otlp_tracer_provider
+
+    got: list[tuple[str, bytes]] = []
+
+    async def traces(request: Request) -> Response:
+        got.append((request.headers.get("content-type"), await request.body()))
+        return Response(b"", media_type="application/x-protobuf")
+
+    with serve_in_thread(Starlette(routes=[Route("/v1/traces", traces, methods=["POST"])])) as col:
+        provider = otlp_tracer_provider(col.url)
+        CallTracer(provider).record(endpoint="chat", model="m", meta=meta(), ann={"known": True},
+                                    identity_source="app_metadata", dialect="vllm", t_arrival=1.0,
+                                    t_finish=2.0, status=200, input_tokens=3, output_tokens=4)
+        assert provider.force_flush(10_000)
+        provider.shutdown()
+    assert got and got[0][0] == "application/x-protobuf" and b"gen_ai.conversation.id" in got[0][1]
+
+
+def test_cli_rejects_a_bad_dialect_in_one_line():
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "profiler", "gateway", "--upstream",
+                        "http://127.0.0.1:1,dialect=trt", "--sidecar", "http://127.0.0.1:2"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0 and "dialect 'trt'" in r.stderr + r.stdout, r.stderr
