@@ -53,7 +53,9 @@ def forward_body(raw: bytes, body: dict, where: str | None, sys_annotations: dic
     ``sglang_fields`` adds ``priority`` (when the annotations carry one) and ``custom_params``;
     ``strip_metadata`` removes ``app_metadata`` and does not add ``sys_annotations`` (for
     upstreams that reject unknown fields); ``request_stream_usage`` sets
-    ``stream_options.include_usage`` so a streamed response reports token counts.
+    ``stream_options.include_usage`` so a streamed response reports token counts;
+    ``extra_fields`` are top-level keys set as given — an engine dialect's body patch
+    (:func:`serving_hooks.dialects.render`; the gateway renders SGLang's fields that way too).
     """
     add: dict[str, Any] = {}
     replace: dict[str, Any] = {}
