@@ -299,6 +299,25 @@ class Predictor:
             out["prompt_composition"] = chosen
         return out
 
+    # --- added by branch `dialects` (issue 14, retry-safe sessions) -------------------------------
+    def cancel(self, app_metadata: Mapping[str, Any] | None, request_id: str) -> bool:
+        """Roll back the session advance of an annotated call that failed upstream (its pending
+        entry is dropped and the agent step undone); a retry with the same ``request_id`` then
+        advances afresh. False when ``request_id`` was not pending."""
+        meta = app_metadata if isinstance(app_metadata, Mapping) else {}
+        wt, wf = meta.get("workflow_type_id"), meta.get("workflow_id")
+        if wt is None or wf is None:
+            return False
+        with self._lock:
+            s = self.sessions.find(str(wt), str(wf))
+            pending = s.pending.pop(request_id, None) if s is not None else None
+            if pending is None:
+                return False
+            done = self.sessions.retract(s, pending[0])
+            self.sessions.account(s)
+            return done
+    # --- end of `dialects` addition ------------------------------------------------------------
+
     # ------------------------------------------------------------------ observe
     def observe(self, completion: Mapping[str, Any]) -> bool | None:
         """Record a finished call: ``{"app_metadata" | workflow_type_id/workflow_id/agent_id,

@@ -214,6 +214,33 @@ class SessionTable:
             s.path_state, s.path_version = state, m.version
         return s.path_state
 
+    # --- added by branch `dialects` (issue 14, retry-safe sessions) -------------------------------
+    def retract(self, s: Session, agent: str) -> bool:
+        """Undo one :meth:`advance` by ``agent`` (its latest occurrence): a call whose upstream
+        attempt failed never happened for the session. The automaton state is replayed from the
+        remaining agents on next use. False when there is nothing to undo."""
+        if agent not in s.agents or s.calls <= 0:
+            return False
+        i = len(s.agents) - 1 - s.agents[::-1].index(agent)
+        del s.agents[i]
+        s.calls -= 1
+        n = s.agent_calls.get(agent, 0) - 1
+        if n > 0:
+            s.agent_calls[agent] = n
+        else:
+            s.agent_calls.pop(agent, None)
+        s.tail.clear()
+        s.tail.extend(s.agents[-PATH_CONTEXT:])
+        s.path_state, s.path_version = None, None   # replayed by path_state()
+        return True
+    def forget(self, key: tuple[str, str]) -> None:
+        """Drop a session that never was one (the gateway's warm-up probe): not an eviction."""
+        s = self._sessions.get(key)
+        if s is not None:
+            self.drop(key, "idle")
+            self.sessions_evicted["idle"] -= 1
+    # --- end of `dialects` addition ------------------------------------------------------------
+
     def advance(self, m: CompiledProfile | None, s: Session, agent: str) -> None:
         if m is not None:
             self.path_state(m, s)  # bring the state up to this profile before stepping

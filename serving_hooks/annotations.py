@@ -46,14 +46,16 @@ def _dumps(value: Any) -> bytes:
 
 def forward_body(raw: bytes, body: dict, where: str | None, sys_annotations: dict | None, *,
                  sglang_fields: bool = False, strip_metadata: bool = False,
-                 request_stream_usage: bool = False) -> bytes:
+                 request_stream_usage: bool = False, extra_fields: dict | None = None) -> bytes:
     """The body to send upstream (see module doc).
 
     ``sys_annotations`` None means "not annotated" (fail-open): the annotation keys are not added.
     ``sglang_fields`` adds ``priority`` (when the annotations carry one) and ``custom_params``;
     ``strip_metadata`` removes ``app_metadata`` and does not add ``sys_annotations`` (for
     upstreams that reject unknown fields); ``request_stream_usage`` sets
-    ``stream_options.include_usage`` so a streamed response reports token counts.
+    ``stream_options.include_usage`` so a streamed response reports token counts;
+    ``extra_fields`` are top-level keys set as given — an engine dialect's body patch
+    (:func:`serving_hooks.dialects.render`; the gateway renders SGLang's fields that way too).
     """
     add: dict[str, Any] = {}
     replace: dict[str, Any] = {}
@@ -72,6 +74,8 @@ def forward_body(raw: bytes, body: dict, where: str | None, sys_annotations: dic
         flat = contract.flat(meta)
         client_params = body.get("custom_params")
         add["custom_params"] = {**client_params, **flat} if isinstance(client_params, dict) else flat
+    if extra_fields:  # branch `dialects`: an engine dialect's body patch
+        add.update(extra_fields)
     if request_stream_usage:
         options = body.get("stream_options")
         add["stream_options"] = {**options, "include_usage": True} if isinstance(options, dict) \

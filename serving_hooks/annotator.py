@@ -40,7 +40,7 @@ class LocalAnnotator:
         self.observe_errors = 0
 
     def annotate_now(self, app_metadata: dict, request_id: str, input_tokens: int | None,
-                     timeout_s: float | None = None) -> dict:
+                     timeout_s: float | None = None, advance: bool = True) -> dict:
         """Annotate in this thread. With ``timeout_s``, first wait at most that long for the
         session table to be free (another thread may hold it: a profile swap's replay, the
         autoscale scan) and raise :class:`TimeoutError` instead of waiting on: the caller's time
@@ -50,10 +50,16 @@ class LocalAnnotator:
             if not lock.acquire(timeout=timeout_s):
                 raise TimeoutError(f"session table busy for {timeout_s * 1000:g} ms")
             lock.release()
-        return self.service.annotate(app_metadata, request_id=request_id, input_tokens=input_tokens)
+        return self.service.annotate(app_metadata, request_id=request_id, input_tokens=input_tokens,
+                                     advance=advance)
 
-    async def annotate(self, app_metadata: dict, request_id: str, input_tokens: int | None) -> dict:
-        return self.annotate_now(app_metadata, request_id, input_tokens)
+    async def annotate(self, app_metadata: dict, request_id: str, input_tokens: int | None,
+                       advance: bool = True) -> dict:
+        return self.annotate_now(app_metadata, request_id, input_tokens, advance=advance)
+
+    async def cancel(self, app_metadata: dict, request_id: str) -> bool:  # branch `dialects`
+        """Roll back the session advance of a call that failed upstream (retry-safe sessions)."""
+        return await asyncio.to_thread(self.service.predictor.cancel, app_metadata, request_id)
 
     async def observe(self, completion: dict) -> None:
         """Report a finished call from a worker thread: if another thread holds the session
@@ -94,8 +100,11 @@ class SidecarAnnotator:
                 timeout=aiohttp.ClientTimeout(total=5.0))
         return self._session
 
-    async def annotate(self, app_metadata: dict, request_id: str, input_tokens: int | None) -> dict:
+    async def annotate(self, app_metadata: dict, request_id: str, input_tokens: int | None,
+                       advance: bool = True) -> dict:
         payload: dict[str, Any] = {"app_metadata": app_metadata, "request_id": request_id}
+        if not advance:
+            payload["advance"] = False
         if input_tokens is not None:
             payload["input_tokens"] = input_tokens
         async with self._http().post("/v1/annotate", json=payload,
@@ -118,6 +127,11 @@ class SidecarAnnotator:
         task = asyncio.get_running_loop().create_task(self._post_observe(completion))
         self._pending.add(task)
         task.add_done_callback(self._pending.discard)
+
+    async def cancel(self, app_metadata: dict, request_id: str) -> bool:  # branch `dialects`
+        """The sidecar has no rollback endpoint: a failed call stays advanced there (retries of
+        it still advance once: same request id)."""
+        return False
 
     async def start(self) -> None:
         self._http()

@@ -2,13 +2,16 @@
 
 It answers ``POST /v1/chat/completions`` and ``POST /v1/completions`` (plain JSON or SSE with
 ``stream: true``, including the usage-only final chunk for ``stream_options.include_usage``),
-``GET /v1/models`` and ``GET /v1/loads``, and records every request it received (raw bytes,
+``POST /v1/responses`` (OpenAI Responses, plain or SSE events ending in ``response.completed``),
+SGLang's native ``POST /generate`` (``text`` + ``meta_info``; streamed as cumulative ``data:``
+chunks), ``GET /v1/models`` and ``GET /v1/loads``, and records every request it received (raw bytes,
 parsed body, headers) so a test can check what the gateway forwarded.
 
 The reply is deterministic: ``reply_tokens`` words (``tok0 tok1 …``); when the request offers
 ``tools``, the reply calls the first one. Per-request behaviour is steered by headers, which the
 gateway forwards like any other: ``x-fake-status: 500`` answers that status with an OpenAI error
-body, ``x-fake-delay: 1.5`` waits before answering, ``x-fake-tokens: 20`` sets the reply length.
+body, ``fail_next = 2`` (an attribute) answers the next two requests ``502`` — a
+retrying client sends the same headers each time —, ``x-fake-delay: 1.5`` waits before answering, ``x-fake-tokens: 20`` sets the reply length.
 
 Run one: ``python -m serving_hooks.fake_openai --port 30000``.
 """
@@ -42,6 +45,7 @@ class FakeOpenAI:
     received: list[Received] = field(default_factory=list)
     keep: int = 10_000          # requests remembered (oldest dropped)
     record: bool = True
+    fail_next: int = 0          # answer this many upcoming generation requests with 502
 
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
@@ -49,6 +53,8 @@ class FakeOpenAI:
         self.app = Starlette(routes=[
             Route("/v1/chat/completions", self._chat, methods=["POST"]),
             Route("/v1/completions", self._completions, methods=["POST"]),
+            Route("/v1/responses", self._responses, methods=["POST"]),
+            Route("/generate", self._native_generate, methods=["POST"]),
             Route("/v1/models", self._models, methods=["GET"]),
             Route("/v1/loads", self._loads, methods=["GET"]),
         ])
@@ -76,6 +82,10 @@ class FakeOpenAI:
         if delay:
             await asyncio.sleep(delay)
         status = int(request.headers.get("x-fake-status", 200) or 200)
+        with self._lock:
+            if self.fail_next > 0:
+                self.fail_next -= 1
+                status = 502
         if status != 200:
             return JSONResponse({"error": {"message": f"fake upstream failure {status}",
                                            "type": "server_error", "code": status}},
@@ -154,6 +164,82 @@ class FakeOpenAI:
 
         return StreamingResponse(events(), media_type="text/event-stream",
                                  headers={"x-fake": "stream"})
+
+    async def _responses(self, request: Request) -> Response:
+        """OpenAI Responses API: ``output`` message (or a ``function_call`` when tools are
+        offered), ``usage.input_tokens/output_tokens``; streamed as typed events."""
+        raw, body = await self._take(request)
+        steered = await self._steer(request)
+        if steered is not None:
+            return steered
+        if body is None:
+            return JSONResponse({"error": {"message": "body is not a JSON object"}}, status_code=400)
+        n = int(request.headers.get("x-fake-tokens", self.reply_tokens))
+        text = " ".join(f"tok{i}" for i in range(n))
+        in_tokens = max(1, len(json.dumps(body.get("input", ""))) // 4)
+        rid = self._next_id("resp")
+        tools = body.get("tools") or []
+        output = [{"type": "message", "id": f"msg-{rid}", "role": "assistant", "status": "completed",
+                   "content": [{"type": "output_text", "text": text, "annotations": []}]}]
+        if tools and isinstance(tools[0], dict) and tools[0].get("name"):
+            output.append({"type": "function_call", "id": f"fc-{rid}", "call_id": "call_1",
+                           "name": tools[0]["name"], "arguments": "{}", "status": "completed"})
+        resp = {"id": rid, "object": "response", "created_at": int(time.time()), "status": "completed",
+                "model": self.model, "output": output, "parallel_tool_calls": True, "tool_choice": "auto",
+                "tools": [], "usage": {"input_tokens": in_tokens, "output_tokens": n,
+                                       "total_tokens": in_tokens + n,
+                                       "input_tokens_details": {"cached_tokens": 0},
+                                       "output_tokens_details": {"reasoning_tokens": 0}}}
+        if not body.get("stream"):
+            return JSONResponse(resp)
+
+        def event(kind: str, payload: dict, seq: int) -> bytes:
+            data = {"type": kind, "sequence_number": seq, **payload}
+            return f"event: {kind}\ndata: {json.dumps(data)}\n\n".encode()
+
+        async def events():
+            started = {**resp, "status": "in_progress", "output": [], "usage": None}
+            yield event("response.created", {"response": started}, 0)
+            seq = 1
+            for i in range(n):
+                if self.chunk_delay_s:
+                    await asyncio.sleep(self.chunk_delay_s)
+                yield event("response.output_text.delta", {"item_id": f"msg-{rid}", "output_index": 0,
+                                                           "content_index": 0, "logprobs": [],
+                                                           "delta": (" " if i else "") + f"tok{i}"}, seq)
+                seq += 1
+            yield event("response.completed", {"response": resp}, seq)
+
+        return StreamingResponse(events(), media_type="text/event-stream", headers={"x-fake": "stream"})
+
+    async def _native_generate(self, request: Request) -> Response:
+        """SGLang's ``/generate``: ``{"text", "meta_info": {"prompt_tokens", "completion_tokens",
+        "finish_reason"}}``; streamed, cumulative text per ``data:`` chunk, then ``[DONE]``."""
+        raw, body = await self._take(request)
+        steered = await self._steer(request)
+        if steered is not None:
+            return steered
+        if body is None:
+            return JSONResponse({"error": {"message": "body is not a JSON object"}}, status_code=400)
+        n = int(request.headers.get("x-fake-tokens", self.reply_tokens))
+        words = [f"tok{i}" for i in range(n)]
+        in_tokens = max(1, len(json.dumps(body.get("text", ""))) // 4)
+        rid = self._next_id("gen")
+
+        def meta(k: int, done: bool) -> dict:
+            return {"id": rid, "prompt_tokens": in_tokens, "completion_tokens": k,
+                    "finish_reason": {"type": "length", "length": n} if done else None}
+
+        if not body.get("stream"):
+            return JSONResponse({"text": " ".join(words), "meta_info": meta(n, True)})
+
+        async def chunks():
+            for k in range(1, n + 1):
+                yield b"data: " + json.dumps({"text": " ".join(words[:k]),
+                                              "meta_info": meta(k, k == n)}).encode() + b"\n\n"
+            yield b"data: [DONE]\n\n"
+
+        return StreamingResponse(chunks(), media_type="text/event-stream")
 
     async def _models(self, request: Request) -> Response:
         await self._take(request)

@@ -19,6 +19,15 @@ An OpenAI-compatible reverse proxy in front of SGLang (or any OpenAI-compatible 
    reports the completion to the predictor (``observe``), which advances the session and scores
    the band for shadow mode.
 
+Beyond chat/completions (issue 14, docs/dialects.md): ``POST /v1/responses`` and SGLang's
+``POST /generate`` are annotated the same way (:mod:`serving_hooks.endpoints`); the hints are
+rendered in each upstream's engine dialect (:mod:`serving_hooks.dialects`: SGLang, vLLM, Dynamo,
+``X-Agentprof-*`` headers); ``app_metadata`` may come from OpenAI ``metadata`` or agent-harness
+headers (:mod:`serving_hooks.identity`); retried attempts share one request id and a failed
+attempt rolls its session advance back (:mod:`serving_hooks.retries`); ``GET /readyz`` is 503
+until the profile is loaded and warmed up; with a tracer each call is an OpenTelemetry span
+(:mod:`serving_hooks.telemetry`).
+
 Streams: to log token counts the gateway asks for ``stream_options.include_usage`` when the
 client did not, and then drops the usage-only final chunk from what the client receives, so the
 client's stream has the chunks it asked for (``--no-stream-usage`` turns this off; streamed calls
@@ -46,7 +55,7 @@ import logging
 import time
 import uuid
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import aiohttp
@@ -55,10 +64,14 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.background import BackgroundTask
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
-from serving_hooks.annotations import find_app_metadata, forward_body
 from serving_hooks.api_docs import NO_CDN_DOCS, mount_local_docs
+from serving_hooks.annotations import forward_body
+from serving_hooks.dialects import hint_values, render as render_dialect
+from serving_hooks.endpoints import as_chat_response, endpoint_of, stream_final
 from serving_hooks.gateway_log import GatewayLog
 from serving_hooks.http_guard import BodySizeLimit, StrictJSONError, admin_auth, strict_json_loads
+from serving_hooks.identity import IdentityMap, resolve_identity
+from serving_hooks.retries import DEFAULT_WINDOW_S, RetryLedger
 from serving_hooks.metrics import (LATENCY_BUCKETS, Labeled, RequestMetricsMiddleware, render,
                                    request_metrics)
 from serving_hooks.sse import StreamFollower
@@ -67,6 +80,7 @@ from serving_hooks.upstreams import UpstreamRouter
 if TYPE_CHECKING:  # pragma: no cover
     from serving_hooks.annotator import LocalAnnotator, SidecarAnnotator
     from serving_hooks.service import PredictionService
+    from serving_hooks.telemetry import CallTracer
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +108,9 @@ ENGINE_ADMIN_PATHS = ("*flush_cache*", "*update_weight*", "*init_weights*", "*we
 #: Request fields that steer the engine's scheduler (SGLang ``priority``, ``custom_params``):
 #: removed from client bodies unless ``allow_client_scheduler_fields``.
 SCHEDULER_FIELDS = ("priority", "custom_params")
+#: Request headers of the ``headers`` dialect: a client's own are removed unless
+#: ``allow_client_scheduler_fields`` (a router must not trust hints the gateway did not set).
+HINT_HEADER_PREFIX = "x-agentprof-"
 
 
 @dataclass
@@ -112,6 +129,11 @@ class GatewayOptions:
     max_connections: int = 1024
     forward_paths: tuple[str, ...] = DEFAULT_FORWARD_PATHS  # fnmatch patterns proxied upstream
     allow_client_scheduler_fields: bool = False  # keep a client's own priority/custom_params
+    dialect: str | None = None         # engine dialect for every upstream (serving_hooks.dialects)
+    #: per-upstream (normalized URL) ``(dialect, priority order)``, overriding ``dialect``
+    upstream_dialects: dict = field(default_factory=dict)
+    identity: IdentityMap = field(default_factory=IdentityMap)  # app_metadata from headers
+    retry_window_s: float = DEFAULT_WINDOW_S  # identical body of a session within it = a retry
 
 
 def path_forwarded(path: str, patterns: tuple[str, ...]) -> bool:
@@ -215,6 +237,17 @@ class _GatewayMetrics:
                                  "killed gateway, closed at start.", registry=registry)
         self.torn = Counter("profiler_gateway_log_torn_lines", "Torn last lines dropped from "
                             "those files.", registry=registry)
+        self.dialect = Counter("profiler_gateway_dialect_calls", "Annotated calls by the engine "
+                               "dialect their hints were rendered in (none: sys_annotations only).",
+                               ["dialect"], registry=registry)
+        self.identity = Counter("profiler_gateway_identity_calls", "Calls to annotated endpoints by "
+                                "where their identity came from (app_metadata, metadata, "
+                                "claude_code, codex, opencode, dynamo, none).", ["source"],
+                                registry=registry)
+        self.retries = Counter("profiler_gateway_retries", "Attempts recognised as retries of an "
+                               "earlier one (retry), of one that had completed (after_completion), "
+                               "and sessions rolled back after a failed attempt (rolled_back).",
+                               ["outcome"], registry=registry)
         self.annotate_outcome = Labeled(self.annotate)
         self.upstream_outcome = Labeled(self.upstream)
         self.record_outcome = Labeled(self.records)
@@ -233,7 +266,8 @@ class Gateway:
                  annotator: LocalAnnotator | SidecarAnnotator | None = None, *,
                  log_writer: GatewayLog | None = None, options: GatewayOptions | None = None,
                  registry: CollectorRegistry | None = None,
-                 service: PredictionService | None = None) -> None:
+                 service: PredictionService | None = None, retries: RetryLedger | None = None,
+                 tracer: CallTracer | None = None) -> None:
         self.router = router
         self.annotator = annotator
         self.log = log_writer
@@ -248,6 +282,9 @@ class Gateway:
             self.metrics.torn.inc(self.log.recovered_torn_lines)
         self.session: aiohttp.ClientSession | None = None
         self.background: list = []   # objects with start()/stop() living as long as the app
+        self.retries = retries or RetryLedger(self.options.retry_window_s)
+        self.tracer = tracer
+        self.ready = False           # GET /readyz: 503 until start() has loaded and warmed up
 
     # -- lifecycle --------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -264,6 +301,41 @@ class Gateway:
             await self.router.start()
         for obj in self.background:
             obj.start()
+        await self._warm_up()
+        self.ready = True
+
+    async def _warm_up(self) -> None:
+        """Annotate once per (workflow type, agent) of the profile without advancing anything,
+        so the first real call of each finds every lazy structure built (no cold-start call goes
+        out unannotated for being over the time budget)."""
+        if self.service is not None:
+            predictor = self.service.predictor
+            model = predictor.profile
+            if model is None:
+                return
+            for wt, agent in list(model.agents)[:5000]:
+                meta = {"workflow_type_id": wt, "workflow_id": "__warmup__", "agent_id": agent}
+                await asyncio.to_thread(predictor.annotate_call, meta, advance=False)
+            with predictor._lock:
+                for wt, _ in list(model.agents)[:5000]:
+                    predictor.sessions.forget((wt, "__warmup__"))
+        elif self.annotator is not None:
+            try:  # opens the pooled connection to the sidecar
+                await self.annotator.annotate({"workflow_type_id": "__warmup__", "workflow_id":
+                                               "__warmup__", "agent_id": "__warmup__"},
+                                              "gw-warmup", None, advance=False)
+            except Exception as exc:
+                log.warning("sidecar warm-up failed (calls fail open until it answers): %s", exc)
+
+    def dialect_for(self, upstream: str) -> tuple[str | None, str | None]:
+        """``(dialect, priority order)`` of one upstream (``--upstream URL,dialect=…``)."""
+        if upstream in self.options.upstream_dialects:
+            dialect, order = self.options.upstream_dialects[upstream]
+            if dialect is not None:
+                return dialect, order
+        if self.options.dialect is not None:
+            return self.options.dialect, None
+        return ("sglang", None) if self.options.sglang_fields else (None, None)
 
     async def aclose(self) -> None:
         for obj in reversed(self.background):
@@ -276,9 +348,20 @@ class Gateway:
             await self.session.close()
         if self.log is not None:
             await asyncio.to_thread(self.log.close)
+        if self.tracer is not None:
+            await asyncio.to_thread(self.tracer.shutdown)
 
     # -- annotation with a time budget -----------------------------------------------------------
-    async def _annotate(self, meta: dict | None, request_id: str, body: Any) -> tuple[dict | None, str]:
+    async def _annotate(self, meta: dict | None, request_id: str, body: Any,
+                        advance: bool = True) -> tuple[dict | None, str]:
+        ann, outcome = await self._annotate_within_budget(meta, request_id, body, advance)
+        if outcome in ("over_budget", "timeout", "error"):
+            log.warning("request %s forwarded unannotated (fail open: %s)", request_id, outcome)
+        return ann, outcome
+
+    async def _annotate_within_budget(self, meta: dict | None, request_id: str, body: Any,
+                                      advance: bool) -> tuple[dict | None, str]:
+        extra = {} if advance else {"advance": False}
         if body is None:
             return None, "not_json"
         if meta is None:
@@ -289,13 +372,13 @@ class Gateway:
         budget = self.options.budget_s
         try:
             if self.annotator.blocking:
-                ann = self.annotator.annotate_now(meta, request_id, None, timeout_s=budget)
+                ann = self.annotator.annotate_now(meta, request_id, None, timeout_s=budget, **extra)
                 if time.perf_counter() - t0 > budget:
                     return None, "over_budget"
             else:
                 # asyncio.wait returns at the budget without waiting for the cancelled task to
                 # unwind (wait_for would), so a slow sidecar costs at most the budget.
-                task = asyncio.ensure_future(self.annotator.annotate(meta, request_id, None))
+                task = asyncio.ensure_future(self.annotator.annotate(meta, request_id, None, **extra))
                 done, _ = await asyncio.wait((task,), timeout=budget)
                 if not done:
                     task.cancel()
@@ -305,20 +388,25 @@ class Gateway:
         except (asyncio.TimeoutError, TimeoutError):
             return None, "timeout"
         except Exception as exc:
-            log.debug("annotation failed, forwarding unannotated: %s", exc)
+            log.warning("annotation of %s failed: %s: %s", request_id, type(exc).__name__, exc)
             return None, "error"
         finally:
             self.metrics.annotate_seconds.observe(time.perf_counter() - t0)
         return ann, "annotated"
 
     # -- upstream I/O -----------------------------------------------------------------------------
-    async def _send(self, request: Request, upstream: str, content: bytes | None
+    async def _send(self, request: Request, upstream: str, content: bytes | None,
+                    extra_headers: dict[str, str] | None = None
                     ) -> tuple[aiohttp.ClientResponse | None, Response | None]:
         """Send to ``upstream``: ``(response, None)``, or ``(None, error response)`` when no
         response came (504 on timeout, 502 when unreachable)."""
         url = upstream + request.url.path + (f"?{request.url.query}" if request.url.query else "")
         headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in request.headers.raw
                    if k.decode("latin-1") not in HOP_HEADERS]
+        if not self.options.allow_client_scheduler_fields:
+            headers = [(k, v) for k, v in headers if not k.lower().startswith(HINT_HEADER_PREFIX)]
+        if extra_headers:
+            headers += list(extra_headers.items())
         try:
             resp = await self.session.request(request.method, url, data=content, headers=headers,
                                               allow_redirects=False)
@@ -379,40 +467,65 @@ class Gateway:
                 except (ValueError, RecursionError):  # cannot re-encode: refuse rather than leak
                     return _error_response(400, "invalid_request_error", "request sets scheduler "
                                            "fields (priority, custom_params) and cannot be re-encoded")
-        meta, where = find_app_metadata(body)
-        request_id = f"gw-{uuid.uuid4().hex}"  # ours: a client's header may repeat across calls
-        ann, outcome = await self._annotate(meta, request_id, body)
+        kind = endpoint_of(request.url.path) or "chat"
+        meta, where, id_source = resolve_identity(body, request.headers, self.options.identity)
+        if body is not None:
+            self.metrics.identity.labels(id_source or "none").inc()
+        advance = True
+        if meta is not None and raw:
+            attempt = self.retries.attempt(tuple(str(meta.get(k)) for k in
+                                                 ("workflow_type_id", "workflow_id", "agent_id")),
+                                           raw, request.headers)
+            request_id = attempt.request_id
+            if attempt.retry:
+                self.metrics.retries.labels("after_completion" if attempt.completed else "retry").inc()
+                advance = not attempt.completed
+        else:
+            request_id = f"gw-{uuid.uuid4().hex}"  # ours: a client's header may repeat across calls
+        ann, outcome = await self._annotate(meta, request_id, body, advance)
         self.metrics.annotate_outcome(outcome).inc()
         stream = body is not None and body.get("stream") is True
-        record_wanted = meta is not None and (self.log is not None or self.annotator is not None)
+        record_wanted = (meta is not None and (self.log is not None or self.annotator is not None)) \
+            or (self.tracer is not None and body is not None)
         client_usage = stream and isinstance(body.get("stream_options"), dict) and \
             body["stream_options"].get("include_usage") is True
-        inject_usage = stream and record_wanted and self.options.stream_usage and not client_usage
+        inject_usage = stream and record_wanted and self.options.stream_usage and not client_usage \
+            and kind in ("chat", "completions")
+        upstream = self.router.choose_upstream(request_id, body, ann, meta)
+        dialect, order = self.dialect_for(upstream)
+        patch: dict = {}
+        hint_headers: dict = {}
         fwd = raw
         if body is not None:
             try:
-                fwd = forward_body(raw, body, where, ann, sglang_fields=self.options.sglang_fields,
-                                   strip_metadata=self.options.strip_metadata,
-                                   request_stream_usage=inject_usage)
+                if ann is not None and dialect is not None:
+                    patch, hint_headers = render_dialect(dialect, hint_values(ann, meta), body, kind, order)
+                fwd = forward_body(raw, body, where, ann, strip_metadata=self.options.strip_metadata,
+                                   request_stream_usage=inject_usage, extra_fields=patch)
             except (ValueError, TypeError, RecursionError) as exc:
                 # fail open: the client's bytes as they came (never a re-encoding we cannot trust)
                 log.warning("request %s forwarded unannotated: %s", request_id, exc)
                 self.metrics.annotate_outcome("error").inc()
-                ann, inject_usage = None, False
-        upstream = self.router.choose_upstream(request_id, body, ann, meta)
+                ann, inject_usage, hint_headers, fwd = None, False, {}, raw
+        if ann is not None:
+            self.metrics.dialect.labels(dialect or "none").inc()
         self.metrics.overhead.observe(time.perf_counter() - t0)
+        ctx = _CallContext(request_id, t_arrival, body, meta, ann, outcome, upstream,
+                           chat=kind != "completions", stream=stream,
+                           record_wanted=record_wanted,
+                           client_request_id=request.headers.get("x-request-id"), kind=kind,
+                           identity_source=id_source, dialect=dialect, advanced=advance)
         try:
-            resp, failed = await self._send(request, upstream, fwd)
+            resp, failed = await self._send(request, upstream, fwd, hint_headers)
         except BaseException:
             self.router.finished(request_id)
             raise
         if failed is not None:
             self.router.finished(request_id)
+            await self._failed(ctx, failed.status_code, "no_response")
             return failed
-        ctx = _CallContext(request_id, t_arrival, body, meta, ann, outcome, upstream,
-                           chat=request.url.path.endswith("/chat/completions"), stream=stream,
-                           record_wanted=record_wanted,
-                           client_request_id=request.headers.get("x-request-id"))
+        if resp.status >= 400:
+            await self._failed(ctx, resp.status, f"http_{resp.status}")
         if stream and resp.status == 200 and resp.content_type == "text/event-stream":
             return self._stream_response(resp, ctx, strip_usage_chunk=inject_usage)
         try:
@@ -420,12 +533,35 @@ class Gateway:
         finally:
             self.router.finished(request_id)
         if isinstance(content, Response):
+            if resp.status < 400:
+                await self._failed(ctx, content.status_code, "broken")
             return content
         out = _raw_response(resp, content)
         if resp.status == 200 and record_wanted:  # logged after the client has its answer
             out.background = BackgroundTask(self._completed_raw, ctx, content,
                                             resp.headers.get("content-encoding"), time.time())
         return out
+
+    async def _failed(self, ctx: "_CallContext", status: int, why: str) -> None:
+        """An attempt that produced no answer: log it, roll its session advance back (a retry
+        advances afresh; a call that fails for good leaves the session as it was), trace it."""
+        level = logging.INFO if 400 <= status < 500 and status != 429 else logging.WARNING
+        rolled = False
+        if ctx.meta is not None and ctx.annotations is not None and ctx.advanced \
+                and hasattr(self.annotator, "cancel"):
+            try:
+                rolled = await self.annotator.cancel(ctx.meta, ctx.request_id)
+            except Exception as exc:
+                log.warning("rollback of %s failed: %s", ctx.request_id, exc)
+        if rolled:
+            self.metrics.retries.labels("rolled_back").inc()
+        log.log(level, "upstream %s failed %s (%s) for request %s%s", ctx.upstream, status, why,
+                ctx.request_id, "; session rolled back" if rolled else "")
+        if self.tracer is not None and ctx.body is not None:
+            self.tracer.record(endpoint=ctx.kind, model=ctx.body.get("model"), meta=ctx.meta,
+                               ann=ctx.annotations, identity_source=ctx.identity_source,
+                               dialect=ctx.dialect, t_arrival=ctx.t_arrival, t_finish=time.time(),
+                               status=status, error=why)
 
     async def _completed_raw(self, ctx: "_CallContext", content: bytes, encoding: str | None,
                              t_finish: float) -> None:
@@ -439,12 +575,20 @@ class Gateway:
     def _stream_response(self, resp: aiohttp.ClientResponse, ctx: "_CallContext",
                          strip_usage_chunk: bool) -> StreamingResponse:
         follower = StreamFollower()
-        done = {"complete": False, "t_finish": None}
+        done = {"complete": False, "t_finish": None, "last": None, "final": False}
+        native = ctx.kind in ("responses", "generate")
+
+        def track(events) -> None:
+            for e in events:
+                done["last"], final = stream_final(ctx.kind, e.data, done["last"])
+                done["final"] = done["final"] or final
 
         async def relay():
             try:
                 async for chunk in resp.content.iter_any():
                     events = follower.feed(chunk)
+                    if native:
+                        track(events)
                     if follower.malformed:
                         self.metrics.sse_malformed.inc(follower.malformed)
                         follower.malformed = 0
@@ -455,9 +599,12 @@ class Gateway:
                     if kept:
                         yield b"".join(kept)
                 tail = follower.flush()
+                if native:
+                    track(tail)
                 if strip_usage_chunk and tail and not tail[0].usage_only:
                     yield tail[0].raw
-                done["complete"] = follower.saw_done or follower.finish_reason is not None
+                done["complete"] = follower.saw_done or follower.finish_reason is not None \
+                    or done["final"]
                 done["t_finish"] = time.time()
             except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
                 self.metrics.upstream_outcome(ctx.upstream, "stream_broken").inc()
@@ -471,7 +618,8 @@ class Gateway:
 
         async def after() -> None:  # runs once the client has the whole stream
             if done["complete"] and ctx.record_wanted:
-                await self._completed(ctx, follower.response(chat=ctx.chat),
+                response = done["last"] if native else follower.response(chat=ctx.chat)
+                await self._completed(ctx, response,
                                       t_first_token=follower.t_first_token, t_finish=done["t_finish"])
 
         return _RelayResponse(relay(), resp, self.router, ctx.request_id, after)
@@ -479,11 +627,20 @@ class Gateway:
     async def _completed(self, ctx: "_CallContext", response: dict | None, *,
                          t_first_token: float | None, t_finish: float) -> None:
         """Log the gateway record and observe the completion (a successful call only)."""
+        response = as_chat_response(ctx.kind, response)
         if not isinstance(response, dict):
             self.metrics.record_outcome("not_json").inc()
             return
         usage = response.get("usage") or {}
         out_tokens, in_tokens = usage.get("completion_tokens"), usage.get("prompt_tokens")
+        first = self.retries.completed(ctx.request_id)   # False: a retry of a completed call
+        if self.tracer is not None and ctx.body is not None:
+            self.tracer.record(endpoint=ctx.kind, model=ctx.body.get("model"), meta=ctx.meta,
+                               ann=ctx.annotations, identity_source=ctx.identity_source,
+                               dialect=ctx.dialect, t_arrival=ctx.t_arrival, t_finish=t_finish,
+                               status=200, input_tokens=in_tokens, output_tokens=out_tokens)
+        if ctx.meta is None or not first:
+            return
         if out_tokens is None or in_tokens is None:
             self.metrics.record_outcome("no_usage").inc()
             return
@@ -494,10 +651,11 @@ class Gateway:
             self.log.write({  # counted as written by the log thread once the line is on disk
                 "request_id": ctx.request_id, "t_arrival": ctx.t_arrival,
                 "t_first_token": t_first_token, "t_finish": t_finish,
-                "request": ctx.body, "response": response, "status": "ok",
+                "request": _with_identity(ctx), "response": response, "status": "ok",
                 "sys_annotations": ctx.annotations, "upstream": ctx.upstream,
                 "gateway": {"annotate": ctx.outcome, "stream": ctx.stream,
-                            "client_request_id": ctx.client_request_id},
+                            "client_request_id": ctx.client_request_id, "endpoint": ctx.kind,
+                            "identity_source": ctx.identity_source, "dialect": ctx.dialect},
             })
         if self.annotator is not None:
             tools = [tc.get("function", {}).get("name") for tc in message.get("tool_calls") or ()
@@ -584,6 +742,18 @@ class _CallContext:
     stream: bool
     record_wanted: bool
     client_request_id: str | None = None
+    kind: str = "chat"                  # serving_hooks.endpoints kind
+    identity_source: str | None = None  # serving_hooks.identity source
+    dialect: str | None = None
+    advanced: bool = True               # this attempt advanced the session (roll back on failure)
+
+
+def _with_identity(ctx: _CallContext) -> dict | None:
+    """The logged request: with the identity the gateway derived (headers, ``metadata``) as
+    ``app_metadata``, so ``profiler fit`` learns the same ids the gateway predicts with."""
+    if ctx.body is None or ctx.identity_source in (None, "app_metadata"):
+        return ctx.body
+    return {**ctx.body, "app_metadata": ctx.meta}
 
 
 def create_gateway_app(gateway: Gateway) -> FastAPI:
@@ -604,7 +774,8 @@ def create_gateway_app(gateway: Gateway) -> FastAPI:
                   description="OpenAI-compatible proxy that injects workflow predictions "
                               "(sys_annotations) and logs completed calls for refitting. "
                               "Proxied (not listed here): POST /v1/chat/completions and "
-                              "POST /v1/completions (annotated), GET /v1/models and the other "
+                              "POST /v1/completions, POST /v1/responses and SGLang's POST /generate "
+                              "(annotated), GET /v1/models and the other "
                               "paths of the allow-list (--allow-path); engine admin paths never.")
     app.state.gateway = gateway
     mount_local_docs(app)
@@ -629,6 +800,17 @@ def create_gateway_app(gateway: Gateway) -> FastAPI:
                           "recovered_torn_lines": gateway.log.recovered_torn_lines,
                           "write_errors": gateway.log.write_errors}
         return out
+
+    @app.get("/readyz", tags=["gateway"])
+    async def readyz() -> JSONResponse:
+        """Readiness: 200 once the profile is loaded and warmed up (or the sidecar was asked),
+        503 before — point a load balancer's or Kubernetes' readiness probe here."""
+        svc = gateway.service
+        loaded = svc is None or svc.predictor.version is not None
+        if not (gateway.ready and loaded):
+            return JSONResponse({"ready": False}, status_code=503)
+        return JSONResponse({"ready": True,
+                             "profile_version": svc.predictor.version if svc is not None else None})
 
     @app.get("/metrics", tags=["gateway"])
     async def metrics() -> Response:
@@ -665,6 +847,8 @@ def create_gateway_app(gateway: Gateway) -> FastAPI:
     # on the hot path (the upstream validates); they are OpenAI's API, documented there.
     app.add_route("/v1/chat/completions", gateway.proxy_call, methods=["POST"])
     app.add_route("/v1/completions", gateway.proxy_call, methods=["POST"])
+    app.add_route("/v1/responses", gateway.proxy_call, methods=["POST"])
+    app.add_route("/generate", gateway.proxy_call, methods=["POST"])
     app.add_route("/v1/models", gateway.passthrough, methods=["GET"])
     app.add_route("/{path:path}", gateway.passthrough,
                   methods=["GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS"])

@@ -15,7 +15,7 @@ HELP_FIELDS = "What is sent upstream"
 
 @app.command(no_args_is_help=True)
 def gateway(
-    upstream: Annotated[list[str], typer.Option("--upstream", "-u", help="OpenAI-compatible server(s), e.g. http://127.0.0.1:30000 (SGLang). Repeat, or separate with commas, for several.")],
+    upstream: Annotated[list[str], typer.Option("--upstream", "-u", help="OpenAI-compatible server(s), e.g. http://127.0.0.1:30000 (SGLang). Repeat, or separate with commas, for several. Per upstream: URL,dialect=sglang|vllm|dynamo|headers[,priority=high_first|low_first] (docs/dialects.md).")],
     profile: Annotated[Optional[Path], typer.Option("--profile", "-p", help="Predict in process from this profile root (hot-reloaded).")] = None,
     sidecar: Annotated[Optional[str], typer.Option(help="Or ask a running `profiler serve` at this URL.")] = None,
     log_dir: Annotated[Optional[Path], typer.Option(help="Write every completed call as a gateway record to rotating JSONL files here (input for `profiler fit`/`watch`).")] = None,
@@ -46,6 +46,10 @@ def gateway(
     coverage_min_window: Annotated[int, typer.Option(help="Fewest observed calls before live coverage is judged.", rich_help_panel=HELP_SHADOW)] = 50,
     drift_drop: Annotated[float, typer.Option(help="Shadow a type when live coverage < nominal - this.", rich_help_panel=HELP_SHADOW)] = 0.10,
     recover_drop: Annotated[float, typer.Option(help="Promote a shadowed type when live coverage >= nominal - this.", rich_help_panel=HELP_SHADOW)] = 0.05,
+    dialect: Annotated[Optional[str], typer.Option(help="Render the hints for this engine on every upstream without its own dialect=: sglang (priority + custom_params), vllm (priority + vllm_xargs), dynamo (nvext.agent_hints + nvext.cache_control), headers (X-Agentprof-* for routers). docs/dialects.md.", rich_help_panel=HELP_FIELDS)] = None,
+    identity_map: Annotated[Optional[Path], typer.Option(help="TOML or JSON file: how agent-harness headers (Claude Code, Codex, OpenCode, Dynamo) become app_metadata — workflow type from a header, the model, or a default (docs/dialects.md).")] = None,
+    retry_window: Annotated[float, typer.Option(help="Seconds within which an identical body (or Idempotency-Key) of the same session is a retry, not a new call.")] = 60.0,
+    otlp_endpoint: Annotated[Optional[str], typer.Option(envvar="OTEL_EXPORTER_OTLP_ENDPOINT", help="Send one OpenTelemetry span per call (GenAI attributes + agentprof.* predictions and outcomes) to this OTLP/HTTP endpoint, e.g. http://127.0.0.1:4318.")] = None,
     log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "info",
 ) -> None:
     """Run the **annotating gateway** in front of SGLang or any OpenAI-compatible server.
@@ -62,6 +66,9 @@ def gateway(
     `profiler watch`) to keep the profile learning.
 
     Example: `profiler gateway --upstream http://127.0.0.1:30000 --profile profile/ --log-dir logs/ --sglang-fields`
+
+    Engine dialects (docs/dialects.md): `--dialect vllm`, or per upstream
+    `--upstream http://127.0.0.1:8000,dialect=vllm --upstream http://127.0.0.1:30000,dialect=sglang`.
     """
     import uvicorn
     from prometheus_client import CollectorRegistry
@@ -74,7 +81,21 @@ def gateway(
 
     if (profile is None) == (sidecar is None):
         fail("give exactly one of --profile DIR (predict in process) or --sidecar URL")
-    urls = [u for item in upstream for u in item.replace(",", " ").split()]
+    from serving_hooks.dialects import DIALECTS, parse_upstreams
+    from serving_hooks.identity import IdentityMap, load_identity_map
+    from serving_hooks.telemetry import CallTracer, otlp_tracer_provider
+    from serving_hooks.upstreams import normalize_upstream
+
+    try:
+        specs = parse_upstreams(upstream)
+        identity = load_identity_map(identity_map) if identity_map else IdentityMap()
+        upstream_dialects = {normalize_upstream(sp.url): (sp.dialect, sp.priority_order)
+                             for sp in specs}
+    except ValueError as exc:
+        fail(str(exc))
+    if dialect is not None and dialect not in DIALECTS:
+        fail(f"--dialect {dialect!r}: expected one of {', '.join(DIALECTS)}")
+    urls = [sp.url for sp in specs]
     try:
         router = {"round-robin": RoundRobinRouter, "capacity": CapacityRouting}[routing](urls)
     except KeyError:
@@ -109,8 +130,12 @@ def gateway(
                              max_request_bytes=int(max_request_mb * (1 << 20)), body_timeout_s=body_timeout,
                              admin_token=admin_token,
                              forward_paths=DEFAULT_FORWARD_PATHS + tuple(allow_path or ()),
-                             allow_client_scheduler_fields=allow_client_scheduler_fields)
-    gw = Gateway(router, annotator, log_writer=writer, options=options, registry=registry, service=service)
+                             allow_client_scheduler_fields=allow_client_scheduler_fields,
+                             dialect=dialect, upstream_dialects=upstream_dialects,
+                             identity=identity, retry_window_s=retry_window)
+    provider = otlp_tracer_provider(otlp_endpoint)
+    gw = Gateway(router, annotator, log_writer=writer, options=options, registry=registry,
+                 service=service, tracer=CallTracer(provider) if provider is not None else None)
     if loop is not None:
         gw.background.append(loop)
     app_ = create_gateway_app(gw)

@@ -1,0 +1,268 @@
+"""Engine dialects: one annotation rendered as each serving engine's own hint fields.
+
+Every engine now has a place for per-request workflow hints and none has a source for them; the
+gateway is that source. The prediction is made once (``sys_annotations``, the annotation
+contract :class:`predictors.contract.Annotation`); a *dialect* is only a rendering of it:
+
+==========  ======================================================================================
+dialect     what the upstream receives
+==========  ======================================================================================
+sglang      top-level ``priority`` (int, larger runs first) and ``custom_params`` (the contract's
+            flat dict of scalars, read by the scheduler as ``req.sampling_params.custom_params``);
+            on SGLang's native ``/generate`` ``custom_params`` goes inside ``sampling_params``.
+            Source: sglang 0.5.23 ``srt/entrypoints/openai/protocol.py`` (``ChatCompletionRequest``
+            / ``CompletionRequest``: ``priority``, ``custom_params``; ``ResponsesRequest``:
+            ``priority``), ``srt/managers/io_struct.py`` ``GenerateReqInput.priority`` and
+            ``srt/sampling/sampling_params.py`` ``custom_params``.
+vllm        top-level ``priority`` = **minus** our priority (vLLM: "lower means earlier
+            handling"; needs ``--scheduling-policy priority``) and ``vllm_xargs`` (a flat dict of
+            ``str | int | float``: ``None`` values are dropped, booleans become 0/1).
+            Source: vllm-project/vllm ``vllm/entrypoints/openai/protocol.py`` @ ec3b890c14b0
+            (``ChatCompletionRequest.priority``, ``vllm_xargs: Optional[dict[str, Union[str, int,
+            float]]]`` "Additional request parameters … used by custom extensions").
+dynamo      ``nvext.agent_hints`` = ``{"priority", "osl", "speculative_prefill"}`` and
+            ``nvext.cache_control`` = ``{"type": "ephemeral", "ttl": "<int seconds>"}``.
+            Source: ai-dynamo/dynamo ``docs/pages/components/frontend/nvext.md`` @ 00305114db6e:
+            ``osl`` (u32) "expected output sequence length (tokens)"; ``speculative_prefill``
+            (bool) "speculatively prefills the predicted next-turn prompt after the current turn
+            completes"; ``priority`` (i32) forwarded to the engine — its order is the backend's
+            (SGLang: larger first by default; vLLM: smaller first), so ``priority_order`` is
+            set per upstream; ``cache_control.ttl`` "integer seconds (\\"600\\") or shorthand …
+            clamped to [300, 3600] seconds" (Dynamo clamps; we send the predicted value).
+headers     ``X-Agentprof-*`` request headers (the body is not changed) for routers that only
+            read headers (Envoy ext_proc / llm-d endpoint picker, a header-hashing balancer).
+==========  ======================================================================================
+
+How annotation fields become hint values is decided in **one** place, :func:`hint_values`
+(a :class:`HintValues`); every renderer reads only that, so a new dialect cannot drift from the
+others. Its input is today's ``sys_annotations`` dict (or an :class:`Annotation`); the typed
+contract is one call away (:meth:`Annotation.from_dict` accepts either).
+
+The values (each None when the annotation has no prediction for it):
+
+* ``priority`` — the annotation's ``priority`` (our convention: larger runs first);
+* ``osl`` — expected output tokens: the agent's mean output length (rounded), else the band's
+  midpoint. The band's upper end ``hi`` is a capacity bound, not an expectation, and is sent
+  separately (``pred_out_hi`` in the flat form, ``X-Agentprof-Output-Hi``);
+* ``ttl_s`` — how long to keep the session's KV after this call: the idle-gap keep-alive TTL
+  (``keep_alive_ttl_s``), else the most frequent tool's TTL (``retain_s``); rounded up to whole
+  seconds;
+* ``speculative_prefill`` — true when another call of the session is likely (``p_end`` < 0.5, or
+  unknown ``p_end`` with a predicted next agent): warming the next prompt is then worth it.
+
+Renderers are pure: ``render(dialect, values, body, endpoint) -> (patch, headers)`` where
+``patch`` maps top-level body keys to their new values (client values of the same dicts are
+merged, ours win) and ``headers`` are extra request headers.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from predictors.contract import Annotation
+
+#: Dialects ``profiler gateway --dialect`` accepts.
+DIALECTS = ("sglang", "vllm", "dynamo", "headers")
+#: Priority order a dialect's engine uses by default ("high_first": larger runs first).
+DEFAULT_PRIORITY_ORDER = {"sglang": "high_first", "vllm": "low_first", "dynamo": "high_first",
+                          "headers": "high_first"}
+#: Prefix of the header dialect's headers.
+HEADER_PREFIX = "X-Agentprof-"
+#: ``p_end`` below which the session is expected to continue (speculative prefill pays off).
+CONTINUE_P_END = 0.5
+
+
+@dataclass(frozen=True)
+class HintValues:
+    """The engine-neutral hint values of one call (see module doc)."""
+
+    known: bool
+    flat: dict[str, Any]
+    priority: int | None
+    osl: int | None
+    ttl_s: int | None
+    speculative_prefill: bool | None
+
+
+def hint_values(sys_annotations: Mapping[str, Any] | Annotation,
+                app_metadata: Mapping[str, Any] | None = None) -> HintValues:
+    """The one mapping from annotation fields to hint values (module doc)."""
+    ann = Annotation.from_dict(sys_annotations, app_metadata)
+    flat = ann.flat(app_metadata)
+    osl = None
+    if ann.known:
+        if ann.output_len_mean is not None:
+            osl = max(0, round(ann.output_len_mean))
+        elif ann.predicted_output_len is not None:
+            osl = round((ann.output_lo + ann.output_hi) / 2)
+    ttl = ann.keep_alive_ttl_s if ann.keep_alive_ttl_s is not None else ann.retain_s
+    ttl_s = int(math.ceil(ttl)) if ann.known and ttl is not None and ttl > 0 else None
+    spec = None
+    if ann.known:
+        spec = ann.p_end < CONTINUE_P_END if ann.p_end is not None else ann.next_agent is not None
+    return HintValues(known=ann.known, flat=flat, priority=ann.priority if ann.known else None,
+                      osl=osl, ttl_s=ttl_s, speculative_prefill=spec)
+
+
+def engine_priority(priority: int | None, order: str) -> int | None:
+    """Our priority (larger first) in an engine's order (``low_first`` negates it)."""
+    if priority is None:
+        return None
+    if order not in ("high_first", "low_first"):
+        raise ValueError(f"priority order {order!r}: expected high_first or low_first")
+    return -priority if order == "low_first" else priority
+
+
+def _merged(body: Mapping[str, Any], key: str, ours: Mapping[str, Any]) -> dict[str, Any]:
+    """The client's dict at ``body[key]`` (if any) with ``ours`` on top."""
+    theirs = body.get(key)
+    return {**theirs, **ours} if isinstance(theirs, Mapping) else dict(ours)
+
+
+def render_sglang(v: HintValues, body: Mapping[str, Any], endpoint: str,
+                  order: str = "high_first") -> tuple[dict, dict]:
+    patch: dict[str, Any] = {}
+    prio = engine_priority(v.priority, order)
+    if prio is not None:
+        patch["priority"] = prio
+    if endpoint == "generate":   # GenerateReqInput: custom_params live in sampling_params
+        sp = body.get("sampling_params")
+        sp = dict(sp) if isinstance(sp, Mapping) else {}
+        sp["custom_params"] = _merged(sp, "custom_params", v.flat)
+        patch["sampling_params"] = sp
+    else:
+        patch["custom_params"] = _merged(body, "custom_params", v.flat)
+    return patch, {}
+
+
+def xargs(flat: Mapping[str, Any]) -> dict[str, str | int | float]:
+    """The flat form as vLLM's ``vllm_xargs`` accepts it: no None, booleans as 0/1."""
+    out: dict[str, str | int | float] = {}
+    for k, val in flat.items():
+        if val is None:
+            continue
+        out[k] = int(val) if isinstance(val, bool) else val
+    return out
+
+
+def render_vllm(v: HintValues, body: Mapping[str, Any], endpoint: str,
+                order: str = "low_first") -> tuple[dict, dict]:
+    patch: dict[str, Any] = {}
+    prio = engine_priority(v.priority, order)
+    if prio is not None:
+        patch["priority"] = prio
+    patch["vllm_xargs"] = _merged(body, "vllm_xargs", xargs(v.flat))
+    return patch, {}
+
+
+def render_dynamo(v: HintValues, body: Mapping[str, Any], endpoint: str,
+                  order: str = "high_first") -> tuple[dict, dict]:
+    hints: dict[str, Any] = {}
+    prio = engine_priority(v.priority, order)
+    if prio is not None:
+        hints["priority"] = prio
+    if v.osl is not None:
+        hints["osl"] = v.osl
+    if v.speculative_prefill is not None:
+        hints["speculative_prefill"] = v.speculative_prefill
+    nvext = body.get("nvext")
+    nvext = dict(nvext) if isinstance(nvext, Mapping) else {}
+    nvext["agent_hints"] = _merged(nvext, "agent_hints", hints)
+    if v.ttl_s is not None:
+        nvext["cache_control"] = _merged(nvext, "cache_control",
+                                         {"type": "ephemeral", "ttl": str(v.ttl_s)})
+    return {"nvext": nvext}, {}
+
+
+def _header_value(val: Any) -> str:
+    if isinstance(val, bool):
+        return "1" if val else "0"
+    if isinstance(val, float):
+        return f"{val:.6g}"
+    return str(val)
+
+
+#: Header dialect: header suffix -> key of the flat form (plus the derived values below).
+HEADER_FIELDS = (("Known", "known"), ("Workflow-Type", "wf_type"), ("Workflow-Id", "wf_id"),
+                 ("Agent", "agent"), ("Output-Lo", "pred_out_lo"), ("Output-Hi", "pred_out_hi"),
+                 ("Next-Agent", "next_agent"), ("Next-Agent-P", "next_agent_p"),
+                 ("Remaining-Calls", "exp_remaining_calls"), ("Remaining-S", "exp_remaining_s"),
+                 ("P-End", "p_end"), ("Profile-Version", "profile_version"))
+
+
+def render_headers(v: HintValues, body: Mapping[str, Any], endpoint: str,
+                   order: str = "high_first") -> tuple[dict, dict]:
+    headers = {HEADER_PREFIX + name: _header_value(v.flat.get(key))
+               for name, key in HEADER_FIELDS if v.flat.get(key) is not None}
+    prio = engine_priority(v.priority, order)
+    for name, val in (("Priority", prio), ("Osl", v.osl), ("Kv-Ttl-S", v.ttl_s),
+                      ("Speculative-Prefill", v.speculative_prefill)):
+        if val is not None:
+            headers[HEADER_PREFIX + name] = _header_value(val)
+    return {}, headers
+
+
+RENDERERS = {"sglang": render_sglang, "vllm": render_vllm, "dynamo": render_dynamo,
+             "headers": render_headers}
+
+
+def render(dialect: str, values: HintValues, body: Mapping[str, Any], endpoint: str = "chat",
+           priority_order: str | None = None) -> tuple[dict, dict]:
+    """``(body patch, extra headers)`` of ``values`` in ``dialect`` for one request ``body`` sent
+    to ``endpoint`` (``chat``, ``completions``, ``responses`` or ``generate``)."""
+    if dialect not in RENDERERS:
+        raise ValueError(f"dialect {dialect!r}: expected one of {', '.join(DIALECTS)}")
+    order = priority_order or DEFAULT_PRIORITY_ORDER[dialect]
+    return RENDERERS[dialect](values, body, endpoint, order)
+
+
+@dataclass(frozen=True)
+class UpstreamSpec:
+    """One ``--upstream URL[,dialect=NAME][,priority=high_first|low_first]`` value."""
+
+    url: str
+    dialect: str | None = None
+    priority_order: str | None = None
+
+
+def parse_upstreams(values: list[str]) -> list[UpstreamSpec]:
+    """All ``--upstream`` values: each may hold several URLs separated by commas or spaces, each
+    URL followed by its own ``key=value`` options (``http://a:1,dialect=vllm,http://b:2``)."""
+    groups: list[list[str]] = []
+    for value in values:
+        for token in value.replace(" ", ",").split(","):
+            token = token.strip()
+            if not token:
+                continue
+            if "=" in token and "://" not in token:
+                if not groups:
+                    raise ValueError(f"--upstream {value!r}: option {token!r} before any URL")
+                groups[-1].append(token)
+            else:
+                groups.append([token])
+    return [parse_upstream(",".join(g)) for g in groups]
+
+
+def parse_upstream(value: str) -> UpstreamSpec:
+    """Parse ``URL[,dialect=vllm][,priority=low_first]`` (one-line error on a bad option)."""
+    url, *opts = [p.strip() for p in value.split(",")]
+    dialect = order = None
+    for opt in opts:
+        key, sep, val = opt.partition("=")
+        if not sep:
+            raise ValueError(f"--upstream {value!r}: option {opt!r} is not key=value")
+        if key == "dialect":
+            if val not in DIALECTS:
+                raise ValueError(f"--upstream {value!r}: dialect {val!r}: expected one of "
+                                 f"{', '.join(DIALECTS)}")
+            dialect = val
+        elif key == "priority":
+            if val not in ("high_first", "low_first"):
+                raise ValueError(f"--upstream {value!r}: priority {val!r}: expected high_first "
+                                 "or low_first")
+            order = val
+        else:
+            raise ValueError(f"--upstream {value!r}: unknown option {key!r} (dialect, priority)")
+    return UpstreamSpec(url, dialect, order)

@@ -1,0 +1,147 @@
+"""Who is calling: ``app_metadata`` without changing the app.
+
+The profile keys every prediction by ``(workflow_type_id, workflow_id, agent_id)``. An app can
+send them itself, or the gateway derives them from what the request already carries. Sources, in
+order (the first that yields a ``workflow_id`` wins; :func:`resolve_identity` names it):
+
+=============  ===================================================================================
+source         where
+=============  ===================================================================================
+app_metadata   the body's ``app_metadata`` (top level, what ``extra_body={"app_metadata": …}``
+               sends) or nested under ``extra_body``
+metadata       OpenAI's own ``metadata`` field (string values): keys ``workflow_type_id``,
+               ``workflow_id``, ``agent_id``
+claude_code    headers ``x-claude-code-session-id`` (session), ``x-claude-code-agent-id`` (agent),
+               ``x-claude-code-parent-agent-id`` (parent, kept as ``parent_agent_id``)
+codex          ``thread-id``; a sub-agent sends ``x-codex-parent-thread-id``: the session is the
+               parent thread and the agent is the identity map's ``subagent`` name
+opencode       ``x-session-id``
+dynamo         ``x-dynamo-session-id``; ``x-dynamo-parent-session-id`` as for Codex
+=============  ===================================================================================
+
+The workflow type is not in any harness header; :class:`IdentityMap` says where it comes from:
+``workflow_type_from = "harness"`` (the harness name: ``claude_code``, …), ``"model"`` (the
+request's ``model``), ``"header:NAME"`` (a header the client or a proxy sets), or ``"default"``
+(``default_workflow_type``). Agents without an id header are ``default_agent``. Load a map with
+:func:`load_identity_map` from TOML or JSON (``profiler gateway --identity-map FILE``)::
+
+    workflow_type_from = "header:x-workflow-type"   # else the fallback below
+    default_workflow_type = "coding_assistant"
+    default_agent = "main"
+    subagent = "subagent"
+    harnesses = ["claude_code", "codex", "opencode", "dynamo"]   # which to read
+    [agents]                  # optional renames: harness agent id -> profile agent id
+    "3f2a…" = "explorer"
+"""
+from __future__ import annotations
+
+import json
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from serving_hooks.annotations import find_app_metadata
+
+#: Identity sources in the order they are tried.
+SOURCES = ("app_metadata", "metadata", "claude_code", "codex", "opencode", "dynamo")
+HARNESSES = SOURCES[2:]
+
+
+@dataclass(frozen=True)
+class IdentityMap:
+    """How harness headers become ``app_metadata`` (module doc)."""
+
+    workflow_type_from: str = "harness"
+    default_workflow_type: str = "default"
+    default_agent: str = "main"
+    subagent: str = "subagent"
+    harnesses: tuple[str, ...] = HARNESSES
+    agents: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        src = self.workflow_type_from
+        if src not in ("harness", "model", "default") and not (src.startswith("header:") and len(src) > 7):
+            raise ValueError(f"workflow_type_from {src!r}: expected harness, model, default or "
+                             "header:NAME")
+        bad = [h for h in self.harnesses if h not in HARNESSES]
+        if bad:
+            raise ValueError(f"harnesses: unknown {bad} (known: {', '.join(HARNESSES)})")
+
+
+def load_identity_map(path: str | Path) -> IdentityMap:
+    """An :class:`IdentityMap` from a ``.toml`` or ``.json`` file (one-line error naming it)."""
+    p = Path(path)
+    try:
+        data = tomllib.loads(p.read_text()) if p.suffix == ".toml" else json.loads(p.read_text())
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"{p}: cannot read identity map: {exc}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{p}: identity map must be a table/object")
+    known = set(IdentityMap.__dataclass_fields__)
+    extra = set(data) - known
+    if extra:
+        raise ValueError(f"{p}: unknown field(s) {sorted(extra)} (known: {sorted(known)})")
+    if "harnesses" in data:
+        data["harnesses"] = tuple(data["harnesses"])
+    try:
+        return IdentityMap(**data)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{p}: {exc}") from None
+
+
+def _harness_ids(name: str, h: Mapping[str, str], m: IdentityMap) -> tuple[str, str, dict] | None:
+    """``(workflow_id, agent_id, extra)`` from one harness's headers, or None."""
+    if name == "claude_code":
+        sid = h.get("x-claude-code-session-id")
+        if not sid:
+            return None
+        extra = {"parent_agent_id": h["x-claude-code-parent-agent-id"]} \
+            if h.get("x-claude-code-parent-agent-id") else {}
+        return sid, h.get("x-claude-code-agent-id") or m.default_agent, extra
+    if name in ("codex", "dynamo"):
+        own, parent = (("thread-id", "x-codex-parent-thread-id") if name == "codex" else
+                       ("x-dynamo-session-id", "x-dynamo-parent-session-id"))
+        if h.get(parent):
+            return h[parent], m.subagent, {"child_session_id": h.get(own)} if h.get(own) else {}
+        return (h[own], m.default_agent, {}) if h.get(own) else None
+    if name == "opencode":
+        return (h["x-session-id"], m.default_agent, {}) if h.get("x-session-id") else None
+    return None
+
+
+def _workflow_type(source: str, body: Mapping[str, Any], h: Mapping[str, str], m: IdentityMap) -> str:
+    how = m.workflow_type_from
+    if how.startswith("header:") and h.get(how[7:].lower()):
+        return h[how[7:].lower()]
+    if how == "model" and isinstance(body.get("model"), str) and body["model"]:
+        return body["model"]
+    if how == "harness":
+        return source
+    return m.default_workflow_type
+
+
+def resolve_identity(body: Any, headers: Mapping[str, str], mapping: IdentityMap | None = None
+                     ) -> tuple[dict | None, str | None, str | None]:
+    """``(app_metadata, where, source)``: ``where`` is ``"top"``/``"extra_body"`` when the body
+    carries it (else None); ``source`` one of :data:`SOURCES` (None: no identity)."""
+    m = mapping or IdentityMap()
+    meta, where = find_app_metadata(body)
+    if meta is not None:
+        return meta, where, "app_metadata"
+    b = body if isinstance(body, Mapping) else {}
+    h = {k.lower(): v for k, v in headers.items()}
+    md = b.get("metadata")
+    if isinstance(md, Mapping) and md.get("workflow_id"):
+        out = {"workflow_type_id": md.get("workflow_type_id") or _workflow_type("metadata", b, h, m),
+               "workflow_id": md["workflow_id"],
+               "agent_id": md.get("agent_id") or m.default_agent}
+        return out, None, "metadata"
+    for name in m.harnesses:
+        ids = _harness_ids(name, h, m)
+        if ids is not None:
+            wf, agent, extra = ids
+            return {"workflow_type_id": _workflow_type(name, b, h, m), "workflow_id": wf,
+                    "agent_id": m.agents.get(agent, agent), **extra}, None, name
+    return None, None, None
