@@ -36,7 +36,7 @@ from simulator.baselines.routers import CacheAware
 from simulator.baselines.schedulers import FCFS
 from simulator.calibration import StepTimeModel, fit_step_time, mark_concurrency
 from simulator.config import ClusterConfig
-from simulator.engine import Request, Simulator
+from simulator.engine import Simulator
 from simulator.metrics import summarize
 from simulator.ours import OursOptions, build_ours
 from simulator.policy import Policy
@@ -57,31 +57,9 @@ class RouterCacheAware032(CacheAware):
     def __init__(self) -> None:
         super().__init__(eviction_interval_s=60.0)
 
-    def route(self, req: Request) -> int:
-        sim = self.sim
-        while sim.now >= self._next_evict:
-            self._evict()
-            self._next_evict += self.eviction_interval_s
-        reps = sim.candidates(req)
-        loads = [len(rep.running) + len(rep.waiting) for rep in reps]
-        hi, lo = max(loads), min(loads)
-        least = reps[loads.index(lo)].idx
-        if hi - lo > self.balance_abs_threshold and hi > lo * self.balance_rel_threshold:
-            r = least
-            self.counts["imbalanced"] += 1
-        else:
-            best, best_t, r = 0.0, -1.0, -1
-            for rep in reps:
-                m, t = self._match(rep.idx, req.call.path)
-                if m > best or (m == best and m > 0 and t > best_t):
-                    best, best_t, r = m, t, rep.idx
-            if r >= 0 and best / max(req.call.input_tokens, 1) > self.cache_threshold:
-                self.counts["cache_hit"] += 1
-            else:
-                r = least
-                self.counts["cache_miss"] += 1
-        self._insert(r, req)
-        return r
+    def _on_miss(self, reps: list, loads: list[int]) -> int:
+        """0.3.2 sends a miss to the worker with the fewest requests in flight (first on ties)."""
+        return reps[loads.index(min(loads))].idx
 
 
 def _policy(name: str, profile_dir: Path, opts: OursOptions) -> Policy:

@@ -168,7 +168,11 @@ class CacheAware(Router):
             if r >= 0 and best / max(req.call.input_tokens, 1) > self.cache_threshold:
                 self.counts["cache_hit"] += 1
             else:
-                r = min(reps, key=lambda rep: (self.size[rep.idx], rep.idx)).idx
+                r = self._on_miss(reps, loads)
                 self.counts["cache_miss"] += 1
         self._insert(r, req)
         return r
+
+    def _on_miss(self, reps: list, loads: list[int]) -> int:
+        """The replica a prompt without a good match goes to: the one with the smallest tree."""
+        return min(reps, key=lambda rep: (self.size[rep.idx], rep.idx)).idx
