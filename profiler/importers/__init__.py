@@ -29,6 +29,7 @@ from typing import Any, Iterator, Sequence
 
 from profiler.importers import atif, dynamo, mini_swe_agent, openhands, otel, swe_agent
 from profiler.importers._common import ImportFormatError, relative_source, source_files
+from profiler.importers.detect import AUTO_PATTERNS, detect_format, part_of_conversation
 
 #: Format name (as given to ``--format``) -> importer module.
 FORMATS: dict[str, ModuleType] = {m.NAME: m for m in (otel, swe_agent, mini_swe_agent, openhands, dynamo, atif)}
@@ -51,14 +52,35 @@ def get_format(name: str) -> ModuleType:
 
 
 def iter_records(fmt: str, src: Path, **options: Any) -> Iterator[dict]:
-    """Flat records of ``src`` read as format ``fmt``: the file itself, or every file under the
-    folder that matches the format's ``FILE_PATTERNS``."""
-    module = get_format(fmt)  # an unknown format fails here, not at the first record
+    """Flat records of ``src`` read as format ``fmt`` (or ``auto``: each file's own): the file
+    itself, or every file under the folder that matches the format's ``FILE_PATTERNS``."""
+    jobs = _jobs(fmt, [Path(src)])  # an unknown format fails here, not at the first record
 
     def records() -> Iterator[dict]:
-        for path in source_files(Path(src), module.FILE_PATTERNS):
-            yield from module.read_file(path, **options)
+        for _, path, module in jobs:
+            if module is not None:
+                yield from module.read_file(path, **options)
     return records()
+
+
+def _jobs(fmt: str, srcs: Sequence[Path]) -> list[tuple[Path, Path, ModuleType | None]]:
+    """(source argument, file, importer) for every file to read; with ``auto`` the importer is
+    the detected one (None: no format recognised)."""
+    auto = fmt.strip().lower() == "auto"
+    module = None if auto else get_format(fmt)
+    patterns = AUTO_PATTERNS if auto else module.FILE_PATTERNS
+    jobs, seen = [], set()
+    for src in map(Path, srcs):
+        for path in source_files(src, patterns):
+            if path.resolve() in seen or (auto and src.is_dir() and part_of_conversation(path)):
+                continue
+            seen.add(path.resolve())
+            if auto:
+                name = detect_format(path)
+                jobs.append((src, path, FORMATS[name] if name else None))
+            else:
+                jobs.append((src, path, module))
+    return jobs
 
 
 @dataclass
@@ -66,6 +88,7 @@ class FileResult:
     """One source file's outcome: calls written, or why none; and the warnings it raised."""
 
     source: str
+    fmt: str | None = None
     calls: int = 0
     output: str | None = None
     problems: list[ImportFormatError] = field(default_factory=list)
@@ -83,7 +106,9 @@ class FileResult:
 
     def line(self) -> str:
         """``source: N calls`` or ``source: 0 calls - reason``, with problem/warning counts."""
-        text = f"{self.source}: {self.calls} calls" if self.calls else f"{self.source}: 0 calls - {self.reason}"
+        what = f" [{self.fmt}]" if self.fmt else ""
+        text = (f"{self.source}{what}: {self.calls} calls" if self.calls
+                else f"{self.source}{what}: 0 calls - {self.reason}")
         if self.calls and self.problems:
             text += f" ({len(self.problems)} parts skipped)"
         return text
@@ -143,27 +168,29 @@ def convert(fmt: str, srcs: Sequence[Path], out_dir: Path, *, strict: bool = Fal
     Not strict (default): malformed parts are skipped and listed in the report's ``errors``, every
     valid record is written. Strict: the first problem raises :class:`ImportFormatError`.
     """
-    module = get_format(fmt)
     out_dir = Path(out_dir)
     result = ConversionReport()
-    jobs, seen = [], set()
-    for src in map(Path, srcs):
-        for path in source_files(src, module.FILE_PATTERNS):
-            if path.resolve() not in seen:
-                seen.add(path.resolve())
-                jobs.append((src, path))
+    jobs = _jobs(fmt, srcs)
     if not jobs:
-        raise FileNotFoundError(f"no {module.NAME} files under {', '.join(map(str, srcs))} "
-                                f"(looked for {', '.join(module.FILE_PATTERNS)})")
+        patterns = AUTO_PATTERNS if fmt.strip().lower() == "auto" else get_format(fmt).FILE_PATTERNS
+        raise FileNotFoundError(f"no {fmt} files under {', '.join(map(str, srcs))} "
+                                f"(looked for {', '.join(patterns)})")
     from rich.progress import Progress  # local: keeps `import profiler.importers` light
 
     with Progress(transient=True, disable=not progress) as bar:
-        task = bar.add_task(f"importing {module.NAME}", total=len(jobs))
-        for src, path in jobs:
+        task = bar.add_task(f"importing {fmt}", total=len(jobs))
+        for src, path, module in jobs:
             rel = relative_source(path, src)
             base = Path(src.name) if src.is_dir() and len(srcs) > 1 else Path()
             dest = out_dir / base / _output_name(rel)
-            one = FileResult(str(path))
+            one = FileResult(str(path), fmt=module.NAME if module else None)
+            if module is None:
+                one.problems.append(ImportFormatError(str(path), None, "format not recognised (no marker of "
+                                                      f"{', '.join(FORMATS)} in its first bytes)"))
+                result.per_file.append(one)
+                result.sources += 1
+                bar.advance(task)
+                continue
 
             def handler(err: ImportFormatError, one: FileResult = one) -> None:
                 if err.warning:
