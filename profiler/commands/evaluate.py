@@ -158,8 +158,8 @@ def scores_table(sections: dict[str, Any]) -> Any:
 
     t = Table(title="scores by section", title_justify="left")
     t.add_column("section", overflow="fold")
-    t.add_column("score")
-    t.add_column("value", justify="right")
+    t.add_column("score", no_wrap=True)
+    t.add_column("value", justify="right", overflow="fold")
     last = None
     for section, score, value in score_rows(sections):
         t.add_row(section if section != last else "", score, value)

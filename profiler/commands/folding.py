@@ -19,10 +19,17 @@ COLUMN_OVERHEAD = 3
 
 
 def _natural_width(console: Console, table: Table, index: int) -> int:
-    """Widest cell (header included) of column ``index`` when nothing wraps."""
+    """Width column ``index`` needs: its widest cell (header included) when the column may not
+    wrap; a wrapping column gets at most a quarter of the console, but never less than its
+    longest word (so rich wraps long cells rather than cutting words)."""
     column = table.columns[index]
-    cells = [column.header, *column.cells]
-    return max((console.measure(c).maximum for c in cells if c is not None and c != ""), default=1)
+    cells = [c for c in (column.header, *column.cells) if c is not None and c != ""]
+    sizes = [console.measure(c) for c in cells]
+    widest = max((m.maximum for m in sizes), default=1)
+    if column.no_wrap:
+        return widest
+    longest_word = max((m.minimum for m in sizes), default=1)
+    return min(widest, max(longest_word, console.width // 4))
 
 
 def fold(console: Console, table: Table, width: int | None = None) -> list[Table]:
