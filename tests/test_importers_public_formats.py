@@ -233,3 +233,28 @@ def test_unknown_format_names_the_known_ones():
     with pytest.raises(ValueError, match="known formats: otel, swe-agent, mini-swe-agent, openhands, dynamo, atif"):
         get_format("langfuse")
     assert get_format("openinference") is get_format("otel")
+
+
+@pytest.mark.slow
+def test_docs_importers_examples_run_as_written(tmp_path):
+    """Every ```bash block of docs/importers.md runs from a folder where `tests/` and `datasets/`
+    are the repository's, and every import in it writes calls."""
+    import os
+    import re
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    (tmp_path / "tests").symlink_to(root / "tests")
+    (tmp_path / "datasets").symlink_to(root / "datasets")
+    env = {**os.environ, "PATH": str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", ""),
+           "PYTHONPATH": str(root)}
+    blocks = re.findall(r"```bash\n(.*?)```", (root / "docs" / "importers.md").read_text(), flags=re.S)
+    assert len(blocks) >= 8
+    for block in blocks:
+        out = subprocess.run(["bash", "-euo", "pipefail", "-c", block], cwd=tmp_path, env=env,
+                             capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, (block, out.stdout[-2000:], out.stderr[-2000:])
+        if "profiler import" in block:
+            assert re.search(r"imported [1-9]\d* calls", out.stdout), (block, out.stdout)
+    assert (tmp_path / "profile-order" / "CURRENT").is_file()
