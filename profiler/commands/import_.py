@@ -41,7 +41,7 @@ def import_command(
     Each source file gets one line: its call count, or why it gave none. Malformed input is
     reported with file and line and skipped (`--strict`: stop instead).
 
-    Example: `profiler import --format otel traces/ --out logs/ && profiler fit logs/ --out profile/`
+    Example: `profiler import --format auto traces/ --out logs/ && profiler fit logs/ --out profile/`
     """
     from profiler.importers import ImportFormatError, convert, get_format
 
