@@ -258,3 +258,13 @@ def test_docs_importers_examples_run_as_written(tmp_path):
         if "profiler import" in block:
             assert re.search(r"imported [1-9]\d* calls", out.stdout), (block, out.stdout)
     assert (tmp_path / "profile-order" / "CURRENT").is_file()
+
+
+def test_span_times_in_any_epoch_unit_and_iso():
+    from profiler.importers.otel_spans import to_nanos
+
+    ns = 1_760_100_000_100_000_000
+    assert to_nanos(ns) == to_nanos(str(ns)) == ns
+    assert to_nanos(1760100000.1) == pytest.approx(ns, abs=1000)  # seconds
+    assert to_nanos(1_760_100_000_100) == ns  # milliseconds
+    assert to_nanos("2025-10-10T12:40:00.100000Z") == to_nanos("2025-10-10T12:40:00.1+00:00") == ns

@@ -121,17 +121,28 @@ def normalise_id(value: Any, width: int) -> str | None:
     return text
 
 
+def _epoch_number_to_nanos(x: float) -> int:
+    """An epoch number in s, ms, µs or ns (told apart by magnitude: today is ~1.7e9 s) -> ns."""
+    for limit, scale in ((1e11, 1_000_000_000), (1e14, 1_000_000), (1e17, 1_000)):
+        if abs(x) < limit:
+            return int(round(x * scale))
+    return int(x)
+
+
 def to_nanos(value: Any) -> int | None:
-    """Nanoseconds since the epoch from an int / digit string (ns) or an ISO 8601 text."""
+    """Nanoseconds since the epoch from a number / digit string (ns as OTel writes them; s, ms
+    and µs told apart by magnitude) or an ISO 8601 text."""
     if value in (None, "", 0, "0"):
         return None
     if isinstance(value, bool):
         raise ValueError(f"{value!r} is not a time")
-    if isinstance(value, (int, float)):
-        return int(value)
+    if isinstance(value, int):
+        return _epoch_number_to_nanos(value) if abs(value) < 1e17 else value
+    if isinstance(value, float):
+        return _epoch_number_to_nanos(value)
     text = str(value).strip()
     if text.isdigit():
-        return int(text)
+        return _epoch_number_to_nanos(int(text)) if len(text) < 18 else int(text)
     t = datetime.fromisoformat(text.replace("Z", "+00:00"))
     if t.tzinfo is None:  # the SDK writes UTC; a naive time is read as UTC too
         t = t.replace(tzinfo=timezone.utc)
