@@ -150,6 +150,27 @@ def agent_stats(con: duckdb.DuckDBPyConnection, times: bool = True) -> dict[str,
     return out
 
 
+def time_sections(con: duckdb.DuckDBPyConnection, options: FitOptions) -> dict[str, Any]:
+    """``tool_latency``, ``idle_gap`` and ``limitations`` of a profile. When the store's calls
+    have no real times (every call ``timing = synthetic_order``) or ``options.extra["order_only"]``,
+    the time models are fit on nothing: stand-in times (call positions) never become latency or
+    TTL predictions, and ``limitations`` says so (:mod:`profiler.data_limits`)."""
+    counts = calls_by_timing(con)
+    order_only = is_order_only(counts, bool(options.extra.get("order_only")))
+    if order_only:
+        tl = ToolLatencyModel(ks_threshold=options.ks_threshold, ttl_quantile=options.ttl_quantile,
+                              max_ttl_s=options.max_ttl_s).fit(pd.DataFrame(
+                                  columns=["workflow_type_id", "workflow_id", "tool_name", "t_start", "latency_s"]))
+        ig = IdleGapModel(quantile=options.ttl_quantile, max_ttl_s=options.max_ttl_s,
+                          random_state=options.seed).fit(idle_gap_calls(con).iloc[0:0])
+        timed_tools = 0
+    else:
+        tl, ig = fit_tool_latency(con, options), fit_idle_gap(con, options)
+        timed_tools = con.execute("SELECT count(*) FROM tool_calls WHERE latency_s IS NOT NULL").fetchone()[0]
+    return {"tool_latency": tl.to_dict(), "idle_gap": ig.to_dict(),
+            "limitations": limitations(counts, order_only, int(timed_tools))}
+
+
 def fit_from_store(con: duckdb.DuckDBPyConnection, options: FitOptions,
                    progress: Callable[[str], None] = lambda msg: None) -> dict[str, Any]:
     """Fit every section of a profile from the calls in the store; returns profile data."""
@@ -160,32 +181,18 @@ def fit_from_store(con: duckdb.DuckDBPyConnection, options: FitOptions,
     ol = OutputLengthIntervals(coverage=options.coverage, min_calls=options.min_calls,
                                conditional=options.conditional, max_output_tokens=options.max_output_tokens,
                                random_state=options.seed).fit(ok_calls(con))
-    counts = calls_by_timing(con)
-    order_only = is_order_only(counts, bool(options.extra.get("order_only")))
-    if order_only:  # stand-in times (call positions) must not become latency or TTL predictions
-        progress("order-only: no time models")
-        tl = ToolLatencyModel(ks_threshold=options.ks_threshold, ttl_quantile=options.ttl_quantile,
-                              max_ttl_s=options.max_ttl_s).fit(pd.DataFrame(
-                                  columns=["workflow_type_id", "workflow_id", "tool_name", "t_start", "latency_s"]))
-        ig = IdleGapModel(quantile=options.ttl_quantile, max_ttl_s=options.max_ttl_s,
-                          random_state=options.seed).fit(idle_gap_calls(con).iloc[0:0])
-    else:
-        progress("tool-latency lognormals")
-        tl = fit_tool_latency(con, options)
-        progress("idle-gap keep-alive TTLs")
-        ig = fit_idle_gap(con, options)
-    timed_tools = con.execute("SELECT count(*) FROM tool_calls WHERE latency_s IS NOT NULL").fetchone()[0]
+    progress("time models (tool latency, idle-gap keep-alive TTLs)")
+    times = time_sections(con, options)
+    order_only = times["limitations"]["timing"] == "order_only"
     data: dict[str, Any] = {
         "output_length": ol.to_dict(),
-        "tool_latency": tl.to_dict(),
-        "idle_gap": ig.to_dict(),
+        **times,
         "agents": agent_stats(con, times=not order_only),
         "workflow_types": {
             wt: {"workflows": int(w), "calls": int(c)} for wt, w, c in con.execute(
                 "SELECT workflow_type_id, count(DISTINCT workflow_id), count(*) FROM calls "
                 "GROUP BY 1 ORDER BY 1").fetchall()},
     }
-    data["limitations"] = limitations(counts, order_only, 0 if order_only else int(timed_tools))
     for name, build in SECTION_BUILDERS.items():
         progress(f"section {name}")
         data[name] = build(con, options.as_dict())
