@@ -45,8 +45,8 @@ from rich.progress import Progress
 
 from predictors.output_length import OutputLengthIntervals
 from profiler import derive
-from profiler.fitting import (SECTION_BUILDERS, FitOptions, fit_from_store, fit_idle_gap,
-                              fit_tool_latency, manifest_fields, ok_calls)
+from profiler.fitting import (SECTION_BUILDERS, FitOptions, fit_from_store, manifest_fields, ok_calls,
+                              time_sections)
 from profiler.ingest import FileReport, IngestError, IngestReport, discover, ingest, reason_line
 from profiler.profile_artifact import Profile, store_path, write_profile
 from profiler.store import BASE_CALL_COLUMNS, TABLE_DOCS, connect, sql_columns, sql_string
@@ -290,13 +290,13 @@ def fit_with_ray(paths: Sequence[str | Path], out: str | Path, options: FitOptio
             params = next((r["data"]["output_length"]["params"] for r in fit_results if r["data"]), None)
             ol_section = _output_length_section(con, params) if params else None
             global_band = ol_section["global"] if ol_section else {}
-            tool_latency = fit_tool_latency(con, options).to_dict()
-            data = merge_sections([r["data"] for r in fit_results], global_band, tool_latency)
+            # tool latency and the idle-gap fit (drift weights chosen on each type's newest
+            # workflows) are fit on the merged store, exactly as the single-node fit does them
+            times = time_sections(con, options)
+            data = merge_sections([r["data"] for r in fit_results], global_band, times["tool_latency"])
             if ol_section:
                 data["output_length"] = ol_section
-            # the idle-gap fit chooses drift weights on each type's newest workflows: fit it on the
-            # merged store, exactly as the single-node fit does
-            data["idle_gap"] = fit_idle_gap(con, options).to_dict()
+            data["idle_gap"], data["limitations"] = times["idle_gap"], times["limitations"]
             profile = write_profile(out, data, {
                 **manifest_fields(con, options, db_path),
                 "engine": {"name": "ray", "shards": len(plan), "workflow_types": len(types), "cpus": cpus}})

@@ -27,6 +27,7 @@ from predictors.idle_gap import IdleGapModel
 from predictors.output_length import OutputLengthIntervals
 from predictors.tool_latency import ToolLatencyModel
 from profiler import ingest as ingest_mod
+from profiler.data_limits import calls_by_timing, is_order_only, limitations
 from profiler.profile_artifact import Profile, store_path, write_profile
 from profiler.store import connect, store_counts
 from synth.profile_section import build_workflows_section
@@ -111,8 +112,13 @@ def fit_idle_gap(con: duckdb.DuckDBPyConnection, options: FitOptions) -> IdleGap
                         random_state=options.seed, **drift).fit(idle_gap_calls(con))
 
 
-def agent_stats(con: duckdb.DuckDBPyConnection) -> dict[str, dict[str, dict[str, Any]]]:
-    """Per (workflow type, agent): call count, latency, TTFT, sizes, decode speed, gap after."""
+#: The per-agent statistics measured in time (None in an order-only profile).
+TIME_STATS = ("mean_latency_s", "p95_latency_s", "mean_ttft_s", "decode_tok_s", "mean_gap_after_s")
+
+
+def agent_stats(con: duckdb.DuckDBPyConnection, times: bool = True) -> dict[str, dict[str, dict[str, Any]]]:
+    """Per (workflow type, agent): call count, latency, TTFT, sizes, decode speed, gap after
+    (``times=False``: the time statistics are None, for logs whose times are call positions)."""
     rows = con.execute("""
         WITH a AS (
           SELECT workflow_type_id, agent_id, count(*) AS calls,
@@ -138,8 +144,31 @@ def agent_stats(con: duckdb.DuckDBPyConnection) -> dict[str, dict[str, dict[str,
         r = dict(zip(cols, row))
         wt, agent = r.pop("workflow_type_id"), r.pop("agent_id")
         r["tools"] = {k: int(v) for k, v in (r["tools"] or {}).items()}
+        if not times:
+            r.update(dict.fromkeys(TIME_STATS))
         out.setdefault(wt, {})[agent] = {k: (float(v) if isinstance(v, float) else v) for k, v in r.items()}
     return out
+
+
+def time_sections(con: duckdb.DuckDBPyConnection, options: FitOptions) -> dict[str, Any]:
+    """``tool_latency``, ``idle_gap`` and ``limitations`` of a profile. When the store's calls
+    have no real times (every call ``timing = synthetic_order``) or ``options.extra["order_only"]``,
+    the time models are fit on nothing: stand-in times (call positions) never become latency or
+    TTL predictions, and ``limitations`` says so (:mod:`profiler.data_limits`)."""
+    counts = calls_by_timing(con)
+    order_only = is_order_only(counts, bool(options.extra.get("order_only")))
+    if order_only:
+        tl = ToolLatencyModel(ks_threshold=options.ks_threshold, ttl_quantile=options.ttl_quantile,
+                              max_ttl_s=options.max_ttl_s).fit(pd.DataFrame(
+                                  columns=["workflow_type_id", "workflow_id", "tool_name", "t_start", "latency_s"]))
+        ig = IdleGapModel(quantile=options.ttl_quantile, max_ttl_s=options.max_ttl_s,
+                          random_state=options.seed).fit(idle_gap_calls(con).iloc[0:0])
+        timed_tools = 0
+    else:
+        tl, ig = fit_tool_latency(con, options), fit_idle_gap(con, options)
+        timed_tools = con.execute("SELECT count(*) FROM tool_calls WHERE latency_s IS NOT NULL").fetchone()[0]
+    return {"tool_latency": tl.to_dict(), "idle_gap": ig.to_dict(),
+            "limitations": limitations(counts, order_only, int(timed_tools))}
 
 
 def fit_from_store(con: duckdb.DuckDBPyConnection, options: FitOptions,
@@ -152,15 +181,13 @@ def fit_from_store(con: duckdb.DuckDBPyConnection, options: FitOptions,
     ol = OutputLengthIntervals(coverage=options.coverage, min_calls=options.min_calls,
                                conditional=options.conditional, max_output_tokens=options.max_output_tokens,
                                random_state=options.seed).fit(ok_calls(con))
-    progress("tool-latency lognormals")
-    tl = fit_tool_latency(con, options)
-    progress("idle-gap keep-alive TTLs")
-    ig = fit_idle_gap(con, options)
+    progress("time models (tool latency, idle-gap keep-alive TTLs)")
+    times = time_sections(con, options)
+    order_only = times["limitations"]["timing"] == "order_only"
     data: dict[str, Any] = {
         "output_length": ol.to_dict(),
-        "tool_latency": tl.to_dict(),
-        "idle_gap": ig.to_dict(),
-        "agents": agent_stats(con),
+        **times,
+        "agents": agent_stats(con, times=not order_only),
         "workflow_types": {
             wt: {"workflows": int(w), "calls": int(c)} for wt, w, c in con.execute(
                 "SELECT workflow_type_id, count(DISTINCT workflow_id), count(*) FROM calls "

@@ -17,15 +17,17 @@ from profiler.store import connect
 
 FIXTURES = Path(__file__).parent / "fixtures" / "importers"
 EXPECTED = {"otel": (FIXTURES / "otel", 7, 3), "swe-agent": (FIXTURES / "swe_agent", 4, 3),
-            "openhands": (FIXTURES / "openhands", 7, 5)}  # format -> (source, calls, tool executions)
+            "openhands": (FIXTURES / "openhands", 7, 5), "dynamo": (FIXTURES / "dynamo", 8, 2),
+            "atif": (FIXTURES / "atif", 5, 0), "mini-swe-agent": (FIXTURES / "mini_swe_agent", 6, 0)}  # format -> (source, calls, tool executions)
 
 runner = CliRunner()
 
 
 def test_registry_names_and_aliases():
-    assert set(FORMATS) == {"otel", "swe-agent", "openhands"}
+    assert set(FORMATS) == {"otel", "swe-agent", "mini-swe-agent", "openhands", "dynamo", "atif"}
     assert get_format("swe_agent") is FORMATS["swe-agent"]
-    with pytest.raises(ValueError, match="known formats: otel, swe-agent, openhands"):
+    assert get_format("OpenInference") is FORMATS["otel"]
+    with pytest.raises(ValueError, match="known formats: otel, swe-agent, mini-swe-agent, openhands"):
         get_format("langfuse")
 
 

@@ -113,11 +113,11 @@ def test_bad_values_name_the_field(tmp_path):
     other = next(s for s in spans if s["spanId"] == "a000000000000006")
     del other["endTimeUnixNano"]
     src = tmp_path / "bad.jsonl"
-    src.write_text(json.dumps(line) + "\n" + json.dumps({"spans": []}) + "\n")
+    src.write_text(json.dumps(line) + "\n" + json.dumps({"resource": {}}) + "\n")
     errors: list[ImportFormatError] = []
     assert list(iter_records("otel", src, on_error=errors.append)) == []
-    fields = sorted((e.line, e.field or "") for e in errors)
-    assert fields == [(1, "endTimeUnixNano"), (1, "gen_ai.usage.output_tokens"), (2, "resourceSpans")]
+    fields = sorted((e.line or 0, e.field or "") for e in errors)
+    assert fields == [(1, "end_time"), (1, "gen_ai.usage.output_tokens"), (2, "resourceSpans")]
 
 
 def test_any_value_decoding():

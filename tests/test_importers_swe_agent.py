@@ -66,9 +66,10 @@ def test_timezone_of_the_log(copy_of_instance):
     assert utc["workflow_id"] == "run_x/django__django-14016"
 
 
-def test_missing_debug_log_is_a_clear_error(copy_of_instance):
+def test_without_debug_log_and_step_tokens_the_reason_is_one_line(copy_of_instance):
+    """A .traj alone holds only run totals: no calls, and a one-line reason naming the totals."""
     (copy_of_instance / "django__django-14016.debug.log").unlink()
-    with pytest.raises(ImportFormatError, match=r"debug\.log .*missing"):
+    with pytest.raises(ImportFormatError, match=r"no per-call token counts .*tokens_sent=21876.*debug\.log"):
         list(iter_records("swe-agent", copy_of_instance))
 
 

@@ -3,12 +3,14 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 import sys
 from typing import Any, NoReturn
 
 import typer
-from rich.console import Console
 from rich.markup import escape
+
+from profiler.commands.folding import FoldingConsole
 
 #: The ``profiler`` application: every sub-command module registers itself on it at import;
 #: :mod:`profiler.cli` imports those modules (the list of commands) and runs it.
@@ -25,9 +27,15 @@ app = typer.Typer(
     pretty_exceptions_show_locals=False,
 )
 
-# Tables stay readable when piped (rich falls back to 80 columns without a terminal).
-console = Console(width=None if sys.stdout.isatty() else 150)
-err_console = Console(stderr=True, width=None if sys.stderr.isatty() else 150)
+def terminal_width(fallback: int = 150) -> int:
+    """Columns to lay tables out in: ``COLUMNS`` when set, else the terminal's width, else
+    ``fallback`` (piped output stays wide enough to read; rich alone would fall back to 80)."""
+    return max(40, shutil.get_terminal_size((fallback, 24)).columns)
+
+
+# Wide tables fold to this width: split into column groups, first column repeated (folding.py).
+console = FoldingConsole(width=terminal_width())
+err_console = FoldingConsole(stderr=True, width=terminal_width())
 
 
 def fail(message: str, code: int = 2) -> NoReturn:

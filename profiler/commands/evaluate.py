@@ -72,10 +72,10 @@ def eval_(
     console.print(t)
     console.print(f"tool latency: p95 coverage {tl['p95_coverage']:.3f} (nominal 0.95), "
                   f"max KS distance {tl['ks_max']:.3f}")
-    for key in result:
-        if key not in ("profile_version", "calls", "workflows", "output_len", "tool_latency"):
-            for line in readable_lines(key, result[key]):
-                console.print(line, highlight=False, markup=False)
+    rest = {k: v for k, v in result.items()
+            if k not in ("profile_version", "calls", "workflows", "output_len", "tool_latency")}
+    if rest:
+        console.print(scores_table(rest))
     console.print(baseline_table({"held-out": result}, title="ours vs baselines (same held-out calls)"))
 
 
@@ -133,6 +133,38 @@ def _scalar(v: Any) -> str:
             return "n/a"
         return f"{v:,.0f}" if abs(v) >= 1000 else f"{v:.3f}"
     return str(v)
+
+
+def score_rows(value: Any, path: tuple[str, ...] = ()) -> list[tuple[str, str, str]]:
+    """(section, score, value) rows of a nested result: the section is the path of dict keys
+    above the score (``keep_alive / by_workflow_type / agentless_repair``)."""
+    if not isinstance(value, dict):
+        return [(" / ".join(path[:-1]), path[-1] if path else "", _scalar(value))]
+    if not value:
+        return [(" / ".join(path), "(none)", "")]
+    rows: list[tuple[str, str, str]] = []
+    leaves = [(k, v) for k, v in value.items() if not isinstance(v, dict)]
+    rows.extend((" / ".join(path), str(k), _scalar(v)) for k, v in leaves)
+    for k, v in value.items():
+        if isinstance(v, dict):
+            rows.extend(score_rows(v, (*path, str(k))))
+    return rows
+
+
+def scores_table(sections: dict[str, Any]) -> Any:
+    """Every other score of an eval result as one table (section, score, value), each section
+    named once above its rows."""
+    from rich.table import Table
+
+    t = Table(title="scores by section", title_justify="left")
+    t.add_column("section", overflow="fold")
+    t.add_column("score", no_wrap=True)
+    t.add_column("value", justify="right", overflow="fold")
+    last = None
+    for section, score, value in score_rows(sections):
+        t.add_row(section if section != last else "", score, value)
+        last = section
+    return t
 
 
 def readable_lines(key: str, value: Any, indent: int = 0) -> list[str]:

@@ -21,7 +21,8 @@ def fit(
     min_calls: Annotated[int, typer.Option(help="Fewest calls for an agent to get its own band (else workflow type, then global).")] = 50,
     max_output_tokens: Annotated[Optional[int], typer.Option(help="Hard cap on any output length (the requests' max_tokens or the context limit): the ceiling of every band and U(alpha); default twice the largest observed length.", min=1)] = None,
     no_conditional: Annotated[bool, typer.Option("--no-conditional", help="Never use the history-conditioned (CQR) length model.")] = False,
-    log_format: Annotated[Optional[str], typer.Option("--format", help="Read traces of another tool instead of our log format: otel, swe-agent or openhands (converted into OUT/imported/FORMAT/ first; see `profiler import`).")] = None,
+    order_only: Annotated[bool, typer.Option("--order-only", help="Fit from token counts and call order alone: no time model (tool latency, keep-alive TTLs, call latency). Chosen by itself when no call has real times (timing: synthetic_order).")] = False,
+    log_format: Annotated[Optional[str], typer.Option("--format", help="Read traces of another tool instead of our log format: auto, otel, swe-agent, mini-swe-agent, openhands, dynamo or atif (converted into OUT/imported/FORMAT/ first; see `profiler import`).")] = None,
     engine: Annotated[str, typer.Option(help="local (DuckDB in this process) or ray (ingest and per-workflow-type fits as Ray tasks; needs `pip install -e .[ray]`).")] = "local",
     ray_address: Annotated[Optional[str], typer.Option(help="With --engine ray: address of a running Ray cluster (default: start a local one).")] = None,
     strict: Annotated[bool, typer.Option(help="Exit non-zero if any record is quarantined.")] = False,
@@ -36,6 +37,9 @@ def fit(
 
     Example: `profiler fit logs/ --out profile/ && profiler show --profile profile/`
     """
+    from rich.markup import escape
+
+    from profiler.data_limits import summary_lines
     from profiler.fitting import FitOptions, fit_profile
     import duckdb
 
@@ -43,7 +47,8 @@ def fit(
     from profiler.store import StoreError, one_line_error
 
     options = FitOptions(coverage=coverage, prune=prune, seed=seed, min_calls=min_calls,
-                         conditional=not no_conditional, max_output_tokens=max_output_tokens)
+                         conditional=not no_conditional, max_output_tokens=max_output_tokens,
+                         extra={"order_only": True} if order_only else {})
     if engine not in ("local", "ray"):
         fail(f"--engine must be local or ray, got {engine!r}")
     try:
@@ -84,3 +89,9 @@ def fit(
         err_console.print(
             f"[green]profile {profile.version}[/] written to {profile.path} "
             f"({c['calls']:,} calls, {c['workflows']:,} workflows, {c['workflow_types']} workflow types)")
+        limits = profile.data.get("limitations") or {}
+        if limits.get("timing") == "order_only":
+            err_console.print("[yellow]order-only fit[/] (token counts and call order; no real times"
+                              + (", --order-only" if order_only else "") + ")")
+        for line in summary_lines(limits):
+            err_console.print(f"  [yellow]{escape(line)}[/]", highlight=False)

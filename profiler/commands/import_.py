@@ -1,4 +1,5 @@
-"""`profiler import`: convert OpenTelemetry / SWE-agent / OpenHands traces into flat log records."""
+"""`profiler import`: convert other tools' traces (OpenTelemetry, OpenInference, SWE-agent,
+mini-SWE-agent, OpenHands, Dynamo, ATIF) into flat log records, with one line per source file."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -10,8 +11,10 @@ from profiler.commands.common import app
 from profiler.commands.common import fail
 
 FORMAT_HELP = (
-    "Source format: `otel` (OTLP JSON GenAI spans), `swe-agent` (.traj + .debug.log), "
-    "`openhands` (evaluation output.jsonl)."
+    "Source format: `auto` (detect each file's), `otel` (OpenTelemetry GenAI or OpenInference spans: OTLP JSON, OTel SDK JSON, "
+    "Phoenix rows; alias `openinference`), `swe-agent` (.traj, timed with its .debug.log, else "
+    "order-only), `mini-swe-agent` (.traj.json), `openhands` (V0/V1 output.jsonl, V1 conversation "
+    "folders), `dynamo` (dynamo.request.trace.v1 JSONL), `atif` (ATIF v1.x trajectory.json)."
 )
 
 
@@ -24,32 +27,44 @@ def import_command(
     workflow_type: Annotated[Optional[str], typer.Option(
         help="workflow_type_id for every record (default: from the source; swe_agent / openhands / "
              "the OTel gen_ai.workflow.name or service.name).")] = None,
-    timezone: Annotated[str, typer.Option(
-        help="Time zone of timestamps written without offset (SWE-agent logs, OpenHands events).")] = "UTC",
+    timezone: Annotated[Optional[str], typer.Option(
+        help="IANA time zone of timestamps written without offset (SWE-agent logs, OpenHands events, "
+             "ATIF). Default: detected where the file allows (OpenHands), else UTC, with a warning.")] = None,
     text: Annotated[bool, typer.Option("--text/--no-text", help="Keep prompts and responses when present.")] = True,
     strict: Annotated[bool, typer.Option(help="Stop at the first malformed input instead of skipping it.")] = False,
 ) -> None:
     """Convert other tools' traces into our flat records (one JSONL file per source file).
 
-    Every field is taken from the source; what it lacks is never invented (a SWE-agent `.traj`
-    needs the `<instance>.debug.log` SWE-agent writes beside it for call times and token counts).
-    Malformed input is reported with file and line and skipped (`--strict`: stop instead).
+    Every field is taken from the source; what it lacks is never invented: a source without
+    times (a SWE-agent `.traj` without its `.debug.log`) is imported in order only and flagged
+    (`timing: synthetic_order`; `profiler fit` then says which predictions it cannot make).
+    Each source file gets one line: its call count, or why it gave none. Malformed input is
+    reported with file and line and skipped (`--strict`: stop instead).
 
-    Example: `profiler import --format otel traces/ --out logs/ && profiler fit logs/ --out profile/`
+    Example: `profiler import --format auto traces/ --out logs/ && profiler fit logs/ --out profile/`
     """
     from profiler.importers import ImportFormatError, convert, get_format
 
     try:
-        module = get_format(fmt)
+        if fmt.strip().lower() != "auto":
+            fmt = get_format(fmt).NAME
         result = convert(fmt, sources, out, strict=strict, progress=True, workflow_type=workflow_type,
                          timezone=timezone, with_text=text)
     except (ImportFormatError, ValueError, FileNotFoundError) as exc:
         fail(str(exc))
-    for err in result.errors[:20]:
+    for one in result.per_file[:200]:
+        typer.secho(one.line(), fg=None if one.calls else "yellow")
+    if len(result.per_file) > 200:
+        empty = sum(1 for one in result.per_file[200:] if not one.calls)
+        typer.echo(f"... and {len(result.per_file) - 200} more files ({empty} with 0 calls)")
+    for err in result.warnings[:20]:
+        typer.secho(f"warning: {err}", err=True, fg="yellow")
+    problems = [e for one in result.per_file if one.calls for e in one.problems]
+    for err in problems[:20]:
         typer.secho(f"skipped: {err}", err=True, fg="yellow")
-    if len(result.errors) > 20:
-        typer.secho(f"... and {len(result.errors) - 20} more problems", err=True, fg="yellow")
-    typer.echo(f"imported {result.records} calls from {result.sources} {module.NAME} files "
+    if len(problems) > 20:
+        typer.secho(f"... and {len(problems) - 20} more problems", err=True, fg="yellow")
+    typer.echo(f"imported {result.records} calls from {result.sources} {fmt} files "
                f"into {len(result.files)} files under {out}/"
                + (f" ({len(result.errors)} problems skipped)" if result.errors else ""))
     if result.records == 0:

@@ -30,6 +30,9 @@ def show(
 
     from predictors.band_selection import band_warnings, selection_text
 
+    from rich.markup import escape
+
+    from profiler.data_limits import summary_lines
     from profiler.profile_artifact import ProfileError, load_profile
 
     try:
@@ -45,6 +48,8 @@ def show(
     console.print(f"  {c.get('calls', 0):,} calls, {c.get('workflows', 0):,} workflows, "
                   f"{c.get('tool_calls', 0):,} tool executions from {len(m.get('sources', []))} files; "
                   f"{c.get('quarantined', 0):,} records quarantined")
+    for line in summary_lines(d.get("limitations") or {}):
+        console.print(f"  [yellow]{escape(line)}[/]", highlight=False)
     ol = d["output_length"]
     warn = band_warnings(ol)
     t = Table(title=f"Output-length bands (coverage {ol['coverage']:.3g})", title_justify="left")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import warnings
 from dataclasses import dataclass
 from datetime import datetime, timezone as dt_timezone
 from pathlib import Path
@@ -27,6 +28,8 @@ class ImportFormatError(ValueError):
     line: int | None
     reason: str
     field: str | None = None
+    #: A warning (e.g. "times look shifted by +08:00") keeps every record; it never stops an import.
+    warning: bool = False
 
     def __str__(self) -> str:
         where = f"{self.file}:{self.line}" if self.line is not None else self.file
@@ -35,10 +38,71 @@ class ImportFormatError(ValueError):
 
 
 def report(on_error: ErrorHandler | None, err: ImportFormatError) -> None:
-    """Raise ``err`` (strict: no handler) or hand it to the handler and carry on."""
+    """Raise ``err`` (strict: no handler) or hand it to the handler and carry on. A warning is
+    handed to the handler when there is one and otherwise goes to :mod:`warnings`: never raised."""
     if on_error is None:
+        if err.warning:
+            warnings.warn(str(err), stacklevel=2)
+            return
         raise err
     on_error(err)
+
+
+def warn(on_error: ErrorHandler | None, file: Path | str, reason: str, line: int | None = None,
+         field: str | None = None) -> None:
+    """Report a warning about ``file`` (see :func:`report`)."""
+    report(on_error, ImportFormatError(str(file), line, reason, field, warning=True))
+
+
+#: ``timing`` values a record may carry (log-format extra field; the fit reads them):
+#: ``synthetic_order``  the source has no times: t_arrival = t_finish = the call's position
+#:                      (0, 1, 2 ... per workflow); only order and token counts are real.
+#: ``created_only``     one real timestamp per call (t_arrival = t_finish): gaps between calls
+#:                      are real, call durations are not known.
+TIMING_ORDER_ONLY = "synthetic_order"
+TIMING_ONE_STAMP = "created_only"
+
+
+def number_in_order(records: list[dict]) -> list[dict]:
+    """Give the calls of one workflow, already in order, their positions as times and flag them
+    ``timing = synthetic_order`` (no time is invented: position ``k`` is "the k-th call")."""
+    for k, rec in enumerate(records):
+        rec["t_arrival"] = rec["t_finish"] = float(k)
+        rec["timing"] = TIMING_ORDER_ONLY
+    return records
+
+
+def count_field(value: Any) -> int | None:
+    """A token count from a source (int, integral float or digit string); None when absent or
+    not a non-negative integer."""
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, str):
+        value = value.strip().replace(",", "")
+        if not value.isdigit():
+            return None
+        return int(value)
+    if isinstance(value, (int, float)) and value >= 0 and value == int(value):
+        return int(value)
+    return None
+
+
+def iter_json_values(text: str) -> Iterator[tuple[int, Any]]:
+    """(1-based line, value) of every JSON value in ``text``: one document, JSON Lines, or
+    pretty-printed objects written one after another (what OpenTelemetry's ConsoleSpanExporter
+    prints). Raises :class:`json.JSONDecodeError` at the first text that is not JSON."""
+    decoder = json.JSONDecoder()
+    pos, n, line, counted = 0, len(text), 1, 0
+    while True:
+        while pos < n and text[pos] in " \t\r\n,":
+            pos += 1
+        if pos >= n:
+            return
+        value, end = decoder.raw_decode(text, pos)
+        line += text.count("\n", counted, pos)
+        counted = pos
+        yield line, value
+        pos = end
 
 
 def source_files(src: Path, patterns: Iterable[str]) -> list[Path]:

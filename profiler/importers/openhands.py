@@ -22,7 +22,10 @@ response produced, ``t_arrival`` = ``t_finish - latency``; tokens from the usage
 of that response whose observation exists becomes a ``tool_calls`` entry named by
 ``function_name`` (``execute_bash``, ``str_replace_editor``, ``think``...) from the action's to
 the observation's timestamp. A call no event points to cannot be placed in time and is reported.
-Event timestamps carry no offset: they are read in ``timezone`` (default UTC).
+Event timestamps carry no offset (the agent machine's local time): the zone is taken from
+``timezone`` or detected against the responses' ``created`` times, with a warning either way
+when they disagree (:mod:`profiler.importers.openhands_time`). OpenHands V1 (the software agent
+SDK) is read by :mod:`profiler.importers.openhands_v1`.
 
 ``workflow_id`` = ``<folder of output.jsonl>/<instance_id>``, ``agent_id`` = ``metadata.agent_class``,
 ``workflow_type_id`` = ``openhands`` unless given.
@@ -32,18 +35,20 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Iterator
 
+from profiler.importers import openhands_v1
 from profiler.importers._common import (
     ErrorHandler,
     ImportFormatError,
     iso_to_epoch,
     iter_json_lines,
     report,
-    resolve_timezone,
 )
+from profiler.importers.openhands_time import choose_zone
 
 NAME = "openhands"
-SUMMARY = "OpenHands evaluation output.jsonl (metrics.token_usages, response_latencies, history)"
-FILE_PATTERNS = ("output.jsonl", "output.jsonl.gz", "*.output.jsonl")
+SUMMARY = ("OpenHands evaluation output.jsonl (V0 events or V1 SDK events) and V1 SDK conversation "
+           "folders (base_state.json + events/)")
+FILE_PATTERNS = ("output.jsonl", "output.jsonl.gz", "*.output.jsonl", "base_state.json")
 DEFAULT_WORKFLOW_TYPE = "openhands"
 
 
@@ -170,12 +175,45 @@ def _instance_records(out: dict, path: Path, line: int, tz, workflow_type: str |
         yield rec
 
 
+def _created_of(event: dict) -> float | None:
+    created = ((event.get("tool_call_metadata") or {}).get("model_response") or {}).get("created") \
+        if isinstance(event.get("tool_call_metadata"), dict) else None
+    return float(created) if isinstance(created, (int, float)) and not isinstance(created, bool) else None
+
+
+def _clock_evidence(path: Path, limit: int = 500) -> tuple[list[tuple[str, float]], bool]:
+    """(naive timestamp, created) pairs of model-made actions, and whether any timestamp has no
+    offset, from a first pass over the file (bad lines are reported by the second pass)."""
+    pairs: list[tuple[str, float]] = []
+    any_naive = False
+    for _, out in iter_json_lines(path, lambda err: None):
+        history = out.get("history") if isinstance(out, dict) else None
+        for e in history if isinstance(history, list) else []:
+            if not isinstance(e, dict) or not isinstance(e.get("timestamp"), str):
+                continue
+            stamp = e["timestamp"]
+            if not any_naive and not stamp.endswith("Z") and "+" not in stamp[10:] and "-" not in stamp[10:]:
+                any_naive = True
+            if len(pairs) < limit and (created := _created_of(e)) is not None:
+                pairs.append((stamp, created))
+    return pairs, any_naive
+
+
 def read_file(path: Path, *, workflow_type: str | None = None, timezone: str | None = None,
               with_text: bool = True, on_error: ErrorHandler | None = None, **_: Any) -> Iterator[dict]:
-    """Flat records for every instance of one ``output.jsonl``."""
-    tz = resolve_timezone(timezone)
+    """Flat records for every instance of one ``output.jsonl`` (V0 or V1 events), or for one V1
+    SDK conversation folder given by its ``base_state.json``."""
+    if path.name == "base_state.json":
+        yield from openhands_v1.read_conversation(path, workflow_type=workflow_type, timezone=timezone,
+                                                  with_text=with_text, on_error=on_error)
+        return
+    pairs, any_naive = _clock_evidence(path)
+    tz = choose_zone(path, timezone, pairs, any_naive, on_error)
     for line, out in iter_json_lines(path, on_error):
         try:
-            yield from _instance_records(out, path, line, tz, workflow_type, with_text, on_error)
+            if openhands_v1.is_v1_output(out):
+                yield from openhands_v1.output_records(out, path, line, tz, workflow_type, with_text, on_error)
+            else:
+                yield from _instance_records(out, path, line, tz, workflow_type, with_text, on_error)
         except ImportFormatError as err:
             report(on_error, err)

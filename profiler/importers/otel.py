@@ -1,192 +1,91 @@
-"""OpenTelemetry GenAI spans (OTLP JSON) -> flat records.
+"""OpenTelemetry GenAI and OpenInference spans -> flat records.
 
-Input: what the OpenTelemetry *file exporter* writes — JSON Lines, each line one ``TracesData``
-object ``{"resourceSpans": [{"resource": {"attributes": [...]}, "scopeSpans": [{"scope": {...},
-"spans": [...]}]}]}`` — or one such object pretty-printed as a whole file (an OTLP/HTTP JSON
-request body). Shapes follow the OTLP JSON encoding (opentelemetry-proto
-``docs/specification.md#json-protobuf-encoding``: hex ``traceId``/``spanId``, int64 as decimal
-strings, ``AnyValue`` as ``{"stringValue"|"intValue"|"doubleValue"|"boolValue"|"arrayValue"|
-"kvlistValue"|"bytesValue": ...}``) and the example in opentelemetry-specification
-``specification/protocol/file-exporter.md``.
+Spans are read by :mod:`profiler.importers.otel_spans` from OTLP JSON (file exporter, OTLP/HTTP
+bodies), the OTel SDK's own JSON (``ReadableSpan.to_json()`` / ``ConsoleSpanExporter``, also
+``{"spans": [...]}`` and nanosecond/decimal variants) and Arize Phoenix span rows. Two attribute
+conventions say which spans are LLM calls, agents and tools:
 
-Mapping (OpenTelemetry semantic conventions for GenAI, ``docs/gen-ai/gen-ai-spans.md`` and
-``gen-ai-agent-spans.md`` of open-telemetry/semantic-conventions):
+* OpenTelemetry **GenAI** semantic conventions (open-telemetry/semantic-conventions
+  ``docs/gen-ai/gen-ai-spans.md``, ``gen-ai-agent-spans.md``): ``gen_ai.operation.name`` =
+  ``chat`` / ``text_completion`` / ``generate_content`` (calls), ``invoke_agent`` /
+  ``create_agent`` (agents), ``execute_tool`` (tools). Frameworks that name spans by operation
+  (Google ADK: ``call_llm``, ``invoke_agent <name>``, ``execute_tool <name>``) are read by span
+  name when the attribute is missing.
+* **OpenInference** (Arize-ai/openinference ``spec/semantic_conventions.md``, what Phoenix
+  shows): ``openinference.span.kind`` = ``LLM`` (call), ``AGENT``, ``TOOL``.
 
 ==============================================  ===============================================
 span / attribute                                flat record field
 ==============================================  ===============================================
-``gen_ai.operation.name`` = chat /              one LLM call
-text_completion / generate_content
 span start / end                                ``t_arrival`` / ``t_finish``
-``gen_ai.usage.input_tokens`` / ``output_tokens``  ``input_tokens`` / ``output_tokens`` (the
-(older ``prompt_tokens`` / ``completion_tokens``)   deprecated names are read too; absent = left out)
+``gen_ai.usage.input_tokens`` / ``output_tokens``  ``input_tokens`` / ``output_tokens`` (also the
+(``prompt_tokens`` / ``completion_tokens``;      older names; absent = left out, never guessed)
+OpenInference ``llm.token_count.prompt`` /
+``completion``)
 ``gen_ai.usage.cache_read.input_tokens``        ``cached_tokens``
-``gen_ai.response.model`` or ``request.model``  ``model``
-``gen_ai.agent.name`` (on the span or the       ``agent_id`` (else ``gen_ai.agent.id``, else
-nearest ``invoke_agent`` ancestor)              ``"default"``)
-``gen_ai.conversation.id`` (span or ancestor)   ``workflow_id`` (else the trace id)
+(``llm.token_count.prompt_details.cache_read``)
+``gen_ai.response.model`` / ``request.model``   ``model``
+(``llm.model_name``)
+``gen_ai.agent.name`` / ``agent.name`` on the   ``agent_id`` (else the name of the nearest
+span or an ancestor                             ``invoke_agent`` / ``AGENT`` ancestor, minus its
+                                                ``invoke_agent`` prefix; else ``"default"``)
+``gen_ai.conversation.id`` / ``session.id``     ``workflow_id`` (else the trace id)
 ``gen_ai.workflow.name`` (span or ancestor)     ``workflow_type_id`` (else resource
                                                 ``service.name``, else ``"otel"``)
-span status code 2 (ERROR) or ``error.type``    ``status = "error"``
-``gen_ai.operation.name`` = execute_tool        an entry of ``tool_calls`` of the latest call of
-(``gen_ai.tool.name``, start, end)              the same workflow (same agent when known) that
+span status ERROR or ``error.type``             ``status = "error"``
+tool span (``gen_ai.tool.name`` / ``tool.name``)  an entry of ``tool_calls`` of the latest call of
+                                                the same workflow (same agent when known) that
                                                 finished before the tool started
 ``gen_ai.input.messages`` / ``output.messages`` ``messages`` (OpenAI chat shape) / ``response_text``
+(``llm.input_messages.N.message.*``,
+``llm.output_messages.0.message.content``)
 ==============================================  ===============================================
 
-Spans of other operations (HTTP, database, ``embeddings``...) only serve as ancestors. Spans are
-grouped per file, so keep the spans of one conversation in one file (the file exporter does).
+Spans of other operations (HTTP, database, ``embeddings``, CHAIN...) only serve as ancestors.
+Spans are grouped per file, so keep the spans of one conversation in one file.
 """
 from __future__ import annotations
 
-import base64
 import json
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
-from profiler.importers._common import (
-    ErrorHandler,
-    ImportFormatError,
-    iter_json_lines,
-    load_json_document,
-    open_text,
-    report,
-)
+from profiler.importers._common import ErrorHandler, ImportFormatError, report
+from profiler.importers.otel_spans import Span, any_value, attributes, link_parents, read_spans
 
 NAME = "otel"
-SUMMARY = "OpenTelemetry GenAI spans exported as OTLP JSON (file exporter JSON Lines or one document)"
+ALIASES = ("openinference", "phoenix", "otlp")
+SUMMARY = ("OpenTelemetry GenAI / OpenInference spans: OTLP JSON, OTel SDK JSON (to_json, "
+           "ConsoleSpanExporter), Phoenix span rows")
 FILE_PATTERNS = ("*.jsonl", "*.json", "*.jsonl.gz", "*.json.gz")
 
-CALL_OPERATIONS = frozenset({"chat", "text_completion", "generate_content"})
+CALL_OPERATIONS = frozenset({"chat", "text_completion", "generate_content", "call_llm"})
+AGENT_OPERATIONS = frozenset({"invoke_agent", "create_agent"})
 TOOL_OPERATION = "execute_tool"
-STATUS_CODE_ERROR = 2  # opentelemetry-proto trace.proto Status.StatusCode.STATUS_CODE_ERROR
+STATUS_CODE_ERROR = 2
+
+__all__ = ["NAME", "SUMMARY", "FILE_PATTERNS", "read_file", "kind_of", "any_value", "attributes",
+           "to_chat_messages", "Span"]
 
 
-@dataclass
-class Span:
-    """One OTLP span with its attributes decoded to Python values."""
-
-    trace_id: str
-    span_id: str
-    parent_id: str | None
-    name: str
-    start_ns: int | None
-    end_ns: int | None
-    attrs: dict[str, Any]
-    status_code: int
-    resource: dict[str, Any]
-    line: int | None
-    parent: "Span | None" = field(default=None, repr=False)
-
-    @property
-    def operation(self) -> str | None:
-        return self.attrs.get("gen_ai.operation.name")
-
-    @property
-    def status(self) -> str:
-        """``error`` for status code ERROR or an ``error.type`` attribute, else ``ok``."""
-        return "error" if self.status_code == STATUS_CODE_ERROR or self.attrs.get("error.type") else "ok"
-
-    def lookup(self, *keys: str) -> Any:
-        """First of ``keys`` set on this span or, failing that, on its nearest ancestor."""
-        span, seen = self, set()
-        while span is not None and id(span) not in seen:
-            seen.add(id(span))
-            for key in keys:
-                value = span.attrs.get(key)
-                if value not in (None, ""):
-                    return value
-            span = span.parent
-        return None
-
-
-def any_value(v: Any) -> Any:
-    """Decode an OTLP JSON ``AnyValue`` (``{"stringValue": "x"}`` -> ``"x"``, int64 strings -> int)."""
-    if not isinstance(v, dict):
-        return v
-    if "stringValue" in v:
-        return v["stringValue"]
-    if "intValue" in v:
-        return int(v["intValue"])
-    if "doubleValue" in v:
-        return float(v["doubleValue"])
-    if "boolValue" in v:
-        return bool(v["boolValue"])
-    if "arrayValue" in v:
-        return [any_value(x) for x in (v["arrayValue"] or {}).get("values", [])]
-    if "kvlistValue" in v:
-        return {kv["key"]: any_value(kv.get("value")) for kv in (v["kvlistValue"] or {}).get("values", [])}
-    if "bytesValue" in v:
-        return base64.b64decode(v["bytesValue"])
+def kind_of(span: Span) -> str | None:
+    """``call``, ``agent``, ``tool`` or None: from ``gen_ai.operation.name``, OpenInference
+    ``openinference.span.kind``, or (neither set) the first word of the span name."""
+    op = span.attrs.get("gen_ai.operation.name")
+    oi = str(span.attrs.get("openinference.span.kind") or "").upper()
+    if op is None and not oi:
+        op = (span.name.split() or [""])[0]
+    if op in CALL_OPERATIONS or oi == "LLM":
+        return "call"
+    if op in AGENT_OPERATIONS or oi == "AGENT":
+        return "agent"
+    if op == TOOL_OPERATION or oi == "TOOL":
+        return "tool"
     return None
 
 
-def attributes(kvs: Any) -> dict[str, Any]:
-    """OTLP ``[{"key": k, "value": AnyValue}, ...]`` -> ``{k: value}``."""
-    return {kv["key"]: any_value(kv.get("value")) for kv in kvs or []}
-
-
-def _nanos(value: Any) -> int | None:
-    if value in (None, "", 0, "0"):
-        return None
-    return int(value)
-
-
-def _spans_of(obj: Any, path: Path, line: int | None) -> Iterator[Span]:
-    if not isinstance(obj, dict) or not isinstance(obj.get("resourceSpans"), list):
-        raise ImportFormatError(str(path), line, "not an OTLP JSON traces object: expected "
-                                "{\"resourceSpans\": [...]}", "resourceSpans")
-    for rs in obj["resourceSpans"]:
-        resource = attributes((rs.get("resource") or {}).get("attributes"))
-        # "instrumentationLibrarySpans" is the pre-1.0 name of "scopeSpans".
-        for ss in rs.get("scopeSpans") or rs.get("instrumentationLibrarySpans") or []:
-            for s in ss.get("spans") or []:
-                sid = s.get("spanId") or ""
-                try:
-                    yield Span(
-                        trace_id=s.get("traceId") or "", span_id=sid, parent_id=s.get("parentSpanId") or None,
-                        name=s.get("name", ""), start_ns=_nanos(s.get("startTimeUnixNano")),
-                        end_ns=_nanos(s.get("endTimeUnixNano")), attrs=attributes(s.get("attributes")),
-                        status_code=int((s.get("status") or {}).get("code") or 0), resource=resource, line=line)
-                except (KeyError, TypeError, ValueError) as exc:
-                    raise ImportFormatError(str(path), line, f"span {sid or '?'}: malformed value ({exc})")
-
-
-def read_spans(path: Path, on_error: ErrorHandler | None = None) -> list[Span]:
-    """Every span of an OTLP JSON file (JSON Lines of ``TracesData`` or one document)."""
-    spans: list[Span] = []
-    with open_text(path) as fh:
-        first = ""
-        for first in fh:
-            if first.strip():
-                break
-    try:
-        json.loads(first)
-    except json.JSONDecodeError:
-        # not one object per line: a pretty-printed document, or JSON Lines whose first line is bad
-        try:
-            document = load_json_document(path)
-        except ImportFormatError:
-            document = None
-        if document is not None:
-            try:
-                spans.extend(_spans_of(document, path, None))
-            except ImportFormatError as err:
-                report(on_error, err)
-            return spans
-    for lineno, obj in iter_json_lines(path, on_error):
-        try:
-            spans.extend(_spans_of(obj, path, lineno))
-        except ImportFormatError as err:
-            report(on_error, err)
-    return spans
-
-
-def _link_parents(spans: list[Span]) -> None:
-    by_id = {(s.trace_id, s.span_id): s for s in spans}
-    for s in spans:
-        s.parent = by_id.get((s.trace_id, s.parent_id)) if s.parent_id else None
+def _status(span: Span) -> str:
+    return "error" if span.status_code == STATUS_CODE_ERROR or span.attrs.get("error.type") else "ok"
 
 
 def _int_attr(span: Span, path: Path, *keys: str) -> int | None:
@@ -246,20 +145,44 @@ def to_chat_messages(value: Any) -> list[dict] | None:
     return out
 
 
-def _workflow_of(span: Span) -> str:
-    return str(span.lookup("gen_ai.conversation.id") or span.trace_id)
+def _openinference_messages(attrs: dict[str, Any], prefix: str) -> list[dict]:
+    """OpenInference flattened messages (``llm.input_messages.0.message.role`` ...) -> chat list."""
+    out: dict[int, dict] = {}
+    for key, value in attrs.items():
+        if not key.startswith(prefix):
+            continue
+        head, _, tail = key[len(prefix):].partition(".message.")
+        if head.isdigit() and tail in ("role", "content"):
+            out.setdefault(int(head), {})[tail] = value
+    return [{"role": m.get("role", "user"), "content": m.get("content", "")} for _, m in sorted(out.items())]
+
+
+def _agent_name(span: Span) -> str | None:
+    name = span.attrs.get("gen_ai.agent.name") or span.attrs.get("agent.name") or span.attrs.get("gen_ai.agent.id")
+    if name:
+        return str(name)
+    if kind_of(span) == "agent":  # "invoke_agent planner" -> planner; an OpenInference AGENT span's name
+        words = span.name.split()
+        return words[-1] if words and words[0] in AGENT_OPERATIONS and len(words) > 1 else (span.name or None)
+    return None
 
 
 def _agent_of(span: Span) -> str | None:
-    value = span.lookup("gen_ai.agent.name", "gen_ai.agent.id")
-    return str(value) if value is not None else None
+    for s in (span, *span.ancestors()):
+        if (name := _agent_name(s)) is not None:
+            return name
+    return None
+
+
+def _workflow_of(span: Span) -> str:
+    return str(span.lookup("gen_ai.conversation.id", "session.id", "gcp.vertex.agent.session_id") or span.trace_id)
 
 
 def _require_times(span: Span, path: Path, what: str) -> None:
     """Raise when the span lacks its start or end time (naming the missing one)."""
     if span.start_ns is None or span.end_ns is None:
         raise ImportFormatError(str(path), span.line, f"{what} {span.span_id}: missing start or end time",
-                                "startTimeUnixNano" if span.start_ns is None else "endTimeUnixNano")
+                                "start_time" if span.start_ns is None else "end_time")
 
 
 def _call_record(span: Span, path: Path, workflow_type: str | None, with_text: bool) -> dict:
@@ -274,31 +197,45 @@ def _call_record(span: Span, path: Path, workflow_type: str | None, with_text: b
         "t_finish": span.end_ns / 1e9,
     }
     tokens = {
-        "input_tokens": _int_attr(span, path, "gen_ai.usage.input_tokens", "gen_ai.usage.prompt_tokens"),
-        "output_tokens": _int_attr(span, path, "gen_ai.usage.output_tokens", "gen_ai.usage.completion_tokens"),
-        "cached_tokens": _int_attr(span, path, "gen_ai.usage.cache_read.input_tokens"),
+        "input_tokens": _int_attr(span, path, "gen_ai.usage.input_tokens", "gen_ai.usage.prompt_tokens",
+                                  "llm.token_count.prompt"),
+        "output_tokens": _int_attr(span, path, "gen_ai.usage.output_tokens", "gen_ai.usage.completion_tokens",
+                                   "llm.token_count.completion"),
+        "cached_tokens": _int_attr(span, path, "gen_ai.usage.cache_read.input_tokens",
+                                   "llm.token_count.prompt_details.cache_read"),
     }
     rec.update({k: v for k, v in tokens.items() if v is not None})
-    model = span.attrs.get("gen_ai.response.model") or span.attrs.get("gen_ai.request.model")
+    model = (span.attrs.get("gen_ai.response.model") or span.attrs.get("gen_ai.request.model")
+             or span.attrs.get("llm.model_name"))
     if model:
         rec["model"] = str(model)
-    rec["status"] = span.status
+    rec["status"] = _status(span)
     if with_text:
-        messages = to_chat_messages(span.attrs.get("gen_ai.input.messages"))
+        messages = (to_chat_messages(span.attrs.get("gen_ai.input.messages"))
+                    or _openinference_messages(span.attrs, "llm.input_messages."))
         if messages:
             rec["messages"] = messages
         output = _decode_messages(span.attrs.get("gen_ai.output.messages"))
         if isinstance(output, list) and output and isinstance(output[0], dict):
             rec["response_text"] = _text_of(output[0].get("parts"))
+        elif (out := _openinference_messages(span.attrs, "llm.output_messages.")):
+            rec["response_text"] = str(out[0]["content"])
     rec.update({"source_format": NAME, "otel_trace_id": span.trace_id, "otel_span_id": span.span_id,
                 "import_source": f"{path}:{span.line}" if span.line else str(path)})
     return rec
 
 
+def _tool_name(span: Span) -> str:
+    name = span.attrs.get("gen_ai.tool.name") or span.attrs.get("tool.name")
+    if name:
+        return str(name)
+    words = span.name.split()
+    return words[-1] if len(words) > 1 and words[0] == TOOL_OPERATION else span.name
+
+
 def _tool_entry(span: Span) -> dict:
-    return {"name": str(span.attrs.get("gen_ai.tool.name") or span.name),
-            "t_start": span.start_ns / 1e9, "t_end": span.end_ns / 1e9,
-            "status": span.status}
+    return {"name": _tool_name(span), "t_start": span.start_ns / 1e9, "t_end": span.end_ns / 1e9,
+            "status": _status(span)}
 
 
 def _attach_tools(calls: list[tuple[Span, dict]], tools: list[Span]) -> int:
@@ -323,21 +260,27 @@ def _attach_tools(calls: list[tuple[Span, dict]], tools: list[Span]) -> int:
 
 def read_file(path: Path, *, workflow_type: str | None = None, with_text: bool = True,
               on_error: ErrorHandler | None = None, **_: Any) -> Iterator[dict]:
-    """Flat records for the LLM-call spans of one OTLP JSON file, ordered by start time."""
+    """Flat records for the LLM-call spans of one file, ordered by start time."""
     spans = read_spans(path, on_error)
-    _link_parents(spans)
+    link_parents(spans)
     calls: list[tuple[Span, dict]] = []
     tools: list[Span] = []
     for span in spans:
-        op = span.operation
+        kind = kind_of(span)
         try:
-            if op in CALL_OPERATIONS:
+            if kind == "call":
                 calls.append((span, _call_record(span, path, workflow_type, with_text)))
-            elif op == TOOL_OPERATION:
+            elif kind == "tool":
                 _require_times(span, path, "tool span")
                 tools.append(span)
         except ImportFormatError as err:
             report(on_error, err)
+    if spans and not any(kind_of(s) == "call" for s in spans):
+        ops = sorted({str(s.attrs.get("gen_ai.operation.name") or s.attrs.get("openinference.span.kind")
+                          or s.name) for s in spans})[:6]
+        report(on_error, ImportFormatError(str(path), None, f"{len(spans)} spans but none is an LLM call "
+                                           "(gen_ai.operation.name chat/text_completion/generate_content/call_llm "
+                                           f"or openinference.span.kind LLM); found: {', '.join(ops)}"))
     _attach_tools(calls, tools)
     for _, rec in sorted(calls, key=lambda sr: (sr[0].start_ns, sr[1]["request_id"])):
         yield rec

@@ -1,4 +1,4 @@
-"""SWE-agent trajectories (``<instance>.traj`` + ``<instance>.debug.log``) -> flat records.
+"""SWE-agent trajectories (``<instance>.traj``, with or without ``<instance>.debug.log``) -> flat records.
 
 A SWE-agent 1.x ``.traj`` file is one JSON document ``{"trajectory": [step, ...], "history": [...],
 "info": {"model_stats": {"tokens_sent", "tokens_received", "api_calls", ...}, "exit_status", ...},
@@ -18,13 +18,22 @@ beside the trajectory (``<output>/<instance>/<instance>.debug.log``, format
 * ``... - INFO - swea-agent - 💭 THOUGHT ...`` is logged once the action is parsed, right before it
   runs (``DefaultAgent.forward``).
 
-So one flat record per LLM call: ``t_arrival`` = the STEP line (or the previous call's end for a
+With the debug log, one flat record per LLM call: ``t_arrival`` = the STEP line (or the previous call's end for a
 re-query), ``t_finish`` = its token line, tokens from that line; the last call of step *n* carries
 the step's tool: its name is the first word of ``action`` (``str_replace_editor``, ``python``,
 ``grep``, ``submit``...), it starts at the THOUGHT line and lasts ``execution_time``. ``messages``
-are the step's exact ``query`` and ``response_text`` its ``response``. Without the debug log the
-trajectory cannot be placed in time nor counted in tokens, and the importer says so (it never
-invents either). asctime has no offset: it is read in ``timezone`` (default UTC).
+are the step's exact ``query`` and ``response_text`` its ``response``. asctime has no offset: it is
+read in ``timezone`` (default UTC).
+
+**The .traj alone** (what published runs and SWE-agent's own test data ship) is read *in order*:
+one record per step, ``timing = "synthetic_order"`` and ``t_arrival = t_finish = `` the step's
+position (0, 1, 2...; no time is made up), the step's action as a tool name (``tool_calls`` with
+zero duration at that position; its real ``execution_time`` kept as ``tool_execution_s``).
+Token counts come from the step when it carries them — ``extra_info.model_stats`` /
+``model_stats`` (cumulative ``tokens_sent``/``tokens_received`` as SWE-agent's ``InstanceStats``
+keeps them: differences of consecutive steps; or per-call ``input_tokens``/``output_tokens``) —
+or from ``info.model_stats`` when the run made exactly one call. A trajectory with none of these
+holds only run totals, so it gives no calls and the report says why.
 
 ``workflow_id`` = ``<run folder>/<instance>``, ``workflow_type_id`` = ``swe_agent`` unless given,
 ``agent_id`` = the ``agent`` of the step's messages (``main``).
@@ -41,15 +50,18 @@ from typing import Any, Iterator
 from profiler.importers._common import (
     ErrorHandler,
     ImportFormatError,
+    count_field,
     first_word,
     load_json_document,
+    number_in_order,
     open_text,
     report,
     resolve_timezone,
 )
 
 NAME = "swe-agent"
-SUMMARY = "SWE-agent .traj trajectories with the <instance>.debug.log SWE-agent writes beside them"
+SUMMARY = ("SWE-agent .traj trajectories: timed with the <instance>.debug.log beside them, "
+           "else in order (order-only)")
 FILE_PATTERNS = ("*.traj",)
 DEFAULT_WORKFLOW_TYPE = "swe_agent"
 
@@ -126,7 +138,7 @@ def _chat(query: Any) -> list[dict] | None:
 
 def read_file(path: Path, *, workflow_type: str | None = None, timezone: str | None = None,
               with_text: bool = True, on_error: ErrorHandler | None = None, **_: Any) -> Iterator[dict]:
-    """Flat records for one ``.traj`` file (needs its debug log; see the module docstring)."""
+    """Flat records for one ``.traj`` file: timed with its debug log, else in order (module docstring)."""
     tz = resolve_timezone(timezone)
     try:
         doc = load_json_document(path)
@@ -134,11 +146,10 @@ def read_file(path: Path, *, workflow_type: str | None = None, timezone: str | N
             raise ImportFormatError(str(path), None, "not a SWE-agent trajectory: expected a JSON object "
                                     "with a \"trajectory\" list", "trajectory")
         log = debug_log_for(path)
-        if log is None:
-            raise ImportFormatError(str(path), None, "a .traj file holds no call times and no per-call token "
-                                    f"counts; SWE-agent writes them to {path.stem}.debug.log beside it, which "
-                                    "is missing: copy it along with the trajectory")
         steps = doc["trajectory"]
+        if log is None:
+            yield from _order_only_records(doc, path, workflow_type, with_text, on_error)
+            return
         runs = parse_debug_log(log, tz)
         matching = [r for r in runs if len(r) == len(steps)]
         if not matching:
@@ -197,3 +208,80 @@ def read_file(path: Path, *, workflow_type: str | None = None, timezone: str | N
                         "import_source": where, "log_source": f"{log}:{ls.log_line}"})
             yield rec
             t_prev = t_finish
+
+
+def _step_tokens(steps: list, info: dict) -> list[tuple[int, int] | None]:
+    """(input, output) tokens of each step where the trajectory holds them (see module docstring)."""
+    out: list[tuple[int, int] | None] = []
+    prev: tuple[int, int] | None = (0, 0)
+    for step in steps:
+        stats = None
+        if isinstance(step, dict):
+            extra = step.get("extra_info") if isinstance(step.get("extra_info"), dict) else {}
+            stats = extra.get("model_stats") or step.get("model_stats")
+        tokens = None
+        if isinstance(stats, dict):
+            sent, received = count_field(stats.get("tokens_sent")), count_field(stats.get("tokens_received"))
+            n_in = count_field(stats.get("input_tokens", stats.get("prompt_tokens")))
+            n_out = count_field(stats.get("output_tokens", stats.get("completion_tokens")))
+            if sent is not None and received is not None:  # cumulative: this step's share
+                if prev is not None and sent >= prev[0] and received >= prev[1]:
+                    tokens = (sent - prev[0], received - prev[1])
+                prev = (sent, received)
+            elif n_in is not None and n_out is not None:
+                tokens = (n_in, n_out)
+        out.append(tokens)
+    total = info.get("model_stats") if isinstance(info.get("model_stats"), dict) else {}
+    if len(steps) == 1 and out[0] is None and count_field(total.get("api_calls")) == 1:
+        sent, received = count_field(total.get("tokens_sent")), count_field(total.get("tokens_received"))
+        if sent is not None and received is not None:
+            out[0] = (sent, received)
+    return out
+
+
+def _order_only_records(doc: dict, path: Path, workflow_type: str | None, with_text: bool,
+                        on_error: ErrorHandler | None) -> Iterator[dict]:
+    """Records of a .traj read without its debug log: in order, tokens from the steps."""
+    steps = doc["trajectory"]
+    info = doc.get("info") if isinstance(doc.get("info"), dict) else {}
+    tokens = _step_tokens(steps, info)
+    if steps and not any(tokens):
+        totals = info.get("model_stats") or {}
+        report(on_error, ImportFormatError(
+            str(path), None, f"{len(steps)} steps but no per-call token counts (only the run's totals: "
+            f"tokens_sent={totals.get('tokens_sent')}, tokens_received={totals.get('tokens_received')}, "
+            f"api_calls={totals.get('api_calls')}) and no times; put {path.stem}.debug.log "
+            "(written by sweagent run-batch) beside it to import both", "trajectory[].extra_info.model_stats"))
+        return
+    workflow_id = workflow_id_for(path)
+    model = _model_of(doc)
+    records: list[dict] = []
+    for index, (step, tok) in enumerate(zip(steps, tokens)):
+        if not isinstance(step, dict) or tok is None:
+            report(on_error, ImportFormatError(str(path), None, f"trajectory[{index}]: no token counts for this "
+                                               "step; skipped", "trajectory[].extra_info.model_stats"))
+            continue
+        query = step.get("query") or []
+        agent = next((m.get("agent") for m in reversed(query) if isinstance(m, dict) and m.get("agent")), "main")
+        rec: dict[str, Any] = {
+            "request_id": f"{workflow_id}/step{index + 1}", "workflow_type_id": workflow_type or DEFAULT_WORKFLOW_TYPE,
+            "workflow_id": workflow_id, "agent_id": str(agent), "input_tokens": tok[0], "output_tokens": tok[1],
+        }
+        if model:
+            rec["model"] = model
+        if (tool := first_word(step.get("action") or "")):
+            rec["tool_calls"] = [{"name": tool, "t_start": 0.0, "t_end": 0.0, "status": "ok"}]
+            if isinstance(step.get("execution_time"), (int, float)):
+                rec["tool_execution_s"] = float(step["execution_time"])
+        if with_text:
+            if (messages := _chat(query)):
+                rec["messages"] = messages
+            if isinstance(step.get("response"), str):
+                rec["response_text"] = step["response"]
+        rec.update({"action": (step.get("action") or "")[:500], "step": index + 1, "source_format": NAME,
+                    "import_source": f"{path}#trajectory[{index}]"})
+        records.append(rec)
+    for rec in number_in_order(records):
+        for tool in rec.get("tool_calls", []):
+            tool["t_start"] = tool["t_end"] = rec["t_finish"]
+        yield rec

@@ -1,0 +1,52 @@
+"""Telling a trace file's format from its name and its first bytes (``--format auto``).
+
+Names decide first (``*.traj`` is SWE-agent, ``*.traj.json`` mini-SWE-agent, ``base_state.json``
+an OpenHands V1 conversation, whose ``events/*.json`` belong to it and are not read alone);
+otherwise a few marker keys near the start of the file do: ``dynamo.request.trace.v1``,
+``schema_version: ATIF-...``, ``resourceSpans`` / ``"span_id"`` / ``context.span_id`` (spans),
+``instance_id`` + ``history`` (OpenHands), ``trajectory_format: mini-swe-agent``.
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from profiler.importers._common import open_text
+
+#: Every file name any importer reads (a folder is searched for these under ``--format auto``).
+AUTO_PATTERNS = ("*.traj", "*.traj.json", "*.json", "*.jsonl", "*.json.gz", "*.jsonl.gz")
+HEAD_CHARS = 65_536
+
+_MARKERS: tuple[tuple[str, re.Pattern[str]], ...] = (
+    ("dynamo", re.compile(r'"schema"\s*:\s*"dynamo\.request\.trace\.v1"')),
+    ("atif", re.compile(r'"schema_version"\s*:\s*"ATIF-v', re.IGNORECASE)),
+    ("mini-swe-agent", re.compile(r'"trajectory_format"\s*:\s*"mini-swe-agent')),
+    ("otel", re.compile(r'"resourceSpans"|"context"\s*:\s*\{[^{}]*"span_id"|"context\.span_id"|"spans"\s*:\s*\[')),
+    ("openhands", re.compile(r'"instance_id"[\s\S]*"history"|"history"[\s\S]*"instance_id"')),
+    ("swe-agent", re.compile(r'"trajectory"\s*:\s*\[')),
+)
+
+
+def part_of_conversation(path: Path) -> bool:
+    """An OpenHands V1 ``events/*.json`` file (read through its ``base_state.json``)."""
+    return path.parent.name == "events" and (path.parent.parent / "base_state.json").exists()
+
+
+def detect_format(path: Path) -> str | None:
+    """The format name for ``path``, or None when nothing matches."""
+    name = path.name
+    if name.endswith(".traj"):
+        return "swe-agent"
+    if name.endswith(".traj.json"):
+        return "mini-swe-agent"
+    if name == "base_state.json":
+        return "openhands"
+    try:
+        with open_text(path) as fh:
+            head = fh.read(HEAD_CHARS)
+    except (OSError, UnicodeDecodeError, EOFError):
+        return None
+    for fmt, marker in _MARKERS:
+        if marker.search(head):
+            return fmt
+    return None
