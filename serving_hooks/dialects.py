@@ -220,11 +220,15 @@ def render(dialect: str, values: HintValues, body: Mapping[str, Any], endpoint: 
 
 @dataclass(frozen=True)
 class UpstreamSpec:
-    """One ``--upstream URL[,dialect=NAME][,priority=high_first|low_first]`` value."""
+    """One ``--upstream URL[,dialect=NAME][,priority=high_first|low_first][,pool=MODEL]`` value.
+
+    ``pool`` names the model the upstream serves (multi-model workflows): requests whose
+    ``model`` field names it go only to that pool's upstreams (``serving_hooks.policies.pools``)."""
 
     url: str
     dialect: str | None = None
     priority_order: str | None = None
+    pool: str | None = None
 
 
 def parse_upstreams(values: list[str]) -> list[UpstreamSpec]:
@@ -246,9 +250,10 @@ def parse_upstreams(values: list[str]) -> list[UpstreamSpec]:
 
 
 def parse_upstream(value: str) -> UpstreamSpec:
-    """Parse ``URL[,dialect=vllm][,priority=low_first]`` (one-line error on a bad option)."""
+    """Parse ``URL[,dialect=vllm][,priority=low_first][,pool=MODEL]`` (one-line error on a bad
+    option)."""
     url, *opts = [p.strip() for p in value.split(",")]
-    dialect = order = None
+    dialect = order = pool = None
     for opt in opts:
         key, sep, val = opt.partition("=")
         if not sep:
@@ -263,6 +268,10 @@ def parse_upstream(value: str) -> UpstreamSpec:
                 raise ValueError(f"--upstream {value!r}: priority {val!r}: expected high_first "
                                  "or low_first")
             order = val
+        elif key == "pool":
+            if not val:
+                raise ValueError(f"--upstream {value!r}: pool= needs the model name the upstream serves")
+            pool = val
         else:
-            raise ValueError(f"--upstream {value!r}: unknown option {key!r} (dialect, priority)")
-    return UpstreamSpec(url, dialect, order)
+            raise ValueError(f"--upstream {value!r}: unknown option {key!r} (dialect, priority, pool)")
+    return UpstreamSpec(url, dialect, order, pool)

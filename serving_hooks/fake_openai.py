@@ -46,6 +46,7 @@ class FakeOpenAI:
     keep: int = 10_000          # requests remembered (oldest dropped)
     record: bool = True
     fail_next: int = 0          # answer this many upcoming generation requests with 502
+    waiting_requests: int = 0   # the queue depth /v1/loads reports (``num_waiting_reqs``)
 
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
@@ -248,7 +249,8 @@ class FakeOpenAI:
 
     async def _loads(self, request: Request) -> Response:
         return JSONResponse({"loads": [{"dp_rank": 0, "num_used_tokens": 0, "num_total_tokens": 0,
-                                        "max_total_num_tokens": 1_000_000, "num_waiting_reqs": 0}]})
+                                        "max_total_num_tokens": 1_000_000,
+                                        "num_waiting_reqs": self.waiting_requests}]})
 
 
 def main() -> None:  # pragma: no cover - manual use

@@ -28,6 +28,13 @@ attempt rolls its session advance back (:mod:`serving_hooks.retries`); ``GET /re
 until the profile is loaded and warmed up; with a tracer each call is an OpenTelemetry span
 (:mod:`serving_hooks.telemetry`).
 
+Multi-model workflows (``--upstream URL,pool=MODEL``, :mod:`serving_hooks.policies.pools`): a
+call goes only to the upstreams serving the model its body names (404 ``model_not_found`` when
+none does), the gateway learns which pool each agent calls, and a known call's ``priority``
+gains the idle-downstream term of Pythia's rule — ``w2 / E[D_m]`` for every pool ``m`` the
+workflow will reach whose upstreams report fewer than ``idle_queue_threshold`` waiting requests
+(their ``/v1/loads``, polled under ``--routing capacity``).
+
 Streams: to log token counts the gateway asks for ``stream_options.include_usage`` when the
 client did not, and then drops the usage-only final chunk from what the client receives, so the
 client's stream has the chunks it asked for (``--no-stream-usage`` turns this off; streamed calls
@@ -72,10 +79,13 @@ from serving_hooks.gateway_log import GatewayLog
 from serving_hooks.http_guard import BodySizeLimit, StrictJSONError, admin_auth, strict_json_loads
 from serving_hooks.identity import IdentityMap, resolve_identity
 from serving_hooks.retries import DEFAULT_WINDOW_S, RetryLedger
+from predictors.contract import Annotation
+from serving_hooks.policies.pools import ModelPools, NoReplicaForModel
+from serving_hooks.policies.priority import AnnotationPriority
 from serving_hooks.metrics import (LATENCY_BUCKETS, Labeled, RequestMetricsMiddleware, render,
                                    request_metrics)
 from serving_hooks.sse import StreamFollower
-from serving_hooks.upstreams import UpstreamRouter
+from serving_hooks.upstreams import UpstreamRouter, request_model
 
 if TYPE_CHECKING:  # pragma: no cover
     from serving_hooks.annotator import LocalAnnotator, SidecarAnnotator
@@ -248,6 +258,9 @@ class _GatewayMetrics:
                                "earlier one (retry), of one that had completed (after_completion), "
                                "and sessions rolled back after a failed attempt (rolled_back).",
                                ["outcome"], registry=registry)
+        self.downstream = Counter("profiler_gateway_idle_downstream_boosts", "Calls whose "
+                                  "priority rose because a model pool their workflow reaches next "
+                                  "was about to idle (multi-model pools).", registry=registry)
         self.annotate_outcome = Labeled(self.annotate)
         self.upstream_outcome = Labeled(self.upstream)
         self.record_outcome = Labeled(self.records)
@@ -267,8 +280,14 @@ class Gateway:
                  log_writer: GatewayLog | None = None, options: GatewayOptions | None = None,
                  registry: CollectorRegistry | None = None,
                  service: PredictionService | None = None, retries: RetryLedger | None = None,
-                 tracer: CallTracer | None = None) -> None:
+                 tracer: CallTracer | None = None, pools: ModelPools | None = None,
+                 priority: AnnotationPriority | None = None) -> None:
         self.router = router
+        self.pools = pools if pools is not None and pools.pooled else None
+        policy = getattr(getattr(service, "predictor", None), "priority_policy", None)
+        #: the priority rule the annotations were made with (re-applied with the pools' queues)
+        self.priority = priority or (policy if isinstance(policy, AnnotationPriority)
+                                     else AnnotationPriority())
         self.annotator = annotator
         self.log = log_writer
         self.options = options or GatewayOptions()
@@ -394,6 +413,26 @@ class Gateway:
             self.metrics.annotate_seconds.observe(time.perf_counter() - t0)
         return ann, "annotated"
 
+    # -- model pools: the idle-downstream term --------------------------------------------------
+    def _with_downstream_priority(self, ann: dict | None, meta: dict | None) -> dict | None:
+        """``ann`` with its ``priority`` recomputed with the pools' queue depths (module doc);
+        unchanged when it carries no priority or no pool has reported."""
+        if self.pools is None or not isinstance(ann, dict) or ann.get("priority") is None \
+                or not ann.get("known"):
+            return ann
+        depths = self.pools.depths(self.router.queue_depths() if hasattr(self.router, "queue_depths")
+                                   else {})
+        if not depths:
+            return ann
+        wt = meta.get("workflow_type_id") if isinstance(meta, dict) else None
+        prio = self.priority(Annotation.from_dict(ann, meta), meta, queue_depth=depths,
+                             agent_model=self.pools.agent_pools(wt))
+        if prio == ann["priority"]:
+            return ann
+        if prio > ann["priority"]:
+            self.metrics.downstream.inc()
+        return {**ann, "priority": prio}
+
     # -- upstream I/O -----------------------------------------------------------------------------
     async def _send(self, request: Request, upstream: str, content: bytes | None,
                     extra_headers: dict[str, str] | None = None
@@ -469,6 +508,15 @@ class Gateway:
                                            "fields (priority, custom_params) and cannot be re-encoded")
         kind = endpoint_of(request.url.path) or "chat"
         meta, where, id_source = resolve_identity(body, request.headers, self.options.identity)
+        if self.pools is not None:
+            model = request_model(body)
+            try:
+                self.pools.candidates(model)
+            except NoReplicaForModel as exc:
+                return _error_response(404, "model_not_found", str(exc))
+            pool = self.pools.pool_of(model)
+            if pool is not None and meta is not None:
+                self.pools.note_agent(str(meta.get("workflow_type_id")), str(meta.get("agent_id")), pool)
         if body is not None:
             self.metrics.identity.labels(id_source or "none").inc()
         advance = True
@@ -483,6 +531,7 @@ class Gateway:
         else:
             request_id = f"gw-{uuid.uuid4().hex}"  # ours: a client's header may repeat across calls
         ann, outcome = await self._annotate(meta, request_id, body, advance)
+        ann = self._with_downstream_priority(ann, meta)
         self.metrics.annotate_outcome(outcome).inc()
         stream = body is not None and body.get("stream") is True
         record_wanted = (meta is not None and (self.log is not None or self.annotator is not None)) \
@@ -826,6 +875,8 @@ def create_gateway_app(gateway: Gateway) -> FastAPI:
                                 status_code=404)
         summary = gateway.service.profile_summary()
         summary["upstreams"] = gateway.router.upstreams
+        if gateway.pools is not None:
+            summary["pools"] = gateway.pools.as_dict()
         return JSONResponse(summary)
 
     @app.post("/admin/reload", tags=["gateway"], dependencies=[Depends(admin)])

@@ -176,14 +176,17 @@ class CapacityRouter:
 
     # ----------------------------------------------------------------- decisions
     def decide_annotated(self, request_id: str, session_id: str | None, input_tokens: int,
-                         annotation: Annotation | dict | None) -> RouteDecision:
-        """Route and reserve one request from its annotation contract (module doc)."""
+                         annotation: Annotation | dict | None,
+                         workers: Sequence[str] | None = None) -> RouteDecision:
+        """Route and reserve one request from its annotation contract (module doc), among
+        ``workers`` (default: all; a multi-model gateway passes the pool of the request's
+        model)."""
         ann = Annotation.from_dict(annotation) if annotation is not None else None
         req = capacity_request(request_id, int(input_tokens), ann, session_id,
                                default_alpha=self.policy.default_alpha,
                                unknown_output_tokens=self.unknown_output_tokens)
         known = ann is not None and ann.known
-        return self._decide(session_id, req, req.alpha if known else None, request_id)
+        return self._decide(session_id, req, req.alpha if known else None, request_id, workers)
 
     def decide(
         self,
@@ -206,12 +209,13 @@ class CapacityRouter:
         return self._decide(session_id, req, alpha, request_id)
 
     def _decide(self, session_id: str | None, req: ActiveRequest, alpha: float | None,
-                request_id: str | None) -> RouteDecision:
+                request_id: str | None, workers: Sequence[str] | None = None) -> RouteDecision:
         now = self.clock()
+        cands = self.workers if workers is None else [w.rstrip("/") for w in workers]
         with self._lock:
-            states = self._replica_states(now)
+            states = self._replica_states(now, cands)
             if states is None:
-                worker = self.workers[next(self._rr) % len(self.workers)]
+                worker = cands[next(self._rr) % len(cands)]
                 decision = RouteDecision(worker, "round_robin")
             else:
                 placement = self.policy.choose(
@@ -227,9 +231,9 @@ class CapacityRouter:
                 self.ledger.start(request_id, decision.worker, req, now, session=session_id or None)
         return decision
 
-    def _replica_states(self, now: float) -> list[ReplicaState] | None:
+    def _replica_states(self, now: float, workers: Sequence[str]) -> list[ReplicaState] | None:
         states = []
-        for w in self.workers:
+        for w in workers:
             load = self._loads.get(w)
             if load is None or now - load.fetched_at > self.stale_after_s:
                 return None

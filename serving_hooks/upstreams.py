@@ -14,6 +14,14 @@ Two implementations:
   worker's ``GET /v1/loads`` and falls back to round robin when they do not report). It needs the
   prompt size before the upstream has tokenized it: :func:`estimate_prompt_tokens` uses
   characters / 4, the usual rule of thumb for English text under BPE tokenizers.
+
+Both take an optional :class:`~serving_hooks.policies.pools.ModelPools` (``--upstream
+URL,pool=MODEL``): a request then goes only to the upstreams of the model its body names
+(``model``), or to the upstreams without a pool; a model nobody serves raises
+:class:`~serving_hooks.policies.pools.NoReplicaForModel` (the gateway answers 404). Round robin
+keeps one turn per candidate set; the capacity router keeps a session's last upstream per pool.
+``queue_depths()`` gives the upstreams' waiting requests (from the load reports; none under
+round robin), which the gateway sums per pool for the priority's idle-downstream term.
 """
 from __future__ import annotations
 
@@ -22,6 +30,7 @@ import json
 from typing import Any, Protocol, Sequence
 
 from predictors.contract import Annotation
+from serving_hooks.policies.pools import ModelPools
 from serving_hooks.routing import CapacityRouter
 
 
@@ -44,21 +53,34 @@ class UpstreamRouter(Protocol):
     def finished(self, request_id: str) -> None: ...
 
 
-class RoundRobinRouter:
-    """Cycle through the upstreams in order."""
+def request_model(body: Any) -> str | None:
+    """The model a request body names (OpenAI's ``model`` field), if any."""
+    model = body.get("model") if isinstance(body, dict) else None
+    return model if isinstance(model, str) else None
 
-    def __init__(self, upstreams: Sequence[str]) -> None:
+
+class RoundRobinRouter:
+    """Cycle through the upstreams in order (with pools: through the request's candidates)."""
+
+    def __init__(self, upstreams: Sequence[str], pools: ModelPools | None = None) -> None:
         if not upstreams:
             raise ValueError("at least one --upstream URL is needed")
         self.upstreams = [normalize_upstream(u) for u in upstreams]
-        self._cycle = itertools.cycle(self.upstreams)
+        self.pools = pools if pools is not None and pools.pooled else None
+        self._turns: dict[tuple[str, ...], itertools.count] = {}
 
     def choose_upstream(self, request_id: str, body: Any, sys_annotations: dict | None,
                         app_metadata: dict | None) -> str:
-        return next(self._cycle)
+        cands = tuple(self.pools.candidates(request_model(body)) if self.pools else self.upstreams)
+        turn = self._turns.setdefault(cands, itertools.count())
+        return cands[next(turn) % len(cands)]
 
     def finished(self, request_id: str) -> None:
         return None
+
+    def queue_depths(self) -> dict[str, int]:
+        """Round robin polls no load reports: no queue depth is known."""
+        return {}
 
     async def start(self) -> None:
         return None
@@ -82,22 +104,36 @@ def estimate_prompt_tokens(body: Any) -> int:
 class CapacityRouting:
     """:class:`UpstreamRouter` over :class:`serving_hooks.routing.CapacityRouter`."""
 
-    def __init__(self, upstreams: Sequence[str], **router_kwargs: Any) -> None:
+    def __init__(self, upstreams: Sequence[str], pools: ModelPools | None = None,
+                 **router_kwargs: Any) -> None:
         self.upstreams = [normalize_upstream(u) for u in upstreams]
+        self.pools = pools if pools is not None and pools.pooled else None
         self.router = CapacityRouter(self.upstreams, **router_kwargs)
 
     def choose_upstream(self, request_id: str, body: Any, sys_annotations: dict | None,
                         app_metadata: dict | None) -> str:
         """The worker for one request: its annotation contract's bound (as the simulator builds
-        it) checked against every worker's KV capacity."""
+        it) checked against the KV capacity of every worker that serves its model."""
         ann = Annotation.from_dict(sys_annotations, app_metadata) if sys_annotations is not None else None
         session = ann.workflow_id if ann is not None else None
         if session is None and isinstance(app_metadata, dict) and app_metadata.get("workflow_id") is not None:
             session = str(app_metadata["workflow_id"])
-        return self.router.decide_annotated(request_id, session, estimate_prompt_tokens(body), ann).worker
+        workers = None
+        if self.pools is not None:
+            model = request_model(body)
+            workers = self.pools.candidates(model)
+            pool = self.pools.pool_of(model)
+            if session is not None and pool is not None:
+                session = f"{session}@{pool}"      # one home per session and pool
+        return self.router.decide_annotated(request_id, session, estimate_prompt_tokens(body), ann,
+                                            workers=workers).worker
 
     def finished(self, request_id: str) -> None:
         self.router.on_finish(request_id)
+
+    def queue_depths(self) -> dict[str, int]:
+        """Waiting requests per upstream from the latest ``/v1/loads`` reports."""
+        return self.router.queue_depths()
 
     async def start(self) -> None:
         await self.router.start()

@@ -55,8 +55,10 @@ def fit_generated_profile(root: Path, n_workflows: int, seed: int, **fit_options
 def running_gateway(upstreams: list[str], profile_root: Path | None = None, *,
                     sidecar: str | None = None, log_dir: Path | None = None, annotator: Any = None,
                     gate: Any = None, reload_every_s: float = 2.0, tracer: Any = None,
-                    retries: Any = None, **options: Any) -> Iterator[Any]:
-    """A gateway on a real port over ``upstreams`` (round robin), predicting in process from
+                    retries: Any = None, router: Any = None, pools: Any = None,
+                    **options: Any) -> Iterator[Any]:
+    """A gateway on a real port over ``upstreams`` (round robin, or ``router``; ``pools`` the
+    :class:`ModelPools` of a multi-model test), predicting in process from
     ``profile_root`` (with ``gate`` and hot reload every ``reload_every_s``), from a ``sidecar``
     URL, or with ``annotator``; ``options`` are :class:`GatewayOptions`. Yields the
     :class:`Gateway` with its ``url`` set.
@@ -81,10 +83,10 @@ def running_gateway(upstreams: list[str], profile_root: Path | None = None, *,
         annotator = LocalAnnotator(service)
     elif annotator is None and sidecar is not None:
         annotator = SidecarAnnotator(sidecar)
-    gw = Gateway(RoundRobinRouter(upstreams), annotator,
+    gw = Gateway(router or RoundRobinRouter(upstreams), annotator,
                  log_writer=GatewayLog(log_dir) if log_dir else None,
                  options=GatewayOptions(**options), registry=registry, service=service,
-                 tracer=tracer, retries=retries)
+                 tracer=tracer, retries=retries, pools=pools)
     with serve_in_thread(create_gateway_app(gw), server_header=False, date_header=False) as server:
         gw.url = server.url
         yield gw

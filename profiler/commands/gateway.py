@@ -15,7 +15,7 @@ HELP_FIELDS = "What is sent upstream"
 
 @app.command(no_args_is_help=True)
 def gateway(
-    upstream: Annotated[list[str], typer.Option("--upstream", "-u", help="OpenAI-compatible server(s), e.g. http://127.0.0.1:30000 (SGLang). Repeat, or separate with commas, for several. Per upstream: URL,dialect=sglang|vllm|dynamo|headers[,priority=high_first|low_first] (docs/dialects.md).")],
+    upstream: Annotated[list[str], typer.Option("--upstream", "-u", help="OpenAI-compatible server(s), e.g. http://127.0.0.1:30000 (SGLang). Repeat, or separate with commas, for several. Per upstream: URL,dialect=sglang|vllm|dynamo|headers[,priority=high_first|low_first] (docs/dialects.md)[,pool=MODEL] (the model it serves: calls go to the upstreams of the model they name).")],
     profile: Annotated[Optional[Path], typer.Option("--profile", "-p", help="Predict in process from this profile root (hot-reloaded).")] = None,
     sidecar: Annotated[Optional[str], typer.Option(help="Or ask a running `profiler serve` at this URL.")] = None,
     log_dir: Annotated[Optional[Path], typer.Option(help="Write every completed call as a gateway record to rotating JSONL files here (input for `profiler fit`/`watch`).")] = None,
@@ -69,6 +69,11 @@ def gateway(
 
     Engine dialects (docs/dialects.md): `--dialect vllm`, or per upstream
     `--upstream http://127.0.0.1:8000,dialect=vllm --upstream http://127.0.0.1:30000,dialect=sglang`.
+
+    Multi-model workflows (docs/serving.md "Model pools"): name the model each upstream serves,
+    `--upstream http://127.0.0.1:30000,pool=llama-70b --upstream http://127.0.0.1:30001,pool=qwen-coder`;
+    a call goes to the upstreams of the model it names, and with `--routing capacity` a workflow
+    about to reach an idle pool gets a higher priority.
     """
     import uvicorn
     from prometheus_client import CollectorRegistry
@@ -84,6 +89,7 @@ def gateway(
     from serving_hooks.dialects import DIALECTS, parse_upstreams
     from serving_hooks.identity import IdentityMap, load_identity_map
     from serving_hooks.telemetry import CallTracer, otlp_tracer_provider
+    from serving_hooks.policies.pools import ModelPools
     from serving_hooks.upstreams import normalize_upstream
 
     try:
@@ -96,8 +102,9 @@ def gateway(
     if dialect is not None and dialect not in DIALECTS:
         fail(f"--dialect {dialect!r}: expected one of {', '.join(DIALECTS)}")
     urls = [sp.url for sp in specs]
+    pools = ModelPools({normalize_upstream(sp.url): sp.pool for sp in specs})
     try:
-        router = {"round-robin": RoundRobinRouter, "capacity": CapacityRouting}[routing](urls)
+        router = {"round-robin": RoundRobinRouter, "capacity": CapacityRouting}[routing](urls, pools=pools)
     except KeyError:
         fail(f"--routing must be round-robin or capacity, not {routing!r}")
     except ValueError as exc:
@@ -135,7 +142,8 @@ def gateway(
                              identity=identity, retry_window_s=retry_window)
     provider = otlp_tracer_provider(otlp_endpoint)
     gw = Gateway(router, annotator, log_writer=writer, options=options, registry=registry,
-                 service=service, tracer=CallTracer(provider) if provider is not None else None)
+                 service=service, tracer=CallTracer(provider) if provider is not None else None,
+                 pools=pools)
     if loop is not None:
         gw.background.append(loop)
     app_ = create_gateway_app(gw)

@@ -8,6 +8,7 @@ reads a clock: every time is passed in as ``now`` (seconds on any monotonic scal
 :class:`Annotation`         the per-call prediction message (``predictors.contract``)
 :class:`CapacityLedger`     bookkeeping: requests in flight, drain rate, last replica
 :class:`SessionPriorityBook`  bookkeeping: each session's priority reference
+:class:`ModelPools`         bookkeeping: replicas per model pool, agents' pools, pool queues
 :class:`PriorityPolicy`     Pythia alg. 3 per workflow: remaining work + idle downstream
 :class:`CapacityPolicy`     Pythia alg. 2: union bound (risk split), session affinity
 :class:`KeepDropPolicy`     Pythia alg. 1 + SAGA TTL: retain / drop a session prefix
@@ -36,6 +37,7 @@ from serving_hooks.policies.keep_drop import (
     lognormal_quantile,
     revisit_probability,
 )
+from serving_hooks.policies.pools import ModelPools, NoReplicaForModel, pool_queue_depths
 from serving_hooks.policies.prefetch import HOST_TIER, PrefetchPlan, PrefetchPolicy
 from serving_hooks.policies.priority import AnnotationPriority, PriorityPolicy
 
@@ -55,6 +57,8 @@ __all__ = [
     "CapacityPolicy",
     "HOST_TIER",
     "KeepDropPolicy",
+    "ModelPools",
+    "NoReplicaForModel",
     "Placement",
     "PrefetchPlan",
     "PrefetchPolicy",
@@ -65,6 +69,7 @@ __all__ = [
     "RetentionRank",
     "autoscale_advice",
     "lognormal_quantile",
+    "pool_queue_depths",
     "replicas_from_snapshot",
     "revisit_probability",
 ]

@@ -197,7 +197,13 @@ class AnnotationPriority:
 
     policy: PriorityPolicy = PriorityPolicy()
 
-    def __call__(self, annotation: Annotation, app_metadata: Mapping | None = None) -> int:
+    def __call__(self, annotation: Annotation, app_metadata: Mapping | None = None, *,
+                 queue_depth: Mapping[str, float] | None = None,
+                 agent_model: Mapping[str, str] | None = None) -> int:
+        """The call's integer priority. ``queue_depth`` (waiting requests per model pool) and
+        ``agent_model`` (agent → pool) feed the idle-downstream term; a caller that knows no
+        queues (the predictor alone) leaves them out and the term is inactive."""
         view = CallView.from_annotation(annotation, app_metadata)
         pol = self.policy
-        return pol.to_sglang(pol.session_score(pol.score_view(view), view.session_age_s))
+        base = pol.score_view(view, queue_depth, agent_model)
+        return pol.to_sglang(pol.session_score(base, view.session_age_s))
