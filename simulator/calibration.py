@@ -173,6 +173,9 @@ def fit_step_time(records: Iterable[dict], source: str = "", prefill_intercept: 
     kv_read[order] = kv
     tpot = (last - first) / np.maximum(out - 1, 1)
     keep = out >= 16
+    if keep.sum() < 2:
+        raise ValueError(f"the decode fit needs calls with at least 16 output tokens: {int(keep.sum())} of "
+                         f"{len(out)} records have them (replay with larger outputs, e.g. --token-scale 1)")
     qr = QuantileRegressor(quantile=0.5, alpha=0.0, solver="highs").fit(kv_read[keep, None], tpot[keep])
     t0, c = float(qr.intercept_), float(max(qr.coef_[0], 0.0))
     dec_err = np.median(np.abs(t0 + c * kv_read[keep] - tpot[keep]) / tpot[keep])

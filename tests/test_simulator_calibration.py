@@ -30,3 +30,10 @@ def test_calibration_needs_first_token_times():
     with pytest.raises(ValueError, match="t_first_token"):
         fit_step_time([{"workflow_id": "w", "t_arrival": 0.0, "t_finish": 1.0,
                         "input_tokens": 10, "output_tokens": 5}])
+
+
+def test_calibration_without_decode_samples_says_what_it_needs():
+    recs = [{"workflow_id": f"w{i}", "t_arrival": 0.0, "t_first_token": 0.1 + i / 100, "t_finish": 0.2 + i / 100,
+             "input_tokens": 100 + i, "output_tokens": 4} for i in range(12)]
+    with pytest.raises(ValueError, match="at least 16 output tokens: 0 of 12"):
+        fit_step_time(recs)
