@@ -62,6 +62,7 @@ from serving_hooks.policies.bookkeeping import CapacityLedger, SessionPriorityBo
 from simulator.baselines import FCFS, LRU, Belady, RoundRobin, StickyLeastLoad
 from simulator.engine import Request, Simulator
 from simulator.policy import CachePolicy, Part, Policy, Router, Scheduler
+from simulator.preprefill import PrePrefill
 
 class PredictionFeed(Part):
     """Drives a ``predictors.Predictor`` with simulated time and attaches a ``CallView``.
@@ -371,6 +372,8 @@ class OursOptions:
     risk_split: bool = True
     keep_drop: bool = True
     prefetch: bool = True
+    #: Pre-prefill the predicted next call's known prefix on idle replicas (simulator.preprefill).
+    preprefill: bool = True
     belady_eviction: bool = False
     priority_policy: PriorityPolicy = field(default_factory=PriorityPolicy)
     capacity_policy: CapacityPolicy = field(default_factory=CapacityPolicy)
@@ -388,6 +391,7 @@ OURS_VARIANTS: dict[str, dict[str, Any]] = {
     "ours-p99": {"risk_split": False},
     "ours-no-keepdrop": {"keep_drop": False},
     "ours-no-prefetch": {"prefetch": False},
+    "ours-no-preprefill": {"preprefill": False},
     "ours-belady": {"belady_eviction": True},
     "ours-seconds": {"priority_policy": PriorityPolicy(remaining_unit="seconds")},
     "ours-no-idle": {"priority_policy": PriorityPolicy(w2=0.0)},
@@ -417,10 +421,12 @@ def build_ours(predictor: Any, name: str = "ours", options: OursOptions | None =
     extras: tuple[Part, ...] = (feed,)
     if opt.prefetch:
         extras += (HostPrefetch(feed),)
-    off = [k for k in ("priority", "keep_drop", "prefetch") if not getattr(opt, k)]
+    if opt.preprefill:
+        extras += (PrePrefill(feed),)
+    off = [k for k in ("priority", "keep_drop", "prefetch", "preprefill") if not getattr(opt, k)]
     if opt.router != "capacity":
         off.append(f"capacity routing (→ {opt.router})")
-    desc = "priority + capacity routing + keep/drop + prefetch (serving_hooks.policies)"
+    desc = "priority + capacity routing + keep/drop + prefetch + pre-prefill (serving_hooks.policies)"
     if off:
         desc += "; off: " + ", ".join(off)
     if opt.priority and not opt.workflow_priority:
@@ -447,4 +453,6 @@ def ours_stats(policy: Policy) -> dict[str, Any]:
             out["prefetch_plans"] = part.plans
             out["prefetch_staged_tokens"] = part.staged_tokens
             out["prefetch_skipped"] = part.skipped
+        elif isinstance(part, PrePrefill):
+            out.update(part.stats())
     return out

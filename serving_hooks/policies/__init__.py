@@ -21,7 +21,8 @@ from predictors.contract import (Annotation, NextAgent, ToolLatency, from_custom
 from serving_hooks.policies.annotations_view import CallView
 from serving_hooks.policies.bookkeeping import (CapacityLedger, SessionPriorityBook,
                                                 capacity_request)
-from serving_hooks.policies.autoscale import AutoscalePolicy, autoscale_advice
+from serving_hooks.policies.autoscale import (AutoscalePolicy, autoscale_advice, live_autoscale_advice,
+                                              live_projection)
 from serving_hooks.policies.capacity import (
     ActiveRequest,
     CapacityPolicy,
@@ -50,6 +51,8 @@ __all__ = [
     "from_custom_params",
     "to_sglang_custom_params",
     "AutoscalePolicy",
+    "live_autoscale_advice",
+    "live_projection",
     "CallView",
     "CapacityLedger",
     "SessionPriorityBook",
