@@ -453,9 +453,17 @@ def compare_seeds(prep: Prepared, policies: Sequence[str], loads: Sequence[str],
             avg = [r["loads"][level]["policies"][name]["avg_jct_s"] for r in runs]
             p95 = [r["loads"][level]["policies"][name]["p95_jct_s"] for r in runs]
             settle = [r["loads"][level]["policies"][name]["settling"] for r in runs]
+            held = [r["loads"][level]["policies"][name]["gpu_held_s"] for r in runs]
             row = {"avg_jct_s": avg, "p95_jct_s": p95, "settling": settle,
+                   "gpu_held_s": held, "gpu_held_s_mean": float(np.mean(held)),
+                   "p95_jct_std": float(np.std(p95, ddof=1)) if len(p95) > 1 else 0.0,
                    "avg_jct_mean": float(np.mean(avg)), "avg_jct_std": float(np.std(avg, ddof=1)) if len(avg) > 1 else 0.0,
                    "p95_jct_mean": float(np.mean(p95))}
+            for key in ("preprefill_tokens", "preprefill_used_tokens", "preprefill_wasted_tokens",
+                        "autoscale_started", "autoscale_drained", "startup_s"):
+                vals = [r["loads"][level]["policies"][name].get(key) for r in runs]
+                if all(v is not None for v in vals):
+                    row[key] = vals
             if base in out["loads"][level]["policies"]:
                 ratio = [r["loads"][level]["policies"][base]["avg_jct_s"] / max(a, 1e-9)
                          for r, a in zip(runs, avg)]

@@ -220,3 +220,31 @@ def test_predictive_decision_equals_autoscale_policy(tmp_path):
     assert moved, "the projections moved the advice at least once"
     for d in scaler.decisions:
         assert sum(d["target"].values()) <= 4
+
+
+@pytest.mark.slow
+def test_cli_autoscale_rows(tmp_path):
+    """``profiler simulate --autoscale off,reactive,predictive`` runs each policy once per mode;
+    without a scenario every replica is one pool; each row reports the GPU-seconds held."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from profiler.cli import app
+
+    res = CliRunner().invoke(app, [
+        "simulate", "--workload", "coding-assistant", "--load", "peak", "--workflows", "16",
+        "--train-workflows", "40", "--replicas", "2", "--kv-capacity-tokens", "60000",
+        "--policies", "sglang-default", "--autoscale", "off,reactive,predictive",
+        "--startup-delay", "30", "--autoscale-interval", "5", "--json",
+        "--profile", str(tmp_path / "prof")])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.output[res.output.index("{"):])
+    rows = out["policies"]
+    assert list(rows) == ["sglang-default", "sglang-default+reactive", "sglang-default+predictive"]
+    assert out["autoscale"]["startup_delay_s"] == 30.0 and out["autoscale"]["interval_s"] == 5.0
+    for name, row in rows.items():
+        assert row["gpu_held_s"] > 0
+        assert ("autoscale_decisions" in row) == (name != "sglang-default")
+    bad = CliRunner().invoke(app, ["simulate", "--workload", "coding-assistant", "--autoscale", "maybe"])
+    assert bad.exit_code != 0 and "--autoscale" in bad.output
