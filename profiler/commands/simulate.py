@@ -39,16 +39,16 @@ def simulate(
         min=0.0)] = 60.0,
     autoscale_interval: Annotated[float, typer.Option(
         help="Autoscaling: seconds between decisions (Kubernetes HPA sync period 15 s).", min=0.1)] = 15.0,
-    scale_down_window: Annotated[Optional[float], typer.Option(
+    scale_down_window: Annotated[float, typer.Option(
         help="Autoscaling: a pool is not shrunk below its largest target of this many seconds "
-             "(HPA downscale stabilization; default: the mode's own, see docs/simulator.md).",
-        min=0.0)] = None,
-    queue_target: Annotated[Optional[float], typer.Option(
-        help="Reactive autoscaling: waiting calls per replica a pool is sized for (default: the "
-             "validated value in docs/simulator.md).", min=0.01)] = None,
-    autoscale_horizon: Annotated[Optional[int], typer.Option(
-        help="Predictive autoscaling: steps each live session is projected (default: the "
-             "validated value in docs/simulator.md).", min=1)] = None,
+             "(HPA downscale stabilization, 300 s in Kubernetes; 60 s was chosen on a validation "
+             "draw, see docs/simulator.md).", min=0.0)] = 60.0,
+    queue_target: Annotated[float, typer.Option(
+        help="Reactive autoscaling: waiting calls per replica a pool is sized for (chosen on a "
+             "validation draw).", min=0.01)] = 16.0,
+    autoscale_horizon: Annotated[int, typer.Option(
+        help="Predictive autoscaling: steps each live session is projected (chosen on a "
+             "validation draw).", min=1)] = 5,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of tables.")] = False,
     plot: Annotated[Optional[Path], typer.Option(help="Write a PNG of JCT vs load per policy here.")] = None,
     markdown: Annotated[Optional[Path], typer.Option(help="Also write the tables as Markdown here.")] = None,
@@ -158,13 +158,9 @@ def simulate(
         except ValueError as exc:
             fail(f"--calibrate {calibrate}: {exc}")
         err_console.print(f"step model fit on {calibrate}: {cfg.step}")
-    scale = AutoscaleOptions(startup_delay_s=startup_delay, interval_s=autoscale_interval)
-    if scale_down_window is not None:
-        scale = replace(scale, scale_down_window_s=scale_down_window)
-    if queue_target is not None:
-        scale = replace(scale, queue_target=queue_target)
-    if autoscale_horizon is not None:
-        scale = replace(scale, horizon_calls=autoscale_horizon)
+    scale = AutoscaleOptions(startup_delay_s=startup_delay, interval_s=autoscale_interval,
+                             scale_down_window_s=scale_down_window, queue_target=queue_target,
+                             horizon_calls=autoscale_horizon)
     ours = OursOptions()
     if ours_epsilon is not None:
         ours = replace(ours, capacity_policy=CapacityPolicy(epsilon=ours_epsilon))
