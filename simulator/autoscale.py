@@ -27,7 +27,8 @@ are alg. 4's unrounded ``load_replicas``). Then, per pool:
 
 * **scale down** to ``max(targets of the last scale_down_window_s)`` (HPA's downscale
   stabilization: 300 s in Kubernetes, 60 s here — chosen for both recommenders on a validation
-  draw, ``bench/autoscale_validation.py``): a replica still starting is cancelled first, else the active replica
+  draw, ``bench/autoscale_validation.py``; the split at start counts as a target made at
+  ``t = 0``, as HPA records the current replicas when it starts): a replica still starting is cancelled first, else the active replica
   with the least work *drains* — it takes no new calls (routers no longer see it) and finishes
   every call it holds (running and queued); then its GPU is free. A pool keeps ≥ 1 active
   replica;
@@ -190,8 +191,11 @@ class Autoscaler(Part):
         self.held_since: dict[int, float] = {r: 0.0 for r, s in self.state.items() if s != FREE}
         self.held_s = 0.0
         self.startup_s = 0.0
-        self.history: deque = deque()
         self.target = {n: len(sim.pools.replicas[p]) for p, n in enumerate(self.names)}
+        # the split at start counts as a recommendation made now, as Kubernetes' HPA records the
+        # current replicas when it starts (recordInitialRecommendation): no pool is shrunk within
+        # the first window on the strength of one early look
+        self.history: deque = deque([(sim.now, dict(self.target))])
         self.next_decision = self.options.interval_s
         self._note()
         sim.add_timer(self.next_decision)
