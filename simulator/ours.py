@@ -29,6 +29,10 @@ prefetch            ``PrefetchPolicy`` (alg. 1)           a plan per call; when 
                                                           prefix is staged into host memory, only
                                                           into free host space or over dropped
                                                           prefixes (``may_stage``)
+pre-prefill         ``CallView.next_agent`` (p ≥ 0.5)     on an idle replica of the next agent's
+                    (:mod:`simulator.preprefill`)         pool, the known prefix of its next call
+                                                          (system prompt + task, or the agent's
+                                                          conversation) into free GPU KV
 ==================  ====================================  ========================================
 
 Each part can be switched off for an ablation (:func:`build_ours`); the part then falls back to
@@ -43,6 +47,8 @@ model pools (:mod:`simulator.pools`, e.g. ``--scenario pythia-like``) ``score_vi
 pool's queue depth and the agent → pool map; with one model there is no other queue that could
 idle and the term is inactive. ``ours-seconds`` ranks by expected remaining *seconds* instead of
 calls, ``ours-seconds-p90`` by the 0.9 quantile of it (``PriorityPolicy.remaining_unit``).
+``ours-no-preprefill`` switches pre-prefill off. Autoscaling is not a part of ours: any policy
+name takes ``+predictive`` or ``+reactive`` (:mod:`simulator.autoscale`).
 """
 from __future__ import annotations
 

@@ -1,10 +1,10 @@
 """Pre-prefill: an idle replica computes the known prefix of a session's predicted next call.
 
-When a call finishes, its annotation names the session's most likely next agent ``X`` (with
-probability ``p``). If ``p ≥ min_p``, the prefix of ``X``'s next prompt that is already known
-is worth computing ahead of the call — on a replica of ``X``'s model pool, only while that
-replica has **nothing to do** (no call running or waiting) and only into **free KV** (nothing
-is evicted for it):
+The rule is :class:`serving_hooks.policies.PrePrefillPolicy`. When a call finishes, its
+annotation names the session's most likely next agent ``X`` (with probability ``p``). If
+``p ≥ min_p``, the prefix of ``X``'s next prompt that is already known is worth computing ahead
+of the call — on a replica of ``X``'s model pool, only while that replica has **nothing to do**
+(no call running or waiting) and only into **free KV** (nothing is evicted for it):
 
 * with conversation lineage (logs such as SWE-agent: an agent's prompt extends its previous
   call's prompt and output) the known prefix is ``X``'s conversation so far in the session —
@@ -30,16 +30,16 @@ from __future__ import annotations
 
 from typing import Any
 
+from serving_hooks.policies import PrePrefillPolicy
 from simulator.policy import Part
 
 
 class PrePrefill(Part):
     """Idle-capacity prefill of predicted next calls' known prefixes (module docstring)."""
 
-    def __init__(self, feed: Any, min_p: float = 0.5, min_tokens: int = 64) -> None:
+    def __init__(self, feed: Any, policy: PrePrefillPolicy | None = None) -> None:
         self.feed = feed
-        self.min_p = float(min_p)
-        self.min_tokens = int(min_tokens)
+        self.policy = policy or PrePrefillPolicy()
         #: wf -> (finish time, predicted next agent) of sessions whose next call is not issued
         self.pending: dict[int, tuple[float, str]] = {}
         self.last_call: dict[tuple[int, str], Any] = {}
@@ -54,7 +54,7 @@ class PrePrefill(Part):
         self.last_call[(req.wf, req.call.agent)] = req.call
         view = self.feed.view(req)
         agent, p = view.next_agent, view.next_agent_p
-        if not view.known or not agent or p is None or p < self.min_p:
+        if not self.policy.wants(view.known, agent, p):
             self.pending.pop(req.wf, None)
             return
         self.pending[req.wf] = (self.sim.now, agent)
@@ -104,10 +104,10 @@ class PrePrefill(Part):
                     break
                 missing.append(s)
             total = sum(tok[s] for s in missing)
-            if total < self.min_tokens:
+            if total < self.policy.min_tokens:     # nothing worth it for this session
                 self.pending.pop(wf, None)
                 continue
-            if total > rep.free_tokens():
+            if not self.policy.worth(total, rep.free_tokens(), idle=not rep.running and not rep.waiting):
                 continue
             self.pending.pop(wf, None)
             pos = sum(tok[s] for s in segs[:i])

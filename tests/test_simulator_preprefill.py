@@ -107,3 +107,15 @@ def test_a_busy_replica_does_no_preprefill():
     c2 = next(r for r in res.requests if r.call.agent == "b")
     assert v.t_finish > c2.t_issue
     assert part.stats()["preprefill_tokens"] == 0 and c2.gpu_hit == 0
+
+
+def test_preprefill_policy_rule():
+    from serving_hooks.policies import PrePrefillPolicy
+
+    pol = PrePrefillPolicy(min_p=0.5, min_tokens=64)
+    assert pol.wants(True, "b", 0.5) and not pol.wants(True, "b", 0.49)
+    assert not pol.wants(False, "b", 1.0) and not pol.wants(True, None, 1.0)
+    assert pol.worth(64, 64, idle=True)
+    assert not pol.worth(63, 1000, idle=True)       # too small to be worth an iteration
+    assert not pol.worth(500, 499, idle=True)       # would need an eviction
+    assert not pol.worth(500, 10_000, idle=False)   # the replica has work

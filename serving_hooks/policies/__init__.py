@@ -14,6 +14,7 @@ reads a clock: every time is passed in as ``now`` (seconds on any monotonic scal
 :class:`KeepDropPolicy`     Pythia alg. 1 + SAGA TTL: retain / drop a session prefix
 :class:`PrefetchPolicy`     Pythia alg. 1: just-in-time host staging of the next prefix
 :class:`AutoscalePolicy`    Pythia alg. 4: projected calls → suggested replicas
+:class:`PrePrefillPolicy`   idle capacity prefills a predicted next call's known prefix
 ==========================  =======================================================
 """
 from predictors.contract import (Annotation, NextAgent, ToolLatency, from_custom_params,
@@ -40,6 +41,7 @@ from serving_hooks.policies.keep_drop import (
 )
 from serving_hooks.policies.pools import ModelPools, NoReplicaForModel, pool_queue_depths
 from serving_hooks.policies.prefetch import HOST_TIER, PrefetchPlan, PrefetchPolicy
+from serving_hooks.policies.preprefill import PrePrefillPolicy
 from serving_hooks.policies.priority import AnnotationPriority, PriorityPolicy
 
 __all__ = [
@@ -65,6 +67,7 @@ __all__ = [
     "Placement",
     "PrefetchPlan",
     "PrefetchPolicy",
+    "PrePrefillPolicy",
     "PriorityPolicy",
     "ReplicaCheck",
     "ReplicaState",
