@@ -76,10 +76,11 @@ class AutoscaleOptions:
     #: Reactive: HPA's tolerance (no change within ±10 % of the target).
     tolerance: float = 0.1
     #: Predictive: steps each live session is projected (chosen on the validation draw among
-    #: 1, 2, 3, 5, 10; the sidecar's default is 10).
-    horizon_calls: int = 5
-    #: Predictive: count the calls sessions have in flight (annotated, not finished) too.
-    in_flight: bool = True
+    #: 1, 2, 3, 5, 10: the sidecar's default, 10).
+    horizon_calls: int = 10
+    #: Predictive: count the calls sessions have in flight (annotated, not finished) too (not
+    #: chosen on the validation draw; the sidecar does not either).
+    in_flight: bool = False
     #: Predictive: alg. 4's parameters (``max_replicas`` is set to the cap).
     policy: AutoscalePolicy = field(default_factory=AutoscalePolicy)
 

@@ -48,7 +48,7 @@ def simulate(
              "validation draw).", min=0.01)] = 16.0,
     autoscale_horizon: Annotated[int, typer.Option(
         help="Predictive autoscaling: steps each live session is projected (chosen on a "
-             "validation draw).", min=1)] = 5,
+             "validation draw; the sidecar's default).", min=1)] = 10,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of tables.")] = False,
     plot: Annotated[Optional[Path], typer.Option(help="Write a PNG of JCT vs load per policy here.")] = None,
     markdown: Annotated[Optional[Path], typer.Option(help="Also write the tables as Markdown here.")] = None,
