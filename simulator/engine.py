@@ -1,7 +1,9 @@
 """Discrete-event simulator of a multi-replica LLM serving cluster replaying agent workflows.
 
 Events live in one ``heapq`` (time, sequence, kind, payload): a workflow arrives, a call is
-issued, a replica finishes an iteration, a host→GPU load completes, a policy timer fires.
+issued, a replica finishes an iteration, a host→GPU load completes, a policy timer fires, a part
+wakes an idle replica (idle-capacity work; model pools may change members: see the block
+"elastic pools and idle-capacity work" at the end of :class:`Simulator`).
 
 **Closed-loop replay.** A workflow's root calls are issued at its arrival (plus their recorded
 offsets); every other call is issued when the last of its parents finishes plus its gap (the tool

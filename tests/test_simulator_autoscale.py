@@ -248,3 +248,24 @@ def test_cli_autoscale_rows(tmp_path):
         assert ("autoscale_decisions" in row) == (name != "sglang-default")
     bad = CliRunner().invoke(app, ["simulate", "--workload", "coding-assistant", "--autoscale", "maybe"])
     assert bad.exit_code != 0 and "--autoscale" in bad.output
+
+
+def test_an_autoscaler_that_keeps_the_split_changes_nothing():
+    # its decision timers wake replicas, but with the split unchanged every call runs where and
+    # when it ran without an autoscaler
+    from simulator.workload import workload_from_records
+
+    recs, arr = one_call_workflows([0.7 * i for i in range(40)], "b", inp=900, out=300)
+    more, marr = one_call_workflows([1.1 * i for i in range(30)], "a", inp=400, out=200)
+    wl = workload_from_records(recs + more)
+    runs = []
+    for scaler in (None, Autoscaler(Scripted({"a": 2, "b": 1}), AutoscaleOptions(interval_s=3.0))):
+        pol = BASELINES["sglang-default"]()
+        if scaler is not None:
+            pol.add_part(scaler)
+        pools = build_pools(wl, {"a": 2, "b": 1}, {"a": "a", "b": "b"})
+        runs.append(Simulator(wl, pol, cfg(3), arr + marr, pools=pools).run())
+    plain, scaled = runs
+    assert [r.replica for r in plain.requests] == [r.replica for r in scaled.requests]
+    assert [r.t_finish for r in scaled.requests] == pytest.approx([r.t_finish for r in plain.requests])
+    assert [r.t_admit for r in scaled.requests] == pytest.approx([r.t_admit for r in plain.requests])
