@@ -22,6 +22,8 @@ mean avg JCT per policy: how much of a difference between two policies is the ar
     python bench/bench_simulate.py --only coding-assistant --replicas 2
     python bench/bench_simulate.py --arrival-seeds 1,2,3     # + the robustness check at peak
     python bench/bench_simulate.py --seeds 0,1,2 --scenario pythia-like
+    python bench/bench_simulate.py --seeds 0,1,2 --scenario pythia-like \
+        --policies sglang-default,continuum-ttl,ours,ours-no-preprefill --autoscale off,reactive,predictive
     python bench/bench_simulate.py --seeds 0,1,2 --only coding-assistant --arrivals closed --loads 1.0
     python bench/bench_simulate.py --seeds 0,1,2 --only coding-assistant --arrivals gamma --cv 4 --loads 0.8
 """
@@ -32,10 +34,11 @@ import json
 import time
 from pathlib import Path
 
+from simulator.autoscale import AutoscaleOptions
 from simulator.config import hardware_config
 from simulator.report import markdown, plot_jct_vs_load
-from simulator.runner import (ALL_POLICIES, MAIN_POLICIES, compare, compare_seeds, parse_load, prepare,
-                              prepare_scenario)
+from simulator.runner import (ALL_POLICIES, MAIN_POLICIES, compare, compare_seeds, parse_load,
+                              parse_policies, prepare, prepare_scenario)
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKLOADS = {
@@ -90,25 +93,40 @@ def seeded_table(res: dict) -> str:
         lines += [f"**{res['workload']}, {level}** ({res['arrivals']} arrivals"
                   + (f", CV {res['cv']}" if res.get("cv") is not None else "")
                   + f"; seeds {seeds['seeds']}; {block['sessions']} sessions)", "",
-                  "| policy | avg JCT s (mean ± sd) | P95 JCT s | × vs sglang-default mean [min, max] "
-                  "| settling | evict. recompute ÷ ref† |", "|---|---|---|---|---|---|"]
+                  "| policy | avg JCT s (mean ± sd) | P95 JCT s (mean ± sd) | × vs sglang-default mean "
+                  "[min, max] | settling | evict. recompute ÷ ref† | GPU·h held |",
+                  "|---|---|---|---|---|---|---|"]
         for name, row in per.items():
             r1 = block["policies"][name]
             rb = r1.get("recompute_vs_belady")
             lines.append(f"| {name} | {row['avg_jct_mean']:.1f} ± {row['avg_jct_std']:.1f} | "
-                         f"{row['p95_jct_mean']:.1f} | {row['ratio_mean']:.2f} [{row['ratio_min']:.2f}, "
+                         f"{row['p95_jct_mean']:.1f} ± {row['p95_jct_std']:.1f} | "
+                         f"{row['ratio_mean']:.2f} [{row['ratio_min']:.2f}, "
                          f"{row['ratio_max']:.2f}] | {sum(row['settling']) / len(row['settling']):.2f} | "
-                         f"{'–' if rb is None else f'{rb:.2f}'} |")
+                         f"{'–' if rb is None else f'{rb:.2f}'} | {row['gpu_held_s_mean'] / 3600:.2f} |")
         lines.append("")
     lines.append("† first seed; ours rows: eviction-caused recompute ÷ ours-belady's; baselines: "
                  "all recompute ÷ belady's (when it ran).")
+    extra = []
+    for level, per in seeds["loads"].items():
+        for name, row in per.items():
+            if "preprefill_tokens" in row:
+                extra.append(f"| {name} | pre-prefilled {sum(row['preprefill_tokens']):,} tokens, used "
+                             f"{sum(row['preprefill_used_tokens']):,}, wasted "
+                             f"{sum(row['preprefill_wasted_tokens']):,} (all seeds) |")
+            if "autoscale_started" in row:
+                extra.append(f"| {name} | replicas started {row['autoscale_started']}, drained "
+                             f"{row['autoscale_drained']}, GPU·s starting {row['startup_s']} (per seed) |")
+    if extra:
+        lines += ["", "| row | counters |", "|---|---|", *extra]
     return "\n".join(lines)
 
 
 def run_seeded(args: argparse.Namespace) -> None:
     """``--seeds``: one workload (or ``--scenario``) at the given loads, every seed, one table."""
     seeds = [int(x) for x in args.seeds.split(",") if x.strip()]
-    policies = [p for p in args.policies.split(",") if p] if args.policies else list(SEEDED_POLICIES)
+    policies = parse_policies(args.policies or ",".join(SEEDED_POLICIES), autoscale=args.autoscale)
+    scale = AutoscaleOptions(startup_delay_s=args.startup_delay)
     t0 = time.perf_counter()
     if args.scenario:
         prep, cfg = prepare_scenario(args.scenario, seed=args.seed,
@@ -125,7 +143,7 @@ def run_seeded(args: argparse.Namespace) -> None:
                        profile_dir=args.out / f"profile-{name}")
         kw = dict(arrivals_mode=args.arrivals, cv=args.cv)
         tag = f"{name}-{args.arrivals}" + (f"-cv{args.cv:g}" if args.arrivals == "gamma" else "")
-    res = compare_seeds(prep, policies, levels, cfg, seeds, **kw, on_result=lambda lvl, pol, row: print(
+    res = compare_seeds(prep, policies, levels, cfg, seeds, **kw, autoscale=scale, on_result=lambda lvl, pol, row: print(
         f"  {lvl:6s} {pol:16s} avg JCT {row['avg_jct_s']:9.1f}s settling {row['settling']:.2f} "
         f"({row['wall_s']:.1f}s wall, {row['calls']} calls)", flush=True))
     res["bench_wall_s"] = time.perf_counter() - t0
@@ -157,7 +175,12 @@ def main() -> None:
     ap.add_argument("--scenario", default=None, help="with --seeds: a named scenario (pythia-like)")
     ap.add_argument("--arrivals", default="closed", help="with --seeds: closed, poisson, gamma")
     ap.add_argument("--cv", type=float, default=1.0, help="with --arrivals gamma")
-    ap.add_argument("--policies", default="", help="with --seeds: comma list")
+    ap.add_argument("--policies", default="", help="with --seeds: comma list (NAME+reactive, "
+                    "NAME+predictive: autoscaled)")
+    ap.add_argument("--autoscale", default="off",
+                    help="with --seeds: off, reactive, predictive or a comma list (each policy once per mode)")
+    ap.add_argument("--startup-delay", type=float, default=60.0,
+                    help="with --autoscale: seconds a replica loads its model before it serves")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     if args.seeds:

@@ -389,6 +389,17 @@ class Predictor:
             return [st for s in self.sessions.values() if s.workflow_type_id == workflow_type_id
                     for st in [self.sessions.path_state(m, s)] if st is not None]
 
+    def in_flight(self, workflow_type_id: str) -> dict[str, int]:
+        """Calls annotated but not yet observed, per agent, over the live sessions of one
+        workflow type (work the automaton state has already stepped past)."""
+        with self._lock:
+            out: dict[str, int] = {}
+            for s in self.sessions.values():
+                if s.workflow_type_id == workflow_type_id:
+                    for agent, _band, _t in s.pending.values():
+                        out[agent] = out.get(agent, 0) + 1
+            return out
+
     def stats(self) -> dict:
         return {"annotations": self.annotations_total, "unknown": self.annotations_unknown,
                 "sessions": len(self.sessions), "profile_version": self.version}

@@ -17,7 +17,7 @@ from predictors.contract import Annotation
 from predictors.predictor import Predictor
 from serving_hooks.policies.priority import AnnotationPriority
 from serving_hooks.metrics import MemoryCollector, PredictionMetrics, prediction_metrics
-from serving_hooks.policies import AutoscalePolicy, autoscale_advice
+from serving_hooks.policies import AutoscalePolicy, live_autoscale_advice
 from serving_hooks.profile_reload import ProfileReloader
 from serving_hooks.shadow import ShadowGate
 
@@ -101,21 +101,10 @@ class PredictionService:
                   policy: AutoscalePolicy | None = None) -> dict:
         """Pythia alg. 4 over the live sessions: each workflow type's automaton projects the calls
         per agent over the next ``horizon`` steps from the sessions' current states, and
-        :func:`serving_hooks.policies.autoscale_advice` turns them into replicas per model."""
-        model = self.predictor.profile
-        if model is None:
-            return {"horizon_calls": horizon, "models": {}, "total_suggested_replicas": 0,
-                    "live_sessions": 0}
-        projected, live = {}, 0
-        for wt, paths in model.paths.items():
-            states = self.predictor.live_states(wt)
-            live += len(states)
-            if states:
-                projected[wt] = paths.project_calls(states, horizon)
-        advice = autoscale_advice(model.data, projected, horizon, window_s=window_s, policy=policy)
-        advice["live_sessions"] = live
-        advice["profile_version"] = model.version
-        return advice
+        :func:`serving_hooks.policies.autoscale_advice` turns them into replicas per model
+        (:func:`serving_hooks.policies.autoscale.live_autoscale_advice`, which the simulator's
+        predictive autoscaler calls too)."""
+        return live_autoscale_advice(self.predictor, horizon, window_s=window_s, policy=policy)
 
     def observe(self, completion: dict) -> bool | None:
         hit = self.predictor.observe(completion)

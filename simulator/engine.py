@@ -1,7 +1,9 @@
 """Discrete-event simulator of a multi-replica LLM serving cluster replaying agent workflows.
 
 Events live in one ``heapq`` (time, sequence, kind, payload): a workflow arrives, a call is
-issued, a replica finishes an iteration, a host→GPU load completes, a policy timer fires.
+issued, a replica finishes an iteration, a host→GPU load completes, a policy timer fires, a part
+wakes an idle replica (idle-capacity work; model pools may change members: see the block
+"elastic pools and idle-capacity work" at the end of :class:`Simulator`).
 
 **Closed-loop replay.** A workflow's root calls are issued at its arrival (plus their recorded
 offsets); every other call is issued when the last of its parents finishes plus its gap (the tool
@@ -53,7 +55,7 @@ from simulator.pools import Pools
 from simulator.workload import Call, Workload
 
 WAITING, LOADING, RUNNING, DONE = range(4)
-EV_ARRIVE, EV_ISSUE, EV_STEP, EV_LOADED, EV_TIMER = range(5)
+EV_ARRIVE, EV_ISSUE, EV_STEP, EV_LOADED, EV_TIMER, EV_WAKE = range(6)
 
 
 class Request:
@@ -188,6 +190,8 @@ class Simulator:
         if pools is not None:
             pools.check(workload, config.replicas)
             self._pool_reps = [[self.replicas[i] for i in reps] for reps in pools.replicas]
+            #: replica -> index of the pool it serves (absent: starting, draining or free)
+            self._pool_of_rep = {i: p for p, reps in enumerate(pools.replicas) for i in reps}
         self.now = 0.0
         n = workload.n_calls
         self.requests: list[Request | None] = [None] * n
@@ -277,6 +281,8 @@ class Simulator:
                 for rep in self.replicas:
                     if rep.waiting:
                         dirty[rep.idx] = rep
+            elif kind == EV_WAKE:              # a part has idle-capacity work for this replica
+                dirty[payload] = self.replicas[payload]
             if dirty and (not heap or heap[0][0] > t):
                 # every event of this instant is in: now the replicas react, in index order
                 for idx in sorted(dirty):
@@ -538,6 +544,8 @@ class Simulator:
         if not active:
             rep.stepping = False
             rep.plan = None
+            if not rep.running and not rep.waiting:
+                self._idle_work(rep)
             return
         k = max(k, 1)
         budget = self.config.chunked_prefill_size
@@ -654,6 +662,82 @@ class Simulator:
                 self.wf_arrival[self._next_wf] = now
                 self._push(now, EV_ARRIVE, self._next_wf)
                 self._next_wf += 1
+
+    # --- elastic pools and idle-capacity work (issue 16 item 4) -------------------------------
+    # An autoscaler (simulator.autoscale) changes which replicas serve a pool; a part with
+    # idle-capacity work (simulator.preprefill) runs background prefill on an idle replica.
+    def set_pool_members(self, pool: int, members: Sequence[int]) -> None:
+        """Replicas ``members`` now take the new calls of ``pool`` (routers choose among them).
+        A replica left out takes no new calls and finishes what it holds (a drain)."""
+        if self.pools is None:
+            raise ValueError("pool membership needs model pools")
+        for r in self.pools.replicas[pool]:
+            if self._pool_of_rep.get(r) == pool:
+                del self._pool_of_rep[r]
+        self.pools.replicas[pool] = sorted(int(r) for r in members)
+        self._pool_reps[pool] = [self.replicas[r] for r in self.pools.replicas[pool]]
+        for r in self.pools.replicas[pool]:
+            self._pool_of_rep[r] = pool
+
+    def pool_of_replica(self, r: int) -> int | None:
+        """Index of the pool replica ``r`` takes new calls for (None: starting, draining, free;
+        always 0 without pools)."""
+        if self.pools is None:
+            return 0
+        return self._pool_of_rep.get(r)
+
+    def reset_replica(self, r: int) -> None:
+        """A replica restarts (a model is loaded): both KV tiers start empty and the parts forget
+        what they knew of it (``on_replica_reset``). It must hold no calls."""
+        rep = self.replicas[r]
+        if rep.running or rep.waiting:
+            raise RuntimeError(f"replica {r} restarted while it holds calls")
+        rep.cache = ReplicaCache(self.config.kv_capacity_tokens, self.config.host_capacity_tokens,
+                                 self.workload.seg_tokens, self.workload.seg_parent)
+        rep.private = 0
+        self.held[r, :] = False
+        self.policy.hook("on_replica_reset", r)
+
+    def wake(self, r: int) -> None:
+        """Have replica ``r`` look for work now (an idle replica asks for idle-capacity work)."""
+        self._push(self.now, EV_WAKE, int(r))
+
+    def _idle_work(self, rep: Replica) -> None:
+        """An idle replica (nothing running or waiting) asks the parts for background prefill:
+        ``(tokens, position, context, total)`` of one chunk. It runs as one prefill iteration
+        with no call in the batch (the part is told at ``on_step`` with an empty batch); a call
+        arriving meanwhile waits for the iteration's end, as for any iteration."""
+        job = self.policy.ask("idle_prefill", rep.idx)
+        if job is None:
+            return
+        take, pos, ctx, total = job
+        st = self.step
+        take = max(1, min(int(take), self.config.chunked_prefill_size))
+        rate = st.a + st.a_ctx * ctx / max(total, 1)
+        dt = st.prefill_t0 + take * rate + st.a_attn * take * (pos + take / 2)
+        rep.plan = ([], [], 1, dt, 0)
+        rep.stepping = True
+        rep.plan_id += 1
+        rep.plan_start = self.now
+        self._push(self.now + dt, EV_STEP, (rep.idx, rep.plan_id))
+
+    def materialize(self, r: int, segs: Sequence[int]) -> int:
+        """Put segments computed in the background on replica ``r``'s GPU tier (root first),
+        into free KV only; returns the tokens placed (stops at the first that does not fit)."""
+        rep = self.replicas[r]
+        tok = self.workload.seg_tokens
+        placed = 0
+        for s in segs:
+            if s in rep.cache.gpu:
+                continue
+            if rep.free_tokens() < tok[s]:
+                break
+            rep.cache.insert_gpu(s, self.now)
+            self.seg_computed[s] = True
+            self.held[r, s] = True
+            placed += tok[s]
+        return placed
+    # --- end of elastic pools and idle-capacity work ------------------------------------------
 
 
 def _steps_within(horizon: float, dt0: float, growth: float) -> int:

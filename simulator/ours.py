@@ -29,6 +29,10 @@ prefetch            ``PrefetchPolicy`` (alg. 1)           a plan per call; when 
                                                           prefix is staged into host memory, only
                                                           into free host space or over dropped
                                                           prefixes (``may_stage``)
+pre-prefill         ``CallView.next_agent`` (p ≥ 0.5)     on an idle replica of the next agent's
+                    (:mod:`simulator.preprefill`)         pool, the known prefix of its next call
+                                                          (system prompt + task, or the agent's
+                                                          conversation) into free GPU KV
 ==================  ====================================  ========================================
 
 Each part can be switched off for an ablation (:func:`build_ours`); the part then falls back to
@@ -43,6 +47,8 @@ model pools (:mod:`simulator.pools`, e.g. ``--scenario pythia-like``) ``score_vi
 pool's queue depth and the agent → pool map; with one model there is no other queue that could
 idle and the term is inactive. ``ours-seconds`` ranks by expected remaining *seconds* instead of
 calls, ``ours-seconds-p90`` by the 0.9 quantile of it (``PriorityPolicy.remaining_unit``).
+``ours-no-preprefill`` switches pre-prefill off. Autoscaling is not a part of ours: any policy
+name takes ``+predictive`` or ``+reactive`` (:mod:`simulator.autoscale`).
 """
 from __future__ import annotations
 
@@ -62,6 +68,7 @@ from serving_hooks.policies.bookkeeping import CapacityLedger, SessionPriorityBo
 from simulator.baselines import FCFS, LRU, Belady, RoundRobin, StickyLeastLoad
 from simulator.engine import Request, Simulator
 from simulator.policy import CachePolicy, Part, Policy, Router, Scheduler
+from simulator.preprefill import PrePrefill
 
 class PredictionFeed(Part):
     """Drives a ``predictors.Predictor`` with simulated time and attaches a ``CallView``.
@@ -371,6 +378,8 @@ class OursOptions:
     risk_split: bool = True
     keep_drop: bool = True
     prefetch: bool = True
+    #: Pre-prefill the predicted next call's known prefix on idle replicas (simulator.preprefill).
+    preprefill: bool = True
     belady_eviction: bool = False
     priority_policy: PriorityPolicy = field(default_factory=PriorityPolicy)
     capacity_policy: CapacityPolicy = field(default_factory=CapacityPolicy)
@@ -388,6 +397,7 @@ OURS_VARIANTS: dict[str, dict[str, Any]] = {
     "ours-p99": {"risk_split": False},
     "ours-no-keepdrop": {"keep_drop": False},
     "ours-no-prefetch": {"prefetch": False},
+    "ours-no-preprefill": {"preprefill": False},
     "ours-belady": {"belady_eviction": True},
     "ours-seconds": {"priority_policy": PriorityPolicy(remaining_unit="seconds")},
     "ours-no-idle": {"priority_policy": PriorityPolicy(w2=0.0)},
@@ -417,10 +427,12 @@ def build_ours(predictor: Any, name: str = "ours", options: OursOptions | None =
     extras: tuple[Part, ...] = (feed,)
     if opt.prefetch:
         extras += (HostPrefetch(feed),)
-    off = [k for k in ("priority", "keep_drop", "prefetch") if not getattr(opt, k)]
+    if opt.preprefill:
+        extras += (PrePrefill(feed),)
+    off = [k for k in ("priority", "keep_drop", "prefetch", "preprefill") if not getattr(opt, k)]
     if opt.router != "capacity":
         off.append(f"capacity routing (→ {opt.router})")
-    desc = "priority + capacity routing + keep/drop + prefetch (serving_hooks.policies)"
+    desc = "priority + capacity routing + keep/drop + prefetch + pre-prefill (serving_hooks.policies)"
     if off:
         desc += "; off: " + ", ".join(off)
     if opt.priority and not opt.workflow_priority:
@@ -447,4 +459,6 @@ def ours_stats(policy: Policy) -> dict[str, Any]:
             out["prefetch_plans"] = part.plans
             out["prefetch_staged_tokens"] = part.staged_tokens
             out["prefetch_skipped"] = part.skipped
+        elif isinstance(part, PrePrefill):
+            out.update(part.stats())
     return out

@@ -47,6 +47,11 @@ class Simulator(Protocol):
     def home_key(self, req: Request) -> object: ...
     def pool_queue_depths(self) -> dict[str, int] | None: ...
     def add_timer(self, t: float) -> None: ...
+    def set_pool_members(self, pool: int, members: Any) -> None: ...
+    def pool_of_replica(self, r: int) -> int | None: ...
+    def reset_replica(self, r: int) -> None: ...
+    def wake(self, r: int) -> None: ...
+    def materialize(self, r: int, segs: Any) -> int: ...
 
 
 class Part:
@@ -65,6 +70,13 @@ class Part:
     def on_preempt(self, req: "Request") -> None: ...
     def on_step(self, replica: int, dt: float, batch: list["Request"]) -> None: ...
     def on_timer(self) -> None: ...
+    def on_replica_reset(self, replica: int) -> None:
+        """Replica ``replica`` restarted with empty KV tiers (an autoscaler moved it)."""
+
+    def idle_prefill(self, replica: int) -> tuple[int, int, int, int] | None:
+        """Background prefill for an idle replica: ``(tokens, position, context, total)`` of
+        the next chunk, or None (the default: no idle-capacity work)."""
+        return None
 
 
 class Router(Part):
@@ -142,3 +154,16 @@ class Policy:
     def hook(self, name: str, *args: Any) -> None:
         for part in self.parts:
             getattr(part, name)(*args)
+
+    def ask(self, name: str, *args: Any) -> Any:
+        """The first part's answer to ``name(*args)`` that is not None (None if none has one)."""
+        for part in self.parts:
+            out = getattr(part, name)(*args)
+            if out is not None:
+                return out
+        return None
+
+    def add_part(self, part: Part) -> None:
+        """Add a part after the others (an autoscaler or a feed a baseline lacks)."""
+        if all(part is not p for p in self.parts):
+            self.parts.append(part)

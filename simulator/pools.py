@@ -36,6 +36,11 @@ class Pools:
             raise ValueError(f"pools: the pools' replicas {sorted(used)} must be each of the "
                              f"{n_replicas} replicas exactly once")
 
+    def copy(self) -> "Pools":
+        """An independent copy (an autoscaler changes a run's pool membership)."""
+        return Pools(list(self.names), [list(r) for r in self.replicas], dict(self.agent_pool),
+                     self.pool_of_call)
+
     def to_dict(self) -> dict:
         return {"pools": {n: {"replicas": r, "agents": sorted(a for a, p in self.agent_pool.items() if p == n)}
                           for n, r in zip(self.names, self.replicas)}}

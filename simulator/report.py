@@ -17,6 +17,7 @@ COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("÷ belady†", "recompute_vs_belady", "{:.2f}"),
     ("preempt", "preemptions", "{:,}"),
     ("GPU idle", "gpu_idle_share", "{:.1%}"),
+    ("GPU·s held", "gpu_held_s", "{:,.0f}"),
 )
 
 

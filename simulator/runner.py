@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -41,13 +41,15 @@ import numpy as np
 
 from predictors.tool_latency import ToolLatencyModel
 from profiler.profile_artifact import load_profile
+from simulator.autoscale import MODES as AUTOSCALE_MODES
+from simulator.autoscale import AutoscaleOptions, Autoscaler, ProjectedCalls, QueueDepth
 from simulator.baselines import BASELINES
 from simulator.config import ClusterConfig, hardware_config
 from simulator.engine import SimResult, Simulator
 from simulator.metrics import add_recompute_ratios, summarize
-from simulator.ours import OURS_VARIANTS, OursOptions, build_ours, ours_stats
+from simulator.ours import OURS_VARIANTS, OursOptions, PredictionFeed, build_ours, ours_stats
 from simulator.policy import Policy
-from simulator.pools import build_pools
+from simulator.pools import Pools, build_pools
 from simulator.scenarios import get_scenario
 from simulator.sources import BUILTIN, Source, fit_train_profile, generated, load_logs, make_predictor
 from simulator.workload import Call, Workload, replicate_records, workload_from_records
@@ -74,16 +76,38 @@ def parse_load(value: str) -> float:
     return x
 
 
-def parse_policies(value: str | None, ablation: bool = False) -> list[str]:
+def split_policy(name: str) -> tuple[str, str]:
+    """``"ours+predictive"`` → ``("ours", "predictive")``; a name without ``+`` runs on fixed
+    pools (``"off"``)."""
+    base, _, mode = name.partition("+")
+    return base, (mode or "off")
+
+
+def parse_policies(value: str | None, ablation: bool = False,
+                   autoscale: str | None = None) -> list[str]:
+    """Policy names to run. A name may carry an autoscaler, ``NAME+reactive`` or
+    ``NAME+predictive`` (:mod:`simulator.autoscale`); ``autoscale`` (``--autoscale``, a comma
+    list of ``off``, ``reactive``, ``predictive``) runs every name without one in each mode."""
     names = list(MAIN_POLICIES) if not value else [v.strip() for v in value.split(",") if v.strip()]
     if ablation:
         names += [n for n in ABLATION_POLICIES if n not in names]
         if "ours" not in names:
             names.append("ours")
-    bad = [n for n in names if n not in BASELINES and n not in OURS_VARIANTS]
+    if autoscale:
+        modes = [m.strip() for m in autoscale.split(",") if m.strip()]
+        bad_mode = [m for m in modes if m not in AUTOSCALE_MODES]
+        if bad_mode:
+            raise ValueError(f"--autoscale {bad_mode[0]!r}: use {', '.join(AUTOSCALE_MODES)} "
+                             "(or a comma list of them)")
+        names = [n if "+" in n or m == "off" else f"{n}+{m}" for n in names for m in modes]
+    bad = [n for n in names if split_policy(n)[0] not in BASELINES and split_policy(n)[0] not in OURS_VARIANTS]
     if bad:
-        raise ValueError(f"unknown policy {bad[0]!r}; known: {', '.join(ALL_POLICIES)}")
-    return names
+        raise ValueError(f"unknown policy {bad[0]!r}; known: {', '.join(ALL_POLICIES)} "
+                         f"(each may end in +reactive or +predictive)")
+    bad = [n for n in names if split_policy(n)[1] not in AUTOSCALE_MODES]
+    if bad:
+        raise ValueError(f"policy {bad[0]!r}: the autoscaler after '+' is reactive or predictive")
+    return list(dict.fromkeys(names))
 
 
 @dataclass
@@ -277,25 +301,65 @@ def gap_function(wl: Workload, profile: Any, mode: str, seed: int) -> Callable[[
     return gap
 
 
-def make_policy(name: str, prep: Prepared, ours: OursOptions | None = None) -> Policy:
-    if name in OURS_VARIANTS:
-        return build_ours(make_predictor(prep.profile), name, ours)
-    return BASELINES[name]()
+def make_policy(name: str, prep: Prepared, ours: OursOptions | None = None,
+                autoscale: AutoscaleOptions | None = None) -> Policy:
+    """The policy ``name`` (``BASE`` or ``BASE+reactive`` / ``BASE+predictive``). A predictive
+    autoscaler reads the live sessions of ours' prediction feed; a baseline gets a feed of its
+    own for it (the feed only annotates; the baseline's parts never read it)."""
+    base, mode = split_policy(name)
+    if base in OURS_VARIANTS:
+        policy = build_ours(make_predictor(prep.profile), base, ours)
+    else:
+        policy = BASELINES[base]()
+    if mode == "off":
+        return policy
+    opt = autoscale or AutoscaleOptions()
+    if mode == "reactive":
+        rec: QueueDepth | ProjectedCalls = QueueDepth(opt)
+    else:
+        feed = next((p for p in policy.parts if isinstance(p, PredictionFeed)), None)
+        if feed is None:
+            feed = PredictionFeed(make_predictor(prep.profile))
+            policy.add_part(feed)
+        rec = ProjectedCalls(opt, feed.predictor)
+    policy.add_part(Autoscaler(rec, opt))
+    policy.name = name
+    policy.description += f"; autoscaled ({mode}, start-up {opt.startup_delay_s:g} s)"
+    return policy
+
+
+def run_pools(prep: Prepared, cfg: ClusterConfig, name: str) -> Pools | None:
+    """The pools of one run: a copy of the scenario's (an autoscaler changes them), or for an
+    autoscaled run without pools one pool of every replica."""
+    if prep.pools is not None:
+        return prep.pools.copy()
+    if split_policy(name)[1] != "off":
+        return build_pools(prep.workload, {"all": cfg.replicas}, {}, default_pool="all")
+    return None
 
 
 def simulate(prep: Prepared, name: str, cfg: ClusterConfig, arrivals: np.ndarray,
              gap_fn: Callable[[Call], float] | None = None,
              ours: OursOptions | None = None, concurrency: int | None = None,
-             window: tuple[float, float] = (0.0, 0.0), mode: str = "poisson") -> tuple[SimResult, dict]:
+             window: tuple[float, float] = (0.0, 0.0), mode: str = "poisson",
+             autoscale: AutoscaleOptions | None = None) -> tuple[SimResult, dict]:
     """Run one policy; returns the raw result and its metrics (plus our parts' counters), the
-    JCT and TTFT figures over the measured window (``window`` = warm-up and tail shares)."""
-    policy = make_policy(name, prep, ours)
+    JCT and TTFT figures over the measured window (``window`` = warm-up and tail shares).
+    ``gpu_held_s`` is the GPU-seconds the replicas were held until the last workflow finished
+    (every replica for the whole run without an autoscaler)."""
+    policy = make_policy(name, prep, ours, autoscale)
     t0 = time.perf_counter()
-    res = Simulator(prep.workload, policy, cfg, arrivals, gap_fn, concurrency, prep.pools).run()
+    res = Simulator(prep.workload, policy, cfg, arrivals, gap_fn, concurrency,
+                    run_pools(prep, cfg, name)).run()
     mask = measured_mask(res.wf_arrival, mode, concurrency, *window)
     row = summarize(res, mask)
     row["wall_s"] = round(time.perf_counter() - t0, 3)
     row.update(ours_stats(policy))
+    end = float(np.nanmax(res.wf_finish)) if len(res.wf_finish) else 0.0
+    row["gpu_held_s"] = round(cfg.replicas * end, 3)
+    for part in policy.parts:
+        if isinstance(part, Autoscaler):
+            row.update(part.stats(end))
     return res, row
 
 
@@ -303,7 +367,8 @@ def compare(prep: Prepared, policies: Sequence[str], loads: Sequence[str], cfg: 
             arrivals_mode: str = "poisson", gaps_mode: str = "recorded",
             on_result: Callable[[str, str, dict], None] | None = None,
             ours: OursOptions | None = None, arrival_seed: int | None = None,
-            cv: float = 1.0, warmup: float = 0.2, tail: float = 0.2) -> dict:
+            cv: float = 1.0, warmup: float = 0.2, tail: float = 0.2,
+            autoscale: AutoscaleOptions | None = None) -> dict:
     """Every policy at every load on the same workload, arrivals and gaps; a JSON-able dict.
 
     ``arrival_seed`` (default: the workload's seed) draws another arrival sequence of the same
@@ -324,6 +389,8 @@ def compare(prep: Prepared, policies: Sequence[str], loads: Sequence[str], cfg: 
         "arrivals": arrivals_mode, "gaps": gaps_mode, "seed": prep.seed, "arrival_seed": a_seed,
         "cv": cv if arrivals_mode == "gamma" else (1.0 if arrivals_mode == "poisson" else None),
         "window": {"warmup": warmup, "tail": tail},
+        "autoscale": (asdict(autoscale or AutoscaleOptions())
+                      if any(split_policy(n)[1] != "off" for n in policies) else None),
         "notes": prep.notes,
         "loads": {},
     }
@@ -352,7 +419,7 @@ def compare(prep: Prepared, policies: Sequence[str], loads: Sequence[str], cfg: 
         rows: dict[str, dict] = {}
         for name in policies:
             _, row = simulate(prep, name, cfg, arr, gap_fn, ours, closed, (warmup, tail),
-                              arrivals_mode)
+                              arrivals_mode, autoscale)
             rows[name] = row
             if on_result is not None:
                 on_result(level, name, row)
@@ -386,9 +453,17 @@ def compare_seeds(prep: Prepared, policies: Sequence[str], loads: Sequence[str],
             avg = [r["loads"][level]["policies"][name]["avg_jct_s"] for r in runs]
             p95 = [r["loads"][level]["policies"][name]["p95_jct_s"] for r in runs]
             settle = [r["loads"][level]["policies"][name]["settling"] for r in runs]
+            held = [r["loads"][level]["policies"][name]["gpu_held_s"] for r in runs]
             row = {"avg_jct_s": avg, "p95_jct_s": p95, "settling": settle,
+                   "gpu_held_s": held, "gpu_held_s_mean": float(np.mean(held)),
+                   "p95_jct_std": float(np.std(p95, ddof=1)) if len(p95) > 1 else 0.0,
                    "avg_jct_mean": float(np.mean(avg)), "avg_jct_std": float(np.std(avg, ddof=1)) if len(avg) > 1 else 0.0,
                    "p95_jct_mean": float(np.mean(p95))}
+            for key in ("preprefill_tokens", "preprefill_used_tokens", "preprefill_wasted_tokens",
+                        "autoscale_started", "autoscale_drained", "startup_s"):
+                vals = [r["loads"][level]["policies"][name].get(key) for r in runs]
+                if all(v is not None for v in vals):
+                    row[key] = vals
             if base in out["loads"][level]["policies"]:
                 ratio = [r["loads"][level]["policies"][base]["avg_jct_s"] / max(a, 1e-9)
                          for r, a in zip(runs, avg)]

@@ -85,6 +85,11 @@ class Workload:
     seg_parent: list[int]
     #: Workflow (session) whose KV the segment is (-1 for system prompts shared by sessions).
     seg_wf: list[int]
+    #: Segments known before any call uses them, by key: ``("sys", workflow_type, agent)`` (an
+    #: agent's system prompt) and ``("task", workflow, agent)`` (the workflow's task for it).
+    seg_index: dict = field(default_factory=dict)
+    #: Built with conversation lineage (a call's prompt extends its agent's previous call)?
+    lineage: bool = False
 
     @property
     def n_calls(self) -> int:
@@ -244,7 +249,9 @@ def workload_from_records(
             prev = s
         parent[c.own_seg] = prev
         owner[c.own_seg] = c.wf
-    return Workload(name, calls, workflows, segs.tokens, segs.kind, consumers, parent, owner)
+    known = {k: v for k, v in segs.by_key.items() if k[0] in ("sys", "task")}
+    return Workload(name, calls, workflows, segs.tokens, segs.kind, consumers, parent, owner,
+                    seg_index=known, lineage=conversation_lineage)
 
 
 def split_workflows(records: Sequence[dict], test_fraction: float = 0.3, seed: int = 0

@@ -25,6 +25,30 @@ def simulate(
              "continuum-ttl, mori-idleness, belady, ours).")] = None,
     ablation: Annotated[bool, typer.Option(
         "--ablation", help="Also run ours with each part switched off (and ours-sticky, ours-belady).")] = False,
+    autoscale: Annotated[str, typer.Option(
+        help="Autoscaling of the model pools: off, reactive (Kubernetes HPA rule on waiting calls "
+             "per replica), predictive (Pythia alg. 4 on the live sessions' projected calls, the "
+             "sidecar's GET /v1/autoscale), or a comma list: each policy then runs once per mode "
+             "(rows NAME+reactive, NAME+predictive). A policy name may carry its own, e.g. "
+             "--policies ours+predictive. Replicas move between pools (a start-up delay, drains) "
+             "within the cluster's replicas; without a --scenario every replica is one pool. "
+             "See docs/simulator.md.")] = "off",
+    startup_delay: Annotated[float, typer.Option(
+        help="Autoscaling: seconds a replica loads its model before it serves (60 s: an "
+             "assumption for an 8B model with weights on local disk; see docs/simulator.md).",
+        min=0.0)] = 60.0,
+    autoscale_interval: Annotated[float, typer.Option(
+        help="Autoscaling: seconds between decisions (Kubernetes HPA sync period 15 s).", min=0.1)] = 15.0,
+    scale_down_window: Annotated[float, typer.Option(
+        help="Autoscaling: a pool is not shrunk below its largest target of this many seconds "
+             "(HPA downscale stabilization, 300 s in Kubernetes; 60 s was chosen on a validation "
+             "draw, see docs/simulator.md).", min=0.0)] = 60.0,
+    queue_target: Annotated[float, typer.Option(
+        help="Reactive autoscaling: waiting calls per replica a pool is sized for (chosen on a "
+             "validation draw).", min=0.01)] = 16.0,
+    autoscale_horizon: Annotated[int, typer.Option(
+        help="Predictive autoscaling: steps each live session is projected (chosen on a "
+             "validation draw; the sidecar's default).", min=1)] = 10,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of tables.")] = False,
     plot: Annotated[Optional[Path], typer.Option(help="Write a PNG of JCT vs load per policy here.")] = None,
     markdown: Annotated[Optional[Path], typer.Option(help="Also write the tables as Markdown here.")] = None,
@@ -98,6 +122,7 @@ def simulate(
     from rich.progress import Progress
 
     from serving_hooks.policies import CapacityPolicy, PriorityPolicy
+    from simulator.autoscale import AutoscaleOptions
     from simulator.calibration import fit_step_time
     from simulator.config import glm45_fit_config, hardware_config
     from simulator.ours import OursOptions
@@ -106,7 +131,7 @@ def simulate(
                                   prepare_scenario)
 
     try:
-        names = parse_policies(policies, ablation)
+        names = parse_policies(policies, ablation, autoscale)
         levels = [v.strip() for v in load.split(",") if v.strip()]
         for level in levels:
             parse_load(level)
@@ -133,6 +158,9 @@ def simulate(
         except ValueError as exc:
             fail(f"--calibrate {calibrate}: {exc}")
         err_console.print(f"step model fit on {calibrate}: {cfg.step}")
+    scale = AutoscaleOptions(startup_delay_s=startup_delay, interval_s=autoscale_interval,
+                             scale_down_window_s=scale_down_window, queue_target=queue_target,
+                             horizon_calls=autoscale_horizon)
     ours = OursOptions()
     if ours_epsilon is not None:
         ours = replace(ours, capacity_policy=CapacityPolicy(epsilon=ours_epsilon))
@@ -164,7 +192,7 @@ def simulate(
 
         try:
             kw = dict(arrivals_mode=arrivals, gaps_mode=gaps, on_result=done, ours=ours, cv=cv,
-                      warmup=warmup, tail=tail)
+                      warmup=warmup, tail=tail, autoscale=scale)
             if seeds:
                 seed_list = [int(x) for x in seeds.split(",") if x.strip()]
                 bar.update(task, total=len(levels) * len(names) * len(seed_list))

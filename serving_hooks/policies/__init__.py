@@ -14,6 +14,7 @@ reads a clock: every time is passed in as ``now`` (seconds on any monotonic scal
 :class:`KeepDropPolicy`     Pythia alg. 1 + SAGA TTL: retain / drop a session prefix
 :class:`PrefetchPolicy`     Pythia alg. 1: just-in-time host staging of the next prefix
 :class:`AutoscalePolicy`    Pythia alg. 4: projected calls → suggested replicas
+:class:`PrePrefillPolicy`   idle capacity prefills a predicted next call's known prefix
 ==========================  =======================================================
 """
 from predictors.contract import (Annotation, NextAgent, ToolLatency, from_custom_params,
@@ -21,7 +22,8 @@ from predictors.contract import (Annotation, NextAgent, ToolLatency, from_custom
 from serving_hooks.policies.annotations_view import CallView
 from serving_hooks.policies.bookkeeping import (CapacityLedger, SessionPriorityBook,
                                                 capacity_request)
-from serving_hooks.policies.autoscale import AutoscalePolicy, autoscale_advice
+from serving_hooks.policies.autoscale import (AutoscalePolicy, autoscale_advice, live_autoscale_advice,
+                                              live_projection)
 from serving_hooks.policies.capacity import (
     ActiveRequest,
     CapacityPolicy,
@@ -39,6 +41,7 @@ from serving_hooks.policies.keep_drop import (
 )
 from serving_hooks.policies.pools import ModelPools, NoReplicaForModel, pool_queue_depths
 from serving_hooks.policies.prefetch import HOST_TIER, PrefetchPlan, PrefetchPolicy
+from serving_hooks.policies.preprefill import PrePrefillPolicy
 from serving_hooks.policies.priority import AnnotationPriority, PriorityPolicy
 
 __all__ = [
@@ -50,6 +53,8 @@ __all__ = [
     "from_custom_params",
     "to_sglang_custom_params",
     "AutoscalePolicy",
+    "live_autoscale_advice",
+    "live_projection",
     "CallView",
     "CapacityLedger",
     "SessionPriorityBook",
@@ -62,6 +67,7 @@ __all__ = [
     "Placement",
     "PrefetchPlan",
     "PrefetchPolicy",
+    "PrePrefillPolicy",
     "PriorityPolicy",
     "ReplicaCheck",
     "ReplicaState",

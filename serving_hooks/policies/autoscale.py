@@ -148,3 +148,56 @@ def autoscale_advice(
         "models": rows,
         "total_suggested_replicas": sum(r["suggested_replicas"] for r in rows.values()),
     }
+
+
+def live_projection(predictor: Any, horizon_calls: int, in_flight: bool = False
+                    ) -> tuple[dict[str, dict[str, float]], int]:
+    """``({workflow_type: {agent: expected calls}}, live sessions)`` of a ``predictors.Predictor``.
+
+    Each workflow type's automaton projects the calls per agent over the next
+    ``horizon_calls`` steps of every live session from its current state
+    (``WorkflowPaths.project_calls``). A session's state has already stepped past the calls it
+    has in flight (annotated, not yet observed); ``in_flight=True`` adds those calls too, so
+    the work already queued at the engines is counted with the work still to come.
+    """
+    model = predictor.profile
+    if model is None:
+        return {}, 0
+    projected: dict[str, dict[str, float]] = {}
+    live = 0
+    for wt, paths in model.paths.items():
+        states = predictor.live_states(wt)
+        live += len(states)
+        calls = dict(paths.project_calls(states, horizon_calls)) if states else {}
+        if in_flight:
+            for agent, n in predictor.in_flight(wt).items():
+                calls[agent] = calls.get(agent, 0.0) + float(n)
+        if calls:
+            projected[wt] = calls
+    return projected, live
+
+
+def live_autoscale_advice(
+    predictor: Any,
+    horizon_calls: int,
+    window_s: float | None = None,
+    policy: AutoscalePolicy | None = None,
+    current: Mapping[str, int] | None = None,
+    agent_model: Mapping[str, str] | None = None,
+    in_flight: bool = False,
+) -> dict[str, Any]:
+    """Alg. 4 over a predictor's live sessions: :func:`live_projection` then
+    :func:`autoscale_advice`, plus ``live_sessions`` and ``profile_version``. The sidecar's
+    ``GET /v1/autoscale`` and the simulator's predictive autoscaler both call this."""
+    model = predictor.profile
+    if model is None:
+        return {"horizon_calls": int(horizon_calls), "models": {}, "total_suggested_replicas": 0,
+                "live_sessions": 0}
+    projected, live = live_projection(predictor, horizon_calls, in_flight)
+    advice = autoscale_advice(model.data, projected, horizon_calls, window_s=window_s,
+                              policy=policy, current=current, agent_model=agent_model)
+    advice["live_sessions"] = live
+    advice["profile_version"] = model.version
+    if in_flight:
+        advice["in_flight_counted"] = True
+    return advice

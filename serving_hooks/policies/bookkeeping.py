@@ -149,6 +149,14 @@ class CapacityLedger:
         """Where the session's latest request went (None: new or forgotten session)."""
         return self._last.get(session) if session is not None else None
 
+    def note_session(self, session: Hashable, replica: str) -> None:
+        """The session's prefix is now on ``replica`` (e.g. prefilled there ahead of its next
+        call): its next request prefers it, as after a request served there."""
+        self._last[session] = replica
+        self._last.move_to_end(session)
+        while self.max_sessions is not None and len(self._last) > self.max_sessions:
+            self._last.popitem(last=False)
+
     def active(self, replica: str) -> tuple[ActiveRequest, ...]:
         """The requests in flight on ``replica``, oldest first."""
         return tuple(self._active.get(replica, {}).values())

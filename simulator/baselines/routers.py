@@ -8,6 +8,12 @@ from simulator.engine import Request
 from simulator.policy import Router
 
 
+def _serves(sim, req: Request, r: int) -> bool:
+    """Does replica ``r`` still take new calls of ``req``'s pool? (An autoscaler may have moved
+    or drained it; with fixed pools always true for a replica the router chose before.)"""
+    return sim.pool_of_replica(r) == sim.pool_of_replica(sim.candidates(req)[0].idx)
+
+
 class RoundRobin(Router):
     """SGLang router's ``round_robin`` policy: replicas in turn, whatever the session."""
 
@@ -16,7 +22,7 @@ class RoundRobin(Router):
 
     def route(self, req: Request) -> int:
         reps = self.sim.candidates(req)
-        key = reps[0].idx                 # one turn counter per model pool
+        key = self.sim.pool_of_replica(reps[0].idx)   # one turn counter per model pool
         n = self._next.get(key, 0)
         self._next[key] = n + 1
         return reps[n % len(reps)].idx
@@ -41,7 +47,7 @@ class StickyLeastLoad(LeastLoad):
     def route(self, req: Request) -> int:
         key = self.sim.home_key(req)
         r = self.home.get(key)
-        if r is None:
+        if r is None or not _serves(self.sim, req, r):   # new session, or its home left the pool
             r = self.home[key] = super().route(req)
         return r
 
@@ -58,6 +64,8 @@ class AutellixRouter(Router):
     def route(self, req: Request) -> int:
         key = self.sim.home_key(req)
         home = self.home.get(key)
+        if home is not None and not _serves(self.sim, req, home):   # its home left the pool
+            home = None
         if req.call.input_tokens > self.long_prompt_tokens and home is not None:
             return home
         r = min(self.sim.candidates(req), key=lambda rep: (len(rep.running) + len(rep.waiting), rep.idx)).idx
@@ -110,6 +118,11 @@ class CacheAware(Router):
         self.tree: list[dict[int, list]] = [{} for _ in range(n)]
         self.size = [0.0] * n
         self._next_evict = self.eviction_interval_s
+
+    def on_replica_reset(self, replica: int) -> None:
+        """A restarted worker: sgl-router drops its tree when a worker is removed."""
+        self.tree[replica] = {}
+        self.size[replica] = 0.0
 
     def _match(self, r: int, path: tuple[int, ...]) -> tuple[float, float]:
         tree, tok = self.tree[r], self.sim.workload.seg_tokens
