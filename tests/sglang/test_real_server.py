@@ -71,7 +71,7 @@ def _words(n: int, tag: str) -> str:
 
 
 def test_plugin_is_active_in_the_scheduler(server):
-    assert wait_for(lambda: "agent-workflow plugin active" in server.log_text(), 30), server.log_tail()
+    assert wait_for(lambda: "agent-workflow plugin active" in server.log_text(), 120), server.log_tail()
     line = next(l for l in server.log_text().splitlines() if "agent-workflow plugin active" in l)
     assert "backend=workflow-retention in_use=True" in line and "clock=local" in line
     assert "default_priority_value=250" in line
@@ -96,15 +96,15 @@ def test_priority_changes_completion_order_under_contention(server, model_name):
     # they finish before any low call starts (a third would share a batch with a low one)
     for t in threads:
         t.start()
-    assert wait_for(lambda: _loads(server.url)["num_running_reqs"] == 2, 60)
+    assert wait_for(lambda: _loads(server.url)["num_running_reqs"] == 2, 180)
     lows = [threading.Thread(target=call, args=(f"low{i}", 0, 20)) for i in range(3)]
     for t in lows:
         t.start()
-    assert wait_for(lambda: _loads(server.url)["num_waiting_reqs"] >= 3, 60)
+    assert wait_for(lambda: _loads(server.url)["num_waiting_reqs"] >= 3, 180)
     highs = [threading.Thread(target=call, args=(f"high{i}", 100_000, 20)) for i in range(2)]
     for t in highs:
         t.start()
-    assert wait_for(lambda: _loads(server.url)["num_waiting_reqs"] >= 5, 60), done
+    assert wait_for(lambda: _loads(server.url)["num_waiting_reqs"] >= 5, 180), done
     assert not done, "a blocking call finished before all five calls were queued"
     for t in threads + lows + highs:
         t.join(300)
@@ -172,7 +172,7 @@ def test_prefetch_stages_a_confident_next_prefix_to_host(server):
         m = re.search(r"prefetch_staged=(\d+)", lines[-1]) if lines else None
         return bool(m and int(m.group(1)) >= 1)
 
-    assert wait_for(staged, 30), server.log_tail()
+    assert wait_for(staged, 120), server.log_tail()
     for i in range(9):                       # untagged pressure: plain LRU, newer than ours
         _generate(server.url, _words(300, f"pressure-{i}"))
     again = _generate(server.url, text + " " + _words(10, "next"))
@@ -198,7 +198,7 @@ def test_capacity_router_polls_the_real_server(server, model_name):
         router.poll_once_blocking()
         return router.loads()[server.url].reported_tokens > 0
 
-    assert wait_for(busy, 60)
+    assert wait_for(busy, 180)
     t.join(300)
     assert router.metrics()["poll_ok"] >= 2
 
@@ -254,17 +254,17 @@ def test_gateway_priorities_change_completion_order(server, profile, model_name)
                     for i in range(2)]
         for t in blockers:
             t.start()
-        assert wait_for(lambda: _loads(server.url)["num_running_reqs"] == 2, 60)
+        assert wait_for(lambda: _loads(server.url)["num_running_reqs"] == 2, 180)
         lows = [threading.Thread(target=call, args=(gw.url, f"low{i}", f"order-low-{i}", "planner", 20))
                 for i in range(3)]
         for t in lows:
             t.start()
-        assert wait_for(lambda: _loads(server.url)["num_waiting_reqs"] >= 3, 60)
+        assert wait_for(lambda: _loads(server.url)["num_waiting_reqs"] >= 3, 180)
         highs = [threading.Thread(target=call, args=(gw.url, f"high{i}", f"order-high-{i}", "verifier", 20))
                  for i in range(2)]
         for t in highs:
             t.start()
-        assert wait_for(lambda: _loads(server.url)["num_waiting_reqs"] >= 5, 60), done
+        assert wait_for(lambda: _loads(server.url)["num_waiting_reqs"] >= 5, 180), done
         assert not any(n.startswith("block") for n in done), "a blocking call ended before all five were queued"
         for t in blockers + lows + highs:
             t.join(300)
