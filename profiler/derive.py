@@ -84,42 +84,61 @@ def insert_calls(con: duckdb.DuckDBPyConnection, new_rows_sql: str, has_tool_lis
 
 
 def _insert_tool_calls(con: duckdb.DuckDBPyConnection) -> None:
-    """``tool_calls`` rows for the calls in ``new_calls``."""
+    """``tool_calls`` rows for the calls in ``new_calls``.
+
+    A tool's time comes from the log when it has ``t_start`` and ``t_end``; otherwise from the gap
+    to the next call of the same workflow and agent, split evenly over the call's ``n_untimed``
+    tools. ``n_untimed`` is counted on the call's own list, and that gap (a window and an ASOF
+    join) is computed only for the (workflow, agent) pairs that have an untimed tool: logs with
+    every tool timed skip it (a million-call ingest: 3.0 s of CPU -> 0.65 s)."""
     execute(con, """
         INSERT INTO tool_calls
-        WITH agent_next AS (
-          SELECT request_id, workflow_type_id, workflow_id, agent_id, t_arrival, t_finish, tool_names,
-            lead(t_arrival) OVER (PARTITION BY workflow_type_id, workflow_id, agent_id
-                                  ORDER BY t_arrival, request_id) AS next_arrival
-          FROM new_calls
+        WITH named AS (   -- calls whose response named tools
+          SELECT request_id, workflow_type_id, workflow_id, agent_id, t_arrival, t_finish, tool_calls,
+            tool_list, tool_names,
+            CASE WHEN tool_calls IS NOT NULL
+                 THEN len(list_filter(tool_list, lambda e: e.t_start IS NULL OR e.t_end IS NULL))
+                 ELSE len(tool_names) END AS n_untimed
+          FROM new_calls WHERE len(tool_names) > 0
+        ),
+        need AS (   -- calls with an untimed tool: the gap to the agent's next call times them
+          SELECT request_id, workflow_type_id, workflow_id, agent_id, t_arrival, t_finish
+          FROM named WHERE n_untimed > 0
+        ),
+        agent_rows AS (   -- every call of those (workflow, agent) pairs
+          SELECT request_id, workflow_type_id, workflow_id, agent_id, t_arrival FROM new_calls
+          SEMI JOIN need USING (workflow_type_id, workflow_id, agent_id)
+        ),
+        agent_next AS (
+          SELECT request_id, lead(t_arrival) OVER (PARTITION BY workflow_type_id, workflow_id, agent_id
+                                                   ORDER BY t_arrival, request_id) AS next_arrival
+          FROM agent_rows
         ),
         agent_gap AS (   -- gap to the next call of the same workflow and agent
           SELECT c.request_id,
             CASE WHEN c.t_finish <= c.t_arrival THEN c.next_arrival ELSE n.t_arrival END AS next_same_agent_arrival
-          FROM (SELECT * FROM agent_next WHERE len(tool_names) > 0) c
-          ASOF LEFT JOIN (SELECT workflow_type_id, workflow_id, agent_id, t_arrival FROM new_calls) n
+          FROM (need JOIN agent_next USING (request_id)) c
+          ASOF LEFT JOIN agent_rows n
             ON c.workflow_type_id = n.workflow_type_id AND c.workflow_id = n.workflow_id
            AND c.agent_id = n.agent_id AND n.t_arrival >= c.t_finish
         ),
         explicit AS (
-          SELECT request_id, workflow_type_id, workflow_id, agent_id, t_finish,
+          SELECT request_id, workflow_type_id, workflow_id, agent_id, t_finish, n_untimed,
             unnest(tool_list) AS e, generate_subscripts(tool_list, 1) - 1 AS tool_index
-          FROM new_calls WHERE tool_calls IS NOT NULL
+          FROM named WHERE tool_calls IS NOT NULL
         ),
         items AS (
-          SELECT request_id, workflow_type_id, workflow_id, agent_id, t_finish, tool_index,
+          SELECT request_id, workflow_type_id, workflow_id, agent_id, t_finish, n_untimed, tool_index,
             e.name AS tool_name, e.t_start, e.t_end, coalesce(e.status, 'ok') AS status
           FROM explicit
           UNION ALL   -- tool names from a gateway response, no timings
-          SELECT request_id, workflow_type_id, workflow_id, agent_id, t_finish,
+          SELECT request_id, workflow_type_id, workflow_id, agent_id, t_finish, n_untimed,
             generate_subscripts(tool_names, 1) - 1, unnest(tool_names), NULL, NULL, 'ok'
-          FROM new_calls WHERE tool_calls IS NULL AND len(tool_names) > 0
+          FROM named WHERE tool_calls IS NULL
         ),
         timed AS (
-          SELECT i.*, g.next_same_agent_arrival,
-            count(*) FILTER (WHERE t_start IS NULL OR t_end IS NULL) OVER (PARTITION BY i.request_id) AS n_untimed,
-            (t_start IS NOT NULL AND t_end IS NOT NULL) AS has_timing
-          FROM items i JOIN agent_gap g USING (request_id)
+          SELECT i.*, g.next_same_agent_arrival, (t_start IS NOT NULL AND t_end IS NOT NULL) AS has_timing
+          FROM items i LEFT JOIN agent_gap g USING (request_id)
         )
         SELECT request_id, workflow_type_id, workflow_id, agent_id, tool_index::INTEGER, tool_name,
           CASE WHEN has_timing THEN t_start ELSE t_finish END,
