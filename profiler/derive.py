@@ -26,21 +26,36 @@ _BASE = sql_columns(BASE_CALL_COLUMNS)
 TOOL_LIST_TYPE = '[{"name": "VARCHAR", "t_start": "DOUBLE", "t_end": "DOUBLE", "status": "VARCHAR"}]'
 
 
-def insert_calls(con: duckdb.DuckDBPyConnection, new_rows_sql: str, has_tool_list: bool = False) -> None:
+def insert_calls(con: duckdb.DuckDBPyConnection, new_rows_sql: str, has_tool_list: bool = False,
+                 materialize: bool = True) -> None:
     """Insert the calls selected by ``new_rows_sql`` (the base columns of ``calls``) with derived
     columns, and recompute derived columns and tool rows of every workflow they touch.
 
     ``has_tool_list``: the query also yields ``tool_list``, the ``tool_calls`` JSON already
-    parsed to :data:`TOOL_LIST_TYPE` (the ingester has it; saves parsing it again)."""
+    parsed to :data:`TOOL_LIST_TYPE` (the ingester has it; saves parsing it again).
+    ``materialize=False``: the rows are read through a view of ``new_rows_sql`` instead of being
+    copied into a temp table first — for a query that is cheap to run several times (the
+    ingester's: its parsed rows less the few judged duplicates). Each step reads only the
+    columns it needs, and the wide rows (texts, lists) are copied once, into ``calls``.
+
+    The rows the steps below read are the view ``new_calls``: the batch's calls, and when the
+    batch continues workflows already stored, those workflows' stored calls (copied out to the
+    temp table ``continued`` before they are deleted)."""
     tool_list = "tool_list" if has_tool_list else f"json_transform(tool_calls, '{TOOL_LIST_TYPE}') AS tool_list"
-    execute(con, f"CREATE OR REPLACE TEMP TABLE new_calls AS SELECT {_BASE}, {tool_list} FROM ({new_rows_sql})")
+    batch = f"SELECT {_BASE}, {tool_list} FROM ({new_rows_sql})"
+    if materialize:
+        execute(con, f"CREATE OR REPLACE TEMP TABLE batch_calls AS {batch}")
+        batch = "SELECT * FROM batch_calls"
+    execute(con, f"CREATE OR REPLACE TEMP VIEW new_calls AS {batch}")
     execute(con, "CREATE OR REPLACE TEMP TABLE touched AS "
                 "SELECT DISTINCT workflow_type_id, workflow_id FROM new_calls")
     stored = execute(con, "SELECT count(*) FROM calls SEMI JOIN touched USING (workflow_type_id, workflow_id)"
                          ).fetchone()[0]
     if stored:  # continue old workflows: take their calls out, recompute them with the new ones
-        execute(con, f"INSERT INTO new_calls SELECT {_BASE}, json_transform(tool_calls, '{TOOL_LIST_TYPE}') "
+        execute(con, f"CREATE OR REPLACE TEMP TABLE continued AS SELECT {_BASE}, "
+                    f"json_transform(tool_calls, '{TOOL_LIST_TYPE}') AS tool_list "
                     f"FROM calls SEMI JOIN touched USING (workflow_type_id, workflow_id)")
+        execute(con, f"CREATE OR REPLACE TEMP VIEW new_calls AS {batch} UNION ALL SELECT * FROM continued")
         execute(con, "DELETE FROM calls t USING touched u "
                     "WHERE t.workflow_type_id = u.workflow_type_id AND t.workflow_id = u.workflow_id")
         execute(con, "DELETE FROM tool_calls t USING touched u "
@@ -79,7 +94,8 @@ def insert_calls(con: duckdb.DuckDBPyConnection, new_rows_sql: str, has_tool_lis
     execute(con, f"INSERT INTO calls ({_BASE}, {derived}) "
                 f"SELECT n.* EXCLUDE (tool_list), d.* EXCLUDE (request_id) FROM new_calls n JOIN derived d USING (request_id)")
     _insert_tool_calls(con)
-    for t in ("touched", "new_calls", "derived"):
+    execute(con, "DROP VIEW new_calls")
+    for t in ("touched", "derived", "batch_calls", "continued"):
         execute(con, f"DROP TABLE IF EXISTS {t}")
 
 
