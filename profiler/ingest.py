@@ -500,6 +500,7 @@ def _stage_batch(con: duckdb.DuckDBPyConnection, files: list[tuple[Path, str]],
     execute(con, "CREATE OR REPLACE TEMP TABLE file_problems (file VARCHAR, reason VARCHAR)")
     execute(con, "CREATE OR REPLACE TEMP TABLE line_problems (file VARCHAR, line BIGINT, reason VARCHAR, raw VARCHAR)")
     todo: list[tuple[Path, str, str | None, FileReport]] = []
+    staged = False  # whether a file was staged yet (``staging`` holds only its rows until then)
     for link, target in links:
         fr = FileReport(str(link), "link", rows_quarantined=1)
         report.files.append(fr)
@@ -523,16 +524,22 @@ def _stage_batch(con: duckdb.DuckDBPyConnection, files: list[tuple[Path, str]],
                     digest = None  # over a limit: not recorded as ingested, retried next time
                 elif path.stat().st_size == 0:
                     problem = "empty file: no records"
-                else:  # staged alone first, so the emptiness check never scans other files
-                    execute(con, f"CREATE OR REPLACE TEMP TABLE staging_file {STAGING_COLUMNS}")
-                    problem = _stage_file(con, path, fmt, "staging_file", limits, lines)
+                else:  # staged alone first, so the emptiness check never scans other files;
+                    # the first file goes straight into the empty ``staging`` (a batch of one file
+                    # is not copied again: 1M records, ~0.5 GB of text), the others are appended
+                    alone = "staging_file" if staged else "staging"
+                    if staged:
+                        execute(con, f"CREATE OR REPLACE TEMP TABLE staging_file {STAGING_COLUMNS}")
+                    problem = _stage_file(con, path, fmt, alone, limits, lines)
                     if problem is None and not execute(con,
-                            f"SELECT 1 FROM staging_file WHERE {record_sql.NON_BLANK} LIMIT 1").fetchall() \
+                            f"SELECT 1 FROM {alone} WHERE {record_sql.NON_BLANK} LIMIT 1").fetchall() \
                             and not execute(con, "SELECT 1 FROM line_problems WHERE file = ? LIMIT 1",
                                             [str(path)]).fetchall():
                         problem = "empty file: no records"
-                    execute(con, "INSERT INTO staging SELECT * FROM staging_file")
-                    execute(con, "DROP TABLE staging_file")
+                    if staged:
+                        execute(con, "INSERT INTO staging SELECT * FROM staging_file")
+                        execute(con, "DROP TABLE staging_file")
+                    staged = True
                 if problem:
                     execute(con, "INSERT INTO file_problems VALUES (?, ?)", [str(path), problem])
                 todo.append((path, fmt, digest, fr))
