@@ -79,7 +79,27 @@ def recency_weights(workflow_rank: np.ndarray, n_workflows: int, half_life: floa
 
 
 def workflow_ranks(df: pd.DataFrame) -> pd.Series:
-    """Per row: the rank (0 = oldest) of its workflow among its type's workflows by first arrival."""
+    """Per row: the rank (0 = oldest) of its workflow among its type's workflows by first arrival
+    (ties by workflow id).
+
+    Each (type, workflow) pair is grouped once; the ranks are computed on one row per workflow
+    and read back by group number (no join of a million rows on two string keys)."""
+    keys = ["workflow_type_id", "workflow_id"]
+    if df[keys].isna().any(axis=None):
+        return _workflow_ranks_by_join(df)
+    grouped = df.groupby(keys, sort=False, observed=True)
+    codes = grouped.ngroup().to_numpy()
+    start = grouped["t_arrival"].min()
+    firsts = pd.DataFrame({"wt": start.index.get_level_values(0), "start": start.to_numpy(),
+                           "wf": start.index.get_level_values(1)}).sort_values(["wt", "start", "wf"])
+    rank = np.empty(len(firsts), dtype=np.int64)
+    rank[firsts.index.to_numpy()] = firsts.groupby("wt").cumcount().to_numpy()
+    return pd.Series(rank[codes], index=df.index, name="rank")
+
+
+def _workflow_ranks_by_join(df: pd.DataFrame) -> pd.Series:
+    """:func:`workflow_ranks` by a join on the keys, for rows with a missing key (which groupby
+    leaves out and the join matches NaN to NaN)."""
     start = df.groupby(["workflow_type_id", "workflow_id"], sort=False)["t_arrival"].transform("min")
     key = pd.DataFrame({"wt": df["workflow_type_id"], "start": start, "wf": df["workflow_id"]})
     firsts = key.drop_duplicates(["wt", "wf"]).sort_values(["wt", "start", "wf"])
