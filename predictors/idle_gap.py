@@ -35,6 +35,7 @@ Sessions whose last call has no next call (END) have no gap; their share is kept
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -78,7 +79,27 @@ def recency_weights(workflow_rank: np.ndarray, n_workflows: int, half_life: floa
 
 
 def workflow_ranks(df: pd.DataFrame) -> pd.Series:
-    """Per row: the rank (0 = oldest) of its workflow among its type's workflows by first arrival."""
+    """Per row: the rank (0 = oldest) of its workflow among its type's workflows by first arrival
+    (ties by workflow id).
+
+    Each (type, workflow) pair is grouped once; the ranks are computed on one row per workflow
+    and read back by group number (no join of a million rows on two string keys)."""
+    keys = ["workflow_type_id", "workflow_id"]
+    if df[keys].isna().any(axis=None):
+        return _workflow_ranks_by_join(df)
+    grouped = df.groupby(keys, sort=False, observed=True)
+    codes = grouped.ngroup().to_numpy()
+    start = grouped["t_arrival"].min()
+    firsts = pd.DataFrame({"wt": start.index.get_level_values(0), "start": start.to_numpy(),
+                           "wf": start.index.get_level_values(1)}).sort_values(["wt", "start", "wf"])
+    rank = np.empty(len(firsts), dtype=np.int64)
+    rank[firsts.index.to_numpy()] = firsts.groupby("wt").cumcount().to_numpy()
+    return pd.Series(rank[codes], index=df.index, name="rank")
+
+
+def _workflow_ranks_by_join(df: pd.DataFrame) -> pd.Series:
+    """:func:`workflow_ranks` by a join on the keys, for rows with a missing key (which groupby
+    leaves out and the join matches NaN to NaN)."""
     start = df.groupby(["workflow_type_id", "workflow_id"], sort=False)["t_arrival"].transform("min")
     key = pd.DataFrame({"wt": df["workflow_type_id"], "start": start, "wf": df["workflow_id"]})
     firsts = key.drop_duplicates(["wt", "wf"]).sort_values(["wt", "start", "wf"])
@@ -103,12 +124,23 @@ def session_factors(df: pd.DataFrame, median: np.ndarray, prior_weight: float | 
 
 
 def grouped_weighted_quantile(codes: np.ndarray, x: np.ndarray, w: np.ndarray, q: float,
-                              w_new: float, n_groups: int, tol: float = 1e-12) -> np.ndarray:
+                              w_new: float, n_groups: int, tol: float = 1e-12,
+                              x_order: np.ndarray | None = None) -> np.ndarray:
     """:func:`weighted_conformal_quantile` of every group at once (``codes`` 0…n_groups−1, each
-    group non-empty): one lexsort by (group, x), cumulative weights within each group, and the
+    group non-empty): one sort by (group, x), cumulative weights within each group, and the
     first row per group whose share ``cum / (W_g + w_new)`` reaches ``q − tol`` (``inf`` when none).
-    With ``w_new = 0`` and ``tol = 0`` it is :func:`weighted_median` at ``q = 0.5``."""
-    order = np.lexsort((x, codes))
+    With ``w_new = 0`` and ``tol = 0`` it is :func:`weighted_median` at ``q = 0.5``.
+
+    ``x_order``: ``np.argsort(x, kind="stable")`` when the caller has it (it sorts ``x`` once for
+    several groupings of the same rows). A stable sort of the codes along it is the order
+    ``np.lexsort((x, codes))`` gives — ties in both keys keep row order either way, so the
+    cumulative weights are summed in the same order and the result is the same to the bit — and
+    costs a radix sort of small integers instead of a float sort."""
+    if x_order is None:
+        order = np.lexsort((x, codes))
+    else:
+        small = np.min_scalar_type(max(n_groups - 1, 0))
+        order = x_order[np.argsort(codes[x_order].astype(small), kind="stable")]
     c, xs, ws = codes[order], x[order], w[order]
     n = np.bincount(c, minlength=n_groups)
     starts = np.concatenate(([0], np.cumsum(n)[:-1]))
@@ -125,17 +157,19 @@ def grouped_weighted_quantile(codes: np.ndarray, x: np.ndarray, w: np.ndarray, q
     return out
 
 
-def _level_table(df: pd.DataFrame, level: str, value: str | None, q: float, min_samples: int,
-                 p50: pd.DataFrame | None = None, with_p50: bool = True) -> pd.DataFrame:
-    """One row per key of ``level`` with ≥ ``min_samples`` gaps: n, n_eff, p50 of raw gaps,
-    conformal q-quantile of ``value`` (every group at once: :func:`grouped_weighted_quantile`).
-    ``value`` None skips the quantile (NaN); ``p50``: a table of the same rows and level whose
-    ``p50_s`` is reused instead of sorting again; ``with_p50=False`` leaves ``p50_s`` NaN."""
-    keys = LEVEL_KEYS[level]
-    columns = [*keys, "n", "n_eff", "p50_s", "q_z"]
-    if df.empty:
-        return pd.DataFrame(columns=columns)
-    grouped = df.groupby(keys, sort=True, observed=True)
+@dataclass(frozen=True)
+class _Grouping:
+    """The rows of one level grouped: each row's group code, and per group its keys, ``n`` and
+    ``n_eff`` (``(Σw)² / Σw²``). It depends on the rows, their keys and weights only, so the
+    tables of several prior weights (which differ in ``z`` alone) share one."""
+
+    codes: np.ndarray
+    table: pd.DataFrame
+    n_groups: int
+
+
+def _grouping(df: pd.DataFrame, level: str) -> _Grouping:
+    grouped = df.groupby(LEVEL_KEYS[level], sort=True, observed=True)
     codes = grouped.ngroup().to_numpy()
     size = grouped.size()
     n_groups = len(size)
@@ -144,6 +178,28 @@ def _level_table(df: pd.DataFrame, level: str, value: str | None, q: float, min_
     sw2 = np.bincount(codes, weights=w * w, minlength=n_groups)
     table = size.rename("n").reset_index()
     table["n_eff"] = sw ** 2 / sw2
+    return _Grouping(codes, table, n_groups)
+
+
+def _level_table(df: pd.DataFrame, level: str, value: str | None, q: float, min_samples: int,
+                 p50: pd.DataFrame | None = None, with_p50: bool = True,
+                 grouping: _Grouping | None = None,
+                 orders: Mapping[str, np.ndarray] | None = None) -> pd.DataFrame:
+    """One row per key of ``level`` with ≥ ``min_samples`` gaps: n, n_eff, p50 of raw gaps,
+    conformal q-quantile of ``value`` (every group at once: :func:`grouped_weighted_quantile`).
+    ``value`` None skips the quantile (NaN); ``p50``: a table of the same rows and level whose
+    ``p50_s`` is reused instead of sorting again; ``with_p50=False`` leaves ``p50_s`` NaN.
+    ``grouping``: :func:`_grouping` of ``df`` at ``level``, when already made; ``orders``: column
+    -> its stable argsort over ``df``'s rows, for the columns sorted (``gap_after_s``, ``value``)."""
+    keys = LEVEL_KEYS[level]
+    columns = [*keys, "n", "n_eff", "p50_s", "q_z"]
+    if df.empty:
+        return pd.DataFrame(columns=columns)
+    g = grouping if grouping is not None else _grouping(df, level)
+    orders = orders or {}
+    codes, n_groups = g.codes, g.n_groups
+    w = df["weight"].to_numpy(dtype=float)
+    table = g.table.copy()
     keep = (table["n"] >= min_samples).to_numpy()
     if p50 is not None or not with_p50:
         table["p50_s"] = np.nan
@@ -151,10 +207,17 @@ def _level_table(df: pd.DataFrame, level: str, value: str | None, q: float, min_
             table.loc[keep, "p50_s"] = p50["p50_s"].to_numpy(dtype=float)
     else:
         table["p50_s"] = grouped_weighted_quantile(codes, df["gap_after_s"].to_numpy(dtype=float), w,
-                                                   0.5, 0.0, n_groups, tol=0.0)
-    table["q_z"] = (grouped_weighted_quantile(codes, df[value].to_numpy(dtype=float), w, q, 1.0, n_groups)
+                                                   0.5, 0.0, n_groups, tol=0.0,
+                                                   x_order=orders.get("gap_after_s"))
+    table["q_z"] = (grouped_weighted_quantile(codes, df[value].to_numpy(dtype=float), w, q, 1.0, n_groups,
+                                              x_order=orders.get(value))
                     if value is not None else np.nan)
     return table[keep].reset_index(drop=True)[columns]
+
+
+def _stable_order(column: pd.Series) -> np.ndarray:
+    """``np.argsort`` of the column's values as floats, stable (ties keep row order)."""
+    return np.argsort(column.to_numpy(dtype=float), kind="stable")
 
 
 def _lookup_codes(df: pd.DataFrame, table: pd.DataFrame, keys: list[str], column: str) -> np.ndarray | None:
@@ -247,15 +310,20 @@ class IdleGapModel(IdleGapTable, BaseEstimator):
         not depend on the prior weight) are computed once and reused. ``full`` also computes the
         tool level's median (recorded in the profile; the served TTL never reads it)."""
         arrival = [lv for lv in LEVELS if lv != "tool"]
-        med = {lv: _level_table(train, lv, None, 0.5, self.min_samples) for lv in arrival}
+        # shared by every table below: the grouping of each level, and the sort of the gaps
+        groups = {lv: _grouping(train, lv) for lv in LEVELS} if len(train) else {}
+        gap_order = {"gap_after_s": _stable_order(train["gap_after_s"])}
+        med = {lv: _level_table(train, lv, None, 0.5, self.min_samples, grouping=groups.get(lv),
+                                orders=gap_order) for lv in arrival}
         med["tool"] = pd.DataFrame(columns=[*LEVEL_KEYS["tool"], "p50_s"])
         med_row = self._row_values(train, med, "agent", "p50_s")
         out = {}
         for w in prior_weights:
             t = train.assign(z=train["gap_after_s"] / session_factors(train, med_row, w))
+            orders = {**gap_order, "z": _stable_order(t["z"])}
             out[w] = {lv: _level_table(t, lv, "z", self.quantile, self.min_samples,
                                        p50=med[lv] if lv != "tool" else None,
-                                       with_p50=lv != "tool" or full)
+                                       with_p50=lv != "tool" or full, grouping=groups.get(lv), orders=orders)
                       for lv in LEVELS}
         return out
 

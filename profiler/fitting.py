@@ -28,6 +28,7 @@ from predictors.output_length import OutputLengthIntervals
 from predictors.tool_latency import ToolLatencyModel
 from profiler import ingest as ingest_mod
 from profiler.data_limits import calls_by_timing, is_order_only, limitations
+from profiler.frames import query_frame
 from profiler.profile_artifact import Profile, store_path, write_profile
 from profiler.store import connect, store_counts
 from synth.profile_section import build_workflows_section
@@ -68,23 +69,23 @@ def ok_calls(con: duckdb.DuckDBPyConnection) -> pd.DataFrame:
 
     The order is fixed (a table's row order is not: parallel inserts interleave), so the same
     store always gives the same fit, down to the last bit of every float sum."""
-    return con.execute(f"SELECT {', '.join(CALL_COLUMNS)} FROM calls WHERE status = 'ok' "
-                       "ORDER BY workflow_type_id, workflow_id, call_index").df()
+    return query_frame(con, f"SELECT {', '.join(CALL_COLUMNS)} FROM calls WHERE status = 'ok' "
+                            "ORDER BY workflow_type_id, workflow_id, call_index")
 
 
 def timed_tool_calls(con: duckdb.DuckDBPyConnection) -> pd.DataFrame:
     """``workflow_type_id, tool_name, latency_s`` of every tool execution with a latency, in a
     fixed order (see :func:`ok_calls`)."""
-    return con.execute("SELECT workflow_type_id, tool_name, latency_s FROM tool_calls "
-                       "WHERE latency_s IS NOT NULL ORDER BY request_id, tool_index").df()
+    return query_frame(con, "SELECT workflow_type_id, tool_name, latency_s FROM tool_calls "
+                            "WHERE latency_s IS NOT NULL ORDER BY request_id, tool_index")
 
 
 def fit_tool_latency(con: duckdb.DuckDBPyConnection, options: FitOptions) -> ToolLatencyModel:
     """The tool-latency model of ``options`` fit on every timed tool execution in the store, with
     recency weighting per workflow type (half-life chosen on a later slice; ``extra={"drift":
     False}`` turns it off)."""
-    rows = con.execute("SELECT workflow_type_id, workflow_id, tool_name, t_start, latency_s FROM tool_calls "
-                       "WHERE latency_s IS NOT NULL ORDER BY request_id, tool_index").df()
+    rows = query_frame(con, "SELECT workflow_type_id, workflow_id, tool_name, t_start, latency_s FROM tool_calls "
+                            "WHERE latency_s IS NOT NULL ORDER BY request_id, tool_index")
     half_lives = IdleGapModel().half_lives if options.extra.get("drift", True) else (None,)
     return ToolLatencyModel(ks_threshold=options.ks_threshold, ttl_quantile=options.ttl_quantile,
                             max_ttl_s=options.max_ttl_s, half_lives=half_lives).fit(rows)
@@ -95,13 +96,19 @@ def idle_gap_calls(con: duckdb.DuckDBPyConnection) -> pd.DataFrame:
     its response named (``""`` when none), in a fixed order (see :func:`ok_calls`).
 
     A zero-latency call (``t_finish = t_arrival``, e.g. logs with request times only) is its own
-    ASOF match in ``gap_after_s`` (gap 0); its gap is taken to the next call in order instead."""
-    return con.execute(
+    ASOF match in ``gap_after_s`` (gap 0) in a store written before that was fixed; its gap is
+    taken to the next call in order instead. The window that finds that call (a sort of every
+    call, ~0.5 s per million) runs only when the store holds such a call."""
+    zero_latency = con.execute("SELECT count(*) FROM calls WHERE t_finish <= t_arrival").fetchone()[0]
+    gap, window = "gap_after_s", ""
+    if zero_latency:
+        gap = "CASE WHEN t_finish <= t_arrival THEN lead(t_arrival) OVER w - t_finish ELSE gap_after_s END"
+        window = "WINDOW w AS (PARTITION BY workflow_type_id, workflow_id ORDER BY call_index) "
+    return query_frame(
+        con,
         "SELECT workflow_type_id, workflow_id, agent_id, coalesce(tool_names[1], '') AS tool, call_index, "
-        "t_arrival, CASE WHEN t_finish <= t_arrival THEN lead(t_arrival) OVER w - t_finish "
-        "ELSE gap_after_s END AS gap_after_s FROM calls "
-        "WINDOW w AS (PARTITION BY workflow_type_id, workflow_id ORDER BY call_index) "
-        "ORDER BY workflow_type_id, workflow_id, call_index").df()
+        f"t_arrival, {gap} AS gap_after_s FROM calls {window}"
+        "ORDER BY workflow_type_id, workflow_id, call_index")
 
 
 def fit_idle_gap(con: duckdb.DuckDBPyConnection, options: FitOptions) -> IdleGapModel:

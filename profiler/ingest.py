@@ -500,6 +500,7 @@ def _stage_batch(con: duckdb.DuckDBPyConnection, files: list[tuple[Path, str]],
     execute(con, "CREATE OR REPLACE TEMP TABLE file_problems (file VARCHAR, reason VARCHAR)")
     execute(con, "CREATE OR REPLACE TEMP TABLE line_problems (file VARCHAR, line BIGINT, reason VARCHAR, raw VARCHAR)")
     todo: list[tuple[Path, str, str | None, FileReport]] = []
+    staged = False  # whether a file was staged yet (``staging`` holds only its rows until then)
     for link, target in links:
         fr = FileReport(str(link), "link", rows_quarantined=1)
         report.files.append(fr)
@@ -523,16 +524,22 @@ def _stage_batch(con: duckdb.DuckDBPyConnection, files: list[tuple[Path, str]],
                     digest = None  # over a limit: not recorded as ingested, retried next time
                 elif path.stat().st_size == 0:
                     problem = "empty file: no records"
-                else:  # staged alone first, so the emptiness check never scans other files
-                    execute(con, f"CREATE OR REPLACE TEMP TABLE staging_file {STAGING_COLUMNS}")
-                    problem = _stage_file(con, path, fmt, "staging_file", limits, lines)
+                else:  # staged alone first, so the emptiness check never scans other files;
+                    # the first file goes straight into the empty ``staging`` (a batch of one file
+                    # is not copied again: 1M records, ~0.5 GB of text), the others are appended
+                    alone = "staging_file" if staged else "staging"
+                    if staged:
+                        execute(con, f"CREATE OR REPLACE TEMP TABLE staging_file {STAGING_COLUMNS}")
+                    problem = _stage_file(con, path, fmt, alone, limits, lines)
                     if problem is None and not execute(con,
-                            f"SELECT 1 FROM staging_file WHERE {record_sql.NON_BLANK} LIMIT 1").fetchall() \
+                            f"SELECT 1 FROM {alone} WHERE {record_sql.NON_BLANK} LIMIT 1").fetchall() \
                             and not execute(con, "SELECT 1 FROM line_problems WHERE file = ? LIMIT 1",
                                             [str(path)]).fetchall():
                         problem = "empty file: no records"
-                    execute(con, "INSERT INTO staging SELECT * FROM staging_file")
-                    execute(con, "DROP TABLE staging_file")
+                    if staged:
+                        execute(con, "INSERT INTO staging SELECT * FROM staging_file")
+                        execute(con, "DROP TABLE staging_file")
+                    staged = True
                 if problem:
                     execute(con, "INSERT INTO file_problems VALUES (?, ?)", [str(path), problem])
                 todo.append((path, fmt, digest, fr))
@@ -548,26 +555,39 @@ def _load_staged(con: duckdb.DuckDBPyConnection, report: IngestReport,
     ``ingested_files`` row: they are looked at again by the next ingest."""
     execute(con, f"CREATE OR REPLACE TEMP TABLE parsed AS {record_sql.parse_sql('staging')}")
     # Duplicates: within this batch (first occurrence by file, line wins) and against the store.
+    # ``judged`` holds the valid records that are *not* new (usually none): request ids seen
+    # twice are found by a hash aggregate and only those rows are ranked, so the million-row
+    # sort a window over every record would need is not done; every other valid record is new.
     execute(con, """
         CREATE OR REPLACE TEMP TABLE judged AS
-        WITH ranked AS (
-          SELECT file, line, request_id, content_hash,
+        WITH valid AS (
+          SELECT file, line, request_id, content_hash FROM parsed WHERE reason IS NULL
+        ),
+        repeated AS (
+          SELECT request_id FROM valid GROUP BY request_id HAVING count(*) > 1
+        ),
+        ranked AS (
+          SELECT file, line,
             row_number() OVER w AS rn,
             first_value(content_hash) OVER w AS first_hash,
             first_value(file || ':' || line) OVER w AS first_at
-          FROM parsed WHERE reason IS NULL
+          FROM valid SEMI JOIN repeated USING (request_id)
           WINDOW w AS (PARTITION BY request_id ORDER BY file, line)
+        ),
+        stored AS (
+          SELECT request_id, content_hash, source_file || ':' || source_line AS stored_at
+          FROM calls SEMI JOIN valid USING (request_id)
         )
-        SELECT r.file, r.line, r.request_id, r.first_at,
+        SELECT v.file, v.line, v.request_id, r.first_at,
           CASE
-            WHEN c.request_id IS NOT NULL AND c.content_hash = r.content_hash THEN 'duplicate'
+            WHEN c.request_id IS NOT NULL AND c.content_hash = v.content_hash THEN 'duplicate'
             WHEN c.request_id IS NOT NULL THEN 'conflict_store'
-            WHEN rn > 1 AND r.content_hash = first_hash THEN 'duplicate'
-            WHEN rn > 1 THEN 'conflict_batch'
-            ELSE 'new'
+            WHEN rn > 1 AND v.content_hash = first_hash THEN 'duplicate'
+            ELSE 'conflict_batch'
           END AS verdict,
-          c.source_file || ':' || c.source_line AS stored_at
-        FROM ranked r LEFT JOIN calls c USING (request_id)
+          c.stored_at
+        FROM valid v LEFT JOIN ranked r USING (file, line) LEFT JOIN stored c USING (request_id)
+        WHERE c.request_id IS NOT NULL OR rn > 1
     """)
     # Idempotent: a (file, line, reason) already in quarantine (the file was read before, e.g.
     # it grew, or a limit keeps rejecting it) is not added again.
@@ -593,14 +613,16 @@ def _load_staged(con: duckdb.DuckDBPyConnection, report: IngestReport,
     select_cols = ", ".join(
         {"source_file": "p.file AS source_file", "source_line": "p.line AS source_line"}.get(c, f'p."{c}"')
         for c in BASE_CALL_COLUMNS)
-    derive.insert_calls(con, f"SELECT {select_cols}, p.tool_list FROM parsed p JOIN judged j USING (file, line) "
-                             f"WHERE j.verdict = 'new'", has_tool_list=True)
+    # new: valid and not judged (an anti join with the few judged rows; read by the derive step
+    # through a view, so the wide rows are copied once, into ``calls``)
+    derive.insert_calls(con, f"SELECT {select_cols}, p.tool_list FROM parsed p ANTI JOIN judged j USING (file, line) "
+                             f"WHERE p.reason IS NULL", has_tool_list=True, materialize=False)
 
     stats = {row[0]: row[1:] for row in execute(con, """
         WITH per_file AS (
           SELECT file,
             count(*) AS rows_read,
-            count(*) FILTER (WHERE reason IS NULL AND verdict = 'new') AS loaded,
+            count(*) FILTER (WHERE reason IS NULL AND verdict IS NULL) AS loaded,
             count(*) FILTER (WHERE reason IS NULL AND verdict = 'duplicate') AS dup,
             count(*) FILTER (WHERE reason IS NOT NULL OR verdict LIKE 'conflict%') AS bad
           FROM parsed LEFT JOIN judged USING (file, line)

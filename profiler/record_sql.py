@@ -246,8 +246,13 @@ def parse_sql(staging: str = "staging") -> str:
         f"CASE WHEN left(r_{f.name}, 1) = '\"' AND left(r_{f.name}::JSON->>'$', 1) IN ('[', '{{') "
         f"AND json_valid(r_{f.name}::JSON->>'$') THEN r_{f.name}::JSON->>'$' ELSE r_{f.name} END AS u_{f.name}"
         for f in FIELDS if f.kind in ("str_list", "tool_list", "json"))
-    case = "CASE " + " ".join(f"WHEN {c} THEN {r}" for c, _, r in checks()) + " END"
-    field_case = "CASE " + " ".join(f"WHEN {c} THEN {fld}" for c, fld, _ in checks()) + " END"
+    # The checks are evaluated once, into the number of the first that fails (``problem``); the
+    # reason and the field are looked up by that number (two CASEs over the conditions
+    # evaluated them twice: ~0.5 s of CPU per million records).
+    numbered = list(enumerate(checks(), start=1))
+    problem = "CASE " + " ".join(f"WHEN {c} THEN {i}" for i, (c, _, _) in numbered) + " END"
+    reason = "CASE problem " + " ".join(f"WHEN {i} THEN {r}" for i, (_, _, r) in numbered) + " END"
+    field = "CASE problem " + " ".join(f"WHEN {i} THEN {fld}" for i, (_, fld, _) in numbered) + " END"
     known = ", ".join(sql_string(k) for k in sorted(set(FLAT_KEYS)))
     gw_known = ", ".join(sql_string(k) for k in sorted(set(GATEWAY_KEYS)))
     tool_names_gw = f"({_access('gs', GATEWAY_TOOL_NAMES)})::VARCHAR"
@@ -260,7 +265,9 @@ WITH p AS (
 ), g AS (
   SELECT *,
     fs IS NOT NULL AS is_object,
-    fs IS NOT NULL OR json_valid(text) AS is_json,
+    -- a CASE, not OR: json_valid parses the whole text again, and only the few records that
+    -- are not JSON objects need it (as an OR it cost ~0.3 s of CPU per million records)
+    CASE WHEN fs IS NOT NULL THEN true ELSE json_valid(text) END AS is_json,
     coalesce(fs.request IS NOT NULL, false) AS is_gateway
   FROM p
 ), v AS (
@@ -284,11 +291,14 @@ WITH p AS (
     CASE WHEN left(u_parent_request_ids, 1) = '[' THEN json_extract_string(u_parent_request_ids, '$[*]') END AS parents,
     CASE WHEN left(u_tool_calls, 1) = '[' THEN json_transform(u_tool_calls, {sql_string(TOOL_LIST_TYPE)}) END AS tools
   FROM u
-), r AS (
-  SELECT *, {case} AS reason, {field_case} AS field,
+), q AS (
+  SELECT *, {problem} AS problem,
     CASE WHEN is_object THEN list_filter(json_keys(text), lambda k: k NOT IN ({known})
       AND (NOT is_gateway OR k NOT IN ({gw_known}))) END AS extra_keys
   FROM w
+), r AS (
+  SELECT *, {reason} AS reason, {field} AS field
+  FROM q
 )
 SELECT file, line, reason, field,
   CASE WHEN reason IS NOT NULL THEN left(text, 2000) END AS raw,

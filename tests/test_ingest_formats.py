@@ -50,6 +50,29 @@ def test_flat_jsonl_derived_columns(con, tmp_path):
     assert tools == [("grep", pytest.approx(0.5), "explicit")]
 
 
+
+def test_untimed_tools_share_the_gap_to_the_same_agents_next_call(con, tmp_path):
+    """A call logging some tools with times and some without: the timed ones keep their times,
+    the untimed ones split the gap to the same agent's next call (another agent's call in
+    between does not count), and a workflow whose tools are all timed needs no gap."""
+    recs = [
+        flat("a", t0=100, dur=2, tool_calls=[{"name": "grep", "t_start": 102.0, "t_end": 102.5},
+                                             {"name": "bash"}, {"name": "edit", "t_start": 103.0}]),
+        flat("b", agent="engineer", t0=104, dur=1),
+        flat("c", t0=110, dur=1),
+        flat("d", wf="w2", t0=100, dur=1, tool_calls=[{"name": "grep", "t_start": 101.0, "t_end": 101.25}]),
+        flat("e", wf="w2", t0=102, dur=1),
+    ]
+    write_jsonl(tmp_path / "t.jsonl", recs)
+    assert ingest.ingest(con, [tmp_path / "t.jsonl"]).loaded == 5
+    tools = con.execute("SELECT request_id, tool_index, tool_name, t_start, t_end, latency_s, timing_source "
+                        "FROM tool_calls ORDER BY request_id, tool_index").fetchall()
+    # untimed: the gap 102 -> 110 (the planner's next call; b is the engineer's) over 2 tools
+    assert tools == [("a", 0, "grep", 102.0, 102.5, 0.5, "explicit"),
+                     ("a", 1, "bash", 102.0, 106.0, 4.0, "gap"),
+                     ("a", 2, "edit", 102.0, 106.0, 4.0, "gap"),
+                     ("d", 0, "grep", 101.0, 101.25, 0.25, "explicit")]
+
 def test_gateway_records_both_metadata_placements(con, tmp_path):
     def gw(rid, t0, nested=True, tools=()):
         meta = {"workflow_type_id": "app", "workflow_id": "s-1", "agent_id": "engineer"}

@@ -11,7 +11,8 @@ import pandas as pd
 import pytest
 
 from predictors import Predictor
-from predictors.idle_gap import IdleGapModel, weighted_conformal_quantile
+from predictors.idle_gap import (IdleGapModel, _workflow_ranks_by_join, grouped_weighted_quantile,
+                                 weighted_conformal_quantile, workflow_ranks)
 from predictors.tool_latency import ToolLatencyModel
 from profiler import fitting
 from profiler.evaluation import evaluate
@@ -33,6 +34,53 @@ def test_conformal_quantile_is_the_finite_sample_order_statistic():
     w = np.r_[np.full(20, 1e-6), np.ones(20)]
     assert weighted_conformal_quantile(x40, w, 0.5) == 31.0   # ⌈0.5·21⌉ = 11th heavy point
 
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_grouped_quantile_with_a_shared_x_order_is_the_same_to_the_bit(seed):
+    """The shared stable sort of x (then of the codes along it) orders rows as lexsort does:
+    ties in x and in both keys, ±0.0 and NaN included, so every quantile is bit-identical and
+    equals the per-group weighted_conformal_quantile."""
+    rng = np.random.default_rng(seed)
+    n, groups = 5000, 7
+    x = np.round(rng.lognormal(size=n), 1)                 # many ties
+    x[rng.choice(n, 50)] = 0.0
+    x[rng.choice(n, 50)] = -0.0
+    x[rng.choice(n, 5)] = np.nan
+    codes = rng.integers(0, groups, n)
+    w = rng.uniform(0.01, 1.0, n)
+    order = np.argsort(x, kind="stable")
+    for q, w_new, tol in ((0.95, 1.0, 1e-12), (0.5, 0.0, 0.0), (0.99, 1.0, 1e-12)):
+        plain = grouped_weighted_quantile(codes, x, w, q, w_new, groups, tol)
+        shared = grouped_weighted_quantile(codes, x, w, q, w_new, groups, tol, x_order=order)
+        assert plain.tobytes() == shared.tobytes()
+    finite = ~np.isnan(x)
+    got = grouped_weighted_quantile(codes[finite], x[finite], w[finite], 0.95, 1.0, groups,
+                                    x_order=np.argsort(x[finite], kind="stable"))
+    for g in range(groups):
+        at = finite & (codes == g)
+        assert got[g] == weighted_conformal_quantile(x[at], w[at], 0.95)
+
+
+@pytest.mark.parametrize("categorical", [False, True])
+def test_workflow_ranks_by_group_number_equal_the_join(categorical):
+    """Ranks read back by group number equal the ones a join on the keys gives: ties in the first
+    arrival broken by workflow id, per workflow type, on a shuffled index; a missing key takes
+    the join (which matches NaN to NaN)."""
+    rng = np.random.default_rng(3)
+    n = 3000
+    df = pd.DataFrame({"workflow_type_id": rng.choice(["a", "b", "c"], n),
+                       "workflow_id": rng.choice([f"w{i}" for i in range(300)], n),
+                       "t_arrival": np.round(rng.uniform(0, 50, n), 0)}, index=rng.permutation(n) + 10)
+    if categorical:
+        df = df.astype({"workflow_type_id": "category"})
+    got = workflow_ranks(df)
+    pd.testing.assert_series_equal(got, _workflow_ranks_by_join(df))
+    first = df.groupby(["workflow_type_id", "workflow_id"], observed=True)["t_arrival"].min()
+    oldest = first.loc["a"].sort_values(kind="stable").index[0]  # ties: sorted by id already
+    assert (got[(df["workflow_type_id"] == "a") & (df["workflow_id"] == oldest)] == 0).all()
+    df.loc[df.index[:5], "workflow_id"] = None
+    pd.testing.assert_series_equal(workflow_ranks(df), _workflow_ranks_by_join(df))
 
 def _sessions(n_wf: int, scale_of, rng, calls: int = 12, t0: float = 0.0, start: int = 0) -> pd.DataFrame:
     """Sessions of one agent pair: gap ~ LN(ln scale, 0.4), last call has no gap (END)."""
