@@ -21,6 +21,12 @@ Examples::
     python bench/bench_sim_speed.py --calls 10000,100000             # linearity: ms/call at both
     python bench/bench_sim_speed.py --calls 10000 --policies ours --profile-out prof.txt
     python bench/bench_sim_speed.py --load medium --arrivals closed --json out.json
+    python bench/bench_sim_speed.py --calls 3000 --policies all --json before.json   # old code
+    python bench/bench_sim_speed.py --calls 3000 --policies all --check before.json  # new code
+
+``--check FILE`` compares each row's avg JCT and digest with the row of the same policy, size,
+load and arrivals in FILE (an earlier ``--json``) and exits 1 on any difference: the test that a
+speed change left every call's outcome as it was.
 
 ``--profile-out FILE`` runs each policy under cProfile and writes the top functions (cumulative
 and own time) there; timings under cProfile are ~2× slower, so the table is then not a figure.
@@ -41,7 +47,7 @@ from pathlib import Path
 
 from simulator.config import ClusterConfig, hardware_config
 from simulator.engine import SimResult
-from simulator.runner import (Prepared, arrival_times, critical_path_jct, parse_load,
+from simulator.runner import (ALL_POLICIES, Prepared, arrival_times, critical_path_jct, parse_load,
                               parse_policies, prepare, saturating_concurrency, simulate)
 from simulator.sources import generated
 
@@ -100,7 +106,7 @@ def main() -> None:
                          "both shows whether the cost per call grows with the trace)")
     ap.add_argument("--policies", default=DEFAULT_POLICIES,
                     help=f"comma list of policies (default {DEFAULT_POLICIES}; any name "
-                         "`profiler simulate --policies` takes)")
+                         "`profiler simulate --policies` takes; `all`: every policy and variant)")
     ap.add_argument("--load", default="peak",
                     help="one load level: low, medium, peak (0.5/1.0/1.5 × λ_sat) or a share")
     ap.add_argument("--arrivals", default="poisson", choices=("poisson", "closed"),
@@ -110,11 +116,13 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=ROOT / "out" / "bench_sim_speed",
                     help="folder for the fitted profile (reused across runs)")
     ap.add_argument("--json", type=Path, default=None, help="also write the rows as JSON here")
+    ap.add_argument("--check", type=Path, default=None,
+                    help="compare avg JCT and digests with an earlier --json (exit 1 if any differ)")
     ap.add_argument("--profile-out", type=Path, default=None,
                     help="run under cProfile and write the top functions here (slower!)")
     args = ap.parse_args()
 
-    policies = parse_policies(args.policies)
+    policies = list(ALL_POLICIES) if args.policies == "all" else parse_policies(args.policies)
     parse_load(args.load)
     sizes = [int(x) for x in args.calls.split(",") if x.strip()]
     cfg = hardware_config(replicas=args.replicas)
@@ -143,6 +151,27 @@ def main() -> None:
         args.profile_out.write_text(buf.getvalue())
         print(f"wrote {args.profile_out}")
     print(f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    if args.check:
+        raise SystemExit(check(rows, json.loads(args.check.read_text())))
+
+
+def check(rows: list[dict], before: list[dict]) -> int:
+    """Rows whose avg JCT or digest differ from ``before`` (matched on policy, calls, load and
+    arrivals); prints each and returns 1 if any differ (0 if all match, 2 if none matched)."""
+    key = lambda r: (r["policy"], r["calls"], r["load"], r["arrivals"])   # noqa: E731
+    old = {key(r): r for r in before}
+    matched = differ = 0
+    for r in rows:
+        o = old.get(key(r))
+        if o is None:
+            continue
+        matched += 1
+        if o["digest"] != r["digest"] or o["avg_jct_s"] != r["avg_jct_s"]:
+            differ += 1
+            print(f"DIFFERS {r['policy']} {r['calls']} calls: avg JCT {o['avg_jct_s']} -> "
+                  f"{r['avg_jct_s']}, digest {o['digest']} -> {r['digest']}")
+    print(f"check: {matched} rows compared, {differ} differ")
+    return 2 if not matched else (1 if differ else 0)
 
 
 if __name__ == "__main__":

@@ -113,9 +113,12 @@ class Request:
 class Replica:
     idx: int
     cache: ReplicaCache
+    #: The scheduler's container (``Scheduler.new_queue``): a list unless it keeps its own order.
     waiting: list[Request] = field(default_factory=list)
     running: list[Request] = field(default_factory=list)
     private: int = 0
+    #: Σ prompt tokens of the waiting calls (kept on enqueue and admission).
+    waiting_tokens: int = 0
     stepping: bool = False
     busy_s: float = 0.0
     plan: tuple | None = None
@@ -124,8 +127,7 @@ class Replica:
 
     def load_tokens(self) -> int:
         """Outstanding tokens: KV of running calls plus prompts of waiting calls (no oracle)."""
-        return (sum(q.call.input_tokens + q.decoded for q in self.running)
-                + sum(q.call.input_tokens for q in self.waiting))
+        return sum(q.call.input_tokens + q.decoded for q in self.running) + self.waiting_tokens
 
     def free_tokens(self) -> int:
         return self.cache.capacity - self.cache.gpu_used - self.private
@@ -214,6 +216,8 @@ class Simulator:
         self.counters: dict[str, int] = {"admission_evictions": 0, "decode_evictions": 0,
                                          "max_waiting": 0}
         policy.bind(self)
+        for rep in self.replicas:
+            rep.waiting = policy.scheduler.new_queue()
 
     # --- model pools --------------------------------------------------------------------------
     def candidates(self, req: Request) -> list[Replica]:
@@ -324,6 +328,7 @@ class Simulator:
             bisect.insort_right(rep.waiting, req, key=sched.queue_key)
         else:
             rep.waiting.append(req)
+        rep.waiting_tokens += req.call.input_tokens
 
     # --- a scheduling round -------------------------------------------------------------------
     def _evict(self, rep: Replica, need: int) -> int:
@@ -458,8 +463,16 @@ class Simulator:
             rep.waiting.sort(key=sched.sort_key())
         cfg = self.config
         chunk = cfg.chunked_prefill_size
-        backlog = sum(q.prefill_left for q in rep.running if q.state != DONE)
-        reserve = self._reserve(rep)
+        # prefill backlog and the decode reserve's Σ max(clip − decoded, 0), in one pass (the
+        # running list holds no finished call: _finish takes it out)
+        backlog = 0
+        left = 0
+        clip = cfg.new_token_clip
+        for q in rep.running:
+            backlog += q.prefill_left
+            if q.decoded < clip:
+                left += clip - q.decoded
+        reserve = int(cfg.new_token_ratio * left)
         while rep.waiting and backlog < chunk:
             req = rep.waiting[0]
             if len(rep.running) >= cfg.max_running_requests:
@@ -482,6 +495,7 @@ class Simulator:
             if not ok:
                 break
             rep.waiting.remove(req)   # the head, unless preemptions re-sorted the queue
+            rep.waiting_tokens -= req.call.input_tokens
             backlog += req.prefill_left
             reserve += int(cfg.new_token_ratio * max(cfg.new_token_clip - req.decoded, 0))
 
@@ -497,10 +511,12 @@ class Simulator:
         self.counters["slot_preemptions"] = self.counters.get("slot_preemptions", 0) + 1
         return True
 
-    def _ensure_decode_memory(self, rep: Replica, steps: int) -> int:
+    def _ensure_decode_memory(self, rep: Replica, steps: int, per_step: int | None = None) -> int:
         """Make room for one token per running call for up to ``steps`` iterations, evicting and
-        then preempting; returns how many iterations fit (0 when a preemption changed the batch)."""
-        per_step = sum(1 for q in rep.running if q.state == RUNNING)
+        then preempting; returns how many iterations fit (0 when a preemption changed the batch).
+        ``per_step``: the running calls in state RUNNING, when the caller has counted them."""
+        if per_step is None:
+            per_step = sum(1 for q in rep.running if q.state == RUNNING)
         free = rep.free_tokens()
         want = per_step * steps
         if free < want:
@@ -522,19 +538,26 @@ class Simulator:
     def _round(self, rep: Replica) -> None:
         step = self.step
         k = 0
+        max_macro = self.config.max_macro_steps
         for _attempt in range(64):
             self._admit(rep)
             active = [q for q in rep.running if q.state == RUNNING]
             if not active:
                 break
-            if any(q.prefill_left > 0 for q in active):
-                steps = 1
-            else:
-                steps = min(min(q.remaining_output for q in active), self.config.max_macro_steps)
-            k = self._ensure_decode_memory(rep, steps)
+            # 1 iteration while any call prefills, else up to the nearest completion
+            steps = max_macro
+            for q in active:
+                if q.prefill_left > 0:
+                    steps = 1
+                    break
+                left = q.call.output_tokens - q.decoded
+                if left < steps:
+                    steps = left
+            k = self._ensure_decode_memory(rep, steps, len(active))
             if k > 0:
-                break
-        active = [q for q in rep.running if q.state == RUNNING]
+                break      # nothing was preempted: ``active`` is still the running set
+        if k <= 0:
+            active = [q for q in rep.running if q.state == RUNNING]
         if not active:
             rep.stepping = False
             rep.plan = None
@@ -543,6 +566,7 @@ class Simulator:
         budget = self.config.chunked_prefill_size
         prefill: list[tuple[Request, int]] = []
         decoders: list[Request] = []
+        kv = 0
         for q in active:
             if q.prefill_left > 0:
                 if budget > 0:
@@ -551,7 +575,7 @@ class Simulator:
                     prefill.append((q, take))
             else:
                 decoders.append(q)
-        kv = sum(q.call.input_tokens + q.decoded for q in decoders)
+                kv += q.call.input_tokens + q.decoded
         b = len(decoders)
         if prefill:
             # one iteration: weights once (prefill_t0), the chunks, one token per decoder. The
@@ -601,8 +625,11 @@ class Simulator:
         rep.plan = None
         rep.stepping = False
         rep.busy_s += dt
-        batch = [q for q, _ in prefill] + decoders
-        self.policy.hook("on_step", rep.idx, dt, batch)
+        on_step = self.policy.listeners("on_step")
+        if on_step:
+            batch = [q for q, _ in prefill] + decoders
+            for fn in on_step:
+                fn(rep.idx, dt, batch)
         now = self.now
         finished: list[Request] = []
         for q, take in prefill:
@@ -617,12 +644,13 @@ class Simulator:
                     self.policy.hook("on_first_token", q)
                 if q.decoded >= q.call.output_tokens:
                     finished.append(q)
+        rep.private += k * len(decoders)
         for q in decoders:
             q.service_s += dt
-            q.decoded += k
+            d = q.decoded + k
+            q.decoded = d
             q.private += k
-            rep.private += k
-            if q.decoded >= q.call.output_tokens:
+            if d >= q.call.output_tokens:
                 finished.append(q)
         for q in finished:
             self._finish(rep, q)

@@ -46,6 +46,7 @@ calls, ``ours-seconds-p90`` by the 0.9 quantile of it (``PriorityPolicy.remainin
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -62,6 +63,7 @@ from serving_hooks.policies.bookkeeping import CapacityLedger, SessionPriorityBo
 from simulator.baselines import FCFS, LRU, Belady, RoundRobin, StickyLeastLoad
 from simulator.engine import Request, Simulator
 from simulator.policy import CachePolicy, Part, Policy, Router, Scheduler
+from simulator.session_queue import SessionQueue, sglang_int
 
 class PredictionFeed(Part):
     """Drives a ``predictors.Predictor`` with simulated time and attaches a ``CallView``.
@@ -202,6 +204,27 @@ class PriorityScheduler(Scheduler):
         self.base: dict[int, float] = {}       # per call (workflow_level=False)
         #: wf -> (score of its latest predicted call, when it arrived): the plugin's book
         self.book = SessionPriorityBook(self.policy, max_sessions=None)
+        #: The replicas' waiting queues this scheduler orders itself (``new_queue``).
+        self.queues: list[SessionQueue] = []
+
+    def _inlined(self) -> bool:
+        """Is the order ``(−sglang_int(session score aged), t_enqueue, idx)`` (``sort_key``'s and
+        ``SessionQueue``'s inlined arithmetic)? Not for the per-call rule or a policy subclass
+        that changes ``to_sglang`` / ``aged``."""
+        pol = self.policy
+        return (self.workflow_level and type(pol).to_sglang is PriorityPolicy.to_sglang
+                and type(pol).aged is PriorityPolicy.aged)
+
+    def new_queue(self) -> Any:
+        """A :class:`SessionQueue` (the head without sorting every call; same order as
+        ``sort_key``) for the workflow-level rule; a list otherwise."""
+        if not self._inlined():
+            return []
+        refs = self.book.references()
+        q = SessionQueue(refs.__getitem__, lambda: self.sim.now, self.policy.aging_per_s,
+                         self.policy.scale)
+        self.queues.append(q)
+        return q
 
     def on_issue(self, req: Request) -> None:
         view = self.feed.view(req)
@@ -216,6 +239,8 @@ class PriorityScheduler(Scheduler):
         age = self.sim.now - float(self.sim.wf_arrival[req.wf])
         score = pol.session_score(pol.score_view(view, depth, agent_model), age) if view.known else None
         self.book.note(req.wf, score, self.sim.now, fallback=pol.session_score(pol.unknown_score, age))
+        for q in self.queues:
+            q.rekey(req.wf)
 
     def priority(self, req: Request) -> int:
         """SGLang integer priority of ``req`` now (bigger runs first)."""
@@ -231,21 +256,36 @@ class PriorityScheduler(Scheduler):
         """``queue_key`` with the policy's arithmetic inlined (``to_sglang(aged(score, t, now))``
         for the workflow-level rule): the same order, a fraction of the calls."""
         pol = self.policy
-        if not self.workflow_level or type(pol).to_sglang is not PriorityPolicy.to_sglang \
-                or type(pol).aged is not PriorityPolicy.aged:
+        if not self._inlined():
             return self.queue_key
         now, aging, scale, session = self.sim.now, pol.aging_per_s, pol.scale, self.book.references()
-        lim = 2 ** 62
 
         def key(req: Request) -> tuple:
             score, t = session[req.wf]
-            v = int(round((score + aging * max(0.0, now - t)) * scale))
-            return (-max(-lim, min(lim, v)), req.t_enqueue, req.idx)
+            return (-sglang_int(score, t, now, aging, scale), req.t_enqueue, req.idx)
 
         return key
 
     def may_preempt(self, waiting: Request, running: Request) -> bool:
         return self.priority(waiting) - self.priority(running) > (self.preemption_threshold or 0)
+
+
+_NEUTRAL = int(RetentionRank.NEUTRAL)
+
+
+class _RetentionBook(dict):
+    """wf -> ``Retention``; setting one also records ``flat[wf]`` = (rank as int, the time a KEEP
+    lapses to NEUTRAL, ∞ for the other ranks): what ``Retention.rank_at`` reads, flattened for
+    the eviction keys (evaluated once per segment and eviction)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.flat: dict[int, tuple[int, float]] = {}
+
+    def __setitem__(self, wf: int, ret: Any) -> None:
+        super().__setitem__(wf, ret)
+        keep = ret.rank == RetentionRank.KEEP
+        self.flat[wf] = (int(ret.rank), ret.retain_until if keep else math.inf)
 
 
 class KeepDropCache(CachePolicy):
@@ -259,8 +299,13 @@ class KeepDropCache(CachePolicy):
     def __init__(self, feed: PredictionFeed, policy: KeepDropPolicy | None = None) -> None:
         self.feed = feed
         self.policy = policy or KeepDropPolicy()
-        self.retention: dict[int, Any] = {}
+        #: wf -> its session's latest ``Retention``
+        self.retention: dict[int, Any] = _RetentionBook()
         self.counts = {"keep": 0, "drop": 0, "neutral": 0}
+
+    def bind(self, sim: Simulator) -> None:
+        super().bind(sim)
+        self._seg_wf = sim.workload.seg_wf
 
     def on_finish(self, req: Request) -> None:
         view = self.feed.view(req)
@@ -269,9 +314,11 @@ class KeepDropCache(CachePolicy):
         self.counts[ret.rank.name.lower()] += 1
 
     def rank(self, seg: int, now: float) -> int:
-        wf = self.sim.workload.seg_wf[seg]
-        ret = self.retention.get(wf) if wf >= 0 else None
-        return int(ret.rank_at(now)) if ret is not None else int(RetentionRank.NEUTRAL)
+        """``int(Retention.rank_at(now))`` of the segment's session (NEUTRAL without one)."""
+        e = self.retention.flat.get(self._seg_wf[seg])
+        if e is None:
+            return _NEUTRAL
+        return _NEUTRAL if now >= e[1] else e[0]
 
     def evict_key(self, replica: int, seg: int, now: float) -> tuple:
         return (self.rank(seg, now), self.sim.replicas[replica].cache.gpu[seg])

@@ -88,6 +88,14 @@ class Scheduler(Part):
     def queue_key(self, req: "Request") -> Any:  # pragma: no cover - interface
         raise NotImplementedError
 
+    def new_queue(self) -> Any:
+        """The container of one replica's waiting calls: a list (kept sorted by insertion when
+        ``static_order``, else sorted by ``sort_key()`` at each admission). A scheduler that can
+        find its head without sorting every call may return an object with the list operations
+        the engine uses — ``append``, ``remove``, ``sort``, ``[0]``, ``len``, iteration — in
+        the same order (``simulator.session_queue.SessionQueue``)."""
+        return []
+
     def sort_key(self) -> Any:
         """The key function a queue is sorted with now (default: ``queue_key``); a scheduler
         may return a faster closure that gives the same order."""
@@ -136,9 +144,22 @@ class Policy:
                 self.parts.append(part)
 
     def bind(self, sim: "Simulator") -> None:
+        self._hooks: dict[str, list] = {}
         for part in self.parts:
             part.bind(sim)
 
     def hook(self, name: str, *args: Any) -> None:
-        for part in self.parts:
-            getattr(part, name)(*args)
+        """Call hook ``name`` on every part, in order (parts that leave it a no-op skipped)."""
+        for fn in self.listeners(name):
+            fn(*args)
+
+    def listeners(self, name: str) -> list:
+        """The parts' ``name`` methods that do something (not :class:`Part`'s no-op), in part
+        order; found once per hook after :meth:`bind` (``parts`` are fixed from then on)."""
+        hooks = self.__dict__.setdefault("_hooks", {})
+        fns = hooks.get(name)
+        if fns is None:
+            noop = getattr(Part, name)
+            fns = hooks[name] = [getattr(p, name) for p in self.parts
+                                 if getattr(getattr(p, name), "__func__", None) is not noop]
+        return fns

@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 
 from predictors.contract import Annotation
-from serving_hooks.policies.capacity import ActiveRequest, BoundTable, ReplicaState
+from serving_hooks.policies.capacity import ActiveRequest, ActiveTotals, BoundTable, ReplicaState
 from serving_hooks.policies.priority import PriorityPolicy
 
 #: Output bound of a call without a prediction when the caller knows no better (tokens).
@@ -106,6 +106,9 @@ class CapacityLedger:
         self.started_at = float(started_at)
         self._inflight: dict[Hashable, Reservation] = {}
         self._active: dict[str, dict[Hashable, ActiveRequest]] = {r: {} for r in self.replicas}
+        #: Per replica, the sums over ``_active`` the capacity check reads, kept on start/finish
+        #: (a decision reads them instead of summing every request in flight).
+        self._totals: dict[str, ActiveTotals] = {r: ActiveTotals() for r in self.replicas}
         self._released: dict[str, deque] = {r: deque() for r in self.replicas}   # (t, tokens)
         self._released_sum: dict[str, float] = {r: 0.0 for r in self.replicas}
         self._last: OrderedDict[Hashable, str] = OrderedDict()
@@ -126,6 +129,7 @@ class CapacityLedger:
         self.finish(request_id, now, released=False)
         self._inflight[request_id] = Reservation(replica, float(now), request, session)
         self._active.setdefault(replica, {})[request_id] = request
+        self._totals.setdefault(replica, ActiveTotals()).add(request)
         if session is not None:
             self._last[session] = replica
             self._last.move_to_end(session)
@@ -138,7 +142,8 @@ class CapacityLedger:
         res = self._inflight.pop(request_id, None)
         if res is None:
             return None
-        self._active[res.replica].pop(request_id, None)
+        if self._active[res.replica].pop(request_id, None) is not None:
+            self._totals[res.replica].remove(res.request)
         if released:
             tokens = res.request.expected_tokens
             self._released.setdefault(res.replica, deque()).append((float(now), tokens))
@@ -158,7 +163,7 @@ class CapacityLedger:
 
     def bound_tokens(self) -> dict[str, int]:
         """Reserved ``input + hi`` tokens per replica."""
-        return {r: sum(q.bound_tokens for q in self._active.get(r, {}).values()) for r in self.replicas}
+        return {r: self._totals[r].bound_tokens if r in self._totals else 0 for r in self.replicas}
 
     def unreported_tokens(self, replica: str, since: float) -> int:
         """Bounds of the requests sent to ``replica`` at or after ``since`` (a load report taken
@@ -180,8 +185,15 @@ class CapacityLedger:
         """The policy's view of one replica: its capacity, our requests there, its own load
         report (``reported_tokens`` taken at ``reported_at``) and its drain rate."""
         unreported = self.unreported_tokens(replica, reported_at) if reported_at is not None else 0
+        totals = self._totals.get(replica)
         return ReplicaState(replica, int(capacity_tokens), self.active(replica), int(reported_tokens),
-                            unreported, self.drain(replica, now))
+                            unreported, self.drain(replica, now),
+                            summary=totals.summary() if totals is not None else None)
+
+    def totals(self, replica: str) -> ActiveTotals | None:
+        """The running sums over ``replica``'s requests in flight (what :meth:`state` passes
+        the policy; ``ActiveTotals.of(self.active(replica))`` recomputes them)."""
+        return self._totals.get(replica)
 
     # ------------------------------------------------------------ queue depths
     def note_queue_depths(self, depths: Mapping[str, int]) -> None:
