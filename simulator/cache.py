@@ -125,14 +125,29 @@ class ReplicaCache:
             del self.pinned[seg]
         return True
 
-    def evict_gpu(self, need: int, now: float, key: EvictKey, host_key: EvictKey | None = None,
+    def evict_gpu(self, need: int, now: float, key: EvictKey | None, host_key: EvictKey | None = None,
                   to_host: Callable[[int], bool] | None = None) -> int:
-        """Evict unlocked, unpinned segments, leaf first in ``key`` order, until ``need`` tokens
-        are freed or nothing is evictable; returns the tokens freed. Evicted segments are written
-        to the host tier when it has capacity (and ``to_host(seg)`` agrees)."""
+        """Evict unlocked, unpinned segments, leaf first in ``key`` order (None: LRU, the last
+        access time), until ``need`` tokens are freed or nothing is evictable; returns the tokens
+        freed. Evicted segments are written to the host tier when it has capacity (and
+        ``to_host(seg)`` agrees), evicting there in ``host_key`` order (None: LRU)."""
         if need <= 0:
             return 0
-        heap = [(key(s, now), s) for s in list(self.leaves) if self._evictable(s, now)]
+        lru = key is None
+        gpu = self.gpu
+        # the candidates: leaves that are unlocked, childless and not pinned (an expired pin is
+        # dropped on the way: ``_evictable`` inlined, it runs once per leaf and eviction)
+        lock, children, pinned = self.lock, self.gpu_children, self.pinned
+        heap = []
+        for s in list(self.leaves):
+            if s in lock or children.get(s, 0) > 0:
+                continue
+            until = pinned.get(s)
+            if until is not None:
+                if until > now:
+                    continue
+                del pinned[s]
+            heap.append((gpu[s] if lru else key(s, now), s))
         heapq.heapify(heap)
         freed = 0
         while heap and freed < need:
@@ -144,7 +159,7 @@ class ReplicaCache:
                 self.insert_host(s, now, host_key)
             p = self.seg_parent[s]
             if p >= 0 and p in self.gpu and self._evictable(p, now):
-                heapq.heappush(heap, (key(p, now), p))
+                heapq.heappush(heap, (gpu[p] if lru else key(p, now), p))
         return freed
 
     def _drop_gpu(self, seg: int) -> int:
@@ -180,8 +195,10 @@ class ReplicaCache:
         if self.host_used + t > cap:
             # evict down to a low watermark (HOST_EVICT_SLACK of the tier below what this write
             # needs) so that one ordering pass serves many writes
-            k = key or (lambda s, _now: self.host[s])
-            heap = [(k(s, now), s) for s in self.host]
+            if key is None:       # LRU: the access times are the keys
+                heap = [(t_s, s) for s, t_s in self.host.items()]
+            else:
+                heap = [(key(s, now), s) for s in self.host]
             heapq.heapify(heap)
             target = cap - t - int(self.host_capacity * HOST_EVICT_SLACK)
             while heap and self.host_used > target:

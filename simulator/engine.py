@@ -42,6 +42,7 @@ import bisect
 import heapq
 import math
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Callable, Sequence
 
 import numpy as np
@@ -334,9 +335,11 @@ class Simulator:
     def _evict(self, rep: Replica, need: int) -> int:
         cp = self.policy.cache
         r = rep.idx
+        # a key marked ``last_access_order`` is passed as None: the cache orders by access time
         return rep.cache.evict_gpu(
-            need, self.now, lambda s, now: cp.evict_key(r, s, now),
-            (lambda s, now: cp.host_key(r, s, now)), (lambda s: cp.to_host(r, s)))
+            need, self.now, None if getattr(cp.evict_key, "last_access", False) else partial(cp.evict_key, r),
+            None if getattr(cp.host_key, "last_access", False) else partial(cp.host_key, r),
+            partial(cp.to_host, r))
 
     def _reserve(self, rep: Replica) -> int:
         """Tokens admission keeps free for the running calls' future decode: SGLang's estimate
@@ -535,47 +538,55 @@ class Simulator:
             free = rep.free_tokens()
         return 0
 
-    def _round(self, rep: Replica) -> None:
-        step = self.step
-        k = 0
-        max_macro = self.config.max_macro_steps
-        for _attempt in range(64):
-            self._admit(rep)
-            active = [q for q in rep.running if q.state == RUNNING]
-            if not active:
-                break
-            # 1 iteration while any call prefills, else up to the nearest completion
-            steps = max_macro
-            for q in active:
-                if q.prefill_left > 0:
-                    steps = 1
-                    break
-                left = q.call.output_tokens - q.decoded
-                if left < steps:
-                    steps = left
-            k = self._ensure_decode_memory(rep, steps, len(active))
-            if k > 0:
-                break      # nothing was preempted: ``active`` is still the running set
-        if k <= 0:
-            active = [q for q in rep.running if q.state == RUNNING]
-        if not active:
-            rep.stepping = False
-            rep.plan = None
-            return
-        k = max(k, 1)
+    def _batch(self, rep: Replica) -> tuple[int, int, list[tuple[Request, int]], list[Request], int]:
+        """One pass over the running calls in state RUNNING (admission order): how many, the
+        iterations the next step may cover (1 while any prefills, else up to the nearest
+        completion, at most ``max_macro_steps``), the prefill chunks (≤ ``chunked_prefill_size``
+        tokens, admission order), the decoders and their KV tokens."""
+        n = 0
+        steps = self.config.max_macro_steps
+        prefilling = False
         budget = self.config.chunked_prefill_size
         prefill: list[tuple[Request, int]] = []
         decoders: list[Request] = []
         kv = 0
-        for q in active:
-            if q.prefill_left > 0:
+        for q in rep.running:
+            if q.state != RUNNING:
+                continue
+            n += 1
+            left = q.prefill_left
+            if left > 0:
+                prefilling = True
                 if budget > 0:
-                    take = min(q.prefill_left, budget)
+                    take = left if left < budget else budget
                     budget -= take
                     prefill.append((q, take))
             else:
                 decoders.append(q)
-                kv += q.call.input_tokens + q.decoded
+                d = q.decoded
+                kv += q.call.input_tokens + d
+                if q.call.output_tokens - d < steps:
+                    steps = q.call.output_tokens - d
+        return n, (1 if prefilling else steps), prefill, decoders, kv
+
+    def _round(self, rep: Replica) -> None:
+        step = self.step
+        k = 0
+        for _attempt in range(64):
+            self._admit(rep)
+            n, steps, prefill, decoders, kv = self._batch(rep)
+            if not n:
+                break
+            k = self._ensure_decode_memory(rep, steps, n)
+            if k > 0:
+                break      # nothing was preempted (eviction only): the batch stands
+        if k <= 0:
+            n, _, prefill, decoders, kv = self._batch(rep)
+        if not n:
+            rep.stepping = False
+            rep.plan = None
+            return
+        k = max(k, 1)
         b = len(decoders)
         if prefill:
             # one iteration: weights once (prefill_t0), the chunks, one token per decoder. The

@@ -306,6 +306,8 @@ class KeepDropCache(CachePolicy):
     def bind(self, sim: Simulator) -> None:
         super().bind(sim)
         self._seg_wf = sim.workload.seg_wf
+        self._gpu = [rep.cache.gpu for rep in sim.replicas]
+        self._host = [rep.cache.host for rep in sim.replicas]
 
     def on_finish(self, req: Request) -> None:
         view = self.feed.view(req)
@@ -321,10 +323,12 @@ class KeepDropCache(CachePolicy):
         return _NEUTRAL if now >= e[1] else e[0]
 
     def evict_key(self, replica: int, seg: int, now: float) -> tuple:
-        return (self.rank(seg, now), self.sim.replicas[replica].cache.gpu[seg])
+        e = self.retention.flat.get(self._seg_wf[seg])      # self.rank inlined: once per leaf
+        return (_NEUTRAL if e is None or now >= e[1] else e[0], self._gpu[replica][seg])
 
     def host_key(self, replica: int, seg: int, now: float) -> tuple:
-        return (self.rank(seg, now), self.sim.replicas[replica].cache.host.get(seg, 0.0))
+        e = self.retention.flat.get(self._seg_wf[seg])
+        return (_NEUTRAL if e is None or now >= e[1] else e[0], self._host[replica].get(seg, 0.0))
 
     def to_host(self, replica: int, seg: int) -> bool:
         return self.rank(seg, self.sim.now) != int(RetentionRank.DROP)
@@ -370,7 +374,9 @@ class HostPrefetch(Part):
         if self.keep_drop is None:
             return []
         drop = int(RetentionRank.DROP)
-        return [s for s in cache.host if self.keep_drop.rank(s, now) == drop]
+        flat, seg_wf = self.keep_drop.retention.flat, self.sim.workload.seg_wf
+        # KeepDropCache.rank inlined (a scan of the host tier): a KEEP lapses, DROP stays DROP
+        return [s for s in cache.host if (e := flat.get(seg_wf[s])) is not None and e[0] == drop]
 
     def on_timer(self) -> None:
         now = self.sim.now

@@ -114,10 +114,19 @@ class Scheduler(Part):
         return self.preempt_rank(running) > self.preempt_rank(waiting)
 
 
+def last_access_order(fn: Any) -> Any:
+    """Mark an ``evict_key`` / ``host_key`` that *is* the tier's last access time of the segment
+    (LRU): the cache then orders by those times directly instead of calling the key once per
+    segment (same order; an override of the method is not marked and is called)."""
+    fn.last_access = True
+    return fn
+
+
 class CachePolicy(Part):
     def evict_key(self, replica: int, seg: int, now: float) -> float:  # pragma: no cover
         raise NotImplementedError
 
+    @last_access_order
     def host_key(self, replica: int, seg: int, now: float) -> float:
         """Host tier eviction order: LRU by default."""
         return self.sim.replicas[replica].cache.host.get(seg, 0.0)

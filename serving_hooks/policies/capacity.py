@@ -149,7 +149,8 @@ class ActiveTotals:
     is that from-scratch value). Requests with equal bound tables are grouped (by identity, as
     the ledger interns them; equal tables under two identities give the same sums)."""
 
-    __slots__ = ("_alpha", "_expected", "fixed_tokens", "flex_input", "bound_tokens", "_tables", "count")
+    __slots__ = ("_alpha", "_expected", "fixed_tokens", "flex_input", "bound_tokens", "_tables", "count",
+                 "_summary")
 
     def __init__(self) -> None:
         self._alpha = 0
@@ -159,6 +160,7 @@ class ActiveTotals:
         self.bound_tokens = 0
         self._tables: dict[int, list] = {}      # id(table) -> [table, count]
         self.count = 0
+        self._summary: ActiveSummary | None = None
 
     @classmethod
     def of(cls, active: Iterable[ActiveRequest]) -> "ActiveTotals":
@@ -176,6 +178,7 @@ class ActiveTotals:
         self._apply(r, -1)
 
     def _apply(self, r: ActiveRequest, sign: int) -> None:
+        self._summary = None
         self.count += sign
         bound = r.bound_tokens
         self.bound_tokens += sign * bound
@@ -193,11 +196,13 @@ class ActiveTotals:
             self.fixed_tokens += sign * bound
 
     def summary(self) -> ActiveSummary:
-        """The sums now (floats rounded once from the exact totals)."""
-        scale = 1 << _EXACT_SHIFT
-        return ActiveSummary(self._alpha / scale, self.fixed_tokens, self.flex_input,
-                             tuple((t, n) for t, n in self._tables.values()),
-                             self._expected / scale, self.bound_tokens)
+        """The sums now (floats rounded once from the exact totals; kept until the next change)."""
+        if self._summary is None:
+            scale = 1 << _EXACT_SHIFT
+            self._summary = ActiveSummary(self._alpha / scale, self.fixed_tokens, self.flex_input,
+                                          tuple((t, n) for t, n in self._tables.values()),
+                                          self._expected / scale, self.bound_tokens)
+        return self._summary
 
 
 @dataclass(frozen=True)

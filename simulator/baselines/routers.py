@@ -143,7 +143,7 @@ class CacheAware(Router):
             if self.size[r] <= self.max_tree_tokens:
                 continue
             # LRU first; among equal times the newer (deeper) segment first: leaves before parents
-            for s in sorted(tree, key=lambda s: (tree[s][1], -s)):
+            for _, _, s in sorted([(e[1], -s, s) for s, e in tree.items()]):
                 self.size[r] -= tree.pop(s)[0]
                 if self.size[r] <= self.max_tree_tokens:
                     break
