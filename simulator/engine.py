@@ -39,11 +39,12 @@ first token, finish, GPU and host prefix hits, computed and recomputed prefill t
 from __future__ import annotations
 
 import bisect
+import functools
+import gc
 import heapq
 import math
 from dataclasses import dataclass, field
-from functools import partial
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -152,6 +153,23 @@ class SimResult:
     counters: dict = field(default_factory=dict)
 
 
+def _cyclic_gc_paused(fn: Callable) -> Callable:
+    """Run ``fn`` with Python's cyclic garbage collector paused (restored after). The event
+    loop makes almost no reference cycles (15 objects in a 10k-call run of ``ours``), so the
+    collector's passes over a heap that grows with every request found nothing and cost up to
+    ~13 % of a long run; reference counting still frees everything else at once."""
+    @functools.wraps(fn)
+    def paused(*args: Any, **kwargs: Any) -> Any:
+        enabled = gc.isenabled()
+        gc.disable()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            if enabled:
+                gc.enable()
+    return paused
+
+
 class Simulator:
     """Replays ``workload`` under ``policy`` on the cluster ``config`` (see the module docstring).
 
@@ -206,6 +224,7 @@ class Simulator:
             self.wf_arrival[self.concurrency:] = math.nan
         self.wf_finish = np.full(len(workload.workflows), math.nan)
         self.wf_left = np.array([len(w.calls) for w in workload.workflows], dtype=np.int64)
+        self.wf_done = 0
         self.seg_computed = np.zeros(len(workload.seg_tokens), dtype=bool)
         #: Tokens of each call's prompt path (its reusable prefix), summed once.
         self.path_tokens = [workload.path_tokens(c) for c in workload.calls]
@@ -250,6 +269,7 @@ class Simulator:
         self._push(max(t, self.now), EV_TIMER, None)
 
     # --- run ----------------------------------------------------------------------------------
+    @_cyclic_gc_paused
     def run(self, progress: Callable[[int, int], None] | None = None) -> SimResult:
         for wf in self.workload.workflows[:self.concurrency]:
             self._push(float(self.wf_arrival[wf.idx]), EV_ARRIVE, wf.idx)
@@ -287,11 +307,9 @@ class Simulator:
                 for idx in sorted(dirty):
                     self._wake(dirty[idx])
                 dirty.clear()
-            if progress is not None:
-                finished = int(np.isfinite(self.wf_finish).sum())
-                if finished != done_wf:
-                    done_wf = finished
-                    progress(done_wf, len(self.workload.workflows))
+            if progress is not None and self.wf_done != done_wf:
+                done_wf = self.wf_done
+                progress(done_wf, len(self.workload.workflows))
         unfinished = [c.request_id for c, r in zip(self.workload.calls, self.requests)
                       if r is None or r.state != DONE]
         if unfinished:
@@ -335,11 +353,8 @@ class Simulator:
     def _evict(self, rep: Replica, need: int) -> int:
         cp = self.policy.cache
         r = rep.idx
-        # a key marked ``last_access_order`` is passed as None: the cache orders by access time
-        return rep.cache.evict_gpu(
-            need, self.now, None if getattr(cp.evict_key, "last_access", False) else partial(cp.evict_key, r),
-            None if getattr(cp.host_key, "last_access", False) else partial(cp.host_key, r),
-            partial(cp.to_host, r))
+        return rep.cache.evict_gpu(need, self.now, cp.gpu_order(r), cp.host_order(r),
+                                   functools.partial(cp.to_host, r))
 
     def _reserve(self, rep: Replica) -> int:
         """Tokens admission keeps free for the running calls' future decode: SGLang's estimate
@@ -689,6 +704,7 @@ class Simulator:
         self.wf_left[req.wf] -= 1
         if self.wf_left[req.wf] == 0:
             self.wf_finish[req.wf] = now
+            self.wf_done += 1
             if self._next_wf < len(self.workload.workflows):   # closed population: next one in
                 self.wf_arrival[self._next_wf] = now
                 self._push(now, EV_ARRIVE, self._next_wf)

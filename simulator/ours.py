@@ -330,6 +330,27 @@ class KeepDropCache(CachePolicy):
         e = self.retention.flat.get(self._seg_wf[seg])
         return (_NEUTRAL if e is None or now >= e[1] else e[0], self._host[replica].get(seg, 0.0))
 
+    def gpu_order(self, replica: int) -> Any:
+        """``evict_key`` of ``replica`` as one closure (the cache calls it once per leaf)."""
+        flat, seg_wf, gpu = self.retention.flat, self._seg_wf, self._gpu[replica]
+
+        def key(seg: int, now: float) -> tuple:
+            e = flat.get(seg_wf[seg])
+            return (_NEUTRAL if e is None or now >= e[1] else e[0], gpu[seg])
+
+        return key
+
+    def host_order(self, replica: int) -> Any:
+        """``host_key`` of ``replica`` as one closure (called once per host segment when the
+        host tier evicts)."""
+        flat, seg_wf, host = self.retention.flat, self._seg_wf, self._host[replica]
+
+        def key(seg: int, now: float) -> tuple:
+            e = flat.get(seg_wf[seg])
+            return (_NEUTRAL if e is None or now >= e[1] else e[0], host.get(seg, 0.0))
+
+        return key
+
     def to_host(self, replica: int, seg: int) -> bool:
         return self.rank(seg, self.sim.now) != int(RetentionRank.DROP)
 

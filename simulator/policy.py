@@ -14,6 +14,7 @@ Every part sees the running :class:`simulator.engine.Simulator` through ``bind``
 """
 from __future__ import annotations
 
+import functools
 from typing import Any, Protocol
 
 import numpy as np
@@ -134,6 +135,20 @@ class CachePolicy(Part):
     def to_host(self, replica: int, seg: int) -> bool:
         """Write a segment evicted from the GPU to the host tier? (default: yes)."""
         return True
+
+    def gpu_order(self, replica: int) -> Any:
+        """``evict_key`` of ``replica`` as the cache calls it, ``key(seg, now)``; None when it is
+        the last access time (``last_access_order``: the cache reads the times directly). A
+        policy may return a faster function giving the same keys."""
+        if getattr(self.evict_key, "last_access", False):
+            return None
+        return functools.partial(self.evict_key, replica)
+
+    def host_order(self, replica: int) -> Any:
+        """``host_key`` of ``replica`` as ``key(seg, now)``, or None for LRU (as ``gpu_order``)."""
+        if getattr(self.host_key, "last_access", False):
+            return None
+        return functools.partial(self.host_key, replica)
 
 
 class Policy:

@@ -155,8 +155,14 @@ class CapacityLedger:
         return self._last.get(session) if session is not None else None
 
     def active(self, replica: str) -> tuple[ActiveRequest, ...]:
-        """The requests in flight on ``replica``, oldest first."""
-        return tuple(self._active.get(replica, {}).values())
+        """The requests in flight on ``replica``, oldest first (one tuple per change, shared by
+        the states taken until the next start or finish there)."""
+        totals = self._totals.get(replica)
+        if totals is None:
+            return ()
+        if totals.snapshot is None:
+            totals.snapshot = tuple(self._active[replica].values())
+        return totals.snapshot
 
     def reservations(self) -> list[Reservation]:
         return list(self._inflight.values())

@@ -150,7 +150,7 @@ class ActiveTotals:
     the ledger interns them; equal tables under two identities give the same sums)."""
 
     __slots__ = ("_alpha", "_expected", "fixed_tokens", "flex_input", "bound_tokens", "_tables", "count",
-                 "_summary")
+                 "_summary", "snapshot")
 
     def __init__(self) -> None:
         self._alpha = 0
@@ -161,6 +161,9 @@ class ActiveTotals:
         self._tables: dict[int, list] = {}      # id(table) -> [table, count]
         self.count = 0
         self._summary: ActiveSummary | None = None
+        #: A caller's tuple of the requests counted, cleared on every change (the ledger keeps
+        #: its ``active`` tuple here so that it is rebuilt once per change, not per decision).
+        self.snapshot: tuple[ActiveRequest, ...] | None = None
 
     @classmethod
     def of(cls, active: Iterable[ActiveRequest]) -> "ActiveTotals":
@@ -179,6 +182,7 @@ class ActiveTotals:
 
     def _apply(self, r: ActiveRequest, sign: int) -> None:
         self._summary = None
+        self.snapshot = None
         self.count += sign
         bound = r.bound_tokens
         self.bound_tokens += sign * bound
