@@ -131,7 +131,7 @@ class ActiveSummary:
     fixed_alpha: float          # Σ α of requests without a bound table
     fixed_tokens: int           # Σ (input + hi) of requests without a table
     flex_input: int             # Σ input of requests with a table
-    tables: tuple[tuple[BoundTable, int], ...]   # (table, how many requests carry it)
+    tables: tuple[tuple[BoundTable, int], ...]   # (table, how many requests carry it), sorted
     expected_tokens: float      # Σ (input + E[out])
     bound_tokens: int           # Σ (input + hi) of every request
 
@@ -204,7 +204,7 @@ class ActiveTotals:
         if self._summary is None:
             scale = 1 << _EXACT_SHIFT
             self._summary = ActiveSummary(self._alpha / scale, self.fixed_tokens, self.flex_input,
-                                          tuple((t, n) for t, n in self._tables.values()),
+                                          tuple(sorted((t, n) for t, n in self._tables.values())),
                                           self._expected / scale, self.bound_tokens)
         return self._summary
 
