@@ -13,7 +13,9 @@ monotonic scale); callers that share an object across threads hold their own loc
 
 :class:`CapacityLedger`
     per replica, the requests sent and not yet finished with their predicted KV bounds
-    (:func:`capacity_request` turns an annotation into one), the tokens released by finished
+    (:func:`capacity_request` turns an annotation into one) and the sums over them that the
+    capacity check reads (``ActiveTotals``, kept on start/finish, so that a decision does not
+    sum every request in flight again), the tokens released by finished
     ones over the last ``drain_window_s`` (the drain rate), each session's last replica, and the
     replicas' waiting-queue depths (the idle-downstream input of the priority rule).
 :class:`SessionPriorityBook`
