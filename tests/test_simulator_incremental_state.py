@@ -314,3 +314,44 @@ def test_a_run_with_the_recomputations_gives_the_same_outcome_call_by_call(codin
 def test_a_scheduler_without_the_inlined_order_keeps_a_list(coding):
     pol = build_ours(make_predictor(coding.profile), "ours-call-aging")
     assert isinstance(pol.scheduler, PriorityScheduler) and pol.scheduler.new_queue() == []
+
+
+# ------------------------------------------------------------ the cache-aware router's prune
+def test_cache_aware_prune_takes_what_sorting_the_whole_tree_took():
+    """The router's trees are kept in access order; pruning takes the oldest instant's entries
+    (newest segment first) instead of sorting the whole tree by ``(last access, −segment)``."""
+    from simulator.baselines import CacheAware
+
+    rng = random.Random(9)
+    n_seg = 300
+    tok = [rng.randint(1, 50) for _ in range(n_seg)]
+    sim = SimpleNamespace(now=0.0, replicas=[SimpleNamespace(idx=0)],
+                          workload=SimpleNamespace(seg_tokens=tok))
+    router = CacheAware(max_tree_size=4 * 1500, chars_per_token=4.0, eviction_interval_s=1e9)
+    router.bind(sim)
+    ref: dict[int, list] = {}
+    ref_size = 0.0
+    for _ in range(400):
+        sim.now += rng.choice([0.0, 0.0, 1.0, 2.5])          # many calls share an instant
+        path = tuple(sorted(rng.sample(range(n_seg - 1), rng.randint(1, 6))))
+        own = n_seg - 1 if rng.random() < 0.2 else rng.randrange(n_seg)
+        call = SimpleNamespace(path=path, own_seg=own, own_prompt_tokens=rng.randint(0, tok[own]))
+        router._insert(0, SimpleNamespace(call=call))
+        for s, n in [*((s, tok[s]) for s in path), (own, call.own_prompt_tokens)]:   # the old tree
+            e = ref.get(s)
+            if e is None:
+                ref[s] = [n, sim.now]
+                ref_size += n
+            else:
+                if n > e[0]:
+                    ref_size += n - e[0]
+                    e[0] = n
+                e[1] = sim.now
+        if rng.random() < 0.1:
+            router._evict()
+            if ref_size > router.max_tree_tokens:         # the old prune: sort everything
+                for s in sorted(ref, key=lambda s: (ref[s][1], -s)):
+                    ref_size -= ref.pop(s)[0]
+                    if ref_size <= router.max_tree_tokens:
+                        break
+            assert dict(router.tree[0]) == ref and router.size[0] == ref_size
