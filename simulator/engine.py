@@ -66,10 +66,14 @@ class Request:
         "prefill_left", "prefill_total", "missing_path", "prefill_rate", "decoded", "private",
         "locked", "preempts", "service_s", "recompute_own", "gpu_hit", "host_hit", "computed",
         "recomputed", "pred", "t_enqueue", "swapped", "recomputed_evict", "recomputed_preempt",
+        "input_tokens", "output_tokens",
     )
 
     def __init__(self, call: Call, t_issue: float) -> None:
         self.call = call
+        #: The call's prompt and output tokens, copied: read in every iteration's loops.
+        self.input_tokens = call.input_tokens
+        self.output_tokens = call.output_tokens
         self.idx = call.idx
         self.wf = call.wf
         self.state = WAITING
@@ -202,7 +206,7 @@ class Simulator:
         ]
         #: Per replica: has this segment ever been on its GPU tier? (a recompute of a segment it
         #: held is eviction-caused; of one it never held, routing-caused)
-        self.held = np.zeros((config.replicas, len(workload.seg_tokens)), dtype=bool)
+        self.held = [bytearray(len(workload.seg_tokens)) for _ in range(config.replicas)]
         #: Model pools (multi-model workflows): a call is served by the replicas of its agent's
         #: pool. None: one pool of every replica.
         self.pools = pools
@@ -225,7 +229,9 @@ class Simulator:
         self.wf_finish = np.full(len(workload.workflows), math.nan)
         self.wf_left = np.array([len(w.calls) for w in workload.workflows], dtype=np.int64)
         self.wf_done = 0
-        self.seg_computed = np.zeros(len(workload.seg_tokens), dtype=bool)
+        #: Has this segment been computed anywhere yet? (0/1 per segment: bytearrays, read and
+        #: written once per prompt segment at every admission)
+        self.seg_computed = bytearray(len(workload.seg_tokens))
         #: Tokens of each call's prompt path (its reusable prefix), summed once.
         self.path_tokens = [workload.path_tokens(c) for c in workload.calls]
         self._heap: list[tuple] = []
@@ -579,9 +585,9 @@ class Simulator:
             else:
                 decoders.append(q)
                 d = q.decoded
-                kv += q.call.input_tokens + d
-                if q.call.output_tokens - d < steps:
-                    steps = q.call.output_tokens - d
+                kv += q.input_tokens + d
+                if q.output_tokens - d < steps:
+                    steps = q.output_tokens - d
         return n, (1 if prefilling else steps), prefill, decoders, kv
 
     def _round(self, rep: Replica) -> None:
@@ -676,7 +682,7 @@ class Simulator:
             d = q.decoded + k
             q.decoded = d
             q.private += k
-            if d >= q.call.output_tokens:
+            if d >= q.output_tokens:
                 finished.append(q)
         for q in finished:
             self._finish(rep, q)
@@ -690,7 +696,7 @@ class Simulator:
         call = req.call
         cache.insert_gpu(call.own_seg, now)
         self.seg_computed[call.own_seg] = True
-        self.held[rep.idx, call.own_seg] = True
+        self.held[rep.idx][call.own_seg] = True
         req.state = DONE
         req.t_finish = now
         self.finish_t[req.idx] = now
