@@ -19,11 +19,31 @@ from __future__ import annotations
 import heapq
 from typing import Callable, Sequence
 
+import numpy as np
+
 #: Share of the host tier freed beyond need when it is full (batching host evictions).
 HOST_EVICT_SLACK = 0.02
 
 #: key(seg, now) -> float: segments with the smallest key are evicted first.
 EvictKey = Callable[[int, float], float]
+
+
+class EvictionOrder:
+    """A tier's whole eviction order at once: ``order(tier, now)`` returns the segments of
+    ``tier`` (seg -> last access) in the order a key would evict them (smallest first, ties by
+    segment). A policy whose key is cheap to compute for every segment together (arrays) gives
+    one instead of a per-segment key; the host tier then evicts along it."""
+
+    def __init__(self, order: Callable[[dict, float], list]) -> None:
+        self.order = order
+
+
+def lru_order(tier: dict, now: float = 0.0) -> list:
+    """Segments of ``tier`` by ``(last access, segment)``: the order of an LRU key."""
+    n = len(tier)
+    segs = np.fromiter(tier.keys(), np.int64, n)
+    times = np.fromiter(tier.values(), np.float64, n)
+    return segs[np.lexsort((segs, times))].tolist()
 
 
 class ReplicaCache:
@@ -125,7 +145,8 @@ class ReplicaCache:
             del self.pinned[seg]
         return True
 
-    def evict_gpu(self, need: int, now: float, key: EvictKey | None, host_key: EvictKey | None = None,
+    def evict_gpu(self, need: int, now: float, key: EvictKey | None,
+                  host_key: EvictKey | EvictionOrder | None = None,
                   to_host: Callable[[int], bool] | None = None) -> int:
         """Evict unlocked, unpinned segments, leaf first in ``key`` order (None: LRU, the last
         access time), until ``need`` tokens are freed or nothing is evictable; returns the tokens
@@ -183,7 +204,7 @@ class ReplicaCache:
         return t
 
     # --- host tier ----------------------------------------------------------------------------
-    def insert_host(self, seg: int, now: float, key: EvictKey | None = None) -> bool:
+    def insert_host(self, seg: int, now: float, key: EvictKey | EvictionOrder | None = None) -> bool:
         """Write ``seg`` to host memory, evicting host segments (``key`` order, default LRU)."""
         t = self.seg_tokens[seg]
         if seg in self.host:
@@ -195,15 +216,20 @@ class ReplicaCache:
         if self.host_used + t > cap:
             # evict down to a low watermark (HOST_EVICT_SLACK of the tier below what this write
             # needs) so that one ordering pass serves many writes
-            if key is None:       # LRU: the access times are the keys
-                heap = [(t_s, s) for s, t_s in self.host.items()]
+            target = cap - t - int(self.host_capacity * HOST_EVICT_SLACK)
+            if key is None or isinstance(key, EvictionOrder):
+                # the whole order at once (LRU: by access time): no key call per segment
+                order = lru_order(self.host) if key is None else key.order(self.host, now)
+                for s in order:
+                    if self.host_used <= target:
+                        break
+                    self.drop_host(s)
             else:
                 heap = [(key(s, now), s) for s in self.host]
-            heapq.heapify(heap)
-            target = cap - t - int(self.host_capacity * HOST_EVICT_SLACK)
-            while heap and self.host_used > target:
-                _, s = heapq.heappop(heap)
-                self.drop_host(s)
+                heapq.heapify(heap)
+                while heap and self.host_used > target:
+                    _, s = heapq.heappop(heap)
+                    self.drop_host(s)
         self.host[seg] = now
         self.host_used += t
         self.host_written_tokens += t

@@ -50,6 +50,8 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import numpy as np
+
 from serving_hooks.policies import (
     Annotation,
     CallView,
@@ -61,6 +63,7 @@ from serving_hooks.policies import (
 )
 from serving_hooks.policies.bookkeeping import CapacityLedger, SessionPriorityBook, capacity_request
 from simulator.baselines import FCFS, LRU, Belady, RoundRobin, StickyLeastLoad
+from simulator.cache import EvictionOrder
 from simulator.engine import Request, Simulator
 from simulator.policy import CachePolicy, Part, Policy, Router, Scheduler
 from simulator.session_queue import SessionQueue, sglang_int
@@ -276,16 +279,28 @@ _NEUTRAL = int(RetentionRank.NEUTRAL)
 class _RetentionBook(dict):
     """wf -> ``Retention``; setting one also records ``flat[wf]`` = (rank as int, the time a KEEP
     lapses to NEUTRAL, ∞ for the other ranks): what ``Retention.rank_at`` reads, flattened for
-    the eviction keys (evaluated once per segment and eviction)."""
+    the eviction keys (evaluated once per segment and eviction) — and, once :meth:`size` gave
+    the number of workflows, the same as two arrays indexed by wf (``rank``, ``until``; the
+    extra last slot, index −1, is the shared segments' NEUTRAL) for whole-tier orders."""
 
     def __init__(self) -> None:
         super().__init__()
         self.flat: dict[int, tuple[int, float]] = {}
+        self.rank = np.full(1, _NEUTRAL, dtype=np.int64)
+        self.until = np.full(1, math.inf)
+
+    def size(self, n_workflows: int) -> None:
+        self.rank = np.full(n_workflows + 1, _NEUTRAL, dtype=np.int64)
+        self.until = np.full(n_workflows + 1, math.inf)
+        for wf, (r, until) in self.flat.items():
+            self.rank[wf], self.until[wf] = r, until
 
     def __setitem__(self, wf: int, ret: Any) -> None:
         super().__setitem__(wf, ret)
         keep = ret.rank == RetentionRank.KEEP
-        self.flat[wf] = (int(ret.rank), ret.retain_until if keep else math.inf)
+        self.flat[wf] = e = (int(ret.rank), ret.retain_until if keep else math.inf)
+        if 0 <= wf < len(self.rank) - 1:
+            self.rank[wf], self.until[wf] = e
 
 
 class KeepDropCache(CachePolicy):
@@ -306,8 +321,16 @@ class KeepDropCache(CachePolicy):
     def bind(self, sim: Simulator) -> None:
         super().bind(sim)
         self._seg_wf = sim.workload.seg_wf
+        self._seg_wf_arr = np.asarray(sim.workload.seg_wf, dtype=np.int64)
+        self.retention.size(len(sim.workload.workflows))
         self._gpu = [rep.cache.gpu for rep in sim.replicas]
         self._host = [rep.cache.host for rep in sim.replicas]
+
+    def ranks(self, segs: np.ndarray, now: float) -> np.ndarray:
+        """:meth:`rank` of every segment of ``segs`` at ``now`` (arrays)."""
+        book = self.retention
+        wfs = self._seg_wf_arr[segs]
+        return np.where(now >= book.until[wfs], _NEUTRAL, book.rank[wfs])
 
     def on_finish(self, req: Request) -> None:
         view = self.feed.view(req)
@@ -341,15 +364,16 @@ class KeepDropCache(CachePolicy):
         return key
 
     def host_order(self, replica: int) -> Any:
-        """``host_key`` of ``replica`` as one closure (called once per host segment when the
-        host tier evicts)."""
-        flat, seg_wf, host = self.retention.flat, self._seg_wf, self._host[replica]
+        """The host tier's whole order by ``host_key`` = ``(rank at now, last access)``, ties by
+        segment, computed on arrays (``EvictionOrder``) rather than one key per segment."""
 
-        def key(seg: int, now: float) -> tuple:
-            e = flat.get(seg_wf[seg])
-            return (_NEUTRAL if e is None or now >= e[1] else e[0], host.get(seg, 0.0))
+        def order(host: dict, now: float) -> list:
+            n = len(host)
+            segs = np.fromiter(host.keys(), np.int64, n)
+            times = np.fromiter(host.values(), np.float64, n)
+            return segs[np.lexsort((segs, times, self.ranks(segs, now)))].tolist()
 
-        return key
+        return EvictionOrder(order)
 
     def to_host(self, replica: int, seg: int) -> bool:
         return self.rank(seg, self.sim.now) != int(RetentionRank.DROP)
@@ -394,10 +418,10 @@ class HostPrefetch(Part):
     def _dropped_host(self, cache, now: float) -> list[int]:
         if self.keep_drop is None:
             return []
-        drop = int(RetentionRank.DROP)
-        flat, seg_wf = self.keep_drop.retention.flat, self.sim.workload.seg_wf
-        # KeepDropCache.rank inlined (a scan of the host tier): a KEEP lapses, DROP stays DROP
-        return [s for s in cache.host if (e := flat.get(seg_wf[s])) is not None and e[0] == drop]
+        # KeepDropCache.rank of every host segment at once (a scan of the host tier), in the
+        # tier's order
+        segs = np.fromiter(cache.host.keys(), np.int64, len(cache.host))
+        return segs[self.keep_drop.ranks(segs, now) == int(RetentionRank.DROP)].tolist()
 
     def on_timer(self) -> None:
         now = self.sim.now

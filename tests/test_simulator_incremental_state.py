@@ -19,7 +19,7 @@ from serving_hooks.policies.bookkeeping import CapacityLedger
 from serving_hooks.policies.capacity import (ActiveRequest, ActiveTotals, CapacityPolicy,
                                              ReplicaState)
 from simulator.baselines import BASELINES, LRU
-from simulator.cache import ReplicaCache
+from simulator.cache import EvictionOrder, ReplicaCache, lru_order
 from simulator.config import ClusterConfig
 from simulator.engine import RUNNING, Simulator
 from simulator.ours import CapacityRouter, KeepDropCache, PriorityScheduler, build_ours
@@ -135,22 +135,26 @@ def test_session_queue_head_and_order_are_the_sorted_lists(aging, scale):
 
 # -------------------------------------------------------------------------- eviction key forms
 def test_eviction_key_functions_give_the_policies_keys():
-    sim = SimpleNamespace(now=5.0, workload=SimpleNamespace(seg_wf=[-1, 0, 1, 2, 0]),
+    host = {1: 4.0, 3: 2.5, 0: 4.0, 4: 1.0, 2: 2.5, 5: 4.0}     # equal times: ties by segment
+    sim = SimpleNamespace(now=5.0, workload=SimpleNamespace(seg_wf=[-1, 0, 1, 2, 0, 3],
+                                                            workflows=[0, 1, 2, 3]),
                           replicas=[SimpleNamespace(cache=SimpleNamespace(
-                              gpu={0: 1.0, 1: 2.0, 2: 3.0, 3: 0.5, 4: 9.0}, host={1: 4.0, 3: 2.5}))])
+                              gpu={0: 1.0, 1: 2.0, 2: 3.0, 3: 0.5, 4: 9.0, 5: 9.0}, host=host))])
     feed = SimpleNamespace(view=lambda req: None)
     kd = KeepDropCache(feed)
+    kd.retention[3] = Retention(RetentionRank.KEEP, 5.5, 1.0, "set before the bind")
     kd.bind(sim)
     kd.retention[0] = Retention(RetentionRank.KEEP, 6.0, 1.0, "keep")
     kd.retention[1] = Retention(RetentionRank.DROP, 1.0, 1.0, "drop")
-    gpu_key, host_key = kd.gpu_order(0), kd.host_order(0)
-    for now in (5.0, 6.0, 7.0):      # the KEEP lapses to NEUTRAL at 6
-        for seg in range(5):
+    gpu_key, host_order = kd.gpu_order(0), kd.host_order(0)
+    for now in (5.0, 5.5, 6.0, 7.0):      # the KEEPs lapse to NEUTRAL at 5.5 and 6
+        for seg in range(6):
             assert gpu_key(seg, now) == kd.evict_key(0, seg, now)
-            assert host_key(seg, now) == kd.host_key(0, seg, now)
             want = int(kd.retention[sim.workload.seg_wf[seg]].rank_at(now)) \
                 if sim.workload.seg_wf[seg] in kd.retention else int(RetentionRank.NEUTRAL)
             assert kd.rank(seg, now) == want
+        heap_order = [s for _, s in sorted((kd.host_key(0, s, now), s) for s in host)]
+        assert host_order.order(host, now) == heap_order
     # LRU reads the access times directly (None); an override is called
     lru = LRU()
     lru.bind(sim)
@@ -171,6 +175,24 @@ def test_lru_eviction_without_a_key_evicts_what_the_explicit_key_does():
     freed_a = a.evict_gpu(250, 3.0, None, None)
     freed_b = b.evict_gpu(250, 3.0, lambda s, now: b.gpu[s], lambda s, now: b.host[s])
     assert freed_a == freed_b and a.gpu == b.gpu and a.host == b.host and a.pinned == b.pinned
+    tier = {7: 3.0, 2: 1.0, 5: 3.0, 1: 2.0}
+    assert lru_order(tier) == [s for _, s in sorted((t, s) for s, t in tier.items())] == [2, 1, 5, 7]
+
+
+def test_the_host_tier_evicts_along_a_whole_order_as_along_its_key():
+    def cache() -> ReplicaCache:
+        c = ReplicaCache(1000, 100, [10] * 20, [-1] * 20)
+        for s in range(10):
+            c.insert_host(s, float(s % 3))
+        return c
+
+    key = lambda s, now: (s % 2, -s)                       # noqa: E731 - odd last, high first
+    order = EvictionOrder(lambda tier, now: [s for _, s in sorted((key(s, now), s) for s in tier)])
+    a, b = cache(), cache()
+    for s in range(10, 14):
+        a.insert_host(s, 5.0, key)
+        b.insert_host(s, 5.0, order)
+    assert a.host == b.host and a.host_used == b.host_used
 
 
 # ------------------------------------------------------------------------------ hook dispatch
