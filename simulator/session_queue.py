@@ -128,6 +128,10 @@ class SessionQueue:
             heapq.heappop(heap)
         top = -heap[0][0]
         margin = 1.0 + 1e-9 * (1.0 + abs(top) + abs(self.aging * self.scale * now))
+        # the second largest anchor is one of the root's children (live or not): when both are
+        # out of the window, the top session alone holds the head
+        if all(-heap[i][0] < top - margin for i in (1, 2) if i < len(heap)):
+            return self.sessions[heap[0][2]][0]
         near: list[tuple[float, int, Any]] = []
         best_key, best = None, None
         while heap and -heap[0][0] >= top - margin:
