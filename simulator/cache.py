@@ -19,11 +19,31 @@ from __future__ import annotations
 import heapq
 from typing import Callable, Sequence
 
+import numpy as np
+
 #: Share of the host tier freed beyond need when it is full (batching host evictions).
 HOST_EVICT_SLACK = 0.02
 
 #: key(seg, now) -> float: segments with the smallest key are evicted first.
 EvictKey = Callable[[int, float], float]
+
+
+class EvictionOrder:
+    """A tier's whole eviction order at once: ``order(tier, now)`` returns the segments of
+    ``tier`` (seg -> last access) in the order a key would evict them (smallest first, ties by
+    segment). A policy whose key is cheap to compute for every segment together (arrays) gives
+    one instead of a per-segment key; the host tier then evicts along it."""
+
+    def __init__(self, order: Callable[[dict, float], list]) -> None:
+        self.order = order
+
+
+def lru_order(tier: dict, now: float = 0.0) -> list:
+    """Segments of ``tier`` by ``(last access, segment)``: the order of an LRU key."""
+    n = len(tier)
+    segs = np.fromiter(tier.keys(), np.int64, n)
+    times = np.fromiter(tier.values(), np.float64, n)
+    return segs[np.lexsort((segs, times))].tolist()
 
 
 class ReplicaCache:
@@ -125,14 +145,30 @@ class ReplicaCache:
             del self.pinned[seg]
         return True
 
-    def evict_gpu(self, need: int, now: float, key: EvictKey, host_key: EvictKey | None = None,
+    def evict_gpu(self, need: int, now: float, key: EvictKey | None,
+                  host_key: EvictKey | EvictionOrder | None = None,
                   to_host: Callable[[int], bool] | None = None) -> int:
-        """Evict unlocked, unpinned segments, leaf first in ``key`` order, until ``need`` tokens
-        are freed or nothing is evictable; returns the tokens freed. Evicted segments are written
-        to the host tier when it has capacity (and ``to_host(seg)`` agrees)."""
+        """Evict unlocked, unpinned segments, leaf first in ``key`` order (None: LRU, the last
+        access time), until ``need`` tokens are freed or nothing is evictable; returns the tokens
+        freed. Evicted segments are written to the host tier when it has capacity (and
+        ``to_host(seg)`` agrees), evicting there in ``host_key`` order (None: LRU)."""
         if need <= 0:
             return 0
-        heap = [(key(s, now), s) for s in list(self.leaves) if self._evictable(s, now)]
+        lru = key is None
+        gpu = self.gpu
+        # the candidates: leaves that are unlocked, childless and not pinned (an expired pin is
+        # dropped on the way: ``_evictable`` inlined, it runs once per leaf and eviction)
+        lock, children, pinned = self.lock, self.gpu_children, self.pinned
+        heap = []
+        for s in list(self.leaves):
+            if s in lock or children.get(s, 0) > 0:
+                continue
+            until = pinned.get(s)
+            if until is not None:
+                if until > now:
+                    continue
+                del pinned[s]
+            heap.append((gpu[s] if lru else key(s, now), s))
         heapq.heapify(heap)
         freed = 0
         while heap and freed < need:
@@ -144,7 +180,7 @@ class ReplicaCache:
                 self.insert_host(s, now, host_key)
             p = self.seg_parent[s]
             if p >= 0 and p in self.gpu and self._evictable(p, now):
-                heapq.heappush(heap, (key(p, now), p))
+                heapq.heappush(heap, (gpu[p] if lru else key(p, now), p))
         return freed
 
     def _drop_gpu(self, seg: int) -> int:
@@ -168,7 +204,7 @@ class ReplicaCache:
         return t
 
     # --- host tier ----------------------------------------------------------------------------
-    def insert_host(self, seg: int, now: float, key: EvictKey | None = None) -> bool:
+    def insert_host(self, seg: int, now: float, key: EvictKey | EvictionOrder | None = None) -> bool:
         """Write ``seg`` to host memory, evicting host segments (``key`` order, default LRU)."""
         t = self.seg_tokens[seg]
         if seg in self.host:
@@ -180,13 +216,20 @@ class ReplicaCache:
         if self.host_used + t > cap:
             # evict down to a low watermark (HOST_EVICT_SLACK of the tier below what this write
             # needs) so that one ordering pass serves many writes
-            k = key or (lambda s, _now: self.host[s])
-            heap = [(k(s, now), s) for s in self.host]
-            heapq.heapify(heap)
             target = cap - t - int(self.host_capacity * HOST_EVICT_SLACK)
-            while heap and self.host_used > target:
-                _, s = heapq.heappop(heap)
-                self.drop_host(s)
+            if key is None or isinstance(key, EvictionOrder):
+                # the whole order at once (LRU: by access time): no key call per segment
+                order = lru_order(self.host) if key is None else key.order(self.host, now)
+                for s in order:
+                    if self.host_used <= target:
+                        break
+                    self.drop_host(s)
+            else:
+                heap = [(key(s, now), s) for s in self.host]
+                heapq.heapify(heap)
+                while heap and self.host_used > target:
+                    _, s = heapq.heappop(heap)
+                    self.drop_host(s)
         self.host[seg] = now
         self.host_used += t
         self.host_written_tokens += t

@@ -52,8 +52,11 @@ name takes ``+predictive`` or ``+reactive`` (:mod:`simulator.autoscale`).
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 from typing import Any
+
+import numpy as np
 
 from serving_hooks.policies import (
     Annotation,
@@ -66,9 +69,11 @@ from serving_hooks.policies import (
 )
 from serving_hooks.policies.bookkeeping import CapacityLedger, SessionPriorityBook, capacity_request
 from simulator.baselines import FCFS, LRU, Belady, RoundRobin, StickyLeastLoad
+from simulator.cache import EvictionOrder
 from simulator.engine import Request, Simulator
 from simulator.policy import CachePolicy, Part, Policy, Router, Scheduler
 from simulator.preprefill import PrePrefill
+from simulator.session_queue import SessionQueue, sglang_int
 
 class PredictionFeed(Part):
     """Drives a ``predictors.Predictor`` with simulated time and attaches a ``CallView``.
@@ -209,6 +214,27 @@ class PriorityScheduler(Scheduler):
         self.base: dict[int, float] = {}       # per call (workflow_level=False)
         #: wf -> (score of its latest predicted call, when it arrived): the plugin's book
         self.book = SessionPriorityBook(self.policy, max_sessions=None)
+        #: The replicas' waiting queues this scheduler orders itself (``new_queue``).
+        self.queues: list[SessionQueue] = []
+
+    def _inlined(self) -> bool:
+        """Is the order ``(−sglang_int(session score aged), t_enqueue, idx)`` (``sort_key``'s and
+        ``SessionQueue``'s inlined arithmetic)? Not for the per-call rule or a policy subclass
+        that changes ``to_sglang`` / ``aged``."""
+        pol = self.policy
+        return (self.workflow_level and type(pol).to_sglang is PriorityPolicy.to_sglang
+                and type(pol).aged is PriorityPolicy.aged)
+
+    def new_queue(self) -> Any:
+        """A :class:`SessionQueue` (the head without sorting every call; same order as
+        ``sort_key``) for the workflow-level rule; a list otherwise."""
+        if not self._inlined():
+            return []
+        refs = self.book.references()
+        q = SessionQueue(refs.__getitem__, lambda: self.sim.now, self.policy.aging_per_s,
+                         self.policy.scale)
+        self.queues.append(q)
+        return q
 
     def on_issue(self, req: Request) -> None:
         view = self.feed.view(req)
@@ -223,6 +249,8 @@ class PriorityScheduler(Scheduler):
         age = self.sim.now - float(self.sim.wf_arrival[req.wf])
         score = pol.session_score(pol.score_view(view, depth, agent_model), age) if view.known else None
         self.book.note(req.wf, score, self.sim.now, fallback=pol.session_score(pol.unknown_score, age))
+        for q in self.queues:
+            q.rekey(req.wf)
 
     def priority(self, req: Request) -> int:
         """SGLang integer priority of ``req`` now (bigger runs first)."""
@@ -238,21 +266,48 @@ class PriorityScheduler(Scheduler):
         """``queue_key`` with the policy's arithmetic inlined (``to_sglang(aged(score, t, now))``
         for the workflow-level rule): the same order, a fraction of the calls."""
         pol = self.policy
-        if not self.workflow_level or type(pol).to_sglang is not PriorityPolicy.to_sglang \
-                or type(pol).aged is not PriorityPolicy.aged:
+        if not self._inlined():
             return self.queue_key
         now, aging, scale, session = self.sim.now, pol.aging_per_s, pol.scale, self.book.references()
-        lim = 2 ** 62
 
         def key(req: Request) -> tuple:
             score, t = session[req.wf]
-            v = int(round((score + aging * max(0.0, now - t)) * scale))
-            return (-max(-lim, min(lim, v)), req.t_enqueue, req.idx)
+            return (-sglang_int(score, t, now, aging, scale), req.t_enqueue, req.idx)
 
         return key
 
     def may_preempt(self, waiting: Request, running: Request) -> bool:
         return self.priority(waiting) - self.priority(running) > (self.preemption_threshold or 0)
+
+
+_NEUTRAL = int(RetentionRank.NEUTRAL)
+
+
+class _RetentionBook(dict):
+    """wf -> ``Retention``; setting one also records ``flat[wf]`` = (rank as int, the time a KEEP
+    lapses to NEUTRAL, ∞ for the other ranks): what ``Retention.rank_at`` reads, flattened for
+    the eviction keys (evaluated once per segment and eviction) — and, once :meth:`size` gave
+    the number of workflows, the same as two arrays indexed by wf (``rank``, ``until``; the
+    extra last slot, index −1, is the shared segments' NEUTRAL) for whole-tier orders."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.flat: dict[int, tuple[int, float]] = {}
+        self.rank = np.full(1, _NEUTRAL, dtype=np.int64)
+        self.until = np.full(1, math.inf)
+
+    def size(self, n_workflows: int) -> None:
+        self.rank = np.full(n_workflows + 1, _NEUTRAL, dtype=np.int64)
+        self.until = np.full(n_workflows + 1, math.inf)
+        for wf, (r, until) in self.flat.items():
+            self.rank[wf], self.until[wf] = r, until
+
+    def __setitem__(self, wf: int, ret: Any) -> None:
+        super().__setitem__(wf, ret)
+        keep = ret.rank == RetentionRank.KEEP
+        self.flat[wf] = e = (int(ret.rank), ret.retain_until if keep else math.inf)
+        if 0 <= wf < len(self.rank) - 1:
+            self.rank[wf], self.until[wf] = e
 
 
 class KeepDropCache(CachePolicy):
@@ -266,8 +321,28 @@ class KeepDropCache(CachePolicy):
     def __init__(self, feed: PredictionFeed, policy: KeepDropPolicy | None = None) -> None:
         self.feed = feed
         self.policy = policy or KeepDropPolicy()
-        self.retention: dict[int, Any] = {}
+        #: wf -> its session's latest ``Retention``
+        self.retention: dict[int, Any] = _RetentionBook()
         self.counts = {"keep": 0, "drop": 0, "neutral": 0}
+
+    def bind(self, sim: Simulator) -> None:
+        super().bind(sim)
+        self._seg_wf = sim.workload.seg_wf
+        self._seg_wf_arr = np.asarray(sim.workload.seg_wf, dtype=np.int64)
+        self.retention.size(len(sim.workload.workflows))
+        self._gpu = [rep.cache.gpu for rep in sim.replicas]
+        self._host = [rep.cache.host for rep in sim.replicas]
+
+    def on_replica_reset(self, replica: int) -> None:
+        """A restarted replica has new, empty tiers: read its dicts from there on."""
+        cache = self.sim.replicas[replica].cache
+        self._gpu[replica], self._host[replica] = cache.gpu, cache.host
+
+    def ranks(self, segs: np.ndarray, now: float) -> np.ndarray:
+        """:meth:`rank` of every segment of ``segs`` at ``now`` (arrays)."""
+        book = self.retention
+        wfs = self._seg_wf_arr[segs]
+        return np.where(now >= book.until[wfs], _NEUTRAL, book.rank[wfs])
 
     def on_finish(self, req: Request) -> None:
         view = self.feed.view(req)
@@ -276,15 +351,41 @@ class KeepDropCache(CachePolicy):
         self.counts[ret.rank.name.lower()] += 1
 
     def rank(self, seg: int, now: float) -> int:
-        wf = self.sim.workload.seg_wf[seg]
-        ret = self.retention.get(wf) if wf >= 0 else None
-        return int(ret.rank_at(now)) if ret is not None else int(RetentionRank.NEUTRAL)
+        """``int(Retention.rank_at(now))`` of the segment's session (NEUTRAL without one)."""
+        e = self.retention.flat.get(self._seg_wf[seg])
+        if e is None:
+            return _NEUTRAL
+        return _NEUTRAL if now >= e[1] else e[0]
 
     def evict_key(self, replica: int, seg: int, now: float) -> tuple:
-        return (self.rank(seg, now), self.sim.replicas[replica].cache.gpu[seg])
+        e = self.retention.flat.get(self._seg_wf[seg])      # self.rank inlined: once per leaf
+        return (_NEUTRAL if e is None or now >= e[1] else e[0], self._gpu[replica][seg])
 
     def host_key(self, replica: int, seg: int, now: float) -> tuple:
-        return (self.rank(seg, now), self.sim.replicas[replica].cache.host.get(seg, 0.0))
+        e = self.retention.flat.get(self._seg_wf[seg])
+        return (_NEUTRAL if e is None or now >= e[1] else e[0], self._host[replica].get(seg, 0.0))
+
+    def gpu_order(self, replica: int) -> Any:
+        """``evict_key`` of ``replica`` as one closure (the cache calls it once per leaf)."""
+        flat, seg_wf, gpu = self.retention.flat, self._seg_wf, self._gpu[replica]
+
+        def key(seg: int, now: float) -> tuple:
+            e = flat.get(seg_wf[seg])
+            return (_NEUTRAL if e is None or now >= e[1] else e[0], gpu[seg])
+
+        return key
+
+    def host_order(self, replica: int) -> Any:
+        """The host tier's whole order by ``host_key`` = ``(rank at now, last access)``, ties by
+        segment, computed on arrays (``EvictionOrder``) rather than one key per segment."""
+
+        def order(host: dict, now: float) -> list:
+            n = len(host)
+            segs = np.fromiter(host.keys(), np.int64, n)
+            times = np.fromiter(host.values(), np.float64, n)
+            return segs[np.lexsort((segs, times, self.ranks(segs, now)))].tolist()
+
+        return EvictionOrder(order)
 
     def to_host(self, replica: int, seg: int) -> bool:
         return self.rank(seg, self.sim.now) != int(RetentionRank.DROP)
@@ -329,8 +430,10 @@ class HostPrefetch(Part):
     def _dropped_host(self, cache, now: float) -> list[int]:
         if self.keep_drop is None:
             return []
-        drop = int(RetentionRank.DROP)
-        return [s for s in cache.host if self.keep_drop.rank(s, now) == drop]
+        # KeepDropCache.rank of every host segment at once (a scan of the host tier), in the
+        # tier's order
+        segs = np.fromiter(cache.host.keys(), np.int64, len(cache.host))
+        return segs[self.keep_drop.ranks(segs, now) == int(RetentionRank.DROP)].tolist()
 
     def on_timer(self) -> None:
         now = self.sim.now

@@ -14,6 +14,7 @@ Every part sees the running :class:`simulator.engine.Simulator` through ``bind``
 """
 from __future__ import annotations
 
+import functools
 from typing import Any, Protocol
 
 import numpy as np
@@ -100,6 +101,14 @@ class Scheduler(Part):
     def queue_key(self, req: "Request") -> Any:  # pragma: no cover - interface
         raise NotImplementedError
 
+    def new_queue(self) -> Any:
+        """The container of one replica's waiting calls: a list (kept sorted by insertion when
+        ``static_order``, else sorted by ``sort_key()`` at each admission). A scheduler that can
+        find its head without sorting every call may return an object with the list operations
+        the engine uses — ``append``, ``remove``, ``sort``, ``[0]``, ``len``, iteration — in
+        the same order (``simulator.session_queue.SessionQueue``)."""
+        return []
+
     def sort_key(self) -> Any:
         """The key function a queue is sorted with now (default: ``queue_key``); a scheduler
         may return a faster closure that gives the same order."""
@@ -118,10 +127,19 @@ class Scheduler(Part):
         return self.preempt_rank(running) > self.preempt_rank(waiting)
 
 
+def last_access_order(fn: Any) -> Any:
+    """Mark an ``evict_key`` / ``host_key`` that *is* the tier's last access time of the segment
+    (LRU): the cache then orders by those times directly instead of calling the key once per
+    segment (same order; an override of the method is not marked and is called)."""
+    fn.last_access = True
+    return fn
+
+
 class CachePolicy(Part):
     def evict_key(self, replica: int, seg: int, now: float) -> float:  # pragma: no cover
         raise NotImplementedError
 
+    @last_access_order
     def host_key(self, replica: int, seg: int, now: float) -> float:
         """Host tier eviction order: LRU by default."""
         return self.sim.replicas[replica].cache.host.get(seg, 0.0)
@@ -129,6 +147,20 @@ class CachePolicy(Part):
     def to_host(self, replica: int, seg: int) -> bool:
         """Write a segment evicted from the GPU to the host tier? (default: yes)."""
         return True
+
+    def gpu_order(self, replica: int) -> Any:
+        """``evict_key`` of ``replica`` as the cache calls it, ``key(seg, now)``; None when it is
+        the last access time (``last_access_order``: the cache reads the times directly). A
+        policy may return a faster function giving the same keys."""
+        if getattr(self.evict_key, "last_access", False):
+            return None
+        return functools.partial(self.evict_key, replica)
+
+    def host_order(self, replica: int) -> Any:
+        """``host_key`` of ``replica`` as ``key(seg, now)``, or None for LRU (as ``gpu_order``)."""
+        if getattr(self.host_key, "last_access", False):
+            return None
+        return functools.partial(self.host_key, replica)
 
 
 class Policy:
@@ -148,12 +180,25 @@ class Policy:
                 self.parts.append(part)
 
     def bind(self, sim: "Simulator") -> None:
+        self._hooks: dict[str, list] = {}
         for part in self.parts:
             part.bind(sim)
 
     def hook(self, name: str, *args: Any) -> None:
-        for part in self.parts:
-            getattr(part, name)(*args)
+        """Call hook ``name`` on every part, in order (parts that leave it a no-op skipped)."""
+        for fn in self.listeners(name):
+            fn(*args)
+
+    def listeners(self, name: str) -> list:
+        """The parts' ``name`` methods that do something (not :class:`Part`'s no-op), in part
+        order; found once per hook and forgotten when :meth:`add_part` changes the parts."""
+        hooks = self.__dict__.setdefault("_hooks", {})
+        fns = hooks.get(name)
+        if fns is None:
+            noop = getattr(Part, name)
+            fns = hooks[name] = [getattr(p, name) for p in self.parts
+                                 if getattr(getattr(p, name), "__func__", None) is not noop]
+        return fns
 
     def ask(self, name: str, *args: Any) -> Any:
         """The first part's answer to ``name(*args)`` that is not None (None if none has one)."""
@@ -167,3 +212,4 @@ class Policy:
         """Add a part after the others (an autoscaler or a feed a baseline lacks)."""
         if all(part is not p for p in self.parts):
             self.parts.append(part)
+            self.__dict__.pop("_hooks", None)       # the listeners change with the parts

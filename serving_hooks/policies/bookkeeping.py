@@ -13,7 +13,9 @@ monotonic scale); callers that share an object across threads hold their own loc
 
 :class:`CapacityLedger`
     per replica, the requests sent and not yet finished with their predicted KV bounds
-    (:func:`capacity_request` turns an annotation into one), the tokens released by finished
+    (:func:`capacity_request` turns an annotation into one) and the sums over them that the
+    capacity check reads (``ActiveTotals``, kept on start/finish, so that a decision does not
+    sum every request in flight again), the tokens released by finished
     ones over the last ``drain_window_s`` (the drain rate), each session's last replica, and the
     replicas' waiting-queue depths (the idle-downstream input of the priority rule).
 :class:`SessionPriorityBook`
@@ -42,7 +44,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 
 from predictors.contract import Annotation
-from serving_hooks.policies.capacity import ActiveRequest, BoundTable, ReplicaState
+from serving_hooks.policies.capacity import ActiveRequest, ActiveTotals, BoundTable, ReplicaState
 from serving_hooks.policies.priority import PriorityPolicy
 
 #: Output bound of a call without a prediction when the caller knows no better (tokens).
@@ -106,6 +108,9 @@ class CapacityLedger:
         self.started_at = float(started_at)
         self._inflight: dict[Hashable, Reservation] = {}
         self._active: dict[str, dict[Hashable, ActiveRequest]] = {r: {} for r in self.replicas}
+        #: Per replica, the sums over ``_active`` the capacity check reads, kept on start/finish
+        #: (a decision reads them instead of summing every request in flight).
+        self._totals: dict[str, ActiveTotals] = {r: ActiveTotals() for r in self.replicas}
         self._released: dict[str, deque] = {r: deque() for r in self.replicas}   # (t, tokens)
         self._released_sum: dict[str, float] = {r: 0.0 for r in self.replicas}
         self._last: OrderedDict[Hashable, str] = OrderedDict()
@@ -126,6 +131,7 @@ class CapacityLedger:
         self.finish(request_id, now, released=False)
         self._inflight[request_id] = Reservation(replica, float(now), request, session)
         self._active.setdefault(replica, {})[request_id] = request
+        self._totals.setdefault(replica, ActiveTotals()).add(request)
         if session is not None:
             self._last[session] = replica
             self._last.move_to_end(session)
@@ -138,7 +144,8 @@ class CapacityLedger:
         res = self._inflight.pop(request_id, None)
         if res is None:
             return None
-        self._active[res.replica].pop(request_id, None)
+        if self._active[res.replica].pop(request_id, None) is not None:
+            self._totals[res.replica].remove(res.request)
         if released:
             tokens = res.request.expected_tokens
             self._released.setdefault(res.replica, deque()).append((float(now), tokens))
@@ -158,15 +165,21 @@ class CapacityLedger:
             self._last.popitem(last=False)
 
     def active(self, replica: str) -> tuple[ActiveRequest, ...]:
-        """The requests in flight on ``replica``, oldest first."""
-        return tuple(self._active.get(replica, {}).values())
+        """The requests in flight on ``replica``, oldest first (one tuple per change, shared by
+        the states taken until the next start or finish there)."""
+        totals = self._totals.get(replica)
+        if totals is None:
+            return ()
+        if totals.snapshot is None:
+            totals.snapshot = tuple(self._active[replica].values())
+        return totals.snapshot
 
     def reservations(self) -> list[Reservation]:
         return list(self._inflight.values())
 
     def bound_tokens(self) -> dict[str, int]:
         """Reserved ``input + hi`` tokens per replica."""
-        return {r: sum(q.bound_tokens for q in self._active.get(r, {}).values()) for r in self.replicas}
+        return {r: self._totals[r].bound_tokens if r in self._totals else 0 for r in self.replicas}
 
     def unreported_tokens(self, replica: str, since: float) -> int:
         """Bounds of the requests sent to ``replica`` at or after ``since`` (a load report taken
@@ -188,8 +201,15 @@ class CapacityLedger:
         """The policy's view of one replica: its capacity, our requests there, its own load
         report (``reported_tokens`` taken at ``reported_at``) and its drain rate."""
         unreported = self.unreported_tokens(replica, reported_at) if reported_at is not None else 0
+        totals = self._totals.get(replica)
         return ReplicaState(replica, int(capacity_tokens), self.active(replica), int(reported_tokens),
-                            unreported, self.drain(replica, now))
+                            unreported, self.drain(replica, now),
+                            summary=totals.summary() if totals is not None else None)
+
+    def totals(self, replica: str) -> ActiveTotals | None:
+        """The running sums over ``replica``'s requests in flight (what :meth:`state` passes
+        the policy; ``ActiveTotals.of(self.active(replica))`` recomputes them)."""
+        return self._totals.get(replica)
 
     # ------------------------------------------------------------ queue depths
     def note_queue_depths(self, depths: Mapping[str, int]) -> None:

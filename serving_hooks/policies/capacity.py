@@ -110,6 +110,105 @@ class ActiveRequest:
         return float(self.input_tokens) + float(out)
 
 
+#: Fixed point of the exact sums: every finite double is an integer multiple of 2^-1074.
+_EXACT_SHIFT = 1074
+
+
+def _exact(x: float) -> int:
+    """``x · 2^1074`` as an integer: exact for every finite double (``x = n / 2^k``, k ≤ 1074)."""
+    n, d = float(x).as_integer_ratio()
+    return n << (_EXACT_SHIFT - d.bit_length() + 1)
+
+
+@dataclass(frozen=True)
+class ActiveSummary:
+    """The sums over a replica's active requests that :meth:`CapacityPolicy.check` reads.
+
+    ``fixed_alpha`` and ``expected_tokens`` are the *correctly rounded* sums of their terms (the
+    float nearest the exact sum, as ``math.fsum`` gives): independent of the order the requests
+    were added and removed in, so a running total and a sum from scratch are the same number."""
+
+    fixed_alpha: float          # Σ α of requests without a bound table
+    fixed_tokens: int           # Σ (input + hi) of requests without a table
+    flex_input: int             # Σ input of requests with a table
+    tables: tuple[tuple[BoundTable, int], ...]   # (table, how many requests carry it), sorted
+    expected_tokens: float      # Σ (input + E[out])
+    bound_tokens: int           # Σ (input + hi) of every request
+
+    @property
+    def flexible_count(self) -> int:
+        return sum(n for _, n in self.tables)
+
+
+class ActiveTotals:
+    """Running sums over a set of :class:`ActiveRequest` (a replica's in-flight requests) under
+    :meth:`add` / :meth:`remove`, so a routing decision reads them in O(distinct tables) instead
+    of summing every request again. Float terms are summed exactly (integers in units of
+    2^-1074) and rounded once in :meth:`summary`: the running value equals the from-scratch
+    value bit for bit, however many adds and removes came before (``ActiveTotals.of(active)``
+    is that from-scratch value). Requests with equal bound tables are grouped (by identity, as
+    the ledger interns them; equal tables under two identities give the same sums)."""
+
+    __slots__ = ("_alpha", "_expected", "fixed_tokens", "flex_input", "bound_tokens", "_tables", "count",
+                 "_summary", "snapshot")
+
+    def __init__(self) -> None:
+        self._alpha = 0
+        self._expected = 0
+        self.fixed_tokens = 0
+        self.flex_input = 0
+        self.bound_tokens = 0
+        self._tables: dict[int, list] = {}      # id(table) -> [table, count]
+        self.count = 0
+        self._summary: ActiveSummary | None = None
+        #: A caller's tuple of the requests counted, cleared on every change (the ledger keeps
+        #: its ``active`` tuple here so that it is rebuilt once per change, not per decision).
+        self.snapshot: tuple[ActiveRequest, ...] | None = None
+
+    @classmethod
+    def of(cls, active: Iterable[ActiveRequest]) -> "ActiveTotals":
+        """The totals of ``active`` summed from scratch."""
+        t = cls()
+        for r in active:
+            t.add(r)
+        return t
+
+    def add(self, r: ActiveRequest) -> None:
+        self._apply(r, 1)
+
+    def remove(self, r: ActiveRequest) -> None:
+        """Take back a request :meth:`add` counted (the same object or an equal one)."""
+        self._apply(r, -1)
+
+    def _apply(self, r: ActiveRequest, sign: int) -> None:
+        self._summary = None
+        self.snapshot = None
+        self.count += sign
+        bound = r.bound_tokens
+        self.bound_tokens += sign * bound
+        self._expected += sign * _exact(r.expected_tokens)
+        if r.upper_bounds:
+            self.flex_input += sign * int(r.input_tokens)
+            slot = self._tables.get(id(r.upper_bounds))
+            if slot is None:
+                slot = self._tables[id(r.upper_bounds)] = [r.upper_bounds, 0]
+            slot[1] += sign
+            if slot[1] == 0:
+                del self._tables[id(r.upper_bounds)]
+        else:
+            self._alpha += sign * _exact(r.alpha)
+            self.fixed_tokens += sign * bound
+
+    def summary(self) -> ActiveSummary:
+        """The sums now (floats rounded once from the exact totals; kept until the next change)."""
+        if self._summary is None:
+            scale = 1 << _EXACT_SHIFT
+            self._summary = ActiveSummary(self._alpha / scale, self.fixed_tokens, self.flex_input,
+                                          tuple(sorted((t, n) for t, n in self._tables.values())),
+                                          self._expected / scale, self.bound_tokens)
+        return self._summary
+
+
 @dataclass(frozen=True)
 class ReplicaState:
     """What is known about one replica at decision time.
@@ -127,6 +226,10 @@ class ReplicaState:
     unreported_tokens: int = 0
     #: KV tokens per second the replica releases (finished requests), when measured.
     drain_tokens_per_s: float | None = None
+    #: The sums over ``active`` the check reads, kept up to date by the caller
+    #: (:class:`ActiveTotals`, as ``CapacityLedger`` does); None: summed over ``active`` here.
+    #: Both give the same numbers (exact sums), so a caller may pass either.
+    summary: ActiveSummary | None = field(default=None, compare=False, repr=False)
 
     def expected_wait_s(self, headroom_tokens: float) -> float | None:
         """``max(0, −headroom) / drain``: seconds until an overflow drains (None: no drain rate)."""
@@ -138,7 +241,8 @@ class ReplicaState:
 
     @property
     def tracked_tokens(self) -> int:
-        return sum(r.bound_tokens for r in self.active)
+        """``Σ_active (input + hi)``."""
+        return self._split.bound_tokens
 
     @property
     def committed_tokens(self) -> int:
@@ -146,42 +250,29 @@ class ReplicaState:
         return max(self.tracked_tokens, int(self.reported_tokens) + int(self.unreported_tokens))
 
     @cached_property
-    def _split(self) -> tuple[float, int, int, list[tuple[BoundTable, int]], float]:
-        """(Σ α fixed, Σ bound fixed, Σ input flexible, [(table, count)], Σ expected tokens)."""
-        fixed_alpha = 0.0
-        fixed_tokens = 0
-        flex_input = 0
-        tables: dict[int, list] = {}
-        expected = 0.0
-        for r in self.active:
-            expected += r.expected_tokens
-            if r.upper_bounds:
-                flex_input += int(r.input_tokens)
-                slot = tables.setdefault(id(r.upper_bounds), [r.upper_bounds, 0])
-                slot[1] += 1
-            else:
-                fixed_alpha += r.alpha
-                fixed_tokens += r.bound_tokens
-        return fixed_alpha, fixed_tokens, flex_input, [(t, n) for t, n in tables.values()], expected
+    def _split(self) -> ActiveSummary:
+        """(Σ α fixed, Σ bound fixed, Σ input flexible, [(table, count)], Σ expected tokens, Σ
+        bound): ``summary`` when the caller keeps it, else summed over ``active``."""
+        return self.summary if self.summary is not None else ActiveTotals.of(self.active).summary()
 
     @property
     def flexible_count(self) -> int:
-        return sum(n for _, n in self._split[3])
+        return self._split.flexible_count
 
     @property
     def fixed_alpha(self) -> float:
-        return self._split[0]
+        return self._split.fixed_alpha
 
     def committed_at(self, alpha_flexible: float) -> int:
         """``committed(α)``: tables read at ``alpha_flexible``, fixed requests at their own bound."""
-        _, fixed_tokens, flex_input, tables, _ = self._split
-        tracked = fixed_tokens + flex_input + sum(n * bound_at(t, alpha_flexible) for t, n in tables)
+        sp = self._split
+        tracked = sp.fixed_tokens + sp.flex_input + sum(n * bound_at(t, alpha_flexible) for t, n in sp.tables)
         return max(tracked, int(self.reported_tokens) + int(self.unreported_tokens))
 
     @property
     def expected_committed(self) -> float:
         """``max(Σ_active (input + E[out]), reported + unreported)``."""
-        return max(self._split[4], float(self.reported_tokens) + float(self.unreported_tokens))
+        return max(self._split.expected_tokens, float(self.reported_tokens) + float(self.unreported_tokens))
 
 
 @dataclass(frozen=True)

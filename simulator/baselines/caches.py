@@ -4,12 +4,13 @@ from __future__ import annotations
 import math
 
 from simulator.engine import DONE, Request, Simulator
-from simulator.policy import CachePolicy
+from simulator.policy import CachePolicy, last_access_order
 
 
 class LRU(CachePolicy):
     """Least recently used, leaf first: SGLang's default radix eviction (and HiCache's host LRU)."""
 
+    @last_access_order
     def evict_key(self, replica: int, seg: int, now: float) -> float:
         return self.sim.replicas[replica].cache.gpu[seg]
 

@@ -4,6 +4,8 @@ None of them knows a call's output length (they are non-clairvoyant, as deployed
 """
 from __future__ import annotations
 
+from collections import OrderedDict
+
 from simulator.engine import Request
 from simulator.policy import Router
 
@@ -114,14 +116,16 @@ class CacheAware(Router):
     def bind(self, sim) -> None:
         super().bind(sim)
         n = len(sim.replicas)
-        #: per replica: segment -> (tokens recorded, last access)
-        self.tree: list[dict[int, list]] = [{} for _ in range(n)]
+        #: per replica: segment -> [tokens recorded, last access], least recently used first
+        #: (an access moves the entry to the end; simulated time never goes back, so the order
+        #: is by last access and the entries of one instant are contiguous)
+        self.tree: list[OrderedDict[int, list]] = [OrderedDict() for _ in range(n)]
         self.size = [0.0] * n
         self._next_evict = self.eviction_interval_s
 
     def on_replica_reset(self, replica: int) -> None:
         """A restarted worker: sgl-router drops its tree when a worker is removed."""
-        self.tree[replica] = {}
+        self.tree[replica] = OrderedDict()
         self.size[replica] = 0.0
 
     def _match(self, r: int, path: tuple[int, ...]) -> tuple[float, float]:
@@ -150,16 +154,24 @@ class CacheAware(Router):
                     self.size[r] += n - e[0]
                     e[0] = n
                 e[1] = now
+                tree.move_to_end(s)
 
     def _evict(self) -> None:
         for r, tree in enumerate(self.tree):
-            if self.size[r] <= self.max_tree_tokens:
-                continue
-            # LRU first; among equal times the newer (deeper) segment first: leaves before parents
-            for s in sorted(tree, key=lambda s: (tree[s][1], -s)):
-                self.size[r] -= tree.pop(s)[0]
-                if self.size[r] <= self.max_tree_tokens:
-                    break
+            # LRU first; among equal times the newer (deeper) segment first: leaves before parents.
+            # The tree is kept in access order, so the oldest instant's entries lead it: take
+            # them, newest segment first, until the tree fits (no sort of the whole tree).
+            while self.size[r] > self.max_tree_tokens and tree:
+                t = next(iter(tree.values()))[1]
+                group = []
+                for s, e in tree.items():
+                    if e[1] != t:
+                        break
+                    group.append(s)
+                for s in sorted(group, reverse=True):
+                    self.size[r] -= tree.pop(s)[0]
+                    if self.size[r] <= self.max_tree_tokens:
+                        break
 
     def route(self, req: Request) -> int:
         sim = self.sim

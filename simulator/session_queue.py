@@ -1,0 +1,174 @@
+"""A replica's waiting queue under workflow-level priority, without sorting every call each round.
+
+``PriorityScheduler`` (``simulator.ours``) orders a waiting call by SGLang's integer priority of
+its *session* (workflow), then FCFS::
+
+    key(call, now) = (−V_s(now), t_enqueue, idx),
+    V_s(now) = round(scale · (score_s + aging · (now − since_s)))
+
+with ``(score_s, since_s)`` the session's reference in the ``SessionPriorityBook``. The engine
+sorted the whole queue by this key at every admission round: O(W log W) per round, W the
+queue's length, which grows with the backlog (superlinear in the trace at peak load).
+
+Everything about a session's order is one number, its **anchor**
+``a_s = scale · (score_s − aging · since_s)``: ``V_s(now) = round(a_s + scale · aging · now)``
+up to float rounding, the same shift for every session. The integer rounding makes sessions
+whose anchors are less than 1 apart tie or not depending on ``now`` (the tie then goes to the
+older call), so the anchor alone does not give the order; but it bounds it: if
+``a_s < a_max − 1 − m`` (``m`` a margin far above the float error) then ``V_s < V_max``, since
+``|round(x) − x| ≤ ½``. So the head at ``now`` is found among the sessions whose anchor is within
+``1 + m`` of the largest (a heap of sessions by anchor), by computing their ``V_s(now)`` exactly
+as the sort key does and taking the smallest ``(−V_s, t_enqueue, idx)`` of each session's oldest
+call: the element the sort would have put first, in O(k log S) for k sessions near the top.
+
+**The list it replaces.** The engine appends calls (issued or preempted) at the end and sorts
+at the start of each admission (:meth:`Simulator._admit`); a call appended after the sort stays
+behind every sorted call until the next sort. This queue keeps that: appended calls wait in
+``tail`` (in order) and :meth:`sort` moves them into the ordered part. The ordered part is read
+only at the time it was sorted (within one admission) or when it holds one call, so computing
+its head from the sessions' current references at ``now`` gives what the sorted list held.
+A session whose reference changes (a new call of it was issued) is re-keyed (:meth:`rekey`).
+"""
+from __future__ import annotations
+
+import bisect
+import heapq
+from typing import Any, Callable, Iterator
+
+#: Clamp of SGLang's integer priority (as ``PriorityScheduler.sort_key``).
+PRIORITY_LIMIT = 2 ** 62
+
+
+def sglang_int(score: float, since: float, now: float, aging: float, scale: float) -> int:
+    """``clamp(round((score + aging · max(0, now − since)) · scale))``: the session's integer
+    priority at ``now`` (``PriorityPolicy.to_sglang(aged(score, since, now))``, inlined)."""
+    v = int(round((score + aging * max(0.0, now - since)) * scale))
+    return max(-PRIORITY_LIMIT, min(PRIORITY_LIMIT, v))
+
+
+class SessionQueue:
+    """The waiting calls of one replica in ``PriorityScheduler``'s order (module docstring).
+
+    ``reference(wf)`` returns the session's ``(score, since)``; ``clock()`` the simulated time.
+    Supports what the engine and the routers use of a list: ``append``, ``remove``, ``sort``
+    (the key is ignored: the order is the scheduler's), ``[0]`` (the head), ``len``, truth and
+    iteration (in queue order: the sorted part, then the calls appended since)."""
+
+    def __init__(self, reference: Callable[[Any], tuple[float, float]], clock: Callable[[], float],
+                 aging: float, scale: float) -> None:
+        self.reference = reference
+        self.clock = clock
+        self.aging = float(aging)
+        self.scale = float(scale)
+        #: Sorted part: per session, its calls by (t_enqueue, idx).
+        self.sessions: dict[Any, list] = {}
+        #: Heap of (−anchor, stamp, session); an entry is live while ``stamp`` is the session's.
+        self.heap: list[tuple[float, int, Any]] = []
+        self.stamp: dict[Any, int] = {}
+        self._stamps = 0
+        #: Calls appended since the last sort, in order.
+        self.tail: list = []
+        self.n = 0
+
+    # --- list operations ----------------------------------------------------------------------
+    def __len__(self) -> int:
+        return self.n
+
+    def __bool__(self) -> bool:
+        return self.n > 0
+
+    def append(self, req: Any) -> None:
+        self.tail.append(req)
+        self.n += 1
+
+    def sort(self, key: Any = None) -> None:
+        """Move the calls appended since the last sort into the ordered part."""
+        for req in self.tail:
+            self._insert(req)
+        self.tail.clear()
+
+    def remove(self, req: Any) -> None:
+        calls = self.sessions.get(req.wf)
+        if calls is not None:
+            i = bisect.bisect_left(calls, (req.t_enqueue, req.idx), key=_fcfs)
+            if i < len(calls) and calls[i] is req:
+                del calls[i]
+                if not calls:
+                    del self.sessions[req.wf]
+                    del self.stamp[req.wf]
+                self.n -= 1
+                return
+        self.tail.remove(req)
+        self.n -= 1
+
+    def __getitem__(self, i: int) -> Any:
+        if i == 0 and self.n:
+            return self.head(self.clock())
+        return list(self)[i]
+
+    def __iter__(self) -> Iterator[Any]:
+        now = self.clock()
+        ordered = sorted((c for calls in self.sessions.values() for c in calls),
+                         key=lambda c: (-self._priority(c.wf, now), c.t_enqueue, c.idx))
+        return iter(ordered + self.tail)
+
+    # --- order --------------------------------------------------------------------------------
+    def rekey(self, wf: Any) -> None:
+        """The session's reference changed: re-place it in the heap (a no-op if it has no sorted
+        call here)."""
+        if wf in self.sessions:
+            self._push(wf)
+
+    def head(self, now: float) -> Any:
+        """The first call of the queue at ``now`` (module docstring)."""
+        if not self.sessions:
+            return self.tail[0]
+        heap, stamp = self.heap, self.stamp
+        while heap[0][1] != stamp.get(heap[0][2]):
+            heapq.heappop(heap)
+        top = -heap[0][0]
+        margin = 1.0 + 1e-9 * (1.0 + abs(top) + abs(self.aging * self.scale * now))
+        # the second largest anchor is one of the root's children (live or not): when both are
+        # out of the window, the top session alone holds the head
+        if all(-heap[i][0] < top - margin for i in (1, 2) if i < len(heap)):
+            return self.sessions[heap[0][2]][0]
+        near: list[tuple[float, int, Any]] = []
+        best_key, best = None, None
+        while heap and -heap[0][0] >= top - margin:
+            entry = heapq.heappop(heap)
+            wf = entry[2]
+            if entry[1] != stamp.get(wf):
+                continue
+            near.append(entry)
+            first = self.sessions[wf][0]
+            key = (-self._priority(wf, now), first.t_enqueue, first.idx)
+            if best_key is None or key < best_key:
+                best_key, best = key, first
+        for entry in near:
+            heapq.heappush(heap, entry)
+        return best
+
+    def _priority(self, wf: Any, now: float) -> int:
+        score, since = self.reference(wf)
+        return sglang_int(score, since, now, self.aging, self.scale)
+
+    def _insert(self, req: Any) -> None:
+        calls = self.sessions.get(req.wf)
+        if calls is None:
+            self.sessions[req.wf] = [req]
+            self._push(req.wf)
+        else:
+            bisect.insort(calls, req, key=_fcfs)
+
+    def _push(self, wf: Any) -> None:
+        score, since = self.reference(wf)
+        self._stamps += 1
+        self.stamp[wf] = self._stamps
+        heapq.heappush(self.heap, (-(score - self.aging * since) * self.scale, self._stamps, wf))
+        if len(self.heap) > 2 * len(self.stamp) + 64:     # drop the dead entries
+            self.heap = [e for e in self.heap if e[1] == self.stamp.get(e[2])]
+            heapq.heapify(self.heap)
+
+
+def _fcfs(req: Any) -> tuple[float, int]:
+    return (req.t_enqueue, req.idx)
