@@ -19,7 +19,7 @@ import pytest
 
 from serving_hooks.annotations import flatten_for_sglang
 from tests.sglang.real_server import SGLangServer, build_tiny_model, missing_server_modules
-from tests.serving_helpers import fit_generated_profile, running_gateway, wait_for
+from tests.serving_helpers import fit_generated_profile, metric, running_gateway, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.sglang]
 
@@ -245,7 +245,10 @@ def test_gateway_priorities_change_completion_order(server, profile, model_name)
         with lock:
             done.append(name)
 
-    with running_gateway([server.url], profile, sglang_fields=True, budget_s=1.0) as gw:
+    # The default test budget (30 s), not 1 s: under a CPU-heavy neighbour a call annotated over
+    # budget goes out untagged (fail-open) and loses its priority — a run of the suite beside a
+    # CPU hog failed that way. The assertion below checks every gateway call was annotated.
+    with running_gateway([server.url], profile, sglang_fields=True) as gw:
         for i in range(2):                          # walk two sessions up to their last agent
             for agent in agents:
                 call(gw.url, f"walk{i}-{agent}", f"order-high-{i}", agent, 1)
@@ -268,6 +271,8 @@ def test_gateway_priorities_change_completion_order(server, profile, model_name)
         assert not any(n.startswith("block") for n in done), "a blocking call ended before all five were queued"
         for t in blockers + lows + highs:
             t.join(300)
+        n_gateway_calls = 2 * len(agents) + len(lows) + len(highs)
+        assert metric(gw.url, "profiler_gateway_annotate_total", outcome="annotated") == n_gateway_calls
     log = server.log_text()
 
     def gateway_priority(session: str) -> int:
