@@ -99,10 +99,11 @@ def seeded_table(res: dict) -> str:
         for name, row in per.items():
             r1 = block["policies"][name]
             rb = r1.get("recompute_vs_belady")
+            ratio = ("– (sglang-default not run)" if "ratio_mean" not in row else
+                     f"{row['ratio_mean']:.2f} [{row['ratio_min']:.2f}, {row['ratio_max']:.2f}]")
             lines.append(f"| {name} | {row['avg_jct_mean']:.1f} ± {row['avg_jct_std']:.1f} | "
                          f"{row['p95_jct_mean']:.1f} ± {row['p95_jct_std']:.1f} | "
-                         f"{row['ratio_mean']:.2f} [{row['ratio_min']:.2f}, "
-                         f"{row['ratio_max']:.2f}] | {sum(row['settling']) / len(row['settling']):.2f} | "
+                         f"{ratio} | {sum(row['settling']) / len(row['settling']):.2f} | "
                          f"{'–' if rb is None else f'{rb:.2f}'} | {row['gpu_held_s_mean'] / 3600:.2f} |")
         lines.append("")
     lines.append("† first seed; ours rows: eviction-caused recompute ÷ ours-belady's; baselines: "
