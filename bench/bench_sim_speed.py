@@ -73,12 +73,6 @@ def workflows_for(calls: int, seed: int) -> int:
     return max(10, int(round(calls / per_wf)))
 
 
-def profile_dir(root: Path) -> Path:
-    """Where ``prepare`` finds the profile a previous run fit under ``root``: the fit writes it
-    to ``root/profile`` while ``prepare`` reuses a folder holding ``CURRENT``."""
-    return root / "profile" if (root / "profile" / "CURRENT").exists() else root
-
-
 def run_policy(prep: Prepared, name: str, cfg: ClusterConfig, level: str, arrivals: str,
                seed: int, profiler: cProfile.Profile | None) -> dict:
     """One policy at one load: ``profiler simulate``'s arrivals and window, timed."""
@@ -140,7 +134,7 @@ def main() -> None:
     for size in sizes:
         n_wf = workflows_for(size, args.seed)
         prep = prepare("coding-assistant", n_wf, seed=args.seed, cfg=cfg,
-                       profile_dir=profile_dir(args.out / f"profile-coding-assistant-s{args.seed}"))
+                       profile_dir=args.out / f"profile-coding-assistant-s{args.seed}")
         for name in policies:
             row = run_policy(prep, name, cfg, args.load, args.arrivals, args.seed, prof)
             row.update(load=args.load, arrivals=args.arrivals)

@@ -40,7 +40,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from predictors.tool_latency import ToolLatencyModel
-from profiler.profile_artifact import load_profile
+from profiler.profile_artifact import CURRENT_FILE, load_profile
 from simulator.autoscale import MODES as AUTOSCALE_MODES
 from simulator.autoscale import AutoscaleOptions, Autoscaler, ProjectedCalls, QueueDepth
 from simulator.baselines import BASELINES
@@ -153,12 +153,15 @@ def prepare(workload: str, n_workflows: int | None = None, seed: int = 0,
     else:
         test = replicate_records(src.test, n_workflows, seed=seed)
     notes = list(src.notes)
-    if profile_dir is not None and (Path(profile_dir) / "CURRENT").exists():
+    if profile_dir is not None and (Path(profile_dir) / CURRENT_FILE).exists():
         profile = load_profile(profile_dir)
         notes.append(f"profile loaded from {profile_dir} (version {profile.version}); make sure it "
                      "was not fit on the replayed workflows")
     else:
-        profile = fit_train_profile(src.train, profile_dir, progress=progress)
+        profile, reused = fit_train_profile(src.train, profile_dir, progress=progress)
+        if reused:
+            notes.append(f"profile reused from {Path(profile_dir) / 'profile'} (version "
+                         f"{profile.version}): fit on this run's train split")
     wl = workload_from_records(test, name=src.name, system_tokens=src.system_tokens,
                                conversation_lineage=not src.generated)
     return Prepared(src.name, src, wl, profile, seed, notes)

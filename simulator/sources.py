@@ -9,7 +9,8 @@
   was seen by the fit. The spec's per-agent ``system_tokens`` give the shared system prompts.
 
 The profile is fit with the lead's path (``profiler.fitting.fit_profile``) into a folder (a temp
-folder unless ``profile_dir`` is given), and loaded by a ``predictors.Predictor``.
+folder unless ``profile_dir`` is given; a later run on the same train split reuses it), and loaded
+by a ``predictors.Predictor``.
 """
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from typing import Any, Sequence
 
 from predictors.predictor import Predictor
 from profiler.fitting import fit_profile
+from profiler.profile_artifact import CURRENT_FILE, load_profile
 from profiler.ingest import ingest
 from profiler.store import connect
 from profiler.workloads import generate, load_spec
@@ -102,24 +104,35 @@ def generated(workload: str, n_train: int, n_test: int, seed: int = 0) -> Source
     return Source(workload, train, test, sys_tokens, generated=True)
 
 
-def fit_train_profile(records: list[dict], profile_dir: str | Path | None = None,
-                      progress: bool = False) -> Any:
-    """Fit a profile on ``records`` with ``profiler.fitting.fit_profile``; returns the Profile.
+def train_lines(records: Sequence[dict]) -> bytes:
+    """The train split as the JSON lines the fit reads (one compact object per line)."""
+    return b"".join(json.dumps(rec, separators=(",", ":"), default=str).encode() + b"\n"
+                    for rec in records)
 
-    The records are written to ``<dir>/train/train.jsonl`` first (the fit reads files)."""
+
+def fit_train_profile(records: list[dict], profile_dir: str | Path | None = None,
+                      progress: bool = False) -> tuple[Any, bool]:
+    """Fit a profile on ``records`` with ``profiler.fitting.fit_profile``, or reuse the one a
+    previous run fit on the very same records; returns ``(profile, reused)``.
+
+    The records are written to ``<dir>/train/train.jsonl`` (the fit reads files) and the profile
+    to ``<dir>/profile``. A later run with the same ``<dir>`` reuses that profile only when its
+    train file holds byte-for-byte the records of this run's train split: a profile fit on another
+    seed's split may have seen workflows this run replays, so it is refit (as a new version)."""
     if profile_dir is not None:
         root = Path(profile_dir)
     else:  # a throw-away profile: removed when the process ends
         root = Path(tempfile.mkdtemp(prefix="sim-profile-"))
         atexit.register(shutil.rmtree, root, ignore_errors=True)
-    logs = root / "train"
+    logs, out = root / "train", root / "profile"
+    lines = train_lines(records)
+    train_file = logs / "train.jsonl"
+    if (out / CURRENT_FILE).exists() and train_file.exists() and train_file.read_bytes() == lines:
+        return load_profile(out), True
     logs.mkdir(parents=True, exist_ok=True)
-    with open(logs / "train.jsonl", "w", encoding="utf-8") as fh:
-        for rec in records:
-            fh.write(json.dumps(rec, separators=(",", ":"), default=str))
-            fh.write("\n")
-    profile, _ = fit_profile([logs], root / "profile", progress=progress)
-    return profile
+    train_file.write_bytes(lines)
+    profile, _ = fit_profile([logs], out, progress=progress)
+    return profile, False
 
 
 def make_predictor(profile: Any) -> Any:

@@ -288,3 +288,15 @@ def test_host_prefetch_never_displaces_retained_host_copies(coding):
     prefetch.policy.plan(str(call.wf), 0.0, "x", 1.0, 0.0, need, payload=req)
     prefetch.on_timer()
     assert prefetch.staged_tokens > 0 and call.own_seg in cache.host
+
+
+def test_profile_folder_is_reused_only_for_the_same_train_split(tmp_path):
+    """``--profile DIR`` twice on one split loads the saved profile; another seed's split refits."""
+    cfg = ClusterConfig(replicas=2, kv_capacity_tokens=60_000)
+    first = prepare("coding-assistant", 12, seed=3, n_train=60, profile_dir=tmp_path, cfg=cfg)
+    again = prepare("coding-assistant", 12, seed=3, n_train=60, profile_dir=tmp_path, cfg=cfg)
+    assert not any("reused" in n for n in first.notes)
+    assert any("profile reused" in n for n in again.notes)
+    assert again.profile.version == first.profile.version
+    other = prepare("coding-assistant", 12, seed=4, n_train=60, profile_dir=tmp_path, cfg=cfg)
+    assert other.profile.version != first.profile.version and not any("reused" in n for n in other.notes)

@@ -60,7 +60,8 @@ def simulate(
     train_share: Annotated[float, typer.Option(
         help="Logs: share of workflows in the train split (profiler split's rule).")] = 0.7,
     profile: Annotated[Optional[Path], typer.Option(
-        help="Folder for the train-split profile: reused if it holds one, else fit there "
+        help="Folder for the train-split profile: a `profiler fit` output is used as is; else "
+             "the profile is fit there, and reused by a later run with the same train split "
              "(default: a temporary folder).")] = None,
     seed: Annotated[int, typer.Option(help="Seed of the split, generation and arrivals.")] = 0,
     arrivals: Annotated[str, typer.Option(
