@@ -13,7 +13,8 @@ plugin's counters since start (``priority_set``, ``priority_from_<source>``, ``r
 
 With ``AWP_SGLANG_DEBUG=1`` every decision is logged as one ``awp-decision`` line of
 ``key=value`` pairs (the request id, the priority and where it came from, the keep/drop rank
-and deadline), e.g. ``awp-decision priority rid=7f… priority=1250 source=gateway session=wf-1``.
+and deadline), e.g. ``awp-decision priority rid=7f… priority=1250 source=gateway session=wf-1``,
+and each finished request as ``awp-decision finish rid=… t=…`` in the scheduler's finish order.
 All lines go through the ``serving_hooks.sglang_plugin`` logger into SGLang's own log output.
 """
 from __future__ import annotations

@@ -35,7 +35,7 @@ from typing import Any
 from sglang.srt.mem_cache.evict_policy import EvictionStrategy, LRUStrategy
 
 from serving_hooks.policies import Retention, RetentionRank
-from serving_hooks.sglang_plugin.observe import decision
+from serving_hooks.sglang_plugin.observe import debug_enabled, decision
 from serving_hooks.sglang_plugin.settings import BACKEND_NAME
 from serving_hooks.sglang_plugin.state import get_state
 
@@ -108,9 +108,14 @@ def stamp_finished_request(req: Any, tree_cache: Any, now: float | None = None) 
 
 def after_release_kv_cache(result: Any, req: Any, tree_cache: Any, *args: Any, checkpoint: bool = False,
                            **kwargs: Any) -> None:
-    """AFTER hook on ``release_kv_cache(req, tree_cache, *, checkpoint)``."""
+    """AFTER hook on ``release_kv_cache(req, tree_cache, *, checkpoint)``.
+
+    With ``AWP_SGLANG_DEBUG=1`` it also logs ``awp-decision finish rid=…``: the order in which the
+    scheduler finished requests, free of the HTTP hops that reorder responses on the way out."""
     try:
         if checkpoint and req.finished():
+            if debug_enabled():
+                decision("finish", rid=getattr(req, "rid", "?"), t=round(get_state().now(), 3))
             stamp_finished_request(req, tree_cache)
     except Exception:  # retention is advice: never break the release path
         logger.exception("retention stamp failed for %s", getattr(req, "rid", "?"))
