@@ -5,6 +5,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from profiler.commands.evaluate import readable_lines, score_rows
 
 
@@ -25,6 +27,7 @@ def test_score_rows_name_each_section_path():
                     ("path", "regex_acceptance", "1.000")]
 
 
+@pytest.mark.slow
 def test_eval_table_fits_80_columns(tmp_path):
     import os
 
@@ -42,6 +45,7 @@ def test_eval_table_fits_80_columns(tmp_path):
     assert "scores by section" in run("eval", "--profile", "p", "s/test").stdout
 
 
+@pytest.mark.slow
 def test_eval_prints_no_python_dicts(tmp_path):
     run = lambda *a: subprocess.run([sys.executable, "-m", "profiler", *a], cwd=tmp_path,  # noqa: E731
                                     capture_output=True, text=True, check=True)

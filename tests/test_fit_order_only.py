@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from profiler.cli import app
@@ -15,6 +16,7 @@ FIX = Path(__file__).parent / "fixtures" / "importers"
 runner = CliRunner()
 
 
+@pytest.mark.slow
 def test_order_only_logs_are_detected_and_time_models_left_empty(tmp_path):
     # Who&When: real agent order and token estimates, times are call positions (synthetic_order)
     out = runner.invoke(app, ["fit", str(REAL / "seq_whowhen_magentic_captain.jsonl"), "--out", str(tmp_path / "p")])
@@ -32,6 +34,7 @@ def test_order_only_logs_are_detected_and_time_models_left_empty(tmp_path):
     assert "cannot predict idle gap" in shown.output
 
 
+@pytest.mark.slow
 def test_order_only_flag_on_timed_logs(tmp_path):
     logs = REAL / "agentless_pr28.jsonl"
     timed, _ = fit_profile([logs], tmp_path / "a")

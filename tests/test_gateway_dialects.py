@@ -190,6 +190,7 @@ def test_identity_sources_and_map():
         IdentityMap(workflow_type_from="nope")
 
 
+@pytest.mark.slow
 def test_a_call_retried_twice_advances_its_session_once(profile_root, caplog):
     fake = FakeOpenAI()
     with serve_in_thread(fake.app) as up, running_gateway([up.url], profile_root, dialect="sglang") as gw:
@@ -339,6 +340,7 @@ def test_otlp_exporter_posts_spans_to_a_collector():
     assert got and got[0][0] == "application/x-protobuf" and b"gen_ai.conversation.id" in got[0][1]
 
 
+@pytest.mark.slow
 def test_cli_rejects_a_bad_dialect_in_one_line():
     import subprocess
     import sys

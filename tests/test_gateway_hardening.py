@@ -94,6 +94,7 @@ def test_path_allow_list_and_engine_admin_paths(recorder):
     assert all(pat.startswith(("*", "/")) for pat in ENGINE_ADMIN_PATHS)
 
 
+@pytest.mark.slow
 def test_client_scheduler_fields_are_stripped_unless_allowed(recorder):
     for body in ({**CHAT, "priority": -100, "custom_params": {"known": True, "priority": 9}},
                  {**CHAT, "app_metadata": {"workflow_type_id": "nope"}, "priority": 5},

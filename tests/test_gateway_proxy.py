@@ -140,6 +140,7 @@ def test_openai_client_with_extra_body(upstream, profile_root):
         assert text.choices[0].text.startswith("tok0")
 
 
+@pytest.mark.slow
 def test_upstream_errors_reach_the_client_unchanged(upstream, profile_root):
     # timeout 2 s vs a 6 s delay: the answers that must arrive do so well inside it under load
     with running_gateway([upstream.url], profile_root, upstream_timeout_s=2.0) as gw:

@@ -71,6 +71,7 @@ def test_new_workflow_type_is_shadowed_until_promoted_then_drift_demotes(upstrea
         assert summary["shadowed"] and summary["promotions"] == 1 and summary["live_coverage"] < 0.8
 
 
+@pytest.mark.slow
 def test_profile_swapped_during_a_stream_of_gateway_requests(upstream, tmp_path):
     root = fit_root(tmp_path)
     base = load_profile(root)

@@ -115,6 +115,7 @@ def test_strict_mode_raises_after_loading_valid_records(con, tmp_path):
     assert con.execute("SELECT count(*) FROM calls").fetchone()[0] == 1
 
 
+@pytest.mark.slow
 def test_strict_cli_exit_code_and_reasons(tmp_path):
     path = write_jsonl(tmp_path / "logs" / "x.jsonl", [flat("ok"), flat("bad", dur=-5)])
     run = subprocess.run([sys.executable, "-m", "profiler", "fit", str(path.parent), "--out",

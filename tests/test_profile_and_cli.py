@@ -77,6 +77,7 @@ def test_cli_fit_show_eval_json(tmp_path, coding_logs, coding_test_logs):
     assert set(tl) >= {"p95_coverage", "ks_max", "per_tool"} and 0.85 < tl["p95_coverage"] <= 1.0
 
 
+@pytest.mark.slow
 def test_cli_generate_split_fit_on_real_traces(tmp_path):
     split = tmp_path / "split"
     run("split", str(SWE_TRACES), "--out", str(split), "--train", "0.7")
@@ -92,6 +93,7 @@ def test_cli_generate_split_fit_on_real_traces(tmp_path):
     assert len(lines) >= 300 and len({r["workflow_id"] for r in lines}) < len(lines)
 
 
+@pytest.mark.slow
 def test_cli_errors_are_clear(tmp_path):
     proc = run("show", "--profile", str(tmp_path), check=False)
     assert proc.returncode == 2 and "not a profile" in proc.stderr

@@ -21,6 +21,7 @@ from typer.testing import CliRunner
 from profiler.cli import app
 
 pytest.importorskip("matplotlib", reason="profiler report needs the [report] extra (matplotlib)")
+pytestmark = pytest.mark.slow   # every test renders a report; two drive a real browser
 
 WT = "review_bot"
 

@@ -22,6 +22,7 @@ def invoke(*args: str):
     return res
 
 
+@pytest.mark.slow
 def test_generated_workload_json_table_and_plot(tmp_path):
     plot = tmp_path / "jct.png"
     res = invoke("--workload", "coding-assistant", "--load", "low,peak", "--workflows", "16",

@@ -316,6 +316,7 @@ def _bound_with(router: CapacityRouter, state_fn):
     return bind_then_patch
 
 
+@pytest.mark.slow
 def test_every_step_of_a_contended_run_of_ours_matches_the_recomputation(coding):
     CheckedSimulator.checks = 0
     sim, res = _run(coding, CheckedSimulator)

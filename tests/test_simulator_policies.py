@@ -290,6 +290,7 @@ def test_host_prefetch_never_displaces_retained_host_copies(coding):
     assert prefetch.staged_tokens > 0 and call.own_seg in cache.host
 
 
+@pytest.mark.slow
 def test_profile_folder_is_reused_only_for_the_same_train_split(tmp_path):
     """``--profile DIR`` twice on one split loads the saved profile; another seed's split refits."""
     cfg = ClusterConfig(replicas=2, kv_capacity_tokens=60_000)

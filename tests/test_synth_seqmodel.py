@@ -174,6 +174,7 @@ def _single_agent_logs(path, n_workflows, seed):
                 t += 2.0
 
 
+@pytest.mark.slow
 def test_single_agent_type_uses_tool_names_for_remaining_work(tmp_path):
     from profiler.evaluation import evaluate
     from profiler.fitting import fit_profile
