@@ -160,8 +160,8 @@ def prepare(workload: str, n_workflows: int | None = None, seed: int = 0,
     else:
         profile, reused = fit_train_profile(src.train, profile_dir, progress=progress)
         if reused:
-            notes.append(f"profile reused from {Path(profile_dir) / 'profile'} (version "
-                         f"{profile.version}): fit on this run's train split")
+            notes.append(f"profile reused from {profile.path} (version {profile.version}): fit "
+                         "on this run's train split")
     wl = workload_from_records(test, name=src.name, system_tokens=src.system_tokens,
                                conversation_lineage=not src.generated)
     return Prepared(src.name, src, wl, profile, seed, notes)

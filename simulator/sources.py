@@ -15,6 +15,7 @@ by a ``predictors.Predictor``.
 from __future__ import annotations
 
 import atexit
+import hashlib
 import json
 import shutil
 import tempfile
@@ -115,22 +116,26 @@ def fit_train_profile(records: list[dict], profile_dir: str | Path | None = None
     """Fit a profile on ``records`` with ``profiler.fitting.fit_profile``, or reuse the one a
     previous run fit on the very same records; returns ``(profile, reused)``.
 
-    The records are written to ``<dir>/train/train.jsonl`` (the fit reads files) and the profile
-    to ``<dir>/profile``. A later run with the same ``<dir>`` reuses that profile only when its
-    train file holds byte-for-byte the records of this run's train split: a profile fit on another
-    seed's split may have seen workflows this run replays, so it is refit (as a new version)."""
+    Each train split gets its own folder, ``<dir>/split-<first 12 hex of the SHA-256 of its JSON
+    lines>``, holding ``train/train.jsonl`` (the fit reads files) and the profile in ``profile``.
+    A later run on the same split (same workload, seed and share) finds that folder's profile
+    and reuses it; another split never shares a folder. That matters because a profile root is
+    incremental: a fit adds its logs to the calls the root's store already holds, so a shared
+    folder would fit one seed's profile on another seed's train split too, and those calls may be
+    the workflows this run replays. ``CURRENT`` is written last, so a fit that did not finish is
+    simply fit again."""
     if profile_dir is not None:
         root = Path(profile_dir)
     else:  # a throw-away profile: removed when the process ends
         root = Path(tempfile.mkdtemp(prefix="sim-profile-"))
         atexit.register(shutil.rmtree, root, ignore_errors=True)
-    logs, out = root / "train", root / "profile"
     lines = train_lines(records)
-    train_file = logs / "train.jsonl"
-    if (out / CURRENT_FILE).exists() and train_file.exists() and train_file.read_bytes() == lines:
+    split = root / f"split-{hashlib.sha256(lines).hexdigest()[:12]}"
+    logs, out = split / "train", split / "profile"
+    if (out / CURRENT_FILE).exists():
         return load_profile(out), True
     logs.mkdir(parents=True, exist_ok=True)
-    train_file.write_bytes(lines)
+    (logs / "train.jsonl").write_bytes(lines)
     profile, _ = fit_profile([logs], out, progress=progress)
     return profile, False
 

@@ -1,6 +1,7 @@
 """Baseline policy rules and our policy's use of the serving_hooks.policies objects."""
 from __future__ import annotations
 
+import duckdb
 import pytest
 
 from serving_hooks.policies import ActiveRequest, CapacityPolicy, KeepDropPolicy, PriorityPolicy
@@ -301,3 +302,11 @@ def test_profile_folder_is_reused_only_for_the_same_train_split(tmp_path):
     assert again.profile.version == first.profile.version
     other = prepare("coding-assistant", 12, seed=4, n_train=60, profile_dir=tmp_path, cfg=cfg)
     assert other.profile.version != first.profile.version and not any("reused" in n for n in other.notes)
+    back = prepare("coding-assistant", 12, seed=3, n_train=60, profile_dir=tmp_path, cfg=cfg)
+    assert any("profile reused" in n for n in back.notes) and back.profile.version == first.profile.version
+    # one store per split: seed 4's profile was fit on seed 4's train calls only
+    fit_on = {r["request_id"] for r in other.source.train}
+    con = duckdb.connect(str(other.profile.path.parents[1] / "store.duckdb"), read_only=True)
+    stored = {row[0] for row in con.execute("SELECT request_id FROM calls").fetchall()}
+    con.close()
+    assert stored == fit_on

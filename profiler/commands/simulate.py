@@ -60,9 +60,9 @@ def simulate(
     train_share: Annotated[float, typer.Option(
         help="Logs: share of workflows in the train split (profiler split's rule).")] = 0.7,
     profile: Annotated[Optional[Path], typer.Option(
-        help="Folder for the train-split profile: a `profiler fit` output is used as is; else "
-             "the profile is fit there, and reused by a later run with the same train split "
-             "(default: a temporary folder).")] = None,
+        help="Folder for the train-split profiles: a `profiler fit` output is used as is; else "
+             "each train split is fit in its own sub-folder there and reused by a later run on "
+             "the same split (default: a temporary folder).")] = None,
     seed: Annotated[int, typer.Option(help="Seed of the split, generation and arrivals.")] = 0,
     arrivals: Annotated[str, typer.Option(
         help="poisson, gamma (bursty: --cv), trace (recorded spacing), closed (a fixed "
