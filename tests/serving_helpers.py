@@ -15,13 +15,13 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
 
-def wait_for(condition, timeout: float = 120.0) -> bool:
-    """Poll ``condition`` (logging and observing happen after the client has its answer); the
-    timeout only bounds a wait that would never end, so it is generous: a suite run three times in a
-    row beside a CPU-heavy job on 2 shared cores needed more than 30 s here."""
+def wait_for(condition, timeout: float = 120.0, every_s: float = 0.01) -> bool:
+    """Poll ``condition`` every ``every_s`` (logging and observing happen after the client has its
+    answer); the timeout only bounds a wait that would never end, so it is generous: a suite run
+    three times in a row beside a CPU-heavy job on 2 shared cores needed more than 30 s here."""
     deadline = time.monotonic() + timeout
     while not condition() and time.monotonic() < deadline:
-        time.sleep(0.01)
+        time.sleep(every_s)
     return condition()
 
 
