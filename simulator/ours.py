@@ -330,13 +330,6 @@ class KeepDropCache(CachePolicy):
         self._seg_wf = sim.workload.seg_wf
         self._seg_wf_arr = np.asarray(sim.workload.seg_wf, dtype=np.int64)
         self.retention.size(len(sim.workload.workflows))
-        self._gpu = [rep.cache.gpu for rep in sim.replicas]
-        self._host = [rep.cache.host for rep in sim.replicas]
-
-    def on_replica_reset(self, replica: int) -> None:
-        """A restarted replica has new, empty tiers: read its dicts from there on."""
-        cache = self.sim.replicas[replica].cache
-        self._gpu[replica], self._host[replica] = cache.gpu, cache.host
 
     def ranks(self, segs: np.ndarray, now: float) -> np.ndarray:
         """:meth:`rank` of every segment of ``segs`` at ``now`` (arrays)."""
@@ -358,16 +351,15 @@ class KeepDropCache(CachePolicy):
         return _NEUTRAL if now >= e[1] else e[0]
 
     def evict_key(self, replica: int, seg: int, now: float) -> tuple:
-        e = self.retention.flat.get(self._seg_wf[seg])      # self.rank inlined: once per leaf
-        return (_NEUTRAL if e is None or now >= e[1] else e[0], self._gpu[replica][seg])
+        return (self.rank(seg, now), self.sim.replicas[replica].cache.gpu[seg])
 
     def host_key(self, replica: int, seg: int, now: float) -> tuple:
-        e = self.retention.flat.get(self._seg_wf[seg])
-        return (_NEUTRAL if e is None or now >= e[1] else e[0], self._host[replica].get(seg, 0.0))
+        return (self.rank(seg, now), self.sim.replicas[replica].cache.host.get(seg, 0.0))
 
     def gpu_order(self, replica: int) -> Any:
-        """``evict_key`` of ``replica`` as one closure (the cache calls it once per leaf)."""
-        flat, seg_wf, gpu = self.retention.flat, self._seg_wf, self._gpu[replica]
+        """``evict_key`` of ``replica`` as one closure (the cache calls it once per leaf; the
+        replica's tier is read once per eviction, so a restarted replica's new tier is used)."""
+        flat, seg_wf, gpu = self.retention.flat, self._seg_wf, self.sim.replicas[replica].cache.gpu
 
         def key(seg: int, now: float) -> tuple:
             e = flat.get(seg_wf[seg])
