@@ -174,13 +174,15 @@ class Policy:
         self.cache = cache
         self.description = description
         self.parts: list[Part] = []
+        #: hook name -> the parts' methods that implement it (:meth:`listeners`)
+        self._hooks: dict[str, list] = {}
         # extras first: e.g. a prediction feed that annotates a call before it is routed
         for part in (*extras, router, scheduler, cache):
             if all(part is not p for p in self.parts):
                 self.parts.append(part)
 
     def bind(self, sim: "Simulator") -> None:
-        self._hooks: dict[str, list] = {}
+        self._hooks.clear()
         for part in self.parts:
             part.bind(sim)
 
@@ -192,11 +194,10 @@ class Policy:
     def listeners(self, name: str) -> list:
         """The parts' ``name`` methods that do something (not :class:`Part`'s no-op), in part
         order; found once per hook and forgotten when :meth:`add_part` changes the parts."""
-        hooks = self.__dict__.setdefault("_hooks", {})
-        fns = hooks.get(name)
+        fns = self._hooks.get(name)
         if fns is None:
             noop = getattr(Part, name)
-            fns = hooks[name] = [getattr(p, name) for p in self.parts
+            fns = self._hooks[name] = [getattr(p, name) for p in self.parts
                                  if getattr(getattr(p, name), "__func__", None) is not noop]
         return fns
 
@@ -212,4 +213,4 @@ class Policy:
         """Add a part after the others (an autoscaler or a feed a baseline lacks)."""
         if all(part is not p for p in self.parts):
             self.parts.append(part)
-            self.__dict__.pop("_hooks", None)       # the listeners change with the parts
+            self._hooks.clear()       # the listeners change with the parts
