@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from predictors.contract import TOOL_FIELDS, ToolLatency
-from predictors.served import MAX_FACTOR, IdleGapTable, OutputBands, ToolLatencyTable
+from predictors.served import MAX_FACTOR, IdleGapTable, OutputBands, RemainingTokensTable, ToolLatencyTable
+from synth.remaining import position_bucket
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +57,8 @@ class CompiledProfile:
         self.tools = ToolLatencyTable.from_dict(tl) if tl else None
         ig = data.get("idle_gap")
         self.idle_gap = IdleGapTable.from_dict(ig) if ig else None
+        rt = data.get("remaining_tokens")
+        self.remaining = RemainingTokensTable.from_dict(rt) if rt else None
         wts = data.get("workflow_types") or {}
         self.workflow_type_calls: dict[str, int] = {wt: int((v or {}).get("calls", 0)) for wt, v in wts.items()}
         if self.bands is not None:
@@ -68,6 +71,7 @@ class CompiledProfile:
             for agent in set(agent_stats.get(wt, {})) | set(band_agents.get(wt, {})):
                 self.agents[(wt, agent)] = self._agent_entry(wt, agent, agent_stats.get(wt, {}).get(agent) or {},
                                                              max_tools)
+        self._decode_speed = self._decode_speeds(agent_stats)
         self.paths: dict[str, Any] = {}
         self.path_errors: dict[str, str] = {}
         if paths_class is not None:
@@ -131,6 +135,31 @@ class CompiledProfile:
         serve = (lambda z: min(c * z, cap)) if cap is not None else (lambda z: c * z)
         return (serve(ttl_z) if math.isfinite(ttl_z) or cap is not None else None,
                 {k: serve(v) for k, v in by_tool.items()})
+
+    def decode_tok_s(self, wt: str) -> float | None:
+        """The workflow type's decode speed (tokens/s): its agents' ``decode_tok_s`` weighted by
+        calls; None in an order-only profile."""
+        return self._decode_speed.get(wt)
+
+    @staticmethod
+    def _decode_speeds(agent_stats: Mapping[str, Any]) -> dict[str, float]:
+        out = {}
+        for wt, agents in agent_stats.items():
+            speeds = [(float(v["decode_tok_s"]), int(v.get("calls") or 1)) for v in (agents or {}).values()
+                      if isinstance(v, Mapping) and v.get("decode_tok_s")]
+            if speeds:
+                out[wt] = sum(x * n for x, n in speeds) / sum(n for _, n in speeds)
+        return out
+
+    def remaining_output(self, wt: str, calls_done: int, agent: str, out_so_far: float,
+                         expected_so_far: float, agent_calls: int = 0) -> tuple[float, float, float] | None:
+        """``(R̂, p50, p90)`` remaining output tokens of a session at a call by ``agent`` after
+        ``calls_done`` calls, ``agent_calls`` of them by ``agent``
+        (:class:`predictors.served.RemainingTokensTable`); None without the section or the type."""
+        if self.remaining is None:
+            return None
+        return self.remaining.predict(wt, position_bucket(max(0, calls_done)), agent, out_so_far,
+                                      expected_so_far, max(0, agent_calls))
 
     def global_for_lack_of_data(self, wt: str, agent: str) -> bool:
         """True when the agent is served the global band because it has too little data (a

@@ -172,6 +172,15 @@ class Annotation:
     """median of the calls left (sequence model)"""
     remaining_calls_p90: float | None = None
     """0.9 quantile of the calls left (sequence model)"""
+    expected_remaining_output_tokens: float | None = None
+    """expected output tokens the session still has to generate, this call's included (the work
+    an SRPT scheduler ranks by; ``predictors.remaining_tokens``)"""
+    remaining_output_tokens_p50: float | None = None
+    """median of the session's remaining output tokens"""
+    remaining_output_tokens_p90: float | None = None
+    """0.9 quantile of the session's remaining output tokens"""
+    expected_remaining_decode_s: float | None = None
+    """the remaining output tokens at the workflow type's measured decode speed (seconds)"""
     expected_distance: Mapping[str, float] = field(default_factory=dict)
     """expected distance in calls to each agent"""
     p_end: float | None = None
@@ -281,6 +290,10 @@ class Annotation:
             expected_remaining_s=num(a.get("expected_remaining_s")),
             remaining_calls_p50=num(a.get("remaining_calls_p50")),
             remaining_calls_p90=num(a.get("remaining_calls_p90")),
+            expected_remaining_output_tokens=num(a.get("expected_remaining_output_tokens")),
+            remaining_output_tokens_p50=num(a.get("remaining_output_tokens_p50")),
+            remaining_output_tokens_p90=num(a.get("remaining_output_tokens_p90")),
+            expected_remaining_decode_s=num(a.get("expected_remaining_decode_s")),
             expected_distance=floats(a.get("expected_distance")),
             p_end=num(a.get("p_end")),
             on_path=on_path if isinstance(on_path, bool) else None,
@@ -347,6 +360,7 @@ class Annotation:
             "session_age_s": self.session_age_s,
             "pred_out_mean": self.output_len_mean,
             "keep_alive_ttl_s": self.keep_alive_ttl_s,
+            "exp_remaining_out_tokens": self.expected_remaining_output_tokens,
         }
 
     @classmethod
@@ -373,6 +387,7 @@ class Annotation:
             next_agents=(NextAgent(nxt, nxt_p),) if nxt and nxt_p is not None else (),
             expected_remaining_calls=num(p.get("exp_remaining_calls")),
             expected_remaining_s=num(p.get("exp_remaining_s")),
+            expected_remaining_output_tokens=num(p.get("exp_remaining_out_tokens")),
             p_end=num(p.get("p_end")),
             priority=int(prio) if prio is not None else None,
         )

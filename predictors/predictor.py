@@ -231,6 +231,9 @@ class Predictor:
                 return unknown("no_profile")
             state = self.sessions.path_state(m, s)
             context = (tuple(s.tail), s.calls)
+            done = 1 if advance else 0       # this call is already counted in the session
+            remaining = m.remaining_output(wt, s.calls - done, agent, s.out_sum, s.out_expected,
+                                           s.agent_calls.get(agent, 0) - done)
             entry = m.agents.get((wt, agent))
             band = None
             if entry is not None:
@@ -263,6 +266,12 @@ class Predictor:
             keep_alive_ttl_by_tool=by_tool if ttl is not None else {})
         if paths is not None:
             fields.update(self._path_fields(paths, state, context))
+        if remaining is not None:
+            speed = m.decode_tok_s(wt)
+            fields.update(expected_remaining_output_tokens=remaining[0],
+                          remaining_output_tokens_p50=remaining[1],
+                          remaining_output_tokens_p90=remaining[2],
+                          expected_remaining_decode_s=remaining[0] / speed if speed else None)
         ann = replace(base, **fields)
         if self.priority_policy is not None:
             try:
@@ -351,6 +360,10 @@ class Predictor:
                 band = pending[1]
             if isinstance(out, (int, float)) and not isinstance(out, bool) and completion.get("status", "ok") == "ok":
                 s.last_output[agent] = int(out)
+                expected = m.remaining.agent_mean(wt, agent) if m is not None and m.remaining is not None else None
+                if expected is not None:      # the session factor of the remaining-tokens model
+                    s.out_sum += max(0.0, float(out))
+                    s.out_expected += expected
             if completion.get("t_finish") is not None:
                 s.last_finish = completion.get("t_finish")
             ka = m.agents.get((wt, agent)) if m is not None else None

@@ -270,3 +270,75 @@ class IdleGapTable:
     def prior_weight(self, wt: str) -> float | None:
         info = self.workflow_types_.get(wt) or {}
         return info.get("prior_weight")
+
+
+# ------------------------------------------------------------------ remaining output tokens
+#: Calls of one agent before this one, as the ``agent_calls`` level keys them (more are pooled).
+MAX_AGENT_CALLS = 31
+
+class RemainingTokensTable:
+    """``remaining_tokens``: remaining output tokens of a session at one of its calls.
+
+    The serving half of :class:`predictors.remaining_tokens.RemainingTokens` (see its module doc
+    for the model): a per-type context table ``key → [n, mean, p50, p90]`` over keys ``""``
+    (the type), ``"b<bucket>"`` and ``"b<bucket>|<agent>"``, and the type's chosen candidate
+    ``{level, point, beta, kappa}``."""
+
+    def __init__(self, data: Mapping[str, Any] | None = None) -> None:
+        data = data or {}
+        self.workflow_types_: dict[str, Any] = dict(data.get("workflow_types") or {})
+        self.params_: dict[str, dict[str, Any]] = dict(data.get("params") or {})
+        self.baselines_: dict[str, Any] = dict(data.get("baselines") or {})
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "RemainingTokensTable":
+        return cls(data)
+
+    def lookup(self, wt: str, bucket: int, agent: str | None = None,
+               agent_calls: int | None = None) -> list[float]:
+        """``[n, mean, p50, p90]`` at ``(agent, calls of that agent before this one)`` when
+        ``agent_calls`` is given, else at ``(bucket, agent)``, backed off to ``(bucket, agent)``,
+        to the bucket, then to the nearest earlier bucket the type has (a session past every
+        training workflow keeps the last bucket's figures), then to the whole type."""
+        entry = self.workflow_types_[wt]
+        keys = entry["keys"]
+        if agent is not None and agent_calls is not None:
+            hit = keys.get(f"c{min(int(agent_calls), MAX_AGENT_CALLS)}|{agent}")
+            if hit is not None:
+                return hit
+        if agent is not None:
+            hit = keys.get(f"b{bucket}|{agent}")
+            if hit is not None:
+                return hit
+        hit = keys.get(f"b{bucket}")
+        if hit is not None:
+            return hit
+        earlier = [b for b in entry["buckets"] if b <= bucket]
+        return keys[f"b{earlier[-1]}"] if earlier else keys[""]
+
+    def predict(self, wt: str, bucket: int, agent: str | None, out_so_far: float,
+                expected_so_far: float, agent_calls: int | None = None) -> tuple[float, float, float] | None:
+        """``(R̂, p50, p90)`` for a call at position ``bucket`` by ``agent`` in a session that has
+        written ``out_so_far`` tokens where its agents usually write ``expected_so_far``; None
+        for a type the section does not hold. All three are scaled by the session factor."""
+        entry = self.workflow_types_.get(wt)
+        if entry is None:
+            return None
+        p = self.params_.get(wt) or {}
+        level = p.get("level")
+        stats = self.lookup(wt, bucket, agent if level in ("agent", "agent_calls") else None,
+                            agent_calls if level == "agent_calls" else None)
+        beta = float(p.get("beta") or 0.0)
+        factor = 1.0
+        if beta:
+            prior = float(p.get("kappa") or 0.0) * float(entry["mean_out"])
+            factor = ((out_so_far + prior) / max(expected_so_far + prior, 1e-9)) ** beta
+        point = stats[2] if p.get("point", "p50") == "p50" else stats[1]
+        return point * factor, stats[2] * factor, stats[3] * factor
+
+    def agent_mean(self, wt: str, agent: str) -> float | None:
+        """Training mean output of ``agent`` in ``wt`` (the type's mean for an unseen agent)."""
+        entry = self.workflow_types_.get(wt)
+        if entry is None:
+            return None
+        return entry["agent_mean"].get(agent, entry["mean_out"])

@@ -63,6 +63,8 @@ class Session:
     idle_median: float | None = None       # predicted median idle gap after that completion
     gap_log_sum: float = 0.0               # Σ ln(observed gap / predicted median)
     gap_n: int = 0                         # idle gaps observed in this session
+    out_sum: float = 0.0                   # output tokens its finished calls wrote
+    out_expected: float = 0.0              # what their agents write on average (training mean)
 
 
 def session_bytes(s: Session) -> int:

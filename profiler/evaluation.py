@@ -34,13 +34,14 @@ from predictors.tool_latency import MIN_LATENCY_S, ToolLatencyModel
 from profiler import ingest as ingest_mod
 from profiler.fitting import idle_gap_calls, ok_calls, timed_tool_calls
 from profiler.profile_artifact import Profile
+from profiler.remaining_eval import remaining_work_scores
 from profiler.store import connect
 from serving_hooks.policies.keep_drop import KeepDropPolicy
 from synth.profile_section import evaluate_workflows
 
 #: Extra evaluations: ``(profile, con) -> dict``, each merged into the result.
 EVAL_EXTENSIONS: list[Callable[[Profile, duckdb.DuckDBPyConnection], dict[str, Any]]] = [
-    evaluate_workflows,
+    evaluate_workflows, remaining_work_scores,
 ]
 #: Fewest held-out executions of a tool for its KS distance to count in ``ks_max``.
 MIN_TOOL_SAMPLES = 5

@@ -25,6 +25,7 @@ import pandas as pd
 
 from predictors.idle_gap import IdleGapModel
 from predictors.output_length import OutputLengthIntervals
+from predictors.remaining_tokens import RemainingTokens
 from predictors.tool_latency import ToolLatencyModel
 from profiler import ingest as ingest_mod
 from profiler.data_limits import calls_by_timing, is_order_only, limitations
@@ -187,12 +188,15 @@ def fit_from_store(con: duckdb.DuckDBPyConnection, options: FitOptions,
     progress(f"output-length bands over {n_calls:,} calls")
     ol = OutputLengthIntervals(coverage=options.coverage, min_calls=options.min_calls,
                                conditional=options.conditional, max_output_tokens=options.max_output_tokens,
-                               random_state=options.seed).fit(ok_calls(con))
+                               random_state=options.seed).fit(calls := ok_calls(con))
+    progress("remaining output tokens per session (CV by workflow)")
+    rt = RemainingTokens(random_state=options.seed).fit(calls)
     progress("time models (tool latency, idle-gap keep-alive TTLs)")
     times = time_sections(con, options)
     order_only = times["limitations"]["timing"] == "order_only"
     data: dict[str, Any] = {
         "output_length": ol.to_dict(),
+        "remaining_tokens": rt.to_dict(),
         **times,
         "agents": agent_stats(con, times=not order_only),
         "workflow_types": {

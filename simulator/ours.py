@@ -495,6 +495,8 @@ OURS_VARIANTS: dict[str, dict[str, Any]] = {
     "ours-no-preprefill": {"preprefill": False},
     "ours-belady": {"belady_eviction": True},
     "ours-seconds": {"priority_policy": PriorityPolicy(remaining_unit="seconds")},
+    "ours-tokens": {"priority_policy": PriorityPolicy(remaining_unit="tokens")},
+    "ours-calls": {"priority_policy": PriorityPolicy(remaining_unit="calls")},
     "ours-no-idle": {"priority_policy": PriorityPolicy(w2=0.0)},
     "ours-seconds-p90": {"priority_policy": PriorityPolicy(remaining_unit="seconds",
                                                            remaining_quantile=0.9)},

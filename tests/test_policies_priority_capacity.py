@@ -62,7 +62,7 @@ def test_priority_aging_lets_a_long_waiter_overtake():
 
 
 def test_priority_unknown_call_is_neutral_and_view_uses_agent_model_map():
-    pol = PriorityPolicy(unknown_score=0.25)
+    pol = PriorityPolicy(unknown_score=0.25, remaining_unit="calls")
     assert pol.base_score(None, known=True) == 0.25
     assert pol.base_score(5.0, known=False) == 0.25
     view = CallView(known=True, exp_remaining_calls=1.0, expected_distance={"coder": 2.0, "fixer": 1.0})

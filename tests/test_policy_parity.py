@@ -142,8 +142,10 @@ def test_plugin_priority_book_matches_the_simulator(recorded):
 
 
 def test_an_unknown_call_keeps_its_sessions_score_in_both():
-    """Hand-made sequence: known call (2 calls left), unknown call, known call (0 left)."""
-    policy = PriorityPolicy()
+    """Hand-made sequence: known call (2 calls left), unknown call, known call (0 left); in the
+    calls unit so the scores are the hand-checkable 1/3 and 1 (the tokens unit is the default and
+    falls back to the same remaining calls: covered by the other parity tests)."""
+    policy = PriorityPolicy(remaining_unit="calls")
     sched = PriorityScheduler(SimpleNamespace(view=lambda req: req.view), policy)
     sched.sim = SimpleNamespace(now=0.0, wf_arrival=[0.0], pool_queue_depths=lambda: None, pools=None)
     now = [0.0]

@@ -52,6 +52,8 @@ class CallView:
     upper_bounds: tuple[tuple[float, int], ...] = ()
     #: Keep-alive TTL from the idle gap (call finish → the session's next arrival), seconds.
     keep_alive_ttl_s: float | None = None
+    #: Expected output tokens the session still has to generate, this call's included.
+    exp_remaining_out_tokens: float | None = None
 
     @property
     def session_id(self) -> str | None:
@@ -93,6 +95,7 @@ class CallView:
             pred_out_mean=ann.output_len_mean,
             upper_bounds=tuple(ann.output_len_upper),
             keep_alive_ttl_s=ann.keep_alive_ttl_s,
+            exp_remaining_out_tokens=ann.expected_remaining_output_tokens,
         )
 
     @classmethod

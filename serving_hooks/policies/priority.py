@@ -60,6 +60,10 @@ from dataclasses import dataclass
 from predictors.contract import Annotation
 from serving_hooks.policies.annotations_view import CallView
 
+#: Units ``PriorityPolicy.remaining_unit`` ranks by.
+UNITS = ("tokens", "calls", "seconds")
+#: A call without a prediction is ranked as if this many calls remained.
+NEUTRAL_CALLS = 3.0
 #: SGLang stores priorities in a Python int and compares them; keep well inside int64.
 _SGLANG_PRIORITY_MAX = 2**62
 
@@ -77,7 +81,8 @@ class PriorityPolicy:
     aging_per_s:
         Score added per second of the workflow's age (anti-starvation; see the module doc).
     unknown_score:
-        Base score of a call without a prediction (default: as if 3 calls remained).
+        Base score of a call without a prediction (default, None: as if 3 calls remained, in the
+        scale of ``remaining_unit``: ``1/4`` for calls and seconds, ``−ln 4`` for tokens).
     scale:
         Multiplier from score to SGLang's integer priority.
     """
@@ -86,18 +91,31 @@ class PriorityPolicy:
     w2: float = 1.0
     idle_queue_threshold: int = 2
     aging_per_s: float = 0.001
-    unknown_score: float = 0.25
+    unknown_score: float | None = None
     scale: float = 1000.0
     #: What ``E[D_remain]`` counts: ``"calls"`` (alg. 3) or ``"seconds"`` — the profile's
     #: expected remaining seconds of the workflow (LLM and tool time), in units of
     #: ``seconds_per_call`` so both scores live on the same scale against aging:
     #: ``w1 / (1 + R_s / seconds_per_call)``.
-    remaining_unit: str = "calls"
+    remaining_unit: str = "tokens"
     seconds_per_call: float = 30.0
     #: Rank by a quantile of the remaining seconds instead of their mean. The profile holds only
     #: the mean, so the quantile assumes an exponential remaining time: ``R_q = −ln(1 − q)·R``
     #: (the same order between workflows; it re-weighs the term against aging and idle models).
     remaining_quantile: float | None = None
+    #: With ``remaining_unit="tokens"`` (module doc, "Remaining output tokens"): the session's
+    #: expected remaining output tokens ``R`` in units of ``tokens_per_call``, scored on a log
+    #: scale, ``−w1 · ln(1 + R / tokens_per_call)``; a known call whose annotation lacks the field
+    #: counts ``(1 + remaining calls) · tokens_per_call`` tokens.
+    tokens_per_call: float = 500.0
+
+    def __post_init__(self) -> None:
+        if self.remaining_unit not in UNITS:
+            raise ValueError(f"remaining_unit must be one of {', '.join(UNITS)}, got {self.remaining_unit!r}")
+        if self.unknown_score is None:     # neutral: as if 3 calls remained, in the unit's scale
+            neutral = (-self.w1 * math.log1p(NEUTRAL_CALLS) if self.remaining_unit == "tokens"
+                       else self.w1 / (1.0 + NEUTRAL_CALLS))
+            object.__setattr__(self, "unknown_score", neutral)
 
     def base_score(
         self,
@@ -116,12 +134,32 @@ class PriorityPolicy:
         if not known or remaining_calls is None:
             return self.unknown_score
         score = self.w1 / (1.0 + max(0.0, float(remaining_calls)))
+        return score + self._idle_term(downstream_distance, queue_depth)
+
+    def base_score_tokens(
+        self,
+        remaining_tokens: float | None,
+        downstream_distance: Mapping[str, float] | None = None,
+        queue_depth: Mapping[str, float] | None = None,
+        known: bool = True,
+    ) -> float:
+        """``−w1 · ln(1 + R / tokens_per_call) + w2 · Σ_{m idle} 1/E[D_m]`` for a call whose
+        session has ``R`` output tokens left (this call's included)."""
+        if not known or remaining_tokens is None:
+            return self.unknown_score
+        score = -self.w1 * math.log1p(max(0.0, float(remaining_tokens)) / max(self.tokens_per_call, 1e-9))
+        return score + self._idle_term(downstream_distance, queue_depth)
+
+    def _idle_term(self, downstream_distance: Mapping[str, float] | None,
+                   queue_depth: Mapping[str, float] | None) -> float:
+        """``w2 · Σ_{m idle} 1/E[D_m]`` (0 without distances or queue depths)."""
+        out = 0.0
         if downstream_distance and queue_depth:
             for model, distance in downstream_distance.items():
                 depth = queue_depth.get(model)
                 if depth is not None and depth < self.idle_queue_threshold:
-                    score += self.w2 / max(1.0, float(distance))
-        return score
+                    out += self.w2 / max(1.0, float(distance))
+        return out
 
     def score_view(
         self,
@@ -145,6 +183,11 @@ class PriorityPolicy:
                 by_model[model] = min(d, by_model.get(model, float("inf")))
             distance = by_model
         remaining = view.exp_remaining_calls
+        if self.remaining_unit == "tokens":
+            tokens = view.exp_remaining_out_tokens
+            if tokens is None and remaining is not None:
+                tokens = (1.0 + max(0.0, float(remaining))) * self.tokens_per_call
+            return self.base_score_tokens(tokens, distance, queue_depth, known=view.known)
         if self.remaining_unit == "seconds" and view.exp_remaining_s is not None:
             sec = max(0.0, float(view.exp_remaining_s))
             if self.remaining_quantile is not None:

@@ -99,7 +99,7 @@ def test_calc_priority_orders_real_reqs_as_our_priority_says(clock):
 
     # a fast aging rate (0.05 /s) so that 20 s of waiting visibly reorders the queue
     # untagged traffic left to SGLang here (AWP_UNTAGGED=off); the default is tested below
-    reset_state(PluginState(replace(get_state().settings, priority=PriorityPolicy(aging_per_s=0.05),
+    reset_state(PluginState(replace(get_state().settings, priority=PriorityPolicy(aging_per_s=0.05, remaining_unit="calls"),
                                     decision_clock="local", age_untagged=False), clock=clock))
     pol = get_state().settings.priority
     # Same small graph as tests/test_policies_priority_capacity.py, computed by the gateway:

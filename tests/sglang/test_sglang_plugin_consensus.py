@@ -82,13 +82,14 @@ def test_untagged_requests_get_a_default_and_age():
         pol = get_state().settings.priority
         _at_step(400)                                   # 10 s
         old = _req("old", None, None)                   # untagged, no --default-priority-value
-        assert admit_request(old) and old.priority == pol.to_sglang(pol.unknown_score) == 250
+        neutral = pol.to_sglang(pol.unknown_score)      # as if 3 calls remained: −ln 4 in the tokens unit
+        assert admit_request(old) and old.priority == neutral == -1386
         _at_step(1600)                                  # 40 s
         new = _req("new", gateway_custom_params("w", "coder", 0.0, 1000), 1000)
         admit_request(new)
         age_queue([old, new])
-        # 30 s of waiting at 0.05/s lifts the untagged request above a fresh 1.0 call
-        assert old.priority == 250 + 1500 + 0 and new.priority == 1000
+        # 30 s of waiting at 0.05/s lifts the untagged request by 1.5
+        assert old.priority == neutral + 1500 + 0 and new.priority == 1000
         _rank(0.0, age_untagged=False)
         plain = _req("plain", None, None)
         assert not admit_request(plain) and plain.priority is None

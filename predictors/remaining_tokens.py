@@ -1,0 +1,236 @@
+"""Remaining output tokens of a session: the work the engine still has to decode for it.
+
+A scheduler that wants to shorten the average workflow completion time serves the workflow with
+the least work left first (SRPT). The work an LLM engine spends on a session is, to first order,
+the output tokens it still has to decode, so the quantity to predict at each call ``i`` of a
+workflow whose calls produce ``o_0 … o_{n−1}`` output tokens is
+
+    R_i = Σ_{j ≥ i} o_j        (this call's output and every later call's)
+
+given only what is observable when call ``i`` arrives: the workflow type, the call index ``i``
+(calls done), the agent of this call, and the session's own outputs so far.
+
+The estimator
+-------------
+A **context table** (per workflow type) holds the empirical distribution of ``R_i`` over the
+training workflows at the key ``(position bucket of i, agent)``, backed off to ``(position
+bucket)`` when the key was seen in fewer than ``min_n`` workflows, then to the nearest earlier
+bucket of the type (a session longer than every training workflow keeps the last bucket's
+figures). Its point is the ``p50`` or the ``mean`` of that distribution.
+
+A **session factor** carries the one session-level signal: a session whose earlier calls wrote
+more than their agents usually do will keep doing so (output lengths are autocorrelated within a
+session). With ``S_i = Σ_{j<i} o_j`` the tokens it wrote and ``E_i = Σ_{j<i} m(a_j)`` what its
+agents write on average (``m̄`` the type's mean per call), the prediction is scaled by
+
+    r_i = ((S_i + κ·m̄) / (E_i + κ·m̄)) ** β ,      R̂_i = r_i · point(key_i)
+
+``κ`` (calls of prior weight) shrinks the factor toward 1 while the session is young; ``β = 0``
+switches it off. The calls-done → mean-residual-life effect is in the table itself (its key holds
+the position), so a session that has already run long is predicted to have the residual work of
+workflows that ran that long.
+
+Selection
+---------
+Per workflow type, every candidate (levels × point × (β, κ)) is scored by ``cv_folds``-fold
+cross-validation **by workflow** on the mean absolute error of ``log1p`` (a scale-free error: the
+order between sessions is what a scheduler reads). The simplest candidate — the position
+median, no agent level, no session factor — is kept unless the best one beats it by more than
+one standard error of their paired per-workflow difference (the one-standard-error rule): a
+richer model is served only where held-out workflows show it is better beyond noise.
+
+Baselines (fit on the same training workflows, written beside the model and scored by
+``profiler eval``): ``position_median`` (per type and position bucket, the median ``R``),
+``mrl`` (calls done → mean residual life: per type and exact call index, the mean ``R`` of the
+training workflows that reached it) and ``nat_trie`` (NVIDIA NeMo Agent Toolkit's prediction trie
+as its docs describe it: per type and call index, the median output of a call there times the
+median calls remaining, this one included).
+
+The serving half, :class:`predictors.served.RemainingTokensTable`, reads the section written by
+:meth:`RemainingTokens.to_dict` with numpy alone.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from sklearn.base import BaseEstimator
+
+from predictors.served import MAX_AGENT_CALLS, RemainingTokensTable
+from synth.remaining import position_bucket
+
+#: Candidate session factors ``(β, κ)``; ``(0, 0)`` is "no factor".
+FACTORS = ((0.0, 0.0), (0.5, 1.0), (0.5, 4.0), (1.0, 1.0), (1.0, 4.0), (1.0, 16.0))
+#: Candidate table levels: position alone, or position and the call's agent.
+LEVELS = ("position", "agent", "agent_calls")
+POINTS = ("p50", "mean")
+
+
+def session_frame(calls: pd.DataFrame) -> pd.DataFrame:
+    """Per call: ``i`` (call index in its workflow), ``bucket``, ``R`` (remaining output tokens,
+    this call included), ``S`` (tokens written before it) and ``n`` (the workflow's calls).
+
+    ``calls`` holds ``workflow_type_id, workflow_id, agent_id, output_tokens`` in call order
+    within each workflow (:func:`profiler.fitting.ok_calls`)."""
+    df = calls[["workflow_type_id", "workflow_id", "agent_id", "output_tokens"]].copy()
+    df["output_tokens"] = df["output_tokens"].astype(float).clip(lower=0)
+    g = df.groupby(["workflow_type_id", "workflow_id"], sort=False)["output_tokens"]
+    df["i"] = g.cumcount()
+    total = g.transform("sum")
+    df["S"] = g.cumsum() - df["output_tokens"]
+    df["R"] = total - df["S"]
+    df["n"] = g.transform("size")
+    df["bucket"] = df["i"].map(position_bucket)
+    df["k"] = df.groupby(["workflow_type_id", "workflow_id", "agent_id"], sort=False).cumcount().clip(
+        upper=MAX_AGENT_CALLS)
+    return df.reset_index(drop=True)
+
+
+def _stats(values: np.ndarray) -> list[float]:
+    return [int(len(values)), float(np.mean(values)), float(np.quantile(values, 0.5)),
+            float(np.quantile(values, 0.9))]
+
+
+def fit_type_table(df: pd.DataFrame, min_n: int) -> dict[str, Any]:
+    """The serving entry of one workflow type from its per-call frame (:func:`session_frame`)."""
+    agent_mean = df.groupby("agent_id")["output_tokens"].mean()
+    keys: dict[str, list[float]] = {"": _stats(df["R"].to_numpy())}
+    for b, g in df.groupby("bucket", sort=True):
+        keys[f"b{int(b)}"] = _stats(g["R"].to_numpy())
+    for (b, a), g in df.groupby(["bucket", "agent_id"], sort=True):
+        if g["workflow_id"].nunique() >= min_n:
+            keys[f"b{int(b)}|{a}"] = _stats(g["R"].to_numpy())
+    for (k, a), g in df.groupby(["k", "agent_id"], sort=True):
+        if g["workflow_id"].nunique() >= min_n:
+            keys[f"c{int(k)}|{a}"] = _stats(g["R"].to_numpy())
+    return {"n_workflows": int(df["workflow_id"].nunique()),
+            "mean_out": float(df["output_tokens"].mean()),
+            "agent_mean": {str(a): float(v) for a, v in agent_mean.items()},
+            "buckets": sorted(int(b) for b in df["bucket"].unique()),
+            "keys": keys}
+
+
+def _expected_so_far(df: pd.DataFrame, agent_mean: dict[str, float], mean_out: float) -> np.ndarray:
+    """``E_i``: Σ over the calls before ``i`` of their agents' training mean output."""
+    m = df["agent_id"].map(agent_mean).fillna(mean_out).to_numpy(dtype=float)
+    s = pd.Series(m).groupby([df["workflow_type_id"].to_numpy(), df["workflow_id"].to_numpy()],
+                             sort=False).cumsum().to_numpy()
+    return s - m
+
+
+def predict_frame(entry: dict[str, Any], df: pd.DataFrame, level: str, point: str,
+                  beta: float, kappa: float) -> np.ndarray:
+    """``R̂`` of every call of ``df`` (one workflow type) from a type entry (vectorised form of
+    :meth:`RemainingTokensTable.predict`; a test checks that both agree)."""
+    table = RemainingTokensTable({"workflow_types": {"_": entry},
+                                  "params": {"_": {"level": level, "point": point, "beta": beta,
+                                                   "kappa": kappa}}})
+    col = 2 if point == "p50" else 1
+    none = np.full(len(df), None, dtype=object)
+    agents = df["agent_id"].to_numpy() if level in ("agent", "agent_calls") else none
+    counts = df["k"].to_numpy() if level == "agent_calls" else np.full(len(df), -1)
+    triples = pd.MultiIndex.from_arrays([df["bucket"].to_numpy(), agents, counts])
+    codes, uniques = pd.factorize(triples)
+    values = np.array([table.lookup("_", int(b), a, None if k < 0 else int(k))[col]
+                       for b, a, k in uniques], dtype=float)
+    base = values[codes]
+    if beta == 0:
+        return base
+    e = _expected_so_far(df, entry["agent_mean"], entry["mean_out"])
+    prior = kappa * entry["mean_out"]
+    factor = ((df["S"].to_numpy() + prior) / np.maximum(e + prior, 1e-9)) ** beta
+    return base * factor
+
+
+def _log_err(pred: np.ndarray, y: np.ndarray) -> np.ndarray:
+    return np.abs(np.log1p(np.maximum(pred, 0.0)) - np.log1p(y))
+
+
+class RemainingTokens(RemainingTokensTable, BaseEstimator):
+    """Remaining output tokens per call, chosen per workflow type by CV (module doc).
+
+    Parameters
+    ----------
+    cv_folds : folds of the cross-validation by workflow (types with fewer workflows than
+        ``2 · cv_folds`` serve the simplest candidate without selection).
+    min_n : workflows a ``(bucket, agent)`` key needs to be served (else it backs off).
+    random_state : seed of the fold assignment.
+
+    Fitted attributes: ``workflow_types_`` (type → table entry), ``params_`` (type → chosen
+    candidate), ``selection_`` (type → CV errors per candidate), ``baselines_``.
+    """
+
+    def __init__(self, cv_folds: int = 5, min_n: int = 5, random_state: int = 0) -> None:
+        self.cv_folds = cv_folds
+        self.min_n = min_n
+        self.random_state = random_state
+
+    # ------------------------------------------------------------------ fit
+    def fit(self, calls: pd.DataFrame) -> "RemainingTokens":
+        """Fit on ``calls`` (``workflow_type_id, workflow_id, agent_id, output_tokens`` in call
+        order within each workflow)."""
+        df = session_frame(calls)
+        self.workflow_types_: dict[str, Any] = {}
+        self.params_: dict[str, dict[str, Any]] = {}
+        self.selection_: dict[str, Any] = {}
+        self.baselines_: dict[str, Any] = {}
+        for wt, g in df.groupby("workflow_type_id", sort=True):
+            g = g.reset_index(drop=True)
+            self.workflow_types_[str(wt)] = fit_type_table(g, self.min_n)
+            self.params_[str(wt)], self.selection_[str(wt)] = self._select(g)
+            self.baselines_[str(wt)] = fit_baselines(g)
+        RemainingTokensTable.__init__(self, self.to_dict())
+        return self
+
+    def _select(self, g: pd.DataFrame) -> tuple[dict[str, Any], dict[str, Any]]:
+        simplest = {"level": "position", "point": "p50", "beta": 0.0, "kappa": 0.0}
+        wfs = g["workflow_id"].unique()
+        if len(wfs) < 2 * self.cv_folds:
+            return simplest, {"reason": f"{len(wfs)} workflows: too few to validate"}
+        rng = np.random.default_rng(self.random_state)
+        fold_of = dict(zip(wfs, rng.permutation(len(wfs)) % self.cv_folds))
+        fold = g["workflow_id"].map(fold_of).to_numpy()
+        cands = [{"level": lv, "point": pt, "beta": b, "kappa": k}
+                 for lv in LEVELS for pt in POINTS for b, k in FACTORS]
+        errs = np.zeros((len(cands), len(g)))
+        y = g["R"].to_numpy()
+        for f in range(self.cv_folds):
+            test = fold == f
+            entry = fit_type_table(g[~test], self.min_n)
+            part = g[test]
+            for c, cand in enumerate(cands):
+                errs[c, test] = _log_err(predict_frame(entry, part, **cand), y[test])
+        # per-workflow mean error: the unit of the paired comparison
+        wf_codes = pd.factorize(g["workflow_id"])[0]
+        counts = np.bincount(wf_codes)
+        per_wf = np.stack([np.bincount(wf_codes, weights=e) / counts for e in errs])
+        mean = per_wf.mean(axis=1)
+        base = cands.index(simplest)
+        best = int(np.argmin(mean))
+        diff = per_wf[base] - per_wf[best]
+        se = float(diff.std(ddof=1) / np.sqrt(len(diff))) if len(diff) > 1 else 0.0
+        chosen = best if diff.mean() > se else base
+        return cands[chosen], {
+            "metric": "mean |log1p(R̂) − log1p(R)| per workflow, CV by workflow",
+            "folds": self.cv_folds, "workflows": int(len(wfs)),
+            "simplest_error": float(mean[base]), "best_error": float(mean[best]),
+            "best": cands[best], "paired_se": se,
+            "rule": "best if it beats the simplest by more than one standard error"}
+
+    # ------------------------------------------------------------- artifact
+    def to_dict(self) -> dict[str, Any]:
+        return {"version": 1, "workflow_types": self.workflow_types_, "params": self.params_,
+                "selection": self.selection_, "baselines": self.baselines_,
+                "fit": {"cv_folds": self.cv_folds, "min_n": self.min_n}}
+
+
+def fit_baselines(g: pd.DataFrame) -> dict[str, Any]:
+    """The naive remaining-work predictors of one type (module doc), keyed by call index."""
+    pos_median = {str(int(b)): float(v) for b, v in g.groupby("bucket")["R"].median().items()}
+    mrl = {str(int(i)): float(v) for i, v in g.groupby("i")["R"].mean().items()}
+    by_i = g.groupby("i")
+    out_p50 = by_i["output_tokens"].median()
+    calls_left = (g["n"] - g["i"]).groupby(g["i"]).median()
+    trie = {str(int(i)): float(out_p50[i] * calls_left[i]) for i in out_p50.index}
+    return {"position_median": pos_median, "mrl": mrl, "nat_trie": trie}

@@ -1,0 +1,153 @@
+"""How well the served remaining work ranks sessions (``profiler eval`` → ``remaining_work``).
+
+A scheduler that serves the session with the least work left first needs the *order* between
+sessions that wait at the same time to be right, more than each number. So the main score is a
+**concordance index** over pairs of sessions active at the same moment:
+
+    C = P( R̂_A < R̂_B  |  R_A < R_B,  A and B both active at t )
+
+(ties in R̂ count ½, ties in R are skipped), where at each held-out call arrival ``t`` the arriving
+session is paired with up to ``PAIRS_PER_CALL`` other sessions active then (first call arrived,
+last call not finished), each at its latest call; ``R`` is the output tokens a session still has
+to generate from that call on (the call's own included), ``R̂`` the prediction served with that
+call. ``C = 0.5`` is a random order, 1 the clairvoyant one. ``mae_tokens`` is the mean
+``|R̂ − R|`` over every held-out call.
+
+**Ours is scored exactly as served**: every held-out workflow is replayed call by call through a
+``predictors.Predictor`` on the profile (``annotate`` at arrival, ``observe`` at completion), and
+``R̂`` is the annotation's ``expected_remaining_output_tokens``. The baselines, fit on the same
+training workflows (``profile.json`` → ``remaining_tokens.baselines``): ``position_median``,
+``mrl`` (calls done → mean residual life), ``nat_trie`` (NAT's prediction trie: p50 output ×
+remaining calls per call index) and ``age`` (program FCFS: the earlier a session started, the
+less work it is taken to have left; ranks only, no MAE).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import duckdb
+import numpy as np
+import pandas as pd
+
+from predictors.predictor import Predictor
+from profiler.profile_artifact import Profile
+from synth.remaining import position_bucket
+
+#: Other active sessions each held-out call is compared with (sampled, seeded).
+PAIRS_PER_CALL = 20
+BASELINES = ("position_median", "mrl", "nat_trie")
+
+
+def held_out_calls(con: duckdb.DuckDBPyConnection) -> pd.DataFrame:
+    """Every ok call with what the replay needs, workflow by workflow in call order."""
+    return con.execute(
+        "SELECT workflow_type_id, workflow_id, agent_id, request_id, input_tokens, output_tokens, "
+        "t_arrival, t_finish FROM calls WHERE status = 'ok' "
+        "ORDER BY workflow_type_id, workflow_id, call_index").df()
+
+
+def served_predictions(profile: Profile, calls: pd.DataFrame) -> np.ndarray:
+    """``expected_remaining_output_tokens`` the Predictor serves for every call (NaN: none)."""
+    pred = Predictor(profile, max_sessions=1_000_000)
+    out = np.full(len(calls), np.nan)
+    cols = zip(calls["workflow_type_id"], calls["workflow_id"], calls["agent_id"], calls["request_id"],
+               calls["input_tokens"], calls["output_tokens"], calls["t_arrival"], calls["t_finish"])
+    for k, (wt, wf, agent, rid, inp, outp, ta, tf) in enumerate(cols):
+        meta = {"workflow_type_id": wt, "workflow_id": wf, "agent_id": agent}
+        pred.clock = lambda t=ta: t
+        ann = pred.annotate_call(meta, request_id=rid, input_tokens=int(inp))
+        if ann.expected_remaining_output_tokens is not None:
+            out[k] = ann.expected_remaining_output_tokens
+        pred.clock = lambda t=tf: t
+        pred.observe({"app_metadata": meta, "request_id": rid, "output_tokens": int(outp),
+                      "input_tokens": int(inp), "t_finish": tf})
+    return out
+
+
+def baseline_predictions(section: dict[str, Any], calls: pd.DataFrame, index: np.ndarray) -> dict[str, np.ndarray]:
+    """The naive baselines of the profile's ``remaining_tokens`` section for every call."""
+    out = {name: np.full(len(calls), np.nan) for name in BASELINES}
+    tables = section.get("baselines") or {}
+    for name in BASELINES:
+        for wt, rows in calls.groupby("workflow_type_id", sort=False).indices.items():
+            table = (tables.get(wt) or {}).get(name)
+            if not table:
+                continue
+            keys = np.array(sorted(int(k) for k in table))
+            vals = np.array([table[str(k)] for k in keys])
+            pos = index[rows] if name != "position_median" else np.array([position_bucket(int(i)) for i in index[rows]])
+            at = np.searchsorted(keys, pos, side="right") - 1     # the nearest key at or before
+            out[name][rows] = np.where(at >= 0, vals[np.maximum(at, 0)], vals[0])
+    return out
+
+
+def concordance(preds: dict[str, np.ndarray], truth: np.ndarray, wf_code: np.ndarray,
+                t_arrival: np.ndarray, wf_end: np.ndarray, seed: int = 0) -> dict[str, tuple[float | None, int]]:
+    """C-index of each prediction over pairs of sessions active at the same time (module doc);
+    ``(C, pairs)`` per name."""
+    rng = np.random.default_rng(seed)
+    order = np.argsort(t_arrival, kind="stable")
+    latest: dict[int, int] = {}            # session -> row of its latest call so far
+    pairs_a: list[int] = []
+    pairs_b: list[int] = []
+    for row in order:
+        t, wf = t_arrival[row], wf_code[row]
+        latest[wf] = row
+        others = [w for w, r in latest.items() if w != wf and wf_end[w] >= t]
+        for w in [w for w, r in latest.items() if wf_end[w] < t]:
+            del latest[w]                  # finished sessions leave the active set
+        if len(others) > PAIRS_PER_CALL:
+            others = list(rng.choice(others, PAIRS_PER_CALL, replace=False))
+        pairs_a.extend([row] * len(others))
+        pairs_b.extend(latest[w] for w in others)
+    a, b = np.array(pairs_a, dtype=int), np.array(pairs_b, dtype=int)
+    out: dict[str, tuple[float | None, int]] = {}
+    for name, p in preds.items():
+        if len(a) == 0:
+            out[name] = (None, 0)
+            continue
+        ok = ~np.isnan(p[a]) & ~np.isnan(p[b]) & (truth[a] != truth[b])
+        if not ok.any():
+            out[name] = (None, 0)
+            continue
+        sign_true = np.sign(truth[a][ok] - truth[b][ok])
+        sign_pred = np.sign(p[a][ok] - p[b][ok])
+        score = np.where(sign_pred == 0, 0.5, (sign_pred == sign_true).astype(float))
+        out[name] = (float(score.mean()), int(ok.sum()))
+    return out
+
+
+def remaining_work_scores(profile: Profile, con: duckdb.DuckDBPyConnection) -> dict[str, Any]:
+    """``{"remaining_work": {c_index, mae_tokens, calls, pairs, coverage, baselines}}`` (module doc);
+    ``{}`` for a profile without the ``remaining_tokens`` section."""
+    section = profile.data.get("remaining_tokens")
+    if not section:
+        return {}
+    calls = held_out_calls(con)
+    if calls.empty:
+        return {}
+    g = calls.groupby(["workflow_type_id", "workflow_id"], sort=False)
+    index = g.cumcount().to_numpy()
+    outs = calls["output_tokens"].astype(float).clip(lower=0)
+    truth = (g["output_tokens"].transform("sum") - outs.groupby([calls["workflow_type_id"], calls["workflow_id"]],
+                                                                   sort=False).cumsum() + outs).to_numpy()
+    wf_code = g.ngroup().to_numpy()
+    t_arrival = calls["t_arrival"].to_numpy(dtype=float)
+    wf_end = calls.groupby(wf_code)["t_finish"].max().to_numpy(dtype=float)
+    wf_start = calls.groupby(wf_code)["t_arrival"].min().to_numpy(dtype=float)
+    preds = {"ours": served_predictions(profile, calls),
+             **baseline_predictions(section, calls, index),
+             "age": wf_start[wf_code]}
+    cidx = concordance(preds, truth, wf_code, t_arrival, wf_end)
+
+    def mae(p: np.ndarray) -> float | None:
+        ok = ~np.isnan(p)
+        return float(np.mean(np.abs(p[ok] - truth[ok]))) if ok.any() else None
+
+    ours = preds["ours"]
+    return {"remaining_work": {
+        "c_index": cidx["ours"][0], "pairs": cidx["ours"][1], "mae_tokens": mae(ours),
+        "calls": int(len(calls)), "coverage": float(np.mean(~np.isnan(ours))),
+        "baselines": {**{name: {"c_index": cidx[name][0], "mae_tokens": mae(preds[name])} for name in BASELINES},
+                      "age": {"c_index": cidx["age"][0]}},
+    }}

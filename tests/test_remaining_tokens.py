@@ -1,0 +1,150 @@
+"""Remaining output tokens: the estimator, its selection, the served field, its ranking score."""
+from __future__ import annotations
+
+import gzip
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from predictors import Predictor
+from predictors.contract import Annotation
+from predictors.remaining_tokens import RemainingTokens, predict_frame, session_frame
+from predictors.served import RemainingTokensTable
+from profiler import fitting
+from profiler.evaluation import evaluate
+from serving_hooks.policies import CallView, PriorityPolicy
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def frame(workflows: list[list[tuple[str, int]]], wt: str = "t") -> pd.DataFrame:
+    rows = [{"workflow_type_id": wt, "workflow_id": f"w{k}", "agent_id": a, "output_tokens": o}
+            for k, calls in enumerate(workflows) for a, o in calls]
+    return pd.DataFrame(rows)
+
+
+def loop_workflows(n: int, seed: int) -> list[list[tuple[str, int]]]:
+    """A planner, 1..4 explorers, then a coder loop of 1..6 calls (its length unobservable), then
+    a tester: the coder calls done bound how many remain, while the call index mixes them with
+    the explorers' count."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(n):
+        e, k = int(rng.integers(1, 5)), int(rng.integers(1, 7))
+        out.append([("planner", 50)] + [("explorer", 300)] * e
+                   + [("coder", int(rng.integers(900, 1100)))] * k + [("tester", 20)])
+    return out
+
+
+def test_session_frame_remaining_counts_this_call_and_after():
+    df = session_frame(frame([[("a", 10), ("b", 20), ("a", 30)]]))
+    assert df["R"].tolist() == [60, 50, 30]
+    assert df["S"].tolist() == [0, 10, 30]
+    assert df["k"].tolist() == [0, 0, 1]          # calls of the same agent before this one
+
+
+def test_served_reader_matches_the_vectorised_fit_prediction():
+    m = RemainingTokens(cv_folds=3, min_n=2).fit(frame(loop_workflows(60, 0)))
+    df = session_frame(frame(loop_workflows(20, 1)))
+    entry = m.workflow_types_["t"]
+    for level in ("position", "agent", "agent_calls"):
+        for beta, kappa in ((0.0, 0.0), (1.0, 4.0)):
+            vec = predict_frame(entry, df, level, "mean", beta, kappa)
+            table = RemainingTokensTable({"workflow_types": {"t": entry},
+                                          "params": {"t": {"level": level, "point": "mean", "beta": beta,
+                                                           "kappa": kappa}}})
+            s = e = 0.0
+            for k, row in df.iterrows():
+                if row["i"] == 0:
+                    s = e = 0.0
+                served = table.predict("t", int(row["bucket"]), row["agent_id"], s, e, int(row["k"]))
+                assert served[0] == pytest.approx(vec[k]), (level, beta, k)
+                s += row["output_tokens"]
+                e += table.agent_mean("t", row["agent_id"])
+
+
+def test_selection_takes_the_richer_key_only_where_it_validates():
+    informative = RemainingTokens(cv_folds=5, min_n=3).fit(frame(loop_workflows(200, 2)))
+    assert informative.params_["t"]["level"] == "agent_calls"
+    assert informative.selection_["t"]["best_error"] < informative.selection_["t"]["simplest_error"]
+    # outputs of pure noise around one mean, fixed length: nothing beats the position median
+    rng = np.random.default_rng(3)
+    noise = [[("a", int(rng.lognormal(6, 0.5))) for _ in range(5)] for _ in range(200)]
+    plain = RemainingTokens(cv_folds=5, min_n=3).fit(frame(noise))
+    assert plain.params_["t"] == {"level": "position", "point": "p50", "beta": 0.0, "kappa": 0.0}
+
+
+def test_too_few_workflows_serve_the_simplest_without_selection():
+    m = RemainingTokens(cv_folds=5).fit(frame(loop_workflows(6, 4)))
+    assert m.params_["t"]["level"] == "position"
+    assert "too few" in m.selection_["t"]["reason"]
+
+
+@pytest.fixture(scope="module")
+def profile(tmp_path_factory):
+    root = tmp_path_factory.mktemp("rt")
+    logs = root / "logs"
+    logs.mkdir()
+    rows = [json.loads(line) for line in gzip.open(ROOT / "datasets/generated/coding_assistant_sample.jsonl.gz", "rt")]
+    wfs = sorted({r["workflow_id"] for r in rows})
+    train = set(wfs[: int(0.7 * len(wfs))])
+    (logs / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows if r["workflow_id"] in train))
+    (root / "test.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows if r["workflow_id"] not in train))
+    prof, _ = fitting.fit_profile([logs], root / "profile", options=fitting.FitOptions(min_calls=20))
+    return prof, root / "test.jsonl"
+
+
+def test_predictor_serves_remaining_tokens_that_shrink_as_the_session_runs(profile):
+    prof, _ = profile
+    assert "remaining_tokens" in prof.data
+    p = Predictor(prof)
+    meta = {"workflow_type_id": "coding_assistant", "workflow_id": "s1"}
+    seen = []
+    for i, agent in enumerate(["planner", "explorer", "chronicler", "architect", "engineer", "engineer"]):
+        ann = p.annotate_call({**meta, "agent_id": agent}, request_id=str(i))
+        assert ann.known
+        assert ann.remaining_output_tokens_p50 <= ann.remaining_output_tokens_p90
+        seen.append(ann.expected_remaining_output_tokens)
+        p.observe({"app_metadata": {**meta, "agent_id": agent}, "request_id": str(i), "output_tokens": 500})
+    assert seen[0] > seen[-1] > 0
+    # the field travels in every rendering: JSON, SGLang's flat custom_params, the policies' view
+    flat = ann.flat()
+    assert flat["exp_remaining_out_tokens"] == pytest.approx(seen[-1])
+    assert CallView.from_custom_params(flat).exp_remaining_out_tokens == pytest.approx(seen[-1])
+    again = Annotation.from_dict(ann.to_dict())
+    assert again.expected_remaining_output_tokens == pytest.approx(seen[-1])
+    view = p.session_view("coding_assistant", "s1")
+    assert view is not None
+
+
+def test_eval_reports_the_ranking_of_what_is_served_beside_baselines(profile):
+    prof, test = profile
+    result, _ = evaluate(prof, [test])
+    rw = result["remaining_work"]
+    assert rw["coverage"] == 1.0 and rw["pairs"] > 100
+    assert set(rw["baselines"]) == {"position_median", "mrl", "nat_trie", "age"}
+    best = max(b["c_index"] for b in rw["baselines"].values())
+    assert rw["c_index"] >= best          # the served model ranks at least as well as every baseline
+    assert rw["mae_tokens"] <= rw["baselines"]["position_median"]["mae_tokens"]
+
+
+def test_tokens_unit_ranks_less_remaining_work_first_on_a_log_scale():
+    pol = PriorityPolicy(remaining_unit="tokens", tokens_per_call=500)
+    short = pol.score_view(CallView(known=True, exp_remaining_out_tokens=1_000.0))
+    long = pol.score_view(CallView(known=True, exp_remaining_out_tokens=20_000.0))
+    assert short > long
+    assert long == pytest.approx(-math.log1p(40.0))
+    # without the field, a known call counts (1 + remaining calls) · tokens_per_call tokens
+    fallback = pol.score_view(CallView(known=True, exp_remaining_calls=3.0))
+    assert fallback == pytest.approx(-math.log1p(4.0))
+    # an unknown call is neutral: as if 3 calls of tokens_per_call remained
+    assert pol.unknown_score == pytest.approx(-math.log(4.0))
+    assert pol.score_view(CallView(known=False)) == pol.unknown_score
+    # 1000 s of age outweighs a factor e of remaining work (aging 0.001/s, log scale)
+    assert pol.session_score(long, 1000.0 * math.log(20.0)) > pol.session_score(short, 0.0)
+    with pytest.raises(ValueError):
+        PriorityPolicy(remaining_unit="furlongs")
