@@ -401,7 +401,7 @@ def simulate(args: argparse.Namespace, names: list[str], raw: dict[int, list[dic
           f"(MdAPE prefill {step.prefill_mdape:.2f} on {step.n_prefill} calls, decode {step.decode_mdape:.2f} "
           f"on {step.n_decode}); {limits}", file=sys.stderr)
     seeds = {seed: simulate_setups(scaled_records(raw[seed], args.token_scale, args.time_scale), profile, cfg,
-                                   args.concurrency, names)
+                                   args.concurrency, names, preemption_threshold=args.preemption_threshold)
              for seed in args.seeds}
     return {"step": step.to_dict(), "limits": limits, "seeds": seeds, "ratios": ratios(seeds, names)}
 
