@@ -13,9 +13,13 @@ recorded gaps × ``--time-scale``, lengths × ``--token-scale``) through three f
   ``sglang-router``, Rust) at its defaults — the ``cache_aware`` policy, started as its README
   does (``python -m sglang_router.launch_router --worker-urls …``; :mod:`bench.engine_router`);
   a fresh router per run, so its prefix tree starts empty like the flushed engines;
-* **hints** — SGLang with the project's plugin (priority scheduling, ``--default-priority-value``,
-  the ``workflow-retention`` backend) behind the gateway with ``--routing capacity`` and
-  ``--sglang-fields`` (the profile's predictions as ``priority`` + ``custom_params``);
+* **hints** — SGLang as docs/sglang.md deploys it: the project's plugin (``AWP_SGLANG_PLUGIN=1``),
+  priority scheduling with ``--default-priority-value 250``, preemption threshold
+  ``--preemption-threshold`` (500), ``--retraction-policy priority``, the ``workflow-retention``
+  backend and HiCache with a host tier (``--hicache-ratio 2``, write-back: the plugin's prefetch
+  stages there) — behind the gateway with ``--routing capacity`` and ``--sglang-fields`` (the
+  profile's predictions as ``priority`` + ``custom_params``), the profile fitted on the replay's
+  clock (gaps × ``--time-scale``, :func:`serving_hooks.replay_plan.on_replay_clock`);
 * with ``--ablation`` also **no-priority** — hints without ``--enable-priority-scheduling``.
 
 The workload is generated coding-assistant workflows: the profile is fitted on one generated set
@@ -38,6 +42,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import sys
 import tempfile
 import time
@@ -54,14 +59,25 @@ from bench.engine_models import MODEL_CONFIGS, write_model  # noqa: E402
 from bench.engine_router import SGLangRouter, router_available  # noqa: E402
 from tests.sglang.real_server import SGLangServer, free_port  # noqa: E402  (launcher only)
 
-PRIORITY_FLAGS = ["--enable-priority-scheduling", "--schedule-policy", "fcfs", "--default-priority-value", "250"]
+#: The hints replicas as docs/sglang.md deploys them (flag names from SGLang 0.5.23's
+#: ``arg_groups/fields/schedule.py``): preemption only across a real priority gap (SGLang's
+#: default threshold is 10 on the gateway's 0-2,000 scale, so nearly any aging difference
+#: preempted and re-prefilled a running call; ``--preemption-threshold`` sets it) and retraction
+#: of the lowest priority first when the KV pool is full (default ``length``).
+PRIORITY_FLAGS = ["--enable-priority-scheduling", "--schedule-policy", "fcfs", "--default-priority-value", "250",
+                  "--retraction-policy", "priority"]
 RETENTION_FLAGS = ["--radix-cache-backend", "workflow-retention"]
+#: HiCache with a host tier twice the device pool, so the plugin's prefetch has somewhere to stage
+HICACHE_FLAGS = ["--enable-hierarchical-cache", "--hicache-ratio", "2", "--hicache-write-policy", "write_back"]
+#: on CPU: the IO backend and layout the test stand-ins patch (tests/sglang/cpu_standins), as
+#: tests/sglang/test_real_server.py runs HiCache
+HICACHE_CPU_FLAGS = ["--hicache-io-backend", "direct", "--hicache-mem-layout", "layer_first"]
 #: replica pair -> (server flags, plugin on)
 PAIRS = {
     "plain": ([], False),
-    "hints": (PRIORITY_FLAGS + RETENTION_FLAGS, True),
+    "hints": (PRIORITY_FLAGS + RETENTION_FLAGS + HICACHE_FLAGS, True),
     # ablation: everything but priority scheduling (SGLang ignores `priority` without the flag)
-    "no-priority": (RETENTION_FLAGS, True),
+    "no-priority": (RETENTION_FLAGS + HICACHE_FLAGS, True),
 }
 #: set-up -> (replica pair, front: gateway round robin | sglang-router | gateway with hints)
 SETUPS = {
@@ -106,6 +122,11 @@ def gpu_count() -> int:
 
 def start_pair(model: Path, work: Path, pair: str, args: argparse.Namespace) -> list[SGLangServer]:
     flags, plugin = PAIRS[pair]
+    flags = list(flags)
+    if "--enable-priority-scheduling" in flags:
+        flags += ["--priority-scheduling-preemption-threshold", str(args.preemption_threshold)]
+    if "--enable-hierarchical-cache" in flags and not args.gpu:
+        flags += HICACHE_CPU_FLAGS
     common = ["--max-total-tokens", str(args.pool_tokens), "--max-running-requests", str(args.max_running),
               "--enable-cache-report"]
     servers = []
@@ -181,6 +202,20 @@ def run_setup(name: str, servers: list[SGLangServer], profile: Path, plan: list,
     return summary
 
 
+def engine_counters(log_text: str) -> dict:
+    """What one replica's log says about the run: the plugin's last counters line (cumulative:
+    ``requeued_preempted``/``requeued_retracted`` are the re-prefills of preempted and retracted
+    calls, ``prefetch_*`` the host staging), the plugin's on/off line, and SGLang's own
+    retractions (``KV cache pool is full. Retract requests. #retracted_reqs: N``)."""
+    out: dict = {"plugin": "on" if "agent-workflow plugin on" in log_text else
+                 "off" if "agent-workflow plugin off" in log_text else "unknown"}
+    lines = [l for l in log_text.splitlines() if "agent-workflow plugin counters:" in l]
+    if lines:
+        out["plugin_counters"] = {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", lines[-1].split("counters:", 1)[1])}
+    out["sglang_retracted_reqs"] = sum(int(n) for n in re.findall(r"#retracted_reqs: (\d+)", log_text))
+    return out
+
+
 def calibration_records(servers: list[SGLangServer], plan: list, args: argparse.Namespace) -> list[dict]:
     """Replay ``plan`` straight to one plain replica, one workflow at a time then two: the call
     records the simulator's step time is fitted on."""
@@ -206,6 +241,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--token-scale", type=float, help="× recorded prompt and output lengths (CPU 0.05, GPU 0.25)")
     ap.add_argument("--pool-tokens", type=int, help="KV pool of each replica (CPU 2500, GPU 30000)")
     ap.add_argument("--max-running", type=int, help="--max-running-requests of each replica (CPU 2, GPU 16)")
+    ap.add_argument("--preemption-threshold", type=int, default=500,
+                    help="--priority-scheduling-preemption-threshold of the hints replicas (docs/sglang.md: 500 "
+                         "on the gateway's 0-2,000 priority scale; SGLang's default is 10)")
     ap.add_argument("--budget-ms", type=float,
                     help="gateway annotation budget (CPU 100: its default 5 ms is for an unloaded machine; "
                          "with 2 shared cores most calls would go out unannotated; GPU 20)")
@@ -235,7 +273,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     from profiler import fitting
     from profiler.workloads import generate, write_jsonl
-    from serving_hooks.replay_plan import load_plan
+    from serving_hooks.replay_plan import load_plan, on_replay_clock
 
     names = list(dict.fromkeys(args.setups))
     pairs_needed = list(dict.fromkeys(SETUPS[n][0] for n in names))
@@ -247,9 +285,11 @@ def main(argv: list[str] | None = None) -> None:
         model = args.model_dir or write_model(work / "model", args.model_config)
         # the profile learns the lengths the replay will really send (scaled), otherwise the
         # gateway's drift check sees every band missed and shadows the workflow type
-        train = [{**r, "input_tokens": round(r["input_tokens"] * args.token_scale),
-                  "output_tokens": max(1, round(r["output_tokens"] * args.token_scale))}
-                 for r in generate("coding_assistant", 80, seed=1000)]
+        # ... and on the replay's clock (gaps x --time-scale): fitted on recorded times its TTLs
+        # and ages would be 1/time-scale too long for the replayed traffic (serving_hooks.replay_plan)
+        train = on_replay_clock([{**r, "input_tokens": round(r["input_tokens"] * args.token_scale),
+                                  "output_tokens": max(1, round(r["output_tokens"] * args.token_scale))}
+                                 for r in generate("coding_assistant", 80, seed=1000)], args.time_scale)
         write_jsonl(train, work / "train" / "ca.jsonl")
         fitting.fit_profile([work / "train"], work / "profile", options=fitting.FitOptions(min_calls=5))
         plans, raw = {}, {}
@@ -263,6 +303,7 @@ def main(argv: list[str] | None = None) -> None:
             calib_plan, _ = load_plan([work / "calib"], token_scale=args.token_scale)
 
         rows: dict[str, dict[int, dict]] = {n: {} for n in names}
+        engine: dict[str, list[dict]] = {p: [] for p in PAIRS}   # per replica, over the whole run
         calib: list[dict] = []
         limits_log = ""
         k = [0]
@@ -283,9 +324,8 @@ def main(argv: list[str] | None = None) -> None:
             for pair, servers in pairs.items():
                 for srv in servers:
                     srv.stop()
-                    counters = [l for l in srv.log_text().splitlines() if "plugin counters" in l]
-                    if counters:
-                        print(f"  {pair} {srv.url}: {counters[-1].split('] ', 1)[-1]}", file=sys.stderr)
+                    engine[pair].append(engine_counters(srv.log_text()))
+                    print(f"  {pair} {srv.url}: {engine[pair][-1]}", file=sys.stderr)
 
         def with_pairs(wanted: list[str], todo: list[tuple[int, str]]) -> None:
             nonlocal calib, limits_log
@@ -308,9 +348,17 @@ def main(argv: list[str] | None = None) -> None:
             with_pairs(list(dict.fromkeys((["plain"] if calib_plan is not None else []) + pairs_needed)), runs)
 
         out = build_output(args, names, rows)
+        out["engine_counters"] = {p: v for p, v in engine.items() if v}
         if calib_plan is not None:
             out["simulator"] = simulate(args, names, raw, calib, limits_log, work / "profile")
     print_report(out, args, names)
+    for pair, reps in out.get("engine_counters", {}).items():
+        c = [r.get("plugin_counters", {}) for r in reps]
+        print(f"{pair} replicas: plugin {'/'.join(r['plugin'] for r in reps)}; re-prefills preempted "
+              f"{[x.get('requeued_preempted', 0) for x in c]} retracted (plugin) "
+              f"{[x.get('requeued_retracted', 0) for x in c]} (SGLang log) {[r['sglang_retracted_reqs'] for r in reps]}; "
+              f"prefetch planned {[x.get('prefetch_planned', 0) for x in c]} skipped for no host tier "
+              f"{[x.get('prefetch_skipped_no_host_tier', 0) for x in c]}", file=sys.stderr)
 
 
 def build_output(args: argparse.Namespace, names: list[str], rows: dict[str, dict[int, dict]]) -> dict:
@@ -353,7 +401,7 @@ def simulate(args: argparse.Namespace, names: list[str], raw: dict[int, list[dic
           f"(MdAPE prefill {step.prefill_mdape:.2f} on {step.n_prefill} calls, decode {step.decode_mdape:.2f} "
           f"on {step.n_decode}); {limits}", file=sys.stderr)
     seeds = {seed: simulate_setups(scaled_records(raw[seed], args.token_scale, args.time_scale), profile, cfg,
-                                   args.concurrency, names)
+                                   args.concurrency, names, preemption_threshold=args.preemption_threshold)
              for seed in args.seeds}
     return {"step": step.to_dict(), "limits": limits, "seeds": seeds, "ratios": ratios(seeds, names)}
 

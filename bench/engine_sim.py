@@ -19,8 +19,9 @@ replays the same trace under the same three set-ups.
   two rules sglang-router 0.3.2 changed: a prompt below the cache threshold goes to the
   *least-loaded* worker, not the one with the smallest tree, and the tree is trimmed every
   60 s, not 120 s); the gateway
-  with the plugin → ``ours`` with priority preemption at SGLang's default threshold (10) and no
-  prefetch (no host tier); ``no-priority`` → ``ours-no-priority``. The profile is the bench's own.
+  with the plugin → ``ours`` with priority preemption at the hints replicas' threshold (the
+  bench's ``--preemption-threshold``) and no prefetch (no host tier in the simulated cluster,
+  though the hints replicas now have one: a known gap); ``no-priority`` → ``ours-no-priority``. The profile is the bench's own.
 
 Every workflow counts (no warm-up window), as in the measured replay.
 """
@@ -143,11 +144,12 @@ def replay_prefixes(wl: Workload) -> Workload:
 
 
 def simulate_setups(records: list[dict], profile_dir: Path, cfg: ClusterConfig, concurrency: int,
-                    setups: list[str]) -> dict[str, dict]:
-    """Simulated avg/P95 JCT and GPU-tier hit share of each bench set-up on ``records``."""
+                    setups: list[str], preemption_threshold: int = 10) -> dict[str, dict]:
+    """Simulated avg/P95 JCT and GPU-tier hit share of each bench set-up on ``records``
+    (``preemption_threshold``: the hints replicas' ``--priority-scheduling-preemption-threshold``)."""
     wl = replay_prefixes(workload_from_records(records, name="bench-engine", conversation_lineage=False))
     arrivals = np.zeros(len(wl.workflows))
-    opts = OursOptions(prefetch=False, preemption_threshold=10)
+    opts = OursOptions(prefetch=False, preemption_threshold=preemption_threshold)
     out = {}
     for name in setups:
         pol_name = SIM_POLICIES[name]

@@ -25,6 +25,10 @@ from synth.remaining import position_bucket
 log = logging.getLogger(__name__)
 
 
+#: The agent name the unseen-agent entries are looked up with (no real agent is called that).
+UNSEEN_AGENT = "\x00unseen-agent"
+
+
 @dataclass
 class AgentEntry:
     """What never changes between calls of one (workflow type, agent)."""
@@ -72,6 +76,10 @@ class CompiledProfile:
                 self.agents[(wt, agent)] = self._agent_entry(wt, agent, agent_stats.get(wt, {}).get(agent) or {},
                                                              max_tools)
         self._decode_speed = self._decode_speeds(agent_stats)
+        #: per workflow type, the entry an agent the profile never saw is served (its band, upper
+        #: bounds and idle-gap TTL backed off to the workflow type's level; no tools of its own)
+        self.unseen_agent: dict[str, AgentEntry] = {
+            wt: self._agent_entry(wt, UNSEEN_AGENT, {}, max_tools) for wt in self.workflow_type_calls}
         self.paths: dict[str, Any] = {}
         self.path_errors: dict[str, str] = {}
         if paths_class is not None:

@@ -17,9 +17,18 @@ imports it). It holds three things, each in its own module:
   call's agent — once per ``request_id``, so a retried annotate does not count twice — and
   :meth:`observe` (at completion) records the output length and response; a completion whose
   arrival was never annotated advances the session itself.
-* **Never fails a request.** An unknown workflow type or agent, an agent served only by the global
-  band (too little data), a workflow type held in shadow mode, or a session that left the pruned
-  automaton give ``{"known": false, "reason": ...}`` without any prediction, never an exception.
+* **Never fails a request.** An unknown workflow type, a workflow type held in shadow mode, or a
+  session that left the pruned automaton (without a sequence model) give ``{"known": false,
+  "reason": ...}`` without any prediction, never an exception.
+* **An agent of a known workflow type is predicted even when the profile barely knows it**
+  (``agent_fallback``, default on): an agent it never saw is served its workflow type's entry
+  (the type's output band — ``output_len_level`` says ``workflow_type`` or ``global`` — its
+  idle-gap TTL, and the session's path fields), an agent with too few calls the global band
+  with its own tools and gaps. Multi-agent applications name agents per task (AG2's
+  CaptainAgent: 176 expert names in 126 runs), so most sessions meet an agent the training
+  logs did not have; the band served is the one held-out validation fitted for the whole type,
+  and it kept its coverage on such calls (docs/evaluation.md). ``agent_fallback=False``
+  restores ``known: false`` with ``unknown_agent`` / ``too_little_data``.
 * **No policy inside.** The priority a known call carries is computed by an injected callable
   (``priority_policy``; the serving layer passes ``serving_hooks.policies.AnnotationPriority``),
   so this package imports nothing from the layers above it; and nothing here imports pandas,
@@ -83,13 +92,16 @@ class Predictor:
         ``serving_hooks.policies.AnnotationPriority`` (``PredictionService`` does by default):
         the facade depends on no policy.
     prompt_composition_agents : next agents (most likely first) whose prompt template is included.
+    agent_fallback : predict calls of agents the profile has no or too little data for from their
+        workflow type's entry (module doc); False answers them ``known: false``.
     """
 
     def __init__(self, profile: Any = None, *, max_sessions: int = 100_000,
                  session_idle_s: float = 3600.0, max_tools: int = 3, recent_outputs: int = 8,
                  gate: Any = None, priority_policy: Any = None,
                  prompt_composition_agents: int = 1, clock=time.monotonic,
-                 max_session_bytes: int = DEFAULT_MAX_SESSION_BYTES) -> None:
+                 max_session_bytes: int = DEFAULT_MAX_SESSION_BYTES, agent_fallback: bool = True) -> None:
+        self.agent_fallback = bool(agent_fallback)
         self.sessions = SessionTable(max_sessions=max_sessions, max_session_bytes=max_session_bytes,
                                      session_idle_s=session_idle_s, recent_outputs=recent_outputs)
         self.max_tools = int(max_tools)
@@ -235,6 +247,8 @@ class Predictor:
             remaining = m.remaining_output(wt, s.calls - done, agent, s.out_sum, s.out_expected,
                                            s.agent_calls.get(agent, 0) - done)
             entry = m.agents.get((wt, agent))
+            if entry is None and self.agent_fallback:
+                entry = m.unseen_agent.get(wt)     # an agent the profile never saw: its type's
             band = None
             if entry is not None:
                 band = self._band(m, s, agent, entry, input_tokens,
@@ -252,7 +266,8 @@ class Predictor:
             return unknown("shadow", self.gate.reason(wt))
         if entry is None:
             return unknown("unknown_agent")
-        if band is None or (band[2] == "global" and m.global_for_lack_of_data(wt, agent)):
+        if band is None or (band[2] == "global" and not self.agent_fallback
+                            and m.global_for_lack_of_data(wt, agent)):
             return unknown("too_little_data", f"agent {agent!r} has {entry.calls} calls: only the global band applies")
         paths = m.paths.get(wt)
         if paths is not None and state is None and not getattr(paths, "has_sequence_model", False):

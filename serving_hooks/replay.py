@@ -15,10 +15,15 @@ them), asks for ``max_tokens`` = the recorded output length and, by default, ``i
 engine really generates that many (SGLang and vLLM accept it; pass ``ignore_eos=False`` for servers
 that reject unknown fields). The workflow identity travels as ``app_metadata`` in the body (what
 the project's gateway reads) and/or as ``x-workflow-*`` headers.
+
+Pooled connections: idle ones are dropped after :data:`KEEPALIVE_S` (below the 5 s after which
+SGLang's uvicorn closes them), and a call that meets a pooled connection the server had already
+closed, before any response byte, is sent again (:func:`open_stream`): the server read nothing.
 """
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 import uuid
@@ -33,6 +38,36 @@ from serving_hooks.replay_plan import PlannedCall, PlannedWorkflow
 from serving_hooks.replay_prompts import Context, build_messages, estimate_tokens
 
 IDENTITY_MODES = ("app_metadata", "headers", "both", "none")
+#: Idle seconds before a pooled connection is dropped: below uvicorn's (SGLang's) 5 s.
+KEEPALIVE_S = 4.0
+#: Attempts of one call that keeps meeting closed pooled connections (each failure drops one).
+STALE_ATTEMPTS = 4
+#: httpx errors of a request whose connection was closed under it before any response byte.
+STALE_ERRORS = (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)
+
+
+async def open_stream(client: httpx.AsyncClient, request: httpx.Request) -> httpx.Response:
+    """``client.send(request, stream=True)``, sent again when it failed on a **reused** pooled
+    connection before the response headers (``RemoteProtocolError: Server disconnected without
+    sending a response``, a read or write error): an HTTP/1.1 server closes a persistent
+    connection only between requests, so the server read nothing and resending is safe (the
+    gateway does the same, :func:`serving_hooks.upstreams.stale_connection_error`). A failure
+    on a new connection, or once the response has begun, is raised as is."""
+    fresh = [False]
+
+    async def trace(event: str, info: dict) -> None:
+        if event.startswith("connection.connect_tcp."):
+            fresh[0] = True      # a new connection: its failure is not the stale-pool race
+
+    request.extensions = {**request.extensions, "trace": trace}
+    for _ in range(STALE_ATTEMPTS - 1):
+        fresh[0] = False
+        try:
+            return await client.send(request, stream=True)
+        except STALE_ERRORS:
+            if fresh[0]:
+                raise
+    return await client.send(request, stream=True)
 
 
 @dataclass
@@ -156,7 +191,8 @@ class _Replayer:
         """Stream one call; fills ``res``; returns the reply text."""
         parts: list[str] = []
         try:
-            async with self.client.stream("POST", self.url, json=body, headers=headers) as resp:
+            request = self.client.build_request("POST", self.url, json=body, headers=headers)
+            async with contextlib.aclosing(await open_stream(self.client, request)) as resp:
                 if resp.status_code != 200:
                     text = (await resp.aread()).decode("utf-8", "replace")
                     res.status, res.error = "error", f"HTTP {resp.status_code}: {text[:200]}"
@@ -235,7 +271,7 @@ class _Replayer:
 async def replay_async(plan: list[PlannedWorkflow], target: str, opts: ReplayOptions,
                        on_call: Callable[[CallResult], None] | None = None) -> ReplayResult:
     """Replay ``plan`` against ``target`` (base URL of an OpenAI-compatible server)."""
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=64, keepalive_expiry=KEEPALIVE_S)
     async with httpx.AsyncClient(timeout=httpx.Timeout(opts.timeout_s, connect=30.0), limits=limits,
                                  trust_env=False) as client:
         model = opts.model or await discover_model(client, target)

@@ -14,12 +14,22 @@ The logs are read through the project's own ingest (an in-memory store), so ever
   ``--time-scale``.
 * **input_tokens / output_tokens** — the recorded prompt length (the synthetic prompt is sized to
   it) and completion length (sent as ``max_tokens``).
+
+**The replay's clock.** A replay at ``--time-scale s`` shortens every tool/think gap ``s``-fold
+while the engine decides how long each call takes. A profile fitted on the recorded times then
+predicts keep-alive TTLs, tool latencies and ages ``1/s`` too long for that traffic (at
+``s = 0.02``: a 1.3 s TTL against ~30 ms gaps, and keep/drop retention keeps almost everything).
+:func:`on_replay_clock` puts records on the replay's clock — idle time × ``s``, time with a call
+in flight unchanged — and the profile a gateway serves during a replay is fitted on those
+(``bench/bench_engine.py`` does).
 """
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+
 
 from profiler.ingest import ingest
 from profiler.store import connect
@@ -86,12 +96,7 @@ def load_plan(paths: Sequence[str | Path], *, max_workflows: int | None = None,
             workflows.append(wf)
             finishes[wid], arrivals[wid] = {}, []
         done = finishes[wid]
-        if parent_ids:
-            parents = [p for p in parent_ids if p in done]
-        else:
-            # latest earlier call already finished when this one arrived (ties: the later one)
-            finished = [(f, r) for r, a, f in arrivals[wid] if f <= t_arr]
-            parents = [max(finished)[1]] if finished else []
+        parents = _parents(parent_ids, done, arrivals[wid], t_arr)
         anchor = max((done[p] for p in parents), default=wf.t_start)
         wf.calls.append(PlannedCall(rid, agent, parents, max(0.0, t_arr - anchor),
                                     max(0, round(n_in * token_scale)),
@@ -103,3 +108,59 @@ def load_plan(paths: Sequence[str | Path], *, max_workflows: int | None = None,
         raise ValueError("no valid calls to replay in " + ", ".join(map(str, paths))
                          + (f" (workflow types {sorted(wanted)})" if wanted else ""))
     return workflows, report.summary()
+
+
+def on_replay_clock(records: Sequence[dict], time_scale: float,
+                    call_scale: float | None = None) -> list[dict]:
+    """Copies of flat records (log-format §1) with their times on the clock of a replay at
+    ``time_scale`` (module doc): a call is sent ``time_scale ×`` its recorded gap (``delay_s``,
+    :func:`load_plan`'s parents and gaps) after its parents finish, and lasts ``call_scale ×``
+    its recorded duration; its ``tool_calls`` happen ``time_scale ×`` as long after its finish.
+    Each workflow's first arrival stays where it was.
+
+    ``call_scale`` None scales the calls like the gaps — every time ``× time_scale``, the
+    profile of "the time-scaled records". The replay cannot know how long the engine will take
+    a call; give ``call_scale`` when that ratio (engine time / recorded time) is known. It
+    matters where a TTL spans other calls (the gap after one of several parallel calls lasts
+    until its siblings finish); a TTL over a tool or think gap is ``time_scale ×`` the recorded
+    one either way.
+    """
+    if time_scale < 0 or (call_scale is not None and call_scale < 0):
+        raise ValueError(f"time scales must be >= 0, not {time_scale}, {call_scale}")
+    call_scale = time_scale if call_scale is None else call_scale
+    out = [dict(r) for r in records]
+    by_wf: dict[tuple, list[dict]] = defaultdict(list)
+    for r in out:
+        by_wf[(r.get("workflow_type_id"), r.get("workflow_id"))].append(r)
+    for calls in by_wf.values():
+        calls.sort(key=lambda r: float(r["t_arrival"]))
+        t_start = float(calls[0]["t_arrival"])
+        done: dict[str, float] = {}           # recorded finishes
+        moved: dict[str, float] = {}          # finishes on the replay's clock
+        arrivals: list[tuple[str, float, float]] = []
+        for r in calls:
+            rid, t_arr, t_fin = str(r["request_id"]), float(r["t_arrival"]), float(r["t_finish"])
+            parents = _parents(r.get("parent_request_ids"), done, arrivals, t_arr)
+            anchor = max((done[p] for p in parents), default=t_start)
+            new_arr = max((moved[p] for p in parents), default=t_start) \
+                + time_scale * max(0.0, t_arr - anchor)
+            r["t_arrival"], r["t_finish"] = new_arr, new_arr + call_scale * (t_fin - t_arr)
+            if r.get("t_first_token") is not None:
+                r["t_first_token"] = new_arr + call_scale * (float(r["t_first_token"]) - t_arr)
+            if r.get("tool_calls"):
+                r["tool_calls"] = [{**tc, **{k: r["t_finish"] + time_scale * (float(tc[k]) - t_fin)
+                                             for k in ("t_start", "t_end") if tc.get(k) is not None}}
+                                   for tc in r["tool_calls"]]
+            done[rid], moved[rid] = t_fin, r["t_finish"]
+            arrivals.append((rid, t_arr, t_fin))
+    return out
+
+
+def _parents(parent_ids: Sequence[str] | None, done: dict[str, float],
+             arrivals: list[tuple[str, float, float]], t_arr: float) -> list[str]:
+    """A call's parents (module doc): its ``parent_request_ids`` already seen, else the latest
+    earlier call of its workflow that had finished when it arrived (ties: the later one)."""
+    if parent_ids:
+        return [p for p in parent_ids if p in done]
+    finished = [(f, r) for r, a, f in arrivals if f <= t_arr]
+    return [max(finished)[1]] if finished else []

@@ -22,12 +22,19 @@ URL,pool=MODEL``): a request then goes only to the upstreams of the model its bo
 keeps one turn per candidate set; the capacity router keeps a session's last upstream per pool.
 ``queue_depths()`` gives the upstreams' waiting requests (from the load reports; none under
 round robin), which the gateway sums per pool for the priority's idle-downstream term.
+
+The connections themselves: :class:`UpstreamClient` (the pooled HTTP/1.1 client, its idle
+keep-alive shorter than the engine's, and one retry of a request that met a connection the
+engine had already closed).
 """
 from __future__ import annotations
 
 import itertools
 import json
+from types import SimpleNamespace
 from typing import Any, Protocol, Sequence
+
+import aiohttp
 
 from predictors.contract import Annotation
 from serving_hooks.policies.pools import ModelPools
@@ -140,3 +147,93 @@ class CapacityRouting:
 
     async def aclose(self) -> None:
         await self.router.aclose()
+
+
+#: Seconds a pooled upstream connection may sit idle before the gateway drops it: below the
+#: engine's own idle limit (SGLang serves through uvicorn, whose ``timeout_keep_alive`` is 5 s),
+#: so the gateway closes a connection before the engine does (``--upstream-keepalive``).
+DEFAULT_UPSTREAM_KEEPALIVE_S = 4.0
+
+
+def stale_connection_error(exc: BaseException, reused: bool) -> bool:
+    """Whether a failed upstream request is safe to send again: it failed on a **reused** pooled
+    connection, with a connection error (aiohttp ``ClientOSError`` — e.g. ``Can not write request
+    body`` — or ``ServerDisconnectedError``) before any response byte came back.
+
+    Why that means the engine saw nothing: an HTTP/1.1 server closes a persistent connection only
+    between requests (uvicorn's idle ``timeout_keep_alive``; RFC 9112 §9.3.1.1 names exactly
+    this race as the reason clients retry), so a request that meets a connection closed under it,
+    with no response, was never read. aiohttp retries this case itself only for idempotent
+    methods, never for POST. A fresh connection that fails (``ClientConnectorError``: refused,
+    unreachable) is not this case and is not retried: the next attempt would meet the same.
+    """
+    if not reused or isinstance(exc, aiohttp.ClientConnectorError):
+        return False
+    return isinstance(exc, (aiohttp.ClientOSError, aiohttp.ServerDisconnectedError))
+
+
+class UpstreamClient:
+    """The gateway's HTTP/1.1 client to its upstreams: one pooled ``aiohttp.ClientSession``
+    (keep-alive, no automatic decompression, no headers of its own) plus a stale-connection retry.
+
+    * Pooled connections idle longer than ``keepalive_s`` are not reused
+      (:data:`DEFAULT_UPSTREAM_KEEPALIVE_S`, shorter than the engine's own idle limit).
+    * A request that fails on a reused connection before any response byte
+      (:func:`stale_connection_error`) is sent once more on a **fresh** connection (a one-shot
+      connector, so it cannot meet another stale pooled one); ``retried`` counts them. A request
+      whose response had begun is never resent.
+    """
+
+    def __init__(self, *, keepalive_s: float = DEFAULT_UPSTREAM_KEEPALIVE_S,
+                 max_connections: int = 1024, connect_timeout_s: float = 10.0,
+                 read_timeout_s: float = 600.0, skip_auto_headers: Sequence[str] = (),
+                 retry_stale: bool = True) -> None:
+        if keepalive_s < 0:
+            raise ValueError(f"upstream keep-alive must be >= 0 s, not {keepalive_s}")
+        self.keepalive_s, self.max_connections = keepalive_s, max_connections
+        self.retry_stale = retry_stale
+        self._session_kw = dict(
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout_s,
+                                          sock_read=read_timeout_s),
+            auto_decompress=False, trust_env=False, skip_auto_headers=tuple(skip_auto_headers))
+        self.session: aiohttp.ClientSession | None = None
+        self._fresh: aiohttp.ClientSession | None = None
+        self.retried = 0
+
+    async def start(self) -> None:
+        trace = aiohttp.TraceConfig()
+        trace.on_connection_reuseconn.append(_mark_reused)
+        self.session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=self.max_connections, limit_per_host=0,
+                                           keepalive_timeout=self.keepalive_s or None,
+                                           force_close=self.keepalive_s == 0),
+            trace_configs=[trace], **self._session_kw)
+        self._fresh = aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True),
+                                            **self._session_kw)
+
+    async def request(self, method: str, url: str, *, data: bytes | None,
+                      headers: list[tuple[str, str]]) -> tuple[aiohttp.ClientResponse, bool]:
+        """Send one request: ``(response, retried)`` once the status line and headers are in
+        (``retried``: the first attempt met a stale connection and this is the second). Raises
+        what aiohttp raises when no response comes, after that one retry."""
+        ctx = SimpleNamespace(reused=False)
+        try:
+            return await self.session.request(method, url, data=data, headers=headers,
+                                              allow_redirects=False, trace_request_ctx=ctx), False
+        except (aiohttp.ClientError, OSError) as exc:
+            if not (self.retry_stale and stale_connection_error(exc, ctx.reused)):
+                raise
+        self.retried += 1
+        return await self._fresh.request(method, url, data=data, headers=headers,
+                                         allow_redirects=False), True
+
+    async def aclose(self) -> None:
+        for s in (self.session, self._fresh):
+            if s is not None:
+                await s.close()
+
+
+async def _mark_reused(session: aiohttp.ClientSession, ctx: SimpleNamespace, params: Any) -> None:
+    """aiohttp trace hook: this request got a pooled connection (not a new one)."""
+    if isinstance(ctx.trace_request_ctx, SimpleNamespace):
+        ctx.trace_request_ctx.reused = True

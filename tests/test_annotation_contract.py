@@ -10,7 +10,8 @@ from serving_hooks.policies import AnnotationPriority, CallView
 
 
 def _annotations(fitted_profile, n: int = 12) -> list[Annotation]:
-    p = Predictor(fitted_profile, priority_policy=AnnotationPriority())
+    # agent_fallback=False: "nobody" (an agent the profile never saw) stays unknown
+    p = Predictor(fitted_profile, priority_policy=AnnotationPriority(), agent_fallback=False)
     agents = ["planner", "explorer", "engineer", "engineer", "reviewer", "nobody"]
     return [p.annotate_call({"workflow_type_id": "coding_assistant", "workflow_id": f"w{i % 2}",
                              "agent_id": agents[i % len(agents)]}, request_id=f"r{i}", input_tokens=500)

@@ -67,7 +67,6 @@ def test_known_call_carries_every_prediction(fitted):
 
 @pytest.mark.parametrize("app_metadata, reason", [
     (meta("w", "planner", wt="no_such_app"), "unknown_workflow_type"),
-    (meta("w", "no_such_agent"), "unknown_agent"),
     ({"workflow_type_id": WT, "workflow_id": "w"}, "missing_app_metadata"),
     (None, "missing_app_metadata"),
     ("not a dict", "missing_app_metadata"),
@@ -76,6 +75,24 @@ def test_unknown_is_known_false_without_predictions(fitted, app_metadata, reason
     ann = Predictor(fitted[0]).annotate(app_metadata)
     assert ann["known"] is False and ann["reason"] == reason
     assert "predicted_output_len" not in ann and "next_agents" not in ann
+
+
+def test_unseen_agent_is_served_its_workflow_types_entry(fitted):
+    """An agent the profile never saw (multi-agent apps name agents per task) gets the workflow
+    type's band, TTL and the session's path fields; ``agent_fallback=False`` refuses it."""
+    p = Predictor(fitted[0])
+    p.annotate(meta("w", "planner"))
+    ann = p.annotate(meta("w", "no_such_agent"))
+    assert ann["known"] is True and ann["output_len_level"] in ("workflow_type", "global", "conditional")
+    lo, hi = ann["predicted_output_len"]
+    wt_band = p.profile.bands.lookup(WT, "no_such_agent")[0]
+    assert 0 <= lo <= hi
+    if not wt_band.get("conditional"):
+        assert (lo, hi) == (int(wt_band["lo"]), int(wt_band["hi"]))
+    assert ann["tool_latency"] == {} and "expected_remaining_calls" in ann
+    strict = Predictor(fitted[0], agent_fallback=False).annotate(meta("w", "no_such_agent"))
+    assert strict["known"] is False and strict["reason"] == "unknown_agent"
+    assert "predicted_output_len" not in strict
 
 
 def test_session_off_the_dominant_paths_still_gets_predictions(fitted):

@@ -54,7 +54,9 @@ def test_annotate_observe_profile_health_metrics(profile_root):
         batch = c.post("/v1/annotate:batch", json={"requests": [
             {"app_metadata": meta("w", "explorer")}, {"app_metadata": meta("w", "nobody")},
             {"app_metadata": meta("w", "planner", wt="unknown_app")}]}).json()["results"]
-        assert [x["sys_annotations"]["known"] for x in batch] == [True, False, False]
+        # an agent the profile never saw is served its workflow type's entry (issue 22)
+        assert [x["sys_annotations"]["known"] for x in batch] == [True, True, False]
+        assert batch[1]["sys_annotations"]["output_len_level"] in ("workflow_type", "global", "conditional")
         assert batch[2]["sys_annotations"]["reason"] == "unknown_workflow_type"
         assert c.get(f"/v1/sessions/{WT}/w").json()["agents"] == ["planner", "explorer", "nobody"]
         assert c.post("/v1/annotate", json={"app_metadata": {"workflow_id": 3}}).status_code == 422
@@ -66,7 +68,7 @@ def test_annotate_observe_profile_health_metrics(profile_root):
         assert health["status"] == "ok" and health["sessions"] == 2  # (WT, w) and (unknown_app, w)
         assert metric(server.url, "profiler_sidecar_annotations_total", known="false",
                       reason="unknown_workflow_type") == 1
-        assert metric(server.url, "profiler_sidecar_unknown_ratio") == pytest.approx(2 / 4)
+        assert metric(server.url, "profiler_sidecar_unknown_ratio") == pytest.approx(1 / 4)
         assert metric(server.url, "profiler_sidecar_profile_info", version=prof["version"]) == 1
         assert metric(server.url, "profiler_sidecar_request_seconds_count", route="/v1/annotate") == 2
         spec = c.get("/openapi.json").json()

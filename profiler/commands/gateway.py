@@ -27,6 +27,7 @@ def gateway(
     stream_usage: Annotated[bool, typer.Option("--stream-usage/--no-stream-usage", help="Ask streams for token usage (hidden from the client) so they can be logged.", rich_help_panel=HELP_FIELDS)] = True,
     routing: Annotated[str, typer.Option(help="round-robin, or capacity (Pythia alg. 2 over each upstream's /v1/loads; round robin while they do not report).")] = "round-robin",
     upstream_timeout: Annotated[float, typer.Option(help="Seconds without a byte from the upstream before the call fails with 504.")] = 600.0,
+    upstream_keepalive: Annotated[float, typer.Option(min=0.0, help="Seconds a pooled upstream connection may sit idle before the gateway drops it; keep it below the engine's own idle limit (SGLang/uvicorn: 5 s), so the engine never closes a connection the gateway is about to reuse. 0: a new connection per call.")] = 4.0,
     max_request_mb: Annotated[float, typer.Option(help="Largest request body accepted (413 beyond).")] = 32.0,
     body_timeout: Annotated[float, typer.Option(help="Seconds a request body may take to arrive (408 beyond): slow clients cannot hold the gateway.")] = 30.0,
     admin_token: Annotated[Optional[str], typer.Option(envvar="PROFILER_ADMIN_TOKEN", help="Bearer token for /admin/* (and sent to the sidecar's /v1/observe).")] = None,
@@ -133,7 +134,7 @@ def gateway(
         loop.before_refit = writer.rotate  # the refit sees every call logged so far
     options = GatewayOptions(budget_s=budget_ms / 1000.0, sglang_fields=sglang_fields,
                              strip_metadata=strip_metadata, stream_usage=stream_usage,
-                             upstream_timeout_s=upstream_timeout,
+                             upstream_timeout_s=upstream_timeout, upstream_keepalive_s=upstream_keepalive,
                              max_request_bytes=int(max_request_mb * (1 << 20)), body_timeout_s=body_timeout,
                              admin_token=admin_token,
                              forward_paths=DEFAULT_FORWARD_PATHS + tuple(allow_path or ()),

@@ -26,12 +26,24 @@ target                                                              type      do
 ==================================================================  ========  ==================================
 
 The policies themselves live in :mod:`serving_hooks.policies` (no SGLang import); this
-package only adapts them. ``AWP_SGLANG_PLUGIN=0`` turns the plugin off; the other knobs are
-in :mod:`serving_hooks.sglang_plugin.settings`.
+package only adapts them.
+
+**Opt-in.** The plugin is off unless the server's environment has ``AWP_SGLANG_PLUGIN=1``: the
+entry point makes SGLang call :func:`register` in every server of an environment where this
+package is installed, and a server that did not ask for it runs as plain SGLang. Either way
+:func:`register` prints one line to stderr (the server log), ``agent-workflow plugin on: …`` or
+``agent-workflow plugin off: …``: SGLang loads plugins before it configures logging, so a
+``logging`` record written here would be lost. Only the server's main process prints it (SGLang
+starts its scheduler and detokenizer with ``multiprocessing``, and those load the plugin too);
+the scheduler then logs ``agent-workflow plugin active: …`` at its first scheduling round. The
+other knobs are in :mod:`serving_hooks.sglang_plugin.settings`.
 """
 from __future__ import annotations
 
 import logging
+import multiprocessing
+import os
+import sys
 from importlib import import_module
 
 from serving_hooks.sglang_plugin.settings import BACKEND_NAME
@@ -53,18 +65,30 @@ HOOK_TARGETS: dict[str, tuple[str, str, str]] = {
 }
 
 _registered = False
+_announced = False
+
+
+def announce(line: str) -> bool:
+    """Print the plugin's on/off line to stderr from the server's main process, once (module
+    doc: why not logging); SGLang's ``multiprocessing`` children stay quiet. True when printed."""
+    global _announced
+    if _announced or multiprocessing.parent_process() is not None:
+        return False
+    _announced = True
+    print(f"{line} (pid {os.getpid()})", file=sys.stderr, flush=True)
+    return True
 
 
 def register() -> None:
     """Entry point of group ``sglang.srt.plugins``: register the hooks and the cache backend.
 
-    Idempotent; a no-op when ``AWP_SGLANG_PLUGIN=0``.
+    Idempotent; a no-op unless ``AWP_SGLANG_PLUGIN=1`` (opt-in, module doc).
     """
     global _registered
     if _registered:
         return
     if not get_state().settings.enabled:
-        logger.info("agent-workflow plugin disabled by AWP_SGLANG_PLUGIN=0")
+        announce("agent-workflow plugin off: AWP_SGLANG_PLUGIN is not 1, SGLang runs unchanged")
         return
     # sglang (and retention, which subclasses its cache) only when sglang calls us: SGLang loads
     # this entry point in every process, and the policies/state must import without it.
@@ -79,4 +103,6 @@ def register() -> None:
     if get_radix_cache_factory(BACKEND_NAME) is None:
         register_radix_cache_backend(BACKEND_NAME, retention_cache_factory)
     _registered = True
+    announce(f"agent-workflow plugin on: {len(HOOK_TARGETS)} hooks and radix cache backend "
+             f"{BACKEND_NAME!r} registered (AWP_SGLANG_PLUGIN=1)")
     logger.info("agent-workflow plugin registered %d hooks and backend %r", len(HOOK_TARGETS), BACKEND_NAME)

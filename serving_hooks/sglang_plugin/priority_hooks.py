@@ -123,8 +123,18 @@ def age_queue(waiting_queue: list, now: float | None = None) -> int:
 
 
 def before_add_request_to_queue(scheduler: Any, req: Any, *args: Any, **kwargs: Any) -> None:
-    """BEFORE hook on ``Scheduler._add_request_to_queue(self, req, is_retracted=False)``."""
-    get_state().sync(scheduler)
+    """BEFORE hook on ``Scheduler._add_request_to_queue(self, req, is_retracted=False)``.
+
+    A request admitted before that enters the queue again lost its KV and will be prefilled
+    again: ``requeued_retracted`` counts those SGLang retracted (KV pool full,
+    ``is_retracted=True``), ``requeued_preempted`` those a higher priority preempted
+    (``--priority-scheduling-preemption-threshold``) — the re-prefills the plugin's counters line
+    reports."""
+    state = get_state()
+    state.sync(scheduler)
+    if getattr(req, BASE_ATTR, None) is not None:
+        retracted = kwargs.get("is_retracted", args[0] if args else False)
+        state.counters["requeued_retracted" if retracted else "requeued_preempted"] += 1
     admit_request(req, default_priority=getattr(getattr(scheduler, "server_args", None),
                                                 "default_priority_value", None))
 

@@ -6,7 +6,8 @@ sglang.launch_server`` (the scheduler processes inherit them).
 =================================  =========  ==============================================
 variable                           default    meaning
 =================================  =========  ==============================================
-``AWP_SGLANG_PLUGIN``              ``1``      ``0`` registers nothing (plugin installed but off)
+``AWP_SGLANG_PLUGIN``              ``0``      ``1`` turns the plugin on; anything else registers
+                                              nothing (installed but off: opt-in per server)
 ``AWP_PRIORITY_AGING_PER_S``       ``0.001``  score added per second of a workflow's age (alg. 3)
 ``AWP_PRIORITY_SCALE``             ``1000``   score → SGLang integer priority multiplier
 ``AWP_KEEP_MAX_TTL_S``             ``120``    upper bound of a retention TTL (SAGA)
@@ -66,6 +67,15 @@ def _flag(name: str, default: bool = True) -> bool:
     return raw.strip().lower() not in ("0", "false", "no", "off")
 
 
+def plugin_enabled() -> bool:
+    """Whether this server opted in: ``AWP_SGLANG_PLUGIN=1`` (or ``true``/``yes``/``on``).
+
+    Off by default: the entry point makes SGLang load the plugin in every server of an
+    environment where the package is installed, and a server that did not ask for workflow
+    scheduling must run as plain SGLang."""
+    return os.environ.get("AWP_SGLANG_PLUGIN", "").strip().lower() in ("1", "true", "yes", "on")
+
+
 @dataclass(frozen=True)
 class PluginSettings:
     """The policies the plugin drives, configured from the environment."""
@@ -100,7 +110,7 @@ class PluginSettings:
             age_untagged=untagged == "age",
             log_every_s=_f("AWP_LOG_EVERY_S", 60.0),
             debug=_flag("AWP_SGLANG_DEBUG", False),
-            enabled=_flag("AWP_SGLANG_PLUGIN"),
+            enabled=plugin_enabled(),
             prefetch_enabled=_flag("AWP_PREFETCH"),
             priority=PriorityPolicy(
                 aging_per_s=_f("AWP_PRIORITY_AGING_PER_S", PriorityPolicy.aging_per_s),

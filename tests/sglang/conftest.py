@@ -179,8 +179,13 @@ def sglang_runtime():
     override = get_context().override_server_args(
         enable_priority_scheduling=True, schedule_policy="fcfs"
     )
+    from serving_hooks.sglang_plugin.state import reset_state
+
     server_args = override.install()
-    plugins.load_plugins()  # discovers serving_hooks.sglang_plugin:register by entry point
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("AWP_SGLANG_PLUGIN", "1")   # the plugin is opt-in
+        reset_state()                         # settings read with it
+        plugins.load_plugins()  # discovers serving_hooks.sglang_plugin:register by entry point
     yield server_args
     override.restore()
 

@@ -6,8 +6,9 @@
   (random weights): the tests need real scheduling and a real KV cache, not sensible text. The
   same folder shape with an 8B ``config.json`` gives GPU-realistic timings without weights.
 * :class:`SGLangServer` starts the server on 127.0.0.1 with the project's plugin (found by its
-  entry point), waits on ``/health_generate`` (a real generation), and stops it by PID (SIGTERM,
-  then SIGKILL of the process group after a grace period).
+  entry point, and switched on with ``AWP_SGLANG_PLUGIN=1``: the plugin is opt-in; pass
+  ``env={"AWP_SGLANG_PLUGIN": "0"}`` for a plain server), waits on ``/health_generate`` (a real
+  generation), and stops it by PID (SIGTERM, then SIGKILL of the process group after a grace period).
 
 On a CPU-only machine the server needs ``SGLANG_USE_CPU_ENGINE=1`` and the test-only stand-ins in
 ``cpu_standins/`` on its ``PYTHONPATH`` (gated by ``AWP_TEST_CPU_STANDINS=1``); with CUDA neither
@@ -109,7 +110,8 @@ class SGLangServer:
         paths = [str(STANDINS)] if cpu else []
         paths += [str(REPO), *[p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]]
         env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
-        env.update({"SGLANG_RUST_BUILD_MODE": "never", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+        env.update({"AWP_SGLANG_PLUGIN": "1",  # opt-in (serving_hooks.sglang_plugin)
+                    "SGLANG_RUST_BUILD_MODE": "never", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
                     "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"})
         if cpu:
             env.update({"SGLANG_USE_CPU_ENGINE": "1", "AWP_TEST_CPU_STANDINS": "1"})

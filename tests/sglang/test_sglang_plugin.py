@@ -180,3 +180,47 @@ def test_calls_of_one_session_share_the_workflow_priority(clock):
     clock.t = 1520.0                                         # every session ages at the same rate
     policy.calc_priority(queue)
     assert (x1.priority, y1.priority) == (870 + 500, 520 + 500)
+
+
+@pytest.mark.parametrize("value, on", [(None, False), ("", False), ("0", False), ("1", True),
+                                       ("true", True), ("yes", True), ("off", False)])
+def test_plugin_is_opt_in(monkeypatch, value, on):
+    from serving_hooks.sglang_plugin.settings import PluginSettings
+
+    if value is None:
+        monkeypatch.delenv("AWP_SGLANG_PLUGIN", raising=False)
+    else:
+        monkeypatch.setenv("AWP_SGLANG_PLUGIN", value)
+    assert PluginSettings.from_env().enabled is on
+
+
+def test_plugin_off_says_so_on_stderr_and_registers_nothing(monkeypatch, capsys):
+    """SGLang configures logging after loading plugins: the off line goes to stderr, printed."""
+    import serving_hooks.sglang_plugin as plugin
+
+    monkeypatch.delenv("AWP_SGLANG_PLUGIN", raising=False)
+    monkeypatch.setattr(plugin, "_registered", False)
+    monkeypatch.setattr(plugin, "_announced", False)
+    reset_state()
+    try:
+        plugin.register()
+        plugin.register()                  # SGLang loads plugins more than once per process
+        assert not plugin._registered
+        err = capsys.readouterr().err
+        assert err.count("agent-workflow plugin off: AWP_SGLANG_PLUGIN is not 1") == 1
+    finally:
+        reset_state()
+
+
+def test_requeued_requests_are_counted_as_preempted_or_retracted(clock):
+    """A request admitted before that enters the queue again will be prefilled again."""
+    from serving_hooks.sglang_plugin.priority_hooks import before_add_request_to_queue
+
+    sched = SimpleNamespace(tp_size=1, forward_ct=0, server_args=SimpleNamespace(default_priority_value=250))
+    req = _req("p", gateway_custom_params("wf-p", "coder", 2.0, 900), 900)
+    before_add_request_to_queue(sched, req)                      # first arrival
+    admit_request(req)
+    before_add_request_to_queue(sched, req)                      # preempted, re-queued
+    before_add_request_to_queue(sched, req, is_retracted=True)   # KV pool full, retracted
+    counters = get_state().counters
+    assert (counters["requeued_preempted"], counters["requeued_retracted"]) == (1, 1)
