@@ -8,7 +8,8 @@ Sections of ``profile.json`` and who builds them:
 ``output_length``   :class:`predictors.output_length.OutputLengthIntervals`
 ``tool_latency``    :class:`predictors.tool_latency.ToolLatencyModel`
 ``idle_gap``        :class:`predictors.idle_gap.IdleGapModel` (keep-alive TTL from call finish to
-                    the session's next arrival)
+                    the session's next arrival; gaps that end in a person's turn left out)
+``human_wait``      those think-time gaps per workflow type (:func:`human_wait_section`)
 ``agents``          per-agent timing and size statistics (SQL over ``calls``)
 ``workflow_types``  counts per workflow type
 others              :data:`SECTION_BUILDERS` (e.g. ``workflows``: the synthesized automata)
@@ -73,19 +74,38 @@ def ok_calls(con: duckdb.DuckDBPyConnection) -> pd.DataFrame:
                             "ORDER BY workflow_type_id, workflow_id, call_index")
 
 
+#: ``wait_after`` value (log-format extra field) of a call after which a *person* took the next
+#: turn: the gap after it is think time, not tool time (Claude Code / Codex importers set it).
+HUMAN_WAIT = "human"
+_HUMAN_SQL = f"json_extract_string(extra, '$.wait_after') = '{HUMAN_WAIT}'"
+
+
+def has_human_waits(con: duckdb.DuckDBPyConnection) -> bool:
+    """Whether any call in the store is marked ``wait_after = human`` (stores without one are fit
+    with exactly the queries they always were)."""
+    return bool(con.execute(f"SELECT count(*) FROM calls WHERE extra IS NOT NULL AND {_HUMAN_SQL}").fetchone()[0])
+
+
+def _tool_rows_sql(columns: str, con: duckdb.DuckDBPyConnection) -> str:
+    """Timed tool executions, less those timed by a gap that ended in a person's turn (a tool
+    with no logged times whose call is ``wait_after = human``: that gap is think time)."""
+    human = (f"AND NOT (timing_source = 'gap' AND request_id IN (SELECT request_id FROM calls "
+             f"WHERE extra IS NOT NULL AND {_HUMAN_SQL})) ") if has_human_waits(con) else ""
+    return (f"SELECT {columns} FROM tool_calls WHERE latency_s IS NOT NULL {human}"
+            "ORDER BY request_id, tool_index")
+
+
 def timed_tool_calls(con: duckdb.DuckDBPyConnection) -> pd.DataFrame:
     """``workflow_type_id, tool_name, latency_s`` of every tool execution with a latency, in a
-    fixed order (see :func:`ok_calls`)."""
-    return query_frame(con, "SELECT workflow_type_id, tool_name, latency_s FROM tool_calls "
-                            "WHERE latency_s IS NOT NULL ORDER BY request_id, tool_index")
+    fixed order (see :func:`ok_calls`); gaps that ended in a person's turn are not tool time."""
+    return query_frame(con, _tool_rows_sql("workflow_type_id, tool_name, latency_s", con))
 
 
 def fit_tool_latency(con: duckdb.DuckDBPyConnection, options: FitOptions) -> ToolLatencyModel:
     """The tool-latency model of ``options`` fit on every timed tool execution in the store, with
     recency weighting per workflow type (half-life chosen on a later slice; ``extra={"drift":
     False}`` turns it off)."""
-    rows = query_frame(con, "SELECT workflow_type_id, workflow_id, tool_name, t_start, latency_s FROM tool_calls "
-                            "WHERE latency_s IS NOT NULL ORDER BY request_id, tool_index")
+    rows = query_frame(con, _tool_rows_sql("workflow_type_id, workflow_id, tool_name, t_start, latency_s", con))
     half_lives = IdleGapModel().half_lives if options.extra.get("drift", True) else (None,)
     return ToolLatencyModel(ks_threshold=options.ks_threshold, ttl_quantile=options.ttl_quantile,
                             max_ttl_s=options.max_ttl_s, half_lives=half_lives).fit(rows)
@@ -98,17 +118,42 @@ def idle_gap_calls(con: duckdb.DuckDBPyConnection) -> pd.DataFrame:
     A zero-latency call (``t_finish = t_arrival``, e.g. logs with request times only) is its own
     ASOF match in ``gap_after_s`` (gap 0) in a store written before that was fixed; its gap is
     taken to the next call in order instead. The window that finds that call (a sort of every
-    call, ~0.5 s per million) runs only when the store holds such a call."""
+    call, ~0.5 s per million) runs only when the store holds such a call.
+
+    A gap that ended in a person's turn (the call is ``wait_after = human``) is think time, not
+    a wait the engine can plan a keep-alive on: those calls are left out here (their gaps are
+    summarised apart in the profile's ``human_wait`` section, :func:`human_wait_section`)."""
     zero_latency = con.execute("SELECT count(*) FROM calls WHERE t_finish <= t_arrival").fetchone()[0]
     gap, window = "gap_after_s", ""
     if zero_latency:
         gap = "CASE WHEN t_finish <= t_arrival THEN lead(t_arrival) OVER w - t_finish ELSE gap_after_s END"
         window = "WINDOW w AS (PARTITION BY workflow_type_id, workflow_id ORDER BY call_index) "
-    return query_frame(
-        con,
-        "SELECT workflow_type_id, workflow_id, agent_id, coalesce(tool_names[1], '') AS tool, call_index, "
-        f"t_arrival, {gap} AS gap_after_s FROM calls {window}"
-        "ORDER BY workflow_type_id, workflow_id, call_index")
+    columns = ("workflow_type_id, workflow_id, agent_id, coalesce(tool_names[1], '') AS tool, call_index, "
+               f"t_arrival, {gap} AS gap_after_s")
+    if has_human_waits(con):  # the window runs over every call; the human turns are dropped after it
+        return query_frame(
+            con, f"SELECT * EXCLUDE (human) FROM (SELECT {columns}, coalesce({_HUMAN_SQL}, false) AS human "
+                 f"FROM calls {window}) WHERE NOT human ORDER BY workflow_type_id, workflow_id, call_index")
+    return query_frame(con, f"SELECT {columns} FROM calls {window}"
+                            "ORDER BY workflow_type_id, workflow_id, call_index")
+
+
+def human_wait_section(con: duckdb.DuckDBPyConnection) -> dict[str, Any]:
+    """Per workflow type, the gaps that ended in a person's turn (``wait_after = human``): how
+    many, their share of all gaps, and their quantiles in seconds. Kept apart from the idle-gap
+    keep-alive TTLs and the tool latencies, which a person's think time would stretch; a
+    consumer that keeps KV through a human turn reads them here. ``{}`` when no call is marked."""
+    if not has_human_waits(con):
+        return {}
+    rows = con.execute(f"""
+        SELECT workflow_type_id, count(*) FILTER (WHERE human) AS n, count(*) AS gaps,
+          quantile_cont(gap_after_s, 0.5) FILTER (WHERE human), quantile_cont(gap_after_s, 0.9) FILTER (WHERE human),
+          quantile_cont(gap_after_s, 0.95) FILTER (WHERE human), max(gap_after_s) FILTER (WHERE human)
+        FROM (SELECT workflow_type_id, gap_after_s, coalesce({_HUMAN_SQL}, false) AS human
+              FROM calls WHERE status = 'ok' AND gap_after_s IS NOT NULL)
+        GROUP BY 1 HAVING count(*) FILTER (WHERE human) > 0 ORDER BY 1""").fetchall()
+    return {wt: {"waits": int(n), "share_of_gaps": n / gaps, "p50_s": p50, "p90_s": p90, "p95_s": p95,
+                 "max_s": mx} for wt, n, gaps, p50, p90, p95, mx in rows}
 
 
 def fit_idle_gap(con: duckdb.DuckDBPyConnection, options: FitOptions) -> IdleGapModel:
@@ -173,9 +218,14 @@ def time_sections(con: duckdb.DuckDBPyConnection, options: FitOptions) -> dict[s
         timed_tools = 0
     else:
         tl, ig = fit_tool_latency(con, options), fit_idle_gap(con, options)
-        timed_tools = con.execute("SELECT count(*) FROM tool_calls WHERE latency_s IS NOT NULL").fetchone()[0]
-    return {"tool_latency": tl.to_dict(), "idle_gap": ig.to_dict(),
-            "limitations": limitations(counts, order_only, int(timed_tools))}
+        timed_tools = con.execute(f"SELECT count(*) FROM ({_tool_rows_sql('1', con)})").fetchone()[0]
+    section = limitations(counts, order_only, int(timed_tools))
+    human = {} if order_only else human_wait_section(con)
+    if human:
+        n = sum(v["waits"] for v in human.values())
+        section["notes"].append(f"{n:,} gaps end in a person's turn (wait_after = human): think time, kept out of "
+                                "the idle-gap keep-alive TTLs and tool latencies (see human_wait)")
+    return {"tool_latency": tl.to_dict(), "idle_gap": ig.to_dict(), "human_wait": human, "limitations": section}
 
 
 def fit_from_store(con: duckdb.DuckDBPyConnection, options: FitOptions,
