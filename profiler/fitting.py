@@ -65,12 +65,26 @@ CALL_COLUMNS = ("workflow_type_id", "workflow_id", "agent_id", "input_tokens", "
                 "prev_agent_output_tokens", "agent_call_index")
 
 
+#: Calls whose token counts the source did not hold (``tokens_unknown: true``, log-format extra
+#: field; e.g. a SWE-agent ``.traj`` with run totals only): they teach order, not lengths.
+_TOKENS_UNKNOWN_SQL = "json_extract_string(extra, '$.tokens_unknown') = 'true'"
+
+
+def tokens_unknown_calls(con: duckdb.DuckDBPyConnection) -> int:
+    """How many ok calls are flagged ``tokens_unknown``."""
+    return int(con.execute(f"SELECT count(*) FROM calls WHERE status = 'ok' AND extra IS NOT NULL "
+                           f"AND {_TOKENS_UNKNOWN_SQL}").fetchone()[0])
+
+
 def ok_calls(con: duckdb.DuckDBPyConnection) -> pd.DataFrame:
-    """:data:`CALL_COLUMNS` of every call with status ``ok``, workflow by workflow in call order.
+    """:data:`CALL_COLUMNS` of every call with status ``ok``, workflow by workflow in call order;
+    calls flagged ``tokens_unknown`` are left out (their counts are placeholders).
 
     The order is fixed (a table's row order is not: parallel inserts interleave), so the same
     store always gives the same fit, down to the last bit of every float sum."""
-    return query_frame(con, f"SELECT {', '.join(CALL_COLUMNS)} FROM calls WHERE status = 'ok' "
+    unknown = (f"AND (extra IS NULL OR {_TOKENS_UNKNOWN_SQL} IS NOT TRUE) "
+               if tokens_unknown_calls(con) else "")
+    return query_frame(con, f"SELECT {', '.join(CALL_COLUMNS)} FROM calls WHERE status = 'ok' {unknown}"
                             "ORDER BY workflow_type_id, workflow_id, call_index")
 
 
@@ -210,16 +224,37 @@ def time_sections(con: duckdb.DuckDBPyConnection, options: FitOptions) -> dict[s
     counts = calls_by_timing(con)
     order_only = is_order_only(counts, bool(options.extra.get("order_only")))
     if order_only:
+        # a tool whose duration is real though its place in time is not (``tool_timing =
+        # duration_only``: SWE-agent's execution_time) still teaches tool latency; no drift
+        # weighting, since its start is a call position
+        durations = query_frame(con, "SELECT workflow_type_id, workflow_id, tool_name, t_start, latency_s "
+                                     "FROM tool_calls WHERE latency_s IS NOT NULL AND request_id IN "
+                                     "(SELECT request_id FROM calls WHERE extra IS NOT NULL AND "
+                                     "json_extract_string(extra, '$.tool_timing') = 'duration_only') "
+                                     "ORDER BY request_id, tool_index")
         tl = ToolLatencyModel(ks_threshold=options.ks_threshold, ttl_quantile=options.ttl_quantile,
-                              max_ttl_s=options.max_ttl_s).fit(pd.DataFrame(
-                                  columns=["workflow_type_id", "workflow_id", "tool_name", "t_start", "latency_s"]))
+                              max_ttl_s=options.max_ttl_s, half_lives=(None,)).fit(durations)
         ig = IdleGapModel(quantile=options.ttl_quantile, max_ttl_s=options.max_ttl_s,
                           random_state=options.seed).fit(idle_gap_calls(con).iloc[0:0])
-        timed_tools = 0
+        timed_tools = len(durations)
     else:
         tl, ig = fit_tool_latency(con, options), fit_idle_gap(con, options)
         timed_tools = con.execute(f"SELECT count(*) FROM ({_tool_rows_sql('1', con)})").fetchone()[0]
     section = limitations(counts, order_only, int(timed_tools))
+    if order_only and timed_tools:
+        section["unavailable"].pop("tool_latency", None)
+        section["notes"] = [n.replace("; no time is predicted", "; of times, only tool durations are fit")
+                            for n in section["notes"]]
+        section["notes"].append(f"tool latency fit from {int(timed_tools):,} real tool execution times "
+                                "(tool_timing = duration_only: durations are real, their place in time is not)")
+    if (unknown := tokens_unknown_calls(con)):
+        section["notes"].append(f"{unknown:,} calls have unknown token counts (tokens_unknown): left out of the "
+                                "output-length bands; they still teach order, paths and tools")
+    estimated = con.execute("SELECT count(*) FROM calls WHERE status = 'ok' AND extra IS NOT NULL AND "
+                            "json_extract_string(extra, '$.tokens_estimated') = 'true'").fetchone()[0]
+    if estimated:
+        section["notes"].append(f"{int(estimated):,} calls have estimated token counts (tokens_estimated): "
+                                "output-length bands are only as good as the estimate")
     human = {} if order_only else human_wait_section(con)
     if human:
         n = sum(v["waits"] for v in human.values())
@@ -235,9 +270,14 @@ def fit_from_store(con: duckdb.DuckDBPyConnection, options: FitOptions,
     if n_calls == 0:
         raise ValueError("the store holds no valid calls to fit on (see the quarantine table)")
     progress(f"output-length bands over {n_calls:,} calls")
+    sized = ok_calls(con)
+    if sized.empty:
+        raise ValueError(f"none of the {n_calls:,} calls has token counts (all flagged tokens_unknown, e.g. "
+                         "SWE-agent .traj files with run totals only): import them with --estimate-tokens, or "
+                         "with the debug logs beside the .traj files")
     ol = OutputLengthIntervals(coverage=options.coverage, min_calls=options.min_calls,
                                conditional=options.conditional, max_output_tokens=options.max_output_tokens,
-                               random_state=options.seed).fit(ok_calls(con))
+                               random_state=options.seed).fit(sized)
     progress("time models (tool latency, idle-gap keep-alive TTLs)")
     times = time_sections(con, options)
     order_only = times["limitations"]["timing"] == "order_only"

@@ -35,6 +35,9 @@ def import_command(
              "ATIF). Default: detected where the file allows (OpenHands), else UTC, with a warning.")] = None,
     text: Annotated[bool, typer.Option("--text/--no-text", help="Keep prompts and responses when present.")] = True,
     strict: Annotated[bool, typer.Option(help="Stop at the first malformed input instead of skipping it.")] = False,
+    estimate_tokens: Annotated[bool, typer.Option(
+        "--estimate-tokens", help="Where a source holds no per-call token counts (SWE-agent .traj with run "
+        "totals only), estimate them from the text (UTF-8 bytes / 4), flagged tokens_estimated.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object (per-file calls, reasons, "
                                           "problems; totals) instead of lines.")] = False,
 ) -> None:
@@ -56,7 +59,7 @@ def import_command(
         if fmt.strip().lower() != "auto":
             fmt = get_format(fmt).NAME
         result = convert(fmt, sources, out, strict=strict, progress=True, workflow_type=workflow_type,
-                         timezone=timezone, with_text=text)
+                         timezone=timezone, with_text=text, estimate_tokens=estimate_tokens)
     except (ImportFormatError, ValueError, FileNotFoundError) as exc:
         fail(str(exc))
     if as_json:
