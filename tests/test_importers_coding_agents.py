@@ -280,3 +280,32 @@ def test_totals_only_traj_fits_order_only_with_real_tool_durations(tmp_path):
     assert lim["timing"] == "order_only" and "tool_latency" not in lim["unavailable"]
     assert any("estimated token counts" in n for n in lim["notes"])
     assert any("3 real tool execution times" in n for n in lim["notes"])
+
+
+def test_hostile_files_get_one_line_reasons_and_the_good_files_beside_them_are_kept(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    shutil.copy(CLAUDE, src / CLAUDE.name)
+    shutil.copy(CODEX, src / CODEX.name)
+    deep = '{"a":' * 10_000 + "1" + "}" * 10_000
+    (src / "deep.json").write_text(deep)                   # past the JSON parser's recursion limit
+    (src / "rollout-deep.jsonl").write_text(deep + "\n")
+    (src / "x.traj").write_text(deep)
+    (src / "binary.jsonl").write_bytes(bytes(range(256)) * 40)
+    (src / "truncated.jsonl.gz").write_bytes(b"\x1f\x8b\x08\x00garbage")
+    cut = src / "cut-session.jsonl"                        # a session cut off mid-line
+    cut.write_text(CLAUDE.read_text()[:9000])
+    for fmt in ("auto", "claude-code", "codex", "tracelab", "otel", "swe-agent"):
+        result = convert(fmt, [src], tmp_path / f"out-{fmt}")
+        for one in result.per_file:
+            assert one.calls or (one.reason and "\n" not in one.reason and one.line().startswith(one.source)), fmt
+    result = convert("auto", [src], tmp_path / "out")
+    calls = {Path(one.source).name: one.calls for one in result.per_file}
+    assert calls[CLAUDE.name] == 10 and calls[CODEX.name] == 9
+    assert 0 < calls["cut-session.jsonl"] < 10  # what the cut file holds, and a reason for its last line
+    lines_out = {Path(one.source).name: one.line() for one in result.per_file}
+    assert "too deep" in lines_out["rollout-deep.jsonl"] and "too deep" in lines_out["x.traj"]
+    out = runner.invoke(app, ["import", "--format", "tracelab", str(src), "--out", str(tmp_path / "o2")])
+    assert "binary.jsonl [tracelab]: 0 calls - not UTF-8 text" in out.output
+    assert "truncated.jsonl.gz [tracelab]: 0 calls - not a readable gzip file" in out.output
+    assert "Traceback" not in out.output

@@ -48,7 +48,7 @@ def _shape_format(head: str) -> str | None:
     for line in head.splitlines()[:SHAPE_LINES]:
         try:
             rec = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):
             continue
         if not isinstance(rec, dict):
             return None
