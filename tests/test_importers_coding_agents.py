@@ -309,3 +309,10 @@ def test_hostile_files_get_one_line_reasons_and_the_good_files_beside_them_are_k
     assert "binary.jsonl [tracelab]: 0 calls - not UTF-8 text" in out.output
     assert "truncated.jsonl.gz [tracelab]: 0 calls - not a readable gzip file" in out.output
     assert "Traceback" not in out.output
+
+
+def test_workflow_type_from_the_project_folder():
+    recs, _ = records("claude-code", DEMO, workflow_type="cc_{project}")
+    assert {r["workflow_type_id"] for r in recs} == {"cc_demo"}  # cwd /workspace/demo
+    recs, _ = records("codex", CODEX, workflow_type="codex_team")
+    assert {r["workflow_type_id"] for r in recs} == {"codex_team"}
