@@ -226,6 +226,8 @@ def test_import_json_then_fit_keeps_human_waits_out_of_keep_alive(tmp_path):
     assert data["human_wait"]["codex"]["waits"] == 2
     assert data["agents"]["claude_code"].keys() == {"main", "Explore"}
     assert data["tool_latency"]["workflow_types"]["codex"]  # exec_command timed from call to output
+    shown = runner.invoke(app, ["show", "--profile", str(tmp_path / "p")])
+    assert shown.exit_code == 0 and "human waits codex: 2 (25% of gaps)" in shown.output
 
 
 def _flat(workflow: int, k: int, t: float, **extra) -> dict:

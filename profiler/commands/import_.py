@@ -58,7 +58,7 @@ def import_command(
     try:
         if fmt.strip().lower() != "auto":
             fmt = get_format(fmt).NAME
-        result = convert(fmt, sources, out, strict=strict, progress=True, workflow_type=workflow_type,
+        result = convert(fmt, sources, out, strict=strict, progress=not as_json, workflow_type=workflow_type,
                          timezone=timezone, with_text=text, estimate_tokens=estimate_tokens)
     except (ImportFormatError, ValueError, FileNotFoundError) as exc:
         fail(str(exc))

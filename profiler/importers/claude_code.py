@@ -102,8 +102,9 @@ def _blocks(message: dict) -> list[dict]:
 
 def _is_human(record: dict) -> bool:
     """A user record typed by a person: text content (not tool results), not a sidechain's
-    prompt (that comes from the parent agent), not Claude Code's own meta message."""
-    if record.get("isSidechain") or record.get("isMeta"):
+    prompt (that comes from the parent agent), not Claude Code's own meta message or the summary
+    it writes after compacting the conversation."""
+    if record.get("isSidechain") or record.get("isMeta") or record.get("isCompactSummary"):
         return False
     content = (record.get("message") or {}).get("content")
     if isinstance(content, str):
