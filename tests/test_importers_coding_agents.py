@@ -169,11 +169,13 @@ def test_codex_repeated_usage_is_one_call_and_subagent_rollout_joins_its_parent(
     child = "01a7c9e6-0000-7000-8000-000000000001"
     meta = {**raw[0], "payload": {**raw[0]["payload"], "id": child, "source": {"subagent": {"thread_spawn": {
         "parent_thread_id": parent, "depth": 1, "agent_role": "worker", "agent_nickname": "Euler"}}}}}
-    replayed_meta = {**raw[0]}
-    own = [json.loads(json.dumps(r).replace("01a7c9e5-8f20-7a6d-a14c-6e9b27c3f0d1", "01a7c9e6-1111-7000-8000-0000000000aa"))
-           for r in raw[next(k for k, r in enumerate(raw) if r["payload"].get("turn_id") == "01a7c9e5-8f20-7a6d-a14c-6e9b27c3f0d1"):]]
+    # the child's file: its meta, the parent's history replayed (parent meta and turns, UUIDv7 turn
+    # ids older than the child's id), then its own turn (the parent's last turn under a newer id)
+    last_turn, own_turn = "01a7c9e5-8f20-7a6d-a14c-6e9b27c3f0d1", "01a7c9e6-1111-7000-8000-0000000000aa"
+    start = next(k for k, r in enumerate(raw) if r["payload"].get("turn_id") == last_turn)
+    own = [json.loads(json.dumps(r).replace(last_turn, own_turn)) for r in raw[start:]]
     sub = tmp_path / "rollout-child.jsonl"
-    sub.write_text("".join(json.dumps(r) + "\n" for r in [meta, replayed_meta] + raw[1:] + own))
+    sub.write_text("".join(json.dumps(r) + "\n" for r in [meta, raw[0]] + raw[1:] + own))
     recs, errors = records("codex", sub)
     assert errors == []
     assert len(recs) == 2  # the child's own turn: two calls; the 9 replayed parent calls skipped
