@@ -4,7 +4,8 @@ with the human turns they mark.
 The fixtures under ``tests/fixtures/importers/{claude_code,codex,tracelab}`` are TraceLab's public
 example sessions (uw-syfi/TraceLab ``example_sessions/``, texts shortened) and the normalized rows
 TraceLab derived from them, so every count below is checked against a third party's reading of
-the same files; ``claude_code/-workspace-demo`` is a hand-written session with a subagent file.
+the same files (TraceLab's rows pseudonymized, as its public dataset is);
+``claude_code/-workspace-demo`` is a hand-written session with a subagent file.
 """
 from __future__ import annotations
 
