@@ -8,7 +8,8 @@ Sections of ``profile.json`` and who builds them:
 ``output_length``   :class:`predictors.output_length.OutputLengthIntervals`
 ``tool_latency``    :class:`predictors.tool_latency.ToolLatencyModel`
 ``idle_gap``        :class:`predictors.idle_gap.IdleGapModel` (keep-alive TTL from call finish to
-                    the session's next arrival)
+                    the session's next arrival; gaps that end in a person's turn left out)
+``human_wait``      those think-time gaps per workflow type (:func:`human_wait_section`)
 ``agents``          per-agent timing and size statistics (SQL over ``calls``)
 ``workflow_types``  counts per workflow type
 others              :data:`SECTION_BUILDERS` (e.g. ``workflows``: the synthesized automata)
@@ -65,28 +66,61 @@ CALL_COLUMNS = ("workflow_type_id", "workflow_id", "agent_id", "input_tokens", "
                 "prev_agent_output_tokens", "agent_call_index")
 
 
+#: Calls whose token counts the source did not hold (``tokens_unknown: true``, log-format extra
+#: field; e.g. a SWE-agent ``.traj`` with run totals only): they teach order, not lengths.
+_TOKENS_UNKNOWN_SQL = "json_extract_string(extra, '$.tokens_unknown') = 'true'"
+
+
+def tokens_unknown_calls(con: duckdb.DuckDBPyConnection) -> int:
+    """How many ok calls are flagged ``tokens_unknown``."""
+    return int(con.execute(f"SELECT count(*) FROM calls WHERE status = 'ok' AND extra IS NOT NULL "
+                           f"AND {_TOKENS_UNKNOWN_SQL}").fetchone()[0])
+
+
 def ok_calls(con: duckdb.DuckDBPyConnection) -> pd.DataFrame:
-    """:data:`CALL_COLUMNS` of every call with status ``ok``, workflow by workflow in call order.
+    """:data:`CALL_COLUMNS` of every call with status ``ok``, workflow by workflow in call order;
+    calls flagged ``tokens_unknown`` are left out (their counts are placeholders).
 
     The order is fixed (a table's row order is not: parallel inserts interleave), so the same
     store always gives the same fit, down to the last bit of every float sum."""
-    return query_frame(con, f"SELECT {', '.join(CALL_COLUMNS)} FROM calls WHERE status = 'ok' "
+    unknown = (f"AND (extra IS NULL OR {_TOKENS_UNKNOWN_SQL} IS NOT TRUE) "
+               if tokens_unknown_calls(con) else "")
+    return query_frame(con, f"SELECT {', '.join(CALL_COLUMNS)} FROM calls WHERE status = 'ok' {unknown}"
                             "ORDER BY workflow_type_id, workflow_id, call_index")
+
+
+#: ``wait_after`` value (log-format extra field) of a call after which a *person* took the next
+#: turn: the gap after it is think time, not tool time (Claude Code / Codex importers set it).
+HUMAN_WAIT = "human"
+_HUMAN_SQL = f"json_extract_string(extra, '$.wait_after') = '{HUMAN_WAIT}'"
+
+
+def has_human_waits(con: duckdb.DuckDBPyConnection) -> bool:
+    """Whether any call in the store is marked ``wait_after = human`` (stores without one are fit
+    with exactly the queries they always were)."""
+    return bool(con.execute(f"SELECT count(*) FROM calls WHERE extra IS NOT NULL AND {_HUMAN_SQL}").fetchone()[0])
+
+
+def _tool_rows_sql(columns: str, con: duckdb.DuckDBPyConnection) -> str:
+    """Timed tool executions, less those timed by a gap that ended in a person's turn (a tool
+    with no logged times whose call is ``wait_after = human``: that gap is think time)."""
+    human = (f"AND NOT (timing_source = 'gap' AND request_id IN (SELECT request_id FROM calls "
+             f"WHERE extra IS NOT NULL AND {_HUMAN_SQL})) ") if has_human_waits(con) else ""
+    return (f"SELECT {columns} FROM tool_calls WHERE latency_s IS NOT NULL {human}"
+            "ORDER BY request_id, tool_index")
 
 
 def timed_tool_calls(con: duckdb.DuckDBPyConnection) -> pd.DataFrame:
     """``workflow_type_id, tool_name, latency_s`` of every tool execution with a latency, in a
-    fixed order (see :func:`ok_calls`)."""
-    return query_frame(con, "SELECT workflow_type_id, tool_name, latency_s FROM tool_calls "
-                            "WHERE latency_s IS NOT NULL ORDER BY request_id, tool_index")
+    fixed order (see :func:`ok_calls`); gaps that ended in a person's turn are not tool time."""
+    return query_frame(con, _tool_rows_sql("workflow_type_id, tool_name, latency_s", con))
 
 
 def fit_tool_latency(con: duckdb.DuckDBPyConnection, options: FitOptions) -> ToolLatencyModel:
     """The tool-latency model of ``options`` fit on every timed tool execution in the store, with
     recency weighting per workflow type (half-life chosen on a later slice; ``extra={"drift":
     False}`` turns it off)."""
-    rows = query_frame(con, "SELECT workflow_type_id, workflow_id, tool_name, t_start, latency_s FROM tool_calls "
-                            "WHERE latency_s IS NOT NULL ORDER BY request_id, tool_index")
+    rows = query_frame(con, _tool_rows_sql("workflow_type_id, workflow_id, tool_name, t_start, latency_s", con))
     half_lives = IdleGapModel().half_lives if options.extra.get("drift", True) else (None,)
     return ToolLatencyModel(ks_threshold=options.ks_threshold, ttl_quantile=options.ttl_quantile,
                             max_ttl_s=options.max_ttl_s, half_lives=half_lives).fit(rows)
@@ -99,17 +133,42 @@ def idle_gap_calls(con: duckdb.DuckDBPyConnection) -> pd.DataFrame:
     A zero-latency call (``t_finish = t_arrival``, e.g. logs with request times only) is its own
     ASOF match in ``gap_after_s`` (gap 0) in a store written before that was fixed; its gap is
     taken to the next call in order instead. The window that finds that call (a sort of every
-    call, ~0.5 s per million) runs only when the store holds such a call."""
+    call, ~0.5 s per million) runs only when the store holds such a call.
+
+    A gap that ended in a person's turn (the call is ``wait_after = human``) is think time, not
+    a wait the engine can plan a keep-alive on: those calls are left out here (their gaps are
+    summarised apart in the profile's ``human_wait`` section, :func:`human_wait_section`)."""
     zero_latency = con.execute("SELECT count(*) FROM calls WHERE t_finish <= t_arrival").fetchone()[0]
     gap, window = "gap_after_s", ""
     if zero_latency:
         gap = "CASE WHEN t_finish <= t_arrival THEN lead(t_arrival) OVER w - t_finish ELSE gap_after_s END"
         window = "WINDOW w AS (PARTITION BY workflow_type_id, workflow_id ORDER BY call_index) "
-    return query_frame(
-        con,
-        "SELECT workflow_type_id, workflow_id, agent_id, coalesce(tool_names[1], '') AS tool, call_index, "
-        f"t_arrival, {gap} AS gap_after_s FROM calls {window}"
-        "ORDER BY workflow_type_id, workflow_id, call_index")
+    columns = ("workflow_type_id, workflow_id, agent_id, coalesce(tool_names[1], '') AS tool, call_index, "
+               f"t_arrival, {gap} AS gap_after_s")
+    if has_human_waits(con):  # the window runs over every call; the human turns are dropped after it
+        return query_frame(
+            con, f"SELECT * EXCLUDE (human) FROM (SELECT {columns}, coalesce({_HUMAN_SQL}, false) AS human "
+                 f"FROM calls {window}) WHERE NOT human ORDER BY workflow_type_id, workflow_id, call_index")
+    return query_frame(con, f"SELECT {columns} FROM calls {window}"
+                            "ORDER BY workflow_type_id, workflow_id, call_index")
+
+
+def human_wait_section(con: duckdb.DuckDBPyConnection) -> dict[str, Any]:
+    """Per workflow type, the gaps that ended in a person's turn (``wait_after = human``): how
+    many, their share of all gaps, and their quantiles in seconds. Kept apart from the idle-gap
+    keep-alive TTLs and the tool latencies, which a person's think time would stretch; a
+    consumer that keeps KV through a human turn reads them here. ``{}`` when no call is marked."""
+    if not has_human_waits(con):
+        return {}
+    rows = con.execute(f"""
+        SELECT workflow_type_id, count(*) FILTER (WHERE human) AS n, count(*) AS gaps,
+          quantile_cont(gap_after_s, 0.5) FILTER (WHERE human), quantile_cont(gap_after_s, 0.9) FILTER (WHERE human),
+          quantile_cont(gap_after_s, 0.95) FILTER (WHERE human), max(gap_after_s) FILTER (WHERE human)
+        FROM (SELECT workflow_type_id, gap_after_s, coalesce({_HUMAN_SQL}, false) AS human
+              FROM calls WHERE status = 'ok' AND gap_after_s IS NOT NULL)
+        GROUP BY 1 HAVING count(*) FILTER (WHERE human) > 0 ORDER BY 1""").fetchall()
+    return {wt: {"waits": int(n), "share_of_gaps": n / gaps, "p50_s": p50, "p90_s": p90, "p95_s": p95,
+                 "max_s": mx} for wt, n, gaps, p50, p90, p95, mx in rows}
 
 
 def fit_idle_gap(con: duckdb.DuckDBPyConnection, options: FitOptions) -> IdleGapModel:
@@ -166,17 +225,43 @@ def time_sections(con: duckdb.DuckDBPyConnection, options: FitOptions) -> dict[s
     counts = calls_by_timing(con)
     order_only = is_order_only(counts, bool(options.extra.get("order_only")))
     if order_only:
+        # a tool whose duration is real though its place in time is not (``tool_timing =
+        # duration_only``: SWE-agent's execution_time) still teaches tool latency; no drift
+        # weighting, since its start is a call position
+        durations = query_frame(con, "SELECT workflow_type_id, workflow_id, tool_name, t_start, latency_s "
+                                     "FROM tool_calls WHERE latency_s IS NOT NULL AND request_id IN "
+                                     "(SELECT request_id FROM calls WHERE extra IS NOT NULL AND "
+                                     "json_extract_string(extra, '$.tool_timing') = 'duration_only') "
+                                     "ORDER BY request_id, tool_index")
         tl = ToolLatencyModel(ks_threshold=options.ks_threshold, ttl_quantile=options.ttl_quantile,
-                              max_ttl_s=options.max_ttl_s).fit(pd.DataFrame(
-                                  columns=["workflow_type_id", "workflow_id", "tool_name", "t_start", "latency_s"]))
+                              max_ttl_s=options.max_ttl_s, half_lives=(None,)).fit(durations)
         ig = IdleGapModel(quantile=options.ttl_quantile, max_ttl_s=options.max_ttl_s,
                           random_state=options.seed).fit(idle_gap_calls(con).iloc[0:0])
-        timed_tools = 0
+        timed_tools = len(durations)
     else:
         tl, ig = fit_tool_latency(con, options), fit_idle_gap(con, options)
-        timed_tools = con.execute("SELECT count(*) FROM tool_calls WHERE latency_s IS NOT NULL").fetchone()[0]
-    return {"tool_latency": tl.to_dict(), "idle_gap": ig.to_dict(),
-            "limitations": limitations(counts, order_only, int(timed_tools))}
+        timed_tools = con.execute(f"SELECT count(*) FROM ({_tool_rows_sql('1', con)})").fetchone()[0]
+    section = limitations(counts, order_only, int(timed_tools))
+    if order_only and timed_tools:
+        section["unavailable"].pop("tool_latency", None)
+        section["notes"] = [n.replace("; no time is predicted", "; of times, only tool durations are fit")
+                            for n in section["notes"]]
+        section["notes"].append(f"tool latency fit from {int(timed_tools):,} real tool execution times "
+                                "(tool_timing = duration_only: durations are real, their place in time is not)")
+    if (unknown := tokens_unknown_calls(con)):
+        section["notes"].append(f"{unknown:,} calls have unknown token counts (tokens_unknown): left out of the "
+                                "output-length bands; they still teach order, paths and tools")
+    estimated = con.execute("SELECT count(*) FROM calls WHERE status = 'ok' AND extra IS NOT NULL AND "
+                            "json_extract_string(extra, '$.tokens_estimated') = 'true'").fetchone()[0]
+    if estimated:
+        section["notes"].append(f"{int(estimated):,} calls have estimated token counts (tokens_estimated): "
+                                "output-length bands are only as good as the estimate")
+    human = {} if order_only else human_wait_section(con)
+    if human:
+        n = sum(v["waits"] for v in human.values())
+        section["notes"].append(f"{n:,} gaps end in a person's turn (wait_after = human): think time, kept out of "
+                                "the idle-gap keep-alive TTLs and tool latencies (see human_wait)")
+    return {"tool_latency": tl.to_dict(), "idle_gap": ig.to_dict(), "human_wait": human, "limitations": section}
 
 
 def fit_from_store(con: duckdb.DuckDBPyConnection, options: FitOptions,
@@ -186,11 +271,16 @@ def fit_from_store(con: duckdb.DuckDBPyConnection, options: FitOptions,
     if n_calls == 0:
         raise ValueError("the store holds no valid calls to fit on (see the quarantine table)")
     progress(f"output-length bands over {n_calls:,} calls")
+    sized = ok_calls(con)
+    if sized.empty:
+        raise ValueError(f"none of the {n_calls:,} calls has token counts (all flagged tokens_unknown, e.g. "
+                         "SWE-agent .traj files with run totals only): import them with --estimate-tokens, or "
+                         "with the debug logs beside the .traj files")
     ol = OutputLengthIntervals(coverage=options.coverage, min_calls=options.min_calls,
                                conditional=options.conditional, max_output_tokens=options.max_output_tokens,
-                               random_state=options.seed).fit(calls := ok_calls(con))
+                               random_state=options.seed).fit(sized)
     progress("remaining output tokens per session (CV by workflow)")
-    rt = RemainingTokens(random_state=options.seed).fit(calls)
+    rt = RemainingTokens(random_state=options.seed).fit(sized)
     progress("time models (tool latency, idle-gap keep-alive TTLs)")
     times = time_sections(con, options)
     order_only = times["limitations"]["timing"] == "order_only"

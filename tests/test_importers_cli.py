@@ -24,7 +24,8 @@ runner = CliRunner()
 
 
 def test_registry_names_and_aliases():
-    assert set(FORMATS) == {"otel", "swe-agent", "mini-swe-agent", "openhands", "dynamo", "atif"}
+    assert set(FORMATS) == {"otel", "swe-agent", "mini-swe-agent", "openhands", "dynamo", "atif", "claude-code",
+                            "codex", "tracelab"}
     assert get_format("swe_agent") is FORMATS["swe-agent"]
     assert get_format("OpenInference") is FORMATS["otel"]
     with pytest.raises(ValueError, match="known formats: otel, swe-agent, mini-swe-agent, openhands"):

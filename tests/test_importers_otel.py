@@ -124,3 +124,40 @@ def test_any_value_decoding():
     assert otel.any_value({"arrayValue": {"values": [{"intValue": "3"}, {"stringValue": "x"}]}}) == [3, "x"]
     assert otel.any_value({"kvlistValue": {"values": [{"key": "k", "value": {"boolValue": True}}]}}) == {"k": True}
     assert otel.any_value({"doubleValue": 1.5}) == 1.5
+
+
+def _span(span_id: int, parent: int | None, name: str, attrs: dict, t0: float, t1: float) -> dict:
+    return {"name": name, "context": {"trace_id": 77, "span_id": span_id}, "parent_id": parent,
+            "start_time": int(t0 * 1e9), "end_time": int(t1 * 1e9), "status": {"status_code": "OK"},
+            "attributes": attrs, "resource": {"attributes": {"service.name": "team"}}}
+
+
+LLM = {"openinference.span.kind": "LLM", "llm.token_count.prompt": 300, "llm.token_count.completion": 40}
+
+
+@pytest.mark.parametrize("parent_attrs, agent", [
+    # LangGraph under OpenInference: node runs are CHAIN spans whose metadata names the node
+    ({"openinference.span.kind": "CHAIN", "metadata": json.dumps({"langgraph_node": "researcher",
+                                                                   "langgraph_step": 2})}, "researcher"),
+    # OpenLLMetry (Traceloop): an agent span names itself in traceloop.entity.name
+    ({"traceloop.span.kind": "agent", "traceloop.entity.name": "planner"}, "planner"),
+    # pydantic-ai / Logfire: the agent run span carries agent_name
+    ({"agent_name": "support_agent"}, "support_agent"),
+    # OpenInference graph attributes
+    ({"graph.node.id": "coder"}, "coder"),
+])
+def test_agent_names_of_other_frameworks_are_kept(tmp_path, parent_attrs, agent):
+    spans = [_span(1, None, "run", {"session.id": "s-1"}, 0.0, 10.0),
+             _span(2, 1, "node", parent_attrs, 1.0, 9.0),
+             _span(3, 2, "ChatOpenAI", dict(LLM), 2.0, 4.0)]
+    (tmp_path / "spans.json").write_text(json.dumps({"spans": spans}))
+    (rec,) = iter_records("otel", tmp_path / "spans.json")
+    assert rec["agent_id"] == agent and rec["workflow_id"] == "s-1"
+
+
+def test_langgraph_start_node_is_not_an_agent(tmp_path):
+    spans = [_span(1, None, "run", {"metadata": json.dumps({"langgraph_node": "__start__"})}, 0.0, 10.0),
+             _span(3, 1, "ChatOpenAI", dict(LLM), 2.0, 4.0)]
+    (tmp_path / "spans.json").write_text(json.dumps({"spans": spans}))
+    (rec,) = iter_records("otel", tmp_path / "spans.json")
+    assert rec["agent_id"] == "default"

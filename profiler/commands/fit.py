@@ -22,7 +22,7 @@ def fit(
     max_output_tokens: Annotated[Optional[int], typer.Option(help="Hard cap on any output length (the requests' max_tokens or the context limit): the ceiling of every band and U(alpha); default twice the largest observed length.", min=1)] = None,
     no_conditional: Annotated[bool, typer.Option("--no-conditional", help="Never use the history-conditioned (CQR) length model.")] = False,
     order_only: Annotated[bool, typer.Option("--order-only", help="Fit from token counts and call order alone: no time model (tool latency, keep-alive TTLs, call latency). Chosen by itself when no call has real times (timing: synthetic_order).")] = False,
-    log_format: Annotated[Optional[str], typer.Option("--format", help="Read traces of another tool instead of our log format: auto, otel, swe-agent, mini-swe-agent, openhands, dynamo or atif (converted into OUT/imported/FORMAT/ first; see `profiler import`).")] = None,
+    log_format: Annotated[Optional[str], typer.Option("--format", help="Read traces of another tool instead of our log format: auto, otel, swe-agent, mini-swe-agent, openhands, dynamo, atif, claude-code, codex or tracelab (converted into OUT/imported/FORMAT/ first; see `profiler import`).")] = None,
     engine: Annotated[str, typer.Option(help="local (DuckDB in this process) or ray (ingest and per-workflow-type fits as Ray tasks; needs `pip install -e .[ray]`).")] = "local",
     ray_address: Annotated[Optional[str], typer.Option(help="With --engine ray: address of a running Ray cluster (default: start a local one).")] = None,
     strict: Annotated[bool, typer.Option(help="Exit non-zero if any record is quarantined.")] = False,

@@ -2,8 +2,9 @@
 mini-SWE-agent, OpenHands, Dynamo, ATIF) into flat log records, with one line per source file."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 
@@ -11,7 +12,9 @@ from profiler.commands.common import app
 from profiler.commands.common import fail
 
 FORMAT_HELP = (
-    "Source format: `auto` (detect each file's), `otel` (OpenTelemetry GenAI or OpenInference spans: OTLP JSON, OTel SDK JSON, "
+    "Source format: `auto` (default: detect each file's), `claude-code` (Claude Code session JSONL, "
+    "~/.claude/projects), `codex` (Codex CLI rollouts, ~/.codex/sessions), `tracelab` (TraceLab "
+    "normalized rounds), `otel` (OpenTelemetry GenAI or OpenInference spans: OTLP JSON, OTel SDK JSON, "
     "Phoenix rows; alias `openinference`), `swe-agent` (.traj, timed with its .debug.log, else "
     "order-only), `mini-swe-agent` (.traj.json), `openhands` (V0/V1 output.jsonl, V1 conversation "
     "folders), `dynamo` (dynamo.request.trace.v1 JSONL), `atif` (ATIF v1.x trajectory.json)."
@@ -22,7 +25,7 @@ FORMAT_HELP = (
 def import_command(
     sources: Annotated[list[Path], typer.Argument(help="Files or folders to convert (folders are searched "
                                                      "recursively for the format's files).", exists=True)],
-    fmt: Annotated[str, typer.Option("--format", "-f", help=FORMAT_HELP)],
+    fmt: Annotated[str, typer.Option("--format", "-f", help=FORMAT_HELP)] = "auto",
     out: Annotated[Path, typer.Option("--out", "-o", help="Folder for the flat JSONL files (created).")] = Path("logs"),
     workflow_type: Annotated[Optional[str], typer.Option(
         help="workflow_type_id for every record (default: from the source; swe_agent / openhands / "
@@ -32,26 +35,38 @@ def import_command(
              "ATIF). Default: detected where the file allows (OpenHands), else UTC, with a warning.")] = None,
     text: Annotated[bool, typer.Option("--text/--no-text", help="Keep prompts and responses when present.")] = True,
     strict: Annotated[bool, typer.Option(help="Stop at the first malformed input instead of skipping it.")] = False,
+    estimate_tokens: Annotated[bool, typer.Option(
+        "--estimate-tokens", help="Where a source holds no per-call token counts (SWE-agent .traj with run "
+        "totals only), estimate them from the text (UTF-8 bytes / 4), flagged tokens_estimated.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object (per-file calls, reasons, "
+                                          "problems; totals) instead of lines.")] = False,
 ) -> None:
     """Convert other tools' traces into our flat records (one JSONL file per source file).
 
     Every field is taken from the source; what it lacks is never invented: a source without
     times (a SWE-agent `.traj` without its `.debug.log`) is imported in order only and flagged
     (`timing: synthetic_order`; `profiler fit` then says which predictions it cannot make).
+    Claude Code and Codex sessions mark the calls a person answered (`wait_after: human`):
+    that think time is kept out of keep-alive and tool-latency fits.
     Each source file gets one line: its call count, or why it gave none. Malformed input is
     reported with file and line and skipped (`--strict`: stop instead).
 
-    Example: `profiler import --format auto traces/ --out logs/ && profiler fit logs/ --out profile/`
+    Example: `profiler import ~/.claude/projects ~/.codex/sessions --out logs/ && profiler fit logs/ --out profile/`
     """
     from profiler.importers import ImportFormatError, convert, get_format
 
     try:
         if fmt.strip().lower() != "auto":
             fmt = get_format(fmt).NAME
-        result = convert(fmt, sources, out, strict=strict, progress=True, workflow_type=workflow_type,
-                         timezone=timezone, with_text=text)
+        result = convert(fmt, sources, out, strict=strict, progress=not as_json, workflow_type=workflow_type,
+                         timezone=timezone, with_text=text, estimate_tokens=estimate_tokens)
     except (ImportFormatError, ValueError, FileNotFoundError) as exc:
         fail(str(exc))
+    if as_json:
+        typer.echo(json.dumps(_as_json(result, fmt, out)))
+        if result.records == 0:
+            raise typer.Exit(1)
+        return
     for one in result.per_file[:200]:
         typer.secho(one.line(), fg=None if one.calls else "yellow")
     if len(result.per_file) > 200:
@@ -69,3 +84,14 @@ def import_command(
                + (f" ({len(result.errors)} problems skipped)" if result.errors else ""))
     if result.records == 0:
         raise typer.Exit(1)
+
+
+def _as_json(result: Any, fmt: str, out: Path) -> dict[str, Any]:
+    """The ``--json`` form of a :class:`profiler.importers.ConversionReport`."""
+    return {
+        "format": fmt, "out": str(out), "calls": result.records, "sources": result.sources,
+        "outputs": len(result.files), "problems": len(result.errors), "warnings": len(result.warnings),
+        "files": [{"source": one.source, "format": one.fmt, "calls": one.calls, "output": one.output,
+                   "reason": one.reason, "problems": [str(e) for e in one.problems[:20]],
+                   "warnings": [str(e) for e in one.warnings[:20]]} for one in result.per_file],
+    }

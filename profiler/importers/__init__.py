@@ -22,19 +22,27 @@ from __future__ import annotations
 
 import json
 import os
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 from typing import Any, Iterator, Sequence
 
-from profiler.importers import atif, dynamo, mini_swe_agent, openhands, otel, swe_agent
-from profiler.importers._common import ImportFormatError, relative_source, source_files
+from profiler.importers import (atif, claude_code, codex, dynamo, mini_swe_agent, openhands, otel, swe_agent,
+                                tracelab)
+from profiler.importers._common import ImportFormatError, relative_source, source_files, unreadable_reason
 from profiler.importers.detect import AUTO_PATTERNS, detect_format, part_of_conversation
 
 #: Format name (as given to ``--format``) -> importer module.
-FORMATS: dict[str, ModuleType] = {m.NAME: m for m in (otel, swe_agent, mini_swe_agent, openhands, dynamo, atif)}
+FORMATS: dict[str, ModuleType] = {m.NAME: m for m in (otel, swe_agent, mini_swe_agent, openhands, dynamo, atif,
+                                                      claude_code, codex, tracelab)}
 #: Other names a format is known by (``openinference`` -> ``otel``...).
 ALIASES: dict[str, str] = {alias: m.NAME for m in FORMATS.values() for alias in getattr(m, "ALIASES", ())}
+
+#: What reading one file may raise besides :class:`ImportFormatError`: it becomes that file's
+#: one-line reason (binary or truncated input, JSON nested past the recursion limit, OS errors).
+UNREADABLE = (RecursionError, UnicodeDecodeError, EOFError, OSError, ValueError, zlib.error, KeyError,
+              TypeError, AttributeError, IndexError)
 
 __all__ = ["FORMATS", "ALIASES", "ImportFormatError", "ConversionReport", "FileResult", "get_format",
            "iter_records", "convert", "convert_to_folder"]
@@ -202,7 +210,13 @@ def convert(fmt: str, srcs: Sequence[Path], out_dir: Path, *, strict: bool = Fal
                 one.problems.append(err)
                 result.errors.append(err)
 
-            n = _write_jsonl(module.read_file(path, on_error=handler, **options), dest)
+            try:
+                n = _write_jsonl(module.read_file(path, on_error=handler, **options), dest)
+            except ImportFormatError:
+                raise  # strict: the handler raised it
+            except UNREADABLE as exc:  # one bad file never stops the others
+                handler(ImportFormatError(str(path), None, unreadable_reason(exc)))
+                n = 0
             if n:
                 result.files[str(dest)] = n
                 one.calls, one.output = n, str(dest)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import gzip
 import json
 import warnings
+import zlib
 from dataclasses import dataclass
 from datetime import datetime, timezone as dt_timezone
 from pathlib import Path
@@ -136,10 +137,15 @@ def iter_json_lines(path: Path, on_error: ErrorHandler | None) -> Iterator[tuple
             if not line.strip():
                 continue
             try:
-                yield lineno, json.loads(line)
+                value = json.loads(line)
             except json.JSONDecodeError as exc:
                 report(on_error, ImportFormatError(str(path), lineno, f"not valid JSON: {exc.msg} "
                                                    f"at column {exc.colno}"))
+                continue
+            except RecursionError:
+                report(on_error, ImportFormatError(str(path), lineno, TOO_DEEP))
+                continue
+            yield lineno, value
 
 
 def load_json_document(path: Path) -> Any:
@@ -150,6 +156,26 @@ def load_json_document(path: Path) -> Any:
         return json.loads(text)
     except json.JSONDecodeError as exc:
         raise ImportFormatError(str(path), exc.lineno, f"not valid JSON: {exc.msg} at column {exc.colno}")
+    except RecursionError:
+        raise ImportFormatError(str(path), None, TOO_DEEP) from None
+
+
+#: Why a JSON value nested past the parser's recursion limit is skipped (no trace format nests
+#: more than a few dozen levels).
+TOO_DEEP = "JSON nested too deep to read (thousands of levels): not a trace"
+
+
+def unreadable_reason(exc: BaseException) -> str:
+    """A one-line reason for a file that could not be read at all (binary, truncated gzip,
+    nesting past the recursion limit, an OS error)."""
+    if isinstance(exc, RecursionError):
+        return TOO_DEEP
+    if isinstance(exc, UnicodeDecodeError):
+        return f"not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset {exc.start}): a binary file?"
+    if isinstance(exc, (EOFError, gzip.BadGzipFile, zlib.error)):
+        return f"not a readable gzip file ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else 'truncated'})"
+    text = str(exc).splitlines()[0] if str(exc) else ""
+    return f"cannot read it ({type(exc).__name__}{': ' + text if text else ''})"
 
 
 def resolve_timezone(name: str | None) -> dt_timezone | ZoneInfo:

@@ -5,9 +5,17 @@ an OpenHands V1 conversation, whose ``events/*.json`` belong to it and are not r
 otherwise a few marker keys near the start of the file do: ``dynamo.request.trace.v1``,
 ``schema_version: ATIF-...``, ``resourceSpans`` / ``"span_id"`` / ``context.span_id`` (spans),
 ``instance_id`` + ``history`` (OpenHands), ``trajectory_format: mini-swe-agent``.
+
+JSON Lines written by coding agents are told by the keys of their first records (their text
+holds arbitrary tool output, so no marker search is trusted there): ``rollout-*.jsonl`` or
+``{"type": "session_meta" | "response_item" | "event_msg" | "turn_context", "payload": {...}}``
+is a Codex rollout; ``sessionId`` / ``isSidechain`` or a Claude Code runtime record type
+(``mode``, ``permission-mode``, ``file-history-snapshot``, ``summary``…) a Claude Code session;
+``provider`` with ``timing_events`` / ``round_index`` a TraceLab round row.
 """
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -27,6 +35,35 @@ _MARKERS: tuple[tuple[str, re.Pattern[str]], ...] = (
 )
 
 
+CODEX_TYPES = frozenset({"session_meta", "response_item", "event_msg", "turn_context", "compacted"})
+CLAUDE_TYPES = frozenset({"user", "assistant", "system", "summary", "mode", "permission-mode",
+                          "file-history-snapshot", "attachment", "ai-title", "last-prompt", "progress",
+                          "queue-operation", "custom-title", "agent-name"})
+#: Complete lines of the head looked at for the record-shape check.
+SHAPE_LINES = 20
+
+
+def _shape_format(head: str) -> str | None:
+    """The coding-agent format whose record shape the first complete JSON lines have."""
+    for line in head.splitlines()[:SHAPE_LINES]:
+        try:
+            rec = json.loads(line)
+        except (ValueError, RecursionError):
+            continue
+        if not isinstance(rec, dict):
+            return None
+        if rec.get("type") in CODEX_TYPES and isinstance(rec.get("payload"), dict):
+            return "codex"
+        if rec.get("provider") in ("claude", "codex") and ("timing_events" in rec or "round_index" in rec):
+            return "tracelab"
+        if "sessionId" in rec or "isSidechain" in rec or (
+                rec.get("type") in CLAUDE_TYPES and not isinstance(rec.get("payload"), dict)
+                and set(rec) & {"mode", "permissionMode", "snapshot", "summary", "aiTitle", "lastPrompt",
+                                "message", "leafUuid", "uuid"}):
+            return "claude-code"
+    return None
+
+
 def part_of_conversation(path: Path) -> bool:
     """An OpenHands V1 ``events/*.json`` file (read through its ``base_state.json``)."""
     return path.parent.name == "events" and (path.parent.parent / "base_state.json").exists()
@@ -41,11 +78,15 @@ def detect_format(path: Path) -> str | None:
         return "mini-swe-agent"
     if name == "base_state.json":
         return "openhands"
+    if name.startswith("rollout-") and (name.endswith(".jsonl") or name.endswith(".jsonl.gz")):
+        return "codex"
     try:
         with open_text(path) as fh:
             head = fh.read(HEAD_CHARS)
     except (OSError, UnicodeDecodeError, EOFError):
         return None
+    if (shape := _shape_format(head)) is not None:
+        return shape
     for fmt, marker in _MARKERS:
         if marker.search(head):
             return fmt

@@ -26,9 +26,11 @@ OpenInference ``llm.token_count.prompt`` /
 (``llm.token_count.prompt_details.cache_read``)
 ``gen_ai.response.model`` / ``request.model``   ``model``
 (``llm.model_name``)
-``gen_ai.agent.name`` / ``agent.name`` on the   ``agent_id`` (else the name of the nearest
-span or an ancestor                             ``invoke_agent`` / ``AGENT`` ancestor, minus its
-                                                ``invoke_agent`` prefix; else ``"default"``)
+``gen_ai.agent.name`` / ``agent.name`` /       ``agent_id`` (else the name of the nearest
+``agent_name`` / ``graph.node.name|id``, a      ``invoke_agent`` / ``AGENT`` ancestor, minus its
+LangGraph ``metadata.langgraph_node``, an       ``invoke_agent`` prefix; else ``"default"``)
+OpenLLMetry ``traceloop.entity.name`` of kind
+``agent``, on the span or an ancestor
 ``gen_ai.conversation.id`` / ``session.id``     ``workflow_id`` (else the trace id)
 ``gen_ai.workflow.name`` (span or ancestor)     ``workflow_type_id`` (else resource
                                                 ``service.name``, else ``"otel"``)
@@ -157,10 +159,38 @@ def _openinference_messages(attrs: dict[str, Any], prefix: str) -> list[dict]:
     return [{"role": m.get("role", "user"), "content": m.get("content", "")} for _, m in sorted(out.items())]
 
 
+#: Attributes that name the agent a span runs in, by framework: GenAI semconv, OpenInference,
+#: pydantic-ai / Logfire (``agent_name``), OpenInference graph spans (``graph.node.id``).
+AGENT_ATTRIBUTES = ("gen_ai.agent.name", "agent.name", "gen_ai.agent.id", "agent_name", "graph.node.name",
+                    "graph.node.id")
+#: Keys of an OpenInference ``metadata`` attribute (a JSON string) that name the graph node an LLM
+#: call ran in: LangGraph writes ``langgraph_node`` on every span of a node's run.
+METADATA_AGENT_KEYS = ("langgraph_node", "agent_name", "agent")
+#: OpenLLMetry (Traceloop) span kinds whose ``traceloop.entity.name`` is an agent.
+TRACELOOP_AGENT_KINDS = frozenset({"agent"})
+
+
+def _metadata(span: Span) -> dict:
+    value = span.attrs.get("metadata")
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError:
+            return {}
+    return value if isinstance(value, dict) else {}
+
+
 def _agent_name(span: Span) -> str | None:
-    name = span.attrs.get("gen_ai.agent.name") or span.attrs.get("agent.name") or span.attrs.get("gen_ai.agent.id")
-    if name:
-        return str(name)
+    """The agent named on this span itself (see :data:`AGENT_ATTRIBUTES`), or None."""
+    for key in AGENT_ATTRIBUTES:
+        if span.attrs.get(key) not in (None, ""):
+            return str(span.attrs[key])
+    meta = _metadata(span)
+    for key in METADATA_AGENT_KEYS:
+        if isinstance(meta.get(key), str) and meta[key] and not meta[key].startswith("__"):
+            return meta[key]
+    if str(span.attrs.get("traceloop.span.kind") or "") in TRACELOOP_AGENT_KINDS and span.attrs.get("traceloop.entity.name"):
+        return str(span.attrs["traceloop.entity.name"])
     if kind_of(span) == "agent":  # "invoke_agent planner" -> planner; an OpenInference AGENT span's name
         words = span.name.split()
         return words[-1] if words and words[0] in AGENT_OPERATIONS and len(words) > 1 else (span.name or None)

@@ -32,8 +32,19 @@ zero duration at that position; its real ``execution_time`` kept as ``tool_execu
 Token counts come from the step when it carries them — ``extra_info.model_stats`` /
 ``model_stats`` (cumulative ``tokens_sent``/``tokens_received`` as SWE-agent's ``InstanceStats``
 keeps them: differences of consecutive steps; or per-call ``input_tokens``/``output_tokens``) —
-or from ``info.model_stats`` when the run made exactly one call. A trajectory with none of these
-holds only run totals, so it gives no calls and the report says why.
+or from ``info.model_stats`` when the run made exactly one call.
+
+A trajectory with none of these holds only run totals (what published SWE-agent 1.x runs ship):
+its steps are still imported in order, with their tool names and real execution times, and
+flagged ``tokens_unknown: true`` (counts written as 0; ``profiler fit`` leaves such calls out of
+the output-length bands) with a warning naming the totals. With ``estimate_tokens=True``
+(``profiler import --estimate-tokens``) the counts are estimated from the step's own text instead
+— input from its ``query`` messages, output from its ``response``, UTF-8 bytes / 4 — and flagged
+``tokens_estimated: true``, ``token_estimate_method: "utf8_bytes/4"``.
+
+In order, a tool's placement is the step's position but its duration is real: ``t_start`` = the
+position, ``t_end`` = position + ``execution_time``, and the record says ``tool_timing:
+"duration_only"`` (an order-only fit then still fits tool latency from these durations).
 
 ``workflow_id`` = ``<run folder>/<instance>``, ``workflow_type_id`` = ``swe_agent`` unless given,
 ``agent_id`` = the ``agent`` of the step's messages (``main``).
@@ -57,6 +68,7 @@ from profiler.importers._common import (
     open_text,
     report,
     resolve_timezone,
+    warn,
 )
 
 NAME = "swe-agent"
@@ -69,6 +81,8 @@ LOG_LINE = re.compile(r"^(\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2},\d{3}) - (\w+) - (
 STEP_LINE = re.compile(r"^=+ STEP (\d+) =+\s*$")
 TOKENS_LINE = re.compile(r"^input_tokens=([\d,]+), output_tokens=([\d,]+)")
 ACTION_LINE = re.compile(r"^💭 THOUGHT")
+#: How estimated token counts are made (``--estimate-tokens``): UTF-8 bytes of the text / 4.
+ESTIMATE_METHOD = "utf8_bytes/4"
 #: OpenAI chat message keys kept from a step's query (SWE-agent adds agent, message_type, tags...).
 CHAT_KEYS = ("role", "content", "tool_calls", "tool_call_id", "name")
 
@@ -137,7 +151,8 @@ def _chat(query: Any) -> list[dict] | None:
 
 
 def read_file(path: Path, *, workflow_type: str | None = None, timezone: str | None = None,
-              with_text: bool = True, on_error: ErrorHandler | None = None, **_: Any) -> Iterator[dict]:
+              with_text: bool = True, on_error: ErrorHandler | None = None, estimate_tokens: bool = False,
+              **_: Any) -> Iterator[dict]:
     """Flat records for one ``.traj`` file: timed with its debug log, else in order (module docstring)."""
     tz = resolve_timezone(timezone)
     try:
@@ -148,7 +163,7 @@ def read_file(path: Path, *, workflow_type: str | None = None, timezone: str | N
         log = debug_log_for(path)
         steps = doc["trajectory"]
         if log is None:
-            yield from _order_only_records(doc, path, workflow_type, with_text, on_error)
+            yield from _order_only_records(doc, path, workflow_type, with_text, on_error, estimate_tokens)
             return
         runs = parse_debug_log(log, tz)
         matching = [r for r in runs if len(r) == len(steps)]
@@ -239,20 +254,54 @@ def _step_tokens(steps: list, info: dict) -> list[tuple[int, int] | None]:
     return out
 
 
+def _text_bytes(value: Any) -> int:
+    """UTF-8 bytes of a message content (a string, or a list of ``{"text": ...}`` parts)."""
+    if isinstance(value, str):
+        return len(value.encode("utf-8"))
+    if isinstance(value, list):
+        return sum(_text_bytes(p.get("text") if isinstance(p, dict) else p) for p in value)
+    return 0
+
+
+def estimate_step_tokens(step: dict) -> tuple[int, int] | None:
+    """(input, output) tokens of a step estimated from its text (:data:`ESTIMATE_METHOD`): the
+    ``query`` messages it sent and the ``response`` it got; None without a query."""
+    query = step.get("query")
+    if not isinstance(query, list) or not query:
+        return None
+    n_in = sum(_text_bytes(m.get("content")) for m in query if isinstance(m, dict))
+    return -(-n_in // 4), -(-_text_bytes(step.get("response") or "") // 4)
+
+
 def _order_only_records(doc: dict, path: Path, workflow_type: str | None, with_text: bool,
-                        on_error: ErrorHandler | None) -> Iterator[dict]:
-    """Records of a .traj read without its debug log: in order, tokens from the steps."""
+                        on_error: ErrorHandler | None, estimate_tokens: bool = False) -> Iterator[dict]:
+    """Records of a .traj read without its debug log: in order, tokens from the steps (or, with
+    run totals only, unknown or estimated from the text)."""
     steps = doc["trajectory"]
     info = doc.get("info") if isinstance(doc.get("info"), dict) else {}
-    tokens = _step_tokens(steps, info)
+    tokens: list[tuple[int, int] | None] = _step_tokens(steps, info)
+    flags: dict[str, Any] = {}
     if steps and not any(tokens):
         totals = info.get("model_stats") or {}
-        report(on_error, ImportFormatError(
-            str(path), None, f"{len(steps)} steps but no per-call token counts (only the run's totals: "
-            f"tokens_sent={totals.get('tokens_sent')}, tokens_received={totals.get('tokens_received')}, "
-            f"api_calls={totals.get('api_calls')}) and no times; put {path.stem}.debug.log "
-            "(written by sweagent run-batch) beside it to import both", "trajectory[].extra_info.model_stats"))
-        return
+        what = (f"only the run's totals: tokens_sent={totals.get('tokens_sent')}, tokens_received="
+                f"{totals.get('tokens_received')}, api_calls={totals.get('api_calls')}")
+        if estimate_tokens:
+            tokens = [estimate_step_tokens(s) if isinstance(s, dict) else None for s in steps]
+            flags = {"tokens_estimated": True, "token_estimate_method": ESTIMATE_METHOD}
+            warn(on_error, path, f"no per-call token counts ({what}): estimated from each step's query and "
+                 f"response ({ESTIMATE_METHOD}), flagged tokens_estimated", field="trajectory[].query")
+        else:
+            tokens = [(0, 0)] * len(steps)
+            flags = {"tokens_unknown": True}
+            warn(on_error, path, f"no per-call token counts ({what}): {len(steps)} steps imported in order with "
+                 "their tools and execution times, token counts unknown (left out of output-length bands; "
+                 f"--estimate-tokens estimates them from the text, or put {path.stem}.debug.log beside it)",
+                 field="trajectory[].extra_info.model_stats")
+    yield from _ordered(doc, path, steps, tokens, flags, workflow_type, with_text, on_error)
+
+
+def _ordered(doc: dict, path: Path, steps: list, tokens: list[tuple[int, int] | None], flags: dict[str, Any],
+             workflow_type: str | None, with_text: bool, on_error: ErrorHandler | None) -> Iterator[dict]:
     workflow_id = workflow_id_for(path)
     model = _model_of(doc)
     records: list[dict] = []
@@ -266,13 +315,16 @@ def _order_only_records(doc: dict, path: Path, workflow_type: str | None, with_t
         rec: dict[str, Any] = {
             "request_id": f"{workflow_id}/step{index + 1}", "workflow_type_id": workflow_type or DEFAULT_WORKFLOW_TYPE,
             "workflow_id": workflow_id, "agent_id": str(agent), "input_tokens": tok[0], "output_tokens": tok[1],
+            **flags,
         }
         if model:
             rec["model"] = model
         if (tool := first_word(step.get("action") or "")):
             rec["tool_calls"] = [{"name": tool, "t_start": 0.0, "t_end": 0.0, "status": "ok"}]
-            if isinstance(step.get("execution_time"), (int, float)):
-                rec["tool_execution_s"] = float(step["execution_time"])
+            try:
+                rec["tool_execution_s"] = max(0.0, float(step.get("execution_time")))
+            except (TypeError, ValueError):
+                pass
         if with_text:
             if (messages := _chat(query)):
                 rec["messages"] = messages
@@ -283,5 +335,8 @@ def _order_only_records(doc: dict, path: Path, workflow_type: str | None, with_t
         records.append(rec)
     for rec in number_in_order(records):
         for tool in rec.get("tool_calls", []):
-            tool["t_start"] = tool["t_end"] = rec["t_finish"]
+            tool["t_start"] = rec["t_finish"]
+            tool["t_end"] = rec["t_finish"] + rec.get("tool_execution_s", 0.0)
+        if "tool_execution_s" in rec:
+            rec["tool_timing"] = "duration_only"
         yield rec
