@@ -130,3 +130,24 @@ def test_refit_failures_are_visible_and_the_child_has_a_timeout(profile_root, tm
         assert metric(server.url, "profiler_sidecar_refits_total", outcome="error") == 2
         assert metric(server.url, "profiler_sidecar_refit_last_failure_timestamp_seconds") > 0
         assert httpx.get(server.url + "/v1/profile").json()["refit"]["failures"] == 2
+
+
+def test_autoscale_needs_the_token_and_rejects_tiny_positive_window_and_utilization(profile_root):
+    """Issue 24: ``/v1/autoscale`` was open and answered 500 for ``window_s=1e-320`` (the division
+    underflowed to zero) or ``utilization=1e-300`` (``ceil(inf)``: OverflowError)."""
+    service, registry = sidecar(profile_root)
+    app = create_sidecar_app(service, registry=registry, admin_token="s3cret")
+    with serve_in_thread(app) as server, httpx.Client(base_url=server.url) as c:
+        for i in range(5):  # live sessions, so the advice has rows to divide
+            assert c.post("/v1/annotate", json={"app_metadata": meta(f"a{i}"), "request_id": f"a{i}"}
+                          ).status_code == 200
+        assert c.get("/v1/autoscale").status_code == 401
+        assert c.get("/v1/autoscale", headers={"Authorization": "Bearer wrong"}).status_code == 401
+        ok = c.get("/v1/autoscale", headers=TOKEN, params={"horizon": 3, "window_s": 30})
+        assert ok.status_code == 200 and ok.json()["live_sessions"] == 5
+        for params in ({"window_s": "1e-320"}, {"window_s": "5e-324"}, {"window_s": "1e-9"},
+                       {"utilization": "1e-300"}, {"utilization": "5e-324"}, {"window_s": "1e300"},
+                       {"concurrency": str(10 ** 30)}):
+            r = c.get("/v1/autoscale", headers=TOKEN, params={"horizon": 3, **params})
+            assert r.status_code == 422, (params, r.status_code, r.text)
+            assert next(iter(params)) in r.text
