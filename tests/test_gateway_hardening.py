@@ -130,7 +130,70 @@ def test_unparseable_or_non_interoperable_json_is_forwarded_byte_for_byte(record
         assert metric(gw.url, "profiler_gateway_annotate_total", outcome="not_json") == 1
 
 
+#: Issue 24: a call without app_metadata set its own scheduling through these (one body per
+#: dialect field; each also inside ``extra_body``). Path: endpoint, body.
+HOSTILE_SCHEDULER_BODIES = [
+    ("/v1/chat/completions", {**CHAT, "custom_params": {"priority": 9, "known": True}}),   # SGLang plugin
+    ("/generate", {"text": "hi", "priority": 50,
+                   "sampling_params": {"max_new_tokens": 4, "custom_params": {"priority": 9}}}),
+    ("/generate", {"text": ["a", "b"], "sampling_params": [{"custom_params": {"priority": 9}},
+                                                          {"max_new_tokens": 2}]}),          # batch
+    ("/v1/chat/completions", {**CHAT, "priority": -100, "vllm_xargs": {"priority": 9}}),     # vLLM
+    ("/v1/completions", {"model": "m", "prompt": "hi", "vllm_xargs": {"x": 1}}),
+    ("/v1/chat/completions", {**CHAT, "nvext": {"agent_hints": {"priority": 100, "osl": 1},  # Dynamo
+                                                "cache_control": {"type": "ephemeral", "ttl": "3600"},
+                                                "ignore_eos": False}}),
+    ("/v1/chat/completions", {**CHAT, "extra_body": {"vllm_xargs": {"x": 1},
+                                                     "nvext": {"cache_control": {"ttl": "3600"}}}}),
+    ("/v1/responses", {"model": "m", "input": "hi", "priority": 7}),
+]
+
+
+def _scheduler_fields_in(body) -> list[str]:
+    """Every client scheduler field still present in a forwarded body (empty: all stripped)."""
+    found = []
+    for scope in (body, body.get("extra_body") or {}):
+        found += [k for k in ("priority", "custom_params", "vllm_xargs") if k in scope]
+        nvext = scope.get("nvext") or {}
+        found += [f"nvext.{k}" for k in ("agent_hints", "cache_control") if k in nvext]
+        sps = scope.get("sampling_params")
+        for sp in sps if isinstance(sps, list) else [sps or {}]:
+            found += ["sampling_params.custom_params"] if "custom_params" in sp else []
+    return found
+
+
+@pytest.mark.parametrize("dialect", [None, "sglang", "vllm", "dynamo", "headers"])
+def test_client_scheduler_fields_of_every_dialect_are_stripped(recorder, dialect):
+    """Whatever the gateway's dialect, no client body keeps a field that sets its own priority,
+    output length or KV TTL; other fields (``nvext.ignore_eos``, the batch's second
+    ``sampling_params``) are kept. With ``--allow-client-scheduler-fields`` the bytes pass."""
+    with running_gateway([recorder.url], dialect=dialect) as gw:
+        for path, body in HOSTILE_SCHEDULER_BODIES:
+            r = httpx.post(gw.url + path, json=body,
+                           headers={"X-Agentprof-Priority": "100", "X-Agentprof-Known": "1"})
+            assert r.status_code == 200, (path, r.text)
+            got = json.loads(recorder.raws[-1])
+            assert _scheduler_fields_in(got) == [], (path, body, got)
+        assert metric(gw.url, "profiler_gateway_client_scheduler_fields_stripped_total") == \
+            len(HOSTILE_SCHEDULER_BODIES)
+    assert got == {"model": "m", "input": "hi"}
+    nv = next(b for _, b in HOSTILE_SCHEDULER_BODIES if "nvext" in b)
+    with running_gateway([recorder.url], dialect=dialect) as gw:
+        httpx.post(gw.url + "/v1/chat/completions", json=nv)
+        assert json.loads(recorder.raws[-1])["nvext"] == {"ignore_eos": False}
+        batch = HOSTILE_SCHEDULER_BODIES[2][1]
+        httpx.post(gw.url + "/generate", json=batch)
+        assert json.loads(recorder.raws[-1])["sampling_params"] == [{}, {"max_new_tokens": 2}]
+    with running_gateway([recorder.url], dialect=dialect, allow_client_scheduler_fields=True) as gw:
+        for path, body in HOSTILE_SCHEDULER_BODIES:
+            raw = json.dumps(body).encode()
+            httpx.post(gw.url + path, content=raw, headers={"content-type": "application/json"})
+            assert recorder.raws[-1] == raw
+
+
 @pytest.mark.parametrize("raw", [
+    b'{"model": "m", "vllm_xargs": {"x": 1}, "top_p": NaN}',
+    b'{"model": "m", "nvext": {"agent_hints": {"priority": 9}}, "t": 1e400}',
     b'{"model": "m", "top_p": -Infinity, "priority": -100}',
     b'{"model": "m", "extra_body": {"custom_params": {"x": NaN}}}',
     b'{"priority": 1, "x": ' + b'[' * 5000 + b']' * 5000 + b'}',

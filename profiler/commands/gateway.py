@@ -39,7 +39,7 @@ def gateway(
     max_unknown_types: Annotated[int, typer.Option(help="Workflow types absent from the profile remembered for shadow mode (LRU).")] = 1000,
     refit_timeout: Annotated[str, typer.Option(help="With --refit-every: kill a refit child that runs longer than this (0 = no limit).")] = "30m",
     allow_path: Annotated[Optional[list[str]], typer.Option("--allow-path", help="Also forward this path upstream (fnmatch pattern, e.g. '/v1/rerank'); repeat. Engine admin paths are never forwarded.", rich_help_panel=HELP_FIELDS)] = None,
-    allow_client_scheduler_fields: Annotated[bool, typer.Option("--allow-client-scheduler-fields", help="Keep a client's own SGLang `priority`/`custom_params` (removed by default).", rich_help_panel=HELP_FIELDS)] = False,
+    allow_client_scheduler_fields: Annotated[bool, typer.Option("--allow-client-scheduler-fields", help="Keep a client's own scheduler fields in every dialect: `priority`, `custom_params`, `vllm_xargs`, `nvext.agent_hints`/`cache_control`, `X-Agentprof-*` headers (removed by default).", rich_help_panel=HELP_FIELDS)] = False,
     session_idle: Annotated[str, typer.Option(help="Forget a session after this long without a call.")] = "1h",
     shadow_min_calls: Annotated[int, typer.Option(help="Calls a workflow type needs in the profile before it can leave shadow mode.", rich_help_panel=HELP_SHADOW)] = 100,
     coverage_window: Annotated[int, typer.Option(help="Observed calls per workflow type in the live-coverage window.", rich_help_panel=HELP_SHADOW)] = 200,
