@@ -638,24 +638,26 @@ class Gateway:
                     if follower.malformed:
                         self.metrics.sse_malformed.inc(follower.malformed)
                         follower.malformed = 0
-                    if not strip_usage_chunk:
-                        yield chunk
-                        continue
-                    kept = [e.raw for e in events if not e.usage_only]
+                    # whole events only (byte for byte): a stream that breaks off never leaves
+                    # the client half an event in front of the error event below
+                    kept = [e.raw for e in events if not (strip_usage_chunk and e.usage_only)]
                     if kept:
                         yield b"".join(kept)
                 tail = follower.flush()
                 if native:
                     track(tail)
-                if strip_usage_chunk and tail and not tail[0].usage_only:
+                if tail and not (strip_usage_chunk and tail[0].usage_only):
                     yield tail[0].raw
                 done["complete"] = follower.saw_done or follower.finish_reason is not None \
                     or done["final"]
                 done["t_finish"] = time.time()
             except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
-                self.metrics.upstream_outcome(ctx.upstream, "stream_broken").inc()
+                timed_out = isinstance(exc, asyncio.TimeoutError)
+                self.metrics.upstream_outcome(ctx.upstream, "timeout" if timed_out else "stream_broken").inc()
                 log.warning("upstream stream broke off (%s): %r", ctx.upstream, exc)
-                raise
+                await self._failed(ctx, 504 if timed_out else 502, "stream_broken")
+                if resp.headers.get("content-encoding", "identity") == "identity":
+                    yield sse_error_event(ctx.kind, exc)   # the client learns why, in-band
             finally:
                 if done["complete"]:
                     resp.release()
@@ -741,6 +743,23 @@ class Gateway:
         finally:
             if request_id is not None:
                 self.router.finished(request_id)
+
+
+def sse_error_event(kind: str, exc: BaseException) -> bytes:
+    """The in-band error a client gets when the upstream's stream breaks off mid-way (issue 24:
+    the stream used to just stop). The engines' own form: SGLang and vLLM end a failed stream
+    with ``data: {"error": {...}}`` and ``data: [DONE]`` (the OpenAI SDK raises ``APIError`` on
+    the error event); the Responses API has a typed ``event: error``. No host or port is named.
+    """
+    timed_out = isinstance(exc, asyncio.TimeoutError)
+    kind_name = "upstream_timeout" if timed_out else "upstream_broken"
+    message = ("upstream stopped sending mid-stream" if timed_out else
+               f"upstream broke off mid-stream ({type(exc).__name__}); the response is incomplete")
+    if kind == "responses":
+        return b"event: error\ndata: " + json.dumps(
+            {"type": "error", "code": kind_name, "message": message, "param": None}).encode() + b"\n\n"
+    error = {"error": {"message": message, "type": kind_name, "code": 504 if timed_out else 502}}
+    return b"data: " + json.dumps(error).encode() + b"\n\ndata: [DONE]\n\n"
 
 
 class _RelayResponse(StreamingResponse):

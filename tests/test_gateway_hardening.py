@@ -218,6 +218,73 @@ def test_malformed_sse_chunks_pass_through_untouched(recorder, profile_root):
         assert metric(gw.url, "profiler_gateway_sse_malformed_events_total") == 4
 
 
+class DyingUpstream:
+    """An upstream whose streams break off: two whole events, half of a third, then the process
+    behind the connection dies (the ASGI app raises, so the server drops the connection without
+    the chunked body's end: the client side sees an incomplete payload)."""
+
+    EVENTS = [b'data: {"id":"c","choices":[{"index":0,"delta":{"content":"Hel"}}]}\n\n',
+              b'data: {"id":"c","choices":[{"index":0,"delta":{"content":"lo"}}]}\n\n']
+    PARTIAL = b'data: {"id":"c","choices":[{"index":0,"del'
+
+    def __init__(self) -> None:
+        self.app = Starlette(routes=[Route("/{path:path}", self.any, methods=["POST"])])
+
+    async def any(self, request):
+        await request.body()
+
+        async def events():
+            for e in self.EVENTS:
+                yield e
+            yield self.PARTIAL
+            raise RuntimeError("engine died")
+
+        return StreamingResponse(events(), media_type="text/event-stream")
+
+
+@pytest.fixture(scope="module")
+def dying():
+    up = DyingUpstream()
+    with serve_in_thread(up.app) as server:
+        up.url = server.url
+        yield up
+
+
+@pytest.mark.parametrize("with_metadata", [False, True])
+def test_a_stream_the_upstream_breaks_off_ends_with_an_sse_error_event(dying, profile_root, with_metadata):
+    """Issue 24: the client used to get a cut-off stream and no word why. Now it gets the whole
+    events the upstream sent, never the half event, then the engines' in-band error event and
+    ``[DONE]``; the OpenAI SDK raises on it."""
+    import openai
+
+    body = {**CHAT, "stream": True, **({"app_metadata": META} if with_metadata else {})}
+    with running_gateway([dying.url], profile_root) as gw:
+        with httpx.stream("POST", gw.url + "/v1/chat/completions", json=body) as r:
+            got = b"".join(r.iter_bytes())
+        assert r.status_code == 200
+        assert got.startswith(b"".join(DyingUpstream.EVENTS))
+        rest = got[len(b"".join(DyingUpstream.EVENTS)):].split(b"\n\n")
+        assert rest[0].startswith(b'data: {"error": ')       # not the half event
+        error = json.loads(rest[0].removeprefix(b"data: "))["error"]
+        assert error["type"] == "upstream_broken" and error["code"] == 502
+        assert "mid-stream" in error["message"] and "127.0.0.1" not in error["message"]
+        assert rest[1:] == [b"data: [DONE]", b""]
+        assert metric(gw.url, "profiler_gateway_upstream_responses_total", upstream=dying.url,
+                      outcome="stream_broken") == 1
+        client = openai.OpenAI(base_url=gw.url + "/v1", api_key="x", max_retries=0)
+        with pytest.raises(openai.APIError, match="mid-stream"):
+            for _ in client.chat.completions.create(model="m", messages=CHAT["messages"], stream=True,
+                                                    extra_body=body.get("app_metadata") and
+                                                    {"app_metadata": META}):
+                pass
+        with httpx.stream("POST", gw.url + "/v1/responses",
+                          json={"model": "m", "input": "hi", "stream": True}) as r:
+            got = b"".join(r.iter_bytes())
+        event = got[len(b"".join(DyingUpstream.EVENTS)):]
+        assert event.startswith(b"event: error\ndata: ") and event.endswith(b"\n\n")
+        assert json.loads(event.split(b"data: ", 1)[1])["type"] == "error"
+
+
 def test_502_body_does_not_name_the_upstream():
     port = free_port()
     with running_gateway([f"http://127.0.0.1:{port}"]) as gw:
