@@ -22,7 +22,7 @@ FORMAT_HELP = (
 def import_command(
     sources: Annotated[list[Path], typer.Argument(help="Files or folders to convert (folders are searched "
                                                      "recursively for the format's files).", exists=True)],
-    fmt: Annotated[str, typer.Option("--format", "-f", help=FORMAT_HELP)],
+    fmt: Annotated[str, typer.Option("--format", "-f", help=FORMAT_HELP)] = "auto",
     out: Annotated[Path, typer.Option("--out", "-o", help="Folder for the flat JSONL files (created).")] = Path("logs"),
     workflow_type: Annotated[Optional[str], typer.Option(
         help="workflow_type_id for every record (default: from the source; swe_agent / openhands / "
@@ -41,7 +41,7 @@ def import_command(
     Each source file gets one line: its call count, or why it gave none. Malformed input is
     reported with file and line and skipped (`--strict`: stop instead).
 
-    Example: `profiler import --format auto traces/ --out logs/ && profiler fit logs/ --out profile/`
+    Example: `profiler import traces/ --out logs/ && profiler fit logs/ --out profile/`
     """
     from profiler.importers import ImportFormatError, convert, get_format
 
