@@ -76,6 +76,7 @@ def gateway(
     about to reach an idle pool gets a higher priority.
     """
     import uvicorn
+    from rich.markup import escape
     from prometheus_client import CollectorRegistry
 
     from serving_hooks.annotator import LocalAnnotator, SidecarAnnotator
@@ -87,7 +88,7 @@ def gateway(
     if (profile is None) == (sidecar is None):
         fail("give exactly one of --profile DIR (predict in process) or --sidecar URL")
     from serving_hooks.dialects import DIALECTS, parse_upstreams
-    from serving_hooks.identity import IdentityMap, load_identity_map
+    from serving_hooks.identity import IdentityMap, harness_identity_note, load_identity_map
     from serving_hooks.telemetry import CallTracer, otlp_tracer_provider
     from serving_hooks.policies.pools import ModelPools
     from serving_hooks.upstreams import normalize_upstream
@@ -151,6 +152,10 @@ def gateway(
     err_console.print(f"[green]gateway[/] on http://{host}:{port} → {', '.join(router.upstreams)} "
                       f"({routing}); predictions from {source}; "
                       f"{'logging to ' + str(log_dir) if log_dir else 'no call log'}")
+    if service is not None and service.predictor.profile is not None:
+        note = harness_identity_note(identity, service.predictor.profile.workflow_type_calls)
+        if note:
+            err_console.print(f"[yellow]note:[/] {escape(note)}", soft_wrap=True)
     # The upstream's Date/Server headers pass through; uvicorn must not add its own.
     uvicorn.run(app_, host=host, port=port, log_level=log_level, access_log=False,
                 server_header=False, date_header=False, timeout_graceful_shutdown=5)
