@@ -851,12 +851,18 @@ def create_gateway_app(gateway: Gateway) -> FastAPI:
 
     @app.get("/healthz", tags=["gateway"])
     async def healthz() -> dict:
-        """Liveness, profile version and online-refit state (no URLs or paths: see /admin/profile)."""
+        """Liveness, profile version and online-refit state (no URLs or paths: see /admin/profile).
+        With ``--sidecar``, the sidecar is asked too: ``status`` is ``degraded`` (still 200: calls
+        are forwarded, without predictions) and ``sidecar`` says why while it does not answer."""
         svc = gateway.service
         out = {"status": "ok", "upstreams": len(gateway.router.upstreams),
                "profile_version": svc.predictor.version if svc is not None else None,
                "predictions": "in_process" if svc is not None else
                "sidecar" if gateway.annotator is not None else "none"}
+        if svc is None and hasattr(gateway.annotator, "health"):
+            out["sidecar"] = await gateway.annotator.health()
+            if out["sidecar"] != "ok":
+                out["status"] = "degraded"
         if svc is not None:
             out["refit"] = svc.refit.as_dict()
             out["last_reload_error"] = svc.reloader.last_error if svc.reloader else None
