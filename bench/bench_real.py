@@ -58,11 +58,14 @@ REAL_SETS = {
 GENERATED = {"coding-assistant": 400, "deep-research": 400}
 SHARED = REPO.parent / "shared" / "datasets"
 SMALL = REPO / "datasets" / "real"
+#: The full SWE-agent set ships in the repository itself (datasets/swe_agent/): datasets/real/
+#: has no copy of it, so `profiler fit datasets/` reads each call once.
+BUNDLED = REPO / "datasets" / "swe_agent"
 
 
 def real_source(name: str, data: Path | None) -> Path:
     """The file of real set ``name``: in ``data`` if given, else the full set, else the copy."""
-    for folder in ([data] if data else [SHARED, SMALL]):
+    for folder in ([data, BUNDLED] if data else [SHARED, SMALL, BUNDLED]):
         path = folder / REAL_SETS[name]
         if path.exists():
             return path

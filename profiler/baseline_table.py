@@ -45,7 +45,7 @@ def _alts(base: str, *names: str) -> tuple[str, ...]:
     return tuple(f"{base}.{n}" for n in names) + (base,)
 
 
-OL, NA, RC, KA = "output_len", "next_agent", "remaining_calls", "keep_alive"
+OL, NA, RC, KA, RW = "output_len", "next_agent", "remaining_calls", "keep_alive", "remaining_work"
 #: The rows, in order. Paths are dotted keys of one eval result.
 ROWS: tuple[Row, ...] = (
     Row("output-length coverage", "ours", (f"{OL}.coverage",), nominal=f"{OL}.nominal"),
@@ -70,6 +70,10 @@ ROWS: tuple[Row, ...] = (
     Row("remaining-calls MAE", "ours", (f"{RC}.mae",), "{:.2f}", better="min"),
     Row("remaining-calls MAE", "position_median",
         _alts(f"{RC}.baselines.position_median", "mae"), "{:.2f}", better="min"),
+    *(Row("remaining-tokens C-index", m, (f"{RW}.c_index",) if m == "ours" else (f"{RW}.baselines.{m}.c_index",),
+          better="max") for m in ("ours", "position_median", "mrl", "nat_trie", "age")),
+    *(Row("remaining-tokens MAE", m, (f"{RW}.mae_tokens",) if m == "ours" else (f"{RW}.baselines.{m}.mae_tokens",),
+          "{:,.0f}", better="min") for m in ("ours", "position_median", "mrl", "nat_trie")),
     Row("keep-alive idle-gap coverage", "ours", (f"{KA}.idle_gap_coverage",), nominal=f"{KA}.nominal"),
     Row("keep-alive idle-gap coverage", "idle_gap_p95",
         _alts(f"{KA}.baselines.idle_gap_p95", "idle_gap_coverage", "coverage"), nominal=f"{KA}.nominal"),

@@ -16,6 +16,8 @@ others              :data:`SECTION_BUILDERS` (e.g. ``workflows``: the synthesize
 """
 from __future__ import annotations
 
+import shutil
+
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -309,16 +311,53 @@ def manifest_fields(con: duckdb.DuckDBPyConnection, options: FitOptions, db_path
             "store": str(db_path.resolve())}
 
 
+class NoValidCallsError(ValueError):
+    """Nothing to fit on: no valid call in the store after the ingest. ``report`` is that
+    ingest's report (its ``first_reasons`` say why the records were refused); ``removed`` lists
+    what the run had created and took away again (the store, the output folder)."""
+
+    def __init__(self, message: str, report: ingest_mod.IngestReport, removed: list[Path]) -> None:
+        super().__init__(message)
+        self.report = report
+        self.removed = removed
+
+
+def _remove_created(db_path: Path, db_existed: bool, out: Path, out_existed: bool) -> list[Path]:
+    """Take away the store and output folder a failed first fit created (never older ones)."""
+    removed = []
+    if not db_existed:
+        for path in (db_path, db_path.with_name(db_path.name + ".wal")):
+            if path.exists():
+                path.unlink()
+                removed.append(path)
+    if not out_existed and out.is_dir():
+        shutil.rmtree(out)
+        removed.append(out)
+    return removed
+
+
 def fit_profile(paths: Sequence[str | Path], out: str | Path, *, db: str | Path | None = None,
                 options: FitOptions | None = None, strict: bool = False,
                 progress: bool = False) -> tuple[Profile, ingest_mod.IngestReport]:
-    """Ingest ``paths`` into the store, fit, and write a new profile version under ``out``."""
+    """Ingest ``paths`` into the store, fit, and write a new profile version under ``out``.
+
+    When the store then holds no valid call (every record was refused), raises
+    :class:`NoValidCallsError` with the ingest report, after removing the store and ``out`` if
+    this call created them: a failed first fit leaves nothing behind."""
     options = options or FitOptions()
     out = Path(out)
     db_path = store_path(out, db)
+    out_existed, db_existed = out.exists(), db_path.exists()
     con = connect(db_path)
     try:
         report = ingest_mod.ingest(con, paths, strict=strict, progress=progress)
+        if con.execute("SELECT count(*) FROM calls WHERE status = 'ok'").fetchone()[0] == 0:
+            con.close()
+            removed = _remove_created(db_path, db_existed, out, out_existed)
+            raise NoValidCallsError(
+                f"no valid call to fit on: {report.loaded} loaded, {report.quarantined} records "
+                f"refused, {report.duplicates} duplicates" + ("; nothing was written" if removed else ""),
+                report, removed)
         from rich.console import Console
 
         console = Console(stderr=True)

@@ -137,6 +137,37 @@ def _version_dir(path: Path) -> Path:
     return vdir
 
 
+#: Top-level sections of a fitted ``profile.json`` (format 1) that must be JSON objects.
+PROFILE_SECTIONS = ("agents", "workflow_types", "workflows", "output_length", "tool_latency")
+
+
+def check_profile_shape(data: Any, where: str | Path = "profile.json") -> None:
+    """Raise :class:`ProfileError` (one line) unless ``data`` has the shape a fit writes.
+
+    A server compiles whatever a version holds: ``{}``, ``{"agents": []}`` or ``format: 999``
+    compiled into a profile that knows no workflow type, so every prediction turned unknown and
+    the shadow gate took the types for new ones when the good version came back (issue 24). A
+    hot swap checks this first and keeps the active profile when it fails. Checked: the format
+    number, each section a JSON object, at least one workflow type with agents, and each type's
+    agents an object of objects.
+    """
+    if not isinstance(data, dict):
+        raise ProfileError(f"{where}: profile is not a JSON object")
+    if data.get("format") != FORMAT:
+        raise ProfileError(f"{where}: profile format {data.get('format')!r} is not supported "
+                           f"(this version reads format {FORMAT})")
+    for key in PROFILE_SECTIONS:
+        if not isinstance(data.get(key), dict):
+            got = "missing" if key not in data else f"a {type(data[key]).__name__}"
+            raise ProfileError(f"{where}: section {key!r} must be a JSON object, got {got}")
+    if not data["workflow_types"] or not data["agents"]:
+        raise ProfileError(f"{where}: profile holds no workflow type with agents")
+    for wt, agents in data["agents"].items():
+        if not isinstance(agents, dict) or not all(isinstance(a, dict) for a in agents.values()):
+            raise ProfileError(f"{where}: agents of workflow type {wt!r} must be an object "
+                               "{agent_id: {...}}")
+
+
 def load_profile(path: str | Path) -> Profile:
     """Load the active version of a profile root (``CURRENT`` validated, see the module
     docstring), or a specific version folder."""

@@ -225,6 +225,15 @@ def checks() -> list[tuple[str, str, str]]:
                 f"{MIN_EPOCH_S:g} to {MAX_EPOCH_S:g}'"))
     out.append(("t_t_finish < t_t_arrival", "'t_finish'",
                 "'t_finish < t_arrival (' || r_t_finish || ' < ' || r_t_arrival || ')'"))
+    # issue 24: a first token before the call arrived (TTFT -1.76e9 s when t_first_token was 0
+    # or in another clock) or after it finished, and more cached than prompt tokens, are not
+    # measurements: they were accepted and skewed every timing and cache statistic
+    out.append(("t_t_first_token < t_t_arrival", "'t_first_token'",
+                "'t_first_token < t_arrival (' || r_t_first_token || ' < ' || r_t_arrival || ')'"))
+    out.append(("t_t_first_token > t_t_finish", "'t_first_token'",
+                "'t_first_token > t_finish (' || r_t_first_token || ' > ' || r_t_finish || ')'"))
+    out.append(("t_cached_tokens > t_input_tokens", "'cached_tokens'",
+                "'cached_tokens > input_tokens (' || r_cached_tokens || ' > ' || r_input_tokens || ')'"))
     out.append(("t_status IS NOT NULL AND lower(t_status) NOT IN ('ok', 'error')", "'status'",
                 "'status must be ok or error, got ' || r_status"))
     return out

@@ -173,12 +173,13 @@ _OS_PROBLEMS = {
     errno.EROFS: "the file system is read-only",
     errno.EACCES: "permission denied",
     errno.EPERM: "permission denied",
+    errno.EFBIG: "the file-size limit is reached (ulimit -f)",
 }
 
 
 def one_line_error(exc: BaseException, path: str | Path | None = None) -> str | None:
     """A one-line message for a store or file-system failure the user must fix (lock conflict,
-    read-only store or folder, full disk), or None when ``exc`` is something else (a bug: let
+    read-only store or folder, full disk, file-size limit), or None when ``exc`` is something else (a bug: let
     it raise with its traceback)."""
     where = f" ({path})" if path is not None else ""
     if isinstance(exc, StoreError):
@@ -198,7 +199,8 @@ def one_line_error(exc: BaseException, path: str | Path | None = None) -> str | 
     for needle, words in (("No space left", "the disk is full"), ("Disk quota", "the disk quota is exhausted"),
                           ("Read-only file system", "the file system is read-only"),
                           ("read-only mode", "it is open read-only"),
-                          ("Permission denied", "permission denied")):
+                          ("Permission denied", "permission denied"),
+                          ("File too large", "the file-size limit is reached (ulimit -f)")):
         if needle in text:
             return f"cannot write the store{where}: {words} (it keeps its last committed state)"
     if "database has been invalidated" in text:

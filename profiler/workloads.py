@@ -1,6 +1,6 @@
 """Seeded synthetic agent workloads (``profiler generate``).
 
-A workload *spec* is data (JSON in ``datasets/workloads/``): the agents with their output-length
+A workload *spec* is data (JSON in ``profiler/workload_specs/``): the agents with their output-length
 mean and coefficient of variation, the tools with lognormal latencies, which tools each agent
 runs, and the workflow *structure* as a small grammar:
 
@@ -39,7 +39,8 @@ from typing import Any, Iterator
 import numpy as np
 
 #: Folder of the built-in specs (data, not code), shipped as package data so a plain
-#: ``pip install`` has them; ``datasets/workloads`` in the repository links here.
+#: ``pip install`` has them. (Not linked from ``datasets/``: ``profiler fit datasets/`` would
+#: read the link as a log file outside the folder and quarantine it.)
 SPEC_DIR = Path(__file__).resolve().parent / "workload_specs"
 #: Built-in spec names accepted on the command line (dashes or underscores).
 BUILTIN_SPECS = ("coding_assistant", "deep_research", "messy")
@@ -281,7 +282,7 @@ def _messy_path(spec: dict, release: str, rng: np.random.Generator) -> list[str]
 
 def generate_messy(spec: dict, n_workflows: int | None, seed: int = 0, with_text: bool = False,
                    arrival_rate: float = 0.2) -> Iterator[dict]:
-    """Flat records of the *messy* workload (``datasets/workloads/messy.json``).
+    """Flat records of the *messy* workload (``profiler/workload_specs/messy.json``).
 
     What makes it messy, each on purpose (the tests measure every one):
 

@@ -128,6 +128,19 @@ class SidecarAnnotator:
         self._pending.add(task)
         task.add_done_callback(self._pending.discard)
 
+    async def health(self, timeout_s: float = 1.0) -> str:
+        """``"ok"`` when the sidecar's ``/healthz`` answers 200 within ``timeout_s``, else why not
+        (``"unreachable (ClientConnectorError)"``, ``"http 503"``, ``"timeout"``): the gateway's
+        own ``/healthz`` reports it, so a dead sidecar no longer hides behind ``status: ok``. The
+        reason names no host or port."""
+        try:
+            async with self._http().get("/healthz", timeout=aiohttp.ClientTimeout(total=timeout_s)) as r:
+                return "ok" if r.status == 200 else f"http {r.status}"
+        except asyncio.TimeoutError:
+            return "timeout"
+        except (aiohttp.ClientError, OSError) as exc:
+            return f"unreachable ({type(exc).__name__})"
+
     async def cancel(self, app_metadata: dict, request_id: str) -> bool:  # branch `dialects`
         """The sidecar has no rollback endpoint: a failed call stays advanced there (retries of
         it still advance once: same request id)."""

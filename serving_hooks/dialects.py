@@ -218,6 +218,57 @@ def render(dialect: str, values: HintValues, body: Mapping[str, Any], endpoint: 
     return RENDERERS[dialect](values, body, endpoint, order)
 
 
+#: Where, in each dialect, a client body could steer the engine's scheduler or KV cache itself:
+#: key paths from the body's top level (also looked up inside ``extra_body``, where the OpenAI
+#: SDK's callers put engine fields). The gateway removes them from every client body unless
+#: ``--allow-client-scheduler-fields``, so only the profile's prediction sets them: a call
+#: without ``app_metadata`` cannot raise its own priority through any dialect's field.
+#:
+#: * SGLang: ``priority`` (chat, completions, responses, ``/generate``); ``custom_params``
+#:   (chat/completions), and ``sampling_params.custom_params`` on ``/generate`` — what the
+#:   plugin reads as ``req.sampling_params.custom_params`` (``sampling_params`` may be a list
+#:   there: a batch);
+#: * vLLM: ``priority`` and ``vllm_xargs`` (read by custom extensions);
+#: * Dynamo: ``nvext.agent_hints`` (``priority``, ``osl``, ``speculative_prefill``: all of them
+#:   scheduling or router inputs) and ``nvext.cache_control`` (the KV ``ttl``); other ``nvext``
+#:   keys are kept;
+#: * headers: the client's own ``X-Agentprof-*`` headers (removed by the gateway's header copy).
+CLIENT_SCHEDULER_PATHS: tuple[tuple[str, ...], ...] = (
+    ("priority",), ("custom_params",), ("sampling_params", "custom_params"), ("vllm_xargs",),
+    ("nvext", "agent_hints"), ("nvext", "cache_control"),
+)
+#: The keys of :data:`CLIENT_SCHEDULER_PATHS` that end a path (for a byte scan of a body that
+#: is not JSON: any of them as a key token counts).
+CLIENT_SCHEDULER_KEYS = tuple(sorted({path[-1] for path in CLIENT_SCHEDULER_PATHS}))
+
+
+def _without_path(obj: Any, path: tuple[str, ...]) -> tuple[Any, bool]:
+    """``obj`` without the key ``path`` (copied only along the way, when something goes), and
+    whether it went. A list on the way (``/generate``'s batch ``sampling_params``) is walked."""
+    if isinstance(obj, list):
+        parts = [_without_path(item, path) for item in obj]
+        if not any(gone for _, gone in parts):
+            return obj, False
+        return [item for item, _ in parts], True
+    if not isinstance(obj, dict) or path[0] not in obj:
+        return obj, False
+    if len(path) == 1:
+        return {k: v for k, v in obj.items() if k != path[0]}, True
+    inner, gone = _without_path(obj[path[0]], path[1:])
+    return ({**obj, path[0]: inner}, True) if gone else (obj, False)
+
+
+def strip_client_scheduler_fields(body: dict) -> dict | None:
+    """``body`` without every :data:`CLIENT_SCHEDULER_PATHS` field a client set (top level and
+    inside ``extra_body``), or None when it set none. The input is not modified."""
+    out, any_gone = body, False
+    for path in CLIENT_SCHEDULER_PATHS:
+        for full in (path, ("extra_body", *path)):
+            out, gone = _without_path(out, full)
+            any_gone = any_gone or gone
+    return out if any_gone else None
+
+
 @dataclass(frozen=True)
 class UpstreamSpec:
     """One ``--upstream URL[,dialect=NAME][,priority=high_first|low_first][,pool=MODEL]`` value.

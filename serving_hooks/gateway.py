@@ -46,7 +46,8 @@ are never forwarded, whatever the allow-list says.
 Hardening (docs/serving-security.md): a body the gateway cannot parse as strict JSON (``NaN``,
 ``1e400``, a lone surrogate, nesting too deep for the parser) is forwarded byte for byte,
 unannotated — it never re-encodes such a body, so it never emits invalid JSON; the scheduler
-fields ``priority``/``custom_params`` a client sends are removed unless
+fields a client sends in any dialect (``priority``, ``custom_params``, ``vllm_xargs``,
+``nvext.agent_hints``/``cache_control``, ``X-Agentprof-*``) are removed unless
 ``--allow-client-scheduler-fields``; a malformed upstream SSE chunk is passed through untouched;
 error bodies never name the upstream (the log line does).
 
@@ -73,7 +74,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from serving_hooks.api_docs import NO_CDN_DOCS, mount_local_docs
 from serving_hooks.annotations import forward_body
-from serving_hooks.dialects import hint_values, render as render_dialect
+from serving_hooks.dialects import (CLIENT_SCHEDULER_KEYS, hint_values, render as render_dialect,
+                                    strip_client_scheduler_fields)
 from serving_hooks.endpoints import as_chat_response, endpoint_of, stream_final
 from serving_hooks.gateway_log import GatewayLog
 from serving_hooks.http_guard import BodySizeLimit, StrictJSONError, admin_auth, strict_json_loads
@@ -116,9 +118,10 @@ ENGINE_ADMIN_PATHS = ("*flush_cache*", "*update_weight*", "*init_weights*", "*we
                       "*reset_prefix_cache*", "/sleep*", "/wake_up*", "*collective_rpc*",
                       "*scale_elastic_ep*", "*slow_down*", "*admin*", "*server_info*",
                       "*open_session*", "*close_session*", "*freeze_gc*")
-#: Request fields that steer the engine's scheduler (SGLang ``priority``, ``custom_params``):
-#: removed from client bodies unless ``allow_client_scheduler_fields``.
-SCHEDULER_FIELDS = ("priority", "custom_params")
+#: Key names of the request fields that steer the engine's scheduler in any dialect
+#: (``serving_hooks.dialects.CLIENT_SCHEDULER_PATHS``): removed from client bodies unless
+#: ``allow_client_scheduler_fields``.
+SCHEDULER_FIELDS = CLIENT_SCHEDULER_KEYS
 #: Request headers of the ``headers`` dialect: a client's own are removed unless
 #: ``allow_client_scheduler_fields`` (a router must not trust hints the gateway did not set).
 HINT_HEADER_PREFIX = "x-agentprof-"
@@ -173,17 +176,9 @@ def _may_set_scheduler_fields(raw: bytes) -> bool:
     return isinstance(body, dict) and strip_scheduler_fields(body) is not None
 
 
-def strip_scheduler_fields(body: dict) -> dict | None:
-    """``body`` without client-set :data:`SCHEDULER_FIELDS` (top level and in ``extra_body``),
-    or None when it has none."""
-    extra = body.get("extra_body")
-    nested = isinstance(extra, dict) and any(k in extra for k in SCHEDULER_FIELDS)
-    if not nested and not any(k in body for k in SCHEDULER_FIELDS):
-        return None
-    out = {k: v for k, v in body.items() if k not in SCHEDULER_FIELDS}
-    if nested:
-        out["extra_body"] = {k: v for k, v in extra.items() if k not in SCHEDULER_FIELDS}
-    return out
+#: ``body`` without the client-set scheduler fields of every dialect (top level and in
+#: ``extra_body``), or None when it has none (``serving_hooks.dialects``).
+strip_scheduler_fields = strip_client_scheduler_fields
 
 
 #: Headers aiohttp would add on its own: the upstream must see the client's, and only those.
@@ -500,8 +495,9 @@ class Gateway:
             if not self.options.allow_client_scheduler_fields and _may_set_scheduler_fields(raw):
                 # it cannot be stripped without re-encoding what is not JSON: refuse it
                 return _error_response(400, "invalid_request_error", "request sets scheduler "
-                                       "fields (priority, custom_params) in a body that is not "
-                                       "strict JSON (NaN, Infinity, 1e400, lone surrogate, too deep)")
+                                       "fields (priority, custom_params, vllm_xargs, nvext hints) "
+                                       "in a body that is not strict JSON (NaN, Infinity, 1e400, "
+                                       "lone surrogate, too deep)")
         if not isinstance(body, dict):
             body = None
         if body is not None and not self.options.allow_client_scheduler_fields:
@@ -514,7 +510,8 @@ class Gateway:
                     body = stripped
                 except (ValueError, RecursionError):  # cannot re-encode: refuse rather than leak
                     return _error_response(400, "invalid_request_error", "request sets scheduler "
-                                           "fields (priority, custom_params) and cannot be re-encoded")
+                                           "fields (priority, custom_params, vllm_xargs, nvext "
+                                           "hints) and cannot be re-encoded")
         kind = endpoint_of(request.url.path) or "chat"
         meta, where, id_source = resolve_identity(body, request.headers, self.options.identity)
         if self.pools is not None:
@@ -650,24 +647,26 @@ class Gateway:
                     if follower.malformed:
                         self.metrics.sse_malformed.inc(follower.malformed)
                         follower.malformed = 0
-                    if not strip_usage_chunk:
-                        yield chunk
-                        continue
-                    kept = [e.raw for e in events if not e.usage_only]
+                    # whole events only (byte for byte): a stream that breaks off never leaves
+                    # the client half an event in front of the error event below
+                    kept = [e.raw for e in events if not (strip_usage_chunk and e.usage_only)]
                     if kept:
                         yield b"".join(kept)
                 tail = follower.flush()
                 if native:
                     track(tail)
-                if strip_usage_chunk and tail and not tail[0].usage_only:
+                if tail and not (strip_usage_chunk and tail[0].usage_only):
                     yield tail[0].raw
                 done["complete"] = follower.saw_done or follower.finish_reason is not None \
                     or done["final"]
                 done["t_finish"] = time.time()
             except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
-                self.metrics.upstream_outcome(ctx.upstream, "stream_broken").inc()
+                timed_out = isinstance(exc, asyncio.TimeoutError)
+                self.metrics.upstream_outcome(ctx.upstream, "timeout" if timed_out else "stream_broken").inc()
                 log.warning("upstream stream broke off (%s): %r", ctx.upstream, exc)
-                raise
+                await self._failed(ctx, 504 if timed_out else 502, "stream_broken")
+                if resp.headers.get("content-encoding", "identity") == "identity":
+                    yield sse_error_event(ctx.kind, exc)   # the client learns why, in-band
             finally:
                 if done["complete"]:
                     resp.release()
@@ -753,6 +752,23 @@ class Gateway:
         finally:
             if request_id is not None:
                 self.router.finished(request_id)
+
+
+def sse_error_event(kind: str, exc: BaseException) -> bytes:
+    """The in-band error a client gets when the upstream's stream breaks off mid-way (issue 24:
+    the stream used to just stop). The engines' own form: SGLang and vLLM end a failed stream
+    with ``data: {"error": {...}}`` and ``data: [DONE]`` (the OpenAI SDK raises ``APIError`` on
+    the error event); the Responses API has a typed ``event: error``. No host or port is named.
+    """
+    timed_out = isinstance(exc, asyncio.TimeoutError)
+    kind_name = "upstream_timeout" if timed_out else "upstream_broken"
+    message = ("upstream stopped sending mid-stream" if timed_out else
+               f"upstream broke off mid-stream ({type(exc).__name__}); the response is incomplete")
+    if kind == "responses":
+        return b"event: error\ndata: " + json.dumps(
+            {"type": "error", "code": kind_name, "message": message, "param": None}).encode() + b"\n\n"
+    error = {"error": {"message": message, "type": kind_name, "code": 504 if timed_out else 502}}
+    return b"data: " + json.dumps(error).encode() + b"\n\ndata: [DONE]\n\n"
 
 
 class _RelayResponse(StreamingResponse):
@@ -844,12 +860,18 @@ def create_gateway_app(gateway: Gateway) -> FastAPI:
 
     @app.get("/healthz", tags=["gateway"])
     async def healthz() -> dict:
-        """Liveness, profile version and online-refit state (no URLs or paths: see /admin/profile)."""
+        """Liveness, profile version and online-refit state (no URLs or paths: see /admin/profile).
+        With ``--sidecar``, the sidecar is asked too: ``status`` is ``degraded`` (still 200: calls
+        are forwarded, without predictions) and ``sidecar`` says why while it does not answer."""
         svc = gateway.service
         out = {"status": "ok", "upstreams": len(gateway.router.upstreams),
                "profile_version": svc.predictor.version if svc is not None else None,
                "predictions": "in_process" if svc is not None else
                "sidecar" if gateway.annotator is not None else "none"}
+        if svc is None and hasattr(gateway.annotator, "health"):
+            out["sidecar"] = await gateway.annotator.health()
+            if out["sidecar"] != "ok":
+                out["status"] = "degraded"
         if svc is not None:
             out["refit"] = svc.refit.as_dict()
             out["last_reload_error"] = svc.reloader.last_error if svc.reloader else None

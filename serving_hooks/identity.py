@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import json
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -68,6 +68,36 @@ class IdentityMap:
         bad = [h for h in self.harnesses if h not in HARNESSES]
         if bad:
             raise ValueError(f"harnesses: unknown {bad} (known: {', '.join(HARNESSES)})")
+
+
+#: How the harnesses are named to a user (start-up note).
+HARNESS_NAMES = {"claude_code": "Claude Code", "codex": "Codex", "opencode": "OpenCode",
+                 "dynamo": "Dynamo"}
+
+
+def harness_identity_note(m: IdentityMap, profile_types: Collection[str]) -> str | None:
+    """A start-up line when calls identified by harness headers alone cannot be predicted.
+
+    With the default map a Claude Code call's workflow type is ``claude_code`` (the harness
+    name), which a profile fitted on the app's own logs seldom holds: every such call is then
+    forwarded unannotated and nothing said so (issue 24). None when the map can give a type the
+    profile holds, or when the type comes from each request (``model``, a header that is set)."""
+    if not m.harnesses:
+        return None
+    if m.workflow_type_from == "harness":
+        types = list(m.harnesses)
+    elif m.workflow_type_from == "default":
+        types = [m.default_workflow_type]
+    else:   # "model" / "header:NAME": decided per request
+        return None
+    if any(t in profile_types for t in types):
+        return None
+    held = ", ".join(sorted(profile_types)[:5]) + (", …" if len(profile_types) > 5 else "")
+    return (f"calls identified only by agent-harness headers "
+            f"({', '.join(HARNESS_NAMES[h] for h in m.harnesses)}) get workflow type "
+            f"{' / '.join(types)}, which the profile does not hold ({held or 'no types'}): they "
+            "are forwarded without predictions. Map them with --identity-map "
+            "(default_workflow_type, workflow_type_from; docs/dialects.md).")
 
 
 def load_identity_map(path: str | Path) -> IdentityMap:

@@ -5,8 +5,10 @@
 (``profiler.profile_artifact.current_version``, a cheap read) every ``interval_s``; when it names a
 new version it loads and compiles it *beside* the active one — in its own thread, so requests
 keep being served — and hands it to :meth:`predictors.Predictor.load`, whose swap is a single
-reference assignment. A version that fails to load is logged and counted; the active profile
-stays in service and the same version is not retried until ``CURRENT`` changes again.
+reference assignment. A version that fails to load, or whose ``profile.json`` has not the shape a
+fit writes (:func:`profiler.profile_artifact.check_profile_shape`: ``{}``, ``agents: []``,
+``format: 999``), is logged and counted; the active profile stays in service and the same version
+is not retried until ``CURRENT`` changes again.
 """
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ from pathlib import Path
 from typing import Callable
 
 from predictors.predictor import Predictor
-from profiler.profile_artifact import current_version, load_profile
+from profiler.profile_artifact import check_profile_shape, current_version, load_profile
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +51,9 @@ class ProfileReloader:
             if not force and (version == self.predictor.version or version == self._failed_version):
                 return False
             try:
-                self.predictor.load(load_profile(self.root))
+                profile = load_profile(self.root)
+                check_profile_shape(profile.data, profile.path / "profile.json")
+                self.predictor.load(profile)
             except Exception as exc:
                 self._failed_version = version
                 self.last_error = f"{version}: {type(exc).__name__}: {exc}"

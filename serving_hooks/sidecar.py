@@ -12,7 +12,8 @@ Endpoints (OpenAPI at ``/docs`` and ``/openapi.json``):
 ``GET /v1/profile``        active version, provenance, workflow types, shadow-mode state (admin)
 ``GET /v1/sessions/{wt}/{wf}``  one session's state, its last responses included (admin)
 ``GET /v1/autoscale``      replicas per model for the work the live sessions will send next
-                           (Pythia alg. 4; ``?horizon=&window_s=&concurrency=&utilization=``)
+                           (Pythia alg. 4; ``?horizon=&window_s=&concurrency=&utilization=``;
+                           admin)
 ``GET /healthz``           liveness, active version, online-refit state
 ``GET /metrics``           Prometheus: requests, latency histogram, unknown rate, profile version
 =========================  ===================================================================
@@ -23,8 +24,9 @@ the event loop directly (no thread-pool hop). The profile is swapped by
 active profile once, so a swap in the middle of a stream of requests fails none of them.
 
 With an admin token, every endpoint that returns session contents, file paths or the profile
-needs it (``/v1/sessions``, ``/v1/profile``, ``/v1/observe``, ``/v1/reload``); annotate,
-autoscale advice, ``/healthz`` and ``/metrics`` stay open. JSON bodies must be strict JSON
+needs it (``/v1/sessions``, ``/v1/profile``, ``/v1/observe``, ``/v1/reload``, and
+``/v1/autoscale``, which reveals the live load per workflow type); annotate, ``/healthz`` and
+``/metrics`` stay open. JSON bodies must be strict JSON
 (:func:`serving_hooks.http_guard.strict_json_loads`): ``NaN``, ``Infinity``, ``1e400`` or a lone
 surrogate get ``400``. A batch yields the event loop every :data:`BATCH_YIELD_EVERY` items, so a
 full batch delays other requests by a few milliseconds at most.
@@ -53,6 +55,12 @@ API_TITLE = "agent-workflow-profiler prediction sidecar"
 MAX_BATCH = 256
 #: A batch hands the event loop back after this many items (other requests interleave).
 BATCH_YIELD_EVERY = 32
+#: ``GET /v1/autoscale`` bounds (422 outside): the replica count divides busy seconds by
+#: ``window_s × concurrency × utilization``, so a positive but tiny window or utilization
+#: (``1e-320``) overflowed to ``inf`` or underflowed to a division by zero (500s, issue 24).
+MIN_WINDOW_S, MAX_WINDOW_S = 1e-3, 1e7
+MIN_UTILIZATION = 0.01
+MAX_CONCURRENCY = 1 << 20
 
 
 class AppMetadata(BaseModel):
@@ -225,12 +233,15 @@ def create_sidecar_app(service: PredictionService, *, registry: CollectorRegistr
         view.pop("path_state", None)
         return JSONResponse(view)
 
-    @app.get("/v1/autoscale", tags=["admin"])
+    @app.get("/v1/autoscale", tags=["admin"], dependencies=[Depends(admin)])
     async def autoscale(horizon: int = Query(10, ge=1, le=1000, description="steps ahead"),
-                        window_s: float | None = Query(None, gt=0, description="seconds the horizon spans "
+                        window_s: float | None = Query(None, ge=MIN_WINDOW_S, le=MAX_WINDOW_S,
+                                                       description="seconds the horizon spans "
                                                        "(default: horizon × mean call cycle)"),
-                        concurrency: int = Query(8, ge=1, description="batch slots per replica"),
-                        utilization: float = Query(0.75, gt=0, le=1, description="target utilization")
+                        concurrency: int = Query(8, ge=1, le=MAX_CONCURRENCY,
+                                                 description="batch slots per replica"),
+                        utilization: float = Query(0.75, ge=MIN_UTILIZATION, le=1,
+                                                   description="target utilization")
                         ) -> dict:
         """Suggested replicas per model: the live sessions' projected calls over the next
         ``horizon`` steps times each agent's profiled service time, over the window, divided by

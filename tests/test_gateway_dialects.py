@@ -190,6 +190,43 @@ def test_identity_sources_and_map():
         IdentityMap(workflow_type_from="nope")
 
 
+def test_start_up_note_when_harness_headers_cannot_be_predicted():
+    """Issue 24: with the default map a Claude Code call's workflow type is ``claude_code``; a
+    profile without it annotated none of those calls and nothing said so."""
+    from serving_hooks.identity import harness_identity_note
+
+    note = harness_identity_note(IdentityMap(), {WT: 100})
+    assert note and "Claude Code" in note and "claude_code / codex / opencode / dynamo" in note
+    assert WT in note and "--identity-map" in note and "\n" not in note
+    assert harness_identity_note(IdentityMap(), {"claude_code": 5, WT: 1}) is None
+    assert harness_identity_note(IdentityMap(workflow_type_from="default", default_workflow_type=WT),
+                                 {WT: 1}) is None
+    assert "dflt" in harness_identity_note(IdentityMap(workflow_type_from="default",
+                                                       default_workflow_type="dflt"), {WT: 1})
+    assert harness_identity_note(IdentityMap(workflow_type_from="model"), {WT: 1}) is None
+    assert harness_identity_note(IdentityMap(harnesses=()), {WT: 1}) is None
+
+
+def test_gateway_command_prints_the_harness_note_at_start_up(profile_root, monkeypatch, tmp_path):
+    """The line reaches the operator: ``profiler gateway`` prints it before serving (the server
+    start itself is replaced, so no port is taken), and not when the map fits the profile."""
+    import uvicorn
+    from typer.testing import CliRunner
+
+    from profiler.cli import app
+
+    served = []
+    monkeypatch.setattr(uvicorn, "run", lambda app_, **kw: served.append(kw["port"]))
+    args = ["gateway", "--upstream", "http://127.0.0.1:9", "--profile", str(profile_root), "--port", "8123"]
+    out = CliRunner().invoke(app, args, env={"COLUMNS": "400"})
+    assert out.exit_code == 0, out.output
+    assert "note:" in out.output and "forwarded without predictions" in out.output and served == [8123]
+    good = tmp_path / "map.toml"
+    good.write_text(f'workflow_type_from = "default"\ndefault_workflow_type = "{WT}"\n')
+    out = CliRunner().invoke(app, [*args, "--identity-map", str(good)], env={"COLUMNS": "400"})
+    assert out.exit_code == 0 and "forwarded without predictions" not in out.output, out.output
+
+
 @pytest.mark.slow
 def test_a_call_retried_twice_advances_its_session_once(profile_root, caplog):
     fake = FakeOpenAI()

@@ -130,7 +130,70 @@ def test_unparseable_or_non_interoperable_json_is_forwarded_byte_for_byte(record
         assert metric(gw.url, "profiler_gateway_annotate_total", outcome="not_json") == 1
 
 
+#: Issue 24: a call without app_metadata set its own scheduling through these (one body per
+#: dialect field; each also inside ``extra_body``). Path: endpoint, body.
+HOSTILE_SCHEDULER_BODIES = [
+    ("/v1/chat/completions", {**CHAT, "custom_params": {"priority": 9, "known": True}}),   # SGLang plugin
+    ("/generate", {"text": "hi", "priority": 50,
+                   "sampling_params": {"max_new_tokens": 4, "custom_params": {"priority": 9}}}),
+    ("/generate", {"text": ["a", "b"], "sampling_params": [{"custom_params": {"priority": 9}},
+                                                          {"max_new_tokens": 2}]}),          # batch
+    ("/v1/chat/completions", {**CHAT, "priority": -100, "vllm_xargs": {"priority": 9}}),     # vLLM
+    ("/v1/completions", {"model": "m", "prompt": "hi", "vllm_xargs": {"x": 1}}),
+    ("/v1/chat/completions", {**CHAT, "nvext": {"agent_hints": {"priority": 100, "osl": 1},  # Dynamo
+                                                "cache_control": {"type": "ephemeral", "ttl": "3600"},
+                                                "ignore_eos": False}}),
+    ("/v1/chat/completions", {**CHAT, "extra_body": {"vllm_xargs": {"x": 1},
+                                                     "nvext": {"cache_control": {"ttl": "3600"}}}}),
+    ("/v1/responses", {"model": "m", "input": "hi", "priority": 7}),
+]
+
+
+def _scheduler_fields_in(body) -> list[str]:
+    """Every client scheduler field still present in a forwarded body (empty: all stripped)."""
+    found = []
+    for scope in (body, body.get("extra_body") or {}):
+        found += [k for k in ("priority", "custom_params", "vllm_xargs") if k in scope]
+        nvext = scope.get("nvext") or {}
+        found += [f"nvext.{k}" for k in ("agent_hints", "cache_control") if k in nvext]
+        sps = scope.get("sampling_params")
+        for sp in sps if isinstance(sps, list) else [sps or {}]:
+            found += ["sampling_params.custom_params"] if "custom_params" in sp else []
+    return found
+
+
+@pytest.mark.parametrize("dialect", [None, "sglang", "vllm", "dynamo", "headers"])
+def test_client_scheduler_fields_of_every_dialect_are_stripped(recorder, dialect):
+    """Whatever the gateway's dialect, no client body keeps a field that sets its own priority,
+    output length or KV TTL; other fields (``nvext.ignore_eos``, the batch's second
+    ``sampling_params``) are kept. With ``--allow-client-scheduler-fields`` the bytes pass."""
+    with running_gateway([recorder.url], dialect=dialect) as gw:
+        for path, body in HOSTILE_SCHEDULER_BODIES:
+            r = httpx.post(gw.url + path, json=body,
+                           headers={"X-Agentprof-Priority": "100", "X-Agentprof-Known": "1"})
+            assert r.status_code == 200, (path, r.text)
+            got = json.loads(recorder.raws[-1])
+            assert _scheduler_fields_in(got) == [], (path, body, got)
+        assert metric(gw.url, "profiler_gateway_client_scheduler_fields_stripped_total") == \
+            len(HOSTILE_SCHEDULER_BODIES)
+    assert got == {"model": "m", "input": "hi"}
+    nv = next(b for _, b in HOSTILE_SCHEDULER_BODIES if "nvext" in b)
+    with running_gateway([recorder.url], dialect=dialect) as gw:
+        httpx.post(gw.url + "/v1/chat/completions", json=nv)
+        assert json.loads(recorder.raws[-1])["nvext"] == {"ignore_eos": False}
+        batch = HOSTILE_SCHEDULER_BODIES[2][1]
+        httpx.post(gw.url + "/generate", json=batch)
+        assert json.loads(recorder.raws[-1])["sampling_params"] == [{}, {"max_new_tokens": 2}]
+    with running_gateway([recorder.url], dialect=dialect, allow_client_scheduler_fields=True) as gw:
+        for path, body in HOSTILE_SCHEDULER_BODIES:
+            raw = json.dumps(body).encode()
+            httpx.post(gw.url + path, content=raw, headers={"content-type": "application/json"})
+            assert recorder.raws[-1] == raw
+
+
 @pytest.mark.parametrize("raw", [
+    b'{"model": "m", "vllm_xargs": {"x": 1}, "top_p": NaN}',
+    b'{"model": "m", "nvext": {"agent_hints": {"priority": 9}}, "t": 1e400}',
     b'{"model": "m", "top_p": -Infinity, "priority": -100}',
     b'{"model": "m", "extra_body": {"custom_params": {"x": NaN}}}',
     b'{"priority": 1, "x": ' + b'[' * 5000 + b']' * 5000 + b'}',
@@ -153,6 +216,73 @@ def test_malformed_sse_chunks_pass_through_untouched(recorder, profile_root):
         assert r.status_code == 200
         assert got == b"".join(Recorder.EVENTS)      # every event, the malformed ones included
         assert metric(gw.url, "profiler_gateway_sse_malformed_events_total") == 4
+
+
+class DyingUpstream:
+    """An upstream whose streams break off: two whole events, half of a third, then the process
+    behind the connection dies (the ASGI app raises, so the server drops the connection without
+    the chunked body's end: the client side sees an incomplete payload)."""
+
+    EVENTS = [b'data: {"id":"c","choices":[{"index":0,"delta":{"content":"Hel"}}]}\n\n',
+              b'data: {"id":"c","choices":[{"index":0,"delta":{"content":"lo"}}]}\n\n']
+    PARTIAL = b'data: {"id":"c","choices":[{"index":0,"del'
+
+    def __init__(self) -> None:
+        self.app = Starlette(routes=[Route("/{path:path}", self.any, methods=["POST"])])
+
+    async def any(self, request):
+        await request.body()
+
+        async def events():
+            for e in self.EVENTS:
+                yield e
+            yield self.PARTIAL
+            raise RuntimeError("engine died")
+
+        return StreamingResponse(events(), media_type="text/event-stream")
+
+
+@pytest.fixture(scope="module")
+def dying():
+    up = DyingUpstream()
+    with serve_in_thread(up.app) as server:
+        up.url = server.url
+        yield up
+
+
+@pytest.mark.parametrize("with_metadata", [False, True])
+def test_a_stream_the_upstream_breaks_off_ends_with_an_sse_error_event(dying, profile_root, with_metadata):
+    """Issue 24: the client used to get a cut-off stream and no word why. Now it gets the whole
+    events the upstream sent, never the half event, then the engines' in-band error event and
+    ``[DONE]``; the OpenAI SDK raises on it."""
+    import openai
+
+    body = {**CHAT, "stream": True, **({"app_metadata": META} if with_metadata else {})}
+    with running_gateway([dying.url], profile_root) as gw:
+        with httpx.stream("POST", gw.url + "/v1/chat/completions", json=body) as r:
+            got = b"".join(r.iter_bytes())
+        assert r.status_code == 200
+        assert got.startswith(b"".join(DyingUpstream.EVENTS))
+        rest = got[len(b"".join(DyingUpstream.EVENTS)):].split(b"\n\n")
+        assert rest[0].startswith(b'data: {"error": ')       # not the half event
+        error = json.loads(rest[0].removeprefix(b"data: "))["error"]
+        assert error["type"] == "upstream_broken" and error["code"] == 502
+        assert "mid-stream" in error["message"] and "127.0.0.1" not in error["message"]
+        assert rest[1:] == [b"data: [DONE]", b""]
+        assert metric(gw.url, "profiler_gateway_upstream_responses_total", upstream=dying.url,
+                      outcome="stream_broken") == 1
+        client = openai.OpenAI(base_url=gw.url + "/v1", api_key="x", max_retries=0)
+        with pytest.raises(openai.APIError, match="mid-stream"):
+            for _ in client.chat.completions.create(model="m", messages=CHAT["messages"], stream=True,
+                                                    extra_body=body.get("app_metadata") and
+                                                    {"app_metadata": META}):
+                pass
+        with httpx.stream("POST", gw.url + "/v1/responses",
+                          json={"model": "m", "input": "hi", "stream": True}) as r:
+            got = b"".join(r.iter_bytes())
+        event = got[len(b"".join(DyingUpstream.EVENTS)):]
+        assert event.startswith(b"event: error\ndata: ") and event.endswith(b"\n\n")
+        assert json.loads(event.split(b"data: ", 1)[1])["type"] == "error"
 
 
 def test_502_body_does_not_name_the_upstream():

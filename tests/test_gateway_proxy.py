@@ -175,6 +175,8 @@ def test_sidecar_mode_and_sidecar_down_still_serves(upstream, profile_root):
             # the observe is sent in the background, after the client has its answer
             assert wait_for(lambda: (service.predictor.session_view(WT, "s-1") or {}).get("last_output"))
             assert service.predictor.session_view(WT, "s-1")["last_output"] == {"planner": 8}
+            health = httpx.get(gw.url + "/healthz").json()
+            assert (health["status"], health["sidecar"]) == ("ok", "ok")
     # the sidecar is gone now: calls still go through, unannotated, and a counter says so
     # (a refused connection is an error at once; a short budget would turn a slow refusal on a
     # loaded machine into a timeout)
@@ -184,6 +186,10 @@ def test_sidecar_mode_and_sidecar_down_still_serves(upstream, profile_root):
             assert r.status_code == 200
             assert "sys_annotations" not in upstream.received[-1].body
         assert metric(gw.url, "profiler_gateway_annotate_total", outcome="error") == 3
+        # issue 24: /healthz said "ok" here; now it says the predictions are gone, and why
+        health = httpx.get(gw.url + "/healthz")
+        assert health.status_code == 200 and health.json()["status"] == "degraded"
+        assert health.json()["sidecar"].startswith("unreachable") and "127.0.0.1" not in health.text
 
 
 class SlowAnnotator:

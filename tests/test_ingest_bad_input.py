@@ -59,6 +59,24 @@ def test_finish_before_arrival(con, tmp_path):
     assert field == "t_finish" and reason.startswith("t_finish < t_arrival")
 
 
+@pytest.mark.parametrize("extra, field_name, starts", [
+    ({"t_first_token": 0.0}, "t_first_token", "t_first_token < t_arrival"),     # TTFT -100 s
+    ({"t_first_token": 99.5}, "t_first_token", "t_first_token < t_arrival"),
+    ({"t_first_token": 103.0}, "t_first_token", "t_first_token > t_finish"),      # after the end
+    ({"cached_tokens": 11}, "cached_tokens", "cached_tokens > input_tokens (11 > 10)"),
+])
+def test_impossible_first_token_or_cache_counts(con, tmp_path, extra, field_name, starts):
+    """Issue 24: these were accepted (a TTFT of -1.76e9 s when t_first_token was 0)."""
+    field, reason = load_one_bad(con, tmp_path, flat("bad", **extra))
+    assert field == field_name and reason.startswith(starts), reason
+
+
+def test_first_token_and_cache_at_their_bounds_are_valid(con, tmp_path):
+    path = write_jsonl(tmp_path / "edge.jsonl", [flat("a", t_first_token=100.0, cached_tokens=10),
+                                                 flat("b", t_first_token=102.0, cached_tokens=0)])
+    assert ingest.ingest(con, [path]).quarantined == 0
+
+
 def test_not_an_object(con, tmp_path):
     field, reason = load_one_bad(con, tmp_path, "[1, 2]")
     assert "not a JSON object" in reason

@@ -132,3 +132,44 @@ def test_split_reads_the_workflow_id_wherever_ingest_does(tmp_path):
     assert len(side_of) == 60 and all(len(s) == 1 for s in side_of.values())
     for p in range(3):  # each placement is split, none stuck on the train side
         assert {next(iter(side_of[str(i)])) for i in range(p, 60, 3)} == {"train", "test"}
+
+
+def test_help_shows_no_type_placeholder_on_flags():
+    """Issue 24: every flag (``--json``, ``--help``) showed ``<bool>`` although it takes no value;
+    options that take one keep their type (``<path>``)."""
+    import typer
+    from typer.testing import CliRunner
+
+    from profiler.cli import app
+
+    group = typer.main.get_command(app)
+    names = group.list_commands(group.make_context("profiler", ["--help"], resilient_parsing=True))
+    assert len(names) >= 10
+    runner = CliRunner()
+    for args in ([], *([name] for name in names)):
+        result = runner.invoke(app, [*args, "--help"], env={"COLUMNS": "200"})
+        assert result.exit_code == 0, (args, result.output)
+        assert "<bool>" not in result.output, args
+        assert "--help" in result.output
+    assert "<path>" in runner.invoke(app, ["split", "--help"], env={"COLUMNS": "200"}).output
+
+
+def test_fit_on_all_invalid_input_says_why_and_leaves_nothing_behind(tmp_path):
+    """Issue 24: every record refused used to print only "no valid calls" and leave a store
+    behind; now the first reasons are printed, exit 2, and the run's folder is gone. An existing
+    profile root is never removed."""
+    logs = tmp_path / "bad.jsonl"
+    logs.write_text('{"workflow_type_id": "a", "workflow_id": "w", "agent_id": "x", "request_id": "r1"}\n'
+                    '{"foo": 1}\n')
+    out = tmp_path / "profile"
+    proc = run("fit", str(logs), "--out", str(out), check=False)
+    assert proc.returncode == 2, proc.stderr
+    assert "no valid call to fit on" in proc.stderr and "nothing was written" in proc.stderr
+    assert f"{logs}:1: " in proc.stderr and f"{logs}:2: " in proc.stderr  # the reasons, per record
+    assert "Traceback" not in proc.stderr
+    assert not out.exists()
+    out.mkdir()
+    (out / "keep.txt").write_text("mine")
+    proc = run("fit", str(logs), "--out", str(out), check=False)
+    assert proc.returncode == 2 and f"{logs}:1: " in proc.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["keep.txt"]      # the store it made is gone

@@ -130,3 +130,60 @@ def test_refit_failures_are_visible_and_the_child_has_a_timeout(profile_root, tm
         assert metric(server.url, "profiler_sidecar_refits_total", outcome="error") == 2
         assert metric(server.url, "profiler_sidecar_refit_last_failure_timestamp_seconds") > 0
         assert httpx.get(server.url + "/v1/profile").json()["refit"]["failures"] == 2
+
+
+def test_autoscale_needs_the_token_and_rejects_tiny_positive_window_and_utilization(profile_root):
+    """Issue 24: ``/v1/autoscale`` was open and answered 500 for ``window_s=1e-320`` (the division
+    underflowed to zero) or ``utilization=1e-300`` (``ceil(inf)``: OverflowError)."""
+    service, registry = sidecar(profile_root)
+    app = create_sidecar_app(service, registry=registry, admin_token="s3cret")
+    with serve_in_thread(app) as server, httpx.Client(base_url=server.url) as c:
+        for i in range(5):  # live sessions, so the advice has rows to divide
+            assert c.post("/v1/annotate", json={"app_metadata": meta(f"a{i}"), "request_id": f"a{i}"}
+                          ).status_code == 200
+        assert c.get("/v1/autoscale").status_code == 401
+        assert c.get("/v1/autoscale", headers={"Authorization": "Bearer wrong"}).status_code == 401
+        ok = c.get("/v1/autoscale", headers=TOKEN, params={"horizon": 3, "window_s": 30})
+        assert ok.status_code == 200 and ok.json()["live_sessions"] == 5
+        for params in ({"window_s": "1e-320"}, {"window_s": "5e-324"}, {"window_s": "1e-9"},
+                       {"utilization": "1e-300"}, {"utilization": "5e-324"}, {"window_s": "1e300"},
+                       {"concurrency": str(10 ** 30)}):
+            r = c.get("/v1/autoscale", headers=TOKEN, params={"horizon": 3, **params})
+            assert r.status_code == 422, (params, r.status_code, r.text)
+            assert next(iter(params)) in r.text
+
+
+@pytest.mark.parametrize("bad, reason", [
+    ({}, "section 'agents' must be a JSON object"),
+    ({"agents": []}, "section 'agents' must be a JSON object, got a list"),
+    ({"format": 999}, "profile format 999 is not supported"),
+    ("good-but-no-agents", "profile holds no workflow type with agents"),
+    ("good-but-agents-a-list", "agents of workflow type 'coding_assistant' must be an object"),
+])
+def test_a_reload_refuses_a_profile_of_the_wrong_shape_and_keeps_serving(profile_root, tmp_path, bad, reason):
+    """Issue 24: a version whose profile.json parses but has not the fitted shape used to be
+    swapped in (every prediction unknown; with a shadow gate the types stayed in shadow mode
+    after the good version came back). Now the swap is refused with a one-line reason."""
+    from profiler.profile_artifact import current_version, load_profile, write_profile
+
+    good = load_profile(profile_root)
+    root = tmp_path / "root"
+    write_profile(root, good.data, {"sources": []})
+    service, registry = sidecar(root, gate=ShadowGate(min_calls=10))
+    app = create_sidecar_app(service, registry=registry, admin_token="s3cret")
+    with serve_in_thread(app) as server, httpx.Client(base_url=server.url, headers=TOKEN) as c:
+        before = c.post("/v1/annotate", json={"app_metadata": meta("w1"), "request_id": "r1"}).json()
+        assert before["sys_annotations"]["known"] is True
+        if bad == "good-but-no-agents":
+            bad = {**good.data, "agents": {}}
+        elif bad == "good-but-agents-a-list":
+            bad = {**good.data, "agents": {WT: ["planner"]}}
+        bad_version = write_profile(root, bad, {"sources": []}).version
+        assert current_version(root) == bad_version
+        r = c.post("/v1/reload").json()
+        assert r["reloaded"] is False and r["profile_version"] == good.version
+        assert reason in r["error"] and bad_version in r["error"] and "\n" not in r["error"]
+        assert c.get("/healthz").json()["last_reload_error"] == r["error"]
+        after = c.post("/v1/annotate", json={"app_metadata": meta("w2"), "request_id": "r2"}).json()
+        assert after["sys_annotations"]["known"] is True
+        assert c.get("/v1/profile").json()["shadow"].get(WT, {}).get("shadowed", False) is False

@@ -265,3 +265,26 @@ def test_real_full_disk_on_a_small_tmpfs(setup, small_disk):
     assert snapshot(work)["calls"] == before["calls"]
     fit_profile(setup["paths"], work, options=OPTIONS)
     assert snapshot(work) == setup["ref"]
+
+
+@pytest.mark.slow
+def test_real_file_size_limit_is_one_line_error(setup, tmp_path):
+    """Issue 24: a real RLIMIT_FSIZE (``ulimit -f``; Python ignores SIGXFSZ, so writes fail with
+    EFBIG, which DuckDB reports as "File too large") gave a 38-line traceback and exit 1. Now:
+    one line, exit 2, the store as before."""
+    import resource
+
+    work = tmp_path / "limited"
+    shutil.copytree(setup["base"], work)
+    before = snapshot(work)
+    limit = 16 * 1024  # the new batch does not fit in the WAL under it
+
+    def small_files() -> None:  # in the child only
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    run = subprocess.run([sys.executable, "-m", "profiler", "fit", *map(str, setup["paths"]), "--out", str(work), "-q"],
+                         capture_output=True, text=True, preexec_fn=small_files)
+    assert run.returncode == 2 and "Traceback" not in run.stderr, run.stderr[-3000:]
+    (line,) = run.stderr.strip().splitlines()
+    assert line.startswith("error:") and "file-size limit" in line
+    assert snapshot(work)["calls"] == before["calls"]

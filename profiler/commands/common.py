@@ -8,13 +8,41 @@ import sys
 from typing import Any, NoReturn
 
 import typer
+import typer.core
 from rich.markup import escape
 
 from profiler.commands.folding import FoldingConsole
 
+def _flags_without_type(params: list) -> list:
+    """``params`` with every boolean flag's type placeholder blanked (``metavar=""``).
+
+    Typer's rich help prints a type column for every option, and since 0.2x that column says
+    ``<bool>`` beside every flag (``--json``, ``--help``), which takes no value at all (issue 24).
+    An option's ``metavar`` replaces that column, so an empty one leaves it blank; options that
+    take a value keep theirs (``<path>``, ``<float>``)."""
+    for param in params:
+        if getattr(param, "is_bool_flag", False) and getattr(param, "metavar", "") is None:
+            param.metavar = ""
+    return params
+
+
+class _ProfilerGroup(typer.core.TyperGroup):
+    """The ``profiler`` group: its own and every sub-command's flags shown without ``<bool>``."""
+
+    def get_params(self, ctx):  # the group's own --help / --version
+        return _flags_without_type(super().get_params(ctx))
+
+    def get_command(self, ctx, cmd_name):
+        cmd = super().get_command(ctx, cmd_name)
+        if cmd is not None:
+            _flags_without_type(cmd.get_params(ctx))
+        return cmd
+
+
 #: The ``profiler`` application: every sub-command module registers itself on it at import;
 #: :mod:`profiler.cli` imports those modules (the list of commands) and runs it.
 app = typer.Typer(
+    cls=_ProfilerGroup,
     name="profiler",
     help=(
         "Mine agent request logs into workflow profiles (output-length bands, tool latencies, "

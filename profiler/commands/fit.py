@@ -40,7 +40,7 @@ def fit(
     from rich.markup import escape
 
     from profiler.data_limits import summary_lines
-    from profiler.fitting import FitOptions, fit_profile
+    from profiler.fitting import FitOptions, NoValidCallsError, fit_profile
     import duckdb
 
     from profiler.ingest import IngestError
@@ -74,6 +74,13 @@ def fit(
         else:
             profile, report = fit_profile(logs, out, db=db, options=options, strict=strict,
                                           progress=not quiet)
+    except NoValidCallsError as exc:  # every record refused: say why, like a partial ingest does
+        reasons = exc.report.first_reasons
+        if reasons:
+            err_console.print(f"  first reasons ({min(len(reasons), 5)} of {exc.report.quarantined} refused records):")
+            for reason in reasons[:5]:
+                err_console.print(f"    {reason}", markup=False, highlight=False)
+        fail(str(exc))
     except (IngestError, ValueError, KeyError) as exc:
         fail(str(exc))
     except (StoreError, OSError, duckdb.Error) as exc:  # lock conflict, read-only store or folder, full disk

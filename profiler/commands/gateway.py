@@ -40,7 +40,7 @@ def gateway(
     max_unknown_types: Annotated[int, typer.Option(help="Workflow types absent from the profile remembered for shadow mode (LRU).")] = 1000,
     refit_timeout: Annotated[str, typer.Option(help="With --refit-every: kill a refit child that runs longer than this (0 = no limit).")] = "30m",
     allow_path: Annotated[Optional[list[str]], typer.Option("--allow-path", help="Also forward this path upstream (fnmatch pattern, e.g. '/v1/rerank'); repeat. Engine admin paths are never forwarded.", rich_help_panel=HELP_FIELDS)] = None,
-    allow_client_scheduler_fields: Annotated[bool, typer.Option("--allow-client-scheduler-fields", help="Keep a client's own SGLang `priority`/`custom_params` (removed by default).", rich_help_panel=HELP_FIELDS)] = False,
+    allow_client_scheduler_fields: Annotated[bool, typer.Option("--allow-client-scheduler-fields", help="Keep a client's own scheduler fields in every dialect: `priority`, `custom_params`, `vllm_xargs`, `nvext.agent_hints`/`cache_control`, `X-Agentprof-*` headers (removed by default).", rich_help_panel=HELP_FIELDS)] = False,
     session_idle: Annotated[str, typer.Option(help="Forget a session after this long without a call.")] = "1h",
     shadow_min_calls: Annotated[int, typer.Option(help="Calls a workflow type needs in the profile before it can leave shadow mode.", rich_help_panel=HELP_SHADOW)] = 100,
     coverage_window: Annotated[int, typer.Option(help="Observed calls per workflow type in the live-coverage window.", rich_help_panel=HELP_SHADOW)] = 200,
@@ -77,6 +77,7 @@ def gateway(
     about to reach an idle pool gets a higher priority.
     """
     import uvicorn
+    from rich.markup import escape
     from prometheus_client import CollectorRegistry
 
     from serving_hooks.annotator import LocalAnnotator, SidecarAnnotator
@@ -88,7 +89,7 @@ def gateway(
     if (profile is None) == (sidecar is None):
         fail("give exactly one of --profile DIR (predict in process) or --sidecar URL")
     from serving_hooks.dialects import DIALECTS, parse_upstreams
-    from serving_hooks.identity import IdentityMap, load_identity_map
+    from serving_hooks.identity import IdentityMap, harness_identity_note, load_identity_map
     from serving_hooks.telemetry import CallTracer, otlp_tracer_provider
     from serving_hooks.policies.pools import ModelPools
     from serving_hooks.upstreams import normalize_upstream
@@ -152,6 +153,10 @@ def gateway(
     err_console.print(f"[green]gateway[/] on http://{host}:{port} → {', '.join(router.upstreams)} "
                       f"({routing}); predictions from {source}; "
                       f"{'logging to ' + str(log_dir) if log_dir else 'no call log'}")
+    if service is not None and service.predictor.profile is not None:
+        note = harness_identity_note(identity, service.predictor.profile.workflow_type_calls)
+        if note:
+            err_console.print(f"[yellow]note:[/] {escape(note)}", soft_wrap=True)
     # The upstream's Date/Server headers pass through; uvicorn must not add its own.
     uvicorn.run(app_, host=host, port=port, log_level=log_level, access_log=False,
                 server_header=False, date_header=False, timeout_graceful_shutdown=5)

@@ -37,7 +37,7 @@ def generate(
 
     Agents' output lengths follow the workload spec's mean/CV (lognormal, AR(1)-correlated for
     high-variance agents); tools have lognormal latencies (file ops ~45 ms, code execution ~180 ms
-    with a heavy tail, web calls ~1.5 s, test runs seconds). Specs live in `datasets/workloads/`.
+    with a heavy tail, web calls ~1.5 s, test runs seconds). Specs live in `profiler/workload_specs/`.
 
     `--messy` generates logs that break the models' easy assumptions on purpose (see
     docs/evaluation.md): use it for tests and benchmarks of the predictors.
