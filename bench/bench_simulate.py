@@ -115,6 +115,13 @@ def seeded_table(res: dict) -> str:
                 extra.append(f"| {name} | pre-prefilled {sum(row['preprefill_tokens']):,} tokens, used "
                              f"{sum(row['preprefill_used_tokens']):,}, wasted "
                              f"{sum(row['preprefill_wasted_tokens']):,} (all seeds) |")
+            if "capacity_decisions" in row:
+                extra.append(f"| {name} | capacity router: moved {row['capacity_moved_sessions']} sessions "
+                             f"(≈ {row['capacity_move_recompute_tokens']} prefix tokens), fallbacks "
+                             f"{row['capacity_fallbacks']} of {row['capacity_decisions']} decisions; "
+                             "routing-caused recompute "
+                             + ", ".join(f"{x:.1%}" for x in row['routing_recompute_share'])
+                             + " of prefill (per seed) |")
             if "autoscale_started" in row:
                 extra.append(f"| {name} | replicas started {row['autoscale_started']}, drained "
                              f"{row['autoscale_drained']}, GPU·s starting {row['startup_s']} (per seed) |")
