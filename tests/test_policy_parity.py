@@ -120,6 +120,7 @@ def test_gateway_router_decides_like_the_simulator(recorded, reports):
     for key in ("decisions", "fallbacks", "affinity", "moved_sessions", "move_recompute_tokens"):
         assert m[key] == counts[key], key
     assert counts["fallbacks"] > 0                 # the replay is not trivially safe everywhere
+    assert counts["moved_sessions"] > 0            # the move path is exercised on both sides
     assert counts["affinity"] > 0.5 * routes       # and sessions keep their KV
     assert len({ev[6] for ev in recorded.events if ev[0] == "route"}) == CFG.replicas
 
