@@ -19,8 +19,10 @@ priority            ``PriorityPolicy`` (alg. 3)           per *workflow*: the se
 capacity routing    ``CapacityPolicy`` (alg. 2)           ``choose`` over the replicas' in-flight
                                                           requests, each with its table of output
                                                           bounds U(α) (the risk ε is split over a
-                                                          replica's requests); the session's last
-                                                          replica when safe
+                                                          replica's requests); the session stays on
+                                                          its last replica unless it is unsafe by a
+                                                          margin, another is safe and the move is
+                                                          worth its recompute
 keep/drop           ``KeepDropPolicy`` (alg. 1 + SAGA)    at completion a ``Retention`` per session;
                                                           eviction order ``(rank at now, LRU)``
                                                           on both tiers; dropped sessions are not
