@@ -94,8 +94,8 @@ def seeded_table(res: dict) -> str:
                   + (f", CV {res['cv']}" if res.get("cv") is not None else "")
                   + f"; seeds {seeds['seeds']}; {block['sessions']} sessions)", "",
                   "| policy | avg JCT s (mean ± sd) | P95 JCT s (mean ± sd) | × vs sglang-default mean "
-                  "[min, max] | settling | evict. recompute ÷ ref† | GPU·h held |",
-                  "|---|---|---|---|---|---|---|"]
+                  "[min, max] | settling | evict. recompute ÷ ref† | routing rc | GPU·h held |",
+                  "|---|---|---|---|---|---|---|---|"]
         for name, row in per.items():
             r1 = block["policies"][name]
             rb = r1.get("recompute_vs_belady")
@@ -104,10 +104,13 @@ def seeded_table(res: dict) -> str:
             lines.append(f"| {name} | {row['avg_jct_mean']:.1f} ± {row['avg_jct_std']:.1f} | "
                          f"{row['p95_jct_mean']:.1f} ± {row['p95_jct_std']:.1f} | "
                          f"{ratio} | {sum(row['settling']) / len(row['settling']):.2f} | "
-                         f"{'–' if rb is None else f'{rb:.2f}'} | {row['gpu_held_s_mean'] / 3600:.2f} |")
+                         f"{'–' if rb is None else f'{rb:.2f}'} | "
+                         f"{sum(row['routing_recompute_share']) / len(row['routing_recompute_share']):.1%} | "
+                         f"{row['gpu_held_s_mean'] / 3600:.2f} |")
         lines.append("")
     lines.append("† first seed; ours rows: eviction-caused recompute ÷ ours-belady's; baselines: "
-                 "all recompute ÷ belady's (when it ran).")
+                 "all recompute ÷ belady's (when it ran). routing rc: prefill recomputed because a "
+                 "call ran away from the replica holding its prefix ÷ all prefill (mean over seeds).")
     extra = []
     for level, per in seeds["loads"].items():
         for name, row in per.items():
@@ -115,6 +118,13 @@ def seeded_table(res: dict) -> str:
                 extra.append(f"| {name} | pre-prefilled {sum(row['preprefill_tokens']):,} tokens, used "
                              f"{sum(row['preprefill_used_tokens']):,}, wasted "
                              f"{sum(row['preprefill_wasted_tokens']):,} (all seeds) |")
+            if "capacity_decisions" in row:
+                per_seed = zip(row["capacity_moved_sessions"], row["capacity_move_recompute_tokens"],
+                               row["capacity_fallbacks"], row["capacity_decisions"],
+                               row["routing_recompute_share"])
+                extra.append(f"| {name} | capacity router per seed: " + "; ".join(
+                    f"moved {m:,} sessions (≈ {t:,} prefix tokens), fallbacks {f:,} of {d:,}, "
+                    f"routing-caused recompute {s:.1%} of prefill" for m, t, f, d, s in per_seed) + " |")
             if "autoscale_started" in row:
                 extra.append(f"| {name} | replicas started {row['autoscale_started']}, drained "
                              f"{row['autoscale_drained']}, GPU·s starting {row['startup_s']} (per seed) |")

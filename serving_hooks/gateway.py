@@ -85,7 +85,7 @@ from predictors.contract import Annotation
 from serving_hooks.policies.pools import ModelPools, NoReplicaForModel
 from serving_hooks.policies.priority import AnnotationPriority
 from serving_hooks.metrics import (LATENCY_BUCKETS, Labeled, RequestMetricsMiddleware, render,
-                                   request_metrics)
+                                   RoutingCollector, request_metrics)
 from serving_hooks.sse import StreamFollower
 from serving_hooks.upstreams import (DEFAULT_UPSTREAM_KEEPALIVE_S, UpstreamClient, UpstreamRouter,
                                      request_model)
@@ -297,6 +297,8 @@ class Gateway:
         self.registry = registry or CollectorRegistry()
         self.service = service
         self.metrics = _GatewayMetrics(self.registry)
+        if hasattr(router, "routing_stats"):       # the capacity router's decisions and moves
+            self.registry.register(RoutingCollector("profiler_gateway", router.routing_stats))
         if self.log is not None:
             written = self.metrics.record_outcome("written")
             self.log.on_written = written.inc

@@ -188,3 +188,38 @@ class MemoryCollector(Collector):
                                     "(--max-unknown-types).", value=self.gate.max_unknown_types)
             yield CounterMetricFamily(f"{p}_unknown_workflow_types_evicted", "Unknown workflow "
                                       "types forgotten by the LRU.", value=self.gate.unknown_evicted)
+
+
+class RoutingCollector(Collector):
+    """Scrape-time view of the capacity router's counters (``CapacityRouter.metrics()``), the
+    figures the simulator reports as ``capacity_*`` for the same rule:
+
+    ``<prefix>_route_decisions_total{mode=capacity|fallback|no_report}`` (``fallback``: no
+    worker was safe by the capacity bound; the session stayed on its worker),
+    ``<prefix>_route_stale_decisions_total`` (decided with a stale load report, on the router's
+    own record), ``<prefix>_route_affinity_total`` (the session stayed on its last worker),
+    ``<prefix>_route_moved_sessions_total`` and ``<prefix>_route_move_recompute_tokens_total``
+    (sessions sent off the worker that holds their prefix, and the cached prefix tokens those
+    moves make the new worker prefill again)."""
+
+    MODES = ("capacity", "fallback", "no_report")
+
+    def __init__(self, prefix: str, stats: Callable[[], dict]) -> None:
+        self.prefix, self.stats = prefix, stats
+
+    def collect(self):
+        p, st = self.prefix, self.stats()
+        modes = CounterMetricFamily(f"{p}_route_decisions", "Routing decisions by mode (fallback: "
+                                    "no worker safe by the capacity bound).", labels=["mode"])
+        for mode in self.MODES:
+            modes.add_metric([mode], st.get(mode, 0))
+        yield modes
+        yield CounterMetricFamily(f"{p}_route_stale_decisions", "Decisions taken with a stale "
+                                  "load report (on the router's own record).", value=st.get("stale", 0))
+        yield CounterMetricFamily(f"{p}_route_affinity", "Decisions that kept a session on its "
+                                  "last worker.", value=st.get("affinity", 0))
+        yield CounterMetricFamily(f"{p}_route_moved_sessions", "Sessions sent off the worker "
+                                  "that holds their prefix.", value=st.get("moved_sessions", 0))
+        yield CounterMetricFamily(f"{p}_route_move_recompute_tokens", "Cached prefix tokens the "
+                                  "moves make another worker prefill again.",
+                                  value=st.get("move_recompute_tokens", 0))

@@ -23,15 +23,20 @@ How the choice is made
   keeps): a request sent after the last poll cannot be in the worker's count yet, so its bound
   is added to it. A request without a prediction reserves its prompt plus
   ``unknown_output_tokens`` (the profile's global band ``hi`` when the gateway has the profile).
-* With a fresh load report from every worker it asks :class:`CapacityPolicy` (Pythia alg. 2,
-  union bound): the session's last worker when it is safe, else the safe worker with the
-  largest expected headroom — a session moves only when the wait it saves exceeds rebuilding
-  its prefix, judged with each worker's drain rate (expected KV tokens, ``input + E[out]``, of the
-  requests that finished there over the last ``drain_window_s``, divided by the time observed,
-  ``min(drain_window_s, now − router start)``); if no worker is safe it counts a
-  ``fallback_least_loaded`` decision.
-* If any worker's report is missing or stale (no ``/v1/loads``, an error, a timeout), it
-  falls back to round robin over all workers and counts ``round_robin`` decisions.
+* It routes with the ledger's step (:meth:`CapacityLedger.place`, the simulator's too) and
+  :class:`CapacityPolicy` (Pythia alg. 2, union bound): a session stays on its last worker
+  (where its prefix is cached) unless that worker is unsafe by ``move_margin``, another is safe
+  and the wait the move saves exceeds rebuilding the prefix (judged with each worker's drain
+  rate: expected KV tokens, ``input + E[out]``, of the requests that finished there over the
+  last ``drain_window_s``, divided by the time observed, ``min(drain_window_s, now − router
+  start)``); with no worker safe it stays (a ``fallback`` decision); a new session goes to the
+  worker with the most headroom. Moves are counted with the prefix tokens they recompute.
+* A worker whose report is stale (older than ``stale_after_s``) or failed is judged on what
+  the router knows without it — its last reported capacity and the requests the router sent
+  there, the view the simulator's router has — so affinity is kept; counted as ``stale``.
+  Only a worker that never reported a capacity leaves the policy without input: then the
+  session's last worker, else the candidate with the fewest reserved tokens (``no_report``).
+  Nothing is ever routed round robin: that would scatter sessions off their KV.
 
 The poller runs either as an asyncio task in the caller's loop (:meth:`start` /
 :meth:`aclose`, for the FastAPI gateway's lifespan) or in a daemon thread with its own loop
@@ -72,8 +77,8 @@ class WorkerLoad:
 
 @dataclass(frozen=True)
 class RouteDecision:
-    """Where a request goes and why (``mode``: ``capacity``, ``fallback_least_loaded`` or
-    ``round_robin``)."""
+    """Where a request goes and why (``mode``: ``capacity``; ``fallback``: no worker was safe;
+    ``no_report``: a candidate never reported its capacity)."""
 
     worker: str
     mode: str
@@ -158,15 +163,17 @@ class CapacityRouter:
         self.loads_path = loads_path
         self._lock = threading.Lock()
         self._loads: dict[str, WorkerLoad] = {}
+        #: Each worker's latest reported KV capacity (kept when its reports go stale or fail).
+        self._capacity: dict[str, int] = {}
         self.unknown_output_tokens = int(unknown_output_tokens)
         self.ledger = CapacityLedger(self.workers, drain_window_s=drain_window_s,
                                      max_sessions=max_sessions, started_at=clock())
-        self._rr = itertools.count()
+        self._turn = itertools.count()
         self._counters: dict[str, int] = {
             "capacity": 0,
-            "fallback_least_loaded": 0,
-            "round_robin": 0,
-            "affinity": 0,
+            "fallback": 0,
+            "no_report": 0,
+            "stale": 0,
             "poll_ok": 0,
             "poll_errors": 0,
         }
@@ -213,33 +220,57 @@ class CapacityRouter:
         now = self.clock()
         cands = self.workers if workers is None else [w.rstrip("/") for w in workers]
         with self._lock:
-            states = self._replica_states(now, cands)
+            states, stale = self._replica_states(now, cands)
             if states is None:
-                worker = cands[next(self._rr) % len(cands)]
-                decision = RouteDecision(worker, "round_robin")
+                decision = self._without_capacity(session_id, req, cands, request_id, now)
             else:
-                placement = self.policy.choose(
-                    states, req.input_tokens, req.predicted_hi, alpha, req.expected_out,
-                    last_replica=self.ledger.last_replica(session_id), upper_bounds=req.upper_bounds,
-                )
-                mode = "fallback_least_loaded" if placement.fallback else "capacity"
-                decision = RouteDecision(placement.replica, mode, placement)
-                if placement.affinity:
-                    self._counters["affinity"] += 1
+                placement = self.ledger.place(self.policy, states, req, now, session=session_id or None,
+                                              alpha=alpha, request_id=request_id)
+                decision = RouteDecision(placement.replica, "fallback" if placement.fallback else "capacity",
+                                         placement)
+                self._counters["stale"] += stale
             self._counters[decision.mode] += 1
-            if request_id is not None:
-                self.ledger.start(request_id, decision.worker, req, now, session=session_id or None)
         return decision
 
-    def _replica_states(self, now: float, workers: Sequence[str]) -> list[ReplicaState] | None:
+    def _without_capacity(self, session_id: str | None, req: ActiveRequest, cands: Sequence[str],
+                          request_id: str | None, now: float) -> RouteDecision:
+        """A candidate never reported its capacity: the session's last worker among ``cands``,
+        else the one with the fewest reserved tokens (ties taken in turn); counted and reserved
+        by the ledger like every decision."""
+        session = session_id or None
+        home = self.ledger.last_replica(session)
+        if home in cands:
+            worker = home
+        else:
+            reserved = self.ledger.bound_tokens()
+            start = next(self._turn)
+            order = [cands[(start + i) % len(cands)] for i in range(len(cands))]
+            worker = min(order, key=lambda w: reserved.get(w, 0))
+        placement = Placement(worker, fallback=False, affinity=worker == home)
+        self.ledger.stats.count(placement, home, self.ledger.cached_prefix(session, req.input_tokens))
+        if request_id is not None:
+            self.ledger.start(request_id, worker, req, now, session=session)
+        return RouteDecision(worker, "no_report", placement)
+
+    def _replica_states(self, now: float, workers: Sequence[str]) -> tuple[list[ReplicaState] | None, bool]:
+        """The policy's view of ``workers`` and whether a report was stale: a fresh report adds
+        the worker's own token count; a stale or failed one leaves the router's own (the last
+        capacity, the requests it sent: the simulator's view). None: a capacity never known."""
         states = []
+        stale = False
         for w in workers:
+            cap = self._capacity.get(w)
+            if cap is None:
+                return None, False
             load = self._loads.get(w)
             if load is None or now - load.fetched_at > self.stale_after_s:
-                return None
-            states.append(self.ledger.state(w, load.capacity_tokens, now, reported_tokens=load.reported_tokens,
-                                            reported_at=load.requested_at))
-        return states
+                stale = True
+                states.append(self.ledger.state(w, cap, now))
+            else:
+                states.append(self.ledger.state(w, load.capacity_tokens, now,
+                                                reported_tokens=load.reported_tokens,
+                                                reported_at=load.requested_at))
+        return states, stale
 
     # -------------------------------------------------------------- in-flight
     def on_start(
@@ -275,6 +306,7 @@ class CapacityRouter:
             else:
                 self._counters["poll_ok"] += 1
                 self._loads[worker] = load
+                self._capacity[worker] = load.capacity_tokens
                 self.ledger.note_queue_depths({worker: load.waiting_requests})
 
     # ------------------------------------------------------------------ views
@@ -294,9 +326,12 @@ class CapacityRouter:
             return dict(self._loads)
 
     def metrics(self) -> dict[str, int]:
-        """Decision and poll counters (``fallback_least_loaded``: no replica was safe)."""
+        """Decision and poll counters: decisions by mode (``capacity``, ``fallback``: no worker
+        was safe, ``no_report``), ``stale`` (decided with a stale report), and the ledger's
+        ``decisions``, ``fallbacks``, ``affinity``, ``moved_sessions`` and
+        ``move_recompute_tokens`` (the simulator's ``capacity_*`` figures)."""
         with self._lock:
-            return dict(self._counters)
+            return {**self._counters, **self.ledger.stats.as_dict()}
 
     # ---------------------------------------------------------------- polling
     async def _poll_worker(self, client: httpx.AsyncClient, worker: str) -> None:

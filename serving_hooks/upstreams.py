@@ -10,8 +10,9 @@ Two implementations:
 
 * :class:`RoundRobinRouter` — cycles through the ``--upstream`` URLs; no state per request.
 * :class:`CapacityRouting` — adapts :class:`serving_hooks.routing.CapacityRouter` (Pythia alg. 2:
-  refuse a worker whose KV capacity the predicted upper bounds could overflow; it polls each
-  worker's ``GET /v1/loads`` and falls back to round robin when they do not report). It needs the
+  refuse a worker whose KV capacity the predicted upper bounds could overflow, keep a session
+  on the worker that holds its prefix; it polls each worker's ``GET /v1/loads`` and, when a
+  report is stale, judges on its own record of what it sent — never round robin). It needs the
   prompt size before the upstream has tokenized it: :func:`estimate_prompt_tokens` uses
   characters / 4, the usual rule of thumb for English text under BPE tokenizers.
 
@@ -141,6 +142,10 @@ class CapacityRouting:
     def queue_depths(self) -> dict[str, int]:
         """Waiting requests per upstream from the latest ``/v1/loads`` reports."""
         return self.router.queue_depths()
+
+    def routing_stats(self) -> dict[str, int]:
+        """The router's decision counters (the gateway's ``/metrics`` reads them at scrape)."""
+        return self.router.metrics()
 
     async def start(self) -> None:
         await self.router.start()

@@ -16,6 +16,11 @@ prefill_tokens          prompt tokens computed (misses, recomputes, the first-ti
 recomputed_prefill_tokens  tokens computed again: evicted, on another replica, or preempted
 eviction_/routing_/preemption_recomputed_tokens  recompute by cause: a segment this replica
                         held and evicted / one computed on another replica / a preempted call's
+routing_recompute_share  routing-caused recompute ÷ prefill_tokens (the prefill a router's moves
+                        cost); ours' rows also carry the router's ``capacity_decisions``,
+                        ``capacity_fallbacks`` (no replica safe), ``capacity_affinity``,
+                        ``capacity_moved_sessions`` and ``capacity_move_recompute_tokens`` (its
+                        own estimate of the moves' recompute, ``simulator.ours.ours_stats``)
 recompute_vs_belady     baselines: recomputed ÷ that of ``belady``; ours and its variants:
                         eviction-caused recompute ÷ that of ``ours-belady`` (same routing and
                         scheduling, Bélády eviction); ``recompute_reference`` says which
@@ -53,6 +58,8 @@ def summarize(res: SimResult, measured: np.ndarray | None = None) -> dict:
     host_hit = sum(r.host_hit for r in reqs)
     span = max(res.makespan_s, 1e-9)
     idle = sum(max(span - b, 0.0) for b in res.replica_busy_s)
+    prefill = int(sum(r.computed for r in reqs))
+    routing_rc = int(sum(r.recomputed - r.recomputed_evict - r.recomputed_preempt for r in reqs))
     return {
         "avg_jct_s": float(jct.mean()),
         "p50_jct_s": float(np.percentile(jct, 50)),
@@ -64,12 +71,12 @@ def summarize(res: SimResult, measured: np.ndarray | None = None) -> dict:
         "gpu_hit_ratio": float(gpu_hit / max(inp, 1)),
         "host_hit_ratio": float(host_hit / max(inp, 1)),
         "reuse_hit_ratio": float((gpu_hit + host_hit) / max(reusable, 1)),
-        "prefill_tokens": int(sum(r.computed for r in reqs)),
+        "prefill_tokens": prefill,
         "recomputed_prefill_tokens": int(sum(r.recomputed for r in reqs)),
         "eviction_recomputed_tokens": int(sum(r.recomputed_evict for r in reqs)),
         "preemption_recomputed_tokens": int(sum(r.recomputed_preempt for r in reqs)),
-        "routing_recomputed_tokens": int(sum(r.recomputed - r.recomputed_evict - r.recomputed_preempt
-                                             for r in reqs)),
+        "routing_recomputed_tokens": routing_rc,
+        "routing_recompute_share": float(routing_rc / max(prefill, 1)),
         "preemptions": int(res.preemptions),
         "gpu_idle_s": float(idle),
         "gpu_idle_share": float(idle / (span * len(res.replica_busy_s))),

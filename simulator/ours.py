@@ -19,8 +19,10 @@ priority            ``PriorityPolicy`` (alg. 3)           per *workflow*: the se
 capacity routing    ``CapacityPolicy`` (alg. 2)           ``choose`` over the replicas' in-flight
                                                           requests, each with its table of output
                                                           bounds U(α) (the risk ε is split over a
-                                                          replica's requests); the session's last
-                                                          replica when safe
+                                                          replica's requests); the session stays on
+                                                          its last replica unless it is unsafe by a
+                                                          margin, another is safe and the move is
+                                                          worth its recompute
 keep/drop           ``KeepDropPolicy`` (alg. 1 + SAGA)    at completion a ``Retention`` per session;
                                                           eviction order ``(rank at now, LRU)``
                                                           on both tiers; dropped sessions are not
@@ -127,7 +129,8 @@ class CapacityRouter(Router):
     """``CapacityPolicy.choose`` over the replicas' in-flight requests (see the module table).
 
     The router knows what a gateway knows, kept in the same :class:`CapacityLedger` the gateway's
-    router drives: the requests it sent (input, predicted bounds, from the call's annotation by
+    router drives, and routes with the same step (``CapacityLedger.place``: the policy's choice
+    with the session's last replica and cached prefix, counted and reserved): the requests it sent (input, predicted bounds, from the call's annotation by
     :func:`capacity_request`, exactly as the gateway builds them) and when they finished, from
     which the ledger measures each replica's drain rate (KV tokens of finished requests per
     second over the last ``drain_window_s``), which the policy uses to tell whether moving a
@@ -144,7 +147,12 @@ class CapacityRouter(Router):
         self.risk_split = risk_split
         self.drain_window_s = drain_window_s
         self.ledger: CapacityLedger | None = None
-        self.counts = {"decisions": 0, "fallbacks": 0, "affinity": 0, "moved": 0}
+
+    @property
+    def counts(self) -> dict[str, int]:
+        """The ledger's routing counters (``RoutingStats``: decisions, fallbacks, affinity,
+        moved_sessions, move_recompute_tokens), the keys the gateway's metrics use."""
+        return self.ledger.stats.as_dict()
 
     def bind(self, sim: Simulator) -> None:
         super().bind(sim)
@@ -168,18 +176,10 @@ class CapacityRouter(Router):
         request = capacity_request(req.call.request_id, req.call.input_tokens, ann, str(req.wf),
                                    default_alpha=self.policy.default_alpha,
                                    unknown_output_tokens=self.feed.global_hi, risk_split=self.risk_split)
-        home = ledger.last_replica(key)
-        placement = self.policy.choose(
-            states, request.input_tokens, request.predicted_hi,
-            alpha=request.alpha if ann is not None and ann.known else None,
-            expected_out=request.expected_out, last_replica=home, upper_bounds=request.upper_bounds)
-        r = int(placement.replica)
-        self.counts["decisions"] += 1
-        self.counts["fallbacks"] += placement.fallback
-        self.counts["affinity"] += placement.affinity
-        self.counts["moved"] += home is not None and placement.replica != home
-        ledger.start(req.idx, placement.replica, request, now, session=key)
-        return r
+        placement = ledger.place(
+            self.policy, states, request, now, session=key,
+            alpha=request.alpha if ann is not None and ann.known else None, request_id=req.idx)
+        return int(placement.replica)
 
     def on_finish(self, req: Request) -> None:
         self.ledger.finish(req.idx, self.sim.now)
@@ -549,7 +549,8 @@ def ours_stats(policy: Policy) -> dict[str, Any]:
             out["capacity_fallbacks"] = part.counts["fallbacks"]
             out["capacity_decisions"] = part.counts["decisions"]
             out["capacity_affinity"] = part.counts["affinity"]
-            out["capacity_moved_sessions"] = part.counts["moved"]
+            out["capacity_moved_sessions"] = part.counts["moved_sessions"]
+            out["capacity_move_recompute_tokens"] = part.counts["move_recompute_tokens"]
         elif isinstance(part, KeepDropCache):
             out["retention_decisions"] = dict(part.counts)
         elif isinstance(part, HostPrefetch):

@@ -115,7 +115,7 @@ class PrePrefill(Part):
                    "pos": pos, "ctx": pos + total, "total": total, "take": 0}
             self.jobs[replica] = job
             self.counts["jobs"] += 1
-            self._set_home(key, replica)
+            self._set_home(key, replica, pos + total)
             return job
         return None
 
@@ -222,11 +222,11 @@ class PrePrefill(Part):
         home = getattr(router, "home", None)
         return home.get(key) if isinstance(home, dict) else None
 
-    def _set_home(self, key: object, replica: int) -> None:
+    def _set_home(self, key: object, replica: int, prefix_tokens: int = 0) -> None:
         router = self.sim.policy.router
         ledger = getattr(router, "ledger", None)
-        if ledger is not None:
-            ledger.note_session(key, str(replica))
+        if ledger is not None:     # the prefix a move away from it would recompute
+            ledger.note_session(key, str(replica), prefix_tokens)
             return
         home = getattr(router, "home", None)
         if isinstance(home, dict):

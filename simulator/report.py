@@ -15,6 +15,9 @@ COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("host hit", "host_hit_ratio", "{:.2f}"),
     ("recomputed tok", "recomputed_prefill_tokens", "{:,}"),
     ("÷ belady†", "recompute_vs_belady", "{:.2f}"),
+    ("routing rc", "routing_recompute_share", "{:.1%}"),
+    ("moved", "capacity_moved_sessions", "{:,}"),
+    ("fallbacks", "capacity_fallbacks", "{:,}"),
     ("preempt", "preemptions", "{:,}"),
     ("GPU idle", "gpu_idle_share", "{:.1%}"),
     ("GPU·s held", "gpu_held_s", "{:,.0f}"),
@@ -23,7 +26,10 @@ COLUMNS: tuple[tuple[str, str, str], ...] = (
 
 RECOMPUTE_NOTE = ("† baselines: all recomputed prefill ÷ that of belady (session affinity, FCFS); "
                   "ours and its variants: eviction-caused recompute ÷ that of ours-belady (same "
-                  "routing and scheduling, Bélády eviction). oracle-srpt is a reference "
+                  "routing and scheduling, Bélády eviction). routing rc: prefill recomputed because "
+                  "a call ran on another replica than the one that held its prefix, ÷ all prefill; "
+                  "moved / fallbacks: sessions the capacity router sent off their replica / "
+                  "decisions with no replica safe (ours only). oracle-srpt is a reference "
                   "(clairvoyant queue order, affinity routing, LRU), not a ceiling.")
 
 

@@ -463,7 +463,10 @@ def compare_seeds(prep: Prepared, policies: Sequence[str], loads: Sequence[str],
                    "avg_jct_mean": float(np.mean(avg)), "avg_jct_std": float(np.std(avg, ddof=1)) if len(avg) > 1 else 0.0,
                    "p95_jct_mean": float(np.mean(p95))}
             for key in ("preprefill_tokens", "preprefill_used_tokens", "preprefill_wasted_tokens",
-                        "autoscale_started", "autoscale_drained", "startup_s"):
+                        "autoscale_started", "autoscale_drained", "startup_s",
+                        "routing_recomputed_tokens", "prefill_tokens", "routing_recompute_share",
+                        "capacity_decisions", "capacity_fallbacks", "capacity_moved_sessions",
+                        "capacity_move_recompute_tokens"):
                 vals = [r["loads"][level]["policies"][name].get(key) for r in runs]
                 if all(v is not None for v in vals):
                     row[key] = vals

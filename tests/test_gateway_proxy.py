@@ -287,5 +287,9 @@ def test_capacity_routing_seam_uses_the_workers_load_reports(profile_root):
                                json={**CHAT, "app_metadata": {**META, "workflow_id": f"cap-{i}"}})
                 assert r.status_code == 200
             decisions = router.router.metrics()
-            assert decisions["capacity"] == 6 and decisions["round_robin"] == 0
+            assert decisions["capacity"] == 6 and decisions["no_report"] == 0
+            assert decisions["decisions"] == 6 and decisions["moved_sessions"] == 0
+            text = httpx.get(server.url + "/metrics").text    # the same counters, scraped
+            assert 'profiler_gateway_route_decisions_total{mode="capacity"} 6.0' in text
+            assert "profiler_gateway_route_moved_sessions_total 0.0" in text
             assert not any(router.router.inflight().values())   # every finish was reported

@@ -4,8 +4,10 @@ A real simulation (``ours`` on a generated coding-assistant replay, profile fit 
 split) records every routing event — each call's arrival with its annotation contract and every
 completion, at simulated time — and the same sequence is fed to the gateway's
 :class:`serving_hooks.routing.CapacityRouter` (injected clock, workers that report zero tokens
-of their own: the simulator has no load reports, it counts only what it sent). Every decision
-must be the same replica. Likewise the SGLang plugin's priority book (``admit_request`` on
+of their own: the simulator has no load reports, it counts only what it sent) — once with fresh
+reports and once with every report stale (the gateway then judges on its own record, as the
+simulator does, and keeps affinity: never round robin). Every decision must be the same replica,
+and the routing counters (fallbacks, moved sessions and the recompute they cost) the same. Likewise the SGLang plugin's priority book (``admit_request`` on
 requests carrying the gateway's ``custom_params``) must hold, for every session, the reference
 the simulator's ``PriorityScheduler`` holds, and give the same integer priority up to SGLang's
 integer transport (±1).
@@ -21,6 +23,7 @@ import pytest
 from predictors.contract import Annotation, to_sglang_custom_params
 from serving_hooks.policies import CallView, PriorityPolicy
 from serving_hooks.policies.bookkeeping import CapacityLedger, capacity_request
+from serving_hooks.policies.capacity import ActiveRequest, CapacityPolicy
 from serving_hooks.routing import CapacityRouter, WorkerLoad
 from serving_hooks.sglang_plugin.priority_hooks import admit_request
 from serving_hooks.sglang_plugin.settings import PluginSettings
@@ -78,19 +81,24 @@ def recorded(tmp_path_factory):
     return SimpleNamespace(events=events, router=router, sched=sched, feed=feed)
 
 
-def test_gateway_router_decides_like_the_simulator(recorded):
+@pytest.mark.parametrize("reports", ["fresh", "stale"])
+def test_gateway_router_decides_like_the_simulator(recorded, reports):
     sim_router = recorded.router
     now = [0.0]
     gateway = CapacityRouter([str(i) for i in range(CFG.replicas)], policy=sim_router.policy,
                              clock=lambda: now[0], drain_window_s=sim_router.drain_window_s,
-                             unknown_output_tokens=recorded.feed.global_hi, max_sessions=10**9)
+                             unknown_output_tokens=recorded.feed.global_hi, max_sessions=10**9,
+                             stale_after_s=1e-6)
+    for w in gateway.workers:   # one report at t = 0: stale from the first decision on
+        gateway.note_load(w, WorkerLoad(CFG.kv_capacity_tokens, 0, 0, -1.0, -1.0))
     routes = moved = fallbacks = 0
     for ev in recorded.events:
         if ev[0] == "issue":
             continue
         now[0] = ev[1]
-        for w in gateway.workers:  # a fresh poll right now: the worker counts nothing of its own
-            gateway.note_load(w, WorkerLoad(CFG.kv_capacity_tokens, 0, 0, now[0], now[0]))
+        if reports == "fresh":  # a fresh poll right now: the worker counts nothing of its own
+            for w in gateway.workers:
+                gateway.note_load(w, WorkerLoad(CFG.kv_capacity_tokens, 0, 0, now[0], now[0]))
         if ev[0] == "finish":
             gateway.on_finish(str(ev[2]))
             continue
@@ -98,17 +106,59 @@ def test_gateway_router_decides_like_the_simulator(recorded):
         last = gateway.ledger.last_replica(str(wf))
         decision = gateway.decide_annotated(str(idx), str(wf), input_tokens, ann)
         assert decision.worker == chosen, (t, idx, decision)
-        assert decision.mode in ("capacity", "fallback_least_loaded")
+        assert decision.mode in ("capacity", "fallback")
         routes += 1
         moved += last is not None and last != chosen
-        fallbacks += decision.mode == "fallback_least_loaded"
+        fallbacks += decision.mode == "fallback"
     counts = sim_router.counts
     assert routes == counts["decisions"] > 100
     unknown = sum(1 for ev in recorded.events if ev[0] == "route" and not ev[5].known)
     assert 0 < unknown < routes
-    assert moved == counts["moved"] and fallbacks == counts["fallbacks"]
-    assert counts["moved"] > 0 or counts["fallbacks"] > 0     # the replay is not trivially sticky
+    assert moved == counts["moved_sessions"] and fallbacks == counts["fallbacks"]
+    m = gateway.metrics()
+    assert m["stale"] == (routes if reports == "stale" else 0)
+    for key in ("decisions", "fallbacks", "affinity", "moved_sessions", "move_recompute_tokens"):
+        assert m[key] == counts[key], key
+    assert counts["fallbacks"] > 0                 # the replay is not trivially safe everywhere
+    assert counts["moved_sessions"] > 0            # the move path is exercised on both sides
+    assert counts["affinity"] > 0.5 * routes       # and sessions keep their KV
     assert len({ev[6] for ev in recorded.events if ev[0] == "route"}) == CFG.replicas
+
+
+def test_one_rule_moves_a_session_only_off_a_replica_unsafe_by_a_margin():
+    """The ledger's routing step (both routers call it) by hand: stay home when nothing is safe,
+    stay when home overflows by less than the margin, move when it overflows by more, another
+    replica is safe and the wait saved exceeds the rebuild; each move counted with its prefix."""
+    pol = CapacityPolicy(prefill_s_per_token=1e-3, move_margin=0.1)
+    ledger = CapacityLedger(["home", "other"], started_at=0.0)
+    req = lambda rid, inp, hi: ActiveRequest(rid, inp, hi, 0.01, "s", (), hi / 2)   # noqa: E731
+    first = ledger.place(pol, [ledger.state("home", 1000, 0.0), ledger.state("other", 1000, 0.0)],
+                         req("a", 200, 100), 0.0, session="s", request_id="a")
+    assert first.replica == "home" and not first.moved          # a tie: the first, a new session
+    assert ledger.cached_prefix("s", 500) == 250                 # 200 in + 50 expected out
+    ledger.start("busy", "other", ActiveRequest("busy", 600, 300, 0.01), 0.0)
+    # home holds a (300 bound) + 700 + 100 > 1000 by 100 (10 %: within the margin); other is not
+    # safe either (900 + 800): stays home, a fallback
+    p = ledger.place(pol, [ledger.state("home", 1000, 0.0), ledger.state("other", 1000, 0.0)],
+                     req("b", 700, 100), 0.0, session="s")
+    assert p.replica == "home" and p.affinity and p.fallback
+    ledger.finish("busy", 1.0)      # other is empty now (home has no drain rate yet)
+    states = [ledger.state("home", 1000, 1.0), ledger.state("other", 1000, 1.0)]
+    # overflow 300 + 750 + 50 − 1000 = 100: unsafe, not by more than the margin -> home
+    p = ledger.place(pol, states, req("c", 750, 50), 1.0, session="s")
+    assert p.replica == "home" and not p.fallback and not p.moved
+    # a bigger call overflows by 300 + 900 + 300 − 1000 = 500 > 100; home has no drain rate:
+    # expected headroom 1000 − 250 − 1050 < 0, other 1000 − 1050 < 0 -> no fit -> stays
+    p = ledger.place(pol, states, req("d", 900, 300), 1.0, session="s")
+    assert p.replica == "home"
+    # 850 + 50: overflow 200 > 100; home expects 1000 − 250 − 875 < 0, other fits (125 >= 0),
+    # gain 125 − (−125) = 250 > 5 % -> moves, its 250-token prefix counted
+    p = ledger.place(pol, states, req("e", 850, 50), 1.0, session="s", request_id="e")
+    assert p.replica == "other" and p.moved and p.recompute_tokens == 250
+    st = ledger.stats.as_dict()
+    assert st == {"decisions": 5, "fallbacks": 2, "affinity": 3, "moved_sessions": 1,
+                  "move_recompute_tokens": 250}
+    assert ledger.last_replica("s") == "other"
 
 
 def _plugin(policy: PriorityPolicy, now: list[float]) -> PluginState:

@@ -81,7 +81,8 @@ def test_request_that_would_overflow_under_the_predicted_bound_is_not_sent_there
     assert w0.url not in chosen  # 900 + 250 > 1000 on w0, every time
     assert router.inflight()[w1.url] == 750 and router.inflight()[w0.url] == 0
     m = router.metrics()
-    assert m["capacity"] == 5 and m["fallback_least_loaded"] == 1
+    assert m["capacity"] == 5 and m["fallback"] == 1 and m["fallbacks"] == 1
+    assert m["decisions"] == 6 and m["moved_sessions"] == 0      # six new sessions: nothing moved
 
     # finishing requests frees their bounds: w1 is safe again
     for i in range(6):
@@ -90,7 +91,7 @@ def test_request_that_would_overflow_under_the_predicted_bound_is_not_sent_there
     # 600 + 300 fits only on w1 (100 + 900 <= 1000; w2 3500 + 900 > 4000)
     assert router.decide("sY", 600, 300).worker == w1.url
     # 700 + 300 fits nowhere: least-loaded fallback, never a silent overflow claim
-    assert router.decide("sZ", 700, 300).mode == "fallback_least_loaded"
+    assert router.decide("sZ", 700, 300).mode == "fallback"
 
 
 def test_union_bound_refuses_a_worker_with_many_risky_requests(workers):
@@ -109,14 +110,40 @@ def test_union_bound_refuses_a_worker_with_many_risky_requests(workers):
     assert router.decide("s2", 100, 100, alpha=0.005).worker == w2.url
 
 
-def test_round_robin_when_a_worker_has_no_loads_endpoint(workers):
+def test_a_worker_without_loads_endpoint_keeps_affinity_never_round_robin(workers):
     workers[2].has_loads = False
     router = CapacityRouter([w.url for w in workers])
     router.poll_once_blocking()
-    picks = [router.decide(None, 150, 100).worker for _ in range(6)]
-    assert picks == [w.url for w in workers] * 2  # even the nearly-full w0: no capacity view
+    # no capacity known for w2: new sessions go to the fewest reserved tokens (in turn on ties),
+    # a returning session to its last worker, whatever the turn
+    first = [router.decide(f"s{i}", 150, 100, request_id=f"r{i}").worker for i in range(3)]
+    assert sorted(first) == sorted(w.url for w in workers)       # spread, not piled on one
+    again = [router.decide(f"s{i}", 150, 100, request_id=f"q{i}").worker for i in range(3)]
+    assert again == first
     m = router.metrics()
-    assert m["round_robin"] == 6 and m["poll_errors"] == 1 and m["poll_ok"] == 2
+    assert m["no_report"] == 6 and m["poll_errors"] == 1 and m["poll_ok"] == 2
+    assert m["affinity"] == 3 and m["moved_sessions"] == 0 and "round_robin" not in m
+
+
+def test_a_stale_report_keeps_the_session_on_its_worker(workers):
+    """Reports older than ``stale_after_s`` are judged on the router's own record (the last
+    capacity, the requests it sent): the session stays where its prefix is."""
+    w0, w1, w2 = workers
+    now = [0.0]
+    router = CapacityRouter([w.url for w in workers], clock=lambda: now[0], stale_after_s=1.0)
+    router.poll_once_blocking()
+    d = router.decide("sess", 150, 100, request_id="a")
+    assert d.worker == w1.url and d.mode == "capacity" and router.metrics()["stale"] == 0
+    router.on_finish("a")
+    now[0] = 5.0                      # every report is 5 s old now
+    for i in range(4):
+        d = router.decide("sess", 150, 100, request_id=f"b{i}")
+        assert d.worker == w1.url and d.placement.affinity
+    m = router.metrics()
+    assert m["stale"] == 4 and m["moved_sessions"] == 0 and m["decisions"] == 5
+    # on the router's own record w0 is empty (its 900 reported tokens are stale): a new
+    # session takes the most headroom there
+    assert router.decide("new", 150, 100).worker == w2.url   # 4000 capacity, nothing sent
 
 
 def test_background_poller_follows_load_changes_and_affinity(workers):
@@ -140,9 +167,10 @@ def test_background_poller_follows_load_changes_and_affinity(workers):
         assert d.worker == w1.url and d.placement.affinity  # the session's last worker wins the tie
     finally:
         router.stop_background()
-    # reports go stale once polling stops: the router falls back to round robin
+    # reports go stale once polling stops: the session still goes to its last worker
     router.stale_after_s = 0.0
-    assert router.decide(None, 1, 1).mode == "round_robin"
+    d = router.decide("sess", 1, 1)
+    assert d.worker == w1.url and d.mode == "capacity" and router.metrics()["stale"] >= 1
 
 
 def test_parse_loads_shapes():

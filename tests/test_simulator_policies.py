@@ -10,6 +10,7 @@ from simulator.config import ClusterConfig
 from simulator.engine import Request, Simulator
 from simulator.ours import CapacityRouter, HostPrefetch, KeepDropCache, PriorityScheduler, build_ours
 from simulator.runner import prepare, simulate, arrival_times
+from simulator.report import markdown
 from simulator.sources import make_predictor
 from simulator.workload import workload_from_records
 from tests.simulator_helpers import STEP, rec
@@ -244,6 +245,16 @@ def test_capacity_router_keeps_a_session_home_and_measures_drain(coding):
         moved += r.wf in homes and homes[r.wf] != r.replica
         homes[r.wf] = r.replica
     assert moved == row["capacity_moved_sessions"]
+    # each move is counted with the prefix it recomputes; the figures reach the table
+    assert (row["capacity_move_recompute_tokens"] > 0) == (moved > 0)
+    assert row["routing_recompute_share"] == row["routing_recomputed_tokens"] / row["prefill_tokens"]
+    result = {"workload": "coding", "workload_summary": {"workflows": row["workflows"]},
+              "arrivals": "poisson",
+              "loads": {"peak": {"load_share": 1.0, "rate_wf_per_s": 0.05, "policies": {"ours": row}}}}
+    table = markdown(result)
+    assert "| routing rc | moved | fallbacks |" in table
+    assert (f"| {row['routing_recompute_share']:.1%} | {row['capacity_moved_sessions']:,} | "
+            f"{row['capacity_fallbacks']:,} |") in table
     policy = build_ours(make_predictor(coding.profile))
     sim = Simulator(coding.workload, policy, cfg, arr)
     router: CapacityRouter = policy.router

@@ -77,6 +77,8 @@ def test_recompute_is_split_by_cause():
     row = summarize(Simulator(wl, BASELINES["sglang-rr"](), cfg(), [0.0]).run())
     assert row["routing_recomputed_tokens"] > 0
     assert row["eviction_recomputed_tokens"] == 0
+    assert row["routing_recompute_share"] == row["routing_recomputed_tokens"] / row["prefill_tokens"]
+    assert 0 < row["routing_recompute_share"] < 1
     # eviction-caused: one small replica; B's prompt evicts A's conversation during A's tool gap
     wl = workload_from_records([
         rec("A", 1, 0.0, 0.5, 1000, 10), rec("A", 2, 10.5, 11.0, 1100, 5),
@@ -86,6 +88,6 @@ def test_recompute_is_split_by_cause():
                     [0.0, 2.0]).run()
     row = summarize(res)
     assert row["eviction_recomputed_tokens"] > 0
-    assert row["routing_recomputed_tokens"] == 0
+    assert row["routing_recomputed_tokens"] == 0 and row["routing_recompute_share"] == 0.0
     assert row["eviction_recomputed_tokens"] + row["preemption_recomputed_tokens"] \
         == row["recomputed_prefill_tokens"]

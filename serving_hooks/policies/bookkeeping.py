@@ -16,8 +16,11 @@ monotonic scale); callers that share an object across threads hold their own loc
     (:func:`capacity_request` turns an annotation into one) and the sums over them that the
     capacity check reads (``ActiveTotals``, kept on start/finish, so that a decision does not
     sum every request in flight again), the tokens released by finished
-    ones over the last ``drain_window_s`` (the drain rate), each session's last replica, and the
-    replicas' waiting-queue depths (the idle-downstream input of the priority rule).
+    ones over the last ``drain_window_s`` (the drain rate), each session's last replica and the
+    prefix it holds there, the replicas' waiting-queue depths (the idle-downstream input of the
+    priority rule), and the routing counters (:class:`RoutingStats`: decisions, fallbacks,
+    affinity, sessions moved and the recompute the moves cost). :meth:`CapacityLedger.place` is
+    the routing step both routers call: the policy's choice, counted and reserved.
 :class:`SessionPriorityBook`
     per session, the score of its latest *predicted* call and when it arrived; a call without a
     prediction keeps its session's score (aged), a session never predicted gets
@@ -33,6 +36,9 @@ Decisions shared by every caller (each was a divergence between two hand-kept co
   call: half its bound), which the drain rate and the expected headroom use;
 * the drain rate divides the tokens released in the window by the time actually observed,
   ``min(drain_window_s, now − started_at)``, so a fresh ledger does not under-read it;
+* a session's cached prefix on its last replica is its latest request's ``input + E[out]``
+  tokens (what the next call's prompt shares with it); a move is counted with
+  ``min(next input, that prefix)`` tokens of recompute;
 * an unknown call leaves its session's priority score unchanged (it carries no new knowledge of
   the remaining work), it does not reset it to ``unknown_score``.
 """
@@ -44,7 +50,8 @@ from dataclasses import dataclass
 from types import MappingProxyType
 
 from predictors.contract import Annotation
-from serving_hooks.policies.capacity import ActiveRequest, ActiveTotals, BoundTable, ReplicaState
+from serving_hooks.policies.capacity import (ActiveRequest, ActiveTotals, BoundTable, CapacityPolicy,
+                                             Placement, ReplicaState)
 from serving_hooks.policies.priority import PriorityPolicy
 
 #: Output bound of a call without a prediction when the caller knows no better (tokens).
@@ -77,6 +84,37 @@ def capacity_request(request_id: Hashable, input_tokens: int, annotation: Annota
     table: BoundTable = tuple(annotation.output_len_upper) if known and risk_split else ()
     return ActiveRequest(request_id, int(input_tokens), hi, alpha,
                          None if session is None else str(session), table, expected)
+
+
+@dataclass
+class RoutingStats:
+    """Counters of a router's decisions (the same keys in the gateway's metrics and the
+    simulator's rows).
+
+    ``fallbacks``: no replica was safe; ``affinity``: the session stayed on its last replica;
+    ``moved_sessions``: a returning session sent to another replica than its last one, and
+    ``move_recompute_tokens`` the cached prefix tokens those moves make the targets prefill
+    again (the ledger's estimate: ``min(input, the session's prefix)`` per move)."""
+
+    decisions: int = 0
+    fallbacks: int = 0
+    affinity: int = 0
+    moved_sessions: int = 0
+    move_recompute_tokens: int = 0
+
+    def count(self, placement: Placement, home: str | None, cached_tokens: int) -> None:
+        """Count one decision (``home``: the session's last replica before it)."""
+        self.decisions += 1
+        self.fallbacks += bool(placement.fallback)
+        self.affinity += bool(placement.affinity)
+        if home is not None and placement.replica != home:
+            self.moved_sessions += 1
+            self.move_recompute_tokens += max(0, int(cached_tokens))
+
+    def as_dict(self) -> dict[str, int]:
+        return {"decisions": self.decisions, "fallbacks": self.fallbacks, "affinity": self.affinity,
+                "moved_sessions": self.moved_sessions,
+                "move_recompute_tokens": self.move_recompute_tokens}
 
 
 @dataclass(frozen=True)
@@ -113,7 +151,9 @@ class CapacityLedger:
         self._totals: dict[str, ActiveTotals] = {r: ActiveTotals() for r in self.replicas}
         self._released: dict[str, deque] = {r: deque() for r in self.replicas}   # (t, tokens)
         self._released_sum: dict[str, float] = {r: 0.0 for r in self.replicas}
-        self._last: OrderedDict[Hashable, str] = OrderedDict()
+        #: session -> (its last replica, the prefix tokens it holds there)
+        self._last: OrderedDict[Hashable, tuple[str, int]] = OrderedDict()
+        self.stats = RoutingStats()
         self._tables: dict[BoundTable, BoundTable] = {}
         self._queue_depths: dict[str, int] = {}
 
@@ -133,10 +173,32 @@ class CapacityLedger:
         self._active.setdefault(replica, {})[request_id] = request
         self._totals.setdefault(replica, ActiveTotals()).add(request)
         if session is not None:
-            self._last[session] = replica
-            self._last.move_to_end(session)
-            while self.max_sessions is not None and len(self._last) > self.max_sessions:
-                self._last.popitem(last=False)
+            self.note_session(session, replica, int(request.expected_tokens))
+
+    def place(self, policy: CapacityPolicy, states: list[ReplicaState], request: ActiveRequest,
+              now: float, *, session: Hashable | None = None, alpha: float | None = None,
+              request_id: Hashable | None = None) -> Placement:
+        """The routing step of every router (gateway and simulator): ``policy.choose`` over
+        ``states`` with the session's last replica and the prefix it holds there (a move costs
+        ``min(request.input_tokens, prefix)`` tokens of recompute), counted in :attr:`stats`,
+        and, with ``request_id``, ``request`` reserved on the chosen replica (:meth:`start`).
+        ``alpha`` is the call's own risk (None: the policy's default, for an unknown call)."""
+        home = self.last_replica(session)
+        cached = self.cached_prefix(session, request.input_tokens)
+        placement = policy.choose(states, request.input_tokens, request.predicted_hi, alpha,
+                                  request.expected_out, last_replica=home,
+                                  upper_bounds=request.upper_bounds, cached_tokens=cached)
+        if placement.replica is not None:
+            self.stats.count(placement, home, cached)
+            if request_id is not None:
+                self.start(request_id, placement.replica, request, now, session=session)
+        return placement
+
+    def cached_prefix(self, session: Hashable | None, input_tokens: int) -> int:
+        """Prompt tokens of the session's next call (``input_tokens``) that its last replica
+        holds: ``min(input_tokens, input + E[out] of its latest request)``; 0 for a new one."""
+        entry = self._last.get(session) if session is not None else None
+        return 0 if entry is None else min(int(input_tokens), entry[1])
 
     def finish(self, request_id: Hashable, now: float, released: bool = True) -> ActiveRequest | None:
         """Forget a finished (or failed) request; its expected tokens count toward its replica's
@@ -154,12 +216,13 @@ class CapacityLedger:
 
     def last_replica(self, session: Hashable | None) -> str | None:
         """Where the session's latest request went (None: new or forgotten session)."""
-        return self._last.get(session) if session is not None else None
+        entry = self._last.get(session) if session is not None else None
+        return None if entry is None else entry[0]
 
-    def note_session(self, session: Hashable, replica: str) -> None:
-        """The session's prefix is now on ``replica`` (e.g. prefilled there ahead of its next
-        call): its next request prefers it, as after a request served there."""
-        self._last[session] = replica
+    def note_session(self, session: Hashable, replica: str, prefix_tokens: int = 0) -> None:
+        """The session's prefix (``prefix_tokens``) is now on ``replica`` (after a request sent
+        there, or prefilled there ahead of its next call): its next request prefers it."""
+        self._last[session] = (replica, int(prefix_tokens))
         self._last.move_to_end(session)
         while self.max_sessions is not None and len(self._last) > self.max_sessions:
             self._last.popitem(last=False)

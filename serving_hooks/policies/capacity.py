@@ -34,26 +34,34 @@ or has promised:
 — the bounds of the requests we sent, or the worker's own count (which also sees traffic that
 did not come through us) plus what we sent since that count was taken.
 
-**Where a request goes** (cache affinity first, safety as the constraint):
+**Where a request goes** (the session's KV first; one rule for the gateway and the simulator):
 
-1. the session's last replica (its prefix is probably cached there) whenever it is safe;
-2. a session whose last replica is not safe moves only when that is a real gain. The best
-   alternative is the safe replica with the largest *expected* headroom
-   ``h_r = C − Σ(input_i + E[out_i]) − input_n − E[out_n]`` (or, with none safe, the largest
-   expected headroom); a request waits on replica ``r`` for about ``w_r = max(0, −h_r) / d_r``
-   seconds, the expected overflow drained at ``d_r``, the KV tokens per second the replica
-   releases (``ReplicaState.drain_tokens_per_s``, measured by the caller). Moving costs
-   rebuilding the session's cached prefix elsewhere, ``move_cost_s = move_cost_factor ·
-   cached_tokens · prefill_s_per_token`` (factor 2: the prefill on the target, plus as much
-   cached data displaced there). The session moves iff ``w_home − w_best > move_cost_s``;
-   when a drain rate is unknown, iff it would queue at home in expectation (``h_home < 0``),
-   fits on the best replica (``h_best ≥ 0``), and gains more than ``affinity_slack · C``;
-3. a new session goes to the safe replica with the largest expected headroom, or, with none
-   safe, to the largest expected headroom as a share of capacity.
+1. a session stays on its last replica (its prefix is cached there) whenever that replica is safe;
+2. a session whose last replica is not safe **stays** unless all of these hold (then it moves to
+   the safe replica with the largest *expected* headroom
+   ``h_r = C − Σ(input_i + E[out_i]) − input_n − E[out_n]``):
 
-``fallback=True`` marks decisions where no replica was safe (the caller counts it in a
-metric). "Less loaded" alone is no reason to move a session: "would wait there, runs here
-sooner even after rebuilding its prefix" is.
+   * the home is unsafe *by a margin*: its bound overflows, ``committed(α) + input_n + U_n −
+     C > move_margin · C`` (a replica that is unsafe only by its risk budget, or by a sliver of
+     a loose bound, keeps its sessions);
+   * another replica is safe (with **none safe the session stays home**: scattering sessions
+     over replicas that are all full only adds recompute to the queueing);
+   * the move is worth its recompute: a request waits on ``r`` about ``w_r = max(0, −h_r) /
+     d_r`` seconds, the expected overflow drained at ``d_r``, the KV tokens per second the
+     replica releases (``ReplicaState.drain_tokens_per_s``, measured by the caller); moving
+     costs rebuilding the session's cached prefix, ``move_cost_s = move_cost_factor ·
+     cached_tokens · prefill_s_per_token`` (factor 2: the prefill on the target plus as much
+     cached data displaced there); it moves iff ``w_home − w_target > move_cost_s``. When a
+     drain rate is unknown: iff it would queue at home in expectation (``h_home < 0``), fits on
+     the target (``h_target ≥ 0``), and gains more than ``affinity_slack · C``;
+3. a new session (no last replica) goes to the safe replica with the largest expected headroom,
+   or, with none safe, to the largest expected headroom as a share of capacity.
+
+``fallback=True`` marks decisions where no replica was safe (the caller counts it);
+``moved=True`` a session sent off its last replica, with ``recompute_tokens`` = the cached prefix
+the target must prefill again (the ledger, ``serving_hooks.policies.bookkeeping``, sums them).
+"Less loaded" alone is no reason to move a session: "unsafe at home by a margin, and it runs
+sooner elsewhere even after rebuilding its prefix" is.
 
 Worked example: capacity 1000 with two active requests of ``300 + 200`` each has committed
 ``2 · 500 = 1000`` tokens, so a new ``100 + 50`` does not fit there. With a fixed ``α = 0.02``
@@ -288,6 +296,8 @@ class ReplicaCheck:
     safe: bool
     headroom_tokens: float
     alpha_each: float | None = None
+    #: ``committed(α) + input + U(α) − capacity``: by how much the bound overflows (> 0: no fit).
+    overflow_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -295,13 +305,17 @@ class Placement:
     """The outcome of :meth:`CapacityPolicy.choose`.
 
     ``replica`` is ``None`` only when no replica was given. ``fallback`` is true when no
-    replica was safe; ``affinity`` when the request stays on the session's last replica.
+    replica was safe; ``affinity`` when the request stays on the session's last replica;
+    ``moved`` when the session leaves it, ``recompute_tokens`` the cached prefix tokens the
+    target prefills again because of that move (0 otherwise).
     """
 
     replica: str | None
     fallback: bool
     affinity: bool
     checks: tuple[ReplicaCheck, ...] = field(default=())
+    moved: bool = False
+    recompute_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -325,6 +339,9 @@ class CapacityPolicy:
     move_cost_factor:
         A move costs this many times the prefill of the session's cached prefix (2: the
         rebuild on the target plus the cached data it displaces there).
+    move_margin:
+        A session leaves its last replica only when the bound there overflows the capacity by
+        more than this share of it (``overflow_tokens > move_margin · C``).
     """
 
     epsilon: float = 0.05
@@ -332,6 +349,7 @@ class CapacityPolicy:
     affinity_slack: float = 0.05
     prefill_s_per_token: float = 1.29e-4
     move_cost_factor: float = 2.0
+    move_margin: float = 0.1
 
     def check(
         self,
@@ -357,13 +375,14 @@ class CapacityPolicy:
             probe = alpha_each if within else 1e-12
             new_bound = (int(input_tokens) + bound_at(upper_bounds, probe) if upper_bounds
                          else int(input_tokens) + int(predicted_hi))
-            fits = replica.committed_at(probe) + new_bound <= replica.capacity_tokens
+            overflow = replica.committed_at(probe) + new_bound - replica.capacity_tokens
         else:
             alpha_each = None
             risk = fixed_alpha
             within = risk <= self.epsilon + 1e-12
             need = int(input_tokens) + int(predicted_hi)
-            fits = replica.committed_tokens + need <= replica.capacity_tokens
+            overflow = replica.committed_tokens + need - replica.capacity_tokens
+        fits = overflow <= 0
         return ReplicaCheck(
             name=replica.name,
             fits=fits,
@@ -371,6 +390,7 @@ class CapacityPolicy:
             safe=fits and within,
             headroom_tokens=float(headroom),
             alpha_each=alpha_each,
+            overflow_tokens=int(overflow),
         )
 
     def choose(
@@ -385,11 +405,13 @@ class CapacityPolicy:
         cached_tokens: int | None = None,
     ) -> Placement:
         """Pick a replica for a new request (see the module docstring): the session's last
-        replica if safe; else move it only for a real gain; a new session goes to the safe
-        replica with the most expected headroom, else to the least loaded.
+        replica unless it is unsafe by ``move_margin``, another is safe and the move saves
+        more than rebuilding the prefix costs; with no replica safe, the last replica all the
+        same; a new session goes to the safe replica with the most expected headroom, else to
+        the most headroom as a share of capacity.
 
         ``cached_tokens`` is the prefix the session holds on ``last_replica`` (default: the
-        whole prompt, ``input_tokens``)."""
+        whole prompt, ``input_tokens``): what a move makes the target prefill again."""
         if not replicas:
             return Placement(replica=None, fallback=True, affinity=False)
         checks = tuple(
@@ -397,20 +419,26 @@ class CapacityPolicy:
             for r in replicas
         )
         by_name = {r.name: r for r in replicas}
-        home = next((c for c in checks if c.name == last_replica), None)
-        if home is not None and home.safe:
-            return Placement(replica=home.name, fallback=False, affinity=True, checks=checks)
         safe = [c for c in checks if c.safe]
-        if safe:
-            best = max(safe, key=lambda c: c.headroom_tokens)
-        else:
-            best = max(checks, key=lambda c: c.headroom_tokens / max(1, by_name[c.name].capacity_tokens))
-        if home is not None and best.name != home.name and not self._worth_moving(
-                by_name[home.name], home, by_name[best.name], best,
-                input_tokens if cached_tokens is None else cached_tokens):
-            best = home
-        return Placement(replica=best.name, fallback=not safe, affinity=home is not None and best is home,
-                         checks=checks)
+        home = next((c for c in checks if c.name == last_replica), None)
+        if home is None:        # a new session (or its replica is not a candidate): most headroom
+            if safe:
+                best = max(safe, key=lambda c: c.headroom_tokens)
+            else:
+                best = max(checks, key=lambda c: c.headroom_tokens / max(1, by_name[c.name].capacity_tokens))
+            return Placement(replica=best.name, fallback=not safe, affinity=False, checks=checks)
+        stay = Placement(replica=home.name, fallback=not safe, affinity=True, checks=checks)
+        if home.safe or not safe:
+            return stay
+        home_state = by_name[home.name]
+        if home.overflow_tokens <= self.move_margin * home_state.capacity_tokens:
+            return stay
+        best = max(safe, key=lambda c: c.headroom_tokens)
+        cached = input_tokens if cached_tokens is None else cached_tokens
+        if not self._worth_moving(home_state, home, by_name[best.name], best, cached):
+            return stay
+        return Placement(replica=best.name, fallback=False, affinity=False, checks=checks,
+                         moved=True, recompute_tokens=max(0, int(cached)))
 
     def move_cost_s(self, cached_tokens: int) -> float:
         """``move_cost_factor · cached_tokens · prefill_s_per_token``."""
