@@ -50,6 +50,7 @@ from simulator.metrics import add_recompute_ratios, summarize
 from simulator.ours import OURS_VARIANTS, OursOptions, PredictionFeed, build_ours, ours_stats
 from simulator.policy import Policy
 from simulator.pools import Pools, build_pools
+from simulator.scenarios import ROOT as SCENARIO_ROOT
 from simulator.scenarios import get_scenario
 from simulator.sources import (BUILTIN, Source, fit_train_profile, generated, load_logs,
                                make_predictor, mixed)
@@ -506,7 +507,9 @@ def prepare_mix(sc: Any, seed: int = 0, profile_dir: str | Path | None = None,
                 train_share: float = 0.7) -> Prepared:
     """A scenario's mix of applications (:func:`simulator.sources.mixed`): ``burst_workflows``
     replayed workflows in the mix's shares, the profile fit on every application's train side."""
-    src = mixed(sc.mix, sc.burst_workflows, seed=seed, train_share=train_share,
+    parts = [(app, w if w in BUILTIN or Path(w).is_absolute() else str(SCENARIO_ROOT / w), share)
+             for app, w, share in sc.mix]
+    src = mixed(parts, sc.burst_workflows, seed=seed, train_share=train_share,
                 n_train_generated=sc.n_train_generated)
     notes = list(src.notes)
     profile, reused = fit_train_profile(src.train, profile_dir)

@@ -67,7 +67,7 @@ def test_agent_platform_scenarios_are_consistent():
         assert abs(sum(m[2] for m in sc.mix) - 1.0) < 1e-9
         assert set(sc.type_pool.values()) == set(sc.pool_replicas)
         for _, workload, _ in sc.mix:
-            assert workload in ("coding-assistant", "deep-research") or REAL.joinpath(workload).exists()
+            assert workload in ("coding-assistant", "deep-research") or (REAL.parent.parent / workload).exists()
     assert AGENT_PLATFORM.arrivals == "burst"
     assert AGENT_PLATFORM_BURSTY.arrivals == "gamma" and AGENT_PLATFORM_BURSTY.cv == 4.0
     assert "nat-hints" in parse_policies("sglang-default,nat-hints")
