@@ -11,8 +11,9 @@ from simulator.config import ClusterConfig
 from simulator.engine import Simulator
 from simulator.policy import Policy
 from simulator.pools import build_pools
-from simulator.runner import parse_policies
-from simulator.scenarios import AGENT_PLATFORM, AGENT_PLATFORM_BURSTY, REAL, get_scenario
+from simulator.config import hardware_config
+from simulator.runner import compare, parse_policies, prepare_mix
+from simulator.scenarios import AGENT_PLATFORM, AGENT_PLATFORM_BURSTY, REAL, Scenario, get_scenario
 from simulator.sources import mixed, shares_to_counts
 from simulator.workload import workload_from_records
 from tests.simulator_helpers import STEP, rec
@@ -152,3 +153,23 @@ def test_dynamo_kv_router_weighs_uncached_prefill_against_load():
     assert router.route(req) == 1                   # the prefix is there: 50 tokens to prefill
     rep1.waiting_tokens = 10_000                    # but a long queue outweighs the hit
     assert router.route(req) == 0
+
+
+@pytest.mark.slow   # a profile fit (≈ 10 s alone)
+def test_a_small_platform_mix_replays_under_nat_hints_and_a_baseline(tmp_path):
+    sc = Scenario(name="mini-platform", workload="mix", gpu="h100-sxm", model="llama-3.1-8b", tp=1,
+                  kv_capacity_tokens=60_000, host_ratio=2.0, pool_replicas={"a": 1, "b": 1},
+                  type_pool={"agentless_localize": "a", "agentless_repair": "a",
+                             "deep_research": "b"},
+                  burst_workflows=12, burst_s=5.0, n_train_generated=10,
+                  mix=(("pipe", "datasets/real/agentless_pr28.jsonl", 0.5),
+                       ("research", "deep-research", 0.5)))
+    prep = prepare_mix(sc, seed=1, profile_dir=tmp_path)
+    prep.pools = build_pools(prep.workload, sc.pool_replicas, {}, type_pool=sc.type_pool)
+    prep.scenario = sc
+    cfg = hardware_config(replicas=2, kv_capacity_tokens=60_000)
+    out = compare(prep, ["sglang-default", "nat-hints"], ["burst"], cfg, arrivals_mode="burst")
+    rows = out["loads"]["burst"]["policies"]
+    assert set(rows) == {"sglang-default", "nat-hints"}
+    assert all(r["calls"] == prep.workload.n_calls and r["avg_jct_s"] > 0 for r in rows.values())
+    assert out["scenario"]["mix"][0][0] == "pipe"
