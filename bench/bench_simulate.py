@@ -136,7 +136,7 @@ def run_seeded(args: argparse.Namespace) -> None:
                                      profile_dir=args.out / f"profile-{args.scenario}")
         sc = prep.scenario
         kw = dict(arrivals_mode=sc.arrivals, cv=sc.cv)
-        levels = ["burst"] if sc.arrivals == "burst" else [sc.load]
+        levels = ["burst"] if sc.arrivals == "burst" else [args.scenario_load or sc.load]
         tag = args.scenario
     else:
         name = (args.only or ["coding-assistant"])[0]
@@ -178,6 +178,8 @@ def main() -> None:
                          "over these seeds and print the spread (main policies)")
     ap.add_argument("--scenario", default=None, help="with --seeds: a named scenario (pythia-like, "
                     "agent-platform, agent-platform-bursty)")
+    ap.add_argument("--scenario-load", default=None,
+                    help="with an open-loop --scenario (agent-platform-bursty): this load instead of its own")
     ap.add_argument("--arrivals", default="closed", help="with --seeds: closed, poisson, gamma")
     ap.add_argument("--cv", type=float, default=1.0, help="with --arrivals gamma")
     ap.add_argument("--policies", default="", help="with --seeds: comma list (NAME+reactive, "

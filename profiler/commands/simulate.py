@@ -19,7 +19,7 @@ def simulate(
              "of 600 workflows), agent-platform (six applications from the bundled real sets "
              "and the generators on one cluster, a burst of 240 workflows) or "
              "agent-platform-bursty (the same mix, open-loop gamma arrivals with CV 4 at "
-             "peak load); see docs/simulator.md.")] = None,
+             "low load); see docs/simulator.md.")] = None,
     load: Annotated[str, typer.Option(
         help="low, medium, peak: 0.5 / 1.0 / 1.5 × the rate a KV-saturated cluster drains "
              "(see README); a number; or a comma list (e.g. low,medium,peak).")] = "peak",
