@@ -22,6 +22,8 @@ mean avg JCT per policy: how much of a difference between two policies is the ar
     python bench/bench_simulate.py --only coding-assistant --replicas 2
     python bench/bench_simulate.py --arrival-seeds 1,2,3     # + the robustness check at peak
     python bench/bench_simulate.py --seeds 0,1,2 --scenario pythia-like
+    python bench/bench_simulate.py --seeds 0,1,2 --scenario agent-platform --policies \
+        sglang-default,sglang-rr,continuum-ttl,autellix-plas,nat-hints,ours,oracle-srpt
     python bench/bench_simulate.py --seeds 0,1,2 --scenario pythia-like \
         --policies sglang-default,continuum-ttl,ours,ours-no-preprefill --autoscale off,reactive,predictive
     python bench/bench_simulate.py --seeds 0,1,2 --only coding-assistant --arrivals closed --loads 1.0
@@ -142,8 +144,9 @@ def run_seeded(args: argparse.Namespace) -> None:
     if args.scenario:
         prep, cfg = prepare_scenario(args.scenario, seed=args.seed,
                                      profile_dir=args.out / f"profile-{args.scenario}")
-        kw = dict(arrivals_mode="burst")
-        levels = ["burst"]
+        sc = prep.scenario
+        kw = dict(arrivals_mode=sc.arrivals, cv=sc.cv)
+        levels = ["burst"] if sc.arrivals == "burst" else [args.scenario_load or sc.load]
         tag = args.scenario
     else:
         name = (args.only or ["coding-assistant"])[0]
@@ -183,7 +186,10 @@ def main() -> None:
     ap.add_argument("--seeds", default="",
                     help="arrival seeds (e.g. 0,1,2): run --scenario or one workload at --loads "
                          "over these seeds and print the spread (main policies)")
-    ap.add_argument("--scenario", default=None, help="with --seeds: a named scenario (pythia-like)")
+    ap.add_argument("--scenario", default=None, help="with --seeds: a named scenario (pythia-like, "
+                    "agent-platform, agent-platform-bursty)")
+    ap.add_argument("--scenario-load", default=None,
+                    help="with an open-loop --scenario (agent-platform-bursty): this load instead of its own")
     ap.add_argument("--arrivals", default="closed", help="with --seeds: closed, poisson, gamma")
     ap.add_argument("--cv", type=float, default=1.0, help="with --arrivals gamma")
     ap.add_argument("--policies", default="", help="with --seeds: comma list (NAME+reactive, "

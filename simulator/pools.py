@@ -47,9 +47,11 @@ class Pools:
 
 
 def build_pools(wl: Workload, pool_replicas: Mapping[str, int],
-                agent_pool: Mapping[str, str], default_pool: str | None = None) -> Pools:
+                agent_pool: Mapping[str, str], default_pool: str | None = None,
+                type_pool: Mapping[str, str] | None = None) -> Pools:
     """Pools of ``pool_replicas[name]`` consecutive replicas each; a call goes to the pool of its
-    agent (``agent_pool``; an unmapped agent to ``default_pool``, else an error naming it)."""
+    agent (``agent_pool``), else of its workflow type (``type_pool``: one model per application,
+    as on a platform serving several), else to ``default_pool``, else an error naming it."""
     names = list(pool_replicas)
     replicas: list[list[int]] = []
     nxt = 0
@@ -57,13 +59,14 @@ def build_pools(wl: Workload, pool_replicas: Mapping[str, int],
         replicas.append(list(range(nxt, nxt + int(pool_replicas[n]))))
         nxt += int(pool_replicas[n])
     index = {n: i for i, n in enumerate(names)}
-    for a, p in agent_pool.items():
+    type_pool = dict(type_pool or {})
+    for a, p in [*agent_pool.items(), *type_pool.items()]:
         if p not in index:
-            raise ValueError(f"pools: agent {a!r} is mapped to unknown pool {p!r}")
+            raise ValueError(f"pools: {a!r} is mapped to unknown pool {p!r}")
     out = np.empty(wl.n_calls, dtype=np.int64)
     for c in wl.calls:
         agent = c.agent
-        p = agent_pool.get(agent, default_pool)
+        p = agent_pool.get(agent) or type_pool.get(wl.workflows[c.wf].workflow_type, default_pool)
         if p is None:
             raise ValueError(f"pools: agent {agent!r} (call {c.request_id}) is in no pool")
         out[c.idx] = index[p]

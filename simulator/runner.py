@@ -43,15 +43,17 @@ from predictors.tool_latency import ToolLatencyModel
 from profiler.profile_artifact import CURRENT_FILE, load_profile
 from simulator.autoscale import MODES as AUTOSCALE_MODES
 from simulator.autoscale import AutoscaleOptions, Autoscaler, ProjectedCalls, QueueDepth
-from simulator.baselines import BASELINES
+from simulator.baselines import BASELINES, TRAINED_BASELINES
 from simulator.config import ClusterConfig, hardware_config
 from simulator.engine import SimResult, Simulator
 from simulator.metrics import add_recompute_ratios, summarize
 from simulator.ours import OURS_VARIANTS, OursOptions, PredictionFeed, build_ours, ours_stats
 from simulator.policy import Policy
 from simulator.pools import Pools, build_pools
+from simulator.scenarios import ROOT as SCENARIO_ROOT
 from simulator.scenarios import get_scenario
-from simulator.sources import BUILTIN, Source, fit_train_profile, generated, load_logs, make_predictor
+from simulator.sources import (BUILTIN, Source, fit_train_profile, generated, load_logs,
+                               make_predictor, mixed)
 from simulator.workload import Call, Workload, replicate_records, workload_from_records
 
 LOAD_LEVELS: dict[str, float] = {"low": 0.5, "medium": 1.0, "peak": 1.5}
@@ -59,8 +61,10 @@ LOAD_LEVELS: dict[str, float] = {"low": 0.5, "medium": 1.0, "peak": 1.5}
 MAIN_POLICIES = ("sglang-default", "sglang-rr", "least-load", "autellix-plas", "continuum-ttl",
                  "mori-idleness", "saga", "astraea", "belady", "oracle-srpt", "ours",
                  "ours-belady")
+#: Baselines fit on the train split (not in the default table: run them by name).
+TRAINED_POLICIES = tuple(TRAINED_BASELINES)
 ABLATION_POLICIES = tuple(n for n in OURS_VARIANTS if n not in MAIN_POLICIES)
-ALL_POLICIES = MAIN_POLICIES + ABLATION_POLICIES
+ALL_POLICIES = MAIN_POLICIES + TRAINED_POLICIES + ABLATION_POLICIES
 
 
 def parse_load(value: str) -> float:
@@ -100,7 +104,8 @@ def parse_policies(value: str | None, ablation: bool = False,
             raise ValueError(f"--autoscale {bad_mode[0]!r}: use {', '.join(AUTOSCALE_MODES)} "
                              "(or a comma list of them)")
         names = [n if "+" in n or m == "off" else f"{n}+{m}" for n in names for m in modes]
-    bad = [n for n in names if split_policy(n)[0] not in BASELINES and split_policy(n)[0] not in OURS_VARIANTS]
+    bad = [n for n in names if split_policy(n)[0] not in BASELINES
+           and split_policy(n)[0] not in TRAINED_BASELINES and split_policy(n)[0] not in OURS_VARIANTS]
     if bad:
         raise ValueError(f"unknown policy {bad[0]!r}; known: {', '.join(ALL_POLICIES)} "
                          f"(each may end in +reactive or +predictive)")
@@ -312,6 +317,8 @@ def make_policy(name: str, prep: Prepared, ours: OursOptions | None = None,
     base, mode = split_policy(name)
     if base in OURS_VARIANTS:
         policy = build_ours(make_predictor(prep.profile), base, ours)
+    elif base in TRAINED_BASELINES:     # fit on the same train split as the profile
+        policy = TRAINED_BASELINES[base](prep.source.train)
     else:
         policy = BASELINES[base]()
     if mode == "off":
@@ -488,8 +495,30 @@ def prepare_scenario(name: str, seed: int = 0, n_train: int = 400,
     sc = get_scenario(name)
     cfg = hardware_config(sc.gpu, sc.model, sc.tp, replicas=sc.replicas,
                           kv_capacity_tokens=sc.kv_capacity_tokens, host_ratio=sc.host_ratio)
-    prep = prepare(sc.workload, sc.burst_workflows, seed=seed, profile_dir=profile_dir,
-                   n_train=n_train, cfg=cfg)
-    prep.pools = build_pools(prep.workload, sc.pool_replicas, sc.agent_pool)
+    if sc.mix:
+        prep = prepare_mix(sc, seed=seed, profile_dir=profile_dir)
+    else:
+        prep = prepare(sc.workload, sc.burst_workflows, seed=seed, profile_dir=profile_dir,
+                       n_train=n_train, cfg=cfg)
+    prep.pools = build_pools(prep.workload, sc.pool_replicas, sc.agent_pool,
+                             type_pool=sc.type_pool)
     prep.scenario = sc
     return prep, cfg
+
+
+def prepare_mix(sc: Any, seed: int = 0, profile_dir: str | Path | None = None,
+                train_share: float = 0.7) -> Prepared:
+    """A scenario's mix of applications (:func:`simulator.sources.mixed`): ``burst_workflows``
+    replayed workflows in the mix's shares, the profile fit on every application's train side."""
+    parts = [(app, w if w in BUILTIN or Path(w).is_absolute() else str(SCENARIO_ROOT / w), share)
+             for app, w, share in sc.mix]
+    src = mixed(parts, sc.burst_workflows, seed=seed, train_share=train_share,
+                n_train_generated=sc.n_train_generated)
+    notes = list(src.notes)
+    profile, reused = fit_train_profile(src.train, profile_dir)
+    if reused:
+        notes.append(f"profile reused from {profile.path} (version {profile.version}): fit "
+                     "on this run's train split")
+    wl = workload_from_records(src.test, name=src.name, system_tokens=src.system_tokens,
+                               conversation_lineage=src.lineage_types or set())
+    return Prepared(src.name, src, wl, profile, seed, notes)

@@ -18,10 +18,38 @@ has (the issue's "Pythia-like run"):
   context budget per request), host tier 2× (SGLang's ``--hicache-ratio``);
 * **arrivals**: a burst — 600 workflows arriving uniformly within 60 s (one campaign of agent
   runs submitted together); every workflow is measured (the burst is the load; nothing settles).
+
+``agent-platform`` — one cluster serving six agent applications at once (issue 21, item 4):
+
+* **mix** (:data:`PLATFORM_MIX`, share of the replayed workflows): single-agent coding with long
+  contexts — SWE-agent/GLM-4.5 (10 %, real tokens and times) and mini-SWE-agent/gemini-3 (10 %,
+  real tokens, 1 s timestamps); a generated 7-agent ``coding-assistant`` (15 %); the short
+  Agentless localize → repair pipeline (25 %, real tokens and times); Who&When group chats,
+  Magentic-One and CaptainAgent (20 %, real order, synthetic times, estimated tokens); generated
+  ``deep-research`` (20 %). Each application is split on its own
+  (:func:`simulator.sources.mixed`); the profile is fit on the union of the train sides;
+* **pools**: 8 × Llama-3.1-8B on one H100 each, ``coder`` 5 (the coding applications) and
+  ``general`` 3 (group chats, deep research), sized to their share of the replayed work (input +
+  20 × output tokens: 67 % / 33 %); pools are chosen by workflow type (:data:`PLATFORM_TYPE_POOL`);
+* **KV**: 150,000 tokens per replica, host tier 2× (as ``pythia-like``);
+* **arrivals**: 720 workflows within 60 s (a burst, all measured); ``agent-platform-bursty``:
+  1,440 workflows, open loop, gamma inter-arrivals of CV 4 at ``low`` load (0.5 × the
+  KV-saturated drain rate on average; the clumps overload the cluster for a while: at ``peak``
+  the backlog grows for the whole run and the window's figure depends on its length).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
+
+from simulator.hardware import H100_SXM, LLAMA31_8B, kv_capacity_tokens
+
+#: GPU KV tokens of Llama-3.1-8B on one H100 80 GB at mem fraction 0.9 (≈ 396k).
+_H100_8B_KV = kv_capacity_tokens(H100_SXM, LLAMA31_8B)
+#: The repository root: a mix names its logs relative to it (``datasets/real/…``, the bundled
+#: copies of the real traces, ``datasets/real/README.md``).
+ROOT = Path(__file__).resolve().parents[1]
+REAL = ROOT / "datasets" / "real"
 
 
 @dataclass(frozen=True)
@@ -37,6 +65,19 @@ class Scenario:
     agent_pool: dict[str, str] = field(default_factory=dict)
     burst_workflows: int = 600
     burst_s: float = 60.0
+    #: A mix of applications (``(app, workload, share of the replayed workflows)``; workload a
+    #: generated name or a log file relative to the repository root): ``workload`` is then
+    #: only a label.
+    mix: tuple[tuple[str, str, float], ...] = ()
+    #: Workflow type → pool (an application's model), for agents no ``agent_pool`` names.
+    type_pool: dict[str, str] = field(default_factory=dict)
+    #: ``burst`` (``burst_workflows`` within ``burst_s``), or an open-loop mode of
+    #: ``simulator.runner.arrival_times`` (``gamma``, ``poisson``) at ``load`` with ``cv``.
+    arrivals: str = "burst"
+    load: str = "peak"
+    cv: float = 1.0
+    #: Generated applications of a mix: workflows generated (another seed) for the fit.
+    n_train_generated: int = 60
 
     @property
     def replicas(self) -> int:
@@ -47,7 +88,10 @@ class Scenario:
                 "tp": self.tp, "kv_capacity_tokens": self.kv_capacity_tokens,
                 "host_ratio": self.host_ratio, "pool_replicas": dict(self.pool_replicas),
                 "agent_pool": dict(self.agent_pool), "burst_workflows": self.burst_workflows,
-                "burst_s": self.burst_s}
+                "burst_s": self.burst_s, "mix": [list(m) for m in self.mix],
+                "type_pool": dict(self.type_pool), "arrivals": self.arrivals,
+                "load": self.load if self.arrivals != "burst" else None,
+                "cv": self.cv if self.arrivals == "gamma" else None}
 
 
 PYTHIA_LIKE = Scenario(
@@ -60,7 +104,36 @@ PYTHIA_LIKE = Scenario(
     burst_workflows=600, burst_s=60.0,
 )
 
-SCENARIOS: dict[str, Scenario] = {PYTHIA_LIKE.name: PYTHIA_LIKE}
+#: Applications of ``agent-platform``: (name, workload, share of the workflows). See the module
+#: docstring for what each stands for and where its tokens and times come from.
+PLATFORM_MIX: tuple[tuple[str, str, float], ...] = (
+    ("swe-agent", "datasets/real/swe_agent_glm45_bs4.jsonl", 0.10),
+    ("mini-swe-agent", "datasets/real/mini_swe_agent_gemini3.jsonl", 0.10),
+    ("coding-assistant", "coding-assistant", 0.15),
+    ("agentless", "datasets/real/agentless_pr28.jsonl", 0.25),
+    ("group-chat", "datasets/real/seq_whowhen_magentic_captain.jsonl", 0.20),
+    ("deep-research", "deep-research", 0.20),
+)
+PLATFORM_POOLS = {"coder": 5, "general": 3}
+PLATFORM_TYPE_POOL = {"swe_agent": "coder", "mini_swe_agent": "coder",
+                      "coding_assistant": "coder", "agentless_localize": "coder",
+                      "agentless_repair": "coder", "captain_agent": "general",
+                      "magentic_one": "general", "deep_research": "general"}
+
+AGENT_PLATFORM = Scenario(
+    name="agent-platform", workload="agent-platform mix", gpu="h100-sxm", model="llama-3.1-8b",
+    tp=1, kv_capacity_tokens=150_000, host_ratio=2.0, pool_replicas=dict(PLATFORM_POOLS),
+    type_pool=dict(PLATFORM_TYPE_POOL), burst_workflows=720, burst_s=60.0, mix=PLATFORM_MIX,
+)
+AGENT_PLATFORM_BURSTY = Scenario(
+    name="agent-platform-bursty", workload="agent-platform mix", gpu="h100-sxm",
+    model="llama-3.1-8b", tp=1, kv_capacity_tokens=150_000, host_ratio=2.0,
+    pool_replicas=dict(PLATFORM_POOLS), type_pool=dict(PLATFORM_TYPE_POOL), burst_workflows=1440,
+    mix=PLATFORM_MIX, arrivals="gamma", load="low", cv=4.0,
+)
+
+SCENARIOS: dict[str, Scenario] = {s.name: s for s in (PYTHIA_LIKE, AGENT_PLATFORM,
+                                                        AGENT_PLATFORM_BURSTY)}
 
 
 def get_scenario(name: str) -> Scenario:

@@ -8,6 +8,9 @@
   logs come from ``profiler.workloads.generate`` with *different seeds*, so no replayed workflow
   was seen by the fit. The spec's per-agent ``system_tokens`` give the shared system prompts.
 
+* **A mix of applications** (:func:`mixed`, ``--scenario agent-platform``): each application
+  split on its own by the rules above; the profile is fit on the union of their train sides.
+
 The profile is fit with the lead's path (``profiler.fitting.fit_profile``) into a folder (a temp
 folder unless ``profile_dir`` is given; a later run on the same train split reuses it), and loaded
 by a ``predictors.Predictor``.
@@ -23,12 +26,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
+import numpy as np
+
 from predictors.predictor import Predictor
 from profiler.fitting import fit_profile
 from profiler.profile_artifact import CURRENT_FILE, load_profile
 from profiler.ingest import ingest
 from profiler.store import connect
 from profiler.workloads import generate, load_spec
+from simulator.workload import replicate_records
 
 #: Built-in generated workloads (command-line names → ``profiler.workloads`` spec names).
 BUILTIN = {"coding-assistant": "coding_assistant", "deep-research": "deep_research",
@@ -53,6 +59,11 @@ class Source:
     system_tokens: dict[str, int] = field(default_factory=dict)
     generated: bool = False
     notes: list[str] = field(default_factory=list)
+    #: Workflow types replayed with conversation lineage (None: all when logged, none when
+    #: generated; a mix sets its logged applications' types).
+    lineage_types: set[str] | None = None
+    #: A mix: per application, its workflow types and how many workflows it has on each side.
+    parts: list[dict] = field(default_factory=list)
 
 
 def _rows_to_records(rows: list[tuple], cols: list[str]) -> list[dict]:
@@ -103,6 +114,73 @@ def generated(workload: str, n_train: int, n_test: int, seed: int = 0) -> Source
     sys_tokens = {f"{spec['workflow_type_id']}/{a}": int(v.get("system_tokens", 0))
                   for a, v in spec["agents"].items()}
     return Source(workload, train, test, sys_tokens, generated=True)
+
+
+def _tag(records: Sequence[dict], app: str) -> list[dict]:
+    """Copies of ``records`` with ``app:`` before every workflow and request id (parents too), so
+    applications mixed on one cluster never share a session or a request id."""
+    out = []
+    for r in records:
+        rec = dict(r)
+        rec["workflow_id"] = f"{app}:{r['workflow_id']}"
+        rec["request_id"] = f"{app}:{r['request_id']}"
+        if r.get("parent_request_ids"):
+            rec["parent_request_ids"] = [f"{app}:{p}" for p in r["parent_request_ids"]]
+        out.append(rec)
+    return out
+
+
+def shares_to_counts(shares: Sequence[float], n: int) -> list[int]:
+    """``n`` split in proportion to ``shares`` (largest remainder; each part at least 1)."""
+    w = np.asarray(shares, dtype=float)
+    if len(w) == 0 or (w <= 0).any():
+        raise ValueError("a mix needs positive shares")
+    exact = w / w.sum() * n
+    counts = np.maximum(np.floor(exact).astype(int), 1)
+    for i in np.argsort(-(exact - np.floor(exact)), kind="stable"):
+        if counts.sum() >= n:
+            break
+        counts[i] += 1
+    return counts.tolist()
+
+
+def mixed(parts: Sequence[tuple[str, str, float]], n_workflows: int, seed: int = 0,
+          train_share: float = 0.7, n_train_generated: int = 60) -> Source:
+    """One cluster's traffic from several applications: ``parts`` is ``(app, workload, share)``
+    with ``workload`` a built-in generated workload or a log file/folder.
+
+    Each application is split on its own, as :func:`load_logs` and :func:`generated` do: a log's
+    workflows by the ``profiler split`` rule at ``train_share`` (its test side resampled to the
+    application's share of ``n_workflows``), a generated workload's train workflows
+    (``n_train_generated``) and test workflows from different seeds. The profile is fit on the
+    union of the train sides, so no replayed workflow of any application was seen by it. Ids get
+    the application's name in front (``app:``)."""
+    counts = shares_to_counts([p[2] for p in parts], n_workflows)
+    train: list[dict] = []
+    test: list[dict] = []
+    sys_tokens: dict[str, int] = {}
+    lineage: set[str] = set()
+    notes: list[str] = []
+    info: list[dict] = []
+    for (app, workload, _), k in zip(parts, counts):
+        if workload in BUILTIN:
+            src = generated(workload, n_train=n_train_generated, n_test=k, seed=seed)
+            rep = src.test
+        else:
+            src = load_logs([workload], train=train_share, seed=seed)
+            rep = replicate_records(src.test, k, seed=seed)
+            lineage |= {str(r.get("workflow_type_id", "")) for r in src.test}
+        notes += [f"{app}: {n}" for n in src.notes]
+        sys_tokens.update(src.system_tokens)
+        train += _tag(src.train, app)
+        test += _tag(rep, app)
+        info.append({"app": app, "workload": workload,
+                     "workflow_types": sorted({str(r.get("workflow_type_id", "")) for r in rep}),
+                     "train_workflows": len({r["workflow_id"] for r in src.train}),
+                     "test_workflows": len({r["workflow_id"] for r in src.test}),
+                     "replayed_workflows": k})
+    name = "mix(" + ", ".join(p[0] for p in parts) + ")"
+    return Source(name, train, test, sys_tokens, notes=notes, lineage_types=lineage, parts=info)
 
 
 def train_lines(records: Sequence[dict]) -> bytes:

@@ -28,7 +28,7 @@ A :class:`Workload` is built from flat log records (``log-format.md`` §1) by
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Iterable, Sequence
+from typing import Collection, Iterable, Sequence
 
 import numpy as np
 
@@ -88,7 +88,8 @@ class Workload:
     #: Segments known before any call uses them, by key: ``("sys", workflow_type, agent)`` (an
     #: agent's system prompt) and ``("task", workflow, agent)`` (the workflow's task for it).
     seg_index: dict = field(default_factory=dict)
-    #: Built with conversation lineage (a call's prompt extends its agent's previous call)?
+    #: Built with conversation lineage (a call's prompt extends its agent's previous call), for
+    #: at least one workflow type (a mix may use it for its logged applications only)?
     lineage: bool = False
 
     @property
@@ -141,17 +142,27 @@ def workload_from_records(
     name: str = "workload",
     system_tokens: dict[str, int] | None = None,
     task_from_roots: bool = True,
-    conversation_lineage: bool = True,
+    conversation_lineage: bool | Collection[str] = True,
 ) -> Workload:
     """Build a :class:`Workload` from flat records (see the module docstring for the rules).
 
     ``system_tokens`` maps an agent (or ``"<workflow_type>/<agent>"``) to the length of its
     system prompt shared across workflows; calls with ``status == "error"`` are replayed too
     (they cost the engine the same). ``conversation_lineage=False`` turns rule 1 off (for generated
-    workloads, whose prompts are rebuilt from the parents each call). Records must carry ``workflow_id``, ``agent_id``,
+    workloads, whose prompts are rebuilt from the parents each call); a collection of workflow
+    types turns it on for those types only (a mix of logged and generated applications). Records must carry ``workflow_id``, ``agent_id``,
     ``t_arrival``, ``t_finish``, ``input_tokens`` and ``output_tokens``.
     """
     system_tokens = system_tokens or {}
+    if isinstance(conversation_lineage, bool):
+        def lineage_of(wtype: str) -> bool:
+            return bool(conversation_lineage)
+    else:
+        lineage_types = frozenset(conversation_lineage)
+
+        def lineage_of(wtype: str) -> bool:
+            return wtype in lineage_types
+    any_lineage = False
     by_wf: dict[str, list[dict]] = {}
     for i, rec in enumerate(records):
         for key in ("workflow_id", "agent_id", "t_arrival", "t_finish", "input_tokens", "output_tokens"):
@@ -166,6 +177,8 @@ def workload_from_records(
         recs = sorted(by_wf[wf_id], key=lambda r: (float(r["t_arrival"]), str(r.get("request_id"))))
         wf_idx = len(workflows)
         wtype = str(recs[0].get("workflow_type_id", ""))
+        lineage = lineage_of(wtype)
+        any_lineage = any_lineage or lineage
         base = len(calls)
         rid_to_idx = {str(r.get("request_id", f"{wf_id}#{k}")): base + k for k, r in enumerate(recs)}
         t0 = float(recs[0]["t_arrival"])
@@ -208,7 +221,7 @@ def workload_from_records(
             # --- prompt prefix structure -------------------------------------------------------
             prev = last_of_agent.get(agent)
             pc = calls[prev] if prev is not None else None
-            if conversation_lineage and pc is not None and inp >= pc.input_tokens + pc.output_tokens:
+            if lineage and pc is not None and inp >= pc.input_tokens + pc.output_tokens:
                 call.path = pc.path + (pc.own_seg,)
                 used = pc.input_tokens + pc.output_tokens
             else:
@@ -251,7 +264,7 @@ def workload_from_records(
         owner[c.own_seg] = c.wf
     known = {k: v for k, v in segs.by_key.items() if k[0] in ("sys", "task")}
     return Workload(name, calls, workflows, segs.tokens, segs.kind, consumers, parent, owner,
-                    seg_index=known, lineage=conversation_lineage)
+                    seg_index=known, lineage=any_lineage)
 
 
 def split_workflows(records: Sequence[dict], test_fraction: float = 0.3, seed: int = 0

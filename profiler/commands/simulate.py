@@ -16,7 +16,10 @@ def simulate(
         help="coding-assistant, deep-research (generated), or a log file/folder (replayed).")] = None,
     scenario: Annotated[Optional[str], typer.Option(
         help="A named scenario instead of --workload: pythia-like (multi-model pools, a burst "
-             "of 600 workflows; see docs/simulator.md).")] = None,
+             "of 600 workflows), agent-platform (six applications from the bundled real sets "
+             "and the generators on one cluster, a burst of 240 workflows) or "
+             "agent-platform-bursty (the same mix, open-loop gamma arrivals with CV 4 at "
+             "low load); see docs/simulator.md.")] = None,
     load: Annotated[str, typer.Option(
         help="low, medium, peak: 0.5 / 1.0 / 1.5 × the rate a KV-saturated cluster drains "
              "(see README); a number; or a comma list (e.g. low,medium,peak).")] = "peak",
@@ -175,7 +178,9 @@ def simulate(
             if scenario is not None:
                 prep, cfg = prepare_scenario(scenario, seed=seed, n_train=train_workflows,
                                              profile_dir=profile)
-                arrivals = "burst"
+                arrivals = prep.scenario.arrivals
+                if arrivals != "burst":       # an open-loop scenario: its own load and CV
+                    levels, cv = [prep.scenario.load], prep.scenario.cv
             else:
                 prep = prepare(workload, workflows, seed=seed, profile_dir=profile,
                                train_share=train_share, n_train=train_workflows, cfg=cfg,

@@ -15,7 +15,12 @@ saga               Agent Fair Share                affinity + work stealing    w
 astraea            MLFQ + HRRN aging               least outstanding tokens    keep / swap / discard
 belady             FCFS                            session affinity            Bélády MIN (oracle)
 oracle-srpt        workflow SRPT (oracle)          session affinity            LRU
+nat-hints          FCFS shifted by NAT's latency   Dynamo KV router (prefill   LRU + TTL pins of
+                   sensitivity (Dynamo)            + load cost)                remaining × IAT
 =================  ==============================  ==========================  =====================
+
+``nat-hints`` is built from data: its prediction trie is fit on the train split
+(:data:`TRAINED_BASELINES`, given the train records; :mod:`simulator.baselines.nat_hints`).
 
 ``belady`` and ``oracle-srpt`` read the replay's future: they are references, not deployable
 policies and not bounds. ``oracle-srpt`` orders queues by true remaining work but keeps FCFS-era
@@ -28,9 +33,10 @@ chunked prefill and preemption of :mod:`simulator.engine`.
 """
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Sequence
 
 from simulator.baselines.caches import LRU, Belady, ContinuumTTL, MoriIdleness
+from simulator.baselines.nat_hints import nat_hints_policy
 from simulator.baselines.routers import AutellixRouter, CacheAware, LeastLoad, RoundRobin, StickyLeastLoad
 from simulator.baselines.schedulers import FCFS, PLAS, OracleSRPT, ProgramFCFS
 from simulator.baselines.seeds import AgentFairShare, AstraeaCache, AstraeaMLFQ, SagaCache, SagaRouter
@@ -63,6 +69,11 @@ BASELINES: dict[str, Callable[[], Policy]] = {
                                   "clairvoyant workflow-level shortest remaining work first"),
 }
 
-__all__ = ["BASELINES", "LRU", "Belady", "ContinuumTTL", "MoriIdleness", "AutellixRouter", "CacheAware",
+#: Baselines fit on the train split: name -> factory of the train records.
+TRAINED_BASELINES: dict[str, Callable[[Sequence[dict]], Policy]] = {
+    "nat-hints": nat_hints_policy,
+}
+
+__all__ = ["BASELINES", "TRAINED_BASELINES", "LRU", "Belady", "ContinuumTTL", "MoriIdleness", "AutellixRouter", "CacheAware",
            "LeastLoad", "RoundRobin", "StickyLeastLoad", "FCFS", "PLAS", "OracleSRPT", "ProgramFCFS",
            "SagaRouter", "SagaCache", "AgentFairShare", "AstraeaMLFQ", "AstraeaCache"]

@@ -1,0 +1,322 @@
+"""``nat-hints``: NVIDIA NeMo Agent Toolkit's prediction trie, served the way Dynamo uses its hints.
+
+A **baseline of what a team running NAT on Dynamo deploys today**, rebuilt from these sources
+(read for this module; no code copied):
+
+* NAT ``src/nat/profiler/prediction_trie/trie_builder.py`` and ``metrics_accumulator.py``
+  (NVIDIA/NeMo-Agent-Toolkit, commit 325afac): the trie is built from profiled traces. Per trace,
+  the LLM calls are taken in order of their end; each has a *path* (its parent function's name,
+  its function's name), a *call index* (1-based count of LLM calls of that function in the
+  trace), the *remaining calls* of the trace after it, the *inter-arrival time* (ms from its end
+  to the next LLM start) and its output tokens. Every node on the path (and the root) keeps, per
+  call index and over all indices, the sample count, mean, p50, p90 and p95 of each (linear
+  interpolation between order statistics).
+* NAT ``src/nat/llm/dynamo_llm.py`` (``_create_dynamic_prediction_hook``): at request time the
+  lookup takes the deepest trie node on the current function path and the call index counted so
+  far, and sends ``total_requests = remaining_calls.mean``, ``osl`` from ``output_tokens.p90``
+  and ``iat`` from ``interarrival_ms.mean``. NAT pull requests #1648 (the ``nvext`` field table:
+  ``iat`` is also used client-side to compute ``nvext.cache_control.ttl``) and #1634 (a 1–5
+  ``latency_sensitivity`` per call, scored from the call's structural role in the trace —
+  critical-path share, fan-out, first/last position, parallel siblings — written into the trie
+  and sent as the request's priority).
+* Dynamo docs, "Agent Hints" (``latency_sensitivity`` in seconds shifts a request's effective
+  arrival earlier in the router queue) and "KV Router" (default ``--router-mode kv``: per worker
+  ``cost = overlap_weight × prefill blocks + active decode blocks``, ``overlap_weight`` 1,
+  temperature 0 → the cheapest worker; host-tier prefix hits credited at 0.75).
+
+What runs in the simulator:
+
+* **trie** (:class:`PredictionTrie`) — fit on the *train split* (the records the profile is fit
+  on, never the replayed ones). Path = (workflow type, agent): the workflow is NAT's parent
+  function, the agent its function;
+* **scheduler** (:class:`LatencySensitivityFCFS`) — FCFS on the effective arrival
+  ``t_issue − latency_sensitivity`` seconds (Dynamo's documented use of the hint);
+* **router** (:class:`DynamoKVRouter`) — the KV router's cost on each replica of the call's pool,
+  from the replica's real cache state (Dynamo's KV events) and its outstanding tokens;
+* **cache** (:class:`HintTTLCache`) — LRU plus ``nvext.cache_control``: after a call the
+  session's prefix is pinned for ``ttl = total_requests × iat`` (remaining calls × inter-arrival
+  of the trie's prediction), unpinned when the session's next call arrives or the TTL ends.
+
+Assumptions where the sources did not settle a detail: the four sensitivity signals are weighted
+equally, each min–max normalised within its trace, and mapped to 1–5 (``1 + round(4 × score)``);
+the node's sensitivity is the rounded mean over its samples. NAT's custom ``processor.py``
+router (stickiness from ``total_requests`` and ``iat``) is an example component, not Dynamo's
+default router, so it is not modelled; Dynamo has since deprecated ``cache_control`` (the TTL pin
+is kept here because it is what NAT sends).
+"""
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Iterable, Sequence
+
+import numpy as np
+
+from simulator.baselines.caches import LRU
+from simulator.engine import Request
+from simulator.policy import Policy, Router, Scheduler
+
+STATS = ("mean", "p50", "p90", "p95")
+
+
+@dataclass
+class Metrics:
+    """NAT's ``PredictionMetrics``: sample count, mean and percentiles of one quantity."""
+
+    sample_count: int = 0
+    mean: float = 0.0
+    p50: float = 0.0
+    p90: float = 0.0
+    p95: float = 0.0
+
+    @classmethod
+    def of(cls, samples: Sequence[float]) -> "Metrics":
+        if not len(samples):
+            return cls()
+        x = np.asarray(samples, dtype=float)
+        p50, p90, p95 = np.percentile(x, [50, 90, 95])   # linear interpolation, as NAT's
+        return cls(len(x), float(x.mean()), float(p50), float(p90), float(p95))
+
+
+@dataclass
+class CallPrediction:
+    """NAT's ``LLMCallPrediction``: what the trie predicts for an LLM call at a position."""
+
+    remaining_calls: Metrics
+    interarrival_ms: Metrics
+    output_tokens: Metrics
+    latency_sensitivity: int | None = None
+
+
+@dataclass
+class TrieNode:
+    name: str
+    children: dict[str, "TrieNode"] = field(default_factory=dict)
+    by_call_index: dict[int, CallPrediction] = field(default_factory=dict)
+    any_index: CallPrediction | None = None
+
+
+def _sensitivities(recs: list[dict]) -> list[int]:
+    """1–5 latency sensitivity of each call of one trace (in the order given; see the module
+    docstring): critical-path share, fan-out, first/last position and (inverted) parallelism,
+    each min–max normalised over the trace, averaged with equal weights."""
+    n = len(recs)
+    if n == 1:
+        return [5]
+    t0 = np.array([float(r["t_arrival"]) for r in recs])
+    t1 = np.maximum(np.array([float(r["t_finish"]) for r in recs]), t0)
+    span = max(float(t1.max() - t0.min()), 1e-9)
+    critical = (t1 - t0) / span
+    # fan-out: calls that depend on this one (its descendants by parent ids; without ids a
+    # trace is a chain and every later call depends on it)
+    rid = [str(r.get("request_id")) for r in recs]
+    kids: dict[str, list[int]] = defaultdict(list)
+    has_parents = any(r.get("parent_request_ids") for r in recs)
+    for j, r in enumerate(recs):
+        for p in r.get("parent_request_ids") or []:
+            kids[str(p)].append(j)
+    fanout = np.zeros(n)
+    for i in range(n):
+        if has_parents:
+            seen, stack = set(), list(kids.get(rid[i], []))
+            while stack:
+                j = stack.pop()
+                if j not in seen:
+                    seen.add(j)
+                    stack += kids.get(rid[j], [])
+            fanout[i] = len(seen)
+        else:
+            fanout[i] = float(np.sum(t0 >= t1[i]))
+    position = np.zeros(n)
+    position[[0, n - 1]] = 1.0
+    overlap = np.array([np.sum((t0 < t1[i]) & (t1 > t0[i])) - 1 for i in range(n)], dtype=float)
+    parallel = -overlap
+
+    def norm(v: np.ndarray) -> np.ndarray:
+        lo, hi = float(v.min()), float(v.max())
+        return (v - lo) / (hi - lo) if hi > lo else np.zeros_like(v)
+
+    score = (norm(critical) + norm(fanout) + norm(position) + norm(parallel)) / 4.0
+    return [int(1 + round(4 * s)) for s in score]
+
+
+class PredictionTrie:
+    """NAT's prediction trie over (workflow type, agent), fit on flat log records.
+
+    ``fit(records)`` → self; ``find(workflow_type, agent, call_index)`` → the prediction NAT's
+    lookup returns (deepest node on the path; its call index, else its any-index prediction,
+    else the parent's), or None on an empty trie."""
+
+    def fit(self, records: Iterable[dict]) -> "PredictionTrie":
+        by_wf: dict[str, list[dict]] = defaultdict(list)
+        for r in records:
+            by_wf[str(r["workflow_id"])].append(r)
+        # node path -> call index (0 = any) -> quantity -> samples
+        acc: dict[tuple, dict[int, dict[str, list[float]]]] = defaultdict(
+            lambda: defaultdict(lambda: defaultdict(list)))
+        for recs in by_wf.values():
+            recs = sorted(recs, key=lambda r: (float(r["t_finish"]), str(r.get("request_id"))))
+            starts = np.sort([float(r["t_arrival"]) for r in recs])
+            sens = _sensitivities(recs)
+            counts: dict[str, int] = defaultdict(int)
+            for i, r in enumerate(recs):
+                wtype, agent = str(r.get("workflow_type_id", "")), str(r["agent_id"])
+                counts[agent] += 1
+                end = float(r["t_finish"])
+                k = int(np.searchsorted(starts, end, side="right"))
+                sample = {"remaining_calls": float(len(recs) - i - 1),
+                          "output_tokens": float(r["output_tokens"]),
+                          "latency_sensitivity": float(sens[i])}
+                if k < len(starts):
+                    sample["interarrival_ms"] = (starts[k] - end) * 1000.0
+                for key in ((), (wtype,), (wtype, agent)):
+                    for idx in (counts[agent], 0):
+                        for q, v in sample.items():
+                            acc[key][idx][q].append(v)
+        self.root_ = TrieNode("root")
+        for key, per_idx in acc.items():
+            node = self.root_
+            for name in key:
+                node = node.children.setdefault(name, TrieNode(name))
+            for idx, qs in per_idx.items():
+                sens = qs["latency_sensitivity"]
+                pred = CallPrediction(Metrics.of(qs["remaining_calls"]),
+                                      Metrics.of(qs.get("interarrival_ms", [])),
+                                      Metrics.of(qs["output_tokens"]),
+                                      int(round(float(np.mean(sens)))) if sens else None)
+                if idx == 0:
+                    node.any_index = pred
+                else:
+                    node.by_call_index[idx] = pred
+        self.n_traces_ = len(by_wf)
+        return self
+
+    def find(self, workflow_type: str, agent: str, call_index: int) -> CallPrediction | None:
+        nodes = [self.root_]
+        for name in (workflow_type, agent):
+            nxt = nodes[-1].children.get(name)
+            if nxt is None:
+                break
+            nodes.append(nxt)
+        for node in reversed(nodes):
+            pred = node.by_call_index.get(call_index) or node.any_index
+            if pred is not None:
+                return pred
+        return None
+
+
+@dataclass
+class Hints:
+    """The ``nvext`` hints NAT sends with one request (numbers, not NAT's LOW/MEDIUM/HIGH)."""
+
+    total_requests: float
+    osl: float
+    iat_s: float
+    latency_sensitivity: float
+
+
+class HintFeed(Scheduler):
+    """Attaches NAT's hints to each issued call (``req.pred["nat"]``), counting the call index
+    of its agent in its workflow as NAT's call tracker does. Orders nothing itself."""
+
+    def __init__(self, trie: PredictionTrie) -> None:
+        self.trie = trie
+        self.counts: dict[tuple[int, str], int] = defaultdict(int)
+
+    def hints(self, req: Request) -> Hints:
+        key = (req.wf, req.call.agent)
+        if req.pred is not None and "nat" in req.pred:
+            return req.pred["nat"]
+        self.counts[key] += 1
+        wtype = self.sim.workload.workflows[req.wf].workflow_type
+        p = self.trie.find(wtype, req.call.agent, self.counts[key])
+        h = (Hints(0.0, 0.0, 0.0, 0.0) if p is None else
+             Hints(p.remaining_calls.mean, p.output_tokens.p90, p.interarrival_ms.mean / 1000.0,
+                   float(p.latency_sensitivity or 0)))
+        req.pred = dict(req.pred or {}, nat=h)
+        return h
+
+
+class LatencySensitivityFCFS(HintFeed):
+    """Dynamo's queue order with ``latency_sensitivity``: FCFS on ``t_issue − sensitivity`` (s)."""
+
+    static_order = True
+
+    def on_issue(self, req: Request) -> None:
+        self.hints(req)
+
+    def queue_key(self, req: Request) -> tuple:
+        return (req.t_issue - self.hints(req).latency_sensitivity, req.idx)
+
+
+class DynamoKVRouter(Router):
+    """Dynamo's default KV router: the replica of least ``overlap_weight × prefill tokens +
+    outstanding tokens`` (block counts × block size: the ratio is the same), where prefill
+    tokens are the prompt minus its cached prefix there (GPU hits in full, host hits credited
+    at ``host_credit``) and outstanding tokens the running calls' KV plus the waiting prompts."""
+
+    def __init__(self, overlap_weight: float = 1.0, host_credit: float = 0.75) -> None:
+        self.overlap_weight = overlap_weight
+        self.host_credit = host_credit
+
+    def route(self, req: Request) -> int:
+        call = req.call
+        best, best_r = math.inf, -1
+        for rep in self.sim.candidates(req):
+            gpu, host, _ = rep.cache.match(call.path)
+            prefill = call.input_tokens - gpu - self.host_credit * host
+            cost = self.overlap_weight * prefill + rep.load_tokens()
+            if cost < best:
+                best, best_r = cost, rep.idx
+        return best_r
+
+
+class HintTTLCache(LRU):
+    """LRU plus NAT's ``cache_control`` pin: after a call with children the session's prefix
+    stays on its replica's GPU for ``total_requests × iat`` seconds, or until its next call."""
+
+    def __init__(self, feed: HintFeed) -> None:
+        self.feed = feed
+        self.pins: dict[int, tuple[int, tuple[int, ...]]] = {}
+
+    def on_finish(self, req: Request) -> None:
+        call = req.call
+        if not call.children:
+            return
+        h = self.feed.hints(req)
+        ttl = h.total_requests * h.iat_s
+        if ttl <= 0:
+            return
+        self._release(req.wf)
+        segs = tuple(call.path) + (call.own_seg,)
+        cache = self.sim.replicas[req.replica].cache
+        until = self.sim.now + ttl
+        for s in segs:
+            cache.pin(s, until)
+        self.sim.add_timer(until)
+        self.pins[req.wf] = (req.replica, segs)
+
+    def on_issue(self, req: Request) -> None:
+        self._release(req.wf)
+
+    def _release(self, wf: int) -> None:
+        pin = self.pins.pop(wf, None)
+        if pin is not None:
+            cache = self.sim.replicas[pin[0]].cache
+            for s in pin[1]:
+                cache.unpin(s)
+
+
+def nat_hints_policy(train_records: Sequence[dict]) -> Policy:
+    """The ``nat-hints`` baseline, its trie fit on ``train_records`` (the train split)."""
+    trie = PredictionTrie().fit(train_records)
+    sched = LatencySensitivityFCFS(trie)
+    return Policy("nat-hints", DynamoKVRouter(), sched, HintTTLCache(sched),
+                  "NAT-style hints (NeMo Agent Toolkit prediction trie fit on the train split): "
+                  "Dynamo KV router, FCFS shifted by latency sensitivity, KV pinned for "
+                  "remaining calls × inter-arrival")
+
+
+__all__ = ["PredictionTrie", "CallPrediction", "Metrics", "DynamoKVRouter",
+           "LatencySensitivityFCFS", "HintTTLCache", "nat_hints_policy"]
