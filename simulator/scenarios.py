@@ -107,7 +107,7 @@ PYTHIA_LIKE = Scenario(
 #: Applications of ``agent-platform``: (name, workload, share of the workflows). See the module
 #: docstring for what each stands for and where its tokens and times come from.
 PLATFORM_MIX: tuple[tuple[str, str, float], ...] = (
-    ("swe-agent", "datasets/real/swe_agent_glm45_bs4.jsonl", 0.10),
+    ("swe-agent", "datasets/swe_agent/swe_agent_glm45_bs4.jsonl", 0.10),
     ("mini-swe-agent", "datasets/real/mini_swe_agent_gemini3.jsonl", 0.10),
     ("coding-assistant", "coding-assistant", 0.15),
     ("agentless", "datasets/real/agentless_pr28.jsonl", 0.25),
