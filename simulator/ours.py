@@ -47,8 +47,10 @@ time at 0.05 /s; one fixed p99.5 bound per request) to measure what the current 
 The idle-downstream term of alg. 3 needs a model other than the one serving the call: with
 model pools (:mod:`simulator.pools`, e.g. ``--scenario pythia-like``) ``score_view`` gets each
 pool's queue depth and the agent → pool map; with one model there is no other queue that could
-idle and the term is inactive. ``ours-seconds`` ranks by expected remaining *seconds* instead of
-calls, ``ours-seconds-p90`` by the 0.9 quantile of it (``PriorityPolicy.remaining_unit``).
+idle and the term is inactive. ``ours`` ranks by the session's expected remaining *output
+tokens* (the default ``PriorityPolicy.remaining_unit``, :mod:`predictors.remaining_tokens`);
+``ours-calls`` by its expected remaining calls (the earlier rule), ``ours-seconds`` by expected
+remaining *seconds*, ``ours-seconds-p90`` by the 0.9 quantile of it.
 ``ours-no-preprefill`` switches pre-prefill off. Autoscaling is not a part of ours: any policy
 name takes ``+predictive`` or ``+reactive`` (:mod:`simulator.autoscale`).
 """
@@ -495,7 +497,6 @@ OURS_VARIANTS: dict[str, dict[str, Any]] = {
     "ours-no-preprefill": {"preprefill": False},
     "ours-belady": {"belady_eviction": True},
     "ours-seconds": {"priority_policy": PriorityPolicy(remaining_unit="seconds")},
-    "ours-tokens": {"priority_policy": PriorityPolicy(remaining_unit="tokens")},
     "ours-calls": {"priority_policy": PriorityPolicy(remaining_unit="calls")},
     "ours-no-idle": {"priority_policy": PriorityPolicy(w2=0.0)},
     "ours-seconds-p90": {"priority_policy": PriorityPolicy(remaining_unit="seconds",
