@@ -218,6 +218,8 @@ class Predictor:
             s = self.sessions.get(wt, wf, now)
             first_time = request_id is None or request_id not in s.pending
             if advance and first_time:
+                # the caller may say what the previous response called (app_metadata tool_names)
+                self.sessions.mark_tools(m, s, None, meta.get("tool_names"))
                 self.sessions.advance(m, s, agent)
                 if s.idle_since is not None and s.idle_median and now >= s.idle_since:
                     s.gap_log_sum += math.log(max(now - s.idle_since, MIN_GAP_S) / max(s.idle_median, MIN_GAP_S))
@@ -230,7 +232,7 @@ class Predictor:
                 self.sessions.account(s)
                 return unknown("no_profile")
             state = self.sessions.path_state(m, s)
-            context = (tuple(s.tail), s.calls)
+            context = (tuple(s.tail), s.calls, *self.sessions.served_context(s))
             entry = m.agents.get((wt, agent))
             band = None
             if entry is not None:
@@ -272,13 +274,14 @@ class Predictor:
         return ann
 
     def _path_fields(self, paths: Any, state: Any,
-                     context: tuple[tuple[str, ...], int] | None = None) -> dict[str, Any]:
+                     context: tuple | None = None) -> dict[str, Any]:
         """Path fields of the contract: from the sequence model (``paths.predict_at``: next
         agents, p_end and remaining work after the session's last agents, on the automaton or
         off it) when the profile has one, else from the automaton state."""
         out: dict[str, Any] = {}
         if context is not None and getattr(paths, "has_sequence_model", False):
-            est = paths.predict_at(state, context[0], context[1])
+            marks, tools = (context[2], context[3]) if len(context) > 2 else (None, None)
+            est = paths.predict_at(state, context[0], context[1], tools, marks)
             out["on_path"] = state is not None
             out["remaining_calls_p50"] = est.get("remaining_calls_p50")
             out["remaining_calls_p90"] = est.get("remaining_calls_p90")
@@ -322,7 +325,10 @@ class Predictor:
     def observe(self, completion: Mapping[str, Any]) -> bool | None:
         """Record a finished call: ``{"app_metadata" | workflow_type_id/workflow_id/agent_id,
         "request_id", "output_tokens", "input_tokens"?, "t_finish"?, "response_text"?,
-        "status"?}``.
+        "tool_names"?, "status"?}``. ``tool_names`` (the tools the response called; [] for none)
+        marks the call in the session's context (the sequence model's tool-marked context and
+        a remaining-work model over tool names read it); the caller may instead pass the
+        previous response's ``tool_names`` in the next call's ``app_metadata``.
 
         Returns whether the output length fell in the band this call was given (None when it had
         none); that outcome also feeds the shadow gate's live coverage. Never raises on bad input.
@@ -349,6 +355,7 @@ class Predictor:
                 self.sessions.advance(m, s, agent)
             else:
                 band = pending[1]
+            self.sessions.mark_tools(m, s, agent, completion.get("tool_names"))
             if isinstance(out, (int, float)) and not isinstance(out, bool) and completion.get("status", "ok") == "ok":
                 s.last_output[agent] = int(out)
             if completion.get("t_finish") is not None:

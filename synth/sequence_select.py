@@ -5,12 +5,15 @@ separate workflows: their multiplicity is spread over the folds); every fold is 
 once while the others train. For each held-out call the candidates predict
 
 * **the next symbol** (an agent, or END after the last call): the variable-order model
-  (:class:`synth.vomm.VariableOrderMarkov`) for every ``max_order`` × ``escape`` of the grid,
-  each mixed with the automaton fitted on the same training folds,
-  ``p = λ·p_vomm + (1 − λ)·p_pfa`` while the session is on the automaton (``p_vomm`` alone
-  once it left it), for every λ of the grid. The order and escape with the smallest mean
-  held-out log-loss ``−log p(actual)`` of the model alone win (that is what a session off
-  the automaton gets), then the λ with the smallest log-loss of the mixture;
+  (:class:`synth.vomm.VariableOrderMarkov`) for every context family (plain agents; where the
+  log says whether responses called tools, agents marked with it) × ``min_context`` (sparse
+  contexts skipped) × ``escape`` × ``max_order`` of the grid, each mixed with the automaton
+  fitted on the same training folds, ``p = λ·p_vomm + (1 − λ)·p_pfa`` while the session is on
+  the automaton (``p_vomm`` alone once it left it), for every λ of the grid. The model alone
+  (what a session off the automaton gets) is chosen by the one-standard-error rule on the mean
+  held-out log-loss ``−log p(actual)`` (the simplest within one paired standard error of the
+  best: plain agents before tool marks, then the shortest order), then the λ with the
+  smallest log-loss of the mixture;
 * **the remaining calls** (:class:`synth.remaining.RemainingWork`) for every ``order`` ×
   ``position`` × ``min_n`` × point (median or mean): the candidate with the smallest mean
   absolute error wins among those that beat the position median (``order = 0``, median) by
@@ -34,6 +37,12 @@ from synth.vomm import END, VariableOrderMarkov
 
 ORDERS = (1, 2, 3, 4, 6, 8)
 ESCAPES = (0.5, 1.0, 2.0)
+#: Sparse-context backoff: contexts with fewer training observations are skipped (see
+#: :mod:`synth.vomm`); 1 keeps every context.
+MIN_CONTEXTS = (1.0, 3.0, 10.0)
+#: Context families of the next-symbol model: plain agents, or agents marked with whether
+#: their response called a tool (only where the log says so).
+CONTEXTS = ("agent", "agent_tool")
 MIXTURES = (1.0, 0.75, 0.5, 0.25, 0.0)
 REMAINING_ORDERS = (0, 1, 2, 3, 4, 6, 8)
 REMAINING_POSITIONS = ("none", "bucket")
@@ -86,28 +95,41 @@ def subsample(counts: Sequence[int], max_workflows: int, seed: int = 0) -> np.nd
 
 def select_models(sequences: Sequence[Sequence[str]], counts: Sequence[int],
                   pfa_factory: PfaFactory | None = None, folds: int = 3,
-                  max_workflows: int = 1000, seed: int = 0) -> dict:
+                  max_workflows: int = 1000, seed: int = 0,
+                  contexts: Sequence[Sequence[str]] | None = None) -> dict:
     """Cross-validated choice of the next-symbol model and the remaining-work model.
 
-    Returns ``{"next": {max_order, escape, mixture, validation_log_loss, best_candidates…},
-    "remaining": {order, position, min_n, point, validation_mae, position_median_mae…},
-    "folds", "workflows"}``; with fewer than ``folds`` workflows the defaults (order 3, no
-    automaton mixing; the position median) come back with ``"reason"``.
+    ``contexts`` (optional; one context symbol per call of each sequence, the agent with the
+    mark of whether its response called a tool: :func:`synth.sequences.tool_mark`) adds the
+    tool-context family to the next-symbol candidates. Every held-out target is then scored
+    twice, as it is served: at the previous call's arrival (its own mark unknown) and after
+    that call's response (:mod:`synth.vomm`); the plain-agent family predicts the same at both.
+
+    Returns ``{"next": {max_order, escape, min_context, context, mixture, validation_log_loss,
+    best_candidates…}, "remaining": {order, position, min_n, point, validation_mae,
+    position_median_mae…}, "folds", "workflows"}``; with fewer than ``folds`` workflows the
+    defaults (order 3, no automaton mixing; the position median) come back with ``"reason"``.
     """
     sub = subsample(counts, max_workflows, seed)
     keep = np.flatnonzero(sub)
     seqs = [tuple(sequences[j]) for j in keep]
+    ctxs = [tuple(contexts[j]) for j in keep] if contexts is not None else None
     sub = sub[keep]
     total = int(sub.sum())
     if total < max(folds, 2):
-        return {"next": {"max_order": 3, "escape": 1.0, "mixture": 1.0,
+        return {"next": {"max_order": 3, "escape": 1.0, "mixture": 1.0, "min_context": 1.0,
+                         "context": "agent",
                          "reason": f"{total} workflows: too few to cross-validate"},
                 "remaining": {"order": 0, "position": "none", "min_n": 1, "point": "p50",
                               "reason": f"{total} workflows: too few to cross-validate"}}
     split = fold_counts(sub, folds, seed)
-    n_cfg = len(ORDERS) * len(ESCAPES)
+    families = CONTEXTS if ctxs is not None else CONTEXTS[:1]
+    grid = [(fam, order, escape, floor) for fam in families for floor in MIN_CONTEXTS
+            for escape in ESCAPES for order in ORDERS]
+    n_cfg = len(grid)
     loss = np.zeros((n_cfg, len(MIXTURES)))
     hits = np.zeros((n_cfg, len(MIXTURES)))
+    wf_loss = np.zeros((len(seqs), n_cfg))  # model alone, per distinct workflow (one-SE rule)
     events = agent_events = 0.0
     lams = np.array(MIXTURES)
     for f in range(folds):
@@ -118,43 +140,64 @@ def select_models(sequences: Sequence[Sequence[str]], counts: Sequence[int],
         if len(tr) == 0 or len(te) == 0:
             continue
         tr_seqs, tr_w = [seqs[j] for j in tr], train[tr].tolist()
-        vomm = VariableOrderMarkov(max_order=max(ORDERS)).fit(tr_seqs, tr_w)
+        models = {"agent": VariableOrderMarkov(max_order=max(ORDERS)).fit(tr_seqs, tr_w)}
+        if ctxs is not None:
+            models["agent_tool"] = VariableOrderMarkov(max_order=max(ORDERS)).fit(
+                tr_seqs, tr_w, [ctxs[j] for j in tr])
+        vocab = models["agent"].vocab_
+        for fam, model in models.items():
+            assert model.vocab_ == vocab  # same targets, same order
         pfa = pfa_factory(keep[tr].tolist(), tr_w) if pfa_factory is not None else None
-        index = {y: i for i, y in enumerate(vomm.vocab_)}
-        memo: dict[tuple, tuple] = {}
+        index = {y: i for i, y in enumerate(vocab)}
+        memo: dict[tuple, np.ndarray] = {}
+
+        def vectors(history_by_family: dict) -> np.ndarray:
+            key = tuple((fam, tuple(h[-max(ORDERS):]), len(h) <= max(ORDERS))
+                        for fam, h in history_by_family.items())
+            if key not in memo:
+                memo[key] = np.array(_vomm_vectors(models, history_by_family, families))
+            return memo[key]
         for j in te:
             seq, w = seqs[j], float(test[j])
             targets = (*seq, END)
             for t in range(len(seq) + 1):
                 history = seq[:t]
-                tail = history[-max(ORDERS):]
-                key = (tail, len(history) <= max(ORDERS))
-                if key not in memo:
-                    memo[key] = np.array(_vomm_vectors(vomm, history))
                 p_pfa = pfa(history) if pfa is not None else None
                 actual = index.get(targets[t])
                 pv = None
                 if p_pfa is not None:
-                    pv = np.zeros(len(vomm.vocab_))
+                    pv = np.zeros(len(vocab))
                     for sym, p in p_pfa.items():
                         if sym in index:
                             pv[index[sym]] += p
-                events += w
-                vecs = memo[key]
-                mixed = (lams[:, None, None] * vecs[None]
-                         + ((1.0 - lams)[:, None, None] * pv if pv is not None else 0.0))
-                if pv is None:
-                    mixed = np.broadcast_to(vecs[None], mixed.shape)
-                if actual is not None:
-                    p = mixed[..., actual]
-                else:  # a symbol the training folds never saw: the model's novel-symbol mass
-                    novel = np.maximum(1.0 - vecs.sum(axis=-1), 0.0)[None]
-                    p = (lams[:, None] if pv is not None else np.ones((len(lams), 1))) * novel
-                loss -= w * np.log(np.maximum(p, EPS)).T
-                if t < len(seq):  # top-1 over agents, as profiler eval scores it
-                    agent_events += w
-                    hits += w * (np.argmax(mixed[..., :-1], axis=-1) == actual).T
-    return {"next": _choose_next(loss, hits, events, agent_events, pfa_factory is not None),
+                # the histories a session holds when it predicts targets[t]: at the previous
+                # call's arrival and, with tool marks, after its response
+                moments = [{"agent": history}]
+                if ctxs is not None:
+                    marked = ctxs[j][:t]
+                    arrival = (*marked[:-1], history[-1]) if t else ()
+                    moments = [{"agent": history, "agent_tool": arrival},
+                               {"agent": history, "agent_tool": marked}]
+                for hist in moments:
+                    vecs = vectors(hist)
+                    events += w
+                    mixed = (lams[:, None, None] * vecs[None]
+                             + ((1.0 - lams)[:, None, None] * pv if pv is not None else 0.0))
+                    if pv is None:
+                        mixed = np.broadcast_to(vecs[None], mixed.shape)
+                    if actual is not None:
+                        p = mixed[..., actual]
+                    else:  # a symbol the training folds never saw: the novel-symbol mass
+                        novel = np.maximum(1.0 - vecs.sum(axis=-1), 0.0)[None]
+                        p = (lams[:, None] if pv is not None else np.ones((len(lams), 1))) * novel
+                    step = -np.log(np.maximum(p, EPS)).T
+                    loss += w * step
+                    wf_loss[j] += w * step[:, 0]
+                    if t < len(seq):  # top-1 over agents, as profiler eval scores it
+                        agent_events += w
+                        hits += w * (np.argmax(mixed[..., :-1], axis=-1) == actual).T
+    return {"next": _choose_next(loss, hits, events, agent_events, pfa_factory is not None,
+                                 grid, wf_loss, sub),
             "remaining": _remaining_cv(seqs, sub, REMAINING_FOLDS,
                                        REMAINING_REPEATS if total < REPEAT_BELOW else 1, seed),
             "folds": folds, "workflows": total}
@@ -233,34 +276,61 @@ def _remaining_cv(seqs: Sequence[tuple], counts: np.ndarray, folds: int, repeats
     return out
 
 
-def _vomm_vectors(vomm: VariableOrderMarkov, history: Sequence[str]) -> list[np.ndarray]:
-    """One probability vector per (max_order, escape) of the grid, in grid order."""
+def _vomm_vectors(models: Mapping[str, VariableOrderMarkov], histories: Mapping[str, Sequence[str]],
+                  families: Sequence[str]) -> list[np.ndarray]:
+    """One probability vector per candidate of the grid (family, min_context, escape, order),
+    in grid order: one pass of :meth:`VariableOrderMarkov.levels` per (family, min_context,
+    escape) gives every order (the level-k vector is the order-k model's prediction)."""
     out = []
-    for order in ORDERS:
-        for escape in ESCAPES:
-            levels = list(vomm.levels(history, max_order=order, escape=escape))
-            out.append(levels[-1])
+    for fam in families:
+        for floor in MIN_CONTEXTS:
+            for escape in ESCAPES:
+                levels = list(models[fam].levels(histories[fam], max_order=max(ORDERS),
+                                                 escape=escape, min_context=floor))
+                out.extend(levels[order] for order in ORDERS)
     return out
 
 
 def _choose_next(loss: np.ndarray, hits: np.ndarray, events: float, agent_events: float,
-                 with_pfa: bool) -> dict:
+                 with_pfa: bool, grid: Sequence[tuple], wf_loss: np.ndarray,
+                 weights: np.ndarray) -> dict:
+    """The next-symbol model by the one-standard-error rule: among the models alone (mixture
+    1, what a session off the automaton gets) within one standard error (paired by held-out
+    workflow) of the smallest validation log-loss, the simplest (plain agents before tool
+    context, then the shortest order, then the smallest loss); then its mixture weight."""
     mixtures = MIXTURES if with_pfa else MIXTURES[:1]
     cands = []
-    for c in range(loss.shape[0]):
-        order, escape = ORDERS[c // len(ESCAPES)], ESCAPES[c % len(ESCAPES)]
+    for c, (fam, order, escape, floor) in enumerate(grid):
         for m, lam in enumerate(mixtures):
-            cands.append({"max_order": order, "escape": escape, "mixture": lam,
+            cands.append({"context": fam, "max_order": order, "escape": escape,
+                          "min_context": floor, "mixture": lam, "index": c,
                           "log_loss": round(float(loss[c, m] / events), 5),
                           "top1": round(float(hits[c, m] / max(agent_events, 1e-12)), 5)})
-    # the model alone first (it is all a session off the automaton gets), then its weight
     alone = [d for d in cands if d["mixture"] == 1.0]
-    first = min(alone, key=lambda d: d["log_loss"])
-    best = min((d for d in cands if d["max_order"] == first["max_order"]
-                and d["escape"] == first["escape"]), key=lambda d: d["log_loss"])
+    best = min(alone, key=lambda d: d["log_loss"])
+    w = weights.astype(float)
+    n = float(w.sum())
+    per_event = events / max(n, 1e-12)  # scored events per workflow (the loss unit below)
+
+    def within_one_se(d: dict) -> bool:
+        if d["index"] == best["index"] or n < 2:
+            return d["index"] == best["index"]
+        diff = (wf_loss[:, d["index"]] - wf_loss[:, best["index"]]) / np.maximum(w, 1e-12)
+        mean = float(np.average(diff, weights=w))
+        var = float(np.average((diff - mean) ** 2, weights=w)) * n / (n - 1)
+        return mean <= (var / n) ** 0.5
+    first = min((d for d in alone if within_one_se(d)),
+                key=lambda d: (d["context"] != "agent", d["max_order"], d["log_loss"]))
+    chosen = min((d for d in cands if d["index"] == first["index"]),
+                 key=lambda d: d["log_loss"])
     top = sorted(cands, key=lambda d: d["log_loss"])[:5]
-    return {**{k: best[k] for k in ("max_order", "escape", "mixture")},
-            "validation_log_loss": best["log_loss"], "best_candidates": top,
+    return {**{k: chosen[k] for k in ("max_order", "escape", "min_context", "context",
+                                      "mixture")},
+            "validation_log_loss": chosen["log_loss"], "validation_top1": chosen["top1"],
+            "best_log_loss": best["log_loss"], "events_per_workflow": round(per_event, 3),
+            "rule": "one standard error (paired by held-out workflow) of the best log-loss: "
+                    "the simplest (plain agents, then shortest order)",
+            "best_candidates": [{k: v for k, v in d.items() if k != "index"} for d in top],
             "pfa_only_log_loss": (min(d["log_loss"] for d in cands if d["mixture"] == 0.0)
                                   if with_pfa else None)}
 

@@ -13,7 +13,7 @@ from synth.sequence_select import fold_counts, select_models
 from synth.sequences import sequences_from_symbols
 from synth.session import WorkflowPaths
 from synth.evaluation import score_sequences
-from synth.vomm import END, VariableOrderMarkov
+from synth.vomm import END, START, VariableOrderMarkov
 
 
 def test_witten_bell_by_hand():
@@ -189,6 +189,8 @@ def test_single_agent_type_uses_tool_names_for_remaining_work(tmp_path):
     assert rc["mae"] < 0.8 * rc["baselines"]["position_median"], rc
     # serving without the tool history backs off to the call index (never fails)
     paths = WorkflowPaths.from_section(profile.data["workflows"]["solo"])
-    with_tools = paths.predict(None, ["main"] * 12, ["find"] * 10 + ["edit"] * 2)
+    # the tool context of call 12 is the tools of the 11 calls before it (what a session
+    # knows when call 12 is annotated): the first "edit" at call 11 says 5 calls in all remain
+    with_tools = paths.predict(None, ["main"] * 12, [START] + ["find"] * 10 + ["edit"])
     without = paths.predict(None, ["main"] * 12)
     assert with_tools["remaining_calls_p50"] == 3 and without["remaining_calls_p50"] is not None
