@@ -15,10 +15,10 @@ once while the others train. For each held-out call the candidates predict
   best: plain agents before tool marks, then the shortest order), then the λ with the
   smallest log-loss of the mixture;
 * **the remaining calls** (:class:`synth.remaining.RemainingWork`) for every ``order`` ×
-  ``position`` × ``min_n`` × point (median or mean): the candidate with the smallest mean
-  absolute error wins among those that beat the position median (``order = 0``, median) by
-  more than z standard errors of the paired per-workflow difference (z ≥ 2, Bonferroni over
-  the candidate grid).
+  ``position`` × ``min_n`` × point (median or mean): among the candidates that beat the position
+  median (``order = 0``, median) by more than z standard errors of the paired per-workflow
+  difference (z ≥ 2, Bonferroni over the context families compared), the simplest within one
+  paired standard error of the best mean absolute error (:func:`_choose_remaining`).
 
 At most ``max_workflows`` workflows (a seeded multinomial sample of the distinct paths by
 their counts) take part, which keeps the cost flat on large stores; the fit itself then uses
@@ -26,7 +26,6 @@ every training workflow.
 """
 from __future__ import annotations
 
-from collections import defaultdict
 from statistics import NormalDist
 from typing import Callable, Mapping, Sequence
 
@@ -52,8 +51,9 @@ REMAINING_MIN_N = (1, 3, 10)
 REMAINING_POINTS = {"p50": 1, "mean": 3}
 EPS = 1e-6
 #: How many standard errors a remaining-work candidate must beat the position median by, at
-#: least; with m candidates the bar is the Bonferroni one, z = Φ⁻¹(1 − FAMILY_ALPHA / (2m)), so
-#: that the best of many near-equal candidates does not win by chance (winner's curse).
+#: least; with F context families (order × position) compared the bar is the Bonferroni one,
+#: z = Φ⁻¹(1 − FAMILY_ALPHA / (2F)), so that the best of many near-equal families does not win
+#: by chance (winner's curse).
 SE_FACTOR = 2.0
 FAMILY_ALPHA = 0.05
 #: Remaining-work validation: folds and repeats (different fold draws), pooled; repeated
@@ -227,9 +227,13 @@ def _remaining_cv(seqs: Sequence[tuple], counts: np.ndarray, folds: int, repeats
                   seed: int) -> dict:
     """Remaining-work candidates scored by ``repeats`` × ``folds``-fold CV by workflow (no
     automaton is fitted here, so repeating is cheap and steadies the choice on small data)."""
-    rem_err: dict[tuple, float] = defaultdict(float)
-    rem_diff: dict[tuple, list] = defaultdict(lambda: [0.0, 0.0])
-    calls = rem_workflows = 0.0
+    cands = [(order, pos, min_n, point) for order in REMAINING_ORDERS
+             for pos in REMAINING_POSITIONS for min_n in REMAINING_MIN_N
+             for point in REMAINING_POINTS]
+    col = {c: i for i, c in enumerate(cands)}
+    errors: list[np.ndarray] = []   # one row per held-out (repeat, path): summed abs errors
+    weights: list[float] = []       # how many identical workflows the row stands for
+    calls = 0.0
     for r in range(repeats):
         split = fold_counts(counts, folds, seed + 1 + r)
         for f in range(folds):
@@ -244,7 +248,7 @@ def _remaining_cv(seqs: Sequence[tuple], counts: np.ndarray, folds: int, repeats
             for j in np.flatnonzero(test):
                 seq, w = seqs[j], float(test[j])
                 n = len(seq)
-                row_err: dict[tuple, float] = defaultdict(float)  # this workflow's errors
+                row_err = np.zeros(len(cands))  # this workflow's errors
                 for i in range(n):
                     calls += w
                     truth = n - 1 - i
@@ -259,19 +263,12 @@ def _remaining_cv(seqs: Sequence[tuple], counts: np.ndarray, folds: int, repeats
                                         break
                                 else:
                                     row = rows[m] or [0.0] * 5
-                                for point, col in REMAINING_POINTS.items():
-                                    row_err[(order, pos, min_n, point)] += abs(row[col]
-                                                                   - truth)
-                for cand, e in row_err.items():
-                    rem_err[cand] += w * e
-                base_e = row_err[BASE_REMAINING]
-                for cand, e in row_err.items():  # paired differences to the position median
-                    rem_diff[cand][0] += w * (e - base_e)
-                    rem_diff[cand][1] += w * (e - base_e) ** 2
-                rem_workflows += w
-    # a workflow is held out once per repeat: its paired difference is averaged over repeats
-    diff = {k: [v[0] / repeats, v[1] / repeats] for k, v in rem_diff.items()}
-    out = _choose_remaining(rem_err, diff, calls, rem_workflows / repeats)
+                                for point, c in REMAINING_POINTS.items():
+                                    row_err[col[(order, pos, min_n, point)]] += abs(row[c]
+                                                                                    - truth)
+                errors.append(row_err)
+                weights.append(w)
+    out = _choose_remaining(cands, np.array(errors), np.array(weights), calls, repeats)
     out.update(folds=folds, repeats=repeats)
     return out
 
@@ -335,29 +332,60 @@ def _choose_next(loss: np.ndarray, hits: np.ndarray, events: float, agent_events
                                   if with_pfa else None)}
 
 
-def _choose_remaining(err: Mapping[tuple, float], diff: Mapping[tuple, list], calls: float,
-                      workflows: float) -> dict:
-    """The best candidate by validation MAE among those that beat the position median by
-    more than :data:`SE_FACTOR` standard errors of the paired per-workflow difference (else
-    the position median itself): a context that helps only within the noise of a few dozen
-    workflows is not trusted to help on new ones."""
+def _choose_remaining(cands: Sequence[tuple], errors: np.ndarray, weights: np.ndarray,
+                      calls: float, repeats: int) -> dict:
+    """The remaining-work candidate, honestly chosen on small logs.
+
+    1. *Beats the position median beyond noise*: a candidate is eligible when its paired
+       per-workflow difference to the position median is below zero by more than z standard
+       errors, z = Φ⁻¹(1 − α / 2F) (at least :data:`SE_FACTOR`) with F the number of candidate
+       *families* compared (context order × position: the point and ``min_n`` variants of one
+       family are near-copies, so counting them as independent tests, as a Bonferroni bar over
+       every candidate did, asked a 29 % validation gain for z = 3.4 and threw it away).
+    2. *One standard error*: among the eligible, the simplest (shortest context, no position,
+       median, largest ``min_n``) whose MAE is within one paired standard error of the best
+       eligible one. No eligible candidate: the position median itself.
+    """
+    # ``errors[r, c]``: abs errors summed over held-out row r's calls (one workflow standing
+    # for ``weights[r]`` identical ones); a workflow is held out once per repeat
+    workflows = float(weights.sum()) / repeats
+    total = weights @ errors
+    err = {c: float(total[i]) for i, c in enumerate(cands)}
+    index = {c: i for i, c in enumerate(cands)}
     scores = sorted((e / calls, key) for key, e in err.items())
     base_key = BASE_REMAINING
-    z = max(SE_FACTOR, NormalDist().inv_cdf(1 - FAMILY_ALPHA / (2 * max(len(err) - 1, 1))))
+    families = {(k[0], k[1]) for k in err} - {(base_key[0], base_key[1])}
+    z = max(SE_FACTOR, NormalDist().inv_cdf(1 - FAMILY_ALPHA / (2 * max(len(families), 1))))
 
-    def significant(key: tuple) -> bool:
-        s1, s2 = diff[key]
+    def paired(key: tuple, ref: tuple) -> tuple[float, float]:
+        """Mean and standard error of the per-workflow difference key − ref."""
+        d = errors[:, index[key]] - errors[:, index[ref]]
+        mean = float(weights @ d) / repeats / workflows
+        var = max(float(weights @ d ** 2) / repeats / workflows - mean * mean, 0.0)
+        var *= workflows / max(workflows - 1, 1)
+        return mean, (var / workflows) ** 0.5
+
+    def eligible(key: tuple) -> bool:
         if key == base_key or workflows < 2:
-            return key == base_key
-        mean = s1 / workflows
-        var = max(s2 / workflows - mean * mean, 0.0) * workflows / (workflows - 1)
-        return mean + z * (var / workflows) ** 0.5 < 0.0
-    mae, (order, pos, min_n, point) = next((m, k) for m, k in scores if significant(k))
+            return False
+        mean, se = paired(key, base_key)
+        return mean + z * se < 0.0
+    winners = [(m, k) for m, k in scores if eligible(k)]
+    if not winners:
+        mae, chosen = err[base_key] / calls, base_key
+    else:
+        best_mae, best = winners[0]
+        close = [(m, k) for m, k in winners
+                 if k == best or paired(k, best)[0] <= paired(k, best)[1]]
+        mae, chosen = min(close, key=lambda mk: (mk[1][0], mk[1][1] != "none",
+                                                 mk[1][3] != "p50", -mk[1][2], mk[0]))
+    order, pos, min_n, point = chosen
     baseline = err[base_key] / calls
     return {"order": order, "position": pos, "min_n": min_n, "point": point,
             "validation_mae": round(mae, 5), "position_median_mae": round(baseline, 5),
-            "rule": "best validation MAE among candidates better than the position median "
-                    f"by more than {z:.2f} standard errors (paired by workflow; Bonferroni over "
-                    f"{len(err) - 1} candidates)",
+            "z": round(z, 3), "families": len(families),
+            "rule": "candidates better than the position median by more than "
+                    f"{z:.2f} paired standard errors (Bonferroni over {len(families)} "
+                    "context families); the simplest within one standard error of the best",
             "best_candidates": [{"order": k[0], "position": k[1], "min_n": k[2],
                                  "point": k[3], "mae": round(s, 5)} for s, k in scores[:5]]}
