@@ -27,7 +27,8 @@ from predictors.idle_gap import IdleGapModel
 from predictors.output_length import OutputLengthIntervals
 from predictors.tool_latency import ToolLatencyModel
 from profiler import ingest as ingest_mod
-from profiler.data_limits import calls_by_timing, is_order_only, limitations
+from profiler.data_limits import (calls_by_timing, is_order_only, limitations,
+                                  note_order_only_types, order_only_types)
 from profiler.frames import query_frame
 from profiler.profile_artifact import Profile, store_path, write_profile
 from profiler.store import connect, store_counts
@@ -77,7 +78,17 @@ def timed_tool_calls(con: duckdb.DuckDBPyConnection) -> pd.DataFrame:
     """``workflow_type_id, tool_name, latency_s`` of every tool execution with a latency, in a
     fixed order (see :func:`ok_calls`)."""
     return query_frame(con, "SELECT workflow_type_id, tool_name, latency_s FROM tool_calls "
-                            "WHERE latency_s IS NOT NULL ORDER BY request_id, tool_index")
+                            f"WHERE latency_s IS NOT NULL{_real_times(con)} ORDER BY request_id, tool_index")
+
+
+def _real_times(con: duckdb.DuckDBPyConnection) -> str:
+    """SQL ``AND …`` that leaves out the workflow types whose times are call positions
+    (:func:`profiler.data_limits.order_only_types`): no time model is fit or scored on them."""
+    types = order_only_types(con)
+    if not types:
+        return ""
+    quoted = ", ".join("'" + t.replace("'", "''") + "'" for t in types)
+    return f" AND workflow_type_id NOT IN ({quoted})"
 
 
 def fit_tool_latency(con: duckdb.DuckDBPyConnection, options: FitOptions) -> ToolLatencyModel:
@@ -85,7 +96,7 @@ def fit_tool_latency(con: duckdb.DuckDBPyConnection, options: FitOptions) -> Too
     recency weighting per workflow type (half-life chosen on a later slice; ``extra={"drift":
     False}`` turns it off)."""
     rows = query_frame(con, "SELECT workflow_type_id, workflow_id, tool_name, t_start, latency_s FROM tool_calls "
-                            "WHERE latency_s IS NOT NULL ORDER BY request_id, tool_index")
+                            f"WHERE latency_s IS NOT NULL{_real_times(con)} ORDER BY request_id, tool_index")
     half_lives = IdleGapModel().half_lives if options.extra.get("drift", True) else (None,)
     return ToolLatencyModel(ks_threshold=options.ks_threshold, ttl_quantile=options.ttl_quantile,
                             max_ttl_s=options.max_ttl_s, half_lives=half_lives).fit(rows)
@@ -107,7 +118,7 @@ def idle_gap_calls(con: duckdb.DuckDBPyConnection) -> pd.DataFrame:
     return query_frame(
         con,
         "SELECT workflow_type_id, workflow_id, agent_id, coalesce(tool_names[1], '') AS tool, call_index, "
-        f"t_arrival, {gap} AS gap_after_s FROM calls {window}"
+        f"t_arrival, {gap} AS gap_after_s FROM calls WHERE true{_real_times(con)} {window}"
         "ORDER BY workflow_type_id, workflow_id, call_index")
 
 
@@ -175,7 +186,8 @@ def time_sections(con: duckdb.DuckDBPyConnection, options: FitOptions) -> dict[s
         tl, ig = fit_tool_latency(con, options), fit_idle_gap(con, options)
         timed_tools = con.execute("SELECT count(*) FROM tool_calls WHERE latency_s IS NOT NULL").fetchone()[0]
     return {"tool_latency": tl.to_dict(), "idle_gap": ig.to_dict(),
-            "limitations": limitations(counts, order_only, int(timed_tools))}
+            "limitations": note_order_only_types(limitations(counts, order_only, int(timed_tools)),
+                                                 order_only_types(con))}
 
 
 def fit_from_store(con: duckdb.DuckDBPyConnection, options: FitOptions,
