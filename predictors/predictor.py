@@ -53,6 +53,7 @@ from types import SimpleNamespace
 from typing import Any, Mapping
 
 from predictors.compiled import AgentEntry, CompiledProfile
+from predictors.coverage_monitor import CoverageMonitor
 from predictors.contract import ID_KEYS, Annotation, NextAgent
 from predictors.served import MIN_GAP_S
 from predictors.sessions import DEFAULT_MAX_SESSION_BYTES, SESSION_BASE_BYTES, Session, SessionTable
@@ -94,6 +95,7 @@ class Predictor:
                                      session_idle_s=session_idle_s, recent_outputs=recent_outputs)
         self.max_tools = int(max_tools)
         self.gate = gate
+        self.coverage_monitor = CoverageMonitor()  # drift alarm over observed band outcomes
         self.priority_policy = priority_policy
         self.prompt_composition_agents = int(prompt_composition_agents)
         self.clock = clock
@@ -370,6 +372,9 @@ class Predictor:
         if band is None or not isinstance(out, (int, float)) or isinstance(out, bool):
             return None
         hit = band[0] <= out <= band[1]
+        if m is not None:
+            self.coverage_monitor.set_nominal(m.coverage)
+        self.coverage_monitor.record(wt, hit)
         if self.gate is not None:
             self.gate.record(wt, hit)
         return hit
