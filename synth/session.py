@@ -62,6 +62,10 @@ class WorkflowPaths:
         #: Symbols the remaining-work model reads: "agent" (the session's agents) or "tool"
         #: (the first tool of each call, for single-agent types; see synth.profile_section).
         self.remaining_alphabet: str = (remaining or {}).get("alphabet", "agent")
+        #: A tool-alphabet model fit before issue 26 read each call's *own* tool, which no
+        #: session knows when the call is annotated: it is served (and scored) without tools,
+        #: i.e. as the position median, as it always was served.
+        self._tools_servable: bool = (remaining or {}).get("tool_context") == "previous"
         self._predict_cache: dict[tuple, dict] = {}
 
     @classmethod
@@ -148,7 +152,8 @@ class WorkflowPaths:
         rem_tail = tail
         if self.remaining is not None and self.remaining_alphabet == "tool":
             k = self.remaining.order
-            rem_tail = tuple(tools[len(tools) - k:]) if tools and k else ()
+            rem_tail = (tuple(tools[len(tools) - k:]) if tools and k and self._tools_servable
+                        else ())
         key = (state, tail, n_calls, rem_tail, ctx)
         out = self._predict_cache.get(key)
         if out is not None:

@@ -122,3 +122,25 @@ def test_sparse_context_backs_off_to_a_shorter_one():
     assert dense["y"] > dense["x"]  # the one observation of the long context dominates
     sparse = VariableOrderMarkov(max_order=3, min_context=3).fit(seqs).distribution(("c", "a", "b"))
     assert sparse["x"] > 0.9  # skipped: backs off to "a b"
+
+
+def test_a_tool_model_fit_on_each_calls_own_tool_is_served_as_the_position_median():
+    """Profiles fit before the tool context was aligned with serving (no ``tool_context``)
+    read call i's own tool, unknown at its annotation: they get no tools, as served before."""
+    from synth.fit import fit_sequences
+    from synth.remaining import RemainingWork
+    agents = sequences_from_symbols([["main"] * 9] * 12 + [["main"] * 6] * 8)
+    tools = [("find",) * 6 + ("edit",) * 3] * 12 + [("find",) * 3 + ("edit",) * 3] * 8
+    section = fit_sequences(agents)
+    rm = RemainingWork(order=1, position="none", min_n=1).fit(tools)
+    history, seen = ["main"] * 4, ["find", "find", "find", "edit"]
+    results = {}
+    for context in (None, "previous"):
+        section["remaining_model"] = {**rm.to_dict(), "alphabet": "tool",
+                                      **({"tool_context": context} if context else {})}
+        paths = WorkflowPaths.from_section(section)
+        results[context] = (paths.predict(None, history, seen)["remaining_calls_p50"],
+                            paths.predict(None, history)["remaining_calls_p50"])
+    with_tools, without = results[None]
+    assert with_tools == without            # old alignment: the position median
+    assert results["previous"][0] != results["previous"][1]   # aligned: the tools are read
