@@ -12,8 +12,8 @@ narrowest whose coverage on held-out workflows (K-fold *by workflow*) reaches no
 :mod:`predictors.quantile_tree` the conditional model). No call-count threshold decides: a band
 is wider than its parent's only when validation rejects the parent. Each entry records what was
 chosen and why (``selection``: held-out coverage and width of every candidate). Then one
-miscoverage budget is shared over the whole log (:meth:`OutputLengthIntervals._allocate`): the
-pooled held-out coverage is held to nominal and spent where bands are widest. An agent that
+miscoverage budget is shared within each workflow type (:meth:`OutputLengthIntervals._allocate`):
+the type's pooled held-out coverage is held to nominal and spent where its bands are widest. An agent that
 cannot be validated (fewer than 3 calls, or all in one workflow) is *degenerate*: it is served
 its parent's entry and ``fallback_reason`` says why.
 
@@ -143,8 +143,8 @@ class OutputLengthIntervals(OutputBands, BaseEstimator):
     max_output_tokens : a hard cap on any length (the request's ``max_tokens`` or the context
         limit) when known; else the ceiling is twice the largest observed length.
     random_state : seed of the fold assignment and the subsamples.
-    shared_budget : after the per-agent choice, share one miscoverage budget over the whole log
-        (:meth:`_allocate`); False keeps every agent at its own 1 − α.
+    shared_budget : after the per-agent choice, share one miscoverage budget within each
+        workflow type (:meth:`_allocate`); False keeps every agent at its own 1 − α.
 
     Fitted attributes: ``global_``, ``workflow_types_``, ``agents_`` (dicts of entries),
     ``n_conditional_`` (agents served by the conditional model). Serving (``lookup``,
@@ -281,23 +281,31 @@ class OutputLengthIntervals(OutputBands, BaseEstimator):
         return entry, served
 
     def _allocate(self, types: list[tuple], g_folds: dict) -> None:
-        """Spend one miscoverage budget over the whole log where bands are widest.
+        """Spend one miscoverage budget within each workflow type where bands are widest.
 
-        What a caller and ``profiler eval`` measure is the coverage over all calls, so the pooled
-        held-out coverage, not each agent's, is held to nominal: every agent (and, per workflow
-        type, the agents served their parent's band, as one group) picks one option — its
-        validated choice at nominal, its workflow type's band, the global band, or its
-        order-statistic band at another level of :data:`band_selection.BUDGET_LEVELS` — so that
-        the summed held-out misses stay within the budget of all N held-out calls
+        Every agent (and, per workflow type, the agents served their parent's band, as one
+        group) picks one option — its validated choice at nominal, its workflow type's band,
+        the global band, or its order-statistic band at another level of
+        :data:`band_selection.BUDGET_LEVELS` — so that the summed held-out misses of the
+        type's calls stay within the budget of its N held-out calls
         (:func:`band_selection.budget_misses`) and the summed held-out width is least
         (:func:`band_selection.allocate_budget`). A heavy-tailed agent then gives up a little of
-        its own coverage and the narrow ones keep theirs. "Every agent at its validated choice",
-        "every agent at its type's band" and "every agent at the global band" are all in the
-        search, so the log is never served a configuration that validation says is wider than
-        those at nominal coverage.
+        its own coverage and the narrow ones of the same type keep theirs. The budget is per
+        workflow type, not per log: a log-wide budget let one application (a many-agent team)
+        fall to 0.94–0.96 at nominal 0.99 while another over-covered with wider bands; every
+        type is one application with its own users, so each is held to nominal. "Every agent
+        at its validated choice", "every agent at its type's band" and "every agent at the
+        global band" are all in each type's search, so no type is served a configuration that
+        validation says is wider than those at nominal coverage.
 
         ``types``: per workflow type (wt entry, its band per fold, its lengths and folds, its
         agents' entries, each agent's (lengths, folds))."""
+        for t in types:
+            self._allocate_type(t, g_folds)
+
+    def _allocate_type(self, t: tuple, g_folds: dict) -> None:
+        """:meth:`_allocate` for one workflow type ``t``."""
+        types = [t]
         cov, cap = self.coverage, self.max_output_tokens
         g = self.global_
         groups: list[dict[str, Any]] = []

@@ -62,6 +62,7 @@ from types import SimpleNamespace
 from typing import Any, Mapping
 
 from predictors.compiled import AgentEntry, CompiledProfile
+from predictors.coverage_monitor import CoverageMonitor
 from predictors.contract import ID_KEYS, Annotation, NextAgent
 from predictors.served import MIN_GAP_S
 from predictors.sessions import DEFAULT_MAX_SESSION_BYTES, SESSION_BASE_BYTES, Session, SessionTable
@@ -106,6 +107,7 @@ class Predictor:
                                      session_idle_s=session_idle_s, recent_outputs=recent_outputs)
         self.max_tools = int(max_tools)
         self.gate = gate
+        self.coverage_monitor = CoverageMonitor()  # drift alarm over observed band outcomes
         self.priority_policy = priority_policy
         self.prompt_composition_agents = int(prompt_composition_agents)
         self.clock = clock
@@ -230,6 +232,8 @@ class Predictor:
             s = self.sessions.get(wt, wf, now)
             first_time = request_id is None or request_id not in s.pending
             if advance and first_time:
+                # the caller may say what the previous response called (app_metadata tool_names)
+                self.sessions.mark_tools(m, s, None, meta.get("tool_names"))
                 self.sessions.advance(m, s, agent)
                 if s.idle_since is not None and s.idle_median and now >= s.idle_since:
                     s.gap_log_sum += math.log(max(now - s.idle_since, MIN_GAP_S) / max(s.idle_median, MIN_GAP_S))
@@ -242,7 +246,7 @@ class Predictor:
                 self.sessions.account(s)
                 return unknown("no_profile")
             state = self.sessions.path_state(m, s)
-            context = (tuple(s.tail), s.calls)
+            context = (tuple(s.tail), s.calls, *self.sessions.served_context(s))
             done = 1 if advance else 0       # this call is already counted in the session
             remaining = m.remaining_output(wt, s.calls - done, agent, s.out_sum, s.out_expected,
                                            s.agent_calls.get(agent, 0) - done)
@@ -296,13 +300,14 @@ class Predictor:
         return ann
 
     def _path_fields(self, paths: Any, state: Any,
-                     context: tuple[tuple[str, ...], int] | None = None) -> dict[str, Any]:
+                     context: tuple | None = None) -> dict[str, Any]:
         """Path fields of the contract: from the sequence model (``paths.predict_at``: next
         agents, p_end and remaining work after the session's last agents, on the automaton or
         off it) when the profile has one, else from the automaton state."""
         out: dict[str, Any] = {}
         if context is not None and getattr(paths, "has_sequence_model", False):
-            est = paths.predict_at(state, context[0], context[1])
+            marks, tools = (context[2], context[3]) if len(context) > 2 else (None, None)
+            est = paths.predict_at(state, context[0], context[1], tools, marks)
             out["on_path"] = state is not None
             out["remaining_calls_p50"] = est.get("remaining_calls_p50")
             out["remaining_calls_p90"] = est.get("remaining_calls_p90")
@@ -346,7 +351,10 @@ class Predictor:
     def observe(self, completion: Mapping[str, Any]) -> bool | None:
         """Record a finished call: ``{"app_metadata" | workflow_type_id/workflow_id/agent_id,
         "request_id", "output_tokens", "input_tokens"?, "t_finish"?, "response_text"?,
-        "status"?}``.
+        "tool_names"?, "status"?}``. ``tool_names`` (the tools the response called; [] for none)
+        marks the call in the session's context (the sequence model's tool-marked context and
+        a remaining-work model over tool names read it); the caller may instead pass the
+        previous response's ``tool_names`` in the next call's ``app_metadata``.
 
         Returns whether the output length fell in the band this call was given (None when it had
         none); that outcome also feeds the shadow gate's live coverage. Never raises on bad input.
@@ -373,6 +381,7 @@ class Predictor:
                 self.sessions.advance(m, s, agent)
             else:
                 band = pending[1]
+            self.sessions.mark_tools(m, s, agent, completion.get("tool_names"))
             if isinstance(out, (int, float)) and not isinstance(out, bool) and completion.get("status", "ok") == "ok":
                 s.last_output[agent] = int(out)
                 expected = m.remaining.agent_mean(wt, agent) if m is not None and m.remaining is not None else None
@@ -391,6 +400,9 @@ class Predictor:
         if band is None or not isinstance(out, (int, float)) or isinstance(out, bool):
             return None
         hit = band[0] <= out <= band[1]
+        if m is not None:
+            self.coverage_monitor.set_nominal(m.coverage)
+        self.coverage_monitor.record(wt, hit)
         if self.gate is not None:
             self.gate.record(wt, hit)
         return hit

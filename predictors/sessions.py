@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from predictors.compiled import CompiledProfile
+from synth.vomm import NO_TOOL, START, tool_mark
 
 #: Agents kept per session for replaying the automaton after a profile swap.
 MAX_SESSION_AGENTS = 4096
@@ -34,6 +35,8 @@ SESSION_BASE_BYTES = 2900
 AGENT_BYTES = 16
 PENDING_BYTES = 320
 AGENT_ENTRY_BYTES = 160
+#: Extra bytes of a session whose caller reports tool names (its two context deques).
+MARKS_BYTES = 1700
 #: Extra bytes per kept response (its dict and deque slot) on top of the text itself.
 RECENT_ENTRY_BYTES = 360
 #: Last agents of a session kept for the variable-order sequence model (its contexts are <= 8).
@@ -50,6 +53,12 @@ class Session:
     path_version: str | None = None
     calls: int = 0                          # calls so far (the sequence model's position)
     tail: deque = field(default_factory=lambda: deque(maxlen=PATH_CONTEXT))  # last agents
+    # per call of ``tail``: its context symbol (the agent, marked once its response reported
+    # whether it called a tool: synth.vomm.tool_mark) and its first tool name (None until
+    # reported, NO_TOOL when it called none); created at the first report (None before: the
+    # marks are then the plain agents of ``tail``)
+    marks: deque | None = None
+    tools: deque | None = None
     agent_calls: dict[str, int] = field(default_factory=dict)
     last_output: dict[str, int] = field(default_factory=dict)
     pending: OrderedDict = field(default_factory=OrderedDict)   # request_id -> (agent, band | None, issued_at)
@@ -70,10 +79,12 @@ class Session:
 def session_bytes(s: Session) -> int:
     """Estimated memory of one session, O(1):
 
-    ``B = base + 16·agents + 320·pending + 160·(agent dict entries) + Σ_recent (|text| + 360)``.
+    ``B = base + 16·agents + 320·pending + 160·(agent dict entries) + Σ_recent (|text| + 360)``
+    ``+ 1700`` once the caller reported tool names (the context deques).
     """
     return (SESSION_BASE_BYTES + AGENT_BYTES * len(s.agents) + PENDING_BYTES * len(s.pending)
-            + AGENT_ENTRY_BYTES * (len(s.agent_calls) + len(s.last_output)) + s.text_bytes)
+            + AGENT_ENTRY_BYTES * (len(s.agent_calls) + len(s.last_output)) + s.text_bytes
+            + (MARKS_BYTES if s.marks is not None else 0))
 
 
 def text_size(entry: dict) -> int:
@@ -216,6 +227,43 @@ class SessionTable:
             s.path_state, s.path_version = state, m.version
         return s.path_state
 
+    @staticmethod
+    def mark_tools(m: CompiledProfile | None, s: Session, agent: str | None,
+                   tool_names: Any) -> None:
+        """Record what the response of ``agent``'s latest unmarked call (any agent's when
+        ``agent`` is None) called: ``tool_names`` a list of names (empty: no tool); anything
+        else leaves the call unmarked. Feeds the tool-marked context of the sequence model and
+        the tool context of a remaining-work model over tool names; a session whose workflow
+        type reads neither (profile ``m``) keeps no marks (no memory spent)."""
+        if not isinstance(tool_names, (list, tuple)):
+            return
+        if s.marks is None:
+            paths = m.paths.get(s.workflow_type_id) if m is not None else None
+            if (getattr(paths, "context_alphabet", "agent") != "agent_tool"
+                    and getattr(paths, "remaining_alphabet", "agent") != "tool"):
+                return
+            s.marks = deque(s.tail, maxlen=PATH_CONTEXT)
+            s.tools = deque([None] * len(s.tail), maxlen=PATH_CONTEXT)
+        names = [t for t in tool_names if isinstance(t, str) and t]
+        for j in range(len(s.marks) - 1, -1, -1):
+            if s.tools[j] is None and (agent is None or s.marks[j] == agent):
+                s.marks[j] = sys.intern(tool_mark(s.marks[j], names))
+                s.tools[j] = sys.intern(names[0]) if names else NO_TOOL
+                return
+
+    @staticmethod
+    def served_context(s: Session) -> tuple[tuple[str, ...], tuple[str, ...] | None]:
+        """(context symbols of the session's last calls, tool context of a remaining-work model
+        over tool names: :data:`synth.vomm.START` then the first tool of every call before
+        the last, None when one of them was not reported), as ``profiler eval`` scores them
+        (:func:`synth.evaluation.served_contexts`)."""
+        if s.marks is None:
+            return tuple(s.tail), None
+        before = list(s.tools)[:-1]
+        if any(t is None for t in before):
+            return tuple(s.marks), None
+        return tuple(s.marks), ((START,) if s.calls == len(s.tools) else ()) + tuple(before)
+
     # --- added by branch `dialects` (issue 14, retry-safe sessions) -------------------------------
     def retract(self, s: Session, agent: str) -> bool:
         """Undo one :meth:`advance` by ``agent`` (its latest occurrence): a call whose upstream
@@ -233,6 +281,11 @@ class SessionTable:
             s.agent_calls.pop(agent, None)
         s.tail.clear()
         s.tail.extend(s.agents[-PATH_CONTEXT:])
+        for j in range(len(s.marks) - 1 if s.marks is not None else -1, -1, -1):
+            if s.marks[j] == agent:  # the retracted call is still unmarked
+                del s.marks[j]
+                del s.tools[j]
+                break
         s.path_state, s.path_version = None, None   # replayed by path_state()
         return True
     def forget(self, key: tuple[str, str]) -> None:
@@ -253,5 +306,8 @@ class SessionTable:
         s.agent_calls[agent] = s.agent_calls.get(agent, 0) + 1
         s.calls += 1
         s.tail.append(agent)
+        if s.marks is not None:
+            s.marks.append(s.tail[-1])
+            s.tools.append(None)
         if m is not None and s.path_version == m.version and s.path_state is not None:
             s.path_state = m.paths[s.workflow_type_id].advance(s.path_state, agent)

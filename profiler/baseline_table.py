@@ -10,6 +10,7 @@ metric                         methods
 =============================  ==========================================================
 output-length coverage, width  ours, ``global`` (one band for all), ``per_agent_empirical``
 next-agent top-1, log-loss     ours, ``markov1`` (first order), ``markov_vo`` (variable order)
+top-1 after the response       ours (once the call's response and tool calls were observed)
 next-agent scored share        ours (1.0 = every call got a prediction)
 remaining-calls MAE            ours, ``position_median``
 keep-alive idle-gap coverage   ours, ``idle_gap_p95``, ``tool_p95``
@@ -63,6 +64,8 @@ ROWS: tuple[Row, ...] = (
         _alts(f"{NA}.baselines.markov1", "top1_accuracy", "top1"), better="max"),
     Row("next-agent top-1", "markov_vo",
         _alts(f"{NA}.baselines.markov_vo", "top1_accuracy", "top1"), better="max"),
+    Row("next-agent top-1 after the response", "ours",
+        (f"{NA}.top1_after_response", f"{NA}.top1_accuracy")),  # older results: same as top-1
     Row("next-agent log-loss", "ours", (f"{NA}.log_loss",), better="min"),
     Row("next-agent log-loss", "markov1", (f"{NA}.baselines_log_loss.markov1", f"{NA}.baselines.markov1.log_loss"), better="min"),
     Row("next-agent log-loss", "markov_vo", (f"{NA}.baselines_log_loss.markov_vo", f"{NA}.baselines.markov_vo.log_loss"), better="min"),

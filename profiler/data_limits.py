@@ -45,6 +45,18 @@ def calls_by_timing(con: duckdb.DuckDBPyConnection) -> dict[str, int]:
     return {k: int(n) for k, n in rows}
 
 
+def order_only_types(con: duckdb.DuckDBPyConnection) -> list[str]:
+    """Workflow types whose ok calls all have stand-in times (``timing = synthetic_order``).
+
+    Judged per type, not per log: in a mixed log a type with order-only times would otherwise
+    get idle-gap TTLs and tool latencies fit on call positions (a served 1.0 s TTL), and
+    ``profiler eval`` would count its position gaps as covered idle gaps."""
+    return [r[0] for r in con.execute(
+        "SELECT workflow_type_id FROM calls WHERE status = 'ok' GROUP BY 1 "
+        "HAVING bool_and(coalesce(json_extract_string(extra, '$.timing') = ?, false)) "
+        "ORDER BY 1", [ORDER_ONLY]).fetchall()]
+
+
 def is_order_only(counts: dict[str, int], forced: bool = False) -> bool:
     """Fit from token counts and order alone: forced, or no call in the store has a real time."""
     return forced or (bool(counts) and set(counts) == {ORDER_ONLY})
@@ -74,6 +86,15 @@ def limitations(counts: dict[str, int], order_only: bool, timed_tools: int) -> d
         if timed_tools == 0:
             unavailable["tool_latency"] = "no tool execution in the logs has a start and end time"
     return {"timing": kind, "calls_by_timing": counts, "unavailable": unavailable, "notes": notes}
+
+
+def note_order_only_types(section: dict[str, Any], types: list[str]) -> dict[str, Any]:
+    """Add ``order_only_types`` (and a note) to a ``limitations`` section of a timed log."""
+    if types and section["timing"] != "order_only":
+        section["order_only_types"] = list(types)
+        section["notes"].append(f"workflow types with order-only times get no time predictions "
+                                f"(idle-gap TTL, tool latency): {', '.join(types)}")
+    return section
 
 
 def summary_lines(section: dict[str, Any]) -> list[str]:

@@ -62,6 +62,9 @@ def output_length_scores(profile: Profile, con: duckdb.DuckDBPyConnection) -> di
             "mean_width": float(g["width"].mean()),
             "level": "conditional" if band.get("conditional") else level,
         }
+    by_type = {str(wt): {"calls": int(len(g)), "coverage": float(g["inside"].mean()),
+                         "mean_width": float(g["width"].mean())}
+               for wt, g in calls.groupby("workflow_type_id", sort=True)}
     g = est.global_
     return {
         "baselines": output_length_baselines(est, calls),
@@ -71,6 +74,7 @@ def output_length_scores(profile: Profile, con: duckdb.DuckDBPyConnection) -> di
         "global_band_width": float(g["hi"] - g["lo"]),
         "global_band_coverage": float(np.mean((y >= g["lo"]) & (y <= g["hi"]))) if len(y) else float("nan"),
         "per_agent": per_agent,
+        "by_type": by_type,
     }
 
 

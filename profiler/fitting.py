@@ -31,7 +31,8 @@ from predictors.output_length import OutputLengthIntervals
 from predictors.remaining_tokens import RemainingTokens
 from predictors.tool_latency import ToolLatencyModel
 from profiler import ingest as ingest_mod
-from profiler.data_limits import calls_by_timing, is_order_only, limitations
+from profiler.data_limits import (calls_by_timing, is_order_only, limitations,
+                                  note_order_only_types, order_only_types)
 from profiler.frames import query_frame
 from profiler.profile_artifact import Profile, store_path, write_profile
 from profiler.store import connect, store_counts
@@ -105,17 +106,29 @@ def has_human_waits(con: duckdb.DuckDBPyConnection) -> bool:
 
 def _tool_rows_sql(columns: str, con: duckdb.DuckDBPyConnection) -> str:
     """Timed tool executions, less those timed by a gap that ended in a person's turn (a tool
-    with no logged times whose call is ``wait_after = human``: that gap is think time)."""
+    with no logged times whose call is ``wait_after = human``: that gap is think time) and those
+    of workflow types whose times are call positions (:func:`_real_times`)."""
     human = (f"AND NOT (timing_source = 'gap' AND request_id IN (SELECT request_id FROM calls "
              f"WHERE extra IS NOT NULL AND {_HUMAN_SQL})) ") if has_human_waits(con) else ""
-    return (f"SELECT {columns} FROM tool_calls WHERE latency_s IS NOT NULL {human}"
+    return (f"SELECT {columns} FROM tool_calls WHERE latency_s IS NOT NULL {human}{_real_times(con)} "
             "ORDER BY request_id, tool_index")
 
 
 def timed_tool_calls(con: duckdb.DuckDBPyConnection) -> pd.DataFrame:
     """``workflow_type_id, tool_name, latency_s`` of every tool execution with a latency, in a
-    fixed order (see :func:`ok_calls`); gaps that ended in a person's turn are not tool time."""
+    fixed order (see :func:`ok_calls`); gaps that ended in a person's turn are not tool time, and
+    workflow types whose times are call positions are left out."""
     return query_frame(con, _tool_rows_sql("workflow_type_id, tool_name, latency_s", con))
+
+
+def _real_times(con: duckdb.DuckDBPyConnection) -> str:
+    """SQL ``AND …`` that leaves out the workflow types whose times are call positions
+    (:func:`profiler.data_limits.order_only_types`): no time model is fit or scored on them."""
+    types = order_only_types(con)
+    if not types:
+        return ""
+    quoted = ", ".join("'" + t.replace("'", "''") + "'" for t in types)
+    return f" AND workflow_type_id NOT IN ({quoted})"
 
 
 def fit_tool_latency(con: duckdb.DuckDBPyConnection, options: FitOptions) -> ToolLatencyModel:
@@ -150,8 +163,8 @@ def idle_gap_calls(con: duckdb.DuckDBPyConnection) -> pd.DataFrame:
     if has_human_waits(con):  # the window runs over every call; the human turns are dropped after it
         return query_frame(
             con, f"SELECT * EXCLUDE (human) FROM (SELECT {columns}, coalesce({_HUMAN_SQL}, false) AS human "
-                 f"FROM calls {window}) WHERE NOT human ORDER BY workflow_type_id, workflow_id, call_index")
-    return query_frame(con, f"SELECT {columns} FROM calls {window}"
+                 f"FROM calls WHERE true{_real_times(con)} {window}) WHERE NOT human ORDER BY workflow_type_id, workflow_id, call_index")
+    return query_frame(con, f"SELECT {columns} FROM calls WHERE true{_real_times(con)} {window}"
                             "ORDER BY workflow_type_id, workflow_id, call_index")
 
 
@@ -263,6 +276,7 @@ def time_sections(con: duckdb.DuckDBPyConnection, options: FitOptions) -> dict[s
         n = sum(v["waits"] for v in human.values())
         section["notes"].append(f"{n:,} gaps end in a person's turn (wait_after = human): think time, kept out of "
                                 "the idle-gap keep-alive TTLs and tool latencies (see human_wait)")
+    section = note_order_only_types(section, order_only_types(con))
     return {"tool_latency": tl.to_dict(), "idle_gap": ig.to_dict(), "human_wait": human, "limitations": section}
 
 

@@ -43,7 +43,7 @@ import numpy as np
 #: read the link as a log file outside the folder and quarantine it.)
 SPEC_DIR = Path(__file__).resolve().parent / "workload_specs"
 #: Built-in spec names accepted on the command line (dashes or underscores).
-BUILTIN_SPECS = ("coding_assistant", "deep_research", "messy")
+BUILTIN_SPECS = ("coding_assistant", "deep_research", "messy", "agent_user")
 #: Cap on words per generated response text.
 TEXT_WORDS_MAX = 120
 #: Start of generated time (2025-10-01T00:00:00Z), so generated logs look like real epoch seconds.
@@ -217,6 +217,9 @@ def generate(spec: str | Path | dict, n_workflows: int | None, seed: int = 0, wi
         yield from generate_messy(spec_d, n_workflows, seed=seed, with_text=with_text,
                                   arrival_rate=arrival_rate)
         return
+    if spec_d.get("generator") == "agent_user":
+        yield from generate_agent_user(spec_d, n_workflows, seed=seed, arrival_rate=arrival_rate)
+        return
     arrivals = np.random.default_rng([seed, 7])
     t = EPOCH0
     for i in itertools.count() if n_workflows is None else range(n_workflows):
@@ -361,6 +364,55 @@ def generate_messy(spec: dict, n_workflows: int | None, seed: int = 0, with_text
             yield rec
             t = t_tool + serving["think_s"]
         running = np.append(running, t)
+
+
+def generate_agent_user(spec: dict, n_workflows: int | None, seed: int = 0,
+                        arrival_rate: float = 0.2) -> Iterator[dict]:
+    """Flat records of the agent <-> user-simulator workload (``agent_user.json``).
+
+    A conversation is 1..``turns.max`` turns (another turn with probability ``turns.p_more``);
+    a turn is one user-simulator call, then agent calls: an agent response calls a tool with
+    probability ``p_tool_by_streak[k]`` after ``k`` tool calls in a row in this turn (its
+    ``tool_calls`` record names one tool), and the agent is called again; a response without a
+    tool ends the turn. So the call after an agent call is certain once its response is known
+    (the Bayes bound of next-agent top-1 after the response is 1) but not at its arrival.
+    """
+    rng = np.random.default_rng([seed, 11])
+    wt, serving, agents = spec["workflow_type_id"], spec["serving"], spec["agents"]
+    turns, p_tool, tools = spec["turns"], spec["p_tool_by_streak"], spec["tools"]
+    t0 = EPOCH0
+    for i in itertools.count() if n_workflows is None else range(n_workflows):
+        t0 += float(rng.exponential(1.0 / arrival_rate))
+        wf, t, n, context = f"{wt}-{seed}-{i}", t0, 0, 0
+        n_turns = int(turns["min"])
+        while n_turns < turns["max"] and rng.random() < turns["p_more"]:
+            n_turns += 1
+        for _turn in range(n_turns):
+            streak = 0
+            for agent in itertools.chain(["user"], itertools.repeat("agent")):
+                a = agents[agent]
+                mu, sigma = lognormal_params(a["output_mean"], a["output_cv"])
+                out_tok = max(1, int(round(np.exp(mu + sigma * rng.standard_normal()))))
+                in_tok = a["system_tokens"] + context
+                context += out_tok
+                n += 1
+                t_fin = t + in_tok / serving["prefill_tok_s"] + out_tok / serving["decode_tok_s"]
+                rec: dict[str, Any] = {
+                    "request_id": f"{wf}#{n}", "workflow_type_id": wt, "workflow_id": wf,
+                    "agent_id": agent, "t_arrival": round(t, 6), "t_finish": round(t_fin, 6),
+                    "input_tokens": int(in_tok), "output_tokens": out_tok,
+                    "model": spec.get("model")}
+                t = t_fin + float(rng.exponential(serving["think_s"]))
+                called = agent == "agent" and rng.random() < p_tool[min(streak, len(p_tool) - 1)]
+                if called:
+                    dur = float(rng.lognormal(np.log(serving["tool_s_median"]), 0.5))
+                    rec["tool_calls"] = [{"name": str(rng.choice(tools)), "t_start": round(t_fin + 0.005, 6),
+                                          "t_end": round(t_fin + 0.005 + dur, 6), "status": "ok"}]
+                    t = t_fin + 0.01 + dur
+                    streak += 1
+                yield rec
+                if agent == "agent" and not called:
+                    break
 
 
 def write_jsonl(records: Iterator[dict], out: Path, gzip_output: bool = False) -> int:

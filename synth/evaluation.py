@@ -36,6 +36,7 @@ from synth.markov_baselines import BaselinePredictor
 from synth.pfa import PFA
 from synth.session import WorkflowPaths
 from synth.sequences import WorkflowSequence
+from synth.vomm import START
 
 
 @dataclass
@@ -66,6 +67,8 @@ class PathScores:
     markov_vo_log_loss_events: int = 0
     position_median_abs_error: float = 0.0
     baseline_calls: int = 0
+    after_correct: int = 0
+    after_log_loss_sum: float = 0.0
 
     def add(self, other: "PathScores") -> None:
         for f in fields(self):
@@ -77,6 +80,9 @@ class PathScores:
         return {
             "next_agent": {"top1_accuracy": ratio(self.next_correct, self.next_total),
                            "log_loss": ratio(self.log_loss_sum, self.next_scored),
+                           "top1_after_response": ratio(self.after_correct, self.next_scored),
+                           "log_loss_after_response": ratio(self.after_log_loss_sum,
+                                                            self.next_scored),
                            "scored_share": ratio(self.next_scored, self.next_total),
                            "baselines": {
                                "markov1": ratio(self.markov1_correct, self.baseline_events),
@@ -108,11 +114,54 @@ class PathScores:
         }
 
 
+def served_contexts(paths: WorkflowPaths, seq: WorkflowSequence, i: int,
+                    marks: Sequence[str] = (), tools: Sequence[str] = ()) -> dict:
+    """What a serving session holds when it predicts after call ``i`` of ``seq``, as
+    :class:`predictors.Predictor` builds it: ``arrival`` (at call i's annotation: the marks of
+    the finished calls, call i plain) and ``after`` (once call i's response was observed: every
+    mark) context symbols, and ``tools`` for a remaining-work model over tool names (the first
+    tool of every call *before* call i, after :data:`synth.vomm.START`: call i's own tool is
+    not known when it is annotated). ``marks``: the workflow's calls in the ``agent_tool``
+    alphabet; ``tools``: in the ``tool`` alphabet (empty when not loaded)."""
+    history = seq.calls[:i + 1]
+    out: dict = {"history": history, "arrival": None, "after": None, "tools": None}
+    if paths.context_alphabet == "agent_tool" and marks:
+        out["arrival"] = (*marks[:i], history[-1])
+        out["after"] = tuple(marks[:i + 1])
+    if paths.remaining_alphabet == "tool" and tools:
+        out["tools"] = (START, *tools[:i])
+    return out
+
+
+def served_predictions(paths: WorkflowPaths, seq: WorkflowSequence,
+                       marks: Sequence[str] = (), tools: Sequence[str] = ()):
+    """Yield ``(i, state, served, at_arrival, after_response)`` for every call ``i`` of
+    ``seq``: the automaton state, :func:`served_contexts`, and the predictions
+    :class:`predictors.Predictor` serves in its annotation of call i and, once call i's
+    response was observed, in ``annotate(..., advance=False)`` (sections with a sequence model;
+    None otherwise). :func:`score_sequences` scores exactly these."""
+    modelled = paths.has_sequence_model
+    for i, state in enumerate(paths.track(seq.calls)):
+        served = served_contexts(paths, seq, i, marks, tools)
+        if not modelled:
+            yield i, state, served, None, None
+            continue
+        history = served["history"]
+        pred = paths.predict_at(state, history, i + 1, served["tools"], served["arrival"])
+        after = (paths.predict_at(state, history, i + 1, served["tools"], served["after"])
+                 if served["after"] is not None else pred)
+        yield i, state, served, pred, after
+
+
 def score_sequences(section: dict, sequences: Sequence[WorkflowSequence],
                     paths: WorkflowPaths | None = None,
-                    tools: Mapping[str, Sequence[str]] | None = None) -> PathScores:
+                    tools: Mapping[str, Sequence[str]] | None = None,
+                    contexts: Mapping[str, Sequence[str]] | None = None) -> PathScores:
     """Replay held-out ``sequences`` against one workflow type's section (``tools``: workflow
-    id → first tool name of each call, for a remaining-work model over tool names)."""
+    id → first tool name of each call, for a remaining-work model over tool names;
+    ``contexts``: workflow id → the calls in the ``agent_tool`` alphabet, for a sequence model
+    over tool-marked agents). Every prediction is made from what a serving session holds at
+    that moment (:func:`served_contexts`)."""
     paths = paths or WorkflowPaths.from_section(section)
     pfa = PFA.from_dict(section["pfa"])
     stepper = PFA.from_dict(section.get("session_pfa") or section["pfa"])
@@ -136,23 +185,28 @@ def score_sequences(section: dict, sequences: Sequence[WorkflowSequence],
             regex_memo[seq.calls] = paths.regex_accepts(seq.calls)
         scores.regex_accepted += regex_memo[seq.calls]
         tool_seq = tuple((tools or {}).get(seq.workflow_id, ()))
+        marks = tuple((contexts or {}).get(seq.workflow_id, ()))
         states = paths.track(seq.calls)
         last = states[-1] if states else paths.start()
         scores.session_accepted += paths.is_accepting(last)
-        for i, state in enumerate(states):
+        for i, state, served, pred, after in served_predictions(paths, seq, marks, tool_seq):
             scores.calls += 1
             remaining = n - 1 - i
-            history = seq.calls[:i + 1]
-            pred = paths.predict_at(state, history, i + 1, tool_seq[:i + 1]) if modelled else None
+            history = served["history"]
             if i < n - 1:
                 actual = seq.calls[i + 1]
                 scores.next_total += 1
                 if modelled:
                     nxt = pred["next_agents"]
                     scores.next_scored += 1
-                    p = paths.vomm_probability(state, history, actual)
+                    p = paths.vomm_probability(state, history, actual, served["arrival"])
                     scores.log_loss_sum -= math.log(max(p, 1e-6))
                     scores.next_correct += bool(nxt) and nxt[0]["agent_id"] == actual
+                    nxt_after = after["next_agents"]
+                    scores.after_correct += bool(nxt_after) and nxt_after[0]["agent_id"] == actual
+                    p_after = (paths.vomm_probability(state, history, actual, served["after"])
+                               if served["after"] is not None else p)
+                    scores.after_log_loss_sum -= math.log(max(p_after, 1e-6))
                 elif state is not None:
                     nxt = paths.estimates(state)["next_agents"]
                     scores.next_correct += bool(nxt) and nxt[0]["agent_id"] == actual

@@ -53,7 +53,8 @@ def fit_sequences(sequences: Sequence[WorkflowSequence],
                   text_workflows: Sequence[list[TextCall]] | None = None,
                   prior_weight: float = DEFAULT_PRIOR_WEIGHT,
                   counts: Sequence[int] | None = None, select: bool = True,
-                  cv_folds: int = 3, cv_max_workflows: int = 1000, seed: int = 0) -> dict:
+                  cv_folds: int = 3, cv_max_workflows: int = 1000, seed: int = 0,
+                  contexts: Sequence[Sequence[str]] | None = None) -> dict:
     """The workflow section for one workflow type (see the module docstring).
 
     ``timings[agent] = (mean latency_s, mean gap_after_s)`` feeds the remaining-seconds
@@ -66,6 +67,9 @@ def fit_sequences(sequences: Sequence[WorkflowSequence],
     the context-conditioned remaining-work model (both chosen by ``cv_folds``-fold
     cross-validation by workflow on at most ``cv_max_workflows`` workflows, see
     :mod:`synth.sequence_select`) and the naive baselines ``profiler eval`` scores beside them.
+    ``contexts[i]`` (optional): the context symbols of ``sequences[i]``'s calls (agent marked
+    with whether its response called a tool, :func:`synth.sequences.tool_mark`), offered to
+    the next-agent selection as a second context family.
     """
     if not sequences:
         raise ValueError("no workflows to fit")
@@ -163,7 +167,8 @@ def fit_sequences(sequences: Sequence[WorkflowSequence],
         section.update(sequence_models(sequences, counts, timings, alpha=alpha, prune=prune,
                                        loop_quantiles=loop_quantiles,
                                        prior_weight=prior_weight, folds=cv_folds,
-                                       max_workflows=cv_max_workflows, seed=seed))
+                                       max_workflows=cv_max_workflows, seed=seed,
+                                       contexts=contexts))
     if text_workflows:
         parts = learn_templates(text_workflows)
         section["prompt_composition"] = {
@@ -203,7 +208,8 @@ def _pfa_next(section: dict):
 def sequence_models(sequences: Sequence[WorkflowSequence], counts: Sequence[int],
                     timings: Mapping[str, tuple[float, float]], *, alpha: float, prune: float,
                     loop_quantiles: tuple[float, float], prior_weight: float, folds: int = 3,
-                    max_workflows: int = 1000, seed: int = 0) -> dict:
+                    max_workflows: int = 1000, seed: int = 0,
+                    contexts: Sequence[Sequence[str]] | None = None) -> dict:
     """``sequence_model``, ``remaining_model`` and ``baselines`` keys of a section.
 
     The automaton of every validation fold is fitted like the real one (same ``alpha``,
@@ -211,16 +217,18 @@ def sequence_models(sequences: Sequence[WorkflowSequence], counts: Sequence[int]
     like with like.
     """
     # identical workflows merged, in a canonical order: the folds depend only on the multiset
+    ctx_of = (list(contexts) if contexts is not None else [None] * len(sequences))
     merged: Counter = Counter()
-    for s, n in zip(sequences, counts):
-        merged[(s.calls, s.step_symbols, s.step_widths)] += n
-    keys = sorted(merged)
     first = {}
-    for s in sequences:
-        first.setdefault((s.calls, s.step_symbols, s.step_widths), s)
+    for s, n, c in zip(sequences, counts, ctx_of):
+        key = (s.calls, s.step_symbols, s.step_widths, tuple(c) if c is not None else ())
+        merged[key] += n
+        first.setdefault(key, s)
+    keys = sorted(merged)
     distinct = [first[k] for k in keys]
     counts = [merged[k] for k in keys]
     calls = [s.calls for s in distinct]
+    ctxs = [k[3] for k in keys] if contexts is not None else None
 
     def pfa_factory(indices: Sequence[int], weights: Sequence[int]):
         fold = fit_sequences([distinct[j] for j in indices], timings, alpha=alpha,
@@ -229,15 +237,17 @@ def sequence_models(sequences: Sequence[WorkflowSequence], counts: Sequence[int]
         return _pfa_next(fold)
 
     chosen = select_models(calls, counts, pfa_factory, folds=folds,
-                           max_workflows=max_workflows, seed=seed)
+                           max_workflows=max_workflows, seed=seed, contexts=ctxs)
     nxt, rem = chosen["next"], chosen["remaining"]
-    vomm = VariableOrderMarkov(max_order=nxt["max_order"], escape=nxt["escape"]).fit(
-        calls, counts)
+    context = nxt.get("context", "agent")
+    vomm = VariableOrderMarkov(max_order=nxt["max_order"], escape=nxt["escape"],
+                               min_context=nxt.get("min_context", 1.0)).fit(
+        calls, counts, ctxs if context == "agent_tool" else None)
     remaining = RemainingWork(order=rem["order"], position=rem["position"],
                               min_n=rem["min_n"], point=rem["point"]).fit(calls, counts, timings)
     validation = {k: chosen[k] for k in ("folds", "workflows") if k in chosen}
     return {
-        "sequence_model": {"alphabet": "agent", "vomm": vomm.to_dict(),
+        "sequence_model": {"alphabet": "agent", "context": context, "vomm": vomm.to_dict(),
                            "mixture": nxt["mixture"],
                            "selection": {**nxt, **validation}},
         "remaining_model": {**remaining.to_dict(), "selection": {**validation, **rem}},

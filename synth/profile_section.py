@@ -40,9 +40,10 @@ from synth.prompts import evaluate_templates, load_text_workflows
 from synth.regex_synth import LOOP_QUANTILES
 from synth.remaining import RemainingWork
 from synth.sequence_select import is_position_median, select_remaining
-from synth.sequences import (load_sequence_counts, load_sequences, symbol_expression,
-                             workflow_counts)
+from synth.sequences import (has_tool_variation, load_sequence_counts, load_sequences,
+                             symbol_expression, unmarked, workflow_counts)
 from synth.session import WorkflowPaths
+from synth.vomm import START
 
 DEFAULT_PROMPT_WORKFLOWS = 100
 #: Default of ``synth_max_workflows``: workflows per type that train the automaton.
@@ -88,11 +89,20 @@ def build_workflows_section(con: duckdb.DuckDBPyConnection, options: dict[str, A
     distinct = load_sequence_counts(con, max_workflows=max_workflows, seed=seed)
     for wt, (sequences, counts) in sorted(distinct.items()):
         text = load_text_workflows(con, wt, max_workflows=prompt_workflows)
+        contexts = None
+        if len({a for q in sequences for a in q.calls}) > 1 and has_tool_variation(con, wt):
+            # several agents, and some responses call tools: offer the tool-marked context
+            marked, counts = load_sequence_counts(
+                con, wt, alphabet="agent_tool",
+                max_workflows=max_workflows if max_workflows > 0 else None, seed=seed)[wt]
+            contexts = [q.calls for q in marked]
+            sequences = [unmarked(q) for q in marked]
         section = fit_sequences(
             sequences, timings.get(wt, {}),
             alpha=DEFAULT_ALPHA if alpha is None else float(alpha),
             prune=DEFAULT_PRUNE if prune is None else float(prune),
-            loop_quantiles=quantiles, text_workflows=text or None, counts=counts)
+            loop_quantiles=quantiles, text_workflows=text or None, counts=counts,
+            contexts=contexts)
         if section.get("remaining_model") and len({a for q in sequences for a in q.calls}) == 1:
             tool_remaining(con, wt, section, tool_timings, max_workflows, seed)
         section["training_sample"] = {
@@ -108,7 +118,9 @@ def tool_remaining(con: duckdb.DuckDBPyConnection, wt: str, section: dict,
                    max_workflows: int, seed: int) -> None:
     """Where a workflow type has one agent its agent sequence says nothing but the call index;
     the tool each call ran (``tool_names[1]``; SWE-agent's ``submit``, ``str_replace_editor``…)
-    may say more. The remaining-work model is refit over tool names and replaces the agent one
+    may say more. The context of call i is the tools of the calls before it (the sequence
+    shifted by one after :data:`synth.vomm.START`): that is what a session knows when call i
+    is annotated, so what ``profiler eval`` scores is what the Predictor serves. The remaining-work model is refit over tool names and replaces the agent one
     when its validation beat the position median by the Bonferroni bar
     (:func:`synth.sequence_select.select_remaining`) and its validation MAE is lower than the
     agent model's; the choice is recorded either way (``selection.tool_alphabet``)."""
@@ -118,8 +130,10 @@ def tool_remaining(con: duckdb.DuckDBPyConnection, wt: str, section: dict,
     if not counted:
         return
     seqs, counts = counted
-    calls = [s.calls for s in seqs]
-    if len({t for c in calls for t in c}) < 2:
+    # the context of call i is the tools of the calls before it (after START): call i's own
+    # tool is not known when call i is annotated, so a model that read it could not be served
+    calls = [(START, *s.calls[:-1]) for s in seqs]
+    if len({t for c in calls for t in c} - {START}) < 2:
         section["remaining_model"]["selection"]["tool_alphabet"] = {"chosen": False,
                                                                     "reason": "one tool name (or none)"}
         return
@@ -135,7 +149,7 @@ def tool_remaining(con: duckdb.DuckDBPyConnection, wt: str, section: dict,
         return
     model = RemainingWork(order=sel["order"], position=sel["position"], min_n=sel["min_n"],
                           point=sel["point"]).fit(calls, counts, tool_timings.get(wt, {}))
-    section["remaining_model"] = {**model.to_dict(), "alphabet": "tool",
+    section["remaining_model"] = {**model.to_dict(), "alphabet": "tool", "tool_context": "previous",
                                   "selection": {**sel, "tool_alphabet": summary}}
 
 
@@ -161,10 +175,13 @@ def evaluate_workflows(profile: Any, con: duckdb.DuckDBPyConnection) -> dict:
             by_type[wt] = {"known": False, **unknown.summary()}
             continue
         paths = WorkflowPaths.from_section(section)
-        tools = None
+        tools = contexts = None
         if paths.remaining_alphabet == "tool":
             tools = {s.workflow_id: s.calls for s in load_sequences(con, wt, alphabet="tool").get(wt, [])}
-        scores = score_sequences(section, sequences, paths, tools=tools)
+        if paths.context_alphabet == "agent_tool":
+            contexts = {s.workflow_id: s.calls
+                        for s in load_sequences(con, wt, alphabet="agent_tool").get(wt, [])}
+        scores = score_sequences(section, sequences, paths, tools=tools, contexts=contexts)
         total.add(scores)
         by_type[wt] = {"known": True, "regex": section.get("regex"), **scores.summary()}
         templates = (section.get("prompt_composition") or {}).get("template_parts")

@@ -28,8 +28,7 @@ from typing import Iterable, Sequence
 
 import duckdb
 
-#: Symbol used, in the tool alphabet, for a call after which no tool ran.
-NO_TOOL = "no_tool"
+from synth.vomm import MARK_SEP, NO_TOOL, NO_TOOL_MARK, TOOL_MARK, tool_mark, unmark  # noqa: F401
 
 #: Two calls overlap when one arrives more than this many seconds before the other finished
 #: (absorbs clock jitter between the gateway's finish stamp and the client's next request).
@@ -241,15 +240,39 @@ def step_of(agents: tuple[str, ...]) -> Step:
     return Step(agents)
 
 
+def unmarked(seq: WorkflowSequence) -> WorkflowSequence:
+    """``seq`` read in the ``agent_tool`` alphabet, back in agents (steps re-sorted)."""
+    steps = tuple(step_of(tuple(sorted(unmark(a) for a in st.agents))) for st in seq.steps)
+    return WorkflowSequence(seq.workflow_type_id, seq.workflow_id, steps,
+                            tuple(unmark(a) for a in seq.calls), seq.request_ids)
+
+
+def has_tool_variation(con: duckdb.DuckDBPyConnection, workflow_type_id: str) -> bool:
+    """Do some calls of this type call a tool and others not (the mark can say something)?"""
+    columns = {row[0] for row in con.execute("DESCRIBE calls").fetchall()}
+    if "tool_names" not in columns:
+        return False
+    row = con.execute("SELECT count(DISTINCT coalesce(len(list_filter(tool_names, "
+                      "lambda x: coalesce(x, '') <> '')), 0) > 0) FROM calls "
+                      "WHERE workflow_type_id = $wt", {"wt": workflow_type_id}).fetchone()
+    return bool(row and row[0] > 1)
+
+
 def symbol_expression(con: duckdb.DuckDBPyConnection, alphabet: str) -> str:
-    """SQL for the symbol of a call: ``agent_id``, or the first tool run after it."""
-    if alphabet not in ("agent", "tool"):
-        raise ValueError(f"alphabet must be 'agent' or 'tool', got {alphabet!r}")
+    """SQL for the symbol of a call: ``agent_id``, the first tool run after it, or
+    (``agent_tool``) the agent with the mark of :func:`tool_mark`."""
+    if alphabet not in ("agent", "tool", "agent_tool"):
+        raise ValueError(f"alphabet must be 'agent', 'tool' or 'agent_tool', got {alphabet!r}")
     columns = {row[0] for row in con.execute("DESCRIBE calls").fetchall()}
     if "parent_request_ids" not in columns:
         raise ValueError("table calls has no column parent_request_ids (see CONTRACTS §1)")
     if alphabet == "agent":
         return "agent_id"
+    if alphabet == "agent_tool":
+        called = ("coalesce(len(list_filter(tool_names, lambda x: coalesce(x, '') <> '')), 0) > 0"
+                  if "tool_names" in columns else "false")
+        return (f"agent_id || '{MARK_SEP}' || CASE WHEN {called} THEN '{TOOL_MARK}' "
+                f"ELSE '{NO_TOOL_MARK}' END")
     tool = "tool_names[1]" if "tool_names" in columns else "NULL::VARCHAR"
     return f"coalesce(nullif({tool}, ''), '{NO_TOOL}')"
 

@@ -52,12 +52,20 @@ class WorkflowPaths:
         self.vomm: VariableOrderMarkov | None = (
             VariableOrderMarkov.from_dict(model["vomm"]) if model else None)
         self.mixture: float = float(model.get("mixture", 1.0)) if model else 0.0
+        #: What the sequence model's context reads: "agent" (the session's agents) or
+        #: "agent_tool" (each finished call's agent marked with whether its response called a
+        #: tool, :func:`synth.sequences.tool_mark`; the call in flight plain).
+        self.context_alphabet: str = (model or {}).get("context", "agent")
         remaining = section.get("remaining_model")
         self.remaining: RemainingWork | None = (
             RemainingWork.from_dict(remaining) if remaining else None)
         #: Symbols the remaining-work model reads: "agent" (the session's agents) or "tool"
         #: (the first tool of each call, for single-agent types; see synth.profile_section).
         self.remaining_alphabet: str = (remaining or {}).get("alphabet", "agent")
+        #: A tool-alphabet model fit before issue 26 read each call's *own* tool, which no
+        #: session knows when the call is annotated: it is served (and scored) without tools,
+        #: i.e. as the position median, as it always was served.
+        self._tools_servable: bool = (remaining or {}).get("tool_context") == "previous"
         self._predict_cache: dict[tuple, dict] = {}
 
     @classmethod
@@ -112,7 +120,8 @@ class WorkflowPaths:
         return self.predict_at(state, history, len(history), tools)
 
     def predict_at(self, state: PathState | None, tail: Sequence[str],
-                   n_calls: int, tools: Sequence[str] | None = None) -> dict | None:
+                   n_calls: int, tools: Sequence[str] | None = None,
+                   context: Sequence[str] | None = None) -> dict | None:
         """Estimates after ``n_calls`` calls whose last ones are ``tail`` (the whole history
         when shorter than :meth:`context_order`, else at least that many); ``state`` is the
         automaton state (None off the automaton).
@@ -128,20 +137,28 @@ class WorkflowPaths:
         ``tools``: the first tool name of each call so far (same length as the history), read by
         a remaining-work model over tool names (:attr:`remaining_alphabet` ``"tool"``); without
         it such a model backs off to the call index alone (the position median).
+
+        ``context``: the session's context symbols (as long as ``tail``'s history, last ones
+        at least), read by a sequence model over tool-marked agents (:attr:`context_alphabet`
+        ``"agent_tool"``); without it the plain agents are read.
         """
         if self.vomm is None:
             return None if state is None else self.estimates(state)
         order = self.context_order()
         tail = tuple(tail[len(tail) - order:]) if len(tail) > order else tuple(tail)
+        ctx = tail
+        if context is not None and self.context_alphabet == "agent_tool":
+            ctx = tuple(context[len(context) - order:]) if len(context) > order else tuple(context)
         rem_tail = tail
         if self.remaining is not None and self.remaining_alphabet == "tool":
             k = self.remaining.order
-            rem_tail = tuple(tools[len(tools) - k:]) if tools and k else ()
-        key = (state, tail, n_calls, rem_tail)
+            rem_tail = (tuple(tools[len(tools) - k:]) if tools and k and self._tools_servable
+                        else ())
+        key = (state, tail, n_calls, rem_tail, ctx)
         out = self._predict_cache.get(key)
         if out is not None:
             return out
-        p = self._next_vector(state, tail)
+        p = self._next_vector(state, ctx)
         auto = self.estimates(state) if state is not None else None
         ranked = sorted(((a, float(q)) for a, q in zip(self.vomm.vocab_[:-1], p[:-1])
                          if q >= MIN_NEXT_P), key=lambda aq: (-aq[1], aq[0]))
@@ -184,11 +201,14 @@ class WorkflowPaths:
         return p
 
     def vomm_probability(self, state: PathState | None, history: Sequence[str],
-                         symbol: str) -> float:
+                         symbol: str, context: Sequence[str] | None = None) -> float:
         """Probability that ``symbol`` (an agent, or :data:`synth.vomm.END`) comes next
-        after ``history`` (the whole session so far, or its last :meth:`context_order`)."""
+        after ``history`` (the whole session so far, or its last :meth:`context_order`;
+        ``context``: its context symbols, as in :meth:`predict_at`)."""
         i = self.vomm.index_of(symbol)
         order = self.context_order()
+        if context is not None and self.context_alphabet == "agent_tool":
+            history = context
         tail = tuple(history[len(history) - order:]) if len(history) > order else tuple(history)
         if i is None:  # never seen in training: the mass the model keeps for a novel symbol
             weight = 1.0 if state is None else min(self.mixture, 1.0)

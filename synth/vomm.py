@@ -21,6 +21,21 @@ scale) and ``max_order`` are chosen by cross-validation by workflow
 (:mod:`synth.sequence_select`). Contexts seen fewer than ``min_count`` times are pruned; when
 more than ``max_contexts`` remain, ``min_count`` is raised until they fit (``min_count_``
 records the value used), which bounds the section's size in profile.json.
+
+**Sparse contexts.** A context seen once or twice says little, yet Witten-Bell gives its one
+observation half the mass (``β·T/(c + β·T)`` with ``c = T = 1``): a long model flips its guess
+on such contexts where a short one was right. ``min_context`` (chosen by validation) skips, at
+prediction time, every context with fewer than that many training observations, so the
+prediction backs off to the longest context that has enough.
+
+**Context symbols.** The context may be read in a richer alphabet than the predicted symbols:
+``fit(sequences, contexts=…)`` takes, per sequence, one *context symbol* per call (an agent
+with the mark of whether its response called a tool, :func:`synth.sequences.tool_mark`). A
+session knows that mark only once the call's response came back, so each target is counted
+after two histories: the one seen at the previous call's arrival (its own symbol still plain)
+and the one seen after its response (every symbol marked), besides the plain-agent history (what
+a session whose caller never reports tool names reads); a context is counted once per target.
+Predicted symbols stay the plain agents.
 """
 from __future__ import annotations
 
@@ -35,19 +50,54 @@ START = "^"
 END = "$"
 #: Separator of the symbols of a context key in the serialized form.
 SEP = "\x1f"
+#: Symbol used, in the tool alphabet, for a call after which no tool ran.
+NO_TOOL = "no_tool"
+#: Separator between an agent and its tool mark in the ``agent_tool`` alphabet.
+MARK_SEP = "\x1e"
+#: Marks: the call's response called a tool, or did not.
+TOOL_MARK, NO_TOOL_MARK = "tool", "none"
+
+
+def tool_mark(agent: str, tool_names: Sequence[str] | None) -> str:
+    """Context symbol of a finished call: its agent and whether its response called a tool
+    (``tool_names`` has a non-empty name); ``None`` (not reported) leaves the plain agent."""
+    if tool_names is None:
+        return agent
+    called = any(isinstance(t, str) and t for t in tool_names)
+    return f"{agent}{MARK_SEP}{TOOL_MARK if called else NO_TOOL_MARK}"
+
+
+def unmark(symbol: str) -> str:
+    """The agent of a context symbol (:func:`tool_mark` undone)."""
+    return symbol.split(MARK_SEP, 1)[0]
 
 
 def context_counts(sequences: Sequence[Sequence[str]], weights: Sequence[float],
-                   max_order: int) -> dict[tuple[str, ...], dict[str, float]]:
+                   max_order: int, contexts: Sequence[Sequence[str]] | None = None
+                   ) -> dict[tuple[str, ...], dict[str, float]]:
     """``counts[h][y]``: weighted count of ``y`` right after context ``h`` (``len(h) ≤
-    max_order``; histories start with :data:`START`, every sequence ends with :data:`END`)."""
+    max_order``; histories start with :data:`START`, every sequence ends with :data:`END`).
+
+    ``contexts[s]`` (optional, as long as ``sequences[s]``): the context symbols of the calls;
+    each target is then counted after the arrival-time history (last symbol plain) and after
+    the response-time history (all context symbols), see the module docstring."""
     counts: dict[tuple[str, ...], dict[str, float]] = defaultdict(lambda: defaultdict(float))
-    for seq, w in zip(sequences, weights):
+    for s, (seq, w) in enumerate(zip(sequences, weights)):
         history = (START, *seq)
         targets = (*seq, END)
+        marked = (START, *contexts[s]) if contexts is not None else None
         for t, y in enumerate(targets):
             for k in range(0, min(max_order, t + 1) + 1):
                 counts[history[t + 1 - k:t + 1]][y] += w
+            if marked is None or t == 0:
+                continue
+            arrival = (*marked[:t], seq[t - 1])
+            for k in range(1, min(max_order, t + 1) + 1):
+                seen = {history[t + 1 - k:t + 1]}
+                for h in (arrival[t + 1 - k:], marked[t + 1 - k:t + 1]):
+                    if h not in seen:  # a context already counted for this target is not again
+                        seen.add(h)
+                        counts[h][y] += w
     return counts
 
 
@@ -55,23 +105,31 @@ class VariableOrderMarkov:
     """Interpolated Witten-Bell variable-order Markov model (see the module docstring).
 
     Parameters: ``max_order`` (longest context), ``escape`` (β), ``min_count`` (contexts seen
-    fewer times are pruned), ``max_contexts`` (size bound of the fitted table).
+    fewer times are pruned), ``max_contexts`` (size bound of the fitted table),
+    ``min_context`` (contexts with fewer training observations are skipped at prediction time:
+    the sparse-context backoff of the module docstring).
     Fitted attributes: ``vocab_`` (symbols, END last), ``contexts_`` (context tuple →
     (symbol indices, counts, total, distinct)), ``min_count_``.
     """
 
     def __init__(self, max_order: int = 8, escape: float = 1.0, min_count: int = 1,
-                 max_contexts: int = 20_000) -> None:
+                 max_contexts: int = 20_000, min_context: float = 1.0) -> None:
         self.max_order = int(max_order)
+        self.min_context = float(min_context)
         self.escape = float(escape)
         self.min_count = int(min_count)
         self.max_contexts = int(max_contexts)
 
     # -- fitting ----------------------------------------------------------------------------
     def fit(self, sequences: Sequence[Sequence[str]],
-            weights: Sequence[float] | None = None) -> "VariableOrderMarkov":
+            weights: Sequence[float] | None = None,
+            contexts: Sequence[Sequence[str]] | None = None) -> "VariableOrderMarkov":
+        """Count ``sequences`` (``weights`` per sequence; ``contexts``: optional context
+        symbols per call, see the module docstring)."""
         weights = [1.0] * len(sequences) if weights is None else list(weights)
-        counts = context_counts(sequences, weights, self.max_order)
+        if contexts is not None and any(len(c) != len(q) for c, q in zip(contexts, sequences)):
+            raise ValueError("contexts must give one context symbol per call of each sequence")
+        counts = context_counts(sequences, weights, self.max_order, contexts)
         return self._from_counts(counts)
 
     def _from_counts(self, counts: dict) -> "VariableOrderMarkov":
@@ -95,11 +153,15 @@ class VariableOrderMarkov:
 
     # -- prediction -------------------------------------------------------------------------
     def levels(self, history: Sequence[str], max_order: int | None = None,
-               escape: float | None = None) -> Iterable[np.ndarray]:
+               escape: float | None = None, min_context: float | None = None
+               ) -> Iterable[np.ndarray]:
         """``P(· | last k symbols)`` for k = 0 .. max_order, in that order (each a vector over
-        :attr:`vocab_`); ``history`` is the session's symbols so far, without START."""
+        :attr:`vocab_`); ``history`` is the session's symbols so far, without START. Contexts
+        with fewer than ``min_context`` training observations (default: the fitted value) are
+        skipped."""
         max_order = self.max_order if max_order is None else min(max_order, self.max_order)
         beta = self.escape if escape is None else escape
+        floor = self.min_context if min_context is None else min_context
         full = (START, *history[-max_order:]) if max_order else ()
         p = np.full(len(self.vocab_), 1.0 / (len(self.vocab_) + 1))
         for k in range(0, max_order + 1):
@@ -107,7 +169,7 @@ class VariableOrderMarkov:
                 yield p
                 continue
             entry = self.contexts_.get(tuple(full[len(full) - k:]))
-            if entry is not None:
+            if entry is not None and (k == 0 or entry[2] >= floor):
                 idx, cnt, total, distinct = entry
                 lam = beta * distinct
                 p = p * (lam / (total + lam))
@@ -138,7 +200,7 @@ class VariableOrderMarkov:
         """JSON-ready: params, vocabulary and the pruned context table (counts rounded)."""
         return {"max_order": self.max_order, "escape": self.escape,
                 "min_count": self.min_count, "max_contexts": self.max_contexts,
-                "min_count_used": self.min_count_, "vocab": self.vocab_,
+                "min_context": self.min_context, "min_count_used": self.min_count_, "vocab": self.vocab_,
                 "contexts": {SEP.join(h): {self.vocab_[i]: round(float(c), 6)
                                            for i, c in zip(idx, cnt)}
                              for h, (idx, cnt, _, _) in self.contexts_.items()}}
@@ -146,7 +208,7 @@ class VariableOrderMarkov:
     @classmethod
     def from_dict(cls, data: dict) -> "VariableOrderMarkov":
         model = cls(data["max_order"], data["escape"], data["min_count"],
-                    data.get("max_contexts", 20_000))
+                    data.get("max_contexts", 20_000), data.get("min_context", 1.0))
         model.vocab_ = list(data["vocab"])
         model._index = {y: i for i, y in enumerate(model.vocab_)}
         model.min_count_ = int(data.get("min_count_used", model.min_count))

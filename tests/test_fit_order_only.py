@@ -53,3 +53,21 @@ def test_one_timestamp_per_call_says_latency_is_unknown(tmp_path):
     lim = load_profile(tmp_path / "p").data["limitations"]
     assert lim["timing"] == "one_stamp" and "call_latency" in lim["unavailable"]
     assert "idle_gap" not in lim["unavailable"]  # gaps between created stamps are real
+
+
+@pytest.mark.slow
+def test_real_times_are_judged_per_workflow_type(tmp_path):
+    """Issue 26 (e): a mixed log (Agentless, timed, + Who&When, order-only): the order-only types
+    get no idle-gap TTL and no tool latency, and eval counts none of their position gaps."""
+    from profiler.evaluation import evaluate
+    logs = [REAL / "agentless_pr28.jsonl", REAL / "seq_whowhen_magentic_captain.jsonl"]
+    prof, _ = fit_profile(logs, tmp_path / "p")
+    lim = prof.data["limitations"]
+    assert lim["timing"] == "mixed"
+    assert lim["order_only_types"] == ["captain_agent", "magentic_one"]
+    types = set(prof.data["idle_gap"]["workflow_types"])
+    assert types and not types & {"captain_agent", "magentic_one"}
+    result, _ = evaluate(prof, logs)
+    ka = result["keep_alive"]
+    assert set(ka["by_workflow_type"]) == types, ka["by_workflow_type"]
+    assert ka["scored_share"] == 1.0

@@ -166,3 +166,29 @@ def test_band_warnings_name_wider_bands_and_the_shared_budget():
     assert any("global band" in n for n in warn[("app", "tail")])
     assert any("shared coverage budget" in n and "900 vs 1,500" in n for n in warn[("app", "tail")])
     assert not any("budget" in n for n in warn[("app", "odd")])
+
+
+def test_every_workflow_type_keeps_its_own_coverage_budget():
+    """Issue 26 (d): two applications in one log. A log-wide budget could spend the narrow
+    type's share of misses on the heavy-tailed one; per type, each type's budget counts only its
+    own calls and each type covers new data at nominal (within a point)."""
+    heavy = {"orchestrator": (6, 300, 0.3), "websurfer": (1, 900, 1.6)}
+    calm = {"planner": (2, 200, 0.2), "coder": (3, 500, 0.25)}
+
+    def log(seed, n):
+        a = frame(np.random.default_rng(seed), heavy, n).assign(workflow_type_id="heavy")
+        b = frame(np.random.default_rng(seed + 100), calm, n).assign(workflow_type_id="calm")
+        b["workflow_id"] = "c" + b["workflow_id"]
+        return pd.concat([a, b], ignore_index=True)
+    train, test = log(8, 150), log(9, 600)
+    est = OutputLengthIntervals(conditional=False).fit(train)
+    for wt in ("heavy", "calm"):
+        n_type = int((train.workflow_type_id == wt).sum())
+        for entry in est.agents_[wt].values():
+            budget = entry["selection"]["budget"]
+            assert budget["calls"] == n_type, budget   # this type's calls only
+            assert budget["held_out_misses"] <= budget["budget_misses"]
+        rows = test[test.workflow_type_id == wt]
+        b = est.predict(rows)
+        y = rows.output_tokens.to_numpy()
+        assert np.mean((y >= b[:, 0]) & (y <= b[:, 1])) >= 0.98, wt

@@ -13,7 +13,7 @@ from synth.sequence_select import fold_counts, select_models
 from synth.sequences import sequences_from_symbols
 from synth.session import WorkflowPaths
 from synth.evaluation import score_sequences
-from synth.vomm import END, VariableOrderMarkov
+from synth.vomm import END, START, VariableOrderMarkov
 
 
 def test_witten_bell_by_hand():
@@ -189,6 +189,26 @@ def test_single_agent_type_uses_tool_names_for_remaining_work(tmp_path):
     assert rc["mae"] < 0.8 * rc["baselines"]["position_median"], rc
     # serving without the tool history backs off to the call index (never fails)
     paths = WorkflowPaths.from_section(profile.data["workflows"]["solo"])
-    with_tools = paths.predict(None, ["main"] * 12, ["find"] * 10 + ["edit"] * 2)
+    # the tool context of call 12 is the tools of the 11 calls before it (what a session
+    # knows when call 12 is annotated): the first "edit" at call 11 says 5 calls in all remain
+    with_tools = paths.predict(None, ["main"] * 12, [START] + ["find"] * 10 + ["edit"])
     without = paths.predict(None, ["main"] * 12)
     assert with_tools["remaining_calls_p50"] == 3 and without["remaining_calls_p50"] is not None
+
+
+def test_remaining_selection_uses_a_clear_context_gain_and_keeps_the_median_on_noise():
+    """Issue 26 (c): on a small team (45 workflows) a context that validation finds clearly
+    better is used; where the context is noise, the position median is kept."""
+    rng = np.random.default_rng(3)
+    team = [("lead", "dev", *["dev", "qa"] * int(rng.integers(1, 3)), "lead") if rng.random() < 0.5
+            else ("lead", "writer", *["writer"] * int(rng.integers(6, 9)), "lead")
+            for _ in range(45)]
+    chosen = select_models(team, [1] * len(team), folds=3)["remaining"]
+    assert chosen["order"] >= 1, chosen
+    assert chosen["validation_mae"] < 0.7 * chosen["position_median_mae"], chosen
+    assert chosen["families"] == 13 and 2.0 <= chosen["z"] < 3.0
+    noise = [tuple(rng.choice(["a", "b", "c"], size=int(rng.geometric(0.15)) + 1))
+             for _ in range(45)]
+    kept = select_models(noise, [1] * len(noise), folds=3)["remaining"]
+    assert kept["validation_mae"] <= kept["position_median_mae"] + 1e-9, kept
+    assert kept["order"] == 0, kept
