@@ -160,14 +160,15 @@ class CompiledProfile:
         return out
 
     def remaining_output(self, wt: str, calls_done: int, agent: str, out_so_far: float,
-                         expected_so_far: float, agent_calls: int = 0) -> tuple[float, float, float] | None:
+                         expected_so_far: float, agent_calls: int = 0,
+                         elapsed_s: float | None = None) -> tuple[float, float, float] | None:
         """``(R̂, p50, p90)`` remaining output tokens of a session at a call by ``agent`` after
         ``calls_done`` calls, ``agent_calls`` of them by ``agent``
         (:class:`predictors.served.RemainingTokensTable`); None without the section or the type."""
         if self.remaining is None:
             return None
         return self.remaining.predict(wt, position_bucket(max(0, calls_done)), agent, out_so_far,
-                                      expected_so_far, max(0, agent_calls))
+                                      expected_so_far, max(0, agent_calls), elapsed_s)
 
     def global_for_lack_of_data(self, wt: str, agent: str) -> bool:
         """True when the agent is served the global band because it has too little data (a

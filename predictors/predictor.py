@@ -249,7 +249,7 @@ class Predictor:
             context = (tuple(s.tail), s.calls, *self.sessions.served_context(s))
             done = 1 if advance else 0       # this call is already counted in the session
             remaining = m.remaining_output(wt, s.calls - done, agent, s.out_sum, s.out_expected,
-                                           s.agent_calls.get(agent, 0) - done)
+                                           s.agent_calls.get(agent, 0) - done, session_age)
             entry = m.agents.get((wt, agent))
             if entry is None and self.agent_fallback:
                 entry = m.unseen_agent.get(wt)     # an agent the profile never saw: its type's

@@ -57,13 +57,13 @@ import numpy as np
 import pandas as pd
 from sklearn.base import BaseEstimator
 
-from predictors.served import MAX_AGENT_CALLS, RemainingTokensTable
+from predictors.served import MAX_AGENT_CALLS, RemainingTokensTable, elapsed_bucket
 from synth.remaining import position_bucket
 
 #: Candidate session factors ``(β, κ)``; ``(0, 0)`` is "no factor".
 FACTORS = ((0.0, 0.0), (0.5, 1.0), (0.5, 4.0), (1.0, 1.0), (1.0, 4.0), (1.0, 16.0))
 #: Candidate table levels: position alone, or position and the call's agent.
-LEVELS = ("position", "agent", "agent_calls")
+LEVELS = ("position", "agent", "agent_calls", "elapsed")
 POINTS = ("p50", "mean")
 
 
@@ -73,7 +73,8 @@ def session_frame(calls: pd.DataFrame) -> pd.DataFrame:
 
     ``calls`` holds ``workflow_type_id, workflow_id, agent_id, output_tokens`` in call order
     within each workflow (:func:`profiler.fitting.ok_calls`)."""
-    df = calls[["workflow_type_id", "workflow_id", "agent_id", "output_tokens"]].copy()
+    cols = ["workflow_type_id", "workflow_id", "agent_id", "output_tokens"]
+    df = calls[cols + (["t_arrival"] if "t_arrival" in calls else [])].copy()
     df["output_tokens"] = df["output_tokens"].astype(float).clip(lower=0)
     g = df.groupby(["workflow_type_id", "workflow_id"], sort=False)["output_tokens"]
     df["i"] = g.cumcount()
@@ -82,6 +83,11 @@ def session_frame(calls: pd.DataFrame) -> pd.DataFrame:
     df["R"] = total - df["S"]
     df["n"] = g.transform("size")
     df["bucket"] = df["i"].map(position_bucket)
+    if "t_arrival" in df:     # seconds since the session's first call, bucketed
+        start = df.groupby(["workflow_type_id", "workflow_id"], sort=False)["t_arrival"].transform("min")
+        df["e"] = (df["t_arrival"].astype(float) - start.astype(float)).map(elapsed_bucket)
+    else:
+        df["e"] = -1
     df["k"] = df.groupby(["workflow_type_id", "workflow_id", "agent_id"], sort=False).cumcount().clip(
         upper=MAX_AGENT_CALLS)
     return df.reset_index(drop=True)
@@ -104,6 +110,9 @@ def fit_type_table(df: pd.DataFrame, min_n: int) -> dict[str, Any]:
     for (k, a), g in df.groupby(["k", "agent_id"], sort=True):
         if g["workflow_id"].nunique() >= min_n:
             keys[f"c{int(k)}|{a}"] = _stats(g["R"].to_numpy())
+    for e, g in df[df["e"] >= 0].groupby("e", sort=True):
+        if g["workflow_id"].nunique() >= min_n:
+            keys[f"e{int(e)}"] = _stats(g["R"].to_numpy())
     return {"n_workflows": int(df["workflow_id"].nunique()),
             "mean_out": float(df["output_tokens"].mean()),
             "agent_mean": {str(a): float(v) for a, v in agent_mean.items()},
@@ -130,10 +139,11 @@ def predict_frame(entry: dict[str, Any], df: pd.DataFrame, level: str, point: st
     none = np.full(len(df), None, dtype=object)
     agents = df["agent_id"].to_numpy() if level in ("agent", "agent_calls") else none
     counts = df["k"].to_numpy() if level == "agent_calls" else np.full(len(df), -1)
-    triples = pd.MultiIndex.from_arrays([df["bucket"].to_numpy(), agents, counts])
-    codes, uniques = pd.factorize(triples)
-    values = np.array([table.lookup("_", int(b), a, None if k < 0 else int(k))[col]
-                       for b, a, k in uniques], dtype=float)
+    elapsed = df["e"].to_numpy() if level == "elapsed" else np.full(len(df), -1)
+    keys = pd.MultiIndex.from_arrays([df["bucket"].to_numpy(), agents, counts, elapsed])
+    codes, uniques = pd.factorize(keys)
+    values = np.array([table.lookup("_", int(b), a, None if k < 0 else int(k), None if e < 0 else int(e))[col]
+                       for b, a, k, e in uniques], dtype=float)
     base = values[codes]
     if beta == 0:
         return base
@@ -191,8 +201,9 @@ class RemainingTokens(RemainingTokensTable, BaseEstimator):
         rng = np.random.default_rng(self.random_state)
         fold_of = dict(zip(wfs, rng.permutation(len(wfs)) % self.cv_folds))
         fold = g["workflow_id"].map(fold_of).to_numpy()
+        levels = LEVELS if (g["e"] >= 0).any() else tuple(lv for lv in LEVELS if lv != "elapsed")
         cands = [{"level": lv, "point": pt, "beta": b, "kappa": k}
-                 for lv in LEVELS for pt in POINTS for b, k in FACTORS]
+                 for lv in levels for pt in POINTS for b, k in FACTORS]
         errs = np.zeros((len(cands), len(g)))
         y = g["R"].to_numpy()
         for f in range(self.cv_folds):

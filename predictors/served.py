@@ -276,6 +276,12 @@ class IdleGapTable:
 #: Calls of one agent before this one, as the ``agent_calls`` level keys them (more are pooled).
 MAX_AGENT_CALLS = 31
 
+
+def elapsed_bucket(elapsed_s: float) -> int:
+    """Seconds since the session's first call → bucket: two per doubling of ``1 + s`` (≤ 48)."""
+    return min(48, int(2 * math.log2(1.0 + max(0.0, float(elapsed_s)))))
+
+
 class RemainingTokensTable:
     """``remaining_tokens``: remaining output tokens of a session at one of its calls.
 
@@ -295,13 +301,18 @@ class RemainingTokensTable:
         return cls(data)
 
     def lookup(self, wt: str, bucket: int, agent: str | None = None,
-               agent_calls: int | None = None) -> list[float]:
+               agent_calls: int | None = None, elapsed: int | None = None) -> list[float]:
         """``[n, mean, p50, p90]`` at ``(agent, calls of that agent before this one)`` when
         ``agent_calls`` is given, else at ``(bucket, agent)``, backed off to ``(bucket, agent)``,
         to the bucket, then to the nearest earlier bucket the type has (a session past every
-        training workflow keeps the last bucket's figures), then to the whole type."""
+        training workflow keeps the last bucket's figures), then to the whole type. ``elapsed``
+        (an :func:`elapsed_bucket`) is looked up first when given."""
         entry = self.workflow_types_[wt]
         keys = entry["keys"]
+        if elapsed is not None:
+            hit = keys.get(f"e{elapsed}")
+            if hit is not None:
+                return hit
         if agent is not None and agent_calls is not None:
             hit = keys.get(f"c{min(int(agent_calls), MAX_AGENT_CALLS)}|{agent}")
             if hit is not None:
@@ -317,7 +328,8 @@ class RemainingTokensTable:
         return keys[f"b{earlier[-1]}"] if earlier else keys[""]
 
     def predict(self, wt: str, bucket: int, agent: str | None, out_so_far: float,
-                expected_so_far: float, agent_calls: int | None = None) -> tuple[float, float, float] | None:
+                expected_so_far: float, agent_calls: int | None = None,
+                elapsed_s: float | None = None) -> tuple[float, float, float] | None:
         """``(R̂, p50, p90)`` for a call at position ``bucket`` by ``agent`` in a session that has
         written ``out_so_far`` tokens where its agents usually write ``expected_so_far``; None
         for a type the section does not hold. All three are scaled by the session factor."""
@@ -327,7 +339,8 @@ class RemainingTokensTable:
         p = self.params_.get(wt) or {}
         level = p.get("level")
         stats = self.lookup(wt, bucket, agent if level in ("agent", "agent_calls") else None,
-                            agent_calls if level == "agent_calls" else None)
+                            agent_calls if level == "agent_calls" else None,
+                            elapsed_bucket(elapsed_s) if level == "elapsed" and elapsed_s is not None else None)
         beta = float(p.get("beta") or 0.0)
         factor = 1.0
         if beta:

@@ -66,7 +66,7 @@ class FitOptions:
 
 #: Columns of ``calls`` the output-length model is fit and scored on.
 CALL_COLUMNS = ("workflow_type_id", "workflow_id", "agent_id", "input_tokens", "output_tokens",
-                "prev_agent_output_tokens", "agent_call_index")
+                "prev_agent_output_tokens", "agent_call_index", "t_arrival")
 
 
 #: Calls whose token counts the source did not hold (``tokens_unknown: true``, log-format extra

@@ -10,7 +10,10 @@ sessions that wait at the same time to be right, more than each number. So the m
 session is paired with up to ``PAIRS_PER_CALL`` other sessions active then (first call arrived,
 last call not finished), each at its latest call; ``R`` is the output tokens a session still has
 to generate from that call on (the call's own included), ``R̂`` the prediction served with that
-call. ``C = 0.5`` is a random order, 1 the clairvoyant one. ``mae_tokens`` is the mean
+call. ``C = 0.5`` is a random order, 1 the clairvoyant one. Logs whose sessions never overlap
+(runs done one at a time: fewer than ``MIN_PAIRS`` such pairs) are paired as if every session had
+started at the same moment (``pairing: "aligned_start"``, a burst; the ``age`` baseline then ties
+every pair, C = 0.5: every session has the same age). ``mae_tokens`` is the mean
 ``|R̂ − R|`` over every held-out call.
 
 **Ours is scored exactly as served**: every held-out workflow is replayed call by call through a
@@ -35,6 +38,8 @@ from synth.remaining import position_bucket
 
 #: Other active sessions each held-out call is compared with (sampled, seeded).
 PAIRS_PER_CALL = 20
+#: Fewer concurrent pairs than this (logs of runs done one at a time): pair on aligned starts.
+MIN_PAIRS = 100
 BASELINES = ("position_median", "mrl", "nat_trie")
 
 
@@ -139,6 +144,12 @@ def remaining_work_scores(profile: Profile, con: duckdb.DuckDBPyConnection) -> d
              **baseline_predictions(section, calls, index),
              "age": wf_start[wf_code]}
     cidx = concordance(preds, truth, wf_code, t_arrival, wf_end)
+    pairing = "concurrent"
+    if cidx["ours"][1] < MIN_PAIRS:       # sessions that never overlapped: as if they all started together
+        start = wf_start[wf_code]
+        preds["age"] = np.zeros(len(calls))     # aligned: every session has the same age
+        cidx = concordance(preds, truth, wf_code, t_arrival - start, wf_end - wf_start)
+        pairing = "aligned_start"
 
     def mae(p: np.ndarray) -> float | None:
         ok = ~np.isnan(p)
@@ -146,7 +157,7 @@ def remaining_work_scores(profile: Profile, con: duckdb.DuckDBPyConnection) -> d
 
     ours = preds["ours"]
     return {"remaining_work": {
-        "c_index": cidx["ours"][0], "pairs": cidx["ours"][1], "mae_tokens": mae(ours),
+        "c_index": cidx["ours"][0], "pairs": cidx["ours"][1], "pairing": pairing, "mae_tokens": mae(ours),
         "calls": int(len(calls)), "coverage": float(np.mean(~np.isnan(ours))),
         "baselines": {**{name: {"c_index": cidx[name][0], "mae_tokens": mae(preds[name])} for name in BASELINES},
                       "age": {"c_index": cidx["age"][0]}},
