@@ -190,6 +190,11 @@ def merge_sections(parts: list[dict[str, Any]], global_band: dict[str, Any],
             "agents": agents,
         }
     data["tool_latency"] = tool_latency
+    remaining = [p["remaining_tokens"] for p in parts if p.get("remaining_tokens")]
+    if remaining:   # every table of the section is keyed by workflow type: unite them
+        data["remaining_tokens"] = {**remaining[0], **{
+            key: dict(sorted((wt, v) for r in remaining for wt, v in r[key].items()))
+            for key in ("workflow_types", "params", "selection", "baselines")}}
     for name in (*PER_TYPE_SECTIONS, *SECTION_BUILDERS):
         merged: dict[str, Any] = {}
         for p in parts:
@@ -297,6 +302,7 @@ def fit_with_ray(paths: Sequence[str | Path], out: str | Path, options: FitOptio
             if ol_section:
                 data["output_length"] = ol_section
             data["idle_gap"], data["limitations"] = times["idle_gap"], times["limitations"]
+            data["human_wait"] = times.get("human_wait", {})
             profile = write_profile(out, data, {
                 **manifest_fields(con, options, db_path),
                 "engine": {"name": "ray", "shards": len(plan), "workflow_types": len(types), "cpus": cpus}})

@@ -139,7 +139,8 @@ def test_table_reads_issue_keys_in_both_forms():
                        "baselines": {"idle_gap_p95": 0.92, "tool_p95": {"idle_gap_coverage": 0.74}}},
     }
     rows = baseline_rows(full)
-    missing = [(r["metric"], r["method"]) for r in rows if r["value"] is None]
+    missing = [(r["metric"], r["method"]) for r in rows
+               if r["value"] is None and not r["metric"].startswith("remaining-tokens")]  # not in this result
     assert missing == [("next-agent log-loss", "markov1")]  # given as a bare top-1 number
     assert len(rows) == len(ROWS)
     text = render({"a": full})

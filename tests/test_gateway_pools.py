@@ -59,7 +59,7 @@ def test_idle_downstream_term_by_hand():
     ann = Annotation.from_dict({"known": True, "expected_remaining_calls": 3.0,
                                 "expected_distance": {"verifier": 2.0, "coder": 1.0},
                                 "session_age_s": 0.0})
-    prio = AnnotationPriority(PriorityPolicy(aging_per_s=0.0))
+    prio = AnnotationPriority(PriorityPolicy(aging_per_s=0.0, remaining_unit="calls"))
     assert prio(ann) == 250                                            # no queues known
     assert prio(ann, queue_depth={"small": 0}, agent_model={"verifier": "small"}) == 750
     assert prio(ann, queue_depth={"small": 5}, agent_model={"verifier": "small"}) == 250  # busy
