@@ -147,10 +147,15 @@ def predict_frame(entry: dict[str, Any], df: pd.DataFrame, level: str, point: st
     base = values[codes]
     if beta == 0:
         return base
-    e = _expected_so_far(df, entry["agent_mean"], entry["mean_out"])
+    return base * session_factor(entry, df, _expected_so_far(df, entry["agent_mean"], entry["mean_out"]),
+                                 beta, kappa)
+
+
+def session_factor(entry: dict[str, Any], df: pd.DataFrame, expected: np.ndarray, beta: float,
+                   kappa: float) -> np.ndarray:
+    """``((S + κ·m̄) / (E + κ·m̄))^β`` per call (``expected`` = ``E``, :func:`_expected_so_far`)."""
     prior = kappa * entry["mean_out"]
-    factor = ((df["S"].to_numpy() + prior) / np.maximum(e + prior, 1e-9)) ** beta
-    return base * factor
+    return ((df["S"].to_numpy() + prior) / np.maximum(expected + prior, 1e-9)) ** beta
 
 
 def _log_err(pred: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -165,16 +170,21 @@ class RemainingTokens(RemainingTokensTable, BaseEstimator):
     cv_folds : folds of the cross-validation by workflow (types with fewer workflows than
         ``2 · cv_folds`` serve the simplest candidate without selection).
     min_n : workflows a ``(bucket, agent)`` key needs to be served (else it backs off).
-    random_state : seed of the fold assignment.
+    random_state : seed of the fold assignment (and of the selection sample).
+    max_select_workflows : the selection's cross-validation runs on at most this many workflows
+        of a type (a seeded sample; thousands of workflows decide between these few candidates
+        as well as millions do); the served table is fit on every workflow.
 
     Fitted attributes: ``workflow_types_`` (type → table entry), ``params_`` (type → chosen
     candidate), ``selection_`` (type → CV errors per candidate), ``baselines_``.
     """
 
-    def __init__(self, cv_folds: int = 5, min_n: int = 5, random_state: int = 0) -> None:
+    def __init__(self, cv_folds: int = 5, min_n: int = 5, random_state: int = 0,
+                 max_select_workflows: int = 2000) -> None:
         self.cv_folds = cv_folds
         self.min_n = min_n
         self.random_state = random_state
+        self.max_select_workflows = max_select_workflows
 
     # ------------------------------------------------------------------ fit
     def fit(self, calls: pd.DataFrame) -> "RemainingTokens":
@@ -199,6 +209,9 @@ class RemainingTokens(RemainingTokensTable, BaseEstimator):
         if len(wfs) < 2 * self.cv_folds:
             return simplest, {"reason": f"{len(wfs)} workflows: too few to validate"}
         rng = np.random.default_rng(self.random_state)
+        if len(wfs) > self.max_select_workflows:
+            wfs = np.sort(rng.choice(wfs, self.max_select_workflows, replace=False))
+            g = g[g["workflow_id"].isin(set(wfs))].reset_index(drop=True)
         fold_of = dict(zip(wfs, rng.permutation(len(wfs)) % self.cv_folds))
         fold = g["workflow_id"].map(fold_of).to_numpy()
         levels = LEVELS if (g["e"] >= 0).any() else tuple(lv for lv in LEVELS if lv != "elapsed")
@@ -210,8 +223,14 @@ class RemainingTokens(RemainingTokensTable, BaseEstimator):
             test = fold == f
             entry = fit_type_table(g[~test], self.min_n)
             part = g[test]
+            expected = _expected_so_far(part, entry["agent_mean"], entry["mean_out"])
+            factors = {(b, k): session_factor(entry, part, expected, b, k) for b, k in FACTORS if b}
+            bases = {(lv, pt): predict_frame(entry, part, lv, pt, 0.0, 0.0) for lv in levels for pt in POINTS}
             for c, cand in enumerate(cands):
-                errs[c, test] = _log_err(predict_frame(entry, part, **cand), y[test])
+                pred = bases[cand["level"], cand["point"]]
+                if cand["beta"]:
+                    pred = pred * factors[cand["beta"], cand["kappa"]]
+                errs[c, test] = _log_err(pred, y[test])
         # per-workflow mean error: the unit of the paired comparison
         wf_codes = pd.factorize(g["workflow_id"])[0]
         counts = np.bincount(wf_codes)
