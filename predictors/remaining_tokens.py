@@ -57,8 +57,7 @@ import numpy as np
 import pandas as pd
 from sklearn.base import BaseEstimator
 
-from predictors.served import MAX_AGENT_CALLS, RemainingTokensTable, elapsed_bucket
-from synth.remaining import position_bucket
+from predictors.served import MAX_AGENT_CALLS, RemainingTokensTable
 
 #: Candidate session factors ``(β, κ)``; ``(0, 0)`` is "no factor".
 FACTORS = ((0.0, 0.0), (0.5, 1.0), (0.5, 4.0), (1.0, 1.0), (1.0, 4.0), (1.0, 16.0))
@@ -82,15 +81,29 @@ def session_frame(calls: pd.DataFrame) -> pd.DataFrame:
     df["S"] = g.cumsum() - df["output_tokens"]
     df["R"] = total - df["S"]
     df["n"] = g.transform("size")
-    df["bucket"] = df["i"].map(position_bucket)
+    df["bucket"] = position_buckets(df["i"].to_numpy())
     if "t_arrival" in df:     # seconds since the session's first call, bucketed
         start = df.groupby(["workflow_type_id", "workflow_id"], sort=False)["t_arrival"].transform("min")
-        df["e"] = (df["t_arrival"].astype(float) - start.astype(float)).map(elapsed_bucket)
+        df["e"] = elapsed_buckets(df["t_arrival"].to_numpy(dtype=float) - start.to_numpy(dtype=float))
     else:
         df["e"] = -1
     df["k"] = df.groupby(["workflow_type_id", "workflow_id", "agent_id"], sort=False).cumcount().clip(
         upper=MAX_AGENT_CALLS)
     return df.reset_index(drop=True)
+
+
+def position_buckets(i: np.ndarray) -> np.ndarray:
+    """:func:`synth.remaining.position_bucket` of every index (exact below 8, then half-octaves)."""
+    i = np.asarray(i, dtype=np.int64)
+    with np.errstate(divide="ignore"):
+        tail = 8 + np.floor(2 * np.log2(np.maximum(i, 8) / 8)).astype(np.int64)
+    return np.where(i < 8, i, tail)
+
+
+def elapsed_buckets(seconds: np.ndarray) -> np.ndarray:
+    """:func:`predictors.served.elapsed_bucket` of every elapsed time."""
+    s = np.maximum(np.asarray(seconds, dtype=float), 0.0)
+    return np.minimum(48, np.floor(2 * np.log2(1.0 + s)).astype(np.int64))
 
 
 def _stats(values: np.ndarray) -> list[float]:

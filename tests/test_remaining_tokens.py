@@ -148,3 +148,14 @@ def test_tokens_unit_ranks_less_remaining_work_first_on_a_log_scale():
     assert pol.session_score(long, 1000.0 * math.log(20.0)) > pol.session_score(short, 0.0)
     with pytest.raises(ValueError):
         PriorityPolicy(remaining_unit="furlongs")
+
+
+def test_vectorised_buckets_match_the_served_ones():
+    from predictors.remaining_tokens import elapsed_buckets, position_buckets
+    from predictors.served import elapsed_bucket
+    from synth.remaining import position_bucket
+
+    idx = np.arange(0, 3000)
+    assert position_buckets(idx).tolist() == [position_bucket(int(i)) for i in idx]
+    secs = np.concatenate([np.linspace(0, 1e6, 5001), np.random.default_rng(0).exponential(60, 2000)])
+    assert elapsed_buckets(secs).tolist() == [elapsed_bucket(float(s)) for s in secs]
