@@ -54,6 +54,10 @@ class CoverageMonitor:
         self._outcomes: dict[str, deque] = {}
         self._misses: dict[str, int] = {}
         self._alarm_since: dict[str, int] = {}
+        #: per type, outcomes recorded so far and at the last warning: an alarm that flickers at
+        #: the threshold warns again only after a whole window of new outcomes
+        self._seen: dict[str, int] = {}
+        self._warned_at: dict[str, int] = {}
         self._lock = threading.Lock()
 
     def set_nominal(self, nominal: float) -> None:
@@ -80,11 +84,15 @@ class CoverageMonitor:
             n, misses = len(q), self._misses[workflow_type_id]
             alarm = n >= self.min_calls and misses > self.limit(n)
             was = workflow_type_id in self._alarm_since
+            seen = self._seen[workflow_type_id] = self._seen.get(workflow_type_id, 0) + 1
+            last = self._warned_at.get(workflow_type_id)
             if alarm and not was:
                 self._alarm_since[workflow_type_id] = 0
-                log.warning("output-length coverage drift in %s: %.3f over the last %d calls "
-                            "(nominal %.3f); consider a refit", workflow_type_id, 1 - misses / n,
-                            n, self.nominal)
+                if last is None or seen - last >= self.window:
+                    self._warned_at[workflow_type_id] = seen
+                    log.warning("output-length coverage drift in %s: %.3f over the last %d calls "
+                                "(nominal %.3f); consider a refit", workflow_type_id, 1 - misses / n,
+                                n, self.nominal)
             elif alarm:
                 self._alarm_since[workflow_type_id] += 1
             elif was:

@@ -42,3 +42,24 @@ def test_predictor_feeds_observed_outcomes(tmp_path):
         assert p.observe({"app_metadata": meta, "request_id": f"r{i}", "output_tokens": 10**7}) is False
     st = p.coverage_monitor.status()[wt]
     assert st["alarm"] and st["coverage"] == 0.0 and st["nominal"] == p.profile.coverage
+
+
+def test_a_flickering_alarm_warns_once_per_window(caplog):
+    """At the threshold the alarm turns on and off call by call; the log says so once per window."""
+    import logging
+
+    import numpy as np
+
+    from predictors.coverage_monitor import CoverageMonitor
+
+    mon = CoverageMonitor(nominal=0.9, window=50, min_calls=10, z=0.0)   # limit = 10 % misses
+    misses = np.random.default_rng(0).random(1000) < 0.1                  # right at the limit
+    ons, was = 0, False
+    with caplog.at_level(logging.WARNING, logger="predictors.coverage_monitor"):
+        for miss in misses:
+            now = mon.record("t", hit=not miss)
+            ons += now and not was
+            was = now
+    warnings = [r for r in caplog.records if "coverage drift" in r.getMessage()]
+    assert ons > len(warnings) >= 1                      # it flickered; the log did not follow it
+    assert len(warnings) <= len(misses) // 50 + 1        # at most one warning per window of calls
