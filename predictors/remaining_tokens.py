@@ -57,11 +57,12 @@ import numpy as np
 import pandas as pd
 from sklearn.base import BaseEstimator
 
-from predictors.served import MAX_AGENT_CALLS, RemainingTokensTable
+from predictors.served import MAX_AGENT_CALLS, MAX_ELAPSED_BUCKET, RemainingTokensTable
 
 #: Candidate session factors ``(β, κ)``; ``(0, 0)`` is "no factor".
 FACTORS = ((0.0, 0.0), (0.5, 1.0), (0.5, 4.0), (1.0, 1.0), (1.0, 4.0), (1.0, 16.0))
-#: Candidate table levels: position alone, or position and the call's agent.
+#: Candidate table levels (the first key looked up; every level backs off to the position):
+#: position bucket, (position bucket, agent), (agent, its calls so far), elapsed-time bucket.
 LEVELS = ("position", "agent", "agent_calls", "elapsed")
 POINTS = ("p50", "mean")
 
@@ -103,29 +104,32 @@ def position_buckets(i: np.ndarray) -> np.ndarray:
 def elapsed_buckets(seconds: np.ndarray) -> np.ndarray:
     """:func:`predictors.served.elapsed_bucket` of every elapsed time."""
     s = np.maximum(np.asarray(seconds, dtype=float), 0.0)
-    return np.minimum(48, np.floor(2 * np.log2(1.0 + s)).astype(np.int64))
+    return np.minimum(MAX_ELAPSED_BUCKET, np.floor(2 * np.log2(1.0 + s)).astype(np.int64))
 
 
 def _stats(values: np.ndarray) -> list[float]:
-    return [int(len(values)), float(np.mean(values)), float(np.quantile(values, 0.5)),
-            float(np.quantile(values, 0.9))]
+    """``[n, mean, p50, p90]`` of the remaining tokens at one key."""
+    p50, p90 = np.quantile(values, [0.5, 0.9])
+    return [int(len(values)), float(np.mean(values)), float(p50), float(p90)]
+
+
+def _keyed(df: pd.DataFrame, by: list[str], name, min_n: int) -> dict[str, list[float]]:
+    """``{name(key): _stats(R)}`` per group of ``by`` seen in at least ``min_n`` workflows."""
+    return {name(*(key if isinstance(key, tuple) else (key,))): _stats(g["R"].to_numpy())
+            for key, g in df.groupby(by, sort=True) if g["workflow_id"].nunique() >= min_n}
 
 
 def fit_type_table(df: pd.DataFrame, min_n: int) -> dict[str, Any]:
-    """The serving entry of one workflow type from its per-call frame (:func:`session_frame`)."""
+    """The serving entry of one workflow type from its per-call frame (:func:`session_frame`).
+    Position keys are kept whatever their support (they are the last level before the type)."""
     agent_mean = df.groupby("agent_id")["output_tokens"].mean()
-    keys: dict[str, list[float]] = {"": _stats(df["R"].to_numpy())}
-    for b, g in df.groupby("bucket", sort=True):
-        keys[f"b{int(b)}"] = _stats(g["R"].to_numpy())
-    for (b, a), g in df.groupby(["bucket", "agent_id"], sort=True):
-        if g["workflow_id"].nunique() >= min_n:
-            keys[f"b{int(b)}|{a}"] = _stats(g["R"].to_numpy())
-    for (k, a), g in df.groupby(["k", "agent_id"], sort=True):
-        if g["workflow_id"].nunique() >= min_n:
-            keys[f"c{int(k)}|{a}"] = _stats(g["R"].to_numpy())
-    for e, g in df[df["e"] >= 0].groupby("e", sort=True):
-        if g["workflow_id"].nunique() >= min_n:
-            keys[f"e{int(e)}"] = _stats(g["R"].to_numpy())
+    keys: dict[str, list[float]] = {
+        "": _stats(df["R"].to_numpy()),
+        **_keyed(df, ["bucket"], lambda b: f"b{int(b)}", 1),
+        **_keyed(df, ["bucket", "agent_id"], lambda b, a: f"b{int(b)}|{a}", min_n),
+        **_keyed(df, ["k", "agent_id"], lambda k, a: f"c{int(k)}|{a}", min_n),
+        **_keyed(df[df["e"] >= 0], ["e"], lambda e: f"e{int(e)}", min_n),
+    }
     return {"n_workflows": int(df["workflow_id"].nunique()),
             "mean_out": float(df["output_tokens"].mean()),
             "agent_mean": {str(a): float(v) for a, v in agent_mean.items()},

@@ -277,9 +277,13 @@ class IdleGapTable:
 MAX_AGENT_CALLS = 31
 
 
+#: Largest elapsed-time bucket (longer sessions are pooled: 2^24 s ≈ half a year).
+MAX_ELAPSED_BUCKET = 48
+
+
 def elapsed_bucket(elapsed_s: float) -> int:
-    """Seconds since the session's first call → bucket: two per doubling of ``1 + s`` (≤ 48)."""
-    return min(48, int(2 * math.log2(1.0 + max(0.0, float(elapsed_s)))))
+    """Seconds since the session's first call → bucket: two per doubling of ``1 + s``."""
+    return min(MAX_ELAPSED_BUCKET, int(2 * math.log2(1.0 + max(0.0, float(elapsed_s)))))
 
 
 class RemainingTokensTable:
@@ -287,8 +291,9 @@ class RemainingTokensTable:
 
     The serving half of :class:`predictors.remaining_tokens.RemainingTokens` (see its module doc
     for the model): a per-type context table ``key → [n, mean, p50, p90]`` over keys ``""``
-    (the type), ``"b<bucket>"`` and ``"b<bucket>|<agent>"``, and the type's chosen candidate
-    ``{level, point, beta, kappa}``."""
+    (the type), ``"b<bucket>"`` (position), ``"b<bucket>|<agent>"``, ``"c<calls>|<agent>"`` (the
+    agent's calls before this one) and ``"e<bucket>"`` (:func:`elapsed_bucket`), and the type's
+    chosen candidate ``{level, point, beta, kappa}``."""
 
     def __init__(self, data: Mapping[str, Any] | None = None) -> None:
         data = data or {}

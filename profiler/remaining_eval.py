@@ -33,8 +33,8 @@ import numpy as np
 import pandas as pd
 
 from predictors.predictor import Predictor
+from predictors.remaining_tokens import session_frame
 from profiler.profile_artifact import Profile
-from synth.remaining import position_bucket
 
 #: Other active sessions each held-out call is compared with (sampled, seeded).
 PAIRS_PER_CALL = 20
@@ -51,7 +51,7 @@ def held_out_calls(con: duckdb.DuckDBPyConnection) -> pd.DataFrame:
         "ORDER BY workflow_type_id, workflow_id, call_index").df()
 
 
-def served_predictions(profile: Profile, calls: pd.DataFrame) -> np.ndarray:
+def served_remaining_tokens(profile: Profile, calls: pd.DataFrame) -> np.ndarray:
     """``expected_remaining_output_tokens`` the Predictor serves for every call (NaN: none)."""
     pred = Predictor(profile, max_sessions=1_000_000)
     out = np.full(len(calls), np.nan)
@@ -69,8 +69,9 @@ def served_predictions(profile: Profile, calls: pd.DataFrame) -> np.ndarray:
     return out
 
 
-def baseline_predictions(section: dict[str, Any], calls: pd.DataFrame, index: np.ndarray) -> dict[str, np.ndarray]:
-    """The naive baselines of the profile's ``remaining_tokens`` section for every call."""
+def baseline_predictions(section: dict[str, Any], calls: pd.DataFrame) -> dict[str, np.ndarray]:
+    """The naive baselines of the profile's ``remaining_tokens`` section for every call of
+    ``calls`` (a :func:`predictors.remaining_tokens.session_frame`: call index ``i``, ``bucket``)."""
     out = {name: np.full(len(calls), np.nan) for name in BASELINES}
     tables = section.get("baselines") or {}
     for name in BASELINES:
@@ -80,7 +81,7 @@ def baseline_predictions(section: dict[str, Any], calls: pd.DataFrame, index: np
                 continue
             keys = np.array(sorted(int(k) for k in table))
             vals = np.array([table[str(k)] for k in keys])
-            pos = index[rows] if name != "position_median" else np.array([position_bucket(int(i)) for i in index[rows]])
+            pos = calls["bucket" if name == "position_median" else "i"].to_numpy()[rows]
             at = np.searchsorted(keys, pos, side="right") - 1     # the nearest key at or before
             out[name][rows] = np.where(at >= 0, vals[np.maximum(at, 0)], vals[0])
     return out
@@ -98,9 +99,8 @@ def concordance(preds: dict[str, np.ndarray], truth: np.ndarray, wf_code: np.nda
     for row in order:
         t, wf = t_arrival[row], wf_code[row]
         latest[wf] = row
-        others = [w for w, r in latest.items() if w != wf and wf_end[w] >= t]
-        for w in [w for w, r in latest.items() if wf_end[w] < t]:
-            del latest[w]                  # finished sessions leave the active set
+        latest = {w: r for w, r in latest.items() if wf_end[w] >= t}   # finished sessions leave
+        others = [w for w in latest if w != wf]
         if len(others) > PAIRS_PER_CALL:
             others = list(rng.choice(others, PAIRS_PER_CALL, replace=False))
         pairs_a.extend([row] * len(others))
@@ -131,17 +131,14 @@ def remaining_work_scores(profile: Profile, con: duckdb.DuckDBPyConnection) -> d
     calls = held_out_calls(con)
     if calls.empty:
         return {}
-    g = calls.groupby(["workflow_type_id", "workflow_id"], sort=False)
-    index = g.cumcount().to_numpy()
-    outs = calls["output_tokens"].astype(float).clip(lower=0)
-    truth = (g["output_tokens"].transform("sum") - outs.groupby([calls["workflow_type_id"], calls["workflow_id"]],
-                                                                   sort=False).cumsum() + outs).to_numpy()
-    wf_code = g.ngroup().to_numpy()
+    frame = session_frame(calls)          # R (the truth), call index and bucket, as the fit has them
+    truth = frame["R"].to_numpy()
+    wf_code = calls.groupby(["workflow_type_id", "workflow_id"], sort=False).ngroup().to_numpy()
     t_arrival = calls["t_arrival"].to_numpy(dtype=float)
     wf_end = calls.groupby(wf_code)["t_finish"].max().to_numpy(dtype=float)
     wf_start = calls.groupby(wf_code)["t_arrival"].min().to_numpy(dtype=float)
-    preds = {"ours": served_predictions(profile, calls),
-             **baseline_predictions(section, calls, index),
+    preds = {"ours": served_remaining_tokens(profile, calls),
+             **baseline_predictions(section, frame),
              "age": wf_start[wf_code]}
     cidx = concordance(preds, truth, wf_code, t_arrival, wf_end)
     pairing = "concurrent"

@@ -42,6 +42,20 @@ to ``round(scale · score)``.
 A call with no prediction (``known: false``) gets ``unknown_score``: neutral, served as if a
 few calls remained, and aged like every other request.
 
+Remaining output tokens (``remaining_unit="tokens"``, the default)
+----------------------------------------------------------------
+The work an engine still spends on a session is, to first order, the output tokens it has left
+to decode, ``R`` (``exp_remaining_out_tokens``, :mod:`predictors.remaining_tokens`). It is
+ranked on a log scale, so that what counts is the *ratio* of two sessions' remaining work:
+
+    base = −w1 · ln(1 + R / tokens_per_call)  +  w2 · Σ_{m ∈ M_idle} 1 / E[D_m]
+
+With the default aging (0.001 /s) a session with ``e`` ≈ 2.7 times the work of another waits
+at most ~1,000 s behind it. A known call whose annotation lacks ``R`` counts
+``(1 + remaining calls) · tokens_per_call`` tokens; an unknown call is neutral at
+``−ln(1 + 3)`` (as if 3 calls of ``tokens_per_call`` remained). The calls unit above
+(``ours-calls`` in the simulator) stays for the ablation.
+
 With ``remaining_unit="seconds"`` the remaining work is the profile's expected remaining
 *seconds* of the workflow (``exp_remaining_s``, LLM and tool time), or a quantile of it, in
 units of ``seconds_per_call`` (same scale as calls against aging); which unit serves better is
