@@ -34,7 +34,7 @@ from profiler.profile_artifact import CURRENT_FILE, load_profile
 from profiler.ingest import ingest
 from profiler.store import connect
 from profiler.workloads import generate, load_spec
-from simulator.workload import replicate_records
+from simulator.workload import renamed, replicate_records
 
 #: Built-in generated workloads (command-line names → ``profiler.workloads`` spec names).
 BUILTIN = {"coding-assistant": "coding_assistant", "deep-research": "deep_research",
@@ -119,15 +119,7 @@ def generated(workload: str, n_train: int, n_test: int, seed: int = 0) -> Source
 def _tag(records: Sequence[dict], app: str) -> list[dict]:
     """Copies of ``records`` with ``app:`` before every workflow and request id (parents too), so
     applications mixed on one cluster never share a session or a request id."""
-    out = []
-    for r in records:
-        rec = dict(r)
-        rec["workflow_id"] = f"{app}:{r['workflow_id']}"
-        rec["request_id"] = f"{app}:{r['request_id']}"
-        if r.get("parent_request_ids"):
-            rec["parent_request_ids"] = [f"{app}:{p}" for p in r["parent_request_ids"]]
-        out.append(rec)
-    return out
+    return [renamed(r, lambda x: f"{app}:{x}") for r in records]
 
 
 def shares_to_counts(shares: Sequence[float], n: int) -> list[int]:

@@ -28,7 +28,7 @@ A :class:`Workload` is built from flat log records (``log-format.md`` §1) by
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Collection, Iterable, Sequence
+from typing import Callable, Collection, Iterable, Sequence
 
 import numpy as np
 
@@ -279,6 +279,17 @@ def split_workflows(records: Sequence[dict], test_fraction: float = 0.3, seed: i
     return train, test
 
 
+def renamed(record: dict, rename: Callable[[str], str]) -> dict:
+    """A copy of ``record`` whose workflow id, request id and parent request ids went through
+    ``rename`` (a copy of a session that must not share ids with the original)."""
+    rec = dict(record)
+    rec["workflow_id"] = rename(record["workflow_id"])
+    rec["request_id"] = rename(record["request_id"])
+    if record.get("parent_request_ids"):
+        rec["parent_request_ids"] = [rename(p) for p in record["parent_request_ids"]]
+    return rec
+
+
 def replicate_records(records: Sequence[dict], n_workflows: int, seed: int = 0) -> list[dict]:
     """Records of ``n_workflows`` workflows drawn (with replacement when needed) from ``records``.
 
@@ -299,11 +310,5 @@ def replicate_records(records: Sequence[dict], n_workflows: int, seed: int = 0) 
     out: list[dict] = []
     for k, wf_id in enumerate(picks):
         suffix = f"~{k}"
-        for r in by_wf[wf_id]:
-            rec = dict(r)
-            rec["workflow_id"] = f"{wf_id}{suffix}"
-            rec["request_id"] = f"{r['request_id']}{suffix}"
-            if r.get("parent_request_ids"):
-                rec["parent_request_ids"] = [f"{p}{suffix}" for p in r["parent_request_ids"]]
-            out.append(rec)
+        out.extend(renamed(r, lambda x: f"{x}{suffix}") for r in by_wf[wf_id])
     return out
