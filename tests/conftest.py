@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -67,3 +68,13 @@ def upstream():
     with serve_in_thread(fake.app) as server:
         fake.url = server.url
         yield fake
+
+
+@pytest.fixture(scope="session")
+def chromium() -> str:
+    """Debian's chromium for the headless-browser tests (the report, /docs); skips without it."""
+    exe = shutil.which("chromium") or shutil.which("chromium-browser")
+    if exe is None:
+        pytest.skip("Debian's chromium is not installed (.ci/run installs it with apt-get; locally: "
+                    "apt-get install -y chromium)")
+    return exe

@@ -5,7 +5,6 @@ showed "Unable to render this definition" there)."""
 from __future__ import annotations
 
 import re
-import shutil
 import subprocess
 import tempfile
 
@@ -42,15 +41,6 @@ def assert_offline_docs(base_url: str) -> None:
         assert r.status_code == 200 and len(r.content) > 10_000, asset
     assert httpx.get(base_url + "/openapi.json").json()["openapi"].startswith("3.")
     assert httpx.get(base_url + "/redoc").status_code in (404, 405)  # no CDN-only page offered
-
-
-@pytest.fixture(scope="module")
-def chromium() -> str:
-    exe = shutil.which("chromium") or shutil.which("chromium-browser")
-    if exe is None:
-        pytest.skip("Debian's chromium is not installed (.ci/run installs it with apt-get; locally: "
-                    "apt-get install -y chromium)")
-    return exe
 
 
 def rendered_docs(chromium: str, base_url: str) -> str:

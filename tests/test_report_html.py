@@ -206,15 +206,6 @@ class DevToolsPipe:
         shutil.rmtree(self.profile_dir, ignore_errors=True)
 
 
-@pytest.fixture(scope="module")
-def chromium() -> str:
-    exe = shutil.which("chromium") or shutil.which("chromium-browser")
-    if exe is None:
-        pytest.skip("Debian's chromium is not installed (.ci/run installs it with apt-get; locally: "
-                    "apt-get install -y chromium)")
-    return exe
-
-
 def test_real_browser_loads_the_page_without_errors_and_draws_the_graph(report_html, chromium, tmp_path):
     path, _ = report_html
     browser = DevToolsPipe(chromium)
