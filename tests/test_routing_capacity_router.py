@@ -61,7 +61,7 @@ def workers():
 
 def test_request_that_would_overflow_under_the_predicted_bound_is_not_sent_there(workers):
     w0, w1, w2 = workers
-    router = CapacityRouter([w.url for w in workers], CapacityPolicy(epsilon=0.05))
+    router = CapacityRouter([w.url for w in workers], CapacityPolicy(epsilon=0.05), timeout_s=30.0)
     router.poll_once_blocking()
     assert router.queue_depths()[w1.url] == 3
     # 150 input + 100 predicted: w0 would hold 900 + 250 > 1000 -> never w0.
@@ -97,7 +97,7 @@ def test_request_that_would_overflow_under_the_predicted_bound_is_not_sent_there
 def test_union_bound_refuses_a_worker_with_many_risky_requests(workers):
     w0, w1, w2 = workers
     w2.used = 0  # w2 now has 4000 free tokens: most headroom
-    router = CapacityRouter([w.url for w in workers], CapacityPolicy(epsilon=0.05))
+    router = CapacityRouter([w.url for w in workers], CapacityPolicy(epsilon=0.05), timeout_s=30.0)
     router.poll_once_blocking()
     # two risky requests tracked on w2 (α = 0.02 each)
     router.on_start("a", w2.url, 10, 10, alpha=0.02)
@@ -112,7 +112,9 @@ def test_union_bound_refuses_a_worker_with_many_risky_requests(workers):
 
 def test_a_worker_without_loads_endpoint_keeps_affinity_never_round_robin(workers):
     workers[2].has_loads = False
-    router = CapacityRouter([w.url for w in workers])
+    # a generous poll timeout and a fixed clock: on a loaded machine a healthy worker's report
+    # must neither time out (0.5 s by default) nor go stale before the decisions
+    router = CapacityRouter([w.url for w in workers], timeout_s=30.0, clock=lambda: 0.0)
     router.poll_once_blocking()
     # no capacity known for w2: new sessions go to the fewest reserved tokens (in turn on ties),
     # a returning session to its last worker, whatever the turn
