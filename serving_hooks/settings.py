@@ -67,8 +67,10 @@ class SettingsError(ValueError):
     """A setting that cannot be used; the message is one line naming its source and key."""
 
 
-def _knob(default: Any, help: str, *, panel: str = PANEL_SERVICE, duration: bool = False) -> Any:
-    """A :class:`ServiceSettings` field: its default plus what the flag's ``--help`` says."""
+def setting_field(default: Any, help: str, *, panel: str = PANEL_SERVICE,
+                  duration: bool = False) -> Any:
+    """A settings field: its default plus what the flag's ``--help`` says and where (``panel``);
+    ``duration``: a text like ``"30s"``, checked by :func:`parse_duration`."""
     return field(default=default, metadata={"help": help, "panel": panel, "duration": duration})
 
 
@@ -80,39 +82,44 @@ class ServiceSettings:
     Durations are kept as written (``"2s"``, ``"1h"``) and checked when the object is made; the
     ``*_s`` properties give them in seconds."""
 
-    host: str = _knob("127.0.0.1", "Interface to listen on (0.0.0.0 for all).")
-    admin_token: Optional[str] = _knob(
+    host: str = setting_field(
+        "127.0.0.1", "Interface to listen on (0.0.0.0 for all).")
+    admin_token: Optional[str] = setting_field(
         None, "Bearer token of the admin and data endpoints (sidecar: /v1/observe, /v1/reload, "
               "/v1/profile, /v1/sessions; gateway: /admin/*, also sent to a --sidecar); unset = open.")
-    reload_every: str = _knob("2s", "How often to check the profile's CURRENT for a new version.",
-                              duration=True)
-    max_sessions: int = _knob(100_000, "Sessions kept in memory (least recently used beyond it are "
-                                       "forgotten).")
-    max_session_mb: float = _knob(512.0, "Byte budget of the session table (estimated); beyond it "
-                                         "the oldest kept responses, then the least recently used "
-                                         "sessions, are dropped.")
-    max_unknown_types: int = _knob(1000, "Workflow types absent from the profile remembered for "
-                                         "shadow mode (LRU).")
-    session_idle: str = _knob("1h", "Forget a session after this long without a call.", duration=True)
-    refit_timeout: str = _knob("30m", "Kill a refit child (serve --logs, gateway --refit-every) that "
-                                      "runs longer than this (0 = no limit).", duration=True)
-    body_timeout: float = _knob(30.0, "Seconds a request body may take to arrive (408 beyond): "
-                                      "slow clients cannot hold the server.")
-    log_level: str = _knob("info", "uvicorn log level.")
-    shadow_min_calls: int = _knob(100, "Calls a workflow type needs in the profile before it can "
-                                       "leave shadow mode.", panel=PANEL_SHADOW)
-    coverage_window: int = _knob(200, "Observed calls per workflow type in the live-coverage "
-                                      "window.", panel=PANEL_SHADOW)
-    coverage_min_window: int = _knob(50, "Fewest observed calls before live coverage is judged.",
-                                     panel=PANEL_SHADOW)
-    drift_drop: float = _knob(0.10, "Shadow a type when live coverage < nominal - this (drift).",
-                              panel=PANEL_SHADOW)
-    recover_drop: float = _knob(0.05, "Promote a shadowed type when live coverage >= nominal - "
-                                      "this.", panel=PANEL_SHADOW)
+    reload_every: str = setting_field(
+        "2s", "How often to check the profile's CURRENT for a new version.", duration=True)
+    max_sessions: int = setting_field(
+        100_000, "Sessions kept in memory (least recently used beyond it are forgotten).")
+    max_session_mb: float = setting_field(
+        512.0, "Byte budget of the session table (estimated); beyond it the oldest kept responses, "
+               "then the least recently used sessions, are dropped.")
+    max_unknown_types: int = setting_field(
+        1000, "Workflow types absent from the profile remembered for shadow mode (LRU).")
+    session_idle: str = setting_field(
+        "1h", "Forget a session after this long without a call.", duration=True)
+    refit_timeout: str = setting_field(
+        "30m", "Kill a refit child (serve --logs, gateway --refit-every) that runs longer than this "
+               "(0 = no limit).", duration=True)
+    body_timeout: float = setting_field(
+        30.0, "Seconds a request body may take to arrive (408 beyond): slow clients cannot hold the "
+              "server.")
+    log_level: str = setting_field("info", "uvicorn log level.")
+    shadow_min_calls: int = setting_field(
+        100, "Calls a workflow type needs in the profile before it can leave shadow mode.",
+        panel=PANEL_SHADOW)
+    coverage_window: int = setting_field(
+        200, "Observed calls per workflow type in the live-coverage window.", panel=PANEL_SHADOW)
+    coverage_min_window: int = setting_field(
+        50, "Fewest observed calls before live coverage is judged.", panel=PANEL_SHADOW)
+    drift_drop: float = setting_field(
+        0.10, "Shadow a type when live coverage < nominal - this (drift).", panel=PANEL_SHADOW)
+    recover_drop: float = setting_field(
+        0.05, "Promote a shadowed type when live coverage >= nominal - this.", panel=PANEL_SHADOW)
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
-            if f.metadata["duration"]:
+            if f.metadata.get("duration"):
                 try:
                     parse_duration(getattr(self, f.name))
                 except ValueError as exc:
@@ -178,7 +185,7 @@ def _check_typed(k: Knob, value: Any, where: str) -> Any:
     ok = (isinstance(value, k.type) and not (k.type is int and isinstance(value, bool))) or \
         (k.type is float and isinstance(value, int) and not isinstance(value, bool))
     if not ok:
-        raise SettingsError(f"{where}: key {k.name!r} must be {_TYPE_WORD[k.type]}, "
+        raise SettingsError(f"{where}: key {k.name!r} must be {_TYPE_WORD.get(k.type, k.type.__name__)}, "
                             f"got {value!r} ({type(value).__name__})")
     _check_duration(k, value, f"{where}: key {k.name!r}")
     return float(value) if k.type is float else value
@@ -202,7 +209,7 @@ def _parse_text(k: Knob, raw: str, where: str) -> Any:
             return low in ("1", "true", "yes", "on")
         value = k.type(raw.strip()) if k.type is not str else raw
     except ValueError:
-        raise SettingsError(f"{where}={raw!r}: expected {_TYPE_WORD[k.type]}") from None
+        raise SettingsError(f"{where}={raw!r}: expected {_TYPE_WORD.get(k.type, k.type.__name__)}") from None
     _check_duration(k, value, where)
     return value
 

@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 
 from profiler.cli import app
 from profiler.commands.service_options import with_service_settings
-from serving_hooks.settings import (ServiceSettings, SettingsError, _knob, knobs, resolve_settings,
+from serving_hooks.settings import (ServiceSettings, SettingsError, knobs, setting_field, resolve_settings,
                                     settings_from_env)
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -46,8 +46,8 @@ def printed(args: list[str], env: dict | None = None) -> tuple[dict, dict]:
 def test_precedence_flag_over_env_over_file_over_default(tmp_path):
     cfg = tmp_path / "service.toml"
     cfg.write_text('max_sessions = 5\nsession_idle = "2h"\ndrift_drop = 0.3\nlog_level = "debug"\n')
-    got = resolve_settings(config=cfg, environ={"PROFILER_MAX_SESSIONS": "7", "PROFILER_LOG_LEVEL": "warning"},
-                           flags={"max_sessions": 9})
+    env = {"PROFILER_MAX_SESSIONS": "7", "PROFILER_LOG_LEVEL": "warning"}
+    got = resolve_settings(config=cfg, environ=env, flags={"max_sessions": 9})
     s = got.settings
     assert (s.max_sessions, s.log_level, s.session_idle, s.drift_drop, s.coverage_window) == \
         (9, "warning", "2h", 0.3, ServiceSettings.coverage_window)
@@ -109,7 +109,8 @@ def test_bad_environment_values_and_missing_files_name_their_source(tmp_path):
     out = run([*BASE["gateway"], "--session-idle", "soon"])
     assert out.exit_code == 2 and out.output.startswith("error: --session-idle: not a duration: 'soon'")
     out = run([*BASE["serve"], "--config", str(tmp_path / "absent.toml")])
-    assert out.exit_code == 2 and out.output.strip() == f"error: {tmp_path / 'absent.toml'}: no such config file"
+    absent = tmp_path / "absent.toml"
+    assert out.exit_code == 2 and out.output.strip() == f"error: {absent}: no such config file"
 
 
 def test_every_setting_maps_from_its_environment_variable():
@@ -144,7 +145,7 @@ def test_serve_and_gateway_take_every_setting_with_one_declaration():
 
 @dataclasses.dataclass(frozen=True)
 class _WithNewKnob(ServiceSettings):
-    prefetch_budget: int = _knob(3, "A knob added in one place.")
+    prefetch_budget: int = setting_field(3, "A knob added in one place.")
 
 
 def test_a_knob_added_once_is_a_flag_of_every_command_and_reaches_each():
@@ -179,9 +180,8 @@ def test_serve_and_gateway_build_their_service_from_the_same_settings(fitted_pro
     cfg.write_text('max_sessions = 1234\nsession_idle = "90s"\ndrift_drop = 0.2\nlog_level = "warning"\n'
                    'shadow_min_calls = 3\n')
     env = {"PROFILER_COVERAGE_WINDOW": "77", "PROFILER_HOST": "127.0.0.2"}
-    for command, args in (("serve", ["serve", "--profile", str(fitted_profile)]),
-                          ("gateway", ["gateway", "--upstream", "http://127.0.0.1:9", "--profile", str(fitted_profile)])):
-        out = run([*args, "--config", str(cfg), "--recover-drop", "0.01"], env)
+    for args in (["serve"], ["gateway", "--upstream", "http://127.0.0.1:9"]):
+        out = run([*args, "--profile", str(fitted_profile), "--config", str(cfg), "--recover-drop", "0.01"], env)
         assert out.exit_code == 0, out.output
     (sidecar, skw), (gateway, gkw) = started
     services = [sidecar.state.service, gateway.state.gateway.service]
@@ -236,7 +236,8 @@ def test_scenario_announces_each_flag_it_overrides():
                      "generated train workflows per generated application)",
                      "note: --cv is ignored by --scenario agent-platform-bursty (CV 4)"]
     # no scenario, no notes: --workload runs use every flag
-    out = run(["simulate", "--workload", "coding-assistant", "--replicas", "3", "--policies", "no-such-policy"])
+    out = run(["simulate", "--workload", "coding-assistant", "--replicas", "3",
+               "--policies", "no-such-policy"])
     assert out.exit_code == 2 and "note:" not in out.output
 
 
