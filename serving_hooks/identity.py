@@ -15,7 +15,8 @@ claude_code    headers ``x-claude-code-session-id`` (session), ``x-claude-code-a
                ``x-claude-code-parent-agent-id`` (parent, kept as ``parent_agent_id``)
 codex          ``thread-id``; a sub-agent sends ``x-codex-parent-thread-id``: the session is the
                parent thread and the agent is the identity map's ``subagent`` name
-opencode       ``x-session-id``
+opencode       ``x-session-id`` (``x-opencode-session`` on OpenCode's hosted providers); a sub-agent
+               session sends ``x-parent-session-id``: as for Codex
 dynamo         ``x-dynamo-session-id``; ``x-dynamo-parent-session-id`` as for Codex
 =============  ===================================================================================
 
@@ -69,6 +70,18 @@ class IdentityMap:
         if bad:
             raise ValueError(f"harnesses: unknown {bad} (known: {', '.join(HARNESSES)})")
 
+
+#: Harnesses whose sub-agents run in a session of their own: ``(own session headers, parent
+#: session header)``. A call with the parent header is the parent's workflow (agent: the map's
+#: ``subagent``), its own session kept as ``child_session_id``. OpenCode's names are read from its
+#: source (anomalyco/opencode, formerly sst/opencode, ``packages/opencode/src/session/llm/
+#: request.ts``): ``x-session-id`` (``x-opencode-session`` towards OpenCode's own hosted
+#: providers) and, in a child session (the task tool's sub-agent), ``x-parent-session-id``.
+SESSION_HEADERS: dict[str, tuple[tuple[str, ...], str]] = {
+    "codex": (("thread-id",), "x-codex-parent-thread-id"),
+    "opencode": (("x-session-id", "x-opencode-session"), "x-parent-session-id"),
+    "dynamo": (("x-dynamo-session-id",), "x-dynamo-parent-session-id"),
+}
 
 #: How the harnesses are named to a user (start-up note).
 HARNESS_NAMES = {"claude_code": "Claude Code", "codex": "Codex", "opencode": "OpenCode",
@@ -130,14 +143,12 @@ def _harness_ids(name: str, h: Mapping[str, str], m: IdentityMap) -> tuple[str, 
         extra = {"parent_agent_id": h["x-claude-code-parent-agent-id"]} \
             if h.get("x-claude-code-parent-agent-id") else {}
         return sid, h.get("x-claude-code-agent-id") or m.default_agent, extra
-    if name in ("codex", "dynamo"):
-        own, parent = (("thread-id", "x-codex-parent-thread-id") if name == "codex" else
-                       ("x-dynamo-session-id", "x-dynamo-parent-session-id"))
-        if h.get(parent):
-            return h[parent], m.subagent, {"child_session_id": h.get(own)} if h.get(own) else {}
-        return (h[own], m.default_agent, {}) if h.get(own) else None
-    if name == "opencode":
-        return (h["x-session-id"], m.default_agent, {}) if h.get("x-session-id") else None
+    if name in SESSION_HEADERS:
+        own_names, parent_name = SESSION_HEADERS[name]
+        own = next((h[n] for n in own_names if h.get(n)), None)
+        if h.get(parent_name):    # a sub-agent: its calls belong to the parent's workflow
+            return h[parent_name], m.subagent, {"child_session_id": own} if own else {}
+        return (own, m.default_agent, {}) if own else None
     return None
 
 

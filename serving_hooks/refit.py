@@ -32,30 +32,9 @@ import duckdb
 from profiler.fitting import FitOptions, fit_profile
 from profiler.ingest import discover, sha256_of
 from profiler.profile_artifact import ProfileError, current_version, load_profile, store_path
+from serving_hooks.settings import parse_duration  # noqa: F401  (re-exported: its old home)
 
 log = logging.getLogger(__name__)
-
-_DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
-
-
-def parse_duration(text: str | float | int) -> float:
-    """Seconds in ``"10m"``, ``"90s"``, ``"1.5h"``, ``"250ms"`` or a bare number of seconds."""
-    if isinstance(text, (int, float)):
-        return float(text)
-    s = text.strip().lower()
-    for unit in sorted(_DURATION_UNITS, key=len, reverse=True):
-        if s.endswith(unit):
-            number = s[: -len(unit)].strip()
-            break
-    else:
-        unit, number = "s", s
-    try:
-        value = float(number)
-    except ValueError:
-        raise ValueError(f"not a duration: {text!r} (examples: 30s, 10m, 1h, 250ms)") from None
-    if value < 0:
-        raise ValueError(f"duration must not be negative: {text!r}")
-    return value * _DURATION_UNITS[unit]
 
 
 def new_log_files(logs: Sequence[str | Path], db: str | Path) -> list[Path]:

@@ -83,6 +83,29 @@ class Scenario:
     def replicas(self) -> int:
         return int(sum(self.pool_replicas.values()))
 
+    def overrides(self) -> dict[str, str]:
+        """The ``profiler simulate`` options (parameter names) this scenario sets itself, each
+        with what it uses instead: ``simulate`` announces every one the user gave."""
+        pools = ", ".join(f"{p} {n}" for p, n in self.pool_replicas.items())
+        cluster = (f"its cluster: {self.replicas} x {self.model} on {self.gpu} tp{self.tp}, "
+                   f"pools {pools}, {self.kv_capacity_tokens:,} KV tokens per replica, roofline "
+                   "step model")
+        out = {name: cluster for name in (
+            "replicas", "gpu", "model", "tp", "step_model", "kv_capacity_tokens", "host_ratio",
+            "pcie_s_per_token", "chunked_prefill_size", "max_running_requests", "calibrate")}
+        out["workflows"] = f"{self.burst_workflows} workflows"
+        out["train_share"] = "its own train split"
+        out["arrivals"] = f"{self.arrivals} arrivals"
+        if self.mix:
+            out["train_workflows"] = (f"{self.n_train_generated} generated train workflows per "
+                                      "generated application")
+        if self.arrivals == "burst":
+            burst = f"a burst of {self.burst_workflows} workflows in {self.burst_s:g} s, all measured"
+            out.update(load=burst, cv=burst, warmup=burst, tail=burst)
+        else:
+            out.update(load=f"load {self.load}", cv=f"CV {self.cv:g}")
+        return out
+
     def to_dict(self) -> dict:
         return {"name": self.name, "workload": self.workload, "gpu": self.gpu, "model": self.model,
                 "tp": self.tp, "kv_capacity_tokens": self.kv_capacity_tokens,

@@ -10,7 +10,7 @@ from openai import OpenAI
 
 from profiler.fitting import FitOptions, fit_profile
 from profiler.importers import convert
-from serving_hooks.identity import resolve_identity
+from serving_hooks.identity import IdentityMap, resolve_identity
 from serving_hooks.shadow import ShadowGate
 from tests.serving_helpers import running_gateway
 
@@ -40,6 +40,11 @@ def session_profile(tmp_path_factory):
     ({"x-claude-code-session-id": CLAUDE_SID}, ("claude_code", CLAUDE_SID, "main")),
     ({"thread-id": CODEX_SID}, ("codex", CODEX_SID, "main")),
     ({"thread-id": "child", "x-codex-parent-thread-id": CODEX_SID}, ("codex", CODEX_SID, "subagent")),
+    # OpenCode (anomalyco/opencode packages/opencode/src/session/llm/request.ts): x-session-id,
+    # x-opencode-session towards its hosted providers, x-parent-session-id in a child session
+    ({"x-session-id": "ses_a"}, ("opencode", "ses_a", "main")),
+    ({"x-opencode-session": "ses_a"}, ("opencode", "ses_a", "main")),
+    ({"x-session-id": "ses_b", "x-parent-session-id": "ses_a"}, ("opencode", "ses_a", "subagent")),
 ])
 def test_default_identity_map_matches_the_imported_identity(headers, identity):
     meta, _, _ = resolve_identity({"model": "m"}, headers)
@@ -59,3 +64,27 @@ def test_header_only_calls_are_annotated_from_the_imported_profile(upstream, ses
         ann = upstream.received[-1].body["sys_annotations"]
         assert ann["known"] is True, (ann.get("reason"), ann.get("detail"))  # no app_metadata, no identity map: the headers alone
         assert ann["workflow_type_id"] == workflow_type and ann["workflow_id"] == headers.popitem()[1]
+
+
+def test_an_opencode_subagent_session_is_served_as_its_parent_workflow(upstream, session_profile):
+    """OpenCode runs a sub-agent (its task tool) in a child session whose calls carry
+    ``x-parent-session-id``: through a real gateway they advance the parent's workflow session,
+    as the identity map's ``subagent`` agent, and no session of their own is opened. The map
+    points OpenCode's calls at a workflow type of the profile, as a user does for their app."""
+    parent, child = "ses_parent0001", "ses_child0002"
+    idmap = IdentityMap(workflow_type_from="default", default_workflow_type="codex",
+                        harnesses=("opencode",))
+    with running_gateway([upstream.url], session_profile, dialect="sglang", identity=idmap,
+                         gate=ShadowGate(min_calls=1)) as gw:
+        for k, headers in enumerate(({"x-session-id": parent},
+                                     {"x-session-id": child, "x-parent-session-id": parent},
+                                     {"x-session-id": child, "x-parent-session-id": parent})):
+            c = OpenAI(base_url=gw.url + "/v1", api_key="x", default_headers=headers)
+            # distinct bodies: an identical one within --retry-window is a retry, not a call
+            c.chat.completions.create(model="m", messages=[{"role": "user", "content": f"step {k}"}])
+        anns = [r.body["sys_annotations"] for r in upstream.received[-3:]]
+        assert [(a["workflow_id"], a["agent_id"]) for a in anns] == \
+            [(parent, "main"), (parent, "subagent"), (parent, "subagent")]
+        sessions = gw.service.predictor.sessions
+        assert sessions.find("codex", parent).agents == ["main", "subagent", "subagent"]
+        assert sessions.find("codex", child) is None

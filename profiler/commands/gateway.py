@@ -8,18 +8,20 @@ import typer
 
 from profiler.commands.common import app
 from profiler.commands.common import err_console, fail
-from profiler.commands.serve import HELP_SHADOW, build_service, refit_loop
+from profiler.commands.serve import build_service, refit_loop
+from profiler.commands.service_options import with_service_settings
+from serving_hooks.settings import ServiceSettings
 
 HELP_FIELDS = "What is sent upstream"
 
 
 @app.command(no_args_is_help=True)
+@with_service_settings
 def gateway(
     upstream: Annotated[list[str], typer.Option("--upstream", "-u", help="OpenAI-compatible server(s), e.g. http://127.0.0.1:30000 (SGLang). Repeat, or separate with commas, for several. Per upstream: URL,dialect=sglang|vllm|dynamo|headers[,priority=high_first|low_first] (docs/dialects.md)[,pool=MODEL] (the model it serves: calls go to the upstreams of the model they name).")],
     profile: Annotated[Optional[Path], typer.Option("--profile", "-p", help="Predict in process from this profile root (hot-reloaded).")] = None,
     sidecar: Annotated[Optional[str], typer.Option(help="Or ask a running `profiler serve` at this URL.")] = None,
     log_dir: Annotated[Optional[Path], typer.Option(help="Write every completed call as a gateway record to rotating JSONL files here (input for `profiler fit`/`watch`).")] = None,
-    host: Annotated[str, typer.Option(help="Interface to listen on (0.0.0.0 for all).")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="TCP port.")] = 8080,
     budget_ms: Annotated[float, typer.Option(help="Time budget for one annotation; beyond it (or on error) the request goes upstream unannotated.")] = 5.0,
     sglang_fields: Annotated[bool, typer.Option("--sglang-fields/--no-sglang-fields", help="Also set SGLang's `priority` and flat `custom_params` (SGLang needs --enable-priority-scheduling for priority).", rich_help_panel=HELP_FIELDS)] = False,
@@ -29,29 +31,17 @@ def gateway(
     upstream_timeout: Annotated[float, typer.Option(help="Seconds without a byte from the upstream before the call fails with 504.")] = 600.0,
     upstream_keepalive: Annotated[float, typer.Option(min=0.0, help="Seconds a pooled upstream connection may sit idle before the gateway drops it; keep it below the engine's own idle limit (SGLang/uvicorn: 5 s), so the engine never closes a connection the gateway is about to reuse. 0: a new connection per call.")] = 4.0,
     max_request_mb: Annotated[float, typer.Option(help="Largest request body accepted (413 beyond).")] = 32.0,
-    body_timeout: Annotated[float, typer.Option(help="Seconds a request body may take to arrive (408 beyond): slow clients cannot hold the gateway.")] = 30.0,
-    admin_token: Annotated[Optional[str], typer.Option(envvar="PROFILER_ADMIN_TOKEN", help="Bearer token for /admin/* (and sent to the sidecar's /v1/observe).")] = None,
     log_rotate_mb: Annotated[float, typer.Option(help="Start a new log file beyond this size.")] = 64.0,
     log_rotate_every: Annotated[str, typer.Option(help="Close the open log file after this long (bounds how stale a refit's data is).")] = "5m",
     refit_every: Annotated[Optional[str], typer.Option(help="With --profile and --log-dir: refit the profile from the log folder this often (e.g. 10m).")] = None,
-    reload_every: Annotated[str, typer.Option(help="How often to check the profile's CURRENT for a new version.")] = "2s",
-    max_sessions: Annotated[int, typer.Option(help="Sessions kept in memory.")] = 100_000,
-    max_session_mb: Annotated[float, typer.Option(help="Byte budget of the session table (estimated; oldest kept responses, then LRU sessions dropped beyond it).")] = 512.0,
-    max_unknown_types: Annotated[int, typer.Option(help="Workflow types absent from the profile remembered for shadow mode (LRU).")] = 1000,
-    refit_timeout: Annotated[str, typer.Option(help="With --refit-every: kill a refit child that runs longer than this (0 = no limit).")] = "30m",
     allow_path: Annotated[Optional[list[str]], typer.Option("--allow-path", help="Also forward this path upstream (fnmatch pattern, e.g. '/v1/rerank'); repeat. Engine admin paths are never forwarded.", rich_help_panel=HELP_FIELDS)] = None,
     allow_client_scheduler_fields: Annotated[bool, typer.Option("--allow-client-scheduler-fields", help="Keep a client's own scheduler fields in every dialect: `priority`, `custom_params`, `vllm_xargs`, `nvext.agent_hints`/`cache_control`, `X-Agentprof-*` headers (removed by default).", rich_help_panel=HELP_FIELDS)] = False,
-    session_idle: Annotated[str, typer.Option(help="Forget a session after this long without a call.")] = "1h",
-    shadow_min_calls: Annotated[int, typer.Option(help="Calls a workflow type needs in the profile before it can leave shadow mode.", rich_help_panel=HELP_SHADOW)] = 100,
-    coverage_window: Annotated[int, typer.Option(help="Observed calls per workflow type in the live-coverage window.", rich_help_panel=HELP_SHADOW)] = 200,
-    coverage_min_window: Annotated[int, typer.Option(help="Fewest observed calls before live coverage is judged.", rich_help_panel=HELP_SHADOW)] = 50,
-    drift_drop: Annotated[float, typer.Option(help="Shadow a type when live coverage < nominal - this.", rich_help_panel=HELP_SHADOW)] = 0.10,
-    recover_drop: Annotated[float, typer.Option(help="Promote a shadowed type when live coverage >= nominal - this.", rich_help_panel=HELP_SHADOW)] = 0.05,
     dialect: Annotated[Optional[str], typer.Option(help="Render the hints for this engine on every upstream without its own dialect=: sglang (priority + custom_params), vllm (priority + vllm_xargs), dynamo (nvext.agent_hints + nvext.cache_control), headers (X-Agentprof-* for routers). docs/dialects.md.", rich_help_panel=HELP_FIELDS)] = None,
     identity_map: Annotated[Optional[Path], typer.Option(help="TOML or JSON file: how agent-harness headers (Claude Code, Codex, OpenCode, Dynamo) become app_metadata — workflow type from a header, the model, or a default (docs/dialects.md).")] = None,
     retry_window: Annotated[float, typer.Option(help="Seconds within which an identical body (or Idempotency-Key) of the same session is a retry, not a new call.")] = 60.0,
     otlp_endpoint: Annotated[Optional[str], typer.Option(envvar="OTEL_EXPORTER_OTLP_ENDPOINT", help="Send one OpenTelemetry span per call (GenAI attributes + agentprof.* predictions and outcomes) to this OTLP/HTTP endpoint, e.g. http://127.0.0.1:4318.")] = None,
-    log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "info",
+    *,
+    settings: ServiceSettings,
 ) -> None:
     """Run the **annotating gateway** in front of SGLang or any OpenAI-compatible server.
 
@@ -86,6 +76,7 @@ def gateway(
     from serving_hooks.refit import parse_duration
     from serving_hooks.upstreams import CapacityRouting, RoundRobinRouter
 
+    admin_token, host = settings.admin_token, settings.host
     if (profile is None) == (sidecar is None):
         fail("give exactly one of --profile DIR (predict in process) or --sidecar URL")
     from serving_hooks.dialects import DIALECTS, parse_upstreams
@@ -115,12 +106,7 @@ def gateway(
         fail("--refit-every needs --profile and --log-dir (with --sidecar, give --logs to `profiler serve`)")
     service = None
     if profile is not None:
-        registry, service = build_service(
-            profile, "profiler_gateway", reload_every=reload_every, max_sessions=max_sessions,
-            session_idle=session_idle, shadow_min_calls=shadow_min_calls,
-            coverage_window=coverage_window, coverage_min_window=coverage_min_window,
-            drift_drop=drift_drop, recover_drop=recover_drop, max_session_mb=max_session_mb,
-            max_unknown_types=max_unknown_types)
+        registry, service = build_service(profile, "profiler_gateway", settings)
         annotator = LocalAnnotator(service)
     else:
         registry = CollectorRegistry()
@@ -130,13 +116,13 @@ def gateway(
                             max_age_s=parse_duration(log_rotate_every)) if log_dir else None
     except ValueError as exc:
         fail(str(exc))
-    loop = refit_loop(profile, [log_dir], refit_every, service, refit_timeout) if refit_every else None
+    loop = refit_loop(profile, [log_dir], refit_every, service, settings.refit_timeout) if refit_every else None
     if loop is not None:
         loop.before_refit = writer.rotate  # the refit sees every call logged so far
     options = GatewayOptions(budget_s=budget_ms / 1000.0, sglang_fields=sglang_fields,
                              strip_metadata=strip_metadata, stream_usage=stream_usage,
                              upstream_timeout_s=upstream_timeout, upstream_keepalive_s=upstream_keepalive,
-                             max_request_bytes=int(max_request_mb * (1 << 20)), body_timeout_s=body_timeout,
+                             max_request_bytes=int(max_request_mb * (1 << 20)), body_timeout_s=settings.body_timeout,
                              admin_token=admin_token,
                              forward_paths=DEFAULT_FORWARD_PATHS + tuple(allow_path or ()),
                              allow_client_scheduler_fields=allow_client_scheduler_fields,
@@ -158,5 +144,5 @@ def gateway(
         if note:
             err_console.print(f"[yellow]note:[/] {escape(note)}", soft_wrap=True)
     # The upstream's Date/Server headers pass through; uvicorn must not add its own.
-    uvicorn.run(app_, host=host, port=port, log_level=log_level, access_log=False,
+    uvicorn.run(app_, host=host, port=port, log_level=settings.log_level, access_log=False,
                 server_header=False, date_header=False, timeout_graceful_shutdown=5)

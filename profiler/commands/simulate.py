@@ -12,6 +12,7 @@ from profiler.commands.common import console, err_console, fail, print_json
 
 @app.command(no_args_is_help=True)
 def simulate(
+    ctx: typer.Context,
     workload: Annotated[Optional[str], typer.Option(
         help="coding-assistant, deep-research (generated), or a log file/folder (replayed).")] = None,
     scenario: Annotated[Optional[str], typer.Option(
@@ -133,7 +134,19 @@ def simulate(
     from simulator.report import json_view, markdown as to_markdown, plot_jct_vs_load, tables
     from simulator.runner import (compare, compare_seeds, parse_load, parse_policies, prepare,
                                   prepare_scenario)
+    from simulator.scenarios import get_scenario
 
+    if (workload is None) == (scenario is None):
+        fail("give --workload or --scenario (one of them)")
+    if scenario is not None:   # every flag the scenario sets itself, given anyway: said, not dropped
+        try:
+            overrides = get_scenario(scenario).overrides()
+        except ValueError as exc:
+            fail(str(exc))
+        for name, instead in overrides.items():
+            if getattr(ctx.get_parameter_source(name), "name", None) == "COMMANDLINE":
+                err_console.print(f"[yellow]note:[/] --{name.replace('_', '-')} is ignored by "
+                                  f"--scenario {scenario} ({instead})", soft_wrap=True)
     try:
         names = parse_policies(policies, ablation, autoscale)
         levels = [v.strip() for v in load.split(",") if v.strip()]
@@ -145,7 +158,9 @@ def simulate(
                  pcie_s_per_token=pcie_s_per_token, chunked_prefill_size=chunked_prefill_size,
                  max_running_requests=max_running_requests)
     try:
-        if step_model == "glm45-fit":
+        if scenario is not None:
+            cfg = None                # the scenario's own (prepare_scenario below)
+        elif step_model == "glm45-fit":
             cfg = glm45_fit_config(**{k: v for k, v in knobs.items() if v is not None})
         elif step_model == "roofline":
             cfg = hardware_config(gpu, model, tp, **knobs)
@@ -153,7 +168,7 @@ def simulate(
             raise ValueError(f"--step-model {step_model!r}: use roofline or glm45-fit")
     except ValueError as exc:
         fail(str(exc))
-    if calibrate is not None:
+    if calibrate is not None and scenario is None:
         from simulator.sources import load_logs
 
         try:
@@ -171,8 +186,6 @@ def simulate(
     if ours_aging_per_s is not None:
         ours = replace(ours, priority_policy=PriorityPolicy(aging_per_s=ours_aging_per_s))
 
-    if (workload is None) == (scenario is None):
-        fail("give --workload or --scenario (one of them)")
     with err_console.status("preparing the workload (split, fit the train profile)"):
         try:
             if scenario is not None:

@@ -1,0 +1,290 @@
+"""One settings object for the prediction service that ``profiler serve`` and ``profiler gateway`` run.
+
+Both commands host the same :class:`~serving_hooks.service.PredictionService` (profile reload,
+session table, shadow gate, refit child) behind an HTTP server, so the knobs of that service are
+declared here once, as the fields of :class:`ServiceSettings`, and each command's flags are
+generated from the fields (``profiler/commands/service_options.py``): a knob added here shows in
+both ``--help`` pages, with one help text and one default.
+
+A value can come from four places; the first that sets it wins::
+
+    --flag  >  environment variable PROFILER_<NAME>  >  --config FILE (TOML key <name>)  >  default
+
+:func:`resolve_settings` applies that order. It is pure (the environment is an argument), so a
+test or a library user gets exactly what the command line gets. Bad input is one line naming
+where it came from: ``serve.toml: unknown key 'max_sesions' (did you mean 'max_sessions'?)``,
+``PROFILER_MAX_SESSIONS='lots': expected an integer``.
+
+The environment prefix is ``PROFILER_`` because the one service variable that existed before,
+``PROFILER_ADMIN_TOKEN``, already had it: it is now simply the ``admin_token`` setting's variable.
+The SGLang plugin's ``AWP_*`` variables configure a different process (the engine's scheduler) and
+stay where they are (``serving_hooks/sglang_plugin/settings.py``).
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import json
+import os
+import tomllib
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+#: Every service setting can be set from ``ENV_PREFIX + NAME.upper()``.
+ENV_PREFIX = "PROFILER_"
+
+#: Help panels the fields are grouped in (the shadow-mode knobs keep their own panel).
+PANEL_SERVICE = "Prediction service (also --config keys, PROFILER_* env)"
+PANEL_SHADOW = "Shadow mode (also --config keys, PROFILER_* env)"
+
+_DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def parse_duration(text: str | float | int) -> float:
+    """Seconds in ``"10m"``, ``"90s"``, ``"1.5h"``, ``"250ms"`` or a bare number of seconds."""
+    if isinstance(text, (int, float)):
+        return float(text)
+    s = text.strip().lower()
+    for unit in sorted(_DURATION_UNITS, key=len, reverse=True):
+        if s.endswith(unit):
+            number = s[: -len(unit)].strip()
+            break
+    else:
+        unit, number = "s", s
+    try:
+        value = float(number)
+    except ValueError:
+        raise ValueError(f"not a duration: {text!r} (examples: 30s, 10m, 1h, 250ms)") from None
+    if value < 0:
+        raise ValueError(f"duration must not be negative: {text!r}")
+    return value * _DURATION_UNITS[unit]
+
+
+class SettingsError(ValueError):
+    """A setting that cannot be used; the message is one line naming its source and key."""
+
+
+def setting_field(default: Any, help: str, *, panel: str = PANEL_SERVICE,
+                  duration: bool = False) -> Any:
+    """A settings field: its default plus what the flag's ``--help`` says and where (``panel``);
+    ``duration``: a text like ``"30s"``, checked by :func:`parse_duration`."""
+    return field(default=default, metadata={"help": help, "panel": panel, "duration": duration})
+
+
+@dataclass(frozen=True)
+class ServiceSettings:
+    """What ``profiler serve`` and ``profiler gateway`` share: the prediction service's knobs and
+    the server's own (interface, admin token, body timeout, log level).
+
+    Durations are kept as written (``"2s"``, ``"1h"``) and checked when the object is made; the
+    ``*_s`` properties give them in seconds."""
+
+    host: str = setting_field(
+        "127.0.0.1", "Interface to listen on (0.0.0.0 for all).")
+    admin_token: Optional[str] = setting_field(
+        None, "Bearer token of the admin and data endpoints (sidecar: /v1/observe, /v1/reload, "
+              "/v1/profile, /v1/sessions; gateway: /admin/*, also sent to a --sidecar); unset = open.")
+    reload_every: str = setting_field(
+        "2s", "How often to check the profile's CURRENT for a new version.", duration=True)
+    max_sessions: int = setting_field(
+        100_000, "Sessions kept in memory (least recently used beyond it are forgotten).")
+    max_session_mb: float = setting_field(
+        512.0, "Byte budget of the session table (estimated); beyond it the oldest kept responses, "
+               "then the least recently used sessions, are dropped.")
+    max_unknown_types: int = setting_field(
+        1000, "Workflow types absent from the profile remembered for shadow mode (LRU).")
+    session_idle: str = setting_field(
+        "1h", "Forget a session after this long without a call.", duration=True)
+    refit_timeout: str = setting_field(
+        "30m", "Kill a refit child (serve --logs, gateway --refit-every) that runs longer than this "
+               "(0 = no limit).", duration=True)
+    body_timeout: float = setting_field(
+        30.0, "Seconds a request body may take to arrive (408 beyond): slow clients cannot hold the "
+              "server.")
+    log_level: str = setting_field("info", "uvicorn log level.")
+    shadow_min_calls: int = setting_field(
+        100, "Calls a workflow type needs in the profile before it can leave shadow mode.",
+        panel=PANEL_SHADOW)
+    coverage_window: int = setting_field(
+        200, "Observed calls per workflow type in the live-coverage window.", panel=PANEL_SHADOW)
+    coverage_min_window: int = setting_field(
+        50, "Fewest observed calls before live coverage is judged.", panel=PANEL_SHADOW)
+    drift_drop: float = setting_field(
+        0.10, "Shadow a type when live coverage < nominal - this (drift).", panel=PANEL_SHADOW)
+    recover_drop: float = setting_field(
+        0.05, "Promote a shadowed type when live coverage >= nominal - this.", panel=PANEL_SHADOW)
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            if f.metadata.get("duration"):
+                try:
+                    parse_duration(getattr(self, f.name))
+                except ValueError as exc:
+                    raise SettingsError(f"{f.name}: {exc}") from None
+
+    @property
+    def reload_every_s(self) -> float:
+        return parse_duration(self.reload_every)
+
+    @property
+    def session_idle_s(self) -> float:
+        return parse_duration(self.session_idle)
+
+    @property
+    def refit_timeout_s(self) -> float:
+        return parse_duration(self.refit_timeout)
+
+    @property
+    def max_session_bytes(self) -> int:
+        return int(self.max_session_mb * (1 << 20))
+
+
+@dataclass(frozen=True)
+class Knob:
+    """One field of a settings class as the command line, the file and the environment see it."""
+
+    name: str        #: the field, the TOML key
+    type: type       #: str, int, float or bool (``Optional[X]``: X, and None allowed)
+    optional: bool
+    default: Any
+    help: str
+    panel: str
+    duration: bool = False
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+    @property
+    def env(self) -> str:
+        return ENV_PREFIX + self.name.upper()
+
+
+def knobs(cls: type = ServiceSettings) -> tuple[Knob, ...]:
+    """The fields of a settings dataclass ``cls`` (``ServiceSettings`` or a subclass)."""
+    hints = typing.get_type_hints(cls)
+    out = []
+    for f in dataclasses.fields(cls):
+        tp, optional = hints[f.name], False
+        args = typing.get_args(tp)
+        if type(None) in args:
+            tp, optional = next(a for a in args if a is not type(None)), True
+        out.append(Knob(f.name, tp, optional, f.default, f.metadata.get("help", ""),
+                        f.metadata.get("panel", PANEL_SERVICE), f.metadata.get("duration", False)))
+    return tuple(out)
+
+
+_TYPE_WORD = {int: "an integer", float: "a number", str: "a string", bool: "true or false"}
+
+
+def _check_typed(k: Knob, value: Any, where: str) -> Any:
+    """A TOML value for ``k``: TOML is typed, so only the type is checked (an int is a float)."""
+    ok = (isinstance(value, k.type) and not (k.type is int and isinstance(value, bool))) or \
+        (k.type is float and isinstance(value, int) and not isinstance(value, bool))
+    if not ok:
+        raise SettingsError(f"{where}: key {k.name!r} must be {_TYPE_WORD.get(k.type, k.type.__name__)}, "
+                            f"got {value!r} ({type(value).__name__})")
+    _check_duration(k, value, f"{where}: key {k.name!r}")
+    return float(value) if k.type is float else value
+
+
+def _check_duration(k: Knob, value: Any, where: str) -> None:
+    if k.duration and value is not None:
+        try:
+            parse_duration(value)
+        except ValueError as exc:
+            raise SettingsError(f"{where}: {exc}") from None
+
+
+def _parse_text(k: Knob, raw: str, where: str) -> Any:
+    """An environment string for ``k``, parsed to its type."""
+    try:
+        if k.type is bool:
+            low = raw.strip().lower()
+            if low not in ("1", "true", "yes", "on", "0", "false", "no", "off"):
+                raise ValueError
+            return low in ("1", "true", "yes", "on")
+        value = k.type(raw.strip()) if k.type is not str else raw
+    except ValueError:
+        raise SettingsError(f"{where}={raw!r}: expected {_TYPE_WORD.get(k.type, k.type.__name__)}") from None
+    _check_duration(k, value, where)
+    return value
+
+
+def read_config(path: str | Path, cls: type = ServiceSettings) -> dict[str, Any]:
+    """The settings a TOML file sets (only those), type-checked; one-line errors name the file."""
+    p = Path(path)
+    try:
+        data = tomllib.loads(p.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise SettingsError(f"{p}: no such config file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SettingsError(f"{p}: cannot read config file: {exc}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise SettingsError(f"{p}: not valid TOML: {exc}") from None
+    by_name = {k.name: k for k in knobs(cls)}
+    out = {}
+    for key, value in data.items():
+        k = by_name.get(key)
+        if k is None:
+            near = difflib.get_close_matches(key, by_name, n=1)
+            hint = f" (did you mean {near[0]!r}?)" if near else f" (known: {', '.join(by_name)})"
+            raise SettingsError(f"{p}: unknown key {key!r}{hint}")
+        out[key] = _check_typed(k, value, str(p))
+    return out
+
+
+def settings_from_env(environ: Mapping[str, str], cls: type = ServiceSettings) -> dict[str, Any]:
+    """The settings ``environ`` sets through ``PROFILER_<NAME>`` (an empty value is unset)."""
+    return {k.name: _parse_text(k, environ[k.env], k.env)
+            for k in knobs(cls) if environ.get(k.env, "") != ""}
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """Settings plus where each value came from (``flag``, ``env``, ``file`` or ``default``)."""
+
+    settings: Any
+    sources: Mapping[str, str]
+
+
+def resolve_settings(*, config: str | Path | None = None, environ: Mapping[str, str] | None = None,
+                     flags: Mapping[str, Any] | None = None, cls: type = ServiceSettings) -> Resolved:
+    """``cls`` from the defaults, then ``config`` (TOML), then ``environ`` (``os.environ`` when
+    None), then ``flags`` (only the flags the user gave): the later layer wins per key."""
+    by_name = {k.name: k for k in knobs(cls)}
+    given = dict(flags or {})
+    for key, value in given.items():
+        if key not in by_name:
+            raise SettingsError(f"unknown setting {key!r} (known: {', '.join(by_name)})")
+        _check_duration(by_name[key], value, by_name[key].flag)
+    layers = [("file", read_config(config, cls) if config is not None else {}),
+              ("env", settings_from_env(os.environ if environ is None else environ, cls)),
+              ("flag", given)]
+    values: dict[str, Any] = {}
+    sources = {name: "default" for name in by_name}
+    for source, layer in layers:
+        for key, value in layer.items():
+            values[key] = value
+            sources[key] = source
+    return Resolved(cls(**values), sources)
+
+
+def settings_toml(resolved: Resolved) -> str:
+    """``resolved`` as a TOML file a ``--config`` reads back, each line commented with its source
+    (the admin token is never printed, only whether it is set)."""
+    lines = ["# resolved settings: --flag > PROFILER_* environment > --config file > default"]
+    for k in knobs(type(resolved.settings)):
+        value, source = getattr(resolved.settings, k.name), resolved.sources[k.name]
+        if k.name == "admin_token":
+            lines.append(f"# admin_token = {'(set)' if value else '(unset)'}  # {source}")
+        elif value is None:
+            lines.append(f"# {k.name} unset  # {source}")
+        else:
+            text = (("true" if value else "false") if isinstance(value, bool) else
+                    json.dumps(value) if isinstance(value, str) else repr(value))
+            lines.append(f"{k.name} = {text}  # {source}")
+    return "\n".join(lines) + "\n"

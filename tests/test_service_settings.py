@@ -1,0 +1,251 @@
+"""One settings object for `profiler serve` and `profiler gateway` (issue 23, item 4).
+
+The prediction-service knobs are the fields of :class:`ServiceSettings`; both commands' flags are
+generated from them. Values come from flag > ``PROFILER_*`` environment > ``--config`` TOML >
+default, with one-line errors naming the file, key or variable. ``simulate --scenario`` says which
+of the given flags it overrides."""
+from __future__ import annotations
+
+import dataclasses
+import re
+import tomllib
+from pathlib import Path
+
+import pytest
+import typer
+from typer.main import get_command
+from typer.testing import CliRunner
+
+from profiler.cli import app
+from profiler.commands.service_options import with_service_settings
+from serving_hooks.settings import (ServiceSettings, SettingsError, knobs, setting_field, resolve_settings,
+                                    settings_from_env)
+
+ROOT = Path(__file__).resolve().parents[1]
+CLI = get_command(app)
+#: The minimum each command needs to reach its settings (nothing is served: --print-config exits).
+BASE = {"serve": ["serve", "--profile", "p"],
+        "gateway": ["gateway", "--upstream", "http://127.0.0.1:9", "--profile", "p"]}
+
+
+def run(args: list[str], env: dict | None = None):
+    # an empty PROFILER_* environment unless the test sets one (the developer's shell must not leak in)
+    clean = {k.env: "" for k in knobs()}
+    return CliRunner().invoke(app, args, env={"COLUMNS": "400", **clean, **(env or {})})
+
+
+def printed(args: list[str], env: dict | None = None) -> tuple[dict, dict]:
+    """``--print-config`` output: (values, source of each value)."""
+    out = run([*args, "--print-config"], env)
+    assert out.exit_code == 0, out.output
+    values = tomllib.loads(out.stdout)
+    sources = dict(re.findall(r"^#? ?(\w+) .*# (\w+)$", out.stdout, re.M))
+    return values, sources
+
+
+def test_precedence_flag_over_env_over_file_over_default(tmp_path):
+    cfg = tmp_path / "service.toml"
+    cfg.write_text('max_sessions = 5\nsession_idle = "2h"\ndrift_drop = 0.3\nlog_level = "debug"\n')
+    env = {"PROFILER_MAX_SESSIONS": "7", "PROFILER_LOG_LEVEL": "warning"}
+    got = resolve_settings(config=cfg, environ=env, flags={"max_sessions": 9})
+    s = got.settings
+    assert (s.max_sessions, s.log_level, s.session_idle, s.drift_drop, s.coverage_window) == \
+        (9, "warning", "2h", 0.3, ServiceSettings.coverage_window)
+    assert (got.sources["max_sessions"], got.sources["log_level"], got.sources["session_idle"],
+            got.sources["coverage_window"]) == ("flag", "env", "file", "default")
+    assert s.session_idle_s == 7200.0
+
+
+@pytest.mark.parametrize("command", ["serve", "gateway"])
+def test_the_command_line_applies_the_same_precedence(command, tmp_path):
+    cfg = tmp_path / "service.toml"
+    cfg.write_text('max_sessions = 5\nsession_idle = "2h"\nshadow_min_calls = 20\n')
+    env = {"PROFILER_MAX_SESSIONS": "7", "PROFILER_SHADOW_MIN_CALLS": "30"}
+    values, sources = printed([*BASE[command], "--config", str(cfg), "--shadow-min-calls", "40"], env)
+    assert (values["max_sessions"], values["session_idle"], values["shadow_min_calls"]) == (7, "2h", 40)
+    assert (sources["max_sessions"], sources["session_idle"], sources["shadow_min_calls"],
+            sources["reload_every"]) == ("env", "file", "flag", "default")
+    # a flag typed at its default value is still a flag: it beats the environment
+    values, sources = printed([*BASE[command], "--max-sessions", "100000"], env)
+    assert (values["max_sessions"], sources["max_sessions"]) == (100_000, "flag")
+
+
+def test_print_config_reads_back_and_never_prints_the_token(tmp_path):
+    values, sources = printed([*BASE["serve"], "--drift-drop", "0.2"], {"PROFILER_ADMIN_TOKEN": "s3cret"})
+    assert sources["admin_token"] == "env" and "admin_token" not in values
+    assert "s3cret" not in run([*BASE["serve"], "--print-config"], {"PROFILER_ADMIN_TOKEN": "s3cret"}).output
+    back = tmp_path / "back.toml"
+    back.write_text(run([*BASE["serve"], "--drift-drop", "0.2", "--print-config"]).stdout)
+    assert resolve_settings(config=back, environ={}).settings == ServiceSettings(drift_drop=0.2)
+
+
+@pytest.mark.parametrize("text, message", [
+    ("max_sesions = 5\n", "unknown key 'max_sesions' (did you mean 'max_sessions'?)"),
+    ("upstream = 'http://x'\n", "unknown key 'upstream' (known: host, admin_token,"),
+    ('max_sessions = "5"\n', "key 'max_sessions' must be an integer, got '5' (str)"),
+    ("max_sessions = true\n", "key 'max_sessions' must be an integer, got True (bool)"),
+    ('drift_drop = "x"\n', "key 'drift_drop' must be a number"),
+    ('reload_every = "soon"\n', "key 'reload_every': not a duration: 'soon'"),
+    ("max_sessions = \n", "not valid TOML: Invalid value (at line 1, column 16)"),
+])
+@pytest.mark.parametrize("command", ["serve", "gateway"])
+def test_a_bad_config_file_is_one_line_naming_file_and_key(tmp_path, text, message, command):
+    cfg = tmp_path / "service.toml"
+    cfg.write_text(text)
+    out = run([*BASE[command], "--config", str(cfg)])
+    assert out.exit_code == 2
+    lines = [ln for ln in out.output.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith(f"error: {cfg}: ") and message in lines[0], out.output
+    assert "Traceback" not in out.output
+
+
+def test_bad_environment_values_and_missing_files_name_their_source(tmp_path):
+    for env, message in (
+            ({"PROFILER_MAX_SESSIONS": "lots"}, "PROFILER_MAX_SESSIONS='lots': expected an integer"),
+            ({"PROFILER_SESSION_IDLE": "soon"},
+             "PROFILER_SESSION_IDLE: not a duration: 'soon' (examples: 30s, 10m, 1h, 250ms)")):
+        out = run(BASE["serve"], env)
+        assert out.exit_code == 2 and out.output.strip() == f"error: {message}", out.output
+    out = run([*BASE["gateway"], "--session-idle", "soon"])
+    assert out.exit_code == 2 and out.output.startswith("error: --session-idle: not a duration: 'soon'")
+    out = run([*BASE["serve"], "--config", str(tmp_path / "absent.toml")])
+    absent = tmp_path / "absent.toml"
+    assert out.exit_code == 2 and out.output.strip() == f"error: {absent}: no such config file"
+
+
+def test_every_setting_maps_from_its_environment_variable():
+    non_default = {"str": "x1", "int": "17", "float": "0.25"}
+    env, want = {}, {}
+    for k in knobs():
+        raw = "3m" if k.duration else non_default[k.type.__name__]
+        env[k.env] = raw
+        want[k.name] = raw if k.type is str else k.type(raw)
+    env.update({"PROFILER_MAX_LINE_BYTES": "5", "UNRELATED": "1"})   # other variables are not settings
+    assert settings_from_env(env) == want
+    assert ServiceSettings(**settings_from_env(env)) == ServiceSettings(**want)
+    # the variable documented before this object existed is the admin_token setting's
+    assert settings_from_env({"PROFILER_ADMIN_TOKEN": "t"}) == {"admin_token": "t"}
+    assert settings_from_env({"PROFILER_MAX_SESSIONS": ""}) == {}    # empty = unset
+
+
+def _option(command: str, name: str):
+    return next((p for p in CLI.commands[command].params if p.name == name), None)
+
+
+def test_serve_and_gateway_take_every_setting_with_one_declaration():
+    for k in knobs():
+        serve, gateway = _option("serve", k.name), _option("gateway", k.name)
+        assert serve is not None and gateway is not None, k.name
+        assert serve.opts == gateway.opts == [k.flag]
+        assert serve.help == gateway.help == k.help and serve.default == gateway.default == k.default
+    for command in ("serve", "gateway"):
+        text = run([command, "--help"]).output
+        assert all(k.flag in text for k in knobs()) and "--config" in text and "--print-config" in text
+
+
+@dataclasses.dataclass(frozen=True)
+class _WithNewKnob(ServiceSettings):
+    prefetch_budget: int = setting_field(3, "A knob added in one place.")
+
+
+def test_a_knob_added_once_is_a_flag_of_every_command_and_reaches_each():
+    """The mechanism serve and gateway use: one field, a flag (help, default), an env variable and
+    a config key of every command built with it."""
+    demo = typer.Typer()
+    seen = {}
+    def make(name: str):
+        def command(port: int = 1, *, settings: _WithNewKnob) -> None:
+            seen[name] = settings
+        return command
+
+    for name in ("one", "two"):
+        demo.command(name)(with_service_settings(make(name), cls=_WithNewKnob))
+    runner = CliRunner()
+    for name in ("one", "two"):
+        assert "--prefetch-budget" in runner.invoke(demo, [name, "--help"], env={"COLUMNS": "400"}).output
+        assert runner.invoke(demo, [name, "--prefetch-budget", "5"]).exit_code == 0
+        assert seen[name].prefetch_budget == 5 and isinstance(seen[name], _WithNewKnob)
+    assert runner.invoke(demo, ["one"], env={"PROFILER_PREFETCH_BUDGET": "8"}).exit_code == 0
+    assert seen["one"].prefetch_budget == 8
+
+
+def test_serve_and_gateway_build_their_service_from_the_same_settings(fitted_profile, tmp_path, monkeypatch):
+    """Through the real commands (the server start itself is replaced, so no port is taken): a
+    config file and the environment reach the shadow gate, the session table and uvicorn of both."""
+    import uvicorn
+
+    started = []
+    monkeypatch.setattr(uvicorn, "run", lambda app_, **kw: started.append((app_, kw)))
+    cfg = tmp_path / "service.toml"
+    cfg.write_text('max_sessions = 1234\nsession_idle = "90s"\ndrift_drop = 0.2\nlog_level = "warning"\n'
+                   'shadow_min_calls = 3\n')
+    env = {"PROFILER_COVERAGE_WINDOW": "77", "PROFILER_HOST": "127.0.0.2"}
+    for args in (["serve"], ["gateway", "--upstream", "http://127.0.0.1:9"]):
+        out = run([*args, "--profile", str(fitted_profile), "--config", str(cfg), "--recover-drop", "0.01"], env)
+        assert out.exit_code == 0, out.output
+    (sidecar, skw), (gateway, gkw) = started
+    services = [sidecar.state.service, gateway.state.gateway.service]
+    assert services[0].gate.options() == services[1].gate.options() == {
+        "min_calls": 3, "window": 77, "min_window": 50, "drift_drop": 0.2, "recover_drop": 0.01,
+        "max_unknown_types": 1000}
+    tables = [s.predictor.sessions for s in services]
+    assert [(t.max_sessions, t.session_idle_s) for t in tables] == [(1234, 90.0)] * 2
+    assert [(kw["host"], kw["log_level"]) for kw in (skw, gkw)] == [("127.0.0.2", "warning")] * 2
+
+
+def test_the_configuration_example_in_the_docs_loads(tmp_path):
+    page = (ROOT / "docs" / "commands.md").read_text()
+    section = page.split("## Configuration", 1)[1]
+    example = re.search(r"```toml\n(.*?)```", section, re.S).group(1)
+    cfg = tmp_path / "service.toml"
+    cfg.write_text(example)
+    got = resolve_settings(config=cfg, environ={})
+    written = tomllib.loads(example)
+    assert written and {k: getattr(got.settings, k) for k in written} == written
+    assert all(got.sources[k] == "file" for k in written)
+    # and every PROFILER_ variable of a setting is in the page's table
+    assert all(k.env in page for k in knobs())
+
+
+def test_direct_construction_checks_durations():
+    with pytest.raises(SettingsError, match="session_idle: not a duration"):
+        ServiceSettings(session_idle="soon")
+
+
+# --- simulate --scenario: every overridden flag is said, one line each ---------------------------
+
+def test_scenario_announces_each_flag_it_overrides():
+    args = ["simulate", "--scenario", "pythia-like", "--calibrate", "x.jsonl", "--replicas", "3",
+            "--load", "low", "--seed", "1", "--gaps", "recorded", "--policies", "no-such-policy"]
+    out = run(args)
+    assert out.exit_code == 2                      # stopped by the bad policy, after the notes
+    notes = [ln for ln in out.output.splitlines() if ln.startswith("note:")]
+    assert notes == [
+        "note: --replicas is ignored by --scenario pythia-like (its cluster: 8 x llama-3.1-8b on "
+        "h100-sxm tp1, pools code 4, explore 2, review 2, 150,000 KV tokens per replica, roofline "
+        "step model)",
+        "note: --calibrate is ignored by --scenario pythia-like (its cluster: 8 x llama-3.1-8b on "
+        "h100-sxm tp1, pools code 4, explore 2, review 2, 150,000 KV tokens per replica, roofline "
+        "step model)",
+        "note: --load is ignored by --scenario pythia-like (a burst of 600 workflows in 60 s, all measured)",
+    ]
+    out = run(["simulate", "--scenario", "agent-platform-bursty", "--cv", "2", "--train-workflows", "50",
+               "--warmup", "0.1", "--policies", "no-such-policy"])
+    notes = [ln for ln in out.output.splitlines() if ln.startswith("note:")]
+    assert notes == ["note: --train-workflows is ignored by --scenario agent-platform-bursty (60 "
+                     "generated train workflows per generated application)",
+                     "note: --cv is ignored by --scenario agent-platform-bursty (CV 4)"]
+    # no scenario, no notes: --workload runs use every flag
+    out = run(["simulate", "--workload", "coding-assistant", "--replicas", "3",
+               "--policies", "no-such-policy"])
+    assert out.exit_code == 2 and "note:" not in out.output
+
+
+def test_every_overridden_name_is_a_simulate_option():
+    """A renamed flag cannot drop out of the announcement unnoticed."""
+    from simulator.scenarios import SCENARIOS
+
+    options = {p.name for p in CLI.commands["simulate"].params}
+    for sc in SCENARIOS.values():
+        assert set(sc.overrides()) <= options, set(sc.overrides()) - options
+        assert {"calibrate", "replicas", "workflows", "arrivals"} <= set(sc.overrides())
