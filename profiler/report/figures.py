@@ -12,6 +12,7 @@ import math
 from typing import Any, Callable
 
 import numpy as np
+from matplotlib.ticker import MaxNLocator
 
 from profiler.report.data import CDF_LEVELS, Histogram
 from profiler.report.layout import wrap_label
@@ -256,6 +257,7 @@ def context_growth(cg: Any) -> str:
     ax.plot(cg.index, cg.q50, color=FIT_COLOR, lw=2, label="median")
     ax.plot([], [], color=DATA_COLOR, lw=0.6, alpha=0.5, label=f"one workflow ({len(cg.lines)} shown)")
     ax.set_xlabel("call index in the workflow")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_ylabel("input tokens")
     ax.set_ylim(bottom=0)
     ax.legend(fontsize=7, frameon=False, loc="lower left", bbox_to_anchor=(0, 1.0), ncol=3)
@@ -271,6 +273,7 @@ def cached_share(cg: Any) -> str:
     ax.plot(cg.index, cg.cached_share, color=BAND_COLOR, lw=1.8, marker="o", ms=3)
     ax.set_ylim(0, 1.02)
     ax.set_xlabel("call index in the workflow")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_ylabel("cached / input tokens")
     total = f"{cg.cached_total_share:.1%}" if cg.cached_total_share is not None else "–"
     ax.set_title("cached-token share by call index", fontsize=10, loc="left", pad=16)
@@ -289,12 +292,13 @@ def load_over_time(ld: Any) -> str:
     top.bar(ld.t[:-1], ld.arrivals, width=ld.bin_s, align="edge", color=DATA_COLOR, alpha=0.75)
     top.set_ylabel("arrivals", fontsize=8)
     top.set_title(f"workflow arrivals per {ld.bin_s:,.3g} s and concurrency", fontsize=10, loc="left")
+    fig.subplots_adjust(hspace=0.35)
     bottom.step(ld.t, ld.calls, where="post", color=FIT_COLOR, lw=1.4, label="calls in flight")
     bottom.step(ld.t, ld.workflows, where="post", color=BAND_COLOR, lw=1.4, label="open workflows")
     bottom.set_ylim(bottom=0)
     bottom.set_xlabel("seconds since the first call")
     bottom.set_ylabel("concurrent", fontsize=8)
-    bottom.legend(fontsize=7, frameon=False, loc="upper right")
+    bottom.legend(fontsize=7, frameon=False, loc="lower left", bbox_to_anchor=(0, 1.0), ncol=2)
     for ax in (top, bottom):
         ax.grid(color="#edf2f7", lw=0.6)
     return to_data_uri(fig)

@@ -209,7 +209,7 @@ def _label_spots(pts: list[tuple[float, float]] | None, segs: list[tuple] | None
     then the same points shifted sideways (a label need not sit exactly on its line)."""
     if self_loop_at is not None:
         x, y = self_loop_at
-        base = [(x, y), (x, y - LABEL_H - 2), (x, y + LABEL_H + 2), (x + LABEL_W / 2, y)]
+        base = [(x + LABEL_W / 2 + 11, y), (x, y - 30), (x, y + 30)]  # right of the loop, above, below
     else:
         order = sorted(range(len(segs)), key=lambda k: abs(k - len(segs) // 2))
         base = [_bezier(*segs[k], t) for k in order for t in (0.5, 0.35, 0.65, 0.22, 0.78, 0.1, 0.9)]
@@ -238,16 +238,6 @@ def render_svg(graph: WorkflowGraph, element_id: str, min_p: float = 0.0,
     drawn_for_layout = shown or {e: p for e, p in graph.edges.items() if p >= min_p} or dict(graph.edges)
     lay = layered_layout(graph.nodes, drawn_for_layout, START, END)
     width, height = lay.width, lay.height
-    parts = [f'<svg id="{escape(element_id)}" class="wf-graph" xmlns="http://www.w3.org/2000/svg" '
-             f'viewBox="0 0 {width:.0f} {height:.0f}" width="{width:.0f}" height="{height:.0f}" '
-             f'data-layers="{len(lay.layers)}" data-crossings="{lay.crossings}" '
-             f'role="img" aria-label="workflow graph of {escape(graph.workflow_type)}">',
-             '<defs>'
-             f'<marker id="{element_id}-arrow" viewBox="0 0 10 10" refX="9" refY="5" markerWidth="10" '
-             f'markerHeight="10" markerUnits="userSpaceOnUse" orient="auto-start-reverse"><path d="M0,0 L10,5 L0,10 z" fill="{KEPT}"/></marker>'
-             f'<marker id="{element_id}-arrow-pruned" viewBox="0 0 10 10" refX="9" refY="5" markerWidth="10" '
-             f'markerHeight="10" markerUnits="userSpaceOnUse" orient="auto-start-reverse"><path d="M0,0 L10,5 L0,10 z" fill="{PRUNED_COLOR}"/>'
-             '</marker></defs>']
     geometry: dict[tuple[str, str], tuple[str, list[tuple[float, float]], bool]] = {}
     for (a, b) in graph.edges:
         back = (a, b) in lay.back_edges
@@ -270,10 +260,21 @@ def render_svg(graph: WorkflowGraph, element_id: str, min_p: float = 0.0,
     for e, p in sorted(graph.edges.items(), key=lambda kv: (kv[1] < min_p, kv[0] in graph.pruned, -kv[1], kv[0])):
         for cx, cy in geometry[e][1]:
             bx = (cx - LABEL_W / 2, cy - LABEL_H / 2, cx + LABEL_W / 2, cy + LABEL_H / 2)
-            if not _overlaps(bx, taken) and 0 <= bx[0] and bx[2] <= width and 0 <= bx[1] and bx[3] <= height:
+            if not _overlaps(bx, taken) and 0 <= bx[0] and 0 <= bx[1] and bx[3] <= height:
                 label_at[e] = (cx, cy)
                 taken.append(bx)
                 break
+    width = max([width] + [x + LABEL_W / 2 + 4 for x, _ in label_at.values()])
+    parts = [f'<svg id="{escape(element_id)}" class="wf-graph" xmlns="http://www.w3.org/2000/svg" '
+             f'viewBox="0 0 {width:.0f} {height:.0f}" width="{width:.0f}" height="{height:.0f}" '
+             f'data-layers="{len(lay.layers)}" data-crossings="{lay.crossings}" '
+             f'role="img" aria-label="workflow graph of {escape(graph.workflow_type)}">',
+             '<defs>'
+             f'<marker id="{element_id}-arrow" viewBox="0 0 10 10" refX="9" refY="5" markerWidth="10" '
+             f'markerHeight="10" markerUnits="userSpaceOnUse" orient="auto-start-reverse"><path d="M0,0 L10,5 L0,10 z" fill="{KEPT}"/></marker>'
+             f'<marker id="{element_id}-arrow-pruned" viewBox="0 0 10 10" refX="9" refY="5" markerWidth="10" '
+             f'markerHeight="10" markerUnits="userSpaceOnUse" orient="auto-start-reverse"><path d="M0,0 L10,5 L0,10 z" fill="{PRUNED_COLOR}"/>'
+             '</marker></defs>']
     # kept edges drawn last so that they sit on top of pruned ones; rare ones first of all
     for (a, b), p in sorted(graph.edges.items(), key=lambda kv: (kv[1] >= min_p, kv[0] not in graph.pruned, kv[1])):
         pruned = (a, b) in graph.pruned
