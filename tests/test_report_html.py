@@ -127,15 +127,23 @@ def test_context_cache_load_and_calibration_plots(report_html):
 
 
 def test_load_and_context_data_match_the_logs(report_html):
-    from profiler.report.data import context_growth, load_over_time, open_store
+    from profiler.report.data import CALIBRATION_LEVELS, calibration_curves, context_growth, load_over_time, open_store
 
     path, _ = report_html
     con = open_store(path.parent / "profile" / "store.duckdb")
     try:
         cg = context_growth(con, WT)
         ld = load_over_time(con, WT)
+        curves = calibration_curves(con, WT, {"planner": ["planner"], "all": ["planner", "coder", "reviewer"],
+                                              "nobody": ["no-such-agent"]})
     finally:
         con.close()
+    # order-statistic bands cross-validated by workflow on 240 lognormal outputs: calibrated
+    obs, n = curves["planner"]
+    assert n == 240 and np.all(np.diff(obs) >= 0)
+    assert np.all(np.abs(obs - np.array(CALIBRATION_LEVELS)) < 0.08), obs
+    assert curves["all"][1] == cg.calls  # every ok call of the type is held out once
+    assert "nobody" not in curves
     assert list(cg.index[:3]) == [0, 1, 2] and list(cg.q50[:3]) == [500, 800, 1100]  # 500 + 300 i
     assert cg.cached_share[0] == 0 and cg.cached_share[1] == pytest.approx(500 / 800)
     assert cg.cached_calls == cg.calls

@@ -245,3 +245,12 @@ def test_large_team_in_chromium_bounded_graph_and_clear_labels(large_team_report
               f"{SCREENSHOT_DIR / 'large-team-all-agents-graph.png'}")
     finally:
         browser.close()
+
+
+@pytest.mark.slow
+def test_calibration_table_names_each_agents_role(large_team_report):
+    html = large_team_report[0].read_text()
+    assert "<th>agent</th><th>role</th>" in html
+    assert re.search(r"<td>Verification_Expert</td><td>verifier experts</td>", html)
+    assert re.search(r"<td>Geometry_Expert</td><td>domain experts</td>", html)
+    assert "<th>role</th>" not in large_team_report[1].read_text()  # --no-group

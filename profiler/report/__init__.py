@@ -196,12 +196,14 @@ def _badge_text(notes: list[str]) -> str:
 
 
 def _calibration_table(wt: str, bands: dict, warned: dict, inside: dict[str, int] | None,
-                       stored_n: dict[str, int] | None) -> str:
+                       stored_n: dict[str, int] | None, roles: RoleMap | None = None) -> str:
     """Per agent: the served band, how it was chosen, its held-out (cross-validated) coverage and
     width, the share of stored calls inside it, and a badge when it is wider than its parent's.
     Agents with fewer than ``SMALL_N`` calls are folded into a second table (a team of experts
     can have a hundred of those)."""
     from profiler.report.data import SMALL_N
+
+    grouped = roles is not None and roles.active
 
     def rows_of(items):
         rows, classes = [], []
@@ -212,13 +214,17 @@ def _calibration_table(wt: str, bands: dict, warned: dict, inside: dict[str, int
             served = "conditional" if b.get("conditional") else b.get("level", "")
             stored = (f"{inside[agent] / stored_n[agent]:.1%}" if inside is not None and stored_n
                       and stored_n.get(agent) and agent in inside else None)
-            rows.append((agent, b["n"], f"[{b['lo']:,}, {b['hi']:,}]", served, chosen,
-                         cand.get("coverage"), cand.get("mean_width"), stored,
-                         _badge(warned[agent]) if agent in warned else ""))
+            row = (agent, b["n"], f"[{b['lo']:,}, {b['hi']:,}]", served, chosen,
+                   cand.get("coverage"), cand.get("mean_width"), stored,
+                   _badge(warned[agent]) if agent in warned else "")
+            rows.append(row if not grouped else (row[0], roles.role_of.get(agent, agent), *row[1:]))
             classes.append("warn" if agent in warned else "")
-        return page.table(["agent", "calls", "band", "served by", "chosen", "held-out coverage",
-                           "held-out width", "stored calls inside", ""], rows, numeric={1, 5, 6, 7},
-                          row_classes=classes, raw={8})
+        head = ["agent", "calls", "band", "served by", "chosen", "held-out coverage",
+                "held-out width", "stored calls inside", ""]
+        if grouped:
+            return page.table([head[0], "role", *head[1:]], rows, numeric={2, 6, 7, 8},
+                              row_classes=classes, raw={9})
+        return page.table(head, rows, numeric={1, 5, 6, 7}, row_classes=classes, raw={8})
 
     ordered = sorted(bands.items(), key=lambda kv: (-kv[1]["n"], kv[0]))
     big = [(a, b) for a, b in ordered if b["n"] >= SMALL_N]
@@ -291,10 +297,10 @@ def _output_length_block(wt: str, data: dict, con, roles: RoleMap) -> str:
             f'band wider than their workflow type\'s or the global band; {len(warned) - wider} more '
             f'are served a fallback band (too few calls to validate; hover the badge).</p>')
     if con is None:
-        return head + _calibration_table(wt, bands, warned, None, None)
+        return head + _calibration_table(wt, bands, warned, None, None, roles)
     hists = output_histograms(con, wt)
     inside = band_coverage(con, wt, {a: (b["lo"], b["hi"]) for a, b in bands.items()})
-    table = _calibration_table(wt, bands, warned, inside, {a: h.n for a, h in hists.items()})
+    table = _calibration_table(wt, bands, warned, inside, {a: h.n for a, h in hists.items()}, roles)
     figs = []
     big = sorted((h for h in hists.values() if h.n >= SMALL_N), key=lambda h: (-h.n, h.agent))
     for h in big[:MAX_CHARTS]:
