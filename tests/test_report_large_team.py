@@ -138,7 +138,7 @@ def large_team_report(tmp_path_factory) -> tuple[Path, Path]:
 @pytest.mark.slow
 def test_large_team_page_shows_roles_coverage_and_the_new_plots(large_team_report):
     html = large_team_report[0].read_text()
-    assert "<h3>Roles</h3>" in html and "176 agents, more than 16: drawn as 2 roles" in html
+    assert "<h3>Roles</h3>" in html and "176 agents drawn as 2 roles" in html
     svg = re.search(r'<svg id="wt-captain_agent-graph".*?</svg>', html, re.S).group(0)
     assert re.findall(r'data-node="([^"]+)"', svg) == [START, "domain experts", "verifier experts", END]
     assert 'class="toggle-pruned" data-target="wt-captain_agent-graph-box">' in html  # unchecked
@@ -254,3 +254,25 @@ def test_calibration_table_names_each_agents_role(large_team_report):
     assert re.search(r"<td>Verification_Expert</td><td>verifier experts</td>", html)
     assert re.search(r"<td>Geometry_Expert</td><td>domain experts</td>", html)
     assert "<th>role</th>" not in large_team_report[1].read_text()  # --no-group
+
+
+@pytest.mark.slow
+def test_group_rules_given_on_the_command_line_apply_to_a_small_team(tmp_path):
+    from tests.test_report_html import synthetic_logs
+
+    logs = synthetic_logs(tmp_path / "logs.jsonl", 80, seed=3)
+    runner = CliRunner()
+    result = runner.invoke(app, ["fit", str(logs), "--out", str(tmp_path / "profile")])
+    assert result.exit_code == 0, result.output
+    out = tmp_path / "r.html"
+    result = runner.invoke(app, ["report", "--profile", str(tmp_path / "profile"), "--out", str(out),
+                                 "--group", "^(coder|reviewer)$=workers"])
+    assert result.exit_code == 0, result.output
+    html = out.read_text()
+    svg = re.search(r'<svg id="wt-review_bot-graph".*?</svg>', html, re.S).group(0)
+    assert re.findall(r'data-node="([^"]+)"', svg) == [START, "planner", "workers", END]
+    assert "3 agents drawn as 1 role and 1 agent no rule pools" in html
+    assert "<td>planner → workers+</td>" in html  # the shape table over roles
+    result = runner.invoke(app, ["report", "--profile", str(tmp_path / "profile"), "--out", str(out),
+                                 "--group", "no-equals-sign"])
+    assert result.exit_code == 2 and "--group takes REGEX=ROLE" in result.output

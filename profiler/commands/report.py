@@ -20,8 +20,9 @@ def report(
         help="DuckDB store with the calls behind the histograms (default: PROFILE/store.duckdb).")] = None,
     group: Annotated[Optional[list[str]], typer.Option(
         "--group", metavar="REGEX=ROLE",
-        help="On a team of more than 16 agents, draw agents whose name matches REGEX as ROLE (first "
-             "match wins; repeat for several; replaces the default rules that pool *_Expert agents).")] = None,
+        help="Draw agents whose name matches REGEX (re.search) as ROLE, on every team (first match wins; "
+             "repeat for several). Replaces the default rules, which pool *_Expert agents on teams of "
+             "more than 16 agents.")] = None,
     no_group: Annotated[bool, typer.Option("--no-group", help="Draw every agent on its own, however many.")] = False,
     show_pruned: Annotated[bool, typer.Option(
         "--show-pruned", help="Draw the transitions the pruned automaton dropped from the start "
@@ -42,12 +43,12 @@ def report(
     from profiler.commands.common import fail
     from profiler.profile_artifact import ProfileError
     from profiler.report import build_report
-    from profiler.report.roles import DEFAULT_RULES, parse_rule
+    from profiler.report.roles import DEFAULT_RULES, GROUP_ABOVE, parse_rule
 
     try:
         rules = () if no_group else tuple(parse_rule(g) for g in group) if group else DEFAULT_RULES
         path = build_report(profile, out, db=db, eval_logs=eval_logs or None, group_rules=rules,
-                            show_pruned=show_pruned)
+                            group_above=0 if group else GROUP_ABOVE, show_pruned=show_pruned)
     except (ProfileError, RuntimeError, ValueError) as exc:
         fail(str(exc))
     typer.echo(f"report written to {path} ({path.stat().st_size / 1024:.0f} KiB)")

@@ -68,8 +68,8 @@ def _roles_block(roles: RoleMap, calls: dict[str, int]) -> str:
                      f"{' …' if len(members) > 4 else ''}</summary>{escape(names)}</details>"))
     alone = sum(1 for a, r in roles.role_of.items() if a == r)
     kept = f" and {_count(alone, 'agent')} no rule pools" if alone else ""
-    return (f'<p class="note">{len(roles.role_of)} agents, more than {GROUP_ABOVE}: drawn as '
-            f'{len(roles.members)} roles{kept}, each agent taking the role of the first name rule '
+    return (f'<p class="note">{len(roles.role_of)} agents drawn as '
+            f'{_count(len(roles.members), "role")}{kept}, each agent taking the role of the first name rule '
             f'it matches: {rules}. Change the rules with <code>profiler report --group \'REGEX=ROLE\'</code> '
             '(repeatable) or turn them off with <code>--no-group</code>; the profile itself stays per '
             'agent.</p>' + page.table(["role", "agents", "calls", "agents (most calls first)"], rows,
@@ -485,12 +485,12 @@ def _eval_section(profile, eval_logs: Sequence[Path]) -> str:
 
 def build_report(profile_path: str | Path, out: str | Path, *, db: str | Path | None = None,
                  eval_logs: Sequence[str | Path] | None = None,
-                 group_rules: Sequence[RoleRule] | None = DEFAULT_RULES,
+                 group_rules: Sequence[RoleRule] | None = DEFAULT_RULES, group_above: int = GROUP_ABOVE,
                  show_pruned: bool = False) -> Path:
     """Write the HTML report of the profile at ``profile_path`` to ``out``; returns ``out``.
 
-    ``group_rules``: name rules that pool the agents of a large team into roles
-    (:mod:`profiler.report.roles`; ``None`` or empty: no grouping). ``show_pruned``: draw the
+    ``group_rules``: name rules that pool the agents of a team of more than ``group_above`` agents
+    into roles (:mod:`profiler.report.roles`; ``None`` or empty: no grouping). ``show_pruned``: draw the
     transitions the pruned automaton dropped from the start (the page's checkbox still toggles)."""
     from profiler.profile_artifact import load_profile, store_path
     from profiler.report.data import StoreUnavailable, open_store, store_counts, symbol_sequences
@@ -515,7 +515,7 @@ def build_report(profile_path: str | Path, out: str | Path, *, db: str | Path | 
             info = (data.get("workflow_types") or {}).get(wt, {})
             notes: list[str] = []
             calls = _agent_calls(wt, data, con)
-            roles = group_roles(calls, tuple(group_rules or ()))
+            roles = group_roles(calls, tuple(group_rules or ()), group_above)
             seqs, total = symbol_sequences(con, wt, MAX_GRAPH_WORKFLOWS) if con is not None else ([], 0)
             graph_html = _graph_section(wt, section, seqs, total, roles, notes, show_pruned)
             note_html = f'<p class="note">{escape("; ".join(notes))}</p>' if notes else ""
