@@ -39,7 +39,8 @@ def synthetic_logs(path: Path, n_workflows: int, seed: int) -> Path:
             dur = 0.2 + out / 60.0
             rec = {"request_id": f"s{seed}-w{w}-{i}", "workflow_type_id": WT, "workflow_id": f"s{seed}-w{w}",
                    "agent_id": agent, "t_arrival": t, "t_finish": t + dur,
-                   "input_tokens": int(500 + 300 * i), "output_tokens": out}
+                   "input_tokens": int(500 + 300 * i), "output_tokens": out,
+                   "cached_tokens": 0 if i == 0 else int(500 + 300 * (i - 1))}  # the previous prompt is cached
             t += dur
             tool = {"planner": "search", "coder": "run_tests"}.get(agent)
             if tool and i < len(agents) - 1:
@@ -106,6 +107,48 @@ def test_histograms_cdfs_and_eval_figures_are_inline(report_html):
     assert "band [" in planner and "of stored calls inside" in planner
     assert "lognormal μ=" in next(base64.b64decode(s.split(",", 1)[1]).decode() for s, a in imgs
                                   if a == "latency CDF of run_tests")
+
+
+def test_context_cache_load_and_calibration_plots(report_html):
+    """Real times and cached_tokens: every one of the four plots is drawn, with its numbers."""
+    _, html = report_html
+    imgs = {alt: base64.b64decode(src.split(",", 1)[1]).decode()
+            for src, alt in re.findall(r'<img[^>]*src="([^"]+)"[^>]*alt="([^"]+)"', html)}
+    assert "input tokens by call index" in imgs["context growth per workflow"]
+    # prompts grow by 300 tokens a call and the previous prompt is cached: 0 % at the first call
+    cached = imgs["cached-token share"]
+    assert "of input tokens cached overall" in cached and "calls report cached_tokens" in cached
+    assert "calls in flight" in imgs["arrivals and concurrency over time"]
+    assert "open workflows" in imgs["arrivals and concurrency over time"]
+    curve = imgs["coverage calibration curve per agent"]
+    assert "perfectly calibrated" in curve and "coder (n " in curve
+    assert "path coverage: the regex accepts 100.0% of the 240 training workflows" not in html  # 1 in 40 pruned
+    assert re.search(r"path coverage: the regex accepts 9\d\.\d% of the 240 training workflows", html)
+
+
+def test_load_and_context_data_match_the_logs(report_html):
+    from profiler.report.data import CALIBRATION_LEVELS, calibration_curves, context_growth, load_over_time, open_store
+
+    path, _ = report_html
+    con = open_store(path.parent / "profile" / "store.duckdb")
+    try:
+        cg = context_growth(con, WT)
+        ld = load_over_time(con, WT)
+        curves = calibration_curves(con, WT, {"planner": ["planner"], "all": ["planner", "coder", "reviewer"],
+                                              "nobody": ["no-such-agent"]})
+    finally:
+        con.close()
+    # order-statistic bands cross-validated by workflow on 240 lognormal outputs: calibrated
+    obs, n = curves["planner"]
+    assert n == 240 and np.all(np.diff(obs) >= 0)
+    assert np.all(np.abs(obs - np.array(CALIBRATION_LEVELS)) < 0.08), obs
+    assert curves["all"][1] == cg.calls  # every ok call of the type is held out once
+    assert "nobody" not in curves
+    assert list(cg.index[:3]) == [0, 1, 2] and list(cg.q50[:3]) == [500, 800, 1100]  # 500 + 300 i
+    assert cg.cached_share[0] == 0 and cg.cached_share[1] == pytest.approx(500 / 800)
+    assert cg.cached_calls == cg.calls
+    # workflows run one after another: never more than one open, one call at a time
+    assert ld.workflows.max() == 1 and ld.calls.max() == 1 and ld.arrivals.sum() == 240
 
 
 def test_page_loads_nothing_from_outside(report_html):
@@ -242,11 +285,11 @@ def test_real_browser_loads_the_page_without_errors_and_draws_the_graph(report_h
         png = base64.b64decode(shot["data"])
         (tmp_path / "graph.png").write_bytes(png)
 
-        # the toggle hides the pruned edge
+        # pruned edges are hidden until the toggle shows them
         hidden_before = evaluate("getComputedStyle(document.querySelector('.edge.pruned')).display")
         evaluate("document.querySelector('input.toggle-pruned').click()")
         hidden_after = evaluate("getComputedStyle(document.querySelector('.edge.pruned')).display")
-        assert (hidden_before, hidden_after) == ("inline", "none")
+        assert (hidden_before, hidden_after) == ("none", "inline")
     finally:
         browser.close()
 

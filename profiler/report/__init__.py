@@ -23,7 +23,8 @@ from typing import Any, Sequence
 
 from predictors.band_selection import band_warnings
 from profiler.report import page
-from profiler.report.graph import WorkflowGraph, collapse_rare, edge_rows, render_svg
+from profiler.report.graph import END, MAX_NODES, START, WorkflowGraph, collapse_rare, edge_rows, pool, render_svg
+from profiler.report.roles import DEFAULT_RULES, GROUP_ABOVE, RoleMap, RoleRule, group_roles, role_paths
 
 #: Sampled workflows per type for the graph's edge probabilities.
 MAX_GRAPH_WORKFLOWS = 20_000
@@ -35,21 +36,54 @@ MIN_EDGE_P = 0.01
 STRIP_ROWS = 40
 #: Workflows drawn as a timeline per workflow type.
 TIMELINES = 3
+#: Workflow shapes listed under the regex.
+PATH_SHAPES = 8
+#: Calibration curves per workflow type (roles and the busiest agents).
+MAX_CURVES = 8
 #: Agents with fewer held-out calls are pooled into one bar of the evaluation chart.
 EVAL_MIN_CALLS = 5
 
 
-def _graph_section(wt: str, section: dict | None, con, notes: list[str]) -> str:
+def _agent_calls(wt: str, data: dict, con) -> dict[str, int]:
+    """Calls per agent of a type: from the store, else from the profile's bands."""
+    if con is not None:
+        rows = con.execute("SELECT agent_id, count(*) FROM store.calls WHERE workflow_type_id = ? "
+                           "GROUP BY agent_id", [wt]).fetchall()
+        if rows:
+            return {a: int(n) for a, n in rows}
+    bands = ((data.get("output_length") or {}).get("agents") or {}).get(wt, {})
+    return {a: int(b.get("n", 0)) for a, b in bands.items()}
+
+
+def _roles_block(roles: RoleMap, calls: dict[str, int]) -> str:
+    """What the grouping did: the rules, and per role its agents and calls."""
+    if not roles.active:
+        return ""
+    rules = "; ".join(f"<code>{escape(r.pattern)}</code> → {escape(r.role)}" for r in roles.rules)
+    rows = []
+    for role, members in roles.members.items():
+        names = ", ".join(members)
+        rows.append((role, len(members), sum(calls.get(m, 0) for m in members),
+                     f"<details><summary>{escape(', '.join(members[:4]))}"
+                     f"{' …' if len(members) > 4 else ''}</summary>{escape(names)}</details>"))
+    alone = sum(1 for a, r in roles.role_of.items() if a == r)
+    kept = f" and {_count(alone, 'agent')} no rule pools" if alone else ""
+    return (f'<p class="note">{len(roles.role_of)} agents drawn as '
+            f'{_count(len(roles.members), "role")}{kept}, each agent taking the role of the first name rule '
+            f'it matches: {rules}. Change the rules with <code>profiler report --group \'REGEX=ROLE\'</code> '
+            '(repeatable) or turn them off with <code>--no-group</code>; the profile itself stays per '
+            'agent.</p>' + page.table(["role", "agents", "calls", "agents (most calls first)"], rows,
+                                      numeric={1, 2}, raw={3}))
+
+
+def _graph_section(wt: str, section: dict | None, seqs: list, total: int, roles: RoleMap,
+                   notes: list[str], show_pruned: bool) -> str:
     pfa = (section or {}).get("pfa")
     graph = None
-    if con is not None:
-        from profiler.report.data import symbol_sequences
-
-        seqs, total = symbol_sequences(con, wt, MAX_GRAPH_WORKFLOWS)
-        if seqs:
-            graph = WorkflowGraph.from_symbol_sequences(wt, seqs, pfa)
-            if total > len(seqs):
-                notes.append(f"edge probabilities from a sample of {len(seqs):,} of {total:,} workflows")
+    if seqs:
+        graph = WorkflowGraph.from_symbol_sequences(wt, seqs, pfa)
+        if total > len(seqs):
+            notes.append(f"edge probabilities from a sample of {len(seqs):,} of {total:,} workflows")
     if graph is None and pfa is not None:
         graph = WorkflowGraph.from_pfa(wt, pfa)
         notes.append("edge probabilities from the automaton's counts (no store data for this type); "
@@ -57,38 +91,90 @@ def _graph_section(wt: str, section: dict | None, con, notes: list[str]) -> str:
     if graph is None:
         return '<p class="note">No workflow data and no synthesized automaton for this type.</p>'
     gid = page.slug(wt) + "-graph"
-    shown = collapse_rare(graph)
-    if shown is not graph:
-        (other, rest), = shown.merged.items()
-        notes.append(f"the {len(rest)} agents beyond the {len(shown.nodes) - 3} busiest are pooled "
+    shown = pool(graph, roles.symbol, roles.members) if roles.active else graph
+    pooled = collapse_rare(shown)
+    if pooled is not shown:
+        other = next(k for k in pooled.merged if k not in shown.merged)
+        notes.append(f"the {len(pooled.merged[other])} nodes beyond the {MAX_NODES} busiest are pooled "
                      f"into \"{other}\" (hover it for their names; every transition is in the table)")
+    shown = pooled
+    if not show_pruned and shown.pruned:
+        lone = [n for n in shown.nodes if n not in (START, END) and not any(
+            n in e and e not in shown.pruned and p >= MIN_EDGE_P for e, p in shown.edges.items())]
+        if lone:
+            notes.append(f"{', '.join(lone)}: every transition in or out was pruned from the automaton "
+                         "(tick \"show pruned edges\" to draw them)")
     n_rare = sum(1 for p in shown.edges.values() if p < MIN_EDGE_P)
+    n_pruned = len(shown.pruned)
+    checked = " checked" if show_pruned else ""
     out = [f'<div class="legend note"><span><i class="swatch"></i>kept transition</span>'
            f'<span><i class="swatch pruned"></i>pruned from the automaton</span>'
            f'<span><i class="swatch back"></i>loop back</span>'
            f'<span>line width ∝ probability; hover for counts</span>'
-           f'<label><input type="checkbox" class="toggle-pruned" data-target="{gid}-box" checked> '
-           f'show pruned edges</label>'
+           f'<label><input type="checkbox" class="toggle-pruned" data-target="{gid}-box"{checked}> '
+           f'show pruned edges ({n_pruned})</label>'
            f'<label><input type="checkbox" class="toggle-rare" data-target="{gid}-box"> '
            f'show rare edges (p &lt; {MIN_EDGE_P:g}: {n_rare})</label></div>',
-           f'<div class="graph-box" id="{gid}-box">{render_svg(shown, gid, MIN_EDGE_P)}</div>']
+           f'<div class="graph-box" id="{gid}-box">{render_svg(shown, gid, MIN_EDGE_P, show_pruned)}</div>']
     rows = edge_rows(graph)
-    out.append(f"<details><summary class=\"note\">all {len(rows)} transitions "
+    out.append(f"<details><summary class=\"note\">all {len(rows)} transitions between agents "
                f"({len(graph.pruned)} pruned)</summary>"
                + page.table(["from", "to", "p", "count", "pruned"], rows, numeric={2, 3},
                             row_classes=["pruned" if r[4] else "" for r in rows]) + "</details>")
     return "".join(out)
 
 
-def _regex_block(section: dict | None) -> str:
+def _regex_block(section: dict | None, seqs: list, roles: RoleMap) -> str:
+    """The bounded regex with how much it covers, and the most common workflow shapes (over
+    roles, runs folded) with their cumulative coverage: what the regex leaves out."""
     if not section:
         return '<p class="note">No synthesized workflow section (the <code>workflows</code> builder did not run).</p>'
     states = section.get("states") or {}
-    facts = [f"training acceptance {section.get('train_acceptance', float('nan')):.1%}",
-             f"{states.get('learned', '?')} learned → {states.get('pruned', '?')} pruned states",
+    n = section.get("workflows")
+    cov = section.get("train_regex_acceptance", section.get("train_acceptance"))
+    cover = (f'<p class="coverage"><b>path coverage: the regex accepts {cov:.1%} of the '
+             f'{n:,} training workflows</b>' if cov is not None and n else '<p class="coverage">')
+    if cov is not None and n and section.get("train_acceptance") is not None:
+        cover += f' · the pruned automaton {section["train_acceptance"]:.1%}'
+    cover += "</p>"
+    facts = [f"{states.get('learned', '?')} learned → {states.get('pruned', '?')} pruned states",
              f"prune threshold {(section.get('params') or {}).get('prune', '?')}"]
-    return (f'<code class="regex">{escape(section.get("regex", ""))}</code>'
-            f'<p class="note">{" · ".join(escape(f) for f in facts)}</p>')
+    shapes = ""
+    if seqs:
+        rows, total = role_paths(seqs, roles, PATH_SHAPES)
+        what = "roles" if roles.active else "agents"
+        shapes = (f'<p class="note">The {len(rows)} most common workflow shapes over {what} (a run of '
+                  f'one {what[:-1]} folded to <code>+</code>), of {total:,} workflows, with their cumulative '
+                  'coverage:</p>' + page.table(["shape", "workflows", "cumulative coverage"],
+                                                [(s, k, f"{c:.1%}") for s, k, c in rows], numeric={1, 2}))
+    return (f'<code class="regex">{escape(section.get("regex", ""))}</code>{cover}'
+            f'<p class="note">{" · ".join(escape(f) for f in facts)}</p>{shapes}')
+
+
+def _load_block(wt: str, con) -> str:
+    """Context growth, cached-token share, and arrivals/concurrency over time."""
+    from profiler.report import figures
+    from profiler.report.data import context_growth, load_over_time
+
+    if con is None:
+        return '<p class="note">Context and load plots need the store.</p>'
+    figs, notes = [], []
+    cg = context_growth(con, wt)
+    if cg is None:
+        notes.append("no input token counts in this log: no context-growth plot")
+    else:
+        figs.append(page.figure(figures.context_growth(cg), "context growth per workflow", wide=True))
+        if cg.cached_share is not None:
+            figs.append(page.figure(figures.cached_share(cg), "cached-token share", wide=True))
+        else:
+            notes.append("no call reports cached_tokens: no cached-token share")
+    ld = load_over_time(con, wt)
+    if ld is None:
+        notes.append("this log has no real times (order only): no arrivals or concurrency over time")
+    else:
+        figs.append(page.figure(figures.load_over_time(ld), "arrivals and concurrency over time", wide=True))
+    note = f'<p class="note">{escape("; ".join(notes))}.</p>' if notes else ""
+    return f'<div class="grid">{"".join(figs)}</div>{note}'
 
 
 def _count(n: int, noun: str) -> str:
@@ -110,12 +196,14 @@ def _badge_text(notes: list[str]) -> str:
 
 
 def _calibration_table(wt: str, bands: dict, warned: dict, inside: dict[str, int] | None,
-                       stored_n: dict[str, int] | None) -> str:
+                       stored_n: dict[str, int] | None, roles: RoleMap | None = None) -> str:
     """Per agent: the served band, how it was chosen, its held-out (cross-validated) coverage and
     width, the share of stored calls inside it, and a badge when it is wider than its parent's.
     Agents with fewer than ``SMALL_N`` calls are folded into a second table (a team of experts
     can have a hundred of those)."""
     from profiler.report.data import SMALL_N
+
+    grouped = roles is not None and roles.active
 
     def rows_of(items):
         rows, classes = [], []
@@ -126,13 +214,17 @@ def _calibration_table(wt: str, bands: dict, warned: dict, inside: dict[str, int
             served = "conditional" if b.get("conditional") else b.get("level", "")
             stored = (f"{inside[agent] / stored_n[agent]:.1%}" if inside is not None and stored_n
                       and stored_n.get(agent) and agent in inside else None)
-            rows.append((agent, b["n"], f"[{b['lo']:,}, {b['hi']:,}]", served, chosen,
-                         cand.get("coverage"), cand.get("mean_width"), stored,
-                         _badge(warned[agent]) if agent in warned else ""))
+            row = (agent, b["n"], f"[{b['lo']:,}, {b['hi']:,}]", served, chosen,
+                   cand.get("coverage"), cand.get("mean_width"), stored,
+                   _badge(warned[agent]) if agent in warned else "")
+            rows.append(row if not grouped else (row[0], roles.role_of.get(agent, agent), *row[1:]))
             classes.append("warn" if agent in warned else "")
-        return page.table(["agent", "calls", "band", "served by", "chosen", "held-out coverage",
-                           "held-out width", "stored calls inside", ""], rows, numeric={1, 5, 6, 7},
-                          row_classes=classes, raw={8})
+        head = ["agent", "calls", "band", "served by", "chosen", "held-out coverage",
+                "held-out width", "stored calls inside", ""]
+        if grouped:
+            return page.table([head[0], "role", *head[1:]], rows, numeric={2, 6, 7, 8},
+                              row_classes=classes, raw={9})
+        return page.table(head, rows, numeric={1, 5, 6, 7}, row_classes=classes, raw={8})
 
     ordered = sorted(bands.items(), key=lambda kv: (-kv[1]["n"], kv[0]))
     big = [(a, b) for a, b in ordered if b["n"] >= SMALL_N]
@@ -148,7 +240,49 @@ def _calibration_table(wt: str, bands: dict, warned: dict, inside: dict[str, int
     return out
 
 
-def _output_length_block(wt: str, data: dict, con) -> str:
+def _strips(small: dict[str, list[int]], bands: dict, warned: dict) -> list[str]:
+    """Strip plots of small-sample agents, :data:`STRIP_ROWS` rows each, with their bands."""
+    from profiler.report import figures
+    from profiler.report.data import SMALL_N
+
+    names = list(small)
+    out = []
+    for k in range(0, len(names), STRIP_ROWS):
+        chunk = {a: small[a] for a in names[k:k + STRIP_ROWS]}
+        part = f" ({k // STRIP_ROWS + 1} of {-(-len(names) // STRIP_ROWS)})" if len(names) > STRIP_ROWS else ""
+        out.append(page.figure(figures.strip_plot(
+            f"agents with fewer than {SMALL_N} calls: every call{part}", chunk, "output tokens",
+            {a: (bands[a]["lo"], bands[a]["hi"]) for a in chunk if a in bands}, "served band",
+            flagged=set(warned)), f"output lengths of small-sample agents{part}", wide=True))
+    return out
+
+
+def _calibration_curves(wt: str, con, hists: dict, roles: RoleMap, nominal: float | None) -> str:
+    """One chart: observed vs nominal coverage of each role (pooled) and of the busiest agents
+    with at least ``SMALL_N`` calls, up to :data:`MAX_CURVES` lines."""
+    from profiler.report import figures
+    from profiler.report.data import CALIBRATION_FOLDS, CALIBRATION_LEVELS, SMALL_N, calibration_curves
+
+    groups: dict[str, list[str]] = {f"{r} (pooled)": m for r, m in roles.members.items()}
+    for h in sorted(hists.values(), key=lambda h: (-h.n, h.agent)):
+        if len(groups) >= MAX_CURVES:
+            break
+        if h.n >= SMALL_N:
+            groups[h.agent] = [h.agent]
+    curves = calibration_curves(con, wt, groups)
+    if not curves:
+        return ""
+    return (page.figure(figures.calibration_curves(
+        curves, CALIBRATION_LEVELS, nominal,
+        f"band calibration: nominal vs observed coverage ({CALIBRATION_FOLDS}-fold by workflow)"),
+        "coverage calibration curve per agent", wide=True)
+        + f'<p class="note">Each line: the order-statistic band (the profile\'s marginal rule) fit at '
+        f'nominal {", ".join(f"{x:g}" for x in CALIBRATION_LEVELS)} on the other folds\' workflows and '
+        'scored on the held-out fold\'s; below the dashed diagonal the band covers less than it promises. '
+        'Roles pool their agents\' calls into one band (what an agent with too few calls falls back to).</p>')
+
+
+def _output_length_block(wt: str, data: dict, con, roles: RoleMap) -> str:
     from profiler.report import figures
     from profiler.report.data import SMALL_N, band_coverage, output_histograms, small_sample_outputs
 
@@ -163,10 +297,10 @@ def _output_length_block(wt: str, data: dict, con) -> str:
             f'band wider than their workflow type\'s or the global band; {len(warned) - wider} more '
             f'are served a fallback band (too few calls to validate; hover the badge).</p>')
     if con is None:
-        return head + _calibration_table(wt, bands, warned, None, None)
+        return head + _calibration_table(wt, bands, warned, None, None, roles)
     hists = output_histograms(con, wt)
     inside = band_coverage(con, wt, {a: (b["lo"], b["hi"]) for a, b in bands.items()})
-    table = _calibration_table(wt, bands, warned, inside, {a: h.n for a, h in hists.items()})
+    table = _calibration_table(wt, bands, warned, inside, {a: h.n for a, h in hists.items()}, roles)
     figs = []
     big = sorted((h for h in hists.values() if h.n >= SMALL_N), key=lambda h: (-h.n, h.agent))
     for h in big[:MAX_CHARTS]:
@@ -177,19 +311,26 @@ def _output_length_block(wt: str, data: dict, con) -> str:
     more = len(big) - MAX_CHARTS
     tail = f'<p class="note">{more} more agents not drawn (see the table).</p>' if more > 0 else ""
     small = small_sample_outputs(con, wt, SMALL_N)
-    strips = []
-    names = list(small)
-    for k in range(0, len(names), STRIP_ROWS):
-        chunk = {a: small[a] for a in names[k:k + STRIP_ROWS]}
-        part = f" ({k // STRIP_ROWS + 1} of {-(-len(names) // STRIP_ROWS)})" if len(names) > STRIP_ROWS else ""
-        strips.append(page.figure(figures.strip_plot(
-            f"agents with fewer than {SMALL_N} calls: every call{part}", chunk, "output tokens",
-            {a: (bands[a]["lo"], bands[a]["hi"]) for a in chunk if a in bands}, "served band",
-            flagged=set(warned)), f"output lengths of small-sample agents{part}", wide=True))
-    small_html = (f'<p class="note">{_count(len(small), "agent")} with fewer than {SMALL_N} calls: each call is '
-                  f'a dot (no histogram of so few points); ⚠ marks a band wider than its parent\'s.</p>'
-                  + "".join(strips)) if small else ""
-    return f'{head}{table}<div class="grid">{"".join(figs)}</div>{tail}{small_html}'
+    strips = _strips(small, bands, warned)
+    small_html = ""
+    if small and roles.active:
+        pooled: dict[str, list[int]] = {}
+        for a, vals in small.items():
+            pooled.setdefault(roles.role_of.get(a, a), []).extend(vals)
+        pooled = dict(sorted(pooled.items(), key=lambda kv: (-len(kv[1]), kv[0])))
+        role_strip = page.figure(figures.strip_plot(
+            f"agents with fewer than {SMALL_N} calls, pooled by role: every call", pooled, "output tokens"),
+            "output lengths of small-sample agents by role", wide=True)
+        small_html = (f'<p class="note">{_count(len(small), "agent")} with fewer than {SMALL_N} calls, drawn '
+                      f'by role ({len(pooled)} rows, each dot a call); one row per agent with its served band '
+                      f'folds out below.</p>{role_strip}<details><summary class="note">every small-sample '
+                      f'agent on its own row ({len(strips)} plots)</summary>{"".join(strips)}</details>')
+    elif small:
+        small_html = (f'<p class="note">{_count(len(small), "agent")} with fewer than {SMALL_N} calls: each call is '
+                      f'a dot (no histogram of so few points); ⚠ marks a band wider than its parent\'s.</p>'
+                      + "".join(strips))
+    curves_html = _calibration_curves(wt, con, hists, roles, nominal)
+    return f'{head}{table}{curves_html}<div class="grid">{"".join(figs)}</div>{tail}{small_html}'
 
 
 def _tool_block(wt: str, data: dict, con) -> str:
@@ -343,10 +484,16 @@ def _eval_section(profile, eval_logs: Sequence[Path]) -> str:
 
 
 def build_report(profile_path: str | Path, out: str | Path, *, db: str | Path | None = None,
-                 eval_logs: Sequence[str | Path] | None = None) -> Path:
-    """Write the HTML report of the profile at ``profile_path`` to ``out``; returns ``out``."""
+                 eval_logs: Sequence[str | Path] | None = None,
+                 group_rules: Sequence[RoleRule] | None = DEFAULT_RULES, group_above: int = GROUP_ABOVE,
+                 show_pruned: bool = False) -> Path:
+    """Write the HTML report of the profile at ``profile_path`` to ``out``; returns ``out``.
+
+    ``group_rules``: name rules that pool the agents of a team of more than ``group_above`` agents
+    into roles (:mod:`profiler.report.roles`; ``None`` or empty: no grouping). ``show_pruned``: draw the
+    transitions the pruned automaton dropped from the start (the page's checkbox still toggles)."""
     from profiler.profile_artifact import load_profile, store_path
-    from profiler.report.data import StoreUnavailable, open_store, store_counts
+    from profiler.report.data import StoreUnavailable, open_store, store_counts, symbol_sequences
 
     profile = load_profile(profile_path)
     data, manifest = profile.data, profile.manifest
@@ -367,15 +514,20 @@ def build_report(profile_path: str | Path, out: str | Path, *, db: str | Path | 
             section = workflows.get(wt)
             info = (data.get("workflow_types") or {}).get(wt, {})
             notes: list[str] = []
-            graph_html = _graph_section(wt, section, con, notes)
+            calls = _agent_calls(wt, data, con)
+            roles = group_roles(calls, tuple(group_rules or ()), group_above)
+            seqs, total = symbol_sequences(con, wt, MAX_GRAPH_WORKFLOWS) if con is not None else ([], 0)
+            graph_html = _graph_section(wt, section, seqs, total, roles, notes, show_pruned)
             note_html = f'<p class="note">{escape("; ".join(notes))}</p>' if notes else ""
+            roles_html = f"<h3>Roles</h3>{_roles_block(roles, calls)}" if roles.active else ""
             body.append(
                 f'<section class="wt" id="{page.slug(wt)}"><h2>{escape(wt)}</h2>'
                 f'<p class="note">{info.get("workflows", 0):,} workflows, {info.get("calls", 0):,} calls '
-                f'in the profile</p>'
+                f'in the profile</p>{roles_html}'
                 f"<h3>Workflow graph</h3>{graph_html}{note_html}"
-                f"<h3>Dominant paths (regex)</h3>{_regex_block(section)}"
-                f"<h3>Output length per agent</h3>{_output_length_block(wt, data, con)}"
+                f"<h3>Dominant paths (regex)</h3>{_regex_block(section, seqs, roles)}"
+                f"<h3>Context and load</h3>{_load_block(wt, con)}"
+                f"<h3>Output length per agent</h3>{_output_length_block(wt, data, con, roles)}"
                 f"<h3>Tool latency</h3>{_tool_block(wt, data, con)}"
                 f"<h3>Timelines</h3>{_timeline_block(wt, con)}</section>")
         if eval_logs:

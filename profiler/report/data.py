@@ -205,3 +205,170 @@ def sample_timelines(con: duckdb.DuckDBPyConnection, workflow_type: str, k: int 
             out.append(Timeline(wid, [(c[0], c[1] - t0, c[2] - t0) for c in calls],
                                 [(t, s - t0, e - t0) for t, s, e in tools], True))
     return out
+
+
+# ------------------------------------------------------------------ context, cache and load
+@dataclass
+class ContextGrowth:
+    """Input tokens by call index over the workflows of a type.
+
+    ``index``: call positions (0 = a workflow's first call) seen in at least ``MIN_AT_INDEX``
+    workflows; ``q10``/``q50``/``q90``: quantiles of ``input_tokens`` at each; ``n``: workflows
+    reaching it. ``lines``: a deterministic sample of whole workflows (call index, input tokens).
+    ``cached_share[i]``: Σ cached_tokens / Σ input_tokens at each index over the calls that
+    report ``cached_tokens`` (``None`` when no call of the type does); ``cached_calls``, ``calls``:
+    how many calls report it, of all.
+    """
+
+    index: np.ndarray
+    q10: np.ndarray
+    q50: np.ndarray
+    q90: np.ndarray
+    n: np.ndarray
+    lines: list[tuple[np.ndarray, np.ndarray]]
+    cached_share: np.ndarray | None
+    cached_calls: int
+    calls: int
+    cached_total_share: float | None
+
+
+#: A call index enters the context-growth quantiles only when this many workflows reach it.
+MIN_AT_INDEX = 3
+
+
+def context_growth(con: duckdb.DuckDBPyConnection, workflow_type: str, lines: int = 40) -> ContextGrowth | None:
+    """Input tokens (and the cached share of them) by call index, in a few grouped queries."""
+    rows = con.execute("""
+        SELECT call_index, count(DISTINCT workflow_id), quantile_cont(input_tokens, [0.1, 0.5, 0.9]),
+               sum(cached_tokens) FILTER (WHERE cached_tokens IS NOT NULL),
+               sum(input_tokens) FILTER (WHERE cached_tokens IS NOT NULL)
+        FROM store.calls WHERE workflow_type_id = ? AND input_tokens IS NOT NULL AND call_index IS NOT NULL
+        GROUP BY call_index ORDER BY call_index
+    """, [workflow_type]).fetchall()
+    if not rows:
+        return None
+    calls, cached_calls, cached_sum, cached_in = con.execute("""
+        SELECT count(*), count(cached_tokens), coalesce(sum(cached_tokens), 0),
+               coalesce(sum(input_tokens) FILTER (WHERE cached_tokens IS NOT NULL), 0)
+        FROM store.calls WHERE workflow_type_id = ? AND input_tokens IS NOT NULL
+    """, [workflow_type]).fetchone()
+    keep = [r for r in rows if r[1] >= MIN_AT_INDEX] or rows[:1]
+    q = np.array([r[2] for r in keep], dtype=float)
+    share = None
+    if cached_calls:
+        share = np.array([(r[3] / r[4]) if r[4] else np.nan for r in keep], dtype=float)
+    sample = con.execute("""
+        SELECT list(call_index ORDER BY call_index), list(input_tokens ORDER BY call_index)
+        FROM store.calls WHERE workflow_type_id = $wt AND input_tokens IS NOT NULL AND call_index IS NOT NULL
+          AND workflow_id IN (SELECT DISTINCT workflow_id FROM store.calls WHERE workflow_type_id = $wt
+                              ORDER BY hash(workflow_id), workflow_id LIMIT $n)
+        GROUP BY workflow_id ORDER BY workflow_id
+    """, {"wt": workflow_type, "n": int(lines)}).fetchall()
+    return ContextGrowth(np.array([r[0] for r in keep]), q[:, 0], q[:, 1], q[:, 2],
+                         np.array([r[1] for r in keep]),
+                         [(np.asarray(i, dtype=float), np.asarray(t, dtype=float)) for i, t in sample],
+                         share, int(cached_calls), int(calls),
+                         float(cached_sum) / float(cached_in) if cached_in else None)
+
+
+@dataclass
+class Load:
+    """Arrivals and concurrency of one workflow type over its log's time span.
+
+    ``t``: seconds since the first call at ``len(t)`` evenly spaced instants; ``calls`` and
+    ``workflows``: calls running and workflows open (first arrival ≤ t < last finish) at each;
+    ``arrivals``: workflows started in each bin ``[t_k, t_k+1)`` (one fewer value than ``t``).
+    """
+
+    t: np.ndarray
+    calls: np.ndarray
+    workflows: np.ndarray
+    arrivals: np.ndarray
+    bin_s: float
+
+
+def has_real_times(con: duckdb.DuckDBPyConnection, workflow_type: str) -> bool:
+    """False for order-only logs (``extra.timing = synthetic_order``, or no finish times)."""
+    synthetic, timed = con.execute("""
+        SELECT count(*) FILTER (WHERE json_extract_string(extra, '$.timing') = 'synthetic_order'),
+               count(*) FILTER (WHERE t_arrival IS NOT NULL AND t_finish IS NOT NULL AND t_finish > t_arrival)
+        FROM store.calls WHERE workflow_type_id = ?
+    """, [workflow_type]).fetchone()
+    return synthetic == 0 and timed > 0
+
+
+def load_over_time(con: duckdb.DuckDBPyConnection, workflow_type: str, points: int = 200) -> Load | None:
+    """Calls in flight, open workflows and workflow arrivals over time, sampled at ``points``
+    instants by range joins in DuckDB (no per-call data leaves the database). ``None`` for
+    order-only logs, whose times are not times."""
+    if not has_real_times(con, workflow_type):
+        return None
+    t0, t1 = con.execute("SELECT min(t_arrival), max(t_finish) FROM store.calls WHERE workflow_type_id = ?",
+                         [workflow_type]).fetchone()
+    if t0 is None or t1 is None or t1 <= t0:
+        return None
+    grid = np.linspace(float(t0), float(t1), points)
+    con.execute("CREATE OR REPLACE TEMP TABLE _grid AS SELECT unnest(?::DOUBLE[]) AS t", [grid.tolist()])
+    try:
+        calls = dict(con.execute("""
+            SELECT g.t, count(c.t_arrival) FROM _grid g LEFT JOIN store.calls c
+              ON c.workflow_type_id = $wt AND c.t_arrival <= g.t AND c.t_finish > g.t GROUP BY g.t
+        """, {"wt": workflow_type}).fetchall())
+        wfs = dict(con.execute("""
+            WITH w AS (SELECT min(t_arrival) AS s, max(coalesce(t_finish, t_arrival)) AS e
+                       FROM store.calls WHERE workflow_type_id = $wt GROUP BY workflow_id)
+            SELECT g.t, count(w.s) FROM _grid g LEFT JOIN w ON w.s <= g.t AND w.e > g.t GROUP BY g.t
+        """, {"wt": workflow_type}).fetchall())
+    finally:
+        con.execute("DROP TABLE IF EXISTS _grid")
+    starts = np.array([r[0] for r in con.execute(
+        "SELECT min(t_arrival) FROM store.calls WHERE workflow_type_id = ? GROUP BY workflow_id",
+        [workflow_type]).fetchall()], dtype=float)
+    arrivals, _ = np.histogram(starts, bins=grid)
+    return Load(grid - t0, np.array([calls[t] for t in grid]), np.array([wfs[t] for t in grid]),
+                arrivals, float(grid[1] - grid[0]))
+
+
+# ----------------------------------------------------------------------- calibration curves
+#: Nominal coverages at which the calibration curves are drawn.
+CALIBRATION_LEVELS = (0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99)
+#: Folds (by workflow) of the cross-validated calibration curves.
+CALIBRATION_FOLDS = 5
+
+
+def calibration_curves(con: duckdb.DuckDBPyConnection, workflow_type: str, groups: dict[str, list[str]],
+                       levels: tuple[float, ...] = CALIBRATION_LEVELS, folds: int = CALIBRATION_FOLDS,
+                       max_workflows: int = 20_000, seed: int = 0) -> dict[str, tuple[np.ndarray, int]]:
+    """Observed vs nominal coverage of the order-statistic output-length band
+    (:func:`predictors.band_selection.order_stat_bands`, the profile's marginal band rule),
+    cross-validated by workflow: per group (a name -> the agents whose calls it pools; one agent
+    per group for a per-agent curve), the band at each nominal level is fit on the other folds'
+    calls and scored on the held-out fold's. Returns group -> (observed coverage per level,
+    held-out calls). Reads a deterministic sample of at most ``max_workflows`` workflows."""
+    from predictors.band_selection import ceiling_of, order_stat_bands, workflow_folds
+
+    arr = con.execute("""
+        SELECT agent_id, workflow_id, output_tokens FROM store.calls
+        WHERE workflow_type_id = $wt AND status = 'ok' AND output_tokens IS NOT NULL
+          AND workflow_id IN (SELECT DISTINCT workflow_id FROM store.calls WHERE workflow_type_id = $wt
+                              ORDER BY hash(workflow_id), workflow_id LIMIT $n)
+    """, {"wt": workflow_type, "n": int(max_workflows)}).fetchnumpy()
+    if not len(arr["agent_id"]):
+        return {}
+    agent = np.asarray(arr["agent_id"], dtype=object)
+    fold = workflow_folds(np.asarray(arr["workflow_id"], dtype=object), folds, seed)
+    y = np.asarray(arr["output_tokens"], dtype=float)
+    out: dict[str, tuple[np.ndarray, int]] = {}
+    for name, members in groups.items():
+        mask = np.isin(agent, members)
+        hits, total = np.zeros(len(levels)), 0
+        for k in range(folds):
+            train, test = y[mask & (fold != k)], y[mask & (fold == k)]
+            if not len(train) or not len(test):
+                continue
+            for j, (lo, hi) in enumerate(order_stat_bands(train, levels, ceiling_of(train))):
+                hits[j] += np.count_nonzero((test >= lo) & (test <= hi))
+            total += len(test)
+        if total:
+            out[name] = (hits / total, total)
+    return out

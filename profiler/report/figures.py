@@ -12,6 +12,7 @@ import math
 from typing import Any, Callable
 
 import numpy as np
+from matplotlib.ticker import MaxNLocator
 
 from profiler.report.data import CDF_LEVELS, Histogram
 from profiler.report.layout import wrap_label
@@ -242,4 +243,87 @@ def grouped_bars(title: str, labels: list[str], series: dict[str, list[float]], 
     ax.set_xlabel(xlabel)
     ax.legend(fontsize=7, frameon=False, loc="lower left", bbox_to_anchor=(0, 1.0), ncol=min(k, 3))
     ax.set_title(title, fontsize=10, loc="left", pad=18 + 10 * ((k - 1) // 3))
+    return to_data_uri(fig)
+
+
+def context_growth(cg: Any) -> str:
+    """Input tokens by call index (:class:`profiler.report.data.ContextGrowth`): a thin grey line
+    per sampled workflow, the median across workflows and its 10–90 % band."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6.4, 2.8))
+    for idx, tok in cg.lines:
+        ax.plot(idx, tok, color=DATA_COLOR, lw=0.6, alpha=0.25)
+    ax.fill_between(cg.index, cg.q10, cg.q90, color=FIT_COLOR, alpha=0.15, lw=0, label="10–90 % of workflows")
+    ax.plot(cg.index, cg.q50, color=FIT_COLOR, lw=2, label="median")
+    ax.plot([], [], color=DATA_COLOR, lw=0.6, alpha=0.5, label=f"one workflow ({len(cg.lines)} shown)")
+    ax.set_xlabel("call index in the workflow")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_ylabel("input tokens")
+    ax.set_ylim(bottom=0)
+    ax.legend(fontsize=7, frameon=False, loc="lower left", bbox_to_anchor=(0, 1.0), ncol=3)
+    ax.set_title("context growth: input tokens by call index", fontsize=10, loc="left", pad=18)
+    ax.grid(color="#edf2f7", lw=0.6)
+    return to_data_uri(fig)
+
+
+def cached_share(cg: Any) -> str:
+    """Share of input tokens served from the prefix cache (Σ cached / Σ input) by call index."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6.4, 2.4))
+    ax.plot(cg.index, cg.cached_share, color=BAND_COLOR, lw=1.8, marker="o", ms=3)
+    ax.set_ylim(0, 1.02)
+    ax.set_xlabel("call index in the workflow")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_ylabel("cached / input tokens")
+    total = f"{cg.cached_total_share:.1%}" if cg.cached_total_share is not None else "–"
+    ax.set_title("cached-token share by call index", fontsize=10, loc="left", pad=16)
+    ax.text(0, 1.01, f"{total} of input tokens cached overall · {cg.cached_calls:,} of {cg.calls:,} calls "
+            "report cached_tokens", transform=ax.transAxes, fontsize=7, color="#2d3748", va="bottom")
+    ax.grid(color="#edf2f7", lw=0.6)
+    return to_data_uri(fig)
+
+
+def load_over_time(ld: Any) -> str:
+    """Workflow arrivals per bin (bars) and, on the same time axis, calls in flight and open
+    workflows (:class:`profiler.report.data.Load`)."""
+    plt = _pyplot()
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(6.8, 3.6), sharex=True,
+                                      gridspec_kw={"height_ratios": [1, 1.6]})
+    top.bar(ld.t[:-1], ld.arrivals, width=ld.bin_s, align="edge", color=DATA_COLOR, alpha=0.75)
+    top.set_ylabel("arrivals", fontsize=8)
+    top.set_title(f"workflow arrivals per {ld.bin_s:,.3g} s and concurrency", fontsize=10, loc="left")
+    fig.subplots_adjust(hspace=0.35)
+    bottom.step(ld.t, ld.calls, where="post", color=FIT_COLOR, lw=1.4, label="calls in flight")
+    bottom.step(ld.t, ld.workflows, where="post", color=BAND_COLOR, lw=1.4, label="open workflows")
+    bottom.set_ylim(bottom=0)
+    bottom.set_xlabel("seconds since the first call")
+    bottom.set_ylabel("concurrent", fontsize=8)
+    bottom.legend(fontsize=7, frameon=False, loc="lower left", bbox_to_anchor=(0, 1.0), ncol=2)
+    for ax in (top, bottom):
+        ax.grid(color="#edf2f7", lw=0.6)
+    return to_data_uri(fig)
+
+
+def calibration_curves(curves: dict[str, tuple[np.ndarray, int]], levels: tuple[float, ...],
+                       nominal: float | None, title: str) -> str:
+    """Observed vs nominal band coverage, one line per agent or role, the diagonal (perfect
+    calibration) dashed and the profile's nominal level dotted; below the diagonal = the band
+    covers less than it promises."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6.4, 3.4))
+    lv = np.asarray(levels)
+    ax.plot([lv[0], 1], [lv[0], 1], color="#2d3748", lw=1, ls="--", label="perfectly calibrated")
+    palette = plt.get_cmap("tab10")
+    for k, (name, (obs, n)) in enumerate(curves.items()):
+        ax.plot(lv, obs, marker="o", ms=3, lw=1.4, color=palette(k % 10), label=f"{_wrap(name, 30)} (n {n:,})")
+    if nominal is not None:
+        ax.axvline(nominal, color="#718096", lw=0.8, ls=":")
+    lo = min([lv[0]] + [float(np.min(o)) for o, _ in curves.values()])
+    ax.set_xlim(lv[0] - 0.02, 1.0)
+    ax.set_ylim(max(0.0, lo - 0.05), 1.01)
+    ax.set_xlabel("nominal coverage")
+    ax.set_ylabel("observed coverage (held-out)")
+    ax.set_title(title, fontsize=10, loc="left")
+    ax.legend(fontsize=7, frameon=False, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    ax.grid(color="#edf2f7", lw=0.6)
     return to_data_uri(fig)

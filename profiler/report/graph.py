@@ -22,7 +22,7 @@ import math
 from collections import Counter
 from dataclasses import dataclass, field
 from html import escape
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Mapping, Sequence
 
 from profiler.report.layout import LINE_H, layered_layout
 
@@ -133,33 +133,43 @@ def _order_by_reachability(pfa: dict) -> list[str]:
 MAX_NODES = 16
 
 
+def pool(graph: WorkflowGraph, name_of: Callable[[str], str],
+         merged: Mapping[str, list[str]] | None = None) -> WorkflowGraph:
+    """The graph with every node ``n`` renamed ``name_of(n)`` and nodes of one name merged: steps
+    and transition counts add up, ``P(b | a) = Σ count / Σ steps`` (so each node's outgoing
+    probabilities still sum to 1; a transition between two members of one group becomes a
+    self-loop). A merged edge is pruned only if every edge it pools was pruned. ``merged`` (pooled
+    node -> names behind it) is kept for the tooltips. ``START``/``END`` are never renamed."""
+    def name(n: str) -> str:
+        return n if n in (START, END) else name_of(n)
+
+    steps: Counter = Counter()
+    for n, k in graph.steps.items():
+        steps[name(n)] += k
+    counts: Counter = Counter()
+    all_pruned: dict[tuple[str, str], bool] = {}
+    for (a, b), c in graph.counts.items():
+        e = (name(a), name(b))
+        counts[e] += c
+        all_pruned[e] = all_pruned.get(e, True) and (a, b) in graph.pruned
+    edges = {e: c / steps[e[0]] for e, c in counts.items() if steps[e[0]]}
+    nodes = list(dict.fromkeys(name(n) for n in graph.nodes if n != END)) + [END]
+    return WorkflowGraph(graph.workflow_type, nodes, dict(steps), edges, dict(counts),
+                         {e for e, p in all_pruned.items() if p and e in edges}, graph.workflows,
+                         merged={**graph.merged, **dict(merged or {})})
+
+
 def collapse_rare(graph: WorkflowGraph, max_nodes: int = MAX_NODES) -> WorkflowGraph:
     """The graph with only the ``max_nodes`` busiest symbols (by steps) kept as nodes and the rest
-    merged into one node ``other agents (k)``; its edges pool the counts of the merged ones
-    (``P = Σ count / Σ steps``). A merged edge is pruned only if all edges it pools were pruned.
-    ``merged`` lists the agents behind the pooled node. A graph within the limit comes back as is."""
+    merged into one node ``other agents (k)`` (:func:`pool`); ``merged`` lists the agents behind
+    the pooled node. A graph within the limit comes back as is."""
     middle = [n for n in graph.nodes if n not in (START, END)]
     if len(middle) <= max_nodes:
         return graph
     keep = set(sorted(middle, key=lambda n: (-graph.steps.get(n, 0), n))[:max_nodes])
     rest = [n for n in middle if n not in keep]
     other = f"other agents ({len(rest)})"
-    name = {n: (n if n in keep or n in (START, END) else other) for n in graph.nodes}
-    steps: Counter = Counter()
-    for n, k in graph.steps.items():
-        steps[name.get(n, other)] += k
-    counts: Counter = Counter()
-    all_pruned: dict[tuple[str, str], bool] = {}
-    for (a, b), c in graph.counts.items():
-        e = (name.get(a, other), name.get(b, other))
-        counts[e] += c
-        all_pruned[e] = all_pruned.get(e, True) and (a, b) in graph.pruned
-    edges = {e: c / steps[e[0]] for e, c in counts.items() if steps[e[0]]}
-    nodes = [START, *[n for n in middle if n in keep], other, END]
-    out = WorkflowGraph(graph.workflow_type, nodes, dict(steps), edges, dict(counts),
-                        {e for e, p in all_pruned.items() if p and e in edges}, graph.workflows,
-                        merged={other: rest})
-    return out
+    return pool(graph, lambda n: n if n in keep else other, {other: rest})
 
 
 # ------------------------------------------------------------------------------- drawing
@@ -193,18 +203,68 @@ def _overlaps(box, boxes) -> bool:
     return any(x0 < b[2] and b[0] < x1 and y0 < b[3] and b[1] < y1 for b in boxes)
 
 
-def render_svg(graph: WorkflowGraph, element_id: str, min_p: float = 0.0) -> str:
+def _label_spots(pts: list[tuple[float, float]] | None, segs: list[tuple] | None,
+                 self_loop_at: tuple[float, float] | None) -> list[tuple[float, float]]:
+    """Candidate label centres of one edge: along its middle segment first, then the others,
+    then the same points shifted sideways (a label need not sit exactly on its line)."""
+    if self_loop_at is not None:
+        x, y = self_loop_at
+        base = [(x + LABEL_W / 2 + 11, y), (x, y - 30), (x, y + 30)]  # right of the loop, above, below
+    else:
+        order = sorted(range(len(segs)), key=lambda k: abs(k - len(segs) // 2))
+        base = [_bezier(*segs[k], t) for k in order for t in (0.5, 0.35, 0.65, 0.22, 0.78, 0.1, 0.9)]
+    shift = LABEL_W / 2 + 3
+    return base + [(x + dx, y) for dx in (shift, -shift) for x, y in base]
+
+
+def render_svg(graph: WorkflowGraph, element_id: str, min_p: float = 0.0,
+               layout_pruned: bool = False) -> str:
     """The graph as an ``<svg>`` element, laid out in layers top to bottom
     (:func:`profiler.report.layout.layered_layout`): ``START`` on top, ``END`` at the bottom,
     back edges (loops of the workflow) curving up on the right, self-loops beside their node.
 
-    Edges with probability below ``min_p`` are drawn with class ``rare`` (hidden until the
-    page's checkbox shows them); pruned edges with class ``pruned`` (grey, dashed). Hover an
-    edge or node for its numbers. Nodes are as wide as their (wrapped, never cut) names.
+    Edges with probability below ``min_p`` are drawn with class ``rare``, pruned edges with class
+    ``pruned`` (grey, dashed); the page hides both until its checkboxes show them. The layout is
+    computed from the edges shown by default (kept and not rare; pruned ones too when
+    ``layout_pruned``), so that hidden edges do not bend the drawing. Hover an edge or node for
+    its numbers. Nodes are as wide as their (wrapped, never cut) names.
+
+    Edge labels never overlap a node or another label: each is put at the first free spot along
+    its edge, the labels of edges shown by default first (heaviest first), then pruned, then rare
+    ones; an edge with no free spot left has no label (its tooltip and the table still give p).
     """
-    drawn_for_layout = {e: p for e, p in graph.edges.items() if p >= min_p} or dict(graph.edges)
+    shown = {e: p for e, p in graph.edges.items()
+             if p >= min_p and (layout_pruned or e not in graph.pruned)}
+    drawn_for_layout = shown or {e: p for e, p in graph.edges.items() if p >= min_p} or dict(graph.edges)
     lay = layered_layout(graph.nodes, drawn_for_layout, START, END)
     width, height = lay.width, lay.height
+    geometry: dict[tuple[str, str], tuple[str, list[tuple[float, float]], bool]] = {}
+    for (a, b) in graph.edges:
+        back = (a, b) in lay.back_edges
+        if a == b:
+            box = lay.nodes[a]
+            r, y = box.right, box.y
+            d = f"M{r:.1f},{y - 7:.1f} C{r + 42:.1f},{y - 30:.1f} {r + 42:.1f},{y + 30:.1f} {r + 1:.1f},{y + 7:.1f}"
+            geometry[(a, b)] = (d, _label_spots(None, None, (r + 24, y + 4)), back)
+            continue
+        pts = lay.routes.get((a, b))
+        if pts is None:  # an edge outside the layout (hidden by default): from a's side to b's side
+            ba, bb = lay.nodes[a], lay.nodes[b]
+            up = bb.y < ba.y
+            pts = [(ba.x, ba.top if up else ba.bottom), (bb.x, bb.bottom if up else bb.top)]
+            back = back or up
+        d, segs = _edge_path(pts, back)
+        geometry[(a, b)] = (d, _label_spots(pts, segs, None), back)
+    taken = [(b.left - 2, b.top - 2, b.right + 2, b.bottom + 2) for b in lay.nodes.values()]
+    label_at: dict[tuple[str, str], tuple[float, float]] = {}
+    for e, p in sorted(graph.edges.items(), key=lambda kv: (kv[1] < min_p, kv[0] in graph.pruned, -kv[1], kv[0])):
+        for cx, cy in geometry[e][1]:
+            bx = (cx - LABEL_W / 2, cy - LABEL_H / 2, cx + LABEL_W / 2, cy + LABEL_H / 2)
+            if not _overlaps(bx, taken) and 0 <= bx[0] and 0 <= bx[1] and bx[3] <= height:
+                label_at[e] = (cx, cy)
+                taken.append(bx)
+                break
+    width = max([width] + [x + LABEL_W / 2 + 4 for x, _ in label_at.values()])
     parts = [f'<svg id="{escape(element_id)}" class="wf-graph" xmlns="http://www.w3.org/2000/svg" '
              f'viewBox="0 0 {width:.0f} {height:.0f}" width="{width:.0f}" height="{height:.0f}" '
              f'data-layers="{len(lay.layers)}" data-crossings="{lay.crossings}" '
@@ -215,7 +275,6 @@ def render_svg(graph: WorkflowGraph, element_id: str, min_p: float = 0.0) -> str
              f'<marker id="{element_id}-arrow-pruned" viewBox="0 0 10 10" refX="9" refY="5" markerWidth="10" '
              f'markerHeight="10" markerUnits="userSpaceOnUse" orient="auto-start-reverse"><path d="M0,0 L10,5 L0,10 z" fill="{PRUNED_COLOR}"/>'
              '</marker></defs>']
-    taken = [(b.left - 2, b.top - 2, b.right + 2, b.bottom + 2) for b in lay.nodes.values()]
     # kept edges drawn last so that they sit on top of pruned ones; rare ones first of all
     for (a, b), p in sorted(graph.edges.items(), key=lambda kv: (kv[1] >= min_p, kv[0] not in graph.pruned, kv[1])):
         pruned = (a, b) in graph.pruned
@@ -224,39 +283,19 @@ def render_svg(graph: WorkflowGraph, element_id: str, min_p: float = 0.0) -> str
         stroke = 1.2 + 5.0 * p
         marker = f"url(#{element_id}-arrow{'-pruned' if pruned else ''})"
         dash = ' stroke-dasharray="5 4"' if pruned else ""
-        back = (a, b) in lay.back_edges
+        d, _, back = geometry[(a, b)]
         cls = "edge" + (" pruned" if pruned else "") + (" rare" if rare else "") + (" back" if back else "")
         title = (f"{a} → {b}: p = {p:.3f} ({graph.counts.get((a, b), 0):,} transitions)"
                  + (" — pruned from the automaton" if pruned else "") + (" — rare" if rare else ""))
-        if a == b:
-            box = lay.nodes[a]
-            r, y = box.right, box.y
-            d = f"M{r:.1f},{y - 7:.1f} C{r + 42:.1f},{y - 30:.1f} {r + 42:.1f},{y + 30:.1f} {r + 1:.1f},{y + 7:.1f}"
-            cands = [(r + 24, y + 4)]
-        else:
-            pts = lay.routes.get((a, b))
-            if pts is None:  # a rare edge outside the layout: from a's side to b's side
-                ba, bb = lay.nodes[a], lay.nodes[b]
-                up = bb.y < ba.y
-                pts = [(ba.x, ba.top if up else ba.bottom), (bb.x, bb.bottom if up else bb.top)]
-                back = back or up
-            d, segs = _edge_path(pts, back)
-            mid = segs[len(segs) // 2]
-            cands = [_bezier(*mid, t) for t in (0.5, 0.35, 0.65, 0.22, 0.78, 0.1, 0.9)]
-        lx, ly = cands[0]
-        for cx, cy in cands:
-            bx = (cx - LABEL_W / 2, cy - LABEL_H / 2, cx + LABEL_W / 2, cy + LABEL_H / 2)
-            if not _overlaps(bx, taken):
-                lx, ly = cx, cy
-                break
-        if not rare:
-            taken.append((lx - LABEL_W / 2, ly - LABEL_H / 2, lx + LABEL_W / 2, ly + LABEL_H / 2))
+        label = ""
+        if (a, b) in label_at:
+            lx, ly = label_at[(a, b)]
+            label = (f'<text x="{lx:.1f}" y="{ly + 4:.1f}" text-anchor="middle" class="edge-label" '
+                     f'fill="{"#718096" if pruned else "#1a365d"}">{p:.2f}</text>')
         parts.append(f'<g class="{cls}" data-from="{escape(a)}" data-to="{escape(b)}" data-p="{p:.4f}">'
                      f'<title>{escape(title)}</title>'
                      f'<path d="{d}" fill="none" stroke="{color}" stroke-width="{stroke:.2f}"{dash} '
-                     f'marker-end="{marker}" opacity="{0.85 if pruned else 1}"/>'
-                     f'<text x="{lx:.1f}" y="{ly + 4:.1f}" text-anchor="middle" class="edge-label" '
-                     f'fill="{"#718096" if pruned else "#1a365d"}">{p:.2f}</text></g>')
+                     f'marker-end="{marker}" opacity="{0.85 if pruned else 1}"/>{label}</g>')
     merged = graph.merged
     for node in graph.nodes:
         box = lay.nodes[node]
