@@ -50,7 +50,8 @@ The values (each None when the annotation has no prediction for it):
 * ``speculative_prefill`` — true when another call of the session is likely (``p_end`` < 0.5, or
   unknown ``p_end`` with a predicted next agent): warming the next prompt is then worth it;
 * ``session_end`` — true when the session's KV may be released after this call: the
-  annotation's ``session_end``, which the gateway sets by :class:`SessionEndRule` (the client
+  annotation's ``session_end``, which the gateway sets by
+  :class:`~serving_hooks.policies.session_end.SessionEndRule` (the client
   says ``app_metadata.last_call: true``, or the served ``p_end`` reaches ``--session-end-p``).
 
 End of session, per dialect (docs/dialects.md, "End of session"):
@@ -75,7 +76,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from predictors.contract import Annotation, header_fields
@@ -89,38 +90,9 @@ DEFAULT_PRIORITY_ORDER = {"sglang": "high_first", "vllm": "low_first", "dynamo":
 HEADER_PREFIX = "X-Agentprof-"
 #: ``p_end`` below which the session is expected to continue (speculative prefill pays off).
 CONTINUE_P_END = 0.5
-#: Default ``--session-end-p``: the served ``p_end`` from which a call is announced as its
-#: session's last (docs/dialects.md, "End of session", for the measurement behind it).
-DEFAULT_SESSION_END_P = 0.9
 #: Dynamo's session headers (ai-dynamo/dynamo PR #10896).
 DYNAMO_SESSION_ID_HEADER = "X-Dynamo-Session-ID"
 DYNAMO_SESSION_FINAL_HEADER = "X-Dynamo-Session-Final"
-
-
-@dataclass(frozen=True)
-class SessionEndRule:
-    """When a call is announced as its session's last (``--session-end-p``,
-    ``--no-session-end-signal``): the client says so (``app_metadata.last_call: true``), or the
-    prediction is confident (a known annotation's ``p_end`` ≥ ``p_threshold``)."""
-
-    enabled: bool = True
-    p_threshold: float = DEFAULT_SESSION_END_P
-
-    def __post_init__(self) -> None:
-        if not 0.0 < self.p_threshold <= 1.0:
-            raise ValueError(f"--session-end-p {self.p_threshold}: expected a probability in (0, 1]")
-
-    def ends(self, ann: Annotation, app_metadata: Mapping[str, Any] | None) -> bool:
-        """Whether this call ends its session."""
-        if not self.enabled:
-            return False
-        if isinstance(app_metadata, Mapping) and app_metadata.get("last_call") is True:
-            return True
-        return ann.known and ann.p_end is not None and ann.p_end >= self.p_threshold
-
-    def mark(self, ann: Annotation, app_metadata: Mapping[str, Any] | None) -> Annotation:
-        """``ann`` with ``session_end: true`` when :meth:`ends` (else ``ann`` itself)."""
-        return replace(ann, session_end=True) if self.ends(ann, app_metadata) else ann
 
 
 @dataclass(frozen=True)

@@ -74,8 +74,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from serving_hooks.api_docs import NO_CDN_DOCS, mount_local_docs
 from serving_hooks.annotations import forward_body
-from serving_hooks.dialects import (CLIENT_SCHEDULER_KEYS, SessionEndRule, hint_values,
-                                    render as render_dialect, strip_client_scheduler_fields)
+from serving_hooks.dialects import (CLIENT_SCHEDULER_KEYS, hint_values, render as render_dialect,
+                                    strip_client_scheduler_fields)
 from serving_hooks.endpoints import as_chat_response, endpoint_of, stream_final
 from serving_hooks.gateway_log import GatewayLog
 from serving_hooks.http_guard import BodySizeLimit, StrictJSONError, admin_auth, strict_json_loads
@@ -84,6 +84,7 @@ from serving_hooks.retries import DEFAULT_WINDOW_S, RetryLedger
 from predictors.contract import Annotation
 from serving_hooks.policies.pools import ModelPools, NoReplicaForModel
 from serving_hooks.policies.priority import AnnotationPriority
+from serving_hooks.policies.session_end import SessionEndRule
 from serving_hooks.metrics import (LATENCY_BUCKETS, Labeled, RequestMetricsMiddleware, render,
                                    RoutingCollector, request_metrics)
 from serving_hooks.sse import StreamFollower
@@ -289,8 +290,8 @@ class Gateway:
                  priority: AnnotationPriority | None = None) -> None:
         self.router = router
         self.pools = pools if pools is not None and pools.pooled else None
-        policy = getattr(getattr(service, "predictor", None), "priority_policy", None)
-        #: the priority rule the annotations were made with (re-applied with the pools' queues)
+        policy = service.predictor.priority_policy if service is not None else None
+        #: the priority rule the annotations were made with (a sidecar's gets the pools' term here)
         self.priority = priority or (policy if isinstance(policy, AnnotationPriority)
                                      else AnnotationPriority())
         self.annotator = annotator

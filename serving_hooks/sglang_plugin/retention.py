@@ -13,6 +13,10 @@ where the rank comes from :class:`serving_hooks.policies.KeepDropPolicy`:
   it — evicted first, unless it has been accessed again since the decision;
 * ``NEUTRAL`` (1) otherwise, i.e. plain LRU among everything unannotated or expired.
 
+A request whose ``custom_params`` say ``session_end: true`` (the gateway's end-of-session
+signal) is ``DROP`` whatever else it predicts — its exclusive tail is released first — and the
+session's pending host prefetch is cancelled.
+
 How the ranks get onto the tree: an AFTER hook on ``sglang.srt.mem_cache.common
 .release_kv_cache`` (where a finished request hands its KV to the tree) reads the request's
 ``custom_params``, asks the keep/drop policy, and stamps the request's path in the tree:
@@ -36,6 +40,7 @@ from sglang.srt.mem_cache.evict_policy import EvictionStrategy, LRUStrategy
 
 from serving_hooks.policies import Retention, RetentionRank
 from serving_hooks.sglang_plugin.observe import debug_enabled, decision
+from serving_hooks.sglang_plugin.prefetch import cancel_session_prefetch
 from serving_hooks.sglang_plugin.settings import BACKEND_NAME
 from serving_hooks.sglang_plugin.state import get_state
 
@@ -97,6 +102,9 @@ def stamp_finished_request(req: Any, tree_cache: Any, now: float | None = None) 
     now = state.now() if now is None else now
     retention = state.settings.keep_drop.decide_view(view, now)
     state.counters[f"retention_{retention.rank.name.lower()}"] += 1
+    if view.session_end:   # released: dropped above, and no host copy of it is still wanted
+        state.counters["retention_session_end"] += 1
+        state.counters["prefetch_cancelled_session_end"] += cancel_session_prefetch(state, view)
     decision("retention", rid=getattr(req, "rid", "?"), rank=retention.rank.name,
              retain_until=round(retention.retain_until, 3), session=view.session_id, t=round(now, 3))
     handle = getattr(req, "last_node", None)
