@@ -18,13 +18,15 @@ from dataclasses import field, make_dataclass
 from functools import lru_cache
 from typing import Any
 
-from predictors.contract import Annotation, from_custom_params, view_fields, view_values
+from predictors.contract import Annotation, view_fields, view_values
 
 
 class _CallViewMethods:
     """Methods of every generated view class (:func:`call_view_type`)."""
 
     __slots__ = ()
+    #: the contract class the view is generated from
+    contract: type = Annotation
 
     @property
     def session_id(self) -> str | None:
@@ -42,14 +44,14 @@ class _CallViewMethods:
     @classmethod
     def from_custom_params(cls, params: Mapping[str, Any] | None) -> Any:
         """Read the flat dict the gateway forwards as ``custom_params`` (the contract's flat form)."""
-        return cls.from_annotation(from_custom_params(params))
+        return cls.from_annotation(cls.contract.from_flat(params))
 
     @classmethod
     def from_sys_annotations(cls, ann: Mapping[str, Any] | Annotation | None,
                              app_metadata: Mapping[str, Any] | None = None,
                              tool: str | None = None) -> Any:
         """Read the nested sys_annotations (or a contract object) plus the client's app_metadata."""
-        return cls.from_annotation(Annotation.from_dict(ann, app_metadata), app_metadata, tool)
+        return cls.from_annotation(cls.contract.from_dict(ann, app_metadata), app_metadata, tool)
 
 
 @lru_cache(maxsize=None)
@@ -58,7 +60,7 @@ def call_view_type(contract: type = Annotation) -> type:
     spec = [(name, kind, field(default_factory=factory) if factory else field(default=default))
             for name, kind, default, factory in view_fields(contract)]
     view = make_dataclass("CallView", spec, bases=(_CallViewMethods,), frozen=True,
-                          namespace={"__doc__": _DOC})
+                          namespace={"__doc__": _DOC, "contract": contract})
     view.__module__ = __name__
     return view
 
