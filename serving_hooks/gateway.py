@@ -443,8 +443,9 @@ class Gateway:
                    if k.decode("latin-1") not in HOP_HEADERS]
         if not self.options.allow_client_scheduler_fields:
             headers = [(k, v) for k, v in headers if not k.lower().startswith(HINT_HEADER_PREFIX)]
-        if extra_headers:
-            headers += list(extra_headers.items())
+        if extra_headers:   # ours replace a client's header of the same name (never doubled)
+            ours = {k.lower() for k in extra_headers}
+            headers = [(k, v) for k, v in headers if k.lower() not in ours] + list(extra_headers.items())
         try:
             resp, retried = await self.client.request(request.method, url, data=content,
                                                       headers=headers)

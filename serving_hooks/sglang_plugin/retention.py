@@ -39,8 +39,8 @@ from typing import Any
 from sglang.srt.mem_cache.evict_policy import EvictionStrategy, LRUStrategy
 
 from serving_hooks.policies import Retention, RetentionRank
+from serving_hooks.sglang_plugin.finish import decide_finished
 from serving_hooks.sglang_plugin.observe import debug_enabled, decision
-from serving_hooks.sglang_plugin.prefetch import cancel_session_prefetch
 from serving_hooks.sglang_plugin.settings import BACKEND_NAME
 from serving_hooks.sglang_plugin.state import get_state
 
@@ -94,19 +94,13 @@ def stamp_path(leaf: Any, retention: Retention, now: float) -> int:
 
 
 def stamp_finished_request(req: Any, tree_cache: Any, now: float | None = None) -> Retention | None:
-    """Keep/drop decision for a finished request, stamped onto its path in ``tree_cache``."""
+    """Keep/drop decision for a finished request (:func:`.finish.decide_finished`), stamped onto
+    its path in ``tree_cache``."""
     state = get_state()
-    view = state.view(req)
-    if view is None:
-        return None
     now = state.now() if now is None else now
-    retention = state.settings.keep_drop.decide_view(view, now)
-    state.counters[f"retention_{retention.rank.name.lower()}"] += 1
-    if view.session_end:   # released: dropped above, and no host copy of it is still wanted
-        state.counters["retention_session_end"] += 1
-        state.counters["prefetch_cancelled_session_end"] += cancel_session_prefetch(state, view)
-    decision("retention", rid=getattr(req, "rid", "?"), rank=retention.rank.name,
-             retain_until=round(retention.retain_until, 3), session=view.session_id, t=round(now, 3))
+    retention = decide_finished(state, req, now)
+    if retention is None:
+        return None
     handle = getattr(req, "last_node", None)
     leaf = tree_cache.resolve_node_handle(handle) if handle is not None else None
     if leaf is not None:
