@@ -135,6 +135,8 @@ class Codec:
     """
 
     flat_types: tuple[str, ...] | None = None
+    #: the flat form is the value itself (one key, no conversion): the shapes skip the call
+    scalar = True
 
     def parse(self, value: Any) -> Any:
         return num(value)
@@ -182,6 +184,7 @@ class _Band(Codec):
     """``(lo, hi)`` ↔ ``[lo, hi]`` ↔ flat ``pred_out_lo``, ``pred_out_hi``."""
 
     flat_types = ("int | None", "int | None")
+    scalar = False
 
     def parse(self, value: Any) -> Any:
         if isinstance(value, (list, tuple)) and len(value) == 2:
@@ -212,6 +215,7 @@ class _Tools(Codec):
     """``{tool: ToolLatency}``; the flat form keeps the first (most frequent) tool's p95."""
 
     flat_types = ("float | None",)
+    scalar = False
 
     def parse(self, value: Any) -> Any:
         out = {}
@@ -237,6 +241,7 @@ class _NextAgents(Codec):
     """Next agents, most likely first; the flat form keeps the first one and its probability."""
 
     flat_types = ("str | None", "float | None")
+    scalar = False
 
     def parse(self, value: Any) -> Any:
         nexts = [NextAgent(item["agent_id"], float(item["p"])) for item in value or ()
@@ -444,11 +449,11 @@ class Annotation:
         a = ann if isinstance(ann, Mapping) else {}
         meta = app_metadata if isinstance(app_metadata, Mapping) else {}
         values = {}
-        for f in fields(cls):
-            raw = a.get(f.name)
-            if raw is None and f.name in ID_KEYS:
-                raw = meta.get(f.name)
-            values[f.name] = f.metadata["codec"].parse(raw)
+        for name, codec, _, is_id in _plan(cls):
+            raw = a.get(name)
+            if raw is None and is_id:
+                raw = meta.get(name)
+            values[name] = codec.parse(raw)
         return cls(**values)
 
     @classmethod
@@ -456,23 +461,23 @@ class Annotation:
         """Inverse of :meth:`flat` (what survives the flat form: one tool, one next agent, no
         bound table or distances). The single tool is named ``"_first"``."""
         p = params if isinstance(params, Mapping) else {}
-        return cls(**{f.name: f.metadata["codec"].unflatten(tuple(p.get(k) for k in f.metadata["flat"]))
-                      for f in fields(cls) if f.metadata["flat"]})
+        return cls(**{name: codec.unflatten(tuple(p.get(k) for k in keys))
+                      for name, codec, keys, _ in _plan(cls) if keys})
 
     # ---------------------------------------------------------------- rendering
     def to_dict(self) -> dict[str, Any]:
         """The ``sys_annotations`` JSON: every field with a value (None, empty tables and empty
         maps omitted; ``profile_version``, ``known`` and the ids always present)."""
         out: dict[str, Any] = {}
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if f.name in _ALWAYS:
-                out[f.name] = value
+        for name, codec, _, _ in _plan(type(self)):
+            value = getattr(self, name)
+            if name in _ALWAYS:
+                out[name] = value
             elif value is None or (isinstance(value, (tuple, Mapping)) and not value
-                                   and not self._keep_empty(f.name)):
+                                   and not self._keep_empty(name)):
                 continue
             else:
-                out[f.name] = f.metadata["codec"].dump(value)
+                out[name] = codec.dump(value)
         if not self.known:
             return {k: v for k, v in out.items() if k in _UNKNOWN_KEYS}
         return out
@@ -488,20 +493,44 @@ class Annotation:
         from the annotation come from ``app_metadata``."""
         meta = app_metadata if isinstance(app_metadata, Mapping) else {}
         out: dict[str, Any] = {}
-        for f in fields(self):
-            keys = f.metadata["flat"]
-            if not keys:
-                continue
-            value = getattr(self, f.name)
-            if value is None and f.name in ID_KEYS:
-                value = _ident(meta.get(f.name))
-            out.update(zip(keys, f.metadata["codec"].flatten(value)))
+        for name, codec, keys, is_id in _flat_plan(type(self)):
+            value = getattr(self, name)
+            if value is None and is_id:
+                value = _ident(meta.get(name))
+            if codec.scalar:
+                out[keys[0]] = value
+            else:
+                out.update(zip(keys, codec.flatten(value)))
         return out
 
 
 # ---------------------------------------------------------------------------------------------
 # Shapes derived from the field declarations
 # ---------------------------------------------------------------------------------------------
+@lru_cache(maxsize=None)
+def _plan(cls: type) -> tuple[tuple[str, Codec, tuple[str, ...], bool], ...]:
+    """``(name, codec, flat keys, is an id)`` of every field of ``cls``, read once per class (the
+    shapes run per call: no ``fields()`` or metadata lookups on the hot path)."""
+    return tuple((f.name, f.metadata["codec"], f.metadata["flat"], f.name in ID_KEYS)
+                 for f in fields(cls))
+
+
+@lru_cache(maxsize=None)
+def _flat_plan(cls: type) -> tuple[tuple[str, Codec, tuple[str, ...], bool], ...]:
+    """The fields of :func:`_plan` that have flat keys."""
+    return tuple(p for p in _plan(cls) if p[2])
+
+
+@lru_cache(maxsize=None)
+def _view_plan(cls: type) -> tuple[dict[str, Any], tuple[tuple[str, str, bool], ...]]:
+    """``({flat key: view cast}, ((view name, field, is next agents), …))`` of ``cls``."""
+    casts = {k: f.metadata["view_cast"] for f in fields(cls) for k in f.metadata["flat"]
+             if f.metadata["view_cast"] is not None}
+    extra = tuple((f.metadata["view"], f.name, f.metadata["codec"] is NEXTS) for f in fields(cls)
+                  if f.metadata["view"] is not None)
+    return casts, extra
+
+
 @lru_cache(maxsize=None)
 def flat_keys(cls: type = Annotation) -> tuple[str, ...]:
     """Keys of :meth:`Annotation.flat` (SGLang's ``custom_params``), in field order."""
@@ -540,18 +569,17 @@ def view_values(ann: Annotation, app_metadata: Mapping[str, Any] | None = None,
                 tool: str | None = None) -> dict[str, Any]:
     """The :class:`CallView` attributes of ``ann``: its flat form (``view_cast`` applied; the
     tool p95 of ``tool`` when named) plus the ``view=`` fields in their view form."""
-    flat = ann.flat(app_metadata)
-    casts = {k: f.metadata["view_cast"] for f in fields(ann) for k in f.metadata["flat"]
-             if f.metadata["view_cast"] is not None}
-    out = {k: (casts[k](v) if k in casts and v is not None else v) for k, v in flat.items()}
+    out = ann.flat(app_metadata)
+    casts, extra = _view_plan(type(ann))
+    for key, cast in casts.items():
+        if out[key] is not None:
+            out[key] = cast(out[key])
     if tool is not None:
         out["tool_p95_s"] = ann.tool_p95_of(tool)
-    for f in fields(ann):
-        name = f.metadata["view"]
-        if name is not None:
-            value = getattr(ann, f.name)
-            out[name] = (tuple((n.agent_id, n.p) for n in value) if f.metadata["codec"] is NEXTS
-                         else dict(value) if isinstance(value, Mapping) else tuple(value))
+    for name, source, nexts in extra:
+        value = getattr(ann, source)
+        out[name] = (tuple((n.agent_id, n.p) for n in value) if nexts
+                     else dict(value) if isinstance(value, Mapping) else tuple(value))
     return out
 
 
