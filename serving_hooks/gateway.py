@@ -5,9 +5,13 @@ An OpenAI-compatible reverse proxy in front of SGLang (or any OpenAI-compatible 
 
 1. reads ``app_metadata`` from the JSON body — top level (the OpenAI SDK merges
    ``extra_body={"app_metadata": …}`` into the body) or nested under ``extra_body``;
-2. asks the predictor (in process, or the sidecar) for ``sys_annotations`` within a time budget;
-   on error or over budget the request goes upstream **unannotated** and
-   ``profiler_gateway_annotate_total{outcome=…}`` says so (fail open);
+2. asks the predictor (in process, or the sidecar) for the call's annotation within a time
+   budget; on error or over budget the request goes upstream **unannotated** and
+   ``profiler_gateway_annotate_total{outcome=…}`` says so (fail open). The annotation is the typed
+   contract (:class:`~predictors.contract.Annotation`) from there on — router, dialects, tracer —
+   and is rendered to JSON only where it leaves (the forwarded body, the log); a call that ends
+   its session is marked ``session_end`` (:class:`~serving_hooks.policies.session_end.SessionEndRule`:
+   ``app_metadata.last_call`` or ``p_end`` ≥ ``--session-end-p``);
 3. forwards the client's bytes with ``sys_annotations`` spliced in (every other byte unchanged;
    :func:`serving_hooks.annotations.forward_body`) and, with ``--sglang-fields``, SGLang's own
    ``priority`` and flat ``custom_params``; the upstream is picked by the router seam
