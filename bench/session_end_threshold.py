@@ -26,10 +26,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from predictors.predictor import Predictor  # noqa: E402
 from profiler import ingest  # noqa: E402
 from profiler.fitting import FitOptions, fit_profile  # noqa: E402
-from profiler.remaining_eval import held_out_calls  # noqa: E402
+from profiler.remaining_eval import held_out_calls, served_annotations  # noqa: E402
 from profiler.split import split_logs  # noqa: E402
 from profiler.store import connect  # noqa: E402
 
@@ -50,21 +49,9 @@ def served_p_end(profile_dir: Path, test_dir: Path) -> tuple[np.ndarray, np.ndar
         calls = held_out_calls(con)
     finally:
         con.close()
-    pred = Predictor(str(profile_dir), max_sessions=1_000_000)
-    p_end = np.full(len(calls), np.nan)
-    known = np.zeros(len(calls), dtype=bool)
-    cols = zip(calls["workflow_type_id"], calls["workflow_id"], calls["agent_id"], calls["request_id"],
-               calls["input_tokens"], calls["output_tokens"], calls["t_arrival"], calls["t_finish"])
-    for k, (wt, wf, agent, rid, inp, outp, ta, tf) in enumerate(cols):
-        meta = {"workflow_type_id": wt, "workflow_id": wf, "agent_id": agent}
-        pred.clock = lambda t=ta: t
-        ann = pred.annotate_call(meta, request_id=rid, input_tokens=int(inp))
-        known[k] = ann.known
-        if ann.p_end is not None:
-            p_end[k] = ann.p_end
-        pred.clock = lambda t=tf: t
-        pred.observe({"app_metadata": meta, "request_id": rid, "output_tokens": int(outp),
-                      "input_tokens": int(inp), "t_finish": tf})
+    anns = list(served_annotations(str(profile_dir), calls))
+    p_end = np.array([np.nan if a.p_end is None else a.p_end for a in anns], dtype=float)
+    known = np.array([a.known for a in anns], dtype=bool)
     wf_key = (calls["workflow_type_id"] + "\x00" + calls["workflow_id"]).to_numpy()
     is_last = np.append(wf_key[1:] != wf_key[:-1], True)
     return p_end, known, is_last
