@@ -447,9 +447,10 @@ class Gateway:
                    if k.decode("latin-1") not in HOP_HEADERS]
         if not self.options.allow_client_scheduler_fields:
             headers = [(k, v) for k, v in headers if not k.lower().startswith(HINT_HEADER_PREFIX)]
-        if extra_headers:   # ours replace a client's header of the same name (never doubled)
-            ours = {k.lower() for k in extra_headers}
-            headers = [(k, v) for k, v in headers if k.lower() not in ours] + list(extra_headers.items())
+        if extra_headers:   # a client's own header of the same name wins (never doubled): e.g.
+            # its X-Dynamo-Session-ID names the engine's session, which our end signal then closes
+            theirs = {k.lower() for k, _ in headers}
+            headers += [(k, v) for k, v in extra_headers.items() if k.lower() not in theirs]
         try:
             resp, retried = await self.client.request(request.method, url, data=content,
                                                       headers=headers)

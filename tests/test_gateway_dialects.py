@@ -425,6 +425,11 @@ def test_session_end_signal_in_each_dialect(dialect, upstream, profile_root):
         call(c, "chat", False, {**m, "agent_id": "reviewer", "last_call": True})   # the client knows
         last = upstream.received[-1]
         assert _ended(dialect, last) and last.body["sys_annotations"]["session_end"] is True
+        if dialect == "dynamo":   # a client that names its own Dynamo session keeps it
+            call(c, "chat", False, {**meta(), "last_call": True},
+                 extra_headers={"X-Dynamo-Session-ID": "engine-session"})
+            h = upstream.received[-1].headers
+            assert h["x-dynamo-session-id"] == "engine-session" and h["x-dynamo-session-final"] == "true"
     off = SessionEndRule(enabled=False)                     # --no-session-end-signal
     with running_gateway([upstream.url], profile_root, dialect=dialect, session_end=off) as gw:
         call(client(gw), "chat", False, {**meta(), "last_call": True})
