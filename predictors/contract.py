@@ -42,7 +42,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields
+from functools import lru_cache
 from typing import Any
 
 #: Keys every annotation echoes from app_metadata.
@@ -115,82 +116,288 @@ class NextAgent:
     p: float
 
 
+# ---------------------------------------------------------------------------------------------
+# Field codecs: how one kind of field is read from / written to each derived shape
+# ---------------------------------------------------------------------------------------------
+class Codec:
+    """How one kind of :class:`Annotation` field travels in every derived shape.
+
+    A field names its codec in its metadata (:func:`contract_field`); the shapes loop over the
+    dataclass fields and ask the codec, so no shape lists fields by hand:
+
+    * :meth:`parse` — a value of the nested JSON (``sys_annotations``) → the field's value
+      (lenient: malformed → the empty value);
+    * :meth:`dump` — the field's value → plain JSON;
+    * :meth:`flatten` — the field's value → the scalars of its flat keys (one per key);
+    * :meth:`unflatten` — those scalars back (what survives the flat form).
+
+    ``flat_types`` are the types of the flat scalars (None: the field's own type).
+    """
+
+    flat_types: tuple[str, ...] | None = None
+    #: the flat form is the value itself (one key, no conversion): the shapes skip the call
+    scalar = True
+
+    def parse(self, value: Any) -> Any:
+        return num(value)
+
+    def dump(self, value: Any) -> Any:
+        return value
+
+    def flatten(self, value: Any) -> tuple:
+        return (value,)
+
+    def unflatten(self, values: tuple) -> Any:
+        return self.parse(values[0])
+
+
+class _Text(Codec):
+    def parse(self, value: Any) -> Any:
+        return text(value)
+
+
+class _Ident(Codec):
+    def parse(self, value: Any) -> Any:
+        return _ident(value)
+
+    def unflatten(self, values: tuple) -> Any:
+        return text(values[0])
+
+
+class _Known(Codec):
+    def parse(self, value: Any) -> Any:
+        return value is True
+
+
+class _OptBool(Codec):
+    def parse(self, value: Any) -> Any:
+        return value if isinstance(value, bool) else None
+
+
+class _Int(Codec):
+    def parse(self, value: Any) -> Any:
+        n = num(value)
+        return int(n) if n is not None else None
+
+
+class _Band(Codec):
+    """``(lo, hi)`` ↔ ``[lo, hi]`` ↔ flat ``pred_out_lo``, ``pred_out_hi``."""
+
+    flat_types = ("int | None", "int | None")
+    scalar = False
+
+    def parse(self, value: Any) -> Any:
+        if isinstance(value, (list, tuple)) and len(value) == 2:
+            lo, hi = num(value[0]), num(value[1])
+            if lo is not None and hi is not None:
+                return (int(lo), int(hi))
+        return None
+
+    def dump(self, value: Any) -> Any:
+        return [value[0], value[1]]
+
+    def flatten(self, value: Any) -> tuple:
+        return (value[0], value[1]) if value else (None, None)
+
+    def unflatten(self, values: tuple) -> Any:
+        return self.parse(values)
+
+
+class _Upper(Codec):
+    def parse(self, value: Any) -> Any:
+        return _upper_table(value)
+
+    def dump(self, value: Any) -> Any:
+        return [[a, u] for a, u in value]
+
+
+class _Tools(Codec):
+    """``{tool: ToolLatency}``; the flat form keeps the first (most frequent) tool's p95."""
+
+    flat_types = ("float | None",)
+    scalar = False
+
+    def parse(self, value: Any) -> Any:
+        out = {}
+        if isinstance(value, Mapping):
+            for name, entry in value.items():
+                parsed = ToolLatency.from_dict(entry)
+                if parsed is not None:
+                    out[str(name)] = parsed
+        return out
+
+    def dump(self, value: Any) -> Any:
+        return {k: v.to_dict() for k, v in value.items()}
+
+    def flatten(self, value: Any) -> tuple:
+        return (next((e.p95_s for e in value.values()), None),)
+
+    def unflatten(self, values: tuple) -> Any:
+        p95 = num(values[0])
+        return {FLAT_TOOL: ToolLatency(p95_s=p95)} if p95 is not None else {}
+
+
+class _NextAgents(Codec):
+    """Next agents, most likely first; the flat form keeps the first one and its probability."""
+
+    flat_types = ("str | None", "float | None")
+    scalar = False
+
+    def parse(self, value: Any) -> Any:
+        nexts = [NextAgent(item["agent_id"], float(item["p"])) for item in value or ()
+                 if isinstance(item, Mapping) and text(item.get("agent_id"))
+                 and num(item.get("p")) is not None]
+        return tuple(sorted(nexts, key=lambda n: -n.p))
+
+    def dump(self, value: Any) -> Any:
+        return [{"agent_id": n.agent_id, "p": n.p} for n in value]
+
+    def flatten(self, value: Any) -> tuple:
+        return (value[0].agent_id, value[0].p) if value else (None, None)
+
+    def unflatten(self, values: tuple) -> Any:
+        nxt, p = text(values[0]), num(values[1])
+        return (NextAgent(nxt, p),) if nxt and p is not None else ()
+
+
+class _Floats(Codec):
+    def parse(self, value: Any) -> Any:
+        if not isinstance(value, Mapping):
+            return {}
+        return {str(k): float(v) for k, v in value.items() if num(v) is not None}
+
+    def dump(self, value: Any) -> Any:
+        return dict(value)
+
+
+class _Strings(Codec):
+    def parse(self, value: Any) -> Any:
+        if not isinstance(value, Mapping):
+            return {}
+        return {str(k): v for k, v in value.items() if isinstance(v, str)}
+
+    def dump(self, value: Any) -> Any:
+        return dict(value)
+
+
+NUM, TEXT, IDENT, KNOWN, OPT_BOOL, INT = Codec(), _Text(), _Ident(), _Known(), _OptBool(), _Int()
+BAND, UPPER, TOOLS, NEXTS, FLOATS, STRINGS = (_Band(), _Upper(), _Tools(), _NextAgents(),
+                                               _Floats(), _Strings())
+
+
+def contract_field(default: Any = None, codec: Codec = NUM, *, flat: str | tuple[str, ...] = (),
+                   header: str | tuple[str | None, ...] | None = None, view: str | None = None,
+                   view_cast: Any = None, factory: Any = None) -> Any:
+    """One :class:`Annotation` field, declared once with every name it has in a derived shape.
+
+    ``codec`` reads and writes it (:class:`Codec`); ``flat`` names its key(s) in the flat form
+    (SGLang ``custom_params``, vLLM ``vllm_xargs``, :class:`CallView`; none: the field is not
+    flat); ``header`` the ``X-Agentprof-<name>`` header of each flat key (None: no header);
+    ``view`` the :class:`CallView` attribute of a field that is only in the nested form
+    (``expected_distance``…); ``view_cast`` converts a flat scalar for the view."""
+    keys = (flat,) if isinstance(flat, str) else tuple(flat)
+    headers = ((None,) * len(keys) if header is None else
+               (header,) if isinstance(header, str) else tuple(header))
+    if len(headers) != len(keys):
+        raise ValueError(f"contract field: {len(headers)} header(s) for flat keys {keys}")
+    meta = {"codec": codec, "flat": keys, "headers": headers, "view": view, "view_cast": view_cast}
+    if factory is not None:
+        return field(default_factory=factory, metadata=meta)
+    return field(default=default, metadata=meta)
+
+
 @dataclass(frozen=True, slots=True)
 class Annotation:
     """What the profile predicts for one LLM call (``sys_annotations``).
 
     ``known: false`` (unknown workflow type or agent, too little data, shadow mode, off path, no
     profile) carries only the ids, a ``reason`` and its ``detail``: serve the call reactively.
+
+    Every field is declared once, here, with its codec and its names in the derived shapes
+    (:func:`contract_field`); the JSON, flat, :class:`CallView`, header and OpenAPI shapes are
+    generated from these declarations.
     """
 
     #: OpenAPI descriptions from the attribute docstrings (pydantic reads this dict, no import)
     __pydantic_config__ = {"use_attribute_docstrings": True}
 
-    profile_version: str | None = None
+    profile_version: str | None = contract_field(None, TEXT, flat="profile_version",
+                                                 header="Profile-Version")
     """version of the profile that made the prediction"""
-    known: bool = False
+    known: bool = contract_field(False, KNOWN, flat="known", header="Known")
     """true: the fields below are a prediction; false: serve the call reactively"""
-    workflow_type_id: str | None = None
+    workflow_type_id: str | None = contract_field(None, IDENT, flat="wf_type", header="Workflow-Type")
     """echoed from app_metadata"""
-    workflow_id: str | None = None
+    workflow_id: str | None = contract_field(None, IDENT, flat="wf_id", header="Workflow-Id")
     """echoed from app_metadata (the session)"""
-    agent_id: str | None = None
+    agent_id: str | None = contract_field(None, IDENT, flat="agent", header="Agent")
     """echoed from app_metadata"""
-    reason: str | None = None
+    reason: str | None = contract_field(None, TEXT)
     """why ``known`` is false: missing_app_metadata, no_profile, unknown_workflow_type, shadow, unknown_agent, too_little_data, off_path"""
-    detail: str | None = None
+    detail: str | None = contract_field(None, TEXT)
     """human-readable detail of ``reason``"""
-    predicted_output_len: tuple[int, int] | None = None
+    predicted_output_len: tuple[int, int] | None = contract_field(
+        None, BAND, flat=("pred_out_lo", "pred_out_hi"), header=("Output-Lo", "Output-Hi"),
+        view_cast=float)
     """``(lo, hi)`` output-length band (tokens) at ``output_len_coverage``"""
-    output_len_coverage: float | None = None
+    output_len_coverage: float | None = contract_field()
     """probability the output length falls in the band"""
-    output_len_level: str | None = None
+    output_len_level: str | None = contract_field(None, TEXT)
     """level the band was fit at: agent, workflow_type, global, conditional…"""
-    output_len_mean: float | None = None
+    output_len_mean: float | None = contract_field(flat="pred_out_mean")
     """the agent's mean output length (tokens)"""
-    output_len_upper: tuple[tuple[float, int], ...] = ()
+    output_len_upper: tuple[tuple[float, int], ...] = contract_field((), UPPER, view="upper_bounds")
     """``((α, U(α)), …)``, largest α first: one-sided (1 − α) upper bounds of the output length"""
-    session_age_s: float | None = None
+    session_age_s: float | None = contract_field(flat="session_age_s")
     """seconds since the session's first call (workflow-level aging)"""
-    tool_latency: Mapping[str, ToolLatency] = field(default_factory=dict)
+    tool_latency: Mapping[str, ToolLatency] = contract_field(codec=TOOLS, flat="tool_p95_s", factory=dict)
     """the agent's most frequent tools (most frequent first)"""
-    retain_s: float | None = None
+    retain_s: float | None = contract_field(flat="retain_s")
     """keep-alive TTL (SAGA) of the most frequent tool, when it has one"""
-    keep_alive_ttl_s: float | None = None
+    keep_alive_ttl_s: float | None = contract_field(flat="keep_alive_ttl_s")
     """keep-alive TTL from the idle gap (finish → the session's next call), session-scaled"""
-    keep_alive_ttl_by_tool: Mapping[str, float] = field(default_factory=dict)
+    keep_alive_ttl_by_tool: Mapping[str, float] = contract_field(codec=FLOATS, factory=dict)
     """``{tool: TTL}`` when the idle-gap tool level validated"""
-    next_agents: tuple[NextAgent, ...] = ()
+    next_agents: tuple[NextAgent, ...] = contract_field(
+        (), NEXTS, flat=("next_agent", "next_agent_p"), header=("Next-Agent", "Next-Agent-P"),
+        view="next_agents")
     """possible next agents, most likely first"""
-    predicted_path_regex: str | None = None
+    predicted_path_regex: str | None = contract_field(None, TEXT)
     """the workflow type's dominant paths as a regex over agents"""
-    expected_remaining_calls: float | None = None
+    expected_remaining_calls: float | None = contract_field(flat="exp_remaining_calls",
+                                                            header="Remaining-Calls")
     """expected calls after this one"""
-    expected_remaining_s: float | None = None
+    expected_remaining_s: float | None = contract_field(flat="exp_remaining_s", header="Remaining-S")
     """expected seconds of LLM and tool time left in the workflow"""
-    remaining_calls_p50: float | None = None
+    remaining_calls_p50: float | None = contract_field()
     """median of the calls left (sequence model)"""
-    remaining_calls_p90: float | None = None
+    remaining_calls_p90: float | None = contract_field()
     """0.9 quantile of the calls left (sequence model)"""
-    expected_remaining_output_tokens: float | None = None
+    expected_remaining_output_tokens: float | None = contract_field(flat="exp_remaining_out_tokens")
     """expected output tokens the session still has to generate, this call's included (the work
     an SRPT scheduler ranks by; ``predictors.remaining_tokens``)"""
-    remaining_output_tokens_p50: float | None = None
+    remaining_output_tokens_p50: float | None = contract_field()
     """median of the session's remaining output tokens"""
-    remaining_output_tokens_p90: float | None = None
+    remaining_output_tokens_p90: float | None = contract_field()
     """0.9 quantile of the session's remaining output tokens"""
-    expected_remaining_decode_s: float | None = None
+    expected_remaining_decode_s: float | None = contract_field()
     """the remaining output tokens at the workflow type's measured decode speed (seconds)"""
-    expected_distance: Mapping[str, float] = field(default_factory=dict)
+    expected_distance: Mapping[str, float] = contract_field(codec=FLOATS, view="expected_distance",
+                                                            factory=dict)
     """expected distance in calls to each agent"""
-    p_end: float | None = None
+    p_end: float | None = contract_field(flat="p_end", header="P-End")
     """probability that no call follows this one"""
-    on_path: bool | None = None
+    on_path: bool | None = contract_field(None, OPT_BOOL)
     """whether the session is on the automaton's dominant paths (sequence-model profiles)"""
-    prompt_composition: Mapping[str, str] = field(default_factory=dict)
+    prompt_composition: Mapping[str, str] = contract_field(codec=STRINGS, factory=dict)
     """prompt templates of the likely next agents"""
-    priority: int | None = None
+    priority: int | None = contract_field(None, INT, flat="priority", view_cast=float)
     """SGLang integer priority (bigger runs first), when a priority policy is configured"""
+    session_end: bool | None = contract_field(None, OPT_BOOL, flat="session_end",
+                                              header="Session-End")
+    """true: the serving side may release this session's KV once the call finishes — set by the
+    gateway (not the predictor) when ``app_metadata.last_call`` is true or ``p_end`` reaches its
+    ``--session-end-p`` (docs/dialects.md, "End of session")"""
 
     # ------------------------------------------------------------------ derived
     @property
@@ -231,101 +438,46 @@ class Annotation:
 
     # ------------------------------------------------------------------ parsing
     @classmethod
-    def from_dict(cls, ann: Mapping[str, Any] | None,
+    def from_dict(cls, ann: "Mapping[str, Any] | Annotation | None",
                   app_metadata: Mapping[str, Any] | None = None) -> "Annotation":
-        """Read the ``sys_annotations`` JSON (today's keys; malformed values become None).
+        """Read the ``sys_annotations`` JSON (malformed values become their empty value).
 
-        Ids missing from ``ann`` are taken from ``app_metadata``."""
+        Ids missing from ``ann`` are taken from ``app_metadata``; an :class:`Annotation` is
+        returned as it is."""
         if isinstance(ann, Annotation):
             return ann
         a = ann if isinstance(ann, Mapping) else {}
         meta = app_metadata if isinstance(app_metadata, Mapping) else {}
-        band = a.get("predicted_output_len")
-        lo_hi = None
-        if isinstance(band, (list, tuple)) and len(band) == 2:
-            lo, hi = num(band[0]), num(band[1])
-            if lo is not None and hi is not None:
-                lo_hi = (int(lo), int(hi))
-        nexts = []
-        for item in a.get("next_agents") or ():
-            if isinstance(item, Mapping) and text(item.get("agent_id")) and num(item.get("p")) is not None:
-                nexts.append(NextAgent(item["agent_id"], float(item["p"])))
-        nexts.sort(key=lambda n: -n.p)
-        tools = a.get("tool_latency")
-        tool_map = {}
-        if isinstance(tools, Mapping):
-            for name, entry in tools.items():
-                parsed = ToolLatency.from_dict(entry)
-                if parsed is not None:
-                    tool_map[str(name)] = parsed
-        prio = num(a.get("priority"))
-        on_path = a.get("on_path")
+        values = {}
+        for name, codec, _, is_id in _plan(cls):
+            raw = a.get(name)
+            if raw is None and is_id:
+                raw = meta.get(name)
+            values[name] = codec.parse(raw)
+        return cls(**values)
 
-        def floats(value: Any) -> dict[str, float]:
-            if not isinstance(value, Mapping):
-                return {}
-            return {str(k): float(v) for k, v in value.items() if num(v) is not None}
-
-        comp = a.get("prompt_composition")
-        ids = {k: _ident(a.get(k)) if a.get(k) is not None else _ident(meta.get(k)) for k in ID_KEYS}
-        return cls(
-            profile_version=text(a.get("profile_version")),
-            known=a.get("known") is True,
-            **ids,
-            reason=text(a.get("reason")),
-            detail=text(a.get("detail")),
-            predicted_output_len=lo_hi,
-            output_len_coverage=num(a.get("output_len_coverage")),
-            output_len_level=text(a.get("output_len_level")),
-            output_len_mean=num(a.get("output_len_mean")),
-            output_len_upper=_upper_table(a.get("output_len_upper")),
-            session_age_s=num(a.get("session_age_s")),
-            tool_latency=tool_map,
-            retain_s=num(a.get("retain_s")),
-            keep_alive_ttl_s=num(a.get("keep_alive_ttl_s")),
-            keep_alive_ttl_by_tool=floats(a.get("keep_alive_ttl_by_tool")),
-            next_agents=tuple(nexts),
-            predicted_path_regex=text(a.get("predicted_path_regex")),
-            expected_remaining_calls=num(a.get("expected_remaining_calls")),
-            expected_remaining_s=num(a.get("expected_remaining_s")),
-            remaining_calls_p50=num(a.get("remaining_calls_p50")),
-            remaining_calls_p90=num(a.get("remaining_calls_p90")),
-            expected_remaining_output_tokens=num(a.get("expected_remaining_output_tokens")),
-            remaining_output_tokens_p50=num(a.get("remaining_output_tokens_p50")),
-            remaining_output_tokens_p90=num(a.get("remaining_output_tokens_p90")),
-            expected_remaining_decode_s=num(a.get("expected_remaining_decode_s")),
-            expected_distance=floats(a.get("expected_distance")),
-            p_end=num(a.get("p_end")),
-            on_path=on_path if isinstance(on_path, bool) else None,
-            prompt_composition={str(k): v for k, v in comp.items() if isinstance(v, str)}
-            if isinstance(comp, Mapping) else {},
-            priority=int(prio) if prio is not None else None,
-        )
+    @classmethod
+    def from_flat(cls, params: Mapping[str, Any] | None) -> "Annotation":
+        """Inverse of :meth:`flat` (what survives the flat form: one tool, one next agent, no
+        bound table or distances). The single tool is named ``"_first"``."""
+        p = params if isinstance(params, Mapping) else {}
+        return cls(**{name: codec.unflatten(tuple(p.get(k) for k in keys))
+                      for name, codec, keys, _ in _plan(cls) if keys})
 
     # ---------------------------------------------------------------- rendering
     def to_dict(self) -> dict[str, Any]:
         """The ``sys_annotations`` JSON: every field with a value (None, empty tables and empty
         maps omitted; ``profile_version``, ``known`` and the ids always present)."""
         out: dict[str, Any] = {}
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if f.name in _ALWAYS:
-                out[f.name] = value
+        for name, codec, _, _ in _plan(type(self)):
+            value = getattr(self, name)
+            if name in _ALWAYS:
+                out[name] = value
             elif value is None or (isinstance(value, (tuple, Mapping)) and not value
-                                   and not self._keep_empty(f.name)):
+                                   and not self._keep_empty(name)):
                 continue
-            elif f.name == "predicted_output_len":
-                out[f.name] = [value[0], value[1]]
-            elif f.name == "output_len_upper":
-                out[f.name] = [[a, u] for a, u in value]
-            elif f.name == "tool_latency":
-                out[f.name] = {k: v.to_dict() for k, v in value.items()}
-            elif f.name == "next_agents":
-                out[f.name] = [{"agent_id": n.agent_id, "p": n.p} for n in value]
-            elif isinstance(value, Mapping):
-                out[f.name] = dict(value)
             else:
-                out[f.name] = value
+                out[name] = codec.dump(value)
         if not self.known:
             return {k: v for k, v in out.items() if k in _UNKNOWN_KEYS}
         return out
@@ -337,69 +489,107 @@ class Annotation:
 
     def flat(self, app_metadata: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """The flat dict of scalars (``None`` = unknown) every engine dialect renders from; its
-        keys are SGLang's ``custom_params`` keys (:data:`FLAT_KEYS`, in order). Ids missing from
-        the annotation come from ``app_metadata``."""
+        keys are SGLang's ``custom_params`` keys (:func:`flat_keys`, in field order). Ids missing
+        from the annotation come from ``app_metadata``."""
         meta = app_metadata if isinstance(app_metadata, Mapping) else {}
-        nxt = self.next_agent
-        return {
-            "wf_type": self.workflow_type_id or _ident(meta.get("workflow_type_id")),
-            "wf_id": self.workflow_id or _ident(meta.get("workflow_id")),
-            "agent": self.agent_id or _ident(meta.get("agent_id")),
-            "known": self.known,
-            "pred_out_lo": self.output_lo,
-            "pred_out_hi": self.output_hi,
-            "priority": self.priority,
-            "exp_remaining_calls": self.expected_remaining_calls,
-            "exp_remaining_s": self.expected_remaining_s,
-            "next_agent": nxt.agent_id if nxt else None,
-            "next_agent_p": nxt.p if nxt else None,
-            "tool_p95_s": self.tool_p95_s,
-            "retain_s": self.retain_s,
-            "profile_version": self.profile_version,
-            "p_end": self.p_end,
-            "session_age_s": self.session_age_s,
-            "pred_out_mean": self.output_len_mean,
-            "keep_alive_ttl_s": self.keep_alive_ttl_s,
-            "exp_remaining_out_tokens": self.expected_remaining_output_tokens,
-        }
+        out: dict[str, Any] = {}
+        for name, codec, keys, is_id in _flat_plan(type(self)):
+            value = getattr(self, name)
+            if value is None and is_id:
+                value = _ident(meta.get(name))
+            if codec.scalar:
+                out[keys[0]] = value
+            else:
+                out.update(zip(keys, codec.flatten(value)))
+        return out
 
-    @classmethod
-    def from_flat(cls, params: Mapping[str, Any] | None) -> "Annotation":
-        """Inverse of :meth:`flat` (what survives the flat form: one tool, one next agent, no
-        bound table or distances). The single tool is named ``"_first"``."""
-        p = params if isinstance(params, Mapping) else {}
-        lo, hi = num(p.get("pred_out_lo")), num(p.get("pred_out_hi"))
-        nxt, nxt_p = text(p.get("next_agent")), num(p.get("next_agent_p"))
-        p95 = num(p.get("tool_p95_s"))
-        prio = num(p.get("priority"))
-        return cls(
-            profile_version=text(p.get("profile_version")),
-            known=p.get("known") is True,
-            workflow_type_id=text(p.get("wf_type")),
-            workflow_id=text(p.get("wf_id")),
-            agent_id=text(p.get("agent")),
-            predicted_output_len=(int(lo), int(hi)) if lo is not None and hi is not None else None,
-            output_len_mean=num(p.get("pred_out_mean")),
-            session_age_s=num(p.get("session_age_s")),
-            tool_latency={FLAT_TOOL: ToolLatency(p95_s=p95)} if p95 is not None else {},
-            retain_s=num(p.get("retain_s")),
-            keep_alive_ttl_s=num(p.get("keep_alive_ttl_s")),
-            next_agents=(NextAgent(nxt, nxt_p),) if nxt and nxt_p is not None else (),
-            expected_remaining_calls=num(p.get("exp_remaining_calls")),
-            expected_remaining_s=num(p.get("exp_remaining_s")),
-            expected_remaining_output_tokens=num(p.get("exp_remaining_out_tokens")),
-            p_end=num(p.get("p_end")),
-            priority=int(prio) if prio is not None else None,
-        )
+
+# ---------------------------------------------------------------------------------------------
+# Shapes derived from the field declarations
+# ---------------------------------------------------------------------------------------------
+@lru_cache(maxsize=None)
+def _plan(cls: type) -> tuple[tuple[str, Codec, tuple[str, ...], bool], ...]:
+    """``(name, codec, flat keys, is an id)`` of every field of ``cls``, read once per class (the
+    shapes run per call: no ``fields()`` or metadata lookups on the hot path)."""
+    return tuple((f.name, f.metadata["codec"], f.metadata["flat"], f.name in ID_KEYS)
+                 for f in fields(cls))
+
+
+@lru_cache(maxsize=None)
+def _flat_plan(cls: type) -> tuple[tuple[str, Codec, tuple[str, ...], bool], ...]:
+    """The fields of :func:`_plan` that have flat keys."""
+    return tuple(p for p in _plan(cls) if p[2])
+
+
+@lru_cache(maxsize=None)
+def _view_plan(cls: type) -> tuple[dict[str, Any], tuple[tuple[str, str, bool], ...]]:
+    """``({flat key: view cast}, ((view name, field, is next agents), …))`` of ``cls``."""
+    casts = {k: f.metadata["view_cast"] for f in fields(cls) for k in f.metadata["flat"]
+             if f.metadata["view_cast"] is not None}
+    extra = tuple((f.metadata["view"], f.name, f.metadata["codec"] is NEXTS) for f in fields(cls)
+                  if f.metadata["view"] is not None)
+    return casts, extra
+
+
+@lru_cache(maxsize=None)
+def flat_keys(cls: type = Annotation) -> tuple[str, ...]:
+    """Keys of :meth:`Annotation.flat` (SGLang's ``custom_params``), in field order."""
+    return tuple(k for f in fields(cls) for k in f.metadata["flat"])
+
+
+@lru_cache(maxsize=None)
+def header_fields(cls: type = Annotation) -> tuple[tuple[str, str], ...]:
+    """``(header suffix, flat key)`` of every flat key that has a header (the ``headers``
+    dialect sends ``X-Agentprof-<suffix>``)."""
+    return tuple((h, k) for f in fields(cls) for k, h in zip(f.metadata["flat"], f.metadata["headers"])
+                 if h is not None)
+
+
+@lru_cache(maxsize=None)
+def view_fields(cls: type = Annotation) -> tuple[tuple[str, Any, Any, Any], ...]:
+    """``(view attribute, type, default, default factory)`` of every :class:`CallView`
+    attribute: each flat key (its flat value), then each ``view=`` field (its nested value)."""
+    out: list[tuple[str, Any, Any, Any]] = []
+    for f in fields(cls):
+        cast, codec = f.metadata["view_cast"], f.metadata["codec"]
+        kinds = codec.flat_types or (f.type,)
+        for key, kind in zip(f.metadata["flat"], kinds):
+            out.append((key, kind if cast is None else f"{cast.__name__} | None",
+                        f.default if f.metadata["codec"] is KNOWN else None, None))
+    for f in fields(cls):
+        if f.metadata["view"] is not None:
+            factory = f.default_factory if f.default_factory is not MISSING else None
+            out.append((f.metadata["view"], f.type if f.metadata["codec"] is not NEXTS
+                        else "tuple[tuple[str, float], ...]",
+                        None if factory else f.default, factory))
+    return tuple(out)
+
+
+def view_values(ann: Annotation, app_metadata: Mapping[str, Any] | None = None,
+                tool: str | None = None) -> dict[str, Any]:
+    """The :class:`CallView` attributes of ``ann``: its flat form (``view_cast`` applied; the
+    tool p95 of ``tool`` when named) plus the ``view=`` fields in their view form."""
+    out = ann.flat(app_metadata)
+    casts, extra = _view_plan(type(ann))
+    for key, cast in casts.items():
+        if out[key] is not None:
+            out[key] = cast(out[key])
+    if tool is not None:
+        out["tool_p95_s"] = ann.tool_p95_of(tool)
+    for name, source, nexts in extra:
+        value = getattr(ann, source)
+        out[name] = (tuple((n.agent_id, n.p) for n in value) if nexts
+                     else dict(value) if isinstance(value, Mapping) else tuple(value))
+    return out
 
 
 #: Name of the one tool entry the flat form carries back (:meth:`Annotation.from_flat`).
 FLAT_TOOL = "_first"
 _ALWAYS = frozenset(("profile_version", "known", *ID_KEYS))
-_UNKNOWN_KEYS = frozenset((*_ALWAYS, "reason", "detail"))
+_UNKNOWN_KEYS = frozenset((*_ALWAYS, "reason", "detail", "session_end"))
 _PATH_KEYS = frozenset(("next_agents", "expected_distance"))
 #: Keys of :meth:`Annotation.flat` (SGLang's ``custom_params``), in order.
-FLAT_KEYS = tuple(Annotation().flat())
+FLAT_KEYS = flat_keys(Annotation)
 
 
 def to_sglang_custom_params(annotation: Annotation | Mapping[str, Any],

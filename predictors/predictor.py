@@ -73,6 +73,9 @@ __all__ = ["CompiledProfile", "DEFAULT_MAX_SESSION_BYTES", "Predictor", "SESSION
 
 log = logging.getLogger(__name__)
 
+#: Workflow id of the warm-up probes (:meth:`Predictor.warm_up`).
+WARMUP_SESSION = "__warmup__"
+
 
 class Predictor:
     """Per-call predictions from a workflow profile, with bounded per-session state.
@@ -176,6 +179,31 @@ class Predictor:
         """Session-table memory: estimated bytes, limits and evictions by reason."""
         return self.sessions.memory_stats()
 
+    def session_table_free(self, timeout_s: float) -> bool:
+        """Whether the session table becomes free within ``timeout_s`` (another thread may hold
+        it: a profile swap's replay, the autoscale scan). A caller with a time budget asks this
+        first, so the budget is a bound and not a hope; the table is not held afterwards."""
+        if not self._lock.acquire(timeout=timeout_s):
+            return False
+        self._lock.release()
+        return True
+
+    def warm_up(self, limit: int = 5000) -> int:
+        """Annotate once per (workflow type, agent) of the profile (at most ``limit``) without
+        advancing anything, then forget the probe sessions, so that the first real call of each
+        finds every lazy structure built. Returns the number of probes."""
+        m = self._model
+        if m is None:
+            return 0
+        pairs = list(m.agents)[:limit]
+        for wt, agent in pairs:
+            self.annotate_call({"workflow_type_id": wt, "workflow_id": WARMUP_SESSION,
+                                "agent_id": agent}, advance=False)
+        with self._lock:
+            for wt, _ in pairs:
+                self.sessions.forget((wt, WARMUP_SESSION))
+        return len(pairs)
+
     @staticmethod
     def _band(m: CompiledProfile, s: Session, agent: str, entry: AgentEntry, input_tokens: Any,
               agent_call_index: int) -> tuple[int, int, str] | None:
@@ -198,21 +226,25 @@ class Predictor:
                                   advance=advance).to_dict()
 
     def annotate_call(self, app_metadata: Mapping[str, Any] | None, *, request_id: str | None = None,
-                      input_tokens: int | None = None, advance: bool = True) -> Annotation:
+                      input_tokens: int | None = None, advance: bool = True,
+                      priority_inputs: Mapping[str, Any] | None = None) -> Annotation:
         """The annotation contract for one call (see module doc); never raises on bad input.
 
         ``request_id`` makes the session advance idempotent (and lets :meth:`observe` score the
         band this call was given); ``input_tokens`` feeds the conditional output-length model;
-        ``advance=False`` asks "what would you say" without changing the session.
+        ``advance=False`` asks "what would you say" without changing the session;
+        ``priority_inputs`` are extra keyword arguments of the priority policy (the gateway's
+        model-pool queue depths: ``queue_depth``, ``agent_model``), so the priority is computed
+        once, with them.
         """
-        ann = self._annotate(app_metadata, request_id, input_tokens, advance)
+        ann = self._annotate(app_metadata, request_id, input_tokens, advance, priority_inputs)
         with self._count_lock:
             self.annotations_total += 1
             self.annotations_unknown += not ann.known
         return ann
 
     def _annotate(self, app_metadata: Any, request_id: str | None, input_tokens: int | None,
-                  advance: bool) -> Annotation:
+                  advance: bool, priority_inputs: Mapping[str, Any] | None = None) -> Annotation:
         m = self._model
         meta = app_metadata if isinstance(app_metadata, Mapping) else {}
         ids = [meta.get(k) for k in ID_KEYS]
@@ -294,7 +326,7 @@ class Predictor:
         ann = replace(base, **fields)
         if self.priority_policy is not None:
             try:
-                ann = replace(ann, priority=int(self.priority_policy(ann, meta)))
+                ann = replace(ann, priority=int(self.priority_policy(ann, meta, **(priority_inputs or {}))))
             except Exception as exc:
                 log.warning("priority policy failed: %s", exc)
         return ann

@@ -26,12 +26,14 @@ less work it is taken to have left; ranks only, no MAE).
 """
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import duckdb
 import numpy as np
 import pandas as pd
 
+from predictors.contract import Annotation
 from predictors.predictor import Predictor
 from predictors.remaining_tokens import session_frame
 from profiler.profile_artifact import Profile
@@ -51,22 +53,26 @@ def held_out_calls(con: duckdb.DuckDBPyConnection) -> pd.DataFrame:
         "ORDER BY workflow_type_id, workflow_id, call_index").df()
 
 
-def served_remaining_tokens(profile: Profile, calls: pd.DataFrame) -> np.ndarray:
-    """``expected_remaining_output_tokens`` the Predictor serves for every call (NaN: none)."""
+def served_annotations(profile: Profile | str, calls: pd.DataFrame) -> Iterator[Annotation]:
+    """The annotation a ``Predictor`` on ``profile`` serves each of ``calls``
+    (:func:`held_out_calls`), replayed as served: annotate at arrival, observe at completion."""
     pred = Predictor(profile, max_sessions=1_000_000)
-    out = np.full(len(calls), np.nan)
     cols = zip(calls["workflow_type_id"], calls["workflow_id"], calls["agent_id"], calls["request_id"],
                calls["input_tokens"], calls["output_tokens"], calls["t_arrival"], calls["t_finish"])
-    for k, (wt, wf, agent, rid, inp, outp, ta, tf) in enumerate(cols):
+    for wt, wf, agent, rid, inp, outp, ta, tf in cols:
         meta = {"workflow_type_id": wt, "workflow_id": wf, "agent_id": agent}
         pred.clock = lambda t=ta: t
-        ann = pred.annotate_call(meta, request_id=rid, input_tokens=int(inp))
-        if ann.expected_remaining_output_tokens is not None:
-            out[k] = ann.expected_remaining_output_tokens
+        yield pred.annotate_call(meta, request_id=rid, input_tokens=int(inp))
         pred.clock = lambda t=tf: t
         pred.observe({"app_metadata": meta, "request_id": rid, "output_tokens": int(outp),
                       "input_tokens": int(inp), "t_finish": tf})
-    return out
+
+
+def served_remaining_tokens(profile: Profile, calls: pd.DataFrame) -> np.ndarray:
+    """``expected_remaining_output_tokens`` the Predictor serves for every call (NaN: none)."""
+    return np.array([np.nan if a.expected_remaining_output_tokens is None
+                     else a.expected_remaining_output_tokens
+                     for a in served_annotations(profile, calls)], dtype=float)
 
 
 def baseline_predictions(section: dict[str, Any], calls: pd.DataFrame) -> dict[str, np.ndarray]:

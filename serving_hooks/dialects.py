@@ -35,8 +35,8 @@ headers     ``X-Agentprof-*`` request headers (the body is not changed) for rout
 
 How annotation fields become hint values is decided in **one** place, :func:`hint_values`
 (a :class:`HintValues`); every renderer reads only that, so a new dialect cannot drift from the
-others. Its input is today's ``sys_annotations`` dict (or an :class:`Annotation`); the typed
-contract is one call away (:meth:`Annotation.from_dict` accepts either).
+others. Its input is the typed contract (:class:`Annotation`, what the gateway holds end to end;
+a ``sys_annotations`` JSON dict is accepted for tools and tests and read once).
 
 The values (each None when the annotation has no prediction for it):
 
@@ -48,7 +48,25 @@ The values (each None when the annotation has no prediction for it):
   (``keep_alive_ttl_s``), else the most frequent tool's TTL (``retain_s``); rounded up to whole
   seconds;
 * ``speculative_prefill`` — true when another call of the session is likely (``p_end`` < 0.5, or
-  unknown ``p_end`` with a predicted next agent): warming the next prompt is then worth it.
+  unknown ``p_end`` with a predicted next agent): warming the next prompt is then worth it;
+* ``session_end`` — true when the session's KV may be released after this call: the
+  annotation's ``session_end``, which the gateway sets by
+  :class:`~serving_hooks.policies.session_end.SessionEndRule` (the client
+  says ``app_metadata.last_call: true``, or the served ``p_end`` reaches ``--session-end-p``).
+
+End of session, per dialect (docs/dialects.md, "End of session"):
+
+* sglang — ``custom_params.session_end: true`` (a flat key of the contract): the plugin drops
+  the session's prefix at once (:class:`~serving_hooks.policies.keep_drop.KeepDropPolicy`) and
+  cancels its pending host prefetch;
+* vllm — ``vllm_xargs.session_end: 1`` (``SamplingParams.extra_args``, for a KV-connector or
+  custom extension; vLLM's own scheduler does not read it);
+* dynamo — the request headers ``X-Dynamo-Session-ID: <workflow_id>`` and
+  ``X-Dynamo-Session-Final: true`` (ai-dynamo/dynamo PR #10896): Dynamo normalises the final
+  header into its ``kv_hints.evict_trajectory`` and, with SGLang's session radix cache, closes the
+  session (bulk-evicts its tagged KV) once the response stream completes; no ``cache_control``
+  TTL is sent for that call. ``nvext.agent_hints`` has no end-of-session field;
+* headers — ``X-Agentprof-Session-End: 1``.
 
 Renderers are pure: ``render(dialect, values, body, endpoint) -> (patch, headers)`` where
 ``patch`` maps top-level body keys to their new values (client values of the same dicts are
@@ -61,7 +79,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from predictors.contract import Annotation
+from predictors.contract import Annotation, header_fields
 
 #: Dialects ``profiler gateway --dialect`` accepts.
 DIALECTS = ("sglang", "vllm", "dynamo", "headers")
@@ -72,6 +90,9 @@ DEFAULT_PRIORITY_ORDER = {"sglang": "high_first", "vllm": "low_first", "dynamo":
 HEADER_PREFIX = "X-Agentprof-"
 #: ``p_end`` below which the session is expected to continue (speculative prefill pays off).
 CONTINUE_P_END = 0.5
+#: Dynamo's session headers (ai-dynamo/dynamo PR #10896).
+DYNAMO_SESSION_ID_HEADER = "X-Dynamo-Session-ID"
+DYNAMO_SESSION_FINAL_HEADER = "X-Dynamo-Session-Final"
 
 
 @dataclass(frozen=True)
@@ -84,12 +105,15 @@ class HintValues:
     osl: int | None
     ttl_s: int | None
     speculative_prefill: bool | None
+    session_end: bool = False
+    #: the annotation the values come from (its class names the header fields)
+    annotation: Annotation | None = None
 
 
-def hint_values(sys_annotations: Mapping[str, Any] | Annotation,
+def hint_values(annotation: Annotation | Mapping[str, Any],
                 app_metadata: Mapping[str, Any] | None = None) -> HintValues:
     """The one mapping from annotation fields to hint values (module doc)."""
-    ann = Annotation.from_dict(sys_annotations, app_metadata)
+    ann = Annotation.from_dict(annotation, app_metadata)   # the contract object itself: no parse
     flat = ann.flat(app_metadata)
     osl = None
     if ann.known:
@@ -103,7 +127,8 @@ def hint_values(sys_annotations: Mapping[str, Any] | Annotation,
     if ann.known:
         spec = ann.p_end < CONTINUE_P_END if ann.p_end is not None else ann.next_agent is not None
     return HintValues(known=ann.known, flat=flat, priority=ann.priority if ann.known else None,
-                      osl=osl, ttl_s=ttl_s, speculative_prefill=spec)
+                      osl=osl, ttl_s=ttl_s, speculative_prefill=spec,
+                      session_end=ann.session_end is True, annotation=ann)
 
 
 def engine_priority(priority: int | None, order: str) -> int | None:
@@ -170,10 +195,13 @@ def render_dynamo(v: HintValues, body: Mapping[str, Any], endpoint: str,
     nvext = body.get("nvext")
     nvext = dict(nvext) if isinstance(nvext, Mapping) else {}
     nvext["agent_hints"] = _merged(nvext, "agent_hints", hints)
-    if v.ttl_s is not None:
+    if v.ttl_s is not None and not v.session_end:   # the last call: nothing to keep alive
         nvext["cache_control"] = _merged(nvext, "cache_control",
                                          {"type": "ephemeral", "ttl": str(v.ttl_s)})
-    return {"nvext": nvext}, {}
+    headers: dict[str, str] = {}
+    if v.session_end and v.flat.get("wf_id") is not None:
+        headers = {DYNAMO_SESSION_ID_HEADER: str(v.flat["wf_id"]), DYNAMO_SESSION_FINAL_HEADER: "true"}
+    return {"nvext": nvext}, headers
 
 
 def _header_value(val: Any) -> str:
@@ -184,18 +212,16 @@ def _header_value(val: Any) -> str:
     return str(val)
 
 
-#: Header dialect: header suffix -> key of the flat form (plus the derived values below).
-HEADER_FIELDS = (("Known", "known"), ("Workflow-Type", "wf_type"), ("Workflow-Id", "wf_id"),
-                 ("Agent", "agent"), ("Output-Lo", "pred_out_lo"), ("Output-Hi", "pred_out_hi"),
-                 ("Next-Agent", "next_agent"), ("Next-Agent-P", "next_agent_p"),
-                 ("Remaining-Calls", "exp_remaining_calls"), ("Remaining-S", "exp_remaining_s"),
-                 ("P-End", "p_end"), ("Profile-Version", "profile_version"))
+#: Header dialect: header suffix -> key of the flat form, generated from the contract's field
+#: declarations (:func:`predictors.contract.header_fields`; plus the derived values below).
+HEADER_FIELDS = header_fields(Annotation)
 
 
 def render_headers(v: HintValues, body: Mapping[str, Any], endpoint: str,
                    order: str = "high_first") -> tuple[dict, dict]:
+    names = header_fields(type(v.annotation)) if v.annotation is not None else HEADER_FIELDS
     headers = {HEADER_PREFIX + name: _header_value(v.flat.get(key))
-               for name, key in HEADER_FIELDS if v.flat.get(key) is not None}
+               for name, key in names if v.flat.get(key) is not None}
     prio = engine_priority(v.priority, order)
     for name, val in (("Priority", prio), ("Osl", v.osl), ("Kv-Ttl-S", v.ttl_s),
                       ("Speculative-Prefill", v.speculative_prefill)):

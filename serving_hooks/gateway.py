@@ -5,9 +5,13 @@ An OpenAI-compatible reverse proxy in front of SGLang (or any OpenAI-compatible 
 
 1. reads ``app_metadata`` from the JSON body — top level (the OpenAI SDK merges
    ``extra_body={"app_metadata": …}`` into the body) or nested under ``extra_body``;
-2. asks the predictor (in process, or the sidecar) for ``sys_annotations`` within a time budget;
-   on error or over budget the request goes upstream **unannotated** and
-   ``profiler_gateway_annotate_total{outcome=…}`` says so (fail open);
+2. asks the predictor (in process, or the sidecar) for the call's annotation within a time
+   budget; on error or over budget the request goes upstream **unannotated** and
+   ``profiler_gateway_annotate_total{outcome=…}`` says so (fail open). The annotation is the typed
+   contract (:class:`~predictors.contract.Annotation`) from there on — router, dialects, tracer —
+   and is rendered to JSON only where it leaves (the forwarded body, the log); a call that ends
+   its session is marked ``session_end`` (:class:`~serving_hooks.policies.session_end.SessionEndRule`:
+   ``app_metadata.last_call`` or ``p_end`` ≥ ``--session-end-p``);
 3. forwards the client's bytes with ``sys_annotations`` spliced in (every other byte unchanged;
    :func:`serving_hooks.annotations.forward_body`) and, with ``--sglang-fields``, SGLang's own
    ``priority`` and flat ``custom_params``; the upstream is picked by the router seam
@@ -63,7 +67,7 @@ import logging
 import time
 import uuid
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace as dataclass_replace
 from typing import TYPE_CHECKING, Any
 
 import aiohttp
@@ -84,6 +88,7 @@ from serving_hooks.retries import DEFAULT_WINDOW_S, RetryLedger
 from predictors.contract import Annotation
 from serving_hooks.policies.pools import ModelPools, NoReplicaForModel
 from serving_hooks.policies.priority import AnnotationPriority
+from serving_hooks.policies.session_end import SessionEndRule
 from serving_hooks.metrics import (LATENCY_BUCKETS, Labeled, RequestMetricsMiddleware, render,
                                    RoutingCollector, request_metrics)
 from serving_hooks.sse import StreamFollower
@@ -91,7 +96,7 @@ from serving_hooks.upstreams import (DEFAULT_UPSTREAM_KEEPALIVE_S, UpstreamClien
                                      request_model)
 
 if TYPE_CHECKING:  # pragma: no cover
-    from serving_hooks.annotator import LocalAnnotator, SidecarAnnotator
+    from serving_hooks.annotator import AnnotationSource
     from serving_hooks.service import PredictionService
     from serving_hooks.telemetry import CallTracer
 
@@ -151,6 +156,8 @@ class GatewayOptions:
     #: idle seconds before a pooled upstream connection is dropped (below the engine's 5 s)
     upstream_keepalive_s: float = DEFAULT_UPSTREAM_KEEPALIVE_S
     retry_stale_connections: bool = True  # resend once a call that met a closed pooled connection
+    #: end-of-session signal (``--session-end-p``, ``--no-session-end-signal``; docs/dialects.md)
+    session_end: SessionEndRule = field(default_factory=SessionEndRule)
 
 
 def path_forwarded(path: str, patterns: tuple[str, ...]) -> bool:
@@ -279,7 +286,7 @@ class Gateway:
     """
 
     def __init__(self, router: UpstreamRouter,
-                 annotator: LocalAnnotator | SidecarAnnotator | None = None, *,
+                 annotator: AnnotationSource | None = None, *,
                  log_writer: GatewayLog | None = None, options: GatewayOptions | None = None,
                  registry: CollectorRegistry | None = None,
                  service: PredictionService | None = None, retries: RetryLedger | None = None,
@@ -287,8 +294,8 @@ class Gateway:
                  priority: AnnotationPriority | None = None) -> None:
         self.router = router
         self.pools = pools if pools is not None and pools.pooled else None
-        policy = getattr(getattr(service, "predictor", None), "priority_policy", None)
-        #: the priority rule the annotations were made with (re-applied with the pools' queues)
+        policy = service.predictor.priority_policy if service is not None else None
+        #: the priority rule the annotations were made with (a sidecar's gets the pools' term here)
         self.priority = priority or (policy if isinstance(policy, AnnotationPriority)
                                      else AnnotationPriority())
         self.annotator = annotator
@@ -297,7 +304,7 @@ class Gateway:
         self.registry = registry or CollectorRegistry()
         self.service = service
         self.metrics = _GatewayMetrics(self.registry)
-        if hasattr(router, "routing_stats"):       # the capacity router's decisions and moves
+        if router.routing_stats() is not None:     # the capacity router's decisions and moves
             self.registry.register(RoutingCollector("profiler_gateway", router.routing_stats))
         if self.log is not None:
             written = self.metrics.record_outcome("written")
@@ -319,35 +326,14 @@ class Gateway:
         await self.client.start()
         if self.annotator is not None:
             await self.annotator.start()
-        if hasattr(self.router, "start"):
-            await self.router.start()
+        await self.router.start()
         for obj in self.background:
             obj.start()
-        await self._warm_up()
+        if self.annotator is not None:
+            # the first real call of each (type, agent) finds every lazy structure built, so no
+            # cold-start call goes out unannotated for being over the time budget
+            await self.annotator.warm_up()
         self.ready = True
-
-    async def _warm_up(self) -> None:
-        """Annotate once per (workflow type, agent) of the profile without advancing anything,
-        so the first real call of each finds every lazy structure built (no cold-start call goes
-        out unannotated for being over the time budget)."""
-        if self.service is not None:
-            predictor = self.service.predictor
-            model = predictor.profile
-            if model is None:
-                return
-            for wt, agent in list(model.agents)[:5000]:
-                meta = {"workflow_type_id": wt, "workflow_id": "__warmup__", "agent_id": agent}
-                await asyncio.to_thread(predictor.annotate_call, meta, advance=False)
-            with predictor._lock:
-                for wt, _ in list(model.agents)[:5000]:
-                    predictor.sessions.forget((wt, "__warmup__"))
-        elif self.annotator is not None:
-            try:  # opens the pooled connection to the sidecar
-                await self.annotator.annotate({"workflow_type_id": "__warmup__", "workflow_id":
-                                               "__warmup__", "agent_id": "__warmup__"},
-                                              "gw-warmup", None, advance=False)
-            except Exception as exc:
-                log.warning("sidecar warm-up failed (calls fail open until it answers): %s", exc)
 
     def dialect_for(self, upstream: str) -> tuple[str | None, str | None]:
         """``(dialect, priority order)`` of one upstream (``--upstream URL,dialect=…``)."""
@@ -362,8 +348,7 @@ class Gateway:
     async def aclose(self) -> None:
         for obj in reversed(self.background):
             await asyncio.to_thread(obj.stop)
-        if hasattr(self.router, "aclose"):
-            await self.router.aclose()
+        await self.router.aclose()
         if self.annotator is not None:
             await self.annotator.aclose()
         await self.client.aclose()
@@ -374,15 +359,26 @@ class Gateway:
 
     # -- annotation with a time budget -----------------------------------------------------------
     async def _annotate(self, meta: dict | None, request_id: str, body: Any,
-                        advance: bool = True) -> tuple[dict | None, str]:
-        ann, outcome = await self._annotate_within_budget(meta, request_id, body, advance)
+                        advance: bool = True) -> tuple[Annotation | None, str]:
+        """The call's annotation (priority computed once, with the model pools' queues when
+        there are pools), marked ``session_end`` by the end-of-session rule, and its outcome."""
+        inputs = self._priority_inputs(meta)
+        ann, outcome = await self._annotate_within_budget(meta, request_id, body, advance, inputs)
         if outcome in ("over_budget", "timeout", "error"):
             log.warning("request %s forwarded unannotated (fail open: %s)", request_id, outcome)
+        if ann is not None and inputs is not None:
+            ann = self._pools_priority(ann, meta, inputs)
+        if ann is not None:
+            ann = self.options.session_end.mark(ann, meta)
         return ann, outcome
 
     async def _annotate_within_budget(self, meta: dict | None, request_id: str, body: Any,
-                                      advance: bool) -> tuple[dict | None, str]:
-        extra = {} if advance else {"advance": False}
+                                      advance: bool, priority_inputs: dict | None = None
+                                      ) -> tuple[Annotation | None, str]:
+        extra: dict[str, Any] = {} if advance else {"advance": False}
+        if priority_inputs is not None and self.annotator is not None \
+                and self.annotator.takes_priority_inputs:
+            extra["priority_inputs"] = priority_inputs
         if body is None:
             return None, "not_json"
         if meta is None:
@@ -416,24 +412,29 @@ class Gateway:
         return ann, "annotated"
 
     # -- model pools: the idle-downstream term --------------------------------------------------
-    def _with_downstream_priority(self, ann: dict | None, meta: dict | None) -> dict | None:
-        """``ann`` with its ``priority`` recomputed with the pools' queue depths (module doc);
-        unchanged when it carries no priority or no pool has reported."""
-        if self.pools is None or not isinstance(ann, dict) or ann.get("priority") is None \
-                or not ann.get("known"):
-            return ann
-        depths = self.pools.depths(self.router.queue_depths() if hasattr(self.router, "queue_depths")
-                                   else {})
+    def _priority_inputs(self, meta: dict | None) -> dict | None:
+        """The priority policy's pool inputs for this call — waiting requests per pool
+        (``queue_depth``) and the pool each agent of its workflow type calls (``agent_model``) —
+        or None without pools or before any pool has reported."""
+        if self.pools is None or meta is None:
+            return None
+        depths = self.pools.depths(self.router.queue_depths())
         if not depths:
+            return None
+        return {"queue_depth": depths,
+                "agent_model": dict(self.pools.agent_pools(meta.get("workflow_type_id")))}
+
+    def _pools_priority(self, ann: Annotation, meta: dict | None, inputs: dict) -> Annotation:
+        """A known call's priority with the idle-downstream term (module doc). In process the
+        predictor already computed it with ``inputs`` (once); a sidecar's policy knows no gateway
+        queues, so the gateway applies the rule here. Counts the calls the term raised."""
+        if not ann.known or ann.priority is None:
             return ann
-        wt = meta.get("workflow_type_id") if isinstance(meta, dict) else None
-        prio = self.priority(Annotation.from_dict(ann, meta), meta, queue_depth=depths,
-                             agent_model=self.pools.agent_pools(wt))
-        if prio == ann["priority"]:
-            return ann
-        if prio > ann["priority"]:
+        if not self.annotator.takes_priority_inputs:
+            ann = dataclass_replace(ann, priority=self.priority(ann, meta, **inputs))
+        if self.priority.downstream_boost(ann, meta, **inputs) > 0:
             self.metrics.downstream.inc()
-        return {**ann, "priority": prio}
+        return ann
 
     # -- upstream I/O -----------------------------------------------------------------------------
     async def _send(self, request: Request, upstream: str, content: bytes | None,
@@ -446,8 +447,10 @@ class Gateway:
                    if k.decode("latin-1") not in HOP_HEADERS]
         if not self.options.allow_client_scheduler_fields:
             headers = [(k, v) for k, v in headers if not k.lower().startswith(HINT_HEADER_PREFIX)]
-        if extra_headers:
-            headers += list(extra_headers.items())
+        if extra_headers:   # a client's own header of the same name wins (never doubled): e.g.
+            # its X-Dynamo-Session-ID names the engine's session, which our end signal then closes
+            theirs = {k.lower() for k, _ in headers}
+            headers += [(k, v) for k, v in extra_headers.items() if k.lower() not in theirs]
         try:
             resp, retried = await self.client.request(request.method, url, data=content,
                                                       headers=headers)
@@ -487,13 +490,45 @@ class Gateway:
 
     # -- the proxied OpenAI calls ----------------------------------------------------------------
     async def proxy_call(self, request: Request) -> Response:
+        """One annotated call, in named steps: read the body, identify the call, annotate it,
+        pick the upstream, rewrite the body in its dialect, forward and relay the answer."""
         t_arrival = time.time()
         raw = await request.body()
         t0 = time.perf_counter()
+        read = self._read_body(raw)
+        if isinstance(read, Response):
+            return read
+        raw, body = read
+        kind = endpoint_of(request.url.path) or "chat"
+        meta, where, id_source = resolve_identity(body, request.headers, self.options.identity)
+        refused = self._check_model_pool(body, meta)
+        if refused is not None:
+            return refused
+        if body is not None:
+            self.metrics.identity.labels(id_source or "none").inc()
+        request_id, advance = self._request_id(meta, raw, request.headers)
+        ann, outcome = await self._annotate(meta, request_id, body, advance)
+        self.metrics.annotate_outcome(outcome).inc()
+        ctx = _CallContext(request_id, t_arrival, body, meta, ann, outcome, upstream="",
+                           chat=kind != "completions", stream=body is not None and body.get("stream") is True,
+                           record_wanted=self._record_wanted(meta, body),
+                           client_request_id=request.headers.get("x-request-id"), kind=kind,
+                           identity_source=id_source, advanced=advance)
+        ctx.upstream = self.router.choose_upstream(request_id, body, ann, meta)
+        ctx.dialect, order = self.dialect_for(ctx.upstream)
+        fwd, hint_headers, inject_usage = self._rewrite(ctx, raw, where, order)
+        self.metrics.overhead.observe(time.perf_counter() - t0)
+        return await self._forward(request, ctx, fwd, hint_headers, inject_usage)
+
+    def _read_body(self, raw: bytes) -> tuple[bytes, dict | None] | Response:
+        """``(bytes to forward, parsed body or None)``, or a 400 for scheduler fields that
+        cannot be removed. A body that is not strict JSON (NaN, 1e400, too deep…) is forwarded
+        untouched and unannotated; a client's own scheduler fields are stripped (re-encoding the
+        body) unless ``allow_client_scheduler_fields``."""
         try:
             body = strict_json_loads(raw) if raw else None
         except StrictJSONError:
-            body = None  # not strict JSON (NaN, 1e400, too deep…): forwarded untouched, unannotated
+            body = None
             if not self.options.allow_client_scheduler_fields and _may_set_scheduler_fields(raw):
                 # it cannot be stripped without re-encoding what is not JSON: refuse it
                 return _error_response(400, "invalid_request_error", "request sets scheduler "
@@ -501,8 +536,8 @@ class Gateway:
                                        "in a body that is not strict JSON (NaN, Infinity, 1e400, "
                                        "lone surrogate, too deep)")
         if not isinstance(body, dict):
-            body = None
-        if body is not None and not self.options.allow_client_scheduler_fields:
+            return raw, None
+        if not self.options.allow_client_scheduler_fields:
             stripped = strip_scheduler_fields(body)
             if stripped is not None:
                 self.metrics.stripped.inc()
@@ -514,87 +549,98 @@ class Gateway:
                     return _error_response(400, "invalid_request_error", "request sets scheduler "
                                            "fields (priority, custom_params, vllm_xargs, nvext "
                                            "hints) and cannot be re-encoded")
-        kind = endpoint_of(request.url.path) or "chat"
-        meta, where, id_source = resolve_identity(body, request.headers, self.options.identity)
-        if self.pools is not None:
-            model = request_model(body)
-            try:
-                self.pools.candidates(model)
-            except NoReplicaForModel as exc:
-                return _error_response(404, "model_not_found", str(exc))
-            pool = self.pools.pool_of(model)
-            if pool is not None and meta is not None:
-                self.pools.note_agent(str(meta.get("workflow_type_id")), str(meta.get("agent_id")), pool)
-        if body is not None:
-            self.metrics.identity.labels(id_source or "none").inc()
-        advance = True
-        if meta is not None and raw:
-            attempt = self.retries.attempt(tuple(str(meta.get(k)) for k in
-                                                 ("workflow_type_id", "workflow_id", "agent_id")),
-                                           raw, request.headers)
-            request_id = attempt.request_id
-            if attempt.retry:
-                self.metrics.retries.labels("after_completion" if attempt.completed else "retry").inc()
-                advance = not attempt.completed
-        else:
-            request_id = f"gw-{uuid.uuid4().hex}"  # ours: a client's header may repeat across calls
-        ann, outcome = await self._annotate(meta, request_id, body, advance)
-        ann = self._with_downstream_priority(ann, meta)
-        self.metrics.annotate_outcome(outcome).inc()
-        stream = body is not None and body.get("stream") is True
-        record_wanted = (meta is not None and (self.log is not None or self.annotator is not None)) \
-            or (self.tracer is not None and body is not None)
-        client_usage = stream and isinstance(body.get("stream_options"), dict) and \
-            body["stream_options"].get("include_usage") is True
-        inject_usage = stream and record_wanted and self.options.stream_usage and not client_usage \
-            and kind in ("chat", "completions")
-        upstream = self.router.choose_upstream(request_id, body, ann, meta)
-        dialect, order = self.dialect_for(upstream)
-        patch: dict = {}
-        hint_headers: dict = {}
-        fwd = raw
-        if body is not None:
-            try:
-                if ann is not None and dialect is not None:
-                    patch, hint_headers = render_dialect(dialect, hint_values(ann, meta), body, kind, order)
-                fwd = forward_body(raw, body, where, ann, strip_metadata=self.options.strip_metadata,
-                                   request_stream_usage=inject_usage, extra_fields=patch)
-            except (ValueError, TypeError, RecursionError) as exc:
-                # fail open: the client's bytes as they came (never a re-encoding we cannot trust)
-                log.warning("request %s forwarded unannotated: %s", request_id, exc)
-                self.metrics.annotate_outcome("error").inc()
-                ann, inject_usage, hint_headers, fwd = None, False, {}, raw
-        if ann is not None:
-            self.metrics.dialect.labels(dialect or "none").inc()
-        self.metrics.overhead.observe(time.perf_counter() - t0)
-        ctx = _CallContext(request_id, t_arrival, body, meta, ann, outcome, upstream,
-                           chat=kind != "completions", stream=stream,
-                           record_wanted=record_wanted,
-                           client_request_id=request.headers.get("x-request-id"), kind=kind,
-                           identity_source=id_source, dialect=dialect, advanced=advance)
+        return raw, body
+
+    def _check_model_pool(self, body: dict | None, meta: dict | None) -> Response | None:
+        """With model pools: 404 when no upstream serves the body's model; else learn which pool
+        the call's agent uses (the idle-downstream term reads it)."""
+        if self.pools is None:
+            return None
+        model = request_model(body)
         try:
-            resp, failed = await self._send(request, upstream, fwd, hint_headers)
+            self.pools.candidates(model)
+        except NoReplicaForModel as exc:
+            return _error_response(404, "model_not_found", str(exc))
+        pool = self.pools.pool_of(model)
+        if pool is not None and meta is not None:
+            self.pools.note_agent(str(meta.get("workflow_type_id")), str(meta.get("agent_id")), pool)
+        return None
+
+    def _request_id(self, meta: dict | None, raw: bytes, headers: Any) -> tuple[str, bool]:
+        """``(request id, advance the session?)``: a retry of an earlier attempt shares its id
+        (:mod:`serving_hooks.retries`) and a retry of a completed call does not advance again."""
+        if meta is None or not raw:
+            return f"gw-{uuid.uuid4().hex}", True  # ours: a client's header may repeat across calls
+        attempt = self.retries.attempt(tuple(str(meta.get(k)) for k in
+                                             ("workflow_type_id", "workflow_id", "agent_id")),
+                                       raw, headers)
+        if attempt.retry:
+            self.metrics.retries.labels("after_completion" if attempt.completed else "retry").inc()
+            return attempt.request_id, not attempt.completed
+        return attempt.request_id, True
+
+    def _record_wanted(self, meta: dict | None, body: dict | None) -> bool:
+        """Whether the completed call is read back (logged, observed or traced)."""
+        return (meta is not None and (self.log is not None or self.annotator is not None)) \
+            or (self.tracer is not None and body is not None)
+
+    def _rewrite(self, ctx: "_CallContext", raw: bytes, where: str | None,
+                 order: str | None) -> tuple[bytes, dict, bool]:
+        """``(bytes to send, extra headers, usage chunk injected?)``: the annotation spliced in
+        (``sys_annotations``) and rendered in the upstream's dialect, and a stream asked for its
+        usage when the gateway needs it. Fails open: on any error the client's bytes, unannotated."""
+        body = ctx.body
+        if body is None:
+            return raw, {}, False
+        client_usage = ctx.stream and isinstance(body.get("stream_options"), dict) and \
+            body["stream_options"].get("include_usage") is True
+        inject_usage = ctx.stream and ctx.record_wanted and self.options.stream_usage \
+            and not client_usage and ctx.kind in ("chat", "completions")
+        ann, patch, hint_headers = ctx.annotation, {}, {}
+        try:
+            if ann is not None and ctx.dialect is not None:
+                patch, hint_headers = render_dialect(ctx.dialect, hint_values(ann, ctx.meta), body,
+                                                     ctx.kind, order)
+            fwd = forward_body(raw, body, where, ann.to_dict() if ann is not None else None,
+                               strip_metadata=self.options.strip_metadata,
+                               request_stream_usage=inject_usage, extra_fields=patch)
+        except (ValueError, TypeError, RecursionError) as exc:
+            # fail open: the client's bytes as they came (never a re-encoding we cannot trust)
+            log.warning("request %s forwarded unannotated: %s", ctx.request_id, exc)
+            self.metrics.annotate_outcome("error").inc()
+            ctx.annotation = None
+            return raw, {}, False
+        if ann is not None:
+            self.metrics.dialect.labels(ctx.dialect or "none").inc()
+        return fwd, hint_headers, inject_usage
+
+    async def _forward(self, request: Request, ctx: "_CallContext", fwd: bytes,
+                       hint_headers: dict, inject_usage: bool) -> Response:
+        """Send upstream and relay the answer: streamed chunk by chunk, or whole; the completed
+        call is logged and observed after the client has it."""
+        try:
+            resp, failed = await self._send(request, ctx.upstream, fwd, hint_headers)
         except BaseException:
-            self.router.finished(request_id)
+            self.router.finished(ctx.request_id)
             raise
         if failed is not None:
-            self.router.finished(request_id)
+            self.router.finished(ctx.request_id)
             await self._failed(ctx, failed.status_code, "no_response")
             return failed
         if resp.status >= 400:
             await self._failed(ctx, resp.status, f"http_{resp.status}")
-        if stream and resp.status == 200 and resp.content_type == "text/event-stream":
+        if ctx.stream and resp.status == 200 and resp.content_type == "text/event-stream":
             return self._stream_response(resp, ctx, strip_usage_chunk=inject_usage)
         try:
-            content = await self._read_all(resp, upstream)
+            content = await self._read_all(resp, ctx.upstream)
         finally:
-            self.router.finished(request_id)
+            self.router.finished(ctx.request_id)
         if isinstance(content, Response):
             if resp.status < 400:
                 await self._failed(ctx, content.status_code, "broken")
             return content
         out = _raw_response(resp, content)
-        if resp.status == 200 and record_wanted:  # logged after the client has its answer
+        if resp.status == 200 and ctx.record_wanted:  # logged after the client has its answer
             out.background = BackgroundTask(self._completed_raw, ctx, content,
                                             resp.headers.get("content-encoding"), time.time())
         return out
@@ -604,8 +650,8 @@ class Gateway:
         advances afresh; a call that fails for good leaves the session as it was), trace it."""
         level = logging.INFO if 400 <= status < 500 and status != 429 else logging.WARNING
         rolled = False
-        if ctx.meta is not None and ctx.annotations is not None and ctx.advanced \
-                and hasattr(self.annotator, "cancel"):
+        if ctx.meta is not None and ctx.annotation is not None and ctx.advanced \
+                and self.annotator is not None:
             try:
                 rolled = await self.annotator.cancel(ctx.meta, ctx.request_id)
             except Exception as exc:
@@ -616,7 +662,7 @@ class Gateway:
                 ctx.request_id, "; session rolled back" if rolled else "")
         if self.tracer is not None and ctx.body is not None:
             self.tracer.record(endpoint=ctx.kind, model=ctx.body.get("model"), meta=ctx.meta,
-                               ann=ctx.annotations, identity_source=ctx.identity_source,
+                               ann=ctx.annotation, identity_source=ctx.identity_source,
                                dialect=ctx.dialect, t_arrival=ctx.t_arrival, t_finish=time.time(),
                                status=status, error=why)
 
@@ -695,7 +741,7 @@ class Gateway:
         first = self.retries.completed(ctx.request_id)   # False: a retry of a completed call
         if self.tracer is not None and ctx.body is not None:
             self.tracer.record(endpoint=ctx.kind, model=ctx.body.get("model"), meta=ctx.meta,
-                               ann=ctx.annotations, identity_source=ctx.identity_source,
+                               ann=ctx.annotation, identity_source=ctx.identity_source,
                                dialect=ctx.dialect, t_arrival=ctx.t_arrival, t_finish=t_finish,
                                status=200, input_tokens=in_tokens, output_tokens=out_tokens)
         if ctx.meta is None or not first:
@@ -711,7 +757,8 @@ class Gateway:
                 "request_id": ctx.request_id, "t_arrival": ctx.t_arrival,
                 "t_first_token": t_first_token, "t_finish": t_finish,
                 "request": _with_identity(ctx), "response": response, "status": "ok",
-                "sys_annotations": ctx.annotations, "upstream": ctx.upstream,
+                "sys_annotations": ctx.annotation.to_dict() if ctx.annotation is not None else None,
+                "upstream": ctx.upstream,
                 "gateway": {"annotate": ctx.outcome, "stream": ctx.stream,
                             "client_request_id": ctx.client_request_id, "endpoint": ctx.kind,
                             "identity_source": ctx.identity_source, "dialect": ctx.dialect},
@@ -811,7 +858,7 @@ class _CallContext:
     t_arrival: float
     body: dict | None
     meta: dict | None
-    annotations: dict | None
+    annotation: Annotation | None       # the typed contract, end to end (rendered only at the edges)
     outcome: str
     upstream: str
     chat: bool
@@ -870,9 +917,10 @@ def create_gateway_app(gateway: Gateway) -> FastAPI:
                "profile_version": svc.predictor.version if svc is not None else None,
                "predictions": "in_process" if svc is not None else
                "sidecar" if gateway.annotator is not None else "none"}
-        if svc is None and hasattr(gateway.annotator, "health"):
-            out["sidecar"] = await gateway.annotator.health()
-            if out["sidecar"] != "ok":
+        health = await gateway.annotator.health() if gateway.annotator is not None else None
+        if health is not None:      # a sidecar: is it answering?
+            out["sidecar"] = health
+            if health != "ok":
                 out["status"] = "degraded"
         if svc is not None:
             out["refit"] = svc.refit.as_dict()

@@ -25,12 +25,15 @@ from __future__ import annotations
 import os
 import threading
 from collections import OrderedDict
+from collections.abc import Mapping
 from typing import Any
 
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.trace import SpanKind, Status, StatusCode, Tracer
+
+from predictors.contract import Annotation
 
 #: ``gen_ai.operation.name`` per gateway endpoint.
 OPERATIONS = {"chat": "chat", "completions": "text_completion", "responses": "responses",
@@ -65,7 +68,8 @@ class CallTracer:
         self._last: OrderedDict[tuple, dict] = OrderedDict()
         self._lock = threading.Lock()
 
-    def record(self, *, endpoint: str, model: Any, meta: dict | None, ann: dict | None,
+    def record(self, *, endpoint: str, model: Any, meta: dict | None,
+               ann: Annotation | Mapping[str, Any] | None,
                identity_source: str | None, dialect: str | None, t_arrival: float,
                t_finish: float, status: int | None, input_tokens: Any = None,
                output_tokens: Any = None, error: str | None = None) -> None:
@@ -94,19 +98,18 @@ class CallTracer:
             if wt is not None:
                 attrs["agentprof.workflow_type"] = str(wt)
             session = (str(wt), str(wf))
-        ann = ann or {}
-        attrs["agentprof.known"] = bool(ann.get("known"))
-        band = ann.get("predicted_output_len")
-        if isinstance(band, list) and len(band) == 2:
-            attrs["agentprof.predicted_output_lo"], attrs["agentprof.predicted_output_hi"] = band
+        ann = Annotation.from_dict(ann)     # the contract object itself: no parse
+        attrs["agentprof.known"] = ann.known
+        if ann.predicted_output_len is not None:
+            attrs["agentprof.predicted_output_lo"], attrs["agentprof.predicted_output_hi"] = \
+                ann.predicted_output_len
             if isinstance(output_tokens, int):
-                attrs["agentprof.output_in_band"] = band[0] <= output_tokens <= band[1]
-        nexts = ann.get("next_agents") or []
-        predicted_next = nexts[0].get("agent_id") if nexts and isinstance(nexts[0], dict) else None
+                attrs["agentprof.output_in_band"] = ann.output_lo <= output_tokens <= ann.output_hi
+        predicted_next = ann.next_agent.agent_id if ann.next_agent is not None else None
         if predicted_next:
             attrs["agentprof.predicted_next_agent"] = predicted_next
-        ttl = ann.get("keep_alive_ttl_s", ann.get("retain_s"))
-        if isinstance(ttl, (int, float)):
+        ttl = ann.keep_alive_ttl_s if ann.keep_alive_ttl_s is not None else ann.retain_s
+        if ttl is not None:
             attrs["agentprof.ttl_s"] = float(ttl)
         if session is not None:
             with self._lock:

@@ -2,7 +2,7 @@
 
 The gateway only talks to an :class:`UpstreamRouter`::
 
-    url = router.choose_upstream(request_id, body, sys_annotations, app_metadata)
+    url = router.choose_upstream(request_id, body, annotation, app_metadata)
     ...forward, stream...
     router.finished(request_id)          # always called, success or error
 
@@ -53,12 +53,22 @@ def normalize_upstream(url: str) -> str:
 
 
 class UpstreamRouter(Protocol):
+    """What the gateway needs of a router (module doc)."""
+
     upstreams: list[str]
 
-    def choose_upstream(self, request_id: str, body: Any, sys_annotations: dict | None,
+    def choose_upstream(self, request_id: str, body: Any, annotation: Annotation | None,
                         app_metadata: dict | None) -> str: ...
 
     def finished(self, request_id: str) -> None: ...
+
+    def queue_depths(self) -> dict[str, int]: ...
+
+    def routing_stats(self) -> dict[str, int] | None: ...
+
+    async def start(self) -> None: ...
+
+    async def aclose(self) -> None: ...
 
 
 def request_model(body: Any) -> str | None:
@@ -77,7 +87,7 @@ class RoundRobinRouter:
         self.pools = pools if pools is not None and pools.pooled else None
         self._turns: dict[tuple[str, ...], itertools.count] = {}
 
-    def choose_upstream(self, request_id: str, body: Any, sys_annotations: dict | None,
+    def choose_upstream(self, request_id: str, body: Any, annotation: Annotation | None,
                         app_metadata: dict | None) -> str:
         cands = tuple(self.pools.candidates(request_model(body)) if self.pools else self.upstreams)
         turn = self._turns.setdefault(cands, itertools.count())
@@ -89,6 +99,10 @@ class RoundRobinRouter:
     def queue_depths(self) -> dict[str, int]:
         """Round robin polls no load reports: no queue depth is known."""
         return {}
+
+    def routing_stats(self) -> None:
+        """Round robin takes no decisions worth counting."""
+        return None
 
     async def start(self) -> None:
         return None
@@ -118,11 +132,11 @@ class CapacityRouting:
         self.pools = pools if pools is not None and pools.pooled else None
         self.router = CapacityRouter(self.upstreams, **router_kwargs)
 
-    def choose_upstream(self, request_id: str, body: Any, sys_annotations: dict | None,
+    def choose_upstream(self, request_id: str, body: Any, annotation: Annotation | None,
                         app_metadata: dict | None) -> str:
         """The worker for one request: its annotation contract's bound (as the simulator builds
         it) checked against the KV capacity of every worker that serves its model."""
-        ann = Annotation.from_dict(sys_annotations, app_metadata) if sys_annotations is not None else None
+        ann = annotation
         session = ann.workflow_id if ann is not None else None
         if session is None and isinstance(app_metadata, dict) and app_metadata.get("workflow_id") is not None:
             session = str(app_metadata["workflow_id"])

@@ -70,6 +70,7 @@ from serving_hooks.policies import (
     PrefetchPolicy,
     PriorityPolicy,
     RetentionRank,
+    SessionEndRule,
 )
 from serving_hooks.policies.bookkeeping import CapacityLedger, SessionPriorityBook, capacity_request
 from simulator.baselines import FCFS, LRU, Belady, RoundRobin, StickyLeastLoad
@@ -84,11 +85,14 @@ class PredictionFeed(Part):
 
     ``req.pred`` becomes ``{"ann": Annotation, "meta": app_metadata, "view": CallView}`` (the
     annotation contract and the policies' view of it); the view's tool p95 is that of the tool
-    the call runs (known once its response names it).
+    the call runs (known once its response names it). The annotation is marked by the gateway's
+    end-of-session rule (``session_end``; :class:`SessionEndRule`, the gateway's defaults), so
+    the keep/drop and prefetch parts see what the SGLang plugin sees.
     """
 
-    def __init__(self, predictor: Any) -> None:
+    def __init__(self, predictor: Any, session_end: SessionEndRule | None = None) -> None:
         self.predictor = predictor
+        self.session_end = session_end or SessionEndRule()
         self.global_hi = 4096
         self.coverage = 0.99
 
@@ -106,8 +110,8 @@ class PredictionFeed(Part):
         wf = self.sim.workload.workflows[req.wf]
         meta = {"workflow_type_id": wf.workflow_type, "workflow_id": wf.workflow_id,
                 "agent_id": req.call.agent}
-        ann = self.predictor.annotate_call(meta, request_id=req.call.request_id,
-                                           input_tokens=req.call.input_tokens)
+        ann = self.session_end.mark(self.predictor.annotate_call(
+            meta, request_id=req.call.request_id, input_tokens=req.call.input_tokens), meta)
         req.pred = {"ann": ann, "meta": meta, "view": CallView.from_annotation(ann, meta, tool=req.call.tool)}
 
     def on_finish(self, req: Request) -> None:
@@ -411,12 +415,13 @@ class HostPrefetch(Part):
 
     def on_issue(self, req: Request) -> None:
         view = self.feed.view(req)
-        if not view.known:
+        if not view.known and not view.session_end:
             return
         now = self.sim.now
         finish = self.policy.predicted_finish(now, req.call.input_tokens, view.pred_out_lo)
         plan = self.policy.plan(str(req.wf), now, view.next_agent, view.next_agent_p, finish,
-                                req.call.input_tokens + int(view.pred_out_lo or 0), payload=req)
+                                req.call.input_tokens + int(view.pred_out_lo or 0), payload=req,
+                                session=str(req.wf), session_end=view.session_end is True)
         if plan is not None:
             self.plans += 1
             self.sim.add_timer(plan.start_at)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 from predictors import Predictor
 from predictors.contract import FLAT_KEYS, Annotation, from_custom_params, to_sglang_custom_params
@@ -52,3 +53,71 @@ def test_gateway_body_carries_the_contracts_priority_and_flat_form(fitted_profil
     assert out["priority"] == ann.sglang_priority() == ann.priority
     assert out["custom_params"] == to_sglang_custom_params(ann, body["app_metadata"])
     assert out["sys_annotations"] == ann.to_dict()
+
+
+# --------------------------------------------------------------------------- declared once
+from dataclasses import dataclass, fields  # noqa: E402
+
+from pydantic import TypeAdapter  # noqa: E402
+
+from predictors.contract import contract_field, flat_keys, header_fields  # noqa: E402
+from serving_hooks.dialects import hint_values, render  # noqa: E402
+from serving_hooks.policies.annotations_view import call_view_type  # noqa: E402
+
+
+@dataclass(frozen=True, slots=True)
+class _WithNewField(Annotation):
+    """The contract with one more field, declared the one way a field is declared."""
+
+    queue_hint_s: float | None = contract_field(flat="queue_hint", header="Queue-Hint")
+    """seconds the call may wait in the queue (a field added for this test)"""
+
+
+def test_a_new_field_is_declared_once_and_appears_in_every_shape():
+    ann = _WithNewField(known=True, workflow_type_id="t", workflow_id="w", agent_id="a",
+                        p_end=0.2, queue_hint_s=1.5)
+    # JSON (sys_annotations) both ways
+    assert ann.to_dict()["queue_hint_s"] == 1.5
+    assert _WithNewField.from_dict(ann.to_dict()) == ann
+    # flat custom_params both ways, and its key list
+    assert ann.flat()["queue_hint"] == 1.5 and "queue_hint" in flat_keys(_WithNewField)
+    assert _WithNewField.from_flat(ann.flat()).queue_hint_s == 1.5
+    # the policies' view
+    view = call_view_type(_WithNewField).from_annotation(ann)
+    assert view.queue_hint == 1.5 and view.session_id == "w"
+    assert call_view_type(_WithNewField).from_custom_params(ann.flat()).queue_hint == 1.5
+    # header dialect, SGLang custom_params and vLLM xargs rendered from it
+    assert ("Queue-Hint", "queue_hint") in header_fields(_WithNewField)
+    v = hint_values(ann)
+    assert render("headers", v, {})[1]["X-Agentprof-Queue-Hint"] == "1.5"
+    assert render("sglang", v, {})[0]["custom_params"]["queue_hint"] == 1.5
+    assert render("vllm", v, {})[0]["vllm_xargs"]["queue_hint"] == 1.5
+    # OpenAPI (the sidecar's schema is the dataclass itself), with the attribute docstring
+    props = TypeAdapter(_WithNewField).json_schema()["properties"]
+    assert "seconds the call may wait" in props["queue_hint_s"]["description"]
+
+
+def test_every_field_is_in_every_shape_it_declares():
+    """Inspect every declared field: a value in it survives JSON, reaches the OpenAPI schema, and
+    a flat field is in the flat form, the view and (when it has one) the header dialect."""
+    props = TypeAdapter(Annotation).json_schema()["properties"]
+    view_names = {f.name for f in fields(CallView)}
+    for f in fields(Annotation):
+        assert f.name in props and props[f.name].get("description"), f.name
+        for key in f.metadata["flat"]:
+            assert key in FLAT_KEYS and key in view_names, (f.name, key)
+        for header, key in zip(f.metadata["headers"], f.metadata["flat"]):
+            assert header is None or (header, key) in header_fields(Annotation)
+        if f.metadata["view"] is not None:
+            assert f.metadata["view"] in view_names
+    assert len(FLAT_KEYS) == len(set(FLAT_KEYS))
+
+
+def test_session_end_travels_in_every_shape():
+    ann = replace(Annotation(known=True, workflow_id="w", p_end=0.95), session_end=True)
+    assert ann.to_dict()["session_end"] is True and Annotation.from_dict(ann.to_dict()) == ann
+    assert ann.flat()["session_end"] is True
+    assert CallView.from_custom_params(ann.flat()).session_end is True
+    assert Annotation().to_dict().get("session_end") is None      # the predictor never sets it
+    unknown_last = Annotation(known=False, workflow_id="w", session_end=True)
+    assert unknown_last.to_dict()["session_end"] is True            # an unknown call may be the last

@@ -7,6 +7,7 @@ import asyncio
 import itertools
 import logging
 import math
+from dataclasses import replace
 
 import httpx
 import pytest
@@ -15,10 +16,12 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from predictors.contract import Annotation
 from serving_hooks.dialects import hint_values, parse_upstreams, render
 from serving_hooks.fake_openai import FakeOpenAI
 from serving_hooks.gateway import Gateway, GatewayOptions, create_gateway_app
 from serving_hooks.identity import IdentityMap, load_identity_map, resolve_identity
+from serving_hooks.policies.session_end import DEFAULT_SESSION_END_P, SessionEndRule
 from serving_hooks.retries import RetryLedger
 from serving_hooks.server_thread import serve_in_thread
 from serving_hooks.telemetry import CallTracer
@@ -386,3 +389,84 @@ def test_cli_rejects_a_bad_dialect_in_one_line():
                         "http://127.0.0.1:1,dialect=trt", "--sidecar", "http://127.0.0.1:2"],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode != 0 and "dialect 'trt'" in r.stderr + r.stdout, r.stderr
+
+
+# ------------------------------------------------------------------ end of session (issue 24.7)
+def _ended(dialect: str, got) -> bool:
+    """Whether the upstream request carries the end-of-session signal in ``dialect``'s place."""
+    body, h = got.body, got.headers
+    if dialect == "sglang":
+        flag = body["custom_params"]["session_end"]
+        assert flag in (True, None)
+        return flag is True
+    if dialect == "vllm":
+        return body["vllm_xargs"].get("session_end") == 1
+    if dialect == "dynamo":
+        final = h.get("x-dynamo-session-final") == "true"
+        if final:   # the session is named, and nothing is pinned for a session that is over
+            assert h["x-dynamo-session-id"] == body["app_metadata"]["workflow_id"]
+            assert "cache_control" not in body["nvext"]
+        return final
+    return h.get("x-agentprof-session-end") == "1"
+
+
+@pytest.mark.parametrize("dialect", ["sglang", "vllm", "dynamo", "headers"])
+def test_session_end_signal_in_each_dialect(dialect, upstream, profile_root):
+    with running_gateway([upstream.url], profile_root, dialect=dialect) as gw:
+        c = client(gw)
+        m = meta()
+        call(c, "chat", False, m)
+        first = upstream.received[-1]
+        p_end = first.body["sys_annotations"]["p_end"]
+        # default --session-end-p: a confident p_end ends the session, else no signal
+        assert _ended(dialect, first) is (p_end >= DEFAULT_SESSION_END_P)
+        assert first.body["sys_annotations"].get("session_end") is \
+            (True if p_end >= DEFAULT_SESSION_END_P else None)
+        call(c, "chat", False, {**m, "agent_id": "reviewer", "last_call": True})   # the client knows
+        last = upstream.received[-1]
+        assert _ended(dialect, last) and last.body["sys_annotations"]["session_end"] is True
+        if dialect == "dynamo":   # a client that names its own Dynamo session keeps it
+            call(c, "chat", False, {**meta(), "last_call": True},
+                 extra_headers={"X-Dynamo-Session-ID": "engine-session"})
+            h = upstream.received[-1].headers
+            assert h["x-dynamo-session-id"] == "engine-session" and h["x-dynamo-session-final"] == "true"
+    off = SessionEndRule(enabled=False)                     # --no-session-end-signal
+    with running_gateway([upstream.url], profile_root, dialect=dialect, session_end=off) as gw:
+        call(client(gw), "chat", False, {**meta(), "last_call": True})
+        assert not _ended(dialect, upstream.received[-1])
+        assert "session_end" not in upstream.received[-1].body["sys_annotations"]
+
+
+def test_session_end_threshold_reads_the_served_p_end(upstream, profile_root):
+    low = SessionEndRule(p_threshold=1e-6)                 # every predicted p_end > 0 ends
+    with running_gateway([upstream.url], profile_root, dialect="sglang", session_end=low) as gw:
+        call(client(gw), "chat", False, meta())
+        got = upstream.received[-1]
+        assert got.body["sys_annotations"]["p_end"] > 0
+        assert got.body["custom_params"]["session_end"] is True
+    with pytest.raises(ValueError, match="session-end-p"):
+        SessionEndRule(p_threshold=0.0)
+
+
+def test_session_end_rule_and_renderers_by_hand():
+    rule = SessionEndRule()
+    known = Annotation(known=True, workflow_type_id=WT, workflow_id="w", agent_id="a", p_end=0.95,
+                       keep_alive_ttl_s=30.0)
+    assert rule.ends(known, None) and not rule.ends(replace(known, p_end=0.2), None)
+    assert rule.ends(replace(known, p_end=0.2), {"last_call": True})
+    assert not rule.ends(replace(known, p_end=0.2), {"last_call": "yes"})   # only a real true
+    unknown = Annotation(known=False, workflow_id="w")
+    assert not rule.ends(replace(unknown, p_end=0.99), None) and rule.ends(unknown, {"last_call": True})
+    assert not SessionEndRule(enabled=False).ends(known, {"last_call": True})
+    v = hint_values(rule.mark(known, None))
+    assert v.session_end and render("sglang", v, {})[0]["custom_params"]["session_end"] is True
+    assert render("vllm", v, {})[0]["vllm_xargs"]["session_end"] == 1
+    patch, headers = render("dynamo", v, {})
+    assert headers == {"X-Dynamo-Session-ID": "w", "X-Dynamo-Session-Final": "true"}
+    assert "cache_control" not in patch["nvext"]                 # no TTL pin on the last call
+    assert render("headers", v, {})[1]["X-Agentprof-Session-End"] == "1"
+    plain = hint_values(known)                                   # not marked: no signal anywhere
+    assert render("sglang", plain, {})[0]["custom_params"]["session_end"] is None
+    assert "session_end" not in render("vllm", plain, {})[0]["vllm_xargs"]
+    assert render("dynamo", plain, {})[1] == {}
+    assert "X-Agentprof-Session-End" not in render("headers", plain, {})[1]

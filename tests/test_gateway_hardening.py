@@ -15,6 +15,7 @@ from starlette.applications import Starlette
 from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
+from predictors.contract import Annotation
 from profiler.ingest import discover
 from serving_hooks.gateway import ENGINE_ADMIN_PATHS, path_forwarded, DEFAULT_FORWARD_PATHS
 from serving_hooks.gateway_log import GatewayLog, recover_orphans
@@ -309,15 +310,25 @@ HANG_S, BOUND_S = 20.0, 10.0
 
 
 class _Hang:
-    """A sidecar annotator that never answers within the budget."""
+    """A sidecar annotator that never answers within the budget (an ``AnnotationSource``)."""
 
     blocking = False
+    takes_priority_inputs = False
 
-    async def annotate(self, meta, request_id, input_tokens):
+    async def annotate(self, meta, request_id, input_tokens, advance=True, priority_inputs=None):
         await asyncio_sleep_uncancellable(HANG_S)
-        return {"known": True}
+        return Annotation(known=True)
+
+    async def cancel(self, meta, request_id):
+        return False
 
     async def observe(self, completion):
+        return None
+
+    async def health(self):
+        return None
+
+    async def warm_up(self):
         return None
 
     async def start(self):

@@ -11,7 +11,7 @@ from openai import OpenAI
 from prometheus_client import CollectorRegistry
 
 from profiler import fitting
-from predictors.contract import FLAT_KEYS as CUSTOM_PARAM_KEYS
+from predictors.contract import FLAT_KEYS as CUSTOM_PARAM_KEYS, Annotation
 from serving_hooks.annotator import LocalAnnotator
 from serving_hooks.fake_openai import FakeOpenAI
 from serving_hooks.gateway import Gateway, create_gateway_app
@@ -193,15 +193,29 @@ def test_sidecar_mode_and_sidecar_down_still_serves(upstream, profile_root):
 
 
 class SlowAnnotator:
-    """An in-process predictor that blows the time budget."""
+    """An in-process predictor that blows the time budget (an ``AnnotationSource``)."""
 
     blocking = True
+    takes_priority_inputs = False
 
-    def annotate_now(self, meta, request_id, input_tokens, timeout_s=None):
+    def annotate_now(self, meta, request_id, input_tokens, timeout_s=None, advance=True,
+                     priority_inputs=None):
         time.sleep(0.02)
-        return {"known": True}
+        return Annotation(known=True)
+
+    async def annotate(self, meta, request_id, input_tokens, advance=True, priority_inputs=None):
+        return self.annotate_now(meta, request_id, input_tokens)
+
+    async def cancel(self, meta, request_id):
+        return False
 
     async def observe(self, completion):
+        return None
+
+    async def health(self):
+        return None
+
+    async def warm_up(self):
         return None
 
     async def start(self):

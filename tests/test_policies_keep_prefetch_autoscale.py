@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -155,3 +156,27 @@ def test_prefetch_stages_only_into_free_or_dropped_host_memory():
     assert not PrefetchPolicy.may_stage(101, free_tokens=100)
     assert PrefetchPolicy.may_stage(150, free_tokens=100, dropped_tokens=50)
     assert not PrefetchPolicy.may_stage(10, free_tokens=-5, dropped_tokens=0)
+
+
+def test_session_end_drops_the_prefix_whatever_else_is_predicted():
+    pol = KeepDropPolicy()
+    going_on = CallView(known=True, exp_remaining_calls=20.0, p_end=0.05, tool_p95_s=5.0)
+    assert pol.decide_view(going_on, 10.0).rank == RetentionRank.KEEP
+    ended = replace(going_on, session_end=True)               # the client said: last call
+    ret = pol.decide_view(ended, 10.0)
+    assert ret.rank == RetentionRank.DROP and ret.reason == "session ends" and ret.ttl_s == 0.0
+    unknown_last = CallView(known=False, session_end=True)     # no prediction, but the last call
+    assert pol.decide_view(unknown_last, 10.0).rank == RetentionRank.DROP
+    assert pol.decide_view(CallView(known=False), 10.0).rank == RetentionRank.NEUTRAL
+
+
+def test_session_end_plans_no_prefetch_and_cancels_the_sessions_pending_ones():
+    pol = PrefetchPolicy()
+    a = pol.plan("r1", 0.0, "coder", 0.9, finish_at=5.0, prefix_tokens=1000, session="s")
+    b = pol.plan("r2", 0.0, "coder", 0.9, finish_at=5.0, prefix_tokens=1000, session="other")
+    assert a is not None and b is not None and pol.pending() == 2
+    assert pol.plan("r3", 1.0, "coder", 0.9, finish_at=6.0, prefix_tokens=1000, session="s",
+                    session_end=True) is None
+    assert pol.pending() == 1 and [p.key for p in pol.due(100.0)] == ["r2"]   # s's plan is gone
+    pol.plan("r4", 0.0, "coder", 0.9, finish_at=5.0, prefix_tokens=1000, session="s")
+    assert pol.cancel_session("s") == 1 and pol.cancel_session("s") == 0 and pol.due(100.0) == []

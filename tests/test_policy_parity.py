@@ -10,7 +10,9 @@ simulator does, and keeps affinity: never round robin). Every decision must be t
 and the routing counters (fallbacks, moved sessions and the recompute they cost) the same. Likewise the SGLang plugin's priority book (``admit_request`` on
 requests carrying the gateway's ``custom_params``) must hold, for every session, the reference
 the simulator's ``PriorityScheduler`` holds, and give the same integer priority up to SGLang's
-integer transport (±1).
+integer transport (±1). The end-of-session signal: the simulator's feed marks calls by the
+gateway's rule, and the plugin's keep/drop decision and prefetch cancellation on the gateway's
+``custom_params`` are the simulator's.
 """
 from __future__ import annotations
 
@@ -20,11 +22,14 @@ from types import SimpleNamespace
 
 import pytest
 
-from predictors.contract import Annotation, to_sglang_custom_params
-from serving_hooks.policies import CallView, PriorityPolicy
+from predictors.contract import Annotation, NextAgent, to_sglang_custom_params
+from serving_hooks.dialects import hint_values, render
+from serving_hooks.policies import (CallView, KeepDropPolicy, PrefetchPolicy, PriorityPolicy,
+                                    SessionEndRule)
 from serving_hooks.policies.bookkeeping import CapacityLedger, capacity_request
 from serving_hooks.policies.capacity import ActiveRequest, CapacityPolicy
 from serving_hooks.routing import CapacityRouter, WorkerLoad
+from serving_hooks.sglang_plugin.finish import decide_finished
 from serving_hooks.sglang_plugin.priority_hooks import admit_request
 from serving_hooks.sglang_plugin.settings import PluginSettings
 from serving_hooks.sglang_plugin.state import PluginState, reset_state
@@ -236,3 +241,60 @@ def test_ledger_bookkeeping_by_hand():
     assert ledger.drain("a", 200.0) is None                                   # left the window
     ledger.note_queue_depths({"a": 3})
     assert ledger.queue_depths() == {"a": 3}
+
+
+def test_plugin_gateway_and_simulator_end_sessions_alike(recorded):
+    """End of session (issue 24 item 7): the simulator's feed marks each call by the gateway's
+    rule (same default threshold), the gateway's SGLang rendering carries the mark to the plugin,
+    and the plugin's keep/drop decision on the finished request (``decide_finished``, what
+    ``stamp_finished_request`` stamps on the tree) is the simulator's (``KeepDropCache.on_finish``:
+    the same ``KeepDropPolicy``)."""
+    rule, sim_keep = SessionEndRule(), KeepDropPolicy()
+    now = [0.0]
+    state = _plugin(recorded.sched.policy, now)
+    state.settings = replace(state.settings, keep_drop=sim_keep)
+    issues = [ev for ev in recorded.events if ev[0] == "issue"]
+    ended = dropped = 0
+    for n, (_, t, wf, ann, _, _) in enumerate(issues):
+        meta = {"workflow_type_id": ann.workflow_type_id, "workflow_id": ann.workflow_id,
+                "agent_id": ann.agent_id}
+        assert rule.mark(replace(ann, session_end=None), meta) == ann      # gateway's mark = sim's
+        ended += ann.session_end is True
+        now[0] = t
+        sim = sim_keep.decide_view(CallView.from_annotation(ann, meta), t)
+        params = render("sglang", hint_values(ann, meta), {})[0]["custom_params"]
+        req = SimpleNamespace(rid=f"e{n}", sampling_params=SimpleNamespace(custom_params=params))
+        plugin = decide_finished(state, req, now=t)
+        assert plugin.rank == sim.rank and plugin.reason.split()[0] == sim.reason.split()[0], (t, wf)
+        dropped += ann.session_end is True and plugin.reason == "session ends"
+    assert ended > 0 and dropped == ended        # the rule fired, and every mark released the KV
+    assert state.counters["retention_session_end"] == ended
+    reset_state()
+
+
+def test_a_last_call_cancels_its_sessions_prefetch_in_plugin_and_simulator():
+    """A session's call plans a host copy for its next agent; the client's last call
+    (``app_metadata.last_call``) then plans none and cancels it — in the simulator's
+    ``PrefetchPolicy`` (keyed by session) and in the plugin (keyed by request, cancelled by
+    session) alike."""
+    now = [0.0]
+    state = _plugin(PriorityPolicy(), now)
+    state.settings = replace(state.settings, prefetch_enabled=True)
+    sim = PrefetchPolicy()
+    rule = SessionEndRule()
+    first = Annotation(known=True, workflow_type_id="t", workflow_id="s", agent_id="planner",
+                       next_agents=(NextAgent("coder", 0.9),), p_end=0.05)
+    last = Annotation(known=True, workflow_type_id="t", workflow_id="s", agent_id="coder", p_end=0.3)
+    for i, (ann, meta_extra) in enumerate(((first, {}), (last, {"last_call": True}))):
+        meta = {"workflow_type_id": "t", "workflow_id": "s", "agent_id": ann.agent_id, **meta_extra}
+        marked = rule.mark(ann, meta)
+        view = CallView.from_annotation(marked, meta)
+        sim.plan("s", float(i), view.next_agent, view.next_agent_p, float(i) + 5.0, 1000,
+                 session="s", session_end=view.session_end is True)
+        params = render("sglang", hint_values(marked, meta), {})[0]["custom_params"]
+        req = SimpleNamespace(rid=f"p{i}", priority=None, origin_input_ids=list(range(1000)),
+                              sampling_params=SimpleNamespace(custom_params=params))
+        admit_request(req, now=float(i))
+        assert sim.pending() == state.prefetch.pending() == (1 if i == 0 else 0)
+    assert state.counters["prefetch_cancelled_session_end"] == 1
+    reset_state()

@@ -10,6 +10,7 @@ from profiler.commands.common import app
 from profiler.commands.common import err_console, fail
 from profiler.commands.serve import build_service, refit_loop
 from profiler.commands.service_options import with_service_settings
+from serving_hooks.policies.session_end import DEFAULT_SESSION_END_P, SessionEndRule
 from serving_hooks.settings import ServiceSettings
 
 HELP_FIELDS = "What is sent upstream"
@@ -37,6 +38,8 @@ def gateway(
     allow_path: Annotated[Optional[list[str]], typer.Option("--allow-path", help="Also forward this path upstream (fnmatch pattern, e.g. '/v1/rerank'); repeat. Engine admin paths are never forwarded.", rich_help_panel=HELP_FIELDS)] = None,
     allow_client_scheduler_fields: Annotated[bool, typer.Option("--allow-client-scheduler-fields", help="Keep a client's own scheduler fields in every dialect: `priority`, `custom_params`, `vllm_xargs`, `nvext.agent_hints`/`cache_control`, `X-Agentprof-*` headers (removed by default).", rich_help_panel=HELP_FIELDS)] = False,
     dialect: Annotated[Optional[str], typer.Option(help="Render the hints for this engine on every upstream without its own dialect=: sglang (priority + custom_params), vllm (priority + vllm_xargs), dynamo (nvext.agent_hints + nvext.cache_control), headers (X-Agentprof-* for routers). docs/dialects.md.", rich_help_panel=HELP_FIELDS)] = None,
+    session_end_p: Annotated[float, typer.Option(min=0.0, max=1.0, help="Announce a call as its session's last (SGLang custom_params.session_end, vLLM vllm_xargs, Dynamo X-Dynamo-Session-Final, X-Agentprof-Session-End) when its predicted p_end reaches this, or when app_metadata.last_call is true; the SGLang plugin then releases the session's KV (docs/dialects.md, End of session).", rich_help_panel=HELP_FIELDS)] = DEFAULT_SESSION_END_P,
+    session_end_signal: Annotated[bool, typer.Option("--session-end-signal/--no-session-end-signal", help="Send the end-of-session signal at all (see --session-end-p).", rich_help_panel=HELP_FIELDS)] = True,
     identity_map: Annotated[Optional[Path], typer.Option(help="TOML or JSON file: how agent-harness headers (Claude Code, Codex, OpenCode, Dynamo) become app_metadata — workflow type from a header, the model, or a default (docs/dialects.md).")] = None,
     retry_window: Annotated[float, typer.Option(help="Seconds within which an identical body (or Idempotency-Key) of the same session is a retry, not a new call.")] = 60.0,
     otlp_endpoint: Annotated[Optional[str], typer.Option(envvar="OTEL_EXPORTER_OTLP_ENDPOINT", help="Send one OpenTelemetry span per call (GenAI attributes + agentprof.* predictions and outcomes) to this OTLP/HTTP endpoint, e.g. http://127.0.0.1:4318.")] = None,
@@ -94,6 +97,10 @@ def gateway(
         fail(str(exc))
     if dialect is not None and dialect not in DIALECTS:
         fail(f"--dialect {dialect!r}: expected one of {', '.join(DIALECTS)}")
+    try:
+        session_end_rule = SessionEndRule(session_end_signal, session_end_p)
+    except ValueError as exc:
+        fail(str(exc))
     urls = [sp.url for sp in specs]
     pools = ModelPools({normalize_upstream(sp.url): sp.pool for sp in specs})
     try:
@@ -127,7 +134,8 @@ def gateway(
                              forward_paths=DEFAULT_FORWARD_PATHS + tuple(allow_path or ()),
                              allow_client_scheduler_fields=allow_client_scheduler_fields,
                              dialect=dialect, upstream_dialects=upstream_dialects,
-                             identity=identity, retry_window_s=retry_window)
+                             identity=identity, retry_window_s=retry_window,
+                             session_end=session_end_rule)
     provider = otlp_tracer_provider(otlp_endpoint)
     gw = Gateway(router, annotator, log_writer=writer, options=options, registry=registry,
                  service=service, tracer=CallTracer(provider) if provider is not None else None,

@@ -15,6 +15,7 @@ reads a clock: every time is passed in as ``now`` (seconds on any monotonic scal
 :class:`PrefetchPolicy`     Pythia alg. 1: just-in-time host staging of the next prefix
 :class:`AutoscalePolicy`    Pythia alg. 4: projected calls → suggested replicas
 :class:`PrePrefillPolicy`   idle capacity prefills a predicted next call's known prefix
+:class:`SessionEndRule`     end of session: client's last call or confident ``p_end``
 ==========================  =======================================================
 """
 from predictors.contract import (Annotation, NextAgent, ToolLatency, from_custom_params,
@@ -43,9 +44,12 @@ from serving_hooks.policies.pools import ModelPools, NoReplicaForModel, pool_que
 from serving_hooks.policies.prefetch import HOST_TIER, PrefetchPlan, PrefetchPolicy
 from serving_hooks.policies.preprefill import PrePrefillPolicy
 from serving_hooks.policies.priority import AnnotationPriority, PriorityPolicy
+from serving_hooks.policies.session_end import DEFAULT_SESSION_END_P, SessionEndRule
 
 __all__ = [
     "ActiveRequest",
+    "DEFAULT_SESSION_END_P",
+    "SessionEndRule",
     "Annotation",
     "AnnotationPriority",
     "NextAgent",

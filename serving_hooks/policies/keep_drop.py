@@ -22,7 +22,11 @@ call will extend) is, for the eviction order of the radix cache:
   A session whose graph never predicts its end (a single-agent loop whose every state may go
   on, like SWE-agent's) is never dropped early: it is kept for the TTL, then plain LRU;
 * left **neutral** (rank ``NEUTRAL``, plain LRU) when there is no prediction
-  (``known: false``) — we serve reactively.
+  (``known: false``) — we serve reactively;
+* **dropped** whatever the prediction when the call is announced as its session's last
+  (``session_end``: the client's ``app_metadata.last_call``, or the served ``p_end`` at or above
+  the gateway's ``--session-end-p``; :mod:`serving_hooks.policies.session_end`): its KV is
+  released, never kept for a TTL.
 
 A kept prefix falls back to ``NEUTRAL`` once ``retain_until`` has passed, so a retention can
 never pin memory forever. The eviction order is then ``(rank at now, last access)``,
@@ -167,8 +171,11 @@ class KeepDropPolicy:
         tool_mu: float | None = None,
         tool_sigma: float | None = None,
         p_end: float | None = None,
+        session_end: bool = False,
     ) -> Retention:
         """Keep/drop decision at the completion of a call (see the module docstring)."""
+        if session_end:
+            return Retention(RetentionRank.DROP, now, now, "session ends")
         if not known or remaining_calls is None:
             return Retention(RetentionRank.NEUTRAL, now, now, "no prediction")
         ends = (p_end >= self.drop_end_p) if p_end is not None else (
@@ -195,5 +202,6 @@ class KeepDropPolicy:
             revisit_probability(view, self.lineage),
             tool_p95_s=ttl,
             p_end=view.p_end,
+            session_end=view.session_end is True,
         )
 

@@ -22,6 +22,10 @@ keep/drop policy has *dropped* (:meth:`PrefetchPolicy.may_stage`); a speculative
 would evict another session's retained (or merely unannotated) prefix is skipped — the
 guess is worth less than data some session is known, or likely, to reuse.
 
+No copy is planned for a call announced as its session's last (``session_end``,
+:mod:`serving_hooks.policies.session_end`): nothing follows it, and the session's pending plans
+are cancelled (:meth:`PrefetchPolicy.cancel_session`).
+
 The policy object keeps the pending plans in a heap keyed by ``start_at``; the caller asks
 :meth:`PrefetchPolicy.due` at each scheduling round (SGLang plugin: from the scheduler thread)
 and performs the copies it returns.
@@ -49,6 +53,7 @@ class PrefetchPlan:
     prefix_tokens: int = field(compare=False)
     tier: str = field(default=HOST_TIER, compare=False)
     payload: Any = field(default=None, compare=False, repr=False)
+    session: str | None = field(default=None, compare=False)
 
 
 @dataclass
@@ -75,6 +80,7 @@ class PrefetchPolicy:
     lead_s: float = 0.05
     _heap: list[tuple[float, int, PrefetchPlan]] = field(default_factory=list, repr=False)
     _live: dict[str, int] = field(default_factory=dict, repr=False)
+    _session_of: dict[str, str] = field(default_factory=dict, repr=False)
     _seq: Any = field(default_factory=itertools.count, repr=False)
 
     def predicted_finish(self, now: float, input_tokens: int, pred_out_lo: float | None) -> float:
@@ -95,11 +101,19 @@ class PrefetchPolicy:
         prefix_tokens: int,
         gap_s: float = 0.0,
         payload: Any = None,
+        session: str | None = None,
+        session_end: bool = False,
     ) -> PrefetchPlan | None:
-        """Schedule the staging for the call ``key``; ``None`` when not worth it.
+        """Schedule the staging for the call ``key`` of ``session``; ``None`` when not worth it.
 
-        A new plan for the same ``key`` replaces the old one.
+        A new plan for the same ``key`` replaces the old one. A call that ends its session
+        (``session_end``) gets none, and the session's pending plans are cancelled.
         """
+        if session_end:
+            self.cancel(key)
+            if session is not None:
+                self.cancel_session(session)
+            return None
         if not next_agent or next_agent_p is None or next_agent_p < self.min_p or prefix_tokens <= 0:
             self.cancel(key)
             return None
@@ -113,9 +127,12 @@ class PrefetchPolicy:
             p=float(next_agent_p),
             prefix_tokens=int(prefix_tokens),
             payload=payload,
+            session=session,
         )
         seq = next(self._seq)
         self._live[key] = seq
+        if session is not None:
+            self._session_of[key] = session
         heapq.heappush(self._heap, (start_at, seq, plan))
         return plan
 
@@ -128,6 +145,14 @@ class PrefetchPolicy:
     def cancel(self, key: str) -> None:
         """Forget the plan of ``key`` (its next call already arrived, or it was aborted)."""
         self._live.pop(key, None)
+        self._session_of.pop(key, None)
+
+    def cancel_session(self, session: str) -> int:
+        """Forget every pending plan of ``session`` (it ended); returns how many."""
+        keys = [k for k, s in self._session_of.items() if s == session and k in self._live]
+        for k in keys:
+            self.cancel(k)
+        return len(keys)
 
     def due(self, now: float) -> list[PrefetchPlan]:
         """Pop every live plan whose ``start_at ≤ now``, earliest first."""
@@ -136,6 +161,7 @@ class PrefetchPolicy:
             _, seq, plan = heapq.heappop(self._heap)
             if self._live.get(plan.key) == seq:
                 del self._live[plan.key]
+                self._session_of.pop(plan.key, None)
                 out.append(plan)
         return out
 

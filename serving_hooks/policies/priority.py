@@ -187,15 +187,7 @@ class PriorityPolicy:
         agents (what the graph knows) become distances to models (what has a queue); the
         distance to a model is the smallest distance to any of its agents.
         """
-        distance = dict(view.expected_distance)
-        if not distance and view.next_agent:
-            distance = {view.next_agent: 1.0}
-        if agent_model:
-            by_model: dict[str, float] = {}
-            for agent, d in distance.items():
-                model = agent_model.get(agent, agent)
-                by_model[model] = min(d, by_model.get(model, float("inf")))
-            distance = by_model
+        distance = self.downstream_distance(view, agent_model)
         remaining = view.exp_remaining_calls
         if self.remaining_unit == "tokens":
             tokens = view.exp_remaining_out_tokens
@@ -208,6 +200,28 @@ class PriorityPolicy:
                 sec *= -math.log(max(1e-9, 1.0 - self.remaining_quantile))
             remaining = sec / max(self.seconds_per_call, 1e-9)
         return self.base_score(remaining, distance, queue_depth, known=view.known)
+
+    @staticmethod
+    def downstream_distance(view: CallView, agent_model: Mapping[str, str] | None = None
+                            ) -> dict[str, float]:
+        """Expected distance in calls to each downstream agent — to each model with
+        ``agent_model`` (the smallest distance to any of its agents); the next agent at distance
+        1 when the graph gives no distances."""
+        distance = dict(view.expected_distance)
+        if not distance and view.next_agent:
+            distance = {view.next_agent: 1.0}
+        if agent_model:
+            by_model: dict[str, float] = {}
+            for agent, d in distance.items():
+                model = agent_model.get(agent, agent)
+                by_model[model] = min(d, by_model.get(model, float("inf")))
+            distance = by_model
+        return distance
+
+    def idle_downstream_term(self, view: CallView, queue_depth: Mapping[str, float] | None = None,
+                             agent_model: Mapping[str, str] | None = None) -> float:
+        """The ``w2 · Σ_{m idle} 1/E[D_m]`` part of :meth:`score_view` alone."""
+        return self._idle_term(self.downstream_distance(view, agent_model), queue_depth)
 
     def session_score(self, base: float, session_age_s: float | None) -> float:
         """``base + aging_per_s · session_age_s``: the score of a call issued when its workflow
@@ -264,3 +278,13 @@ class AnnotationPriority:
         pol = self.policy
         base = pol.score_view(view, queue_depth, agent_model)
         return pol.to_sglang(pol.session_score(base, view.session_age_s))
+
+    def downstream_boost(self, annotation: Annotation, app_metadata: Mapping | None = None, *,
+                         queue_depth: Mapping[str, float] | None = None,
+                         agent_model: Mapping[str, str] | None = None) -> float:
+        """How much the idle-downstream term adds to the call's score (0: no pool it reaches is
+        about to idle) — what the gateway counts, without computing the priority again."""
+        if not annotation.known:
+            return 0.0
+        return self.policy.idle_downstream_term(CallView.from_annotation(annotation, app_metadata),
+                                                queue_depth, agent_model)

@@ -1,5 +1,8 @@
 """Host prefetch staging from the scheduler thread (Pythia alg. 1, prefetch half).
 
+A request that ends its session (``custom_params.session_end``) plans nothing and cancels the
+session's pending copies, at admission and again when it finishes (:mod:`.retention`).
+
 When a request is admitted with a confident next agent (``next_agent_p ≥ min_p``), the
 :class:`PrefetchPolicy` schedules, just in time for this call's predicted finish, a copy
 of the history the next call will reference — this request's prompt and whatever it has
@@ -36,6 +39,9 @@ def plan_prefetch(state: PluginState, req: Any, view: CallView, now: float) -> P
     """Schedule the host staging for an admitted request (no-op when disabled)."""
     if not state.settings.prefetch_enabled:
         return None
+    if view.session_end:   # the session's last call: nothing to stage, pending copies cancelled
+        state.counters["prefetch_cancelled_session_end"] += cancel_session_prefetch(state, view)
+        return None
     n_prompt = len(getattr(req, "origin_input_ids", ()) or ())
     finish_at = state.prefetch.predicted_finish(now, n_prompt, view.pred_out_lo)
     plan = state.prefetch.plan(
@@ -46,10 +52,17 @@ def plan_prefetch(state: PluginState, req: Any, view: CallView, now: float) -> P
         finish_at=finish_at,
         prefix_tokens=n_prompt,
         payload=req,
+        session=view.session_id,
     )
     if plan is not None:
         state.counters["prefetch_planned"] += 1
     return plan
+
+
+def cancel_session_prefetch(state: PluginState, view: CallView) -> int:
+    """Cancel the pending host copies of ``view``'s session (its last call arrived or
+    finished: no later call will read them); returns how many."""
+    return state.prefetch.cancel_session(view.session_id) if view.session_id is not None else 0
 
 
 def _history_ids(req: Any) -> array:

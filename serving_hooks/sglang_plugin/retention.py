@@ -13,6 +13,10 @@ where the rank comes from :class:`serving_hooks.policies.KeepDropPolicy`:
   it — evicted first, unless it has been accessed again since the decision;
 * ``NEUTRAL`` (1) otherwise, i.e. plain LRU among everything unannotated or expired.
 
+A request whose ``custom_params`` say ``session_end: true`` (the gateway's end-of-session
+signal) is ``DROP`` whatever else it predicts — its exclusive tail is released first — and the
+session's pending host prefetch is cancelled.
+
 How the ranks get onto the tree: an AFTER hook on ``sglang.srt.mem_cache.common
 .release_kv_cache`` (where a finished request hands its KV to the tree) reads the request's
 ``custom_params``, asks the keep/drop policy, and stamps the request's path in the tree:
@@ -35,6 +39,7 @@ from typing import Any
 from sglang.srt.mem_cache.evict_policy import EvictionStrategy, LRUStrategy
 
 from serving_hooks.policies import Retention, RetentionRank
+from serving_hooks.sglang_plugin.finish import decide_finished
 from serving_hooks.sglang_plugin.observe import debug_enabled, decision
 from serving_hooks.sglang_plugin.settings import BACKEND_NAME
 from serving_hooks.sglang_plugin.state import get_state
@@ -89,16 +94,13 @@ def stamp_path(leaf: Any, retention: Retention, now: float) -> int:
 
 
 def stamp_finished_request(req: Any, tree_cache: Any, now: float | None = None) -> Retention | None:
-    """Keep/drop decision for a finished request, stamped onto its path in ``tree_cache``."""
+    """Keep/drop decision for a finished request (:func:`.finish.decide_finished`), stamped onto
+    its path in ``tree_cache``."""
     state = get_state()
-    view = state.view(req)
-    if view is None:
-        return None
     now = state.now() if now is None else now
-    retention = state.settings.keep_drop.decide_view(view, now)
-    state.counters[f"retention_{retention.rank.name.lower()}"] += 1
-    decision("retention", rid=getattr(req, "rid", "?"), rank=retention.rank.name,
-             retain_until=round(retention.retain_until, 3), session=view.session_id, t=round(now, 3))
+    retention = decide_finished(state, req, now)
+    if retention is None:
+        return None
     handle = getattr(req, "last_node", None)
     leaf = tree_cache.resolve_node_handle(handle) if handle is not None else None
     if leaf is not None:

@@ -179,3 +179,23 @@ def test_split_node_inherits_retention_and_shared_prefix_is_not_dropped(clock, s
     stamp_finished_request(req_b, cache)
     assert strategy.rank(prefix.last_device_node, clock.t) == RetentionRank.DROP
     assert strategy.rank(fork, clock.t) == RetentionRank.KEEP
+
+
+def test_a_session_end_call_is_released_though_its_prediction_goes_on(clock, sglang_runtime):
+    """The gateway's end-of-session signal (``custom_params.session_end``, issue 24 item 7): a
+    call whose prediction alone would keep its prefix (``RETAINED``) is dropped when it is
+    marked as its session's last, so under pressure it goes first and the other session's
+    unannotated prefix (plain LRU, finished earlier) survives; its pending host prefetch is
+    cancelled."""
+    state = get_state()
+    state.prefetch.plan("earlier", 500.0, "coder", 0.9, finish_at=600.0, prefix_tokens=10,
+                        session="ending")
+    allocator = _pool()
+    cache = _unified_cache_from_backend(sglang_runtime, allocator)
+    _finish_session(cache, allocator, 100, None)                     # unannotated, older
+    ended = _finish_session(cache, allocator, 200, {**RETAINED, "wf_id": "ending", "session_end": True})
+    assert ended.rank == RetentionRank.DROP and ended.reason == "session ends"
+    assert state.prefetch.pending() == 0 and state.counters["prefetch_cancelled_session_end"] == 1
+    _pressure(cache, allocator)
+    assert _cached_len(cache, 200) == 0                # released first
+    assert _cached_len(cache, 100) == SESSION_TOKENS   # LRU alone would have evicted this one
