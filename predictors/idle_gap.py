@@ -32,7 +32,7 @@ Estimator, per workflow type
 Sessions whose last call has no next call (END) have no gap; their share is kept
 (``end_share``) because a TTL kept there is wasted memory. Gaps that end in a person's turn
 (think time, not a wait an engine plans a keep-alive on) are not given to this model: the fit
-leaves out calls marked ``wait_after = "human"`` (``profiler.fitting.idle_gap_calls``).
+leaves out calls marked ``wait_after = "human"`` (``fitting.profile_fit.idle_gap_calls``).
 """
 from __future__ import annotations
 

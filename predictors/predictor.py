@@ -66,7 +66,7 @@ from predictors.coverage_monitor import CoverageMonitor
 from predictors.contract import ID_KEYS, Annotation, NextAgent
 from predictors.served import MIN_GAP_S
 from predictors.sessions import DEFAULT_MAX_SESSION_BYTES, SESSION_BASE_BYTES, Session, SessionTable
-from profiler.profile_artifact import load_profile
+from store.profile_artifact import load_profile
 from synth.session import WorkflowPaths
 
 __all__ = ["CompiledProfile", "DEFAULT_MAX_SESSION_BYTES", "Predictor", "SESSION_BASE_BYTES"]
@@ -79,7 +79,7 @@ class Predictor:
 
     Parameters
     ----------
-    profile : a ``profiler.profile_artifact.Profile``, a profile folder (root or version), or None
+    profile : a ``store.profile_artifact.Profile``, a profile folder (root or version), or None
         (load later with :meth:`load`).
     max_sessions : sessions kept in memory (least recently used beyond it are forgotten).
     max_session_bytes : estimated bytes the session table may hold; beyond it the least recently

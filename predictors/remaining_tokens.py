@@ -72,7 +72,7 @@ def session_frame(calls: pd.DataFrame) -> pd.DataFrame:
     this call included), ``S`` (tokens written before it) and ``n`` (the workflow's calls).
 
     ``calls`` holds ``workflow_type_id, workflow_id, agent_id, output_tokens`` in call order
-    within each workflow (:func:`profiler.fitting.ok_calls`)."""
+    within each workflow (:func:`fitting.profile_fit.ok_calls`)."""
     cols = ["workflow_type_id", "workflow_id", "agent_id", "output_tokens"]
     df = calls[cols + (["t_arrival"] if "t_arrival" in calls else [])].copy()
     df["output_tokens"] = df["output_tokens"].astype(float).clip(lower=0)

@@ -7,7 +7,7 @@ odd session moves every score. K-fold cross-validation uses every workflow once 
    of file order) and dealt round-robin into K folds, so folds differ in size by at most one
    workflow and every call of a workflow lands in the same fold (no session on both sides);
 2. for fold k, a profile is fit on the other K − 1 folds exactly as ``profiler fit`` does
-   (:func:`profiler.fitting.fit_profile`, a fresh store in a temporary folder) and scored on fold
+   (:func:`fitting.profile_fit.fit_profile`, a fresh store in a temporary folder) and scored on fold
    k exactly as ``profiler eval`` does (:func:`profiler.evaluation.evaluate`);
 3. every numeric leaf of the K eval results is aggregated (:func:`aggregate`): mean, sample
    standard deviation, min, max, and a *weighted* mean
@@ -35,11 +35,11 @@ import numpy as np
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from profiler import ingest
+from store import ingest
 from profiler.evaluation import evaluate
-from profiler.fitting import FitOptions, fit_profile
-from profiler.record_sql import NON_BLANK, json_paths
-from profiler.store import connect, sql_string
+from fitting.profile_fit import FitOptions, fit_profile
+from store.record_sql import NON_BLANK, json_paths
+from store.duckdb_store import connect, sql_string
 
 #: Keys whose value, in an object, weighs that object's numeric leaves (first found wins).
 WEIGHT_KEYS = ("calls", "n", "n_calls", "n_workflows", "n_prompts")

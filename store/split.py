@@ -3,19 +3,19 @@
 A workflow goes to *train* when ``md5(seed:workflow_id)`` mod 10 000 < ``train`` × 10 000: the
 assignment is deterministic, independent of file order, and keeps every call of a workflow on the
 same side (no leakage of a session across the split). The workflow id is read where the ingester
-reads it (:func:`profiler.record_sql.json_paths`: flat records and every gateway placement of
+reads it (:func:`store.record_sql.json_paths`: flat records and every gateway placement of
 ``app_metadata``). Records are copied verbatim (JSONL lines; Parquet/CSV rows as JSON); a record
 with no readable workflow id stays with train, where the fit will quarantine it. Lines and files
-over the ingest limits (:class:`profiler.ingest.Limits`) are left out, as the fit would leave them.
+over the ingest limits (:class:`store.ingest.Limits`) are left out, as the fit would leave them.
 """
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Sequence
 
-from profiler import ingest
-from profiler.record_sql import NON_BLANK, json_paths
-from profiler.store import connect, sql_string
+from store import ingest
+from store.record_sql import NON_BLANK, json_paths
+from store.duckdb_store import connect, sql_string
 
 
 def split_logs(paths: Sequence[str | Path], out: str | Path, train: float = 0.7,

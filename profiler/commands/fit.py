@@ -39,12 +39,12 @@ def fit(
     """
     from rich.markup import escape
 
-    from profiler.data_limits import summary_lines
-    from profiler.fitting import FitOptions, NoValidCallsError, fit_profile
+    from store.data_limits import summary_lines
+    from fitting.profile_fit import FitOptions, NoValidCallsError, fit_profile
     import duckdb
 
-    from profiler.ingest import IngestError
-    from profiler.store import StoreError, one_line_error
+    from store.ingest import IngestError
+    from store.duckdb_store import StoreError, one_line_error
 
     options = FitOptions(coverage=coverage, prune=prune, seed=seed, min_calls=min_calls,
                          conditional=not no_conditional, max_output_tokens=max_output_tokens,
@@ -53,7 +53,7 @@ def fit(
         fail(f"--engine must be local or ray, got {engine!r}")
     try:
         if log_format is not None:
-            from profiler.importers import ImportFormatError, convert
+            from store.importers import ImportFormatError, convert
 
             target = out / "imported" / log_format
             try:
@@ -66,7 +66,7 @@ def fit(
             logs = [target]
         if engine == "ray":
             try:
-                from profiler.distributed import fit_profile_ray
+                from fitting.distributed import fit_profile_ray
             except ImportError as exc:
                 fail(f"--engine ray needs Ray: pip install -e '.[ray]' ({exc})")
             profile, report = fit_profile_ray(logs, out, db=db, options=options, strict=strict,

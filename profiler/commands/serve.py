@@ -26,7 +26,7 @@ def build_service(profile: Path, prefix: str, *, reload_every: str, max_sessions
     """Registry + PredictionService from command-line values (shared by serve and gateway)."""
     from prometheus_client import CollectorRegistry
 
-    from profiler.profile_artifact import ProfileError
+    from store.profile_artifact import ProfileError
     from serving_hooks.refit import parse_duration
     from serving_hooks.service import prediction_service
     from serving_hooks.shadow import ShadowGate

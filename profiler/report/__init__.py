@@ -345,7 +345,7 @@ def _eval_section(profile, eval_logs: Sequence[Path]) -> str:
 def build_report(profile_path: str | Path, out: str | Path, *, db: str | Path | None = None,
                  eval_logs: Sequence[str | Path] | None = None) -> Path:
     """Write the HTML report of the profile at ``profile_path`` to ``out``; returns ``out``."""
-    from profiler.profile_artifact import load_profile, store_path
+    from store.profile_artifact import load_profile, store_path
     from profiler.report.data import StoreUnavailable, open_store, store_counts
 
     profile = load_profile(profile_path)
