@@ -57,7 +57,7 @@ class LocalAnnotator:
                        advance: bool = True) -> dict:
         return self.annotate_now(app_metadata, request_id, input_tokens, advance=advance)
 
-    async def cancel(self, app_metadata: dict, request_id: str) -> bool:  # branch `dialects`
+    async def cancel(self, app_metadata: dict, request_id: str) -> bool:
         """Roll back the session advance of a call that failed upstream (retry-safe sessions)."""
         return await asyncio.to_thread(self.service.predictor.cancel, app_metadata, request_id)
 
@@ -141,7 +141,7 @@ class SidecarAnnotator:
         except (aiohttp.ClientError, OSError) as exc:
             return f"unreachable ({type(exc).__name__})"
 
-    async def cancel(self, app_metadata: dict, request_id: str) -> bool:  # branch `dialects`
+    async def cancel(self, app_metadata: dict, request_id: str) -> bool:
         """The sidecar has no rollback endpoint: a failed call stays advanced there (retries of
         it still advance once: same request id)."""
         return False

@@ -1,4 +1,4 @@
-"""Importers: other tools' traces -> our flat records (``../shared/spec/log-format.md`` §1).
+"""Importers: other tools' traces -> our flat records (``docs/log-format.md`` §1).
 
 Each module handles one format and exposes ``NAME``, ``SUMMARY``, ``FILE_PATTERNS`` (what to
 look for in a folder) and ``read_file(path, **options) -> Iterator[dict]`` for one file;

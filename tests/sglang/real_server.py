@@ -12,7 +12,7 @@
 
 On a CPU-only machine the server needs ``SGLANG_USE_CPU_ENGINE=1`` and the test-only stand-ins in
 ``cpu_standins/`` on its ``PYTHONPATH`` (gated by ``AWP_TEST_CPU_STANDINS=1``); with CUDA neither
-is set. Checked facts: ``../shared/notes/sglang-real-server-on-cpu.md``.
+is set (docs/sglang.md, "Tests against a real server").
 """
 from __future__ import annotations
 
