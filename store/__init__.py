@@ -10,7 +10,9 @@ contract). Modules:
 ``derive``            per-workflow derived columns (position, neighbours, gaps) and ``tool_calls``
 ``frames``            query results as pandas frames through Arrow
 ``data_limits``       what the stored calls can teach (order-only times...): ``limitations``
-``split``             split logs by workflow into train and test (``profiler split``)
+``split``             split logs by workflow: train and test (``profiler split``), K folds
+                      (``profiler eval --cv``)
+``folds``             K folds by workflow of rows in memory (every estimator's cross-validation)
 ``profile_artifact``  the versioned profile folder: write, load, check, ``CURRENT``
 ``faults``            fault-injection points for the crash-safety tests
 ``workloads``         seeded synthetic workloads from the specs in ``workload_specs/``
