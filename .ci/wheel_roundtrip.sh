@@ -15,7 +15,15 @@ wheel="$(ls "$work"/dist/*.whl)"
 "$work/venv/bin/python" -m pip install -q "$wheel"
 cd "$work"                                     # nothing from the repository on sys.path
 export PATH="$work/venv/bin:$PATH" COLUMNS=100
-python -c "import profiler, sys; assert '$repo' not in profiler.__file__, profiler.__file__"
+# every layer's package is in the wheel (store/ at the bottom, fitting/, ..., profiler/ on top)
+python -c "
+import importlib, pathlib
+for name in ('store', 'synth', 'predictors', 'fitting', 'serving_hooks', 'simulator', 'profiler'):
+    mod = importlib.import_module(name)
+    assert '$repo' not in mod.__file__, mod.__file__
+import store.workloads
+assert sorted(p.name for p in pathlib.Path(store.workloads.SPEC_DIR).glob('*.json')), 'no workload specs'
+"
 profiler --version
 commands="$(COLUMNS=200 profiler --help | sed -n 's/^│ \([a-z][a-z_-]*\) .*/\1/p')"
 n=0

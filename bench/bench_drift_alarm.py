@@ -21,8 +21,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from predictors.predictor import Predictor  # noqa: E402
-from profiler.fitting import fit_profile  # noqa: E402
-from profiler.workloads import generate, write_jsonl  # noqa: E402
+from fitting.profile_fit import fit_profile  # noqa: E402
+from store.workloads import generate, write_jsonl  # noqa: E402
 
 
 def replay(workload: str, n: int, seed: int, work: Path) -> dict:

@@ -271,8 +271,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    from profiler import fitting
-    from profiler.workloads import generate, write_jsonl
+    from fitting import profile_fit as fitting
+    from store.workloads import generate, write_jsonl
     from serving_hooks.replay_plan import load_plan, on_replay_clock
 
     names = list(dict.fromkeys(args.setups))

@@ -19,8 +19,8 @@ REPO = Path(__file__).resolve().parents[1]
 
 def run_one(name: str, logs: list[Path], work: Path) -> dict:
     from profiler.evaluation import evaluate
-    from profiler.fitting import fit_profile
-    from profiler.split import split_logs
+    from fitting.profile_fit import fit_profile
+    from store.split import split_logs
 
     split_logs(logs, work / name / "split", train=0.7, seed=0)
     profile, _ = fit_profile([work / name / "split" / "train"], work / name / "profile")
@@ -34,7 +34,7 @@ def main() -> None:
     ap.add_argument("--workflows", type=int, default=400, help="workflows per generated set")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
-    from profiler.workloads import generate, write_jsonl
+    from store.workloads import generate, write_jsonl
 
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)

@@ -14,7 +14,7 @@ The messy column is the mean ± std over its seeds.
 
 The generated Pythia workloads (``coding-assistant``, ``deep-research``: 400 workflows, seed 0)
 are sets too; for them the bench also prints the **Bayes bound** of next-agent top-1: the
-generator's own structure is simulated (``profiler.workloads._expand``, 200,000 workflows) to get
+generator's own structure is simulated (``store.workloads._expand``, 200,000 workflows) to get
 P(next | whole history), and the oracle that predicts its arg-max is scored on the same held-out
 calls (``bayes_top1_heldout``; on a 70/30 split) beside its expectation (``bayes_top1_expected``).
 
@@ -43,9 +43,9 @@ from profiler.baseline_table import baseline_rows, baseline_table  # noqa: E402
 from profiler.commands.common import print_json  # noqa: E402
 from profiler.cross_validation import aggregate, cross_validate, nest  # noqa: E402
 from profiler.evaluation import evaluate  # noqa: E402
-from profiler.fitting import fit_profile  # noqa: E402
-from profiler.split import split_logs  # noqa: E402
-from profiler.workloads import _expand, generate, load_spec, write_jsonl  # noqa: E402
+from fitting.profile_fit import fit_profile  # noqa: E402
+from store.split import split_logs  # noqa: E402
+from store.workloads import _expand, generate, load_spec, write_jsonl  # noqa: E402
 
 #: Short name -> file name of the real sets (in ../shared/datasets or datasets/real).
 REAL_SETS = {

@@ -35,7 +35,7 @@ WORKLOADS = ("coding_assistant", "deep_research")
 # ------------------------------------------------------------------------------ logs
 def _write_shard(job: tuple[int, int, str]) -> int:
     """Write one shard of whole workflows (at least ``calls`` calls); returns the calls written."""
-    from profiler.workloads import generate, write_jsonl
+    from store.workloads import generate, write_jsonl
 
     shard, calls, folder = job
     records = generate(WORKLOADS[shard % 2], None, seed=1000 + shard)
@@ -119,7 +119,7 @@ def measure(cmd: list[str]) -> tuple[float, int, str]:
 
 CHILD_LOCAL = r"""
 import json, sys, time
-import profiler.fitting as f
+import fitting.profile_fit as f
 
 def hwm_mb():  # this process's peak resident memory so far
     for line in open("/proc/self/status"):
@@ -158,7 +158,7 @@ print(json.dumps({"calls": profile.manifest["counts"]["calls"], "phases": phases
 
 CHILD_RAY = r"""
 import json, sys
-from profiler.distributed import fit_with_ray
+from fitting.distributed import fit_with_ray
 timings = {}
 memory = None if sys.argv[4] == "default" else sys.argv[4]
 profile = fit_with_ray([sys.argv[1]], sys.argv[2], num_cpus=int(sys.argv[3]), task_memory=memory,
@@ -170,8 +170,8 @@ print(json.dumps({"calls": profile.manifest["counts"]["calls"], "phases": timing
 CHILD_INGEST_PROFILE = r"""
 import re, sys, time
 from collections import defaultdict
-from profiler.ingest import ingest
-from profiler.store import connect
+from store.ingest import ingest
+from store.duckdb_store import connect
 
 class Timed:  # the store connection, timing every statement the ingester runs
     def __init__(self, con):

@@ -80,9 +80,9 @@ def pct(values, q) -> float:
 
 # --------------------------------------------------------------------------- 0. the profile
 def build_profile(work: Path, n_workflows: int) -> tuple[Path, list[list[str]]]:
-    from profiler import fitting
-    from profiler.store import connect
-    from profiler.workloads import generate, write_jsonl
+    from fitting import profile_fit as fitting
+    from store.duckdb_store import connect
+    from store.workloads import generate, write_jsonl
 
     write_jsonl(generate("coding_assistant", n_workflows, seed=42), work / "logs" / "ca.jsonl")
     fitting.fit_profile([work / "logs"], work / "profile")

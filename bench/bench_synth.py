@@ -4,7 +4,7 @@
     python bench/bench_synth.py --only swe      # just the SWE-agent traces
 
 For each set the logs are split 70/30 by workflow (``profiler split``'s md5 rule), each side is
-ingested into its own DuckDB store (``profiler.ingest``), the synth section is fitted on the
+ingested into its own DuckDB store (``store.ingest``), the synth section is fitted on the
 train side and the held-out side is replayed call by call. Printed per set: the synthesized
 regex, next-agent top-1 (per call, and per step: after each fan-out group), regex / PFA /
 session acceptance, remaining-calls MAE (and the position-only baseline), and for the
@@ -14,7 +14,7 @@ generated workflows (no sequence model can beat it, so it bounds top-1).
 
 (a) ``datasets/swe_agent/swe_agent_glm45_bs4.jsonl``: one agent (``main``), so the alphabet is
     the first tool run after each call (``tool_names[1]``). (b) ``coding_assistant`` and
-    (c) ``deep_research`` from ``profiler.workloads.generate`` (with text).
+    (c) ``deep_research`` from ``store.workloads.generate`` (with text).
 """
 from __future__ import annotations
 
@@ -29,10 +29,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from profiler.ingest import ingest  # noqa: E402
-from profiler.split import split_logs  # noqa: E402
-from profiler.store import connect  # noqa: E402
-from profiler.workloads import generate, write_jsonl  # noqa: E402
+from store.ingest import ingest  # noqa: E402
+from store.split import split_logs  # noqa: E402
+from store.duckdb_store import connect  # noqa: E402
+from store.workloads import generate, write_jsonl  # noqa: E402
 from synth.evaluation import score_sequences  # noqa: E402
 from synth.fit import DEFAULT_ALPHA, fit_sequences  # noqa: E402
 from synth.pfa import PFA  # noqa: E402

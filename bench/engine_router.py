@@ -17,19 +17,21 @@ the worker list are set here. It proxies OpenAI streams unchanged (``ignore_eos`
 ``stream_options`` and the engine's ``usage.prompt_tokens_details.cached_tokens`` pass through;
 checked against sglang-router 0.3.2 and SGLang 0.5.23).
 
-Readiness: ``GET /readiness`` answers ``{"healthy_workers": n, ...}``; stop: SIGTERM to its PID.
+Readiness: ``GET /readiness`` answers ``{"healthy_workers": n, ...}``; stop: SIGTERM to its PID, then
+SIGKILL to its process group (``tests.sglang.real_server.stop_process_group``).
 """
 from __future__ import annotations
 
 import importlib.util
 import os
-import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import httpx
+
+from tests.sglang.real_server import stop_process_group  # the servers beside it stop the same way
 
 
 def router_available() -> bool:
@@ -75,15 +77,7 @@ class SGLangRouter:
                 time.sleep(0.5)
 
     def stop(self, grace_s: float = 10.0) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(grace_s)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(10)
-        if getattr(self, "_log", None) is not None and not self._log.closed:
-            self._log.close()
+        stop_process_group(self.proc, grace_s, getattr(self, "_log", None))
 
     def __enter__(self) -> "SGLangRouter":
         return self.start()

@@ -2,15 +2,15 @@
 
     python bench/profile_fit.py LOGS [--out DIR] [--cprofile N]
 
-Runs ``profiler.fitting.fit_profile`` on LOGS (files or folders) into a fresh profile folder, in
+Runs ``fitting.profile_fit.fit_profile`` on LOGS (files or folders) into a fresh profile folder, in
 this process, and prints
 
-* each phase — ingest, then the sections of :func:`profiler.fitting.fit_from_store` as they
+* each phase — ingest, then the sections of :func:`fitting.profile_fit.fit_from_store` as they
   report progress — with its wall time and the CPU time of the process (user + system, every
   DuckDB thread included; on a shared machine the CPU time moves far less with the load than the
   wall time does);
 * the wall time of every statement the ingester sends to the store, largest first (the
-  statements go through :func:`profiler.store.execute`);
+  statements go through :func:`store.duckdb_store.execute`);
 * with ``--cprofile N``, the N functions with the most cumulative time (cProfile).
 
 The profile version printed at the end identifies the fitted profile: same logs and code, same
@@ -31,8 +31,8 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-import profiler.fitting as fitting
-from profiler import derive, ingest, store
+import fitting.profile_fit as fitting
+from store import derive, ingest, duckdb_store as store
 
 
 def cpu_seconds() -> float:

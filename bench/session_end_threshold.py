@@ -26,11 +26,11 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from profiler import ingest  # noqa: E402
-from profiler.fitting import FitOptions, fit_profile  # noqa: E402
+from store import ingest  # noqa: E402
+from fitting.profile_fit import FitOptions, fit_profile  # noqa: E402
 from profiler.remaining_eval import held_out_calls, served_annotations  # noqa: E402
-from profiler.split import split_logs  # noqa: E402
-from profiler.store import connect  # noqa: E402
+from store.split import split_logs  # noqa: E402
+from store.duckdb_store import connect  # noqa: E402
 
 SETS = {
     "swe_agent_glm45": ROOT / "datasets/swe_agent/swe_agent_glm45_bs4.jsonl",

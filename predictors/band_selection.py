@@ -2,7 +2,7 @@
 
 Every node of the hierarchy (global → workflow type → agent) has a few candidate bands, each a
 function of the node's training lengths. Workflows are dealt into K folds once for the whole fit
-(:func:`workflow_folds`), so an agent's fold k and its workflow type's fold k hold the same
+(:func:`store.folds.group_folds`), so an agent's fold k and its workflow type's fold k hold the same
 workflows. For every candidate, each fold's held-out calls are scored against the band fit on the
 other folds; the pooled held-out *coverage* (share inside) and *mean width* are the candidate's
 validation figures.
@@ -41,7 +41,6 @@ import math
 from typing import Any, Callable, Sequence
 
 import numpy as np
-import pandas as pd
 from scipy import stats
 
 #: The largest observed length times this factor is an upper tail's ceiling.
@@ -126,13 +125,6 @@ def accepted(misses: int, total: int, coverage: float, z: float = TOLERANCE_Z) -
         return False
     alpha = 1.0 - coverage
     return bool(misses <= alpha * (total + 1) + z * math.sqrt(total * alpha * (1 - alpha)))
-
-
-def workflow_folds(keys: np.ndarray, n_folds: int, seed: int) -> np.ndarray:
-    """Fold (0…K−1) of every row: its workflow's place in a seeded shuffle, dealt round-robin."""
-    inv, uniq = pd.factorize(keys, sort=True)  # hashing, same sorted order as np.unique
-    order = np.random.default_rng(seed).permutation(len(uniq))
-    return (order % max(n_folds, 1))[inv]
 
 
 class FoldScores:

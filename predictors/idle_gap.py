@@ -32,19 +32,20 @@ Estimator, per workflow type
 Sessions whose last call has no next call (END) have no gap; their share is kept
 (``end_share``) because a TTL kept there is wasted memory. Gaps that end in a person's turn
 (think time, not a wait an engine plans a keep-alive on) are not given to this model: the fit
-leaves out calls marked ``wait_after = "human"`` (``profiler.fitting.idle_gap_calls``).
+leaves out calls marked ``wait_after = "human"`` (``fitting.profile_fit.idle_gap_calls``).
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
 from sklearn.base import BaseEstimator
 
 from predictors.served import LEVEL_KEYS, LEVELS, MAX_FACTOR, MIN_GAP_S, IdleGapTable
+from store.folds import group_folds
 
 #: Columns :meth:`IdleGapModel.fit` reads.
 GAP_COLUMNS = ("workflow_type_id", "workflow_id", "agent_id", "tool", "call_index", "t_arrival", "gap_after_s")
@@ -78,6 +79,46 @@ def recency_weights(workflow_rank: np.ndarray, n_workflows: int, half_life: floa
         return np.ones_like(rank)
     age = (n_workflows - 1) - rank
     return np.power(0.5, age / max(half_life * n_workflows, 1e-9))
+
+
+def pick_narrowest(scores: Mapping[Any, tuple[float, float]], quantile: float,
+                   narrower_on_ties: bool = True) -> Any:
+    """The candidate to keep from ``{candidate: (held-out coverage, mean width)}``: the narrowest
+    whose coverage reaches ``quantile``, else the best covered (the narrower of equally covered
+    ones, or with ``narrower_on_ties=False`` the first listed); the first candidate when none
+    could be scored (coverage NaN)."""
+    ok = {k: v for k, v in scores.items() if not math.isnan(v[0])}
+    if not ok:
+        return next(iter(scores))
+    good = [k for k, v in ok.items() if v[0] >= quantile]
+    if good:
+        return min(good, key=lambda k: ok[k][1])
+    return max(ok, key=lambda k: (ok[k][0], -ok[k][1] if narrower_on_ties else 0.0))
+
+
+def select_half_life(rows: pd.DataFrame, n_workflows: int, half_lives: Sequence[float | None],
+                     min_workflows: int, quantile: float,
+                     score: Callable[[pd.DataFrame, pd.DataFrame], tuple[float, float]],
+                     narrower_on_ties: bool = True
+                     ) -> tuple[float | None, dict[float | None, tuple[float, float]]]:
+    """The recency half-life of one workflow type, chosen on a later slice.
+
+    ``rows`` carry ``rank`` (:func:`workflow_ranks`, 0 = oldest of the type's ``n_workflows``).
+    Each candidate weighs the oldest 70 % of the workflows by :func:`recency_weights` (column
+    ``weight``) and ``score(train, later)`` says how it does on the newest 30 %: (coverage, mean
+    width), NaN coverage when nothing there can be scored. The kept one is
+    :func:`pick_narrowest`'s (list the no-decay ``None`` first: it is kept when nothing scores).
+    Returns ``(half-life, scores)``; ``(None, {})`` — no decay, nothing tried — with fewer than
+    ``min_workflows`` workflows or a single candidate. The tool-latency and idle-gap fits both
+    choose theirs here."""
+    cands = list(half_lives)
+    if len(cands) <= 1 or n_workflows < min_workflows:
+        return None, {}
+    cut = int(round(0.7 * n_workflows))
+    train, later = rows[rows["rank"] < cut], rows[rows["rank"] >= cut]
+    scores = {h: score(train.assign(weight=recency_weights(train["rank"].to_numpy(), cut, h)), later)
+              for h in cands}
+    return pick_narrowest(scores, quantile, narrower_on_ties), scores
 
 
 def workflow_ranks(df: pd.DataFrame) -> pd.Series:
@@ -361,35 +402,20 @@ class IdleGapModel(IdleGapTable, BaseEstimator):
 
     def _pick(self, scores: Mapping[Any, tuple[float, float]]) -> Any:
         """Narrowest candidate whose coverage reaches the quantile, else the best covered."""
-        ok = {k: v for k, v in scores.items() if not math.isnan(v[0])}
-        if not ok:
-            return next(iter(scores))
-        good = [k for k, v in ok.items() if v[0] >= self.quantile]
-        if good:
-            return min(good, key=lambda k: ok[k][1])
-        return max(ok, key=lambda k: (ok[k][0], -ok[k][1]))
+        return pick_narrowest(scores, self.quantile)
 
     def _choose_half_life(self, g: pd.DataFrame, n_wf: int) -> tuple[float | None, dict]:
-        """Half-life by a later slice: fit on the oldest 70 % of workflows, score the rest."""
-        cands = list(self.half_lives)
-        if n_wf < self.min_workflows_drift or len(cands) <= 1:
-            return None, {}
-        cut = int(round(0.7 * n_wf))
-        train, val = g[g["rank"] < cut], g[g["rank"] >= cut]
-        scores = {}
-        for h in cands:
-            tr = train.assign(weight=recency_weights(train["rank"].to_numpy(), cut, h))
-            tables = self._tables_by_prior(tr[tr["gap_after_s"].notna()], (None,))[None]
-            scores[h] = self._score(val, self._predict_rows(val, tables, "agent", None))
-        return self._pick(scores), {str(k): list(v) for k, v in scores.items()}
+        """Half-life by a later slice (:func:`select_half_life`), scored on the agent level."""
+        def score(train: pd.DataFrame, later: pd.DataFrame) -> tuple[float, float]:
+            tables = self._tables_by_prior(train[train["gap_after_s"].notna()], (None,))[None]
+            return self._score(later, self._predict_rows(later, tables, "agent", None))
+        h, scores = select_half_life(g, n_wf, self.half_lives, self.min_workflows_drift, self.quantile, score)
+        return h, {str(k): list(v) for k, v in scores.items()}
 
     def _cross_validate(self, g: pd.DataFrame) -> dict[tuple[str, Any], tuple[float, float]]:
         """K-fold by workflow: (level, prior weight) -> (coverage, mean TTL) on held-out folds."""
-        wfs = np.array(sorted(g["workflow_id"].unique()))
-        k = min(self.folds, len(wfs))
-        rng = np.random.default_rng(self.random_state)
-        fold_of = dict(zip(wfs, rng.permutation(len(wfs)) % k))
-        fold = g["workflow_id"].map(fold_of).to_numpy()
+        k = min(self.folds, int(g["workflow_id"].nunique()))
+        fold = group_folds(g["workflow_id"], k, self.random_state)
         preds: dict[tuple[str, Any], np.ndarray] = {(lv, w): np.full(len(g), np.nan)
                                                     for lv in LEVELS for w in self.prior_weights}
         for f in range(k):

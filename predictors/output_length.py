@@ -54,6 +54,7 @@ from predictors import quantile_tree as qt
 from predictors.quantile_tree import COND_FEATURES
 from predictors.served import (_MAX_EXP, UPPER_ALPHAS, OutputBands, band_upper_bound, cond_bands,
                                lognormal_upper)
+from store.folds import group_folds
 
 __all__ = ["COND_FEATURES", "UPPER_ALPHAS", "OutputLengthIntervals", "band_upper_bound",
            "conformal_band", "lognormal_band", "log_moments", "lognormal_upper",
@@ -203,7 +204,7 @@ class OutputLengthIntervals(OutputBands, BaseEstimator):
             raise ValueError("no calls to fit output-length intervals on")
         y = _clean(calls["output_tokens"].to_numpy(dtype=float, na_value=np.nan))
         keys = (calls["workflow_type_id"].astype(str) + "\x1f" + calls["workflow_id"].astype(str)).to_numpy()
-        return y, bs.workflow_folds(keys, self.n_folds, self.random_state)
+        return y, group_folds(keys, self.n_folds, self.random_state)
 
     def _fit_node(self, y: np.ndarray, fold: np.ndarray, parent: dict | None,
                   parent_folds: dict | None, own_level: str, frame: pd.DataFrame | None = None

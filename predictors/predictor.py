@@ -34,7 +34,7 @@ imports it). It holds three things, each in its own module:
   so this package imports nothing from the layers above it; and nothing here imports pandas,
   scipy or scikit-learn (the estimators' serving halves are in :mod:`predictors.served`).
 
-Annotation (``known: true``), a superset of DESIGN.md's listing::
+Annotation (``known: true``) in its JSON form (:meth:`predictors.contract.Annotation.to_dict`; the dataclass is the reference)::
 
     {"profile_version", "known": true, "workflow_type_id", "workflow_id", "agent_id",
      "predicted_output_len": [lo, hi], "output_len_coverage", "output_len_level",
@@ -66,7 +66,7 @@ from predictors.coverage_monitor import CoverageMonitor
 from predictors.contract import ID_KEYS, Annotation, NextAgent
 from predictors.served import MIN_GAP_S
 from predictors.sessions import DEFAULT_MAX_SESSION_BYTES, SESSION_BASE_BYTES, Session, SessionTable
-from profiler.profile_artifact import load_profile
+from store.profile_artifact import load_profile
 from synth.session import WorkflowPaths
 
 __all__ = ["CompiledProfile", "DEFAULT_MAX_SESSION_BYTES", "Predictor", "SESSION_BASE_BYTES"]
@@ -82,7 +82,7 @@ class Predictor:
 
     Parameters
     ----------
-    profile : a ``profiler.profile_artifact.Profile``, a profile folder (root or version), or None
+    profile : a ``store.profile_artifact.Profile``, a profile folder (root or version), or None
         (load later with :meth:`load`).
     max_sessions : sessions kept in memory (least recently used beyond it are forgotten).
     max_session_bytes : estimated bytes the session table may hold; beyond it the least recently
@@ -360,7 +360,7 @@ class Predictor:
             out["prompt_composition"] = chosen
         return out
 
-    # --- added by branch `dialects` (issue 14, retry-safe sessions) -------------------------------
+    # --- retry-safe sessions: undo the advance of a call that failed upstream -------------------
     def cancel(self, app_metadata: Mapping[str, Any] | None, request_id: str) -> bool:
         """Roll back the session advance of an annotated call that failed upstream (its pending
         entry is dropped and the agent step undone); a retry with the same ``request_id`` then

@@ -58,6 +58,7 @@ import pandas as pd
 from sklearn.base import BaseEstimator
 
 from predictors.served import MAX_AGENT_CALLS, MAX_ELAPSED_BUCKET, RemainingTokensTable
+from store.folds import group_folds
 
 #: Candidate session factors ``(β, κ)``; ``(0, 0)`` is "no factor".
 FACTORS = ((0.0, 0.0), (0.5, 1.0), (0.5, 4.0), (1.0, 1.0), (1.0, 4.0), (1.0, 16.0))
@@ -72,7 +73,7 @@ def session_frame(calls: pd.DataFrame) -> pd.DataFrame:
     this call included), ``S`` (tokens written before it) and ``n`` (the workflow's calls).
 
     ``calls`` holds ``workflow_type_id, workflow_id, agent_id, output_tokens`` in call order
-    within each workflow (:func:`profiler.fitting.ok_calls`)."""
+    within each workflow (:func:`fitting.profile_fit.ok_calls`)."""
     cols = ["workflow_type_id", "workflow_id", "agent_id", "output_tokens"]
     df = calls[cols + (["t_arrival"] if "t_arrival" in calls else [])].copy()
     df["output_tokens"] = df["output_tokens"].astype(float).clip(lower=0)
@@ -229,8 +230,7 @@ class RemainingTokens(RemainingTokensTable, BaseEstimator):
         if len(wfs) > self.max_select_workflows:
             wfs = np.sort(rng.choice(wfs, self.max_select_workflows, replace=False))
             g = g[g["workflow_id"].isin(set(wfs))].reset_index(drop=True)
-        fold_of = dict(zip(wfs, rng.permutation(len(wfs)) % self.cv_folds))
-        fold = g["workflow_id"].map(fold_of).to_numpy()
+        fold = group_folds(g["workflow_id"], self.cv_folds, rng)
         levels = LEVELS if (g["e"] >= 0).any() else tuple(lv for lv in LEVELS if lv != "elapsed")
         cands = [{"level": lv, "point": pt, "beta": b, "kappa": k}
                  for lv in levels for pt in POINTS for b, k in FACTORS]

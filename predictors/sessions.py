@@ -264,7 +264,7 @@ class SessionTable:
             return tuple(s.marks), None
         return tuple(s.marks), ((START,) if s.calls == len(s.tools) else ()) + tuple(before)
 
-    # --- added by branch `dialects` (issue 14, retry-safe sessions) -------------------------------
+    # --- retry-safe sessions: undo the advance of a call that failed upstream -------------------
     def retract(self, s: Session, agent: str) -> bool:
         """Undo one :meth:`advance` by ``agent`` (its latest occurrence): a call whose upstream
         attempt failed never happened for the session. The automaton state is replayed from the

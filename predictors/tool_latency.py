@@ -24,7 +24,7 @@ import pandas as pd
 from scipy import stats
 from sklearn.base import BaseEstimator
 
-from predictors.idle_gap import recency_weights, weighted_conformal_quantile, workflow_ranks
+from predictors.idle_gap import recency_weights, select_half_life, weighted_conformal_quantile, workflow_ranks
 from predictors.served import ToolLatencyTable
 
 #: Latencies are floored here before taking logs (a 0 s tool is a clock artifact).
@@ -124,24 +124,20 @@ class ToolLatencyModel(ToolLatencyTable, BaseEstimator):
         return out
 
     def _choose_half_life(self, g: pd.DataFrame) -> float | None:
-        """Half-life of one workflow type by a later slice (see module doc)."""
-        n_wf = int(g["rank"].max()) + 1
-        if len(self.half_lives) <= 1 or n_wf < self.min_workflows_drift:
-            return None
-        cut = int(round(0.7 * n_wf))
-        train, val = g[g["rank"] < cut], g[g["rank"] >= cut]
-        scores = {}
-        for h in self.half_lives:
-            tools = self._fit_tools(train.assign(weight=recency_weights(train["rank"].to_numpy(), cut, h)))
-            p95 = val["tool_name"].astype(object).map({t: e["p95_s"] for t, e in tools.items()}).to_numpy(dtype=float)
+        """Half-life of one workflow type by a later slice (:func:`select_half_life`): p95
+        coverage of the later workflows' tool calls (module doc)."""
+        def score(train: pd.DataFrame, later: pd.DataFrame) -> tuple[float, float]:
+            tools = self._fit_tools(train)
+            p95 = later["tool_name"].astype(object).map({t: e["p95_s"] for t, e in tools.items()}).to_numpy(dtype=float)
             ok = ~np.isnan(p95)
-            if ok.any():
-                x = val["latency_s"].to_numpy()[ok]
-                scores[h] = (float(np.mean(x <= p95[ok])), float(np.mean(p95[ok])))
-        good = [h for h, v in scores.items() if v[0] >= self.ttl_quantile]
-        if good:
-            return min(good, key=lambda h: scores[h][1])
-        return max(scores, key=lambda h: scores[h][0]) if scores else None
+            if not ok.any():
+                return math.nan, math.nan
+            x = later["latency_s"].to_numpy()[ok]
+            return float(np.mean(x <= p95[ok])), float(np.mean(p95[ok]))
+        # among equally covered half-lives the first listed is kept (as tool-latency profiles always
+        # have: the idle-gap rule, the narrower, would change their versions)
+        return select_half_life(g, int(g["rank"].max()) + 1, self.half_lives, self.min_workflows_drift,
+                                self.ttl_quantile, score, narrower_on_ties=False)[0]
 
     def fit(self, tool_calls: pd.DataFrame) -> "ToolLatencyModel":
         """``tool_calls``: rows with workflow_type_id, tool_name, latency_s (NULLs ignored); with

@@ -7,7 +7,7 @@ odd session moves every score. K-fold cross-validation uses every workflow once 
    of file order) and dealt round-robin into K folds, so folds differ in size by at most one
    workflow and every call of a workflow lands in the same fold (no session on both sides);
 2. for fold k, a profile is fit on the other K − 1 folds exactly as ``profiler fit`` does
-   (:func:`profiler.fitting.fit_profile`, a fresh store in a temporary folder) and scored on fold
+   (:func:`fitting.profile_fit.fit_profile`, a fresh store in a temporary folder) and scored on fold
    k exactly as ``profiler eval`` does (:func:`profiler.evaluation.evaluate`);
 3. every numeric leaf of the K eval results is aggregated (:func:`aggregate`): mean, sample
    standard deviation, min, max, and a *weighted* mean
@@ -20,7 +20,7 @@ odd session moves every score. K-fold cross-validation uses every workflow once 
    ``evaluate`` returns, so keys added to the eval later are aggregated too.
 
 Records without a readable workflow id (invalid JSON, no ``workflow_id``) belong to no fold: they
-are left out, counted and named by file and line (:func:`write_folds`); ``strict`` makes them an
+are left out, counted and named by file and line (:func:`store.split.write_folds`); ``strict`` makes them an
 error. Every other record is held out exactly once, so the quarantine counts of the K held-out
 folds add up to the records the ingest rejected.
 """
@@ -35,70 +35,12 @@ import numpy as np
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from profiler import ingest
 from profiler.evaluation import evaluate
-from profiler.fitting import FitOptions, fit_profile
-from profiler.record_sql import NON_BLANK, json_paths
-from profiler.store import connect, sql_string
+from fitting.profile_fit import FitOptions, fit_profile
+from store.split import write_folds
 
 #: Keys whose value, in an object, weighs that object's numeric leaves (first found wins).
 WEIGHT_KEYS = ("calls", "n", "n_calls", "n_workflows", "n_prompts")
-
-
-def write_folds(paths: Sequence[str | Path], out: str | Path, k: int, seed: int = 0,
-                unassigned: list[str] | None = None) -> list[dict[str, Any]]:
-    """Write ``out/fold<i>/{train,test}/logs.jsonl`` for i < k; returns per-fold counts.
-
-    Records with no readable workflow id go to no fold; ``"file:line"`` of each is appended to
-    ``unassigned`` when given. Raises ``ValueError`` when k < 2 or the logs hold fewer than k
-    workflows."""
-    if k < 2:
-        raise ValueError(f"--cv needs K >= 2 folds, got {k}")
-    out = Path(out)
-    con = connect(None, read_only=False)
-    try:
-        con.execute(f"CREATE TEMP TABLE staging {ingest.STAGING_COLUMNS}")
-        n_files = 0
-        for path, fmt in ingest.discover(paths):
-            n_files += 1
-            if path.stat().st_size:
-                ingest._stage_file(con, path, fmt)
-        if not n_files:
-            raise ValueError(f"no log files found in {', '.join(map(str, paths))}")
-        workflow_id = ", ".join(f"text::JSON->>{sql_string(p)}" for p in json_paths("workflow_id"))
-        con.execute(f"""
-            CREATE TEMP TABLE tagged AS
-            SELECT file, line, text, CASE WHEN json_valid(text) THEN coalesce({workflow_id}) END AS wf
-            FROM staging WHERE {NON_BLANK}""")
-        con.execute("""
-            CREATE TEMP TABLE folds AS
-            SELECT wf, (row_number() OVER (ORDER BY md5(? || ':' || wf), wf) - 1) % ? AS fold
-            FROM (SELECT DISTINCT wf FROM tagged WHERE wf IS NOT NULL)""", [str(int(seed)), k])
-        n_wf = con.execute("SELECT count(*) FROM folds").fetchone()[0]
-        if n_wf < k:
-            raise ValueError(f"the logs hold {n_wf} workflow(s), fewer than the {k} folds asked for: "
-                             f"use --cv {max(n_wf, 2)} or fewer" if n_wf >= 2 else
-                             f"the logs hold {n_wf} workflow(s): cross-validation by workflow needs at least 2")
-        if unassigned is not None:
-            unassigned.extend(f"{f}:{ln}" for f, ln in con.execute(
-                "SELECT file, line FROM tagged WHERE wf IS NULL ORDER BY file, line").fetchall())
-        con.execute("CREATE TEMP TABLE assigned AS SELECT t.file, t.line, t.text, f.fold "
-                    "FROM tagged t JOIN folds f USING (wf)")
-        counts = []
-        for i in range(k):
-            row: dict[str, Any] = {"fold": i}
-            for side, cond in (("train", "fold <> ?"), ("test", "fold = ?")):
-                target = out / f"fold{i}" / side / "logs.jsonl"
-                target.parent.mkdir(parents=True, exist_ok=True)
-                rows = con.execute(f"SELECT text FROM assigned WHERE {cond} ORDER BY file, line", [i]).fetchall()
-                target.write_text("".join(r[0] + "\n" for r in rows))
-                row[f"{side}_records"] = len(rows)
-            row["test_workflows"] = int(con.execute("SELECT count(*) FROM folds WHERE fold = ?", [i]).fetchone()[0])
-            row["train_workflows"] = int(n_wf - row["test_workflows"])
-            counts.append(row)
-        return counts
-    finally:
-        con.close()
 
 
 def _is_number(v: Any) -> bool:

@@ -31,11 +31,11 @@ from predictors.idle_gap import IdleGapModel
 from predictors.output_length import OutputLengthIntervals
 from predictors.predictor import CompiledProfile
 from predictors.tool_latency import MIN_LATENCY_S, ToolLatencyModel
-from profiler import ingest as ingest_mod
-from profiler.fitting import idle_gap_calls, ok_calls, timed_tool_calls
-from profiler.profile_artifact import Profile
+from store import ingest as ingest_mod
+from fitting.profile_fit import idle_gap_calls, ok_calls, timed_tool_calls
+from store.profile_artifact import Profile
 from profiler.remaining_eval import remaining_work_scores
-from profiler.store import connect
+from store.duckdb_store import connect
 from serving_hooks.policies.keep_drop import KeepDropPolicy
 from synth.profile_section import evaluate_workflows
 

@@ -36,7 +36,7 @@ import pandas as pd
 from predictors.contract import Annotation
 from predictors.predictor import Predictor
 from predictors.remaining_tokens import session_frame
-from profiler.profile_artifact import Profile
+from store.profile_artifact import Profile
 
 #: Other active sessions each held-out call is compared with (sampled, seeded).
 PAIRS_PER_CALL = 20

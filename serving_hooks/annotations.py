@@ -74,7 +74,7 @@ def forward_body(raw: bytes, body: dict, where: str | None, sys_annotations: dic
         flat = contract.flat(meta)
         client_params = body.get("custom_params")
         add["custom_params"] = {**client_params, **flat} if isinstance(client_params, dict) else flat
-    if extra_fields:  # branch `dialects`: an engine dialect's body patch
+    if extra_fields:  # an engine dialect's body patch
         add.update(extra_fields)
     if request_stream_usage:
         options = body.get("stream_options")

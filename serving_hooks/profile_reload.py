@@ -2,11 +2,11 @@
 
 ``profiler fit`` (and the online refit) write a new version folder and then replace
 ``<root>/CURRENT`` atomically. :class:`ProfileReloader` polls that one-line file
-(``profiler.profile_artifact.current_version``, a cheap read) every ``interval_s``; when it names a
+(``store.profile_artifact.current_version``, a cheap read) every ``interval_s``; when it names a
 new version it loads and compiles it *beside* the active one — in its own thread, so requests
 keep being served — and hands it to :meth:`predictors.Predictor.load`, whose swap is a single
 reference assignment. A version that fails to load, or whose ``profile.json`` has not the shape a
-fit writes (:func:`profiler.profile_artifact.check_profile_shape`: ``{}``, ``agents: []``,
+fit writes (:func:`store.profile_artifact.check_profile_shape`: ``{}``, ``agents: []``,
 ``format: 999``), is logged and counted; the active profile stays in service and the same version
 is not retried until ``CURRENT`` changes again.
 """
@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Callable
 
 from predictors.predictor import Predictor
-from profiler.profile_artifact import check_profile_shape, current_version, load_profile
+from store.profile_artifact import check_profile_shape, current_version, load_profile
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 
 One refit is :func:`refit_once`: if the log folders hold a file the store has not ingested
 (by content hash — the same test ingestion uses), run the regular ``profiler fit`` pipeline
-(:func:`profiler.fitting.fit_profile`: incremental ingest, fit on everything in the store,
+(:func:`fitting.profile_fit.fit_profile`: incremental ingest, fit on everything in the store,
 atomic ``write_profile``); otherwise do nothing. Servers pick the new version up through their
 :class:`~serving_hooks.profile_reload.ProfileReloader`, so the swap is atomic for them too.
 
@@ -29,9 +29,9 @@ from typing import Callable, Sequence
 
 import duckdb
 
-from profiler.fitting import FitOptions, fit_profile
-from profiler.ingest import discover, sha256_of
-from profiler.profile_artifact import ProfileError, current_version, load_profile, store_path
+from fitting.profile_fit import FitOptions, fit_profile
+from store.ingest import discover, sha256_of
+from store.profile_artifact import ProfileError, current_version, load_profile, store_path
 from serving_hooks.settings import parse_duration  # noqa: F401  (re-exported: its old home)
 
 log = logging.getLogger(__name__)
@@ -81,7 +81,7 @@ class RefitResult:
 
 
 def options_from_profile(profile_root: str | Path) -> FitOptions:
-    """The :class:`profiler.fitting.FitOptions` the active profile was fit with (defaults if none).
+    """The :class:`fitting.profile_fit.FitOptions` the active profile was fit with (defaults if none).
 
     A refit keeps the choices of the original ``profiler fit`` (coverage, pruning, seed, …)
     without the server having to repeat them.
@@ -130,7 +130,7 @@ class RefitLoop:
     """Refit every ``every_s`` seconds in a background thread (``start``/``stop``).
 
     ``subprocess=True`` runs each refit as ``profiler watch --once`` under ``nice`` (for servers);
-    otherwise in this process with ``options`` (a :class:`profiler.fitting.FitOptions`).
+    otherwise in this process with ``options`` (a :class:`fitting.profile_fit.FitOptions`).
     ``on_result`` is called with each :class:`RefitResult` (e.g. to trigger a reload now).
     """
 

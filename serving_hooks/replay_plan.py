@@ -31,8 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 
-from profiler.ingest import ingest
-from profiler.store import connect
+from store.ingest import ingest
+from store.duckdb_store import connect
 
 
 @dataclass
@@ -71,7 +71,7 @@ def load_plan(paths: Sequence[str | Path], *, max_workflows: int | None = None,
     long-context traces on a small test engine); the timing structure is unchanged.
 
     Returns the workflows in recorded start order and the ingest summary line. Raises
-    :class:`profiler.ingest.IngestError` when no log file is found, ``ValueError`` when no valid
+    :class:`store.ingest.IngestError` when no log file is found, ``ValueError`` when no valid
     call is left.
     """
     if token_scale <= 0:

@@ -64,7 +64,7 @@ MAX_CONCURRENCY = 1 << 20
 
 
 class AppMetadata(BaseModel):
-    """What the client says about its call (DESIGN.md). Missing ids give ``known: false``."""
+    """What the client says about its call (docs/log-format.md). Missing ids give ``known: false``."""
 
     model_config = ConfigDict(extra="allow")
     workflow_type_id: str | None = Field(None, examples=["coding_assistant"])

@@ -724,7 +724,7 @@ class Simulator:
                 self._push(now, EV_ARRIVE, self._next_wf)
                 self._next_wf += 1
 
-    # --- elastic pools and idle-capacity work (issue 16 item 4) -------------------------------
+    # --- elastic pools and idle-capacity work --------------------------------------------------
     # An autoscaler (simulator.autoscale) changes which replicas serve a pool; a part with
     # idle-capacity work (simulator.preprefill) runs background prefill on an idle replica.
     def set_pool_members(self, pool: int, members: Sequence[int]) -> None:
@@ -798,7 +798,6 @@ class Simulator:
             self.held[r][s] = True
             placed += tok[s]
         return placed
-    # --- end of elastic pools and idle-capacity work ------------------------------------------
 
 
 def _steps_within(horizon: float, dt0: float, growth: float) -> int:

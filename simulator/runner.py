@@ -40,7 +40,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from predictors.tool_latency import ToolLatencyModel
-from profiler.profile_artifact import CURRENT_FILE, load_profile
+from store.profile_artifact import CURRENT_FILE, load_profile
 from simulator.autoscale import MODES as AUTOSCALE_MODES
 from simulator.autoscale import AutoscaleOptions, Autoscaler, ProjectedCalls, QueueDepth
 from simulator.baselines import BASELINES, TRAINED_BASELINES

@@ -5,13 +5,13 @@
   rule of ``profiler split`` (``md5(seed:workflow_id) mod 10 000 < train × 10 000``). The profile
   is fit on the train side; the replay uses the test side only.
 * **A generated workload** (``coding-assistant``, ``deep-research``): the train logs and the test
-  logs come from ``profiler.workloads.generate`` with *different seeds*, so no replayed workflow
+  logs come from ``store.workloads.generate`` with *different seeds*, so no replayed workflow
   was seen by the fit. The spec's per-agent ``system_tokens`` give the shared system prompts.
 
 * **A mix of applications** (:func:`mixed`, ``--scenario agent-platform``): each application
   split on its own by the rules above; the profile is fit on the union of their train sides.
 
-The profile is fit with the lead's path (``profiler.fitting.fit_profile``) into a folder (a temp
+The profile is fit with the lead's path (``fitting.profile_fit.fit_profile``) into a folder (a temp
 folder unless ``profile_dir`` is given; a later run on the same train split reuses it), and loaded
 by a ``predictors.Predictor``.
 """
@@ -29,14 +29,14 @@ from typing import Any, Sequence
 import numpy as np
 
 from predictors.predictor import Predictor
-from profiler.fitting import fit_profile
-from profiler.profile_artifact import CURRENT_FILE, load_profile
-from profiler.ingest import ingest
-from profiler.store import connect
-from profiler.workloads import generate, load_spec
+from fitting.profile_fit import fit_profile
+from store.profile_artifact import CURRENT_FILE, load_profile
+from store.ingest import ingest
+from store.duckdb_store import connect
+from store.workloads import generate, load_spec
 from simulator.workload import renamed, replicate_records
 
-#: Built-in generated workloads (command-line names → ``profiler.workloads`` spec names).
+#: Built-in generated workloads (command-line names → ``store.workloads`` spec names).
 BUILTIN = {"coding-assistant": "coding_assistant", "deep-research": "deep_research",
            "coding_assistant": "coding_assistant", "deep_research": "deep_research"}
 
@@ -183,7 +183,7 @@ def train_lines(records: Sequence[dict]) -> bytes:
 
 def fit_train_profile(records: list[dict], profile_dir: str | Path | None = None,
                       progress: bool = False) -> tuple[Any, bool]:
-    """Fit a profile on ``records`` with ``profiler.fitting.fit_profile``, or reuse the one a
+    """Fit a profile on ``records`` with ``fitting.profile_fit.fit_profile``, or reuse the one a
     previous run fit on the very same records; returns ``(profile, reused)``.
 
     Each train split gets its own folder, ``<dir>/split-<first 12 hex of the SHA-256 of its JSON

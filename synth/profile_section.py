@@ -1,6 +1,6 @@
 """The ``workflows`` profile section and its ``profiler eval`` extension (CONTRACTS §3).
 
-* :func:`build_workflows_section` — registered in ``profiler.fitting.SECTION_BUILDERS`` as
+* :func:`build_workflows_section` — registered in ``fitting.profile_fit.SECTION_BUILDERS`` as
   ``"workflows"``: reads the ``calls`` table, fits one section per workflow type
   (:func:`synth.fit.fit_sequences`).
 * :func:`evaluate_workflows` — registered in ``profiler.evaluation.EVAL_EXTENSIONS``: replays the
@@ -156,7 +156,7 @@ def tool_remaining(con: duckdb.DuckDBPyConnection, wt: str, section: dict,
 def evaluate_workflows(profile: Any, con: duckdb.DuckDBPyConnection) -> dict:
     """``profiler eval --json`` keys for workflow paths (see :mod:`synth.evaluation`).
 
-    ``profile`` is a ``profiler.profile_artifact.Profile`` (or its ``data`` dict). Held-out
+    ``profile`` is a ``store.profile_artifact.Profile`` (or its ``data`` dict). Held-out
     workflow types missing from the profile count as unknown: every call a miss, no
     acceptance, and no remaining-calls estimate.
     """

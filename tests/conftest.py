@@ -21,7 +21,7 @@ def write_jsonl(path: Path, records: list[dict | str]) -> Path:
 @pytest.fixture
 def con(tmp_path):
     """A fresh DuckDB store file (closed after the test)."""
-    from profiler import store
+    from store import duckdb_store as store
 
     c = store.connect(tmp_path / "store.duckdb")
     yield c
@@ -31,7 +31,7 @@ def con(tmp_path):
 @pytest.fixture(scope="session")
 def coding_logs(tmp_path_factory) -> Path:
     """120 generated coding-assistant workflows (train side) as one JSONL file."""
-    from profiler.workloads import generate, write_jsonl as wj
+    from store.workloads import generate, write_jsonl as wj
 
     out = tmp_path_factory.mktemp("coding") / "coding.jsonl"
     wj(generate("coding_assistant", 120, seed=11), out)
@@ -41,7 +41,7 @@ def coding_logs(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def coding_test_logs(tmp_path_factory) -> Path:
     """60 further coding-assistant workflows (another seed: never seen by the fit)."""
-    from profiler.workloads import generate, write_jsonl as wj
+    from store.workloads import generate, write_jsonl as wj
 
     out = tmp_path_factory.mktemp("coding_test") / "coding_test.jsonl"
     wj(generate("coding_assistant", 60, seed=12), out)
@@ -51,7 +51,7 @@ def coding_test_logs(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def fitted_profile(tmp_path_factory, coding_logs) -> Path:
     """Profile root fitted on ``coding_logs`` (read-only for tests: copy before changing)."""
-    from profiler.fitting import fit_profile
+    from fitting.profile_fit import fit_profile
 
     root = tmp_path_factory.mktemp("profile")
     fit_profile([coding_logs], root)

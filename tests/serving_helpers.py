@@ -44,8 +44,8 @@ def free_port() -> int:
 def fit_generated_profile(root: Path, n_workflows: int, seed: int, **fit_options: Any) -> Path:
     """Fit a profile root ``root/profile`` on ``n_workflows`` generated coding-assistant
     workflows (written to ``root/logs``); ``fit_options`` go to ``FitOptions``."""
-    from profiler import fitting
-    from profiler.workloads import generate, write_jsonl
+    from fitting import profile_fit as fitting
+    from store.workloads import generate, write_jsonl
 
     write_jsonl(generate("coding_assistant", n_workflows, seed=seed), root / "logs" / "ca.jsonl")
     fitting.fit_profile([root / "logs"], root / "profile", options=fitting.FitOptions(**fit_options))
@@ -111,7 +111,7 @@ def swap_profiles_under_load(url: str, root: Path, base: Any, predictor: Any,
     the machine is. ``timeout`` only bounds a wait that would never end (a broken reload).
     Returns the versions written.
     """
-    from profiler.profile_artifact import write_profile
+    from store.profile_artifact import write_profile
 
     stop = threading.Event()
     done = [0]

@@ -36,7 +36,7 @@ def test_bayes_bound_of_a_generated_workload(tmp_path):
     The oracle's expected top-1 is the mean of max P(next | history) per scored call: 0.80."""
     import importlib.util
 
-    from profiler.workloads import generate, write_jsonl
+    from store.workloads import generate, write_jsonl
     spec = importlib.util.spec_from_file_location("bench_real", REPO / "bench" / "bench_real.py")
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)

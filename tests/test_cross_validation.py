@@ -12,7 +12,8 @@ from typer.testing import CliRunner
 
 from profiler.baseline_table import ROWS, baseline_rows, baseline_table
 from profiler.cli import app
-from profiler.cross_validation import aggregate, cross_validate, nest, numeric_leaves, write_folds
+from profiler.cross_validation import aggregate, cross_validate, nest, numeric_leaves
+from store.split import write_folds
 
 REPO = Path(__file__).resolve().parents[1]
 AGENTLESS = REPO / "datasets" / "real" / "agentless_pr28.jsonl"

@@ -72,7 +72,7 @@ def test_docs_python_examples_run(page, profile_root, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     namespace: dict = {"__name__": f"docs_{page}"}
     if page == "workflow-paths.md":       # the page continues docs/synthesis.md's `profile`
-        exec("from profiler.profile_artifact import load_profile\nprofile = load_profile('prof')", namespace)
+        exec("from store.profile_artifact import load_profile\nprofile = load_profile('prof')", namespace)
     if any("calls.jsonl" in b for b in blocks):
         _replay_records(tmp_path)
     engine = FakeOpenAI()

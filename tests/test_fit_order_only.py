@@ -8,8 +8,8 @@ import pytest
 from typer.testing import CliRunner
 
 from profiler.cli import app
-from profiler.fitting import FitOptions, fit_profile
-from profiler.profile_artifact import load_profile
+from fitting.profile_fit import FitOptions, fit_profile
+from store.profile_artifact import load_profile
 
 REAL = Path(__file__).parents[1] / "datasets" / "real"
 FIX = Path(__file__).parent / "fixtures" / "importers"

@@ -5,7 +5,7 @@ import duckdb
 import pandas as pd
 import pytest
 
-from profiler.frames import query_frame
+from store.frames import query_frame
 
 QUERIES = [
     # text, integers, floats: no NULLs / some NULLs / all NULLs

@@ -16,7 +16,7 @@ from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
 from predictors.contract import Annotation
-from profiler.ingest import discover
+from store.ingest import discover
 from serving_hooks.gateway import ENGINE_ADMIN_PATHS, path_forwarded, DEFAULT_FORWARD_PATHS
 from serving_hooks.gateway_log import GatewayLog, recover_orphans
 from serving_hooks.server_thread import serve_in_thread

@@ -10,7 +10,7 @@ import pytest
 from openai import OpenAI
 from prometheus_client import CollectorRegistry
 
-from profiler import fitting
+from fitting import profile_fit as fitting
 from predictors.contract import FLAT_KEYS as CUSTOM_PARAM_KEYS, Annotation
 from serving_hooks.annotator import LocalAnnotator
 from serving_hooks.fake_openai import FakeOpenAI

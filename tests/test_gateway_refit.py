@@ -6,8 +6,8 @@ import threading
 import httpx
 import pytest
 
-from profiler.profile_artifact import load_profile
-from profiler.workloads import generate, write_jsonl
+from store.profile_artifact import load_profile
+from store.workloads import generate, write_jsonl
 from serving_hooks.fake_openai import FakeOpenAI
 from serving_hooks.refit import RefitLoop, parse_duration, refit_once
 from serving_hooks.shadow import ShadowGate

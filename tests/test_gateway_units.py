@@ -7,7 +7,7 @@ import threading
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from profiler.ingest import discover
+from store.ingest import discover
 from predictors.contract import FLAT_KEYS as CUSTOM_PARAM_KEYS
 from serving_hooks.annotations import find_app_metadata, flatten_for_sglang, forward_body
 from serving_hooks.gateway_log import GatewayLog

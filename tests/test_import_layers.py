@@ -30,7 +30,7 @@ def lint(root: Path) -> subprocess.CompletedProcess[str]:
 
 
 def layer_modules() -> list[str]:
-    (layers,) = [c for c in CONFIG["contracts"] if c["type"] == "layers"]
+    (layers,) = [c for c in CONFIG["contracts"] if c["id"] == "layers"]
     return [m.strip().strip("()") for layer in layers["layers"] for m in layer.replace("|", ":").split(":")]
 
 
@@ -55,18 +55,39 @@ def test_every_module_sits_in_a_layer() -> None:
     assert not missing, f"add these modules to a layer in pyproject.toml [tool.importlinter]: {missing}"
 
 
-@pytest.mark.parametrize("module, line, contract", [
+def test_every_folder_sits_in_a_layer() -> None:
+    """The folder contract orders every package: a new top-level package must be placed in it."""
+    (folders,) = [c for c in CONFIG["contracts"] if c["id"] == "folders"]
+    assert sorted(folders["layers"]) == sorted(CONFIG["root_packages"])
+    assert sorted(p for p in CONFIG["root_packages"] if (REPO / p / "__init__.py").exists()) == \
+        sorted(CONFIG["root_packages"])
+
+
+@pytest.mark.parametrize("module, line, contracts", [
     # models importing the CLI: the layers and the models-stay-down contract both break
-    ("synth/pfa.py", "import profiler.cli", "synth and predictors never import serving"),
+    ("synth/pfa.py", "import profiler.cli", ("synth and predictors never import", "Layers point one way")),
     # a policy importing an HTTP client
-    ("serving_hooks/policies/capacity.py", "import httpx", "policies are free of SGLang and HTTP"),
+    ("serving_hooks/policies/capacity.py", "import httpx", ("policies are free of SGLang and HTTP",)),
     # the facade reaching pandas
-    ("predictors/sessions.py", "import pandas", "never imports pandas"),
+    ("predictors/sessions.py", "import pandas", ("never imports pandas",)),
     # a cycle between two store modules
-    ("profiler/faults.py", "import profiler.store", "no import cycles"),
+    ("store/faults.py", "import store.duckdb_store", ("no import cycles",)),
+    # the ground floor reaching up: to the CLI's package, and to the fit
+    ("store/ingest.py", "import profiler.evaluation",
+     ("the store imports no other package", "Layers point one way", "Folders point one way")),
+    ("store/profile_artifact.py", "import fitting.profile_fit",
+     ("the store imports no other package", "Layers point one way", "Folders point one way")),
+    # an estimator importing the fit that calls it
+    ("predictors/output_length.py", "import fitting.profile_fit",
+     ("synth and predictors never import", "Layers point one way", "Folders point one way")),
+    # the fit importing the serving layer
+    ("fitting/profile_fit.py", "import serving_hooks.refit", ("Layers point one way", "Folders point one way")),
+    # same module layer, wrong folder order: only the folder contract sees these
+    ("simulator/sources.py", "import profiler.evaluation", ("Folders point one way",)),
+    ("serving_hooks/refit.py", "import simulator", ("Folders point one way",)),
 ])
-def test_a_back_arrow_breaks_a_contract(tmp_path: Path, module: str, line: str, contract: str) -> None:
-    """Plant one bad import in a copy of the tree: lint-imports must fail and name the contract."""
+def test_a_back_arrow_breaks_a_contract(tmp_path: Path, module: str, line: str, contracts: tuple[str, ...]) -> None:
+    """Plant one bad import in a copy of the tree: lint-imports must fail and name each contract."""
     for name in (*CONFIG["root_packages"], "pyproject.toml"):
         src = REPO / name
         if src.is_dir():
@@ -78,4 +99,5 @@ def test_a_back_arrow_breaks_a_contract(tmp_path: Path, module: str, line: str, 
     res = lint(tmp_path)
     assert res.returncode != 0, res.stdout[-3000:]
     broken = res.stdout.split("Broken contracts")[-1]
-    assert contract in broken, res.stdout[-3000:]
+    for contract in contracts:
+        assert contract in broken, (contract, res.stdout[-3000:])

@@ -11,9 +11,9 @@ import pytest
 from typer.testing import CliRunner
 
 from profiler.cli import app
-from profiler.importers import FORMATS, convert_to_folder, get_format
-from profiler.ingest import ingest
-from profiler.store import connect
+from store.importers import FORMATS, convert_to_folder, get_format
+from store.ingest import ingest
+from store.duckdb_store import connect
 
 FIXTURES = Path(__file__).parent / "fixtures" / "importers"
 EXPECTED = {"otel": (FIXTURES / "otel", 7, 3), "swe-agent": (FIXTURES / "swe_agent", 4, 3),

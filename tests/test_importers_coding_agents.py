@@ -19,12 +19,12 @@ import pytest
 from typer.testing import CliRunner
 
 from profiler.cli import app
-from profiler.fitting import human_wait_section, idle_gap_calls, ok_calls, timed_tool_calls
-from profiler.importers import ImportFormatError, convert, iter_records
-from profiler.importers.detect import detect_format
-from profiler.ingest import ingest
-from profiler.profile_artifact import load_profile
-from profiler.store import connect
+from fitting.profile_fit import human_wait_section, idle_gap_calls, ok_calls, timed_tool_calls
+from store.importers import ImportFormatError, convert, iter_records
+from store.importers.detect import detect_format
+from store.ingest import ingest
+from store.profile_artifact import load_profile
+from store.duckdb_store import connect
 
 FIX = Path(__file__).parent / "fixtures" / "importers"
 CLAUDE = FIX / "claude_code" / "-workspace-project" / "2f8b1c4d-6a73-4e9b-91c0-5d7f3a8e2b46.jsonl"

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from openai import OpenAI
 
-from profiler.fitting import FitOptions, fit_profile
-from profiler.importers import convert
+from fitting.profile_fit import FitOptions, fit_profile
+from store.importers import convert
 from serving_hooks.identity import IdentityMap, resolve_identity
 from serving_hooks.shadow import ShadowGate
 from tests.serving_helpers import running_gateway

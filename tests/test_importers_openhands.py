@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from profiler.importers import ImportFormatError, iter_records
+from store.importers import ImportFormatError, iter_records
 
 FIXTURES = Path(__file__).parent / "fixtures" / "importers" / "openhands"
 OUTPUT = next(FIXTURES.rglob("output.jsonl"))

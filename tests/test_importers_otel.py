@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from profiler.importers import ImportFormatError, iter_records, otel
+from store.importers import ImportFormatError, iter_records, otel
 
 FIXTURES = Path(__file__).parent / "fixtures" / "importers" / "otel"
 TRACES = FIXTURES / "agent_traces.jsonl"

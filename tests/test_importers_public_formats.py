@@ -12,10 +12,10 @@ import pytest
 from typer.testing import CliRunner
 
 from profiler.cli import app
-from profiler.importers import ImportFormatError, convert, get_format, iter_records
-from profiler.importers.detect import detect_format
-from profiler.ingest import ingest
-from profiler.store import connect
+from store.importers import ImportFormatError, convert, get_format, iter_records
+from store.importers.detect import detect_format
+from store.ingest import ingest
+from store.duckdb_store import connect
 
 FIX = Path(__file__).parent / "fixtures" / "importers"
 runner = CliRunner()
@@ -262,7 +262,7 @@ def test_docs_importers_examples_run_as_written(tmp_path):
 
 
 def test_span_times_in_any_epoch_unit_and_iso():
-    from profiler.importers.otel_spans import to_nanos
+    from store.importers.otel_spans import to_nanos
 
     ns = 1_760_100_000_100_000_000
     assert to_nanos(ns) == to_nanos(str(ns)) == ns

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from profiler.importers import ImportFormatError, iter_records
+from store.importers import ImportFormatError, iter_records
 
 FIXTURES = Path(__file__).parent / "fixtures" / "importers" / "swe_agent"
 INSTANCE = FIXTURES / "glm45__swe_bench_lite__bs1" / "django__django-14016"

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from profiler import ingest
+from store import ingest
 from tests.conftest import write_jsonl
 from tests.test_ingest_formats import flat
 

@@ -7,7 +7,7 @@ import json
 import pandas as pd
 import pytest
 
-from profiler import ingest, store
+from store import ingest, duckdb_store as store
 from tests.conftest import write_jsonl
 
 

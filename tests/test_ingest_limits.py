@@ -10,8 +10,8 @@ import os
 
 import pytest
 
-from profiler import ingest, profile_artifact as pa
-from profiler.fitting import FitOptions, fit_from_store
+from store import ingest, profile_artifact as pa
+from fitting.profile_fit import FitOptions, fit_from_store
 from tests.conftest import write_jsonl
 from tests.test_ingest_formats import flat
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from profiler.ingest import ingest
-from profiler.store import connect
+from store.ingest import ingest
+from store.duckdb_store import connect
 
 
 def _call(i: int, t: float, agent: str = "main", tools: list | None = None) -> dict:

@@ -11,9 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from predictors import Predictor
-from profiler import fitting
-from profiler.profile_artifact import load_profile, write_profile
-from profiler.workloads import generate, write_jsonl
+from fitting import profile_fit as fitting
+from store.profile_artifact import load_profile, write_profile
+from store.workloads import generate, write_jsonl
 from serving_hooks.shadow import ShadowGate
 from serving_hooks.policies import AnnotationPriority
 

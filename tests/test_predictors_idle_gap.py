@@ -14,9 +14,9 @@ from predictors import Predictor
 from predictors.idle_gap import (IdleGapModel, _workflow_ranks_by_join, grouped_weighted_quantile,
                                  weighted_conformal_quantile, workflow_ranks)
 from predictors.tool_latency import ToolLatencyModel
-from profiler import fitting
+from fitting import profile_fit as fitting
 from profiler.evaluation import evaluate
-from profiler.workloads import generate, write_jsonl
+from store.workloads import generate, write_jsonl
 from serving_hooks.annotations import flatten_for_sglang
 from serving_hooks.policies.annotations_view import CallView
 from serving_hooks.policies.keep_drop import KeepDropPolicy, RetentionRank

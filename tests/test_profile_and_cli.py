@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from profiler import profile_artifact as pa
+from store import profile_artifact as pa
 from tests.conftest import SWE_TRACES
 
 
@@ -115,7 +115,7 @@ def test_cli_fit_reads_other_trace_formats(tmp_path):
 
 def test_split_reads_the_workflow_id_wherever_ingest_does(tmp_path):
     """Every placement of app_metadata the ingester accepts decides the side (record level too)."""
-    from profiler.split import split_logs
+    from store.split import split_logs
     from tests.conftest import write_jsonl
 
     placements = (lambda m: {"request": {"extra_body": {"app_metadata": m}}},

@@ -14,7 +14,7 @@ from predictors import Predictor
 from predictors.contract import Annotation
 from predictors.remaining_tokens import RemainingTokens, predict_frame, session_frame
 from predictors.served import RemainingTokensTable
-from profiler import fitting
+from fitting import profile_fit as fitting
 from profiler.evaluation import evaluate
 from serving_hooks.policies import CallView, PriorityPolicy
 

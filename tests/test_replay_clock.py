@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from predictors import Predictor
-from profiler import fitting
-from profiler.workloads import generate, write_jsonl
+from fitting import profile_fit as fitting
+from store.workloads import generate, write_jsonl
 from serving_hooks.replay_plan import load_plan, on_replay_clock
 
 SCALE = 0.02

@@ -56,7 +56,7 @@ def synthetic_logs(path: Path, n_workflows: int, seed: int) -> Path:
 
 @pytest.fixture(scope="module")
 def report_html(tmp_path_factory) -> tuple[Path, str]:
-    from profiler.fitting import FitOptions, fit_profile
+    from fitting.profile_fit import FitOptions, fit_profile
 
     root = tmp_path_factory.mktemp("report")
     train = synthetic_logs(root / "logs" / "train.jsonl", 240, seed=1)

@@ -1,4 +1,4 @@
-"""`profiler fit --engine ray` (profiler.distributed) on a local Ray instance: the profile equals
+"""`profiler fit --engine ray` (fitting.distributed) on a local Ray instance: the profile equals
 the single-node one on the same logs, and the store holds the same rows."""
 from __future__ import annotations
 
@@ -13,12 +13,12 @@ os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # local Ray on 
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 ray = pytest.importorskip("ray", reason="the ray engine needs the [ray] extra (pip install -e '.[ray]')")
 
-from profiler.distributed import fit_profile_ray, fit_with_ray, plan_shards  # noqa: E402
-from profiler.ingest import IngestError  # noqa: E402
-from profiler.fitting import FitOptions, fit_profile  # noqa: E402
-from profiler.ingest import discover  # noqa: E402
-from profiler.store import connect  # noqa: E402
-from profiler.workloads import generate, write_jsonl  # noqa: E402
+from fitting.distributed import fit_profile_ray, fit_with_ray, plan_shards  # noqa: E402
+from store.ingest import IngestError  # noqa: E402
+from fitting.profile_fit import FitOptions, fit_profile  # noqa: E402
+from store.ingest import discover  # noqa: E402
+from store.duckdb_store import connect  # noqa: E402
+from store.workloads import generate, write_jsonl  # noqa: E402
 
 
 def assert_same(a, b, path="profile"):

@@ -13,8 +13,8 @@ import pytest
 
 from predictors.predictor import Predictor
 from profiler.evaluation import evaluate
-from profiler.fitting import fit_profile
-from profiler.workloads import generate, write_jsonl
+from fitting.profile_fit import fit_profile
+from store.workloads import generate, write_jsonl
 from synth.evaluation import served_predictions
 from synth.sequences import sequences_from_symbols
 from synth.session import WorkflowPaths

@@ -11,8 +11,8 @@ import httpx
 import pytest
 from prometheus_client import CollectorRegistry
 
-from profiler.profile_artifact import current_version, load_profile, write_profile
-from profiler.workloads import generate, write_jsonl
+from store.profile_artifact import current_version, load_profile, write_profile
+from store.workloads import generate, write_jsonl
 from serving_hooks.server_thread import serve_in_thread
 from serving_hooks.service import prediction_service
 from serving_hooks.sidecar import create_sidecar_app

@@ -164,7 +164,7 @@ def test_a_reload_refuses_a_profile_of_the_wrong_shape_and_keeps_serving(profile
     """Issue 24: a version whose profile.json parses but has not the fitted shape used to be
     swapped in (every prediction unknown; with a shadow gate the types stayed in shadow mode
     after the good version came back). Now the swap is refused with a one-line reason."""
-    from profiler.profile_artifact import current_version, load_profile, write_profile
+    from store.profile_artifact import current_version, load_profile, write_profile
 
     good = load_profile(profile_root)
     root = tmp_path / "root"

@@ -2,7 +2,7 @@
 
 The second batch continues workflows already in the store, so the fit takes their stored calls out
 and re-derives them (the path that lost data before ingest was one transaction). At every fault
-point of that fit (:mod:`profiler.faults`) the fit is killed (``os._exit(137)`` in a forked
+point of that fit (:mod:`store.faults`) the fit is killed (``os._exit(137)`` in a forked
 child: no cleanup, no rollback, exactly like kill -9) or hits a full disk (``ENOSPC``), then run
 again; after the re-run the store holds every call exactly once, quarantine has no duplicate
 rows, no temp folder is left, and the profile is byte-for-byte the one an uninterrupted fit
@@ -23,11 +23,11 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from profiler import faults
-from profiler.fitting import FitOptions, fit_profile
-from profiler.profile_artifact import load_profile
-from profiler.store import StoreError
-from profiler.workloads import generate
+from store import faults
+from fitting.profile_fit import FitOptions, fit_profile
+from store.profile_artifact import load_profile
+from store.duckdb_store import StoreError
+from store.workloads import generate
 
 OPTIONS = FitOptions(conditional=False)
 
@@ -185,7 +185,7 @@ def test_stale_temp_folders_are_removed_by_the_next_fit(setup, tmp_path):
 
 CLI_WITH_FULL_DISK = textwrap.dedent("""
     import errno, sys
-    from profiler import faults
+    from store import faults
     from profiler.cli import main
     def hook(label):
         if label == {label!r}:

@@ -151,8 +151,8 @@ def test_symbol_regex_of_automata_lib_parses():
 
 _FIT_SWE_TOOLS = """
 import hashlib, json, sys
-from profiler.ingest import ingest
-from profiler.store import connect
+from store.ingest import ingest
+from store.duckdb_store import connect
 from synth.fit import fit_sequences
 from synth.sequences import load_sequences
 con = connect(None)
@@ -172,7 +172,7 @@ def test_fit_is_reproducible_across_hash_seeds(tmp_path):
     import sys
     from pathlib import Path
 
-    from profiler.split import split_logs
+    from store.split import split_logs
 
     traces = Path(__file__).resolve().parents[1] / "datasets/swe_agent/swe_agent_glm45_bs4.jsonl"
     split_logs([traces], tmp_path, train=0.7, seed=0)

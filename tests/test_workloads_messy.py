@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 from scipy import stats
 
-from profiler.workloads import generate
+from store.workloads import generate
 
 N_WORKFLOWS = 300
 

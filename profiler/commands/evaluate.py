@@ -42,8 +42,8 @@ def eval_(
     if profile is None:
         fail("give --profile (the profile to score) or --cv K (fit and score by K-fold cross-validation)")
     from profiler.evaluation import evaluate
-    from profiler.ingest import IngestError
-    from profiler.profile_artifact import ProfileError, load_profile
+    from store.ingest import IngestError
+    from store.profile_artifact import ProfileError, load_profile
 
     try:
         prof = load_profile(profile)
@@ -83,7 +83,7 @@ def _cross_validate(logs: list[Path], k: int, seed: int, json_out: bool, strict:
     """`profiler eval --cv K`: run :func:`profiler.cross_validation.cross_validate` and print it."""
     from profiler.baseline_table import baseline_table
     from profiler.cross_validation import cross_validate
-    from profiler.ingest import IngestError
+    from store.ingest import IngestError
 
     try:
         result = cross_validate(logs, k, seed=seed, strict=strict, progress=True)

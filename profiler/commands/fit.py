@@ -18,7 +18,7 @@ def fit(
     coverage: Annotated[float, typer.Option(help="Target coverage of the output-length bands.", min=0.5, max=0.9999)] = 0.99,
     prune: Annotated[float, typer.Option(help="Drop automaton transitions rarer than this probability.", min=0.0, max=0.5)] = 0.05,
     seed: Annotated[int, typer.Option(help="Seed of the calibration splits.")] = 0,
-    min_calls: Annotated[int, typer.Option(help="Fewest calls for an agent to get its own band (else workflow type, then global).")] = 50,
+    min_calls: Annotated[int, typer.Option(help="No effect on a new profile: each band is chosen by held-out validation, not by a call count (kept so old command lines run; recorded in the profile's parameters).")] = 50,
     max_output_tokens: Annotated[Optional[int], typer.Option(help="Hard cap on any output length (the requests' max_tokens or the context limit): the ceiling of every band and U(alpha); default twice the largest observed length.", min=1)] = None,
     no_conditional: Annotated[bool, typer.Option("--no-conditional", help="Never use the history-conditioned (CQR) length model.")] = False,
     order_only: Annotated[bool, typer.Option("--order-only", help="Fit from token counts and call order alone: no time model (tool latency, keep-alive TTLs, call latency). Chosen by itself when no call has real times (timing: synthetic_order).")] = False,
@@ -39,12 +39,12 @@ def fit(
     """
     from rich.markup import escape
 
-    from profiler.data_limits import summary_lines
-    from profiler.fitting import FitOptions, NoValidCallsError, fit_profile
+    from store.data_limits import summary_lines
+    from fitting.profile_fit import FitOptions, NoValidCallsError, fit_profile
     import duckdb
 
-    from profiler.ingest import IngestError
-    from profiler.store import StoreError, one_line_error
+    from store.ingest import IngestError
+    from store.duckdb_store import StoreError, one_line_error
 
     options = FitOptions(coverage=coverage, prune=prune, seed=seed, min_calls=min_calls,
                          conditional=not no_conditional, max_output_tokens=max_output_tokens,
@@ -53,7 +53,7 @@ def fit(
         fail(f"--engine must be local or ray, got {engine!r}")
     try:
         if log_format is not None:
-            from profiler.importers import ImportFormatError, convert
+            from store.importers import ImportFormatError, convert
 
             target = out / "imported" / log_format
             try:
@@ -66,7 +66,7 @@ def fit(
             logs = [target]
         if engine == "ray":
             try:
-                from profiler.distributed import fit_profile_ray
+                from fitting.distributed import fit_profile_ray
             except ImportError as exc:
                 fail(f"--engine ray needs Ray: pip install -e '.[ray]' ({exc})")
             profile, report = fit_profile_ray(logs, out, db=db, options=options, strict=strict,

@@ -37,7 +37,7 @@ def generate(
 
     Agents' output lengths follow the workload spec's mean/CV (lognormal, AR(1)-correlated for
     high-variance agents); tools have lognormal latencies (file ops ~45 ms, code execution ~180 ms
-    with a heavy tail, web calls ~1.5 s, test runs seconds). Specs live in `profiler/workload_specs/`.
+    with a heavy tail, web calls ~1.5 s, test runs seconds). Specs live in `store/workload_specs/`.
 
     `--messy` generates logs that break the models' easy assumptions on purpose (see
     docs/evaluation.md): use it for tests and benchmarks of the predictors.
@@ -46,7 +46,7 @@ def generate(
     """
     from rich.progress import Progress
 
-    from profiler.workloads import generate as gen, load_spec, write_jsonl
+    from store.workloads import generate as gen, load_spec, write_jsonl
 
     if messy and workload not in (None, "messy"):
         fail(f"--messy and --workload {workload} contradict each other: give one")

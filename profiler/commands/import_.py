@@ -53,7 +53,7 @@ def import_command(
 
     Example: `profiler import ~/.claude/projects ~/.codex/sessions --out logs/ && profiler fit logs/ --out profile/`
     """
-    from profiler.importers import ImportFormatError, convert, get_format
+    from store.importers import ImportFormatError, convert, get_format
 
     try:
         if fmt.strip().lower() != "auto":
@@ -87,7 +87,7 @@ def import_command(
 
 
 def _as_json(result: Any, fmt: str, out: Path) -> dict[str, Any]:
-    """The ``--json`` form of a :class:`profiler.importers.ConversionReport`."""
+    """The ``--json`` form of a :class:`store.importers.ConversionReport`."""
     return {
         "format": fmt, "out": str(out), "calls": result.records, "sources": result.sources,
         "outputs": len(result.files), "problems": len(result.errors), "warnings": len(result.warnings),

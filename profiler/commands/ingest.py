@@ -23,8 +23,8 @@ def ingest(
     """
     import duckdb
 
-    from profiler.ingest import IngestError, ingest as run
-    from profiler.store import StoreError, connect, one_line_error
+    from store.ingest import IngestError, ingest as run
+    from store.duckdb_store import StoreError, connect, one_line_error
 
     try:
         con = connect(db)

@@ -49,7 +49,7 @@ def replay(
 
     Example: `profiler replay logs/ --target http://127.0.0.1:8080 --concurrency 8 --time-scale 0.1`
     """
-    from profiler.ingest import IngestError
+    from store.ingest import IngestError
     from serving_hooks.replay import ReplayOptions, replay as run_replay
     from serving_hooks.replay_plan import load_plan
     from serving_hooks.replay_report import call_records, render_table, summarize

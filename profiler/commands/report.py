@@ -41,7 +41,7 @@ def report(
     Example: `profiler report --profile profile/ --out report.html --eval heldout/`
     """
     from profiler.commands.common import fail
-    from profiler.profile_artifact import ProfileError
+    from store.profile_artifact import ProfileError
     from profiler.report import build_report
     from profiler.report.roles import DEFAULT_RULES, GROUP_ABOVE, parse_rule
 

@@ -23,7 +23,7 @@ def build_service(profile: Path, prefix: str, settings: ServiceSettings
     """Registry + PredictionService from the shared settings (serve and gateway)."""
     from prometheus_client import CollectorRegistry
 
-    from profiler.profile_artifact import ProfileError
+    from store.profile_artifact import ProfileError
     from serving_hooks.service import prediction_service
     from serving_hooks.shadow import ShadowGate
 

@@ -32,8 +32,8 @@ def show(
 
     from rich.markup import escape
 
-    from profiler.data_limits import summary_lines
-    from profiler.profile_artifact import ProfileError, load_profile
+    from store.data_limits import summary_lines
+    from store.profile_artifact import ProfileError, load_profile
 
     try:
         prof = load_profile(profile)

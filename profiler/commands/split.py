@@ -22,8 +22,8 @@ def split(
 
     Example: `profiler split datasets/swe_agent --out split/ --train 0.7`
     """
-    from profiler.ingest import IngestError
-    from profiler.split import split_logs
+    from store.ingest import IngestError
+    from store.split import split_logs
 
     try:
         counts = split_logs(logs, out, train=train, seed=seed)

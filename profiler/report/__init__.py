@@ -492,7 +492,7 @@ def build_report(profile_path: str | Path, out: str | Path, *, db: str | Path | 
     ``group_rules``: name rules that pool the agents of a team of more than ``group_above`` agents
     into roles (:mod:`profiler.report.roles`; ``None`` or empty: no grouping). ``show_pruned``: draw the
     transitions the pruned automaton dropped from the start (the page's checkbox still toggles)."""
-    from profiler.profile_artifact import load_profile, store_path
+    from store.profile_artifact import load_profile, store_path
     from profiler.report.data import StoreUnavailable, open_store, store_counts, symbol_sequences
 
     profile = load_profile(profile_path)

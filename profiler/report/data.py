@@ -14,7 +14,7 @@ from pathlib import Path
 import duckdb
 import numpy as np
 
-from profiler.store import sql_string, store_counts  # noqa: F401  (the report's store summary)
+from store.duckdb_store import sql_string, store_counts  # noqa: F401  (the report's store summary)
 
 #: Histogram bins per agent (log-spaced between the agent's shortest and longest output).
 HIST_BINS = 40

@@ -12,7 +12,7 @@
 
 On a CPU-only machine the server needs ``SGLANG_USE_CPU_ENGINE=1`` and the test-only stand-ins in
 ``cpu_standins/`` on its ``PYTHONPATH`` (gated by ``AWP_TEST_CPU_STANDINS=1``); with CUDA neither
-is set. Checked facts: ``../shared/notes/sglang-real-server-on-cpu.md``.
+is set (docs/sglang.md, "Tests against a real server").
 """
 from __future__ import annotations
 
@@ -25,6 +25,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import IO
 
 import httpx
 
@@ -39,6 +40,22 @@ CHAT_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
+
+
+def stop_process_group(proc: subprocess.Popen | None, grace_s: float, log: IO | None = None) -> None:
+    """Stop a server started with ``start_new_session=True``: SIGTERM to it (its children exit
+    with it), SIGKILL to its process group (its own session: only its processes) when it is still
+    running after ``grace_s``; then close its ``log``. Nothing to do for a process that exited.
+    The SGLang servers here and the sglang-router of ``bench/engine_router.py`` stop this way."""
+    if proc is not None and proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+    if log is not None and not log.closed:
+        log.close()
 
 
 def missing_server_modules() -> list[str]:
@@ -149,17 +166,9 @@ class SGLangServer:
         return "\n".join(self.log_text().splitlines()[-n:])
 
     def stop(self, grace_s: float = 20.0) -> None:
-        """SIGTERM to the launcher (its children exit with it); SIGKILL to its process group
-        (its own session: only the server's processes) after ``grace_s``."""
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(grace_s)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(10)
-        if getattr(self, "_log", None) is not None and not self._log.closed:
-            self._log.close()
+        """SIGTERM to the launcher, SIGKILL to its process group after ``grace_s``
+        (:func:`stop_process_group`)."""
+        stop_process_group(self.proc, grace_s, getattr(self, "_log", None))
 
 
 def _cuda_available() -> bool:

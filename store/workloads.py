@@ -1,6 +1,6 @@
 """Seeded synthetic agent workloads (``profiler generate``).
 
-A workload *spec* is data (JSON in ``profiler/workload_specs/``): the agents with their output-length
+A workload *spec* is data (JSON in ``store/workload_specs/``): the agents with their output-length
 mean and coefficient of variation, the tools with lognormal latencies, which tools each agent
 runs, and the workflow *structure* as a small grammar:
 
@@ -285,7 +285,7 @@ def _messy_path(spec: dict, release: str, rng: np.random.Generator) -> list[str]
 
 def generate_messy(spec: dict, n_workflows: int | None, seed: int = 0, with_text: bool = False,
                    arrival_rate: float = 0.2) -> Iterator[dict]:
-    """Flat records of the *messy* workload (``profiler/workload_specs/messy.json``).
+    """Flat records of the *messy* workload (``store/workload_specs/messy.json``).
 
     What makes it messy, each on purpose (the tests measure every one):
 

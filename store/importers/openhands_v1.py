@@ -32,7 +32,7 @@ import json
 from pathlib import Path
 from typing import Any, Iterator
 
-from profiler.importers._common import (
+from store.importers._common import (
     ErrorHandler,
     ImportFormatError,
     count_field,
@@ -40,7 +40,7 @@ from profiler.importers._common import (
     load_json_document,
     report,
 )
-from profiler.importers.openhands_time import choose_zone
+from store.importers.openhands_time import choose_zone
 
 DEFAULT_WORKFLOW_TYPE = "openhands"
 RESULT_KINDS = ("ObservationEvent", "AgentErrorEvent", "UserRejectObservation")

@@ -1,4 +1,4 @@
-"""Importers: other tools' traces -> our flat records (``../shared/spec/log-format.md`` §1).
+"""Importers: other tools' traces -> our flat records (``docs/log-format.md`` §1).
 
 Each module handles one format and exposes ``NAME``, ``SUMMARY``, ``FILE_PATTERNS`` (what to
 look for in a folder) and ``read_file(path, **options) -> Iterator[dict]`` for one file;
@@ -28,10 +28,10 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Iterator, Sequence
 
-from profiler.importers import (atif, claude_code, codex, dynamo, mini_swe_agent, openhands, otel, swe_agent,
-                                tracelab)
-from profiler.importers._common import ImportFormatError, relative_source, source_files, unreadable_reason
-from profiler.importers.detect import AUTO_PATTERNS, detect_format, part_of_conversation
+from store.importers import (atif, claude_code, codex, dynamo, mini_swe_agent, openhands, otel, swe_agent,
+                             tracelab)
+from store.importers._common import ImportFormatError, relative_source, source_files, unreadable_reason
+from store.importers.detect import AUTO_PATTERNS, detect_format, part_of_conversation
 
 #: Format name (as given to ``--format``) -> importer module.
 FORMATS: dict[str, ModuleType] = {m.NAME: m for m in (otel, swe_agent, mini_swe_agent, openhands, dynamo, atif,
@@ -183,7 +183,7 @@ def convert(fmt: str, srcs: Sequence[Path], out_dir: Path, *, strict: bool = Fal
         patterns = AUTO_PATTERNS if fmt.strip().lower() == "auto" else get_format(fmt).FILE_PATTERNS
         raise FileNotFoundError(f"no {fmt} files under {', '.join(map(str, srcs))} "
                                 f"(looked for {', '.join(patterns)})")
-    from rich.progress import Progress  # local: keeps `import profiler.importers` light
+    from rich.progress import Progress  # local: keeps `import store.importers` light
 
     with Progress(transient=True, disable=not progress) as bar:
         task = bar.add_task(f"importing {fmt}", total=len(jobs))

@@ -12,12 +12,12 @@ Pipeline (all heavy lifting is DuckDB; Python only walks the folder tree):
    CSV row with the wrong number of fields) is quarantined alone. A file DuckDB cannot read to
    the end (a truncated gzip) is re-read line by line in Python, in bounded chunks, so that every
    complete record before the damage is kept.
-3. **validate** with one set-based query (:mod:`profiler.record_sql`): invalid records go to
+3. **validate** with one set-based query (:mod:`store.record_sql`): invalid records go to
    ``quarantine`` with file, line, field and reason.
 4. **deduplicate** by ``request_id``: a record identical to one already seen is skipped; one with
    the same id and different content is quarantined ("conflicting duplicate"), the first kept.
 5. **derive** per-workflow columns and the ``tool_calls`` table for the workflows touched
-   (:mod:`profiler.derive`).
+   (:mod:`store.derive`).
 
 **One batch, one transaction.** Files are first read into temp tables (nothing in the store
 changes); then everything a call of :func:`ingest` writes — calls (including
@@ -57,8 +57,8 @@ from typing import BinaryIO, Iterable, Sequence
 import duckdb
 import pandas as pd
 
-from profiler import derive, faults, record_sql
-from profiler.store import BASE_CALL_COLUMNS, StoreError, execute, one_line_error, sql_string
+from store import derive, faults, record_sql
+from store.duckdb_store import BASE_CALL_COLUMNS, StoreError, execute, one_line_error, sql_string
 
 #: File name suffix -> format name.
 SUFFIX_FORMATS: dict[str, str] = {
@@ -436,7 +436,7 @@ def ingest(
 
     Returns an :class:`IngestReport`; with ``strict`` raises :class:`IngestError` (after
     committing the valid records) when any record was quarantined. A full disk, a read-only
-    store or a lock conflict roll the batch back and raise :class:`profiler.store.StoreError`.
+    store or a lock conflict roll the batch back and raise :class:`store.duckdb_store.StoreError`.
     When the caller already holds a transaction on ``con``, the batch joins it (the caller
     commits)."""
     limits = limits or Limits.from_env()

@@ -11,7 +11,7 @@ The store is a user-facing artifact: a single DuckDB file (by default
 ``quarantine``      every record that could not be loaded, with file, line, field and reason.
 ``ingested_files``  every file read, with its content hash (re-reading an unchanged file is a no-op).
 
-Each ingest batch is one transaction (:mod:`profiler.ingest`): a crash or a full disk leaves the
+Each ingest batch is one transaction (:mod:`store.ingest`): a crash or a full disk leaves the
 store as before the batch or as after it. See docs/store.md.
 
 Column documentation lives in :data:`TABLE_DOCS` and is also attached to the tables as DuckDB
@@ -27,7 +27,7 @@ from typing import Any, Iterable, Sequence
 
 import duckdb
 
-from profiler import faults
+from store import faults
 
 #: Environment variable capping DuckDB's memory (e.g. ``4GB``); past it DuckDB spills to disk.
 #: Unset: a quarter of the machine's RAM (DuckDB's own default, 80 %, leaves too little for the
@@ -211,7 +211,7 @@ def one_line_error(exc: BaseException, path: str | Path | None = None) -> str | 
 
 def execute(con: duckdb.DuckDBPyConnection, sql: str, params: Sequence[Any] | None = None,
             ) -> duckdb.DuckDBPyConnection:
-    """``con.execute(sql, params)`` after a :func:`profiler.faults.point` (crash-safety tests
+    """``con.execute(sql, params)`` after a :func:`store.faults.point` (crash-safety tests
     inject a kill or a full disk before any statement of an ingest)."""
     faults.point("sql: " + " ".join(sql.split()[:4]))
     return con.execute(sql, params) if params is not None else con.execute(sql)

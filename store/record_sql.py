@@ -25,8 +25,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from profiler.derive import TOOL_LIST_TYPE
-from profiler.store import sql_string
+from store.derive import TOOL_LIST_TYPE
+from store.duckdb_store import sql_string
 
 #: Top-level keys of a flat record that the contract defines (anything else goes to ``extra``).
 FLAT_KEYS = (
@@ -244,7 +244,7 @@ def parse_sql(staging: str = "staging") -> str:
 
     Output columns: file, line, reason (NULL when valid), field, raw (the text of invalid
     records, first 2000 characters), and the typed contract
-    columns of :data:`profiler.store.BASE_CALL_COLUMNS` (meaningful only when reason IS NULL).
+    columns of :data:`store.duckdb_store.BASE_CALL_COLUMNS` (meaningful only when reason IS NULL).
     """
     flat_spec = sql_string(json.dumps(_structure("flat")))
     gateway_spec = sql_string(json.dumps(_structure("gateway")))

@@ -3,7 +3,7 @@
 New calls are stored together with their derived columns. When a batch adds calls to a workflow
 already in the store (a later log file continues a session), that workflow's stored calls are
 taken out and re-inserted with the batch, so positions and neighbours are recomputed over the
-whole workflow. The caller runs this inside its transaction (:func:`profiler.ingest.ingest`
+whole workflow. The caller runs this inside its transaction (:func:`store.ingest.ingest`
 opens one per batch): the delete and the re-insert commit together or not at all. Everything is window functions and ASOF joins:
 
 * position: ``call_index = row_number() over (workflow order by t_arrival, request_id) - 1``;
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import duckdb
 
-from profiler.store import BASE_CALL_COLUMNS, DERIVED_CALL_COLUMNS, execute, sql_columns
+from store.duckdb_store import BASE_CALL_COLUMNS, DERIVED_CALL_COLUMNS, execute, sql_columns
 
 _BASE = sql_columns(BASE_CALL_COLUMNS)
 #: Typed shape of one explicit tool execution (the JSON ``tool_calls`` column parsed).

@@ -39,7 +39,7 @@ import json
 from typing import Any, Iterator
 from pathlib import Path
 
-from profiler.importers._common import (
+from store.importers._common import (
     ErrorHandler,
     ImportFormatError,
     count_field,

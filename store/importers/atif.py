@@ -38,7 +38,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Iterator
 
-from profiler.importers._common import (
+from store.importers._common import (
     TIMING_ONE_STAMP,
     TIMING_ORDER_ONLY,
     ErrorHandler,

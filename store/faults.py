@@ -4,7 +4,7 @@ Every statement the ingester sends to the store and every file write of a profil
 calls :func:`point` with a short label. In production :data:`hook` is ``None`` and a point costs one
 attribute read. A test sets the hook to simulate a crash or a full disk at the *n*-th point::
 
-    from profiler import faults
+    from store import faults
     faults.hook = lambda label: os._exit(137)          # kill -9 at this point
     faults.hook = lambda label: (_ for _ in ()).throw(OSError(errno.ENOSPC, "No space left"))
 

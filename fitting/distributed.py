@@ -4,25 +4,25 @@ The single-node fit streams every log through one DuckDB store. Past one machine
 splits along two axes that never need each other's rows:
 
 1. **Ingest shards** (one Ray task per group of files, balanced by bytes): each task runs the
-   ordinary ingester (:func:`profiler.ingest.ingest`: validation, quarantine, in-file
+   ordinary ingester (:func:`store.ingest.ingest`: validation, quarantine, in-file
    de-duplication) into a private in-memory store and writes its valid calls as Parquet,
    partitioned by workflow type (``calls/shard-<i>/wt_key=<md5(wt)[:8]>/*.parquet``), plus its
    quarantine and file reports.
 2. **Workflow-type fits** (one Ray task per workflow type): a task reads its type's partitions
    from every shard, drops request ids already seen in an earlier file (a different record
    under the same id is quarantined as a conflicting duplicate, as the single-node ingester
-   does), derives the per-workflow columns and ``tool_calls`` (:func:`profiler.derive.insert_calls`
+   does), derives the per-workflow columns and ``tool_calls`` (:func:`store.derive.insert_calls`
    — a workflow never spans two types, so its calls are all there) and runs the ordinary fit
-   (:func:`profiler.fitting.fit_from_store`) on that type alone.
+   (:func:`fitting.profile_fit.fit_from_store`) on that type alone.
 3. **Merge** (driver): the per-type calls and tool executions are loaded into the profile's
    DuckDB store; sections keyed by workflow type are united; the two pooled parts — the global
    output-length band (all output lengths) and the per-tool pooled latency fits — are computed
    on the merged store with the same estimators; one profile version is written with
-   :func:`profiler.profile_artifact.write_profile`.
+   :func:`store.profile_artifact.write_profile`.
 
 The result equals the single-node profile on the same logs (floating-point sums may differ in
 the last bits because rows are added in another order). Sections registered in
-:data:`profiler.fitting.SECTION_BUILDERS` must be keyed by workflow type (``workflows`` is).
+:data:`fitting.profile_fit.SECTION_BUILDERS` must be keyed by workflow type (``workflows`` is).
 
 On a cluster, ``work_dir`` must be a path every node sees (NFS, a mounted bucket); start Ray
 with ``ray start --head`` / ``ray start --address=...`` and pass ``address="auto"``. Limits: the
@@ -44,12 +44,12 @@ import duckdb
 from rich.progress import Progress
 
 from predictors.output_length import OutputLengthIntervals
-from profiler import derive
-from profiler.fitting import (SECTION_BUILDERS, FitOptions, fit_from_store, manifest_fields, ok_calls,
-                              time_sections)
-from profiler.ingest import FileReport, IngestError, IngestReport, discover, ingest, reason_line
-from profiler.profile_artifact import Profile, store_path, write_profile
-from profiler.store import BASE_CALL_COLUMNS, TABLE_DOCS, connect, sql_columns, sql_string
+from store import derive
+from fitting.profile_fit import (SECTION_BUILDERS, FitOptions, fit_from_store, manifest_fields, ok_calls,
+                                 time_sections)
+from store.ingest import FileReport, IngestError, IngestReport, discover, ingest, reason_line
+from store.profile_artifact import Profile, store_path, write_profile
+from store.duckdb_store import BASE_CALL_COLUMNS, TABLE_DOCS, connect, sql_columns, sql_string
 
 #: Sections whose value is {workflow_type: ...} and are united as is.
 PER_TYPE_SECTIONS = ("agents", "workflow_types")
@@ -230,9 +230,9 @@ def fit_with_ray(paths: Sequence[str | Path], out: str | Path, options: FitOptio
     workers). ``shards``: ingest tasks (default: 2 per CPU of the cluster, and at least one per
     ``SHARD_BYTES`` of input). ``work_dir``: where the Parquet partitions go (default: a
     temporary folder next to ``out``, removed afterwards). ``task_memory``: DuckDB memory limit
-    of each task (it spills to ``work_dir`` beyond; None = :func:`profiler.store.default_memory_limit`
+    of each task (it spills to ``work_dir`` beyond; None = :func:`store.duckdb_store.default_memory_limit`
     per task, ``PROFILER_DUCKDB_MEMORY_LIMIT`` or a quarter of the node's RAM, with DuckDB's own
-    spill folder). ``strict``: raise :class:`profiler.ingest.IngestError` before writing a
+    spill folder). ``strict``: raise :class:`store.ingest.IngestError` before writing a
     profile when any record was quarantined. ``timings`` (when given) receives the seconds spent
     per stage.
     """
@@ -361,7 +361,7 @@ def fit_profile_ray(paths: Sequence[str | Path], out: str | Path, *, db: str | P
                     options: FitOptions | None = None, strict: bool = False, progress: bool = False,
                     **ray_options: Any) -> "tuple[Profile, IngestReport]":
     """:func:`fit_with_ray` with the signature and return value of
-    :func:`profiler.fitting.fit_profile`: ``(profile, ingest report)``, so that a command can
+    :func:`fitting.profile_fit.fit_profile`: ``(profile, ingest report)``, so that a command can
     pick its engine with one line. ``ray_options``: ``address``, ``num_cpus``, ``shards``,
     ``work_dir``, ``task_memory``, ``timings``.
     """

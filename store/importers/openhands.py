@@ -24,8 +24,8 @@ of that response whose observation exists becomes a ``tool_calls`` entry named b
 the observation's timestamp. A call no event points to cannot be placed in time and is reported.
 Event timestamps carry no offset (the agent machine's local time): the zone is taken from
 ``timezone`` or detected against the responses' ``created`` times, with a warning either way
-when they disagree (:mod:`profiler.importers.openhands_time`). OpenHands V1 (the software agent
-SDK) is read by :mod:`profiler.importers.openhands_v1`.
+when they disagree (:mod:`store.importers.openhands_time`). OpenHands V1 (the software agent
+SDK) is read by :mod:`store.importers.openhands_v1`.
 
 ``workflow_id`` = ``<folder of output.jsonl>/<instance_id>``, ``agent_id`` = ``metadata.agent_class``,
 ``workflow_type_id`` = ``openhands`` unless given.
@@ -35,15 +35,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Iterator
 
-from profiler.importers import openhands_v1
-from profiler.importers._common import (
+from store.importers import openhands_v1
+from store.importers._common import (
     ErrorHandler,
     ImportFormatError,
     iso_to_epoch,
     iter_json_lines,
     report,
 )
-from profiler.importers.openhands_time import choose_zone
+from store.importers.openhands_time import choose_zone
 
 NAME = "openhands"
 SUMMARY = ("OpenHands evaluation output.jsonl (V0 events or V1 SDK events) and V1 SDK conversation "

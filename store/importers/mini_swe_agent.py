@@ -37,7 +37,7 @@ import re
 from pathlib import Path
 from typing import Any, Iterator
 
-from profiler.importers._common import (
+from store.importers._common import (
     TIMING_ONE_STAMP,
     ErrorHandler,
     ImportFormatError,

@@ -58,7 +58,7 @@ from datetime import datetime, tzinfo
 from pathlib import Path
 from typing import Any, Iterator
 
-from profiler.importers._common import (
+from store.importers._common import (
     ErrorHandler,
     ImportFormatError,
     count_field,

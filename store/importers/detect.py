@@ -19,7 +19,7 @@ import json
 import re
 from pathlib import Path
 
-from profiler.importers._common import open_text
+from store.importers._common import open_text
 
 #: Every file name any importer reads (a folder is searched for these under ``--format auto``).
 AUTO_PATTERNS = ("*.traj", "*.traj.json", "*.json", "*.jsonl", "*.json.gz", "*.jsonl.gz")

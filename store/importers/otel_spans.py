@@ -34,7 +34,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterator
 
-from profiler.importers._common import ErrorHandler, ImportFormatError, iter_json_values, open_text, report
+from store.importers._common import ErrorHandler, ImportFormatError, iter_json_values, open_text, report
 
 STATUS_CODE_ERROR = 2  # opentelemetry-proto trace.proto Status.StatusCode.STATUS_CODE_ERROR
 

@@ -22,7 +22,7 @@ from datetime import datetime, timedelta, timezone as dt_timezone, tzinfo
 from pathlib import Path
 from typing import Iterable
 
-from profiler.importers._common import ErrorHandler, resolve_timezone, warn
+from store.importers._common import ErrorHandler, resolve_timezone, warn
 
 QUARTER_HOUR_S = 900
 

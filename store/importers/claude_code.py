@@ -53,7 +53,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Iterator
 
-from profiler.importers._common import (
+from store.importers._common import (
     ErrorHandler,
     ImportFormatError,
     count_field,

@@ -1,6 +1,6 @@
 """OpenTelemetry GenAI and OpenInference spans -> flat records.
 
-Spans are read by :mod:`profiler.importers.otel_spans` from OTLP JSON (file exporter, OTLP/HTTP
+Spans are read by :mod:`store.importers.otel_spans` from OTLP JSON (file exporter, OTLP/HTTP
 bodies), the OTel SDK's own JSON (``ReadableSpan.to_json()`` / ``ConsoleSpanExporter``, also
 ``{"spans": [...]}`` and nanosecond/decimal variants) and Arize Phoenix span rows. Two attribute
 conventions say which spans are LLM calls, agents and tools:
@@ -52,8 +52,8 @@ import json
 from pathlib import Path
 from typing import Any, Iterator
 
-from profiler.importers._common import ErrorHandler, ImportFormatError, report
-from profiler.importers.otel_spans import Span, any_value, attributes, link_parents, read_spans
+from store.importers._common import ErrorHandler, ImportFormatError, report
+from store.importers.otel_spans import Span, any_value, attributes, link_parents, read_spans
 
 NAME = "otel"
 ALIASES = ("openinference", "phoenix", "otlp")

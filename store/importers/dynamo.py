@@ -47,7 +47,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Iterator
 
-from profiler.importers._common import (
+from store.importers._common import (
     ErrorHandler,
     ImportFormatError,
     count_field,

@@ -30,12 +30,12 @@ from predictors.idle_gap import IdleGapModel
 from predictors.output_length import OutputLengthIntervals
 from predictors.remaining_tokens import RemainingTokens
 from predictors.tool_latency import ToolLatencyModel
-from profiler import ingest as ingest_mod
-from profiler.data_limits import (calls_by_timing, is_order_only, limitations,
-                                  note_order_only_types, order_only_types)
-from profiler.frames import query_frame
-from profiler.profile_artifact import Profile, store_path, write_profile
-from profiler.store import connect, store_counts
+from store import ingest as ingest_mod
+from store.data_limits import (calls_by_timing, is_order_only, limitations,
+                               note_order_only_types, order_only_types)
+from store.frames import query_frame
+from store.profile_artifact import Profile, store_path, write_profile
+from store.duckdb_store import connect, store_counts
 from synth.profile_section import build_workflows_section
 
 #: Extra profile sections: name -> ``(con, options) -> dict`` that builds it.
@@ -123,7 +123,7 @@ def timed_tool_calls(con: duckdb.DuckDBPyConnection) -> pd.DataFrame:
 
 def _real_times(con: duckdb.DuckDBPyConnection) -> str:
     """SQL ``AND …`` that leaves out the workflow types whose times are call positions
-    (:func:`profiler.data_limits.order_only_types`): no time model is fit or scored on them."""
+    (:func:`store.data_limits.order_only_types`): no time model is fit or scored on them."""
     types = order_only_types(con)
     if not types:
         return ""
@@ -236,7 +236,7 @@ def time_sections(con: duckdb.DuckDBPyConnection, options: FitOptions) -> dict[s
     """``tool_latency``, ``idle_gap`` and ``limitations`` of a profile. When the store's calls
     have no real times (every call ``timing = synthetic_order``) or ``options.extra["order_only"]``,
     the time models are fit on nothing: stand-in times (call positions) never become latency or
-    TTL predictions, and ``limitations`` says so (:mod:`profiler.data_limits`)."""
+    TTL predictions, and ``limitations`` says so (:mod:`store.data_limits`)."""
     counts = calls_by_timing(con)
     order_only = is_order_only(counts, bool(options.extra.get("order_only")))
     if order_only:

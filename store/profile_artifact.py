@@ -36,7 +36,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from profiler import faults
+from store import faults
 
 FORMAT = 1
 CURRENT_FILE = "CURRENT"
