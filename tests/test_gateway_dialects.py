@@ -291,8 +291,10 @@ def test_readyz_is_503_until_the_profile_is_loaded_and_the_first_call_is_annotat
 
     reg = CollectorRegistry()
     svc = prediction_service(profile_root, reg, "profiler_gateway")
+    # the 30 s test budget (tests/serving_helpers.py): the deployed 5 ms fails the call open on a
+    # loaded machine, and this test is about readiness, not the budget
     gw = Gateway(RoundRobinRouter([upstream.url]), LocalAnnotator(svc), registry=reg, service=svc,
-                 options=GatewayOptions())
+                 options=GatewayOptions(budget_s=30.0))
     app = create_gateway_app(gw)
     async def before_start() -> int:
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw") as ac:
