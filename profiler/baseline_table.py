@@ -9,7 +9,8 @@ standard deviation across folds as the spread) and lays the comparable numbers s
 metric                         methods
 =============================  ==========================================================
 output-length coverage, width  ours, ``global`` (one band for all), ``per_agent_empirical``
-next-agent top-1, log-loss     ours, ``markov1`` (first order), ``markov_vo`` (variable order)
+next-agent top-1, log-loss     ours, ``markov1`` (first order), ``markov_vo`` (variable order),
+                               ``markov_wb`` (variable order, Witten–Bell smoothed; log-loss)
 top-1 after the response       ours (once the call's response and tool calls were observed)
 next-agent scored share        ours (1.0 = every call got a prediction)
 remaining-calls MAE            ours, ``position_median``
@@ -69,6 +70,7 @@ ROWS: tuple[Row, ...] = (
     Row("next-agent log-loss", "ours", (f"{NA}.log_loss",), better="min"),
     Row("next-agent log-loss", "markov1", (f"{NA}.baselines_log_loss.markov1", f"{NA}.baselines.markov1.log_loss"), better="min"),
     Row("next-agent log-loss", "markov_vo", (f"{NA}.baselines_log_loss.markov_vo", f"{NA}.baselines.markov_vo.log_loss"), better="min"),
+    Row("next-agent log-loss", "markov_wb", (f"{NA}.baselines_log_loss.markov_wb",), better="min"),
     Row("next-agent scored share", "ours", (f"{NA}.scored_share",)),
     Row("remaining-calls MAE", "ours", (f"{RC}.mae",), "{:.2f}", better="min"),
     Row("remaining-calls MAE", "position_median",
