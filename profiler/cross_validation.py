@@ -19,6 +19,16 @@ odd session moves every score. K-fold cross-validation uses every workflow once 
    coverage this is the pooled rate over all held-out calls. Aggregation walks whatever keys
    ``evaluate`` returns, so keys added to the eval later are aggregated too.
 
+**Grouped folds** (``group_by``, ``profiler eval --cv K --group-by FIELD``): when several
+workflows are trials of one task (the same SWE-bench instance run twice, one instance localized and
+repaired), a fold by workflow puts one trial in train and another in test, and the score
+flatters. With ``group_by`` the unit dealt into folds is the *group*: the record field ``FIELD``
+(a log-format field, else a top-level or ``app_metadata`` key of the record), cut by
+``group_pattern`` when given (a regular expression; its first capture group, else its whole match,
+is the group: ``--group-by workflow_id --group-pattern '[^/]+$'`` groups ``bs1/django-1`` with
+``bs4/django-1``). A workflow without a value is its own group. Every workflow of a group lands in
+one fold; folds differ by at most one group.
+
 Records without a readable workflow id (invalid JSON, no ``workflow_id``) belong to no fold: they
 are left out, counted and named by file and line (:func:`write_folds`); ``strict`` makes them an
 error. Every other record is held out exactly once, so the quarantine counts of the K held-out
@@ -27,6 +37,7 @@ folds add up to the records the ingest rejected.
 from __future__ import annotations
 
 import math
+import re
 import tempfile
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -38,22 +49,41 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from profiler import ingest
 from profiler.evaluation import evaluate
 from profiler.fitting import FitOptions, fit_profile
-from profiler.record_sql import NON_BLANK, json_paths
+from profiler.record_sql import FIELDS, NON_BLANK, json_paths
 from profiler.store import connect, sql_string
 
 #: Keys whose value, in an object, weighs that object's numeric leaves (first found wins).
 WEIGHT_KEYS = ("calls", "n", "n_calls", "n_workflows", "n_prompts")
 
 
+def group_sql(group_by: str, group_pattern: str | None = None) -> str:
+    """SQL over a staged record's ``text``: the group value of ``group_by`` (see the module
+    docstring), NULL when the record has none. Raises ``ValueError`` on a bad field or pattern."""
+    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", group_by):
+        raise ValueError(f"--group-by takes a field name (letters, digits, _), got {group_by!r}")
+    paths = (json_paths(group_by) if any(f.name == group_by for f in FIELDS)
+             else [f"$.{group_by}", f"$.app_metadata.{group_by}"])
+    value = "coalesce(" + ", ".join(f"text::JSON->>{sql_string(p)}" for p in paths) + ")"
+    if group_pattern is None:
+        return value
+    try:
+        capture = 1 if re.compile(group_pattern).groups else 0
+    except re.error as exc:
+        raise ValueError(f"--group-pattern {group_pattern!r} is not a regular expression: {exc}") from None
+    return f"nullif(regexp_extract({value}, {sql_string(group_pattern)}, {capture}), '')"
+
+
 def write_folds(paths: Sequence[str | Path], out: str | Path, k: int, seed: int = 0,
-                unassigned: list[str] | None = None) -> list[dict[str, Any]]:
+                unassigned: list[str] | None = None, group_by: str | None = None,
+                group_pattern: str | None = None) -> list[dict[str, Any]]:
     """Write ``out/fold<i>/{train,test}/logs.jsonl`` for i < k; returns per-fold counts.
 
     Records with no readable workflow id go to no fold; ``"file:line"`` of each is appended to
-    ``unassigned`` when given. Raises ``ValueError`` when k < 2 or the logs hold fewer than k
-    workflows."""
+    ``unassigned`` when given. ``group_by``/``group_pattern``: grouped folds (module docstring).
+    Raises ``ValueError`` when k < 2 or the logs hold fewer than k workflows (groups)."""
     if k < 2:
         raise ValueError(f"--cv needs K >= 2 folds, got {k}")
+    group = group_sql(group_by, group_pattern) if group_by else "NULL"
     out = Path(out)
     con = connect(None, read_only=False)
     try:
@@ -68,13 +98,22 @@ def write_folds(paths: Sequence[str | Path], out: str | Path, k: int, seed: int 
         workflow_id = ", ".join(f"text::JSON->>{sql_string(p)}" for p in json_paths("workflow_id"))
         con.execute(f"""
             CREATE TEMP TABLE tagged AS
-            SELECT file, line, text, CASE WHEN json_valid(text) THEN coalesce({workflow_id}) END AS wf
+            SELECT file, line, text, CASE WHEN json_valid(text) THEN coalesce({workflow_id}) END AS wf,
+              CASE WHEN json_valid(text) THEN {group} END AS grp
             FROM staging WHERE {NON_BLANK}""")
         con.execute("""
+            CREATE TEMP TABLE groups AS
+            SELECT wf, coalesce(min(grp), wf) AS g FROM tagged WHERE wf IS NOT NULL GROUP BY wf""")
+        con.execute("""
             CREATE TEMP TABLE folds AS
-            SELECT wf, (row_number() OVER (ORDER BY md5(? || ':' || wf), wf) - 1) % ? AS fold
-            FROM (SELECT DISTINCT wf FROM tagged WHERE wf IS NOT NULL)""", [str(int(seed)), k])
+            SELECT wf, fold FROM groups JOIN (
+              SELECT g, (row_number() OVER (ORDER BY md5(? || ':' || g), g) - 1) % ? AS fold
+              FROM (SELECT DISTINCT g FROM groups)) USING (g)""", [str(int(seed)), k])
         n_wf = con.execute("SELECT count(*) FROM folds").fetchone()[0]
+        n_groups = con.execute("SELECT count(DISTINCT g) FROM groups").fetchone()[0]
+        if group_by and n_groups < k and n_wf >= k:
+            raise ValueError(f"the logs hold {n_groups} group(s) of --group-by {group_by}, fewer than the {k} "
+                             f"folds asked for: use --cv {max(n_groups, 2)} or fewer")
         if n_wf < k:
             raise ValueError(f"the logs hold {n_wf} workflow(s), fewer than the {k} folds asked for: "
                              f"use --cv {max(n_wf, 2)} or fewer" if n_wf >= 2 else
@@ -164,8 +203,10 @@ def nest(flat: dict[str, float]) -> dict[str, Any]:
 
 def cross_validate(paths: Sequence[str | Path], k: int = 5, *, seed: int = 0,
                    options: FitOptions | None = None, strict: bool = False, progress: bool = False,
-                   on_fold: Callable[[int], None] | None = None) -> dict[str, Any]:
-    """K-fold cross-validation by workflow of ``profiler fit`` + ``profiler eval`` on ``paths``.
+                   on_fold: Callable[[int], None] | None = None, group_by: str | None = None,
+                   group_pattern: str | None = None) -> dict[str, Any]:
+    """K-fold cross-validation by workflow of ``profiler fit`` + ``profiler eval`` on ``paths``
+    (by group of workflows with ``group_by``/``group_pattern``, see the module docstring).
 
     ``strict`` as in ``profiler fit``/``eval``: a quarantined record fails the run.
     Returns ``{"k", "seed", "workflows", "calls", "folds": [{"fold", "train_workflows",
@@ -176,7 +217,7 @@ def cross_validate(paths: Sequence[str | Path], k: int = 5, *, seed: int = 0,
     with tempfile.TemporaryDirectory(prefix="profiler-cv-") as tmp:
         work = Path(tmp)
         unassigned: list[str] = []
-        counts = write_folds(paths, work / "folds", k, seed, unassigned)
+        counts = write_folds(paths, work / "folds", k, seed, unassigned, group_by, group_pattern)
         if unassigned and strict:
             raise ValueError(f"{len(unassigned)} record(s) without a readable workflow_id (strict mode): "
                              + ", ".join(unassigned[:5]) + (" …" if len(unassigned) > 5 else ""))
@@ -203,7 +244,7 @@ def cross_validate(paths: Sequence[str | Path], k: int = 5, *, seed: int = 0,
                     on_fold(i)
     summary = aggregate([f["result"] for f in folds])
     return {
-        "k": k, "seed": seed,
+        "k": k, "seed": seed, "group_by": group_by, "group_pattern": group_pattern,
         "workflows": sum(f["test_workflows"] for f in folds),
         "calls": sum(int(f["result"]["calls"]) for f in folds),
         "folds": folds,
