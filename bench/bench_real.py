@@ -19,8 +19,8 @@ workflow_id --group-pattern '[^/]+$'``; :data:`TASK_GROUPS`), so no task has a t
 ``--no-task-groups`` deals workflows instead.
 
 **Time-ordered split** (``--time``): beside the CV (or 70/30) table, every set is also scored on a
-split by time (``profiler split --by-time``): fit on the 70 % of workflows that started first,
-score on the 30 % that started last — the model as deployed, on a future it did not see (the messy
+split by time (``profiler split --by-time``): per workflow type, fit on the 70 % of workflows that
+started first, score on the 30 % that started last — the model as deployed, on a future it did not see (the messy
 workload's release change at its midpoint falls inside the training side; the test side is all
 the new release). Its own table follows the first one.
 
@@ -172,7 +172,7 @@ def main() -> None:
         out["mode"] += "; folds grouped by task on " + ", ".join(n for n in names if n in TASK_GROUPS)
     protocols = [("main", args.cv, "hash")] + ([("time", None, "time")] if args.time else [])
     if args.time:
-        out["time_mode"] = "70/30 split by start time (first 70 % of workflows train)"
+        out["time_mode"] = "70/30 split by start time (each type's first 70 % of workflows train)"
     with tempfile.TemporaryDirectory(prefix="bench-real-") as tmp:
         work = Path(tmp)
         for name in names:

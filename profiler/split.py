@@ -8,10 +8,12 @@ reads it (:func:`profiler.record_sql.json_paths`: flat records and every gateway
 with no readable workflow id stays with train, where the fit will quarantine it. Lines and files
 over the ingest limits (:class:`profiler.ingest.Limits`) are left out, as the fit would leave them.
 
-``order="time"`` splits by time instead: workflows are ranked by their start (the earliest
-``t_arrival`` of their records; ties by workflow id) and the first ``train`` share goes to train,
-the rest to test — a model fit on the past and scored on the future, as it is deployed. A
-workflow whose start cannot be read (no numeric ``t_arrival``) sorts last (test).
+``order="time"`` splits by time instead: within each workflow type, workflows are ranked by
+their start (the earliest ``t_arrival`` of their records; ties by workflow id) and the first
+``train`` share goes to train, the rest to test — a model fit on the past and scored on the
+future, as it is deployed. The cut is per type so that a log whose applications ran in different
+periods (one type's runs all before another's) still tests every type on its own future, not on a
+cold start. A workflow whose start cannot be read (no numeric ``t_arrival``) sorts last (test).
 """
 from __future__ import annotations
 
@@ -42,17 +44,20 @@ def split_logs(paths: Sequence[str | Path], out: str | Path, train: float = 0.7,
                 ingest._stage_file(con, path, fmt, limits=limits, expected_lines=lines)
     workflow_id = ", ".join(f"text::JSON->>{sql_string(p)}" for p in json_paths("workflow_id"))
     t_arrival = ", ".join(f"TRY_CAST(text::JSON->>{sql_string(p)} AS DOUBLE)" for p in json_paths("t_arrival"))
+    workflow_type = ", ".join(f"text::JSON->>{sql_string(p)}" for p in json_paths("workflow_type_id"))
     con.execute(f"""
         CREATE TEMP TABLE tagged AS
-        SELECT file, line, text, wf, CASE WHEN wf IS NOT NULL THEN t END AS t
+        SELECT file, line, text, wf, CASE WHEN wf IS NOT NULL THEN t END AS t, wt
         FROM (SELECT file, line, text,
                 CASE WHEN json_valid(text) THEN coalesce({workflow_id}) END AS wf,
-                CASE WHEN json_valid(text) THEN coalesce({t_arrival}) END AS t
+                CASE WHEN json_valid(text) THEN coalesce({t_arrival}) END AS t,
+                CASE WHEN json_valid(text) THEN coalesce({workflow_type}) END AS wt
               FROM staging WHERE {NON_BLANK})""")
     if order == "time":
         con.execute("""
             CREATE TEMP TABLE ranked AS
-            SELECT wf, row_number() OVER (ORDER BY min(t) NULLS LAST, wf) - 1 AS r, count(*) OVER () AS n
+            SELECT wf, row_number() OVER (PARTITION BY min(wt) ORDER BY min(t) NULLS LAST, wf) - 1 AS r,
+              count(*) OVER (PARTITION BY min(wt)) AS n
             FROM tagged WHERE wf IS NOT NULL GROUP BY wf""")
         side = f"CASE WHEN r < round(n * {float(train)}) THEN 'train' ELSE 'test' END"
         con.execute(f"""CREATE TEMP TABLE assigned AS

@@ -73,12 +73,17 @@ def test_time_split_trains_on_the_past(tmp_path):
     counts = split_logs([AGENTLESS], tmp_path, train=0.7, order="time")
     recs = {side: [json.loads(x) for x in (tmp_path / side / "logs.jsonl").read_text().splitlines()]
             for side in ("train", "test")}
-    start = {side: {} for side in recs}
+    start: dict = {}
     for side, rows in recs.items():
         for r in rows:
-            start[side][r["workflow_id"]] = min(start[side].get(r["workflow_id"], 1e30), float(r["t_arrival"]))
-    assert max(start["train"].values()) <= min(start["test"].values())
-    assert len(start["train"]) == 60 and counts["test"] == len(recs["test"])   # 0.7 x 85 = 59.5, rounded up
+            key = (r["workflow_type_id"], side)
+            wf = start.setdefault(key, {})
+            wf[r["workflow_id"]] = min(wf.get(r["workflow_id"], 1e30), float(r["t_arrival"]))
+    for wt, n_train in (("agentless_localize", 35), ("agentless_repair", 25)):   # 70 % of 50 and of 35
+        # per type: the type's earliest workflows train (localize all ran before repair)
+        assert max(start[wt, "train"].values()) <= min(start[wt, "test"].values())
+        assert len(start[wt, "train"]) == n_train
+    assert counts["test"] == len(recs["test"])
     with pytest.raises(ValueError, match="'hash' or 'time'"):
         split_logs([AGENTLESS], tmp_path, order="random")
 
