@@ -143,11 +143,16 @@ def test_cli_cv_json_table_and_errors(tmp_path):
     keep = sorted(workflows(AGENTLESS))[:30]
     small.write_text("".join(line + "\n" for line in AGENTLESS.read_text().splitlines()
                              if json.loads(line)["workflow_id"] in keep))
-    res = runner.invoke(app, ["eval", "--cv", "2", "--json", str(small)])
+    res = runner.invoke(app, ["eval", "--cv", "2", "--json", "--group-by", "workflow_id", "--group-pattern", "[^/]+$",
+                              str(small)])
     assert res.exit_code == 0, res.output
     out = json.loads(res.stdout)
     assert len(out["folds"]) == 2 and out["summary"]["output_len.coverage"]["folds"] == 2
-    assert out["workflows"] == 30
+    assert out["workflows"] == 30 and (out["group_by"], out["group_pattern"]) == ("workflow_id", "[^/]+$")
+    res = runner.invoke(app, ["eval", "--group-by", "workflow_id", "--profile", "x", str(small)])
+    assert res.exit_code == 2 and "add --cv K" in res.output
+    res = runner.invoke(app, ["eval", "--cv", "2", "--group-pattern", "x", str(small)])
+    assert res.exit_code == 2 and "needs --group-by" in res.output
     res = runner.invoke(app, ["eval", "--cv", "2", str(small)], terminal_width=200)
     assert res.exit_code == 0, res.output
     assert "ours vs baselines" in res.stdout and "markov_vo" in res.stdout and " ± " in res.stdout
