@@ -38,8 +38,8 @@ from typing import Any, Iterable, Sequence
 
 import duckdb
 import numpy as np
+import pandas as pd
 
-from profiler.frames import query_frame
 
 STATS = ("mean", "p50", "p90", "p95")
 
@@ -132,49 +132,88 @@ class PredictionTrie:
     lookup returns (deepest node on the path; its call index, else its any-index prediction,
     else the parent's), or None on an empty trie."""
 
-    def fit(self, records: Iterable[dict]) -> "PredictionTrie":
-        by_wf: dict[str, list[dict]] = defaultdict(list)
-        for r in records:
-            by_wf[str(r["workflow_id"])].append(r)
-        # node path -> call index (0 = any) -> quantity -> samples
-        acc: dict[tuple, dict[int, dict[str, list[float]]]] = defaultdict(
-            lambda: defaultdict(lambda: defaultdict(list)))
-        for recs in by_wf.values():
-            recs = sorted(recs, key=lambda r: (float(r["t_finish"]), int(r.get("call_index") or 0),
-                                               str(r.get("request_id"))))
-            starts = np.sort([float(r["t_arrival"]) for r in recs])
-            sens = _sensitivities(recs)
-            counts: dict[str, int] = defaultdict(int)
-            for i, r in enumerate(recs):
-                wtype, agent = str(r.get("workflow_type_id", "")), str(r["agent_id"])
-                counts[agent] += 1
-                end = float(r["t_finish"])
-                k = int(np.searchsorted(starts, end, side="right"))
-                sample = {"remaining_calls": float(len(recs) - i - 1),
-                          "output_tokens": float(r["output_tokens"]),
-                          "latency_sensitivity": float(sens[i])}
-                if k < len(starts):
-                    sample["interarrival_ms"] = (starts[k] - end) * 1000.0
-                for key in ((), (wtype,), (wtype, agent)):
-                    for idx in (counts[agent], 0):
-                        for q, v in sample.items():
-                            acc[key][idx][q].append(v)
+    def fit(self, records: Iterable[dict] | pd.DataFrame, sensitivity: bool = True) -> "PredictionTrie":
+        """Build the trie from flat call records (dicts or a DataFrame with ``workflow_type_id,
+        workflow_id, agent_id, t_arrival, t_finish, output_tokens`` and optionally
+        ``call_index, request_id, parent_request_ids``). ``sensitivity=False`` skips NAT's
+        latency sensitivity (a per-trace pass the held-out evaluation does not read).
+
+        Vectorised (pandas): per trace the calls in order of their end, each call's remaining
+        calls, its agent's call index, the inter-arrival to the first start after its end
+        (``merge_asof``), then every node × call index aggregated in one ``groupby``."""
+        df = records if isinstance(records, pd.DataFrame) else pd.DataFrame(list(records))
         self.root_ = TrieNode("root")
-        for key, per_idx in acc.items():
-            node = self.root_
-            for name in key:
-                node = node.children.setdefault(name, TrieNode(name))
-            for idx, qs in per_idx.items():
-                sens = qs["latency_sensitivity"]
-                pred = CallPrediction(Metrics.of(qs["remaining_calls"]),
-                                      Metrics.of(qs.get("interarrival_ms", [])),
-                                      Metrics.of(qs["output_tokens"]),
-                                      int(round(float(np.mean(sens)))) if sens else None)
-                if idx == 0:
-                    node.any_index = pred
-                else:
-                    node.by_call_index[idx] = pred
-        self.n_traces_ = len(by_wf)
+        self.n_traces_ = 0
+        if df.empty:
+            return self
+        # strings become integer codes once: every sort and group below runs on integers
+        wf, _ = pd.factorize(df["workflow_id"].astype(str))
+        wt, wt_names = pd.factorize((df["workflow_type_id"] if "workflow_type_id" in df
+                                     else pd.Series("", index=df.index)).fillna("").astype(str))
+        agent, agent_names = pd.factorize(df["agent_id"].astype(str))
+        t0, t1 = df["t_arrival"].to_numpy(dtype=float), df["t_finish"].to_numpy(dtype=float)
+        ci = df["call_index"].fillna(0).to_numpy(dtype=np.int64) if "call_index" in df else np.zeros(len(df), np.int64)
+        rid = (pd.factorize(df["request_id"].astype(str), sort=True)[0] if "request_id" in df and "call_index" not in df
+               else np.zeros(len(df), np.int64))
+        order = np.lexsort((rid, ci, t1, wf))          # per trace, the calls in order of their end
+        wf, wt, agent, t0, t1 = wf[order], wt[order], agent[order], t0[order], t1[order]
+        calls = pd.DataFrame({"wf": wf, "agent": agent})
+        by_wf = calls.groupby("wf", sort=False)
+        remaining = (by_wf["wf"].transform("size").to_numpy() - by_wf.cumcount().to_numpy() - 1).astype(float)
+        index = calls.groupby(["wf", "agent"], sort=False).cumcount().to_numpy() + 1
+        ends = pd.DataFrame({"wf": wf, "t1": t1, "row": np.arange(len(wf))}).sort_values("t1", kind="stable")
+        starts = pd.DataFrame({"wf": wf, "t0": t0}).sort_values("t0", kind="stable")
+        nxt = pd.merge_asof(ends, starts, left_on="t1", right_on="t0", by="wf", direction="forward",
+                            allow_exact_matches=False).sort_values("row")
+        sens = np.full(len(wf), np.nan)
+        if sensitivity:
+            rids = df["request_id"].astype(str).to_numpy()[order] if "request_id" in df else np.full(len(wf), "")
+            parents = (df["parent_request_ids"].to_numpy()[order] if "parent_request_ids" in df
+                       else np.full(len(wf), None))
+            for rows in by_wf.indices.values():
+                recs = [{"t_arrival": a, "t_finish": b, "request_id": r,
+                         "parent_request_ids": list(p) if isinstance(p, (list, tuple, np.ndarray)) and len(p) else None}
+                        for a, b, r, p in zip(t0[rows], t1[rows], rids[rows], parents[rows])]
+                sens[rows] = _sensitivities(recs)
+        values = {"remaining_calls": remaining, "interarrival_ms": (nxt["t0"] - nxt["t1"]).to_numpy() * 1000.0,
+                  "output_tokens": df["output_tokens"].to_numpy(dtype=float)[order], "latency_sensitivity": sens}
+        # every call counts at 6 places: root, (type,), (type, agent) nodes × its call index and
+        # index 0 (any); one integer key per (depth, type, agent, index) so one groupby does all
+        n_idx, n_agent = int(index.max()) + 1, len(agent_names) + 1
+        node = np.concatenate([np.zeros(len(wf), np.int64), wt.astype(np.int64) + 1,
+                               (wt.astype(np.int64) + 1) * n_agent + agent + 1])
+        node_depth = np.repeat([0, 1, 2], len(wf))
+        key = np.concatenate([(node * 3 + node_depth) * n_idx + np.tile(index, 3),
+                              (node * 3 + node_depth) * n_idx])
+        long = pd.DataFrame({"key": key, **{q: np.tile(v, 6) for q, v in values.items()}})
+        qcols = ["remaining_calls", "interarrival_ms", "output_tokens"]
+        grouped = long.groupby("key", sort=True)
+        counts = grouped[[*qcols, "latency_sensitivity"]].count()
+        means = grouped[[*qcols, "latency_sensitivity"]].mean()
+        quants = {p: grouped[qcols].quantile(p) for p in (0.5, 0.9, 0.95)}     # linear, as NAT's
+        for k in counts.index:
+            rest, idx = divmod(int(k), n_idx)
+            code, depth = divmod(rest, 3)
+            type_code, agent_code = divmod(code, n_agent) if depth == 2 else (code, 0)
+            path = ((), (wt_names[type_code - 1],), (wt_names[type_code - 1], agent_names[agent_code - 1]))[depth]
+            node_ = self.root_
+            for name in path:
+                node_ = node_.children.setdefault(str(name), TrieNode(str(name)))
+
+            def metrics(q: str) -> Metrics:
+                n = int(counts.at[k, q])
+                if not n:
+                    return Metrics()
+                return Metrics(n, float(means.at[k, q]), *(float(quants[p].at[k, q]) for p in (0.5, 0.9, 0.95)))
+
+            n_sens = int(counts.at[k, "latency_sensitivity"])
+            pred = CallPrediction(metrics("remaining_calls"), metrics("interarrival_ms"), metrics("output_tokens"),
+                                  int(round(float(means.at[k, "latency_sensitivity"]))) if n_sens else None)
+            if idx == 0:
+                node_.any_index = pred
+            else:
+                node_.by_call_index[idx] = pred
+        self.n_traces_ = int(by_wf.ngroups)
         return self
 
     def find(self, workflow_type: str, agent: str, call_index: int) -> CallPrediction | None:
@@ -236,21 +275,33 @@ def trie_from_section(section: dict[str, Any]) -> PredictionTrie:
     return trie
 
 
-#: The calls the trie is fit on (every ok call with the fields NAT's profiler records).
-_TRIE_SQL = ("SELECT workflow_type_id, workflow_id, agent_id, request_id, call_index, t_arrival, t_finish, "
-             "output_tokens, parent_request_ids FROM calls WHERE status = 'ok' "
-             "ORDER BY workflow_type_id, workflow_id, call_index")
+#: Workflows per type the profile's trie is fit on at most (a seeded sample, like the synthesized
+#: automata's ``synth_max_workflows``): far more traces than a NAT user profiles, percentiles per
+#: node and call index settled, and the fit bounded (≈ 1 s at 1M calls).
+MAX_WORKFLOWS = 5_000
+
+#: The calls the trie is fit on: every ok call of at most ``max_workflows`` workflows per type.
+_TRIE_SQL = """
+    WITH picked AS (
+      SELECT workflow_type_id, workflow_id FROM (
+        SELECT workflow_type_id, workflow_id,
+          row_number() OVER (PARTITION BY workflow_type_id ORDER BY md5(workflow_id || $salt), workflow_id) AS r
+        FROM (SELECT DISTINCT workflow_type_id, workflow_id FROM calls WHERE status = 'ok'))
+      WHERE r <= $max_workflows)
+    SELECT workflow_type_id, workflow_id, agent_id, request_id, call_index, t_arrival, t_finish, output_tokens
+    FROM calls SEMI JOIN picked USING (workflow_type_id, workflow_id) WHERE status = 'ok'
+    ORDER BY workflow_type_id, workflow_id, call_index"""
 
 
 def build_nat_trie_section(con: duckdb.DuckDBPyConnection, options: dict[str, Any] | None = None) -> dict[str, Any]:
-    """``profile.json["nat_trie"]``: the prediction trie fit on every ok call of the store (a
-    ``profiler.fitting.SECTION_BUILDERS`` entry; ``options`` unused)."""
-    frame = query_frame(con, _TRIE_SQL)
+    """``profile.json["nat_trie"]``: the prediction trie fit on the store's ok calls (a
+    ``profiler.fitting.SECTION_BUILDERS`` entry; ``options["seed"]`` seeds the sample of at most
+    :data:`MAX_WORKFLOWS` workflows per type)."""
+    seed = int((options or {}).get("seed") or 0)
+    frame = con.execute(_TRIE_SQL, {"salt": f"#{seed}", "max_workflows": MAX_WORKFLOWS}).df()
     if frame.empty:
         return {}
-    frame["parent_request_ids"] = [list(p) if isinstance(p, (list, tuple, np.ndarray)) and len(p) else None
-                                   for p in frame["parent_request_ids"]]
-    return trie_to_section(PredictionTrie().fit(frame.to_dict("records")))
+    return trie_to_section(PredictionTrie().fit(frame, sensitivity=False))
 
 
 def agent_call_index(workflow_type: Sequence[str], workflow: Sequence[str], agent: Sequence[str]) -> np.ndarray:

@@ -94,3 +94,18 @@ def test_a_profile_without_the_section_reports_no_nat_row(nat_eval):
     assert "nat_trie" not in result["remaining_calls"]["baselines"]
     assert result["keep_alive"]["baselines"]["nat_trie"] is None
     assert result["remaining_work"]["baselines"]["nat_trie"]["mae_tokens"] is None
+
+
+def test_the_profile_section_is_fit_on_a_seeded_sample_of_at_most_max_workflows(tmp_path, monkeypatch):
+    from predictors import nat_trie
+    from profiler import ingest
+    from profiler.store import connect
+    write(tmp_path / "logs.jsonl", [r for w in range(6) for r in chain(f"w{w}", 3, 2.0, [10, 20, 30])])
+    con = connect(None)
+    ingest.ingest(con, [tmp_path / "logs.jsonl"])
+    full = trie_from_section(nat_trie.build_nat_trie_section(con, {}))
+    assert full.find("t", "a", 1).remaining_calls.sample_count == 6
+    monkeypatch.setattr(nat_trie, "MAX_WORKFLOWS", 2)
+    small = nat_trie.build_nat_trie_section(con, {"seed": 0})
+    assert trie_from_section(small).find("t", "a", 1).remaining_calls.sample_count == 2
+    assert nat_trie.build_nat_trie_section(con, {"seed": 0}) == small      # deterministic
