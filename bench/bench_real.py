@@ -1,7 +1,7 @@
 """Ours vs naive baselines on real traces and the messy generator, on held-out workflows.
 
-    python bench/bench_real.py [--sets agentless,whowhen,swe_agent,mini_swe,messy] [--cv K]
-                               [--messy-seeds 0,1,2] [--messy-workflows 200] [--json]
+    python bench/bench_real.py [--sets agentless,whowhen,swe_agent,mini_swe,messy] [--cv K] [--time]
+                               [--messy-seeds 0,1,2] [--messy-workflows 200] [--no-task-groups] [--json]
     python bench/bench_real.py --sets coding-assistant,deep-research   # generated sets + Bayes bound
 
 For every real set (the full files in ``../shared/datasets/`` when that folder exists, else the
@@ -11,6 +11,18 @@ fit``), score on test (``profiler eval``), and print one "ours vs baselines" tab
 set; n/a where the eval does not compute a score yet). With ``--cv K`` every set is scored by
 K-fold cross-validation by workflow instead (``profiler eval --cv K``): mean ± std over folds.
 The messy column is the mean ± std over its seeds.
+
+**Tasks repeated across workflows.** Where a set runs one task in several workflows (SWE-agent:
+5 instances run in both the one-at-a-time and the four-at-a-time batches; agentless: 35 instances
+both localized and repaired) the CV folds are *grouped* by task (``profiler eval --cv K --group-by
+workflow_id --group-pattern '[^/]+$'``; :data:`TASK_GROUPS`), so no task has a trial on both sides.
+``--no-task-groups`` deals workflows instead.
+
+**Time-ordered split** (``--time``): beside the CV (or 70/30) table, every set is also scored on a
+split by time (``profiler split --by-time``): per workflow type, fit on the 70 % of workflows that
+started first, score on the 30 % that started last — the model as deployed, on a future it did not see (the messy
+workload's release change at its midpoint falls inside the training side; the test side is all
+the new release). Its own table follows the first one.
 
 The generated Pythia workloads (``coding-assistant``, ``deep-research``: 400 workflows, seed 0)
 are sets too; for them the bench also prints the **Bayes bound** of next-agent top-1: the
@@ -56,6 +68,8 @@ REAL_SETS = {
 }
 #: Generated sets (workload name -> workflows) scored beside their Bayes bound.
 GENERATED = {"coding-assistant": 400, "deep-research": 400}
+#: Sets whose workflows repeat a task: (field, pattern) of the task id, for grouped CV folds.
+TASK_GROUPS = {"swe_agent": ("workflow_id", "[^/]+$"), "agentless": ("workflow_id", "[^/]+$")}
 SHARED = REPO.parent / "shared" / "datasets"
 SMALL = REPO / "datasets" / "real"
 #: The full SWE-agent set ships in the repository itself (datasets/swe_agent/): datasets/real/
@@ -100,19 +114,25 @@ def bayes_top1(workload: str, test: Path, n_sim: int = 200_000, seed: int = 1234
     return {"bayes_top1_expected": hits / events, "bayes_top1_heldout": ok / max(n, 1)}
 
 
-def split_fit_eval(logs: list[Path], work: Path) -> dict[str, Any]:
-    """70/30 split by workflow, fit on 70, eval on 30 (the profiler's own code paths)."""
-    split_logs(logs, work / "split", train=0.7, seed=0)
+def split_fit_eval(logs: list[Path], work: Path, order: str = "hash") -> dict[str, Any]:
+    """70/30 split by workflow (``order``: ``hash``, seed 0, or ``time``: past → train), fit on
+    70, eval on 30 (the profiler's own code paths)."""
+    split_logs(logs, work / "split", train=0.7, seed=0, order=order)
     profile, _ = fit_profile([work / "split" / "train"], work / "profile")
     result, _ = evaluate(profile, [work / "split" / "test"])
     return result
 
 
-def score(logs: list[Path], work: Path, cv: int | None) -> dict[str, Any] | Exception:
-    """The eval (or CV) result, or the exception that stopped the fit or eval (the bench goes on
-    with the other sets and reports it)."""
+def score(logs: list[Path], work: Path, cv: int | None, group: tuple[str, str] | None = None,
+          order: str = "hash") -> dict[str, Any] | Exception:
+    """The eval (CV with ``cv``, grouped by ``group`` = (field, pattern) when given) result, or
+    the exception that stopped the fit or eval (the bench goes on with the other sets and
+    reports it)."""
     try:
-        return cross_validate(logs, cv, seed=0, progress=False) if cv else split_fit_eval(logs, work)
+        if cv:
+            field, pattern = group or (None, None)
+            return cross_validate(logs, cv, seed=0, progress=False, group_by=field, group_pattern=pattern)
+        return split_fit_eval(logs, work, order)
     except Exception as exc:  # noqa: BLE001 - reported per set, never hidden
         return exc
 
@@ -136,6 +156,8 @@ def main() -> None:
     ap.add_argument("--messy-seeds", default="0,1,2", help="seeds of the messy workload")
     ap.add_argument("--messy-workflows", type=int, default=200, help="workflows per messy seed")
     ap.add_argument("--data", type=Path, default=None, help="folder with the real sets (default: ../shared/datasets, else datasets/real)")
+    ap.add_argument("--time", action="store_true", help="also score every set on a time-ordered 70/30 split")
+    ap.add_argument("--no-task-groups", action="store_true", help="CV folds by workflow even where a set repeats tasks")
     ap.add_argument("--json", action="store_true", help="one JSON object: command, sources, times, every result")
     args = ap.parse_args()
     names = [s.strip() for s in args.sets.split(",") if s.strip()]
@@ -146,45 +168,61 @@ def main() -> None:
     err = Console(stderr=True)
     out: dict[str, Any] = {"command": command, "mode": f"{args.cv}-fold CV by workflow" if args.cv
                            else "70/30 split by workflow (seed 0)", "sets": {}}
+    if args.cv and not args.no_task_groups and set(names) & set(TASK_GROUPS):
+        out["mode"] += "; folds grouped by task on " + ", ".join(n for n in names if n in TASK_GROUPS)
+    protocols = [("main", args.cv, "hash")] + ([("time", None, "time")] if args.time else [])
+    if args.time:
+        out["time_mode"] = "70/30 split by start time (each type's first 70 % of workflows train)"
     with tempfile.TemporaryDirectory(prefix="bench-real-") as tmp:
         work = Path(tmp)
         for name in names:
-            t0 = time.perf_counter()
-            if name == "messy":
-                seeds = [int(s) for s in args.messy_seeds.split(",")]
-                per_seed = []
-                for seed in seeds:
-                    with err.status(f"messy seed {seed}"):
-                        path = work / f"messy{seed}" / "messy.jsonl"
-                        write_jsonl(generate("messy", args.messy_workflows, seed=seed), path)
-                        per_seed.append(score([path], work / f"messy{seed}", args.cv))
-                failed = [r for r in per_seed if isinstance(r, Exception)]
-                result = failed[0] if failed else over_seeds(per_seed)
-                source = f"profiler generate --messy --workflows {args.messy_workflows} --seed {{{args.messy_seeds}}}"
-                label = f"messy ×{len(seeds)} seeds"
-            elif name in GENERATED:
-                path = work / name / f"{name}.jsonl"
-                with err.status(f"{name}: generating"):
-                    write_jsonl(generate(name, GENERATED[name], seed=0), path)
-                    result = score([path], work / name, args.cv)
-                    if not isinstance(result, Exception):
-                        held_out = path if args.cv else work / name / "split" / "test"
-                        result["bayes"] = bayes_top1(name, held_out)
-                source = f"profiler generate --workload {name} --workflows {GENERATED[name]} --seed 0"
-                label = name
-            else:
-                path = real_source(name, args.data)
-                with err.status(f"{name}: {path}"):
-                    result = score([path], work / name, args.cv)
-                source, label = str(path), name
-            elapsed = time.perf_counter() - t0
-            entry: dict[str, Any] = {"source": source, "seconds": round(elapsed, 1)}
-            if isinstance(result, Exception):  # the fit or eval itself crashed: report, go on
-                entry["error"] = f"{type(result).__name__}: {result}"
-            else:
-                entry.update(result=result, table=baseline_rows(result))
-            out["sets"][label] = entry
-            err.print(f"{label}: {elapsed:.1f} s" + (f" — FAILED: {entry['error']}" if "error" in entry else ""))
+            for proto, cv, order in protocols:
+                t0 = time.perf_counter()
+                base = work / proto
+                group = None if args.no_task_groups or not cv else TASK_GROUPS.get(name)
+                if name == "messy":
+                    seeds = [int(s) for s in args.messy_seeds.split(",")]
+                    per_seed = []
+                    for seed in seeds:
+                        with err.status(f"messy seed {seed} ({proto})"):
+                            path = work / f"messy{seed}" / "messy.jsonl"
+                            if not path.exists():
+                                write_jsonl(generate("messy", args.messy_workflows, seed=seed), path)
+                            per_seed.append(score([path], base / f"messy{seed}", cv, order=order))
+                    failed = [r for r in per_seed if isinstance(r, Exception)]
+                    result = failed[0] if failed else over_seeds(per_seed)
+                    source = f"profiler generate --messy --workflows {args.messy_workflows} --seed {{{args.messy_seeds}}}"
+                    label = f"messy ×{len(seeds)} seeds"
+                elif name in GENERATED:
+                    path = work / name / f"{name}.jsonl"
+                    with err.status(f"{name} ({proto})"):
+                        if not path.exists():
+                            write_jsonl(generate(name, GENERATED[name], seed=0), path)
+                        result = score([path], base / name, cv, order=order)
+                        if not isinstance(result, Exception):
+                            held_out = path if cv else base / name / "split" / "test"
+                            result["bayes"] = bayes_top1(name, held_out)
+                    source = f"profiler generate --workload {name} --workflows {GENERATED[name]} --seed 0"
+                    label = name
+                else:
+                    path = real_source(name, args.data)
+                    with err.status(f"{name} ({proto}): {path}"):
+                        result = score([path], base / name, cv, group, order)
+                    source, label = str(path), name
+                elapsed = time.perf_counter() - t0
+                entry: dict[str, Any] = {"source": source, "seconds": round(elapsed, 1)}
+                if group:
+                    entry["cv_group_by"] = {"field": group[0], "pattern": group[1]}
+                if isinstance(result, Exception):  # the fit or eval itself crashed: report, go on
+                    entry["error"] = f"{type(result).__name__}: {result}"
+                else:
+                    entry.update(result=result, table=baseline_rows(result))
+                if proto == "main":
+                    out["sets"][label] = entry
+                else:
+                    out["sets"].setdefault(label, {})["time_split"] = entry
+                err.print(f"{label} ({proto}): {elapsed:.1f} s"
+                          + (f" — FAILED: {entry['error']}" if "error" in entry else ""))
     if args.json:
         print_json(out)
         return
@@ -209,6 +247,14 @@ def main() -> None:
     spread += "; messy: mean ± std over seeds" if "messy" in names else ""
     console.print(baseline_table({label: s["result"] for label, s in out["sets"].items() if "result" in s},
                                  title=f"ours vs baselines on held-out workflows ({out['mode']}{spread})"))
+    if args.time:
+        timed = {label: s["time_split"] for label, s in out["sets"].items() if "time_split" in s}
+        for label, s in timed.items():
+            if "error" in s:
+                console.print(f"  {label} (time split): [red]fit/eval failed[/]: {s['error']}", highlight=False)
+        console.print(baseline_table({label: s["result"] for label, s in timed.items() if "result" in s},
+                                     title=f"ours vs baselines, {out['time_mode']}"
+                                           + ("; messy: mean ± std over seeds" if "messy" in names else "")))
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ import duckdb
 import pandas as pd
 
 from predictors.idle_gap import IdleGapModel
+from predictors.nat_trie import build_nat_trie_section
 from predictors.output_length import OutputLengthIntervals
 from predictors.remaining_tokens import RemainingTokens
 from predictors.tool_latency import ToolLatencyModel
@@ -41,6 +42,7 @@ from synth.profile_section import build_workflows_section
 #: Extra profile sections: name -> ``(con, options) -> dict`` that builds it.
 SECTION_BUILDERS: dict[str, Callable[[duckdb.DuckDBPyConnection, dict[str, Any]], dict[str, Any]]] = {
     "workflows": build_workflows_section,
+    "nat_trie": build_nat_trie_section,     # the NAT prediction-trie baseline, scored by eval
 }
 
 

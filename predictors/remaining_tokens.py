@@ -42,9 +42,8 @@ richer model is served only where held-out workflows show it is better beyond no
 Baselines (fit on the same training workflows, written beside the model and scored by
 ``profiler eval``): ``position_median`` (per type and position bucket, the median ``R``),
 ``mrl`` (calls done → mean residual life: per type and exact call index, the mean ``R`` of the
-training workflows that reached it) and ``nat_trie`` (NVIDIA NeMo Agent Toolkit's prediction trie
-as its docs describe it: per type and call index, the median output of a call there times the
-median calls remaining, this one included).
+training workflows that reached it). NVIDIA NeMo Agent Toolkit's prediction trie, the third
+baseline ``profiler eval`` scores here, is its own profile section (:mod:`predictors.nat_trie`).
 
 The serving half, :class:`predictors.served.RemainingTokensTable`, reads the section written by
 :meth:`RemainingTokens.to_dict` with numpy alone.
@@ -276,8 +275,4 @@ def fit_baselines(g: pd.DataFrame) -> dict[str, Any]:
     """The naive remaining-work predictors of one type (module doc), keyed by call index."""
     pos_median = {str(int(b)): float(v) for b, v in g.groupby("bucket")["R"].median().items()}
     mrl = {str(int(i)): float(v) for i, v in g.groupby("i")["R"].mean().items()}
-    by_i = g.groupby("i")
-    out_p50 = by_i["output_tokens"].median()
-    calls_left = (g["n"] - g["i"]).groupby(g["i"]).median()
-    trie = {str(int(i)): float(out_p50[i] * calls_left[i]) for i in out_p50.index}
-    return {"position_median": pos_median, "mrl": mrl, "nat_trie": trie}
+    return {"position_median": pos_median, "mrl": mrl}

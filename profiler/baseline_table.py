@@ -8,12 +8,15 @@ standard deviation across folds as the spread) and lays the comparable numbers s
 =============================  ==========================================================
 metric                         methods
 =============================  ==========================================================
-output-length coverage, width  ours, ``global`` (one band for all), ``per_agent_empirical``
-next-agent top-1, log-loss     ours, ``markov1`` (first order), ``markov_vo`` (variable order)
+output-length coverage, width  ours, ``global`` (one band for all), ``per_agent_empirical``,
+                               ``nat_trie`` (NAT's prediction trie: ``[0, p95]``)
+next-agent top-1, log-loss     ours, ``markov1`` (first order), ``markov_vo`` (variable order),
+                               ``markov_wb`` (variable order, Witten–Bell smoothed; log-loss)
 top-1 after the response       ours (once the call's response and tool calls were observed)
 next-agent scored share        ours (1.0 = every call got a prediction)
-remaining-calls MAE            ours, ``position_median``
-keep-alive idle-gap coverage   ours, ``idle_gap_p95``, ``tool_p95``
+remaining-calls MAE            ours, ``position_median``, ``nat_trie``
+keep-alive idle-gap coverage   ours, ``idle_gap_p95``, ``tool_p95``, ``nat_trie``
+keep-alive mean TTL            the same (the KV time each held; coverage alone rewards a long TTL)
 =============================  ==========================================================
 
 Keys a result lacks are shown as ``n/a`` (the table never fails on a missing key). A baseline
@@ -54,11 +57,13 @@ ROWS: tuple[Row, ...] = (
         (f"{OL}.baselines.global.coverage", f"{OL}.global_band_coverage"), nominal=f"{OL}.nominal"),
     Row("output-length coverage", "per_agent_empirical",
         (f"{OL}.baselines.per_agent_empirical.coverage",), nominal=f"{OL}.nominal"),
+    Row("output-length coverage", "nat_trie", (f"{OL}.baselines.nat_trie.coverage",), nominal=f"{OL}.nominal"),
     Row("output-length mean width", "ours", (f"{OL}.mean_width",), "{:,.0f}"),
     Row("output-length mean width", "global",
         (f"{OL}.baselines.global.mean_width", f"{OL}.global_band_width"), "{:,.0f}"),
     Row("output-length mean width", "per_agent_empirical",
         (f"{OL}.baselines.per_agent_empirical.mean_width",), "{:,.0f}"),
+    Row("output-length mean width", "nat_trie", (f"{OL}.baselines.nat_trie.mean_width",), "{:,.0f}"),
     Row("next-agent top-1", "ours", (f"{NA}.top1_accuracy",), better="max"),
     Row("next-agent top-1", "markov1",
         _alts(f"{NA}.baselines.markov1", "top1_accuracy", "top1"), better="max"),
@@ -69,10 +74,12 @@ ROWS: tuple[Row, ...] = (
     Row("next-agent log-loss", "ours", (f"{NA}.log_loss",), better="min"),
     Row("next-agent log-loss", "markov1", (f"{NA}.baselines_log_loss.markov1", f"{NA}.baselines.markov1.log_loss"), better="min"),
     Row("next-agent log-loss", "markov_vo", (f"{NA}.baselines_log_loss.markov_vo", f"{NA}.baselines.markov_vo.log_loss"), better="min"),
+    Row("next-agent log-loss", "markov_wb", (f"{NA}.baselines_log_loss.markov_wb",), better="min"),
     Row("next-agent scored share", "ours", (f"{NA}.scored_share",)),
     Row("remaining-calls MAE", "ours", (f"{RC}.mae",), "{:.2f}", better="min"),
     Row("remaining-calls MAE", "position_median",
         _alts(f"{RC}.baselines.position_median", "mae"), "{:.2f}", better="min"),
+    Row("remaining-calls MAE", "nat_trie", (f"{RC}.baselines.nat_trie.mae",), "{:.2f}", better="min"),
     *(Row("remaining-tokens C-index", m, (f"{RW}.c_index",) if m == "ours" else (f"{RW}.baselines.{m}.c_index",),
           better="max") for m in ("ours", "position_median", "mrl", "nat_trie", "age")),
     *(Row("remaining-tokens MAE", m, (f"{RW}.mae_tokens",) if m == "ours" else (f"{RW}.baselines.{m}.mae_tokens",),
@@ -82,6 +89,9 @@ ROWS: tuple[Row, ...] = (
         _alts(f"{KA}.baselines.idle_gap_p95", "idle_gap_coverage", "coverage"), nominal=f"{KA}.nominal"),
     Row("keep-alive idle-gap coverage", "tool_p95",
         _alts(f"{KA}.baselines.tool_p95", "idle_gap_coverage", "coverage"), nominal=f"{KA}.nominal"),
+    Row("keep-alive idle-gap coverage", "nat_trie", (f"{KA}.baselines.nat_trie",), nominal=f"{KA}.nominal"),
+    *(Row("keep-alive mean TTL (s)", m, (f"{KA}.mean_ttl_s",) if m == "ours" else (f"{KA}.baseline_mean_ttl_s.{m}",),
+          "{:,.1f}") for m in ("ours", "idle_gap_p95", "tool_p95", "nat_trie")),
 )
 NA_TEXT = "n/a"
 

@@ -19,6 +19,16 @@ odd session moves every score. K-fold cross-validation uses every workflow once 
    coverage this is the pooled rate over all held-out calls. Aggregation walks whatever keys
    ``evaluate`` returns, so keys added to the eval later are aggregated too.
 
+**Grouped folds** (``group_by``, ``profiler eval --cv K --group-by FIELD``): when several
+workflows are trials of one task (the same SWE-bench instance run twice, one instance localized and
+repaired), a fold by workflow puts one trial in train and another in test, and the score
+flatters. With ``group_by`` the unit dealt into folds is the *group*: the record field ``FIELD``
+(a log-format field, else a top-level or ``app_metadata`` key of the record), cut by
+``group_pattern`` when given (a regular expression; its first capture group, else its whole match,
+is the group: ``--group-by workflow_id --group-pattern '[^/]+$'`` groups ``bs1/django-1`` with
+``bs4/django-1``). A workflow without a value is its own group. Every workflow of a group lands in
+one fold; folds differ by at most one group.
+
 Records without a readable workflow id (invalid JSON, no ``workflow_id``) belong to no fold: they
 are left out, counted and named by file and line (:func:`store.split.write_folds`); ``strict`` makes them an
 error. Every other record is held out exactly once, so the quarantine counts of the K held-out
@@ -106,8 +116,10 @@ def nest(flat: dict[str, float]) -> dict[str, Any]:
 
 def cross_validate(paths: Sequence[str | Path], k: int = 5, *, seed: int = 0,
                    options: FitOptions | None = None, strict: bool = False, progress: bool = False,
-                   on_fold: Callable[[int], None] | None = None) -> dict[str, Any]:
-    """K-fold cross-validation by workflow of ``profiler fit`` + ``profiler eval`` on ``paths``.
+                   on_fold: Callable[[int], None] | None = None, group_by: str | None = None,
+                   group_pattern: str | None = None) -> dict[str, Any]:
+    """K-fold cross-validation by workflow of ``profiler fit`` + ``profiler eval`` on ``paths``
+    (by group of workflows with ``group_by``/``group_pattern``, see the module docstring).
 
     ``strict`` as in ``profiler fit``/``eval``: a quarantined record fails the run.
     Returns ``{"k", "seed", "workflows", "calls", "folds": [{"fold", "train_workflows",
@@ -118,7 +130,7 @@ def cross_validate(paths: Sequence[str | Path], k: int = 5, *, seed: int = 0,
     with tempfile.TemporaryDirectory(prefix="profiler-cv-") as tmp:
         work = Path(tmp)
         unassigned: list[str] = []
-        counts = write_folds(paths, work / "folds", k, seed, unassigned)
+        counts = write_folds(paths, work / "folds", k, seed, unassigned, group_by, group_pattern)
         if unassigned and strict:
             raise ValueError(f"{len(unassigned)} record(s) without a readable workflow_id (strict mode): "
                              + ", ".join(unassigned[:5]) + (" …" if len(unassigned) > 5 else ""))
@@ -145,7 +157,7 @@ def cross_validate(paths: Sequence[str | Path], k: int = 5, *, seed: int = 0,
                     on_fold(i)
     summary = aggregate([f["result"] for f in folds])
     return {
-        "k": k, "seed": seed,
+        "k": k, "seed": seed, "group_by": group_by, "group_pattern": group_pattern,
         "workflows": sum(f["test_workflows"] for f in folds),
         "calls": sum(int(f["result"]["calls"]) for f in folds),
         "folds": folds,

@@ -11,10 +11,20 @@ columns), then:
   idle-gap model replayed session by session, so its per-session correction sees only earlier
   gaps), every TTL bounded as the keep/drop policy serves it; ``baselines``: ``idle_gap_p95`` (one
   plain training quantile per workflow type) and ``tool_p95`` (today's TTL: the most frequent
-  tool's p95); ``end_share`` = calls with no next call (a TTL kept there is wasted).
+  tool's p95) and ``nat_trie`` (NAT's ``cache_control`` TTL: remaining calls × inter-arrival);
+  ``end_share`` = calls with no next call (a TTL kept there is wasted).
 * **tool latency**: ``p95_coverage`` = share of timed tool executions that finished within the
   served p95 (nominal 0.95); ``ks_max`` = the largest Kolmogorov–Smirnov distance between a tool's
   held-out latencies and its fitted lognormal (tools with ≥ ``MIN_TOOL_SAMPLES`` executions).
+
+**NAT prediction trie** (``baselines.nat_trie``; :mod:`predictors.nat_trie`, the profile's
+``nat_trie`` section, fit on the training calls): what NVIDIA NeMo Agent Toolkit's hints say at
+each held-out call's (workflow type, agent, agent call index), scored beside ours in
+``output_len`` (the band ``[0, p95]``: NAT keeps p50/p90/p95, no interval at our nominal;
+``osl_p90_coverage`` = share under the ``osl`` it sends), ``remaining_calls`` (MAE of
+``total_requests`` = the mean remaining calls, over every held-out call in call order),
+``keep_alive`` (above) and ``remaining_work`` (:mod:`profiler.remaining_eval`). The trie predicts
+no next agent, so ``next_agent`` has no NAT row. Absent for a profile without the section.
 
 Other parts add their own keys through :data:`EVAL_EXTENSIONS`.
 """
@@ -28,11 +38,13 @@ import numpy as np
 from scipy import stats
 
 from predictors.idle_gap import IdleGapModel
+from predictors.nat_trie import PredictionTrie, lookup_frame, trie_from_section
 from predictors.output_length import OutputLengthIntervals
 from predictors.predictor import CompiledProfile
 from predictors.tool_latency import MIN_LATENCY_S, ToolLatencyModel
 from store import ingest as ingest_mod
 from fitting.profile_fit import idle_gap_calls, ok_calls, timed_tool_calls
+from store.frames import query_frame
 from store.profile_artifact import Profile
 from profiler.remaining_eval import remaining_work_scores
 from store.duckdb_store import connect
@@ -66,8 +78,16 @@ def output_length_scores(profile: Profile, con: duckdb.DuckDBPyConnection) -> di
                          "mean_width": float(g["width"].mean())}
                for wt, g in calls.groupby("workflow_type_id", sort=True)}
     g = est.global_
+    baselines = output_length_baselines(est, calls)
+    if (trie := nat_trie(profile)) is not None and len(calls):
+        nat = lookup_frame(trie, calls["workflow_type_id"].to_numpy(), calls["agent_id"].to_numpy(),
+                           calls["agent_call_index"].to_numpy() + 1)
+        p95, p90 = np.nan_to_num(nat["output_p95"]), np.nan_to_num(nat["osl_p90"])   # none found: a miss
+        baselines["nat_trie"] = {"coverage": float(np.mean(y <= p95)), "mean_width": float(np.mean(p95)),
+                                 "osl_p90_coverage": float(np.mean(y <= p90)),
+                                 "band": "[0, p95]", "found_share": float(np.mean(~np.isnan(nat["output_p95"])))}
     return {
-        "baselines": output_length_baselines(est, calls),
+        "baselines": baselines,
         "nominal": float(est.coverage),
         "coverage": float(calls["inside"].mean()) if len(calls) else float("nan"),
         "mean_width": float(calls["width"].mean()) if len(calls) else float("nan"),
@@ -100,6 +120,34 @@ def output_length_baselines(est: OutputLengthIntervals, calls) -> dict[str, dict
     out["per_agent_empirical"] = {"coverage": float(np.mean((y >= lo) & (y <= hi))),
                                   "mean_width": float(np.mean(hi - lo))}
     return out
+
+
+def nat_trie(profile: Profile) -> PredictionTrie | None:
+    """The profile's NAT prediction trie (None for a profile fit before it was stored)."""
+    section = profile.data.get("nat_trie")
+    return trie_from_section(section) if section else None
+
+
+def nat_remaining_calls(profile: Profile, con: duckdb.DuckDBPyConnection) -> dict[str, Any] | None:
+    """``remaining_calls.baselines.nat_trie``: MAE of NAT's ``total_requests`` (mean remaining
+    calls at the call's type, agent and agent call index) against the calls that really followed,
+    over every held-out call in call order (``mae``; ``found_share`` = calls the trie had a node
+    for; a call it has none for counts 0 remaining)."""
+    trie = nat_trie(profile)
+    if trie is None:
+        return None
+    calls = query_frame(con, """
+        SELECT workflow_type_id, agent_id, agent_call_index + 1 AS nat_index,
+          count(*) OVER (PARTITION BY workflow_type_id, workflow_id)
+            - row_number() OVER (PARTITION BY workflow_type_id, workflow_id ORDER BY call_index) AS remaining
+        FROM calls ORDER BY workflow_type_id, workflow_id, call_index""")
+    if calls.empty:
+        return None
+    nat = lookup_frame(trie, calls["workflow_type_id"].to_numpy(), calls["agent_id"].to_numpy(),
+                       calls["nat_index"].to_numpy())["remaining_calls"]
+    truth = calls["remaining"].to_numpy(dtype=float)
+    return {"mae": float(np.mean(np.abs(np.nan_to_num(nat) - truth))),
+            "found_share": float(np.mean(~np.isnan(nat))), "n": int(len(truth))}
 
 
 def tool_latency_scores(profile: Profile, con: duckdb.DuckDBPyConnection) -> dict[str, Any]:
@@ -145,6 +193,15 @@ def keep_alive_scores(profile: Profile, con: duckdb.DuckDBPyConnection) -> dict[
     keys = list(zip(df["workflow_type_id"], df["agent_id"]))
     tool = np.array([np.nan if (e := compiled.agents.get(k)) is None or e.retain_s is None else e.retain_s
                      for k in keys], dtype=float)
+    nat, trie = np.zeros(len(df)), nat_trie(profile)
+    if trie is not None and len(df):   # NAT's TTL: remaining calls × inter-arrival
+        index = query_frame(con, "SELECT workflow_type_id, workflow_id, call_index, agent_call_index + 1 AS nat_index "
+                                 "FROM calls")
+        nat_index = df.merge(index, how="left", on=["workflow_type_id", "workflow_id", "call_index"])["nat_index"]
+        nat = lookup_frame(trie, df["workflow_type_id"].to_numpy(), df["agent_id"].to_numpy(),
+                           nat_index.fillna(1).to_numpy(dtype=int))["ttl_s"]
+        nat = np.nan_to_num(nat)        # no node or no inter-arrival: NAT pins nothing (TTL 0)
+
     gap = df["gap_after_s"].to_numpy(dtype=float)
     has = ~np.isnan(gap)
     scored = has & ~np.isnan(ours)
@@ -156,11 +213,14 @@ def keep_alive_scores(profile: Profile, con: duckdb.DuckDBPyConnection) -> dict[
     def mean(ttl: np.ndarray, mask: np.ndarray) -> float | None:
         return float(np.mean(bound(ttl[mask]))) if mask.any() else None
 
+    def nat_cov(mask: np.ndarray) -> float | None:
+        return cov(nat, mask) if trie is not None else None
+
     per_type = {}
     for wt in sorted(set(df["workflow_type_id"])):
         m = scored & (df["workflow_type_id"] == wt).to_numpy()
         per_type[wt] = {"gaps": int(m.sum()), "idle_gap_coverage": cov(ours, m), "mean_ttl_s": mean(ours, m),
-                        "idle_gap_p95": cov(base, m), "tool_p95": cov(tool, m),
+                        "idle_gap_p95": cov(base, m), "tool_p95": cov(tool, m), "nat_trie": nat_cov(m),
                         "level": (model.workflow_types_.get(wt) or {}).get("level")}
     return {
         "idle_gap_coverage": cov(ours, scored),
@@ -170,8 +230,10 @@ def keep_alive_scores(profile: Profile, con: duckdb.DuckDBPyConnection) -> dict[
         "scored_share": float(scored.sum() / has.sum()) if has.any() else None,
         "end_share": float(np.mean(~has)) if len(gap) else None,
         "wasted_keep_s_mean": mean(ours, end),
-        "baselines": {"idle_gap_p95": cov(base, scored), "tool_p95": cov(tool, scored)},
-        "baseline_mean_ttl_s": {"idle_gap_p95": mean(base, scored), "tool_p95": mean(tool, scored)},
+        "baselines": {"idle_gap_p95": cov(base, scored), "tool_p95": cov(tool, scored),
+                      "nat_trie": nat_cov(scored)},
+        "baseline_mean_ttl_s": {"idle_gap_p95": mean(base, scored), "tool_p95": mean(tool, scored),
+                                "nat_trie": mean(nat, scored) if trie is not None else None},
         "by_workflow_type": per_type,
     }
 
@@ -190,6 +252,8 @@ def evaluate_store(profile: Profile, con: duckdb.DuckDBPyConnection) -> dict[str
     }
     for extension in EVAL_EXTENSIONS:
         result.update(extension(profile, con))
+    if isinstance(result.get("remaining_calls"), dict) and (nat := nat_remaining_calls(profile, con)):
+        result["remaining_calls"].setdefault("baselines", {})["nat_trie"] = nat
     return result
 
 

@@ -20,8 +20,10 @@ every pair, C = 0.5: every session has the same age). ``mae_tokens`` is the mean
 ``predictors.Predictor`` on the profile (``annotate`` at arrival, ``observe`` at completion), and
 ``R̂`` is the annotation's ``expected_remaining_output_tokens``. The baselines, fit on the same
 training workflows (``profile.json`` → ``remaining_tokens.baselines``): ``position_median``,
-``mrl`` (calls done → mean residual life), ``nat_trie`` (NAT's prediction trie: p50 output ×
-remaining calls per call index) and ``age`` (program FCFS: the earlier a session started, the
+``mrl`` (calls done → mean residual life), ``nat_trie`` (NAT's prediction trie, the profile's
+``nat_trie`` section, :mod:`predictors.nat_trie`: at the call's (type, agent, agent call index),
+p50 output × (mean remaining calls + 1), the tokens its hints ``osl`` × ``total_requests`` imply
+with the median in place of p90) and ``age`` (program FCFS: the earlier a session started, the
 less work it is taken to have left; ranks only, no MAE).
 """
 from __future__ import annotations
@@ -34,6 +36,7 @@ import numpy as np
 import pandas as pd
 
 from predictors.contract import Annotation
+from predictors.nat_trie import agent_call_index, lookup_frame, trie_from_section
 from predictors.predictor import Predictor
 from predictors.remaining_tokens import session_frame
 from store.profile_artifact import Profile
@@ -75,12 +78,19 @@ def served_remaining_tokens(profile: Profile, calls: pd.DataFrame) -> np.ndarray
                      for a in served_annotations(profile, calls)], dtype=float)
 
 
-def baseline_predictions(section: dict[str, Any], calls: pd.DataFrame) -> dict[str, np.ndarray]:
+def baseline_predictions(section: dict[str, Any], calls: pd.DataFrame,
+                         trie_section: dict[str, Any] | None = None) -> dict[str, np.ndarray]:
     """The naive baselines of the profile's ``remaining_tokens`` section for every call of
-    ``calls`` (a :func:`predictors.remaining_tokens.session_frame`: call index ``i``, ``bucket``)."""
+    ``calls`` (a :func:`predictors.remaining_tokens.session_frame`: call index ``i``, ``bucket``),
+    and ``nat_trie`` from the profile's ``nat_trie`` section (NaN without one)."""
     out = {name: np.full(len(calls), np.nan) for name in BASELINES}
     tables = section.get("baselines") or {}
-    for name in BASELINES:
+    if trie_section:
+        wt, agent = calls["workflow_type_id"].to_numpy(), calls["agent_id"].to_numpy()
+        index = agent_call_index(wt, calls["workflow_id"].to_numpy(), agent)
+        nat = lookup_frame(trie_from_section(trie_section), wt, agent, index)
+        out["nat_trie"] = nat["output_p50"] * (nat["remaining_calls"] + 1.0)
+    for name in ("position_median", "mrl"):
         for wt, rows in calls.groupby("workflow_type_id", sort=False).indices.items():
             table = (tables.get(wt) or {}).get(name)
             if not table:
@@ -144,7 +154,7 @@ def remaining_work_scores(profile: Profile, con: duckdb.DuckDBPyConnection) -> d
     wf_end = calls.groupby(wf_code)["t_finish"].max().to_numpy(dtype=float)
     wf_start = calls.groupby(wf_code)["t_arrival"].min().to_numpy(dtype=float)
     preds = {"ours": served_remaining_tokens(profile, calls),
-             **baseline_predictions(section, frame),
+             **baseline_predictions(section, frame, profile.data.get("nat_trie")),
              "age": wf_start[wf_code]}
     cidx = concordance(preds, truth, wf_code, t_arrival, wf_end)
     pairing = "concurrent"

@@ -19,7 +19,8 @@ For every held-out workflow the session is replayed call by call through
   median remaining calls, :mod:`synth.markov_baselines`) are scored on the same calls;
   ``baseline_mae`` is the position-only mean's error on the automaton's calls.
   ``baselines_log_loss`` gives the two Markov baselines' log-loss (add-one smoothed, see
-  :mod:`synth.markov_baselines`) on the same calls.
+  :mod:`synth.markov_baselines`) on the same calls, and ``markov_wb``'s: the variable-order
+  Markov with interpolated Witten–Bell smoothing (top-1 in ``baselines.markov_wb``).
 * **acceptance**: share of workflows whose whole sequence is accepted by the pruned PFA (step
   symbols), by the bounded regex parsed back into an NFA (calls), and by the session tracker
   (call by call on the counting session automaton: never left it and ended where the workflow
@@ -65,6 +66,9 @@ class PathScores:
     markov1_log_loss_sum: float = 0.0
     markov_vo_log_loss_sum: float = 0.0
     markov_vo_log_loss_events: int = 0
+    markov_wb_correct: int = 0
+    markov_wb_log_loss_sum: float = 0.0
+    markov_wb_events: int = 0
     position_median_abs_error: float = 0.0
     baseline_calls: int = 0
     after_correct: int = 0
@@ -87,11 +91,14 @@ class PathScores:
                            "baselines": {
                                "markov1": ratio(self.markov1_correct, self.baseline_events),
                                "markov_vo": ratio(self.markov_vo_correct,
-                                                  self.baseline_events)},
+                                                  self.baseline_events),
+                               "markov_wb": ratio(self.markov_wb_correct, self.markov_wb_events)},
                            "baselines_log_loss": {
                                "markov1": ratio(self.markov1_log_loss_sum, self.baseline_events),
                                "markov_vo": ratio(self.markov_vo_log_loss_sum,
-                                                  self.markov_vo_log_loss_events)},
+                                                  self.markov_vo_log_loss_events),
+                               "markov_wb": ratio(self.markov_wb_log_loss_sum,
+                                                  self.markov_wb_events)},
                            "n": self.next_total,
                            "step_top1_accuracy": ratio(self.step_correct, self.step_total),
                            "n_steps": self.step_total},
@@ -219,6 +226,11 @@ def score_sequences(section: dict, sequences: Sequence[WorkflowSequence],
                     if p_vo is not None:
                         scores.markov_vo_log_loss_events += 1
                         scores.markov_vo_log_loss_sum -= math.log(max(p_vo, 1e-6))
+                    dist = base.markov_wb_distribution(history)
+                    if dist is not None:
+                        scores.markov_wb_events += 1
+                        scores.markov_wb_log_loss_sum -= math.log(max(dist.get(actual, dist["\0unseen"]), 1e-6))
+                        scores.markov_wb_correct += base.markov_wb_from(dist) == actual
             if base is not None:
                 scores.baseline_calls += 1
                 scores.position_median_abs_error += abs(base.position_median(i) - remaining)

@@ -19,6 +19,18 @@ at the context that predicts (the previous symbol; the longest context seen), p 
 workflow does not get p = 1 for free. ``markov_vo`` stores its contexts' counts for this (``counts``); a profile written
 before has only the arg-max and gives no log-loss.
 
+Add-one is a weak smoother: with V agents it moves V/(c(h) + V) of the mass off what was seen,
+so on a sparse context its log-loss is poor whatever the order. ``markov_wb`` scores the same
+stored counts with **interpolated Witten–Bell** smoothing (the estimator PPM-C uses), the
+properly smoothed variable-order Markov a reader would compare against:
+
+    P(y | h) = (c(h, y) + T(h) · P(y | h')) / (c(h) + T(h)),
+
+where ``h'`` is ``h`` without its oldest symbol, ``T(h)`` the number of distinct symbols seen
+after ``h`` (the evidence that a new one may follow) and the recursion ends in the uniform
+distribution over the training symbols (END included) plus one unseen symbol. Contexts pruned at
+fit time (``min_count``) are skipped. Its top-1 is the arg-max of that mixture (END excluded).
+
 END is not a candidate: the baselines are scored, like the model, on "which agent calls
 next" after every call but the last.
 """
@@ -116,6 +128,45 @@ class BaselinePredictor:
             if row:
                 return self._laplace(row, actual)
         return self._laplace({}, actual)
+
+    def markov_wb_distribution(self, history: Sequence[str]) -> dict[str, float] | None:
+        """Witten–Bell interpolated P(· | history) over the training symbols (END included; the
+        module docstring); ``"\0unseen"`` holds the mass of a symbol never seen in training.
+        None for an older profile (no stored counts)."""
+        if self.vo_counts is None:
+            return None
+        symbols = sorted(self.vocab)
+        p = np.full(len(symbols) + 1, 1.0 / (len(symbols) + 1))
+        index = {y: i for i, y in enumerate(symbols)}
+        full = (START, *history)
+        for k in range(0, min(VO_ORDER, len(full)) + 1):
+            row = self.vo_counts.get(SEP.join(full[len(full) - k:]))
+            if not row:
+                continue
+            c = np.zeros(len(p))
+            for y, n in row.items():
+                c[index.get(y, len(symbols))] += n
+            distinct = float(np.count_nonzero(c))
+            p = (c + distinct * p) / (c.sum() + distinct)
+        return {**dict(zip(symbols, p[:-1].tolist())), "\0unseen": float(p[-1])}
+
+    def markov_wb_probability(self, history: Sequence[str], actual: str) -> float | None:
+        """P(actual | history) under :meth:`markov_wb_distribution` (an agent never seen in
+        training gets the unseen mass)."""
+        dist = self.markov_wb_distribution(history)
+        if dist is None:
+            return None
+        return dist.get(actual, dist["\0unseen"])
+
+    def markov_wb(self, history: Sequence[str]) -> str | None:
+        """Top-1 next agent of the Witten–Bell mixture (END and the unseen mass excluded)."""
+        dist = self.markov_wb_distribution(history)
+        return None if dist is None else self.markov_wb_from(dist)
+
+    @staticmethod
+    def markov_wb_from(dist: dict[str, float]) -> str | None:
+        """The top-1 of a :meth:`markov_wb_distribution`."""
+        return _argmax({y: p for y, p in dist.items() if y != "\0unseen"})
 
     def markov1(self, history: Sequence[str]) -> str | None:
         prev = history[-1] if history else START

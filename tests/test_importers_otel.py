@@ -155,6 +155,22 @@ def test_agent_names_of_other_frameworks_are_kept(tmp_path, parent_attrs, agent)
     assert rec["agent_id"] == agent and rec["workflow_id"] == "s-1"
 
 
+def test_stage_is_the_langgraph_node_or_openllmetry_task_the_call_ran_in(tmp_path):
+    node = {"openinference.span.kind": "CHAIN", "metadata": json.dumps({"langgraph_node": "review"}),
+            "gen_ai.agent.name": "coder"}
+    spans = [_span(1, None, "run", {"session.id": "s-1", "gen_ai.agent.name": "coder"}, 0.0, 10.0),
+             _span(2, 1, "node", node, 1.0, 9.0),
+             _span(3, 2, "ChatOpenAI", dict(LLM), 2.0, 4.0),
+             _span(4, 1, "write_tests.task", {"traceloop.span.kind": "task", "traceloop.entity.name": "write_tests"},
+                   4.5, 9.5),
+             _span(5, 4, "ChatOpenAI", dict(LLM), 5.0, 6.0),
+             _span(6, 1, "ChatOpenAI", dict(LLM), 9.6, 9.9)]
+    (tmp_path / "spans.json").write_text(json.dumps({"spans": spans}))
+    recs = sorted(iter_records("otel", tmp_path / "spans.json"), key=lambda r: r["t_arrival"])
+    assert [r["agent_id"] for r in recs] == ["coder"] * 3        # an agent name wins over the node
+    assert [r.get("stage") for r in recs] == ["review", "write_tests", None]
+
+
 def test_langgraph_start_node_is_not_an_agent(tmp_path):
     spans = [_span(1, None, "run", {"metadata": json.dumps({"langgraph_node": "__start__"})}, 0.0, 10.0),
              _span(3, 1, "ChatOpenAI", dict(LLM), 2.0, 4.0)]

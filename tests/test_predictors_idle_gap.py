@@ -227,7 +227,8 @@ def test_eval_reports_keep_alive_beside_baselines(fitted):
     result, _ = evaluate(profile, [root / "test"])
     ka = result["keep_alive"]
     assert ka["nominal"] == 0.95
-    assert set(ka["baselines"]) == {"idle_gap_p95", "tool_p95"}
+    assert set(ka["baselines"]) == {"idle_gap_p95", "tool_p95", "nat_trie"}
+    assert 0.0 <= ka["baselines"]["nat_trie"] <= 1.0 and ka["baseline_mean_ttl_s"]["nat_trie"] >= 0.0
     assert 0.0 <= ka["idle_gap_coverage"] <= 1.0 and ka["scored_share"] == 1.0
     assert ka["idle_gap_coverage"] >= 0.85
 

@@ -122,8 +122,8 @@ def test_eval_scores_every_call_beside_the_baselines():
     out = score_sequences(section, test).summary()
     na, rc = out["next_agent"], out["remaining_calls"]
     assert na["scored_share"] == 1.0 and rc["scored_share"] == 1.0
-    assert set(na["baselines"]) == {"markov1", "markov_vo"}
-    assert set(na["baselines_log_loss"]) == {"markov1", "markov_vo"}
+    assert set(na["baselines"]) == {"markov1", "markov_vo", "markov_wb"}
+    assert set(na["baselines_log_loss"]) == {"markov1", "markov_vo", "markov_wb"}
     assert all(0 < v < 14 for v in na["baselines_log_loss"].values())
     assert na["log_loss"] > 0 and na["top1_accuracy"] >= na["baselines"]["markov1"]
     assert rc["mae"] is not None and "position_median" in rc["baselines"]
@@ -142,6 +142,25 @@ def test_baselines_by_hand():
     assert base.markov1_probability(["a", "b", "d"], "a") == pytest.approx(1 / (2 + 5))  # d -> END twice
     old = {**block, "markov_vo": {k: v for k, v in block["markov_vo"].items() if k != "counts"}}
     assert BaselinePredictor(old).markov_vo_probability(["a"], "b") is None  # older profile
+    assert BaselinePredictor(old).markov_wb_probability(["a"], "b") is None
+
+
+def test_witten_bell_baseline_by_hand():
+    # contexts of (^ a b c $), (^ a b d $) x2: "" -> a3 b3 c1 d2 $3 (12 events, 5 distinct),
+    # (b), (a b) and (^ a b) -> c1 d2 (3, 2 distinct); base: uniform over a b c d $ + unseen = 1/6
+    block = fit_baselines([("a", "b", "c"), ("a", "b", "d"), ("a", "b", "d")], [1, 1, 1])
+    base = BaselinePredictor(json.loads(json.dumps(block)))
+    p = (2 + 5 / 6) / (12 + 5)
+    for _ in range(3):
+        p = (2 + 2 * p) / (3 + 2)
+    assert base.markov_wb_probability(["a", "b"], "d") == pytest.approx(p)
+    dist = base.markov_wb_distribution(["a", "b"])
+    assert sum(dist.values()) == pytest.approx(1.0)
+    assert base.markov_wb(["a", "b"]) == "d"
+    # a never-seen agent gets only the smoothed unseen mass, never zero
+    assert 0 < base.markov_wb_probability(["a", "b"], "new") < 1 / 6
+    # sharper than add-one where the context has evidence
+    assert base.markov_wb_probability(["a", "b"], "d") > base.markov_vo_probability(["a", "b"], "d")
 
 
 def test_section_survives_json_and_records_the_choice():

@@ -18,6 +18,8 @@ def eval_(
     seed: Annotated[int, typer.Option(help="With --cv: seed of the workflow-to-fold assignment.")] = 0,
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object with every score.")] = False,
     strict: Annotated[bool, typer.Option(help="Exit non-zero if any held-out record (with --cv: any record) is quarantined.")] = False,
+    group_by: Annotated[Optional[str], typer.Option("--group-by", help="With --cv: keep the workflows sharing this record field (a task or instance id) in one fold.")] = None,
+    group_pattern: Annotated[Optional[str], typer.Option("--group-pattern", help="With --group-by: the group is this regex's first capture group (else whole match) in the field, e.g. '[^/]+$'.")] = None,
 ) -> None:
     """Score a profile on logs it never saw: output-length band coverage and width (vs one global
     band), tool-latency p95 coverage and KS distance, and (when the profile has automata)
@@ -37,8 +39,10 @@ def eval_(
     if cv is not None:
         if profile is not None:
             fail("--cv fits its own profiles: drop --profile (or drop --cv to score that profile)")
-        _cross_validate(logs, cv, seed, json_out, strict)
+        _cross_validate(logs, cv, seed, json_out, strict, group_by, group_pattern)
         return
+    if group_by is not None or group_pattern is not None:
+        fail("--group-by and --group-pattern choose the --cv folds: add --cv K")
     if profile is None:
         fail("give --profile (the profile to score) or --cv K (fit and score by K-fold cross-validation)")
     from profiler.evaluation import evaluate
@@ -79,14 +83,18 @@ def eval_(
     console.print(baseline_table({"held-out": result}, title="ours vs baselines (same held-out calls)"))
 
 
-def _cross_validate(logs: list[Path], k: int, seed: int, json_out: bool, strict: bool) -> None:
+def _cross_validate(logs: list[Path], k: int, seed: int, json_out: bool, strict: bool,
+                    group_by: str | None = None, group_pattern: str | None = None) -> None:
     """`profiler eval --cv K`: run :func:`profiler.cross_validation.cross_validate` and print it."""
     from profiler.baseline_table import baseline_table
     from profiler.cross_validation import cross_validate
     from store.ingest import IngestError
 
     try:
-        result = cross_validate(logs, k, seed=seed, strict=strict, progress=True)
+        if group_pattern is not None and group_by is None:
+            raise ValueError("--group-pattern needs --group-by FIELD")
+        result = cross_validate(logs, k, seed=seed, strict=strict, progress=True, group_by=group_by,
+                                group_pattern=group_pattern)
     except (IngestError, ValueError) as exc:
         fail(str(exc))
     un = result["unassigned"]
@@ -102,7 +110,8 @@ def _cross_validate(logs: list[Path], k: int, seed: int, json_out: bool, strict:
         return
     from rich.table import Table
 
-    console.print(f"[bold]{k}-fold cross-validation by workflow[/] (seed {seed}): "
+    unit = f"group ({group_by}{' ~ ' + group_pattern if group_pattern else ''})" if group_by else "workflow"
+    console.print(f"[bold]{k}-fold cross-validation by {unit}[/] (seed {seed}): "
                   f"{result['workflows']:,} workflows, {result['calls']:,} held-out calls")
     folds = Table(title="folds", title_justify="left")
     for col in ("fold", "train wf", "test wf", "test calls", "band coverage", "band width", "next-agent top-1"):

@@ -16,17 +16,19 @@ def split(
     out: Annotated[Path, typer.Option("--out", "-o", help="Writes OUT/train/logs.jsonl and OUT/test/logs.jsonl.")],
     train: Annotated[float, typer.Option(help="Share of workflows in the training side.")] = 0.7,
     seed: Annotated[int, typer.Option(help="Seed of the (hash-based, deterministic) assignment.")] = 0,
+    by_time: Annotated[bool, typer.Option("--by-time", help="Per workflow type, train on the earliest-starting workflows, test on the later ones (no seed).")] = False,
 ) -> None:
     """Split logs by **workflow** (every call of a session lands on the same side), so a profile
     can be scored on sessions it never saw.
 
-    Example: `profiler split datasets/swe_agent --out split/ --train 0.7`
+    Example: `profiler split datasets/swe_agent --out split/ --train 0.7` (`--by-time`: each
+    type's first 70 % of workflows by start time train, the rest test)
     """
     from store.ingest import IngestError
     from store.split import split_logs
 
     try:
-        counts = split_logs(logs, out, train=train, seed=seed)
+        counts = split_logs(logs, out, train=train, seed=seed, order="time" if by_time else "hash")
     except (IngestError, ValueError) as exc:
         fail(str(exc))
     err_console.print(f"[green]train:[/] {counts['train']:,} records → {out / 'train'}   "

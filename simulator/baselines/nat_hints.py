@@ -26,7 +26,8 @@ A **baseline of what a team running NAT on Dynamo deploys today**, rebuilt from 
 
 What runs in the simulator:
 
-* **trie** (:class:`PredictionTrie`) — fit on the *train split* (the records the profile is fit
+* **trie** (:class:`predictors.nat_trie.PredictionTrie`, the one implementation, shared with
+  ``profiler eval``'s ``baselines.nat_trie``) — fit on the *train split* (the records the profile is fit
   on, never the replayed ones). Path = (workflow type, agent): the workflow is NAT's parent
   function, the agent its function;
 * **scheduler** (:class:`LatencySensitivityFCFS`) — FCFS on the effective arrival
@@ -48,162 +49,13 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from dataclasses import dataclass, field
-from typing import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Sequence
 
-import numpy as np
-
+from predictors.nat_trie import CallPrediction, Metrics, PredictionTrie, _sensitivities  # noqa: F401 (re-exported)
 from simulator.baselines.caches import LRU
 from simulator.engine import Request
 from simulator.policy import Policy, Router, Scheduler
-
-STATS = ("mean", "p50", "p90", "p95")
-
-
-@dataclass
-class Metrics:
-    """NAT's ``PredictionMetrics``: sample count, mean and percentiles of one quantity."""
-
-    sample_count: int = 0
-    mean: float = 0.0
-    p50: float = 0.0
-    p90: float = 0.0
-    p95: float = 0.0
-
-    @classmethod
-    def of(cls, samples: Sequence[float]) -> "Metrics":
-        if not len(samples):
-            return cls()
-        x = np.asarray(samples, dtype=float)
-        p50, p90, p95 = np.percentile(x, [50, 90, 95])   # linear interpolation, as NAT's
-        return cls(len(x), float(x.mean()), float(p50), float(p90), float(p95))
-
-
-@dataclass
-class CallPrediction:
-    """NAT's ``LLMCallPrediction``: what the trie predicts for an LLM call at a position."""
-
-    remaining_calls: Metrics
-    interarrival_ms: Metrics
-    output_tokens: Metrics
-    latency_sensitivity: int | None = None
-
-
-@dataclass
-class TrieNode:
-    name: str
-    children: dict[str, "TrieNode"] = field(default_factory=dict)
-    by_call_index: dict[int, CallPrediction] = field(default_factory=dict)
-    any_index: CallPrediction | None = None
-
-
-def _sensitivities(recs: list[dict]) -> list[int]:
-    """1–5 latency sensitivity of each call of one trace (in the order given; see the module
-    docstring): critical-path share, fan-out, first/last position and (inverted) parallelism,
-    each min–max normalised over the trace, averaged with equal weights."""
-    n = len(recs)
-    if n == 1:
-        return [5]
-    t0 = np.array([float(r["t_arrival"]) for r in recs])
-    t1 = np.maximum(np.array([float(r["t_finish"]) for r in recs]), t0)
-    span = max(float(t1.max() - t0.min()), 1e-9)
-    critical = (t1 - t0) / span
-    # fan-out: calls that depend on this one (its descendants by parent ids; without ids a
-    # trace is a chain and every later call depends on it)
-    rid = [str(r.get("request_id")) for r in recs]
-    kids: dict[str, list[int]] = defaultdict(list)
-    has_parents = any(r.get("parent_request_ids") for r in recs)
-    for j, r in enumerate(recs):
-        for p in r.get("parent_request_ids") or []:
-            kids[str(p)].append(j)
-    fanout = np.zeros(n)
-    for i in range(n):
-        if has_parents:
-            seen, stack = set(), list(kids.get(rid[i], []))
-            while stack:
-                j = stack.pop()
-                if j not in seen:
-                    seen.add(j)
-                    stack += kids.get(rid[j], [])
-            fanout[i] = len(seen)
-        else:
-            fanout[i] = float(np.sum(t0 >= t1[i]))
-    position = np.zeros(n)
-    position[[0, n - 1]] = 1.0
-    overlap = np.array([np.sum((t0 < t1[i]) & (t1 > t0[i])) - 1 for i in range(n)], dtype=float)
-    parallel = -overlap
-
-    def norm(v: np.ndarray) -> np.ndarray:
-        lo, hi = float(v.min()), float(v.max())
-        return (v - lo) / (hi - lo) if hi > lo else np.zeros_like(v)
-
-    score = (norm(critical) + norm(fanout) + norm(position) + norm(parallel)) / 4.0
-    return [int(1 + round(4 * s)) for s in score]
-
-
-class PredictionTrie:
-    """NAT's prediction trie over (workflow type, agent), fit on flat log records.
-
-    ``fit(records)`` → self; ``find(workflow_type, agent, call_index)`` → the prediction NAT's
-    lookup returns (deepest node on the path; its call index, else its any-index prediction,
-    else the parent's), or None on an empty trie."""
-
-    def fit(self, records: Iterable[dict]) -> "PredictionTrie":
-        by_wf: dict[str, list[dict]] = defaultdict(list)
-        for r in records:
-            by_wf[str(r["workflow_id"])].append(r)
-        # node path -> call index (0 = any) -> quantity -> samples
-        acc: dict[tuple, dict[int, dict[str, list[float]]]] = defaultdict(
-            lambda: defaultdict(lambda: defaultdict(list)))
-        for recs in by_wf.values():
-            recs = sorted(recs, key=lambda r: (float(r["t_finish"]), str(r.get("request_id"))))
-            starts = np.sort([float(r["t_arrival"]) for r in recs])
-            sens = _sensitivities(recs)
-            counts: dict[str, int] = defaultdict(int)
-            for i, r in enumerate(recs):
-                wtype, agent = str(r.get("workflow_type_id", "")), str(r["agent_id"])
-                counts[agent] += 1
-                end = float(r["t_finish"])
-                k = int(np.searchsorted(starts, end, side="right"))
-                sample = {"remaining_calls": float(len(recs) - i - 1),
-                          "output_tokens": float(r["output_tokens"]),
-                          "latency_sensitivity": float(sens[i])}
-                if k < len(starts):
-                    sample["interarrival_ms"] = (starts[k] - end) * 1000.0
-                for key in ((), (wtype,), (wtype, agent)):
-                    for idx in (counts[agent], 0):
-                        for q, v in sample.items():
-                            acc[key][idx][q].append(v)
-        self.root_ = TrieNode("root")
-        for key, per_idx in acc.items():
-            node = self.root_
-            for name in key:
-                node = node.children.setdefault(name, TrieNode(name))
-            for idx, qs in per_idx.items():
-                sens = qs["latency_sensitivity"]
-                pred = CallPrediction(Metrics.of(qs["remaining_calls"]),
-                                      Metrics.of(qs.get("interarrival_ms", [])),
-                                      Metrics.of(qs["output_tokens"]),
-                                      int(round(float(np.mean(sens)))) if sens else None)
-                if idx == 0:
-                    node.any_index = pred
-                else:
-                    node.by_call_index[idx] = pred
-        self.n_traces_ = len(by_wf)
-        return self
-
-    def find(self, workflow_type: str, agent: str, call_index: int) -> CallPrediction | None:
-        nodes = [self.root_]
-        for name in (workflow_type, agent):
-            nxt = nodes[-1].children.get(name)
-            if nxt is None:
-                break
-            nodes.append(nxt)
-        for node in reversed(nodes):
-            pred = node.by_call_index.get(call_index) or node.any_index
-            if pred is not None:
-                return pred
-        return None
 
 
 @dataclass

@@ -31,6 +31,9 @@ OpenInference ``llm.token_count.prompt`` /
 LangGraph ``metadata.langgraph_node``, an       ``invoke_agent`` prefix; else ``"default"``)
 OpenLLMetry ``traceloop.entity.name`` of kind
 ``agent``, on the span or an ancestor
+LangGraph ``metadata.langgraph_node``, an      ``stage`` (optional, see docs/log-format.md): the
+OpenLLMetry ``traceloop.entity.name`` of kind   framework step the call ran in, on the span or
+``task`` (CrewAI tasks, ``@task`` functions)    its nearest ancestor that names one
 ``gen_ai.conversation.id`` / ``session.id``     ``workflow_id`` (else the trace id)
 ``gen_ai.workflow.name`` (span or ancestor)     ``workflow_type_id`` (else resource
                                                 ``service.name``, else ``"otel"``)
@@ -204,6 +207,27 @@ def _agent_of(span: Span) -> str | None:
     return None
 
 
+#: OpenLLMetry span kinds whose ``traceloop.entity.name`` is a step of the workflow (a stage).
+TRACELOOP_STAGE_KINDS = frozenset({"task"})
+
+
+def _stage_name(span: Span) -> str | None:
+    """The stage named on this span itself: a LangGraph node, an OpenLLMetry task; else None."""
+    node = _metadata(span).get("langgraph_node")
+    if isinstance(node, str) and node and not node.startswith("__"):
+        return node
+    if str(span.attrs.get("traceloop.span.kind") or "") in TRACELOOP_STAGE_KINDS and span.attrs.get("traceloop.entity.name"):
+        return str(span.attrs["traceloop.entity.name"])
+    return None
+
+
+def _stage_of(span: Span) -> str | None:
+    for s in (span, *span.ancestors()):
+        if (name := _stage_name(s)) is not None:
+            return name
+    return None
+
+
 def _workflow_of(span: Span) -> str:
     return str(span.lookup("gen_ai.conversation.id", "session.id", "gcp.vertex.agent.session_id") or span.trace_id)
 
@@ -226,6 +250,8 @@ def _call_record(span: Span, path: Path, workflow_type: str | None, with_text: b
         "t_arrival": span.start_ns / 1e9,
         "t_finish": span.end_ns / 1e9,
     }
+    if (stage := _stage_of(span)) is not None:
+        rec["stage"] = stage
     tokens = {
         "input_tokens": _int_attr(span, path, "gen_ai.usage.input_tokens", "gen_ai.usage.prompt_tokens",
                                   "llm.token_count.prompt"),
