@@ -16,9 +16,15 @@ too violent after a miss, so the same rule runs on ``log α`` (a multiplicative 
 
     ln α_{t+1} = clip(ln α_t + κ · (α − err_t),  ln α_min,  ln α_max).
 
-Summing the steps over T outcomes gives the guarantee in the same form as the paper's:
-``|mean err − α| ≤ ln(α_max / α_min) / (κ · T)`` (the clip only ever pushes toward the bounds'
-inside), so the served miss rate of each (workflow type, agent) tends to α as its calls add up.
+Summing the steps over T outcomes gives the guarantee in the same form as the paper's: the
+steps add up to ``ln α_T − ln α_0``, so, when no call misses the widest band (at ``α_min``: the
+clip only truncates steps there and, after hits, at ``α_max``, which lowers the misses),
+
+    misses ≤ α · T + ln(α / α_min) / κ        (≈ α · T + 23 at the defaults),
+
+whatever the drift: the served miss rate of each (workflow type, agent) tends to at most α as
+its calls add up, and, away from ``α_max``, to exactly α (so the band does not stay wider than
+it must).
 
 **From a level to a band.** The profile stores, per agent, the one-sided upper bounds ``U(a)``
 of its output length at the risks of :data:`predictors.served.UPPER_ALPHAS`
@@ -171,10 +177,13 @@ class OnlineCalibrator:
             st[2] += not hit
             return math.exp(st[0])
 
-    def status(self) -> dict[str, dict[str, Any]]:
-        """Per ``"type/agent"``: ``level`` (α_t), ``served_coverage`` (1 − α_t), ``outcomes`` and
-        ``coverage`` (share of them inside their served band)."""
+    def status(self) -> dict[str, dict[str, dict[str, Any]]]:
+        """Per workflow type, per agent: ``level`` (α_t), ``served_coverage`` (1 − α_t),
+        ``outcomes`` and ``coverage`` (share of them inside their served band)."""
+        out: dict[str, dict[str, dict[str, Any]]] = {}
         with self._lock:
-            return {f"{wt}/{agent}": {"level": math.exp(st[0]), "served_coverage": 1.0 - math.exp(st[0]),
-                                      "outcomes": st[1], "coverage": 1.0 - st[2] / st[1] if st[1] else None}
-                    for (wt, agent), st in sorted(self._state.items())}
+            for (wt, agent), st in sorted(self._state.items()):
+                out.setdefault(wt, {})[agent] = {
+                    "level": math.exp(st[0]), "served_coverage": 1.0 - math.exp(st[0]),
+                    "outcomes": st[1], "coverage": 1.0 - st[2] / st[1] if st[1] else None}
+        return out

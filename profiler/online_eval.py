@@ -31,7 +31,8 @@ outcomes, and whether it was on at the end. Result (``profiler eval --online --j
 """
 from __future__ import annotations
 
-from typing import Any
+from pathlib import Path
+from typing import Any, Sequence
 
 import duckdb
 import numpy as np
@@ -39,8 +40,10 @@ import pandas as pd
 
 from predictors.output_length import OutputLengthIntervals
 from predictors.predictor import Predictor
+from profiler import ingest as ingest_mod
 from profiler.evaluation import output_length_baselines
 from profiler.profile_artifact import Profile
+from profiler.store import connect
 
 #: Scored calls per window of ``worst_window_coverage``.
 WINDOW = 200
@@ -146,3 +149,16 @@ def online_scores(profile: Profile, con: duckdb.DuckDBPyConnection) -> dict[str,
         "drift_alarm": alarm,
         "window": WINDOW,
     }
+
+
+def evaluate_online(profile: Profile, paths: Sequence[str | Path], *, strict: bool = False,
+                    progress: bool = False) -> tuple[dict[str, Any], ingest_mod.IngestReport]:
+    """Ingest ``paths`` into a temporary store and score ``profile`` online on them."""
+    con = connect(None)
+    try:
+        report = ingest_mod.ingest(con, paths, strict=strict, progress=progress)
+        if con.execute("SELECT count(*) FROM calls WHERE status = 'ok'").fetchone()[0] == 0:
+            raise ValueError("no valid calls in the evaluation logs")
+        return online_scores(profile, con), report
+    finally:
+        con.close()
