@@ -33,7 +33,8 @@ is the fitted band ``[lo, hi]`` stretched by the table's own tail ratio
 
     r_t = U(α_t / 2) / U(α / 2),      band_t = [lo / r_t, hi · r_t],
 
-(log-log interpolation between tabulated risks): ``r = 1`` at the nominal level (exactly the
+(log-log interpolation between tabulated risks, extended along the tail's slope below the
+smallest certified one: :func:`table_upper`): ``r = 1`` at the nominal level (exactly the
 fitted band, conditional bands included), ``r > 1`` wider as the level falls, ``r < 1`` narrower as
 it rises; the lower end mirrors the upper tail in log space (the profile keeps no lower table).
 Bounds: ``α_min = α / 100`` and ``α_max = min(0.4, 4 α)`` (defaults), and ``r`` never exceeds
@@ -65,11 +66,23 @@ MAX_ALPHA = 0.4
 MAX_STRETCH = 4.0
 
 
-def table_upper(table: Sequence[tuple[float, int]], alpha: float) -> float | None:
-    """U(α) from ``((α_i, U_i), …)`` by linear interpolation of ln U in ln α between tabulated
-    risks; flat beyond both ends (the largest risk's bound above it, the smallest's below it).
-    None for a table without a positive bound."""
+def certified_pairs(table: Sequence[tuple[float, int]]) -> list[tuple[float, float]]:
+    """The ``(α, U)`` pairs of a bound table that are order statistics, largest α first: the
+    entries at the table's top value are dropped when it repeats at the small-α end (that is the
+    entry's ceiling, served below ``certified_alpha``, not a quantile of the data)."""
     pairs = sorted(((float(a), float(u)) for a, u in table if a > 0 and u > 0), reverse=True)
+    if len(pairs) > 2 and pairs[-1][1] == pairs[-2][1]:
+        top = pairs[-1][1]
+        pairs = [p for p in pairs if p[1] != top] or pairs[:1]
+    return pairs
+
+
+def table_upper(table: Sequence[tuple[float, int]], alpha: float) -> float | None:
+    """U(α) from ``((α_i, U_i), …)``: ln U linear in ln α between the certified risks
+    (:func:`certified_pairs`), flat above the largest, and below the smallest extended along the
+    slope of its last two (a power-law tail: an agent with n calls certifies nothing below
+    α = 1/(n + 1), yet its band must be able to widen). None for a table without a positive bound."""
+    pairs = certified_pairs(table)
     if not pairs:
         return None
     if alpha >= pairs[0][0]:
@@ -78,7 +91,11 @@ def table_upper(table: Sequence[tuple[float, int]], alpha: float) -> float | Non
         if a_lo <= alpha <= a_hi:
             w = (math.log(a_hi) - math.log(alpha)) / (math.log(a_hi) - math.log(a_lo))
             return math.exp((1 - w) * math.log(u_hi) + w * math.log(u_lo))
-    return pairs[-1][1]
+    if len(pairs) < 2:
+        return pairs[-1][1]
+    (a1, u1), (a2, u2) = pairs[-2], pairs[-1]
+    slope = (math.log(u2) - math.log(u1)) / (math.log(a2) - math.log(a1))
+    return math.exp(min(math.log(u2) + slope * (math.log(alpha) - math.log(a2)), 700.0))
 
 
 class OnlineCalibrator:
