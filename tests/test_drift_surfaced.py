@@ -18,7 +18,7 @@ from serving_hooks.refit import RefitLoop
 from serving_hooks.server_thread import serve_in_thread
 from serving_hooks.service import DRIFT_FILE, prediction_service
 from serving_hooks.sidecar import create_sidecar_app
-from tests.serving_helpers import fit_generated_profile, metric, wait_for
+from tests.serving_helpers import fit_generated_profile, metric, running_gateway, wait_for
 
 WT = "coding_assistant"
 
@@ -107,3 +107,19 @@ def test_the_alarm_starts_a_refit_of_a_server_with_logs(root, tmp_path):
         loop.stop()
     assert loop.triggers == [f"output-length drift alarm in {WT}"]
     assert service.refit.last_outcome in ("changed", "unchanged"), service.refit.as_dict()
+
+
+@pytest.mark.slow
+def test_the_gateway_exports_the_alarm_from_the_calls_it_proxies(root, upstream):
+    """Calls proxied through the gateway feed the same alarm (their output tokens far above the
+    fitted band), and the gateway's /metrics says so. (Each call's text differs: the gateway takes
+    a repeated identical call of one session for a retry of the same request.)"""
+    with running_gateway([upstream.url], root) as gw:
+        for i in range(130):
+            r = httpx.post(gw.url + "/v1/chat/completions", headers={"x-fake-tokens": "3000"},
+                           json={"model": "m", "messages": [{"role": "user", "content": f"step {i}"}],
+                                 "app_metadata": {"workflow_type_id": WT, "workflow_id": f"w{i // 5}",
+                                                  "agent_id": "planner"}})
+            assert r.status_code == 200
+        assert wait_for(lambda: metric(gw.url, "profiler_gateway_output_len_drift_alarm", workflow_type=WT) == 1)
+        assert metric(gw.url, "profiler_gateway_output_len_fitted_coverage", workflow_type=WT) < 0.5
