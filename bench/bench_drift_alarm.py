@@ -6,7 +6,8 @@ For each workload (``messy``: a release at the midpoint of the log changes agent
 ``coding-assistant``: stationary), the first half of the workflows by start time trains a profile
 (``profiler fit``); the second half is replayed through :class:`predictors.Predictor` in arrival
 order (``annotate`` at each call's arrival, ``observe`` at its finish, as the gateway does), and
-the band outcomes feed :class:`predictors.coverage_monitor.CoverageMonitor`. Prints, per
+the fitted bands' outcomes feed :class:`predictors.coverage_monitor.CoverageMonitor` (online
+calibration off: bench/bench_online_calibration.py scores the calibrated band). Prints, per
 workload and workflow type: replayed calls, served-band coverage, the alarm state at the end and
 the number of outcomes before it first fired.
 """
@@ -36,7 +37,7 @@ def replay(workload: str, n: int, seed: int, work: Path) -> dict:
     test = [r for r in records if r["workflow_id"] not in train_ids]
     write_jsonl(iter(train), work / f"{workload}.jsonl")
     profile, _ = fit_profile([work / f"{workload}.jsonl"], work / f"p-{workload}")
-    p = Predictor(profile)
+    p = Predictor(profile, online_calibration=False)   # the fitted bands, as the alarm judges them
     events = sorted([(r["t_arrival"], 0, i) for i, r in enumerate(test)]
                     + [(r["t_finish"], 1, i) for i, r in enumerate(test)])
     first_alarm, seen, hits, calls = {}, {}, {}, {}

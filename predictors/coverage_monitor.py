@@ -15,8 +15,15 @@ nominal 0.99 and a window of 500 the alarm needs 14 misses, which a stationary l
 coverage makes in 0.06 % of windows (binomial tail), while a coverage of 0.97 makes 15). The alarm clears when
 the rolling coverage is back within the test. :meth:`status` gives, per type, ``calls``,
 ``coverage``, ``nominal``, ``alarm`` and ``since`` (outcomes since the alarm turned on); a
-warning is logged when an alarm turns on. The serving layer can export it (``/metrics``) and
-use it as a refit trigger.
+warning is logged when an alarm turns on, and ``on_alarm(workflow_type_id, status)`` is called
+then (at most once per window of a type's outcomes, outside the lock): the serving layer exports
+the state in ``/metrics``, records the alarm for ``profiler show`` and starts a refit
+(``serving_hooks.service``).
+
+Which band it judges is the caller's choice: :meth:`predictors.Predictor.observe` records the
+outcome of the band the *profile* fitted, not of the band online calibration served
+(:mod:`predictors.online_calibration` keeps the served coverage up under drift; the alarm says
+the profile itself no longer fits, i.e. a refit is due).
 
 Cost: O(1) per outcome (a deque and a running miss count per type).
 """
@@ -26,7 +33,7 @@ import logging
 import math
 import threading
 from collections import deque
-from typing import Any
+from typing import Any, Callable
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +66,8 @@ class CoverageMonitor:
         self._seen: dict[str, int] = {}
         self._warned_at: dict[str, int] = {}
         self._lock = threading.Lock()
+        #: called as ``on_alarm(workflow_type_id, status)`` when a type's alarm turns on (and warns)
+        self.on_alarm: Callable[[str, dict[str, Any]], None] | None = None
 
     def set_nominal(self, nominal: float) -> None:
         """A new profile's nominal coverage (the windows are kept)."""
@@ -72,6 +81,18 @@ class CoverageMonitor:
 
     def record(self, workflow_type_id: str, hit: bool) -> bool:
         """One observed outcome; returns whether the type's alarm is on after it."""
+        warned, alarm = self._record(workflow_type_id, hit)
+        hook = self.on_alarm
+        if warned and hook is not None:
+            try:
+                hook(workflow_type_id, self.status().get(workflow_type_id, {}))
+            except Exception:  # a failing hook must not fail the observation
+                log.exception("drift alarm hook failed")
+        return alarm
+
+    def _record(self, workflow_type_id: str, hit: bool) -> tuple[bool, bool]:
+        """(warned now, alarm on) after one outcome."""
+        warned = False
         with self._lock:
             q = self._outcomes.get(workflow_type_id)
             if q is None:
@@ -90,6 +111,7 @@ class CoverageMonitor:
                 self._alarm_since[workflow_type_id] = 0
                 if last is None or seen - last >= self.window:
                     self._warned_at[workflow_type_id] = seen
+                    warned = True
                     log.warning("output-length coverage drift in %s: %.3f over the last %d calls "
                                 "(nominal %.3f); consider a refit", workflow_type_id, 1 - misses / n,
                                 n, self.nominal)
@@ -97,7 +119,7 @@ class CoverageMonitor:
                 self._alarm_since[workflow_type_id] += 1
             elif was:
                 del self._alarm_since[workflow_type_id]
-            return alarm
+            return warned, alarm
 
     def status(self) -> dict[str, dict[str, Any]]:
         """Per workflow type: calls in the window, rolling coverage, nominal, alarm, since."""

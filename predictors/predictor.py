@@ -61,9 +61,10 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Mapping
 
-from predictors.compiled import AgentEntry, CompiledProfile
+from predictors.compiled import UNSEEN_AGENT, AgentEntry, CompiledProfile
 from predictors.coverage_monitor import CoverageMonitor
 from predictors.contract import ID_KEYS, Annotation, NextAgent
+from predictors.online_calibration import OnlineCalibrator
 from predictors.served import MIN_GAP_S
 from predictors.sessions import DEFAULT_MAX_SESSION_BYTES, SESSION_BASE_BYTES, Session, SessionTable
 from store.profile_artifact import load_profile
@@ -98,19 +99,26 @@ class Predictor:
     prompt_composition_agents : next agents (most likely first) whose prompt template is included.
     agent_fallback : predict calls of agents the profile has no or too little data for from their
         workflow type's entry (module doc); False answers them ``known: false``.
+    online_calibration : adapt each (workflow type, agent)'s band level from the observed outcomes
+        (:class:`predictors.online_calibration.OnlineCalibrator`; True: one with the defaults, an
+        instance: that one, False: serve the fitted bands as they are).
     """
 
     def __init__(self, profile: Any = None, *, max_sessions: int = 100_000,
                  session_idle_s: float = 3600.0, max_tools: int = 3, recent_outputs: int = 8,
                  gate: Any = None, priority_policy: Any = None,
                  prompt_composition_agents: int = 1, clock=time.monotonic,
-                 max_session_bytes: int = DEFAULT_MAX_SESSION_BYTES, agent_fallback: bool = True) -> None:
+                 max_session_bytes: int = DEFAULT_MAX_SESSION_BYTES, agent_fallback: bool = True,
+                 online_calibration: bool | OnlineCalibrator = True) -> None:
         self.agent_fallback = bool(agent_fallback)
         self.sessions = SessionTable(max_sessions=max_sessions, max_session_bytes=max_session_bytes,
                                      session_idle_s=session_idle_s, recent_outputs=recent_outputs)
         self.max_tools = int(max_tools)
         self.gate = gate
-        self.coverage_monitor = CoverageMonitor()  # drift alarm over observed band outcomes
+        self.coverage_monitor = CoverageMonitor()  # drift alarm over the fitted bands' outcomes
+        self.calibrator: OnlineCalibrator | None = (
+            online_calibration if isinstance(online_calibration, OnlineCalibrator)
+            else OnlineCalibrator() if online_calibration else None)
         self.priority_policy = priority_policy
         self.prompt_composition_agents = int(prompt_composition_agents)
         self.clock = clock
@@ -217,6 +225,19 @@ class Predictor:
             log.warning("output band for %s/%s failed: %s", s.workflow_type_id, agent, exc)
             return None
 
+    def _calibrated(self, m: CompiledProfile, wt: str, agent: str, entry: AgentEntry,
+                    band: tuple[int, int, str] | None) -> tuple[int, int, str] | None:
+        """``band`` at the (type, agent)'s adapted level (:mod:`predictors.online_calibration`)."""
+        if band is None or self.calibrator is None:
+            return band
+        self.calibrator.set_nominal(m.coverage)
+        return self.calibrator.adjust(self._calibration_key(m, wt, agent), band, entry.upper_bounds)
+
+    @staticmethod
+    def _calibration_key(m: CompiledProfile | None, wt: str, agent: str) -> tuple[str, str]:
+        """Agents the profile never saw share their type's key (the table stays bounded)."""
+        return (wt, agent) if m is None or (wt, agent) in m.agents else (wt, UNSEEN_AGENT)
+
     # ----------------------------------------------------------------- annotate
     def annotate(self, app_metadata: Mapping[str, Any] | None, *, request_id: str | None = None,
                  input_tokens: int | None = None, advance: bool = True) -> dict:
@@ -285,12 +306,15 @@ class Predictor:
             entry = m.agents.get((wt, agent))
             if entry is None and self.agent_fallback:
                 entry = m.unseen_agent.get(wt)     # an agent the profile never saw: its type's
-            band = None
+            band = fitted = None
             if entry is not None:
-                band = self._band(m, s, agent, entry, input_tokens,
-                                  max(s.agent_calls.get(agent, 0) - (1 if advance else 0), 0))
+                fitted = self._band(m, s, agent, entry, input_tokens,
+                                    max(s.agent_calls.get(agent, 0) - (1 if advance else 0), 0))
+                band = self._calibrated(m, wt, agent, entry, fitted)
             if request_id is not None and advance and first_time:
-                s.pending[request_id] = (agent, band, issued_at)
+                s.pending[request_id] = (agent, band, issued_at, fitted)
+            elif not first_time:
+                band = s.pending[request_id][1]      # a retried annotate is served the same band
                 if len(s.pending) > 64:
                     s.pending.popitem(last=False)
             self.sessions.account(s)
@@ -406,13 +430,15 @@ class Predictor:
             s = self.sessions.get(wt, wf, now)
             pending = s.pending.pop(request_id, None) if request_id is not None else None
             if pending is None:
-                band = None
+                band = fitted = None
                 if m is not None and (wt, agent) in m.agents:
-                    band = self._band(m, s, agent, m.agents[(wt, agent)], completion.get("input_tokens"),
-                                      s.agent_calls.get(agent, 0))
+                    entry = m.agents[(wt, agent)]
+                    fitted = self._band(m, s, agent, entry, completion.get("input_tokens"),
+                                        s.agent_calls.get(agent, 0))
+                    band = self._calibrated(m, wt, agent, entry, fitted)
                 self.sessions.advance(m, s, agent)
             else:
-                band = pending[1]
+                band, fitted = pending[1], pending[3]
             self.sessions.mark_tools(m, s, agent, completion.get("tool_names"))
             if isinstance(out, (int, float)) and not isinstance(out, bool) and completion.get("status", "ok") == "ok":
                 s.last_output[agent] = int(out)
@@ -432,9 +458,12 @@ class Predictor:
         if band is None or not isinstance(out, (int, float)) or isinstance(out, bool):
             return None
         hit = band[0] <= out <= band[1]
+        if self.calibrator is not None:
+            self.calibrator.update(self._calibration_key(m, wt, agent), hit)
         if m is not None:
             self.coverage_monitor.set_nominal(m.coverage)
-        self.coverage_monitor.record(wt, hit)
+        # the drift alarm judges the fitted profile (is a refit due?), not the calibrated band
+        self.coverage_monitor.record(wt, fitted is not None and fitted[0] <= out <= fitted[1])
         if self.gate is not None:
             self.gate.record(wt, hit)
         return hit
@@ -468,7 +497,7 @@ class Predictor:
             out: dict[str, int] = {}
             for s in self.sessions.values():
                 if s.workflow_type_id == workflow_type_id:
-                    for agent, _band, _t in s.pending.values():
+                    for agent, *_rest in s.pending.values():
                         out[agent] = out.get(agent, 0) + 1
             return out
 

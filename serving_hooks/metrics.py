@@ -223,3 +223,40 @@ class RoutingCollector(Collector):
         yield CounterMetricFamily(f"{p}_route_move_recompute_tokens", "Cached prefix tokens the "
                                   "moves make another worker prefill again.",
                                   value=st.get("move_recompute_tokens", 0))
+
+
+class DriftCollector(Collector):
+    """Scrape-time view of output-length drift (``predictors.coverage_monitor`` and
+    ``predictors.online_calibration``):
+
+    ``<prefix>_output_len_drift_alarm{workflow_type}`` 1 while the type's drift alarm is on (the
+    fitted band's coverage over the recent outcomes is significantly below nominal), else 0;
+    ``<prefix>_output_len_fitted_coverage{workflow_type}`` that rolling coverage;
+    ``<prefix>_output_len_online_level{workflow_type,agent}`` the level α_t online calibration
+    serves the agent's band at (nominal: ``1 − coverage``; lower = wider bands).
+    ``monitor()`` returns ``CoverageMonitor.status()``, ``levels()`` ``OnlineCalibrator.status()``
+    (or {} without calibration)."""
+
+    def __init__(self, prefix: str, monitor: Callable[[], dict], levels: Callable[[], dict]) -> None:
+        self.prefix, self.monitor, self.levels = prefix, monitor, levels
+
+    def collect(self):
+        p, st = self.prefix, self.monitor()
+        alarm = GaugeMetricFamily(f"{p}_output_len_drift_alarm", "1 while the workflow type's "
+                                  "output-length drift alarm is on (fitted-band coverage over the "
+                                  "recent calls significantly below nominal).", labels=["workflow_type"])
+        cov = GaugeMetricFamily(f"{p}_output_len_fitted_coverage", "Coverage of the fitted "
+                                "output-length bands over the recent observed calls.", labels=["workflow_type"])
+        for wt, s in sorted(st.items()):
+            alarm.add_metric([wt], 1.0 if s.get("alarm") else 0.0)
+            if s.get("coverage") is not None:
+                cov.add_metric([wt], s["coverage"])
+        yield alarm
+        yield cov
+        level = GaugeMetricFamily(f"{p}_output_len_online_level", "Miss level alpha_t online "
+                                  "calibration serves the agent's band at (nominal 1 - coverage).",
+                                  labels=["workflow_type", "agent"])
+        for wt, agents in sorted(self.levels().items()):
+            for agent, s in sorted(agents.items()):
+                level.add_metric([wt, agent.replace("\x00", "")], s["level"])
+        yield level

@@ -6,7 +6,9 @@ One refit is :func:`refit_once`: if the log folders hold a file the store has no
 atomic ``write_profile``); otherwise do nothing. Servers pick the new version up through their
 :class:`~serving_hooks.profile_reload.ProfileReloader`, so the swap is atomic for them too.
 
-:class:`RefitLoop` repeats that every ``every_s`` seconds. Inside a server (``profiler serve
+:class:`RefitLoop` repeats that every ``every_s`` seconds, and sooner when :meth:`RefitLoop.trigger`
+asks (a server wires its output-length drift alarm to it: an alarm starts a refit at once, at
+most one triggered refit per ``min_trigger_gap_s``; with no new log file it has nothing to do). Inside a server (``profiler serve
 --logs DIR --refit-every 10m``) it runs each refit in a child process at lower CPU priority
 (``profiler watch --once``), so the fit's CPU and GIL never stall annotation; ``profiler watch``
 runs it in its own process directly. A child that runs longer than ``timeout_s`` (default 30 min)
@@ -147,9 +149,15 @@ class RefitLoop:
     nice: int = 10
     timeout_s: float | None = 1800.0                    # child refit killed beyond this
     results: list = field(default_factory=list)
+    min_trigger_gap_s: float = 60.0                     # triggered refits at most this often
+    clock: Callable[[], float] = time.monotonic
 
     def __post_init__(self) -> None:
         self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._last_trigger: float | None = None
+        self._trigger_lock = threading.Lock()
+        self.triggers: list[str] = []                   # reasons of the refits triggered so far
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
 
@@ -196,8 +204,27 @@ class RefitLoop:
                                seconds=time.monotonic() - t0)
         return RefitResult(**json.loads(lines[-1]))
 
+    def trigger(self, reason: str) -> bool:
+        """Run a refit now instead of at the next tick (e.g. ``"drift alarm in coding"``); False
+        when the loop is not running or a triggered refit started less than
+        ``min_trigger_gap_s`` ago."""
+        now = self.clock()
+        with self._trigger_lock:
+            if self._thread is None or (self._last_trigger is not None
+                                        and now - self._last_trigger < self.min_trigger_gap_s):
+                return False
+            self._last_trigger = now
+            self.triggers.append(reason)
+        log.warning("refit triggered now: %s", reason)
+        self._wake.set()
+        return True
+
     def _run(self) -> None:
-        while not self._stop.wait(self.every_s):
+        while True:
+            self._wake.wait(self.every_s)
+            if self._stop.is_set():
+                return
+            self._wake.clear()
             self.run_once()
 
     def start(self) -> None:
@@ -215,6 +242,7 @@ class RefitLoop:
 
     def stop(self) -> None:
         self._stop.set()
+        self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout=1.0)  # a running child fit finishes on its own
             self._thread = None

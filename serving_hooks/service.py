@@ -5,23 +5,47 @@ same way; :func:`prediction_service` builds that bundle once so they cannot drif
 """
 from __future__ import annotations
 
+import json
 import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from predictors.contract import Annotation
 from predictors.predictor import Predictor
 from serving_hooks.policies.priority import AnnotationPriority
-from serving_hooks.metrics import MemoryCollector, PredictionMetrics, prediction_metrics
+from serving_hooks.metrics import DriftCollector, MemoryCollector, PredictionMetrics, prediction_metrics
 from serving_hooks.policies import AutoscalePolicy, live_autoscale_advice
 from serving_hooks.profile_reload import ProfileReloader
 from serving_hooks.shadow import ShadowGate
 
 log = logging.getLogger(__name__)
+
+#: The file in a profile root where a server records the drift alarms it raised (``profiler show``).
+DRIFT_FILE = "drift.json"
+
+
+def drift_alarm_lines(profile_root: str | Path, version: str | None) -> list[str]:
+    """One line per workflow type whose drift alarm a server raised on profile ``version`` (the
+    root's ``drift.json``; alarms raised on an older version were answered by a refit since)."""
+    path = Path(profile_root) / DRIFT_FILE
+    try:
+        alarms = json.loads(path.read_text()).get("alarms", {}) if path.exists() else {}
+    except (OSError, ValueError):
+        return []
+    lines = []
+    for wt, a in sorted(alarms.items()):
+        if a.get("profile_version") != version:
+            continue
+        at = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(a.get("at_unix") or 0))
+        cov, nominal = a.get("coverage"), a.get("nominal")
+        lines.append(f"drift alarm {wt}: output-length coverage {cov:.3f} over the last {a.get('calls')} calls "
+                     f"(nominal {nominal:.3f}) at {at}; refit with recent logs" if cov is not None and nominal
+                     else f"drift alarm {wt} at {at}; refit with recent logs")
+    return lines
 
 
 @dataclass
@@ -51,6 +75,34 @@ class PredictionService:
     refit: RefitStatus = field(default_factory=RefitStatus)
     refit_counter: Counter | None = None
     refit_failed_at: Gauge | None = None
+    #: called as ``hook(workflow_type_id, status)`` when a drift alarm turns on (the refit trigger)
+    drift_hooks: list[Callable[[str, dict], None]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.predictor.coverage_monitor.on_alarm = self.on_drift_alarm
+
+    def on_drift_alarm(self, workflow_type_id: str, status: dict) -> None:
+        """A drift alarm turned on (:class:`predictors.coverage_monitor.CoverageMonitor`): record
+        it in the profile root's ``drift.json`` (what ``profiler show`` lists) and run the hooks
+        (``profiler serve --logs`` / ``gateway --logs`` start a refit)."""
+        root = self.profile_root
+        if root is not None and (root / "CURRENT").exists():
+            entry = {**{k: status.get(k) for k in ("calls", "coverage", "nominal")},
+                     "profile_version": self.predictor.version, "at_unix": time.time()}
+            try:
+                path = root / DRIFT_FILE
+                data = json.loads(path.read_text()) if path.exists() else {}
+                data.setdefault("alarms", {})[workflow_type_id] = entry
+                tmp = root / (DRIFT_FILE + ".tmp")
+                tmp.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+                tmp.replace(path)
+            except (OSError, ValueError) as exc:
+                log.warning("could not record the drift alarm in %s: %s", root, exc)
+        for hook in list(self.drift_hooks):
+            try:
+                hook(workflow_type_id, status)
+            except Exception:
+                log.exception("drift alarm hook failed")
 
     def record_refit(self, result: Any) -> None:
         """Count and log one online refit (a :class:`serving_hooks.refit.RefitResult`); a failure
@@ -142,6 +194,7 @@ class PredictionService:
             "last_reload_error": self.reloader.last_error if self.reloader else None,
             "refit": self.refit.as_dict(),
             "memory": self.predictor.memory_stats(),
+            "drift": self.predictor.coverage_monitor.status(),
         }
 
 
@@ -160,6 +213,8 @@ def prediction_service(profile: str | Path, registry: CollectorRegistry, prefix:
     metrics = prediction_metrics(registry, prefix, unknown_ratio, predictor.session_count,
                                  gate.shadowed_count)
     registry.register(MemoryCollector(prefix, predictor.memory_stats, gate))
+    registry.register(DriftCollector(prefix, predictor.coverage_monitor.status,
+                                     lambda: predictor.calibrator.status() if predictor.calibrator else {}))
     refit_counter = Counter(f"{prefix}_refits", "Online refits by outcome (changed, unchanged, "
                             "nothing_new, error).", ["outcome"], registry=registry)
     refit_failed_at = Gauge(f"{prefix}_refit_last_failure_timestamp_seconds", "When the last "

@@ -14,6 +14,8 @@ contract). Modules:
                       (``profiler eval --cv``)
 ``folds``             K folds by workflow of rows in memory (every estimator's cross-validation)
 ``profile_artifact``  the versioned profile folder: write, load, check, ``CURRENT``
+``log_sources``       which logs a profile root was fitted from (``profiler fit`` refuses a different
+                      log without ``--append``)
 ``faults``            fault-injection points for the crash-safety tests
 ``workloads``         seeded synthetic workloads from the specs in ``workload_specs/``
 ``importers``         other tools' traces (OpenTelemetry, SWE-agent, OpenHands, Claude Code...)

@@ -204,7 +204,7 @@ def test_cli_full_disk_is_one_line_error(setup, tmp_path, label, filename):
     shutil.copytree(setup["base"], work)
     before = snapshot(work)
     script = CLI_WITH_FULL_DISK.format(label=label, filename=filename)
-    run = subprocess.run([sys.executable, "-c", script, "fit", *map(str, setup["paths"]), "--out", str(work), "-q"],
+    run = subprocess.run([sys.executable, "-c", script, "fit", *map(str, setup["paths"]), "--out", str(work), "--append", "-q"],
                          capture_output=True, text=True)
     assert run.returncode != 0
     assert "Traceback" not in run.stderr
@@ -223,7 +223,7 @@ def test_cli_lock_conflict_is_one_line_error(setup, tmp_path):
     holder = duckdb.connect(str(work / "store.duckdb"))  # this process holds the store's lock
     try:
         run = subprocess.run([sys.executable, "-m", "profiler", "fit", str(setup["paths"][1]), "--out", str(work),
-                              "-q"], capture_output=True, text=True)
+                              "--append", "-q"], capture_output=True, text=True)
     finally:
         holder.close()
     assert run.returncode != 0 and "Traceback" not in run.stderr
@@ -256,7 +256,7 @@ def test_real_full_disk_on_a_small_tmpfs(setup, small_disk):
     with open(filler, "wb") as fh:  # leave ~64 KiB free
         free = os.statvfs(small_disk).f_bavail * os.statvfs(small_disk).f_frsize
         fh.write(b"\0" * max(0, free - 64 * 1024))
-    run = subprocess.run([sys.executable, "-m", "profiler", "fit", *map(str, setup["paths"]), "--out", str(work), "-q"],
+    run = subprocess.run([sys.executable, "-m", "profiler", "fit", *map(str, setup["paths"]), "--out", str(work), "--append", "-q"],
                          capture_output=True, text=True)
     assert run.returncode != 0 and "Traceback" not in run.stderr, run.stderr
     (line,) = run.stderr.strip().splitlines()
@@ -282,7 +282,7 @@ def test_real_file_size_limit_is_one_line_error(setup, tmp_path):
     def small_files() -> None:  # in the child only
         resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
 
-    run = subprocess.run([sys.executable, "-m", "profiler", "fit", *map(str, setup["paths"]), "--out", str(work), "-q"],
+    run = subprocess.run([sys.executable, "-m", "profiler", "fit", *map(str, setup["paths"]), "--out", str(work), "--append", "-q"],
                          capture_output=True, text=True, preexec_fn=small_files)
     assert run.returncode == 2 and "Traceback" not in run.stderr, run.stderr[-3000:]
     (line,) = run.stderr.strip().splitlines()

@@ -20,6 +20,7 @@ def eval_(
     strict: Annotated[bool, typer.Option(help="Exit non-zero if any held-out record (with --cv: any record) is quarantined.")] = False,
     group_by: Annotated[Optional[str], typer.Option("--group-by", help="With --cv: keep the workflows sharing this record field (a task or instance id) in one fold.")] = None,
     group_pattern: Annotated[Optional[str], typer.Option("--group-pattern", help="With --group-by: the group is this regex's first capture group (else whole match) in the field, e.g. '[^/]+$'.")] = None,
+    online: Annotated[bool, typer.Option("--online", help="Replay the held-out calls in arrival order through the serving Predictor, feeding each finished call back (online calibration on), and score the band served before each call vs the static band and the per-agent empirical band; with the drift alarm per type (docs/evaluation.md).")] = False,
 ) -> None:
     """Score a profile on logs it never saw: output-length band coverage and width (vs one global
     band), tool-latency p95 coverage and KS distance, and (when the profile has automata)
@@ -45,6 +46,9 @@ def eval_(
         fail("--group-by and --group-pattern choose the --cv folds: add --cv K")
     if profile is None:
         fail("give --profile (the profile to score) or --cv K (fit and score by K-fold cross-validation)")
+    if online:
+        _online(profile, logs, json_out, strict)
+        return
     from profiler.evaluation import evaluate
     from store.ingest import IngestError
     from store.profile_artifact import ProfileError, load_profile
@@ -81,6 +85,39 @@ def eval_(
     if rest:
         console.print(scores_table(rest))
     console.print(baseline_table({"held-out": result}, title="ours vs baselines (same held-out calls)"))
+
+
+def _online(profile: Path, logs: list[Path], json_out: bool, strict: bool) -> None:
+    """`profiler eval --online`: :func:`profiler.online_eval.evaluate_online`, printed."""
+    from store.ingest import IngestError
+    from profiler.online_eval import evaluate_online
+    from store.profile_artifact import ProfileError, load_profile
+
+    try:
+        prof = load_profile(profile)
+        result, report = evaluate_online(prof, logs, strict=strict, progress=not json_out)
+    except (ProfileError, IngestError, ValueError) as exc:
+        fail(str(exc))
+    report_ingest(report, quiet=json_out and not report.quarantined)
+    if json_out:
+        print_json(result)
+        return
+    console.print(f"[bold]profile {prof.version}[/] online on {result['scored']:,} of {result['calls']:,} calls "
+                  f"in arrival order (nominal {result['nominal']:.3f})")
+    rows = [("online (served, calibrated)", result["online"]), ("static (fitted band)", result["static"]),
+            *((f"baseline {k}", v) for k, v in result["baselines"].items())]
+    for name, v in rows:
+        worst = v.get("worst_window_coverage")
+        console.print(f"  {name}: coverage {_scalar(v.get('coverage'))}, mean width {_scalar(v.get('mean_width'))} "
+                      f"tokens" + (f", worst {result['window']}-call window {worst:.3f}" if worst is not None else ""),
+                      highlight=False)
+    ratio = result["width_vs_per_agent_empirical"]
+    if ratio is not None:
+        console.print(f"  online width / per-agent empirical width: {ratio:.3f}", highlight=False)
+    for wt, a in result["drift_alarm"].items():
+        state = (f"fired after {a['first_after']:,} outcomes" if a["fired"] else "quiet") + \
+            (", on at the end" if a.get("alarm_at_end") else "")
+        console.print(f"  drift alarm {wt}: {state}", highlight=False)
 
 
 def _cross_validate(logs: list[Path], k: int, seed: int, json_out: bool, strict: bool,

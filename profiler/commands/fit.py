@@ -26,6 +26,7 @@ def fit(
     engine: Annotated[str, typer.Option(help="local (DuckDB in this process) or ray (ingest and per-workflow-type fits as Ray tasks; needs `pip install -e .[ray]`).")] = "local",
     ray_address: Annotated[Optional[str], typer.Option(help="With --engine ray: address of a running Ray cluster (default: start a local one).")] = None,
     strict: Annotated[bool, typer.Option(help="Exit non-zero if any record is quarantined.")] = False,
+    append: Annotated[bool, typer.Option("--append", help="Add LOGS to a profile root fitted on other logs (without it such a fit is refused: the two would merge).")] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print the new profile's manifest as JSON.")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress output.")] = False,
 ) -> None:
@@ -33,7 +34,9 @@ def fit(
     lognormals, per-agent timings and the workflow automata.
 
     Logs accumulate in the DuckDB store: re-running on the same files adds nothing, new files add
-    their calls, and the new profile version is fit on everything in the store.
+    their calls, and the new profile version is fit on everything in the store. A log other than
+    the ones the root was fitted on (another path, not inside their folders) is refused unless
+    `--append`: two splits fitted into one `--out` would otherwise merge.
 
     Example: `profiler fit logs/ --out profile/ && profiler show --profile profile/`
     """
@@ -51,6 +54,13 @@ def fit(
                          extra={"order_only": True} if order_only else {})
     if engine not in ("local", "ray"):
         fail(f"--engine must be local or ray, got {engine!r}")
+    from store.log_sources import DifferentLogError, check_sources, record_sources
+    from store.profile_artifact import store_path
+
+    try:
+        sources = check_sources(out, store_path(out, db), logs, append=append)
+    except DifferentLogError as exc:
+        fail(str(exc))
     try:
         if log_format is not None:
             from store.importers import ImportFormatError, convert
@@ -88,6 +98,7 @@ def fit(
         if message is None:
             raise
         fail(message)
+    record_sources(out, sources)
     report_ingest(report, quiet)
     if json_out:
         print_json(profile.manifest)

@@ -63,8 +63,10 @@ def refit_loop(profile: Path, logs: list[Path], refit_every: str,
         timeout_s = parse_duration(refit_timeout)
     except ValueError as exc:
         fail(str(exc))
-    return RefitLoop(profile_root=profile, logs=list(logs), every_s=every_s, subprocess=True,
+    loop = RefitLoop(profile_root=profile, logs=list(logs), every_s=every_s, subprocess=True,
                      on_result=after, timeout_s=timeout_s or None)
+    service.drift_hooks.append(lambda wt, _status: loop.trigger(f"output-length drift alarm in {wt}"))
+    return loop
 
 
 @app.command(no_args_is_help=True)

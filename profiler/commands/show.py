@@ -50,6 +50,10 @@ def show(
                   f"{c.get('quarantined', 0):,} records quarantined")
     for line in summary_lines(d.get("limitations") or {}):
         console.print(f"  [yellow]{escape(line)}[/]", highlight=False)
+    from serving_hooks.service import drift_alarm_lines  # alarms a server raised on this version
+
+    for line in drift_alarm_lines(profile, prof.version):
+        console.print(f"  [red]{escape(line)}[/]", highlight=False)
     for wt, h in (d.get("human_wait") or {}).items():  # think time, kept out of the keep-alive fit
         console.print(f"  human waits {escape(wt)}: {h['waits']:,} ({h['share_of_gaps']:.0%} of gaps), "
                       f"p50 {h['p50_s']:.1f} s, p95 {h['p95_s']:.1f} s", highlight=False)

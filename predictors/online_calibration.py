@@ -1,0 +1,206 @@
+"""Online calibration of served output-length bands: adaptive conformal inference per agent.
+
+A band fit on last month's workflows holds its coverage only while the workload stays put. When
+a team's tasks drift (issue 26: trained on the first 70 % of workflows by time, the rest covered
+0.917 at nominal 0.99), every refit comes too late for the calls in between. Adaptive conformal
+inference (Gibbs & Candès, *Adaptive Conformal Inference Under Distribution Shift*, 2021) keeps
+the long-run miss rate at its target whatever the drift, by moving the level at which the band is
+served after each observed outcome:
+
+    α_{t+1} = α_t + γ · (α − err_t),      err_t = 1 if the call's output fell outside its band.
+
+A miss lowers the level (the next band is wider), a hit raises it a little (narrower); the level
+settles where the misses are α of the outcomes. Here ``α`` is the profile's ``1 − coverage``
+(0.01 at nominal 0.99), small enough that an additive step is either too slow after a hit or
+too violent after a miss, so the same rule runs on ``log α`` (a multiplicative step):
+
+    ln α_{t+1} = clip(ln α_t + κ · (α − err_t),  ln α_min,  ln α_max).
+
+Summing the steps over T outcomes gives the guarantee in the same form as the paper's: the
+steps add up to ``ln α_T − ln α_0``, so, when no call misses the widest band (at ``α_min``: the
+clip only truncates steps there and, after hits, at ``α_max``, which lowers the misses),
+
+    misses ≤ α · T + ln(α / α_min) / κ        (≈ α · T + 23 at the defaults),
+
+whatever the drift: the served miss rate of each (workflow type, agent) tends to at most α as
+its calls add up, and, away from ``α_max``, to exactly α (so the band does not stay wider than
+it must).
+
+**From a level to a band.** The profile stores, per agent, the one-sided upper bounds ``U(a)``
+of its output length at the risks of :data:`predictors.served.UPPER_ALPHAS`
+(``output_len_upper``; the ceiling below ``certified_alpha``). The band served at level ``α_t``
+is the fitted band ``[lo, hi]`` stretched by the table's own tail ratio
+
+    r_t = U(α_t / 2) / U(α / 2),      band_t = [lo / r_t, hi · r_t],
+
+(log-log interpolation between tabulated risks, extended along the tail's slope below the
+smallest certified one: :func:`table_upper`): ``r = 1`` at the nominal level (exactly the
+fitted band, conditional bands included), ``r > 1`` wider as the level falls, ``r < 1`` narrower as
+it rises; the lower end mirrors the upper tail in log space (the profile keeps no lower table).
+Bounds: ``α_min = α / 100`` and ``α_max = min(0.4, 4 α)`` (defaults), and ``r`` never exceeds
+``MAX_STRETCH`` (the fitted ceiling is ``2 × max observed``; a drifted workload may pass it).
+
+Keys are (workflow type, agent) for agents the profile knows, (workflow type, ``UNSEEN_AGENT``)
+for the agents it never saw (they share their type's entry), so the table is bounded by the
+profile. A new profile keeps the levels (they describe the workload, not the fit) unless the
+caller :meth:`reset` s them. O(1) per outcome and per band.
+"""
+from __future__ import annotations
+
+import math
+import threading
+from typing import Any, Sequence
+
+#: κ: the step of ln α per unit of (α − err). A miss multiplies the level by e^{−κ(1−α)} ≈ 0.82;
+#: it takes ≈ 1/α hits to undo it (so the level is steady when misses are α of outcomes). Chosen on
+#: time-ordered splits (bench/bench_online_calibration.py, docs/output-length.md): 0.1–0.3 held
+#: coverage ≥ 0.98 on the drifting ``messy`` log at 0.75–0.96× the per-agent empirical width;
+#: 0.5 and 1.0 over-widened after bursts of misses (1.25×), and every rate left the stationary
+#: logs within 0.001 of the static coverage.
+DEFAULT_RATE = 0.2
+#: α_min = α / MIN_ALPHA_RATIO; α_max = min(MAX_ALPHA, α · MAX_ALPHA_RATIO).
+MIN_ALPHA_RATIO = 100.0
+MAX_ALPHA_RATIO = 4.0
+MAX_ALPHA = 0.4
+#: The most a band end moves from the fitted one: ``r ∈ [1 / MAX_STRETCH, MAX_STRETCH]``.
+MAX_STRETCH = 4.0
+
+
+def certified_pairs(table: Sequence[tuple[float, int]]) -> list[tuple[float, float]]:
+    """The ``(α, U)`` pairs of a bound table that are order statistics, largest α first: the
+    entries at the table's top value are dropped when it repeats at the small-α end (that is the
+    entry's ceiling, served below ``certified_alpha``, not a quantile of the data)."""
+    pairs = sorted(((float(a), float(u)) for a, u in table if a > 0 and u > 0), reverse=True)
+    if len(pairs) > 2 and pairs[-1][1] == pairs[-2][1]:
+        top = pairs[-1][1]
+        pairs = [p for p in pairs if p[1] != top] or pairs[:1]
+    return pairs
+
+
+def table_upper(table: Sequence[tuple[float, int]], alpha: float) -> float | None:
+    """U(α) from ``((α_i, U_i), …)``: ln U linear in ln α between the certified risks
+    (:func:`certified_pairs`), flat above the largest, and below the smallest extended along the
+    slope of its last two (a power-law tail: an agent with n calls certifies nothing below
+    α = 1/(n + 1), yet its band must be able to widen). None for a table without a positive bound."""
+    pairs = certified_pairs(table)
+    if not pairs:
+        return None
+    if alpha >= pairs[0][0]:
+        return pairs[0][1]
+    for (a_hi, u_hi), (a_lo, u_lo) in zip(pairs, pairs[1:]):
+        if a_lo <= alpha <= a_hi:
+            w = (math.log(a_hi) - math.log(alpha)) / (math.log(a_hi) - math.log(a_lo))
+            return math.exp((1 - w) * math.log(u_hi) + w * math.log(u_lo))
+    if len(pairs) < 2:
+        return pairs[-1][1]
+    (a1, u1), (a2, u2) = pairs[-2], pairs[-1]
+    slope = (math.log(u2) - math.log(u1)) / (math.log(a2) - math.log(a1))
+    return math.exp(min(math.log(u2) + slope * (math.log(alpha) - math.log(a2)), 700.0))
+
+
+class OnlineCalibrator:
+    """Per-key adaptive level of the served output-length band (see the module docstring).
+
+    Parameters
+    ----------
+    nominal : target coverage ``1 − α`` (the profile's; :meth:`set_nominal` follows a new one).
+    rate : κ, the step of ln α per outcome.
+    min_alpha_ratio, max_alpha_ratio, max_alpha : the bounds of the level
+        (``α / min_alpha_ratio`` … ``min(max_alpha, α · max_alpha_ratio)``).
+    max_stretch : bound of the band's stretch factor ``r`` (and of ``1 / r``).
+    """
+
+    def __init__(self, nominal: float = 0.99, *, rate: float = DEFAULT_RATE,
+                 min_alpha_ratio: float = MIN_ALPHA_RATIO, max_alpha_ratio: float = MAX_ALPHA_RATIO,
+                 max_alpha: float = MAX_ALPHA, max_stretch: float = MAX_STRETCH) -> None:
+        if not 0.0 < nominal < 1.0:
+            raise ValueError(f"nominal coverage must be in (0, 1), got {nominal}")
+        if rate <= 0 or min_alpha_ratio < 1 or max_alpha_ratio < 1 or max_stretch < 1:
+            raise ValueError("rate must be positive; alpha ratios and max_stretch at least 1")
+        self.rate = float(rate)
+        self.min_alpha_ratio = float(min_alpha_ratio)
+        self.max_alpha_ratio = float(max_alpha_ratio)
+        self.max_alpha = float(max_alpha)
+        self.max_stretch = float(max_stretch)
+        self.nominal = float(nominal)
+        #: key -> [ln α_t, outcomes, misses]
+        self._state: dict[tuple[str, str], list] = {}
+        self._lock = threading.Lock()
+
+    @property
+    def alpha(self) -> float:
+        """The target miss rate ``1 − nominal``."""
+        return 1.0 - self.nominal
+
+    def bounds(self) -> tuple[float, float]:
+        """``(α_min, α_max)``."""
+        a = self.alpha
+        return a / self.min_alpha_ratio, max(a, min(self.max_alpha, a * self.max_alpha_ratio))
+
+    def set_nominal(self, nominal: float | None) -> None:
+        """A new profile's nominal coverage; levels already adapted keep their ratio to α."""
+        if nominal is None or not 0.0 < nominal < 1.0 or nominal == self.nominal:
+            return
+        with self._lock:
+            shift = math.log(1.0 - nominal) - math.log(self.alpha)
+            for st in self._state.values():
+                st[0] += shift
+            self.nominal = float(nominal)
+
+    def reset(self) -> None:
+        """Forget every adapted level (all keys back to the nominal one)."""
+        with self._lock:
+            self._state.clear()
+
+    def level(self, key: tuple[str, str]) -> float:
+        """α_t of ``key`` (the nominal α before its first outcome)."""
+        st = self._state.get(key)
+        return math.exp(st[0]) if st is not None else self.alpha
+
+    def stretch(self, key: tuple[str, str], table: Sequence[tuple[float, int]]) -> float:
+        """``r_t = U(α_t/2) / U(α/2)`` from the agent's upper-bound table, within the bounds;
+        1 when the level is nominal or the table is empty."""
+        a_t = self.level(key)
+        if a_t == self.alpha or not table:
+            return 1.0
+        u_t, u_0 = table_upper(table, a_t / 2), table_upper(table, self.alpha / 2)
+        if u_t is None or u_0 is None:
+            return 1.0
+        return min(self.max_stretch, max(1.0 / self.max_stretch, u_t / u_0))
+
+    def adjust(self, key: tuple[str, str], band: tuple[int, int, str],
+               table: Sequence[tuple[float, int]]) -> tuple[int, int, str]:
+        """The band ``(lo, hi, level)`` served at ``key``'s adapted level: ``[lo / r, hi · r]``
+        rounded outward (the fitted band itself when ``r = 1``)."""
+        r = self.stretch(key, table)
+        if r == 1.0:
+            return band
+        lo, hi, level = band
+        new_lo = int(math.floor(lo / r))
+        new_hi = max(new_lo, int(math.ceil(hi * r)))
+        return new_lo, new_hi, level
+
+    def update(self, key: tuple[str, str], hit: bool) -> float:
+        """One observed outcome of a band served at ``key``; returns the new level α_{t+1}."""
+        a = self.alpha
+        lo, hi = self.bounds()
+        with self._lock:
+            st = self._state.get(key)
+            if st is None:
+                st = self._state[key] = [math.log(a), 0, 0]
+            err = 0.0 if hit else 1.0
+            st[0] = min(math.log(hi), max(math.log(lo), st[0] + self.rate * (a - err)))
+            st[1] += 1
+            st[2] += not hit
+            return math.exp(st[0])
+
+    def status(self) -> dict[str, dict[str, dict[str, Any]]]:
+        """Per workflow type, per agent: ``level`` (α_t), ``served_coverage`` (1 − α_t),
+        ``outcomes`` and ``coverage`` (share of them inside their served band)."""
+        out: dict[str, dict[str, dict[str, Any]]] = {}
+        with self._lock:
+            for (wt, agent), st in sorted(self._state.items()):
+                out.setdefault(wt, {})[agent] = {
+                    "level": math.exp(st[0]), "served_coverage": 1.0 - math.exp(st[0]),
+                    "outcomes": st[1], "coverage": 1.0 - st[2] / st[1] if st[1] else None}
+        return out

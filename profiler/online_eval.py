@@ -1,0 +1,164 @@
+"""Score the served output-length bands as serving sees them: online (``profiler eval --online``).
+
+``profiler eval`` scores each held-out call against the band the profile fitted. A server does
+more: it observes every finished call (the gateway and sidecar call
+:meth:`predictors.Predictor.observe`), and with online calibration
+(:mod:`predictors.online_calibration`) the band it serves next moves with those outcomes. This
+replay does the same. The held-out calls of every workflow are merged into one stream in arrival
+order; at each call's arrival the :class:`~predictors.Predictor` annotates it (the served band is
+recorded), at its finish the outcome is fed back (``observe``), so each prediction is made before
+its call with only the outcomes of calls finished earlier (a finish and an arrival at the same
+instant: the finish first; a call never finishes before it arrives).
+
+Two predictors replay the same stream: ``online`` (the serving default, calibration on) and
+``static`` (calibration off: the fitted bands). Beside them, the naive bands a user would compute
+(:func:`profiler.evaluation.output_length_baselines`, fit on the training calls, stored in the
+profile) on the same calls. ``drift_alarm`` reports, per workflow type, whether the coverage
+monitor of the serving predictor (:mod:`predictors.coverage_monitor`) fired, after how many
+outcomes, and whether it was on at the end. Result (``profiler eval --online --json``)::
+
+    {"nominal", "calls", "scored",
+     "online": {"coverage", "mean_width", "worst_window_coverage"},
+     "static": {"coverage", "mean_width", "worst_window_coverage"},
+     "baselines": {"global": {...}, "per_agent_empirical": {...}},
+     "width_vs_per_agent_empirical": online mean width / per-agent empirical mean width,
+     "by_type": {type: {"calls", "online": {...}, "static": {...}}},
+     "drift_alarm": {type: {"fired", "first_after", "alarm_at_end", "coverage_at_end"}},
+     "window": WINDOW}
+
+``worst_window_coverage``: the lowest coverage over consecutive runs of ``WINDOW`` scored calls
+(in arrival order): what a drifting stretch of the log costs, which the mean hides.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Sequence
+
+import duckdb
+import numpy as np
+import pandas as pd
+
+from predictors.output_length import OutputLengthIntervals
+from predictors.predictor import Predictor
+from store import ingest as ingest_mod
+from profiler.evaluation import output_length_baselines
+from store.profile_artifact import Profile
+from store.duckdb_store import connect
+
+#: Scored calls per window of ``worst_window_coverage``.
+WINDOW = 200
+
+
+def stream_calls(con: duckdb.DuckDBPyConnection) -> pd.DataFrame:
+    """Every ok held-out call with what the replay needs, in arrival order."""
+    return con.execute(
+        "SELECT workflow_type_id, workflow_id, agent_id, request_id, input_tokens, output_tokens, "
+        "t_arrival, t_finish FROM calls WHERE status = 'ok' "
+        "ORDER BY t_arrival, workflow_type_id, workflow_id, call_index").df()
+
+
+def event_order(t_arrival: np.ndarray, t_finish: np.ndarray) -> list[tuple[int, int]]:
+    """``(kind, row)`` events in time order: kind 1 an arrival, kind 0 a finish; a finish sorts
+    before an arrival at the same instant, and never before its own call's arrival."""
+    n = len(t_arrival)
+    fin = np.maximum(t_finish, t_arrival)
+    own = fin <= t_arrival                          # finishes at its own arrival: right after it
+    times = np.concatenate([t_arrival, fin])
+    rank = np.concatenate([np.ones(n), np.where(own, 2, 0)])
+    seq = np.concatenate([np.arange(n), np.arange(n)])
+    order = np.lexsort((seq, rank, times))
+    kinds = np.concatenate([np.ones(n, dtype=int), np.zeros(n, dtype=int)])
+    return [(int(kinds[i]), int(seq[i])) for i in order]
+
+
+def replay(profile: Profile, calls: pd.DataFrame, *, online: Any) -> tuple[np.ndarray, np.ndarray, dict]:
+    """Served bands ``(lo, hi)`` per call (NaN: none served) replaying ``calls`` through one
+    :class:`~predictors.Predictor`, and the drift alarm's record per workflow type."""
+    pred = Predictor(profile, max_sessions=1_000_000, online_calibration=online)
+    lo, hi = np.full(len(calls), np.nan), np.full(len(calls), np.nan)
+    wt_, wf_, ag_ = (calls[c].astype(str).to_numpy() for c in ("workflow_type_id", "workflow_id", "agent_id"))
+    rid_ = calls["request_id"].astype(str).to_numpy()
+    inp_ = calls["input_tokens"].to_numpy()
+    out_ = calls["output_tokens"].to_numpy()
+    ta, tf = calls["t_arrival"].to_numpy(dtype=float), calls["t_finish"].to_numpy(dtype=float)
+    alarm: dict[str, dict[str, Any]] = {}
+    seen: dict[str, int] = {}
+    for kind, k in event_order(ta, tf):
+        meta = {"workflow_type_id": wt_[k], "workflow_id": wf_[k], "agent_id": ag_[k]}
+        if kind == 1:
+            pred.clock = lambda t=ta[k]: t
+            inp = None if pd.isna(inp_[k]) else int(inp_[k])
+            band = pred.annotate_call(meta, request_id=rid_[k], input_tokens=inp).predicted_output_len
+            if band is not None:
+                lo[k], hi[k] = band
+            continue
+        pred.clock = lambda t=max(tf[k], ta[k]): t
+        hit = pred.observe({"app_metadata": meta, "request_id": rid_[k], "output_tokens": int(out_[k]),
+                            "input_tokens": None if pd.isna(inp_[k]) else int(inp_[k]), "t_finish": tf[k]})
+        if hit is None:
+            continue
+        wt = wt_[k]
+        seen[wt] = seen.get(wt, 0) + 1
+        st = pred.coverage_monitor.status().get(wt) or {}
+        rec = alarm.setdefault(wt, {"fired": False, "first_after": None})
+        if st.get("alarm") and not rec["fired"]:
+            rec.update(fired=True, first_after=seen[wt])
+    for wt, st in pred.coverage_monitor.status().items():
+        rec = alarm.setdefault(wt, {"fired": False, "first_after": None})
+        rec.update(alarm_at_end=bool(st["alarm"]), coverage_at_end=st["coverage"])
+    return lo, hi, alarm
+
+
+def _scores(y: np.ndarray, lo: np.ndarray, hi: np.ndarray, mask: np.ndarray) -> dict[str, Any]:
+    """Coverage, mean width and worst-window coverage over the rows of ``mask``."""
+    if not mask.any():
+        return {"coverage": None, "mean_width": None, "worst_window_coverage": None}
+    inside = ((y >= lo) & (y <= hi))[mask].astype(float)
+    windows = (np.convolve(inside, np.ones(WINDOW), "valid") / WINDOW) if len(inside) >= WINDOW else inside[:0]
+    return {"coverage": float(inside.mean()), "mean_width": float((hi - lo)[mask].mean()),
+            "worst_window_coverage": float(windows.min()) if len(windows) else None}
+
+
+def online_scores(profile: Profile, con: duckdb.DuckDBPyConnection) -> dict[str, Any]:
+    """The ``profiler eval --online`` result of ``profile`` on the calls in ``con`` (module doc)."""
+    calls = stream_calls(con)
+    y = calls["output_tokens"].to_numpy(dtype=float)
+    on_lo, on_hi, alarm = replay(profile, calls, online=True)
+    st_lo, st_hi, _ = replay(profile, calls, online=False)
+    scored = ~np.isnan(on_lo) & ~np.isnan(st_lo)     # calls both served a band
+    est = OutputLengthIntervals.from_dict(profile.data["output_length"])
+    baselines = output_length_baselines(est, calls[scored].reset_index(drop=True))
+    online = _scores(y, on_lo, on_hi, scored)
+    emp = (baselines.get("per_agent_empirical") or {}).get("mean_width")
+    wts = calls["workflow_type_id"].astype(str).to_numpy()
+    by_type = {}
+    for wt in sorted(set(wts[scored])):
+        mask = scored & (wts == wt)
+        by_type[wt] = {"calls": int(mask.sum()), "online": _scores(y, on_lo, on_hi, mask),
+                       "static": _scores(y, st_lo, st_hi, mask)}
+    return {
+        "nominal": float(est.coverage),
+        "calls": int(len(calls)),
+        "scored": int(scored.sum()),
+        "online": online,
+        "static": _scores(y, st_lo, st_hi, scored),
+        "baselines": baselines,
+        "width_vs_per_agent_empirical": (online["mean_width"] / emp
+                                         if emp and online["mean_width"] is not None and emp == emp else None),
+        "by_type": by_type,
+        "drift_alarm": alarm,
+        "window": WINDOW,
+    }
+
+
+def evaluate_online(profile: Profile, paths: Sequence[str | Path], *, strict: bool = False,
+                    progress: bool = False) -> tuple[dict[str, Any], ingest_mod.IngestReport]:
+    """Ingest ``paths`` into a temporary store and score ``profile`` online on them."""
+    con = connect(None)
+    try:
+        report = ingest_mod.ingest(con, paths, strict=strict, progress=progress)
+        if con.execute("SELECT count(*) FROM calls WHERE status = 'ok'").fetchone()[0] == 0:
+            raise ValueError("no valid calls in the evaluation logs")
+        return online_scores(profile, con), report
+    finally:
+        con.close()
