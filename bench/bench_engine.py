@@ -62,6 +62,7 @@ import os
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -152,6 +153,8 @@ def gpu_count() -> int:
 
 
 def start_pair(model: Path, work: Path, pair: str, args: argparse.Namespace) -> list[SGLangServer]:
+    """The two replicas of ``pair``, started side by side (on 2 busy cores a start takes 1-2 min,
+    almost all imports); if one fails, the other is stopped."""
     flags, plugin, env = PAIRS[pair]
     flags = list(flags)
     if "--enable-priority-scheduling" in flags:
@@ -167,12 +170,18 @@ def start_pair(model: Path, work: Path, pair: str, args: argparse.Namespace) -> 
         if args.gpu:
             per_gpu = math.ceil(2 / n_gpu)
             kw = {"dtype": "bfloat16", "gpu_id": i % n_gpu, "mem_fraction": 0.85 / per_gpu}
-        srv = BenchServer(model, work / f"{pair}-{i}.log", extra_args=common + flags,
-                          env={"AWP_SGLANG_PLUGIN": "1" if plugin else "0", "AWP_LOG_EVERY_S": str(PLUGIN_LOG_EVERY_S),
-                               **env}, **kw)
-        srv.start(timeout_s=900 if args.gpu else 420)
+        servers.append(BenchServer(model, work / f"{pair}-{i}.log", extra_args=common + flags,
+                                   env={"AWP_SGLANG_PLUGIN": "1" if plugin else "0",
+                                        "AWP_LOG_EVERY_S": str(PLUGIN_LOG_EVERY_S), **env}, **kw))
+    with ThreadPoolExecutor(len(servers)) as ex:
+        futures = [ex.submit(srv.start, timeout_s=900 if args.gpu else 600) for srv in servers]
+        errors = [f.exception() for f in futures]
+    if any(errors):
+        for srv in servers:
+            srv.stop()
+        raise next(e for e in errors if e is not None)
+    for i, srv in enumerate(servers):
         print(f"  {pair} replica {i} ready in {srv.startup_s:.0f}s ({srv.url})", file=sys.stderr)
-        servers.append(srv)
     return servers
 
 
@@ -434,8 +443,14 @@ def run_condition(args: argparse.Namespace, model: Path, work: Path) -> dict:
     def with_pairs(wanted: list[str], todo: list[tuple[int, str]]) -> None:
         pairs: dict[str, list[SGLangServer]] = {}
         try:
-            for pair in wanted:
-                pairs[pair] = start_pair(model, work, pair, args)
+            with ThreadPoolExecutor(len(wanted)) as ex:       # every pair side by side
+                futures = {pair: ex.submit(start_pair, model, work, pair, args) for pair in wanted}
+                for pair, fut in futures.items():
+                    if fut.exception() is None:
+                        pairs[pair] = fut.result()
+                failed = [fut.exception() for fut in futures.values() if fut.exception() is not None]
+            if failed:
+                raise failed[0]
             if "plain" in pairs and calib_plan is not None and not state["calib"]:
                 print("  calibration replay (one plain replica, 1 then 2 workflows in flight)", file=sys.stderr)
                 state["calib"] = calibration_records(pairs["plain"], calib_plan, args)
