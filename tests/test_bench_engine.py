@@ -200,3 +200,28 @@ def test_fidelity_is_the_relative_error_of_the_simulated_mean() -> None:
     assert f["hints/round-robin"]["rel_error"] == 0.0 and f["hints/round-robin"]["within_tolerance"]
     assert not fidelity(measured, {"hints/router": {"mean_avg": 1.2}})["hints/router"]["within_tolerance"]
     assert fidelity(measured, {}) == {}
+
+
+@pytest.mark.slow
+def test_every_arm_has_a_simulated_policy(tmp_path) -> None:
+    """The simulator replays one seed under every arm's policy (the new ablations included), on the
+    bench's own scaled records and a profile fitted on other workflows."""
+    from bench.engine_sim import SIM_POLICIES, cluster, scaled_records, simulate_setups
+    from profiler import fitting
+    from profiler.workloads import generate, write_jsonl
+    from simulator.calibration import StepTimeModel
+
+    assert set(SIM_POLICIES) == set(be.SETUPS)
+    args = be.condition_args(be.parse_args(["--seeds", "0", "--workflows", "3", "--ablation"]), "default")
+    train, _ = scale_records(list(generate("coding_assistant", 12, seed=1000)), args.token_scale, 1000, 500)
+    write_jsonl(train, tmp_path / "train" / "t.jsonl")
+    fitting.fit_profile([tmp_path / "train"], tmp_path / "profile", options=fitting.FitOptions(min_calls=5))
+    recs, _ = scale_records(list(generate("coding_assistant", 3, seed=0)), args.token_scale, 1000, 500)
+    step = StepTimeModel(t0=0.003, a=1e-4, a_ctx=0.0, c=1e-7, prefill_t0=0.02)
+    limits = {"kv_capacity_tokens": 1200, "chunked_prefill_size": 4096, "max_running_requests": 8}
+    out = simulate_setups(scaled_records(recs, 1.0, args.time_scale), tmp_path / "profile", cluster(limits, step),
+                          4, args.setups, preemption_threshold=500)
+    assert set(out) == set(args.setups)
+    assert {out[n]["policy"] for n in out} == {SIM_POLICIES[n] for n in args.setups}
+    assert all(out[n]["jct_avg_s"] > 0 for n in out)
+    assert set(ratios({0: out}, args.setups)) == {f"{t}/{b}" for t, b in ratio_pairs(args.setups)}
