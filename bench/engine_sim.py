@@ -1,5 +1,5 @@
 """Simulator fidelity for ``bench/bench_engine.py``: the simulator, calibrated to the real replicas,
-replays the same trace under the same three set-ups.
+replays the same trace under every set-up of the bench.
 
 * **Step time** — measured, not assumed: a calibration replay (``profiler replay``'s call
   records, sent straight to one plain replica, first one workflow at a time, then two) is fitted
