@@ -1,11 +1,13 @@
-"""Real-engine A/B: two SGLang replicas, one replayed workload, three fronts, and the simulator.
+"""Real-engine A/B: two SGLang replicas, one replayed workload, several fronts, and the simulator.
 
-    python bench/bench_engine.py --seeds 0 1 2                 # CPU: tiny local model
-    python bench/bench_engine.py --gpu --model-config llama-8b  # GPU: 8B Llama shape, no weights
+    python bench/bench_engine.py --seeds 0 1 2 3 4                        # CPU: tiny local model
+    python bench/bench_engine.py --condition multi-agent agent-platform --ablation
+    python bench/bench_engine.py --gpu --model-config llama-8b             # GPU: 8B Llama shape, no weights
 
-Two replicas with a small KV pool (``--pool-tokens``, memory pressure on the prefix cache), the
-*same* replayed workload (``profiler replay``: closed loop, ``--concurrency`` workflows in flight,
-recorded gaps × ``--time-scale``, lengths × ``--token-scale``) through three fronts, side by side:
+Two replicas with a tight KV pool (``--pool-tokens``) and enough running slots
+(``--max-running``) that the waiting queue, not a slot cap, decides who runs; the *same* replayed
+workload (``profiler replay``: closed loop, ``--concurrency`` workflows in flight, recorded gaps ×
+``--time-scale``, lengths × ``--token-scale``) through every arm (``--setups``), side by side:
 
 * **round-robin** — plain SGLang at its defaults (LRU radix cache, FCFS, plugin off) behind the
   project's gateway in ``--routing round-robin`` without SGLang fields;
@@ -13,6 +15,9 @@ recorded gaps × ``--time-scale``, lengths × ``--token-scale``) through three f
   ``sglang-router``, Rust) at its defaults — the ``cache_aware`` policy, started as its README
   does (``python -m sglang_router.launch_router --worker-urls …``; :mod:`bench.engine_router`);
   a fresh router per run, so its prefix tree starts empty like the flushed engines;
+* **routing-only** — the same plain replicas behind the gateway with ``--routing capacity``
+  (the profile's annotations choose the replica) and no SGLang fields: what the gateway's
+  routing does without the plugin;
 * **hints** — SGLang as docs/sglang.md deploys it: the project's plugin (``AWP_SGLANG_PLUGIN=1``),
   priority scheduling with ``--default-priority-value 250``, preemption threshold
   ``--preemption-threshold`` (500), ``--retraction-policy priority``, the ``workflow-retention``
@@ -20,17 +25,27 @@ recorded gaps × ``--time-scale``, lengths × ``--token-scale``) through three f
   stages there) — behind the gateway with ``--routing capacity`` and ``--sglang-fields`` (the
   profile's predictions as ``priority`` + ``custom_params``), the profile fitted on the replay's
   clock (gaps × ``--time-scale``, :func:`serving_hooks.replay_plan.on_replay_clock`);
-* with ``--ablation`` also **no-priority** — hints without ``--enable-priority-scheduling``.
+* ``--ablation`` adds routing-only and hints with one mechanism off, each on its own replica
+  pair: **no-priority** (no ``--enable-priority-scheduling``, so SGLang's default retraction),
+  **no-retention** (SGLang's LRU radix cache instead of ``workflow-retention``), **no-prefetch**
+  (``AWP_PREFETCH=0``: HiCache stays, the plugin stages nothing).
 
-The workload is generated coding-assistant workflows: the profile is fitted on one generated set
-and disjoint sets (other seeds) are replayed, lengths scaled by ``--token-scale`` in both. Per
-seed every set-up replays the same workflows after a cache flush; on CPU all replica pairs run
-from the start and the set-ups rotate their order per seed, so background load hits all alike
-(on ``--gpu`` one pair at a time, to fit one GPU). Then the **simulator** (:mod:`bench.engine_sim`),
-calibrated to these replicas from a calibration replay (step-time constants fitted on its call
-records) and configured from the servers' own start-up line (KV pool, chunk, running cap),
-replays the same trace under the matching policies; the table prints the simulated ratio next
-to the measured one.
+``--condition`` picks named presets (:mod:`bench.engine_conditions`: ``default``,
+``many-in-flight``, ``tight-pool``, ``recorded-gaps``, ``multi-agent`` — the real Who&When trace
+— and ``agent-platform`` — the simulator's six-application mix); several conditions run one
+after the other, each on fresh replicas. Per seed every arm replays the same workflows after a
+cache flush; on CPU all replica pairs of a condition run at once and the arms rotate their order
+per seed, so background load hits all alike (``--one-pair-at-a-time``, and always on ``--gpu``:
+one pair at a time, which also bounds memory).
+
+Reported per condition (:mod:`bench.engine_report`): per seed and arm the avg/P95 workflow JCT,
+errors, cache share, gateway annotate outcomes and the replicas' waiting queue (SGLang's
+``#queue-req`` over that run's batch lines); per arm the same over the seeds plus the plugin's
+counters (``plugin_counters``, its own names); per ratio (every arm / round-robin and / router)
+the per-seed values, the mean and a 95 % Student-t interval over seeds; then the **simulator**
+(:mod:`bench.engine_sim`), calibrated to these replicas from a calibration replay and configured
+from the servers' start-up line, replays the same traces under the matching policies, and
+``fidelity`` gives per ratio the simulated against the measured mean (relative error).
 
 ``--gpu`` (untested here: written on a CPU-only machine): the ``llama-8b`` model folder
 (:mod:`bench.engine_models`, ``--load-format dummy``, bfloat16, no download), replicas placed on
@@ -40,22 +55,27 @@ GPU-sized defaults (pool, running cap, scales, workflows) where not given.
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import math
-import re
+import os
 import sys
 import tempfile
 import time
-from contextlib import ExitStack, contextmanager
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
-import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench.engine_conditions import (CONDITIONS, EngineWorkload, condition_settings,  # noqa: E402
+                                     prepare_workload, scale_records)
 from bench.engine_models import MODEL_CONFIGS, write_model  # noqa: E402
+from bench.engine_report import (arm_summary, engine_counters, fidelity, queue_samples,  # noqa: E402
+                                 queue_summary, ratios)
 from bench.engine_router import SGLangRouter, router_available  # noqa: E402
 from tests.sglang.real_server import SGLangServer, free_port  # noqa: E402  (launcher only)
 
@@ -72,26 +92,38 @@ HICACHE_FLAGS = ["--enable-hierarchical-cache", "--hicache-ratio", "2", "--hicac
 #: on CPU: the IO backend and layout the test stand-ins patch (tests/sglang/cpu_standins), as
 #: tests/sglang/test_real_server.py runs HiCache
 HICACHE_CPU_FLAGS = ["--hicache-io-backend", "direct", "--hicache-mem-layout", "layer_first"]
-#: replica pair -> (server flags, plugin on)
-PAIRS = {
-    "plain": ([], False),
-    "hints": (PRIORITY_FLAGS + RETENTION_FLAGS + HICACHE_FLAGS, True),
-    # ablation: everything but priority scheduling (SGLang ignores `priority` without the flag)
-    "no-priority": (RETENTION_FLAGS + HICACHE_FLAGS, True),
+#: the plugin's counters line every second (its names: docs/sglang.md), so a run's last one is fresh
+PLUGIN_LOG_EVERY_S = 1
+#: replica pair -> (server flags, plugin on, extra environment)
+PAIRS: dict[str, tuple[list[str], bool, dict[str, str]]] = {
+    "plain": ([], False, {}),
+    "hints": (PRIORITY_FLAGS + RETENTION_FLAGS + HICACHE_FLAGS, True, {}),
+    # ablations: one mechanism off each (SGLang ignores `priority` without the flag)
+    "no-priority": (RETENTION_FLAGS + HICACHE_FLAGS, True, {}),
+    "no-retention": (PRIORITY_FLAGS + HICACHE_FLAGS, True, {}),
+    "no-prefetch": (PRIORITY_FLAGS + RETENTION_FLAGS + HICACHE_FLAGS, True, {"AWP_PREFETCH": "0"}),
 }
-#: set-up -> (replica pair, front: gateway round robin | sglang-router | gateway with hints)
+#: arm -> (replica pair, front: gateway round robin | sglang-router | gateway capacity routing
+#: without / with SGLang fields)
 SETUPS = {
     "round-robin": ("plain", "gateway-rr"),
     "router": ("plain", "sglang-router"),
+    "routing-only": ("plain", "gateway-routing"),
     "hints": ("hints", "gateway-hints"),
     "no-priority": ("no-priority", "gateway-hints"),
+    "no-retention": ("no-retention", "gateway-hints"),
+    "no-prefetch": ("no-prefetch", "gateway-hints"),
 }
-#: defaults per machine: CPU (tiny model, 2 shared cores) and GPU (8B Llama shape, one H100-class GPU)
+DEFAULT_SETUPS = ["round-robin", "router", "hints"]
+ABLATION = ["routing-only", "no-priority", "no-retention", "no-prefetch"]
+#: defaults per machine: CPU (tiny model, 2 shared cores) and GPU (8B Llama shape, one H100-class
+#: GPU). Running slots are many (8 per CPU replica, 8 workflows in flight over 2 replicas) and the
+#: KV pool is what runs out, so calls wait in SGLang's queue where priority can reorder them.
 DEFAULTS = {
     "cpu": {"model_config": "tiny", "workflows": 16, "concurrency": 8, "time_scale": 0.02, "token_scale": 0.05,
-            "pool_tokens": 2500, "max_running": 2, "budget_ms": 100.0, "calib_workflows": 4},
+            "pool_tokens": 2000, "max_running": 8, "budget_ms": 100.0, "calib_workflows": 4},
     "gpu": {"model_config": "llama-8b", "workflows": 48, "concurrency": 24, "time_scale": 0.02,
-            "token_scale": 0.25, "pool_tokens": 30000, "max_running": 16, "budget_ms": 20.0,
+            "token_scale": 0.25, "pool_tokens": 30000, "max_running": 32, "budget_ms": 20.0,
             "calib_workflows": 6},
 }
 
@@ -121,7 +153,9 @@ def gpu_count() -> int:
 
 
 def start_pair(model: Path, work: Path, pair: str, args: argparse.Namespace) -> list[SGLangServer]:
-    flags, plugin = PAIRS[pair]
+    """The two replicas of ``pair``, started side by side (on 2 busy cores a start takes 1-2 min,
+    almost all imports); if one fails, the other is stopped."""
+    flags, plugin, env = PAIRS[pair]
     flags = list(flags)
     if "--enable-priority-scheduling" in flags:
         flags += ["--priority-scheduling-preemption-threshold", str(args.preemption_threshold)]
@@ -136,11 +170,18 @@ def start_pair(model: Path, work: Path, pair: str, args: argparse.Namespace) -> 
         if args.gpu:
             per_gpu = math.ceil(2 / n_gpu)
             kw = {"dtype": "bfloat16", "gpu_id": i % n_gpu, "mem_fraction": 0.85 / per_gpu}
-        srv = BenchServer(model, work / f"{pair}-{i}.log", extra_args=common + flags,
-                          env={"AWP_SGLANG_PLUGIN": "1" if plugin else "0", "AWP_LOG_EVERY_S": "5"}, **kw)
-        srv.start(timeout_s=900 if args.gpu else 420)
+        servers.append(BenchServer(model, work / f"{pair}-{i}.log", extra_args=common + flags,
+                                   env={"AWP_SGLANG_PLUGIN": "1" if plugin else "0",
+                                        "AWP_LOG_EVERY_S": str(PLUGIN_LOG_EVERY_S), **env}, **kw))
+    with ThreadPoolExecutor(len(servers)) as ex:
+        futures = [ex.submit(srv.start, timeout_s=900 if args.gpu else 600) for srv in servers]
+        errors = [f.exception() for f in futures]
+    if any(errors):
+        for srv in servers:
+            srv.stop()
+        raise next(e for e in errors if e is not None)
+    for i, srv in enumerate(servers):
         print(f"  {pair} replica {i} ready in {srv.startup_s:.0f}s ({srv.url})", file=sys.stderr)
-        servers.append(srv)
     return servers
 
 
@@ -159,12 +200,11 @@ def front(kind: str, urls: list[str], profile: Path, budget_s: float, log: Path)
     from serving_hooks.service import prediction_service
     from serving_hooks.upstreams import CapacityRouting, RoundRobinRouter
 
-    hints = kind == "gateway-hints"
     registry = CollectorRegistry()
     service = prediction_service(profile, registry, "profiler_gateway")
-    router = CapacityRouting(urls) if hints else RoundRobinRouter(urls)
-    gw = Gateway(router, LocalAnnotator(service), options=GatewayOptions(sglang_fields=hints, budget_s=budget_s),
-                 registry=registry, service=service)
+    router = RoundRobinRouter(urls) if kind == "gateway-rr" else CapacityRouting(urls)
+    options = GatewayOptions(sglang_fields=kind == "gateway-hints", budget_s=budget_s)
+    gw = Gateway(router, LocalAnnotator(service), options=options, registry=registry, service=service)
     with serve_in_thread(create_gateway_app(gw), server_header=False, date_header=False) as srv:
         yield srv.url, registry
 
@@ -174,8 +214,24 @@ def flush(servers: list[SGLangServer]) -> None:
         httpx.post(s.url + "/flush_cache", timeout=60, trust_env=False)
 
 
+def log_sizes(servers: list[SGLangServer]) -> list[int]:
+    return [s.log_path.stat().st_size if s.log_path.exists() else 0 for s in servers]
+
+
+def log_since(servers: list[SGLangServer], sizes: list[int]) -> str:
+    """What the replicas logged since ``sizes`` (their log sizes before a run)."""
+    out = []
+    for srv, n in zip(servers, sizes):
+        with srv.log_path.open("rb") as f:
+            f.seek(n)
+            out.append(f.read().decode(errors="replace"))
+    return "\n".join(out)
+
+
 def run_setup(name: str, servers: list[SGLangServer], profile: Path, plan: list, seed: int,
               args: argparse.Namespace, work: Path) -> dict:
+    """One arm, one seed: flush, replay ``plan`` through the arm's front; the replay's summary
+    with the gateway's annotate outcomes and the waiting-queue samples of the replicas' logs."""
     from serving_hooks.replay import ReplayOptions, replay
     from serving_hooks.replay_report import summarize
 
@@ -189,6 +245,7 @@ def run_setup(name: str, servers: list[SGLangServer], profile: Path, plan: list,
         if sys.stderr.isatty():
             print(f"\r    {name} seed {seed}: {done[0]}/{total} calls", end="", file=sys.stderr, flush=True)
 
+    sizes = log_sizes(servers)
     with front(kind, [s.url for s in servers], profile, args.budget_ms / 1000, work / "router.log") as (url, registry):
         result = replay(plan, url, ReplayOptions(concurrency=args.concurrency, time_scale=args.time_scale, seed=seed,
                                                  run_tag=f"{name[:2]}{seed}"), on_call=tick)
@@ -197,23 +254,25 @@ def run_setup(name: str, servers: list[SGLangServer], profile: Path, plan: list,
                      if m.name.endswith("_total")} if registry is not None else {})
     if sys.stderr.isatty():
         print("\r", end="", file=sys.stderr)
-    summary = summarize(result)
-    summary["annotate_outcomes"] = outcomes
-    return summary
+    r = summarize(result)
+    queues, running = queue_samples(log_since(servers, sizes))
+    return {"jct_avg_s": r["workflows"]["jct_s"]["avg"], "jct_p95_s": r["workflows"]["jct_s"]["p95"],
+            "errors": r["calls"]["errors"], "cached_fraction": r["tokens"]["cached_fraction"],
+            "calls": r["calls"]["count"], "annotate_outcomes": outcomes,
+            "queue_depth": queue_summary(queues, running), "queue_samples": (queues, running)}
 
 
-def engine_counters(log_text: str) -> dict:
-    """What one replica's log says about the run: the plugin's last counters line (cumulative:
-    ``requeued_preempted``/``requeued_retracted`` are the re-prefills of preempted and retracted
-    calls, ``prefetch_*`` the host staging), the plugin's on/off line, and SGLang's own
-    retractions (``KV cache pool is full. Retract requests. #retracted_reqs: N``)."""
-    out: dict = {"plugin": "on" if "agent-workflow plugin on" in log_text else
-                 "off" if "agent-workflow plugin off" in log_text else "unknown"}
-    lines = [l for l in log_text.splitlines() if "agent-workflow plugin counters:" in l]
-    if lines:
-        out["plugin_counters"] = {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", lines[-1].split("counters:", 1)[1])}
-    out["sglang_retracted_reqs"] = sum(int(n) for n in re.findall(r"#retracted_reqs: (\d+)", log_text))
-    return out
+def final_counters(servers: list[SGLangServer]) -> None:
+    """Make each plugin replica log a fresh counters line: with ``--sleep-on-idle`` an idle
+    scheduler runs no round (and so writes no line); one ``/health_generate`` after the logging
+    period makes it run one (an untagged call: one ``priority_from_default``)."""
+    time.sleep(PLUGIN_LOG_EVERY_S + 0.2)
+    for s in servers:
+        try:
+            httpx.get(s.url + "/health_generate", timeout=60, trust_env=False)
+        except httpx.HTTPError:
+            pass
+    time.sleep(0.5)
 
 
 def calibration_records(servers: list[SGLangServer], plan: list, args: argparse.Namespace) -> list[dict]:
@@ -232,36 +291,45 @@ def calibration_records(servers: list[SGLangServer], plan: list, args: argparse.
     return recs
 
 
+#: settings a condition may fill (None on the command line = unset)
+SETTINGS = tuple(DEFAULTS["cpu"])
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
+    ap.add_argument("--condition", nargs="+", default=["default"], choices=list(CONDITIONS),
+                    help="named presets, run one after the other (bench/engine_conditions.py; default: default)")
     ap.add_argument("--workflows", type=int, help="workflows replayed per seed (CPU 16, GPU 48)")
     ap.add_argument("--concurrency", type=int, help="workflows in flight (CPU 8, GPU 24)")
     ap.add_argument("--time-scale", type=float, help="× recorded tool/think gaps (0.02)")
     ap.add_argument("--token-scale", type=float, help="× recorded prompt and output lengths (CPU 0.05, GPU 0.25)")
-    ap.add_argument("--pool-tokens", type=int, help="KV pool of each replica (CPU 2500, GPU 30000)")
-    ap.add_argument("--max-running", type=int, help="--max-running-requests of each replica (CPU 2, GPU 16)")
+    ap.add_argument("--pool-tokens", type=int, help="KV pool of each replica (CPU 2000, GPU 30000)")
+    ap.add_argument("--max-running", type=int, help="--max-running-requests of each replica (CPU 8, GPU 32)")
     ap.add_argument("--preemption-threshold", type=int, default=500,
                     help="--priority-scheduling-preemption-threshold of the hints replicas (docs/sglang.md: 500 "
                          "on the gateway's 0-2,000 priority scale; SGLang's default is 10)")
     ap.add_argument("--budget-ms", type=float,
                     help="gateway annotation budget (CPU 100: its default 5 ms is for an unloaded machine; "
                          "with 2 shared cores most calls would go out unannotated; GPU 20)")
-    ap.add_argument("--setups", nargs="+", default=["round-robin", "router", "hints"], choices=list(SETUPS),
-                    help="set-ups to run (default: round-robin router hints)")
-    ap.add_argument("--ablation", action="store_true", help="also run 'no-priority'")
+    ap.add_argument("--setups", nargs="+", default=list(DEFAULT_SETUPS), choices=list(SETUPS),
+                    help="arms to run (default: round-robin router hints)")
+    ap.add_argument("--ablation", action="store_true", help="also run " + ", ".join(ABLATION))
     ap.add_argument("--calib-workflows", type=int, help="workflows of the calibration replay (CPU 4, GPU 6)")
     ap.add_argument("--no-sim", action="store_true", help="skip the calibration replay and the simulator")
+    ap.add_argument("--one-pair-at-a-time", action="store_true",
+                    help="start one replica pair at a time (always on --gpu; bounds memory on CPU)")
     ap.add_argument("--gpu", action="store_true", help="GPU machine: bfloat16, llama-8b shape, GPU defaults")
     ap.add_argument("--model-config", choices=MODEL_CONFIGS, help="model folder written here (CPU tiny, GPU llama-8b)")
     ap.add_argument("--model-dir", type=Path, help="an existing model folder (config.json + tokenizer) instead")
-    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--json", action="store_true", help="print one JSON object instead of the tables")
+    ap.add_argument("--out", type=Path, help="also write the JSON object to this file")
     args = ap.parse_args(argv)
-    for k, v in DEFAULTS["gpu" if args.gpu else "cpu"].items():
-        if getattr(args, k) is None:
-            setattr(args, k, v)
-    if args.ablation and "no-priority" not in args.setups:
-        args.setups.append("no-priority")
+    if len(set(args.seeds)) != len(args.seeds):
+        ap.error("--seeds: each seed once")
+    if args.ablation:
+        args.setups += [n for n in ABLATION if n not in args.setups]
+    args.setups = list(dict.fromkeys(args.setups))
     if "router" in args.setups and not router_available():
         ap.error("the 'router' set-up needs sglang-router: pip install -e '.[bench]'")
     if args.gpu and gpu_count() == 0:
@@ -269,127 +337,172 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def condition_args(args: argparse.Namespace, name: str) -> argparse.Namespace:
+    """``args`` with condition ``name``'s settings filled in (:func:`condition_settings`)."""
+    defaults = DEFAULTS["gpu" if args.gpu else "cpu"]
+    out = copy.copy(args)
+    for k, v in condition_settings(name, {k: getattr(args, k) for k in SETTINGS}, defaults).items():
+        setattr(out, k, v)
+    out.condition = name
+    return out
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    from fitting import profile_fit as fitting
-    from store.workloads import generate, write_jsonl
-    from serving_hooks.replay_plan import load_plan, on_replay_clock
+    model_cfg = args.model_config or DEFAULTS["gpu" if args.gpu else "cpu"]["model_config"]
+    out: dict = {"conditions": {}, "fidelity": {}}
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        model = args.model_dir or write_model(work / "model", model_cfg)
+        for name in args.condition:
+            cargs = condition_args(args, name)
+            print(f"condition {name}: {CONDITIONS[name].doc}", file=sys.stderr)
+            res = run_condition(cargs, model, work / name)
+            out["conditions"][name] = res
+            if "simulator" in res:
+                out["fidelity"][name] = res["fidelity"]
+    if args.out:
+        args.out.write_text(json.dumps(out, indent=2, default=str))
+    if args.json:
+        print(json.dumps(out, indent=2, default=str))
+        return
+    for name, res in out["conditions"].items():
+        print_report(name, res, args.setups)
 
-    names = list(dict.fromkeys(args.setups))
+
+def fit_profiles(wl: EngineWorkload, work: Path) -> dict[int, Path]:
+    """One profile per distinct train set (one for all seeds unless the condition fits per seed)."""
+    from fitting import profile_fit as fitting
+    from store.workloads import write_jsonl
+
+    paths: dict[int, Path] = {}
+    fitted: dict[int, Path] = {}
+    for seed, train in wl.train.items():
+        if id(train) not in fitted:
+            d = work / f"profile-{len(fitted)}"
+            write_jsonl(train, d / "train" / "train.jsonl")
+            fitting.fit_profile([d / "train"], d / "profile", options=fitting.FitOptions(min_calls=5))
+            fitted[id(train)] = d / "profile"
+        paths[seed] = fitted[id(train)]
+    return paths
+
+
+def run_condition(args: argparse.Namespace, model: Path, work: Path) -> dict:
+    """Every arm × seed of one condition on fresh replicas, then the simulator: the condition's
+    JSON object (:func:`build_output`)."""
+    from store.workloads import generate, write_jsonl
+    from serving_hooks.replay_plan import load_plan
+
+    work.mkdir(parents=True, exist_ok=True)
+    names = list(args.setups)
     pairs_needed = list(dict.fromkeys(SETUPS[n][0] for n in names))
     runs = [(seed, name) for i, seed in enumerate(args.seeds)
             for name in names[i % len(names):] + names[:i % len(names)]]
+    load_start = os.getloadavg()
     t_start = time.monotonic()
-    with tempfile.TemporaryDirectory() as tmp:
-        work = Path(tmp)
-        model = args.model_dir or write_model(work / "model", args.model_config)
-        # the profile learns the lengths the replay will really send (scaled), otherwise the
-        # gateway's drift check sees every band missed and shadows the workflow type
-        # ... and on the replay's clock (gaps x --time-scale): fitted on recorded times its TTLs
-        # and ages would be 1/time-scale too long for the replayed traffic (serving_hooks.replay_plan)
-        train = on_replay_clock([{**r, "input_tokens": round(r["input_tokens"] * args.token_scale),
-                                  "output_tokens": max(1, round(r["output_tokens"] * args.token_scale))}
-                                 for r in generate("coding_assistant", 80, seed=1000)], args.time_scale)
-        write_jsonl(train, work / "train" / "ca.jsonl")
-        fitting.fit_profile([work / "train"], work / "profile", options=fitting.FitOptions(min_calls=5))
-        plans, raw = {}, {}
-        for seed in args.seeds:
-            raw[seed] = list(generate("coding_assistant", args.workflows, seed=seed))
-            write_jsonl(raw[seed], work / f"replay{seed}" / "ca.jsonl")
-            plans[seed], _ = load_plan([work / f"replay{seed}"], token_scale=args.token_scale)
-        calib_plan = None
-        if not args.no_sim:
-            write_jsonl(generate("coding_assistant", args.calib_workflows, seed=900), work / "calib" / "ca.jsonl")
-            calib_plan, _ = load_plan([work / "calib"], token_scale=args.token_scale)
+    wl = prepare_workload(args.condition, args.seeds, args)
+    profiles = fit_profiles(wl, work)
+    plans = {}
+    for seed, recs in wl.replay.items():
+        write_jsonl(recs, work / f"replay{seed}" / "replay.jsonl")
+        plans[seed], _ = load_plan([work / f"replay{seed}"])      # lengths already scaled
+    calib_plan = None
+    if not args.no_sim:
+        calib = scale_records(list(generate("coding_assistant", args.calib_workflows, seed=900)), args.token_scale,
+                              args.pool_tokens // 2, max(1, args.pool_tokens // 4))[0]
+        write_jsonl(calib, work / "calib" / "calib.jsonl")
+        calib_plan, _ = load_plan([work / "calib"])
 
-        rows: dict[str, dict[int, dict]] = {n: {} for n in names}
-        engine: dict[str, list[dict]] = {p: [] for p in PAIRS}   # per replica, over the whole run
-        calib: list[dict] = []
-        limits_log = ""
-        k = [0]
+    rows: dict[str, dict[int, dict]] = {n: {} for n in names}
+    engine: dict[str, list[dict]] = {}      # per pair, per replica, over the whole condition
+    state: dict = {"calib": [], "limits_log": "", "k": 0}
 
-        def do_runs(pair_servers: dict[str, list[SGLangServer]], todo: list[tuple[int, str]]) -> None:
-            for seed, name in todo:
-                k[0] += 1
-                rows[name][seed] = s = run_setup(name, pair_servers[SETUPS[name][0]], work / "profile",
-                                                 plans[seed], seed, args, work)
-                elapsed = time.monotonic() - t_start
-                print(f"  [{k[0]}/{len(runs)}] {name} seed {seed}: JCT avg {s['workflows']['jct_s']['avg']:.2f}s "
-                      f"p95 {s['workflows']['jct_s']['p95']:.2f}s, errors {s['calls']['errors']}, "
-                      f"cached {s['tokens']['cached_fraction'] or 0:.1%}"
-                      + (f", annotate {s['annotate_outcomes']}" if s["annotate_outcomes"] else "")
-                      + f"  ({elapsed / 60:.1f} min elapsed)", file=sys.stderr)
+    def do_runs(pair_servers: dict[str, list[SGLangServer]], todo: list[tuple[int, str]]) -> None:
+        for seed, name in todo:
+            state["k"] += 1
+            rows[name][seed] = s = run_setup(name, pair_servers[SETUPS[name][0]], profiles[seed],
+                                             plans[seed], seed, args, work)
+            q = s["queue_depth"]
+            print(f"  [{state['k']}/{len(runs)}] {name} seed {seed}: JCT avg {s['jct_avg_s']:.2f}s "
+                  f"p95 {s['jct_p95_s']:.2f}s, errors {s['errors']}, cached {s['cached_fraction'] or 0:.1%}, "
+                  f"queue mean {q['mean'] if q['mean'] is None else round(q['mean'], 2)} max {q['max']}"
+                  + (f", annotate {s['annotate_outcomes']}" if s["annotate_outcomes"] else "")
+                  + f"  ({(time.monotonic() - t_start) / 60:.1f} min elapsed, load {os.getloadavg()[0]:.1f})",
+                  file=sys.stderr)
 
-        def stop_all(pairs: dict[str, list[SGLangServer]]) -> None:
-            for pair, servers in pairs.items():
-                for srv in servers:
-                    srv.stop()
-                    engine[pair].append(engine_counters(srv.log_text()))
-                    print(f"  {pair} {srv.url}: {engine[pair][-1]}", file=sys.stderr)
+    def stop_all(pairs: dict[str, list[SGLangServer]]) -> None:
+        plugin_servers = [s for p, v in pairs.items() if PAIRS[p][1] for s in v]
+        if plugin_servers:
+            final_counters(plugin_servers)
+        for pair, servers in pairs.items():
+            for srv in servers:
+                srv.stop()
+                engine.setdefault(pair, []).append(engine_counters(srv.log_text()))
+                print(f"  {pair} {srv.url}: {engine[pair][-1]}", file=sys.stderr)
 
-        def with_pairs(wanted: list[str], todo: list[tuple[int, str]]) -> None:
-            nonlocal calib, limits_log
-            pairs: dict[str, list[SGLangServer]] = {}
-            try:
-                for pair in wanted:
-                    pairs[pair] = start_pair(model, work, pair, args)
-                if "plain" in pairs and calib_plan is not None and not calib:
-                    print("  calibration replay (one plain replica, 1 then 2 workflows in flight)", file=sys.stderr)
-                    calib = calibration_records(pairs["plain"], calib_plan, args)
-                    limits_log = pairs["plain"][0].log_text()
-                do_runs(pairs, todo)
-            finally:
-                stop_all(pairs)
+    def with_pairs(wanted: list[str], todo: list[tuple[int, str]]) -> None:
+        pairs: dict[str, list[SGLangServer]] = {}
+        try:
+            with ThreadPoolExecutor(len(wanted)) as ex:       # every pair side by side
+                futures = {pair: ex.submit(start_pair, model, work, pair, args) for pair in wanted}
+                for pair, fut in futures.items():
+                    if fut.exception() is None:
+                        pairs[pair] = fut.result()
+                failed = [fut.exception() for fut in futures.values() if fut.exception() is not None]
+            if failed:
+                raise failed[0]
+            if "plain" in pairs and calib_plan is not None and not state["calib"]:
+                print("  calibration replay (one plain replica, 1 then 2 workflows in flight)", file=sys.stderr)
+                state["calib"] = calibration_records(pairs["plain"], calib_plan, args)
+                state["limits_log"] = pairs["plain"][0].log_text()
+            do_runs(pairs, todo)
+        finally:
+            stop_all(pairs)
 
-        if args.gpu:        # one pair at a time: two 8B replicas fill one GPU
-            for pair in (["plain"] if calib_plan is not None and "plain" not in pairs_needed else []) + pairs_needed:
-                with_pairs([pair], [(s, n) for s, n in runs if SETUPS[n][0] == pair])
-        else:               # every pair up at once, set-ups interleaved per seed
-            with_pairs(list(dict.fromkeys((["plain"] if calib_plan is not None else []) + pairs_needed)), runs)
+    if args.gpu or args.one_pair_at_a_time:     # one pair at a time: two 8B replicas fill one GPU
+        for pair in (["plain"] if calib_plan is not None and "plain" not in pairs_needed else []) + pairs_needed:
+            with_pairs([pair], [(s, n) for s, n in runs if SETUPS[n][0] == pair])
+    else:                                       # every pair up at once, arms interleaved per seed
+        with_pairs(list(dict.fromkeys((["plain"] if calib_plan is not None else []) + pairs_needed)), runs)
 
-        out = build_output(args, names, rows)
-        out["engine_counters"] = {p: v for p, v in engine.items() if v}
-        if calib_plan is not None:
-            out["simulator"] = simulate(args, names, raw, calib, limits_log, work / "profile")
-    print_report(out, args, names)
-    for pair, reps in out.get("engine_counters", {}).items():
-        c = [r.get("plugin_counters", {}) for r in reps]
-        print(f"{pair} replicas: plugin {'/'.join(r['plugin'] for r in reps)}; re-prefills preempted "
-              f"{[x.get('requeued_preempted', 0) for x in c]} retracted (plugin) "
-              f"{[x.get('requeued_retracted', 0) for x in c]} (SGLang log) {[r['sglang_retracted_reqs'] for r in reps]}; "
-              f"prefetch planned {[x.get('prefetch_planned', 0) for x in c]} skipped for no host tier "
-              f"{[x.get('prefetch_skipped_no_host_tier', 0) for x in c]}", file=sys.stderr)
-
-
-def build_output(args: argparse.Namespace, names: list[str], rows: dict[str, dict[int, dict]]) -> dict:
-    out: dict = {"args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}, "seeds": {}}
-    for seed in args.seeds:
-        out["seeds"][seed] = {
-            name: {"jct_avg_s": r["workflows"]["jct_s"]["avg"], "jct_p95_s": r["workflows"]["jct_s"]["p95"],
-                   "errors": r["calls"]["errors"], "cached_fraction": r["tokens"]["cached_fraction"],
-                   "calls": r["calls"]["count"], "annotate_outcomes": r["annotate_outcomes"]}
-            for name, r in ((n, rows[n][seed]) for n in names)}
-    out["ratios"] = ratios({s: v for s, v in out["seeds"].items()}, names)
+    out = build_output(args, names, rows, engine)
+    out["workload"] = {"condition": args.condition, "doc": CONDITIONS[args.condition].doc,
+                       "calls_per_seed": {s: len(r) for s, r in wl.replay.items()},
+                       "workflows_per_seed": {s: len({x["workflow_id"] for x in r}) for s, r in wl.replay.items()},
+                       "capped_calls": wl.capped_calls, "profiles": len(set(profiles.values())), "notes": wl.notes}
+    out["load_average"] = {"start": list(load_start), "end": list(os.getloadavg()),
+                           "cpus": os.cpu_count(), "minutes": (time.monotonic() - t_start) / 60}
+    if calib_plan is not None:
+        out["simulator"] = simulate(args, names, wl.replay, state["calib"], state["limits_log"], profiles)
+        out["fidelity"] = fidelity(out["ratios"], out["simulator"]["ratios"])
     return out
 
 
-def ratios(per_seed: dict[int, dict[str, dict]], names: list[str]) -> dict[str, dict]:
-    """Per treatment (hints, no-priority) and baseline (round-robin, router): JCT ratio
-    treatment / baseline per seed and the mean over seeds, for avg and P95 JCT."""
-    out: dict[str, dict] = {}
-    for treat in (n for n in names if n in ("hints", "no-priority")):
-        for base in (n for n in names if n in ("round-robin", "router")):
-            r = {"avg": [], "p95": []}
-            for v in per_seed.values():
-                r["avg"].append(v[treat]["jct_avg_s"] / v[base]["jct_avg_s"])
-                r["p95"].append(v[treat]["jct_p95_s"] / v[base]["jct_p95_s"])
-            out[f"{treat}/{base}"] = {"avg": r["avg"], "p95": r["p95"], "mean_avg": float(np.mean(r["avg"])),
-                                      "mean_p95": float(np.mean(r["p95"]))}
-    return out
+def build_output(args: argparse.Namespace, names: list[str], rows: dict[str, dict[int, dict]],
+                 engine: dict[str, list[dict]]) -> dict:
+    """The condition's JSON: settings, per seed and arm, per arm (with the plugin's counters when
+    the arm has its replica pair to itself), and the ratios with their intervals."""
+    settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
+    per_seed = {seed: {n: {k: v for k, v in rows[n][seed].items() if k != "queue_samples"} for n in names}
+                for seed in args.seeds}
+    pair_arms: dict[str, list[str]] = {}
+    for n in names:
+        pair_arms.setdefault(SETUPS[n][0], []).append(n)
+    arms = {}
+    for n in names:
+        pair = SETUPS[n][0]
+        own = engine.get(pair) if len(pair_arms[pair]) == 1 else None
+        arms[n] = {"replicas": pair, "front": SETUPS[n][1],
+                   **arm_summary([rows[n][s] for s in args.seeds], own)}
+        if own is None and pair in engine:      # the plain pair: plugin off, counters shared by its arms
+            arms[n]["plugin"] = "/".join(r["plugin"] for r in engine[pair])
+            arms[n]["plugin_counters"] = {}
+    return {"settings": settings, "seeds": per_seed, "arms": arms, "ratios": ratios(per_seed, names),
+            "engine_counters": engine}
 
 
 def simulate(args: argparse.Namespace, names: list[str], raw: dict[int, list[dict]], calib: list[dict],
-             limits_log: str, profile: Path) -> dict:
+             limits_log: str, profiles: dict[int, Path]) -> dict:
     """Calibrate on the calibration replay, then simulate every seed's trace (see bench.engine_sim)."""
     from bench.engine_sim import calibrate, cluster, scaled_records, server_limits, simulate_setups
 
@@ -400,42 +513,59 @@ def simulate(args: argparse.Namespace, names: list[str], raw: dict[int, list[dic
           f"p0={step.prefill_t0 * 1e3:.1f} ms + a={step.a * 1e3:.3f} ms/token + a_ctx={step.a_ctx * 1e3:.4f} ms/token "
           f"(MdAPE prefill {step.prefill_mdape:.2f} on {step.n_prefill} calls, decode {step.decode_mdape:.2f} "
           f"on {step.n_decode}); {limits}", file=sys.stderr)
-    seeds = {seed: simulate_setups(scaled_records(raw[seed], args.token_scale, args.time_scale), profile, cfg,
+    seeds = {seed: simulate_setups(scaled_records(raw[seed], 1.0, args.time_scale), profiles[seed], cfg,
                                    args.concurrency, names, preemption_threshold=args.preemption_threshold)
              for seed in args.seeds}
     return {"step": step.to_dict(), "limits": limits, "seeds": seeds, "ratios": ratios(seeds, names)}
 
 
-def print_report(out: dict, args: argparse.Namespace, names: list[str]) -> None:
-    if args.json:
-        print(json.dumps(out, indent=2, default=str))
-        return
-    short = {"round-robin": "RR", "router": "router", "hints": "hints", "no-priority": "no-prio"}
-    head = f"{'seed':>4} " + " ".join(f"{short[n] + ' avg':>11} {short[n] + ' p95':>11}" for n in names)
+SHORT = {"round-robin": "RR", "router": "router", "routing-only": "routing", "hints": "hints",
+         "no-priority": "no-prio", "no-retention": "no-ret", "no-prefetch": "no-pref"}
+
+
+def _ci(ci: list) -> str:
+    return "-" if ci[0] is None else f"[{ci[0]:.2f}, {ci[1]:.2f}]"
+
+
+def print_report(name: str, out: dict, names: list[str]) -> None:
+    st, la = out["settings"], out["load_average"]
+    print(f"\n== condition {name}: {out['workload']['doc']} ==")
+    print(f"{len(st['seeds'])} seeds x {st['workflows']} workflows, {st['concurrency']} in flight, pool "
+          f"{st['pool_tokens']} tokens, {st['max_running']} running slots per replica, time x{st['time_scale']}, "
+          f"tokens x{st['token_scale']}; load average {la['start'][0]:.1f} -> {la['end'][0]:.1f} on "
+          f"{la['cpus']} CPUs, {la['minutes']:.1f} min")
+    head = f"{'seed':>4} " + " ".join(f"{SHORT[n] + ' avg':>12} {SHORT[n] + ' p95':>12}" for n in names)
     print("measured JCT (s) and prompt share served from cache")
-    print(head + "   cached " + "/".join(short[n] for n in names))
+    print(head + "   cached " + "/".join(SHORT[n] for n in names))
     for seed, v in out["seeds"].items():
-        print(f"{seed:>4} " + " ".join(f"{v[n]['jct_avg_s']:>11.2f} {v[n]['jct_p95_s']:>11.2f}" for n in names)
-              + "   " + "/".join(f"{(v[n]['cached_fraction'] or 0):.0%}" for n in names)
-              + (f"   errors {sum(v[n]['errors'] for n in names)}" if any(v[n]['errors'] for n in names) else ""))
+        print(f"{seed:>4} " + " ".join(f"{v[n]['jct_avg_s']:>12.2f} {v[n]['jct_p95_s']:>12.2f}" for n in names)
+              + "   " + "/".join(f"{(v[n]['cached_fraction'] or 0):.0%}" for n in names))
+    print(f"\n{'arm':<13} {'errors':>6} {'calls':>6} {'annotated':>9} {'cached':>7} {'queue mean':>10} "
+          f"{'p90':>5} {'max':>4} {'running max':>11}  plugin counters")
+    for n in names:
+        a = out["arms"][n]
+        q = a["queue_depth"]
+        ann = "-" if a["annotated_share"] is None else f"{a['annotated_share']:.0%}"
+        qm = "-" if q["mean"] is None else f"{q['mean']:.2f}"
+        print(f"{n:<13} {a['errors']:>6} {a['calls']:>6} {ann:>9} {(a['cached_fraction'] or 0):>7.0%} {qm:>10} "
+              f"{q['p90'] if q['p90'] is not None else '-':>5} {q['max'] if q['max'] is not None else '-':>4} "
+              f"{q['running_max'] if q['running_max'] is not None else '-':>11}  "
+              + ", ".join(f"{k}={v}" for k, v in a.get("plugin_counters", {}).items()))
     sim = out.get("simulator")
-    if sim:
-        print("simulated JCT (s), same trace, calibrated step time")
-        for seed, v in sim["seeds"].items():
-            print(f"{seed:>4} " + " ".join(f"{v[n]['jct_avg_s']:>11.2f} {v[n]['jct_p95_s']:>11.2f}" for n in names)
-                  + "   " + "/".join(f"{v[n]['cached_fraction']:.0%}" for n in names))
     if not out["ratios"]:
         return
-    print(f"\n{'ratio (mean over ' + str(len(args.seeds)) + ' seeds)':<34} {'measured avg':>12} {'(seed range)':>13} "
-          f"{'measured p95':>12}" + (f" {'simulated avg':>13} {'simulated p95':>13}" if sim else ""))
+    n_seeds = len(st["seeds"])
+    print(f"\n{'ratio, mean of ' + str(n_seeds) + ' seeds':<26} {'avg':>6} {'95% interval':>14} {'p95':>6} "
+          f"{'95% interval':>14}" + (f" {'sim avg':>8} {'sim err':>8}" if sim else ""))
     for key, r in out["ratios"].items():
-        spread = f"({min(r['avg']):.2f}-{max(r['avg']):.2f})"
-        line = f"{key:<34} {r['mean_avg']:>12.3f} {spread:>13} {r['mean_p95']:>12.3f}"
-        if sim:
-            s = sim["ratios"][key]
-            line += f" {s['mean_avg']:>13.3f} {s['mean_p95']:>13.3f}"
+        line = (f"{key:<26} {r['mean_avg']:>6.3f} {_ci(r['ci_avg']):>14} {r['mean_p95']:>6.3f} "
+                f"{_ci(r['ci_p95']):>14}")
+        if sim and key in sim["ratios"]:
+            f = out["fidelity"].get(key)
+            line += f" {sim['ratios'][key]['mean_avg']:>8.3f} {(f['rel_error'] if f else float('nan')):>+8.1%}"
         print(line)
-    print("(ratio < 1: the treatment's JCT is shorter than the baseline's)")
+    print("(ratio < 1: the arm's JCT is shorter than the baseline's; interval: Student t over seeds; "
+          "sim err: simulated / measured - 1)")
 
 
 if __name__ == "__main__":

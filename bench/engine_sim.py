@@ -1,5 +1,5 @@
 """Simulator fidelity for ``bench/bench_engine.py``: the simulator, calibrated to the real replicas,
-replays the same trace under the same three set-ups.
+replays the same trace under every set-up of the bench.
 
 * **Step time** — measured, not assumed: a calibration replay (``profiler replay``'s call
   records, sent straight to one plain replica, first one workflow at a time, then two) is fitted
@@ -20,14 +20,19 @@ replays the same trace under the same three set-ups.
   *least-loaded* worker, not the one with the smallest tree, and the tree is trimmed every
   60 s, not 120 s); the gateway
   with the plugin → ``ours`` with priority preemption at the hints replicas' threshold (the
-  bench's ``--preemption-threshold``) and no prefetch (no host tier in the simulated cluster,
-  though the hints replicas now have one: a known gap); ``no-priority`` → ``ours-no-priority``. The profile is the bench's own.
+  bench's ``--preemption-threshold``), no pre-prefill (the SGLang plugin has none) and no
+  prefetch (no host tier in the simulated cluster, though the hints replicas have one: a known
+  gap); the ablations: ``routing-only`` → ``ours`` with only its capacity router on (FCFS, LRU),
+  ``no-priority`` → ``ours-no-priority``, ``no-retention`` → ``ours-no-keepdrop``,
+  ``no-prefetch`` → ``ours-no-prefetch`` (the same as hints here). The profile is the bench's
+  own (per seed where the condition fits one per seed).
 
 Every workflow counts (no warm-up window), as in the measured replay.
 """
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -45,7 +50,13 @@ from simulator.workload import Workload, workload_from_records
 
 #: bench set-up -> simulator policy
 SIM_POLICIES = {"round-robin": "sglang-rr", "router": "sglang-router-0.3.2", "hints": "ours",
-                "no-priority": "ours-no-priority"}
+                "routing-only": "ours-routing-only", "no-priority": "ours-no-priority",
+                "no-retention": "ours-no-keepdrop", "no-prefetch": "ours-no-prefetch"}
+#: what the engine arms have that the simulator's ``ours`` switches separately: the SGLang plugin
+#: has no pre-prefill (only the simulator does), and "routing-only" is the gateway's capacity
+#: routing in front of plain SGLang (FCFS, LRU, no keep/drop, no prefetch)
+ENGINE_OPTIONS = {"preprefill": False}
+ROUTING_ONLY = {"priority": False, "keep_drop": False, "prefetch": False}
 
 
 class RouterCacheAware032(CacheAware):
@@ -69,6 +80,8 @@ def _policy(name: str, profile_dir: Path, opts: OursOptions) -> Policy:
 
     if name == "sglang-router-0.3.2":
         return Policy(name, RouterCacheAware032(), FCFS(), LRU(), "sglang-router 0.3.2 cache_aware, FCFS, LRU")
+    if name == "ours-routing-only":
+        return build_ours(Predictor(profile_dir), "ours", replace(opts, **ROUTING_ONLY))
     if name.startswith("ours"):
         return build_ours(Predictor(profile_dir), name, opts)
     return BASELINES[name]()
@@ -149,7 +162,7 @@ def simulate_setups(records: list[dict], profile_dir: Path, cfg: ClusterConfig, 
     (``preemption_threshold``: the hints replicas' ``--priority-scheduling-preemption-threshold``)."""
     wl = replay_prefixes(workload_from_records(records, name="bench-engine", conversation_lineage=False))
     arrivals = np.zeros(len(wl.workflows))
-    opts = OursOptions(prefetch=False, preemption_threshold=preemption_threshold)
+    opts = OursOptions(prefetch=False, preemption_threshold=preemption_threshold, **ENGINE_OPTIONS)
     out = {}
     for name in setups:
         pol_name = SIM_POLICIES[name]

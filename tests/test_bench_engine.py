@@ -1,0 +1,227 @@
+"""``bench/bench_engine.py`` without an engine: the interval math, the condition presets and their
+workloads, the queue-depth and counter parsing of SGLang logs, and the JSON shape of a condition.
+(The real-server path is exercised by tests/sglang/test_real_server.py and by running the bench.)"""
+from __future__ import annotations
+
+import json
+import math
+from collections import Counter
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from bench import bench_engine as be
+from bench.engine_conditions import CONDITIONS, condition_settings, prepare_workload, scale_records, seed_slice
+from bench.engine_report import (engine_counters, fidelity, queue_samples, queue_summary, ratio_pairs, ratios,
+                                 t_interval)
+
+# lines as SGLang 0.5.23 writes them (scheduler_components/metrics_reporter.py), two replicas' worth
+PREFILL = ("[2026-11-26 13:30:01] Prefill batch, #new-seq: 1, #new-token: {n}, #cached-token: 0, token usage: 0.41, "
+           "#running-req: {r}, #queue-req: {q}, #pending-token: 0, ")
+DECODE = ("[2026-11-26 13:30:02] Decode batch, #running-req: {r}, #token: 812, token usage: 0.41, cpu graph: False, "
+          "gen throughput (token/s): 310.22, #queue-req: {q}")
+
+
+def test_t_interval_is_the_student_t_interval_over_seeds() -> None:
+    x = [0.8, 0.9, 1.1, 1.0, 0.7]
+    got = t_interval(x)
+    half = stats.t.ppf(0.975, 4) * np.std(x, ddof=1) / math.sqrt(5)
+    assert got["mean"] == pytest.approx(0.9)
+    assert (got["lo"], got["hi"]) == (pytest.approx(0.9 - half), pytest.approx(0.9 + half))
+    assert got["hi"] - got["lo"] == pytest.approx(2 * 2.776445 * 0.158114 / math.sqrt(5), rel=1e-5)
+    wider = t_interval(x, level=0.99)
+    assert wider["lo"] < got["lo"] and wider["hi"] > got["hi"]
+    assert t_interval([1.2])["lo"] is None and t_interval([1.2])["mean"] == 1.2
+    same = t_interval([1.0, 1.0, 1.0])
+    assert same["lo"] == same["hi"] == 1.0
+    assert t_interval([])["n"] == 0
+    with pytest.raises(ValueError, match="level"):
+        t_interval(x, level=95)
+
+
+def test_ratios_per_seed_with_intervals_against_both_baselines() -> None:
+    per_seed = {s: {"round-robin": {"jct_avg_s": 10.0, "jct_p95_s": 20.0},
+                    "router": {"jct_avg_s": 8.0 + s, "jct_p95_s": 16.0},
+                    "hints": {"jct_avg_s": 8.0, "jct_p95_s": 12.0 + s}} for s in range(3)}
+    names = ["round-robin", "router", "hints"]
+    assert ratio_pairs(names) == [("router", "round-robin"), ("hints", "round-robin"), ("hints", "router")]
+    r = ratios(per_seed, names)
+    assert set(r) == {"router/round-robin", "hints/round-robin", "hints/router"}
+    h = r["hints/router"]
+    assert h["avg"] == [pytest.approx(1.0), pytest.approx(8 / 9), pytest.approx(0.8)]
+    assert h["mean_avg"] == pytest.approx(np.mean([1.0, 8 / 9, 0.8]))
+    assert h["ci_avg"][0] < h["mean_avg"] < h["ci_avg"][1]
+    assert r["hints/round-robin"]["ci_avg"] == [pytest.approx(0.8), pytest.approx(0.8)]   # no spread
+    assert r["hints/round-robin"]["p95"] == [pytest.approx(0.6), pytest.approx(0.65), pytest.approx(0.7)]
+    assert ratio_pairs(["hints", "no-priority"]) == []          # no baseline, no ratio
+
+
+def test_condition_presets_change_one_thing_and_the_command_line_wins() -> None:
+    d = be.DEFAULTS["cpu"]
+    assert set(CONDITIONS) == {"default", "many-in-flight", "tight-pool", "recorded-gaps", "multi-agent",
+                               "agent-platform"}
+    unset = {k: None for k in d}
+    base = condition_settings("default", unset, d)
+    assert base == d
+    for name, changed in (("many-in-flight", {"concurrency": 3 * d["concurrency"]}),
+                          ("tight-pool", {"pool_tokens": int(0.6 * d["pool_tokens"])}),
+                          ("recorded-gaps", {"time_scale": 1.0}), ("multi-agent", {}), ("agent-platform", {})):
+        got = condition_settings(name, unset, d)
+        assert {k: v for k, v in got.items() if v != base[k]} == changed, name
+    assert condition_settings("tight-pool", {**unset, "pool_tokens": 900}, d)["pool_tokens"] == 900
+    gpu = condition_settings("many-in-flight", unset, be.DEFAULTS["gpu"])
+    assert gpu["concurrency"] == 3 * be.DEFAULTS["gpu"]["concurrency"]
+    with pytest.raises(ValueError, match="unknown condition 'nope'"):
+        condition_settings("nope", unset, d)
+
+
+def test_command_line_conditions_and_arms() -> None:
+    args = be.parse_args(["--condition", "multi-agent", "tight-pool", "--seeds", "0", "1", "--ablation",
+                          "--setups", "round-robin", "hints"])
+    assert args.setups == ["round-robin", "hints", "routing-only", "no-priority", "no-retention", "no-prefetch"]
+    tight = be.condition_args(args, "tight-pool")
+    assert (tight.condition, tight.pool_tokens, tight.max_running) == ("tight-pool", 1200, 8)
+    assert be.condition_args(args, "multi-agent").pool_tokens == 2000
+    assert args.pool_tokens is None                        # the parsed args stay unfilled
+    with pytest.raises(SystemExit):
+        be.parse_args(["--condition", "nope"])
+    with pytest.raises(SystemExit):
+        be.parse_args(["--seeds", "1", "1"])
+    # every arm has a replica pair and the ablation pairs differ from hints in exactly one mechanism
+    assert all(be.SETUPS[n][0] in be.PAIRS for n in be.SETUPS)
+    hints = set(be.PAIRS["hints"][0])
+    assert "--enable-priority-scheduling" not in be.PAIRS["no-priority"][0]
+    assert "workflow-retention" not in be.PAIRS["no-retention"][0] and "--enable-hierarchical-cache" in be.PAIRS["no-retention"][0]
+    assert set(be.PAIRS["no-prefetch"][0]) == hints and be.PAIRS["no-prefetch"][2] == {"AWP_PREFETCH": "0"}
+
+
+def test_scale_records_caps_and_counts() -> None:
+    recs = [{"input_tokens": 1000, "output_tokens": 10}, {"input_tokens": 40000, "output_tokens": 9000}]
+    out, capped = scale_records(recs, 0.05, max_input=1000, max_output=500)
+    assert [(r["input_tokens"], r["output_tokens"]) for r in out] == [(50, 1), (1000, 450)]
+    assert capped == 1 and recs[1]["input_tokens"] == 40000          # copies
+
+
+def test_seed_slices_are_disjoint_until_they_wrap() -> None:
+    ids = [f"w{i}" for i in range(20)]
+    sets = [seed_slice(ids, s, 6) for s in range(3)]
+    assert all(len(x) == 6 for x in sets) and len(set().union(*sets)) == 18
+    assert seed_slice(ids, 4, 6)[:2] == seed_slice(ids, 0, 6)[4:]     # 24..29 wraps to 4..9
+    with pytest.raises(ValueError, match="--workflows"):
+        seed_slice(ids, 0, 0)
+
+
+@pytest.mark.slow
+def test_multi_agent_and_agent_platform_workloads() -> None:
+    args = be.condition_args(be.parse_args(["--seeds", "0", "1", "--workflows", "3"]), "multi-agent")
+    wl = prepare_workload("multi-agent", [0, 1], args)
+    assert wl.shared_train()
+    wfs = {s: {r["workflow_id"] for r in recs} for s, recs in wl.replay.items()}
+    assert len(wfs[0]) == len(wfs[1]) == 3 and not wfs[0] & wfs[1]
+    train_ids = {r["workflow_id"] for r in wl.train[0]}
+    assert not train_ids & (wfs[0] | wfs[1])                       # the profile never saw a replayed workflow
+    assert {r["workflow_type_id"] for r in wl.train[0]} == {"magentic_one", "captain_agent"}
+    for recs in (*wl.replay.values(), wl.train[0]):
+        assert max(r["input_tokens"] for r in recs) <= args.pool_tokens // 2
+        assert max(r["output_tokens"] for r in recs) <= args.pool_tokens // 4
+    # the train side is on the replay's clock: Who&When calls are 1 s apart, so 0.02 s after it
+    by_wf: dict[str, list[float]] = {}
+    for r in wl.train[0]:
+        by_wf.setdefault(r["workflow_id"], []).append(float(r["t_arrival"]))
+    steps = [b - a for t in by_wf.values() for a, b in zip(sorted(t), sorted(t)[1:])]
+    assert np.median(steps) == pytest.approx(args.time_scale)
+
+    args = be.condition_args(be.parse_args(["--seeds", "0", "1", "--workflows", "6"]), "agent-platform")
+    wl = prepare_workload("agent-platform", [0, 1], args)
+    assert not wl.shared_train()                                   # the mix is split per seed
+    for s, recs in wl.replay.items():
+        apps = Counter(r["workflow_id"].split(":", 1)[0] for r in {r["workflow_id"]: r for r in recs}.values())
+        assert set(apps) == {"swe-agent", "mini-swe-agent", "coding-assistant", "agentless", "group-chat",
+                             "deep-research"}, s
+
+
+def _rows(names: list[str], seeds: list[int]) -> dict:
+    log = "\n".join([PREFILL.format(n=300, r=2, q=3), DECODE.format(r=4, q=1), PREFILL.format(n=50, r=5, q=0)])
+    q, run = queue_samples(log)
+    return {n: {s: {"jct_avg_s": 10.0 - (n == "hints") - 0.1 * s, "jct_p95_s": 20.0, "errors": 0,
+                    "cached_fraction": 0.5, "calls": 40,
+                    "annotate_outcomes": {"annotated": 39, "over_budget": 1} if n != "router" else {},
+                    "queue_depth": queue_summary(q, run), "queue_samples": (q, run)} for s in seeds} for n in names}
+
+
+def test_queue_depth_and_plugin_counters_from_sglang_logs() -> None:
+    log = "\n".join([PREFILL.format(n=300, r=2, q=3), "some other line #queue-req: 99",
+                     DECODE.format(r=4, q=1), PREFILL.format(n=50, r=5, q=0)])
+    q, running = queue_samples(log)
+    assert (q, running) == ([3, 1, 0], [2, 4, 5])
+    s = queue_summary(q, running)
+    assert (s["samples"], s["mean"], s["median"], s["max"], s["running_max"]) == (3, pytest.approx(4 / 3), 1.0, 3, 5)
+    assert queue_summary([], [])["mean"] is None
+    plugin_log = ("agent-workflow plugin on: 6 hooks (pid 1)\n"
+                  "agent-workflow plugin counters: prefetch_planned=2 priority_set=5\n"
+                  "KV cache pool is full. Retract requests. #retracted_reqs: 2\n"
+                  "agent-workflow plugin counters: prefetch_planned=7 prefetch_staged=3 priority_set=9\n")
+    c = engine_counters(plugin_log)
+    assert c == {"plugin": "on", "plugin_counters": {"prefetch_planned": 7, "prefetch_staged": 3, "priority_set": 9},
+                 "sglang_retracted_reqs": 2}
+    assert engine_counters("agent-workflow plugin off: ...")["plugin_counters"] == {}
+
+
+def test_condition_json_shape() -> None:
+    names, seeds = ["round-robin", "router", "routing-only", "hints"], [0, 1, 2]
+    args = be.condition_args(be.parse_args(["--seeds", "0", "1", "2", "--setups", *names]), "multi-agent")
+    on = {"plugin": "on", "plugin_counters": {"prefetch_planned": 4, "requeued_preempted": 1}, "sglang_retracted_reqs": 0}
+    off = {"plugin": "off", "plugin_counters": {}, "sglang_retracted_reqs": 3}
+    out = be.build_output(args, names, _rows(names, seeds), {"plain": [off, off], "hints": [on, on]})
+    json.dumps(out)                                                   # JSON-ready
+    for n in names:
+        arm = out["arms"][n]
+        assert {"plugin_counters", "annotate_outcomes", "errors", "cached_fraction", "queue_depth"} <= set(arm), n
+        assert arm["queue_depth"]["samples"] == 9 and arm["queue_depth"]["max"] == 3
+    assert out["arms"]["hints"]["plugin_counters"] == {"prefetch_planned": 8, "requeued_preempted": 2}
+    assert out["arms"]["hints"]["plugin"] == "on/on"
+    assert out["arms"]["router"]["plugin"] == "off/off" and out["arms"]["router"]["plugin_counters"] == {}
+    assert out["arms"]["hints"]["annotate_outcomes"] == {"annotated": 117, "over_budget": 3}
+    assert out["arms"]["hints"]["annotated_share"] == pytest.approx(39 / 40)
+    assert out["arms"]["router"]["annotate_outcomes"] == {} and out["arms"]["router"]["annotated_share"] is None
+    assert set(out["seeds"][0]) == set(names) and "queue_samples" not in out["seeds"][0]["hints"]
+    r = out["ratios"]["hints/router"]
+    assert r["n"] == 3 and r["mean_avg"] == pytest.approx(np.mean([9 / 10, 8.9 / 9.9, 8.8 / 9.8]))
+    assert r["ci_avg"][0] < r["mean_avg"] < r["ci_avg"][1]
+    assert out["settings"]["condition"] == "multi-agent"
+
+
+def test_fidelity_is_the_relative_error_of_the_simulated_mean() -> None:
+    measured = {"hints/router": {"mean_avg": 0.9, "ci_avg": [0.8, 1.0]}, "hints/round-robin": {"mean_avg": 0.8}}
+    simulated = {"hints/router": {"mean_avg": 0.99}, "hints/round-robin": {"mean_avg": 0.8}}
+    f = fidelity(measured, simulated)
+    assert f["hints/router"]["rel_error"] == pytest.approx(0.1) and f["hints/router"]["measured_ci"] == [0.8, 1.0]
+    assert f["hints/round-robin"]["rel_error"] == 0.0 and f["hints/round-robin"]["within_tolerance"]
+    assert not fidelity(measured, {"hints/router": {"mean_avg": 1.2}})["hints/router"]["within_tolerance"]
+    assert fidelity(measured, {}) == {}
+
+
+@pytest.mark.slow
+def test_every_arm_has_a_simulated_policy(tmp_path) -> None:
+    """The simulator replays one seed under every arm's policy (the new ablations included), on the
+    bench's own scaled records and a profile fitted on other workflows."""
+    from bench.engine_sim import SIM_POLICIES, cluster, scaled_records, simulate_setups
+    from fitting import profile_fit as fitting
+    from store.workloads import generate, write_jsonl
+    from simulator.calibration import StepTimeModel
+
+    assert set(SIM_POLICIES) == set(be.SETUPS)
+    args = be.condition_args(be.parse_args(["--seeds", "0", "--workflows", "3", "--ablation"]), "default")
+    train, _ = scale_records(list(generate("coding_assistant", 12, seed=1000)), args.token_scale, 1000, 500)
+    write_jsonl(train, tmp_path / "train" / "t.jsonl")
+    fitting.fit_profile([tmp_path / "train"], tmp_path / "profile", options=fitting.FitOptions(min_calls=5))
+    recs, _ = scale_records(list(generate("coding_assistant", 3, seed=0)), args.token_scale, 1000, 500)
+    step = StepTimeModel(t0=0.003, a=1e-4, a_ctx=0.0, c=1e-7, prefill_t0=0.02)
+    limits = {"kv_capacity_tokens": 1200, "chunked_prefill_size": 4096, "max_running_requests": 8}
+    out = simulate_setups(scaled_records(recs, 1.0, args.time_scale), tmp_path / "profile", cluster(limits, step),
+                          4, args.setups, preemption_threshold=500)
+    assert set(out) == set(args.setups)
+    assert {out[n]["policy"] for n in out} == {SIM_POLICIES[n] for n in args.setups}
+    assert all(out[n]["jct_avg_s"] > 0 for n in out)
+    assert set(ratios({0: out}, args.setups)) == {f"{t}/{b}" for t, b in ratio_pairs(args.setups)}
