@@ -27,9 +27,11 @@ PROMPT = 40
 CLOCK_START = 0.0
 
 
-@pytest.fixture
-def hicache_on_cpu(monkeypatch):
-    """HiCache (device pool + host pool + controller) on CPU tensors.
+@pytest.fixture(params=["rust", "python"])
+def hicache_on_cpu(request, monkeypatch):
+    """HiCache (device pool + host pool + controller) on CPU tensors, with either tree core:
+    ``rust`` is SGLang's default (what a server without ``--radix-cache-backend`` builds; it
+    hands out node ids only), ``python`` is what the ``workflow-retention`` backend builds.
 
     Three CPU stand-ins for CUDA-only pieces, restored after the test: the host pool is
     allocated without pinning (``cudaHostRegister``), ``torch.cpu.Stream`` gets the no-op
@@ -70,10 +72,11 @@ def hicache_on_cpu(monkeypatch):
                           device="cpu", enable_memory_saver=False)
     allocator = TokenToKVPoolAllocator(POOL, torch.float16, "cpu", kv, need_sort=False)
     params = CacheInitParams(disable=False, req_to_token_pool=None, token_to_kv_pool_allocator=allocator,
-                             page_size=1, tree_components=(ComponentType.FULL,), tree_core_backend="python")
+                             page_size=1, tree_components=(ComponentType.FULL,), tree_core_backend=request.param)
     cache = UnifiedRadixCache(params)
     cache.init_hicache(server_args, params)
     assert cache.cache_controller is not None
+    assert type(cache.tree_core).__name__ == {"rust": "RustUnifiedTreeCore", "python": "UnifiedTreeCore"}[request.param]
     yield cache, kv, allocator
     cache.shutdown()
     override.restore()
@@ -99,8 +102,7 @@ def test_next_agent_prefix_is_staged_to_host_just_in_time(clock, hicache_on_cpu)
     for layer in range(2):
         kv.k_buffer[layer][slots] = 1.5 + layer
         kv.v_buffer[layer][slots] = -2.0
-    inserted = cache.insert(InsertParams(key=RadixKey(tokens), value=slots))
-    node = cache.resolve_node_handle(inserted.last_device_node)
+    node = cache.insert(InsertParams(key=RadixKey(tokens), value=slots)).last_device_node  # a node id
 
     # admitted at t=0 with a confident next agent and 80..400 output tokens predicted:
     # finish = 40/8000 + 80/40 = 2.005 s; copy 40/200000 s; start = 2.005 - 0.0002 - 0.05 = 1.9548 s
@@ -108,14 +110,15 @@ def test_next_agent_prefix_is_staged_to_host_just_in_time(clock, hicache_on_cpu)
                                  "pred_out_hi": 400, "exp_remaining_calls": 3, "next_agent": "coder",
                                  "next_agent_p": 0.9})
     scheduler = SimpleNamespace(tree_cache=cache, tp_size=1)
-    assert run_due_prefetches(scheduler, now=1.9) == 0 and not node.backuped  # not yet: just in time
+    assert run_due_prefetches(scheduler, now=1.9) == 0 and not cache.is_backuped(node)  # not yet: just in time
     free_before = allocator.available_size()
     assert run_due_prefetches(scheduler, now=1.96) == PROMPT
     cache.writing_check(write_back=True)  # the scheduler drains write acks in its loop
-    assert node.backuped  # a host copy exists before any memory pressure
+    assert cache.is_backuped(node)  # a host copy exists before any memory pressure
     assert allocator.available_size() == free_before  # no device memory was taken
     assert cache.match_prefix(MatchPrefixParams(key=RadixKey(tokens))).device_prefix_len == PROMPT
     assert get_state().counters["prefetch_staged_tokens"] == PROMPT
+    assert get_state().counters["prefetch_errors"] == 0
     assert run_due_prefetches(scheduler, now=100.0) == 0  # a plan runs once
 
     # the tool call is long; memory pressure evicts the prefix from the device...
@@ -125,7 +128,7 @@ def test_next_agent_prefix_is_staged_to_host_just_in_time(clock, hicache_on_cpu)
     match = cache.match_prefix(MatchPrefixParams(key=RadixKey(tokens)))
     assert match.device_prefix_len == 0 and match.host_hit_length == PROMPT
     # ...and the next call loads it back from host instead of recomputing it
-    assert cache.load_back(cache.resolve_node_handle(match.best_match_node).id)
+    assert cache.load_back(match.best_match_node)
     cache.ready_to_load_host_cache()
     match = cache.match_prefix(MatchPrefixParams(key=RadixKey(tokens)))
     idx = cache.path_device_indices(match.last_device_node)
