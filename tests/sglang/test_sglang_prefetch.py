@@ -1,7 +1,10 @@
-"""Host prefetch staging through a real UnifiedRadixCache with HiCache on CPU."""
+"""Host prefetch staging through a real UnifiedRadixCache with HiCache on CPU: in process with
+either tree core, and in a real ``sglang.launch_server`` that runs HiCache without the
+``workflow-retention`` backend (SGLang's default Rust tree core)."""
 from __future__ import annotations
 
 import importlib.util
+import re
 
 import pytest
 
@@ -12,11 +15,16 @@ if _SGLANG is None or _SGLANG.origin is None:  # a namespace match is this folde
 from array import array
 from types import SimpleNamespace
 
+import httpx
 import torch
 
+from serving_hooks.annotations import flatten_for_sglang
+from serving_hooks.replay_prompts import words
 from serving_hooks.sglang_plugin.prefetch import run_due_prefetches
 from serving_hooks.sglang_plugin.priority_hooks import admit_request
 from serving_hooks.sglang_plugin.state import get_state
+from tests.serving_helpers import wait_for
+from tests.sglang.real_server import SGLangServer, build_tiny_model, missing_server_modules
 
 pytestmark = pytest.mark.usefixtures("sglang_runtime")
 POOL = 96
@@ -146,3 +154,59 @@ def test_no_plan_for_an_unsure_next_agent_and_no_host_tier_is_skipped(clock):
     assert get_state().prefetch.pending() == 1
     assert run_due_prefetches(SimpleNamespace(tree_cache=object(), tp_size=1), now=1e6) == 0
     assert get_state().counters["prefetch_skipped_no_host_tier"] == 1
+
+
+@pytest.fixture(scope="module")
+def hicache_server_without_retention(tmp_path_factory):
+    """A real CPU SGLang server with the plugin and HiCache but SGLang's own radix cache (no
+    ``--radix-cache-backend``): the "no-retention" arm of ``bench/bench_engine.py --ablation``."""
+    missing = missing_server_modules()
+    if missing:
+        pytest.skip(f"a real SGLang server needs {', '.join(missing)} (.ci/run installs them)")
+    root = tmp_path_factory.mktemp("sglang_hicache_plain")
+    srv = SGLangServer(build_tiny_model(root / "model"), root / "server.log", extra_args=[
+        "--max-total-tokens", "2048", "--enable-priority-scheduling", "--schedule-policy", "fcfs",
+        "--enable-hierarchical-cache", "--hicache-ratio", "2", "--hicache-write-policy", "write_back",
+        "--hicache-io-backend", "direct", "--hicache-mem-layout", "layer_first", "--enable-cache-report",
+    ], env={"AWP_SGLANG_PLUGIN": "1", "AWP_LOG_EVERY_S": "1"})
+    srv.start()
+    try:
+        yield srv
+    finally:
+        srv.stop()
+
+
+def _last_counters(log: str) -> dict[str, int] | None:
+    lines = [l for l in log.splitlines() if "agent-workflow plugin counters:" in l]
+    return {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", lines[-1])} if lines else None
+
+
+@pytest.mark.slow
+def test_prefetch_stages_on_sglang_own_hicache_cache(hicache_server_without_retention):
+    """Without the retention backend SGLang builds its default cache on the Rust tree core, which
+    has node ids but no Python nodes; a call with a confident next agent is still staged to host:
+    ``prefetch_staged`` > 0 and no ``prefetch_errors`` (it was 44 errors, 0 staged, before)."""
+    srv = hicache_server_without_retention
+    ann = {"known": True, "expected_remaining_calls": 3.0, "p_end": 0.05,
+           "next_agents": [{"agent_id": "coder", "p": 0.9}], "output_len_mean": 4,
+           "predicted_output_len": [4, 4]}
+    params = flatten_for_sglang(ann, {"workflow_type_id": "ca", "workflow_id": "wf-plain", "agent_id": "coder"})
+    body = {"text": words(300, "plain-hicache", 0),
+            "sampling_params": {"max_new_tokens": 4, "ignore_eos": True, "temperature": 0,
+                                "custom_params": params}}
+    r = httpx.post(srv.url + "/generate", json=body, timeout=300, trust_env=False)
+    assert r.status_code == 200, r.text
+
+    def settled() -> bool:
+        c = _last_counters(srv.log_text()) or {}
+        return c.get("prefetch_staged", 0) + c.get("prefetch_errors", 0) >= 1
+
+    assert wait_for(settled, 120, every_s=0.2), srv.log_tail()
+    counters = _last_counters(srv.log_text())
+    assert "backend=workflow-retention in_use=False" in srv.log_text()   # SGLang's own cache
+    assert counters.get("prefetch_errors", 0) == 0, (counters, srv.log_tail())
+    assert counters["prefetch_staged"] >= 1 and counters["prefetch_staged_tokens"] > 0, counters
+    log = srv.log_text()
+    assert "host prefetch staging failed" not in log
+    # the finished call's keep/drop is decided (and counted) but not stamped: no Python nodes
+    assert counters.get("retention_keep", 0) == 1 and "retention stamp failed" not in log
