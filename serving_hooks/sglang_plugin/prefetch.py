@@ -79,27 +79,39 @@ def stage_prefix_to_host(tree_cache: Any, token_ids: array, extra_key: str | Non
     nothing is cached, or it is already on host). Uses the same write-through path SGLang
     runs after an insert: a backup chain of the node and its un-backed ancestors,
     submitted to the HiCache controller and acknowledged asynchronously.
+
+    Only the tree core's backend-neutral, node-id API is used (``is_root``, ``is_backuped``,
+    ``build_backup_kv_action``, ``build_backup_spec``): SGLang's default core is the Rust one
+    (``SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND=rust``), which hands out node ids but no Python
+    node objects (``resolve_node_handle``/``node_by_id`` raise ``NotImplementedError``). Only
+    the ``workflow-retention`` backend forces the pure-Python core.
     """
     from sglang.srt.mem_cache.base_prefix_cache import MatchPrefixParams  # sglang: only when SGLang runs this hook
     from sglang.srt.mem_cache.radix_cache import RadixKey
 
-    if getattr(tree_cache, "cache_controller", None) is None or not hasattr(tree_cache, "tree_core"):
+    core = getattr(tree_cache, "tree_core", None)
+    if getattr(tree_cache, "cache_controller", None) is None or core is None:
         return 0
     match = tree_cache.match_prefix(
         MatchPrefixParams(key=RadixKey(token_ids, extra_key, cache_salt=cache_salt))
     )
-    node = tree_cache.resolve_node_handle(match.last_device_node)
-    if node is None or node.parent is None or node.backuped:
+    node_id = match.last_device_node
+    if match.device_prefix_len == 0 or node_id is None or tree_cache.is_root(node_id):
         return 0
     if getattr(tree_cache, "buffer_pipeline", None) is not None:
-        tree_cache.request_buffer_backup(node.id)
-        return len(node.key)
-    action = tree_cache.tree_core.build_backup_kv_action(node.id)
-    tokens = sum(len(tree_cache.tree_core.node_by_id(i).key) for i in action.node_ids)
-    # UnifiedRadixCache's own write-through entry point (what insert() runs); private name,
-    # public behaviour: copy device -> host, lock until the controller acknowledges.
+        # buffer-only host memory: the copy goes to L3 storage through the pipeline, which
+        # skips what is already stored; the matched device prefix is what was requested
+        tree_cache.request_buffer_backup(node_id)
+        return int(match.device_prefix_len)
+    if tree_cache.is_backuped(node_id):
+        return 0
+    action = core.build_backup_kv_action(node_id)   # the node and its un-backed ancestors, top-down
+    planned = {i: len(core.build_backup_spec(i)[0]) for i in action.node_ids}   # Full-KV tokens to copy
+    # UnifiedRadixCache's own write-through entry point (what insert() runs, and what SGLang's
+    # test kit calls to back a node up); private name, public behaviour: copy device -> host,
+    # lock until the controller acknowledges. It stops at the first node the host cannot take.
     tree_cache._execute_and_commit_kv_backup(action)
-    return tokens
+    return sum(n for i, n in planned.items() if tree_cache.is_backuped(i))
 
 
 def run_due_prefetches(scheduler: Any, now: float | None = None) -> int:

@@ -95,12 +95,17 @@ def stamp_path(leaf: Any, retention: Retention, now: float) -> int:
 
 def stamp_finished_request(req: Any, tree_cache: Any, now: float | None = None) -> Retention | None:
     """Keep/drop decision for a finished request (:func:`.finish.decide_finished`), stamped onto
-    its path in ``tree_cache``."""
+    its path in ``tree_cache``.
+
+    The decision is always taken (it counts, and a session's end cancels its host prefetch);
+    the stamp is only written where :class:`RetentionEvictionStrategy` reads it. Without the
+    ``workflow-retention`` backend SGLang's default Rust tree core has no Python nodes to stamp
+    (``resolve_node_handle`` raises ``NotImplementedError``) and nothing would read them."""
     state = get_state()
     now = state.now() if now is None else now
     retention = decide_finished(state, req, now)
-    if retention is None:
-        return None
+    if retention is None or not retention_installed(tree_cache):
+        return retention
     handle = getattr(req, "last_node", None)
     leaf = tree_cache.resolve_node_handle(handle) if handle is not None else None
     if leaf is not None:
@@ -139,6 +144,12 @@ def after_split_node(result: Any, tree: Any, key: Any, child: Any, split_len: in
     if dropped_at is not None and child.last_access_time <= dropped_at:
         setattr(new_node, DROP_ATTR, new_node.last_access_time)
     return None
+
+
+def retention_installed(cache: Any) -> bool:
+    """Whether ``cache`` evicts in retention order (:func:`install_retention_strategy` ran on it)."""
+    target = getattr(cache, "tree_core", None) or cache
+    return isinstance(getattr(target, "eviction_strategy", None), RetentionEvictionStrategy)
 
 
 def install_retention_strategy(cache: Any, clock: Callable[[], float] | None = None) -> RetentionEvictionStrategy:

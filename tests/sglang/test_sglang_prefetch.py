@@ -1,7 +1,10 @@
-"""Host prefetch staging through a real UnifiedRadixCache with HiCache on CPU."""
+"""Host prefetch staging through a real UnifiedRadixCache with HiCache on CPU: in process with
+either tree core, and in a real ``sglang.launch_server`` that runs HiCache without the
+``workflow-retention`` backend (SGLang's default Rust tree core)."""
 from __future__ import annotations
 
 import importlib.util
+import re
 
 import pytest
 
@@ -12,11 +15,16 @@ if _SGLANG is None or _SGLANG.origin is None:  # a namespace match is this folde
 from array import array
 from types import SimpleNamespace
 
+import httpx
 import torch
 
+from serving_hooks.annotations import flatten_for_sglang
+from serving_hooks.replay_prompts import words
 from serving_hooks.sglang_plugin.prefetch import run_due_prefetches
 from serving_hooks.sglang_plugin.priority_hooks import admit_request
 from serving_hooks.sglang_plugin.state import get_state
+from tests.serving_helpers import wait_for
+from tests.sglang.real_server import SGLangServer, build_tiny_model, missing_server_modules
 
 pytestmark = pytest.mark.usefixtures("sglang_runtime")
 POOL = 96
@@ -27,9 +35,11 @@ PROMPT = 40
 CLOCK_START = 0.0
 
 
-@pytest.fixture
-def hicache_on_cpu(monkeypatch):
-    """HiCache (device pool + host pool + controller) on CPU tensors.
+@pytest.fixture(params=["rust", "python"])
+def hicache_on_cpu(request, monkeypatch):
+    """HiCache (device pool + host pool + controller) on CPU tensors, with either tree core:
+    ``rust`` is SGLang's default (what a server without ``--radix-cache-backend`` builds; it
+    hands out node ids only), ``python`` is what the ``workflow-retention`` backend builds.
 
     Three CPU stand-ins for CUDA-only pieces, restored after the test: the host pool is
     allocated without pinning (``cudaHostRegister``), ``torch.cpu.Stream`` gets the no-op
@@ -70,10 +80,11 @@ def hicache_on_cpu(monkeypatch):
                           device="cpu", enable_memory_saver=False)
     allocator = TokenToKVPoolAllocator(POOL, torch.float16, "cpu", kv, need_sort=False)
     params = CacheInitParams(disable=False, req_to_token_pool=None, token_to_kv_pool_allocator=allocator,
-                             page_size=1, tree_components=(ComponentType.FULL,), tree_core_backend="python")
+                             page_size=1, tree_components=(ComponentType.FULL,), tree_core_backend=request.param)
     cache = UnifiedRadixCache(params)
     cache.init_hicache(server_args, params)
     assert cache.cache_controller is not None
+    assert type(cache.tree_core).__name__ == {"rust": "RustUnifiedTreeCore", "python": "UnifiedTreeCore"}[request.param]
     yield cache, kv, allocator
     cache.shutdown()
     override.restore()
@@ -99,8 +110,7 @@ def test_next_agent_prefix_is_staged_to_host_just_in_time(clock, hicache_on_cpu)
     for layer in range(2):
         kv.k_buffer[layer][slots] = 1.5 + layer
         kv.v_buffer[layer][slots] = -2.0
-    inserted = cache.insert(InsertParams(key=RadixKey(tokens), value=slots))
-    node = cache.resolve_node_handle(inserted.last_device_node)
+    node = cache.insert(InsertParams(key=RadixKey(tokens), value=slots)).last_device_node  # a node id
 
     # admitted at t=0 with a confident next agent and 80..400 output tokens predicted:
     # finish = 40/8000 + 80/40 = 2.005 s; copy 40/200000 s; start = 2.005 - 0.0002 - 0.05 = 1.9548 s
@@ -108,14 +118,15 @@ def test_next_agent_prefix_is_staged_to_host_just_in_time(clock, hicache_on_cpu)
                                  "pred_out_hi": 400, "exp_remaining_calls": 3, "next_agent": "coder",
                                  "next_agent_p": 0.9})
     scheduler = SimpleNamespace(tree_cache=cache, tp_size=1)
-    assert run_due_prefetches(scheduler, now=1.9) == 0 and not node.backuped  # not yet: just in time
+    assert run_due_prefetches(scheduler, now=1.9) == 0 and not cache.is_backuped(node)  # not yet: just in time
     free_before = allocator.available_size()
     assert run_due_prefetches(scheduler, now=1.96) == PROMPT
     cache.writing_check(write_back=True)  # the scheduler drains write acks in its loop
-    assert node.backuped  # a host copy exists before any memory pressure
+    assert cache.is_backuped(node)  # a host copy exists before any memory pressure
     assert allocator.available_size() == free_before  # no device memory was taken
     assert cache.match_prefix(MatchPrefixParams(key=RadixKey(tokens))).device_prefix_len == PROMPT
     assert get_state().counters["prefetch_staged_tokens"] == PROMPT
+    assert get_state().counters["prefetch_errors"] == 0
     assert run_due_prefetches(scheduler, now=100.0) == 0  # a plan runs once
 
     # the tool call is long; memory pressure evicts the prefix from the device...
@@ -125,7 +136,7 @@ def test_next_agent_prefix_is_staged_to_host_just_in_time(clock, hicache_on_cpu)
     match = cache.match_prefix(MatchPrefixParams(key=RadixKey(tokens)))
     assert match.device_prefix_len == 0 and match.host_hit_length == PROMPT
     # ...and the next call loads it back from host instead of recomputing it
-    assert cache.load_back(cache.resolve_node_handle(match.best_match_node).id)
+    assert cache.load_back(match.best_match_node)
     cache.ready_to_load_host_cache()
     match = cache.match_prefix(MatchPrefixParams(key=RadixKey(tokens)))
     idx = cache.path_device_indices(match.last_device_node)
@@ -143,3 +154,59 @@ def test_no_plan_for_an_unsure_next_agent_and_no_host_tier_is_skipped(clock):
     assert get_state().prefetch.pending() == 1
     assert run_due_prefetches(SimpleNamespace(tree_cache=object(), tp_size=1), now=1e6) == 0
     assert get_state().counters["prefetch_skipped_no_host_tier"] == 1
+
+
+@pytest.fixture(scope="module")
+def hicache_server_without_retention(tmp_path_factory):
+    """A real CPU SGLang server with the plugin and HiCache but SGLang's own radix cache (no
+    ``--radix-cache-backend``): the "no-retention" arm of ``bench/bench_engine.py --ablation``."""
+    missing = missing_server_modules()
+    if missing:
+        pytest.skip(f"a real SGLang server needs {', '.join(missing)} (.ci/run installs them)")
+    root = tmp_path_factory.mktemp("sglang_hicache_plain")
+    srv = SGLangServer(build_tiny_model(root / "model"), root / "server.log", extra_args=[
+        "--max-total-tokens", "2048", "--enable-priority-scheduling", "--schedule-policy", "fcfs",
+        "--enable-hierarchical-cache", "--hicache-ratio", "2", "--hicache-write-policy", "write_back",
+        "--hicache-io-backend", "direct", "--hicache-mem-layout", "layer_first", "--enable-cache-report",
+    ], env={"AWP_SGLANG_PLUGIN": "1", "AWP_LOG_EVERY_S": "1"})
+    srv.start()
+    try:
+        yield srv
+    finally:
+        srv.stop()
+
+
+def _last_counters(log: str) -> dict[str, int] | None:
+    lines = [l for l in log.splitlines() if "agent-workflow plugin counters:" in l]
+    return {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", lines[-1])} if lines else None
+
+
+@pytest.mark.slow
+def test_prefetch_stages_on_sglang_own_hicache_cache(hicache_server_without_retention):
+    """Without the retention backend SGLang builds its default cache on the Rust tree core, which
+    has node ids but no Python nodes; a call with a confident next agent is still staged to host:
+    ``prefetch_staged`` > 0 and no ``prefetch_errors`` (it was 44 errors, 0 staged, before)."""
+    srv = hicache_server_without_retention
+    ann = {"known": True, "expected_remaining_calls": 3.0, "p_end": 0.05,
+           "next_agents": [{"agent_id": "coder", "p": 0.9}], "output_len_mean": 4,
+           "predicted_output_len": [4, 4]}
+    params = flatten_for_sglang(ann, {"workflow_type_id": "ca", "workflow_id": "wf-plain", "agent_id": "coder"})
+    body = {"text": words(300, "plain-hicache", 0),
+            "sampling_params": {"max_new_tokens": 4, "ignore_eos": True, "temperature": 0,
+                                "custom_params": params}}
+    r = httpx.post(srv.url + "/generate", json=body, timeout=300, trust_env=False)
+    assert r.status_code == 200, r.text
+
+    def settled() -> bool:
+        c = _last_counters(srv.log_text()) or {}
+        return c.get("prefetch_staged", 0) + c.get("prefetch_errors", 0) >= 1
+
+    assert wait_for(settled, 120, every_s=0.2), srv.log_tail()
+    counters = _last_counters(srv.log_text())
+    assert "backend=workflow-retention in_use=False" in srv.log_text()   # SGLang's own cache
+    assert counters.get("prefetch_errors", 0) == 0, (counters, srv.log_tail())
+    assert counters["prefetch_staged"] >= 1 and counters["prefetch_staged_tokens"] > 0, counters
+    log = srv.log_text()
+    assert "host prefetch staging failed" not in log
+    # the finished call's keep/drop is decided (and counted) but not stamped: no Python nodes
+    assert counters.get("retention_keep", 0) == 1 and "retention stamp failed" not in log
