@@ -345,7 +345,8 @@ def calibration_curves(con: duckdb.DuckDBPyConnection, workflow_type: str, group
     per group for a per-agent curve), the band at each nominal level is fit on the other folds'
     calls and scored on the held-out fold's. Returns group -> (observed coverage per level,
     held-out calls). Reads a deterministic sample of at most ``max_workflows`` workflows."""
-    from predictors.band_selection import ceiling_of, order_stat_bands, workflow_folds
+    from predictors.band_selection import ceiling_of, order_stat_bands
+    from store.folds import group_folds
 
     arr = con.execute("""
         SELECT agent_id, workflow_id, output_tokens FROM store.calls
@@ -356,7 +357,7 @@ def calibration_curves(con: duckdb.DuckDBPyConnection, workflow_type: str, group
     if not len(arr["agent_id"]):
         return {}
     agent = np.asarray(arr["agent_id"], dtype=object)
-    fold = workflow_folds(np.asarray(arr["workflow_id"], dtype=object), folds, seed)
+    fold = group_folds(np.asarray(arr["workflow_id"], dtype=object), folds, seed)
     y = np.asarray(arr["output_tokens"], dtype=float)
     out: dict[str, tuple[np.ndarray, int]] = {}
     for name, members in groups.items():
