@@ -3,6 +3,7 @@
     python bench/bench_real.py [--sets agentless,whowhen,swe_agent,mini_swe,messy] [--cv K]
                                [--messy-seeds 0,1,2] [--messy-workflows 200] [--json]
     python bench/bench_real.py --sets coding-assistant,deep-research   # generated sets + Bayes bound
+    python bench/bench_real.py --split time      # train on the 70 % that started first, test on the rest
 
 For every real set (the full files in ``../shared/datasets/`` when that folder exists, else the
 small copies in ``datasets/real/``; ``--data`` picks another folder) and for the messy workload
@@ -100,19 +101,20 @@ def bayes_top1(workload: str, test: Path, n_sim: int = 200_000, seed: int = 1234
     return {"bayes_top1_expected": hits / events, "bayes_top1_heldout": ok / max(n, 1)}
 
 
-def split_fit_eval(logs: list[Path], work: Path) -> dict[str, Any]:
-    """70/30 split by workflow, fit on 70, eval on 30 (the profiler's own code paths)."""
-    split_logs(logs, work / "split", train=0.7, seed=0)
+def split_fit_eval(logs: list[Path], work: Path, by: str = "hash") -> dict[str, Any]:
+    """70/30 split by workflow, fit on 70, eval on 30 (the profiler's own code paths); ``by``
+    ``"time"``: the 70 % that started first is train (train on the past, test on the future)."""
+    split_logs(logs, work / "split", train=0.7, seed=0, by=by)
     profile, _ = fit_profile([work / "split" / "train"], work / "profile")
     result, _ = evaluate(profile, [work / "split" / "test"])
     return result
 
 
-def score(logs: list[Path], work: Path, cv: int | None) -> dict[str, Any] | Exception:
+def score(logs: list[Path], work: Path, cv: int | None, by: str = "hash") -> dict[str, Any] | Exception:
     """The eval (or CV) result, or the exception that stopped the fit or eval (the bench goes on
     with the other sets and reports it)."""
     try:
-        return cross_validate(logs, cv, seed=0, progress=False) if cv else split_fit_eval(logs, work)
+        return cross_validate(logs, cv, seed=0, progress=False) if cv else split_fit_eval(logs, work, by)
     except Exception as exc:  # noqa: BLE001 - reported per set, never hidden
         return exc
 
@@ -133,6 +135,9 @@ def main() -> None:
     ap.add_argument("--sets", default="agentless,whowhen,swe_agent,mini_swe,messy",
                     help="comma-separated: " + ", ".join([*REAL_SETS, "messy", *GENERATED]))
     ap.add_argument("--cv", type=int, default=None, metavar="K", help="K-fold CV by workflow instead of one 70/30 split")
+    ap.add_argument("--split", choices=("hash", "time"), default="hash",
+                    help="without --cv: split by the hash of the workflow id (default) or in time "
+                         "(the 70 %% of workflows that started first is train)")
     ap.add_argument("--messy-seeds", default="0,1,2", help="seeds of the messy workload")
     ap.add_argument("--messy-workflows", type=int, default=200, help="workflows per messy seed")
     ap.add_argument("--data", type=Path, default=None, help="folder with the real sets (default: ../shared/datasets, else datasets/real)")
@@ -144,8 +149,11 @@ def main() -> None:
         ap.error(f"unknown set(s) {', '.join(unknown)}: choose from {', '.join([*REAL_SETS, 'messy', *GENERATED])}")
     command = "python " + " ".join(shlex.quote(a) for a in [str(Path(sys.argv[0])), *sys.argv[1:]])
     err = Console(stderr=True)
+    if args.cv and args.split != "hash":
+        ap.error("--split time is a single past/future split: leave out --cv")
     out: dict[str, Any] = {"command": command, "mode": f"{args.cv}-fold CV by workflow" if args.cv
-                           else "70/30 split by workflow (seed 0)", "sets": {}}
+                           else "70/30 split by workflow start time (train on the past)"
+                           if args.split == "time" else "70/30 split by workflow (seed 0)", "sets": {}}
     with tempfile.TemporaryDirectory(prefix="bench-real-") as tmp:
         work = Path(tmp)
         for name in names:
@@ -157,7 +165,7 @@ def main() -> None:
                     with err.status(f"messy seed {seed}"):
                         path = work / f"messy{seed}" / "messy.jsonl"
                         write_jsonl(generate("messy", args.messy_workflows, seed=seed), path)
-                        per_seed.append(score([path], work / f"messy{seed}", args.cv))
+                        per_seed.append(score([path], work / f"messy{seed}", args.cv, args.split))
                 failed = [r for r in per_seed if isinstance(r, Exception)]
                 result = failed[0] if failed else over_seeds(per_seed)
                 source = f"profiler generate --messy --workflows {args.messy_workflows} --seed {{{args.messy_seeds}}}"
@@ -166,7 +174,7 @@ def main() -> None:
                 path = work / name / f"{name}.jsonl"
                 with err.status(f"{name}: generating"):
                     write_jsonl(generate(name, GENERATED[name], seed=0), path)
-                    result = score([path], work / name, args.cv)
+                    result = score([path], work / name, args.cv, args.split)
                     if not isinstance(result, Exception):
                         held_out = path if args.cv else work / name / "split" / "test"
                         result["bayes"] = bayes_top1(name, held_out)
@@ -175,7 +183,7 @@ def main() -> None:
             else:
                 path = real_source(name, args.data)
                 with err.status(f"{name}: {path}"):
-                    result = score([path], work / name, args.cv)
+                    result = score([path], work / name, args.cv, args.split)
                 source, label = str(path), name
             elapsed = time.perf_counter() - t0
             entry: dict[str, Any] = {"source": source, "seconds": round(elapsed, 1)}

@@ -16,6 +16,8 @@ def split(
     out: Annotated[Path, typer.Option("--out", "-o", help="Writes OUT/train/logs.jsonl and OUT/test/logs.jsonl.")],
     train: Annotated[float, typer.Option(help="Share of workflows in the training side.")] = 0.7,
     seed: Annotated[int, typer.Option(help="Seed of the (hash-based, deterministic) assignment.")] = 0,
+    by: Annotated[str, typer.Option(help="hash (seeded hash of the workflow id) or time (the "
+                                         "earliest-starting TRAIN share of workflows is train).")] = "hash",
 ) -> None:
     """Split logs by **workflow** (every call of a session lands on the same side), so a profile
     can be scored on sessions it never saw.
@@ -26,7 +28,7 @@ def split(
     from profiler.split import split_logs
 
     try:
-        counts = split_logs(logs, out, train=train, seed=seed)
+        counts = split_logs(logs, out, train=train, seed=seed, by=by)
     except (IngestError, ValueError) as exc:
         fail(str(exc))
     err_console.print(f"[green]train:[/] {counts['train']:,} records → {out / 'train'}   "

@@ -86,6 +86,11 @@ BASELINES: dict[str, Callable[[], Policy]] = {
                                           "reference (non-clairvoyant, in-sample): mean remaining "
                                           "output tokens given workflow type, calls done and "
                                           "output tokens so far"),
+    "observable-ref-agents": lambda: Policy("observable-ref-agents", StickyLeastLoad(),
+                                            ObservableRemaining(neighbours=50, by_agent=True), LRU(),
+                                            "reference (non-clairvoyant, in-sample): Gittins rank "
+                                            "given workflow type, calls done and each agent's "
+                                            "output tokens so far (the 50 closest other sessions)"),
     "observable-ref-calls": lambda: Policy("observable-ref-calls", StickyLeastLoad(),
                                            ObservableRemaining(), LRU(),
                                            "reference (non-clairvoyant, in-sample): Gittins rank "

@@ -53,13 +53,15 @@ class ObservableRemaining(Scheduler):
     """Queue order by a session's remaining-work key from its observable state, the distribution
     read in-sample from the replay (module docstring); a reference, not a deployable policy."""
 
-    def __init__(self, key: str = "gittins", neighbours: int | None = None) -> None:
+    def __init__(self, key: str = "gittins", neighbours: int | None = None,
+                 by_agent: bool = False) -> None:
         if key not in ("gittins", "mean"):
             raise ValueError(f"key {key!r}: use 'gittins' or 'mean'")
         if neighbours is not None and neighbours < 1:
             raise ValueError(f"neighbours {neighbours}: must be ≥ 1 (or None for every draw)")
         self.key = key
         self.neighbours = neighbours
+        self.by_agent = by_agent
 
     def bind(self, sim: Simulator) -> None:
         super().bind(sim)
@@ -69,6 +71,8 @@ class ObservableRemaining(Scheduler):
             by_type.setdefault(wf.workflow_type, []).append(wf.idx)
         #: type -> (workflow ids, calls per workflow, cumulative output tokens padded with the total)
         self.types: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+        #: type -> (agent -> column, per workflow and calls done the output tokens per agent)
+        self.agent_cum: dict[str, tuple[dict[str, int], np.ndarray]] = {}
         for wtype, ids in by_type.items():
             outs = [[wl.calls[c].output_tokens for c in wl.workflows[i].calls] for i in ids]
             width = max(len(o) for o in outs) + 1
@@ -78,8 +82,17 @@ class ObservableRemaining(Scheduler):
                 cum[row, :len(cs)] = cs
                 cum[row, len(cs):] = cs[-1]
             self.types[wtype] = (np.asarray(ids), np.asarray([len(o) for o in outs]), cum)
+            if self.by_agent:
+                agents = sorted({wl.calls[c].agent for i in ids for c in wl.workflows[i].calls})
+                col = {a: j for j, a in enumerate(agents)}
+                per = np.zeros((len(ids), width, len(agents)))
+                for row, i in enumerate(ids):
+                    for n, c in enumerate(wl.workflows[i].calls):
+                        per[row, n + 1:, col[wl.calls[c].agent]] += wl.calls[c].output_tokens
+                self.agent_cum[wtype] = (col, per)
         self.done = np.zeros(len(wl.workflows), dtype=np.int64)
         self.produced = np.zeros(len(wl.workflows))
+        self.produced_by_agent: dict[int, dict[str, float]] = {}
         self.rank = np.array([self._rank(i) for i in range(len(wl.workflows))])
 
     def _rank(self, wf: int) -> float:
@@ -94,7 +107,16 @@ class ObservableRemaining(Scheduler):
         sofar = cum[alive, min(k, cum.shape[1] - 1)]
         remaining = cum[alive, -1] - sofar
         if self.neighbours is not None and len(remaining) > self.neighbours:
-            dist = np.abs(np.log1p(sofar) - np.log1p(self.produced[wf]))
+            if self.by_agent:
+                wtype = self.sim.workload.workflows[wf].workflow_type
+                col, per = self.agent_cum[wtype]
+                mine = np.zeros(len(col))
+                for a, tok in self.produced_by_agent.get(wf, {}).items():
+                    mine[col[a]] = tok
+                theirs = per[alive, min(k, cum.shape[1] - 1)]
+                dist = np.abs(np.log1p(theirs) - np.log1p(mine)).sum(axis=1)
+            else:
+                dist = np.abs(np.log1p(sofar) - np.log1p(self.produced[wf]))
             remaining = remaining[np.argsort(dist, kind="stable")[:self.neighbours]]
         if self.key == "mean":
             return float(remaining.mean())
@@ -103,6 +125,9 @@ class ObservableRemaining(Scheduler):
     def on_finish(self, req: Request) -> None:
         self.done[req.wf] += 1
         self.produced[req.wf] += req.call.output_tokens
+        if self.by_agent:
+            mine = self.produced_by_agent.setdefault(req.wf, {})
+            mine[req.call.agent] = mine.get(req.call.agent, 0.0) + req.call.output_tokens
         self.rank[req.wf] = self._rank(req.wf)
 
     def queue_key(self, req: Request) -> tuple:
