@@ -85,3 +85,21 @@ def test_bad_options_are_refused_with_one_line():
         ObservableRemaining(key="median")
     with pytest.raises(ValueError, match="neighbours 0"):
         ObservableRemaining(neighbours=0)
+
+
+def test_by_agent_neighbours_match_each_agents_tokens_not_the_total():
+    def two(wf: str, first: tuple[str, int], later: int) -> list[dict]:
+        agent, out = first
+        return [rec(wf, 0, 0.0, 1.0, 10, out, workflow_type_id="t", agent_id=agent),
+                rec(wf, 1, 1.0, 2.0, 10, later, workflow_type_id="t", agent_id="b")]
+    # P's first call is agent a's (100 tokens), Q's agent b's (100 tokens): same total, other agent
+    recs = two("Q", ("b", 100), 10) + two("P", ("a", 100), 1000) + two("X", ("a", 100), 500)
+    req = type("R", (), {"wf": None, "call": type("C", (), {"output_tokens": 100, "agent": "a"})()})()
+    total, ids = _bound(recs, ObservableRemaining(key="mean", neighbours=1))
+    agents, _ = _bound(recs, ObservableRemaining(key="mean", neighbours=1, by_agent=True))
+    req.wf = ids["X"]
+    total.on_finish(req)
+    agents.on_finish(req)
+    assert agents.rank[ids["X"]] == pytest.approx(1000)      # P: agent a wrote 100, as X's did
+    # on the total Q and P tie (100 each): the first in replay order, Q, is taken
+    assert total.rank[ids["X"]] == pytest.approx(10)

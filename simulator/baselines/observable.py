@@ -14,8 +14,9 @@ ones that would still be running in that state; each one's *remaining* output to
 first ``k`` calls (in recorded order) is a draw of this session's remaining work. With
 ``neighbours = m`` only the ``m`` of them whose first ``k`` calls produced the closest number of
 tokens to ``a`` (in log tokens) are kept — the session's own history (an agent that wrote long
-answers keeps writing long ones) conditions the draw. The session itself is always left out
-(leave-one-out), so its own future never ranks it.
+answers keeps writing long ones) conditions the draw; ``by_agent=True`` measures that closeness
+on each agent's tokens so far (L1 over agents of log tokens) instead of the total. The session
+itself is always left out (leave-one-out), so its own future never ranks it.
 
 **Key.** ``gittins`` (default): the Gittins rank of that empirical distribution,
 ``min_Δ E[min(R, Δ)] / P(R ≤ Δ)`` over the draws ``Δ`` — the expected work spent per unit of
