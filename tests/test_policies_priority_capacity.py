@@ -164,6 +164,9 @@ def test_a_moves_recompute_is_load_on_the_target_its_requests_wait_out():
     for n, where in ((0, "t"), (2, "t"), (4, "home")):
         placed = pol.choose([home, target(n)], 50, 50, last_replica="home", cached_tokens=500)
         assert placed.replica == where, n
+    # the rule before: only the moved session's rebuild counts (1 s < 3 s): it moves
+    own = replace(pol, rebuild_delays_target=False)
+    assert own.choose([home, target(4)], 50, 50, last_replica="home", cached_tokens=500).replica == "t"
 
 
 TABLE = ((0.1, 100), (0.05, 120), (0.01, 200), (0.005, 260), (0.001, 400))

@@ -345,6 +345,10 @@ class CapacityPolicy:
     move_margin:
         A session leaves its last replica only when the bound there overflows the capacity by
         more than this share of it (``overflow_tokens > move_margin · C``).
+    rebuild_delays_target:
+        Cost a move's rebuild as load on the target: each request in flight there waits it
+        out too (``move_cost_s(cached, n_target)``). False: the moved session's own rebuild
+        only (the rule before; it moves more sessions under deep queues).
     """
 
     epsilon: float = 0.05
@@ -353,6 +357,7 @@ class CapacityPolicy:
     prefill_s_per_token: float = 1.29e-4
     move_cost_factor: float = 2.0
     move_margin: float = 0.1
+    rebuild_delays_target: bool = True
 
     def check(
         self,
@@ -455,7 +460,8 @@ class CapacityPolicy:
         w_home = home.expected_wait_s(home_check.headroom_tokens)
         w_target = target.expected_wait_s(target_check.headroom_tokens)
         if w_home is not None and w_target is not None:
-            return w_home - w_target > self.move_cost_s(cached_tokens, len(target.active))
+            n_target = len(target.active) if self.rebuild_delays_target else 0
+            return w_home - w_target > self.move_cost_s(cached_tokens, n_target)
         slack = self.affinity_slack * target.capacity_tokens
         gain = target_check.headroom_tokens - home_check.headroom_tokens
         return home_check.headroom_tokens < 0 <= target_check.headroom_tokens and gain > slack
