@@ -3,6 +3,7 @@
     python bench/bench_real.py [--sets agentless,whowhen,swe_agent,mini_swe,messy] [--cv K] [--time]
                                [--messy-seeds 0,1,2] [--messy-workflows 200] [--no-task-groups] [--json]
     python bench/bench_real.py --sets coding-assistant,deep-research   # generated sets + Bayes bound
+    python bench/bench_real.py --time            # also: per type, train on the 70 % that started first
 
 For every real set (the full files in ``../shared/datasets/`` when that folder exists, else the
 small copies in ``datasets/real/``; ``--data`` picks another folder) and for the messy workload

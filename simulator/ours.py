@@ -496,6 +496,8 @@ OURS_VARIANTS: dict[str, dict[str, Any]] = {
                         "priority_policy": PriorityPolicy(aging_per_s=0.05)},
     "ours-no-capacity": {"router": "round-robin"},
     "ours-sticky": {"router": "sticky"},
+    "ours-no-move": {"capacity_policy": CapacityPolicy(move_margin=math.inf)},
+    "ours-move-own-cost": {"capacity_policy": CapacityPolicy(rebuild_delays_target=False)},
     "ours-p99": {"risk_split": False},
     "ours-no-keepdrop": {"keep_drop": False},
     "ours-no-prefetch": {"prefetch": False},

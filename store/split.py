@@ -67,7 +67,7 @@ def group_sql(group_by: str, group_pattern: str | None = None) -> str:
 def _tagged(paths: Sequence[str | Path], group: str = "NULL") -> tuple[duckdb.DuckDBPyConnection, int]:
     """An in-memory store whose temp table ``tagged(file, line, text, wf, t, wt, grp)`` holds every
     non-blank record of the log files under ``paths`` with its workflow id (NULL when unreadable),
-    arrival time, workflow type and group (the SQL ``group``, :func:`group_sql`); and the number of
+    arrival time (epoch seconds; ISO times converted), workflow type and group (the SQL ``group``, :func:`group_sql`); and the number of
     files found."""
     con = connect(None, read_only=False)
     con.execute(f"CREATE TEMP TABLE staging {ingest.STAGING_COLUMNS}")
@@ -80,7 +80,9 @@ def _tagged(paths: Sequence[str | Path], group: str = "NULL") -> tuple[duckdb.Du
             if problem is None:  # over a size limit: left out here as the fit would leave it out
                 ingest._stage_file(con, path, fmt, limits=limits, expected_lines=lines)
     workflow_id = ", ".join(f"text::JSON->>{sql_string(p)}" for p in json_paths("workflow_id"))
-    t_arrival = ", ".join(f"TRY_CAST(text::JSON->>{sql_string(p)} AS DOUBLE)" for p in json_paths("t_arrival"))
+    # epoch seconds, or an ISO-8601 time read as epoch seconds
+    t_arrival = ", ".join(f"TRY_CAST(text::JSON->>{sql_string(p)} AS DOUBLE), "
+                          f"epoch(TRY_CAST(text::JSON->>{sql_string(p)} AS TIMESTAMPTZ))" for p in json_paths("t_arrival"))
     workflow_type = ", ".join(f"text::JSON->>{sql_string(p)}" for p in json_paths("workflow_type_id"))
     con.execute(f"""
         CREATE TEMP TABLE tagged AS

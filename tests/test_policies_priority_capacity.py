@@ -149,6 +149,26 @@ def test_capacity_moves_a_session_only_when_the_wait_it_saves_exceeds_the_rebuil
     assert pol.choose(fast, 50, 50, last_replica="home", cached_tokens=1000).replica == "home"
 
 
+def test_a_moves_recompute_is_load_on_the_target_its_requests_wait_out():
+    # the same 3 s of waiting saved as above, a 500-token prefix: 2 x 0.5 s = 1 s on an idle
+    # target (moves); on a target with 2 requests in flight each of them also waits the 0.5 s
+    # rebuild out: (2 + 2) x 0.5 s = 2 s < 3 s (moves); with 4 in flight 3 s, not < 3 s (stays)
+    pol = CapacityPolicy(prefill_s_per_token=0.001, move_cost_factor=2.0)
+    assert pol.move_cost_s(500, target_requests=4) == pytest.approx(3.0)
+    home = ReplicaState("home", 1000, (_req(1, 900, 300),), drain_tokens_per_s=100.0)
+
+    def target(n: int) -> ReplicaState:
+        return ReplicaState("t", 10_000, tuple(_req(10 + i, 10, 10) for i in range(n)),
+                            drain_tokens_per_s=100.0)
+
+    for n, where in ((0, "t"), (2, "t"), (4, "home")):
+        placed = pol.choose([home, target(n)], 50, 50, last_replica="home", cached_tokens=500)
+        assert placed.replica == where, n
+    # the rule before: only the moved session's rebuild counts (1 s < 3 s): it moves
+    own = replace(pol, rebuild_delays_target=False)
+    assert own.choose([home, target(4)], 50, 50, last_replica="home", cached_tokens=500).replica == "t"
+
+
 TABLE = ((0.1, 100), (0.05, 120), (0.01, 200), (0.005, 260), (0.001, 400))
 
 

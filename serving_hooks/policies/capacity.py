@@ -49,9 +49,12 @@ did not come through us) plus what we sent since that count was taken.
    * the move is worth its recompute: a request waits on ``r`` about ``w_r = max(0, −h_r) /
      d_r`` seconds, the expected overflow drained at ``d_r``, the KV tokens per second the
      replica releases (``ReplicaState.drain_tokens_per_s``, measured by the caller); moving
-     costs rebuilding the session's cached prefix, ``move_cost_s = move_cost_factor ·
-     cached_tokens · prefill_s_per_token`` (factor 2: the prefill on the target plus as much
-     cached data displaced there); it moves iff ``w_home − w_target > move_cost_s``. When a
+     costs rebuilding the session's cached prefix, and the rebuild is *load on the target*:
+     ``move_cost_s = (move_cost_factor + n_target) · cached_tokens · prefill_s_per_token`` —
+     the session pays the prefill on the target plus as much cached data displaced there
+     (factor 2), and each of the ``n_target`` requests in flight on the target waits the
+     rebuild out (continuous batching runs the prefill in the iterations they share, and a
+     queued request starts that much later); it moves iff ``w_home − w_target > move_cost_s``. When a
      drain rate is unknown: iff it would queue at home in expectation (``h_home < 0``), fits on
      the target (``h_target ≥ 0``), and gains more than ``affinity_slack · C``;
 3. a new session (no last replica) goes to the safe replica with the largest expected headroom,
@@ -342,6 +345,10 @@ class CapacityPolicy:
     move_margin:
         A session leaves its last replica only when the bound there overflows the capacity by
         more than this share of it (``overflow_tokens > move_margin · C``).
+    rebuild_delays_target:
+        Cost a move's rebuild as load on the target: each request in flight there waits it
+        out too (``move_cost_s(cached, n_target)``). False: the moved session's own rebuild
+        only (the rule before; it moves more sessions under deep queues).
     """
 
     epsilon: float = 0.05
@@ -350,6 +357,7 @@ class CapacityPolicy:
     prefill_s_per_token: float = 1.29e-4
     move_cost_factor: float = 2.0
     move_margin: float = 0.1
+    rebuild_delays_target: bool = True
 
     def check(
         self,
@@ -440,16 +448,20 @@ class CapacityPolicy:
         return Placement(replica=best.name, fallback=False, affinity=False, checks=checks,
                          moved=True, recompute_tokens=max(0, int(cached)))
 
-    def move_cost_s(self, cached_tokens: int) -> float:
-        """``move_cost_factor · cached_tokens · prefill_s_per_token``."""
-        return self.move_cost_factor * max(0, int(cached_tokens)) * self.prefill_s_per_token
+    def move_cost_s(self, cached_tokens: int, target_requests: int = 0) -> float:
+        """``(move_cost_factor + target_requests) · cached_tokens · prefill_s_per_token``: the
+        moved session's rebuild, and the same prefill time for each of the ``target_requests``
+        in flight on the target (its recompute is load there, shared by all of them)."""
+        return ((self.move_cost_factor + max(0, int(target_requests)))
+                * max(0, int(cached_tokens)) * self.prefill_s_per_token)
 
     def _worth_moving(self, home: ReplicaState, home_check: ReplicaCheck, target: ReplicaState,
                       target_check: ReplicaCheck, cached_tokens: int) -> bool:
         w_home = home.expected_wait_s(home_check.headroom_tokens)
         w_target = target.expected_wait_s(target_check.headroom_tokens)
         if w_home is not None and w_target is not None:
-            return w_home - w_target > self.move_cost_s(cached_tokens)
+            n_target = len(target.active) if self.rebuild_delays_target else 0
+            return w_home - w_target > self.move_cost_s(cached_tokens, n_target)
         slack = self.affinity_slack * target.capacity_tokens
         gain = target_check.headroom_tokens - home_check.headroom_tokens
         return home_check.headroom_tokens < 0 <= target_check.headroom_tokens and gain > slack

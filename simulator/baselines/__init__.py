@@ -17,10 +17,18 @@ belady             FCFS                            session affinity            B
 oracle-srpt        workflow SRPT (oracle)          session affinity            LRU
 nat-hints          FCFS shifted by NAT's latency   Dynamo KV router (prefill   LRU + TTL pins of
                    sensitivity (Dynamo)            + load cost)                remaining × IAT
+observable-ref     Gittins rank of the remaining   session affinity            LRU
+                   work given type, calls done,
+                   tokens so far (reference,
+                   non-clairvoyant, in-sample)
 =================  ==============================  ==========================  =====================
 
 ``nat-hints`` is built from data: its prediction trie is fit on the train split
 (:data:`TRAINED_BASELINES`, given the train records; :mod:`simulator.baselines.nat_hints`).
+
+``observable-ref`` (and its ``-mean`` / ``-calls`` variants) is the *non-clairvoyant* reference:
+the best key given what is observable so far, its distribution read in-sample from the replayed
+workflows (:mod:`simulator.baselines.observable`).
 
 ``belady`` and ``oracle-srpt`` read the replay's future: they are references, not deployable
 policies and not bounds. ``oracle-srpt`` orders queues by true remaining work but keeps FCFS-era
@@ -37,6 +45,7 @@ from typing import Callable, Sequence
 
 from simulator.baselines.caches import LRU, Belady, ContinuumTTL, MoriIdleness
 from simulator.baselines.nat_hints import nat_hints_policy
+from simulator.baselines.observable import ObservableRemaining
 from simulator.baselines.routers import AutellixRouter, CacheAware, LeastLoad, RoundRobin, StickyLeastLoad
 from simulator.baselines.schedulers import FCFS, PLAS, OracleSRPT, ProgramFCFS
 from simulator.baselines.seeds import AgentFairShare, AstraeaCache, AstraeaMLFQ, SagaCache, SagaRouter
@@ -67,6 +76,25 @@ BASELINES: dict[str, Callable[[], Policy]] = {
                              "offline-optimal (MIN) eviction, oracle of future accesses"),
     "oracle-srpt": lambda: Policy("oracle-srpt", StickyLeastLoad(), OracleSRPT(), LRU(),
                                   "clairvoyant workflow-level shortest remaining work first"),
+    "observable-ref": lambda: Policy("observable-ref", StickyLeastLoad(),
+                                     ObservableRemaining(neighbours=50), LRU(),
+                                     "reference (non-clairvoyant, in-sample): Gittins rank of the "
+                                     "remaining output tokens given workflow type, calls done and "
+                                     "output tokens so far (the 50 closest other sessions)"),
+    "observable-ref-mean": lambda: Policy("observable-ref-mean", StickyLeastLoad(),
+                                          ObservableRemaining(key="mean", neighbours=50), LRU(),
+                                          "reference (non-clairvoyant, in-sample): mean remaining "
+                                          "output tokens given workflow type, calls done and "
+                                          "output tokens so far"),
+    "observable-ref-agents": lambda: Policy("observable-ref-agents", StickyLeastLoad(),
+                                            ObservableRemaining(neighbours=50, by_agent=True), LRU(),
+                                            "reference (non-clairvoyant, in-sample): Gittins rank "
+                                            "given workflow type, calls done and each agent's "
+                                            "output tokens so far (the 50 closest other sessions)"),
+    "observable-ref-calls": lambda: Policy("observable-ref-calls", StickyLeastLoad(),
+                                           ObservableRemaining(), LRU(),
+                                           "reference (non-clairvoyant, in-sample): Gittins rank "
+                                           "given workflow type and calls done only"),
 }
 
 #: Baselines fit on the train split: name -> factory of the train records.
@@ -76,4 +104,5 @@ TRAINED_BASELINES: dict[str, Callable[[Sequence[dict]], Policy]] = {
 
 __all__ = ["BASELINES", "TRAINED_BASELINES", "LRU", "Belady", "ContinuumTTL", "MoriIdleness", "AutellixRouter", "CacheAware",
            "LeastLoad", "RoundRobin", "StickyLeastLoad", "FCFS", "PLAS", "OracleSRPT", "ProgramFCFS",
+           "ObservableRemaining",
            "SagaRouter", "SagaCache", "AgentFairShare", "AstraeaMLFQ", "AstraeaCache"]
