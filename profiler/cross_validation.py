@@ -19,15 +19,9 @@ odd session moves every score. K-fold cross-validation uses every workflow once 
    coverage this is the pooled rate over all held-out calls. Aggregation walks whatever keys
    ``evaluate`` returns, so keys added to the eval later are aggregated too.
 
-**Grouped folds** (``group_by``, ``profiler eval --cv K --group-by FIELD``): when several
-workflows are trials of one task (the same SWE-bench instance run twice, one instance localized and
-repaired), a fold by workflow puts one trial in train and another in test, and the score
-flatters. With ``group_by`` the unit dealt into folds is the *group*: the record field ``FIELD``
-(a log-format field, else a top-level or ``app_metadata`` key of the record), cut by
-``group_pattern`` when given (a regular expression; its first capture group, else its whole match,
-is the group: ``--group-by workflow_id --group-pattern '[^/]+$'`` groups ``bs1/django-1`` with
-``bs4/django-1``). A workflow without a value is its own group. Every workflow of a group lands in
-one fold; folds differ by at most one group.
+**Grouped folds** (``group_by``/``group_pattern``, ``profiler eval --cv K --group-by FIELD``):
+the unit dealt into folds is a group of workflows (the trials of one task), so no task is both
+trained on and scored; the rule is :mod:`store.split`'s.
 
 Records without a readable workflow id (invalid JSON, no ``workflow_id``) belong to no fold: they
 are left out, counted and named by file and line (:func:`store.split.write_folds`); ``strict`` makes them an

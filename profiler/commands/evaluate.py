@@ -50,18 +50,11 @@ def eval_(
         _online(profile, logs, json_out, strict)
         return
     from profiler.evaluation import evaluate
-    from store.ingest import IngestError
-    from store.profile_artifact import ProfileError, load_profile
 
-    try:
-        prof = load_profile(profile)
-        result, report = evaluate(prof, logs, strict=strict, progress=not json_out)
-    except (ProfileError, IngestError, ValueError) as exc:
-        fail(str(exc))
-    report_ingest(report, quiet=json_out and not report.quarantined)
-    if json_out:
-        print_json(result)
+    scored = _score(evaluate, profile, logs, json_out, strict)
+    if scored is None:
         return
+    prof, result = scored
     from rich.table import Table
 
     ol, tl = result["output_len"], result["tool_latency"]
@@ -87,21 +80,33 @@ def eval_(
     console.print(baseline_table({"held-out": result}, title="ours vs baselines (same held-out calls)"))
 
 
-def _online(profile: Path, logs: list[Path], json_out: bool, strict: bool) -> None:
-    """`profiler eval --online`: :func:`profiler.online_eval.evaluate_online`, printed."""
+def _score(scorer, profile: Path, logs: list[Path], json_out: bool, strict: bool):
+    """Load the profile, score ``logs`` with ``scorer(profile, logs, strict=, progress=)`` (the
+    held-out or the online eval), report the ingest; with ``--json`` print the result and return
+    None, else return ``(profile, result)`` for the tables. Bad input exits with one line."""
     from store.ingest import IngestError
-    from profiler.online_eval import evaluate_online
     from store.profile_artifact import ProfileError, load_profile
 
     try:
         prof = load_profile(profile)
-        result, report = evaluate_online(prof, logs, strict=strict, progress=not json_out)
+        result, report = scorer(prof, logs, strict=strict, progress=not json_out)
     except (ProfileError, IngestError, ValueError) as exc:
         fail(str(exc))
     report_ingest(report, quiet=json_out and not report.quarantined)
     if json_out:
         print_json(result)
+        return None
+    return prof, result
+
+
+def _online(profile: Path, logs: list[Path], json_out: bool, strict: bool) -> None:
+    """`profiler eval --online`: :func:`profiler.online_eval.evaluate_online`, printed."""
+    from profiler.online_eval import evaluate_online
+
+    scored = _score(evaluate_online, profile, logs, json_out, strict)
+    if scored is None:
         return
+    prof, result = scored
     console.print(f"[bold]profile {prof.version}[/] online on {result['scored']:,} of {result['calls']:,} calls "
                   f"in arrival order (nominal {result['nominal']:.3f})")
     rows = [("online (served, calibrated)", result["online"]), ("static (fitted band)", result["static"]),
