@@ -54,7 +54,10 @@ did not come through us) plus what we sent since that count was taken.
      the session pays the prefill on the target plus as much cached data displaced there
      (factor 2), and each of the ``n_target`` requests in flight on the target waits the
      rebuild out (continuous batching runs the prefill in the iterations they share, and a
-     queued request starts that much later); it moves iff ``w_home − w_target > move_cost_s``. When a
+     queued request starts that much later); it moves iff ``w_home − w_target > move_cost_s``. (The
+     mirror gain, the ``e_n / d_home`` of wait a move takes off each request queued at home behind
+     the session, was tried and left out: within noise on 12 bursty seeds, more moves;
+     docs/simulator.md, agent-platform-bursty.) When a
      drain rate is unknown: iff it would queue at home in expectation (``h_home < 0``), fits on
      the target (``h_target ≥ 0``), and gains more than ``affinity_slack · C``;
 3. a new session (no last replica) goes to the safe replica with the largest expected headroom,
