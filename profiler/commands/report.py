@@ -40,15 +40,24 @@ def report(
 
     Example: `profiler report --profile profile/ --out report.html --eval heldout/`
     """
-    from profiler.commands.common import fail
+    from rich.progress import Progress
+
+    from profiler.commands.common import err_console, fail
     from store.profile_artifact import ProfileError
     from profiler.report import build_report
     from profiler.report.roles import DEFAULT_RULES, GROUP_ABOVE, parse_rule
 
     try:
         rules = () if no_group else tuple(parse_rule(g) for g in group) if group else DEFAULT_RULES
-        path = build_report(profile, out, db=db, eval_logs=eval_logs or None, group_rules=rules,
-                            group_above=0 if group else GROUP_ABOVE, show_pruned=show_pruned)
+        with Progress(console=err_console, transient=True) as bar:
+            task = bar.add_task("report", total=None)
+
+            def step(label: str, done: int, total: int) -> None:
+                bar.update(task, description=f"report: {label}", completed=done, total=total)
+
+            path = build_report(profile, out, db=db, eval_logs=eval_logs or None, group_rules=rules,
+                                group_above=0 if group else GROUP_ABOVE, show_pruned=show_pruned,
+                                on_step=step)
     except (ProfileError, RuntimeError, ValueError) as exc:
         fail(str(exc))
     typer.echo(f"report written to {path} ({path.stat().st_size / 1024:.0f} KiB)")

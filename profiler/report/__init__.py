@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 from html import escape
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from predictors.band_selection import band_warnings
 from profiler.report import page
@@ -486,8 +486,12 @@ def _eval_section(profile, eval_logs: Sequence[Path]) -> str:
 def build_report(profile_path: str | Path, out: str | Path, *, db: str | Path | None = None,
                  eval_logs: Sequence[str | Path] | None = None,
                  group_rules: Sequence[RoleRule] | None = DEFAULT_RULES, group_above: int = GROUP_ABOVE,
-                 show_pruned: bool = False) -> Path:
+                 show_pruned: bool = False,
+                 on_step: Callable[[str, int, int], None] | None = None) -> Path:
     """Write the HTML report of the profile at ``profile_path`` to ``out``; returns ``out``.
+
+    ``on_step(label, done, total)`` is called before each workflow type's section (and the
+    evaluation), for a progress bar.
 
     ``group_rules``: name rules that pool the agents of a team of more than ``group_above`` agents
     into roles (:mod:`profiler.report.roles`; ``None`` or empty: no grouping). ``show_pruned``: draw the
@@ -509,8 +513,11 @@ def build_report(profile_path: str | Path, out: str | Path, *, db: str | Path | 
     workflows = data.get("workflows") or {}
     wts = sorted(set(data.get("workflow_types") or {}) | set(workflows))
     body = []
+    steps = len(wts) + bool(eval_logs)
     try:
-        for wt in wts:
+        for i, wt in enumerate(wts):
+            if on_step is not None:
+                on_step(f"workflow type {wt}", i, steps)
             section = workflows.get(wt)
             info = (data.get("workflow_types") or {}).get(wt, {})
             notes: list[str] = []
@@ -531,6 +538,8 @@ def build_report(profile_path: str | Path, out: str | Path, *, db: str | Path | 
                 f"<h3>Tool latency</h3>{_tool_block(wt, data, con)}"
                 f"<h3>Timelines</h3>{_timeline_block(wt, con)}</section>")
         if eval_logs:
+            if on_step is not None:
+                on_step("evaluation", len(wts), steps)
             body.append(_eval_section(profile, [Path(p) for p in eval_logs]))
     finally:
         if con is not None:
