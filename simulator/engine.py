@@ -106,8 +106,8 @@ class Request:
         "call", "idx", "wf", "state", "replica", "t_issue", "t_admit", "t_first", "t_finish",
         "prefill_left", "prefill_total", "missing_path", "prefill_rate", "decoded", "private",
         "locked", "preempts", "service_s", "recompute_own", "gpu_hit", "host_hit", "computed",
-        "recomputed", "pred", "t_enqueue", "swapped", "recomputed_evict", "recomputed_preempt",
-        "input_tokens", "output_tokens",
+        "recomputed", "pred", "hints", "t_enqueue", "swapped", "recomputed_evict",
+        "recomputed_preempt", "input_tokens", "output_tokens",
     )
 
     def __init__(self, call: Call, t_issue: float) -> None:
@@ -144,8 +144,12 @@ class Request:
         #: (routing-caused: the session moved).
         self.recomputed_evict = 0
         self.recomputed_preempt = 0
-        #: Predictions a policy attached to the call (e.g. output band, priority).
-        self.pred: dict | None = None
+        #: The prediction feed's record of the call (:class:`simulator.ours.FeedPrediction`:
+        #: annotation, app_metadata, the policies' view), None until it is annotated.
+        self.pred: Any = None
+        #: NAT's hints for the call (:class:`simulator.baselines.nat_hints.Hints`), None until
+        #: the NAT-style scheduler looked them up.
+        self.hints: Any = None
 
     @property
     def context_tokens(self) -> int:
