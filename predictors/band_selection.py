@@ -38,7 +38,7 @@ gives one — the request's ``max_tokens`` or the model's context limit — and 
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 import numpy as np
 from scipy import stats
@@ -204,6 +204,27 @@ def selection_text(entry: dict[str, Any]) -> str:
 BUDGET_LEVELS = (0.8, 0.9, 0.95, 0.97, 0.98, 0.99, 0.995, 0.998, 0.999)
 
 
+class BudgetOption(NamedTuple):
+    """One option on a group's menu in the shared coverage budget (:func:`allocate_budget`).
+
+    ``name`` is the band as the profile names it (``selection.chosen``, ``method``): a validated
+    candidate (``"parent"``, ``"order_stat"``, ...), ``"global"``, or ``"order_stat@0.97"``.
+    ``keep``: the group's own validated choice at nominal, served unchanged (preferred on a
+    tie). ``level``: the coverage of an order-statistic option (None otherwise)."""
+    name: str
+    keep: bool = False
+    level: float | None = None
+
+    @classmethod
+    def order_stat(cls, level: float) -> "BudgetOption":
+        """The order-statistic band at coverage ``level``."""
+        return cls(f"order_stat@{level:g}", level=level)
+
+
+#: The global band as a budget option.
+GLOBAL_OPTION = BudgetOption("global")
+
+
 #: Binomial standard deviations of tolerance in the shared miss budget (see budget_misses).
 BUDGET_Z = 0.5
 
@@ -235,20 +256,20 @@ def charged_misses(observed: int, n: int, coverage: float) -> int:
     return max(int(observed), int((1.0 - coverage) * n + 0.5))
 
 
-def allocate_budget(menus: list[dict[str, tuple[int, float]]], budget: int
-                    ) -> tuple[list[str], int, float] | None:
+def allocate_budget(menus: list[dict[BudgetOption, tuple[int, float]]], budget: int
+                    ) -> tuple[list[BudgetOption], int, float] | None:
     """One option per group minimizing the summed held-out width with summed misses ≤ ``budget``.
 
-    ``menus[g]`` maps option name → (held-out misses, held-out width sum) of group g (an agent, or
+    ``menus[g]`` maps option → (held-out misses, held-out width sum) of group g (an agent, or
     the agents served their parent's band). A multiple-choice knapsack, solved exactly by dynamic
     programming over the miss count (budgets are small: ⌊α·(N+1)⌋). Returns (choices, misses,
     width sum), or None when no combination fits the budget."""
     inf = np.inf
     best = np.full(budget + 1, inf)
     best[0] = 0.0                      # best[m]: least width with exactly m misses so far
-    back: list[tuple[np.ndarray, list[str]]] = []  # per group: option index per m, option names
+    back: list[tuple[np.ndarray, list[BudgetOption]]] = []  # per group: option index per m, options
     for menu in menus:
-        names = sorted(menu, key=lambda k: (not k.startswith("keep:"), k))  # ties: keep
+        names = sorted(menu, key=lambda o: (not o.keep, o.name))  # ties: keep, then by name
         nxt = np.full(budget + 1, inf)
         pick = np.full(budget + 1, -1)
         for j, name in enumerate(names):
@@ -264,7 +285,7 @@ def allocate_budget(menus: list[dict[str, tuple[int, float]]], budget: int
     if not np.isfinite(best).any():
         return None
     m_end = int(np.argmin(best))
-    choices: list[str] = []
+    choices: list[BudgetOption] = []
     m = m_end
     for g in range(len(menus) - 1, -1, -1):
         pick, names = back[g]

@@ -42,7 +42,8 @@ without those from the band's ``hi``.
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from dataclasses import dataclass
+from typing import Any, Callable, NamedTuple, Sequence
 
 import numpy as np
 import pandas as pd
@@ -50,6 +51,7 @@ from scipy import stats
 from sklearn.base import BaseEstimator
 
 from predictors import band_selection as bs
+from predictors.band_selection import GLOBAL_OPTION, BudgetOption
 from predictors import quantile_tree as qt
 from predictors.quantile_tree import COND_FEATURES
 from predictors.served import (_MAX_EXP, UPPER_ALPHAS, OutputBands, band_upper_bound, cond_bands,
@@ -127,6 +129,34 @@ def _clean(y: np.ndarray) -> np.ndarray:
     return np.where(np.isfinite(y), np.maximum(y, 0.0), 0.0)
 
 
+class _TypeBudgetInput(NamedTuple):
+    """One workflow type's share of the shared-budget search (:meth:`OutputLengthIntervals._allocate`)."""
+    #: its fitted entry and its served band per training fold
+    entry: dict[str, Any]
+    folds: dict[int, tuple[float, float]]
+    #: its calls' lengths and folds
+    y: np.ndarray
+    fold: np.ndarray
+    #: its agents' fitted entries (updated in place by the allocation)
+    per_agent: dict[str, dict[str, Any]]
+    #: each agent's (lengths, folds)
+    data: dict[str, tuple[np.ndarray, np.ndarray]]
+
+
+@dataclass(slots=True)
+class _BudgetGroup:
+    """Agents that take one option together: one agent with its own band, or the degenerate
+    agents of a workflow type (served their type's band)."""
+    agents: list[str]
+    own: bool
+    #: option -> (held-out misses, held-out width sum)
+    menu: dict[BudgetOption, tuple[int, float]]
+    #: the lengths an order-statistic option is computed from
+    y: np.ndarray
+    #: held-out calls of the group
+    n: int
+
+
 class OutputLengthIntervals(OutputBands, BaseEstimator):
     """Per-(workflow type, agent) output-length bands, each chosen by K-fold CV by workflow.
 
@@ -175,7 +205,7 @@ class OutputLengthIntervals(OutputBands, BaseEstimator):
         y, fold = self._lengths_and_folds(calls)
         self.global_, g_folds = self._fit_node(y, fold, None, None, "global")
         self.workflow_types_, self.agents_ = {}, {}
-        types: list[tuple] = []
+        types: list[_TypeBudgetInput] = []
         for wt, wt_idx in calls.groupby("workflow_type_id", sort=True).indices.items():
             wt_entry, wt_folds = self._fit_node(y[wt_idx], fold[wt_idx], self.global_, g_folds,
                                                 "workflow_type")
@@ -188,8 +218,8 @@ class OutputLengthIntervals(OutputBands, BaseEstimator):
                                           frame=calls.iloc[rows] if self.conditional else None)
                 per_agent[agent] = entry
                 rows_of[agent] = rows
-            types.append((wt_entry, wt_folds, y[wt_idx], fold[wt_idx], per_agent,
-                          {a: (y[r], fold[r]) for a, r in rows_of.items()}))
+            types.append(_TypeBudgetInput(wt_entry, wt_folds, y[wt_idx], fold[wt_idx], per_agent,
+                                          {a: (y[r], fold[r]) for a, r in rows_of.items()}))
             self.agents_[wt] = per_agent
         if self.shared_budget:
             self._allocate(types, g_folds)
@@ -281,7 +311,7 @@ class OutputLengthIntervals(OutputBands, BaseEstimator):
             served = {k: (lo_, min(hi_, ceiling)) for k, (lo_, hi_) in served.items()}
         return entry, served
 
-    def _allocate(self, types: list[tuple], g_folds: dict) -> None:
+    def _allocate(self, types: list[_TypeBudgetInput], g_folds: dict) -> None:
         """Spend one miscoverage budget within each workflow type where bands are widest.
 
         Every agent (and, per workflow type, the agents served their parent's band, as one
@@ -299,87 +329,82 @@ class OutputLengthIntervals(OutputBands, BaseEstimator):
         global band" are all in each type's search, so no type is served a configuration that
         validation says is wider than those at nominal coverage.
 
-        ``types``: per workflow type (wt entry, its band per fold, its lengths and folds, its
-        agents' entries, each agent's (lengths, folds))."""
+        ``types``: per workflow type, its :class:`_TypeBudgetInput`."""
         for t in types:
             self._allocate_type(t, g_folds)
 
-    def _allocate_type(self, t: tuple, g_folds: dict) -> None:
+    def _allocate_type(self, t: _TypeBudgetInput, g_folds: dict) -> None:
         """:meth:`_allocate` for one workflow type ``t``."""
-        types = [t]
         cov, cap = self.coverage, self.max_output_tokens
         g = self.global_
-        groups: list[dict[str, Any]] = []
-        for wt_entry, wt_folds, y_t, fold_t, per_agent, data in types:
-            degenerate = [a for a, e in per_agent.items() if e.get("fallback_reason")]
-            own = [a for a in per_agent if a not in degenerate]
-            for agent in own:
-                e, (ya, fa) = per_agent[agent], data[agent]
-                sel = e["selection"]
-                n_val = int(sel.get("n_val") or 0)
-                if n_val == 0:
-                    return
-                menu = {("keep:" if name == sel["chosen"] else "") + name:
-                        (bs.charged_misses(int(round((1 - v["coverage"]) * n_val)), n_val, cov),
-                         v["mean_width"] * n_val)
-                        for name, v in sel["candidates"].items() if name in (sel["chosen"], "parent")}
-                menu.update(self._level_scores(ya, fa, ya, fa))
-                if e["level"] != "global":
-                    menu["global"] = self._served_scores(ya, fa, g_folds, g, cov)
-                groups.append({"agents": [agent], "own": True, "menu": menu, "y": ya,
-                               "wt_entry": wt_entry, "per_agent": per_agent, "n": len(ya)})
-            if degenerate:
-                ya = np.concatenate([data[a][0] for a in degenerate])
-                fa = np.concatenate([data[a][1] for a in degenerate])
-                menu = {"keep:parent": self._served_scores(ya, fa, wt_folds, wt_entry, cov)}
-                menu.update(self._level_scores(y_t, fold_t, ya, fa))
-                if wt_entry["level"] != "global":
-                    menu["global"] = self._served_scores(ya, fa, g_folds, g, cov)
-                groups.append({"agents": degenerate, "own": False, "menu": menu, "y": y_t,
-                               "wt_entry": wt_entry, "per_agent": per_agent, "n": len(ya)})
-        total = sum(gr["n"] for gr in groups)
+        wt_entry, per_agent, data = t.entry, t.per_agent, t.data
+        groups: list[_BudgetGroup] = []
+        degenerate = [a for a, e in per_agent.items() if e.get("fallback_reason")]
+        own = [a for a in per_agent if a not in degenerate]
+        for agent in own:
+            e, (ya, fa) = per_agent[agent], data[agent]
+            sel = e["selection"]
+            n_val = int(sel.get("n_val") or 0)
+            if n_val == 0:
+                return
+            menu = {BudgetOption(name, keep=name == sel["chosen"]):
+                    (bs.charged_misses(int(round((1 - v["coverage"]) * n_val)), n_val, cov),
+                     v["mean_width"] * n_val)
+                    for name, v in sel["candidates"].items() if name in (sel["chosen"], "parent")}
+            menu.update(self._level_scores(ya, fa, ya, fa))
+            if e["level"] != "global":
+                menu[GLOBAL_OPTION] = self._served_scores(ya, fa, g_folds, g, cov)
+            groups.append(_BudgetGroup([agent], True, menu, ya, len(ya)))
+        if degenerate:
+            ya = np.concatenate([data[a][0] for a in degenerate])
+            fa = np.concatenate([data[a][1] for a in degenerate])
+            menu = {BudgetOption("parent", keep=True): self._served_scores(ya, fa, t.folds, wt_entry, cov)}
+            menu.update(self._level_scores(t.y, t.fold, ya, fa))
+            if wt_entry["level"] != "global":
+                menu[GLOBAL_OPTION] = self._served_scores(ya, fa, g_folds, g, cov)
+            groups.append(_BudgetGroup(degenerate, False, menu, t.y, len(ya)))
+        total = sum(gr.n for gr in groups)
         if not groups or total == 0:
             return
         budget = bs.budget_misses(total, cov)
-        found = bs.allocate_budget([gr["menu"] for gr in groups], budget)
+        found = bs.allocate_budget([gr.menu for gr in groups], budget)
         if found is None:
             return
         choices, misses, width = found
 
-        def config_width(prefix: str) -> float | None:
-            picks = [[v for k, v in gr["menu"].items() if k.startswith(prefix)] for gr in groups]
+        def config_width(wanted: Callable[[BudgetOption], bool]) -> float | None:
+            picks = [[v for k, v in gr.menu.items() if wanted(k)] for gr in groups]
             return sum(min(p, key=lambda t: t[1])[1] for p in picks) / total if all(picks) else None
         note = {"calls": int(total), "budget_misses": budget, "held_out_misses": int(misses),
                 "held_out_mean_width": width / total,
-                "held_out_mean_width_at_nominal": config_width("keep:"),
-                "held_out_mean_width_global": config_width("global") if all(
-                    "global" in gr["menu"] for gr in groups) else None}
+                "held_out_mean_width_at_nominal": config_width(lambda o: o.keep),
+                "held_out_mean_width_global": config_width(lambda o: o == GLOBAL_OPTION) if all(
+                    GLOBAL_OPTION in gr.menu for gr in groups) else None}
         for gr, choice in zip(groups, choices):
-            per_agent, wt_entry = gr["per_agent"], gr["wt_entry"]
-            if choice.startswith("keep:"):
-                for a in gr["agents"]:
-                    per_agent[a]["selection"]["budget"] = {**note, "option": choice[5:]}
+            if choice.keep:
+                for a in gr.agents:
+                    per_agent[a]["selection"]["budget"] = {**note, "option": choice.name}
                 continue
-            m, w = gr["menu"][choice]
-            n_group = max(gr["n"], 1)
-            ceiling = bs.ceiling_of(gr["y"], cap)
-            if choice in ("parent", "global"):
-                src = wt_entry if choice == "parent" else g
+            m, w = gr.menu[choice]
+            n_group = max(gr.n, 1)
+            ceiling = bs.ceiling_of(gr.y, cap)
+            if choice.level is None:      # the workflow type's band or the global one
+                src = wt_entry if choice.name == "parent" else g
                 lo, hi, level_name = src["lo"], min(src["hi"], ceiling), src["level"]
-                why = f"shared coverage budget: the {'workflow type' if choice == 'parent' else 'global'} band"
+                why = f"shared coverage budget: the {'workflow type' if choice.name == 'parent' else 'global'} band"
             else:
-                level = float(choice.split("@")[1])
-                lo, hi = bs.order_stat_band(gr["y"], level, ceiling)
-                level_name = "agent" if gr["own"] else wt_entry["level"]
+                level = choice.level
+                lo, hi = bs.order_stat_band(gr.y, level, ceiling)
+                level_name = "agent" if gr.own else wt_entry["level"]
                 why = f"shared coverage budget: order statistics at {level:g}"
-            for a in gr["agents"]:
+            for a in gr.agents:
                 e = per_agent[a]
                 # a degenerate agent keeps method "parent": its band is its workflow type's data
                 e.update(lo=int(lo), hi=int(max(hi, lo)), conditional=None, level=level_name,
-                         method=choice if gr["own"] else "parent")
-                e["selection"]["chosen"] = choice
+                         method=choice.name if gr.own else "parent")
+                e["selection"]["chosen"] = choice.name
                 e["selection"]["reason"] = f"{why} (held-out coverage {1 - m / n_group:.3f} of {n_group:,} calls)"
-                e["selection"]["budget"] = {**note, "option": choice, "group_misses": int(m),
+                e["selection"]["budget"] = {**note, "option": choice.name, "group_misses": int(m),
                                             "group_mean_width": w / n_group}
 
     @staticmethod
@@ -395,7 +420,7 @@ class OutputLengthIntervals(OutputBands, BaseEstimator):
         return bs.charged_misses(int(miss), len(y), cov), float(width)
 
     def _level_scores(self, y_fit: np.ndarray, f_fit: np.ndarray, y_val: np.ndarray, f_val: np.ndarray
-                      ) -> dict[str, tuple[int, float]]:
+                      ) -> dict[BudgetOption, tuple[int, float]]:
         """Held-out (misses, width sum) on ``y_val`` of the order-statistic band of ``y_fit`` at
         each level of :data:`band_selection.BUDGET_LEVELS`, fold by fold (per fold one partition
         for every level's ranks and one sort of the held-out lengths)."""
@@ -410,7 +435,7 @@ class OutputLengthIntervals(OutputBands, BaseEstimator):
             for i, (lo, hi) in enumerate(bs.order_stat_bands(ytr, levels, ceiling)):
                 miss[i] += np.searchsorted(te, lo, "left") + len(te) - np.searchsorted(te, hi, "right")
                 width[i] += (hi - lo) * len(te)
-        return {f"order_stat@{level:g}": (bs.charged_misses(int(m), len(y_val), level), float(w))
+        return {BudgetOption.order_stat(level): (bs.charged_misses(int(m), len(y_val), level), float(w))
                 for level, m, w in zip(levels, miss, width)}
 
     def _conditional_cv(self, X: np.ndarray, y: np.ndarray, fold: np.ndarray, ks: np.ndarray,

@@ -1,6 +1,6 @@
 """Discrete-event simulator of a multi-replica LLM serving cluster replaying agent workflows.
 
-Events live in one ``heapq`` (time, sequence, kind, payload): a workflow arrives, a call is
+Events live in one ``heapq`` of :class:`Event` (time, sequence, kind, payload): a workflow arrives, a call is
 issued, a replica finishes an iteration, a host→GPU load completes, a policy timer fires, a part
 wakes an idle replica (idle-capacity work; model pools may change members: see the block
 "elastic pools and idle-capacity work" at the end of :class:`Simulator`).
@@ -46,18 +46,57 @@ import gc
 import heapq
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 import numpy as np
 
 from simulator.cache import ReplicaCache
 from simulator.config import ClusterConfig
-from simulator.policy import Policy
+from simulator.policy import IdlePrefill, Policy
 from simulator.pools import Pools
 from simulator.workload import Call, Workload
 
 WAITING, LOADING, RUNNING, DONE = range(4)
 EV_ARRIVE, EV_ISSUE, EV_STEP, EV_LOADED, EV_TIMER, EV_WAKE = range(6)
+
+
+# The records below are NamedTuples, not dataclasses: they are built and unpacked in the event
+# loop's hot path, and a NamedTuple is a tuple (C-speed construction, unpacking and heap order)
+# whose fields have names.
+
+class Event(NamedTuple):
+    """One entry of the event heap, ordered by ``(t, seq)``: ``seq`` (a counter) breaks ties in
+    push order, so ``kind`` and ``payload`` are never compared. ``payload`` by kind: EV_ARRIVE a
+    workflow index, EV_ISSUE a call index, EV_STEP a :class:`StepDue`, EV_LOADED the
+    :class:`Request`, EV_TIMER None, EV_WAKE a replica index."""
+    t: float
+    seq: int
+    kind: int
+    payload: Any
+
+
+class StepDue(NamedTuple):
+    """EV_STEP payload: replica ``replica``'s plan number ``plan_id`` ends now. A plan cut short
+    (:meth:`Simulator._wake`) gets a new ``plan_id``, so the old event is recognised as stale."""
+    replica: int
+    plan_id: int
+
+
+class PrefillChunk(NamedTuple):
+    """``take`` prompt tokens of ``req`` prefilled in one iteration."""
+    req: "Request"
+    take: int
+
+
+class StepPlan(NamedTuple):
+    """What a replica runs until its next EV_STEP: the prefill chunks, the decoding calls, ``k``
+    identical decode iterations (1 when anything prefills), their summed time ``dt`` and the
+    decoders' KV tokens ``kv`` at the start (the step model's input)."""
+    prefill: list[PrefillChunk]
+    decoders: list["Request"]
+    k: int
+    dt: float
+    kv: int
 
 
 class Request:
@@ -67,8 +106,8 @@ class Request:
         "call", "idx", "wf", "state", "replica", "t_issue", "t_admit", "t_first", "t_finish",
         "prefill_left", "prefill_total", "missing_path", "prefill_rate", "decoded", "private",
         "locked", "preempts", "service_s", "recompute_own", "gpu_hit", "host_hit", "computed",
-        "recomputed", "pred", "t_enqueue", "swapped", "recomputed_evict", "recomputed_preempt",
-        "input_tokens", "output_tokens",
+        "recomputed", "pred", "hints", "t_enqueue", "swapped", "recomputed_evict",
+        "recomputed_preempt", "input_tokens", "output_tokens",
     )
 
     def __init__(self, call: Call, t_issue: float) -> None:
@@ -105,8 +144,12 @@ class Request:
         #: (routing-caused: the session moved).
         self.recomputed_evict = 0
         self.recomputed_preempt = 0
-        #: Predictions a policy attached to the call (e.g. output band, priority).
-        self.pred: dict | None = None
+        #: The prediction feed's record of the call (:class:`simulator.ours.FeedPrediction`:
+        #: annotation, app_metadata, the policies' view), None until it is annotated.
+        self.pred: Any = None
+        #: NAT's hints for the call (:class:`simulator.baselines.nat_hints.Hints`), None until
+        #: the NAT-style scheduler looked them up.
+        self.hints: Any = None
 
     @property
     def context_tokens(self) -> int:
@@ -129,7 +172,7 @@ class Replica:
     waiting_tokens: int = 0
     stepping: bool = False
     busy_s: float = 0.0
-    plan: tuple | None = None
+    plan: StepPlan | None = None
     plan_id: int = 0
     plan_start: float = 0.0
 
@@ -272,7 +315,7 @@ class Simulator:
     # --- event plumbing -----------------------------------------------------------------------
     def _push(self, t: float, kind: int, payload: object) -> None:
         self._seq += 1
-        heapq.heappush(self._heap, (t, self._seq, kind, payload))
+        heapq.heappush(self._heap, Event(t, self._seq, kind, payload))
 
     def add_timer(self, t: float) -> None:
         """Wake the cluster at ``t`` (a policy's TTL expiry may let waiting calls in)."""
@@ -291,8 +334,8 @@ class Simulator:
             self.now = t
             self.events += 1
             if kind == EV_STEP:
-                rep = self.replicas[payload[0]]
-                if payload[1] == rep.plan_id:   # else: a macro-step cut short and rescheduled
+                rep = self.replicas[payload.replica]
+                if payload.plan_id == rep.plan_id:   # else: a macro-step cut short and rescheduled
                     self._step_end(rep)
                     dirty[rep.idx] = rep
             elif kind == EV_ARRIVE:
@@ -565,7 +608,7 @@ class Simulator:
             free = rep.free_tokens()
         return 0
 
-    def _batch(self, rep: Replica) -> tuple[int, int, list[tuple[Request, int]], list[Request], int]:
+    def _batch(self, rep: Replica) -> tuple[int, int, list[PrefillChunk], list[Request], int]:
         """One pass over the running calls in state RUNNING (admission order): how many, the
         iterations the next step may cover (1 while any prefills, else up to the nearest
         completion, at most ``max_macro_steps``), the prefill chunks (≤ ``chunked_prefill_size``
@@ -574,7 +617,7 @@ class Simulator:
         steps = self.config.max_macro_steps
         prefilling = False
         budget = self.config.chunked_prefill_size
-        prefill: list[tuple[Request, int]] = []
+        prefill: list[PrefillChunk] = []
         decoders: list[Request] = []
         kv = 0
         for q in rep.running:
@@ -587,7 +630,7 @@ class Simulator:
                 if budget > 0:
                     take = left if left < budget else budget
                     budget -= take
-                    prefill.append((q, take))
+                    prefill.append(PrefillChunk(q, take))
             else:
                 decoders.append(q)
                 d = q.decoded
@@ -631,11 +674,11 @@ class Simulator:
                 dt += sum(take * q.prefill_rate for q, take in prefill)
         else:
             dt = k * (step.t0 + step.e * b + step.c * kv) + step.c * b * k * (k - 1) / 2
-        rep.plan = (prefill, decoders, k, dt, kv)
+        rep.plan = StepPlan(prefill, decoders, k, dt, kv)
         rep.stepping = True
         rep.plan_id += 1
         rep.plan_start = self.now
-        self._push(self.now + dt, EV_STEP, (rep.idx, rep.plan_id))
+        self._push(self.now + dt, EV_STEP, StepDue(rep.idx, rep.plan_id))
 
     def _wake(self, rep: Replica) -> None:
         """Something changed on ``rep`` (a call arrived, a load finished, a pin expired): plan a
@@ -644,7 +687,8 @@ class Simulator:
         if not rep.stepping:
             self._round(rep)
             return
-        prefill, decoders, k, dt, kv = rep.plan
+        plan = rep.plan
+        _, decoders, k, _, kv = plan
         if k <= 1:
             return
         step = self.step
@@ -656,9 +700,9 @@ class Simulator:
         if m >= k:
             return
         new_dt = m * dt0 + growth * m * (m - 1) / 2
-        rep.plan = (prefill, decoders, m, new_dt, kv)
+        rep.plan = StepPlan(plan.prefill, decoders, m, new_dt, kv)
         rep.plan_id += 1
-        self._push(rep.plan_start + new_dt, EV_STEP, (rep.idx, rep.plan_id))
+        self._push(rep.plan_start + new_dt, EV_STEP, StepDue(rep.idx, rep.plan_id))
 
     def _step_end(self, rep: Replica) -> None:
         prefill, decoders, k, dt, _ = rep.plan
@@ -765,22 +809,22 @@ class Simulator:
 
     def _idle_work(self, rep: Replica) -> None:
         """An idle replica (nothing running or waiting) asks the parts for background prefill:
-        ``(tokens, position, context, total)`` of one chunk. It runs as one prefill iteration
+        one chunk (:class:`~simulator.policy.IdlePrefill`). It runs as one prefill iteration
         with no call in the batch (the part is told at ``on_step`` with an empty batch); a call
         arriving meanwhile waits for the iteration's end, as for any iteration."""
-        job = self.policy.ask("idle_prefill", rep.idx)
+        job: IdlePrefill | None = self.policy.ask("idle_prefill", rep.idx)
         if job is None:
             return
-        take, pos, ctx, total = job
+        take, pos, ctx, total = job.tokens, job.position, job.context, job.total
         st = self.step
         take = max(1, min(int(take), self.config.chunked_prefill_size))
         rate = st.a + st.a_ctx * ctx / max(total, 1)
         dt = st.prefill_t0 + take * rate + st.a_attn * take * (pos + take / 2)
-        rep.plan = ([], [], 1, dt, 0)
+        rep.plan = StepPlan([], [], 1, dt, 0)
         rep.stepping = True
         rep.plan_id += 1
         rep.plan_start = self.now
-        self._push(self.now + dt, EV_STEP, (rep.idx, rep.plan_id))
+        self._push(self.now + dt, EV_STEP, StepDue(rep.idx, rep.plan_id))
 
     def materialize(self, r: int, segs: Sequence[int]) -> int:
         """Put segments computed in the background on replica ``r``'s GPU tier (root first),

@@ -58,7 +58,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -80,11 +80,21 @@ from simulator.policy import CachePolicy, Part, Policy, Router, Scheduler
 from simulator.preprefill import PrePrefill
 from simulator.session_queue import SessionQueue, sglang_int
 
+class FeedPrediction(NamedTuple):
+    """What :class:`PredictionFeed` attaches to a call (``req.pred``)."""
+    #: the annotation contract the gateway would serve
+    ann: Annotation
+    #: the call's app_metadata (workflow type and id, agent)
+    meta: dict[str, str]
+    #: the policies' view of the annotation
+    view: CallView
+
+
 class PredictionFeed(Part):
     """Drives a ``predictors.Predictor`` with simulated time and attaches a ``CallView``.
 
-    ``req.pred`` becomes ``{"ann": Annotation, "meta": app_metadata, "view": CallView}`` (the
-    annotation contract and the policies' view of it); the view's tool p95 is that of the tool
+    ``req.pred`` becomes a :class:`FeedPrediction` (the annotation contract and the policies'
+    view of it); the view's tool p95 is that of the tool
     the call runs (known once its response names it). The annotation is marked by the gateway's
     end-of-session rule (``session_end``; :class:`SessionEndRule`, the gateway's defaults), so
     the keep/drop and prefetch parts see what the SGLang plugin sees.
@@ -112,10 +122,10 @@ class PredictionFeed(Part):
                 "agent_id": req.call.agent}
         ann = self.session_end.mark(self.predictor.annotate_call(
             meta, request_id=req.call.request_id, input_tokens=req.call.input_tokens), meta)
-        req.pred = {"ann": ann, "meta": meta, "view": CallView.from_annotation(ann, meta, tool=req.call.tool)}
+        req.pred = FeedPrediction(ann, meta, CallView.from_annotation(ann, meta, tool=req.call.tool))
 
     def on_finish(self, req: Request) -> None:
-        meta = req.pred["meta"] if req.pred else None
+        meta = req.pred.meta if req.pred else None
         if meta is None:
             return
         self.predictor.observe({"app_metadata": meta, "request_id": req.call.request_id,
@@ -125,10 +135,10 @@ class PredictionFeed(Part):
     # helpers used by the other parts
     def annotation(self, req: Request) -> Annotation | None:
         """The call's annotation contract (None before it was annotated)."""
-        return req.pred["ann"] if req.pred else None
+        return req.pred.ann if req.pred else None
 
     def view(self, req: Request) -> CallView:
-        return req.pred["view"] if req.pred else CallView()
+        return req.pred.view if req.pred else CallView()
 
 
 class CapacityRouter(Router):

@@ -15,7 +15,7 @@ Every part sees the running :class:`simulator.engine.Simulator` through ``bind``
 from __future__ import annotations
 
 import functools
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
@@ -55,6 +55,16 @@ class Simulator(Protocol):
     def materialize(self, r: int, segs: Any) -> int: ...
 
 
+class IdlePrefill(NamedTuple):
+    """One chunk of background prefill on an idle replica (:meth:`Part.idle_prefill`):
+    ``tokens`` computed from prompt ``position`` on, in a job that computes ``total`` tokens of a
+    prefix ``context`` tokens long (the per-token prefill rate uses ``context / total``)."""
+    tokens: int
+    position: int
+    context: int
+    total: int
+
+
 class Part:
     """Base of every policy part: bound to the simulator, told about lifecycle events."""
 
@@ -74,9 +84,9 @@ class Part:
     def on_replica_reset(self, replica: int) -> None:
         """Replica ``replica`` restarted with empty KV tiers (an autoscaler moved it)."""
 
-    def idle_prefill(self, replica: int) -> tuple[int, int, int, int] | None:
-        """Background prefill for an idle replica: ``(tokens, position, context, total)`` of
-        the next chunk, or None (the default: no idle-capacity work)."""
+    def idle_prefill(self, replica: int) -> IdlePrefill | None:
+        """Background prefill for an idle replica: the next chunk, or None (the default: no
+        idle-capacity work)."""
         return None
 
 

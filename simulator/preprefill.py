@@ -28,10 +28,38 @@ never matched), plus the partial chunks of dropped jobs.
 """
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 from serving_hooks.policies import PrePrefillPolicy
-from simulator.policy import Part
+from simulator.policy import IdlePrefill, Part
+
+
+class Waiting(NamedTuple):
+    """A session in a gap whose predicted next agent is worth a pre-prefill: since when (the
+    finish of its last call; older sessions are served first) and which agent."""
+    since: float
+    agent: str
+
+
+@dataclass(slots=True)
+class Job:
+    """A pre-prefill running on one replica: the segments it computes, in path order."""
+    segs: list[int]
+    #: tokens still to compute
+    left: int
+    #: prompt position of its first token (the tokens before it are on the GPU already)
+    pos: int
+    #: the prefix it builds (``pos + total``) and the tokens it computes
+    ctx: int
+    total: int
+    #: tokens computed; of them placed on the GPU tier
+    done: int = 0
+    placed: int = 0
+    #: index into ``segs`` of the first segment not yet placed
+    next: int = 0
+    #: the chunk of the iteration in progress (0: none)
+    take: int = 0
 
 
 class PrePrefill(Part):
@@ -40,10 +68,10 @@ class PrePrefill(Part):
     def __init__(self, feed: Any, policy: PrePrefillPolicy | None = None) -> None:
         self.feed = feed
         self.policy = policy or PrePrefillPolicy()
-        #: wf -> (finish time, predicted next agent) of sessions whose next call is not issued
-        self.pending: dict[int, tuple[float, str]] = {}
+        #: wf -> sessions whose next call is not issued yet
+        self.pending: dict[int, Waiting] = {}
         self.last_call: dict[tuple[int, str], Any] = {}
-        self.jobs: dict[int, dict] = {}
+        self.jobs: dict[int, Job] = {}
         #: replica -> {segment: tokens} pre-prefilled there and not yet used
         self.fresh: dict[int, dict[int, int]] = {}
         self.counts = {"jobs": 0, "tokens": 0, "used_tokens": 0, "partial_wasted_tokens": 0,
@@ -57,7 +85,7 @@ class PrePrefill(Part):
         if not self.policy.wants(view.known, agent, p):
             self.pending.pop(req.wf, None)
             return
-        self.pending[req.wf] = (self.sim.now, agent)
+        self.pending[req.wf] = Waiting(self.sim.now, agent)
         pool = self._pool_index(agent)
         if pool is None:
             return
@@ -69,7 +97,7 @@ class PrePrefill(Part):
         self.pending.pop(req.wf, None)
 
     # --- the work -----------------------------------------------------------------------------
-    def idle_prefill(self, replica: int) -> tuple[int, int, int, int] | None:
+    def idle_prefill(self, replica: int) -> IdlePrefill | None:
         sim = self.sim
         pool = sim.pool_of_replica(replica)
         if pool is None:
@@ -79,15 +107,15 @@ class PrePrefill(Part):
             job = self._new_job(replica, pool)
             if job is None:
                 return None
-        take = min(job["left"], sim.config.chunked_prefill_size)
-        job["take"] = take
-        return take, job["pos"] + job["done"], job["ctx"], job["total"]
+        take = min(job.left, sim.config.chunked_prefill_size)
+        job.take = take
+        return IdlePrefill(take, job.pos + job.done, job.ctx, job.total)
 
-    def _new_job(self, replica: int, pool: int) -> dict | None:
+    def _new_job(self, replica: int, pool: int) -> Job | None:
         sim = self.sim
         rep = sim.replicas[replica]
         cache, tok = rep.cache, sim.workload.seg_tokens
-        for wf, (_t, agent) in sorted(self.pending.items(), key=lambda kv: (kv[1][0], kv[0])):
+        for wf, (_t, agent) in sorted(self.pending.items(), key=lambda kv: (kv[1].since, kv[0])):
             if self._pool_index(agent) != pool:
                 continue
             key = self._home_key(wf, pool)
@@ -111,8 +139,7 @@ class PrePrefill(Part):
                 continue
             self.pending.pop(wf, None)
             pos = sum(tok[s] for s in segs[:i])
-            job = {"segs": missing, "left": total, "done": 0, "placed": 0, "next": 0,
-                   "pos": pos, "ctx": pos + total, "total": total, "take": 0}
+            job = Job(segs=missing, left=total, pos=pos, ctx=pos + total, total=total)
             self.jobs[replica] = job
             self.counts["jobs"] += 1
             self._set_home(key, replica, pos + total)
@@ -121,20 +148,20 @@ class PrePrefill(Part):
 
     def on_step(self, replica: int, dt: float, batch: list) -> None:
         job = self.jobs.get(replica)
-        if batch or job is None or not job["take"]:
+        if batch or job is None or not job.take:
             return
-        take, job["take"] = job["take"], 0
-        job["done"] += take
-        job["left"] -= take
+        take, job.take = job.take, 0
+        job.done += take
+        job.left -= take
         tok = self.sim.workload.seg_tokens
         covered = 0
         ready: list[int] = []
-        for s in job["segs"]:
+        for s in job.segs:
             covered += tok[s]
-            if covered > job["done"]:
+            if covered > job.done:
                 break
             ready.append(s)
-        new = ready[job["next"]:]
+        new = ready[job.next:]
         if new:
             placed = self.sim.materialize(replica, new)
             fresh = self.fresh.setdefault(replica, {})
@@ -145,12 +172,12 @@ class PrePrefill(Part):
                 fresh[s] = tok[s]
                 got += tok[s]
             self.counts["tokens"] += placed
-            job["placed"] += placed
-            job["next"] = len(ready)
+            job.placed += placed
+            job.next = len(ready)
             if placed < sum(tok[s] for s in new):      # no room any more: stop here
                 self._drop(replica)
                 return
-        if job["left"] <= 0:
+        if job.left <= 0:
             del self.jobs[replica]
 
     def on_admit(self, req: Any) -> None:
@@ -179,7 +206,7 @@ class PrePrefill(Part):
 
     def _drop(self, replica: int) -> None:
         job = self.jobs.pop(replica)
-        self.counts["partial_wasted_tokens"] += job["done"] - job["placed"]
+        self.counts["partial_wasted_tokens"] += job.done - job.placed
 
     # --- what is known of the next call -------------------------------------------------------
     def known_prefix(self, wf: int, agent: str) -> list[int]:

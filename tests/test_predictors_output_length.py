@@ -1,6 +1,8 @@
 """Output-length bands: coverage, fallback levels, the conditional (CQR) model."""
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -151,6 +153,26 @@ def test_shared_budget_spends_miscoverage_on_the_heavy_tailed_agent():
     budget = shared.agents_["app"]["websurfer"]["selection"]["budget"]
     assert budget["held_out_misses"] <= budget["budget_misses"]
     assert budget["held_out_mean_width"] <= budget["held_out_mean_width_at_nominal"]
+
+
+def test_shared_budget_writes_the_bands_name_in_the_profile():
+    """The allocation works on typed options (band_selection.BudgetOption); what reaches the
+    profile is the band's name, a plain string: ``selection.budget.option`` is the name the
+    agent is served (``selection.chosen``, e.g. ``order_stat@0.97``, for a moved band), and the
+    fitted tables survive a JSON round trip unchanged."""
+    rng = np.random.default_rng(3)
+    agents = {"orchestrator": (6, 300, 0.3), "websurfer": (1, 900, 1.6)}
+    est = OutputLengthIntervals(conditional=False).fit(frame(rng, agents, 150))
+    moved = 0
+    for e in est.agents_["app"].values():
+        option = e["selection"]["budget"]["option"]
+        assert type(option) is str, option
+        if "group_misses" in e["selection"]["budget"]:      # the budget moved this agent's band
+            moved += 1
+            assert option == e["selection"]["chosen"] == e["method"]
+    assert moved >= 1
+    table = est.to_dict()
+    assert json.loads(json.dumps(table)) == table
 
 
 def test_band_warnings_name_wider_bands_and_the_shared_budget():

@@ -50,7 +50,7 @@ def test_ours_drives_the_serving_hooks_policy_objects(coding):
     assert row["capacity_decisions"] == coding.workload.n_calls
     kd = row["retention_decisions"]
     assert kd["keep"] > 0 and kd["drop"] > 0          # the last call of each workflow: path ends
-    assert all(r.pred["view"].known for r in res.requests)
+    assert all(r.pred.view.known for r in res.requests)
     policy = build_ours(make_predictor(coding.profile))
     kinds = {type(p) for p in policy.parts}
     assert {CapacityRouter, PriorityScheduler, KeepDropCache, HostPrefetch} <= kinds
@@ -176,9 +176,9 @@ def test_priority_is_the_sessions_and_ages_from_the_workflow_start(coding):
     sim.now = 320.0
     a2.t_issue = a2.t_enqueue = 320.0
     policy.hook("on_issue", a2)       # A's next call: A's score now comes from its latest state
-    base_a = pol.score_view(a2.pred["view"], queue_depth={})
+    base_a = pol.score_view(a2.pred.view, queue_depth={})
     assert sched.priority(a1) == sched.priority(a2) == pol.to_sglang(base_a + pol.aging_per_s * 320.0)
-    base_b = pol.score_view(b1.pred["view"], queue_depth={})
+    base_b = pol.score_view(b1.pred.view, queue_depth={})
     for now in (320.0, 5000.0):       # waiting never reorders workflows: all age alike
         sim.now = now
         # the difference is the bases' plus the 300 s between the workflows' starts (±1 rounding)

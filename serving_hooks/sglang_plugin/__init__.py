@@ -44,25 +44,47 @@ import logging
 import multiprocessing
 import os
 import sys
+from collections.abc import Callable
 from importlib import import_module
+from typing import Any, Literal, NamedTuple
 
 from serving_hooks.sglang_plugin.settings import BACKEND_NAME
 from serving_hooks.sglang_plugin.state import get_state
 
 logger = logging.getLogger(__name__)
 
+
+
+class Hook(NamedTuple):
+    """One hook :func:`register` installs (the table in the module doc).
+
+    ``target`` and ``when`` are SGLang's names: the dotted name of the hooked function (the key
+    of ``HookRegistry``) and the ``HookType`` member. The implementation is named by module and
+    function and imported by :meth:`load` only when SGLang registers the plugin: this package
+    is imported in every SGLang process, also where the plugin is off, and :mod:`.retention`
+    imports sglang at import."""
+    target: str
+    when: Literal["BEFORE", "AFTER"]
+    #: module under ``serving_hooks.sglang_plugin`` and its function
+    module: str
+    function: str
+
+    def load(self) -> Callable[..., Any]:
+        """The hook function."""
+        return getattr(import_module(f"{__name__}.{self.module}"), self.function)
+
+
 _SCHED = "sglang.srt.managers.scheduler.Scheduler"
-HOOK_TARGETS: dict[str, tuple[str, str, str]] = {
-    # target: (hook type, module, function)
-    f"{_SCHED}._add_request_to_queue": ("BEFORE", "priority_hooks", "before_add_request_to_queue"),
-    "sglang.srt.managers.schedule_policy.SchedulePolicy.calc_priority": (
-        "BEFORE", "priority_hooks", "before_calc_priority"),
-    "sglang.srt.mem_cache.common.release_kv_cache": ("AFTER", "retention", "after_release_kv_cache"),
-    "sglang.srt.mem_cache.radix_cache.RadixCache._split_node": ("AFTER", "retention", "after_split_node"),
-    "sglang.srt.mem_cache.unified_cache.unified_tree_core.UnifiedTreeCore._split_node": (
-        "AFTER", "retention", "after_split_node"),
-    f"{_SCHED}.get_next_batch_to_run": ("AFTER", "prefetch", "after_get_next_batch_to_run"),
-}
+HOOKS: tuple[Hook, ...] = (
+    Hook(f"{_SCHED}._add_request_to_queue", "BEFORE", "priority_hooks", "before_add_request_to_queue"),
+    Hook("sglang.srt.managers.schedule_policy.SchedulePolicy.calc_priority", "BEFORE",
+         "priority_hooks", "before_calc_priority"),
+    Hook("sglang.srt.mem_cache.common.release_kv_cache", "AFTER", "retention", "after_release_kv_cache"),
+    Hook("sglang.srt.mem_cache.radix_cache.RadixCache._split_node", "AFTER", "retention", "after_split_node"),
+    Hook("sglang.srt.mem_cache.unified_cache.unified_tree_core.UnifiedTreeCore._split_node", "AFTER",
+         "retention", "after_split_node"),
+    Hook(f"{_SCHED}.get_next_batch_to_run", "AFTER", "prefetch", "after_get_next_batch_to_run"),
+)
 
 _registered = False
 _announced = False
@@ -95,14 +117,13 @@ def register() -> None:
     from sglang.srt.mem_cache.registry import get_radix_cache_factory, register_radix_cache_backend
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-    for target, (hook_type, module, func) in HOOK_TARGETS.items():
-        hook = getattr(import_module(f"serving_hooks.sglang_plugin.{module}"), func)
-        HookRegistry.register(target, hook, HookType[hook_type])
+    for hook in HOOKS:
+        HookRegistry.register(hook.target, hook.load(), HookType[hook.when])
     from serving_hooks.sglang_plugin.retention import retention_cache_factory
 
     if get_radix_cache_factory(BACKEND_NAME) is None:
         register_radix_cache_backend(BACKEND_NAME, retention_cache_factory)
     _registered = True
-    announce(f"agent-workflow plugin on: {len(HOOK_TARGETS)} hooks and radix cache backend "
+    announce(f"agent-workflow plugin on: {len(HOOKS)} hooks and radix cache backend "
              f"{BACKEND_NAME!r} registered (AWP_SGLANG_PLUGIN=1)")
-    logger.info("agent-workflow plugin registered %d hooks and backend %r", len(HOOK_TARGETS), BACKEND_NAME)
+    logger.info("agent-workflow plugin registered %d hooks and backend %r", len(HOOKS), BACKEND_NAME)

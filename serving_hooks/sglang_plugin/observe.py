@@ -24,7 +24,7 @@ import os
 import time
 from typing import Any
 
-from serving_hooks.sglang_plugin import HOOK_TARGETS
+from serving_hooks.sglang_plugin import HOOKS
 from serving_hooks.sglang_plugin.settings import BACKEND_NAME
 from serving_hooks.sglang_plugin.state import get_state
 
@@ -65,7 +65,7 @@ def tick(state: Any, scheduler: Any = None, now: float | None = None) -> bool:
         args = getattr(scheduler, "server_args", None)
         logger.info(
             "agent-workflow plugin active: pid=%d hooks=%d backend=%s in_use=%s clock=%s untagged=%s "
-            "default_priority_value=%s tp_size=%s debug=%s", os.getpid(), len(HOOK_TARGETS), BACKEND_NAME,
+            "default_priority_value=%s tp_size=%s debug=%s", os.getpid(), len(HOOKS), BACKEND_NAME,
             getattr(args, "radix_cache_backend", None) == BACKEND_NAME, state.clock_mode(scheduler),
             "age" if state.settings.age_untagged else "off", getattr(args, "default_priority_value", None),
             getattr(scheduler, "tp_size", None), debug_enabled())

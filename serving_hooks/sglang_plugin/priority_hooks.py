@@ -5,7 +5,8 @@
   for untagged traffic) and its score and arrival time are remembered on the request — and,
   for the gateway's requests, as its *session's* latest score (``PluginState.sessions``, a
   :class:`~serving_hooks.policies.bookkeeping.SessionPriorityBook`; a call without a prediction
-  leaves its session's score as it is and takes that score, aged).
+  leaves its session's score as it is and takes that score, aged). What the plugin remembers
+  of a request is one :class:`Admission` record on it (attribute :data:`ADMISSION_ATTR`).
   Under TP the times come from the scheduler's step counter, the same on every rank
   (``AWP_DECISION_CLOCK``, see :mod:`serving_hooks.sglang_plugin.settings`).
 * ``SchedulePolicy.calc_priority`` (BEFORE): at each scheduling round, every remembered
@@ -24,6 +25,7 @@ Without a gateway priority, the plugin computes it from ``exp_remaining_calls`` 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 from serving_hooks.sglang_plugin.observe import decision
@@ -32,10 +34,24 @@ from serving_hooks.sglang_plugin.state import get_state
 
 logger = logging.getLogger(__name__)
 
-#: Attribute names the plugin stores on ``Req`` objects.
-BASE_ATTR = "_awp_base_score"
-ENQUEUED_ATTR = "_awp_enqueued_at"
-SESSION_ATTR = "_awp_session"
+#: The one attribute the plugin sets on SGLang's ``Req`` objects: its :class:`Admission`.
+ADMISSION_ATTR = "_awp_admission"
+
+
+@dataclass(slots=True)
+class Admission:
+    """What the plugin remembers of a request it admitted (:func:`admit_request`)."""
+    #: its base score (the priority set at admission, read back through ``from_sglang``)
+    base: float
+    #: when it arrived (the plugin's "now"): its aging reference when its session is not known
+    enqueued_at: float
+    #: its session's id: the request takes its session's latest score, aged (None: its own)
+    session: str | None = None
+
+
+def admission_of(req: Any) -> Admission | None:
+    """The request's :class:`Admission`, or None when the plugin has not admitted it."""
+    return getattr(req, ADMISSION_ATTR, None)
 
 
 def admit_request(req: Any, now: float | None = None, default_priority: int | None = None) -> bool:
@@ -59,7 +75,7 @@ def admit_request(req: Any, now: float | None = None, default_priority: int | No
     Returns False when the request was left alone.
     """
     state = get_state()
-    if getattr(req, BASE_ATTR, None) is not None:  # a retracted request keeps its first arrival
+    if admission_of(req) is not None:  # a retracted request keeps its first arrival
         return True
     view = state.view(req)
     if view is None and not state.settings.age_untagged:
@@ -89,12 +105,9 @@ def admit_request(req: Any, now: float | None = None, default_priority: int | No
         ref = state.sessions.note(session, score, now, fallback=fallback)
         if score is None:
             req.priority = pol.to_sglang(pol.aged(ref[0], ref[1], now))
-        setattr(req, SESSION_ATTR, session)
     elif score is None and view is not None:
         req.priority = pol.to_sglang(pol.session_score(pol.unknown_score, view.session_age_s))
-    base = pol.from_sglang(req.priority)
-    setattr(req, BASE_ATTR, base)
-    setattr(req, ENQUEUED_ATTR, now)
+    setattr(req, ADMISSION_ATTR, Admission(pol.from_sglang(req.priority), now, session or None))
     state.counters["priority_set"] += 1
     state.counters[f"priority_from_{source}"] += 1
     decision("priority", rid=getattr(req, "rid", "?"), priority=req.priority, source=source,
@@ -112,11 +125,11 @@ def age_queue(waiting_queue: list, now: float | None = None) -> int:
     pol = state.settings.priority
     n = 0
     for req in waiting_queue:
-        base = getattr(req, BASE_ATTR, None)
-        if base is None:
+        adm = admission_of(req)
+        if adm is None:
             continue
-        ref = state.sessions.reference(getattr(req, SESSION_ATTR, None) or "")
-        score, since = ref if ref is not None else (base, getattr(req, ENQUEUED_ATTR, now))
+        ref = state.sessions.reference(adm.session or "")
+        score, since = ref if ref is not None else (adm.base, adm.enqueued_at)
         req.priority = pol.to_sglang(pol.aged(score, since, now))
         n += 1
     return n
@@ -132,7 +145,7 @@ def before_add_request_to_queue(scheduler: Any, req: Any, *args: Any, **kwargs: 
     reports."""
     state = get_state()
     state.sync(scheduler)
-    if getattr(req, BASE_ATTR, None) is not None:
+    if admission_of(req) is not None:
         retracted = kwargs.get("is_retracted", args[0] if args else False)
         state.counters["requeued_retracted" if retracted else "requeued_preempted"] += 1
     admit_request(req, default_priority=getattr(getattr(scheduler, "server_args", None),

@@ -69,7 +69,7 @@ class Hints:
 
 
 class HintFeed(Scheduler):
-    """Attaches NAT's hints to each issued call (``req.pred["nat"]``), counting the call index
+    """Attaches NAT's hints to each issued call (``req.hints``), counting the call index
     of its agent in its workflow as NAT's call tracker does. Orders nothing itself."""
 
     def __init__(self, trie: PredictionTrie) -> None:
@@ -78,15 +78,15 @@ class HintFeed(Scheduler):
 
     def hints(self, req: Request) -> Hints:
         key = (req.wf, req.call.agent)
-        if req.pred is not None and "nat" in req.pred:
-            return req.pred["nat"]
+        if req.hints is not None:
+            return req.hints
         self.counts[key] += 1
         wtype = self.sim.workload.workflows[req.wf].workflow_type
         p = self.trie.find(wtype, req.call.agent, self.counts[key])
         h = (Hints(0.0, 0.0, 0.0, 0.0) if p is None else
              Hints(p.remaining_calls.mean, p.output_tokens.p90, p.interarrival_ms.mean / 1000.0,
                    float(p.latency_sensitivity or 0)))
-        req.pred = dict(req.pred or {}, nat=h)
+        req.hints = h
         return h
 
 

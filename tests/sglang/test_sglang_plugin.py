@@ -15,8 +15,8 @@ from array import array
 
 from serving_hooks.annotations import flatten_for_sglang
 from serving_hooks.policies import CallView, PriorityPolicy
-from serving_hooks.sglang_plugin import HOOK_TARGETS
-from serving_hooks.sglang_plugin.priority_hooks import BASE_ATTR, ENQUEUED_ATTR, admit_request
+from serving_hooks.sglang_plugin import HOOKS
+from serving_hooks.sglang_plugin.priority_hooks import admission_of, admit_request
 from serving_hooks.sglang_plugin.retention import BACKEND_NAME, retention_cache_factory
 from serving_hooks.sglang_plugin.state import PluginState, get_state, reset_state
 
@@ -46,7 +46,7 @@ def test_plugin_registers_through_its_entry_point():
 
     eps = [ep for ep in entry_points(group="sglang.srt.plugins") if ep.name == "agent_workflow"]
     assert eps and eps[0].value == "serving_hooks.sglang_plugin:register"
-    for target in HOOK_TARGETS:
+    for target in (h.target for h in HOOKS):
         sources = [src for _, _, src in HookRegistry._hooks[target]]
         assert any(s is not None and s.plugin_name == "agent_workflow" for s in sources), target
         assert target in HookRegistry._patched, f"{target} was not patched"
@@ -76,7 +76,7 @@ def test_chat_completion_request_keeps_priority_and_custom_params(clock):
     req = Req("rid-1", "", array("q", [1, 2, 3]), sp, priority=request.priority)
     assert req.sampling_params.custom_params == flat
     assert admit_request(req)
-    assert req.priority == 1250 and getattr(req, BASE_ATTR) == pytest.approx(1.25)
+    assert req.priority == 1250 and admission_of(req).base == pytest.approx(1.25)
     view = CallView.from_custom_params(req.sampling_params.custom_params)
     assert (view.wf_id, view.agent, view.next_agent, view.tool_p95_s) == ("wf-1", "planner", "coder", 2.3)
 
@@ -146,7 +146,8 @@ def test_calc_priority_orders_real_reqs_as_our_priority_says(clock):
     # Without waiting time, plain alg. 3 order: a 1.25, c 1.0, d 0.5, b 0.333
     clock.t = 1000.0
     for r in queue:
-        setattr(r, ENQUEUED_ATTR, 1000.0)
+        if r.rid != "e":          # e was left to SGLang: no admission record
+            admission_of(r).enqueued_at = 1000.0
     policy.calc_priority(queue)
     assert [r.rid for r in queue] == ["a", "c", "d", "b", "e"]
 

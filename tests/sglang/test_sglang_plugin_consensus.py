@@ -21,7 +21,7 @@ from types import SimpleNamespace
 
 from serving_hooks.policies import PriorityPolicy
 from serving_hooks.sglang_plugin import observe
-from serving_hooks.sglang_plugin.priority_hooks import BASE_ATTR, admit_request, age_queue
+from serving_hooks.sglang_plugin.priority_hooks import admission_of, admit_request, age_queue
 from serving_hooks.sglang_plugin.retention import stamp_finished_request
 from serving_hooks.sglang_plugin.state import PluginState, get_state, reset_state
 from tests.sglang.test_sglang_plugin import gateway_custom_params
@@ -115,7 +115,7 @@ def test_precedence_of_explicit_priority_and_default_value():
         # a client's own value (not the default) wins over custom_params, and is the aging base
         r2 = _req("r2", cp, 42)
         admit_request(r2, default_priority=100)
-        assert r2.priority == 42 and getattr(r2, BASE_ATTR) == pytest.approx(0.042)
+        assert r2.priority == 42 and admission_of(r2).base == pytest.approx(0.042)
         # untagged with the server default: the default is the base
         r3 = _req("r3", None, 100)
         admit_request(r3, default_priority=100)
