@@ -1,24 +1,10 @@
 """``nat-hints``: NVIDIA NeMo Agent Toolkit's prediction trie, served the way Dynamo uses its hints.
 
-A **baseline of what a team running NAT on Dynamo deploys today**, rebuilt from these sources
-(read for this module; no code copied):
+A **baseline of what a team running NAT on Dynamo deploys today**: the trie as
+:mod:`predictors.nat_trie` describes it (NAT's ``trie_builder.py``, ``metrics_accumulator.py`` and
+``dynamo_llm.py`` at commit 325afac; pull requests #1648 and #1634 for the ``nvext`` fields and
+the 1–5 ``latency_sensitivity`` sent as the request's priority), served as Dynamo documents:
 
-* NAT ``src/nat/profiler/prediction_trie/trie_builder.py`` and ``metrics_accumulator.py``
-  (NVIDIA/NeMo-Agent-Toolkit, commit 325afac): the trie is built from profiled traces. Per trace,
-  the LLM calls are taken in order of their end; each has a *path* (its parent function's name,
-  its function's name), a *call index* (1-based count of LLM calls of that function in the
-  trace), the *remaining calls* of the trace after it, the *inter-arrival time* (ms from its end
-  to the next LLM start) and its output tokens. Every node on the path (and the root) keeps, per
-  call index and over all indices, the sample count, mean, p50, p90 and p95 of each (linear
-  interpolation between order statistics).
-* NAT ``src/nat/llm/dynamo_llm.py`` (``_create_dynamic_prediction_hook``): at request time the
-  lookup takes the deepest trie node on the current function path and the call index counted so
-  far, and sends ``total_requests = remaining_calls.mean``, ``osl`` from ``output_tokens.p90``
-  and ``iat`` from ``interarrival_ms.mean``. NAT pull requests #1648 (the ``nvext`` field table:
-  ``iat`` is also used client-side to compute ``nvext.cache_control.ttl``) and #1634 (a 1–5
-  ``latency_sensitivity`` per call, scored from the call's structural role in the trace —
-  critical-path share, fan-out, first/last position, parallel siblings — written into the trie
-  and sent as the request's priority).
 * Dynamo docs, "Agent Hints" (``latency_sensitivity`` in seconds shifts a request's effective
   arrival earlier in the router queue) and "KV Router" (default ``--router-mode kv``: per worker
   ``cost = overlap_weight × prefill blocks + active decode blocks``, ``overlap_weight`` 1,
