@@ -150,7 +150,10 @@ def test_a_stale_report_keeps_the_session_on_its_worker(workers):
 
 def test_background_poller_follows_load_changes_and_affinity(workers):
     w0, w1, w2 = workers
-    router = CapacityRouter([w.url for w in workers], poll_interval_s=0.05)
+    # a 30 s poll timeout and a 60 s staleness bound: on a loaded machine a 0.5 s poll can time out
+    # and a 1 s-old report go stale, and then the router rightly judges w0 on what it sent (seen
+    # in the no-SGLang CI run: "other" went to w1). Staleness is tested below with stale_after_s 0.
+    router = CapacityRouter([w.url for w in workers], poll_interval_s=0.05, timeout_s=30.0, stale_after_s=60.0)
     router.start_background()
     try:
         for w in workers:  # the second poll starts after the first one's answer was taken in
