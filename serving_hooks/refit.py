@@ -34,7 +34,6 @@ import duckdb
 from fitting.profile_fit import FitOptions, fit_profile
 from store.ingest import discover, sha256_of
 from store.profile_artifact import ProfileError, current_version, load_profile, store_path
-from serving_hooks.settings import parse_duration  # noqa: F401  (re-exported: its old home)
 
 log = logging.getLogger(__name__)
 

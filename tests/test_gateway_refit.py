@@ -9,7 +9,8 @@ import pytest
 from store.profile_artifact import load_profile
 from store.workloads import generate, write_jsonl
 from serving_hooks.fake_openai import FakeOpenAI
-from serving_hooks.refit import RefitLoop, parse_duration, refit_once
+from serving_hooks.refit import RefitLoop, refit_once
+from serving_hooks.settings import parse_duration
 from serving_hooks.shadow import ShadowGate
 from tests.serving_helpers import (fit_generated_profile, logged, running_gateway,
                                    swap_profiles_under_load, wait_for)

@@ -76,7 +76,7 @@ def gateway(
     from serving_hooks.annotator import LocalAnnotator, SidecarAnnotator
     from serving_hooks.gateway import DEFAULT_FORWARD_PATHS, Gateway, GatewayOptions, create_gateway_app
     from serving_hooks.gateway_log import GatewayLog
-    from serving_hooks.refit import parse_duration
+    from serving_hooks.settings import parse_duration
     from serving_hooks.upstreams import CapacityRouting, RoundRobinRouter
 
     admin_token, host = settings.admin_token, settings.host

@@ -45,7 +45,8 @@ def build_service(profile: Path, prefix: str, settings: ServiceSettings
 def refit_loop(profile: Path, logs: list[Path], refit_every: str,
                service: "PredictionService", refit_timeout: str = "30m") -> "RefitLoop | None":
     """The background refit of a server (child process per refit), or None without --logs."""
-    from serving_hooks.refit import RefitLoop, parse_duration
+    from serving_hooks.refit import RefitLoop
+    from serving_hooks.settings import parse_duration
 
     if not logs:
         return None

@@ -35,7 +35,8 @@ def watch(
 
     Example: `profiler watch --profile profile/ --logs gateway-logs/ --every 10m`
     """
-    from serving_hooks.refit import RefitLoop, parse_duration
+    from serving_hooks.refit import RefitLoop
+    from serving_hooks.settings import parse_duration
 
     try:
         every_s = parse_duration(every)
