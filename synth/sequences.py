@@ -265,11 +265,13 @@ def has_tool_variation(con: duckdb.DuckDBPyConnection, workflow_type_id: str) ->
 
 def stage_expression(con: duckdb.DuckDBPyConnection) -> str:
     """SQL for a call's ``stage`` (the flat record's optional extension, kept in ``extra``;
-    NULL when absent or empty)."""
+    NULL when absent, empty or not a string, as :func:`synth.vomm.stage_symbol` reads
+    ``app_metadata.stage`` at serving)."""
     columns = {row[0] for row in con.execute("DESCRIBE calls").fetchall()}
     if "extra" not in columns:
         return "NULL::VARCHAR"
-    return "nullif(json_extract_string(extra, '$.stage'), '')"
+    return ("CASE WHEN json_type(extra, '$.stage') = 'VARCHAR' "
+            "THEN nullif(json_extract_string(extra, '$.stage'), '') END")
 
 
 def has_stage_variation(con: duckdb.DuckDBPyConnection, workflow_type_id: str) -> bool:
