@@ -252,9 +252,11 @@ def sequence_models(sequences: Sequence[WorkflowSequence], counts: Sequence[int]
     rem_alphabet = rem.get("alphabet", "agent")
     rem_calls = (calls if rem_alphabet == "agent" or ctxs is None
                  else [tuple(project(c, rem_alphabet) for c in q) for q in ctxs])
-    remaining = RemainingWork(order=rem["order"], position=rem["position"],
-                              min_n=rem["min_n"], point=rem["point"]).fit(rem_calls, counts,
-                                                                          _by_symbol(timings, rem_calls, calls))
+    params = {k: rem[k] for k in ("order", "position", "min_n", "point")}
+    remaining = RemainingWork(**params).fit(rem_calls, counts,
+                                            _by_symbol(timings, rem_calls, calls))
+    if rem_calls is not calls:  # a session that reports no stage reads the plain agents
+        remaining.add_backoff(RemainingWork(**params).fit(calls, counts, timings))
     validation = {k: chosen[k] for k in ("folds", "workflows") if k in chosen}
     return {
         "sequence_model": {"alphabet": "agent", "context": context, "vomm": vomm.to_dict(),

@@ -170,8 +170,8 @@ class WorkflowPaths:
         (:attr:`context_alphabet` other than ``"agent"``; each symbol read in that family, see
         :func:`synth.vomm.project`) and by a remaining-work model over agents with stages
         (:attr:`remaining_alphabet` ``"agent_stage"``); without it the plain agents are read
-        (the sequence model backs off to its plain-agent contexts, a stage remaining-work model
-        to the call index).
+        (the sequence model and a stage remaining-work model back off to their plain-agent
+        contexts).
         """
         if self.vomm is None:
             return None if state is None else self.estimates(state)

@@ -244,8 +244,10 @@ def test_eval_per_call_prediction_equals_the_predictor_annotation_with_stage(pha
 
 
 def test_a_request_without_its_stage_backs_off_to_the_agents(phased):
+    from synth.vomm import stage_symbol
     """Without ``app_metadata.stage`` the sequence model reads the plain agents (the agent
-    contexts it was also fit on) and the stage remaining-work model the call index."""
+    contexts it was also fit on), and so does the stage remaining-work model (its plain-agent
+    backoff keys), not the call index alone."""
     profile, _ = phased
     paths = WorkflowPaths.from_section(profile.data["workflows"][PT])
     agents = ("cto", "programmer", "cto")
@@ -264,8 +266,12 @@ def test_a_request_without_its_stage_backs_off_to_the_agents(phased):
     assert plain["next_agents"] == [{"agent_id": a["agent_id"], "p": a["p"]}
                                    for a in expected["next_agents"]]
     assert plain["next_agents"][0]["p"] < 0.6
-    position = paths.remaining.predict((), 2)
-    assert plain["remaining_calls_p50"] == position["p50"]
+    by_agents, position = paths.remaining.predict(agents, 2), paths.remaining.predict((), 2)
+    assert plain["remaining_calls_p50"] == by_agents["p50"]
+    assert by_agents["n"] != position["n"]        # a plain-agent context key, not the index
+    assert staged["remaining_calls_p50"] == paths.remaining.predict(
+        tuple(stage_symbol(a, s) for a, s in zip(agents, ("coding", "coding", "testing"))),
+        2)["p50"]
     # the final phase's CTO call: exactly one call left
     final = third(("coding", "coding", "documenting"))
     assert final["next_agents"][0]["agent_id"] == "writer"
