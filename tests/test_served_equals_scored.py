@@ -276,3 +276,25 @@ def test_a_request_without_its_stage_backs_off_to_the_agents(phased):
     final = third(("coding", "coding", "documenting"))
     assert final["next_agents"][0]["agent_id"] == "writer"
     assert final["remaining_calls_p50"] == 1
+
+
+def test_a_stage_that_says_nothing_is_not_chosen(agent_user, tmp_path):
+    """The agent <-> user workload with a random stage on every call: the tool context is
+    still chosen (the one-SE rule prefers it to agent + stage + tool mark), remaining work
+    stays on the agents, and the held-out scores are those of the profile fit without stages."""
+    import random
+    profile, root = agent_user
+    rng = random.Random(0)
+    with open(root / "train.jsonl") as fin, open(tmp_path / "train.jsonl", "w") as fout:
+        for line in fin:
+            fout.write(json.dumps({**json.loads(line),
+                                   "stage": rng.choice(["triage", "resolve"])}) + "\n")
+    staged, _ = fit_profile([tmp_path / "train.jsonl"], tmp_path / "profile")
+    section = staged.data["workflows"][WT]
+    assert section["sequence_model"]["context"] == "agent_tool"
+    assert section["remaining_model"]["selection"]["alphabet"] == "agent"
+    assert section["remaining_model"]["selection"]["families"] == 25   # stages were offered
+    assert section["sequence_model"]["vomm"] == profile.data["workflows"][WT]["sequence_model"]["vomm"]
+    with_stage, _ = evaluate(staged, [root / "test.jsonl"])
+    without, _ = evaluate(profile, [root / "test.jsonl"])
+    assert with_stage["next_agent"] == without["next_agent"]
