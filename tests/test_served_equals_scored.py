@@ -298,3 +298,25 @@ def test_a_stage_that_says_nothing_is_not_chosen(agent_user, tmp_path):
     with_stage, _ = evaluate(staged, [root / "test.jsonl"])
     without, _ = evaluate(profile, [root / "test.jsonl"])
     assert with_stage["next_agent"] == without["next_agent"]
+
+
+def test_a_cancelled_call_takes_its_stage_with_it(phased):
+    """A call that failed upstream (``cancel``) is undone with its context symbol: the retry
+    is annotated as if the failed attempt never happened."""
+    profile, _ = phased
+    meta = {"workflow_type_id": PT, "workflow_id": "w"}
+    calls = [("cto", "coding", "r1"), ("programmer", "coding", "r2")]
+
+    def session(with_failed_attempt: bool):
+        p = Predictor(profile)
+        for agent, stage, rid in calls:
+            p.annotate_call({**meta, "agent_id": agent, "stage": stage}, request_id=rid)
+        if with_failed_attempt:
+            failed = {**meta, "agent_id": "cto", "stage": "documenting"}
+            p.annotate_call(failed, request_id="r3")
+            assert p.cancel(failed, "r3")
+        return p.annotate_call({**meta, "agent_id": "cto", "stage": "testing"}, request_id="r3b")
+    retried, clean = session(True), session(False)
+    assert retried.next_agents == clean.next_agents
+    assert retried.next_agents[0].agent_id == "tester"
+    assert retried.remaining_calls_p50 == clean.remaining_calls_p50
