@@ -6,16 +6,19 @@ once while the others train. For each held-out call the candidates predict
 
 * **the next symbol** (an agent, or END after the last call): the variable-order model
   (:class:`synth.vomm.VariableOrderMarkov`) for every context family (plain agents; where the
-  log says whether responses called tools, agents marked with it) × ``min_context`` (sparse
+  log says whether responses called tools, agents marked with it; where it records stages, agents
+  with their stage, and both) × ``min_context`` (sparse
   contexts skipped) × ``escape`` × ``max_order`` of the grid, each mixed with the automaton
   fitted on the same training folds, ``p = λ·p_vomm + (1 − λ)·p_pfa`` while the session is on
   the automaton (``p_vomm`` alone once it left it), for every λ of the grid. The model alone
   (what a session off the automaton gets) is chosen by the one-standard-error rule on the mean
   held-out log-loss ``−log p(actual)`` (the simplest within one paired standard error of the
-  best: plain agents before tool marks, then the shortest order), then the λ with the
+  best: the fewest parts read (plain agents, then tool mark or stage, then both), then the
+  shortest order), then the λ with the
   smallest log-loss of the mixture;
 * **the remaining calls** (:class:`synth.remaining.RemainingWork`) for every ``order`` ×
-  ``position`` × ``min_n`` × point (median or mean): among the candidates that beat the position
+  ``position`` × ``min_n`` × point (median or mean), over the agents and, where the log records
+  stages, over the agents with their stages: among the candidates that beat the position
   median (``order = 0``, median) by more than z standard errors of the paired per-workflow
   difference (z ≥ 2, Bonferroni over the context families compared), the simplest within one
   paired standard error of the best mean absolute error (:func:`_choose_remaining`).
