@@ -287,7 +287,8 @@ class Predictor:
             if advance and first_time:
                 # the caller may say what the previous response called (app_metadata tool_names)
                 self.sessions.mark_tools(m, s, None, meta.get("tool_names"))
-                self.sessions.advance(m, s, agent)
+                # and the step this call runs in (app_metadata stage): a context input
+                self.sessions.advance(m, s, agent, meta.get("stage"))
                 if s.idle_since is not None and s.idle_median and now >= s.idle_since:
                     s.gap_log_sum += math.log(max(now - s.idle_since, MIN_GAP_S) / max(s.idle_median, MIN_GAP_S))
                     s.gap_n += 1
@@ -436,7 +437,7 @@ class Predictor:
                     fitted = self._band(m, s, agent, entry, completion.get("input_tokens"),
                                         s.agent_calls.get(agent, 0))
                     band = self._calibrated(m, wt, agent, entry, fitted)
-                self.sessions.advance(m, s, agent)
+                self.sessions.advance(m, s, agent, meta.get("stage"))
             else:
                 band, fitted = pending[1], pending[3]
             self.sessions.mark_tools(m, s, agent, completion.get("tool_names"))

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from predictors.compiled import CompiledProfile
-from synth.vomm import NO_TOOL, START, tool_mark
+from synth.vomm import NO_TOOL, START, stage_symbol, tool_mark, unmark
 
 #: Agents kept per session for replaying the automaton after a profile swap.
 MAX_SESSION_AGENTS = 4096
@@ -53,10 +53,11 @@ class Session:
     path_version: str | None = None
     calls: int = 0                          # calls so far (the sequence model's position)
     tail: deque = field(default_factory=lambda: deque(maxlen=PATH_CONTEXT))  # last agents
-    # per call of ``tail``: its context symbol (the agent, marked once its response reported
-    # whether it called a tool: synth.vomm.tool_mark) and its first tool name (None until
-    # reported, NO_TOOL when it called none); created at the first report (None before: the
-    # marks are then the plain agents of ``tail``)
+    # per call of ``tail``: its context symbol (the agent with its stage when the request
+    # carried one, synth.vomm.stage_symbol; marked once its response reported whether it called
+    # a tool: synth.vomm.tool_mark) and its first tool name (None until reported, NO_TOOL when
+    # it called none); created at the first report of either (None before: the marks are then
+    # the plain agents of ``tail``)
     marks: deque | None = None
     tools: deque | None = None
     agent_calls: dict[str, int] = field(default_factory=dict)
@@ -239,17 +240,21 @@ class SessionTable:
             return
         if s.marks is None:
             paths = m.paths.get(s.workflow_type_id) if m is not None else None
-            if (getattr(paths, "context_alphabet", "agent") != "agent_tool"
-                    and getattr(paths, "remaining_alphabet", "agent") != "tool"):
+            if not getattr(paths, "reads_tools", False):
                 return
-            s.marks = deque(s.tail, maxlen=PATH_CONTEXT)
-            s.tools = deque([None] * len(s.tail), maxlen=PATH_CONTEXT)
+            SessionTable._open_marks(s)
         names = [t for t in tool_names if isinstance(t, str) and t]
         for j in range(len(s.marks) - 1, -1, -1):
-            if s.tools[j] is None and (agent is None or s.marks[j] == agent):
+            if s.tools[j] is None and (agent is None or unmark(s.marks[j]) == agent):
                 s.marks[j] = sys.intern(tool_mark(s.marks[j], names))
                 s.tools[j] = sys.intern(names[0]) if names else NO_TOOL
                 return
+
+    @staticmethod
+    def _open_marks(s: Session) -> None:
+        """Start keeping context symbols: the calls so far, plain (none was reported)."""
+        s.marks = deque(s.tail, maxlen=PATH_CONTEXT)
+        s.tools = deque([None] * len(s.tail), maxlen=PATH_CONTEXT)
 
     @staticmethod
     def served_context(s: Session) -> tuple[tuple[str, ...], tuple[str, ...] | None]:
@@ -282,7 +287,7 @@ class SessionTable:
         s.tail.clear()
         s.tail.extend(s.agents[-PATH_CONTEXT:])
         for j in range(len(s.marks) - 1 if s.marks is not None else -1, -1, -1):
-            if s.marks[j] == agent:  # the retracted call is still unmarked
+            if s.tools[j] is None and unmark(s.marks[j]) == agent:  # still unmarked
                 del s.marks[j]
                 del s.tools[j]
                 break
@@ -296,7 +301,14 @@ class SessionTable:
             self.sessions_evicted["idle"] -= 1
     # --- end of `dialects` addition ------------------------------------------------------------
 
-    def advance(self, m: CompiledProfile | None, s: Session, agent: str) -> None:
+    def advance(self, m: CompiledProfile | None, s: Session, agent: str,
+                stage: Any = None) -> None:
+        """One more call by ``agent``; ``stage`` (the request's ``app_metadata.stage``) joins
+        its context symbol when the profile's model for this type reads stages."""
+        if s.marks is None and isinstance(stage, str) and stage and m is not None:
+            paths = m.paths.get(s.workflow_type_id)
+            if getattr(paths, "reads_stage", False):
+                self._open_marks(s)
         if m is not None:
             self.path_state(m, s)  # bring the state up to this profile before stepping
         if len(s.agents) < MAX_SESSION_AGENTS:
@@ -307,7 +319,7 @@ class SessionTable:
         s.calls += 1
         s.tail.append(agent)
         if s.marks is not None:
-            s.marks.append(s.tail[-1])
+            s.marks.append(sys.intern(stage_symbol(s.tail[-1], stage)))
             s.tools.append(None)
         if m is not None and s.path_version == m.version and s.path_state is not None:
             s.path_state = m.paths[s.workflow_type_id].advance(s.path_state, agent)

@@ -113,6 +113,9 @@ def json_paths(name: str) -> list[str]:
 
 #: Extra gateway paths read for derived columns.
 GATEWAY_TOOL_NAMES = ("response", "choices", "[0]", "message", "tool_calls")
+#: Where a gateway record's ``app_metadata.stage`` may sit: kept in ``extra`` as ``stage``, as
+#: the flat record's optional ``stage`` is (the client's step label: docs/log-format.md).
+GATEWAY_STAGE = _meta("stage")
 
 
 def _structure(shape: str) -> dict:
@@ -123,6 +126,7 @@ def _structure(shape: str) -> dict:
     paths = [(f, p) for f in FIELDS for p in (f.flat if shape == "flat" else f.gateway)]
     if shape == "gateway":
         paths.append((Field("_tools", (), (), "json"), GATEWAY_TOOL_NAMES))
+        paths.extend((Field("_stage", (), (), "json"), p) for p in GATEWAY_STAGE)
     for f, path in paths:
         node = root
         for i, key in enumerate(path):
@@ -265,6 +269,9 @@ def parse_sql(staging: str = "staging") -> str:
     known = ", ".join(sql_string(k) for k in sorted(set(FLAT_KEYS)))
     gw_known = ", ".join(sql_string(k) for k in sorted(set(GATEWAY_KEYS)))
     tool_names_gw = f"({_access('gs', GATEWAY_TOOL_NAMES)})::VARCHAR"
+    stage_raw = f"(coalesce({', '.join(_access('gs', p) for p in GATEWAY_STAGE)}))::VARCHAR"
+    stage_gw = (f"CASE WHEN is_gateway AND left({stage_raw}, 1) = '\"' "
+                f"AND {stage_raw} <> '\"\"' THEN {stage_raw}::JSON->>'$' END")
     return f"""
 WITH p AS (
   SELECT file, line, text,
@@ -306,7 +313,11 @@ WITH p AS (
       AND (NOT is_gateway OR k NOT IN ({gw_known}))) END AS extra_keys
   FROM w
 ), r AS (
-  SELECT *, {reason} AS reason, {field} AS field
+  SELECT *, {reason} AS reason, {field} AS field,
+    CASE WHEN len(extra_keys) > 0 THEN to_json(map_from_entries(list_zip(extra_keys,
+        list_transform(extra_keys, lambda k: json_extract(text,
+          '/' || replace(replace(k, '~', '~0'), '/', '~1'))))))
+    END AS extra_flat
   FROM q
 )
 SELECT file, line, reason, field,
@@ -332,10 +343,9 @@ SELECT file, line, reason, field,
     []::VARCHAR[]) AS tool_names,
   u_messages::JSON AS messages,
   t_response_text AS response_text,
-  CASE WHEN len(extra_keys) > 0 THEN to_json(map_from_entries(list_zip(extra_keys,
-      list_transform(extra_keys, lambda k: json_extract(text,
-        '/' || replace(replace(k, '~', '~0'), '/', '~1'))))))
-  END AS extra,
+  CASE WHEN {stage_gw} IS NOT NULL
+       THEN json_merge_patch(coalesce(extra_flat, '{{}}'), json_object('stage', {stage_gw}))
+       ELSE extra_flat END AS extra,
   CASE WHEN is_gateway THEN 'gateway' ELSE 'flat' END AS record_shape,
   md5(concat_ws('|', t_workflow_type_id, t_workflow_id, t_agent_id, t_t_arrival, t_t_finish,
       t_input_tokens, t_output_tokens)) AS content_hash

@@ -43,7 +43,7 @@ import numpy as np
 #: read the link as a log file outside the folder and quarantine it.)
 SPEC_DIR = Path(__file__).resolve().parent / "workload_specs"
 #: Built-in spec names accepted on the command line (dashes or underscores).
-BUILTIN_SPECS = ("coding_assistant", "deep_research", "messy", "agent_user")
+BUILTIN_SPECS = ("coding_assistant", "deep_research", "messy", "agent_user", "phased_team")
 #: Cap on words per generated response text.
 TEXT_WORDS_MAX = 120
 #: Start of generated time (2025-10-01T00:00:00Z), so generated logs look like real epoch seconds.
@@ -219,6 +219,9 @@ def generate(spec: str | Path | dict, n_workflows: int | None, seed: int = 0, wi
         return
     if spec_d.get("generator") == "agent_user":
         yield from generate_agent_user(spec_d, n_workflows, seed=seed, arrival_rate=arrival_rate)
+        return
+    if spec_d.get("generator") == "phased":
+        yield from generate_phased(spec_d, n_workflows, seed=seed, arrival_rate=arrival_rate)
         return
     arrivals = np.random.default_rng([seed, 7])
     t = EPOCH0
@@ -413,6 +416,48 @@ def generate_agent_user(spec: dict, n_workflows: int | None, seed: int = 0,
                 yield rec
                 if agent == "agent" and not called:
                     break
+
+
+def generate_phased(spec: dict, n_workflows: int | None, seed: int = 0,
+                    arrival_rate: float = 0.2) -> Iterator[dict]:
+    """Flat records of the phased-team workload (``phased_team.json``), each call with its
+    ``stage`` (the phase it ran in).
+
+    A workflow is ``middle_phases.min``..``max`` middle phases (another with probability
+    ``p_more``), each drawn uniformly and independently from ``phases``, then the final phase;
+    a phase is one call of the ``chair`` and one of the phase's worker, both with the phase as
+    their ``stage``. Which worker follows a chair call is therefore independent of every agent
+    before it and certain given the chair call's stage; the final phase's chair call is
+    followed by exactly one more call.
+    """
+    rng = np.random.default_rng([seed, 13])
+    wt, serving, agents = spec["workflow_type_id"], spec["serving"], spec["agents"]
+    chair, phases, final = spec["chair"], spec["phases"], spec["final_phase"]
+    mid = spec["middle_phases"]
+    names = sorted(phases)
+    t0 = EPOCH0
+    for i in itertools.count() if n_workflows is None else range(n_workflows):
+        t0 += float(rng.exponential(1.0 / arrival_rate))
+        wf, t, n, context = f"{wt}-{seed}-{i}", t0, 0, 0
+        n_mid = int(mid["min"])
+        while n_mid < mid["max"] and rng.random() < mid["p_more"]:
+            n_mid += 1
+        plan = [names[int(k)] for k in rng.integers(0, len(names), n_mid)]
+        steps = [(p, phases[p]) for p in plan] + list(final.items())
+        for stage, worker in steps:
+            for agent in (chair, worker):
+                a = agents[agent]
+                mu, sigma = lognormal_params(a["output_mean"], a["output_cv"])
+                out_tok = max(1, int(round(np.exp(mu + sigma * rng.standard_normal()))))
+                in_tok = a["system_tokens"] + context
+                context += out_tok
+                n += 1
+                t_fin = t + in_tok / serving["prefill_tok_s"] + out_tok / serving["decode_tok_s"]
+                yield {"request_id": f"{wf}#{n}", "workflow_type_id": wt, "workflow_id": wf,
+                       "agent_id": agent, "stage": stage, "t_arrival": round(t, 6),
+                       "t_finish": round(t_fin, 6), "input_tokens": int(in_tok),
+                       "output_tokens": out_tok, "model": spec.get("model")}
+                t = t_fin + float(rng.exponential(serving["think_s"]))
 
 
 def write_jsonl(records: Iterator[dict], out: Path, gzip_output: bool = False) -> int:

@@ -37,7 +37,7 @@ from synth.markov_baselines import BaselinePredictor
 from synth.pfa import PFA
 from synth.session import WorkflowPaths
 from synth.sequences import WorkflowSequence
-from synth.vomm import START
+from synth.vomm import START, strip_tool_mark
 
 
 @dataclass
@@ -128,12 +128,13 @@ def served_contexts(paths: WorkflowPaths, seq: WorkflowSequence, i: int,
     the finished calls, call i plain) and ``after`` (once call i's response was observed: every
     mark) context symbols, and ``tools`` for a remaining-work model over tool names (the first
     tool of every call *before* call i, after :data:`synth.vomm.START`: call i's own tool is
-    not known when it is annotated). ``marks``: the workflow's calls in the ``agent_tool``
-    alphabet; ``tools``: in the ``tool`` alphabet (empty when not loaded)."""
+    not known when it is annotated; its stage is: the request carries it). ``marks``: the
+    workflow's calls in the ``agent_tool`` (or ``agent_stage_tool``) alphabet; ``tools``: in
+    the ``tool`` alphabet (empty when not loaded)."""
     history = seq.calls[:i + 1]
     out: dict = {"history": history, "arrival": None, "after": None, "tools": None}
-    if paths.context_alphabet == "agent_tool" and marks:
-        out["arrival"] = (*marks[:i], history[-1])
+    if paths.reads_context and marks:
+        out["arrival"] = (*marks[:i], strip_tool_mark(marks[i]))
         out["after"] = tuple(marks[:i + 1])
     if paths.remaining_alphabet == "tool" and tools:
         out["tools"] = (START, *tools[:i])

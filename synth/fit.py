@@ -24,7 +24,7 @@ from synth.remaining import RemainingWork
 from synth.sequence_select import select_models
 from synth.sequences import WorkflowSequence
 from synth.session import WorkflowPaths
-from synth.vomm import END, VariableOrderMarkov
+from synth.vomm import END, VariableOrderMarkov, project
 
 SECTION_FORMAT = 1
 DEFAULT_ALPHA = 0.2
@@ -54,7 +54,8 @@ def fit_sequences(sequences: Sequence[WorkflowSequence],
                   prior_weight: float = DEFAULT_PRIOR_WEIGHT,
                   counts: Sequence[int] | None = None, select: bool = True,
                   cv_folds: int = 3, cv_max_workflows: int = 1000, seed: int = 0,
-                  contexts: Sequence[Sequence[str]] | None = None) -> dict:
+                  contexts: Sequence[Sequence[str]] | None = None,
+                  context_alphabet: str = "agent_tool") -> dict:
     """The workflow section for one workflow type (see the module docstring).
 
     ``timings[agent] = (mean latency_s, mean gap_after_s)`` feeds the remaining-seconds
@@ -67,9 +68,11 @@ def fit_sequences(sequences: Sequence[WorkflowSequence],
     the context-conditioned remaining-work model (both chosen by ``cv_folds``-fold
     cross-validation by workflow on at most ``cv_max_workflows`` workflows, see
     :mod:`synth.sequence_select`) and the naive baselines ``profiler eval`` scores beside them.
-    ``contexts[i]`` (optional): the context symbols of ``sequences[i]``'s calls (agent marked
-    with whether its response called a tool, :func:`synth.sequences.tool_mark`), offered to
-    the next-agent selection as a second context family.
+    ``contexts[i]`` (optional): the context symbols of ``sequences[i]``'s calls in
+    ``context_alphabet`` (agent marked with whether its response called a tool,
+    :func:`synth.sequences.tool_mark`, and/or with its stage, :func:`synth.vomm.stage_symbol`),
+    whose context families are offered to the next-agent selection (and, with stages, to the
+    remaining-work selection).
     """
     if not sequences:
         raise ValueError("no workflows to fit")
@@ -168,7 +171,7 @@ def fit_sequences(sequences: Sequence[WorkflowSequence],
                                        loop_quantiles=loop_quantiles,
                                        prior_weight=prior_weight, folds=cv_folds,
                                        max_workflows=cv_max_workflows, seed=seed,
-                                       contexts=contexts))
+                                       contexts=contexts, context_alphabet=context_alphabet))
     if text_workflows:
         parts = learn_templates(text_workflows)
         section["prompt_composition"] = {
@@ -209,7 +212,8 @@ def sequence_models(sequences: Sequence[WorkflowSequence], counts: Sequence[int]
                     timings: Mapping[str, tuple[float, float]], *, alpha: float, prune: float,
                     loop_quantiles: tuple[float, float], prior_weight: float, folds: int = 3,
                     max_workflows: int = 1000, seed: int = 0,
-                    contexts: Sequence[Sequence[str]] | None = None) -> dict:
+                    contexts: Sequence[Sequence[str]] | None = None,
+                    context_alphabet: str = "agent_tool") -> dict:
     """``sequence_model``, ``remaining_model`` and ``baselines`` keys of a section.
 
     The automaton of every validation fold is fitted like the real one (same ``alpha``,
@@ -237,19 +241,43 @@ def sequence_models(sequences: Sequence[WorkflowSequence], counts: Sequence[int]
         return _pfa_next(fold)
 
     chosen = select_models(calls, counts, pfa_factory, folds=folds,
-                           max_workflows=max_workflows, seed=seed, contexts=ctxs)
+                           max_workflows=max_workflows, seed=seed, contexts=ctxs,
+                           context_alphabet=context_alphabet)
     nxt, rem = chosen["next"], chosen["remaining"]
     context = nxt.get("context", "agent")
     vomm = VariableOrderMarkov(max_order=nxt["max_order"], escape=nxt["escape"],
                                min_context=nxt.get("min_context", 1.0)).fit(
-        calls, counts, ctxs if context == "agent_tool" else None)
-    remaining = RemainingWork(order=rem["order"], position=rem["position"],
-                              min_n=rem["min_n"], point=rem["point"]).fit(calls, counts, timings)
+        calls, counts, ([tuple(project(c, context) for c in q) for q in ctxs]
+                        if context != "agent" and ctxs is not None else None))
+    rem_alphabet = rem.get("alphabet", "agent")
+    rem_calls = (calls if rem_alphabet == "agent" or ctxs is None
+                 else [tuple(project(c, rem_alphabet) for c in q) for q in ctxs])
+    params = {k: rem[k] for k in ("order", "position", "min_n", "point")}
+    remaining = RemainingWork(**params).fit(rem_calls, counts,
+                                            _by_symbol(timings, rem_calls, calls))
+    if rem_calls is not calls:  # a session that reports no stage reads the plain agents
+        remaining.add_backoff(RemainingWork(**params).fit(calls, counts, timings))
     validation = {k: chosen[k] for k in ("folds", "workflows") if k in chosen}
     return {
         "sequence_model": {"alphabet": "agent", "context": context, "vomm": vomm.to_dict(),
                            "mixture": nxt["mixture"],
                            "selection": {**nxt, **validation}},
-        "remaining_model": {**remaining.to_dict(), "selection": {**validation, **rem}},
+        "remaining_model": {**remaining.to_dict(),
+                            **({"alphabet": rem_alphabet} if rem_alphabet != "agent" else {}),
+                            "selection": {**validation, **rem}},
         "baselines": fit_baselines(calls, counts),
     }
+
+
+def _by_symbol(timings: Mapping[str, tuple[float, float]], symbols: Sequence[Sequence[str]],
+               agents: Sequence[Sequence[str]]) -> Mapping[str, tuple[float, float]]:
+    """Per-agent ``timings`` keyed by the symbols the remaining-work model reads (an agent
+    with its stage takes its agent's timings; the agent alphabet: ``timings`` itself)."""
+    if symbols is agents:
+        return timings
+    out = dict(timings)
+    for q, a in zip(symbols, agents):
+        for sym, agent in zip(q, a):
+            if sym not in out and agent in timings:
+                out[sym] = timings[agent]
+    return out

@@ -40,8 +40,8 @@ from synth.prompts import evaluate_templates, load_text_workflows
 from synth.regex_synth import LOOP_QUANTILES
 from synth.remaining import RemainingWork
 from synth.sequence_select import is_position_median, select_remaining
-from synth.sequences import (has_tool_variation, load_sequence_counts, load_sequences,
-                             symbol_expression, unmarked, workflow_counts)
+from synth.sequences import (has_stage_variation, has_tool_variation, load_sequence_counts,
+                             load_sequences, symbol_expression, unmarked, workflow_counts)
 from synth.session import WorkflowPaths
 from synth.vomm import START
 
@@ -89,11 +89,12 @@ def build_workflows_section(con: duckdb.DuckDBPyConnection, options: dict[str, A
     distinct = load_sequence_counts(con, max_workflows=max_workflows, seed=seed)
     for wt, (sequences, counts) in sorted(distinct.items()):
         text = load_text_workflows(con, wt, max_workflows=prompt_workflows)
-        contexts = None
-        if len({a for q in sequences for a in q.calls}) > 1 and has_tool_variation(con, wt):
-            # several agents, and some responses call tools: offer the tool-marked context
+        contexts, alphabet = None, context_alphabet(con, wt, sequences)
+        if alphabet != "agent":
+            # some responses call tools (several agents), or some agent runs in several
+            # stages: offer the marked contexts
             marked, counts = load_sequence_counts(
-                con, wt, alphabet="agent_tool",
+                con, wt, alphabet=alphabet,
                 max_workflows=max_workflows if max_workflows > 0 else None, seed=seed)[wt]
             contexts = [q.calls for q in marked]
             sequences = [unmarked(q) for q in marked]
@@ -102,7 +103,7 @@ def build_workflows_section(con: duckdb.DuckDBPyConnection, options: dict[str, A
             alpha=DEFAULT_ALPHA if alpha is None else float(alpha),
             prune=DEFAULT_PRUNE if prune is None else float(prune),
             loop_quantiles=quantiles, text_workflows=text or None, counts=counts,
-            contexts=contexts)
+            contexts=contexts, context_alphabet=alphabet)
         if section.get("remaining_model") and len({a for q in sequences for a in q.calls}) == 1:
             tool_remaining(con, wt, section, tool_timings, max_workflows, seed)
         section["training_sample"] = {
@@ -111,6 +112,17 @@ def build_workflows_section(con: duckdb.DuckDBPyConnection, options: dict[str, A
             "max_workflows": max_workflows if max_workflows > 0 else None, "seed": seed}
         sections[wt] = section
     return sections
+
+
+def context_alphabet(con: duckdb.DuckDBPyConnection, wt: str, sequences) -> str:
+    """The richest alphabet the calls of type ``wt`` are worth reading in: tool marks where
+    there are several agents and some responses call tools
+    (:func:`synth.sequences.has_tool_variation`), stages where some agent runs in several
+    stages (:func:`synth.sequences.has_stage_variation`); ``"agent"`` when neither."""
+    tools = (len({a for q in sequences for a in q.calls}) > 1 and has_tool_variation(con, wt))
+    stages = has_stage_variation(con, wt)
+    return {(False, False): "agent", (False, True): "agent_tool", (True, False): "agent_stage",
+            (True, True): "agent_stage_tool"}[(stages, tools)]
 
 
 def tool_remaining(con: duckdb.DuckDBPyConnection, wt: str, section: dict,
@@ -178,9 +190,11 @@ def evaluate_workflows(profile: Any, con: duckdb.DuckDBPyConnection) -> dict:
         tools = contexts = None
         if paths.remaining_alphabet == "tool":
             tools = {s.workflow_id: s.calls for s in load_sequences(con, wt, alphabet="tool").get(wt, [])}
-        if paths.context_alphabet == "agent_tool":
-            contexts = {s.workflow_id: s.calls
-                        for s in load_sequences(con, wt, alphabet="agent_tool").get(wt, [])}
+        if paths.reads_context:
+            # every call as served: its stage (when recorded) and its tool mark; the
+            # WorkflowPaths reads the parts its models use
+            contexts = {s.workflow_id: s.calls for s in load_sequences(
+                con, wt, alphabet="agent_stage_tool").get(wt, [])}
         scores = score_sequences(section, sequences, paths, tools=tools, contexts=contexts)
         total.add(scores)
         by_type[wt] = {"known": True, "regex": section.get("regex"), **scores.summary()}

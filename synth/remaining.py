@@ -118,6 +118,19 @@ class RemainingWork:
         self.table_ = table
         return self
 
+    def add_backoff(self, other: "RemainingWork") -> "RemainingWork":
+        """Add the keys of ``other`` (the same workflows read in a coarser alphabet: plain
+        agents beside agents with stages) that this table lacks, so that a session reporting
+        no stage backs off to the plain-agent context instead of the call index. A key both
+        tables hold keeps this table's row (what validation scored); over ``max_keys`` the
+        added keys with the least support go first. Returns self."""
+        added = sorted((k for k in other.table_ if k not in self.table_),
+                       key=lambda k: (-other.table_[k][0], k))
+        room = max(self.max_keys - len(self.table_), 0)
+        for key in added[:room]:
+            self.table_[key] = list(other.table_[key])
+        return self
+
     def lookup(self, history: Sequence[str], i: int, order: int | None = None,
                min_n: float | None = None) -> list:
         """The table row used after call ``i``: the most specific key with at least ``min_n``

@@ -6,16 +6,19 @@ once while the others train. For each held-out call the candidates predict
 
 * **the next symbol** (an agent, or END after the last call): the variable-order model
   (:class:`synth.vomm.VariableOrderMarkov`) for every context family (plain agents; where the
-  log says whether responses called tools, agents marked with it) × ``min_context`` (sparse
+  log says whether responses called tools, agents marked with it; where it records stages, agents
+  with their stage, and both) × ``min_context`` (sparse
   contexts skipped) × ``escape`` × ``max_order`` of the grid, each mixed with the automaton
   fitted on the same training folds, ``p = λ·p_vomm + (1 − λ)·p_pfa`` while the session is on
   the automaton (``p_vomm`` alone once it left it), for every λ of the grid. The model alone
   (what a session off the automaton gets) is chosen by the one-standard-error rule on the mean
   held-out log-loss ``−log p(actual)`` (the simplest within one paired standard error of the
-  best: plain agents before tool marks, then the shortest order), then the λ with the
+  best: the fewest parts read (plain agents, then tool mark or stage, then both), then the
+  shortest order), then the λ with the
   smallest log-loss of the mixture;
 * **the remaining calls** (:class:`synth.remaining.RemainingWork`) for every ``order`` ×
-  ``position`` × ``min_n`` × point (median or mean): among the candidates that beat the position
+  ``position`` × ``min_n`` × point (median or mean), over the agents and, where the log records
+  stages, over the agents with their stages: among the candidates that beat the position
   median (``order = 0``, median) by more than z standard errors of the paired per-workflow
   difference (z ≥ 2, Bonferroni over the context families compared), the simplest within one
   paired standard error of the best mean absolute error (:func:`_choose_remaining`).
@@ -32,7 +35,8 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 
 from synth.remaining import RemainingWork
-from synth.vomm import END, VariableOrderMarkov
+from synth.vomm import (END, FAMILY_PARTS, VariableOrderMarkov, families_of, family_rank, project,
+                        strip_tool_mark)
 
 ORDERS = (1, 2, 3, 4, 6, 8)
 ESCAPES = (0.5, 1.0, 2.0)
@@ -40,7 +44,8 @@ ESCAPES = (0.5, 1.0, 2.0)
 #: :mod:`synth.vomm`); 1 keeps every context.
 MIN_CONTEXTS = (1.0, 3.0, 10.0)
 #: Context families of the next-symbol model: plain agents, or agents marked with whether
-#: their response called a tool (only where the log says so).
+#: their response called a tool (only where the log says so); with stage labels also the
+#: agent with its stage, and both (:data:`synth.vomm.FAMILY_PARTS`).
 CONTEXTS = ("agent", "agent_tool")
 MIXTURES = (1.0, 0.75, 0.5, 0.25, 0.0)
 REMAINING_ORDERS = (0, 1, 2, 3, 4, 6, 8)
@@ -96,14 +101,19 @@ def subsample(counts: Sequence[int], max_workflows: int, seed: int = 0) -> np.nd
 def select_models(sequences: Sequence[Sequence[str]], counts: Sequence[int],
                   pfa_factory: PfaFactory | None = None, folds: int = 3,
                   max_workflows: int = 1000, seed: int = 0,
-                  contexts: Sequence[Sequence[str]] | None = None) -> dict:
+                  contexts: Sequence[Sequence[str]] | None = None,
+                  context_alphabet: str = "agent_tool") -> dict:
     """Cross-validated choice of the next-symbol model and the remaining-work model.
 
-    ``contexts`` (optional; one context symbol per call of each sequence, the agent with the
-    mark of whether its response called a tool: :func:`synth.sequences.tool_mark`) adds the
-    tool-context family to the next-symbol candidates. Every held-out target is then scored
-    twice, as it is served: at the previous call's arrival (its own mark unknown) and after
+    ``contexts`` (optional; one context symbol per call of each sequence, read in
+    ``context_alphabet``: the agent with the mark of whether its response called a tool,
+    :func:`synth.sequences.tool_mark`, and/or its stage, :func:`synth.vomm.stage_symbol`) adds
+    the context families that alphabet offers (:func:`synth.vomm.families_of`) to the
+    next-symbol candidates. With tool marks every held-out target is scored twice, as it is
+    served: at the previous call's arrival (its own mark unknown; its stage known) and after
     that call's response (:mod:`synth.vomm`); the plain-agent family predicts the same at both.
+    With stages the remaining-work candidates also read the agents with their stages
+    (``alphabet = "agent_stage"``; a call's stage is known when it is annotated).
 
     Returns ``{"next": {max_order, escape, min_context, context, mixture, validation_log_loss,
     best_candidates…}, "remaining": {order, position, min_n, point, validation_mae,
@@ -114,6 +124,12 @@ def select_models(sequences: Sequence[Sequence[str]], counts: Sequence[int],
     keep = np.flatnonzero(sub)
     seqs = [tuple(sequences[j]) for j in keep]
     ctxs = [tuple(contexts[j]) for j in keep] if contexts is not None else None
+    families = (families_of(context_alphabet) if ctxs is not None else CONTEXTS[:1])
+    # each family's context symbols (the parts it does not read dropped)
+    fam_ctx = {fam: [tuple(project(c, fam) for c in q) for q in ctxs]
+               for fam in families[1:]} if ctxs is not None else {}
+    marked_families = [fam for fam in families if FAMILY_PARTS[fam][1]]
+    stage_seqs = fam_ctx.get("agent_stage")
     sub = sub[keep]
     total = int(sub.sum())
     if total < max(folds, 2):
@@ -123,7 +139,6 @@ def select_models(sequences: Sequence[Sequence[str]], counts: Sequence[int],
                 "remaining": {"order": 0, "position": "none", "min_n": 1, "point": "p50",
                               "reason": f"{total} workflows: too few to cross-validate"}}
     split = fold_counts(sub, folds, seed)
-    families = CONTEXTS if ctxs is not None else CONTEXTS[:1]
     grid = [(fam, order, escape, floor) for fam in families for floor in MIN_CONTEXTS
             for escape in ESCAPES for order in ORDERS]
     n_cfg = len(grid)
@@ -141,9 +156,9 @@ def select_models(sequences: Sequence[Sequence[str]], counts: Sequence[int],
             continue
         tr_seqs, tr_w = [seqs[j] for j in tr], train[tr].tolist()
         models = {"agent": VariableOrderMarkov(max_order=max(ORDERS)).fit(tr_seqs, tr_w)}
-        if ctxs is not None:
-            models["agent_tool"] = VariableOrderMarkov(max_order=max(ORDERS)).fit(
-                tr_seqs, tr_w, [ctxs[j] for j in tr])
+        for fam, fctx in fam_ctx.items():
+            models[fam] = VariableOrderMarkov(max_order=max(ORDERS)).fit(
+                tr_seqs, tr_w, [fctx[j] for j in tr])
         vocab = models["agent"].vocab_
         for fam, model in models.items():
             assert model.vocab_ == vocab  # same targets, same order
@@ -173,11 +188,17 @@ def select_models(sequences: Sequence[Sequence[str]], counts: Sequence[int],
                 # the histories a session holds when it predicts targets[t]: at the previous
                 # call's arrival and, with tool marks, after its response
                 moments = [{"agent": history}]
-                if ctxs is not None:
-                    marked = ctxs[j][:t]
-                    arrival = (*marked[:-1], history[-1]) if t else ()
-                    moments = [{"agent": history, "agent_tool": arrival},
-                               {"agent": history, "agent_tool": marked}]
+                if fam_ctx:
+                    after = {"agent": history}
+                    arrival = {"agent": history}
+                    for fam, fctx in fam_ctx.items():
+                        marked = fctx[j][:t]
+                        after[fam] = marked
+                        arrival[fam] = ((*marked[:-1], strip_tool_mark(marked[-1])) if t
+                                        else ())
+                    # a call's stage is known at its arrival, its tool mark only after its
+                    # response: without tool marks both moments are one
+                    moments = [arrival, after] if marked_families else [after]
                 for hist in moments:
                     vecs = vectors(hist)
                     events += w
@@ -199,7 +220,8 @@ def select_models(sequences: Sequence[Sequence[str]], counts: Sequence[int],
     return {"next": _choose_next(loss, hits, events, agent_events, pfa_factory is not None,
                                  grid, wf_loss, sub),
             "remaining": _remaining_cv(seqs, sub, REMAINING_FOLDS,
-                                       REMAINING_REPEATS if total < REPEAT_BELOW else 1, seed),
+                                       REMAINING_REPEATS if total < REPEAT_BELOW else 1, seed,
+                                       stage_seqs),
             "folds": folds, "workflows": total}
 
 
@@ -224,12 +246,22 @@ def is_position_median(choice: Mapping) -> bool:
 
 
 def _remaining_cv(seqs: Sequence[tuple], counts: np.ndarray, folds: int, repeats: int,
-                  seed: int) -> dict:
+                  seed: int, stage_seqs: Sequence[tuple] | None = None) -> dict:
     """Remaining-work candidates scored by ``repeats`` × ``folds``-fold CV by workflow (no
-    automaton is fitted here, so repeating is cheap and steadies the choice on small data)."""
+    automaton is fitted here, so repeating is cheap and steadies the choice on small data).
+
+    ``stage_seqs`` (the same workflows read in the ``agent_stage`` alphabet) adds candidates
+    whose context is the agents with their stages: keys ``(order, position, min_n, point,
+    "agent_stage")``, order ≥ 1 (order 0 reads no symbol: the agent candidates' own)."""
     cands = [(order, pos, min_n, point) for order in REMAINING_ORDERS
              for pos in REMAINING_POSITIONS for min_n in REMAINING_MIN_N
              for point in REMAINING_POINTS]
+    alphabets = {"agent": seqs}
+    if stage_seqs is not None:
+        alphabets["agent_stage"] = stage_seqs
+        cands += [(order, pos, min_n, point, "agent_stage") for order in REMAINING_ORDERS[1:]
+                  for pos in REMAINING_POSITIONS for min_n in REMAINING_MIN_N
+                  for point in REMAINING_POINTS]
     col = {c: i for i, c in enumerate(cands)}
     errors: list[np.ndarray] = []   # one row per held-out (repeat, path): summed abs errors
     weights: list[float] = []       # how many identical workflows the row stands for
@@ -242,21 +274,24 @@ def _remaining_cv(seqs: Sequence[tuple], counts: np.ndarray, folds: int, repeats
             tr = np.flatnonzero(train)
             if len(tr) == 0:
                 continue
-            tr_seqs, tr_w = [seqs[j] for j in tr], train[tr].tolist()
-            rem = {pos: RemainingWork(max(REMAINING_ORDERS), pos, 1).fit(tr_seqs, tr_w)
-                   for pos in REMAINING_POSITIONS}
+            tr_w = train[tr].tolist()
+            rem = {(alpha, pos): RemainingWork(max(REMAINING_ORDERS), pos, 1).fit(
+                       [aseqs[j] for j in tr], tr_w)
+                   for alpha, aseqs in alphabets.items() for pos in REMAINING_POSITIONS}
             for j in np.flatnonzero(test):
-                seq, w = seqs[j], float(test[j])
-                n = len(seq)
+                w = float(test[j])
+                n = len(seqs[j])
                 row_err = np.zeros(len(cands))  # this workflow's errors
                 for i in range(n):
                     calls += w
                     truth = n - 1 - i
-                    for pos, model in rem.items():
+                    for (alpha, pos), model in rem.items():
+                        seq = alphabets[alpha][j]
+                        tag = () if alpha == "agent" else (alpha,)
                         keys = model.keys(seq[max(0, i + 1 - model.order):i + 1], i)
                         rows = [model.table_.get(k) for k in keys]
                         m = len(keys) - 1  # context keys, longest first, then the position
-                        for order in REMAINING_ORDERS:
+                        for order in REMAINING_ORDERS[1 if tag else 0:]:
                             for min_n in REMAINING_MIN_N:
                                 for row in rows[m - min(order, m):m]:
                                     if row is not None and row[0] >= min_n:
@@ -264,8 +299,8 @@ def _remaining_cv(seqs: Sequence[tuple], counts: np.ndarray, folds: int, repeats
                                 else:
                                     row = rows[m] or [0.0] * 5
                                 for point, c in REMAINING_POINTS.items():
-                                    row_err[col[(order, pos, min_n, point)]] += abs(row[c]
-                                                                                    - truth)
+                                    row_err[col[(order, pos, min_n, point, *tag)]] += abs(
+                                        row[c] - truth)
                 errors.append(row_err)
                 weights.append(w)
     out = _choose_remaining(cands, np.array(errors), np.array(weights), calls, repeats)
@@ -317,7 +352,7 @@ def _choose_next(loss: np.ndarray, hits: np.ndarray, events: float, agent_events
         var = float(np.average((diff - mean) ** 2, weights=w)) * n / (n - 1)
         return mean <= (var / n) ** 0.5
     first = min((d for d in alone if within_one_se(d)),
-                key=lambda d: (d["context"] != "agent", d["max_order"], d["log_loss"]))
+                key=lambda d: (family_rank(d["context"]), d["max_order"], d["log_loss"]))
     chosen = min((d for d in cands if d["index"] == first["index"]),
                  key=lambda d: d["log_loss"])
     top = sorted(cands, key=lambda d: d["log_loss"])[:5]
@@ -354,7 +389,7 @@ def _choose_remaining(cands: Sequence[tuple], errors: np.ndarray, weights: np.nd
     index = {c: i for i, c in enumerate(cands)}
     scores = sorted((e / calls, key) for key, e in err.items())
     base_key = BASE_REMAINING
-    families = {(k[0], k[1]) for k in err} - {(base_key[0], base_key[1])}
+    families = {(k[0], k[1], *k[4:]) for k in err} - {(base_key[0], base_key[1])}
     z = max(SE_FACTOR, NormalDist().inv_cdf(1 - FAMILY_ALPHA / (2 * max(len(families), 1))))
 
     def paired(key: tuple, ref: tuple) -> tuple[float, float]:
@@ -377,15 +412,19 @@ def _choose_remaining(cands: Sequence[tuple], errors: np.ndarray, weights: np.nd
         best_mae, best = winners[0]
         close = [(m, k) for m, k in winners
                  if k == best or paired(k, best)[0] <= paired(k, best)[1]]
-        mae, chosen = min(close, key=lambda mk: (mk[1][0], mk[1][1] != "none",
+        mae, chosen = min(close, key=lambda mk: (len(mk[1]) > 4, mk[1][0], mk[1][1] != "none",
                                                  mk[1][3] != "p50", -mk[1][2], mk[0]))
-    order, pos, min_n, point = chosen
+    order, pos, min_n, point = chosen[:4]
     baseline = err[base_key] / calls
-    return {"order": order, "position": pos, "min_n": min_n, "point": point,
-            "validation_mae": round(mae, 5), "position_median_mae": round(baseline, 5),
-            "z": round(z, 3), "families": len(families),
-            "rule": "candidates better than the position median by more than "
-                    f"{z:.2f} paired standard errors (Bonferroni over {len(families)} "
-                    "context families); the simplest within one standard error of the best",
-            "best_candidates": [{"order": k[0], "position": k[1], "min_n": k[2],
-                                 "point": k[3], "mae": round(s, 5)} for s, k in scores[:5]]}
+    out = {"order": order, "position": pos, "min_n": min_n, "point": point,
+           "validation_mae": round(mae, 5), "position_median_mae": round(baseline, 5),
+           "z": round(z, 3), "families": len(families),
+           "rule": "candidates better than the position median by more than "
+                   f"{z:.2f} paired standard errors (Bonferroni over {len(families)} "
+                   "context families); the simplest within one standard error of the best",
+           "best_candidates": [{"order": k[0], "position": k[1], "min_n": k[2],
+                                "point": k[3], **({"alphabet": k[4]} if len(k) > 4 else {}),
+                                "mae": round(s, 5)} for s, k in scores[:5]]}
+    if any(len(k) > 4 for k in cands):  # stage candidates were offered: say which alphabet won
+        out["alphabet"] = chosen[4] if len(chosen) > 4 else "agent"
+    return out

@@ -28,7 +28,11 @@ from typing import Iterable, Sequence
 
 import duckdb
 
-from synth.vomm import MARK_SEP, NO_TOOL, NO_TOOL_MARK, TOOL_MARK, tool_mark, unmark  # noqa: F401
+from synth.vomm import (MARK_SEP, NO_TOOL, NO_TOOL_MARK, STAGE_SEP, TOOL_MARK,  # noqa: F401
+                        tool_mark, unmark)
+
+#: Alphabets a call can be read in (:func:`symbol_expression`).
+ALPHABETS = ("agent", "tool", "agent_tool", "agent_stage", "agent_stage_tool")
 
 #: Two calls overlap when one arrives more than this many seconds before the other finished
 #: (absorbs clock jitter between the gateway's finish stamp and the client's next request).
@@ -241,7 +245,8 @@ def step_of(agents: tuple[str, ...]) -> Step:
 
 
 def unmarked(seq: WorkflowSequence) -> WorkflowSequence:
-    """``seq`` read in the ``agent_tool`` alphabet, back in agents (steps re-sorted)."""
+    """``seq`` read in an ``agent_tool`` / ``agent_stage…`` alphabet, back in agents (steps
+    re-sorted)."""
     steps = tuple(step_of(tuple(sorted(unmark(a) for a in st.agents))) for st in seq.steps)
     return WorkflowSequence(seq.workflow_type_id, seq.workflow_id, steps,
                             tuple(unmark(a) for a in seq.calls), seq.request_ids)
@@ -258,20 +263,52 @@ def has_tool_variation(con: duckdb.DuckDBPyConnection, workflow_type_id: str) ->
     return bool(row and row[0] > 1)
 
 
+def stage_expression(con: duckdb.DuckDBPyConnection) -> str:
+    """SQL for a call's ``stage`` (the flat record's optional extension, kept in ``extra``;
+    NULL when absent, empty or not a string, as :func:`synth.vomm.stage_symbol` reads
+    ``app_metadata.stage`` at serving)."""
+    columns = {row[0] for row in con.execute("DESCRIBE calls").fetchall()}
+    if "extra" not in columns:
+        return "NULL::VARCHAR"
+    return ("CASE WHEN json_type(extra, '$.stage') = 'VARCHAR' "
+            "THEN nullif(json_extract_string(extra, '$.stage'), '') END")
+
+
+def has_stage_variation(con: duckdb.DuckDBPyConnection, workflow_type_id: str) -> bool:
+    """Can a call's stage say more than its agent: does some agent of this type run in two
+    stages (a missing stage counts as one)? A stage that is a function of the agent adds
+    nothing to an agent context, so it is not offered."""
+    stage = stage_expression(con)
+    if stage.startswith("NULL"):
+        return False
+    row = con.execute(f"SELECT count(*) FROM (SELECT agent_id FROM calls "
+                      f"WHERE workflow_type_id = $wt GROUP BY agent_id "
+                      f"HAVING count(DISTINCT coalesce({stage}, '')) > 1)",
+                      {"wt": workflow_type_id}).fetchone()
+    return bool(row and row[0] > 0)
+
+
 def symbol_expression(con: duckdb.DuckDBPyConnection, alphabet: str) -> str:
-    """SQL for the symbol of a call: ``agent_id``, the first tool run after it, or
-    (``agent_tool``) the agent with the mark of :func:`tool_mark`."""
-    if alphabet not in ("agent", "tool", "agent_tool"):
-        raise ValueError(f"alphabet must be 'agent', 'tool' or 'agent_tool', got {alphabet!r}")
+    """SQL for the symbol of a call: ``agent_id``, the first tool run after it, or the agent
+    with its stage (``agent_stage``: :func:`synth.vomm.stage_symbol`) and/or the mark of
+    :func:`tool_mark` (``agent_tool``, ``agent_stage_tool``)."""
+    if alphabet not in ALPHABETS:
+        raise ValueError(f"alphabet must be one of {', '.join(ALPHABETS)}, got {alphabet!r}")
     columns = {row[0] for row in con.execute("DESCRIBE calls").fetchall()}
     if "parent_request_ids" not in columns:
         raise ValueError("table calls has no column parent_request_ids (see CONTRACTS §1)")
     if alphabet == "agent":
         return "agent_id"
-    if alphabet == "agent_tool":
+    if alphabet.startswith("agent"):
+        out = "agent_id"
+        if "stage" in alphabet:
+            stage = stage_expression(con)
+            out = f"({out} || coalesce('{STAGE_SEP}' || {stage}, ''))"
+        if not alphabet.endswith("_tool"):
+            return out
         called = ("coalesce(len(list_filter(tool_names, lambda x: coalesce(x, '') <> '')), 0) > 0"
                   if "tool_names" in columns else "false")
-        return (f"agent_id || '{MARK_SEP}' || CASE WHEN {called} THEN '{TOOL_MARK}' "
+        return (f"{out} || '{MARK_SEP}' || CASE WHEN {called} THEN '{TOOL_MARK}' "
                 f"ELSE '{NO_TOOL_MARK}' END")
     tool = "tool_names[1]" if "tool_names" in columns else "NULL::VARCHAR"
     return f"coalesce(nullif({tool}, ''), '{NO_TOOL}')"

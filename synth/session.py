@@ -12,7 +12,7 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from synth.remaining import RemainingWork
-from synth.vomm import VariableOrderMarkov
+from synth.vomm import FAMILY_PARTS, VariableOrderMarkov, project
 
 #: A session's position: an index into the precomputed session table.
 PathState = int
@@ -52,15 +52,18 @@ class WorkflowPaths:
         self.vomm: VariableOrderMarkov | None = (
             VariableOrderMarkov.from_dict(model["vomm"]) if model else None)
         self.mixture: float = float(model.get("mixture", 1.0)) if model else 0.0
-        #: What the sequence model's context reads: "agent" (the session's agents) or
+        #: What the sequence model's context reads: "agent" (the session's agents),
         #: "agent_tool" (each finished call's agent marked with whether its response called a
-        #: tool, :func:`synth.sequences.tool_mark`; the call in flight plain).
+        #: tool, :func:`synth.sequences.tool_mark`; the call in flight plain), "agent_stage"
+        #: (each call's agent with its stage, :func:`synth.vomm.stage_symbol`) or
+        #: "agent_stage_tool" (both).
         self.context_alphabet: str = (model or {}).get("context", "agent")
         remaining = section.get("remaining_model")
         self.remaining: RemainingWork | None = (
             RemainingWork.from_dict(remaining) if remaining else None)
-        #: Symbols the remaining-work model reads: "agent" (the session's agents) or "tool"
-        #: (the first tool of each call, for single-agent types; see synth.profile_section).
+        #: Symbols the remaining-work model reads: "agent" (the session's agents), "tool"
+        #: (the first tool of each call, for single-agent types; see synth.profile_section)
+        #: or "agent_stage" (each call's agent with its stage).
         self.remaining_alphabet: str = (remaining or {}).get("alphabet", "agent")
         #: A tool-alphabet model fit before issue 26 read each call's *own* tool, which no
         #: session knows when the call is annotated: it is served (and scored) without tools,
@@ -101,6 +104,29 @@ class WorkflowPaths:
         return self._estimates[state]
 
     @property
+    def reads_tools(self) -> bool:
+        """Does a model read what the calls' responses called (tool marks, tool names)?"""
+        return (FAMILY_PARTS.get(self.context_alphabet, (False, False))[1]
+                or self.remaining_alphabet == "tool")
+
+    @property
+    def reads_stage(self) -> bool:
+        """Does a model read the calls' stages (``app_metadata.stage``)?"""
+        return (FAMILY_PARTS.get(self.context_alphabet, (False, False))[0]
+                or self.remaining_alphabet == "agent_stage")
+
+    @property
+    def reads_context(self) -> bool:
+        """Does a model read context symbols (stages or tool marks) beyond the agents?"""
+        return self.context_alphabet != "agent" or self.remaining_alphabet == "agent_stage"
+
+    def _read(self, context: Sequence[str], family: str, order: int) -> tuple[str, ...]:
+        """The last ``order`` context symbols, read in ``family`` (parts it does not use
+        dropped: a stage the model was fit without, a tool mark it cannot read)."""
+        tail = context[len(context) - order:] if len(context) > order else context
+        return tuple(project(c, family) for c in tail)
+
+    @property
     def has_sequence_model(self) -> bool:
         """Does this section predict off the automaton too (variable-order model)?"""
         return self.vomm is not None
@@ -139,17 +165,24 @@ class WorkflowPaths:
         it such a model backs off to the call index alone (the position median).
 
         ``context``: the session's context symbols (as long as ``tail``'s history, last ones
-        at least), read by a sequence model over tool-marked agents (:attr:`context_alphabet`
-        ``"agent_tool"``); without it the plain agents are read.
+        at least: each call's agent with its stage when reported and its tool mark once its
+        response reported one), read by a sequence model over marked agents
+        (:attr:`context_alphabet` other than ``"agent"``; each symbol read in that family, see
+        :func:`synth.vomm.project`) and by a remaining-work model over agents with stages
+        (:attr:`remaining_alphabet` ``"agent_stage"``); without it the plain agents are read
+        (the sequence model and a stage remaining-work model back off to their plain-agent
+        contexts).
         """
         if self.vomm is None:
             return None if state is None else self.estimates(state)
         order = self.context_order()
         tail = tuple(tail[len(tail) - order:]) if len(tail) > order else tuple(tail)
         ctx = tail
-        if context is not None and self.context_alphabet == "agent_tool":
-            ctx = tuple(context[len(context) - order:]) if len(context) > order else tuple(context)
+        if context is not None and self.context_alphabet != "agent":
+            ctx = self._read(context, self.context_alphabet, order)
         rem_tail = tail
+        if self.remaining is not None and self.remaining_alphabet == "agent_stage":
+            rem_tail = self._read(context if context is not None else tail, "agent_stage", order)
         if self.remaining is not None and self.remaining_alphabet == "tool":
             k = self.remaining.order
             rem_tail = (tuple(tools[len(tools) - k:]) if tools and k and self._tools_servable
@@ -207,9 +240,10 @@ class WorkflowPaths:
         ``context``: its context symbols, as in :meth:`predict_at`)."""
         i = self.vomm.index_of(symbol)
         order = self.context_order()
-        if context is not None and self.context_alphabet == "agent_tool":
-            history = context
-        tail = tuple(history[len(history) - order:]) if len(history) > order else tuple(history)
+        if context is not None and self.context_alphabet != "agent":
+            tail = self._read(context, self.context_alphabet, order)
+        else:
+            tail = tuple(history[len(history) - order:]) if len(history) > order else tuple(history)
         if i is None:  # never seen in training: the mass the model keeps for a novel symbol
             weight = 1.0 if state is None else min(self.mixture, 1.0)
             return weight * self.vomm.novel_probability(tail)

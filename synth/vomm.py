@@ -36,10 +36,20 @@ after two histories: the one seen at the previous call's arrival (its own symbol
 and the one seen after its response (every symbol marked), besides the plain-agent history (what
 a session whose caller never reports tool names reads); a context is counted once per target.
 Predicted symbols stay the plain agents.
+
+**Stage.** A call may also carry the framework step it ran in (the flat record's optional
+``stage``: a LangGraph node, a CrewAI task, a ChatDev phase; ``app_metadata.stage`` at
+serving): :func:`stage_symbol` joins it to the agent (``agent`` :data:`STAGE_SEP` ``stage``),
+before any tool mark. Unlike the tool mark, a call's stage is known at its arrival (the request
+carries it), so the arrival-time history reads the last call's stage too: only the tool mark is
+stripped from it (:func:`strip_tool_mark`). A symbol read in a *context family* (``agent``,
+``agent_tool``, ``agent_stage``, ``agent_stage_tool``) keeps only that family's parts
+(:func:`project`).
 """
 from __future__ import annotations
 
 from collections import defaultdict
+from functools import lru_cache
 from typing import Iterable, Sequence
 
 import numpy as np
@@ -56,6 +66,49 @@ NO_TOOL = "no_tool"
 MARK_SEP = "\x1e"
 #: Marks: the call's response called a tool, or did not.
 TOOL_MARK, NO_TOOL_MARK = "tool", "none"
+#: Separator between an agent and its stage (before any tool mark) in the ``agent_stage``
+#: alphabets.
+STAGE_SEP = "\x1d"
+#: Context families: which parts of a call's symbol (stage, tool mark) a context reads.
+FAMILY_PARTS = {"agent": (False, False), "agent_tool": (False, True),
+                "agent_stage": (True, False), "agent_stage_tool": (True, True)}
+
+
+def stage_symbol(agent: str, stage: object) -> str:
+    """Context symbol of a call at its arrival: its agent and its ``stage`` (a non-empty
+    string; anything else, e.g. not reported, leaves the plain agent)."""
+    if isinstance(stage, str) and stage:
+        return f"{agent}{STAGE_SEP}{stage}"
+    return agent
+
+
+def strip_tool_mark(symbol: str) -> str:
+    """``symbol`` without its tool mark: what was known of the call at its arrival."""
+    return symbol.split(MARK_SEP, 1)[0]
+
+
+@lru_cache(maxsize=1 << 16)
+def project(symbol: str, family: str) -> str:
+    """``symbol`` (agent, optional stage, optional tool mark) read in context ``family``
+    (a key of :data:`FAMILY_PARTS`): the parts that family does not read are dropped."""
+    with_stage, with_mark = FAMILY_PARTS[family]
+    rest, _, mark = symbol.partition(MARK_SEP)
+    agent, _, stage = rest.partition(STAGE_SEP)
+    out = f"{agent}{STAGE_SEP}{stage}" if with_stage and stage else agent
+    return f"{out}{MARK_SEP}{mark}" if with_mark and mark else out
+
+
+def families_of(alphabet: str) -> tuple[str, ...]:
+    """The context families a sequence read in ``alphabet`` offers, simplest first: the
+    plain agents, then each part alone, then both."""
+    with_stage, with_mark = FAMILY_PARTS[alphabet]
+    return tuple(f for f, (st, mk) in FAMILY_PARTS.items()
+                 if (with_stage or not st) and (with_mark or not mk))
+
+
+def family_rank(family: str) -> int:
+    """How many parts beyond the agent a family reads (the one-SE rule's simplicity)."""
+    return sum(FAMILY_PARTS[family])
 
 
 def tool_mark(agent: str, tool_names: Sequence[str] | None) -> str:
@@ -68,8 +121,8 @@ def tool_mark(agent: str, tool_names: Sequence[str] | None) -> str:
 
 
 def unmark(symbol: str) -> str:
-    """The agent of a context symbol (:func:`tool_mark` undone)."""
-    return symbol.split(MARK_SEP, 1)[0]
+    """The agent of a context symbol (:func:`tool_mark` and :func:`stage_symbol` undone)."""
+    return symbol.split(MARK_SEP, 1)[0].split(STAGE_SEP, 1)[0]
 
 
 def context_counts(sequences: Sequence[Sequence[str]], weights: Sequence[float],
@@ -91,7 +144,7 @@ def context_counts(sequences: Sequence[Sequence[str]], weights: Sequence[float],
                 counts[history[t + 1 - k:t + 1]][y] += w
             if marked is None or t == 0:
                 continue
-            arrival = (*marked[:t], seq[t - 1])
+            arrival = (*marked[:t], strip_tool_mark(marked[t]))
             for k in range(1, min(max_order, t + 1) + 1):
                 seen = {history[t + 1 - k:t + 1]}
                 for h in (arrival[t + 1 - k:], marked[t + 1 - k:t + 1]):

@@ -94,6 +94,28 @@ def test_gateway_records_both_metadata_placements(con, tmp_path):
     assert tools == [("bash", pytest.approx(2.0), "gap"), ("grep", pytest.approx(2.0), "gap")]
 
 
+def test_stage_is_kept_in_extra_from_flat_and_gateway_records(con, tmp_path):
+    """The step label: a flat record's ``stage`` and a gateway record's ``app_metadata.stage``
+    (what the gateway logs when a client sends it) both land in ``extra`` as ``stage``."""
+    def gw(rid, t0, meta_extra, **top):
+        meta = {"workflow_type_id": "app", "workflow_id": "s-1", "agent_id": "cto", **meta_extra}
+        return {"request_id": rid, "t_arrival": t0, "t_finish": t0 + 1.0,
+                "request": {"model": "m", "messages": [], "extra_body": {"app_metadata": meta}},
+                "response": {"choices": [{"message": {"content": "ok"}}],
+                             "usage": {"prompt_tokens": 4, "completion_tokens": 2}}, **top}
+    write_jsonl(tmp_path / "s.jsonl", [gw("g1", 10.0, {"stage": "coding"}),
+                                       gw("g2", 12.0, {"stage": ""}, my_key=3),
+                                       gw("g3", 14.0, {"stage": 7}),
+                                       gw("g4", 16.0, {"stage": "review"}, my_key=4),
+                                       flat("f1", stage="design")])
+    rep = ingest.ingest(con, [tmp_path / "s.jsonl"])
+    assert rep.loaded == 5, rep.first_reasons
+    rows = dict(con.execute("SELECT request_id, extra FROM calls").fetchall())
+    assert {k: json.loads(v) if v else None for k, v in rows.items()} == {
+        "g1": {"stage": "coding"}, "g2": {"my_key": 3}, "g3": None,
+        "g4": {"my_key": 4, "stage": "review"}, "f1": {"stage": "design"}}
+
+
 def test_parquet_csv_and_gzip_load_the_same(con, tmp_path):
     recs = [flat(f"r{i}", wf=f"w{i % 2}", t0=100 + i, dur=0.5, out=i + 1) for i in range(6)]
     df = pd.DataFrame(recs)
