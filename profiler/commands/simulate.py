@@ -18,7 +18,7 @@ def simulate(
     scenario: Annotated[Optional[str], typer.Option(
         help="A named scenario instead of --workload: pythia-like (multi-model pools, a burst "
              "of 600 workflows), agent-platform (six applications from the bundled real sets "
-             "and the generators on one cluster, a burst of 240 workflows) or "
+             "and the generators on one cluster, a burst of 720 workflows) or "
              "agent-platform-bursty (the same mix, open-loop gamma arrivals with CV 4 at "
              "low load); see docs/simulator.md.")] = None,
     load: Annotated[str, typer.Option(
