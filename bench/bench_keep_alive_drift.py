@@ -1,6 +1,8 @@
 """Keep-alive TTL on time-ordered splits: coverage, mean TTL, share at the cap, KV-seconds held.
 
-    python bench/bench_keep_alive_drift.py [--seeds 0 1 2] [--workflows 64] [LOG ...]
+    python bench/bench_keep_alive_drift.py [LOG ...] [--seeds 0 1 2] [--workflows 64]
+    python bench/bench_keep_alive_drift.py --families team --half-lives 0.2 0.05 --force-level agent \
+        --seeds 0 1 2 3 4 5 6 7 8 9      # the stress check: short half-lives, agent level served
 
 Each log (given files, plus seeded ``messy`` workloads of ``--workflows`` workflows and the
 constructed drifting 8-role team of ``tests/test_idle_gap_certified.py``) is split per workflow
@@ -86,8 +88,13 @@ def gap_rows(path: Path) -> pd.DataFrame:
         con.close()
 
 
-def score(train: Path, test: Path) -> dict[str, float]:
-    model = IdleGapModel(max_ttl_s=600.0).fit(gap_rows(train))
+def score(train: Path, test: Path, half_lives: tuple | None = None, force_level: str | None = None) -> dict[str, float]:
+    model = IdleGapModel(max_ttl_s=600.0, **({"half_lives": half_lives} if half_lives else {})).fit(gap_rows(train))
+    if force_level:   # serve this level whatever cross-validation chose (as it chose on the issue's team)
+        for info in model.workflow_types_.values():
+            if info.get("level") != "none":
+                info["level"] = force_level
+        model._index()
     rows = gap_rows(test)
     policy = KeepDropPolicy()
     raw = model.predict_sessions(rows)
@@ -108,18 +115,27 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--workflows", type=int, default=64)
     ap.add_argument("--train", type=float, default=0.7)
+    ap.add_argument("--families", nargs="+", default=["messy", "team"], choices=["messy", "team"],
+                    help="generated sets per seed")
+    ap.add_argument("--half-lives", nargs="+", default=None,
+                    help="candidate half-lives (fractions of a type's workflows; 'none' = no decay); default: the model's")
+    ap.add_argument("--force-level", choices=["agent", "workflow_type"], default=None)
     a = ap.parse_args(argv)
+    half_lives = tuple(None if h.lower() == "none" else float(h) for h in a.half_lives) if a.half_lives else None
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         sets = [(p.stem, p) for p in a.logs]
         for s in a.seeds:
-            write_jsonl(generate("messy", a.workflows, seed=s), work / f"messy{s}.jsonl")
-            write_jsonl(iter(team_records(a.workflows, s)), work / f"team{s}.jsonl")
-            sets += [(f"messy{s}", work / f"messy{s}.jsonl"), (f"team{s}", work / f"team{s}.jsonl")]
+            if "messy" in a.families:
+                write_jsonl(generate("messy", a.workflows, seed=s), work / f"messy{s}.jsonl")
+                sets.append((f"messy{s}", work / f"messy{s}.jsonl"))
+            if "team" in a.families:
+                write_jsonl(iter(team_records(a.workflows, s)), work / f"team{s}.jsonl")
+                sets.append((f"team{s}", work / f"team{s}.jsonl"))
         results = {}
         print(f"{'set':28s} {'gaps':>5s} {'coverage':>8s} {'mean TTL':>8s} {'at cap':>6s} {'KV-s/cov':>8s}  half-life")
         for name, path in sets:
-            r = results[name] = score(*time_split(path, a.train, work))
+            r = results[name] = score(*time_split(path, a.train, work), half_lives, a.force_level)
             print(f"{name:28s} {r['gaps']:5d} {r['coverage']:8.3f} {r['mean_ttl_s']:8.2f} {r['at_cap']:6.3f} "
                   f"{r['kv_s_per_covered_gap']:8.2f}  {r['half_life']}", flush=True)
         for family in ("messy", "team"):

@@ -139,6 +139,9 @@ def test_eval_reports_kv_seconds_per_covered_gap_beside_the_oracle(evaluated):
     assert cost["oracle"] > 0
     if ka["idle_gap_coverage"] == ka["oracle_coverage"]:
         assert cost["ours"] >= cost["oracle"] - 1e-9
+    ends = ka["kv_s_per_covered_gap_with_ends"]
+    assert ends["oracle"] == pytest.approx(cost["oracle"])            # the oracle keeps nothing at an end
+    assert ka["end_share"] > 0 and ends["ours"] > cost["ours"]         # ours holds its TTL there
     assert set(ka["ttl_at_cap_share"]) == {"ours", "idle_gap_p95", "tool_p95", "nat_trie"}
     assert all(0.0 <= v <= 1.0 for v in ka["ttl_at_cap_share"].values() if v is not None)
     rows = {(r["metric"], r["method"]): r["value"] for r in baseline_rows(evaluated)}
