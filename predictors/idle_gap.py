@@ -14,8 +14,12 @@ Estimator, per workflow type
   (``keep_alive_ttl_by_tool``) when validation says it helps and the consumer knows the tool.
 * **Finite-sample quantile** (weighted split-conformal, Barber et al. 2023): with gaps ``xᵢ`` and
   weights ``wᵢ`` sorted by ``x``, the TTL is the smallest ``x₍ₖ₎`` with
-  ``Σ_{i≤k} wᵢ / (Σ wᵢ + w_new) ≥ q`` (``w_new`` = the weight of a new gap, 1). When no ``x₍ₖ₎``
-  qualifies (too few gaps) the TTL is the cap ``max_ttl_s``.
+  ``Σ_{i≤k} wᵢ / (Σ wᵢ + w_new) ≥ q`` (``w_new`` = the weight of a new gap, 1). No ``x₍ₖ₎``
+  qualifies when ``Σ wᵢ < q / (1 − q)`` (19 at 0.95): recency weights can leave an entry with
+  plenty of gaps but too little weight. Such an entry is not served the cap: it takes its own
+  gaps' quantile under a longer half-life (doubled until certified, at last unweighted), and
+  only when even its plain gaps are too few (``min_samples`` below 19) its parent level's
+  (``backed_off`` in the profile counts them); a type in that case is served the cap ``max_ttl_s``.
 * **Online per-session correction**: a session whose gaps run long gets longer TTLs. With
   ``ℓⱼ = ln(gapⱼ / median)`` over the session's earlier gaps, the factor is
   ``c = exp(clip(Σℓⱼ / (n + prior_weight), ±ln 8))`` (shrunk toward 1). Scores are normalized
@@ -24,7 +28,10 @@ Estimator, per workflow type
 * **Drift**: weights ``wᵢ = 2^(−ageᵢ / h)``, ``ageᵢ`` = how many workflows of the type started
   after the one the gap belongs to, so an older release's shape does not dominate. ``h`` (a
   fraction of the type's workflow count, or ∞) is chosen on a *later slice*: fit on the first
-  70 % of workflows by start time, score the last 30 %.
+  70 % of workflows by start time, score the last 30 %. A half-life whose weights cannot certify
+  the type's quantile on that slice is not a candidate (:func:`certifies`): before this rule an
+  uncertified quantile served the cap, "covered" the later slice with it and won, and the served
+  TTLs collapsed to the cap (issue 26).
 * **Choice by validation**: level and prior weight are chosen per workflow type by K-fold
   cross-validation *by workflow*: the narrowest mean TTL whose validation coverage reaches ``q``,
   else the highest coverage.
@@ -96,10 +103,20 @@ def pick_narrowest(scores: Mapping[Any, tuple[float, float]], quantile: float,
     return max(ok, key=lambda k: (ok[k][0], -ok[k][1] if narrower_on_ties else 0.0))
 
 
+def certifies(weights: np.ndarray, quantile: float, w_new: float = 1.0) -> bool:
+    """Whether a sample of these weights can certify the weighted conformal ``quantile`` at all:
+    :func:`weighted_conformal_quantile` is finite only when ``Σw / (Σw + w_new) ≥ q``, i.e.
+    ``Σw ≥ q / (1 − q) · w_new`` (19 at q = 0.95). Recency weights are 1 for the newest workflow
+    and shrink with age, so ``Σw`` is the sample size a decayed fit really has (never more than
+    its ``n_eff = (Σw)² / Σw²``); a half-life that leaves less cannot name a q-quantile."""
+    return float(np.sum(weights)) >= quantile / (1.0 - quantile) * w_new - 1e-9
+
+
 def select_half_life(rows: pd.DataFrame, n_workflows: int, half_lives: Sequence[float | None],
                      min_workflows: int, quantile: float,
                      score: Callable[[pd.DataFrame, pd.DataFrame], tuple[float, float]],
-                     narrower_on_ties: bool = True
+                     narrower_on_ties: bool = True,
+                     eligible: Callable[[pd.DataFrame], bool] | None = None
                      ) -> tuple[float | None, dict[float | None, tuple[float, float]]]:
     """The recency half-life of one workflow type, chosen on a later slice.
 
@@ -108,16 +125,24 @@ def select_half_life(rows: pd.DataFrame, n_workflows: int, half_lives: Sequence[
     ``weight``) and ``score(train, later)`` says how it does on the newest 30 %: (coverage, mean
     width), NaN coverage when nothing there can be scored. The kept one is
     :func:`pick_narrowest`'s (list the no-decay ``None`` first: it is kept when nothing scores).
-    Returns ``(half-life, scores)``; ``(None, {})`` — no decay, nothing tried — with fewer than
-    ``min_workflows`` workflows or a single candidate. The tool-latency and idle-gap fits both
-    choose theirs here."""
+    ``eligible(train)``: a decayed candidate whose weighted training slice fails it is not scored
+    (NaN: never kept) — the idle-gap fit refuses a half-life whose weights cannot certify its
+    quantile (:func:`certifies`), which would otherwise serve the cap and "cover" the later slice
+    with it. Returns ``(half-life, scores)``; ``(None, {})`` — no decay, nothing tried — with fewer
+    than ``min_workflows`` workflows or a single candidate. The tool-latency and idle-gap fits
+    both choose theirs here."""
     cands = list(half_lives)
     if len(cands) <= 1 or n_workflows < min_workflows:
         return None, {}
     cut = int(round(0.7 * n_workflows))
     train, later = rows[rows["rank"] < cut], rows[rows["rank"] >= cut]
-    scores = {h: score(train.assign(weight=recency_weights(train["rank"].to_numpy(), cut, h)), later)
-              for h in cands}
+    scores = {}
+    for h in cands:
+        weighted = train.assign(weight=recency_weights(train["rank"].to_numpy(), cut, h))
+        if h is not None and eligible is not None and not eligible(weighted):
+            scores[h] = (math.nan, math.nan)
+            continue
+        scores[h] = score(weighted, later)
     return pick_narrowest(scores, quantile, narrower_on_ties), scores
 
 
@@ -364,10 +389,52 @@ class IdleGapModel(IdleGapTable, BaseEstimator):
         for w in prior_weights:
             t = train.assign(z=train["gap_after_s"] / session_factors(train, med_row, w))
             orders = {**gap_order, "z": _stable_order(t["z"])}
-            out[w] = {lv: _level_table(t, lv, "z", self.quantile, self.min_samples,
+            tables = {lv: _level_table(t, lv, "z", self.quantile, self.min_samples,
                                        p50=med[lv] if lv != "tool" else None,
                                        with_p50=lv != "tool" or full, grouping=groups.get(lv), orders=orders)
                       for lv in LEVELS}
+            out[w] = self._back_off_uncertified(t, tables, orders["z"])
+        return out
+
+    def _back_off_uncertified(self, t: pd.DataFrame, tables: dict[str, pd.DataFrame],
+                              z_order: np.ndarray) -> dict[str, pd.DataFrame]:
+        """Entries whose recency-weighted quantile is not certified (``q_z`` inf: their weights
+        sum to less than q / (1 − q), :func:`certifies`) are not served the cap. Each first tries
+        its own gaps under a longer half-life — weights ``w^(1/2^k)`` are those of a half-life
+        2^k times as long — up to 16× and then unweighted; only an entry whose plain gaps cannot
+        certify q either (``min_samples`` below q / (1 − q)) takes its parent's quantile (a tool
+        its agent's, an agent its type's), and a type then keeps the cap, as before. Such an
+        entry keeps its median (the session correction's reference). ``backed_off`` (a column)
+        says where the served quantile came from ("" = its own, "half-life x4", "unweighted",
+        or a parent level). Without decay every entry of ≥ 19 gaps certifies 0.95: only a
+        weighted fit changes."""
+        out = {lv: tb.assign(backed_off="") for lv, tb in tables.items()}
+        w = t["weight"].to_numpy(dtype=float)
+        ladder = ((0.5, "half-life x2"), (0.25, "half-life x4"), (0.125, "half-life x8"),
+                  (0.0625, "half-life x16"), (0.0, "unweighted"))
+        for lv in ("workflow_type", "agent", "tool"):
+            tb = out[lv]
+            keys = LEVEL_KEYS[lv]
+            for power, label in ladder:
+                bad = ~np.isfinite(tb["q_z"].to_numpy(dtype=float))
+                if not len(tb) or not bad.any():
+                    break
+                alt = _level_table(t.assign(weight=np.power(w, power)), lv, "z", self.quantile,
+                                   self.min_samples, with_p50=False, orders={"z": z_order})
+                got = tb[keys].merge(alt[[*keys, "q_z"]], how="left", on=keys)["q_z"].to_numpy(dtype=float)
+                fill = bad & np.isfinite(got)
+                tb.loc[fill, "q_z"] = got[fill]
+                tb.loc[fill, "backed_off"] = label
+        for lv, parent in (("agent", "workflow_type"), ("tool", "agent")):
+            tb = out[lv]
+            bad = ~np.isfinite(tb["q_z"].to_numpy(dtype=float))
+            if not bad.any():
+                continue
+            pkeys = LEVEL_KEYS[parent]
+            got = tb[pkeys].merge(out[parent][[*pkeys, "q_z"]], how="left", on=pkeys)["q_z"].to_numpy(dtype=float)
+            fill = bad & ~np.isnan(got)
+            tb.loc[fill, "q_z"] = got[fill]
+            tb.loc[fill, "backed_off"] = parent
         return out
 
     def _row_values(self, df: pd.DataFrame, tables: Mapping[str, pd.DataFrame], level: str,
@@ -405,11 +472,19 @@ class IdleGapModel(IdleGapTable, BaseEstimator):
         return pick_narrowest(scores, self.quantile)
 
     def _choose_half_life(self, g: pd.DataFrame, n_wf: int) -> tuple[float | None, dict]:
-        """Half-life by a later slice (:func:`select_half_life`), scored on the agent level."""
+        """Half-life by a later slice (:func:`select_half_life`), each candidate scored at the
+        arrival level (agent or workflow type) it does best at (:func:`pick_narrowest`): an
+        agent's few gaps may certify no more than their maximum under any weighting, while the
+        type's many follow the drift."""
         def score(train: pd.DataFrame, later: pd.DataFrame) -> tuple[float, float]:
             tables = self._tables_by_prior(train[train["gap_after_s"].notna()], (None,))[None]
-            return self._score(later, self._predict_rows(later, tables, "agent", None))
-        h, scores = select_half_life(g, n_wf, self.half_lives, self.min_workflows_drift, self.quantile, score)
+            by_level = {lv: self._score(later, self._predict_rows(later, tables, lv, None))
+                        for lv in ("agent", "workflow_type")}
+            return by_level[self._pick(by_level)]
+        def eligible(train: pd.DataFrame) -> bool:   # the type's own weighted quantile is finite
+            return certifies(train.loc[train["gap_after_s"].notna(), "weight"].to_numpy(), self.quantile)
+        h, scores = select_half_life(g, n_wf, self.half_lives, self.min_workflows_drift, self.quantile, score,
+                                     eligible=eligible)
         return h, {str(k): list(v) for k, v in scores.items()}
 
     def _cross_validate(self, g: pd.DataFrame) -> dict[tuple[str, Any], tuple[float, float]]:
@@ -477,8 +552,12 @@ class IdleGapModel(IdleGapTable, BaseEstimator):
                 "half_life": h, "half_life_workflows": None if h is None else float(h * n_wf),
                 "half_life_scores": h_scores,
                 "scores": {f"{lv}/{pw}": {"coverage": v[0], "mean_ttl_s": v[1]} for (lv, pw), v in scores.items()},
+                # entries whose weighted quantile was not certified, by where theirs came from
+                "backed_off": {lv: {str(k): int(v) for k, v in t["backed_off"].value_counts().items() if k}
+                               for lv, t in tables.items()},
                 "entries": {lv: [{**{k: (v.item() if hasattr(v, "item") else v) for k, v in r.items()
-                                     if k != "q_z"}, "ttl_z": float(r["q_z"])}
+                                     if k != "q_z" and not (k == "backed_off" and v == "")},
+                                  "ttl_z": float(r["q_z"])}
                                  for r in t.to_dict("records")] for lv, t in tables.items()},
             })
             self.workflow_types_[wt] = info

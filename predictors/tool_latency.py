@@ -24,7 +24,8 @@ import pandas as pd
 from scipy import stats
 from sklearn.base import BaseEstimator
 
-from predictors.idle_gap import recency_weights, select_half_life, weighted_conformal_quantile, workflow_ranks
+from predictors.idle_gap import (certifies, recency_weights, select_half_life, weighted_conformal_quantile,
+                                 workflow_ranks)
 from predictors.served import ToolLatencyTable
 
 #: Latencies are floored here before taking logs (a 0 s tool is a clock artifact).
@@ -136,8 +137,11 @@ class ToolLatencyModel(ToolLatencyTable, BaseEstimator):
             return float(np.mean(x <= p95[ok])), float(np.mean(p95[ok]))
         # among equally covered half-lives the first listed is kept (as tool-latency profiles always
         # have: the idle-gap rule, the narrower, would change their versions)
+        # a half-life that leaves the type's executions less weight than the quantile needs
+        # (:func:`predictors.idle_gap.certifies`) is not a candidate
         return select_half_life(g, int(g["rank"].max()) + 1, self.half_lives, self.min_workflows_drift,
-                                self.ttl_quantile, score, narrower_on_ties=False)[0]
+                                self.ttl_quantile, score, narrower_on_ties=False,
+                                eligible=lambda t: certifies(t["weight"].to_numpy(), self.ttl_quantile))[0]
 
     def fit(self, tool_calls: pd.DataFrame) -> "ToolLatencyModel":
         """``tool_calls``: rows with workflow_type_id, tool_name, latency_s (NULLs ignored); with

@@ -12,7 +12,15 @@ columns), then:
   gaps), every TTL bounded as the keep/drop policy serves it; ``baselines``: ``idle_gap_p95`` (one
   plain training quantile per workflow type) and ``tool_p95`` (today's TTL: the most frequent
   tool's p95) and ``nat_trie`` (NAT's ``cache_control`` TTL: remaining calls × inter-arrival);
-  ``end_share`` = calls with no next call (a TTL kept there is wasted).
+  ``end_share`` = calls with no next call (a TTL kept there is wasted). **Cost beside coverage**:
+  ``kv_s_per_covered_gap`` = Σ min(TTL, gap) / #covered gaps for ours, each baseline and
+  ``oracle`` — the KV-seconds held across the scored gaps (a covered gap holds its KV for the gap,
+  a missed one for the whole TTL, then loses it) per gap the TTL covered. The oracle knows each
+  gap: it holds exactly the gap when the gap fits under the policy's cap, else nothing (TTL 0), so
+  its cost is the least any TTL covering those gaps can pay; ``oracle_coverage`` is its
+  coverage (the share of gaps under the cap). ``kv_s_per_covered_gap_with_ends`` adds the whole
+  TTL each session's last call holds for nothing (the oracle holds none there). ``ttl_at_cap_share`` = share of scored gaps whose
+  served TTL is the policy's cap (``KeepDropPolicy.max_ttl_s``, 120 s).
 * **tool latency**: ``p95_coverage`` = share of timed tool executions that finished within the
   served p95 (nominal 0.95); ``ks_max`` = the largest Kolmogorov–Smirnov distance between a tool's
   held-out latencies and its fitted lognormal (tools with ≥ ``MIN_TOOL_SAMPLES`` executions).
@@ -216,11 +224,29 @@ def keep_alive_scores(profile: Profile, con: duckdb.DuckDBPyConnection) -> dict[
     def nat_cov(mask: np.ndarray) -> float | None:
         return cov(nat, mask) if trie is not None else None
 
+    cap = policy.max_ttl_s
+    oracle = np.where(gap <= cap, gap, 0.0)   # hindsight: hold exactly the gap, or nothing
+
+    def kv_cost(ttl: np.ndarray, mask: np.ndarray, bounded: bool = True,
+                ends: np.ndarray | None = None) -> float | None:
+        """KV-seconds held over the gaps of ``mask`` per gap covered (None: none covered); with
+        ``ends``, plus the whole TTL held after each of those session-ending calls."""
+        t = bound(ttl[mask]) if bounded else ttl[mask]
+        covered = int(np.sum(gap[mask] <= t))
+        held = float(np.sum(np.minimum(t, gap[mask])))
+        if ends is not None and ends.any():
+            held += float(np.sum(bound(ttl[ends]) if bounded else ttl[ends]))
+        return held / covered if covered else None
+
+    def at_cap(ttl: np.ndarray, mask: np.ndarray) -> float | None:
+        return float(np.mean(bound(ttl[mask]) >= cap)) if mask.any() else None
+
     per_type = {}
     for wt in sorted(set(df["workflow_type_id"])):
         m = scored & (df["workflow_type_id"] == wt).to_numpy()
         per_type[wt] = {"gaps": int(m.sum()), "idle_gap_coverage": cov(ours, m), "mean_ttl_s": mean(ours, m),
                         "idle_gap_p95": cov(base, m), "tool_p95": cov(tool, m), "nat_trie": nat_cov(m),
+                        "kv_s_per_covered_gap": kv_cost(ours, m), "ttl_at_cap_share": at_cap(ours, m),
                         "level": (model.workflow_types_.get(wt) or {}).get("level")}
     return {
         "idle_gap_coverage": cov(ours, scored),
@@ -234,6 +260,20 @@ def keep_alive_scores(profile: Profile, con: duckdb.DuckDBPyConnection) -> dict[
                       "nat_trie": nat_cov(scored)},
         "baseline_mean_ttl_s": {"idle_gap_p95": mean(base, scored), "tool_p95": mean(tool, scored),
                                 "nat_trie": mean(nat, scored) if trie is not None else None},
+        "kv_s_per_covered_gap": {"ours": kv_cost(ours, scored), "idle_gap_p95": kv_cost(base, scored),
+                                 "tool_p95": kv_cost(tool, scored),
+                                 "nat_trie": kv_cost(nat, scored) if trie is not None else None,
+                                 "oracle": kv_cost(oracle, scored, bounded=False)},
+        # the same plus the TTL each session's last call holds for nothing (the oracle holds none)
+        "kv_s_per_covered_gap_with_ends": {
+            "ours": kv_cost(ours, scored, ends=end), "idle_gap_p95": kv_cost(base, scored, ends=end),
+            "tool_p95": kv_cost(tool, scored, ends=end),
+            "nat_trie": kv_cost(nat, scored, ends=end) if trie is not None else None,
+            "oracle": kv_cost(oracle, scored, bounded=False)},
+        "oracle_coverage": float(np.mean(gap[scored] <= cap)) if scored.any() else None,
+        "ttl_at_cap_share": {"ours": at_cap(ours, scored), "idle_gap_p95": at_cap(base, scored),
+                             "tool_p95": at_cap(tool, scored),
+                             "nat_trie": at_cap(nat, scored) if trie is not None else None},
         "by_workflow_type": per_type,
     }
 

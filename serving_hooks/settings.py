@@ -105,6 +105,10 @@ class ServiceSettings:
         30.0, "Seconds a request body may take to arrive (408 beyond): slow clients cannot hold the "
               "server.")
     log_level: str = setting_field("info", "uvicorn log level.")
+    online_calibration: bool = setting_field(
+        True, "Adapt each (workflow type, agent)'s served output-length band from the outcomes "
+              "observed (adaptive conformal; predictors/online_calibration.py). Off: the fitted "
+              "band is served as is, whatever is fed back.")
     shadow_min_calls: int = setting_field(
         100, "Calls a workflow type needs in the profile before it can leave shadow mode.",
         panel=PANEL_SHADOW)
@@ -157,6 +161,12 @@ class Knob:
     @property
     def flag(self) -> str:
         return "--" + self.name.replace("_", "-")
+
+    @property
+    def declaration(self) -> str:
+        """What the command line declares: ``--flag``, or ``--flag/--no-flag`` for a bool (a
+        bool that defaults to True must be possible to turn off)."""
+        return f"{self.flag}/--no-{self.flag[2:]}" if self.type is bool else self.flag
 
     @property
     def env(self) -> str:

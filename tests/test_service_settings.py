@@ -114,12 +114,13 @@ def test_bad_environment_values_and_missing_files_name_their_source(tmp_path):
 
 
 def test_every_setting_maps_from_its_environment_variable():
-    non_default = {"str": "x1", "int": "17", "float": "0.25"}
+    non_default = {"str": "x1", "int": "17", "float": "0.25", "bool": "off"}
     env, want = {}, {}
     for k in knobs():
         raw = "3m" if k.duration else non_default[k.type.__name__]
         env[k.env] = raw
-        want[k.name] = raw if k.type is str else k.type(raw)
+        want[k.name] = raw if k.type is str else (raw == "on") if k.type is bool else k.type(raw)
+        assert want[k.name] != k.default, k.name
     env.update({"PROFILER_MAX_LINE_BYTES": "5", "UNRELATED": "1"})   # other variables are not settings
     assert settings_from_env(env) == want
     assert ServiceSettings(**settings_from_env(env)) == ServiceSettings(**want)
@@ -137,6 +138,9 @@ def test_serve_and_gateway_take_every_setting_with_one_declaration():
         serve, gateway = _option("serve", k.name), _option("gateway", k.name)
         assert serve is not None and gateway is not None, k.name
         assert serve.opts == gateway.opts == [k.flag]
+        # a bool can be turned off from the command line whatever its default
+        assert serve.secondary_opts == gateway.secondary_opts == (
+            [f"--no-{k.flag[2:]}"] if k.type is bool else [])
         assert serve.help == gateway.help == k.help and serve.default == gateway.default == k.default
     for command in ("serve", "gateway"):
         text = run([command, "--help"]).output

@@ -36,7 +36,8 @@ def build_service(profile: Path, prefix: str, settings: ServiceSettings
         service = prediction_service(profile, registry, prefix, gate=gate,
                                      reload_every_s=s.reload_every_s, max_sessions=s.max_sessions,
                                      session_idle_s=s.session_idle_s,
-                                     max_session_bytes=s.max_session_bytes)
+                                     max_session_bytes=s.max_session_bytes,
+                                     online_calibration=s.online_calibration)
     except (ProfileError, ValueError, RuntimeError, FileNotFoundError) as exc:
         fail(str(exc))
     return registry, service

@@ -47,7 +47,7 @@ def _option_parameters(cls: type) -> list[inspect.Parameter]:
         tp = Optional[k.type] if k.optional else k.type
         out.append(inspect.Parameter(
             k.name, inspect.Parameter.KEYWORD_ONLY, default=k.default,
-            annotation=Annotated[tp, typer.Option(k.flag, help=k.help, rich_help_panel=k.panel)]))
+            annotation=Annotated[tp, typer.Option(k.declaration, help=k.help, rich_help_panel=k.panel)]))
     return out
 
 
