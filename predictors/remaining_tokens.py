@@ -13,7 +13,8 @@ given only what is observable when call ``i`` arrives: the workflow type, the ca
 The estimator
 -------------
 A **context table** (per workflow type) holds the empirical distribution of ``R_i`` over the
-training workflows at the key ``(position bucket of i, agent)``, backed off to ``(position
+training workflows at the key ``(position bucket of i, agent)`` (or the exact index ``i``, or the
+agent's own calls so far, or the elapsed time: the candidate *levels*), backed off to ``(position
 bucket)`` when the key was seen in fewer than ``min_n`` workflows, then to the nearest earlier
 bucket of the type (a session longer than every training workflow keeps the last bucket's
 figures). Its point is the ``p50`` or the ``mean`` of that distribution.
@@ -62,8 +63,9 @@ from store.folds import group_folds
 #: Candidate session factors ``(β, κ)``; ``(0, 0)`` is "no factor".
 FACTORS = ((0.0, 0.0), (0.5, 1.0), (0.5, 4.0), (1.0, 1.0), (1.0, 4.0), (1.0, 16.0))
 #: Candidate table levels (the first key looked up; every level backs off to the position):
-#: position bucket, (position bucket, agent), (agent, its calls so far), elapsed-time bucket.
-LEVELS = ("position", "agent", "agent_calls", "elapsed")
+#: position bucket, (position bucket, agent), (agent, its calls so far), elapsed-time bucket, exact
+#: call index (calls done → residual work of the workflows that ran that long: the ``mrl`` key).
+LEVELS = ("position", "agent", "agent_calls", "elapsed", "index")
 POINTS = ("p50", "mean")
 
 
@@ -129,6 +131,8 @@ def fit_type_table(df: pd.DataFrame, min_n: int) -> dict[str, Any]:
         **_keyed(df, ["bucket", "agent_id"], lambda b, a: f"b{int(b)}|{a}", min_n),
         **_keyed(df, ["k", "agent_id"], lambda k, a: f"c{int(k)}|{a}", min_n),
         **_keyed(df[df["e"] >= 0], ["e"], lambda e: f"e{int(e)}", min_n),
+        # exact indices below 8 are their own position buckets (kept above): only later ones
+        **_keyed(df[df["i"] >= 8], ["i"], lambda i: f"i{int(i)}", min_n),
     }
     return {"n_workflows": int(df["workflow_id"].nunique()),
             "mean_out": float(df["output_tokens"].mean()),
@@ -157,10 +161,12 @@ def predict_frame(entry: dict[str, Any], df: pd.DataFrame, level: str, point: st
     agents = df["agent_id"].to_numpy() if level in ("agent", "agent_calls") else none
     counts = df["k"].to_numpy() if level == "agent_calls" else np.full(len(df), -1)
     elapsed = df["e"].to_numpy() if level == "elapsed" else np.full(len(df), -1)
-    keys = pd.MultiIndex.from_arrays([df["bucket"].to_numpy(), agents, counts, elapsed])
+    index = df["i"].to_numpy() if level == "index" else np.full(len(df), -1)
+    keys = pd.MultiIndex.from_arrays([df["bucket"].to_numpy(), agents, counts, elapsed, index])
     codes, uniques = pd.factorize(keys)
-    values = np.array([table.lookup("_", int(b), a, None if k < 0 else int(k), None if e < 0 else int(e))[col]
-                       for b, a, k, e in uniques], dtype=float)
+    values = np.array([table.lookup("_", int(b), a, None if k < 0 else int(k), None if e < 0 else int(e),
+                                    None if i < 0 else int(i))[col]
+                       for b, a, k, e, i in uniques], dtype=float)
     base = values[codes]
     if beta == 0:
         return base
