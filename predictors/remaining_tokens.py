@@ -74,9 +74,10 @@ def session_frame(calls: pd.DataFrame) -> pd.DataFrame:
     this call included), ``S`` (tokens written before it) and ``n`` (the workflow's calls).
 
     ``calls`` holds ``workflow_type_id, workflow_id, agent_id, output_tokens`` in call order
-    within each workflow (:func:`fitting.profile_fit.ok_calls`)."""
+    within each workflow (:func:`fitting.profile_fit.ok_calls`); its ``group_id`` column, when
+    there is one, is kept (the selection folds keep a group's workflows together)."""
     cols = ["workflow_type_id", "workflow_id", "agent_id", "output_tokens"]
-    df = calls[cols + (["t_arrival"] if "t_arrival" in calls else [])].copy()
+    df = calls[cols + [c for c in ("t_arrival", "group_id") if c in calls]].copy()
     df["output_tokens"] = df["output_tokens"].astype(float).clip(lower=0)
     g = df.groupby(["workflow_type_id", "workflow_id"], sort=False)["output_tokens"]
     df["i"] = g.cumcount()
@@ -212,7 +213,8 @@ class RemainingTokens(RemainingTokensTable, BaseEstimator):
     # ------------------------------------------------------------------ fit
     def fit(self, calls: pd.DataFrame) -> "RemainingTokens":
         """Fit on ``calls`` (``workflow_type_id, workflow_id, agent_id, output_tokens`` in call
-        order within each workflow)."""
+        order within each workflow; an optional ``group_id`` column makes the selection folds
+        keep each group's workflows together: a task run in several workflows)."""
         df = session_frame(calls)
         self.workflow_types_: dict[str, Any] = {}
         self.params_: dict[str, dict[str, Any]] = {}
@@ -220,8 +222,11 @@ class RemainingTokens(RemainingTokensTable, BaseEstimator):
         self.baselines_: dict[str, Any] = {}
         for wt, g in df.groupby("workflow_type_id", sort=True):
             g = g.reset_index(drop=True)
-            self.workflow_types_[str(wt)] = fit_type_table(g, self.min_n)
+            entry = fit_type_table(g, self.min_n)
             self.params_[str(wt)], self.selection_[str(wt)] = self._select(g)
+            if self.params_[str(wt)]["level"] != "index":   # the exact-index keys serve that level only
+                entry["keys"] = {k: v for k, v in entry["keys"].items() if not k.startswith("i")}
+            self.workflow_types_[str(wt)] = entry
             self.baselines_[str(wt)] = fit_baselines(g)
         RemainingTokensTable.__init__(self, self.to_dict())
         return self
@@ -231,11 +236,13 @@ class RemainingTokens(RemainingTokensTable, BaseEstimator):
         wfs = g["workflow_id"].unique()
         if len(wfs) < 2 * self.cv_folds:
             return simplest, {"reason": f"{len(wfs)} workflows: too few to validate"}
+        if "group_id" in g and (n_groups := g["group_id"].nunique()) < 2 * self.cv_folds:
+            return simplest, {"reason": f"{n_groups} groups of workflows: too few to validate"}
         rng = np.random.default_rng(self.random_state)
         if len(wfs) > self.max_select_workflows:
             wfs = np.sort(rng.choice(wfs, self.max_select_workflows, replace=False))
             g = g[g["workflow_id"].isin(set(wfs))].reset_index(drop=True)
-        fold = group_folds(g["workflow_id"], self.cv_folds, rng)
+        fold = group_folds(g["group_id"] if "group_id" in g else g["workflow_id"], self.cv_folds, rng)
         levels = LEVELS if (g["e"] >= 0).any() else tuple(lv for lv in LEVELS if lv != "elapsed")
         cands = [{"level": lv, "point": pt, "beta": b, "kappa": k}
                  for lv in levels for pt in POINTS for b, k in FACTORS]

@@ -12,7 +12,7 @@ import pytest
 
 from predictors import Predictor
 from predictors.contract import Annotation
-from predictors.remaining_tokens import RemainingTokens, predict_frame, session_frame
+from predictors.remaining_tokens import RemainingTokens, fit_type_table, predict_frame, session_frame
 from predictors.served import RemainingTokensTable
 from fitting import profile_fit as fitting
 from profiler.evaluation import evaluate
@@ -48,9 +48,9 @@ def test_session_frame_remaining_counts_this_call_and_after():
 
 
 def test_served_reader_matches_the_vectorised_fit_prediction():
-    m = RemainingTokens(cv_folds=3, min_n=2).fit(frame(loop_workflows(60, 0)))
     df = session_frame(frame(loop_workflows(20, 1)))
-    entry = m.workflow_types_["t"]
+    entry = fit_type_table(session_frame(frame(loop_workflows(60, 0))), min_n=2)   # every level's keys
+    assert any(k.startswith("i") for k in entry["keys"])
     for level in ("position", "agent", "agent_calls", "index"):
         for beta, kappa in ((0.0, 0.0), (1.0, 4.0)):
             vec = predict_frame(entry, df, level, "mean", beta, kappa)
