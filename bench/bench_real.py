@@ -23,7 +23,12 @@ workflow_id --group-pattern '[^/]+$'``; :data:`TASK_GROUPS`), so no task has a t
 split by time (``profiler split --by-time``): per workflow type, fit on the 70 % of workflows that
 started first, score on the 30 % that started last — the model as deployed, on a future it did not see (the messy
 workload's release change at its midpoint falls inside the training side; the test side is all
-the new release). Its own table follows the first one.
+the new release). Its own table follows the first one. On this split the output-length band is
+also replayed **online** (``profiler eval --online``: held-out calls in arrival order through the
+serving ``Predictor``, each finished call fed back): the table after it gives, per set and
+workflow type, the static (fitted) band's coverage and width beside the online-calibrated one's.
+The online band is the one served (the ``Predictor`` and ``profiler serve`` calibrate online by
+default); the static figure is what the profile alone promises.
 
 The generated Pythia workloads (``coding-assistant``, ``deep-research``: 400 workflows, seed 0)
 are sets too; for them the bench also prints the **Bayes bound** of next-agent top-1: the
@@ -48,6 +53,7 @@ from typing import Any
 
 import numpy as np
 from rich.console import Console
+from rich.table import Table
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -56,6 +62,7 @@ from profiler.baseline_table import baseline_rows, baseline_table  # noqa: E402
 from profiler.commands.common import print_json  # noqa: E402
 from profiler.cross_validation import aggregate, cross_validate, nest  # noqa: E402
 from profiler.evaluation import evaluate  # noqa: E402
+from profiler.online_eval import evaluate_online  # noqa: E402
 from fitting.profile_fit import fit_profile  # noqa: E402
 from store.split import split_logs  # noqa: E402
 from store.workloads import _expand, generate, load_spec, write_jsonl  # noqa: E402
@@ -117,11 +124,50 @@ def bayes_top1(workload: str, test: Path, n_sim: int = 200_000, seed: int = 1234
 
 def split_fit_eval(logs: list[Path], work: Path, order: str = "hash") -> dict[str, Any]:
     """70/30 split by workflow (``order``: ``hash``, seed 0, or ``time``: past → train), fit on
-    70, eval on 30 (the profiler's own code paths)."""
+    70, eval on 30 (the profiler's own code paths). On the time split the result also holds
+    ``online_band`` (:func:`online_band`)."""
     split_logs(logs, work / "split", train=0.7, seed=0, order=order)
     profile, _ = fit_profile([work / "split" / "train"], work / "profile")
     result, _ = evaluate(profile, [work / "split" / "test"])
+    if order == "time":
+        result["online_band"] = online_band(evaluate_online(profile, [work / "split" / "test"])[0])
     return result
+
+
+def online_band(online: dict[str, Any]) -> dict[str, Any]:
+    """The band figures of a ``profiler eval --online`` result: ``{nominal, served, online,
+    static, by_type: {type: {online, static}}}`` with ``{coverage, mean_width}`` each; ``served``
+    names the one the serving Predictor serves (``online``: it calibrates by default)."""
+    def pick(s: dict[str, Any]) -> dict[str, Any]:
+        return {"coverage": s["coverage"], "mean_width": s["mean_width"]}
+    return {"nominal": online["nominal"], "served": "online",
+            "online": pick(online["online"]), "static": pick(online["static"]),
+            "by_type": {wt: {"calls": t["calls"], "online": pick(t["online"]), "static": pick(t["static"])}
+                        for wt, t in online["by_type"].items()}}
+
+
+def online_band_table(timed: dict[str, dict[str, Any]]) -> Table:
+    """Per set and workflow type: the static (fitted) band vs the online-calibrated (served) band
+    on the time split (coverage, mean width)."""
+    table = Table(title="output-length band on the time split: static (fitted) vs online (served: the "
+                        "Predictor calibrates online by default)")
+    for col in ("set", "type", "nominal", "static coverage", "static width", "online coverage (served)",
+                "online width (served)"):
+        table.add_column(col, justify="left" if col in ("set", "type") else "right")
+
+    def fmt(x: Any, spec: str) -> str:
+        return "n/a" if x is None or x != x else format(x, spec)
+    for label, s in timed.items():
+        r = s.get("result") or {}
+        band = r.get("mean", r).get("online_band") if "folds" in r else r.get("online_band")
+        if not band:
+            continue
+        rows = [("all", band)] + sorted((band.get("by_type") or {}).items())
+        for wt, b in rows:
+            table.add_row(label, wt, fmt(band.get("nominal"), ".2f"),
+                          fmt(b["static"].get("coverage"), ".3f"), fmt(b["static"].get("mean_width"), ",.0f"),
+                          fmt(b["online"].get("coverage"), ".3f"), fmt(b["online"].get("mean_width"), ",.0f"))
+    return table
 
 
 def score(logs: list[Path], work: Path, cv: int | None, group: tuple[str, str] | None = None,
@@ -256,6 +302,7 @@ def main() -> None:
         console.print(baseline_table({label: s["result"] for label, s in timed.items() if "result" in s},
                                      title=f"ours vs baselines, {out['time_mode']}"
                                            + ("; messy: mean ± std over seeds" if "messy" in names else "")))
+        console.print(online_band_table(timed))
 
 
 if __name__ == "__main__":

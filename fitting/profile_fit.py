@@ -36,6 +36,7 @@ from store.data_limits import (calls_by_timing, is_order_only, limitations,
                                note_order_only_types, order_only_types)
 from store.frames import query_frame
 from store.profile_artifact import Profile, store_path, write_profile
+from store.split import call_group_sql
 from store.duckdb_store import connect, store_counts
 from synth.profile_section import build_workflows_section
 
@@ -82,15 +83,20 @@ def tokens_unknown_calls(con: duckdb.DuckDBPyConnection) -> int:
                            f"AND {_TOKENS_UNKNOWN_SQL}").fetchone()[0])
 
 
-def ok_calls(con: duckdb.DuckDBPyConnection) -> pd.DataFrame:
+def ok_calls(con: duckdb.DuckDBPyConnection, group_by: str | None = None,
+             group_pattern: str | None = None) -> pd.DataFrame:
     """:data:`CALL_COLUMNS` of every call with status ``ok``, workflow by workflow in call order;
-    calls flagged ``tokens_unknown`` are left out (their counts are placeholders).
+    calls flagged ``tokens_unknown`` are left out (their counts are placeholders). With
+    ``group_by`` (``profiler fit --group-by``) also ``group_id``, the call's group
+    (:func:`store.split.call_group_sql`): the selection folds of the estimators fit on these
+    calls then keep a group's workflows together.
 
     The order is fixed (a table's row order is not: parallel inserts interleave), so the same
     store always gives the same fit, down to the last bit of every float sum."""
     unknown = (f"AND (extra IS NULL OR {_TOKENS_UNKNOWN_SQL} IS NOT TRUE) "
                if tokens_unknown_calls(con) else "")
-    return query_frame(con, f"SELECT {', '.join(CALL_COLUMNS)} FROM calls WHERE status = 'ok' {unknown}"
+    group = f", {call_group_sql(group_by, group_pattern)} AS group_id" if group_by else ""
+    return query_frame(con, f"SELECT {', '.join(CALL_COLUMNS)}{group} FROM calls WHERE status = 'ok' {unknown}"
                             "ORDER BY workflow_type_id, workflow_id, call_index")
 
 
@@ -289,7 +295,7 @@ def fit_from_store(con: duckdb.DuckDBPyConnection, options: FitOptions,
     if n_calls == 0:
         raise ValueError("the store holds no valid calls to fit on (see the quarantine table)")
     progress(f"output-length bands over {n_calls:,} calls")
-    sized = ok_calls(con)
+    sized = ok_calls(con, options.extra.get("group_by"), options.extra.get("group_pattern"))
     if sized.empty:
         raise ValueError(f"none of the {n_calls:,} calls has token counts (all flagged tokens_unknown, e.g. "
                          "SWE-agent .traj files with run totals only): import them with --estimate-tokens, or "

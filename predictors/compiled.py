@@ -168,7 +168,7 @@ class CompiledProfile:
         if self.remaining is None:
             return None
         return self.remaining.predict(wt, position_bucket(max(0, calls_done)), agent, out_so_far,
-                                      expected_so_far, max(0, agent_calls), elapsed_s)
+                                      expected_so_far, max(0, agent_calls), elapsed_s, max(0, calls_done))
 
     def global_for_lack_of_data(self, wt: str, agent: str) -> bool:
         """True when the agent is served the global band because it has too little data (a

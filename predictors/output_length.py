@@ -200,7 +200,9 @@ class OutputLengthIntervals(OutputBands, BaseEstimator):
     # ---------------------------------------------------------------- fitting
     def fit(self, calls: pd.DataFrame) -> "OutputLengthIntervals":
         """``calls``: one row per call with workflow_type_id, workflow_id, agent_id,
-        output_tokens, input_tokens, prev_agent_output_tokens, agent_call_index."""
+        output_tokens, input_tokens, prev_agent_output_tokens, agent_call_index; an optional
+        ``group_id`` column makes the validation folds keep each group's workflows together
+        (``profiler fit --group-by``: a task run in several workflows)."""
         calls = calls.reset_index(drop=True)
         y, fold = self._lengths_and_folds(calls)
         self.global_, g_folds = self._fit_node(y, fold, None, None, "global")
@@ -233,7 +235,8 @@ class OutputLengthIntervals(OutputBands, BaseEstimator):
         if calls.empty:
             raise ValueError("no calls to fit output-length intervals on")
         y = _clean(calls["output_tokens"].to_numpy(dtype=float, na_value=np.nan))
-        keys = (calls["workflow_type_id"].astype(str) + "\x1f" + calls["workflow_id"].astype(str)).to_numpy()
+        keys = (calls["group_id"].astype(str) if "group_id" in calls   # profiler fit --group-by
+                else calls["workflow_type_id"].astype(str) + "\x1f" + calls["workflow_id"].astype(str)).to_numpy()
         return y, group_folds(keys, self.n_folds, self.random_state)
 
     def _fit_node(self, y: np.ndarray, fold: np.ndarray, parent: dict | None,

@@ -13,7 +13,8 @@ given only what is observable when call ``i`` arrives: the workflow type, the ca
 The estimator
 -------------
 A **context table** (per workflow type) holds the empirical distribution of ``R_i`` over the
-training workflows at the key ``(position bucket of i, agent)``, backed off to ``(position
+training workflows at the key ``(position bucket of i, agent)`` (or the exact index ``i``, or the
+agent's own calls so far, or the elapsed time: the candidate *levels*), backed off to ``(position
 bucket)`` when the key was seen in fewer than ``min_n`` workflows, then to the nearest earlier
 bucket of the type (a session longer than every training workflow keeps the last bucket's
 figures). Its point is the ``p50`` or the ``mean`` of that distribution.
@@ -62,8 +63,9 @@ from store.folds import group_folds
 #: Candidate session factors ``(β, κ)``; ``(0, 0)`` is "no factor".
 FACTORS = ((0.0, 0.0), (0.5, 1.0), (0.5, 4.0), (1.0, 1.0), (1.0, 4.0), (1.0, 16.0))
 #: Candidate table levels (the first key looked up; every level backs off to the position):
-#: position bucket, (position bucket, agent), (agent, its calls so far), elapsed-time bucket.
-LEVELS = ("position", "agent", "agent_calls", "elapsed")
+#: position bucket, (position bucket, agent), (agent, its calls so far), elapsed-time bucket, exact
+#: call index (calls done → residual work of the workflows that ran that long: the ``mrl`` key).
+LEVELS = ("position", "agent", "agent_calls", "elapsed", "index")
 POINTS = ("p50", "mean")
 
 
@@ -72,9 +74,10 @@ def session_frame(calls: pd.DataFrame) -> pd.DataFrame:
     this call included), ``S`` (tokens written before it) and ``n`` (the workflow's calls).
 
     ``calls`` holds ``workflow_type_id, workflow_id, agent_id, output_tokens`` in call order
-    within each workflow (:func:`fitting.profile_fit.ok_calls`)."""
+    within each workflow (:func:`fitting.profile_fit.ok_calls`); its ``group_id`` column, when
+    there is one, is kept (the selection folds keep a group's workflows together)."""
     cols = ["workflow_type_id", "workflow_id", "agent_id", "output_tokens"]
-    df = calls[cols + (["t_arrival"] if "t_arrival" in calls else [])].copy()
+    df = calls[cols + [c for c in ("t_arrival", "group_id") if c in calls]].copy()
     df["output_tokens"] = df["output_tokens"].astype(float).clip(lower=0)
     g = df.groupby(["workflow_type_id", "workflow_id"], sort=False)["output_tokens"]
     df["i"] = g.cumcount()
@@ -129,6 +132,8 @@ def fit_type_table(df: pd.DataFrame, min_n: int) -> dict[str, Any]:
         **_keyed(df, ["bucket", "agent_id"], lambda b, a: f"b{int(b)}|{a}", min_n),
         **_keyed(df, ["k", "agent_id"], lambda k, a: f"c{int(k)}|{a}", min_n),
         **_keyed(df[df["e"] >= 0], ["e"], lambda e: f"e{int(e)}", min_n),
+        # exact indices below 8 are their own position buckets (kept above): only later ones
+        **_keyed(df[df["i"] >= 8], ["i"], lambda i: f"i{int(i)}", min_n),
     }
     return {"n_workflows": int(df["workflow_id"].nunique()),
             "mean_out": float(df["output_tokens"].mean()),
@@ -157,10 +162,12 @@ def predict_frame(entry: dict[str, Any], df: pd.DataFrame, level: str, point: st
     agents = df["agent_id"].to_numpy() if level in ("agent", "agent_calls") else none
     counts = df["k"].to_numpy() if level == "agent_calls" else np.full(len(df), -1)
     elapsed = df["e"].to_numpy() if level == "elapsed" else np.full(len(df), -1)
-    keys = pd.MultiIndex.from_arrays([df["bucket"].to_numpy(), agents, counts, elapsed])
+    index = df["i"].to_numpy() if level == "index" else np.full(len(df), -1)
+    keys = pd.MultiIndex.from_arrays([df["bucket"].to_numpy(), agents, counts, elapsed, index])
     codes, uniques = pd.factorize(keys)
-    values = np.array([table.lookup("_", int(b), a, None if k < 0 else int(k), None if e < 0 else int(e))[col]
-                       for b, a, k, e in uniques], dtype=float)
+    values = np.array([table.lookup("_", int(b), a, None if k < 0 else int(k), None if e < 0 else int(e),
+                                    None if i < 0 else int(i))[col]
+                       for b, a, k, e, i in uniques], dtype=float)
     base = values[codes]
     if beta == 0:
         return base
@@ -206,7 +213,8 @@ class RemainingTokens(RemainingTokensTable, BaseEstimator):
     # ------------------------------------------------------------------ fit
     def fit(self, calls: pd.DataFrame) -> "RemainingTokens":
         """Fit on ``calls`` (``workflow_type_id, workflow_id, agent_id, output_tokens`` in call
-        order within each workflow)."""
+        order within each workflow; an optional ``group_id`` column makes the selection folds
+        keep each group's workflows together: a task run in several workflows)."""
         df = session_frame(calls)
         self.workflow_types_: dict[str, Any] = {}
         self.params_: dict[str, dict[str, Any]] = {}
@@ -214,8 +222,11 @@ class RemainingTokens(RemainingTokensTable, BaseEstimator):
         self.baselines_: dict[str, Any] = {}
         for wt, g in df.groupby("workflow_type_id", sort=True):
             g = g.reset_index(drop=True)
-            self.workflow_types_[str(wt)] = fit_type_table(g, self.min_n)
+            entry = fit_type_table(g, self.min_n)
             self.params_[str(wt)], self.selection_[str(wt)] = self._select(g)
+            if self.params_[str(wt)]["level"] != "index":   # the exact-index keys serve that level only
+                entry["keys"] = {k: v for k, v in entry["keys"].items() if not k.startswith("i")}
+            self.workflow_types_[str(wt)] = entry
             self.baselines_[str(wt)] = fit_baselines(g)
         RemainingTokensTable.__init__(self, self.to_dict())
         return self
@@ -225,11 +236,13 @@ class RemainingTokens(RemainingTokensTable, BaseEstimator):
         wfs = g["workflow_id"].unique()
         if len(wfs) < 2 * self.cv_folds:
             return simplest, {"reason": f"{len(wfs)} workflows: too few to validate"}
+        if "group_id" in g and (n_groups := g["group_id"].nunique()) < 2 * self.cv_folds:
+            return simplest, {"reason": f"{n_groups} groups of workflows: too few to validate"}
         rng = np.random.default_rng(self.random_state)
         if len(wfs) > self.max_select_workflows:
             wfs = np.sort(rng.choice(wfs, self.max_select_workflows, replace=False))
             g = g[g["workflow_id"].isin(set(wfs))].reset_index(drop=True)
-        fold = group_folds(g["workflow_id"], self.cv_folds, rng)
+        fold = group_folds(g["group_id"] if "group_id" in g else g["workflow_id"], self.cv_folds, rng)
         levels = LEVELS if (g["e"] >= 0).any() else tuple(lv for lv in LEVELS if lv != "elapsed")
         cands = [{"level": lv, "point": pt, "beta": b, "kappa": k}
                  for lv in levels for pt in POINTS for b, k in FACTORS]

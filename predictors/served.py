@@ -292,8 +292,9 @@ class RemainingTokensTable:
     The serving half of :class:`predictors.remaining_tokens.RemainingTokens` (see its module doc
     for the model): a per-type context table ``key → [n, mean, p50, p90]`` over keys ``""``
     (the type), ``"b<bucket>"`` (position), ``"b<bucket>|<agent>"``, ``"c<calls>|<agent>"`` (the
-    agent's calls before this one) and ``"e<bucket>"`` (:func:`elapsed_bucket`), and the type's
-    chosen candidate ``{level, point, beta, kappa}``."""
+    agent's calls before this one), ``"e<bucket>"`` (:func:`elapsed_bucket`) and ``"i<index>"``
+    (the exact call index: calls done → residual work of the training workflows that ran that
+    long), and the type's chosen candidate ``{level, point, beta, kappa}``."""
 
     def __init__(self, data: Mapping[str, Any] | None = None) -> None:
         data = data or {}
@@ -306,14 +307,20 @@ class RemainingTokensTable:
         return cls(data)
 
     def lookup(self, wt: str, bucket: int, agent: str | None = None,
-               agent_calls: int | None = None, elapsed: int | None = None) -> list[float]:
+               agent_calls: int | None = None, elapsed: int | None = None,
+               index: int | None = None) -> list[float]:
         """``[n, mean, p50, p90]`` at ``(agent, calls of that agent before this one)`` when
         ``agent_calls`` is given, else at ``(bucket, agent)``, backed off to ``(bucket, agent)``,
         to the bucket, then to the nearest earlier bucket the type has (a session past every
         training workflow keeps the last bucket's figures), then to the whole type. ``elapsed``
-        (an :func:`elapsed_bucket`) is looked up first when given."""
+        (an :func:`elapsed_bucket`) or ``index`` (the exact call index) is looked up first when
+        given."""
         entry = self.workflow_types_[wt]
         keys = entry["keys"]
+        if index is not None:
+            hit = keys.get(f"i{index}")
+            if hit is not None:
+                return hit
         if elapsed is not None:
             hit = keys.get(f"e{elapsed}")
             if hit is not None:
@@ -334,10 +341,11 @@ class RemainingTokensTable:
 
     def predict(self, wt: str, bucket: int, agent: str | None, out_so_far: float,
                 expected_so_far: float, agent_calls: int | None = None,
-                elapsed_s: float | None = None) -> tuple[float, float, float] | None:
+                elapsed_s: float | None = None, index: int | None = None) -> tuple[float, float, float] | None:
         """``(R̂, p50, p90)`` for a call at position ``bucket`` by ``agent`` in a session that has
-        written ``out_so_far`` tokens where its agents usually write ``expected_so_far``; None
-        for a type the section does not hold. All three are scaled by the session factor."""
+        written ``out_so_far`` tokens where its agents usually write ``expected_so_far``, after
+        ``index`` calls (its exact call index; read by the ``index`` level); None for a type the
+        section does not hold. All three are scaled by the session factor."""
         entry = self.workflow_types_.get(wt)
         if entry is None:
             return None
@@ -345,7 +353,8 @@ class RemainingTokensTable:
         level = p.get("level")
         stats = self.lookup(wt, bucket, agent if level in ("agent", "agent_calls") else None,
                             agent_calls if level == "agent_calls" else None,
-                            elapsed_bucket(elapsed_s) if level == "elapsed" and elapsed_s is not None else None)
+                            elapsed_bucket(elapsed_s) if level == "elapsed" and elapsed_s is not None else None,
+                            index if level == "index" and index is not None else None)
         beta = float(p.get("beta") or 0.0)
         factor = 1.0
         if beta:

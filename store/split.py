@@ -44,7 +44,7 @@ import duckdb
 
 from store import ingest
 from store.record_sql import FIELDS, NON_BLANK, json_paths
-from store.duckdb_store import connect, sql_string
+from store.duckdb_store import TABLE_DOCS, connect, sql_string
 
 
 def group_sql(group_by: str, group_pattern: str | None = None) -> str:
@@ -62,6 +62,25 @@ def group_sql(group_by: str, group_pattern: str | None = None) -> str:
     except re.error as exc:
         raise ValueError(f"--group-pattern {group_pattern!r} is not a regular expression: {exc}") from None
     return f"nullif(regexp_extract({value}, {sql_string(group_pattern)}, {capture}), '')"
+
+
+def call_group_sql(group_by: str, group_pattern: str | None = None) -> str:
+    """SQL over the store's ``calls`` table: the group of a call for grouped selection folds
+    (``profiler fit --group-by FIELD [--group-pattern RE]``): the column ``FIELD`` of ``calls``, else
+    the record's field ``FIELD`` kept in ``extra``; with ``group_pattern`` its first capture group
+    (else its whole match), as in :func:`group_sql`. A call without one is its own workflow's
+    group. Raises ``ValueError`` on a bad field or pattern."""
+    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", group_by):
+        raise ValueError(f"--group-by takes a field name (letters, digits, _), got {group_by!r}")
+    value = (f"CAST({group_by} AS VARCHAR)" if group_by in TABLE_DOCS["calls"]
+             else f"json_extract_string(extra, {sql_string('$.' + group_by)})")
+    if group_pattern is not None:
+        try:
+            capture = 1 if re.compile(group_pattern).groups else 0
+        except re.error as exc:
+            raise ValueError(f"--group-pattern {group_pattern!r} is not a regular expression: {exc}") from None
+        value = f"nullif(regexp_extract({value}, {sql_string(group_pattern)}, {capture}), '')"
+    return f"coalesce({value}, 'workflow:' || workflow_type_id || '/' || workflow_id)"
 
 
 def _tagged(paths: Sequence[str | Path], group: str = "NULL") -> tuple[duckdb.DuckDBPyConnection, int]:

@@ -45,3 +45,26 @@ def test_bayes_bound_of_a_generated_workload(tmp_path):
     b = bench.bayes_top1("deep-research", path, n_sim=20_000)
     assert 0.79 < b["bayes_top1_expected"] < 0.82
     assert 0.7 < b["bayes_top1_heldout"] < 0.9
+
+
+def test_time_split_reports_the_online_band_as_the_served_one(tmp_path):
+    """`--time`: the time split is also replayed online, and the band table puts the static
+    (fitted) figures beside the online-calibrated ones, which it names as served."""
+    import importlib.util
+
+    from rich.console import Console
+    spec = importlib.util.spec_from_file_location("bench_real", REPO / "bench" / "bench_real.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    result = bench.split_fit_eval([REPO / "datasets" / "real" / "agentless_pr28.jsonl"], tmp_path, "time")
+    band = result["online_band"]
+    assert band["served"] == "online" and band["nominal"] == 0.99
+    assert set(band["by_type"]) == {"agentless_localize", "agentless_repair"}
+    for figures in (band["online"], band["static"], *(t["online"] for t in band["by_type"].values())):
+        assert 0 < figures["coverage"] <= 1 and figures["mean_width"] > 0
+    console = Console(record=True, width=200)
+    console.print(bench.online_band_table({"agentless": {"result": result}}))
+    text = console.export_text()
+    assert "online coverage (served)" in text and "agentless_repair" in text
+    assert "online_band" not in bench.split_fit_eval([REPO / "datasets" / "real" / "agentless_pr28.jsonl"],
+                                                     tmp_path / "hash", "hash")

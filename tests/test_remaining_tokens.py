@@ -12,7 +12,7 @@ import pytest
 
 from predictors import Predictor
 from predictors.contract import Annotation
-from predictors.remaining_tokens import RemainingTokens, predict_frame, session_frame
+from predictors.remaining_tokens import RemainingTokens, fit_type_table, predict_frame, session_frame
 from predictors.served import RemainingTokensTable
 from fitting import profile_fit as fitting
 from profiler.evaluation import evaluate
@@ -48,10 +48,10 @@ def test_session_frame_remaining_counts_this_call_and_after():
 
 
 def test_served_reader_matches_the_vectorised_fit_prediction():
-    m = RemainingTokens(cv_folds=3, min_n=2).fit(frame(loop_workflows(60, 0)))
     df = session_frame(frame(loop_workflows(20, 1)))
-    entry = m.workflow_types_["t"]
-    for level in ("position", "agent", "agent_calls"):
+    entry = fit_type_table(session_frame(frame(loop_workflows(60, 0))), min_n=2)   # every level's keys
+    assert any(k.startswith("i") for k in entry["keys"])
+    for level in ("position", "agent", "agent_calls", "index"):
         for beta, kappa in ((0.0, 0.0), (1.0, 4.0)):
             vec = predict_frame(entry, df, level, "mean", beta, kappa)
             table = RemainingTokensTable({"workflow_types": {"t": entry},
@@ -61,7 +61,8 @@ def test_served_reader_matches_the_vectorised_fit_prediction():
             for k, row in df.iterrows():
                 if row["i"] == 0:
                     s = e = 0.0
-                served = table.predict("t", int(row["bucket"]), row["agent_id"], s, e, int(row["k"]))
+                served = table.predict("t", int(row["bucket"]), row["agent_id"], s, e, int(row["k"]),
+                                       index=int(row["i"]))
                 assert served[0] == pytest.approx(vec[k]), (level, beta, k)
                 s += row["output_tokens"]
                 e += table.agent_mean("t", row["agent_id"])
@@ -76,6 +77,21 @@ def test_selection_takes_the_richer_key_only_where_it_validates():
     noise = [[("a", int(rng.lognormal(6, 0.5))) for _ in range(5)] for _ in range(200)]
     plain = RemainingTokens(cv_folds=5, min_n=3).fit(frame(noise))
     assert plain.params_["t"] == {"level": "position", "point": "p50", "beta": 0.0, "kappa": 0.0}
+
+
+def test_exact_call_index_is_served_where_it_validates_and_the_predictor_reads_it(tmp_path):
+    """Twenty calls, each by agent a or b at random, equal outputs but for noise: the remaining
+    work is (20 − i)·o, so the exact index (calls done → residual work) beats the position
+    buckets, which pool i = 16 … 19 (remaining 4·o … 1·o) into one key, and an agent's own
+    call count, which does not fix i."""
+    rng = np.random.default_rng(5)
+    wfs = [[("ab"[int(rng.integers(2))], int(rng.lognormal(5, 0.2))) for _ in range(20)] for _ in range(120)]
+    m = RemainingTokens(cv_folds=5, min_n=3).fit(frame(wfs))
+    assert m.params_["t"]["level"] == "index", m.selection_["t"]
+    late = [m.predict("t", 10, "a", 0.0, 0.0, index=i)[0] for i in (16, 19)]
+    assert late[0] > 3 * late[1]                       # one bucket, two very different residuals
+    # past every training workflow's length: backs off to the last position bucket's figures
+    assert m.predict("t", 12, "a", 0.0, 0.0, index=40) == m.predict("t", 12, "a", 0.0, 0.0)
 
 
 def test_too_few_workflows_serve_the_simplest_without_selection():

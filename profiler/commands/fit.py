@@ -26,6 +26,8 @@ def fit(
     engine: Annotated[str, typer.Option(help="local (DuckDB in this process) or ray (ingest and per-workflow-type fits as Ray tasks; needs `pip install -e .[ray]`).")] = "local",
     ray_address: Annotated[Optional[str], typer.Option(help="With --engine ray: address of a running Ray cluster (default: start a local one).")] = None,
     strict: Annotated[bool, typer.Option(help="Exit non-zero if any record is quarantined.")] = False,
+    group_by: Annotated[Optional[str], typer.Option("--group-by", help="Keep the workflows sharing this record field (a task or instance id) in one fold of the fit's own selection CVs (remaining work, output-length bands); default: fold by workflow.")] = None,
+    group_pattern: Annotated[Optional[str], typer.Option("--group-pattern", help="With --group-by: the group is this regex's first capture group (else whole match) in the field, e.g. '[^/]+$'.")] = None,
     append: Annotated[bool, typer.Option("--append", help="Add LOGS to a profile root fitted on other logs (without it such a fit is refused: the two would merge).")] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print the new profile's manifest as JSON.")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress output.")] = False,
@@ -52,6 +54,17 @@ def fit(
     options = FitOptions(coverage=coverage, prune=prune, seed=seed, min_calls=min_calls,
                          conditional=not no_conditional, max_output_tokens=max_output_tokens,
                          extra={"order_only": True} if order_only else {})
+    if group_pattern is not None and group_by is None:
+        fail("--group-pattern needs --group-by FIELD")
+    if group_by is not None:
+        from store.split import call_group_sql
+        try:
+            call_group_sql(group_by, group_pattern)
+        except ValueError as exc:
+            fail(str(exc))
+        if engine == "ray":
+            fail("--group-by works with --engine local only")
+        options.extra.update(group_by=group_by, **({"group_pattern": group_pattern} if group_pattern else {}))
     if engine not in ("local", "ray"):
         fail(f"--engine must be local or ray, got {engine!r}")
     from store.log_sources import DifferentLogError, check_sources, record_sources
