@@ -369,6 +369,26 @@ def generate_messy(spec: dict, n_workflows: int | None, seed: int = 0, with_text
         running = np.append(running, t)
 
 
+def _plain_call(rng: np.random.Generator, spec: dict, agent: str, wf: str, n: int, t: float,
+                context: int, stage: str | None = None) -> tuple[dict[str, Any], float]:
+    """The flat record of call ``n`` of ``wf`` by ``agent`` arriving at ``t`` after ``context``
+    tokens of conversation (lognormal output from the agent's mean/CV; prefill and decode at
+    the spec's speeds; ``stage`` recorded when given), and its finish time. Draws one normal
+    from ``rng``."""
+    a, serving = spec["agents"][agent], spec["serving"]
+    mu, sigma = lognormal_params(a["output_mean"], a["output_cv"])
+    out_tok = max(1, int(round(np.exp(mu + sigma * rng.standard_normal()))))
+    in_tok = a["system_tokens"] + context
+    t_fin = t + in_tok / serving["prefill_tok_s"] + out_tok / serving["decode_tok_s"]
+    rec: dict[str, Any] = {"request_id": f"{wf}#{n}", "workflow_type_id": spec["workflow_type_id"],
+                           "workflow_id": wf, "agent_id": agent}
+    if stage is not None:
+        rec["stage"] = stage
+    rec.update({"t_arrival": round(t, 6), "t_finish": round(t_fin, 6), "input_tokens": int(in_tok),
+                "output_tokens": out_tok, "model": spec.get("model")})
+    return rec, t_fin
+
+
 def generate_agent_user(spec: dict, n_workflows: int | None, seed: int = 0,
                         arrival_rate: float = 0.2) -> Iterator[dict]:
     """Flat records of the agent <-> user-simulator workload (``agent_user.json``).
@@ -381,7 +401,7 @@ def generate_agent_user(spec: dict, n_workflows: int | None, seed: int = 0,
     (the Bayes bound of next-agent top-1 after the response is 1) but not at its arrival.
     """
     rng = np.random.default_rng([seed, 11])
-    wt, serving, agents = spec["workflow_type_id"], spec["serving"], spec["agents"]
+    wt, serving = spec["workflow_type_id"], spec["serving"]
     turns, p_tool, tools = spec["turns"], spec["p_tool_by_streak"], spec["tools"]
     t0 = EPOCH0
     for i in itertools.count() if n_workflows is None else range(n_workflows):
@@ -393,18 +413,9 @@ def generate_agent_user(spec: dict, n_workflows: int | None, seed: int = 0,
         for _turn in range(n_turns):
             streak = 0
             for agent in itertools.chain(["user"], itertools.repeat("agent")):
-                a = agents[agent]
-                mu, sigma = lognormal_params(a["output_mean"], a["output_cv"])
-                out_tok = max(1, int(round(np.exp(mu + sigma * rng.standard_normal()))))
-                in_tok = a["system_tokens"] + context
-                context += out_tok
                 n += 1
-                t_fin = t + in_tok / serving["prefill_tok_s"] + out_tok / serving["decode_tok_s"]
-                rec: dict[str, Any] = {
-                    "request_id": f"{wf}#{n}", "workflow_type_id": wt, "workflow_id": wf,
-                    "agent_id": agent, "t_arrival": round(t, 6), "t_finish": round(t_fin, 6),
-                    "input_tokens": int(in_tok), "output_tokens": out_tok,
-                    "model": spec.get("model")}
+                rec, t_fin = _plain_call(rng, spec, agent, wf, n, t, context)
+                context += rec["output_tokens"]
                 t = t_fin + float(rng.exponential(serving["think_s"]))
                 called = agent == "agent" and rng.random() < p_tool[min(streak, len(p_tool) - 1)]
                 if called:
@@ -431,7 +442,7 @@ def generate_phased(spec: dict, n_workflows: int | None, seed: int = 0,
     followed by exactly one more call.
     """
     rng = np.random.default_rng([seed, 13])
-    wt, serving, agents = spec["workflow_type_id"], spec["serving"], spec["agents"]
+    wt, serving = spec["workflow_type_id"], spec["serving"]
     chair, phases, final = spec["chair"], spec["phases"], spec["final_phase"]
     mid = spec["middle_phases"]
     names = sorted(phases)
@@ -446,17 +457,10 @@ def generate_phased(spec: dict, n_workflows: int | None, seed: int = 0,
         steps = [(p, phases[p]) for p in plan] + list(final.items())
         for stage, worker in steps:
             for agent in (chair, worker):
-                a = agents[agent]
-                mu, sigma = lognormal_params(a["output_mean"], a["output_cv"])
-                out_tok = max(1, int(round(np.exp(mu + sigma * rng.standard_normal()))))
-                in_tok = a["system_tokens"] + context
-                context += out_tok
                 n += 1
-                t_fin = t + in_tok / serving["prefill_tok_s"] + out_tok / serving["decode_tok_s"]
-                yield {"request_id": f"{wf}#{n}", "workflow_type_id": wt, "workflow_id": wf,
-                       "agent_id": agent, "stage": stage, "t_arrival": round(t, 6),
-                       "t_finish": round(t_fin, 6), "input_tokens": int(in_tok),
-                       "output_tokens": out_tok, "model": spec.get("model")}
+                rec, t_fin = _plain_call(rng, spec, agent, wf, n, t, context, stage)
+                context += rec["output_tokens"]
+                yield rec
                 t = t_fin + float(rng.exponential(serving["think_s"]))
 
 

@@ -36,6 +36,25 @@ def _workflows(path):
 def _tools(rec):
     return [t["name"] for t in rec.get("tool_calls") or []]
 
+def _check_served_call(predictor, meta: dict, rec: dict, at_arrival: dict, after: dict,
+                       where: tuple) -> None:
+    """The serving Predictor's annotation of ``rec`` equals what eval scored at its arrival,
+    and, once its response is fed back, what eval scored after it."""
+    ann = predictor.annotate_call(meta, request_id=rec["request_id"],
+                                  input_tokens=rec["input_tokens"])
+    assert ann.known, ann
+    assert [(n.agent_id, n.p) for n in ann.next_agents] == [
+        (d["agent_id"], d["p"]) for d in at_arrival["next_agents"]], where
+    assert ann.p_end == at_arrival["p_end"]
+    assert ann.expected_remaining_calls == at_arrival["expected_remaining_calls"]
+    assert ann.remaining_calls_p50 == at_arrival["remaining_calls_p50"]
+    predictor.observe({"app_metadata": meta, "request_id": rec["request_id"],
+                       "output_tokens": rec["output_tokens"], "tool_names": _tools(rec)})
+    later = predictor.annotate_call(meta, advance=False)
+    assert [(n.agent_id, n.p) for n in later.next_agents] == [
+        (d["agent_id"], d["p"]) for d in after["next_agents"]], where
+
+
 
 @pytest.fixture(scope="module")
 def agent_user(tmp_path_factory):
@@ -74,20 +93,7 @@ def test_eval_per_call_prediction_equals_the_predictor_annotation(agent_user):
         scored = list(served_predictions(paths, seq, marks, tools))
         for rec, (i, _state, _served, at_arrival, after) in zip(recs, scored):
             meta = {"workflow_type_id": WT, "workflow_id": wf, "agent_id": rec["agent_id"]}
-            ann = predictor.annotate_call(meta, request_id=rec["request_id"],
-                                          input_tokens=rec["input_tokens"])
-            assert ann.known, ann
-            assert [(n.agent_id, n.p) for n in ann.next_agents] == [
-                (d["agent_id"], d["p"]) for d in at_arrival["next_agents"]], (wf, i)
-            assert ann.p_end == at_arrival["p_end"]
-            assert ann.expected_remaining_calls == at_arrival["expected_remaining_calls"]
-            assert ann.remaining_calls_p50 == at_arrival["remaining_calls_p50"]
-            predictor.observe({"app_metadata": meta, "request_id": rec["request_id"],
-                               "output_tokens": rec["output_tokens"],
-                               "tool_names": _tools(rec)})
-            later = predictor.annotate_call(meta, advance=False)
-            assert [(n.agent_id, n.p) for n in later.next_agents] == [
-                (d["agent_id"], d["p"]) for d in after["next_agents"]], (wf, i)
+            _check_served_call(predictor, meta, rec, at_arrival, after, (wf, i))
             checked += 1
     assert checked > 50
 
@@ -226,19 +232,7 @@ def test_eval_per_call_prediction_equals_the_predictor_annotation_with_stage(pha
         for rec, (i, _state, _served, at_arrival, after) in zip(recs, scored):
             meta = {"workflow_type_id": PT, "workflow_id": wf, "agent_id": rec["agent_id"],
                     "stage": rec["stage"]}
-            ann = predictor.annotate_call(meta, request_id=rec["request_id"],
-                                          input_tokens=rec["input_tokens"])
-            assert ann.known, ann
-            assert [(n.agent_id, n.p) for n in ann.next_agents] == [
-                (d["agent_id"], d["p"]) for d in at_arrival["next_agents"]], (wf, i)
-            assert ann.p_end == at_arrival["p_end"]
-            assert ann.expected_remaining_calls == at_arrival["expected_remaining_calls"]
-            assert ann.remaining_calls_p50 == at_arrival["remaining_calls_p50"]
-            predictor.observe({"app_metadata": meta, "request_id": rec["request_id"],
-                               "output_tokens": rec["output_tokens"], "tool_names": _tools(rec)})
-            later = predictor.annotate_call(meta, advance=False)
-            assert [(n.agent_id, n.p) for n in later.next_agents] == [
-                (d["agent_id"], d["p"]) for d in after["next_agents"]], (wf, i)
+            _check_served_call(predictor, meta, rec, at_arrival, after, (wf, i))
             checked += 1
     assert checked > 100
 
