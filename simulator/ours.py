@@ -47,10 +47,11 @@ time at 0.05 /s; one fixed p99.5 bound per request) to measure what the current 
 The idle-downstream term of alg. 3 needs a model other than the one serving the call: with
 model pools (:mod:`simulator.pools`, e.g. ``--scenario pythia-like``) ``score_view`` gets each
 pool's queue depth and the agent → pool map; with one model there is no other queue that could
-idle and the term is inactive. ``ours`` ranks by the session's expected remaining *output
-tokens* (the default ``PriorityPolicy.remaining_unit``, :mod:`predictors.remaining_tokens`);
-``ours-calls`` by its expected remaining calls (the earlier rule), ``ours-seconds`` by expected
-remaining *seconds*, ``ours-seconds-p90`` by the 0.9 quantile of it.
+idle and the term is inactive. ``ours`` ranks by the session's expected remaining *calls* (the
+default ``PriorityPolicy.remaining_unit``, chosen on validation draws: module doc of
+:mod:`serving_hooks.policies.priority`); ``ours-tokens`` by its expected remaining output tokens
+(:mod:`predictors.remaining_tokens`), ``ours-seconds`` by expected remaining *seconds*,
+``ours-seconds-p90`` by the 0.9 quantile of it.
 ``ours-no-preprefill`` switches pre-prefill off. Autoscaling is not a part of ours: any policy
 name takes ``+predictive`` or ``+reactive`` (:mod:`simulator.autoscale`).
 """
@@ -514,7 +515,7 @@ OURS_VARIANTS: dict[str, dict[str, Any]] = {
     "ours-no-preprefill": {"preprefill": False},
     "ours-belady": {"belady_eviction": True},
     "ours-seconds": {"priority_policy": PriorityPolicy(remaining_unit="seconds")},
-    "ours-calls": {"priority_policy": PriorityPolicy(remaining_unit="calls")},
+    "ours-tokens": {"priority_policy": PriorityPolicy(remaining_unit="tokens")},
     "ours-no-idle": {"priority_policy": PriorityPolicy(w2=0.0)},
     "ours-seconds-p90": {"priority_policy": PriorityPolicy(remaining_unit="seconds",
                                                            remaining_quantile=0.9)},

@@ -42,8 +42,23 @@ to ``round(scale · score)``.
 A call with no prediction (``known: false``) gets ``unknown_score``: neutral, served as if a
 few calls remained, and aged like every other request.
 
-Remaining output tokens (``remaining_unit="tokens"``, the default)
-----------------------------------------------------------------
+Which unit ranks (``remaining_unit``; ``"calls"``, the default)
+---------------------------------------------------------------
+The default ranks by the session's expected remaining **calls** (the first rule above, with
+``E[D_remain]`` from the profile's remaining-calls model: its context of agents, tool use and
+stage). It was chosen over remaining output tokens and remaining seconds on simulator draws kept
+apart for the choice (``profiler simulate --scenario S --seed D``, D = 100, 101, S =
+``pythia-like``, ``agent-platform``, ``agent-platform-bursty``; avg JCT ÷ ``continuum-ttl``'s,
+mean of the six runs): calls 0.962, tokens 1.008, seconds 0.970 (docs/simulator.md, "Across
+workload draws"). Why calls: an agent call's cost to the engine is mostly its prompt — in the
+``agent-platform`` mix 13.5k input tokens per call against 640 output tokens — so a session's
+remaining engine work follows its remaining calls (each re-reads a long context) more than the
+tokens it will still write; and the ``1/(1 + R)`` score, bounded in (0, 1], lets the aging
+order sessions of similar length by their start while a session a call or two from done jumps
+ahead. The other units stay selectable (``ours-tokens``, ``ours-seconds`` in the simulator).
+
+Remaining output tokens (``remaining_unit="tokens"``)
+-----------------------------------------------------
 The work an engine still spends on a session is, to first order, the output tokens it has left
 to decode, ``R`` (``exp_remaining_out_tokens``, :mod:`predictors.remaining_tokens`). It is
 ranked on a log scale, so that what counts is the *ratio* of two sessions' remaining work:
@@ -53,8 +68,8 @@ ranked on a log scale, so that what counts is the *ratio* of two sessions' remai
 With the default aging (0.001 /s) a session with ``e`` ≈ 2.7 times the work of another waits
 at most ~1,000 s behind it. A known call whose annotation lacks ``R`` counts
 ``(1 + remaining calls) · tokens_per_call`` tokens; an unknown call is neutral at
-``−ln(1 + 3)`` (as if 3 calls of ``tokens_per_call`` remained). The calls unit above
-(``ours-calls`` in the simulator) stays for the ablation.
+``−ln(1 + 3)`` (as if 3 calls of ``tokens_per_call`` remained) (``ours-tokens`` in the
+simulator).
 
 With ``remaining_unit="seconds"`` the remaining work is the profile's expected remaining
 *seconds* of the workflow (``exp_remaining_s``, LLM and tool time), or a quantile of it, in
@@ -111,7 +126,7 @@ class PriorityPolicy:
     #: expected remaining seconds of the workflow (LLM and tool time), in units of
     #: ``seconds_per_call`` so both scores live on the same scale against aging:
     #: ``w1 / (1 + R_s / seconds_per_call)``.
-    remaining_unit: str = "tokens"
+    remaining_unit: str = "calls"
     seconds_per_call: float = 30.0
     #: Rank by a quantile of the remaining seconds instead of their mean. The profile holds only
     #: the mean, so the quantile assumes an exponential remaining time: ``R_q = −ln(1 − q)·R``
