@@ -31,7 +31,7 @@ import numpy as np
 from predictors.predictor import Predictor
 from fitting.profile_fit import fit_profile
 from store.profile_artifact import CURRENT_FILE, load_profile
-from store.ingest import ingest
+from store.ingest import discover_all, ingest
 from store.duckdb_store import connect
 from store.workloads import generate, load_spec
 from simulator.workload import renamed, replicate_records
@@ -99,6 +99,12 @@ def load_logs(paths: Sequence[str | Path], train: float = 0.7, seed: int = 0,
     src = Source(name, res["train"], res["test"])
     if report.quarantined:
         src.notes.append(f"{report.quarantined} records quarantined at ingestion (not replayed)")
+    if not src.train and not src.test:
+        _, links = discover_all(paths)
+        why = (f": {len(links)} symbolic link(s) lead outside the folder and are not followed (e.g. "
+               f"{links[0][0]} -> {links[0][1]}); copy the files in or name them directly" if links
+               else "; see `profiler fit` for what the ingest reported")
+        raise ValueError(f"no call of {name} could be read{why}")
     if not src.test:
         raise ValueError(f"no workflow of {name} fell in the test split (train share {train}); "
                          "give more workflows or a smaller --train")

@@ -92,7 +92,12 @@ def _tagged(paths: Sequence[str | Path], group: str = "NULL") -> tuple[duckdb.Du
     con.execute(f"CREATE TEMP TABLE staging {ingest.STAGING_COLUMNS}")
     limits = ingest.Limits.from_env()
     n_files = 0
-    for path, fmt in ingest.discover(paths):
+    files, links = ingest.discover_all(paths)
+    if not files and links:
+        raise ValueError(f"no log files read in {', '.join(map(str, paths))}: {len(links)} symbolic "
+                         f"link(s) lead outside the folder and are not followed (e.g. {links[0][0]} -> "
+                         f"{links[0][1]}); copy the files in or name them directly")
+    for path, fmt in files:
         n_files += 1
         if path.stat().st_size:
             _, problem, lines = ingest.scan_file(path, fmt, limits)
