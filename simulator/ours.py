@@ -85,7 +85,7 @@ class FeedPrediction(NamedTuple):
     """What :class:`PredictionFeed` attaches to a call (``req.pred``)."""
     #: the annotation contract the gateway would serve
     ann: Annotation
-    #: the call's app_metadata (workflow type and id, agent)
+    #: the call's app_metadata (workflow type and id, agent; its stage when recorded)
     meta: dict[str, str]
     #: the policies' view of the annotation
     view: CallView
@@ -98,7 +98,11 @@ class PredictionFeed(Part):
     view of it); the view's tool p95 is that of the tool
     the call runs (known once its response names it). The annotation is marked by the gateway's
     end-of-session rule (``session_end``; :class:`SessionEndRule`, the gateway's defaults), so
-    the keep/drop and prefetch parts see what the SGLang plugin sees.
+    the keep/drop and prefetch parts see what the SGLang plugin sees. A call is annotated with
+    what a client of the gateway sends (its ids and, when the log records one, its ``stage`` as
+    ``app_metadata.stage``) and observed with what the gateway reads off the response (its
+    tokens and the ``tool_names`` it called), so stage- and tool-conditioned models are served
+    in the replay as in production.
     """
 
     def __init__(self, predictor: Any, session_end: SessionEndRule | None = None) -> None:
@@ -121,6 +125,8 @@ class PredictionFeed(Part):
         wf = self.sim.workload.workflows[req.wf]
         meta = {"workflow_type_id": wf.workflow_type, "workflow_id": wf.workflow_id,
                 "agent_id": req.call.agent}
+        if req.call.stage is not None:  # what a client of the gateway sends
+            meta["stage"] = req.call.stage
         ann = self.session_end.mark(self.predictor.annotate_call(
             meta, request_id=req.call.request_id, input_tokens=req.call.input_tokens), meta)
         req.pred = FeedPrediction(ann, meta, CallView.from_annotation(ann, meta, tool=req.call.tool))
@@ -129,9 +135,11 @@ class PredictionFeed(Part):
         meta = req.pred.meta if req.pred else None
         if meta is None:
             return
+        # the tools the response called, as the gateway reads them off the response
         self.predictor.observe({"app_metadata": meta, "request_id": req.call.request_id,
                                 "output_tokens": req.call.output_tokens,
-                                "input_tokens": req.call.input_tokens, "t_finish": self.sim.now})
+                                "input_tokens": req.call.input_tokens, "t_finish": self.sim.now,
+                                "tool_names": list(req.call.tools)})
 
     # helpers used by the other parts
     def annotation(self, req: Request) -> Annotation | None:

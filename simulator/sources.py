@@ -44,7 +44,9 @@ _CALL_SQL = """
 SELECT request_id, workflow_type_id, workflow_id, agent_id, t_arrival, t_first_token, t_finish,
        input_tokens, output_tokens, parent_request_ids, tool_names, status,
        TRY_CAST(json_extract(extra, '$.num_workers') AS INTEGER) AS num_workers,
-       TRY_CAST(json_extract(extra, '$.t_last_chunk') AS DOUBLE) AS t_last_chunk
+       TRY_CAST(json_extract(extra, '$.t_last_chunk') AS DOUBLE) AS t_last_chunk,
+       CASE WHEN json_type(extra, '$.stage') = 'VARCHAR'
+            THEN nullif(json_extract_string(extra, '$.stage'), '') END AS stage
 FROM calls {where} ORDER BY workflow_id, t_arrival, request_id
 """
 
@@ -73,7 +75,7 @@ def _rows_to_records(rows: list[tuple], cols: list[str]) -> list[dict]:
         rec["tool_calls"] = [{"name": n} for n in (rec.pop("tool_names") or [])]
         if rec.get("parent_request_ids") is None:
             rec.pop("parent_request_ids", None)
-        for k in ("num_workers", "t_last_chunk", "t_first_token"):
+        for k in ("num_workers", "t_last_chunk", "t_first_token", "stage"):
             if rec.get(k) is None:
                 rec.pop(k, None)
         out.append(rec)

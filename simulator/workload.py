@@ -55,6 +55,9 @@ class Call:
     #: Prompt tokens that belong to ``own_seg`` (``input_tokens`` minus the path's length).
     own_prompt_tokens: int = 0
     children: list[int] = field(default_factory=list)
+    #: The record's ``stage`` (the framework step the call ran in; None when not recorded):
+    #: the replay sends it as ``app_metadata.stage``, as a client of the gateway would.
+    stage: str | None = None
 
 
 @dataclass
@@ -217,7 +220,8 @@ def workload_from_records(
             inp, out = int(rec["input_tokens"]), int(rec["output_tokens"])
             tools = _tool_names(rec)
             call = Call(idx, wf_idx, str(rec.get("request_id", f"{wf_id}#{k}")), agent, inp, out,
-                        parents, gap, tools[0] if tools else None, tools)
+                        parents, gap, tools[0] if tools else None, tools,
+                        stage=(rec.get("stage") or None) if isinstance(rec.get("stage"), str) else None)
             # --- prompt prefix structure -------------------------------------------------------
             prev = last_of_agent.get(agent)
             pc = calls[prev] if prev is not None else None

@@ -55,7 +55,8 @@ def fit_sequences(sequences: Sequence[WorkflowSequence],
                   counts: Sequence[int] | None = None, select: bool = True,
                   cv_folds: int = 3, cv_max_workflows: int = 1000, seed: int = 0,
                   contexts: Sequence[Sequence[str]] | None = None,
-                  context_alphabet: str = "agent_tool") -> dict:
+                  context_alphabet: str = "agent_tool",
+                  groups: Sequence[Mapping[str, int]] | None = None) -> dict:
     """The workflow section for one workflow type (see the module docstring).
 
     ``timings[agent] = (mean latency_s, mean gap_after_s)`` feeds the remaining-seconds
@@ -72,7 +73,9 @@ def fit_sequences(sequences: Sequence[WorkflowSequence],
     ``context_alphabet`` (agent marked with whether its response called a tool,
     :func:`synth.sequences.tool_mark`, and/or with its stage, :func:`synth.vomm.stage_symbol`),
     whose context families are offered to the next-agent selection (and, with stages, to the
-    remaining-work selection).
+    remaining-work selection). ``groups[i]`` (optional, ``profiler fit --group-by``): how many
+    of ``sequences[i]``'s ``counts[i]`` workflows belong to each group (a task); the selection
+    folds then keep a group's workflows together (:func:`synth.sequence_select.select_models`).
     """
     if not sequences:
         raise ValueError("no workflows to fit")
@@ -171,7 +174,8 @@ def fit_sequences(sequences: Sequence[WorkflowSequence],
                                        loop_quantiles=loop_quantiles,
                                        prior_weight=prior_weight, folds=cv_folds,
                                        max_workflows=cv_max_workflows, seed=seed,
-                                       contexts=contexts, context_alphabet=context_alphabet))
+                                       contexts=contexts, context_alphabet=context_alphabet,
+                                       groups=groups))
     if text_workflows:
         parts = learn_templates(text_workflows)
         section["prompt_composition"] = {
@@ -213,7 +217,8 @@ def sequence_models(sequences: Sequence[WorkflowSequence], counts: Sequence[int]
                     loop_quantiles: tuple[float, float], prior_weight: float, folds: int = 3,
                     max_workflows: int = 1000, seed: int = 0,
                     contexts: Sequence[Sequence[str]] | None = None,
-                    context_alphabet: str = "agent_tool") -> dict:
+                    context_alphabet: str = "agent_tool",
+                    groups: Sequence[Mapping[str, int]] | None = None) -> dict:
     """``sequence_model``, ``remaining_model`` and ``baselines`` keys of a section.
 
     The automaton of every validation fold is fitted like the real one (same ``alpha``,
@@ -223,14 +228,18 @@ def sequence_models(sequences: Sequence[WorkflowSequence], counts: Sequence[int]
     # identical workflows merged, in a canonical order: the folds depend only on the multiset
     ctx_of = (list(contexts) if contexts is not None else [None] * len(sequences))
     merged: Counter = Counter()
+    merged_groups: dict[tuple, Counter] = {}
     first = {}
-    for s, n, c in zip(sequences, counts, ctx_of):
+    for i, (s, n, c) in enumerate(zip(sequences, counts, ctx_of)):
         key = (s.calls, s.step_symbols, s.step_widths, tuple(c) if c is not None else ())
         merged[key] += n
         first.setdefault(key, s)
+        if groups is not None:
+            merged_groups.setdefault(key, Counter()).update(groups[i])
     keys = sorted(merged)
     distinct = [first[k] for k in keys]
     counts = [merged[k] for k in keys]
+    path_groups = [dict(merged_groups[k]) for k in keys] if groups is not None else None
     calls = [s.calls for s in distinct]
     ctxs = [k[3] for k in keys] if contexts is not None else None
 
@@ -242,7 +251,7 @@ def sequence_models(sequences: Sequence[WorkflowSequence], counts: Sequence[int]
 
     chosen = select_models(calls, counts, pfa_factory, folds=folds,
                            max_workflows=max_workflows, seed=seed, contexts=ctxs,
-                           context_alphabet=context_alphabet)
+                           context_alphabet=context_alphabet, groups=path_groups)
     nxt, rem = chosen["next"], chosen["remaining"]
     context = nxt.get("context", "agent")
     vomm = VariableOrderMarkov(max_order=nxt["max_order"], escape=nxt["escape"],
@@ -257,7 +266,7 @@ def sequence_models(sequences: Sequence[WorkflowSequence], counts: Sequence[int]
                                             _by_symbol(timings, rem_calls, calls))
     if rem_calls is not calls:  # a session that reports no stage reads the plain agents
         remaining.add_backoff(RemainingWork(**params).fit(calls, counts, timings))
-    validation = {k: chosen[k] for k in ("folds", "workflows") if k in chosen}
+    validation = {k: chosen[k] for k in ("folds", "workflows", "groups") if k in chosen}
     return {
         "sequence_model": {"alphabet": "agent", "context": context, "vomm": vomm.to_dict(),
                            "mixture": nxt["mixture"],

@@ -34,6 +34,7 @@ from typing import Any
 
 import duckdb
 
+from store.split import call_group_sql
 from synth.evaluation import PathScores, score_sequences
 from synth.fit import DEFAULT_ALPHA, DEFAULT_PRUNE, fit_sequences
 from synth.prompts import evaluate_templates, load_text_workflows
@@ -41,7 +42,8 @@ from synth.regex_synth import LOOP_QUANTILES
 from synth.remaining import RemainingWork
 from synth.sequence_select import is_position_median, select_remaining
 from synth.sequences import (has_stage_variation, has_tool_variation, load_sequence_counts,
-                             load_sequences, symbol_expression, unmarked, workflow_counts)
+                             load_sequence_groups, load_sequences, symbol_expression, unmarked,
+                             workflow_counts)
 from synth.session import WorkflowPaths
 from synth.vomm import START
 
@@ -86,16 +88,25 @@ def build_workflows_section(con: duckdb.DuckDBPyConnection, options: dict[str, A
     tool_timings = agent_timings(con, "tool")
     totals = workflow_counts(con)
     sections = {}
-    distinct = load_sequence_counts(con, max_workflows=max_workflows, seed=seed)
-    for wt, (sequences, counts) in sorted(distinct.items()):
+    group = (call_group_sql(options["group_by"], options.get("group_pattern"))
+             if options.get("group_by") else None)
+
+    def load(wt: str | None, alphabet: str, limit: int | None) -> dict:
+        """Distinct paths, counts and (with ``--group-by``) their groups' counts."""
+        if group is None:
+            return {k: (q, n, None) for k, (q, n) in load_sequence_counts(
+                con, wt, alphabet=alphabet, max_workflows=limit, seed=seed).items()}
+        return load_sequence_groups(con, group, wt, alphabet=alphabet, max_workflows=limit,
+                                    seed=seed)
+    distinct = load(None, "agent", max_workflows)
+    for wt, (sequences, counts, groups) in sorted(distinct.items()):
         text = load_text_workflows(con, wt, max_workflows=prompt_workflows)
         contexts, alphabet = None, context_alphabet(con, wt, sequences)
         if alphabet != "agent":
             # some responses call tools (several agents), or some agent runs in several
             # stages: offer the marked contexts
-            marked, counts = load_sequence_counts(
-                con, wt, alphabet=alphabet,
-                max_workflows=max_workflows if max_workflows > 0 else None, seed=seed)[wt]
+            marked, counts, groups = load(wt, alphabet,
+                                          max_workflows if max_workflows > 0 else None)[wt]
             contexts = [q.calls for q in marked]
             sequences = [unmarked(q) for q in marked]
         section = fit_sequences(
@@ -103,9 +114,9 @@ def build_workflows_section(con: duckdb.DuckDBPyConnection, options: dict[str, A
             alpha=DEFAULT_ALPHA if alpha is None else float(alpha),
             prune=DEFAULT_PRUNE if prune is None else float(prune),
             loop_quantiles=quantiles, text_workflows=text or None, counts=counts,
-            contexts=contexts, context_alphabet=alphabet)
+            contexts=contexts, context_alphabet=alphabet, groups=groups)
         if section.get("remaining_model") and len({a for q in sequences for a in q.calls}) == 1:
-            tool_remaining(con, wt, section, tool_timings, max_workflows, seed)
+            tool_remaining(con, wt, section, tool_timings, max_workflows, seed, group)
         section["training_sample"] = {
             "workflows_used": section["workflows"], "workflows_total": totals.get(wt, 0),
             "distinct_paths": len(sequences),
@@ -127,7 +138,7 @@ def context_alphabet(con: duckdb.DuckDBPyConnection, wt: str, sequences) -> str:
 
 def tool_remaining(con: duckdb.DuckDBPyConnection, wt: str, section: dict,
                    tool_timings: dict[str, dict[str, tuple[float, float]]],
-                   max_workflows: int, seed: int) -> None:
+                   max_workflows: int, seed: int, group: str | None = None) -> None:
     """Where a workflow type has one agent its agent sequence says nothing but the call index;
     the tool each call ran (``tool_names[1]``; SWE-agent's ``submit``, ``str_replace_editor``…)
     may say more. The context of call i is the tools of the calls before it (the sequence
@@ -135,13 +146,16 @@ def tool_remaining(con: duckdb.DuckDBPyConnection, wt: str, section: dict,
     is annotated, so what ``profiler eval`` scores is what the Predictor serves. The remaining-work model is refit over tool names and replaces the agent one
     when its validation beat the position median by the Bonferroni bar
     (:func:`synth.sequence_select.select_remaining`) and its validation MAE is lower than the
-    agent model's; the choice is recorded either way (``selection.tool_alphabet``)."""
-    counted = load_sequence_counts(con, wt, alphabet="tool",
-                                   max_workflows=max_workflows if max_workflows > 0 else None,
-                                   seed=seed).get(wt)
+    agent model's; the choice is recorded either way (``selection.tool_alphabet``).
+    ``group`` (SQL, ``--group-by``): the selection folds keep a group's workflows together."""
+    limit = max_workflows if max_workflows > 0 else None
+    counted = (load_sequence_counts(con, wt, alphabet="tool", max_workflows=limit, seed=seed)
+               if group is None else
+               load_sequence_groups(con, group, wt, alphabet="tool", max_workflows=limit,
+                                    seed=seed)).get(wt)
     if not counted:
         return
-    seqs, counts = counted
+    seqs, counts, groups = (*counted, None)[:3]
     # the context of call i is the tools of the calls before it (after START): call i's own
     # tool is not known when call i is annotated, so a model that read it could not be served
     calls = [(START, *s.calls[:-1]) for s in seqs]
@@ -149,7 +163,7 @@ def tool_remaining(con: duckdb.DuckDBPyConnection, wt: str, section: dict,
         section["remaining_model"]["selection"]["tool_alphabet"] = {"chosen": False,
                                                                     "reason": "one tool name (or none)"}
         return
-    sel = select_remaining(calls, counts, seed=seed)
+    sel = select_remaining(calls, counts, seed=seed, groups=groups)
     agent_mae = section["remaining_model"]["selection"].get("validation_mae")  # None: not validated
     chosen = (not is_position_median(sel) and sel.get("validation_mae") is not None
               and agent_mae is not None and sel["validation_mae"] < agent_mae)

@@ -1,8 +1,10 @@
 """Choose the sequence model and the remaining-work model by cross-validation by workflow.
 
 The training workflows of one type are split into ``folds`` folds (identical workflows are
-separate workflows: their multiplicity is spread over the folds); every fold is held out
-once while the others train. For each held-out call the candidates predict
+separate workflows: their multiplicity is spread over the folds), or, with ``groups``
+(``profiler fit --group-by``), whole groups of workflows (a task's trials) are dealt to the
+folds and a distinct path's count is split by group (:func:`group_fold_counts`); every fold
+is held out once while the others train. For each held-out call the candidates predict
 
 * **the next symbol** (an agent, or END after the last call): the variable-order model
   (:class:`synth.vomm.VariableOrderMarkov`) for every context family (plain agents; where the
@@ -34,6 +36,7 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
+from store.folds import group_folds
 from synth.remaining import RemainingWork
 from synth.vomm import (END, FAMILY_PARTS, VariableOrderMarkov, families_of, family_rank, project,
                         strip_tool_mark)
@@ -88,6 +91,22 @@ def fold_counts(counts: Sequence[int], folds: int, seed: int = 0) -> np.ndarray:
     return out
 
 
+def group_fold_counts(groups: Sequence[Mapping[str, int]], folds: int, seed: int = 0) -> np.ndarray:
+    """``out[j, f]``: how many of path j's workflows fall in fold f when whole *groups* are
+    dealt to the folds (``groups[j][g]``: how many of path j's workflows belong to group g, a
+    task run in several workflows): a seeded shuffle of the distinct groups dealt round-robin
+    (:func:`store.folds.group_folds`), so that a held-out fold never shares a task with its
+    training folds. A path whose workflows belong to several groups is split between their
+    folds."""
+    names = sorted({g for m in groups for g in m})
+    fold_of = dict(zip(names, group_folds(names, folds, seed)))
+    out = np.zeros((len(groups), folds), dtype=np.int64)
+    for j, m in enumerate(groups):
+        for g, n in m.items():
+            out[j, fold_of[g]] += n
+    return out
+
+
 def subsample(counts: Sequence[int], max_workflows: int, seed: int = 0) -> np.ndarray:
     """Counts of a seeded sample of at most ``max_workflows`` workflows (without replacement)."""
     counts = np.asarray(counts, dtype=np.int64)
@@ -98,11 +117,30 @@ def subsample(counts: Sequence[int], max_workflows: int, seed: int = 0) -> np.nd
     return rng.multivariate_hypergeometric(counts, max_workflows)
 
 
+def subsample_groups(groups: Sequence[Mapping[str, int]], max_workflows: int,
+                     seed: int = 0) -> list[dict[str, int]]:
+    """:func:`subsample` over the (path, group) cells: each sampled workflow keeps its group."""
+    cells = [(j, g, n) for j, m in enumerate(groups) for g, n in sorted(m.items())]
+    sub = subsample([n for _, _, n in cells], max_workflows, seed)
+    out: list[dict[str, int]] = [{} for _ in groups]
+    for (j, g, _), n in zip(cells, sub.tolist()):
+        if n:
+            out[j][g] = n
+    return out
+
+
+def _folds_of(counts: np.ndarray, groups: Sequence[Mapping[str, int]] | None, folds: int,
+              seed: int) -> np.ndarray:
+    """The path × fold counts: by workflow (:func:`fold_counts`), or by group."""
+    return fold_counts(counts, folds, seed) if groups is None else group_fold_counts(groups, folds, seed)
+
+
 def select_models(sequences: Sequence[Sequence[str]], counts: Sequence[int],
                   pfa_factory: PfaFactory | None = None, folds: int = 3,
                   max_workflows: int = 1000, seed: int = 0,
                   contexts: Sequence[Sequence[str]] | None = None,
-                  context_alphabet: str = "agent_tool") -> dict:
+                  context_alphabet: str = "agent_tool",
+                  groups: Sequence[Mapping[str, int]] | None = None) -> dict:
     """Cross-validated choice of the next-symbol model and the remaining-work model.
 
     ``contexts`` (optional; one context symbol per call of each sequence, read in
@@ -119,9 +157,23 @@ def select_models(sequences: Sequence[Sequence[str]], counts: Sequence[int],
     best_candidates…}, "remaining": {order, position, min_n, point, validation_mae,
     position_median_mae…}, "folds", "workflows"}``; with fewer than ``folds`` workflows the
     defaults (order 3, no automaton mixing; the position median) come back with ``"reason"``.
+
+    ``groups`` (optional; ``profiler fit --group-by``): ``groups[j]`` maps a group id (a task
+    run in several workflows) to how many of path j's ``counts[j]`` workflows belong to it.
+    The folds then deal whole groups (:func:`group_fold_counts`), in the order-and-context
+    selection and in the remaining-work one: repeated trials of one task that took the same
+    path no longer sit on both sides of a fold, where they would reward the longest contexts
+    (a held-out trial's exact path is in training). Without it the folds deal workflows.
     """
-    sub = subsample(counts, max_workflows, seed)
+    gsub = None
+    if groups is not None:
+        _check_groups(groups, counts)
+        gsub = subsample_groups(groups, max_workflows, seed)
+        sub = np.array([sum(m.values()) for m in gsub], dtype=np.int64)
+    else:
+        sub = subsample(counts, max_workflows, seed)
     keep = np.flatnonzero(sub)
+    gsub = [gsub[j] for j in keep] if gsub is not None else None
     seqs = [tuple(sequences[j]) for j in keep]
     ctxs = [tuple(contexts[j]) for j in keep] if contexts is not None else None
     families = (families_of(context_alphabet) if ctxs is not None else CONTEXTS[:1])
@@ -132,13 +184,15 @@ def select_models(sequences: Sequence[Sequence[str]], counts: Sequence[int],
     stage_seqs = fam_ctx.get("agent_stage")
     sub = sub[keep]
     total = int(sub.sum())
-    if total < max(folds, 2):
+    n_groups = len({g for m in gsub for g in m}) if gsub is not None else total
+    if n_groups < max(folds, 2):
+        reason = (f"{total} workflows: too few to cross-validate" if gsub is None
+                  else f"{n_groups} groups of workflows: too few to cross-validate")
         return {"next": {"max_order": 3, "escape": 1.0, "mixture": 1.0, "min_context": 1.0,
-                         "context": "agent",
-                         "reason": f"{total} workflows: too few to cross-validate"},
+                         "context": "agent", "reason": reason},
                 "remaining": {"order": 0, "position": "none", "min_n": 1, "point": "p50",
-                              "reason": f"{total} workflows: too few to cross-validate"}}
-    split = fold_counts(sub, folds, seed)
+                              "reason": reason}}
+    split = _folds_of(sub, gsub, folds, seed)
     grid = [(fam, order, escape, floor) for fam in families for floor in MIN_CONTEXTS
             for escape in ESCAPES for order in ORDERS]
     n_cfg = len(grid)
@@ -221,23 +275,41 @@ def select_models(sequences: Sequence[Sequence[str]], counts: Sequence[int],
                                  grid, wf_loss, sub),
             "remaining": _remaining_cv(seqs, sub, REMAINING_FOLDS,
                                        REMAINING_REPEATS if total < REPEAT_BELOW else 1, seed,
-                                       stage_seqs),
-            "folds": folds, "workflows": total}
+                                       stage_seqs, gsub),
+            "folds": folds, "workflows": total,
+            **({"groups": n_groups} if gsub is not None else {})}
+
+
+def _check_groups(groups: Sequence[Mapping[str, int]], counts: Sequence[int]) -> None:
+    """``groups[j]`` must split ``counts[j]`` exactly."""
+    if len(groups) != len(counts) or any(sum(m.values()) != int(n) or min(m.values(), default=0) < 0
+                                         for m, n in zip(groups, counts)):
+        raise ValueError("groups must split every path's count among its groups")
 
 
 def select_remaining(sequences: Sequence[Sequence[str]], counts: Sequence[int],
-                     max_workflows: int = 1000, seed: int = 0) -> dict:
+                     max_workflows: int = 1000, seed: int = 0,
+                     groups: Sequence[Mapping[str, int]] | None = None) -> dict:
     """The remaining-work choice of :func:`select_models` alone, for another alphabet of the
-    same workflows (tool names where a workflow type has a single agent)."""
-    sub = subsample(counts, max_workflows, seed)
+    same workflows (tool names where a workflow type has a single agent); ``groups`` as
+    there."""
+    if groups is not None:
+        _check_groups(groups, counts)
+        gsub = subsample_groups(groups, max_workflows, seed)
+        sub = np.array([sum(m.values()) for m in gsub], dtype=np.int64)
+    else:
+        gsub, sub = None, subsample(counts, max_workflows, seed)
     keep = np.flatnonzero(sub)
     seqs, sub = [tuple(sequences[j]) for j in keep], sub[keep]
+    gsub = [gsub[j] for j in keep] if gsub is not None else None
     total = int(sub.sum())
-    if total < REMAINING_FOLDS:
+    n_groups = len({g for m in gsub for g in m}) if gsub is not None else total
+    if n_groups < REMAINING_FOLDS:
         return {"order": 0, "position": "none", "min_n": 1, "point": "p50",
-                "reason": f"{total} workflows: too few to cross-validate"}
+                "reason": (f"{total} workflows: too few to cross-validate" if gsub is None
+                           else f"{n_groups} groups of workflows: too few to cross-validate")}
     return _remaining_cv(seqs, sub, REMAINING_FOLDS,
-                         REMAINING_REPEATS if total < REPEAT_BELOW else 1, seed)
+                         REMAINING_REPEATS if total < REPEAT_BELOW else 1, seed, groups=gsub)
 
 
 def is_position_median(choice: Mapping) -> bool:
@@ -246,8 +318,10 @@ def is_position_median(choice: Mapping) -> bool:
 
 
 def _remaining_cv(seqs: Sequence[tuple], counts: np.ndarray, folds: int, repeats: int,
-                  seed: int, stage_seqs: Sequence[tuple] | None = None) -> dict:
-    """Remaining-work candidates scored by ``repeats`` × ``folds``-fold CV by workflow (no
+                  seed: int, stage_seqs: Sequence[tuple] | None = None,
+                  groups: Sequence[Mapping[str, int]] | None = None) -> dict:
+    """Remaining-work candidates scored by ``repeats`` × ``folds``-fold CV by workflow, or by
+    group with ``groups`` (no
     automaton is fitted here, so repeating is cheap and steadies the choice on small data).
 
     ``stage_seqs`` (the same workflows read in the ``agent_stage`` alphabet) adds candidates
@@ -267,7 +341,7 @@ def _remaining_cv(seqs: Sequence[tuple], counts: np.ndarray, folds: int, repeats
     weights: list[float] = []       # how many identical workflows the row stands for
     calls = 0.0
     for r in range(repeats):
-        split = fold_counts(counts, folds, seed + 1 + r)
+        split = _folds_of(counts, groups, folds, seed + 1 + r)
         for f in range(folds):
             train = split.sum(axis=1) - split[:, f]
             test = split[:, f]

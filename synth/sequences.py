@@ -21,7 +21,7 @@ about a second instead of twenty (see :func:`load_sequences`).
 """
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Iterable, Sequence
@@ -184,12 +184,12 @@ _STEPS_CTES = """
 WITH {sample}
 base AS (
   SELECT workflow_type_id AS wt, workflow_id AS wf, request_id AS rid, {symbol} AS symbol,
-         t_arrival, t_finish,
+         t_arrival, t_finish, {group} AS grp,
          CASE WHEN len(parent_request_ids) > 0 THEN hash(list_sort(parent_request_ids))
          END AS pkey
   FROM calls {sample_join} {where}),
 ordered AS (
-  SELECT wt, wf, rid, symbol, pkey, row_number() OVER w AS idx,
+  SELECT wt, wf, rid, symbol, pkey, grp, row_number() OVER w AS idx,
          CASE WHEN t_arrival < max(t_finish) OVER (w ROWS BETWEEN UNBOUNDED PRECEDING
                                                        AND 1 PRECEDING) - $tolerance
               THEN 0 ELSE 1 END AS starts
@@ -203,7 +203,8 @@ split AS MATERIALIZED (
   GROUP BY wt, wf, pkey HAVING min(island) < max(island)),
 per_wf AS (
   SELECT wt, wf, list(symbol ORDER BY idx) AS calls,
-         string_agg(starts::VARCHAR, '' ORDER BY idx) AS starts{rids}
+         string_agg(starts::VARCHAR, '' ORDER BY idx) AS starts{rids},
+         arg_min(grp, idx) AS grp
   FROM islands ANTI JOIN split USING (wt, wf)
   GROUP BY wt, wf),
 split_calls AS (
@@ -212,7 +213,8 @@ split_calls AS (
          list(request_id ORDER BY t_arrival, request_id) AS rids,
          list(t_arrival ORDER BY t_arrival, request_id) AS t_arr,
          list(t_finish ORDER BY t_arrival, request_id) AS t_fin,
-         list(parent_request_ids ORDER BY t_arrival, request_id) AS parents
+         list(parent_request_ids ORDER BY t_arrival, request_id) AS parents,
+         (list({group} ORDER BY t_arrival, request_id))[1] AS grp
   FROM calls JOIN split ON workflow_type_id = wt AND workflow_id = wf
   GROUP BY ALL)
 """
@@ -233,6 +235,15 @@ SELECT wt, min(wf), count(*), calls, starts, NULL, NULL, NULL, NULL
 FROM per_wf GROUP BY wt, calls, starts
 UNION ALL
 SELECT wt, wf, 1, calls, NULL, rids, t_arr, t_fin, parents FROM split_calls
+ORDER BY wt, 2
+"""
+
+#: :data:`_DISTINCT` with, last, the groups of the workflows each row stands for.
+_DISTINCT_GROUPS = """
+SELECT wt, min(wf), count(*), calls, starts, NULL, NULL, NULL, NULL, list(grp)
+FROM per_wf GROUP BY wt, calls, starts
+UNION ALL
+SELECT wt, wf, 1, calls, NULL, rids, t_arr, t_fin, parents, [grp] FROM split_calls
 ORDER BY wt, 2
 """
 
@@ -322,7 +333,7 @@ def workflow_counts(con: duckdb.DuckDBPyConnection) -> dict[str, int]:
 
 def _query_rows(con: duckdb.DuckDBPyConnection, final: str, workflow_type_id: str | None,
                 alphabet: str, max_workflows: int | None, seed: int,
-                request_ids: bool) -> list[tuple]:
+                request_ids: bool, group: str = "NULL::VARCHAR") -> list[tuple]:
     symbol = symbol_expression(con, alphabet)
     where, sample, sample_join = "", "", ""
     params: dict = {"tolerance": OVERLAP_TOLERANCE_S}
@@ -333,7 +344,7 @@ def _query_rows(con: duckdb.DuckDBPyConnection, final: str, workflow_type_id: st
         sample_join = "SEMI JOIN picked USING (workflow_type_id, workflow_id)"
         params.update(salt=f"#{int(seed)}", max_workflows=int(max_workflows))
     ctes = _STEPS_CTES.format(
-        sample=sample, sample_join=sample_join, where=where, symbol=symbol,
+        sample=sample, sample_join=sample_join, where=where, symbol=symbol, group=group,
         rids=",\n         list(rid ORDER BY idx) AS rids" if request_ids else "")
     return con.execute(ctes + final, params).fetchall()
 
@@ -410,20 +421,46 @@ def load_sequence_counts(con: duckdb.DuckDBPyConnection, workflow_type_id: str |
     ids. This is what fitting needs (:func:`synth.fit.fit_sequences` with ``counts``): Python
     touches one row per distinct path instead of one per workflow.
     """
-    rows = _query_rows(con, _DISTINCT, workflow_type_id, alphabet, max_workflows, seed,
-                       request_ids=False)
+    return {wt: (seqs, counts) for wt, (seqs, counts, _) in _distinct_rows(
+        con, workflow_type_id, alphabet, max_workflows, seed, None).items()}
+
+
+def load_sequence_groups(con: duckdb.DuckDBPyConnection, group: str,
+                         workflow_type_id: str | None = None, alphabet: str = "agent",
+                         max_workflows: int | None = None, seed: int = 0
+                         ) -> dict[str, tuple[list[WorkflowSequence], list[int], list[dict[str, int]]]]:
+    """:func:`load_sequence_counts` with, per distinct sequence, how many of its workflows
+    belong to each group: ``group`` is SQL over a ``calls`` row
+    (:func:`store.split.call_group_sql`, ``profiler fit --group-by``) and a workflow's group is
+    its first call's. The selection folds of :func:`synth.sequence_select.select_models` deal
+    these groups whole."""
+    return _distinct_rows(con, workflow_type_id, alphabet, max_workflows, seed, group)
+
+
+def _distinct_rows(con: duckdb.DuckDBPyConnection, workflow_type_id: str | None, alphabet: str,
+                   max_workflows: int | None, seed: int, group: str | None
+                   ) -> dict[str, tuple[list[WorkflowSequence], list[int], list[dict[str, int]]]]:
+    """Distinct sequences per type, their counts and (with ``group``) their groups' counts."""
+    if group is None:
+        rows = [(*r, ()) for r in _query_rows(con, _DISTINCT, workflow_type_id, alphabet,
+                                              max_workflows, seed, request_ids=False)]
+    else:
+        rows = _query_rows(con, _DISTINCT_GROUPS, workflow_type_id, alphabet, max_workflows,
+                           seed, request_ids=False, group=group)
     merged: dict[str, dict[tuple, list]] = defaultdict(dict)
     build = _SequenceBuilder()
-    for wt, wf, n, *rest in rows:
+    for wt, wf, n, *rest, grps in rows:
         seq = build(wt, wf, *rest)
         if rest[1] is None:  # a union-find workflow: drop its request ids, merge duplicates
             seq = WorkflowSequence(wt, wf, seq.steps, seq.calls)
-        entry = merged[wt].setdefault((seq.steps, seq.calls), [wf, seq, 0])
+        entry = merged[wt].setdefault((seq.steps, seq.calls), [wf, seq, 0, Counter()])
         if wf < entry[0]:
             entry[0], entry[1] = wf, seq
         entry[2] += int(n)
+        entry[3].update(grps)
     out = {}
     for wt, entries in merged.items():
         ordered = sorted(entries.values(), key=lambda e: e[0])
-        out[wt] = ([e[1] for e in ordered], [e[2] for e in ordered])
+        out[wt] = ([e[1] for e in ordered], [e[2] for e in ordered],
+                   [dict(sorted(e[3].items())) for e in ordered])
     return out
