@@ -88,8 +88,8 @@ def test_untagged_requests_get_a_default_and_age():
         pol = get_state().settings.priority
         _at_step(400)                                   # 10 s
         old = _req("old", None, None)                   # untagged, no --default-priority-value
-        neutral = pol.to_sglang(pol.unknown_score)      # as if 3 calls remained: −ln 4 in the tokens unit
-        assert admit_request(old) and old.priority == neutral == -1386
+        neutral = pol.to_sglang(pol.unknown_score)      # as if 3 calls remained: 1/(1 + 3) in the calls unit
+        assert admit_request(old) and old.priority == neutral == 250
         _at_step(1600)                                  # 40 s
         new = _req("new", gateway_custom_params("w", "coder", 0.0, 1000), 1000)
         admit_request(new)
