@@ -165,15 +165,7 @@ def select_models(sequences: Sequence[Sequence[str]], counts: Sequence[int],
     path no longer sit on both sides of a fold, where they would reward the longest contexts
     (a held-out trial's exact path is in training). Without it the folds deal workflows.
     """
-    gsub = None
-    if groups is not None:
-        _check_groups(groups, counts)
-        gsub = subsample_groups(groups, max_workflows, seed)
-        sub = np.array([sum(m.values()) for m in gsub], dtype=np.int64)
-    else:
-        sub = subsample(counts, max_workflows, seed)
-    keep = np.flatnonzero(sub)
-    gsub = [gsub[j] for j in keep] if gsub is not None else None
+    keep, sub, gsub = _sampled(counts, groups, max_workflows, seed)
     seqs = [tuple(sequences[j]) for j in keep]
     ctxs = [tuple(contexts[j]) for j in keep] if contexts is not None else None
     families = (families_of(context_alphabet) if ctxs is not None else CONTEXTS[:1])
@@ -182,12 +174,10 @@ def select_models(sequences: Sequence[Sequence[str]], counts: Sequence[int],
                for fam in families[1:]} if ctxs is not None else {}
     marked_families = [fam for fam in families if FAMILY_PARTS[fam][1]]
     stage_seqs = fam_ctx.get("agent_stage")
-    sub = sub[keep]
     total = int(sub.sum())
-    n_groups = len({g for m in gsub for g in m}) if gsub is not None else total
-    if n_groups < max(folds, 2):
-        reason = (f"{total} workflows: too few to cross-validate" if gsub is None
-                  else f"{n_groups} groups of workflows: too few to cross-validate")
+    n_units, units = _cv_units(sub, gsub)
+    if n_units < max(folds, 2):
+        reason = f"{n_units} {units}: too few to cross-validate"
         return {"next": {"max_order": 3, "escape": 1.0, "mixture": 1.0, "min_context": 1.0,
                          "context": "agent", "reason": reason},
                 "remaining": {"order": 0, "position": "none", "min_n": 1, "point": "p50",
@@ -277,7 +267,29 @@ def select_models(sequences: Sequence[Sequence[str]], counts: Sequence[int],
                                        REMAINING_REPEATS if total < REPEAT_BELOW else 1, seed,
                                        stage_seqs, gsub),
             "folds": folds, "workflows": total,
-            **({"groups": n_groups} if gsub is not None else {})}
+            **({"groups": n_units} if gsub is not None else {})}
+
+
+def _sampled(counts: Sequence[int], groups: Sequence[Mapping[str, int]] | None, max_workflows: int,
+             seed: int) -> tuple[np.ndarray, np.ndarray, list[dict[str, int]] | None]:
+    """A seeded sample of at most ``max_workflows`` workflows: the indices of the paths it
+    keeps, their counts and (with ``groups``) their groups' counts (:func:`subsample`,
+    :func:`subsample_groups`)."""
+    if groups is None:
+        sub, gsub = subsample(counts, max_workflows, seed), None
+    else:
+        _check_groups(groups, counts)
+        gsub = subsample_groups(groups, max_workflows, seed)
+        sub = np.array([sum(m.values()) for m in gsub], dtype=np.int64)
+    keep = np.flatnonzero(sub)
+    return keep, sub[keep], None if gsub is None else [gsub[j] for j in keep]
+
+
+def _cv_units(sub: np.ndarray, gsub: Sequence[Mapping[str, int]] | None) -> tuple[int, str]:
+    """How many units the folds deal and what they are: workflows, or whole groups."""
+    if gsub is None:
+        return int(sub.sum()), "workflows"
+    return len({g for m in gsub for g in m}), "groups of workflows"
 
 
 def _check_groups(groups: Sequence[Mapping[str, int]], counts: Sequence[int]) -> None:
@@ -293,21 +305,13 @@ def select_remaining(sequences: Sequence[Sequence[str]], counts: Sequence[int],
     """The remaining-work choice of :func:`select_models` alone, for another alphabet of the
     same workflows (tool names where a workflow type has a single agent); ``groups`` as
     there."""
-    if groups is not None:
-        _check_groups(groups, counts)
-        gsub = subsample_groups(groups, max_workflows, seed)
-        sub = np.array([sum(m.values()) for m in gsub], dtype=np.int64)
-    else:
-        gsub, sub = None, subsample(counts, max_workflows, seed)
-    keep = np.flatnonzero(sub)
-    seqs, sub = [tuple(sequences[j]) for j in keep], sub[keep]
-    gsub = [gsub[j] for j in keep] if gsub is not None else None
+    keep, sub, gsub = _sampled(counts, groups, max_workflows, seed)
+    seqs = [tuple(sequences[j]) for j in keep]
     total = int(sub.sum())
-    n_groups = len({g for m in gsub for g in m}) if gsub is not None else total
-    if n_groups < REMAINING_FOLDS:
+    n_units, units = _cv_units(sub, gsub)
+    if n_units < REMAINING_FOLDS:
         return {"order": 0, "position": "none", "min_n": 1, "point": "p50",
-                "reason": (f"{total} workflows: too few to cross-validate" if gsub is None
-                           else f"{n_groups} groups of workflows: too few to cross-validate")}
+                "reason": f"{n_units} {units}: too few to cross-validate"}
     return _remaining_cv(seqs, sub, REMAINING_FOLDS,
                          REMAINING_REPEATS if total < REPEAT_BELOW else 1, seed, groups=gsub)
 
