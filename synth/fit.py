@@ -24,7 +24,7 @@ from synth.remaining import RemainingWork
 from synth.sequence_select import select_models
 from synth.sequences import WorkflowSequence
 from synth.session import WorkflowPaths
-from synth.vomm import END, VariableOrderMarkov, project
+from synth.vomm import END, VariableOrderMarkov, project_all
 
 SECTION_FORMAT = 1
 DEFAULT_ALPHA = 0.2
@@ -256,11 +256,11 @@ def sequence_models(sequences: Sequence[WorkflowSequence], counts: Sequence[int]
     context = nxt.get("context", "agent")
     vomm = VariableOrderMarkov(max_order=nxt["max_order"], escape=nxt["escape"],
                                min_context=nxt.get("min_context", 1.0)).fit(
-        calls, counts, ([tuple(project(c, context) for c in q) for q in ctxs]
+        calls, counts, (project_all(ctxs, context)
                         if context != "agent" and ctxs is not None else None))
     rem_alphabet = rem.get("alphabet", "agent")
     rem_calls = (calls if rem_alphabet == "agent" or ctxs is None
-                 else [tuple(project(c, rem_alphabet) for c in q) for q in ctxs])
+                 else project_all(ctxs, rem_alphabet))
     params = {k: rem[k] for k in ("order", "position", "min_n", "point")}
     remaining = RemainingWork(**params).fit(rem_calls, counts,
                                             _by_symbol(timings, rem_calls, calls))

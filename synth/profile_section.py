@@ -41,11 +41,11 @@ from synth.prompts import evaluate_templates, load_text_workflows
 from synth.regex_synth import LOOP_QUANTILES
 from synth.remaining import RemainingWork
 from synth.sequence_select import is_position_median, select_remaining
-from synth.sequences import (has_stage_variation, has_tool_variation, load_sequence_counts,
+from synth.sequences import (has_stage_variation, has_tool_variation,
                              load_sequence_groups, load_sequences, symbol_expression, unmarked,
                              workflow_counts)
 from synth.session import WorkflowPaths
-from synth.vomm import START
+from synth.vomm import FAMILY_PARTS, START
 
 DEFAULT_PROMPT_WORKFLOWS = 100
 #: Default of ``synth_max_workflows``: workflows per type that train the automaton.
@@ -93,9 +93,6 @@ def build_workflows_section(con: duckdb.DuckDBPyConnection, options: dict[str, A
 
     def load(wt: str | None, alphabet: str, limit: int | None) -> dict:
         """Distinct paths, counts and (with ``--group-by``) their groups' counts."""
-        if group is None:
-            return {k: (q, n, None) for k, (q, n) in load_sequence_counts(
-                con, wt, alphabet=alphabet, max_workflows=limit, seed=seed).items()}
         return load_sequence_groups(con, group, wt, alphabet=alphabet, max_workflows=limit,
                                     seed=seed)
     distinct = load(None, "agent", max_workflows)
@@ -131,9 +128,8 @@ def context_alphabet(con: duckdb.DuckDBPyConnection, wt: str, sequences) -> str:
     (:func:`synth.sequences.has_tool_variation`), stages where some agent runs in several
     stages (:func:`synth.sequences.has_stage_variation`); ``"agent"`` when neither."""
     tools = (len({a for q in sequences for a in q.calls}) > 1 and has_tool_variation(con, wt))
-    stages = has_stage_variation(con, wt)
-    return {(False, False): "agent", (False, True): "agent_tool", (True, False): "agent_stage",
-            (True, True): "agent_stage_tool"}[(stages, tools)]
+    parts = (has_stage_variation(con, wt), tools)
+    return next(fam for fam, fam_parts in FAMILY_PARTS.items() if fam_parts == parts)
 
 
 def tool_remaining(con: duckdb.DuckDBPyConnection, wt: str, section: dict,
@@ -149,13 +145,11 @@ def tool_remaining(con: duckdb.DuckDBPyConnection, wt: str, section: dict,
     agent model's; the choice is recorded either way (``selection.tool_alphabet``).
     ``group`` (SQL, ``--group-by``): the selection folds keep a group's workflows together."""
     limit = max_workflows if max_workflows > 0 else None
-    counted = (load_sequence_counts(con, wt, alphabet="tool", max_workflows=limit, seed=seed)
-               if group is None else
-               load_sequence_groups(con, group, wt, alphabet="tool", max_workflows=limit,
-                                    seed=seed)).get(wt)
+    counted = load_sequence_groups(con, group, wt, alphabet="tool", max_workflows=limit,
+                                   seed=seed).get(wt)
     if not counted:
         return
-    seqs, counts, groups = (*counted, None)[:3]
+    seqs, counts, groups = counted
     # the context of call i is the tools of the calls before it (after START): call i's own
     # tool is not known when call i is annotated, so a model that read it could not be served
     calls = [(START, *s.calls[:-1]) for s in seqs]

@@ -38,8 +38,8 @@ import numpy as np
 
 from store.folds import group_folds
 from synth.remaining import RemainingWork
-from synth.vomm import (END, FAMILY_PARTS, VariableOrderMarkov, families_of, family_rank, project,
-                        strip_tool_mark)
+from synth.vomm import (END, FAMILY_PARTS, VariableOrderMarkov, families_of, family_rank,
+                        project_all, strip_tool_mark)
 
 ORDERS = (1, 2, 3, 4, 6, 8)
 ESCAPES = (0.5, 1.0, 2.0)
@@ -170,8 +170,7 @@ def select_models(sequences: Sequence[Sequence[str]], counts: Sequence[int],
     ctxs = [tuple(contexts[j]) for j in keep] if contexts is not None else None
     families = (families_of(context_alphabet) if ctxs is not None else CONTEXTS[:1])
     # each family's context symbols (the parts it does not read dropped)
-    fam_ctx = {fam: [tuple(project(c, fam) for c in q) for q in ctxs]
-               for fam in families[1:]} if ctxs is not None else {}
+    fam_ctx = {fam: project_all(ctxs, fam) for fam in families[1:]} if ctxs is not None else {}
     marked_families = [fam for fam in families if FAMILY_PARTS[fam][1]]
     stage_seqs = fam_ctx.get("agent_stage")
     total = int(sub.sum())

@@ -425,16 +425,21 @@ def load_sequence_counts(con: duckdb.DuckDBPyConnection, workflow_type_id: str |
         con, workflow_type_id, alphabet, max_workflows, seed, None).items()}
 
 
-def load_sequence_groups(con: duckdb.DuckDBPyConnection, group: str,
+def load_sequence_groups(con: duckdb.DuckDBPyConnection, group: str | None,
                          workflow_type_id: str | None = None, alphabet: str = "agent",
                          max_workflows: int | None = None, seed: int = 0
-                         ) -> dict[str, tuple[list[WorkflowSequence], list[int], list[dict[str, int]]]]:
+                         ) -> dict[str, tuple[list[WorkflowSequence], list[int],
+                                              list[dict[str, int]] | None]]:
     """:func:`load_sequence_counts` with, per distinct sequence, how many of its workflows
     belong to each group: ``group`` is SQL over a ``calls`` row
     (:func:`store.split.call_group_sql`, ``profiler fit --group-by``) and a workflow's group is
     its first call's. The selection folds of :func:`synth.sequence_select.select_models` deal
-    these groups whole."""
-    return _distinct_rows(con, workflow_type_id, alphabet, max_workflows, seed, group)
+    these groups whole. ``group`` None (no ``--group-by``): the groups are None, every workflow
+    its own unit."""
+    rows = _distinct_rows(con, workflow_type_id, alphabet, max_workflows, seed, group)
+    if group is None:
+        return {wt: (seqs, counts, None) for wt, (seqs, counts, _) in rows.items()}
+    return rows
 
 
 def _distinct_rows(con: duckdb.DuckDBPyConnection, workflow_type_id: str | None, alphabet: str,

@@ -98,6 +98,11 @@ def project(symbol: str, family: str) -> str:
     return f"{out}{MARK_SEP}{mark}" if with_mark and mark else out
 
 
+def project_all(sequences: Iterable[Sequence[str]], family: str) -> list[tuple[str, ...]]:
+    """Every symbol of every sequence read in ``family`` (:func:`project`)."""
+    return [tuple(project(c, family) for c in q) for q in sequences]
+
+
 def families_of(alphabet: str) -> tuple[str, ...]:
     """The context families a sequence read in ``alphabet`` offers, simplest first: the
     plain agents, then each part alone, then both."""
