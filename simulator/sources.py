@@ -34,6 +34,7 @@ from store.profile_artifact import CURRENT_FILE, load_profile
 from store.ingest import discover_all, ingest
 from store.duckdb_store import connect
 from store.workloads import generate, load_spec
+from synth.sequences import STAGE_SQL
 from simulator.workload import renamed, replicate_records
 
 #: Built-in generated workloads (command-line names → ``store.workloads`` spec names).
@@ -45,8 +46,7 @@ SELECT request_id, workflow_type_id, workflow_id, agent_id, t_arrival, t_first_t
        input_tokens, output_tokens, parent_request_ids, tool_names, status,
        TRY_CAST(json_extract(extra, '$.num_workers') AS INTEGER) AS num_workers,
        TRY_CAST(json_extract(extra, '$.t_last_chunk') AS DOUBLE) AS t_last_chunk,
-       CASE WHEN json_type(extra, '$.stage') = 'VARCHAR'
-            THEN nullif(json_extract_string(extra, '$.stage'), '') END AS stage
+       """ + STAGE_SQL + """ AS stage
 FROM calls {where} ORDER BY workflow_id, t_arrival, request_id
 """
 

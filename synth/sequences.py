@@ -274,15 +274,17 @@ def has_tool_variation(con: duckdb.DuckDBPyConnection, workflow_type_id: str) ->
     return bool(row and row[0] > 1)
 
 
+#: SQL over a ``calls`` row with an ``extra`` column: the call's ``stage`` (the flat record's
+#: optional extension, kept in ``extra``; NULL when absent, empty or not a string, as
+#: :func:`synth.vomm.stage_symbol` reads ``app_metadata.stage`` at serving).
+STAGE_SQL = ("CASE WHEN json_type(extra, '$.stage') = 'VARCHAR' "
+             "THEN nullif(json_extract_string(extra, '$.stage'), '') END")
+
+
 def stage_expression(con: duckdb.DuckDBPyConnection) -> str:
-    """SQL for a call's ``stage`` (the flat record's optional extension, kept in ``extra``;
-    NULL when absent, empty or not a string, as :func:`synth.vomm.stage_symbol` reads
-    ``app_metadata.stage`` at serving)."""
+    """:data:`STAGE_SQL`, or NULL where the store's ``calls`` has no ``extra`` column."""
     columns = {row[0] for row in con.execute("DESCRIBE calls").fetchall()}
-    if "extra" not in columns:
-        return "NULL::VARCHAR"
-    return ("CASE WHEN json_type(extra, '$.stage') = 'VARCHAR' "
-            "THEN nullif(json_extract_string(extra, '$.stage'), '') END")
+    return STAGE_SQL if "extra" in columns else "NULL::VARCHAR"
 
 
 def has_stage_variation(con: duckdb.DuckDBPyConnection, workflow_type_id: str) -> bool:
