@@ -329,6 +329,20 @@ def _json_safe(value: Any) -> Any:
     return value
 
 
+def _fill_uncertified(table: pd.DataFrame, source: pd.DataFrame, keys: Sequence[str], label: str,
+                      usable: Callable[[np.ndarray], np.ndarray]) -> None:
+    """In place: every entry of ``table`` whose ``q_z`` is not finite (uncertified) takes
+    ``source``'s ``q_z`` at the same ``keys`` where ``usable`` accepts it, and ``backed_off`` =
+    ``label`` says so."""
+    bad = ~np.isfinite(table["q_z"].to_numpy(dtype=float))
+    if not bad.any():
+        return
+    got = table[list(keys)].merge(source[[*keys, "q_z"]], how="left", on=list(keys))["q_z"].to_numpy(dtype=float)
+    fill = bad & usable(got)
+    table.loc[fill, "q_z"] = got[fill]
+    table.loc[fill, "backed_off"] = label
+
+
 class IdleGapModel(IdleGapTable, BaseEstimator):
     """Idle-gap TTL per (workflow type, agent, tool) with backoff, session correction and recency.
 
@@ -413,28 +427,16 @@ class IdleGapModel(IdleGapTable, BaseEstimator):
         ladder = ((0.5, "half-life x2"), (0.25, "half-life x4"), (0.125, "half-life x8"),
                   (0.0625, "half-life x16"), (0.0, "unweighted"))
         for lv in ("workflow_type", "agent", "tool"):
-            tb = out[lv]
-            keys = LEVEL_KEYS[lv]
             for power, label in ladder:
-                bad = ~np.isfinite(tb["q_z"].to_numpy(dtype=float))
-                if not len(tb) or not bad.any():
+                if not len(out[lv]) or np.isfinite(out[lv]["q_z"].to_numpy(dtype=float)).all():
                     break
                 alt = _level_table(t.assign(weight=np.power(w, power)), lv, "z", self.quantile,
                                    self.min_samples, with_p50=False, orders={"z": z_order})
-                got = tb[keys].merge(alt[[*keys, "q_z"]], how="left", on=keys)["q_z"].to_numpy(dtype=float)
-                fill = bad & np.isfinite(got)
-                tb.loc[fill, "q_z"] = got[fill]
-                tb.loc[fill, "backed_off"] = label
+                _fill_uncertified(out[lv], alt, LEVEL_KEYS[lv], label, np.isfinite)
         for lv, parent in (("agent", "workflow_type"), ("tool", "agent")):
-            tb = out[lv]
-            bad = ~np.isfinite(tb["q_z"].to_numpy(dtype=float))
-            if not bad.any():
-                continue
-            pkeys = LEVEL_KEYS[parent]
-            got = tb[pkeys].merge(out[parent][[*pkeys, "q_z"]], how="left", on=pkeys)["q_z"].to_numpy(dtype=float)
-            fill = bad & ~np.isnan(got)
-            tb.loc[fill, "q_z"] = got[fill]
-            tb.loc[fill, "backed_off"] = parent
+            # the parent's quantile, even the cap (inf) of a type that cannot certify q either
+            _fill_uncertified(out[lv], out[parent], LEVEL_KEYS[parent], parent,
+                              lambda q: ~np.isnan(q))
         return out
 
     def _row_values(self, df: pd.DataFrame, tables: Mapping[str, pd.DataFrame], level: str,
