@@ -241,6 +241,11 @@ def keep_alive_scores(profile: Profile, con: duckdb.DuckDBPyConnection) -> dict[
     def at_cap(ttl: np.ndarray, mask: np.ndarray) -> float | None:
         return float(np.mean(bound(ttl[mask]) >= cap)) if mask.any() else None
 
+    def per_policy(score: Callable[[np.ndarray], float | None]) -> dict[str, float | None]:
+        """``score`` of ours' and each baseline's TTLs (the NAT trie's None without one)."""
+        return {"ours": score(ours), "idle_gap_p95": score(base), "tool_p95": score(tool),
+                "nat_trie": score(nat) if trie is not None else None}
+
     per_type = {}
     for wt in sorted(set(df["workflow_type_id"])):
         m = scored & (df["workflow_type_id"] == wt).to_numpy()
@@ -260,20 +265,13 @@ def keep_alive_scores(profile: Profile, con: duckdb.DuckDBPyConnection) -> dict[
                       "nat_trie": nat_cov(scored)},
         "baseline_mean_ttl_s": {"idle_gap_p95": mean(base, scored), "tool_p95": mean(tool, scored),
                                 "nat_trie": mean(nat, scored) if trie is not None else None},
-        "kv_s_per_covered_gap": {"ours": kv_cost(ours, scored), "idle_gap_p95": kv_cost(base, scored),
-                                 "tool_p95": kv_cost(tool, scored),
-                                 "nat_trie": kv_cost(nat, scored) if trie is not None else None,
+        "kv_s_per_covered_gap": {**per_policy(lambda t: kv_cost(t, scored)),
                                  "oracle": kv_cost(oracle, scored, bounded=False)},
         # the same plus the TTL each session's last call holds for nothing (the oracle holds none)
-        "kv_s_per_covered_gap_with_ends": {
-            "ours": kv_cost(ours, scored, ends=end), "idle_gap_p95": kv_cost(base, scored, ends=end),
-            "tool_p95": kv_cost(tool, scored, ends=end),
-            "nat_trie": kv_cost(nat, scored, ends=end) if trie is not None else None,
-            "oracle": kv_cost(oracle, scored, bounded=False)},
+        "kv_s_per_covered_gap_with_ends": {**per_policy(lambda t: kv_cost(t, scored, ends=end)),
+                                           "oracle": kv_cost(oracle, scored, bounded=False)},
         "oracle_coverage": float(np.mean(gap[scored] <= cap)) if scored.any() else None,
-        "ttl_at_cap_share": {"ours": at_cap(ours, scored), "idle_gap_p95": at_cap(base, scored),
-                             "tool_p95": at_cap(tool, scored),
-                             "nat_trie": at_cap(nat, scored) if trie is not None else None},
+        "ttl_at_cap_share": per_policy(lambda t: at_cap(t, scored)),
         "by_workflow_type": per_type,
     }
 
