@@ -34,7 +34,7 @@ import itertools
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Mapping
 
 import numpy as np
 
@@ -369,6 +369,26 @@ def generate_messy(spec: dict, n_workflows: int | None, seed: int = 0, with_text
         running = np.append(running, t)
 
 
+def _poisson_starts(rng: np.random.Generator, n_workflows: int | None,
+                    arrival_rate: float) -> Iterator[tuple[int, float]]:
+    """``(i, start time)`` of each workflow: a Poisson process of ``arrival_rate`` from
+    :data:`EPOCH0` (endless with ``n_workflows`` None). Draws one exponential per workflow, when
+    it is asked for."""
+    t0 = EPOCH0
+    for i in itertools.count() if n_workflows is None else range(n_workflows):
+        t0 += float(rng.exponential(1.0 / arrival_rate))
+        yield i, t0
+
+
+def _bounded_count(rng: np.random.Generator, spec: Mapping[str, Any]) -> int:
+    """``spec["min"]`` and then one more with probability ``spec["p_more"]`` each, up to
+    ``spec["max"]`` (a truncated geometric count: turns of a conversation, phases of a team)."""
+    n = int(spec["min"])
+    while n < spec["max"] and rng.random() < spec["p_more"]:
+        n += 1
+    return n
+
+
 def _plain_call(rng: np.random.Generator, spec: dict, agent: str, wf: str, n: int, t: float,
                 context: int, stage: str | None = None) -> tuple[dict[str, Any], float]:
     """The flat record of call ``n`` of ``wf`` by ``agent`` arriving at ``t`` after ``context``
@@ -403,13 +423,9 @@ def generate_agent_user(spec: dict, n_workflows: int | None, seed: int = 0,
     rng = np.random.default_rng([seed, 11])
     wt, serving = spec["workflow_type_id"], spec["serving"]
     turns, p_tool, tools = spec["turns"], spec["p_tool_by_streak"], spec["tools"]
-    t0 = EPOCH0
-    for i in itertools.count() if n_workflows is None else range(n_workflows):
-        t0 += float(rng.exponential(1.0 / arrival_rate))
+    for i, t0 in _poisson_starts(rng, n_workflows, arrival_rate):
         wf, t, n, context = f"{wt}-{seed}-{i}", t0, 0, 0
-        n_turns = int(turns["min"])
-        while n_turns < turns["max"] and rng.random() < turns["p_more"]:
-            n_turns += 1
+        n_turns = _bounded_count(rng, turns)
         for _turn in range(n_turns):
             streak = 0
             for agent in itertools.chain(["user"], itertools.repeat("agent")):
@@ -446,13 +462,9 @@ def generate_phased(spec: dict, n_workflows: int | None, seed: int = 0,
     chair, phases, final = spec["chair"], spec["phases"], spec["final_phase"]
     mid = spec["middle_phases"]
     names = sorted(phases)
-    t0 = EPOCH0
-    for i in itertools.count() if n_workflows is None else range(n_workflows):
-        t0 += float(rng.exponential(1.0 / arrival_rate))
+    for i, t0 in _poisson_starts(rng, n_workflows, arrival_rate):
         wf, t, n, context = f"{wt}-{seed}-{i}", t0, 0, 0
-        n_mid = int(mid["min"])
-        while n_mid < mid["max"] and rng.random() < mid["p_more"]:
-            n_mid += 1
+        n_mid = _bounded_count(rng, mid)
         plan = [names[int(k)] for k in rng.integers(0, len(names), n_mid)]
         steps = [(p, phases[p]) for p in plan] + list(final.items())
         for stage, worker in steps:
