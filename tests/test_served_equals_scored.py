@@ -18,7 +18,8 @@ from store.workloads import generate, write_jsonl
 from synth.evaluation import served_predictions
 from synth.sequences import sequences_from_symbols
 from synth.session import WorkflowPaths
-from synth.vomm import NO_TOOL, VariableOrderMarkov, tool_mark
+from synth.vomm import (NO_TOOL, VariableOrderMarkov, families_of, project, stage_symbol,
+                        strip_tool_mark, tool_mark, unmark)
 
 WT = "airline_support"
 
@@ -177,7 +178,6 @@ def phased(tmp_path_factory):
 
 
 def test_symbols_read_in_a_context_family():
-    from synth.vomm import families_of, project, stage_symbol, strip_tool_mark, unmark
     full = tool_mark(stage_symbol("cto", "coding"), ["run_tests"])
     assert stage_symbol("cto", None) == stage_symbol("cto", "") == stage_symbol("cto", 3) == "cto"
     assert project(full, "agent") == unmark(full) == "cto"
@@ -220,7 +220,6 @@ def test_a_log_without_stages_fits_the_agent_model(phased, tmp_path):
 def test_eval_per_call_prediction_equals_the_predictor_annotation_with_stage(phased):
     """Each held-out call annotated with its ``app_metadata.stage`` carries exactly the next
     agents, p_end and remaining calls ``profiler eval`` scores for it."""
-    from synth.vomm import stage_symbol
     profile, root = phased
     predictor = Predictor(profile)
     paths = WorkflowPaths.from_section(profile.data["workflows"][PT])
@@ -238,7 +237,6 @@ def test_eval_per_call_prediction_equals_the_predictor_annotation_with_stage(pha
 
 
 def test_a_request_without_its_stage_backs_off_to_the_agents(phased):
-    from synth.vomm import stage_symbol
     """Without ``app_metadata.stage`` the sequence model reads the plain agents (the agent
     contexts it was also fit on), and so does the stage remaining-work model (its plain-agent
     backoff keys), not the call index alone."""
