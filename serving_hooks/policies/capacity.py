@@ -77,11 +77,13 @@ queue (``w_target = 0``) and the median move saved only 1.46× its cost; 18 sess
 times (33 of the 113 moves, 38 % of the moved tokens); at the move the home held the prefix on
 its host tier for 75 of them (a PCIe reload, ~6× cheaper than the rebuild) and had lost it for
 14 (10 % of the moved tokens). ``w_home`` is an expected
-drain time, not the call's wait: calls that the ratio keeps home waited a median 2.5 s against
-a predicted 3.2 s and a cost of 2.2 s — half of them less than the rebuild would have cost. So a
-move that clears its cost by a sliver is a coin flip for the session and a sure recompute; the
-moves that pay are the ones off a replica with a deep queue, which clear the cost many times
-over and survive a ratio of 2. On the validation draws (100, 101 of ``agent-platform`` and
+drain time, not the call's wait: the 174 calls that ratio 2 keeps home (gain between 1 and 2×
+the cost) waited a median 2.5 s (mean 4.8 s) against a predicted 3.2 s and a cost of 2.2 s —
+half of them less than the rebuild would have cost — and sending them away bought nothing
+measurable (avg JCT 309.8 s with those moves, 308.5 s without). So a move that clears its cost
+by a sliver is a coin flip for the session and a sure recompute; the moves that pay are the ones
+off a replica with a deep queue, which clear the cost many times over (median 3.7×) and survive
+a ratio of 2. Ratio 2 also ends the repeated moves (2 sessions moved more than once, was 18). On the validation draws (100, 101 of ``agent-platform`` and
 ``agent-platform-bursty``) ratio 2 keeps avg JCT and P95 (within 0.5 s) and cuts routing-caused
 recompute to 1.1–2.2 % (ratio 1: 1.9–5.8 %); never moving is 1–3 % slower on ``agent-platform``
 (docs/simulator.md, "Routing: why sessions still moved"; ``ours-move-gain-1`` is the rule before).
