@@ -83,10 +83,12 @@ half of them less than the rebuild would have cost — and sending them away bou
 measurable (avg JCT 309.8 s with those moves, 308.5 s without). So a move that clears its cost
 by a sliver is a coin flip for the session and a sure recompute; the moves that pay are the ones
 off a replica with a deep queue, which clear the cost many times over (median 3.7×) and survive
-a ratio of 2. Ratio 2 also ends the repeated moves (2 sessions moved more than once, was 18). On the validation draws (100, 101 of ``agent-platform`` and
-``agent-platform-bursty``) ratio 2 keeps avg JCT and P95 (within 0.5 s) and cuts routing-caused
-recompute to 1.1–2.2 % (ratio 1: 1.9–5.8 %); never moving is 1–3 % slower on ``agent-platform``
-(docs/simulator.md, "Routing: why sessions still moved"; ``ours-move-gain-1`` is the rule before).
+a ratio of 2. Ratio 2 also ends the repeated moves (2 sessions moved more than once, was 18).
+On validation draws 100–103 of ``agent-platform`` and ``agent-platform-bursty`` ratio 2 is the
+smallest of 1, 1.5, 2, 3, 4 with routing-caused recompute ≤ 3 % on all eight runs (0.8–2.9 %;
+ratio 1: 1.9–5.8 %) and within 0.1 s of the fastest on every ``agent-platform`` draw; a larger
+ratio is slower on each, never moving 1.5–7 % slower (docs/simulator.md, "Routing: why sessions
+still moved"; ``ours-move-gain-1`` is the rule before).
 
 Worked example: capacity 1000 with two active requests of ``300 + 200`` each has committed
 ``2 · 500 = 1000`` tokens, so a new ``100 + 50`` does not fit there. With a fixed ``α = 0.02``
