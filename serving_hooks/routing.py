@@ -26,7 +26,8 @@ How the choice is made
 * It routes with the ledger's step (:meth:`CapacityLedger.place`, the simulator's too) and
   :class:`CapacityPolicy` (Pythia alg. 2, union bound): a session stays on its last worker
   (where its prefix is cached) unless that worker is unsafe by ``move_margin``, another is safe
-  and the wait the move saves exceeds rebuilding the prefix (judged with each worker's drain
+  and the wait the move saves exceeds twice the cost of rebuilding the prefix
+  (``CapacityPolicy.move_gain_ratio``; judged with each worker's drain
   rate: expected KV tokens, ``input + E[out]``, of the requests that finished there over the
   last ``drain_window_s``, divided by the time observed, ``min(drain_window_s, now − router
   start)``); with no worker safe it stays (a ``fallback`` decision); a new session goes to the

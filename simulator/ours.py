@@ -52,7 +52,10 @@ default ``PriorityPolicy.remaining_unit``, chosen on validation draws: module do
 :mod:`serving_hooks.policies.priority`); ``ours-tokens`` by its expected remaining output tokens
 (:mod:`predictors.remaining_tokens`), ``ours-seconds`` by expected remaining *seconds*,
 ``ours-seconds-p90`` by the 0.9 quantile of it.
-``ours-no-preprefill`` switches pre-prefill off. Autoscaling is not a part of ours: any policy
+``ours-no-preprefill`` switches pre-prefill off. ``ours-no-move`` never moves a session off
+its replica; ``ours-move-gain-1`` moves it when the wait saved merely exceeds the rebuild's cost
+(the rule before ``CapacityPolicy.move_gain_ratio`` = 2, which halved routing-caused recompute
+on ``agent-platform``: docs/simulator.md). Autoscaling is not a part of ours: any policy
 name takes ``+predictive`` or ``+reactive`` (:mod:`simulator.autoscale`).
 """
 from __future__ import annotations
@@ -517,6 +520,7 @@ OURS_VARIANTS: dict[str, dict[str, Any]] = {
     "ours-sticky": {"router": "sticky"},
     "ours-no-move": {"capacity_policy": CapacityPolicy(move_margin=math.inf)},
     "ours-move-own-cost": {"capacity_policy": CapacityPolicy(rebuild_delays_target=False)},
+    "ours-move-gain-1": {"capacity_policy": CapacityPolicy(move_gain_ratio=1.0)},
     "ours-p99": {"risk_split": False},
     "ours-no-keepdrop": {"keep_drop": False},
     "ours-no-prefetch": {"prefetch": False},

@@ -130,30 +130,40 @@ def test_capacity_affinity_first_then_largest_headroom_then_fallback():
     assert pol.choose([], 1, 1).replica is None
 
 
-def test_capacity_moves_a_session_only_when_the_wait_it_saves_exceeds_the_rebuild():
+def test_capacity_moves_a_session_only_when_the_wait_it_saves_is_twice_the_rebuild():
     # prefill 1 ms/token, a move costs 2x the prefill of the cached prefix
     pol = CapacityPolicy(prefill_s_per_token=0.001, move_cost_factor=2.0)
+    assert pol.move_gain_ratio == 2.0                         # the default the docs measure
     home_busy = (_req(1, 900, 300),)                          # expects 1200 of 1000 tokens
     reps = [ReplicaState("home", 1000, home_busy, drain_tokens_per_s=100.0),
             ReplicaState("idle", 1000, (), drain_tokens_per_s=100.0)]
     # new request 50 + 50: home headroom 1000 - 1200 - 100 = -300 -> waits 300/100 = 3 s;
-    # idle: 900 >= 0 -> 0 s. Rebuilding a 1000-token prefix costs 2 * 1000 * 0.001 = 2 s < 3 s
+    # idle: 900 >= 0 -> 0 s. Rebuilding a 1000-token prefix costs 2 * 1000 * 0.001 = 2 s:
+    # 3 s saved clears the cost but not twice it -> the session stays where its prefix is
+    # (the rule before, move_gain_ratio = 1, moved it: 3 s > 2 s)
     assert pol.move_cost_s(1000) == pytest.approx(2.0)
     placed = pol.choose(reps, 50, 50, last_replica="home", cached_tokens=1000)
-    assert placed.replica == "idle"
-    # a 2000-token prefix costs 4 s > 3 s of waiting: the session stays where its prefix is
-    placed = pol.choose(reps, 50, 50, last_replica="home", cached_tokens=2000)
-    assert placed.replica == "home" and placed.affinity
+    assert placed.replica == "home" and placed.affinity and not placed.moved
+    before = replace(pol, move_gain_ratio=1.0)
+    assert before.choose(reps, 50, 50, last_replica="home", cached_tokens=1000).replica == "idle"
+    # a 700-token prefix costs 1.4 s; 3 s > 2 x 1.4 s: worth it, it moves with its prefix
+    placed = pol.choose(reps, 50, 50, last_replica="home", cached_tokens=700)
+    assert placed.replica == "idle" and placed.moved and placed.recompute_tokens == 700
+    # a 2000-token prefix costs 4 s > 3 s of waiting: it stays under either ratio
+    for p in (pol, before):
+        placed = p.choose(reps, 50, 50, last_replica="home", cached_tokens=2000)
+        assert placed.replica == "home" and placed.affinity
     # a faster drain (1000 tok/s) makes the wait 0.3 s: not worth even the small rebuild
     fast = [replace(r, drain_tokens_per_s=1000.0) for r in reps]
-    assert pol.choose(fast, 50, 50, last_replica="home", cached_tokens=1000).replica == "home"
+    assert pol.choose(fast, 50, 50, last_replica="home", cached_tokens=700).replica == "home"
 
 
 def test_a_moves_recompute_is_load_on_the_target_its_requests_wait_out():
     # the same 3 s of waiting saved as above, a 500-token prefix: 2 x 0.5 s = 1 s on an idle
     # target (moves); on a target with 2 requests in flight each of them also waits the 0.5 s
     # rebuild out: (2 + 2) x 0.5 s = 2 s < 3 s (moves); with 4 in flight 3 s, not < 3 s (stays)
-    pol = CapacityPolicy(prefill_s_per_token=0.001, move_cost_factor=2.0)
+    # (the cost itself, compared with the gain at ratio 1)
+    pol = CapacityPolicy(prefill_s_per_token=0.001, move_cost_factor=2.0, move_gain_ratio=1.0)
     assert pol.move_cost_s(500, target_requests=4) == pytest.approx(3.0)
     home = ReplicaState("home", 1000, (_req(1, 900, 300),), drain_tokens_per_s=100.0)
 

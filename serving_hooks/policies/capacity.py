@@ -54,7 +54,8 @@ did not come through us) plus what we sent since that count was taken.
      the session pays the prefill on the target plus as much cached data displaced there
      (factor 2), and each of the ``n_target`` requests in flight on the target waits the
      rebuild out (continuous batching runs the prefill in the iterations they share, and a
-     queued request starts that much later); it moves iff ``w_home − w_target > move_cost_s``. (The
+     queued request starts that much later); it moves iff ``w_home − w_target > move_gain_ratio ·
+     move_cost_s`` (twice the cost by default: see "Why the gain must be twice the cost"). (The
      mirror gain, the ``e_n / d_home`` of wait a move takes off each request queued at home behind
      the session, was tried and left out: within noise on 12 bursty seeds, more moves;
      docs/simulator.md, agent-platform-bursty.) When a
@@ -68,6 +69,26 @@ did not come through us) plus what we sent since that count was taken.
 the target must prefill again (the ledger, ``serving_hooks.policies.bookkeeping``, sums them).
 "Less loaded" alone is no reason to move a session: "unsafe at home by a margin, and it runs
 sooner elsewhere even after rebuilding its prefix" is.
+
+**Why the gain must be twice the cost** (``move_gain_ratio = 2``). With the bare test
+(``w_home − w_target > move_cost_s``) the moves on ``--scenario agent-platform`` cost 5.8 % of
+ours' prefill on validation draw 100 (113 sessions moved): every move went to a target with no
+queue (``w_target = 0``) and the median move saved only 1.46× its cost; 18 sessions moved 2–4
+times (33 of the 113 moves, 38 % of the moved tokens); at the move the home held the prefix on
+its host tier for 75 of them (a PCIe reload, ~6× cheaper than the rebuild) and had lost it for
+14 (10 % of the moved tokens). ``w_home`` is an expected
+drain time, not the call's wait: the 174 calls that ratio 2 keeps home (gain between 1 and 2×
+the cost) waited a median 2.5 s (mean 4.8 s) against a predicted 3.2 s and a cost of 2.2 s —
+half of them less than the rebuild would have cost — and sending them away bought nothing
+measurable (avg JCT 309.8 s with those moves, 308.5 s without). So a move that clears its cost
+by a sliver is a coin flip for the session and a sure recompute; the moves that pay are the ones
+off a replica with a deep queue, which clear the cost many times over (median 3.7×) and survive
+a ratio of 2. Ratio 2 also ends the repeated moves (2 sessions moved more than once, was 18).
+On validation draws 100–103 of ``agent-platform`` and ``agent-platform-bursty`` ratio 2 is the
+smallest of 1, 1.5, 2, 3, 4 with routing-caused recompute ≤ 3 % on all eight runs (0.8–2.9 %;
+ratio 1: 1.9–5.8 %) and within 0.1 s of the fastest on every ``agent-platform`` draw; a larger
+ratio is slower on each, never moving 1.5–7 % slower (docs/simulator.md, "Routing: why sessions
+still moved"; ``ours-move-gain-1`` is the rule before).
 
 Worked example: capacity 1000 with two active requests of ``300 + 200`` each has committed
 ``2 · 500 = 1000`` tokens, so a new ``100 + 50`` does not fit there. With a fixed ``α = 0.02``
@@ -348,6 +369,10 @@ class CapacityPolicy:
     move_margin:
         A session leaves its last replica only when the bound there overflows the capacity by
         more than this share of it (``overflow_tokens > move_margin · C``).
+    move_gain_ratio:
+        A move must save at least this many times what it costs: ``w_home − w_target >
+        move_gain_ratio · move_cost_s`` (2; 1 is the rule before, which moved sessions whose
+        saved wait barely passed the rebuild: module doc, "Why the gain must be twice the cost").
     rebuild_delays_target:
         Cost a move's rebuild as load on the target: each request in flight there waits it
         out too (``move_cost_s(cached, n_target)``). False: the moved session's own rebuild
@@ -360,6 +385,7 @@ class CapacityPolicy:
     prefill_s_per_token: float = 1.29e-4
     move_cost_factor: float = 2.0
     move_margin: float = 0.1
+    move_gain_ratio: float = 2.0
     rebuild_delays_target: bool = True
 
     def check(
@@ -464,7 +490,7 @@ class CapacityPolicy:
         w_target = target.expected_wait_s(target_check.headroom_tokens)
         if w_home is not None and w_target is not None:
             n_target = len(target.active) if self.rebuild_delays_target else 0
-            return w_home - w_target > self.move_cost_s(cached_tokens, n_target)
+            return w_home - w_target > self.move_gain_ratio * self.move_cost_s(cached_tokens, n_target)
         slack = self.affinity_slack * target.capacity_tokens
         gain = target_check.headroom_tokens - home_check.headroom_tokens
         return home_check.headroom_tokens < 0 <= target_check.headroom_tokens and gain > slack
