@@ -41,6 +41,14 @@ one standard error of their paired per-workflow difference (the one-standard-err
 ``group_id`` the standard error is over groups, :func:`store.folds.paired_se`): a richer model is
 served only where held-out workflows show it is better beyond noise.
 
+Ties
+----
+Whatever level is chosen, the served figure breaks its ties by the mean residual work at the
+exact call index (``tie_break: "index"``, :func:`predictors.served.tie_broken`): a nudge of at
+most 1e-9 of the figure, so sessions a position median puts level are ordered by calls done →
+mean residual life, and no pair the chosen level orders changes order (a ranking metric scores a
+tie ½; the MAE is unchanged to nine digits).
+
 Baselines (fit on the same training workflows, written beside the model and scored by
 ``profiler eval``): ``position_median`` (per type and position bucket, the median ``R``),
 ``mrl`` (calls done → mean residual life: per type and exact call index, the mean ``R`` of the
