@@ -36,6 +36,11 @@ generator's own structure is simulated (``store.workloads._expand``, 200,000 wor
 P(next | whole history), and the oracle that predicts its arg-max is scored on the same held-out
 calls (``bayes_top1_heldout``; on a 70/30 split) beside its expectation (``bayes_top1_expected``).
 
+After each table, the **remaining-tokens C-index** of ours beside every baseline, ours minus
+the best baseline ± its standard error (the delete-one-session jackknife of ``profiler eval``,
+``remaining_work.baselines.<name>.c_index_diff_se``, pooled over folds and seeds as independent)
+and whether that difference is beyond noise (more than two standard errors).
+
 The command line, the data source of every set and the wall time are printed with the table;
 ``--json`` prints all of it, every eval result included, as one object.
 """
@@ -170,6 +175,56 @@ def online_band_table(timed: dict[str, dict[str, Any]]) -> Table:
     return table
 
 
+#: Baselines of the remaining-tokens C-index (``remaining_work.baselines``).
+RW_BASELINES = ("position_median", "mrl", "nat_trie", "age")
+
+
+def c_index_diff(result: dict[str, Any], name: str) -> tuple[float, float] | None:
+    """``(C_ours − C_name, standard error)`` of one set's result: a single split's eval gives its
+    delete-one-session jackknife figure (``c_index_diff_se``); a CV result (or the messy seeds)
+    pools its parts, weighted by held-out calls as the table's means are, the parts' errors
+    added as independent (disjoint held-out sessions): ``se = √(Σ wᵢ² seᵢ²) / Σ wᵢ``."""
+    if "folds" in result:       # CV folds ({..., "result": eval}) or the messy seeds' results
+        parts = [f.get("result", f) for f in result["folds"]]
+        parts = [(c_index_diff(r, name), float(r.get("calls") or (r.get("mean") or {}).get("calls") or 1.0))
+                 for r in parts]
+        parts = [(p, w) for p, w in parts if p is not None]
+        if not parts:
+            return None
+        total = sum(w for _, w in parts)
+        return (sum(w * d for (d, _), w in parts) / total,
+                float(np.sqrt(sum((w * se) ** 2 for (_, se), w in parts))) / total)
+    b = ((result.get("remaining_work") or {}).get("baselines") or {}).get(name) or {}
+    if b.get("c_index_diff_se") is None:
+        return None
+    return float(b["c_index_diff"]), float(b["c_index_diff_se"])
+
+
+def c_index_table(results: dict[str, dict[str, Any]], title: str) -> Table:
+    """Per set: ours and every baseline's remaining-tokens C-index, then ours − the best baseline
+    ± its standard error and whether that difference is beyond noise (|diff| > 2 se)."""
+    table = Table(title=title)
+    for col in ("set", "ours", *RW_BASELINES, "best baseline", "ours − best ± se", "beyond noise?"):
+        table.add_column(col, justify="left" if col in ("set", "best baseline", "beyond noise?") else "right")
+    for label, r in results.items():
+        rw = (r.get("mean", r).get("remaining_work") or {})
+        base = rw.get("baselines") or {}
+        cs = {n: (base.get(n) or {}).get("c_index") for n in RW_BASELINES}
+        known = {n: c for n, c in cs.items() if c is not None}
+        if rw.get("c_index") is None or not known:
+            continue
+        best = max(known, key=known.get)
+        jk = c_index_diff(r, best)
+        verdict = "n/a"
+        if jk is not None:
+            d, se = jk
+            verdict = ("no (within 2 se)" if abs(d) <= 2 * se else
+                       "yes: ours ahead" if d > 0 else "yes: baseline ahead")
+        table.add_row(label, f"{rw['c_index']:.3f}", *(f"{c:.3f}" if c is not None else "n/a" for c in cs.values()),
+                      best, f"{jk[0]:+.3f} ± {jk[1]:.3f}" if jk else "n/a", verdict)
+    return table
+
+
 def score(logs: list[Path], work: Path, cv: int | None, group: tuple[str, str] | None = None,
           order: str = "hash") -> dict[str, Any] | Exception:
     """The eval (CV with ``cv``, grouped by ``group`` = (field, pattern) when given) result, or
@@ -263,7 +318,8 @@ def main() -> None:
                 if isinstance(result, Exception):  # the fit or eval itself crashed: report, go on
                     entry["error"] = f"{type(result).__name__}: {result}"
                 else:
-                    entry.update(result=result, table=baseline_rows(result))
+                    entry.update(result=result, table=baseline_rows(result),
+                                 c_index_vs={n: c_index_diff(result, n) for n in RW_BASELINES})
                 if proto == "main":
                     out["sets"][label] = entry
                 else:
@@ -294,6 +350,8 @@ def main() -> None:
     spread += "; messy: mean ± std over seeds" if "messy" in names else ""
     console.print(baseline_table({label: s["result"] for label, s in out["sets"].items() if "result" in s},
                                  title=f"ours vs baselines on held-out workflows ({out['mode']}{spread})"))
+    console.print(c_index_table({label: s["result"] for label, s in out["sets"].items() if "result" in s},
+                                title=f"remaining-tokens C-index, ours vs the best baseline ({out['mode']})"))
     if args.time:
         timed = {label: s["time_split"] for label, s in out["sets"].items() if "time_split" in s}
         for label, s in timed.items():
@@ -302,6 +360,8 @@ def main() -> None:
         console.print(baseline_table({label: s["result"] for label, s in timed.items() if "result" in s},
                                      title=f"ours vs baselines, {out['time_mode']}"
                                            + ("; messy: mean ± std over seeds" if "messy" in names else "")))
+        console.print(c_index_table({label: s["result"] for label, s in timed.items() if "result" in s},
+                                    title=f"remaining-tokens C-index, ours vs the best baseline, {out['time_mode']}"))
         console.print(online_band_table(timed))
 
 

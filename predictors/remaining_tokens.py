@@ -37,8 +37,17 @@ Per workflow type, every candidate (levels × point × (β, κ)) is scored by ``
 cross-validation **by workflow** on the mean absolute error of ``log1p`` (a scale-free error: the
 order between sessions is what a scheduler reads). The simplest candidate — the position
 median, no agent level, no session factor — is kept unless the best one beats it by more than
-one standard error of their paired per-workflow difference (the one-standard-error rule): a
-richer model is served only where held-out workflows show it is better beyond noise.
+one standard error of their paired per-workflow difference (the one-standard-error rule; with a
+``group_id`` the standard error is over groups, :func:`store.folds.paired_se`): a richer model is
+served only where held-out workflows show it is better beyond noise.
+
+Ties
+----
+Whatever level is chosen, the served figure breaks its ties by the mean residual work at the
+exact call index (``tie_break: "index"``, :func:`predictors.served.tie_broken`): a nudge of at
+most 1e-9 of the figure, so sessions a position median puts level are ordered by calls done →
+mean residual life, and no pair the chosen level orders changes order (a ranking metric scores a
+tie ½; the MAE is unchanged to nine digits).
 
 Baselines (fit on the same training workflows, written beside the model and scored by
 ``profiler eval``): ``position_median`` (per type and position bucket, the median ``R``),
@@ -57,8 +66,8 @@ import numpy as np
 import pandas as pd
 from sklearn.base import BaseEstimator
 
-from predictors.served import MAX_AGENT_CALLS, MAX_ELAPSED_BUCKET, RemainingTokensTable
-from store.folds import group_folds
+from predictors.served import MAX_AGENT_CALLS, MAX_ELAPSED_BUCKET, RemainingTokensTable, tie_broken
+from store.folds import group_folds, paired_se
 
 #: Candidate session factors ``(β, κ)``; ``(0, 0)`` is "no factor".
 FACTORS = ((0.0, 0.0), (0.5, 1.0), (0.5, 4.0), (1.0, 1.0), (1.0, 4.0), (1.0, 16.0))
@@ -151,9 +160,18 @@ def _expected_so_far(df: pd.DataFrame, agent_mean: dict[str, float], mean_out: f
 
 
 def predict_frame(entry: dict[str, Any], df: pd.DataFrame, level: str, point: str,
-                  beta: float, kappa: float) -> np.ndarray:
+                  beta: float, kappa: float, tie_break: str | None = None) -> np.ndarray:
     """``R̂`` of every call of ``df`` (one workflow type) from a type entry (vectorised form of
     :meth:`RemainingTokensTable.predict`; a test checks that both agree)."""
+    value = _predict_frame(entry, df, level, point, beta, kappa)
+    if tie_break != "index":
+        return value
+    finer = predict_frame(entry, df, "index", "mean", 0.0, 0.0)
+    return tie_broken(value, finer)
+
+
+def _predict_frame(entry: dict[str, Any], df: pd.DataFrame, level: str, point: str,
+                   beta: float, kappa: float) -> np.ndarray:
     table = RemainingTokensTable({"workflow_types": {"_": entry},
                                   "params": {"_": {"level": level, "point": point, "beta": beta,
                                                    "kappa": kappa}}})
@@ -223,9 +241,9 @@ class RemainingTokens(RemainingTokensTable, BaseEstimator):
         for wt, g in df.groupby("workflow_type_id", sort=True):
             g = g.reset_index(drop=True)
             entry = fit_type_table(g, self.min_n)
-            self.params_[str(wt)], self.selection_[str(wt)] = self._select(g)
-            if self.params_[str(wt)]["level"] != "index":   # the exact-index keys serve that level only
-                entry["keys"] = {k: v for k, v in entry["keys"].items() if not k.startswith("i")}
+            params, self.selection_[str(wt)] = self._select(g)
+            # equal figures ordered by calls done → mean residual life (the exact-index keys)
+            self.params_[str(wt)] = {**params, "tie_break": "index"}
             self.workflow_types_[str(wt)] = entry
             self.baselines_[str(wt)] = fit_baselines(g)
         RemainingTokensTable.__init__(self, self.to_dict())
@@ -268,13 +286,20 @@ class RemainingTokens(RemainingTokensTable, BaseEstimator):
         base = cands.index(simplest)
         best = int(np.argmin(mean))
         diff = per_wf[base] - per_wf[best]
-        se = float(diff.std(ddof=1) / np.sqrt(len(diff))) if len(diff) > 1 else 0.0
-        chosen = best if diff.mean() > se else base
+        clusters = None
+        if "group_id" in g:   # the SE over groups: a task's trials move together
+            wf_group = g.groupby(wf_codes)["group_id"].first().to_numpy()
+            codes = pd.factorize(wf_group)[0]
+            clusters = np.zeros((codes.max() + 1, len(diff)))
+            clusters[codes, np.arange(len(diff))] = 1.0
+        gain, se = paired_se(diff, np.ones(len(diff)), clusters)
+        chosen = best if gain > se else base
         return cands[chosen], {
             "metric": "mean |log1p(R̂) − log1p(R)| per workflow, CV by workflow",
             "folds": self.cv_folds, "workflows": int(len(wfs)),
             "simplest_error": float(mean[base]), "best_error": float(mean[best]),
             "best": cands[best], "paired_se": se,
+            "se_over": f"{len(clusters)} groups" if clusters is not None else f"{len(diff)} workflows",
             "rule": "best if it beats the simplest by more than one standard error"}
 
     # ------------------------------------------------------------- artifact

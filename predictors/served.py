@@ -281,6 +281,28 @@ MAX_AGENT_CALLS = 31
 MAX_ELAPSED_BUCKET = 48
 
 
+#: Relative size of the remaining-tokens tie-break (:func:`tie_broken`): far below the gap
+#: between two distinct served figures (medians of token counts differ by ≥ ½ token), far above
+#: float rounding.
+TIE_EPS = 1e-9
+
+
+def tie_broken(value: Any, finer: Any) -> Any:
+    """``value`` nudged by at most ``TIE_EPS·(value + 1)`` toward the order of ``finer``: a
+    lexicographic key (``value`` first, ``finer`` among equal values) as one number.
+
+    A coarse remaining-work estimate (a position median) gives every session at the same
+    position the same figure, and a ranking metric (the C-index) scores such ties ½. Breaking
+    them by a finer estimate (the mean residual work at the exact call index: calls done → mean
+    residual life) orders the tied sessions without changing the order of any untied pair
+    (their figures differ by more than the nudge), nor, to nine digits, any figure served."""
+    v = np.asarray(value, dtype=float)
+    f = np.maximum(np.asarray(finer, dtype=float), 0.0)
+    s = np.where(v + f > 0, (f - v) / np.maximum(v + f, 1e-300), 0.0)   # in [−1, 1], rising with f
+    out = v + TIE_EPS * (np.abs(v) + 1.0) * s
+    return float(out) if out.ndim == 0 else out
+
+
 def elapsed_bucket(elapsed_s: float) -> int:
     """Seconds since the session's first call → bucket: two per doubling of ``1 + s``."""
     return min(MAX_ELAPSED_BUCKET, int(2 * math.log2(1.0 + max(0.0, float(elapsed_s)))))
@@ -294,7 +316,9 @@ class RemainingTokensTable:
     (the type), ``"b<bucket>"`` (position), ``"b<bucket>|<agent>"``, ``"c<calls>|<agent>"`` (the
     agent's calls before this one), ``"e<bucket>"`` (:func:`elapsed_bucket`) and ``"i<index>"``
     (the exact call index: calls done → residual work of the training workflows that ran that
-    long), and the type's chosen candidate ``{level, point, beta, kappa}``."""
+    long), and the type's chosen candidate ``{level, point, beta, kappa}``, with
+    ``tie_break: "index"`` where equal figures are ordered by the mean residual work at the
+    exact call index (:func:`tie_broken`)."""
 
     def __init__(self, data: Mapping[str, Any] | None = None) -> None:
         data = data or {}
@@ -361,7 +385,10 @@ class RemainingTokensTable:
             prior = float(p.get("kappa") or 0.0) * float(entry["mean_out"])
             factor = ((out_so_far + prior) / max(expected_so_far + prior, 1e-9)) ** beta
         point = stats[2] if p.get("point", "p50") == "p50" else stats[1]
-        return point * factor, stats[2] * factor, stats[3] * factor
+        value = point * factor
+        if p.get("tie_break") == "index" and index is not None:   # ties broken by calls done → MRL
+            value = tie_broken(value, self.lookup(wt, bucket, index=index)[1])
+        return value, stats[2] * factor, stats[3] * factor
 
     def agent_mean(self, wt: str, agent: str) -> float | None:
         """Training mean output of ``agent`` in ``wt`` (the type's mean for an unseen agent)."""

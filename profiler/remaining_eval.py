@@ -25,6 +25,10 @@ training workflows (``profile.json`` → ``remaining_tokens.baselines``): ``posi
 p50 output × (mean remaining calls + 1), the tokens its hints ``osl`` × ``total_requests`` imply
 with the median in place of p90) and ``age`` (program FCFS: the earlier a session started, the
 less work it is taken to have left; ranks only, no MAE).
+
+Beside each baseline's C-index: ``c_index_diff`` (ours − it) and ``c_index_diff_se``, the
+standard error of that paired difference by the delete-one-session jackknife
+(:func:`jackknife_diff`): a difference within about two standard errors is noise.
 """
 from __future__ import annotations
 
@@ -107,6 +111,16 @@ def concordance(preds: dict[str, np.ndarray], truth: np.ndarray, wf_code: np.nda
                 t_arrival: np.ndarray, wf_end: np.ndarray, seed: int = 0) -> dict[str, tuple[float | None, int]]:
     """C-index of each prediction over pairs of sessions active at the same time (module doc);
     ``(C, pairs)`` per name."""
+    return {name: (c, n) for name, (c, n, _) in
+            concordance_pairs(preds, truth, wf_code, t_arrival, wf_end, seed).items()}
+
+
+def concordance_pairs(preds: dict[str, np.ndarray], truth: np.ndarray, wf_code: np.ndarray,
+                      t_arrival: np.ndarray, wf_end: np.ndarray,
+                      seed: int = 0) -> dict[str, tuple[float | None, int, dict[str, np.ndarray]]]:
+    """:func:`concordance` with its pairs: ``(C, pairs, {"a", "b", "score"})`` per name, ``a`` and
+    ``b`` the two sessions (``wf_code``) of every scored pair and ``score`` its 0, ½ or 1 (what
+    :func:`jackknife_diff` needs)."""
     rng = np.random.default_rng(seed)
     order = np.argsort(t_arrival, kind="stable")
     latest: dict[int, int] = {}            # session -> row of its latest call so far
@@ -122,20 +136,50 @@ def concordance(preds: dict[str, np.ndarray], truth: np.ndarray, wf_code: np.nda
         pairs_a.extend([row] * len(others))
         pairs_b.extend(latest[w] for w in others)
     a, b = np.array(pairs_a, dtype=int), np.array(pairs_b, dtype=int)
-    out: dict[str, tuple[float | None, int]] = {}
+    out: dict[str, tuple[float | None, int, dict[str, np.ndarray]]] = {}
+    empty = {"a": np.zeros(0, dtype=int), "b": np.zeros(0, dtype=int), "score": np.zeros(0)}
     for name, p in preds.items():
         if len(a) == 0:
-            out[name] = (None, 0)
+            out[name] = (None, 0, empty)
             continue
         ok = ~np.isnan(p[a]) & ~np.isnan(p[b]) & (truth[a] != truth[b])
         if not ok.any():
-            out[name] = (None, 0)
+            out[name] = (None, 0, empty)
             continue
         sign_true = np.sign(truth[a][ok] - truth[b][ok])
         sign_pred = np.sign(p[a][ok] - p[b][ok])
         score = np.where(sign_pred == 0, 0.5, (sign_pred == sign_true).astype(float))
-        out[name] = (float(score.mean()), int(ok.sum()))
+        out[name] = (float(score.mean()), int(ok.sum()),
+                     {"a": wf_code[a[ok]], "b": wf_code[b[ok]], "score": score})
     return out
+
+
+def jackknife_diff(ours: dict[str, np.ndarray], other: dict[str, np.ndarray],
+                   n_sessions: int) -> tuple[float, float] | None:
+    """``(C_ours − C_other, its standard error)``, the error by the delete-one-session jackknife:
+    every held-out session (workflow) is left out in turn with all the pairs it is in, both
+    C-indices recomputed, and ``se² = (W−1)/W · Σ_w (D_−w − D̄)²`` over the ``W`` sessions in a
+    pair. Pairs that share a session are not independent; the jackknife over sessions accounts
+    for that, where a binomial error over pairs would be far too small. None without pairs."""
+    def loo(pairs: dict[str, np.ndarray]) -> tuple[float, np.ndarray]:
+        score, a, b = pairs["score"], pairs["a"], pairs["b"]
+        total, n = float(score.sum()), float(len(score))
+        s_w = np.bincount(a, score, n_sessions) + np.bincount(b, score, n_sessions)
+        n_w = np.bincount(a, minlength=n_sessions) + np.bincount(b, minlength=n_sessions)
+        left = n - n_w
+        return total / n, np.where(left > 0, (total - s_w) / np.maximum(left, 1), np.nan)
+    if len(ours["score"]) == 0 or len(other["score"]) == 0:
+        return None
+    c1, l1 = loo(ours)
+    c2, l2 = loo(other)
+    seen = np.zeros(n_sessions, dtype=bool)
+    for pairs in (ours, other):
+        seen[pairs["a"]] = seen[pairs["b"]] = True
+    d = (l1 - l2)[seen & ~np.isnan(l1) & ~np.isnan(l2)]
+    w = len(d)
+    if w < 2:
+        return c1 - c2, 0.0
+    return c1 - c2, float(np.sqrt((w - 1) / w * np.sum((d - d.mean()) ** 2)))
 
 
 def remaining_work_scores(profile: Profile, con: duckdb.DuckDBPyConnection) -> dict[str, Any]:
@@ -156,13 +200,19 @@ def remaining_work_scores(profile: Profile, con: duckdb.DuckDBPyConnection) -> d
     preds = {"ours": served_remaining_tokens(profile, calls),
              **baseline_predictions(section, frame, profile.data.get("nat_trie")),
              "age": wf_start[wf_code]}
-    cidx = concordance(preds, truth, wf_code, t_arrival, wf_end)
+    cidx = concordance_pairs(preds, truth, wf_code, t_arrival, wf_end)
     pairing = "concurrent"
     if cidx["ours"][1] < MIN_PAIRS:       # sessions that never overlapped: as if they all started together
         start = wf_start[wf_code]
         preds["age"] = np.zeros(len(calls))     # aligned: every session has the same age
-        cidx = concordance(preds, truth, wf_code, t_arrival - start, wf_end - wf_start)
+        cidx = concordance_pairs(preds, truth, wf_code, t_arrival - start, wf_end - wf_start)
         pairing = "aligned_start"
+    n_sessions = len(wf_start)
+
+    def versus(name: str) -> dict[str, float]:
+        """``c_index_diff`` (ours − this baseline) and its jackknife ``c_index_diff_se``."""
+        jk = jackknife_diff(cidx["ours"][2], cidx[name][2], n_sessions)
+        return {} if jk is None else {"c_index_diff": jk[0], "c_index_diff_se": jk[1]}
 
     def mae(p: np.ndarray) -> float | None:
         ok = ~np.isnan(p)
@@ -172,6 +222,7 @@ def remaining_work_scores(profile: Profile, con: duckdb.DuckDBPyConnection) -> d
     return {"remaining_work": {
         "c_index": cidx["ours"][0], "pairs": cidx["ours"][1], "pairing": pairing, "mae_tokens": mae(ours),
         "calls": int(len(calls)), "coverage": float(np.mean(~np.isnan(ours))),
-        "baselines": {**{name: {"c_index": cidx[name][0], "mae_tokens": mae(preds[name])} for name in BASELINES},
-                      "age": {"c_index": cidx["age"][0]}},
+        "baselines": {**{name: {"c_index": cidx[name][0], "mae_tokens": mae(preds[name]), **versus(name)}
+                         for name in BASELINES},
+                      "age": {"c_index": cidx["age"][0], **versus("age")}},
     }}

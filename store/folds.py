@@ -33,3 +33,37 @@ def group_folds(groups: ArrayLike, n_folds: int, seed: int | np.random.Generator
     codes, uniq = pd.factorize(np.asarray(groups), sort=True)  # hashing; uniq in sorted order
     place = np.random.default_rng(seed).permutation(len(uniq))
     return (place % max(int(n_folds), 1))[codes]
+
+
+def paired_se(diff: ArrayLike, weights: ArrayLike, clusters: ArrayLike | None = None) -> tuple[float, float]:
+    """Mean and standard error of a paired per-workflow difference, clustered by group.
+
+    ``diff[r]``: the difference (candidate − reference) of row ``r``, per workflow; ``weights[r]``:
+    how many workflows the row stands for (identical workflows pooled in one row).
+    ``clusters`` (optional, groups × rows): ``clusters[g, r]`` of row ``r``'s workflows belong to
+    group ``g`` (a task run in several workflows: ``profiler fit --group-by``); each row's
+    column sums to its weight.
+
+    Without ``clusters`` every workflow is its own unit: the weighted variance of ``diff`` over
+    the ``N`` workflows (ddof 1) over ``N``. With them the unit is the group (the cluster-robust
+    estimate ``G/(G−1) · Σ_g (T_g − n_g·mean)² / N²`` with ``T_g`` the group's summed difference and
+    ``n_g`` its workflows): trials of one task move together, so twenty trials of each of ten
+    tasks are ten pieces of evidence, not two hundred."""
+    d = np.asarray(diff, dtype=float)
+    w = np.asarray(weights, dtype=float)
+    n = float(w.sum())
+    if n <= 0:
+        return 0.0, 0.0
+    mean = float(w @ d) / n
+    if clusters is None:
+        if n <= 1:
+            return mean, 0.0
+        var = float(w @ (d - mean) ** 2) / (n - 1)
+        return mean, (var / n) ** 0.5
+    m = np.asarray(clusters, dtype=float)
+    m = m[m.sum(axis=1) > 0]
+    g = len(m)
+    if g < 2:
+        return mean, 0.0
+    resid = m @ d - m.sum(axis=1) * mean
+    return mean, (g / (g - 1) * float(resid @ resid)) ** 0.5 / n

@@ -36,7 +36,7 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
-from store.folds import group_folds
+from store.folds import group_folds, paired_se
 from synth.remaining import RemainingWork
 from synth.vomm import (END, FAMILY_PARTS, VariableOrderMarkov, families_of, family_rank,
                         project_all, strip_tool_mark)
@@ -98,12 +98,30 @@ def group_fold_counts(groups: Sequence[Mapping[str, int]], folds: int, seed: int
     (:func:`store.folds.group_folds`), so that a held-out fold never shares a task with its
     training folds. A path whose workflows belong to several groups is split between their
     folds."""
-    names = sorted({g for m in groups for g in m})
-    fold_of = dict(zip(names, group_folds(names, folds, seed)))
+    fold_of = group_fold_of(groups, folds, seed)
     out = np.zeros((len(groups), folds), dtype=np.int64)
     for j, m in enumerate(groups):
         for g, n in m.items():
             out[j, fold_of[g]] += n
+    return out
+
+
+def group_fold_of(groups: Sequence[Mapping[str, int]], folds: int, seed: int = 0) -> dict[str, int]:
+    """The fold of every group id of ``groups`` (:func:`group_fold_counts` deals them so)."""
+    names = sorted({g for m in groups for g in m})
+    return dict(zip(names, (int(f) for f in group_folds(names, folds, seed))))
+
+
+def _clusters(row_groups: Sequence[Mapping[str, float]] | None) -> np.ndarray | None:
+    """Groups × rows membership matrix of :func:`store.folds.paired_se` (None: no groups)."""
+    if row_groups is None:
+        return None
+    names = sorted({g for m in row_groups for g in m})
+    at = {g: i for i, g in enumerate(names)}
+    out = np.zeros((len(names), len(row_groups)))
+    for r, m in enumerate(row_groups):
+        for g, n in m.items():
+            out[at[g], r] += n
     return out
 
 
@@ -261,7 +279,7 @@ def select_models(sequences: Sequence[Sequence[str]], counts: Sequence[int],
                         agent_events += w
                         hits += w * (np.argmax(mixed[..., :-1], axis=-1) == actual).T
     return {"next": _choose_next(loss, hits, events, agent_events, pfa_factory is not None,
-                                 grid, wf_loss, sub),
+                                 grid, wf_loss, sub, gsub),
             "remaining": _remaining_cv(seqs, sub, REMAINING_FOLDS,
                                        REMAINING_REPEATS if total < REPEAT_BELOW else 1, seed,
                                        stage_seqs, gsub),
@@ -342,9 +360,11 @@ def _remaining_cv(seqs: Sequence[tuple], counts: np.ndarray, folds: int, repeats
     col = {c: i for i, c in enumerate(cands)}
     errors: list[np.ndarray] = []   # one row per held-out (repeat, path): summed abs errors
     weights: list[float] = []       # how many identical workflows the row stands for
+    row_groups: list[dict[str, int]] | None = None if groups is None else []   # the row's groups
     calls = 0.0
     for r in range(repeats):
         split = _folds_of(counts, groups, folds, seed + 1 + r)
+        fold_of = None if groups is None else group_fold_of(groups, folds, seed + 1 + r)
         for f in range(folds):
             train = split.sum(axis=1) - split[:, f]
             test = split[:, f]
@@ -380,7 +400,10 @@ def _remaining_cv(seqs: Sequence[tuple], counts: np.ndarray, folds: int, repeats
                                         row[c] - truth)
                 errors.append(row_err)
                 weights.append(w)
-    out = _choose_remaining(cands, np.array(errors), np.array(weights), calls, repeats)
+                if row_groups is not None:
+                    row_groups.append({g: k for g, k in groups[j].items() if fold_of[g] == f})
+    out = _choose_remaining(cands, np.array(errors), np.array(weights), calls, repeats,
+                            _clusters(row_groups))
     out.update(folds=folds, repeats=repeats)
     return out
 
@@ -402,11 +425,12 @@ def _vomm_vectors(models: Mapping[str, VariableOrderMarkov], histories: Mapping[
 
 def _choose_next(loss: np.ndarray, hits: np.ndarray, events: float, agent_events: float,
                  with_pfa: bool, grid: Sequence[tuple], wf_loss: np.ndarray,
-                 weights: np.ndarray) -> dict:
+                 weights: np.ndarray, groups: Sequence[Mapping[str, int]] | None = None) -> dict:
     """The next-symbol model by the one-standard-error rule: among the models alone (mixture
     1, what a session off the automaton gets) within one standard error (paired by held-out
-    workflow) of the smallest validation log-loss, the simplest (plain agents before tool
-    context, then the shortest order, then the smallest loss); then its mixture weight."""
+    workflow, or by group with ``groups``: :func:`store.folds.paired_se`) of the smallest
+    validation log-loss, the simplest (plain agents before tool context, then the shortest
+    order, then the smallest loss); then its mixture weight."""
     mixtures = MIXTURES if with_pfa else MIXTURES[:1]
     cands = []
     for c, (fam, order, escape, floor) in enumerate(grid):
@@ -421,13 +445,14 @@ def _choose_next(loss: np.ndarray, hits: np.ndarray, events: float, agent_events
     n = float(w.sum())
     per_event = events / max(n, 1e-12)  # scored events per workflow (the loss unit below)
 
+    clusters = _clusters(groups)
+
     def within_one_se(d: dict) -> bool:
         if d["index"] == best["index"] or n < 2:
             return d["index"] == best["index"]
         diff = (wf_loss[:, d["index"]] - wf_loss[:, best["index"]]) / np.maximum(w, 1e-12)
-        mean = float(np.average(diff, weights=w))
-        var = float(np.average((diff - mean) ** 2, weights=w)) * n / (n - 1)
-        return mean <= (var / n) ** 0.5
+        mean, se = paired_se(diff, w, clusters)
+        return mean <= se
     first = min((d for d in alone if within_one_se(d)),
                 key=lambda d: (family_rank(d["context"]), d["max_order"], d["log_loss"]))
     chosen = min((d for d in cands if d["index"] == first["index"]),
@@ -445,7 +470,7 @@ def _choose_next(loss: np.ndarray, hits: np.ndarray, events: float, agent_events
 
 
 def _choose_remaining(cands: Sequence[tuple], errors: np.ndarray, weights: np.ndarray,
-                      calls: float, repeats: int) -> dict:
+                      calls: float, repeats: int, clusters: np.ndarray | None = None) -> dict:
     """The remaining-work candidate, honestly chosen on small logs.
 
     1. *Beats the position median beyond noise*: a candidate is eligible when its paired
@@ -457,6 +482,10 @@ def _choose_remaining(cands: Sequence[tuple], errors: np.ndarray, weights: np.nd
     2. *One standard error*: among the eligible, the simplest (shortest context, no position,
        median, largest ``min_n``) whose MAE is within one paired standard error of the best
        eligible one. No eligible candidate: the position median itself.
+
+    The standard errors are over held-out workflows, or, with ``clusters`` (groups × rows:
+    how many of row r's workflows belong to group g; ``profiler fit --group-by``), over groups
+    (:func:`store.folds.paired_se`): many trials of one task are one piece of evidence.
     """
     # ``errors[r, c]``: abs errors summed over held-out row r's calls (one workflow standing
     # for ``weights[r]`` identical ones); a workflow is held out once per repeat
@@ -472,10 +501,7 @@ def _choose_remaining(cands: Sequence[tuple], errors: np.ndarray, weights: np.nd
     def paired(key: tuple, ref: tuple) -> tuple[float, float]:
         """Mean and standard error of the per-workflow difference key − ref."""
         d = errors[:, index[key]] - errors[:, index[ref]]
-        mean = float(weights @ d) / repeats / workflows
-        var = max(float(weights @ d ** 2) / repeats / workflows - mean * mean, 0.0)
-        var *= workflows / max(workflows - 1, 1)
-        return mean, (var / workflows) ** 0.5
+        return paired_se(d, weights / repeats, None if clusters is None else clusters / repeats)
 
     def eligible(key: tuple) -> bool:
         if key == base_key or workflows < 2:

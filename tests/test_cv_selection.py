@@ -9,7 +9,10 @@ import pandas as pd
 import pytest
 
 from predictors.idle_gap import pick_narrowest, select_half_life
-from store.folds import group_folds
+from predictors import remaining_tokens
+from predictors.remaining_tokens import RemainingTokens
+from store.folds import group_folds, paired_se
+from synth.sequence_select import BASE_REMAINING, _choose_next, _choose_remaining
 
 
 def test_folds_keep_groups_whole_and_balanced():
@@ -78,3 +81,77 @@ def test_one_fold_per_group_label_even_for_pairs(k):
     keys = np.char.add(np.char.add(wt, "\x1f"), wf)
     fold = group_folds(keys, k, 0)
     assert fold[0] == fold[1] and fold[3] == fold[4] and len(np.unique(keys)) == 3
+
+
+def test_paired_se_over_equal_groups_is_the_se_of_the_group_means():
+    rng = np.random.default_rng(11)
+    d = rng.normal(0.0, 1.0, 60)
+    members = np.repeat(np.arange(12), 5)                  # 12 groups of 5 workflows
+    clusters = (members[None, :] == np.arange(12)[:, None]).astype(float)
+    mean, se = paired_se(d, np.ones(60), clusters)
+    means = d.reshape(12, 5).mean(axis=1)
+    assert mean == pytest.approx(d.mean())
+    assert se == pytest.approx(means.std(ddof=1) / math.sqrt(12))
+    # no groups: every workflow its own unit (rows standing for several identical workflows)
+    assert paired_se(d, np.ones(60))[1] == pytest.approx(d.std(ddof=1) / math.sqrt(60))
+    assert paired_se([1.0, 3.0], [2, 1]) == pytest.approx((5 / 3, math.sqrt((2 * (2 / 3) ** 2 + (4 / 3) ** 2) / 2 / 3)))
+
+
+def test_many_trials_per_task_do_not_make_a_richer_remaining_model_win():
+    """Ten tasks, twenty identical trials each: the richer candidate is 0.5 calls better on
+    average but ±1 call from task to task. Counted by workflow (200 units) that is 7 standard
+    errors; counted by task (the honest unit under ``fit --group-by``) it is 1.5, below the bar,
+    so the position median stays."""
+    richer = (1, "none", 1, "p50")
+    cands = [BASE_REMAINING, richer]
+    gain = -0.5 + np.array([1.0, -1.0] * 5)               # per-task difference richer − median
+    errors = np.stack([np.full(10, 3.0), 3.0 + gain], axis=1)   # one row per task, per workflow
+    weights = np.full(10, 20.0)
+    by_workflow = _choose_remaining(cands, errors, weights, calls=200.0, repeats=1)
+    assert (by_workflow["order"], by_workflow["position"]) == richer[:2]
+    by_task = _choose_remaining(cands, errors, weights, calls=200.0, repeats=1,
+                                clusters=np.diag(weights))
+    assert (by_task["order"], by_task["point"]) == (0, "p50")
+
+
+def test_grouped_remaining_tokens_selection_counts_tasks_not_trials(monkeypatch):
+    """The same through :class:`RemainingTokens`: ten tasks of twenty near-identical trials. The
+    exact-index level is a little better in CV (0.0065 in log error) but within one standard
+    error counted over the ten tasks (0.016), so the position median stays; the same folds with
+    the error counted over the 200 trials would have served the richer level."""
+    rng = np.random.default_rng(2)
+    rows = []
+    for t in range(10):
+        agents = rng.choice(["a", "b"], size=12)
+        outs = rng.lognormal(5, 1.0, size=12).astype(int)
+        for k in range(20):
+            for a, o in zip(agents, outs):
+                rows.append({"workflow_type_id": "t", "workflow_id": f"task{t}/trial{k}", "group_id": f"task{t}",
+                             "agent_id": a, "output_tokens": int(o * rng.lognormal(0, 0.05))})
+    calls = pd.DataFrame(rows)
+    grouped = RemainingTokens(cv_folds=5, min_n=3).fit(calls)
+    sel = grouped.selection_["t"]
+    assert sel["se_over"] == "10 groups"
+    assert grouped.params_["t"]["level"] == "position"
+    assert sel["best"]["level"] != "position" and sel["simplest_error"] > sel["best_error"]
+    # the very same folds and errors, the standard error over trials: the richer level wins
+    monkeypatch.setattr(remaining_tokens, "paired_se", lambda d, w, clusters=None: paired_se(d, w))
+    by_trial = RemainingTokens(cv_folds=5, min_n=3).fit(calls)
+    assert by_trial.params_["t"]["level"] == sel["best"]["level"]
+
+
+def test_many_trials_per_task_do_not_make_a_longer_next_agent_order_win():
+    """The next-agent one-SE rule, same shape: order 8 is 0.3 nats better per workflow on average,
+    ±1 from task to task (ten tasks × twenty trials). Over trials order 1 is 4 standard errors
+    behind and order 8 is served; over tasks it is within one, and the shorter order is served."""
+    grid = [("agent", 1, 1.0, 1.0), ("agent", 8, 1.0, 1.0)]
+    w = np.full(10, 20.0)
+    per_wf = np.stack([np.full(10, 2.0), 2.0 - (0.3 + np.array([1.0, -1.0] * 5))], axis=1)
+    wf_loss = per_wf * w[:, None]
+    loss = wf_loss.sum(axis=0)[:, None]
+    hits = np.zeros((2, 1))
+    by_trial = _choose_next(loss, hits, 200.0, 200.0, False, grid, wf_loss, w)
+    assert by_trial["max_order"] == 8
+    groups = [{f"task{j}": 20} for j in range(10)]
+    by_task = _choose_next(loss, hits, 200.0, 200.0, False, grid, wf_loss, w, groups)
+    assert by_task["max_order"] == 1

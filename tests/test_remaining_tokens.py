@@ -16,6 +16,7 @@ from predictors.remaining_tokens import RemainingTokens, fit_type_table, predict
 from predictors.served import RemainingTokensTable
 from fitting import profile_fit as fitting
 from profiler.evaluation import evaluate
+from profiler.remaining_eval import jackknife_diff
 from serving_hooks.policies import CallView, PriorityPolicy
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -51,19 +52,20 @@ def test_served_reader_matches_the_vectorised_fit_prediction():
     df = session_frame(frame(loop_workflows(20, 1)))
     entry = fit_type_table(session_frame(frame(loop_workflows(60, 0))), min_n=2)   # every level's keys
     assert any(k.startswith("i") for k in entry["keys"])
-    for level in ("position", "agent", "agent_calls", "index"):
+    for level, tie in (("position", None), ("position", "index"), ("agent", None), ("agent_calls", "index"),
+                       ("index", None)):
         for beta, kappa in ((0.0, 0.0), (1.0, 4.0)):
-            vec = predict_frame(entry, df, level, "mean", beta, kappa)
+            vec = predict_frame(entry, df, level, "mean", beta, kappa, tie)
             table = RemainingTokensTable({"workflow_types": {"t": entry},
                                           "params": {"t": {"level": level, "point": "mean", "beta": beta,
-                                                           "kappa": kappa}}})
+                                                           "kappa": kappa, "tie_break": tie}}})
             s = e = 0.0
             for k, row in df.iterrows():
                 if row["i"] == 0:
                     s = e = 0.0
                 served = table.predict("t", int(row["bucket"]), row["agent_id"], s, e, int(row["k"]),
                                        index=int(row["i"]))
-                assert served[0] == pytest.approx(vec[k]), (level, beta, k)
+                assert served[0] == pytest.approx(vec[k], rel=1e-12), (level, beta, k)
                 s += row["output_tokens"]
                 e += table.agent_mean("t", row["agent_id"])
 
@@ -76,7 +78,8 @@ def test_selection_takes_the_richer_key_only_where_it_validates():
     rng = np.random.default_rng(3)
     noise = [[("a", int(rng.lognormal(6, 0.5))) for _ in range(5)] for _ in range(200)]
     plain = RemainingTokens(cv_folds=5, min_n=3).fit(frame(noise))
-    assert plain.params_["t"] == {"level": "position", "point": "p50", "beta": 0.0, "kappa": 0.0}
+    assert plain.params_["t"] == {"level": "position", "point": "p50", "beta": 0.0, "kappa": 0.0,
+                                  "tie_break": "index"}
 
 
 def test_exact_call_index_is_served_where_it_validates_and_the_predictor_reads_it(tmp_path):
@@ -146,6 +149,9 @@ def test_eval_reports_the_ranking_of_what_is_served_beside_baselines(profile):
     best = max(b["c_index"] for b in rw["baselines"].values())
     assert rw["c_index"] >= best          # the served model ranks at least as well as every baseline
     assert rw["mae_tokens"] <= rw["baselines"]["position_median"]["mae_tokens"]
+    for b in rw["baselines"].values():    # each difference with its jackknife standard error
+        assert b["c_index_diff"] == pytest.approx(rw["c_index"] - b["c_index"])
+        assert b["c_index_diff_se"] > 0
 
 
 def test_tokens_unit_ranks_less_remaining_work_first_on_a_log_scale():
@@ -175,3 +181,46 @@ def test_vectorised_buckets_match_the_served_ones():
     assert position_buckets(idx).tolist() == [position_bucket(int(i)) for i in idx]
     secs = np.concatenate([np.linspace(0, 1e6, 5001), np.random.default_rng(0).exponential(60, 2000)])
     assert elapsed_buckets(secs).tolist() == [elapsed_bucket(float(s)) for s in secs]
+
+
+def test_tie_break_orders_a_coarse_level_by_calls_done_and_keeps_every_untied_order():
+    """Twenty calls per workflow: the position buckets pool i = 16 … 19 into one key (one
+    figure for four very different residuals). With ``tie_break: "index"`` the served figures
+    order those calls by calls done → mean residual life, each within 1e-9 of the median, and
+    no pair the median already ordered changes order."""
+    rng = np.random.default_rng(5)
+    wfs = [[("ab"[int(rng.integers(2))], int(rng.lognormal(5, 0.2))) for _ in range(20)] for _ in range(120)]
+    m = RemainingTokens(cv_folds=5, min_n=3).fit(frame(wfs))
+    data = m.to_dict()
+    params = {"level": "position", "point": "p50", "beta": 0.0, "kappa": 0.0}
+    plain = RemainingTokensTable({**data, "params": {"t": params}})
+    broken = RemainingTokensTable({**data, "params": {"t": {**params, "tie_break": "index"}}})
+    df = session_frame(frame(wfs[:1]))
+    a = np.array([plain.predict("t", int(b), "a", 0.0, 0.0, index=int(i))[0] for b, i in zip(df["bucket"], df["i"])])
+    b = np.array([broken.predict("t", int(b), "a", 0.0, 0.0, index=int(i))[0] for b, i in zip(df["bucket"], df["i"])])
+    assert len(set(a[16:20])) == 1                       # one bucket, one figure
+    assert (np.diff(b[16:20]) < 0).all()                 # ordered by the residual work at each index
+    assert np.allclose(a, b, rtol=1e-9, atol=0)
+    untied = np.sign(a[:, None] - a[None, :]) != 0
+    assert (np.sign(b[:, None] - b[None, :])[untied] == np.sign(a[:, None] - a[None, :])[untied]).all()
+    # the fit serves the tie-break whatever level it chose; the vectorised form agrees
+    assert m.params_["t"]["tie_break"] == "index"
+    assert predict_frame(data["workflow_types"]["t"], df, "position", "p50", 0.0, 0.0, "index") == pytest.approx(b, rel=1e-12)
+
+
+def test_jackknife_of_the_c_index_difference_matches_leaving_each_session_out():
+    rng = np.random.default_rng(0)
+    n_sessions, n_pairs = 12, 200
+    a = rng.integers(0, n_sessions, n_pairs)
+    b = (a + rng.integers(1, n_sessions, n_pairs)) % n_sessions
+    ours = {"a": a, "b": b, "score": rng.choice([0.0, 0.5, 1.0], n_pairs, p=[0.3, 0.1, 0.6])}
+    other = {"a": a, "b": b, "score": rng.choice([0.0, 0.5, 1.0], n_pairs, p=[0.4, 0.2, 0.4])}
+    diff, se = jackknife_diff(ours, other, n_sessions)
+    assert diff == pytest.approx(ours["score"].mean() - other["score"].mean())
+    loo = []
+    for w in range(n_sessions):
+        keep = (a != w) & (b != w)
+        loo.append(ours["score"][keep].mean() - other["score"][keep].mean())
+    loo = np.array(loo)
+    assert se == pytest.approx(np.sqrt((n_sessions - 1) / n_sessions * ((loo - loo.mean()) ** 2).sum()))
+    assert jackknife_diff(ours, ours, n_sessions) == (0.0, 0.0)
