@@ -42,7 +42,16 @@ Bounds: ``α_min = α / 100`` and ``α_max = min(0.4, 4 α)`` (defaults), and ``
 
 Keys are (workflow type, agent) for agents the profile knows, (workflow type, ``UNSEEN_AGENT``)
 for the agents it never saw (they share their type's entry), so the table is bounded by the
-profile. A new profile keeps the levels (they describe the workload, not the fit) unless the
+profile. One more key per type, ``(type, POOLED_AGENT)``, takes every outcome of the type; a key
+with no outcome yet is served at it (a cold agent of a drifting type starts wide).
+
+**Runs of misses.** An additive step at α = 0.01 needs many misses to widen: a key with a few
+dozen outcomes under drift never gets there (issue 26: Who&When's captain_agent, 209 held-out
+calls over a dozen agents, stayed at 0.947). So a miss steps ``κ·(1 − α)·(1 + m)``, ``m`` the
+key's recent misses (decayed by ``1 − 1/H`` per outcome): a lone miss is plain ACI, the k-th of a
+run about k times as far. Only misses step further, so the bound above holds.
+
+A new profile keeps the levels (they describe the workload, not the fit) unless the
 caller :meth:`reset` s them. O(1) per outcome and per band.
 """
 from __future__ import annotations
