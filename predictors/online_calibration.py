@@ -42,7 +42,16 @@ Bounds: ``α_min = α / 100`` and ``α_max = min(0.4, 4 α)`` (defaults), and ``
 
 Keys are (workflow type, agent) for agents the profile knows, (workflow type, ``UNSEEN_AGENT``)
 for the agents it never saw (they share their type's entry), so the table is bounded by the
-profile. A new profile keeps the levels (they describe the workload, not the fit) unless the
+profile. One more key per type, ``(type, POOLED_AGENT)``, takes every outcome of the type; a key
+with no outcome yet is served at it (a cold agent of a drifting type starts wide).
+
+**Runs of misses.** An additive step at α = 0.01 needs many misses to widen: a key with a few
+dozen outcomes under drift never gets there (issue 26: Who&When's captain_agent, 209 held-out
+calls over a dozen agents, stayed at 0.947). So a miss steps ``κ·(1 − α)·(1 + m)``, ``m`` the
+key's recent misses (decayed by ``1 − 1/H`` per outcome): a lone miss is plain ACI, the k-th of a
+run about k times as far. Only misses step further, so the bound above holds.
+
+A new profile keeps the levels (they describe the workload, not the fit) unless the
 caller :meth:`reset` s them. O(1) per outcome and per band.
 """
 from __future__ import annotations
@@ -64,6 +73,13 @@ MAX_ALPHA_RATIO = 4.0
 MAX_ALPHA = 0.4
 #: The most a band end moves from the fitted one: ``r ∈ [1 / MAX_STRETCH, MAX_STRETCH]``.
 MAX_STRETCH = 4.0
+#: H: the memory (in outcomes of one key) of the recent-miss count that escalates the step after a
+#: miss: the k-th miss within ~H outcomes steps ln α by κ·k·(1 − α) instead of κ·(1 − α) (0: off).
+#: Chosen on the train side of the time splits (docs/evaluation.md), never on the reported test side.
+ESCALATION_HORIZON = 50.0
+#: The key of a workflow type's pooled level (every outcome of the type); a (type, agent) key
+#: that has had no outcome yet starts from it instead of from the nominal level.
+POOLED_AGENT = "\x00pooled"
 
 
 def certified_pairs(table: Sequence[tuple[float, int]]) -> list[tuple[float, float]]:
@@ -112,7 +128,8 @@ class OnlineCalibrator:
 
     def __init__(self, nominal: float = 0.99, *, rate: float = DEFAULT_RATE,
                  min_alpha_ratio: float = MIN_ALPHA_RATIO, max_alpha_ratio: float = MAX_ALPHA_RATIO,
-                 max_alpha: float = MAX_ALPHA, max_stretch: float = MAX_STRETCH) -> None:
+                 max_alpha: float = MAX_ALPHA, max_stretch: float = MAX_STRETCH,
+                 escalation_horizon: float = ESCALATION_HORIZON) -> None:
         if not 0.0 < nominal < 1.0:
             raise ValueError(f"nominal coverage must be in (0, 1), got {nominal}")
         if rate <= 0 or min_alpha_ratio < 1 or max_alpha_ratio < 1 or max_stretch < 1:
@@ -122,8 +139,11 @@ class OnlineCalibrator:
         self.max_alpha_ratio = float(max_alpha_ratio)
         self.max_alpha = float(max_alpha)
         self.max_stretch = float(max_stretch)
+        if escalation_horizon < 0:
+            raise ValueError(f"escalation_horizon must be >= 0, got {escalation_horizon}")
+        self.escalation_horizon = float(escalation_horizon)
         self.nominal = float(nominal)
-        #: key -> [ln α_t, outcomes, misses]
+        #: key -> [ln α_t, outcomes, misses, recent misses (decayed with horizon H)]
         self._state: dict[tuple[str, str], list] = {}
         self._lock = threading.Lock()
 
@@ -153,9 +173,22 @@ class OnlineCalibrator:
             self._state.clear()
 
     def level(self, key: tuple[str, str]) -> float:
-        """α_t of ``key`` (the nominal α before its first outcome)."""
-        st = self._state.get(key)
+        """α_t of ``key``; before its first outcome, its type's pooled level (the nominal α before
+        the type's first outcome)."""
+        st = self._state.get(key) or self._state.get((key[0], POOLED_AGENT))
         return math.exp(st[0]) if st is not None else self.alpha
+
+    def _step(self, st: list, hit: bool) -> None:
+        """One outcome on a state ``[ln α, outcomes, misses, recent]`` (see :meth:`update`)."""
+        a = self.alpha
+        lo, hi = self.bounds()
+        recent = st[3]
+        if self.escalation_horizon > 0:
+            st[3] = recent * (1.0 - 1.0 / max(1.0, self.escalation_horizon)) + (not hit)
+        step = self.rate * a if hit else -self.rate * (1.0 - a) * (1.0 + (recent if self.escalation_horizon > 0 else 0.0))
+        st[0] = min(math.log(hi), max(math.log(lo), st[0] + step))
+        st[1] += 1
+        st[2] += not hit
 
     def stretch(self, key: tuple[str, str], table: Sequence[tuple[float, int]]) -> float:
         """``r_t = U(α_t/2) / U(α/2)`` from the agent's upper-bound table, within the bounds;
@@ -181,17 +214,25 @@ class OnlineCalibrator:
         return new_lo, new_hi, level
 
     def update(self, key: tuple[str, str], hit: bool) -> float:
-        """One observed outcome of a band served at ``key``; returns the new level α_{t+1}."""
-        a = self.alpha
-        lo, hi = self.bounds()
+        """One observed outcome of a band served at ``key``; returns the new level α_{t+1}.
+
+        A hit raises ln α by ``κ·α``; a miss lowers it by ``κ·(1 − α)·(1 + m)``, ``m`` the key's
+        recent misses (each decayed by ``1 − 1/H`` per outcome): a lone miss steps as plain ACI, a
+        run of misses (drift) widens the band fast. The steps only grow on misses, so the bound of
+        the module docstring still holds (each miss steps at least κ(1 − α)). The type's pooled
+        level takes the same step; a key's first outcome starts from it (a cold agent of a drifting
+        type starts wide)."""
+        pooled = (key[0], POOLED_AGENT)
         with self._lock:
+            pst = self._state.get(pooled)
+            if pst is None:
+                pst = self._state[pooled] = [math.log(self.alpha), 0, 0, 0.0]
             st = self._state.get(key)
             if st is None:
-                st = self._state[key] = [math.log(a), 0, 0]
-            err = 0.0 if hit else 1.0
-            st[0] = min(math.log(hi), max(math.log(lo), st[0] + self.rate * (a - err)))
-            st[1] += 1
-            st[2] += not hit
+                st = self._state[key] = [pst[0], 0, 0, 0.0]
+            self._step(st, hit)
+            if key != pooled:
+                self._step(pst, hit)
             return math.exp(st[0])
 
     def status(self) -> dict[str, dict[str, dict[str, Any]]]:
@@ -200,6 +241,8 @@ class OnlineCalibrator:
         out: dict[str, dict[str, dict[str, Any]]] = {}
         with self._lock:
             for (wt, agent), st in sorted(self._state.items()):
+                if agent == POOLED_AGENT:
+                    continue
                 out.setdefault(wt, {})[agent] = {
                     "level": math.exp(st[0]), "served_coverage": 1.0 - math.exp(st[0]),
                     "outcomes": st[1], "coverage": 1.0 - st[2] / st[1] if st[1] else None}

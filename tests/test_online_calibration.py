@@ -90,6 +90,64 @@ def test_a_too_narrow_band_is_brought_to_nominal_coverage_on_a_stationary_stream
     assert np.mean(widths) > band[1] - band[0]
 
 
+def test_a_run_of_misses_escalates_the_step_but_a_lone_miss_steps_as_plain_aci():
+    plain, esc = OnlineCalibrator(escalation_horizon=0), OnlineCalibrator()
+    a = plain.alpha
+    for cal in (plain, esc):
+        for _ in range(2000):                                       # long past: hits only
+            cal.update(KEY, True)
+    lone = {id(c): c.level(KEY) for c in (plain, esc)}
+    for cal in (plain, esc):
+        cal.update(KEY, False)
+    for cal in (plain, esc):                                        # one miss: the same step
+        assert math.log(lone[id(cal)]) - math.log(cal.level(KEY)) == pytest.approx(cal.rate * (1 - a))
+    for cal in (plain, esc):
+        for _ in range(3):
+            cal.update(KEY, False)
+    drop_plain = math.log(lone[id(plain)]) - math.log(plain.level(KEY))
+    drop_esc = math.log(lone[id(esc)]) - math.log(esc.level(KEY))
+    assert drop_plain == pytest.approx(4 * plain.rate * (1 - a))
+    assert drop_esc > 2 * drop_plain                                # four misses in a row: ≈ 1+2+3+4 steps
+    with pytest.raises(ValueError, match="escalation_horizon"):
+        OnlineCalibrator(escalation_horizon=-1)
+
+
+def test_an_agent_without_outcomes_starts_from_its_types_pooled_level():
+    cal = OnlineCalibrator()
+    for _ in range(5):
+        cal.update(("wt", "busy"), False)
+    assert cal.level(("wt", "new")) < cal.alpha                     # the type missed: start wide
+    assert cal.level(("wt", "new")) == pytest.approx(cal.level(("wt", "\x00pooled")))
+    assert cal.level(("other", "new")) == cal.alpha                 # another type: nominal
+    cal.update(("wt", "new"), True)
+    assert cal.level(("wt", "new")) < cal.alpha                     # its own level, from the pooled one
+    assert set(cal.status()["wt"]) == {"busy", "new"}               # the pooled key is not an agent
+
+
+def test_escalation_holds_coverage_after_a_shift_that_plain_aci_recovers_slowly():
+    """A stream whose outputs jump 2.5x after 300 calls (drift): the escalated step loses fewer
+    calls to misses in the 300 calls after the jump, and settles no wider than 1.5x plain ACI."""
+    rng = np.random.default_rng(1)
+    mu, sigma = 5.0, 0.5
+    table = lognormal_table(mu, sigma)
+    from scipy import stats
+
+    band = (int(math.exp(mu - sigma * stats.norm.isf(0.005))), int(math.exp(mu + sigma * stats.norm.isf(0.005))), "agent")
+    y = np.exp(np.concatenate([rng.normal(mu, sigma, 300), rng.normal(mu + math.log(2.5), sigma, 3000)]))
+    res = {}
+    for h in (0.0, 50.0):
+        cal = OnlineCalibrator(escalation_horizon=h)
+        miss, widths = [], []
+        for v in y:
+            lo, hi, _ = cal.adjust(KEY, band, table)
+            miss.append(not lo <= v <= hi)
+            widths.append(hi - lo)
+            cal.update(KEY, not miss[-1])
+        res[h] = (sum(miss[300:600]), np.mean(widths[-1000:]))
+    assert res[50.0][0] < res[0.0][0]
+    assert res[50.0][1] <= 1.5 * res[0.0][1]
+
+
 def test_bad_parameters_are_refused():
     with pytest.raises(ValueError, match="nominal"):
         OnlineCalibrator(nominal=1.5)
