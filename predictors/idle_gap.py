@@ -31,7 +31,12 @@ Estimator, per workflow type
   70 % of workflows by start time, score the last 30 %. A half-life whose weights cannot certify
   the type's quantile on that slice is not a candidate (:func:`certifies`): before this rule an
   uncertified quantile served the cap, "covered" the later slice with it and won, and the served
-  TTLs collapsed to the cap (issue 26).
+  TTLs collapsed to the cap (issue 26). Among the rest the choice weighs coverage *and* cost
+  (:func:`pick_least_decay`): the cheapest candidate (KV-seconds held per covered gap, session
+  ends counted) reaching ``q`` on the slice, unless no decay reaches it too and its TTL lies
+  within one standard error of that candidate's own quantile — a decay that moves the quantile
+  less than its noise has shown no drift, and a sample of the whole log (cross-validation)
+  misses the newest workflows' chance shape it fits.
 * **Choice by validation**: level and prior weight are chosen per workflow type by K-fold
   cross-validation *by workflow*: the narrowest mean TTL whose validation coverage reaches ``q``,
   else the highest coverage.
