@@ -31,7 +31,12 @@ Estimator, per workflow type
   70 % of workflows by start time, score the last 30 %. A half-life whose weights cannot certify
   the type's quantile on that slice is not a candidate (:func:`certifies`): before this rule an
   uncertified quantile served the cap, "covered" the later slice with it and won, and the served
-  TTLs collapsed to the cap (issue 26).
+  TTLs collapsed to the cap (issue 26). Among the rest the choice weighs coverage *and* cost
+  (:func:`pick_least_decay`): the cheapest candidate (KV-seconds held per covered gap, session
+  ends counted) reaching ``q`` on the slice, unless no decay reaches it too and its TTL lies
+  within one standard error of that candidate's own quantile — a decay that moves the quantile
+  less than its noise has shown no drift, and a sample of the whole log (cross-validation)
+  misses the newest workflows' chance shape it fits.
 * **Choice by validation**: level and prior weight are chosen per workflow type by K-fold
   cross-validation *by workflow*: the narrowest mean TTL whose validation coverage reaches ``q``,
   else the highest coverage.
@@ -103,6 +108,55 @@ def pick_narrowest(scores: Mapping[Any, tuple[float, float]], quantile: float,
     return max(ok, key=lambda k: (ok[k][0], -ok[k][1] if narrower_on_ties else 0.0))
 
 
+def pick_least_decay(scores: Mapping[float | None, tuple[float, float, float, float]],
+                     quantile: float) -> float | None:
+    """The half-life to keep from ``{half-life: (coverage, cost, se, plain_share)}`` scored on a
+    later slice: the cheapest that reaches the quantile — unless no decay also reaches it and
+    the decay does not move the quantile beyond its own noise.
+
+    ``coverage`` and ``cost`` (KV-seconds held per covered gap, counting the TTL held after a
+    session's last call) are the candidate's on the later slice; ``se`` is the standard error of
+    the coverage its weighted training gaps pin its own quantile to
+    (:func:`weighted_coverage_se`), and ``plain_share`` the share of those weighted gaps that the
+    no-decay TTL covers. First :func:`pick_narrowest` on (coverage, cost): the cheapest candidate
+    reaching ``quantile``, else the best covered. Then, one-SE style, no decay (``None``) is kept
+    instead of that candidate when no decay reaches ``quantile`` on the later slice too and its
+    TTL lies inside the candidate's own confidence band — ``plain_share ≤ q + se``: under the
+    candidate's weights the plain TTL covers no more than its quantile could by chance. Recency
+    weights shrink the sample, so a decayed quantile within that band has shown no drift; serving
+    it fits the newest workflows' chance shape, which a sample of the whole log then misses
+    (mini-SWE-agent in 5-fold CV: 0.944 at nominal 0.95 before this rule, 0.9505 after). A real
+    shape change puts the plain TTL far outside the band (gaps 10× shorter: the plain TTL covers
+    all the candidate's weighted gaps, ``se`` ≈ 0.02) and the decay is kept. When no decay does
+    not reach ``quantile`` the later slice's choice stands: under-coverage is drift to act on."""
+    best = pick_narrowest({k: v[:2] for k, v in scores.items()}, quantile)
+    plain = scores.get(None)
+    if best is None or plain is None or math.isnan(plain[0]) or plain[0] < quantile:
+        return best
+    _, _, se, plain_share = scores[best]
+    return None if plain_share <= quantile + se + 1e-12 else best
+
+
+def weighted_coverage_se(covered: np.ndarray, weights: np.ndarray, workflow: np.ndarray, quantile: float) -> float:
+    """Standard error of the weighted share ``c = Σ wᵢ·coveredᵢ / Σ wᵢ`` of gaps a TTL covers,
+    clustered by workflow (the linearised variance of a ratio, ``Σ_j (Σ_{i∈j} wᵢ (coveredᵢ −
+    c))² / (Σ w)²``), and never less than the binomial error at ``quantile`` of the weights'
+    effective sample, ``sqrt(q (1 − q) / n_eff)`` with ``n_eff = (Σw)² / Σw²`` (a quantile that
+    is the maximum of a few heavy gaps covers all of them: no spread, but no certainty either).
+    At the weighted q-quantile it says how far that quantile's true coverage can sit from q by
+    chance — more when recency weights shrink the sample or a workflow's gaps move together."""
+    w = np.asarray(weights, dtype=float)
+    x = np.asarray(covered, dtype=float)
+    total = w.sum()
+    if total <= 0 or len(w) == 0:
+        return math.nan
+    c = float(np.dot(w, x) / total)
+    _, codes = np.unique(np.asarray(workflow), return_inverse=True)
+    per = np.bincount(codes, weights=w * (x - c))
+    binomial = math.sqrt(quantile * (1 - quantile) * float(np.dot(w, w))) / float(total)
+    return max(float(math.sqrt(np.dot(per, per)) / total), binomial)
+
+
 def certifies(weights: np.ndarray, quantile: float, w_new: float = 1.0) -> bool:
     """Whether a sample of these weights can certify the weighted conformal ``quantile`` at all:
     :func:`weighted_conformal_quantile` is finite only when ``Σw / (Σw + w_new) ≥ q``, i.e.
@@ -116,15 +170,17 @@ def select_half_life(rows: pd.DataFrame, n_workflows: int, half_lives: Sequence[
                      min_workflows: int, quantile: float,
                      score: Callable[[pd.DataFrame, pd.DataFrame], tuple[float, float]],
                      narrower_on_ties: bool = True,
-                     eligible: Callable[[pd.DataFrame], bool] | None = None
-                     ) -> tuple[float | None, dict[float | None, tuple[float, float]]]:
+                     eligible: Callable[[pd.DataFrame], bool] | None = None,
+                     pick: Callable[[Mapping[float | None, tuple[float, ...]]], float | None] | None = None
+                     ) -> tuple[float | None, dict[float | None, tuple[float, ...]]]:
     """The recency half-life of one workflow type, chosen on a later slice.
 
     ``rows`` carry ``rank`` (:func:`workflow_ranks`, 0 = oldest of the type's ``n_workflows``).
     Each candidate weighs the oldest 70 % of the workflows by :func:`recency_weights` (column
     ``weight``) and ``score(train, later)`` says how it does on the newest 30 %: (coverage, mean
-    width), NaN coverage when nothing there can be scored. The kept one is
-    :func:`pick_narrowest`'s (list the no-decay ``None`` first: it is kept when nothing scores).
+    width), NaN coverage when nothing there can be scored. The kept one is ``pick(scores)``'s,
+    by default :func:`pick_narrowest`'s (list the no-decay ``None`` first: it is kept when nothing
+    scores); the idle-gap fit picks by :func:`pick_least_decay` (its score adds a standard error).
     ``eligible(train)``: a decayed candidate whose weighted training slice fails it is not scored
     (NaN: never kept) — the idle-gap fit refuses a half-life whose weights cannot certify its
     quantile (:func:`certifies`), which would otherwise serve the cap and "cover" the later slice
@@ -140,10 +196,12 @@ def select_half_life(rows: pd.DataFrame, n_workflows: int, half_lives: Sequence[
     for h in cands:
         weighted = train.assign(weight=recency_weights(train["rank"].to_numpy(), cut, h))
         if h is not None and eligible is not None and not eligible(weighted):
-            scores[h] = (math.nan, math.nan)
+            scores[h] = (math.nan,) * len(next(iter(scores.values()), (0.0, 0.0)))
             continue
         scores[h] = score(weighted, later)
-    return pick_narrowest(scores, quantile, narrower_on_ties), scores
+    if pick is None:
+        return pick_narrowest(scores, quantile, narrower_on_ties), scores
+    return pick(scores), scores
 
 
 def workflow_ranks(df: pd.DataFrame) -> pd.Series:
@@ -469,6 +527,20 @@ class IdleGapModel(IdleGapTable, BaseEstimator):
             return math.nan, math.nan
         return float(np.mean(gap[has] <= ttl[has])), float(np.mean(ttl[has]))
 
+    def _cost(self, df: pd.DataFrame, ttl: np.ndarray) -> tuple[float, float]:
+        """(coverage of the rows with a gap, KV-seconds held per covered gap), the cost as
+        ``profiler eval`` reports it with the session ends (``kv_s_per_covered_gap_with_ends``):
+        ``(Σ min(TTL, gap) + Σ_END TTL) / #covered`` — a covered gap holds its KV for the gap, a
+        missed one for the whole TTL, a session's last call for the whole TTL for nothing (so a
+        TTL longer than the gaps need costs there). ``inf`` when nothing is covered."""
+        gap = df["gap_after_s"].to_numpy(dtype=float)
+        has = ~np.isnan(gap)
+        if not has.any():
+            return math.nan, math.nan
+        covered = gap[has] <= ttl[has]
+        held = float(np.minimum(ttl[has], gap[has]).sum() + ttl[~has].sum())
+        return float(covered.mean()), held / float(covered.sum()) if covered.any() else math.inf
+
     def _pick(self, scores: Mapping[Any, tuple[float, float]]) -> Any:
         """Narrowest candidate whose coverage reaches the quantile, else the best covered."""
         return pick_narrowest(scores, self.quantile)
@@ -477,16 +549,33 @@ class IdleGapModel(IdleGapTable, BaseEstimator):
         """Half-life by a later slice (:func:`select_half_life`), each candidate scored at the
         arrival level (agent or workflow type) it does best at (:func:`pick_narrowest`): an
         agent's few gaps may certify no more than their maximum under any weighting, while the
-        type's many follow the drift."""
-        def score(train: pd.DataFrame, later: pd.DataFrame) -> tuple[float, float]:
-            tables = self._tables_by_prior(train[train["gap_after_s"].notna()], (None,))[None]
-            by_level = {lv: self._score(later, self._predict_rows(later, tables, lv, None))
-                        for lv in ("agent", "workflow_type")}
-            return by_level[self._pick(by_level)]
+        type's many follow the drift. Judged on coverage *and* cost, and on whether a decay moves
+        the quantile beyond its noise at all: each candidate's score is (later-slice coverage,
+        KV-seconds held per covered gap with the session ends, the standard error of its own
+        weighted quantile's coverage, the share of its weighted training gaps the no-decay TTL
+        covers) and :func:`pick_least_decay` keeps one."""
+        plain: dict[str, np.ndarray] = {}
+
+        def fit_score(train: pd.DataFrame, later: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+            """(TTL of the training gaps, TTL of the later slice's rows) at the candidate's level."""
+            tables = self._tables_by_prior(train, (None,))[None]
+            ttl = {lv: self._predict_rows(later, tables, lv, None) for lv in ("agent", "workflow_type")}
+            level = self._pick({lv: self._score(later, t) for lv, t in ttl.items()})
+            return self._predict_rows(train, tables, level, None), ttl[level]
+
+        def score(train: pd.DataFrame, later: pd.DataFrame) -> tuple[float, float, float, float]:
+            train = train[train["gap_after_s"].notna()]
+            own, ttl = fit_score(train, later)
+            if "ttl" not in plain:   # the no-decay TTL of the same training gaps, once
+                plain["ttl"] = fit_score(train.assign(weight=1.0), later)[0]
+            gap, w = train["gap_after_s"].to_numpy(dtype=float), train["weight"].to_numpy(dtype=float)
+            se = weighted_coverage_se(gap <= own, w, train["workflow_id"].to_numpy(), self.quantile)
+            return (*self._cost(later, ttl), se, float(np.dot(w, gap < plain["ttl"]) / w.sum()))
+
         def eligible(train: pd.DataFrame) -> bool:   # the type's own weighted quantile is finite
             return certifies(train.loc[train["gap_after_s"].notna(), "weight"].to_numpy(), self.quantile)
         h, scores = select_half_life(g, n_wf, self.half_lives, self.min_workflows_drift, self.quantile, score,
-                                     eligible=eligible)
+                                     eligible=eligible, pick=lambda s: pick_least_decay(s, self.quantile))
         return h, {str(k): list(v) for k, v in scores.items()}
 
     def _cross_validate(self, g: pd.DataFrame) -> dict[tuple[str, Any], tuple[float, float]]:

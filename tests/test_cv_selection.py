@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from predictors.idle_gap import pick_narrowest, select_half_life
+from predictors.idle_gap import pick_least_decay, pick_narrowest, select_half_life, weighted_coverage_se
 from predictors import remaining_tokens
 from predictors.remaining_tokens import RemainingTokens
 from store.folds import group_folds, paired_se
@@ -155,3 +155,36 @@ def test_many_trials_per_task_do_not_make_a_longer_next_agent_order_win():
     groups = [{f"task{j}": 20} for j in range(10)]
     by_task = _choose_next(loss, hits, 200.0, 200.0, False, grid, wf_loss, w, groups)
     assert by_task["max_order"] == 1
+
+
+def test_pick_least_decay_keeps_no_decay_inside_the_candidates_band():
+    """Coverage and cost: the cheapest candidate reaching nominal, unless no decay reaches it too
+    and its TTL sits inside that candidate's quantile band (share below it ≤ q + se)."""
+    # mini-SWE-like: the 5 % half-life is a second cheaper, but the plain TTL is within its noise
+    near = {None: (0.972, 6.62, 0.004, 0.950), 0.5: (0.972, 6.62, 0.004, 0.951), 0.05: (0.969, 6.59, 0.007, 0.955)}
+    assert pick_narrowest({k: v[:2] for k, v in near.items()}, 0.95) == 0.05
+    assert pick_least_decay(near, 0.95) is None
+    # gaps 10x shorter lately: the plain TTL is above nearly all of the candidate's weighted gaps
+    shrunk = {**near, 0.05: (0.982, 1.32, 0.019, 0.998)}
+    assert pick_least_decay(shrunk, 0.95) == 0.05
+    # no decay under nominal on the later slice: the best covered decay stands, band or not
+    grown = {None: (0.86, 13.5, 0.010, 0.950), 0.2: (0.92, 13.3, 0.010, 0.95), 0.05: (0.952, 13.3, 0.019, 0.95)}
+    assert pick_least_decay(grown, 0.95) == 0.05
+    # without a no-decay candidate it is pick_narrowest on (coverage, cost)
+    assert pick_least_decay({0.2: (0.96, 5.0, 0.01, 0.9), 0.05: (0.955, 4.0, 0.01, 0.9)}, 0.95) == 0.05
+
+
+def test_weighted_coverage_se_clusters_by_workflow_and_has_a_binomial_floor():
+    rng = np.random.default_rng(0)
+    covered = rng.random(2000) < 0.95
+    w = np.ones(2000)
+    flat = weighted_coverage_se(covered, w, np.arange(2000), 0.95)
+    assert flat == pytest.approx(math.sqrt(0.95 * 0.05 / 2000), rel=0.15)
+    # 100 workflows of 20 gaps that move together (a workflow is all covered or all missed)
+    together = np.repeat(rng.random(100) < 0.95, 20)
+    assert weighted_coverage_se(together, w, np.repeat(np.arange(100), 20), 0.95) > 3 * flat
+    # every gap covered (a quantile at the maximum of few heavy gaps): not zero, n_eff's binomial error
+    heavy = np.power(0.5, np.arange(40)[::-1] / 2.0)
+    n_eff = heavy.sum() ** 2 / (heavy ** 2).sum()
+    assert weighted_coverage_se(np.ones(40, bool), heavy, np.arange(40), 0.95) == pytest.approx(
+        math.sqrt(0.95 * 0.05 / n_eff))

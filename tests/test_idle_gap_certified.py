@@ -71,7 +71,7 @@ def test_a_small_drifting_team_is_never_served_the_cap():
     model = IdleGapModel(max_ttl_s=120.0).fit(train)
     info = model.workflow_types_["team"]
     # no candidate scores by the cap any more: every later-slice mean TTL is a real quantile
-    widths = [w for c, w in info["half_life_scores"].values() if not math.isnan(c)]
+    widths = [w for c, w, *_ in info["half_life_scores"].values() if not math.isnan(c)]
     assert widths and max(widths) < 60.0
     for (level, _), sc in zip(info["scores"].items(), info["scores"].values()):
         assert sc["mean_ttl_s"] < 60.0, level
