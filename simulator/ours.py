@@ -256,8 +256,9 @@ class PriorityScheduler(Scheduler):
         if not self._inlined():
             return []
         refs = self.book.references()
+        rate = self.book.rate if self.policy.aging_per_duration is not None else None
         q = SessionQueue(refs.__getitem__, lambda: self.sim.now, self.policy.aging_per_s,
-                         self.policy.scale)
+                         self.policy.scale, rate)
         self.queues.append(q)
         return q
 
@@ -272,8 +273,11 @@ class PriorityScheduler(Scheduler):
             self.base[req.idx] = pol.score_view(view, depth, agent_model)
             return
         age = self.sim.now - float(self.sim.wf_arrival[req.wf])
-        score = pol.session_score(pol.score_view(view, depth, agent_model), age) if view.known else None
-        self.book.note(req.wf, score, self.sim.now, fallback=pol.session_score(pol.unknown_score, age))
+        rate = pol.aging_rate(view, age)
+        score = (pol.session_score(pol.score_view(view, depth, agent_model), age, rate)
+                 if view.known else None)
+        self.book.note(req.wf, score, self.sim.now, fallback=pol.session_score(pol.unknown_score, age),
+                       rate=rate)
         for q in self.queues:
             q.rekey(req.wf)
 
@@ -293,11 +297,11 @@ class PriorityScheduler(Scheduler):
         pol = self.policy
         if not self._inlined():
             return self.queue_key
-        now, aging, scale, session = self.sim.now, pol.aging_per_s, pol.scale, self.book.references()
+        now, scale, session, rate = self.sim.now, pol.scale, self.book.references(), self.book.rate
 
         def key(req: Request) -> tuple:
             score, t = session[req.wf]
-            return (-sglang_int(score, t, now, aging, scale), req.t_enqueue, req.idx)
+            return (-sglang_int(score, t, now, rate(req.wf), scale), req.t_enqueue, req.idx)
 
         return key
 

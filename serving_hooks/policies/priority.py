@@ -93,6 +93,8 @@ from serving_hooks.policies.annotations_view import CallView
 UNITS = ("tokens", "calls", "seconds")
 #: A call without a prediction is ranked as if this many calls remained.
 NEUTRAL_CALLS = 3.0
+#: ``PriorityPolicy.aging_rate`` stays within 2^±RATE_OCTAVES of ``aging_per_s``.
+RATE_OCTAVES = 10
 #: SGLang stores priorities in a Python int and compares them; keep well inside int64.
 _SGLANG_PRIORITY_MAX = 2**62
 
@@ -137,6 +139,11 @@ class PriorityPolicy:
     #: scale, ``−w1 · ln(1 + R / tokens_per_call)``; a known call whose annotation lacks the field
     #: counts ``(1 + remaining calls) · tokens_per_call`` tokens.
     tokens_per_call: float = 500.0
+    #: Aging on the session's own time scale (module doc, "Aging per session duration"): when
+    #: set, a session whose expected total duration is ``τ`` seconds (its age + the profile's
+    #: expected remaining seconds) ages at ``aging_per_duration / τ`` per second, rounded to a
+    #: power of two (so a queue holds few distinct rates); None: every session at ``aging_per_s``.
+    aging_per_duration: float | None = None
 
     def __post_init__(self) -> None:
         if self.remaining_unit not in UNITS:
@@ -238,16 +245,37 @@ class PriorityPolicy:
         """The ``w2 · Σ_{m idle} 1/E[D_m]`` part of :meth:`score_view` alone."""
         return self._idle_term(self.downstream_distance(view, agent_model), queue_depth)
 
-    def session_score(self, base: float, session_age_s: float | None) -> float:
-        """``base + aging_per_s · session_age_s``: the score of a call issued when its workflow
-        was ``session_age_s`` seconds old (what the gateway sends as the call's priority)."""
-        return base + self.aging_per_s * max(0.0, float(session_age_s or 0.0))
+    def aging_rate(self, view: CallView | None = None, session_age_s: float | None = None) -> float:
+        """Score added per second of waiting for the session ``view`` belongs to.
 
-    def aged(self, base: float, enqueued_at: float, now: float) -> float:
-        """``base + aging_per_s · (now − enqueued_at)``; waiting time never counts negative.
+        ``aging_per_s`` unless :attr:`aging_per_duration` is set; then
+        ``aging_per_duration / τ`` with ``τ = age + expected remaining seconds`` (the session's
+        expected total duration, ``session_age_s`` overriding the view's), rounded to the
+        nearest power of two and kept within ``2^±RATE_OCTAVES`` of ``aging_per_s``; a view
+        without remaining seconds ages at ``aging_per_s``."""
+        if self.aging_per_duration is None or view is None or not view.known \
+                or view.exp_remaining_s is None:
+            return self.aging_per_s
+        age = view.session_age_s if session_age_s is None else session_age_s
+        tau = max(1.0, float(age or 0.0) + max(0.0, float(view.exp_remaining_s)))
+        octave = round(math.log2(self.aging_per_duration / tau / self.aging_per_s))
+        return self.aging_per_s * 2.0 ** max(-RATE_OCTAVES, min(RATE_OCTAVES, octave))
+
+    def session_score(self, base: float, session_age_s: float | None,
+                      rate: float | None = None) -> float:
+        """``base + rate · session_age_s`` (``rate`` default ``aging_per_s``): the score of a
+        call issued when its workflow was ``session_age_s`` seconds old (what the gateway sends
+        as the call's priority)."""
+        rate = self.aging_per_s if rate is None else rate
+        return base + rate * max(0.0, float(session_age_s or 0.0))
+
+    def aged(self, base: float, enqueued_at: float, now: float, rate: float | None = None) -> float:
+        """``base + rate · (now − enqueued_at)`` (``rate`` default ``aging_per_s``); waiting
+        time never counts negative.
 
         Applied to a :meth:`session_score`, this is the workflow-level score at ``now``."""
-        return base + self.aging_per_s * max(0.0, now - enqueued_at)
+        rate = self.aging_per_s if rate is None else rate
+        return base + rate * max(0.0, now - enqueued_at)
 
     def to_sglang(self, score: float) -> int:
         """Integer priority for SGLang (bigger runs first), clamped to a safe range."""
@@ -292,7 +320,7 @@ class AnnotationPriority:
         view = CallView.from_annotation(annotation, app_metadata)
         pol = self.policy
         base = pol.score_view(view, queue_depth, agent_model)
-        return pol.to_sglang(pol.session_score(base, view.session_age_s))
+        return pol.to_sglang(pol.session_score(base, view.session_age_s, pol.aging_rate(view)))
 
     def downstream_boost(self, annotation: Annotation, app_metadata: Mapping | None = None, *,
                          queue_depth: Mapping[str, float] | None = None,
