@@ -52,7 +52,8 @@ default ``PriorityPolicy.remaining_unit``, chosen on validation draws: module do
 :mod:`serving_hooks.policies.priority`); ``ours-tokens`` by its expected remaining output tokens
 (:mod:`predictors.remaining_tokens`), ``ours-seconds`` by expected remaining *seconds*,
 ``ours-seconds-p90`` by the 0.9 quantile of it.
-``ours-no-preprefill`` switches pre-prefill off. Autoscaling is not a part of ours: any policy
+``ours-no-preprefill`` switches pre-prefill off. ``ours-fixed-aging`` ages every session at
+``aging_per_s`` (the rule before aging per session duration, ``aging_per_duration``). Autoscaling is not a part of ours: any policy
 name takes ``+predictive`` or ``+reactive`` (:mod:`simulator.autoscale`).
 """
 from __future__ import annotations
@@ -529,6 +530,7 @@ OURS_VARIANTS: dict[str, dict[str, Any]] = {
     "ours-seconds": {"priority_policy": PriorityPolicy(remaining_unit="seconds")},
     "ours-tokens": {"priority_policy": PriorityPolicy(remaining_unit="tokens")},
     "ours-no-idle": {"priority_policy": PriorityPolicy(w2=0.0)},
+    "ours-fixed-aging": {"priority_policy": PriorityPolicy(aging_per_duration=None)},
     "ours-seconds-p90": {"priority_policy": PriorityPolicy(remaining_unit="seconds",
                                                            remaining_quantile=0.9)},
 }

@@ -21,6 +21,16 @@ older call), so the anchor alone does not give the order; but it bounds it: if
 as the sort key does and taking the smallest ``(−V_s, t_enqueue, idx)`` of each session's oldest
 call: the element the sort would have put first, in O(k log S) for k sessions near the top.
 
+**Per-session aging rates** (``PriorityPolicy.aging_per_duration``: each session ages at
+``k / τ_s``, its expected duration ``τ_s``). With rates ``r_s`` the anchors no longer shift
+together — ``V_s(now) = round(scale · (score_s − r_s · since_s) + scale · r_s · now)`` — so no
+single heap order holds for all ``now``. But sessions *of one rate* still shift together, and
+the rate is rounded to a power of two times ``aging_per_s``, so there are few rates: the queue
+keeps one anchor heap per rate (a session lives in the heap of its current rate; a rekey may
+move it), finds each heap's head as above and takes the smallest key of those heads: exact, in
+O(#rates · k log S). ``tests/test_simulator_incremental_state.py`` checks head and order
+against a brute-force sort with sessions moving between five rates.
+
 **The list it replaces.** The engine appends calls (issued or preempted) at the end and sorts
 at the start of each admission (:meth:`Simulator._admit`); a call appended after the sort stays
 behind every sorted call until the next sort. This queue keeps that: appended calls wait in

@@ -42,6 +42,32 @@ to ``round(scale · score)``.
 A call with no prediction (``known: false``) gets ``unknown_score``: neutral, served as if a
 few calls remained, and aged like every other request.
 
+Aging per session duration (``aging_per_duration``)
+---------------------------------------------------
+One constant ``aging_per_s`` bounds a *wait*: a workflow may be passed for at most
+``Δbase / aging_per_s`` seconds, whatever its length. That fits a burst that drains in minutes
+or an open loop that runs for an hour, not both. With ``aging_per_duration = k`` each session
+ages on its own time scale: its rate is ``k / τ``, ``τ`` its expected total duration (age + the
+profile's expected remaining seconds, ``exp_remaining_s``, at its latest predicted call), so
+
+    score(t) ≈ base + k · age / τ
+
+and the bound is on the *slowdown* (age ÷ expected duration): a 2-minute session is not kept
+waiting 17 minutes behind longer ones, and an hour-long one is not pushed ahead of short ones
+just because it is old. The rate is rounded to a power of two times ``aging_per_s`` (within
+``2^±RATE_OCTAVES``), so a queue holds a few distinct rates: the simulator's
+``SessionQueue`` keeps one heap per rate (exact, O(#rates) per head), and the plugin reads
+the same rate off the call's annotation (:meth:`PriorityPolicy.aging_rate`) — no new field.
+A call without ``exp_remaining_s`` ages at ``aging_per_s``.
+
+The default ``k = 0.03`` (a session gains 0.03 — a tenth of the gap between 2 and 3 calls
+left — per expected duration of age) was chosen on the validation draws (``profiler simulate
+--scenario S --seed D``, D = 100, 101, S = ``pythia-like``, ``agent-platform``,
+``agent-platform-bursty``; avg JCT ÷ ``continuum-ttl``'s, mean of the six runs): fixed
+``aging_per_s = 0.001`` 0.955, k = 1 0.953, 0.3 0.943, 0.1 0.944, 0.03 0.940
+(docs/simulator.md, "Aging per session duration"). ``aging_per_duration=None`` puts back the
+fixed rate (``ours-fixed-aging`` in the simulator).
+
 Which unit ranks (``remaining_unit``; ``"calls"``, the default)
 ---------------------------------------------------------------
 The default ranks by the session's expected remaining **calls** (the first rule above, with
@@ -143,7 +169,8 @@ class PriorityPolicy:
     #: set, a session whose expected total duration is ``τ`` seconds (its age + the profile's
     #: expected remaining seconds) ages at ``aging_per_duration / τ`` per second, rounded to a
     #: power of two (so a queue holds few distinct rates); None: every session at ``aging_per_s``.
-    aging_per_duration: float | None = None
+    #: 0.03 chosen on the validation draws (module doc, "Aging per session duration").
+    aging_per_duration: float | None = 0.03
 
     def __post_init__(self) -> None:
         if self.remaining_unit not in UNITS:

@@ -12,8 +12,8 @@
 * ``SchedulePolicy.calc_priority`` (BEFORE): at each scheduling round, every remembered
   request's priority (waiting and running) becomes ``to_sglang(score + rate · waited)``
   with the score, arrival and aging rate of its session's latest call (``rate`` =
-  ``PriorityPolicy.aging_rate`` of the call's view: ``aging_per_s``, or per session duration), so all calls of a workflow carry
-  the workflow's priority; SGLang's own ``(priority, wait time)`` sort then serves the oldest
+  ``PriorityPolicy.aging_rate`` of the call's view: ``aging_per_s``, or per session
+  duration), so all calls of a workflow carry the workflow's priority; SGLang's own ``(priority, wait time)`` sort then serves the oldest
   work first among equals.
 
 The score is the gateway's ``priority`` read back through :meth:`PriorityPolicy.from_sglang`:
