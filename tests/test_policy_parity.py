@@ -79,7 +79,7 @@ def recorded(tmp_path_factory):
     def recording_issue(req):
         issue(req)
         events.append(("issue", sched.sim.now, req.wf, feed.annotation(req), sched.priority(req),
-                       sched.book.reference(req.wf)))
+                       sched.book.reference(req.wf), sched.book.rate(req.wf)))
 
     router.route, router.on_finish, sched.on_issue = recording_route, recording_finish, recording_issue
     sim = Simulator(prep.workload, policy, CFG, arrival_times(prep.workload, 0.6, 0))
@@ -185,7 +185,9 @@ def test_plugin_priority_book_matches_the_simulator(recorded):
     state = _plugin(sched.policy, now)
     issues = [ev for ev in recorded.events if ev[0] == "issue"]
     assert len(issues) > 100
-    for n, (_, t, wf, ann, sim_priority, sim_ref) in enumerate(issues):
+    gateway = AnnotationPriority(sched.policy)
+    rates = set()
+    for n, (_, t, wf, ann, sim_priority, sim_ref, sim_rate) in enumerate(issues):
         now[0] = t
         # the gateway sends the call's priority only when it has a prediction
         req = _sglang_req(f"r{n}", replace(ann, workflow_id=str(wf)), sim_priority if ann.known else None)
@@ -194,6 +196,12 @@ def test_plugin_priority_book_matches_the_simulator(recorded):
         assert ref[1] == sim_ref[1], (t, wf)                    # same reference time
         assert ref[0] == pytest.approx(sim_ref[0], abs=1 / sched.policy.scale)
         assert abs(req.priority - sim_priority) <= 1
+        # the same aging rate (per session duration, the default) on both sides ...
+        assert state.sessions.rate(str(wf)) == sim_rate
+        rates.add(sim_rate)
+        if ann.known:                     # ... and the gateway sends the simulator's priority
+            assert abs(gateway(ann) - sim_priority) <= 1
+    assert len(rates) > 1                 # sessions of different expected lengths age differently
     reset_state()
 
 
@@ -294,7 +302,7 @@ def test_plugin_gateway_and_simulator_end_sessions_alike(recorded):
     state.settings = replace(state.settings, keep_drop=sim_keep)
     issues = [ev for ev in recorded.events if ev[0] == "issue"]
     ended = dropped = 0
-    for n, (_, t, wf, ann, _, _) in enumerate(issues):
+    for n, (_, t, wf, ann, *_) in enumerate(issues):
         meta = {"workflow_type_id": ann.workflow_type_id, "workflow_id": ann.workflow_id,
                 "agent_id": ann.agent_id}
         assert rule.mark(replace(ann, session_end=None), meta) == ann      # gateway's mark = sim's
