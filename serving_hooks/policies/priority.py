@@ -22,7 +22,8 @@ not from the call's enqueue time:
 
     score(t) = base + aging_per_s · (t − t_session_start)
 
-Every waiting workflow ages at the same rate, so the order between two workflows is fixed —
+With one fixed rate (``aging_per_duration=None``; the default ages each session on its own
+time scale, below) every waiting workflow ages alike, so the order between two is fixed —
 ``base − aging_per_s · t_start`` — and aging only bounds how long a newer workflow's smaller
 remaining work may keep an older one waiting: ``Δbase / aging_per_s`` seconds (with the
 default 0.001 /s, a workflow one call from done (base 0.5) passes one that has just started a
@@ -52,21 +53,24 @@ profile's expected remaining seconds, ``exp_remaining_s``, at its latest predict
 
     score(t) ≈ base + k · age / τ
 
-and the bound is on the *slowdown* (age ÷ expected duration): a 2-minute session is not kept
-waiting 17 minutes behind longer ones, and an hour-long one is not pushed ahead of short ones
-just because it is old. The rate is rounded to a power of two times ``aging_per_s`` (within
+and the bound is on the *slowdown* (age ÷ expected duration): how long a session may be passed
+scales with its own expected length, not with one number of seconds for every run, so an
+hour-long open loop's age term does not swamp the remaining-work key. The rate is rounded to a power of two times ``aging_per_s`` (within
 ``2^±RATE_OCTAVES``), so a queue holds a few distinct rates: the simulator's
 ``SessionQueue`` keeps one heap per rate (exact, O(#rates) per head), and the plugin reads
 the same rate off the call's annotation (:meth:`PriorityPolicy.aging_rate`) — no new field.
 A call without ``exp_remaining_s`` ages at ``aging_per_s``.
 
-The default ``k = 0.03`` (a session gains 0.03 — a tenth of the gap between 2 and 3 calls
-left — per expected duration of age) was chosen on the validation draws (``profiler simulate
+The default ``k = 0.03`` (a session gains 0.03 — about a third of the gap between 2 and 3
+calls left, 1/3 − 1/4 — per expected duration of age) was chosen on the validation draws (``profiler simulate
 --scenario S --seed D``, D = 100, 101, S = ``pythia-like``, ``agent-platform``,
 ``agent-platform-bursty``; avg JCT ÷ ``continuum-ttl``'s, mean of the six runs): fixed
 ``aging_per_s = 0.001`` 0.955, k = 1 0.953, 0.3 0.943, 0.1 0.944, 0.03 0.940
-(docs/simulator.md, "Aging per session duration"). ``aging_per_duration=None`` puts back the
-fixed rate (``ours-fixed-aging`` in the simulator).
+(docs/simulator.md, "Aging per session duration"). A weak fixed rate does as well on these
+draws (``aging_per_s`` 1e-5 with ``aging_per_duration=None``: 0.941; 1e-4: 0.957): the gain
+there is weaker aging; the per-session scale keeps the bound a slowdown, whatever the run's
+length. ``aging_per_duration=None`` puts back the fixed rate (``ours-fixed-aging`` in the
+simulator).
 
 Which unit ranks (``remaining_unit``; ``"calls"``, the default)
 ---------------------------------------------------------------
