@@ -55,7 +55,9 @@ default ``PriorityPolicy.remaining_unit``, chosen on validation draws: module do
 ``ours-no-preprefill`` switches pre-prefill off. ``ours-no-move`` never moves a session off
 its replica; ``ours-move-gain-1`` moves it when the wait saved merely exceeds the rebuild's cost
 (the rule before ``CapacityPolicy.move_gain_ratio`` = 2, which halved routing-caused recompute
-on ``agent-platform``: docs/simulator.md). Autoscaling is not a part of ours: any policy
+on ``agent-platform``: docs/simulator.md). ``ours-fixed-aging`` ages every session at
+``aging_per_s`` (the rule before aging per session duration, ``aging_per_duration``).
+Autoscaling is not a part of ours: any policy
 name takes ``+predictive`` or ``+reactive`` (:mod:`simulator.autoscale`).
 """
 from __future__ import annotations
@@ -259,8 +261,9 @@ class PriorityScheduler(Scheduler):
         if not self._inlined():
             return []
         refs = self.book.references()
+        rate = self.book.rate if self.policy.aging_per_duration is not None else None
         q = SessionQueue(refs.__getitem__, lambda: self.sim.now, self.policy.aging_per_s,
-                         self.policy.scale)
+                         self.policy.scale, rate)
         self.queues.append(q)
         return q
 
@@ -275,8 +278,11 @@ class PriorityScheduler(Scheduler):
             self.base[req.idx] = pol.score_view(view, depth, agent_model)
             return
         age = self.sim.now - float(self.sim.wf_arrival[req.wf])
-        score = pol.session_score(pol.score_view(view, depth, agent_model), age) if view.known else None
-        self.book.note(req.wf, score, self.sim.now, fallback=pol.session_score(pol.unknown_score, age))
+        rate = pol.aging_rate(view, age)
+        score = (pol.session_score(pol.score_view(view, depth, agent_model), age, rate)
+                 if view.known else None)
+        self.book.note(req.wf, score, self.sim.now, fallback=pol.session_score(pol.unknown_score, age),
+                       rate=rate)
         for q in self.queues:
             q.rekey(req.wf)
 
@@ -296,11 +302,11 @@ class PriorityScheduler(Scheduler):
         pol = self.policy
         if not self._inlined():
             return self.queue_key
-        now, aging, scale, session = self.sim.now, pol.aging_per_s, pol.scale, self.book.references()
+        now, scale, session, rate = self.sim.now, pol.scale, self.book.references(), self.book.rate
 
         def key(req: Request) -> tuple:
             score, t = session[req.wf]
-            return (-sglang_int(score, t, now, aging, scale), req.t_enqueue, req.idx)
+            return (-sglang_int(score, t, now, rate(req.wf), scale), req.t_enqueue, req.idx)
 
         return key
 
@@ -529,6 +535,7 @@ OURS_VARIANTS: dict[str, dict[str, Any]] = {
     "ours-seconds": {"priority_policy": PriorityPolicy(remaining_unit="seconds")},
     "ours-tokens": {"priority_policy": PriorityPolicy(remaining_unit="tokens")},
     "ours-no-idle": {"priority_policy": PriorityPolicy(w2=0.0)},
+    "ours-fixed-aging": {"priority_policy": PriorityPolicy(aging_per_duration=None)},
     "ours-seconds-p90": {"priority_policy": PriorityPolicy(remaining_unit="seconds",
                                                            remaining_quantile=0.9)},
 }

@@ -21,6 +21,16 @@ older call), so the anchor alone does not give the order; but it bounds it: if
 as the sort key does and taking the smallest ``(−V_s, t_enqueue, idx)`` of each session's oldest
 call: the element the sort would have put first, in O(k log S) for k sessions near the top.
 
+**Per-session aging rates** (``PriorityPolicy.aging_per_duration``: each session ages at
+``k / τ_s``, its expected duration ``τ_s``). With rates ``r_s`` the anchors no longer shift
+together — ``V_s(now) = round(scale · (score_s − r_s · since_s) + scale · r_s · now)`` — so no
+single heap order holds for all ``now``. But sessions *of one rate* still shift together, and
+the rate is rounded to a power of two times ``aging_per_s``, so there are few rates: the queue
+keeps one anchor heap per rate (a session lives in the heap of its current rate; a rekey may
+move it), finds each heap's head as above and takes the smallest key of those heads: exact, in
+O(#rates · k log S). ``tests/test_simulator_incremental_state.py`` checks head and order
+against a brute-force sort with sessions moving between five rates.
+
 **The list it replaces.** The engine appends calls (issued or preempted) at the end and sorts
 at the start of each admission (:meth:`Simulator._admit`); a call appended after the sort stays
 behind every sorted call until the next sort. This queue keeps that: appended calls wait in
@@ -55,15 +65,18 @@ class SessionQueue:
     iteration (in queue order: the sorted part, then the calls appended since)."""
 
     def __init__(self, reference: Callable[[Any], tuple[float, float]], clock: Callable[[], float],
-                 aging: float, scale: float) -> None:
+                 aging: float, scale: float, rate: Callable[[Any], float] | None = None) -> None:
         self.reference = reference
         self.clock = clock
         self.aging = float(aging)
         self.scale = float(scale)
+        #: session -> its aging rate (None: every session at ``aging``)
+        self.rate = rate
         #: Sorted part: per session, its calls by (t_enqueue, idx).
         self.sessions: dict[Any, list] = {}
-        #: Heap of (−anchor, stamp, session); an entry is live while ``stamp`` is the session's.
-        self.heap: list[tuple[float, int, Any]] = []
+        #: Per aging rate, a heap of (−anchor, stamp, session); an entry is live while ``stamp``
+        #: is the session's (a session lives in the heap of its current rate only).
+        self.heaps: dict[float, list[tuple[float, int, Any]]] = {}
         self.stamp: dict[Any, int] = {}
         self._stamps = 0
         #: Calls appended since the last sort, in order.
@@ -120,18 +133,35 @@ class SessionQueue:
             self._push(wf)
 
     def head(self, now: float) -> Any:
-        """The first call of the queue at ``now`` (module docstring)."""
+        """The first call of the queue at ``now`` (module docstring): the best of each rate's
+        heap's head, O(#rates) heads."""
         if not self.sessions:
             return self.tail[0]
-        heap, stamp = self.heap, self.stamp
-        while heap[0][1] != stamp.get(heap[0][2]):
+        best_key, best = None, None
+        for rate, heap in list(self.heaps.items()):
+            key, first = self._heap_head(rate, heap, now)
+            if first is None:
+                del self.heaps[rate]
+            elif best_key is None or key < best_key:
+                best_key, best = key, first
+        return best
+
+    def _heap_head(self, rate: float, heap: list, now: float) -> tuple[Any, Any]:
+        """``(sort key, call)`` of the first call among the sessions of one rate's heap
+        (``(None, None)`` when the heap holds no live session)."""
+        stamp = self.stamp
+        while heap and heap[0][1] != stamp.get(heap[0][2]):
             heapq.heappop(heap)
+        if not heap:
+            return None, None
         top = -heap[0][0]
-        margin = 1.0 + 1e-9 * (1.0 + abs(top) + abs(self.aging * self.scale * now))
+        margin = 1.0 + 1e-9 * (1.0 + abs(top) + abs(rate * self.scale * now))
         # the second largest anchor is one of the root's children (live or not): when both are
         # out of the window, the top session alone holds the head
         if all(-heap[i][0] < top - margin for i in (1, 2) if i < len(heap)):
-            return self.sessions[heap[0][2]][0]
+            wf = heap[0][2]
+            first = self.sessions[wf][0]
+            return (-self._priority(wf, now), first.t_enqueue, first.idx), first
         near: list[tuple[float, int, Any]] = []
         best_key, best = None, None
         while heap and -heap[0][0] >= top - margin:
@@ -146,11 +176,14 @@ class SessionQueue:
                 best_key, best = key, first
         for entry in near:
             heapq.heappush(heap, entry)
-        return best
+        return best_key, best
+
+    def _rate(self, wf: Any) -> float:
+        return self.aging if self.rate is None else self.rate(wf)
 
     def _priority(self, wf: Any, now: float) -> int:
         score, since = self.reference(wf)
-        return sglang_int(score, since, now, self.aging, self.scale)
+        return sglang_int(score, since, now, self._rate(wf), self.scale)
 
     def _insert(self, req: Any) -> None:
         calls = self.sessions.get(req.wf)
@@ -162,12 +195,14 @@ class SessionQueue:
 
     def _push(self, wf: Any) -> None:
         score, since = self.reference(wf)
+        rate = self._rate(wf)
         self._stamps += 1
         self.stamp[wf] = self._stamps
-        heapq.heappush(self.heap, (-(score - self.aging * since) * self.scale, self._stamps, wf))
-        if len(self.heap) > 2 * len(self.stamp) + 64:     # drop the dead entries
-            self.heap = [e for e in self.heap if e[1] == self.stamp.get(e[2])]
-            heapq.heapify(self.heap)
+        heap = self.heaps.setdefault(rate, [])
+        heapq.heappush(heap, (-(score - rate * since) * self.scale, self._stamps, wf))
+        if len(heap) > 2 * len(self.stamp) + 64:     # drop the dead entries
+            heap[:] = [e for e in heap if e[1] == self.stamp.get(e[2])]
+            heapq.heapify(heap)
 
 
 def _fcfs(req: Any) -> tuple[float, int]:

@@ -30,7 +30,8 @@ from serving_hooks.policies.bookkeeping import CapacityLedger, capacity_request
 from serving_hooks.policies.capacity import ActiveRequest, CapacityPolicy
 from serving_hooks.routing import CapacityRouter, WorkerLoad
 from serving_hooks.sglang_plugin.finish import decide_finished
-from serving_hooks.sglang_plugin.priority_hooks import admit_request
+from serving_hooks.policies.priority import AnnotationPriority
+from serving_hooks.sglang_plugin.priority_hooks import admit_request, age_queue
 from serving_hooks.sglang_plugin.settings import PluginSettings
 from serving_hooks.sglang_plugin.state import PluginState, reset_state
 from simulator.config import ClusterConfig
@@ -78,7 +79,7 @@ def recorded(tmp_path_factory):
     def recording_issue(req):
         issue(req)
         events.append(("issue", sched.sim.now, req.wf, feed.annotation(req), sched.priority(req),
-                       sched.book.reference(req.wf)))
+                       sched.book.reference(req.wf), sched.book.rate(req.wf)))
 
     router.route, router.on_finish, sched.on_issue = recording_route, recording_finish, recording_issue
     sim = Simulator(prep.workload, policy, CFG, arrival_times(prep.workload, 0.6, 0))
@@ -184,7 +185,9 @@ def test_plugin_priority_book_matches_the_simulator(recorded):
     state = _plugin(sched.policy, now)
     issues = [ev for ev in recorded.events if ev[0] == "issue"]
     assert len(issues) > 100
-    for n, (_, t, wf, ann, sim_priority, sim_ref) in enumerate(issues):
+    gateway = AnnotationPriority(sched.policy)
+    rates = set()
+    for n, (_, t, wf, ann, sim_priority, sim_ref, sim_rate) in enumerate(issues):
         now[0] = t
         # the gateway sends the call's priority only when it has a prediction
         req = _sglang_req(f"r{n}", replace(ann, workflow_id=str(wf)), sim_priority if ann.known else None)
@@ -193,6 +196,12 @@ def test_plugin_priority_book_matches_the_simulator(recorded):
         assert ref[1] == sim_ref[1], (t, wf)                    # same reference time
         assert ref[0] == pytest.approx(sim_ref[0], abs=1 / sched.policy.scale)
         assert abs(req.priority - sim_priority) <= 1
+        # the same aging rate (per session duration, the default) on both sides ...
+        assert state.sessions.rate(str(wf)) == sim_rate
+        rates.add(sim_rate)
+        if ann.known:                     # ... and the gateway sends the simulator's priority
+            assert abs(gateway(ann) - sim_priority) <= 1
+    assert len(rates) > 1                 # sessions of different expected lengths age differently
     reset_state()
 
 
@@ -220,6 +229,44 @@ def test_an_unknown_call_keeps_its_sessions_score_in_both():
         assert ref[1] == sim_ref[1] and ref[0] == pytest.approx(sim_ref[0], abs=1e-3)
     # after the unknown call the session kept 1/3 (aged), it was not reset to unknown_score
     assert sched.book.reference(0) == (pytest.approx(1.0 + policy.aging_per_s * 60), 60.0)
+    reset_state()
+
+
+def test_aging_per_session_duration_is_the_same_in_gateway_plugin_and_simulator():
+    """``aging_per_duration``: a short session (expected 125 s in all) ages 8× faster than a long
+    one (1000 s) — rates 0.008 and 0.001 /s with k = 1 — and the gateway's priority, the
+    plugin's book and re-aging of its queue, and the simulator's scheduler agree on every score."""
+    policy = PriorityPolicy(remaining_unit="calls", aging_per_duration=1.0)
+    sched = PriorityScheduler(SimpleNamespace(view=lambda req: req.view), policy)
+    sched.sim = SimpleNamespace(now=0.0, wf_arrival=[0.0, 0.0], pool_queue_depths=lambda: None,
+                                pools=None)
+    now = [0.0]
+    state = _plugin(policy, now)
+    gateway = AnnotationPriority(policy)
+    calls = [(0, 0.0, Annotation(known=True, workflow_id="0", expected_remaining_calls=2.0,
+                                 expected_remaining_s=125.0, session_age_s=0.0)),
+             (1, 0.0, Annotation(known=True, workflow_id="1", expected_remaining_calls=2.0,
+                                 expected_remaining_s=1000.0, session_age_s=0.0)),
+             (0, 40.0, Annotation(known=True, workflow_id="0", expected_remaining_calls=1.0,
+                                  expected_remaining_s=85.0, session_age_s=40.0))]
+    plugin_reqs = []
+    for i, (wf, t, ann) in enumerate(calls):
+        sched.sim.now = now[0] = t
+        req = SimpleNamespace(idx=i, wf=wf, t_enqueue=t, view=CallView.from_annotation(ann))
+        sched.on_issue(req)
+        assert gateway(ann) == sched.priority(req)              # what the gateway sends
+        plugin_reqs.append(_sglang_req(f"d{i}", ann, gateway(ann)))
+        assert admit_request(plugin_reqs[-1], now=t)
+        assert state.sessions.rate(str(wf)) == sched.book.rate(wf)
+    assert sched.book.rate(0) == pytest.approx(0.008) and sched.book.rate(1) == pytest.approx(0.001)
+    # at t = 40 s session 0 scores 1/2 + 0.008·40 = 0.82, session 1 (1/3 at t = 0) 1/3 + 0.04
+    assert sched.book.score(0, 40.0) == pytest.approx(0.82)
+    assert sched.book.score(1, 40.0) == pytest.approx(1 / 3 + 0.04)
+    for t in (40.0, 300.0, 1000.0):                              # the plugin re-ages its queue
+        sched.sim.now = now[0] = t
+        age_queue(plugin_reqs, now=t)
+        for (wf, _, _), preq in zip(calls, plugin_reqs):
+            assert preq.priority == sched.book.priority(wf, t)
     reset_state()
 
 
@@ -255,7 +302,7 @@ def test_plugin_gateway_and_simulator_end_sessions_alike(recorded):
     state.settings = replace(state.settings, keep_drop=sim_keep)
     issues = [ev for ev in recorded.events if ev[0] == "issue"]
     ended = dropped = 0
-    for n, (_, t, wf, ann, _, _) in enumerate(issues):
+    for n, (_, t, wf, ann, *_) in enumerate(issues):
         meta = {"workflow_type_id": ann.workflow_type_id, "workflow_id": ann.workflow_id,
                 "agent_id": ann.agent_id}
         assert rule.mark(replace(ann, session_end=None), meta) == ann      # gateway's mark = sim's

@@ -90,18 +90,35 @@ def test_the_ledger_keeps_its_totals_through_starts_restarts_and_finishes():
 
 
 # --------------------------------------------------------------------------------- SessionQueue
-def _sorted_like_the_engine(calls, refs, now, aging, scale):
-    return sorted(calls, key=lambda c: (-sglang_int(*refs[c.wf], now, aging, scale), c.t_enqueue, c.idx))
+def _sorted_like_the_engine(calls, refs, now, rate, scale):
+    return sorted(calls, key=lambda c: (-sglang_int(*refs[c.wf], now, rate(c.wf), scale),
+                                        c.t_enqueue, c.idx))
 
 
 @pytest.mark.parametrize("aging,scale", [(0.001, 1000.0), (0.0, 1000.0), (0.37, 3.0)])
 def test_session_queue_head_and_order_are_the_sorted_lists(aging, scale):
     """Sessions whose anchors are within one integer unit (ties that come and go with ``now``),
     rekeyed sessions, calls appended after a sort: the head is always what sorting gave."""
+    _check_session_queue(aging, scale, None)
+
+
+@pytest.mark.parametrize("scale", [1000.0, 3.0])
+def test_session_queue_with_per_session_rates_is_the_sorted_list(scale):
+    """Aging on each session's own time scale (``PriorityPolicy.aging_per_duration``): sessions
+    age at different rates, so their order changes with ``now`` and a rekey may move a session
+    to another rate; the queue (one heap per rate) still heads and iterates exactly as a
+    brute-force sort by the score."""
+    _check_session_queue(0.001, scale, [0.0, 0.00025, 0.001, 0.004, 0.37])
+
+
+def _check_session_queue(aging, scale, rate_choices):
     rng = random.Random(5)
     refs: dict[int, tuple[float, float]] = {}
+    rates: dict[int, float] = {}
     clock = SimpleNamespace(now=0.0)
-    q = SessionQueue(refs.__getitem__, lambda: clock.now, aging, scale)
+    rate = (lambda wf: aging) if rate_choices is None else rates.__getitem__
+    q = SessionQueue(refs.__getitem__, lambda: clock.now, aging, scale,
+                     None if rate_choices is None else rate)
     shadow: list = []             # the engine's list: sorted part, then appended calls
     idx = 0
     for step in range(2500):
@@ -113,6 +130,8 @@ def test_session_queue_head_and_order_are_the_sorted_lists(aging, scale):
                 # scores on a 1/scale grid, offsets of a fraction of a unit: near-ties
                 refs[wf] = (rng.randint(0, 6) / scale + rng.choice([0.0, 0.4, 0.5, 0.6]) / scale,
                             clock.now)
+                if rate_choices is not None:
+                    rates[wf] = rng.choice(rate_choices)
                 q.rekey(wf)
             c = SimpleNamespace(wf=wf, idx=idx, t_enqueue=clock.now)
             idx += 1
@@ -120,7 +139,7 @@ def test_session_queue_head_and_order_are_the_sorted_lists(aging, scale):
             shadow.append(c)
         elif op < 0.55 and len(shadow) > 1:               # an admission round sorts the queue
             q.sort()
-            shadow = _sorted_like_the_engine(shadow, refs, clock.now, aging, scale)
+            shadow = _sorted_like_the_engine(shadow, refs, clock.now, rate, scale)
             assert list(q) == shadow
             for _ in range(rng.randint(1, 3)):             # ... and admits from the head
                 if not shadow:

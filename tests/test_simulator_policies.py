@@ -1,6 +1,8 @@
 """Baseline policy rules and our policy's use of the serving_hooks.policies objects."""
 from __future__ import annotations
 
+import math
+
 import duckdb
 import pytest
 
@@ -160,7 +162,7 @@ def test_arrival_modes_and_sampled_tool_gaps(coding):
 
 def test_priority_is_the_sessions_and_ages_from_the_workflow_start(coding):
     cfg = ClusterConfig(replicas=1, kv_capacity_tokens=60_000)
-    policy = build_ours(make_predictor(coding.profile))
+    policy = build_ours(make_predictor(coding.profile), "ours-fixed-aging")   # one rate for all
     wl = coding.workload
     sim = Simulator(wl, policy, cfg, [0.0, 300.0] + [1e9] * (len(wl.workflows) - 2))
     sched: PriorityScheduler = policy.scheduler
@@ -184,6 +186,32 @@ def test_priority_is_the_sessions_and_ages_from_the_workflow_start(coding):
         # the difference is the bases' plus the 300 s between the workflows' starts (±1 rounding)
         assert abs(sched.priority(a1) - sched.priority(b1) - pol.to_sglang(base_a - base_b + 0.3)) <= 1
     assert sched.queue_key(a2) < sched.queue_key(b1)
+
+
+def test_default_ages_each_session_on_its_expected_duration(coding):
+    """``ours`` (``aging_per_duration``): a session's rate is ``PriorityPolicy.aging_rate`` of its
+    latest call's view — ``k / (age + expected remaining s)``, a power of two times
+    ``aging_per_s`` — and its priority grows at that rate while it waits."""
+    cfg = ClusterConfig(replicas=1, kv_capacity_tokens=60_000)
+    policy = build_ours(make_predictor(coding.profile))
+    wl = coding.workload
+    Simulator(wl, policy, cfg, [0.0] + [1e9] * (len(wl.workflows) - 1))
+    sched: PriorityScheduler = policy.scheduler
+    pol = sched.policy
+    assert pol.aging_per_duration is not None
+    a1 = Request(wl.calls[wl.workflows[0].calls[0]], 0.0)
+    sched.sim.now = 0.0
+    policy.hook("on_issue", a1)
+    view = a1.pred.view
+    assert view.known and view.exp_remaining_s
+    rate = sched.book.rate(0)
+    tau = float(view.exp_remaining_s) + float(view.session_age_s or 0.0)
+    assert rate == pol.aging_rate(view, 0.0)
+    assert math.log2(rate / pol.aging_per_s) == round(math.log2(rate / pol.aging_per_s))
+    assert rate / 2 ** 0.5 <= pol.aging_per_duration / tau <= rate * 2 ** 0.5
+    p0 = sched.priority(a1)
+    sched.sim.now = 1000.0
+    assert sched.priority(a1) - p0 == pytest.approx(pol.scale * rate * 1000.0, abs=1)
 
 
 class _ByWorkflow(FCFS):

@@ -294,30 +294,45 @@ class SessionPriorityBook:
     (``base + aging · session age`` at arrival) and when that call arrived; every call of the
     session is ranked by ``aged(score, since, now)``. An unknown call leaves the reference as it
     is; a session never predicted is created at the caller's fallback score (module doc).
+    Each session also keeps the aging rate its latest predicted call was given
+    (``PriorityPolicy.aging_rate``: ``aging_per_s``, or per session duration), :meth:`rate`.
     """
 
     def __init__(self, policy: PriorityPolicy | None = None, max_sessions: int | None = 100_000) -> None:
         self.policy = policy or PriorityPolicy()
         self.max_sessions = max_sessions
         self._ref: OrderedDict[Hashable, tuple[float, float]] = OrderedDict()
+        #: session -> its aging rate, only where it differs from ``policy.aging_per_s``
+        self._rate: dict[Hashable, float] = {}
 
     def note(self, session: Hashable, score: float | None, now: float,
-             fallback: float | None = None) -> tuple[float, float]:
+             fallback: float | None = None, rate: float | None = None) -> tuple[float, float]:
         """A call of ``session`` arrived at ``now`` with ``score`` (None: no prediction).
 
         A known score replaces the session's reference; an unknown one keeps it, or, for a
         session without one, starts it at ``fallback`` (default: the policy's
-        ``unknown_score``). Returns the session's reference ``(score, since)``."""
+        ``unknown_score``). ``rate`` is the known score's aging rate (default ``aging_per_s``; an
+        unknown call keeps the session's). Returns the session's reference ``(score, since)``."""
         ref = self._ref.get(session)
         if score is not None or ref is None:
             value = score if score is not None else (self.policy.unknown_score if fallback is None
                                                      else fallback)
             ref = (float(value), float(now))
             self._ref[session] = ref
+            if score is not None and rate is not None and rate != self.policy.aging_per_s:
+                self._rate[session] = float(rate)
+            else:
+                self._rate.pop(session, None)
         self._ref.move_to_end(session)
         while self.max_sessions is not None and len(self._ref) > self.max_sessions:
-            self._ref.popitem(last=False)
+            old, _ = self._ref.popitem(last=False)
+            self._rate.pop(old, None)
         return ref
+
+    def rate(self, session: Hashable) -> float:
+        """The session's aging rate per second (``aging_per_s`` unless its latest predicted call
+        was given another)."""
+        return self._rate.get(session, self.policy.aging_per_s)
 
     def reference(self, session: Hashable | None) -> tuple[float, float] | None:
         return self._ref.get(session) if session is not None else None
@@ -325,7 +340,7 @@ class SessionPriorityBook:
     def score(self, session: Hashable, now: float) -> float | None:
         """The session's aged score at ``now`` (None: unknown session)."""
         ref = self._ref.get(session)
-        return None if ref is None else self.policy.aged(ref[0], ref[1], now)
+        return None if ref is None else self.policy.aged(ref[0], ref[1], now, self.rate(session))
 
     def priority(self, session: Hashable, now: float) -> int | None:
         """SGLang integer priority of the session at ``now`` (bigger runs first)."""

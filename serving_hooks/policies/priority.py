@@ -22,7 +22,8 @@ not from the call's enqueue time:
 
     score(t) = base + aging_per_s · (t − t_session_start)
 
-Every waiting workflow ages at the same rate, so the order between two workflows is fixed —
+With one fixed rate (``aging_per_duration=None``; the default ages each session on its own
+time scale, below) every waiting workflow ages alike, so the order between two is fixed —
 ``base − aging_per_s · t_start`` — and aging only bounds how long a newer workflow's smaller
 remaining work may keep an older one waiting: ``Δbase / aging_per_s`` seconds (with the
 default 0.001 /s, a workflow one call from done (base 0.5) passes one that has just started a
@@ -41,6 +42,35 @@ to ``round(scale · score)``.
 
 A call with no prediction (``known: false``) gets ``unknown_score``: neutral, served as if a
 few calls remained, and aged like every other request.
+
+Aging per session duration (``aging_per_duration``)
+---------------------------------------------------
+One constant ``aging_per_s`` bounds a *wait*: a workflow may be passed for at most
+``Δbase / aging_per_s`` seconds, whatever its length. That fits a burst that drains in minutes
+or an open loop that runs for an hour, not both. With ``aging_per_duration = k`` each session
+ages on its own time scale: its rate is ``k / τ``, ``τ`` its expected total duration (age + the
+profile's expected remaining seconds, ``exp_remaining_s``, at its latest predicted call), so
+
+    score(t) ≈ base + k · age / τ
+
+and the bound is on the *slowdown* (age ÷ expected duration): how long a session may be passed
+scales with its own expected length, not with one number of seconds for every run, so an
+hour-long open loop's age term does not swamp the remaining-work key. The rate is rounded to a power of two times ``aging_per_s`` (within
+``2^±RATE_OCTAVES``), so a queue holds a few distinct rates: the simulator's
+``SessionQueue`` keeps one heap per rate (exact, O(#rates) per head), and the plugin reads
+the same rate off the call's annotation (:meth:`PriorityPolicy.aging_rate`) — no new field.
+A call without ``exp_remaining_s`` ages at ``aging_per_s``.
+
+The default ``k = 0.03`` (a session gains 0.03 — about a third of the gap between 2 and 3
+calls left, 1/3 − 1/4 — per expected duration of age) was chosen on the validation draws (``profiler simulate
+--scenario S --seed D``, D = 100, 101, S = ``pythia-like``, ``agent-platform``,
+``agent-platform-bursty``; avg JCT ÷ ``continuum-ttl``'s, mean of the six runs): fixed
+``aging_per_s = 0.001`` 0.955, k = 1 0.953, 0.3 0.943, 0.1 0.944, 0.03 0.940
+(docs/simulator.md, "Aging per session duration"). A weak fixed rate does as well on these
+draws (``aging_per_s`` 1e-5 with ``aging_per_duration=None``: 0.941; 1e-4: 0.957): the gain
+there is weaker aging; the per-session scale keeps the bound a slowdown, whatever the run's
+length. ``aging_per_duration=None`` puts back the fixed rate (``ours-fixed-aging`` in the
+simulator).
 
 Which unit ranks (``remaining_unit``; ``"calls"``, the default)
 ---------------------------------------------------------------
@@ -93,6 +123,8 @@ from serving_hooks.policies.annotations_view import CallView
 UNITS = ("tokens", "calls", "seconds")
 #: A call without a prediction is ranked as if this many calls remained.
 NEUTRAL_CALLS = 3.0
+#: ``PriorityPolicy.aging_rate`` stays within 2^±RATE_OCTAVES of ``aging_per_s``.
+RATE_OCTAVES = 10
 #: SGLang stores priorities in a Python int and compares them; keep well inside int64.
 _SGLANG_PRIORITY_MAX = 2**62
 
@@ -137,6 +169,12 @@ class PriorityPolicy:
     #: scale, ``−w1 · ln(1 + R / tokens_per_call)``; a known call whose annotation lacks the field
     #: counts ``(1 + remaining calls) · tokens_per_call`` tokens.
     tokens_per_call: float = 500.0
+    #: Aging on the session's own time scale (module doc, "Aging per session duration"): when
+    #: set, a session whose expected total duration is ``τ`` seconds (its age + the profile's
+    #: expected remaining seconds) ages at ``aging_per_duration / τ`` per second, rounded to a
+    #: power of two (so a queue holds few distinct rates); None: every session at ``aging_per_s``.
+    #: 0.03 chosen on the validation draws (module doc, "Aging per session duration").
+    aging_per_duration: float | None = 0.03
 
     def __post_init__(self) -> None:
         if self.remaining_unit not in UNITS:
@@ -238,16 +276,37 @@ class PriorityPolicy:
         """The ``w2 · Σ_{m idle} 1/E[D_m]`` part of :meth:`score_view` alone."""
         return self._idle_term(self.downstream_distance(view, agent_model), queue_depth)
 
-    def session_score(self, base: float, session_age_s: float | None) -> float:
-        """``base + aging_per_s · session_age_s``: the score of a call issued when its workflow
-        was ``session_age_s`` seconds old (what the gateway sends as the call's priority)."""
-        return base + self.aging_per_s * max(0.0, float(session_age_s or 0.0))
+    def aging_rate(self, view: CallView | None = None, session_age_s: float | None = None) -> float:
+        """Score added per second of waiting for the session ``view`` belongs to.
 
-    def aged(self, base: float, enqueued_at: float, now: float) -> float:
-        """``base + aging_per_s · (now − enqueued_at)``; waiting time never counts negative.
+        ``aging_per_s`` unless :attr:`aging_per_duration` is set; then
+        ``aging_per_duration / τ`` with ``τ = age + expected remaining seconds`` (the session's
+        expected total duration, ``session_age_s`` overriding the view's), rounded to the
+        nearest power of two and kept within ``2^±RATE_OCTAVES`` of ``aging_per_s``; a view
+        without remaining seconds ages at ``aging_per_s``."""
+        if self.aging_per_duration is None or view is None or not view.known \
+                or view.exp_remaining_s is None:
+            return self.aging_per_s
+        age = view.session_age_s if session_age_s is None else session_age_s
+        tau = max(1.0, float(age or 0.0) + max(0.0, float(view.exp_remaining_s)))
+        octave = round(math.log2(self.aging_per_duration / tau / self.aging_per_s))
+        return self.aging_per_s * 2.0 ** max(-RATE_OCTAVES, min(RATE_OCTAVES, octave))
+
+    def session_score(self, base: float, session_age_s: float | None,
+                      rate: float | None = None) -> float:
+        """``base + rate · session_age_s`` (``rate`` default ``aging_per_s``): the score of a
+        call issued when its workflow was ``session_age_s`` seconds old (what the gateway sends
+        as the call's priority)."""
+        rate = self.aging_per_s if rate is None else rate
+        return base + rate * max(0.0, float(session_age_s or 0.0))
+
+    def aged(self, base: float, enqueued_at: float, now: float, rate: float | None = None) -> float:
+        """``base + rate · (now − enqueued_at)`` (``rate`` default ``aging_per_s``); waiting
+        time never counts negative.
 
         Applied to a :meth:`session_score`, this is the workflow-level score at ``now``."""
-        return base + self.aging_per_s * max(0.0, now - enqueued_at)
+        rate = self.aging_per_s if rate is None else rate
+        return base + rate * max(0.0, now - enqueued_at)
 
     def to_sglang(self, score: float) -> int:
         """Integer priority for SGLang (bigger runs first), clamped to a safe range."""
@@ -292,7 +351,7 @@ class AnnotationPriority:
         view = CallView.from_annotation(annotation, app_metadata)
         pol = self.policy
         base = pol.score_view(view, queue_depth, agent_model)
-        return pol.to_sglang(pol.session_score(base, view.session_age_s))
+        return pol.to_sglang(pol.session_score(base, view.session_age_s, pol.aging_rate(view)))
 
     def downstream_boost(self, annotation: Annotation, app_metadata: Mapping | None = None, *,
                          queue_depth: Mapping[str, float] | None = None,

@@ -10,9 +10,10 @@
   Under TP the times come from the scheduler's step counter, the same on every rank
   (``AWP_DECISION_CLOCK``, see :mod:`serving_hooks.sglang_plugin.settings`).
 * ``SchedulePolicy.calc_priority`` (BEFORE): at each scheduling round, every remembered
-  request's priority (waiting and running) becomes ``to_sglang(score + aging_per_s · waited)``
-  with the score and arrival of its session's latest call, so all calls of a workflow carry
-  the workflow's priority; SGLang's own ``(priority, wait time)`` sort then serves the oldest
+  request's priority (waiting and running) becomes ``to_sglang(score + rate · waited)``
+  with the score, arrival and aging rate of its session's latest call (``rate`` =
+  ``PriorityPolicy.aging_rate`` of the call's view: ``aging_per_s``, or per session
+  duration), so all calls of a workflow carry the workflow's priority; SGLang's own ``(priority, wait time)`` sort then serves the oldest
   work first among equals.
 
 The score is the gateway's ``priority`` read back through :meth:`PriorityPolicy.from_sglang`:
@@ -47,6 +48,9 @@ class Admission:
     enqueued_at: float
     #: its session's id: the request takes its session's latest score, aged (None: its own)
     session: str | None = None
+    #: its aging rate per second (``PriorityPolicy.aging_rate`` of its view; None: the
+    #: policy's ``aging_per_s``) when its session is not known
+    rate: float | None = None
 
 
 def admission_of(req: Any) -> Admission | None:
@@ -85,6 +89,7 @@ def admit_request(req: Any, now: float | None = None, default_priority: int | No
     explicit = req.priority is not None and req.priority != default_priority
     session = view.session_id if view is not None else None
     score: float | None = None                 # the call's own score (None: no prediction)
+    rate = pol.aging_rate(view)                # per session duration when the policy says so
     if explicit:
         source = "gateway" if view is not None and view.priority == req.priority else "client"
         score = pol.from_sglang(req.priority)
@@ -95,19 +100,20 @@ def admit_request(req: Any, now: float | None = None, default_priority: int | No
         req.priority, source = int(view.priority), "gateway"
         score = pol.from_sglang(req.priority)
     elif view.known:
-        req.priority = pol.to_sglang(pol.session_score(pol.score_view(view), view.session_age_s))
+        req.priority = pol.to_sglang(pol.session_score(pol.score_view(view), view.session_age_s, rate))
         source = "plugin"
         score = pol.from_sglang(req.priority)
     else:                                      # no prediction: the session's score, aged
         source = "plugin"
     if session:
         fallback = pol.from_sglang(pol.to_sglang(pol.session_score(pol.unknown_score, view.session_age_s)))
-        ref = state.sessions.note(session, score, now, fallback=fallback)
+        ref = state.sessions.note(session, score, now, fallback=fallback, rate=rate)
         if score is None:
-            req.priority = pol.to_sglang(pol.aged(ref[0], ref[1], now))
+            req.priority = pol.to_sglang(pol.aged(ref[0], ref[1], now, state.sessions.rate(session)))
     elif score is None and view is not None:
         req.priority = pol.to_sglang(pol.session_score(pol.unknown_score, view.session_age_s))
-    setattr(req, ADMISSION_ATTR, Admission(pol.from_sglang(req.priority), now, session or None))
+    setattr(req, ADMISSION_ATTR, Admission(pol.from_sglang(req.priority), now, session or None,
+                                           rate if score is not None else None))
     state.counters["priority_set"] += 1
     state.counters[f"priority_from_{source}"] += 1
     decision("priority", rid=getattr(req, "rid", "?"), priority=req.priority, source=source,
@@ -129,8 +135,11 @@ def age_queue(waiting_queue: list, now: float | None = None) -> int:
         if adm is None:
             continue
         ref = state.sessions.reference(adm.session or "")
-        score, since = ref if ref is not None else (adm.base, adm.enqueued_at)
-        req.priority = pol.to_sglang(pol.aged(score, since, now))
+        if ref is not None:
+            (score, since), rate = ref, state.sessions.rate(adm.session)
+        else:
+            score, since, rate = adm.base, adm.enqueued_at, adm.rate
+        req.priority = pol.to_sglang(pol.aged(score, since, now, rate))
         n += 1
     return n
 

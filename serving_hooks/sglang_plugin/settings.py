@@ -9,6 +9,9 @@ variable                           default    meaning
 ``AWP_SGLANG_PLUGIN``              ``0``      ``1`` turns the plugin on; anything else registers
                                               nothing (installed but off: opt-in per server)
 ``AWP_PRIORITY_AGING_PER_S``       ``0.001``  score added per second of a workflow's age (alg. 3)
+``AWP_PRIORITY_AGING_PER_DURATION`` ``0.03``  aging per expected session duration (the gateway's
+                                              ``aging_per_duration``); ``off``: every session
+                                              ages at ``AWP_PRIORITY_AGING_PER_S``
 ``AWP_PRIORITY_SCALE``             ``1000``   score → SGLang integer priority multiplier
 ``AWP_KEEP_MAX_TTL_S``             ``120``    upper bound of a retention TTL (SAGA)
 ``AWP_KEEP_MIN_REVISIT_P``         ``0.3``    below this revisit probability a prefix is dropped
@@ -48,6 +51,14 @@ from serving_hooks.policies import KeepDropPolicy, PrefetchPolicy, PriorityPolic
 #: Name under which the cache backend is registered (``--radix-cache-backend``); defined here,
 #: below ``retention`` and ``observe``, so both read it without importing each other.
 BACKEND_NAME = "workflow-retention"
+
+
+def _optional_f(name: str, default: float | None) -> float | None:
+    """``_f`` for a setting that may be switched off (``off``: None; unset or empty: ``default``)."""
+    raw = os.environ.get(name)
+    if raw is not None and raw.strip().lower() == "off":
+        return None
+    return _f(name, default) if raw else default  # type: ignore[arg-type]
 
 
 def _f(name: str, default: float) -> float:
@@ -114,6 +125,8 @@ class PluginSettings:
             prefetch_enabled=_flag("AWP_PREFETCH"),
             priority=PriorityPolicy(
                 aging_per_s=_f("AWP_PRIORITY_AGING_PER_S", PriorityPolicy.aging_per_s),
+                aging_per_duration=_optional_f("AWP_PRIORITY_AGING_PER_DURATION",
+                                               PriorityPolicy.aging_per_duration),
                 scale=_f("AWP_PRIORITY_SCALE", PriorityPolicy.scale),
             ),
             keep_drop=KeepDropPolicy(

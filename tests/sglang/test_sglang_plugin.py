@@ -99,7 +99,8 @@ def test_calc_priority_orders_real_reqs_as_our_priority_says(clock):
 
     # a fast aging rate (0.05 /s) so that 20 s of waiting visibly reorders the queue
     # untagged traffic left to SGLang here (AWP_UNTAGGED=off); the default is tested below
-    reset_state(PluginState(replace(get_state().settings, priority=PriorityPolicy(aging_per_s=0.05, remaining_unit="calls"),
+    reset_state(PluginState(replace(get_state().settings, priority=PriorityPolicy(aging_per_s=0.05, remaining_unit="calls",
+                                                                                  aging_per_duration=None),
                                     decision_clock="local", age_untagged=False), clock=clock))
     pol = get_state().settings.priority
     # Same small graph as tests/test_policies_priority_capacity.py, computed by the gateway:
@@ -158,6 +159,13 @@ def test_calls_of_one_session_share_the_workflow_priority(clock):
     from sglang.srt.managers.schedule_policy import SchedulePolicy
     from sglang.srt.mem_cache.radix_cache import RadixCache
 
+    from dataclasses import replace
+
+    # one fixed rate for every session (aging per session duration is off here; that rule's
+    # plugin/gateway/simulator parity is in tests/test_policy_parity.py)
+    reset_state(PluginState(replace(get_state().settings,
+                                    priority=PriorityPolicy(aging_per_duration=None)),
+                            clock=clock))
     pol = get_state().settings.priority
     assert pol.aging_per_s == PriorityPolicy().aging_per_s == 0.001
     # session X started 600 s before its call x1 (base 0.2): 0.2 + 0.001 · 600 = 0.8 -> 800;
