@@ -55,8 +55,10 @@ default ``PriorityPolicy.remaining_unit``, chosen on validation draws: module do
 ``ours-no-preprefill`` switches pre-prefill off. ``ours-no-move`` never moves a session off
 its replica; ``ours-move-gain-1`` moves it when the wait saved merely exceeds the rebuild's cost
 (the rule before ``CapacityPolicy.move_gain_ratio`` = 2, which halved routing-caused recompute
-on ``agent-platform``: docs/simulator.md). ``ours-fixed-aging`` ages every session at
-``aging_per_s`` (the rule before aging per session duration, ``aging_per_duration``).
+on ``agent-platform``: docs/simulator.md). ``ours-duration-aging`` ages each session on its own
+expected duration (``PriorityPolicy(aging_per_duration=0.03)``; off by default: it loses on the
+real coding-trace mix, serving_hooks/policies/priority.py); ``ours-aging-1e-3`` is the fixed
+rate before the default became 1e-5 /s.
 Autoscaling is not a part of ours: any policy
 name takes ``+predictive`` or ``+reactive`` (:mod:`simulator.autoscale`).
 """
@@ -535,7 +537,9 @@ OURS_VARIANTS: dict[str, dict[str, Any]] = {
     "ours-seconds": {"priority_policy": PriorityPolicy(remaining_unit="seconds")},
     "ours-tokens": {"priority_policy": PriorityPolicy(remaining_unit="tokens")},
     "ours-no-idle": {"priority_policy": PriorityPolicy(w2=0.0)},
-    "ours-fixed-aging": {"priority_policy": PriorityPolicy(aging_per_duration=None)},
+    "ours-duration-aging": {"priority_policy": PriorityPolicy(aging_per_s=0.001,
+                                                              aging_per_duration=0.03)},
+    "ours-aging-1e-3": {"priority_policy": PriorityPolicy(aging_per_s=0.001)},
     "ours-seconds-p90": {"priority_policy": PriorityPolicy(remaining_unit="seconds",
                                                            remaining_quantile=0.9)},
 }

@@ -210,7 +210,7 @@ def test_union_bound_splits_the_risk_budget_over_a_replicas_requests():
 
 
 def test_priority_is_a_workflow_property_aged_from_the_workflow_start():
-    pol = PriorityPolicy()                       # aging 0.001 per second of the workflow's age
+    pol = PriorityPolicy(aging_per_s=0.001)      # aging 0.001 per second of the workflow's age
     old = pol.session_score(pol.base_score(12.0), session_age_s=600.0)    # 1/13 + 0.6
     near_done = pol.session_score(pol.base_score(1.0), session_age_s=0.0)  # 1/2
     assert old == pytest.approx(1 / 13 + 0.6) and near_done == pytest.approx(0.5)

@@ -61,7 +61,9 @@ def recorded(tmp_path_factory):
         return ann
 
     predictor.annotate_call = some_unknown
-    policy = build_ours(predictor)
+    # per-session aging rates (an option; the default's one rate is the special case of a single
+    # rate), so the parity below also covers each session's rate on both sides
+    policy = build_ours(predictor, "ours-duration-aging")
     router, sched, feed = policy.router, policy.scheduler, policy.parts[0]
     events: list[tuple] = []
     route, finish, issue = router.route, router.on_finish, sched.on_issue
@@ -196,7 +198,7 @@ def test_plugin_priority_book_matches_the_simulator(recorded):
         assert ref[1] == sim_ref[1], (t, wf)                    # same reference time
         assert ref[0] == pytest.approx(sim_ref[0], abs=1 / sched.policy.scale)
         assert abs(req.priority - sim_priority) <= 1
-        # the same aging rate (per session duration, the default) on both sides ...
+        # the same aging rate (per session duration) on both sides ...
         assert state.sessions.rate(str(wf)) == sim_rate
         rates.add(sim_rate)
         if ann.known:                     # ... and the gateway sends the simulator's priority
@@ -209,7 +211,7 @@ def test_an_unknown_call_keeps_its_sessions_score_in_both():
     """Hand-made sequence: known call (2 calls left), unknown call, known call (0 left); in the
     calls unit so the scores are the hand-checkable 1/3 and 1 (the tokens unit is the default and
     falls back to the same remaining calls: covered by the other parity tests)."""
-    policy = PriorityPolicy(remaining_unit="calls")
+    policy = PriorityPolicy(remaining_unit="calls", aging_per_s=0.001)
     sched = PriorityScheduler(SimpleNamespace(view=lambda req: req.view), policy)
     sched.sim = SimpleNamespace(now=0.0, wf_arrival=[0.0], pool_queue_depths=lambda: None, pools=None)
     now = [0.0]
@@ -236,7 +238,7 @@ def test_aging_per_session_duration_is_the_same_in_gateway_plugin_and_simulator(
     """``aging_per_duration``: a short session (expected 125 s in all) ages 8× faster than a long
     one (1000 s) — rates 0.008 and 0.001 /s with k = 1 — and the gateway's priority, the
     plugin's book and re-aging of its queue, and the simulator's scheduler agree on every score."""
-    policy = PriorityPolicy(remaining_unit="calls", aging_per_duration=1.0)
+    policy = PriorityPolicy(remaining_unit="calls", aging_per_s=0.001, aging_per_duration=1.0)
     sched = PriorityScheduler(SimpleNamespace(view=lambda req: req.view), policy)
     sched.sim = SimpleNamespace(now=0.0, wf_arrival=[0.0, 0.0], pool_queue_depths=lambda: None,
                                 pools=None)

@@ -155,7 +155,7 @@ def test_eval_reports_the_ranking_of_what_is_served_beside_baselines(profile):
 
 
 def test_tokens_unit_ranks_less_remaining_work_first_on_a_log_scale():
-    pol = PriorityPolicy(remaining_unit="tokens", tokens_per_call=500)
+    pol = PriorityPolicy(remaining_unit="tokens", tokens_per_call=500, aging_per_s=0.001)
     short = pol.score_view(CallView(known=True, exp_remaining_out_tokens=1_000.0))
     long = pol.score_view(CallView(known=True, exp_remaining_out_tokens=20_000.0))
     assert short > long

@@ -162,7 +162,7 @@ def test_arrival_modes_and_sampled_tool_gaps(coding):
 
 def test_priority_is_the_sessions_and_ages_from_the_workflow_start(coding):
     cfg = ClusterConfig(replicas=1, kv_capacity_tokens=60_000)
-    policy = build_ours(make_predictor(coding.profile), "ours-fixed-aging")   # one rate for all
+    policy = build_ours(make_predictor(coding.profile), "ours-aging-1e-3")   # one rate for all
     wl = coding.workload
     sim = Simulator(wl, policy, cfg, [0.0, 300.0] + [1e9] * (len(wl.workflows) - 2))
     sched: PriorityScheduler = policy.scheduler
@@ -188,12 +188,12 @@ def test_priority_is_the_sessions_and_ages_from_the_workflow_start(coding):
     assert sched.queue_key(a2) < sched.queue_key(b1)
 
 
-def test_default_ages_each_session_on_its_expected_duration(coding):
-    """``ours`` (``aging_per_duration``): a session's rate is ``PriorityPolicy.aging_rate`` of its
+def test_duration_aging_ages_each_session_on_its_expected_duration(coding):
+    """``ours-duration-aging`` (``aging_per_duration``): a session's rate is ``PriorityPolicy.aging_rate`` of its
     latest call's view — ``k / (age + expected remaining s)``, a power of two times
     ``aging_per_s`` — and its priority grows at that rate while it waits."""
     cfg = ClusterConfig(replicas=1, kv_capacity_tokens=60_000)
-    policy = build_ours(make_predictor(coding.profile))
+    policy = build_ours(make_predictor(coding.profile), "ours-duration-aging")
     wl = coding.workload
     Simulator(wl, policy, cfg, [0.0] + [1e9] * (len(wl.workflows) - 1))
     sched: PriorityScheduler = policy.scheduler

@@ -8,10 +8,10 @@ variable                           default    meaning
 =================================  =========  ==============================================
 ``AWP_SGLANG_PLUGIN``              ``0``      ``1`` turns the plugin on; anything else registers
                                               nothing (installed but off: opt-in per server)
-``AWP_PRIORITY_AGING_PER_S``       ``0.001``  score added per second of a workflow's age (alg. 3)
-``AWP_PRIORITY_AGING_PER_DURATION`` ``0.03``  aging per expected session duration (the gateway's
-                                              ``aging_per_duration``); ``off``: every session
-                                              ages at ``AWP_PRIORITY_AGING_PER_S``
+``AWP_PRIORITY_AGING_PER_S``       ``1e-5``   score added per second of a workflow's age (alg. 3)
+``AWP_PRIORITY_AGING_PER_DURATION`` ``off``   aging per expected session duration (the gateway's
+                                              ``aging_per_duration``, e.g. ``0.03``); ``off``:
+                                              every session ages at ``AWP_PRIORITY_AGING_PER_S``
 ``AWP_PRIORITY_SCALE``             ``1000``   score → SGLang integer priority multiplier
 ``AWP_KEEP_MAX_TTL_S``             ``120``    upper bound of a retention TTL (SAGA)
 ``AWP_KEEP_MIN_REVISIT_P``         ``0.3``    below this revisit probability a prefix is dropped

@@ -164,10 +164,10 @@ def test_calls_of_one_session_share_the_workflow_priority(clock):
     # one fixed rate for every session (aging per session duration is off here; that rule's
     # plugin/gateway/simulator parity is in tests/test_policy_parity.py)
     reset_state(PluginState(replace(get_state().settings,
-                                    priority=PriorityPolicy(aging_per_duration=None)),
+                                    priority=PriorityPolicy(aging_per_s=0.001, aging_per_duration=None)),
                             clock=clock))
     pol = get_state().settings.priority
-    assert pol.aging_per_s == PriorityPolicy().aging_per_s == 0.001
+    assert pol.aging_per_s == 0.001
     # session X started 600 s before its call x1 (base 0.2): 0.2 + 0.001 · 600 = 0.8 -> 800;
     # session Y is new (base 0.5, age 0): 500.
     x1 = _req("x1", gateway_custom_params("wX", "coder", 4.0, pol.to_sglang(pol.session_score(0.2, 600))), None)
