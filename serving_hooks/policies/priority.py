@@ -82,9 +82,10 @@ simulator's ``ours-duration-aging``.
 Why 1e-5. On the same seven validation runs one weak fixed rate, ``aging_per_s = 1e-5``,
 scores 0.941 on the six generated ones and 0.984 on the real mix (P95 8,171 s): mean 0.947,
 ahead of 0.001 /s (0.962) and per-duration aging (0.975), so it is the default. The earlier
-0.001 /s was chosen with the output-tokens key, whose log-scale spread a weak rate does not
-need to balance; with the bounded calls key ``1/(1 + R)`` a stronger age term takes over an
-hour-long open loop (docs/simulator.md, "Aging per session duration").
+0.001 /s was chosen with the output-tokens key (an unbounded log-scale score); the calls key
+``1/(1 + R)`` spreads sessions over less than one unit, so at 0.001 /s an hour of age (3.6)
+outweighs it and an open loop turns into program FCFS (docs/simulator.md, "Aging per session
+duration").
 
 Which unit ranks (``remaining_unit``; ``"calls"``, the default)
 ---------------------------------------------------------------
