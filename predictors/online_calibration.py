@@ -51,6 +51,18 @@ calls over a dozen agents, stayed at 0.947). So a miss steps ``κ·(1 − α)·(
 key's recent misses (decayed by ``1 − 1/H`` per outcome): a lone miss is plain ACI, the k-th of a
 run about k times as far. Only misses step further, so the bound above holds.
 
+**The keep-alive TTL** (issue 26) runs a second instance of the same loop: one-sided
+(``tails=1``: the level is the TTL's own risk, not split over two ends), at the idle-gap model's
+nominal (``α = 1 − quantile``, 0.05), an outcome per idle gap (the gap from a call's finish to the
+session's next arrival within the TTL served for that call: a hit; a session that ends gives no
+outcome). The profile's idle-gap entry stores two points of the (normalised) gap distribution,
+its median ``p50_s`` and its ``q``-quantile ``ttl_z``; :func:`keep_alive_table` turns them into a
+bound table ``((0.5, p50), (α, ttl_z))``, and :meth:`OnlineCalibrator.stretch` stretches along it
+exactly as along the output-length table: ``r_t = U(α_t) / U(α)``, log-log between the two
+points (toward the median as the level rises), along their power-law slope beyond the quantile
+(longer as it falls); the served TTL is ``c · r_t · ttl_z``, capped at the profile's
+``max_ttl_s`` (``predictors.Predictor``).
+
 A new profile keeps the levels (they describe the workload, not the fit) unless the
 caller :meth:`reset` s them. O(1) per outcome and per band.
 """
@@ -77,6 +89,11 @@ MAX_STRETCH = 4.0
 #: miss: the k-th miss within ~H outcomes steps ln α by κ·k·(1 − α) instead of κ·(1 − α) (0: off).
 #: Chosen on the train side of the time splits (docs/evaluation.md), never on the reported test side.
 ESCALATION_HORIZON = 50.0
+#: The keep-alive TTL's instance (:func:`keep_alive_calibrator`): its step and escalation memory.
+KEEP_ALIVE_RATE = DEFAULT_RATE
+KEEP_ALIVE_ESCALATION_HORIZON = ESCALATION_HORIZON
+#: The keep-alive TTL's nominal before a profile says its own (the idle-gap model's default quantile).
+KEEP_ALIVE_NOMINAL = 0.95
 #: The key of a workflow type's pooled level (every outcome of the type); a (type, agent) key
 #: that has had no outcome yet starts from it instead of from the nominal level.
 POOLED_AGENT = "\x00pooled"
@@ -91,6 +108,17 @@ def certified_pairs(table: Sequence[tuple[float, int]]) -> list[tuple[float, flo
         top = pairs[-1][1]
         pairs = [p for p in pairs if p[1] != top] or pairs[:1]
     return pairs
+
+
+def keep_alive_table(p50_s: float | None, ttl_s: float | None, alpha: float) -> tuple:
+    """The two-point bound table ``((0.5, p50), (α, ttl))`` of an idle-gap entry (its median gap
+    and its ``1 − α`` quantile) for :meth:`OnlineCalibrator.stretch`; empty (no stretch) when the
+    two do not describe a tail: a missing or non-positive median, an uncertified (infinite)
+    quantile, or a quantile not above the median (the slope would point the wrong way)."""
+    if (p50_s is None or ttl_s is None or not 0.0 < alpha < 0.5 or not math.isfinite(ttl_s)
+            or not 0.0 < p50_s < ttl_s):
+        return ()
+    return ((0.5, float(p50_s)), (float(alpha), float(ttl_s)))
 
 
 def table_upper(table: Sequence[tuple[float, int]], alpha: float) -> float | None:
@@ -114,6 +142,13 @@ def table_upper(table: Sequence[tuple[float, int]], alpha: float) -> float | Non
     return math.exp(min(math.log(u2) + slope * (math.log(alpha) - math.log(a2)), 700.0))
 
 
+def keep_alive_calibrator(nominal: float = KEEP_ALIVE_NOMINAL, **kwargs: Any) -> "OnlineCalibrator":
+    """The keep-alive TTL's calibrator: one-sided, at the keep-alive defaults (module doc)."""
+    kwargs.setdefault("rate", KEEP_ALIVE_RATE)
+    kwargs.setdefault("escalation_horizon", KEEP_ALIVE_ESCALATION_HORIZON)
+    return OnlineCalibrator(nominal, tails=1, **kwargs)
+
+
 class OnlineCalibrator:
     """Per-key adaptive level of the served output-length band (see the module docstring).
 
@@ -124,12 +159,15 @@ class OnlineCalibrator:
     min_alpha_ratio, max_alpha_ratio, max_alpha : the bounds of the level
         (``α / min_alpha_ratio`` … ``min(max_alpha, α · max_alpha_ratio)``).
     max_stretch : bound of the band's stretch factor ``r`` (and of ``1 / r``).
+    escalation_horizon : H, the memory of the recent-miss count (0: plain ACI steps).
+    tails : 2 for a two-sided band (each end at risk ``α_t / 2``: the output length), 1 for a
+        one-sided bound (risk ``α_t``: the keep-alive TTL).
     """
 
     def __init__(self, nominal: float = 0.99, *, rate: float = DEFAULT_RATE,
                  min_alpha_ratio: float = MIN_ALPHA_RATIO, max_alpha_ratio: float = MAX_ALPHA_RATIO,
                  max_alpha: float = MAX_ALPHA, max_stretch: float = MAX_STRETCH,
-                 escalation_horizon: float = ESCALATION_HORIZON) -> None:
+                 escalation_horizon: float = ESCALATION_HORIZON, tails: int = 2) -> None:
         if not 0.0 < nominal < 1.0:
             raise ValueError(f"nominal coverage must be in (0, 1), got {nominal}")
         if rate <= 0 or min_alpha_ratio < 1 or max_alpha_ratio < 1 or max_stretch < 1:
@@ -142,6 +180,9 @@ class OnlineCalibrator:
         if escalation_horizon < 0:
             raise ValueError(f"escalation_horizon must be >= 0, got {escalation_horizon}")
         self.escalation_horizon = float(escalation_horizon)
+        if tails not in (1, 2):
+            raise ValueError(f"tails must be 1 or 2, got {tails}")
+        self.tails = int(tails)
         self.nominal = float(nominal)
         #: key -> [ln α_t, outcomes, misses, recent misses (decayed with horizon H)]
         self._state: dict[tuple[str, str], list] = {}
@@ -191,12 +232,12 @@ class OnlineCalibrator:
         st[2] += not hit
 
     def stretch(self, key: tuple[str, str], table: Sequence[tuple[float, int]]) -> float:
-        """``r_t = U(α_t/2) / U(α/2)`` from the agent's upper-bound table, within the bounds;
-        1 when the level is nominal or the table is empty."""
+        """``r_t = U(α_t/2) / U(α/2)`` from the agent's upper-bound table (``U(α_t) / U(α)`` with
+        ``tails=1``), within the bounds; 1 when the level is nominal or the table is empty."""
         a_t = self.level(key)
         if a_t == self.alpha or not table:
             return 1.0
-        u_t, u_0 = table_upper(table, a_t / 2), table_upper(table, self.alpha / 2)
+        u_t, u_0 = table_upper(table, a_t / self.tails), table_upper(table, self.alpha / self.tails)
         if u_t is None or u_0 is None:
             return 1.0
         return min(self.max_stretch, max(1.0 / self.max_stretch, u_t / u_0))
