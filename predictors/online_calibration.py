@@ -60,8 +60,10 @@ its median ``p50_s`` and its ``q``-quantile ``ttl_z``; :func:`keep_alive_table` 
 bound table ``((0.5, p50), (α, ttl_z))``, and :meth:`OnlineCalibrator.stretch` stretches along it
 exactly as along the output-length table: ``r_t = U(α_t) / U(α)``, log-log between the two
 points (toward the median as the level rises), along their power-law slope beyond the quantile
-(longer as it falls); the served TTL is ``c · r_t · ttl_z``, capped at the profile's
-``max_ttl_s`` (``predictors.Predictor``).
+(longer as it falls), never flatter than ``U ∝ α^(−0.30)`` (:data:`MIN_TAIL_SLOPE`: a
+drift-weighted entry may have its quantile at its median, and a TTL that cannot lengthen cannot
+recover); the served TTL is ``c · r_t · ttl_z``, capped at the profile's ``max_ttl_s``
+(``predictors.Predictor``).
 
 A new profile keeps the levels (they describe the workload, not the fit) unless the
 caller :meth:`reset` s them. O(1) per outcome and per band.
@@ -92,13 +94,17 @@ ESCALATION_HORIZON = 50.0
 #: The keep-alive TTL's instance (:func:`keep_alive_calibrator`): its step and escalation memory.
 #: H = 10 keeps the expected recent misses at the nominal level where the band's H = 50 keeps
 #: them at α = 0.01 (α · H = 0.5): at α = 0.05 an H of 50 escalates nearly every miss and the level
-#: settles well above nominal. Chosen on the *train* side of the time splits (each set's training
-#: workflows split by time again, 70/30; docs/keep-alive.md), never on the reported test side:
-#: (κ, H) = (0.2, 10) was the only candidate of {0.1, 0.2, 0.4} × {0, 10, 50} holding ≥ 0.94 on
-#: SWE-agent, mini-SWE-agent and the three messy seeds (0.946–0.969; H = 50: 0.960–0.975 at up to
-#: 1.3× the mean TTL; plain ACI, H = 0: 0.931–0.950).
+#: settles above nominal. κ is the band's. H was chosen on the *train* side of the time splits
+#: (each set's training workflows split by time again, 70/30: fit on the first part, replay the
+#: rest; docs/keep-alive.md), never on the reported test side: at κ = 0.2, H = 10 held 0.953–0.969
+#: on SWE-agent, mini-SWE-agent and three messy seeds (static 0.837–0.953); H = 50 0.960–0.976 at
+#: up to 1.3× the mean TTL; plain ACI (H = 0) 0.926–0.950.
 KEEP_ALIVE_RATE = DEFAULT_RATE
 KEEP_ALIVE_ESCALATION_HORIZON = 10.0
+#: The flattest tail a keep-alive table is given (:func:`keep_alive_table`): ``U ∝ α^(−s)`` with
+#: ``s = ln MAX_STRETCH / ln MIN_ALPHA_RATIO`` (≈ 0.30), so the level's full range (α … α_min)
+#: can reach the full stretch; steeper fitted tails are kept as they are.
+MIN_TAIL_SLOPE = math.log(MAX_STRETCH) / math.log(MIN_ALPHA_RATIO)
 #: The keep-alive TTL's nominal before a profile says its own (the idle-gap model's default quantile).
 KEEP_ALIVE_NOMINAL = 0.95
 #: The key of a workflow type's pooled level (every outcome of the type); a (type, agent) key
@@ -117,15 +123,21 @@ def certified_pairs(table: Sequence[tuple[float, int]]) -> list[tuple[float, flo
     return pairs
 
 
-def keep_alive_table(p50_s: float | None, ttl_s: float | None, alpha: float) -> tuple:
+def keep_alive_table(p50_s: float | None, ttl_s: float | None, alpha: float,
+                     min_slope: float = MIN_TAIL_SLOPE) -> tuple:
     """The two-point bound table ``((0.5, p50), (α, ttl))`` of an idle-gap entry (its median gap
-    and its ``1 − α`` quantile) for :meth:`OnlineCalibrator.stretch`; empty (no stretch) when the
-    two do not describe a tail: a missing or non-positive median, an uncertified (infinite)
-    quantile, or a quantile not above the median (the slope would point the wrong way)."""
-    if (p50_s is None or ttl_s is None or not 0.0 < alpha < 0.5 or not math.isfinite(ttl_s)
-            or not 0.0 < p50_s < ttl_s):
+    and its ``1 − α`` quantile) for :meth:`OnlineCalibrator.stretch`.
+
+    A table whose tail is flatter than ``U ∝ α^(−min_slope)`` is given that slope (its median
+    point lowered to ``ttl · (α / 0.5)^min_slope``): a recency-weighted entry can have its
+    quantile at its median (messy's router: 2.005 s and 2.005 s), and a table without a tail
+    could not lengthen the TTL however many gaps it missed. The same when the median is
+    missing. Empty (no stretch) for an uncertified (infinite) or non-positive quantile."""
+    if ttl_s is None or not math.isfinite(ttl_s) or ttl_s <= 0 or not 0.0 < alpha < 0.5:
         return ()
-    return ((0.5, float(p50_s)), (float(alpha), float(ttl_s)))
+    floor = ttl_s * (alpha / 0.5) ** min_slope
+    p50 = floor if p50_s is None or not p50_s > 0 else min(float(p50_s), floor)
+    return ((0.5, p50), (float(alpha), float(ttl_s)))
 
 
 def table_upper(table: Sequence[tuple[float, int]], alpha: float) -> float | None:
