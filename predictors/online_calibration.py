@@ -123,21 +123,31 @@ def certified_pairs(table: Sequence[tuple[float, int]]) -> list[tuple[float, flo
     return pairs
 
 
+def keep_alive_slope(p50_s: float | None, ttl_s: float | None, alpha: float,
+                     min_slope: float = MIN_TAIL_SLOPE) -> float | None:
+    """The tail slope ``s`` of an idle-gap entry's two-point table (its median gap at 0.5 and its
+    ``1 − α`` quantile): ``U(a) ∝ a^(−s)``, ``s = ln(ttl / p50) / ln(0.5 / α)``, at least
+    ``min_slope``. A recency-weighted entry can have its quantile at its median (messy's router:
+    2.005 s and 2.005 s), and a table without a tail could not lengthen the TTL however many gaps
+    it missed; the same floor serves an entry without a median. None (no stretch) for an
+    uncertified (infinite) or non-positive quantile."""
+    if ttl_s is None or not math.isfinite(ttl_s) or ttl_s <= 0 or not 0.0 < alpha < 0.5:
+        return None
+    if p50_s is None or not 0.0 < p50_s < ttl_s:
+        return float(min_slope)
+    return max(float(min_slope), math.log(ttl_s / p50_s) / math.log(0.5 / alpha))
+
+
 def keep_alive_table(p50_s: float | None, ttl_s: float | None, alpha: float,
                      min_slope: float = MIN_TAIL_SLOPE) -> tuple:
-    """The two-point bound table ``((0.5, p50), (α, ttl))`` of an idle-gap entry (its median gap
-    and its ``1 − α`` quantile) for :meth:`OnlineCalibrator.stretch`.
-
-    A table whose tail is flatter than ``U ∝ α^(−min_slope)`` is given that slope (its median
-    point lowered to ``ttl · (α / 0.5)^min_slope``): a recency-weighted entry can have its
-    quantile at its median (messy's router: 2.005 s and 2.005 s), and a table without a tail
-    could not lengthen the TTL however many gaps it missed. The same when the median is
-    missing. Empty (no stretch) for an uncertified (infinite) or non-positive quantile."""
-    if ttl_s is None or not math.isfinite(ttl_s) or ttl_s <= 0 or not 0.0 < alpha < 0.5:
+    """The two-point bound table ``((0.5, p50'), (α, ttl))`` of an idle-gap entry, its median
+    lowered where needed to give the tail :func:`keep_alive_slope` (empty where that is None):
+    :meth:`OnlineCalibrator.stretch` on it equals :meth:`OnlineCalibrator.power_stretch` with
+    that slope, which serving uses (O(1), no table walk)."""
+    s = keep_alive_slope(p50_s, ttl_s, alpha, min_slope)
+    if s is None:
         return ()
-    floor = ttl_s * (alpha / 0.5) ** min_slope
-    p50 = floor if p50_s is None or not p50_s > 0 else min(float(p50_s), floor)
-    return ((0.5, p50), (float(alpha), float(ttl_s)))
+    return ((0.5, float(ttl_s) * (alpha / 0.5) ** s), (float(alpha), float(ttl_s)))
 
 
 def table_upper(table: Sequence[tuple[float, int]], alpha: float) -> float | None:
@@ -260,6 +270,17 @@ class OnlineCalibrator:
         if u_t is None or u_0 is None:
             return 1.0
         return min(self.max_stretch, max(1.0 / self.max_stretch, u_t / u_0))
+
+    def power_stretch(self, key: tuple[str, str], slope: float | None) -> float:
+        """:meth:`stretch` along a power-law table ``U(a) ∝ a^(−slope)`` below 0.5, flat above (an
+        idle-gap entry's, :func:`keep_alive_table`): ``r_t = (min(α_t', 0.5) / α')^(−slope)``
+        with ``α' = α / tails``, within the bounds; 1 at the nominal level or without a slope."""
+        a_t = self.level(key)
+        if slope is None or a_t == self.alpha:
+            return 1.0
+        a0 = self.alpha / self.tails
+        r = math.exp(-slope * (math.log(min(a_t / self.tails, 0.5)) - math.log(a0)))
+        return min(self.max_stretch, max(1.0 / self.max_stretch, r))
 
     def adjust(self, key: tuple[str, str], band: tuple[int, int, str],
                table: Sequence[tuple[float, int]]) -> tuple[int, int, str]:

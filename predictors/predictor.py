@@ -64,7 +64,7 @@ from typing import Any, Mapping
 from predictors.compiled import UNSEEN_AGENT, AgentEntry, CompiledProfile
 from predictors.coverage_monitor import CoverageMonitor
 from predictors.contract import ID_KEYS, Annotation, NextAgent
-from predictors.online_calibration import OnlineCalibrator, keep_alive_calibrator, keep_alive_table
+from predictors.online_calibration import OnlineCalibrator, keep_alive_calibrator, keep_alive_slope
 from predictors.served import MIN_GAP_S
 from predictors.sessions import DEFAULT_MAX_SESSION_BYTES, SESSION_BASE_BYTES, Session, SessionTable
 from store.profile_artifact import load_profile
@@ -129,6 +129,8 @@ class Predictor:
         self.keep_alive_calibrator: OnlineCalibrator | None = (
             keep_alive_calibration if isinstance(keep_alive_calibration, OnlineCalibrator)
             else keep_alive_calibrator() if keep_alive_calibration else None)
+        # (profile, its idle-gap quantile, {calibration key: tail slope}): per profile, bounded by it
+        self._ka_slopes: tuple[CompiledProfile | None, float | None, dict] = (None, None, {})
         self.priority_policy = priority_policy
         self.prompt_composition_agents = int(prompt_composition_agents)
         self.clock = clock
@@ -248,21 +250,23 @@ class Predictor:
         """``(TTL, by-tool TTLs, (calibration key, TTL) to score)`` served for a call by ``agent``:
         the idle-gap TTL (session-corrected, capped: ``CompiledProfile.keep_alive_ttl``) at the
         (type, agent)'s adapted keep-alive level, i.e. its quantile stretched by ``r_t`` along the
-        entry's ``(median, quantile)`` table (:func:`predictors.online_calibration.keep_alive_table`);
-        the fitted TTL without a calibrator."""
+        entry's ``(median, quantile)`` tail (:func:`predictors.online_calibration.keep_alive_slope`,
+        :meth:`~predictors.online_calibration.OnlineCalibrator.power_stretch`; the slope is
+        computed once per profile and key); the fitted TTL without a calibrator."""
         cal = self.keep_alive_calibrator
         if cal is None or entry.keep_alive is None or m.idle_gap is None:
             ttl, by_tool = m.keep_alive_ttl(entry, *gap_stats)
             return ttl, by_tool, None
-        quantile = ((m.data.get("idle_gap") or {}).get("params") or {}).get("quantile")
+        if self._ka_slopes[0] is not m:
+            quantile = ((m.data.get("idle_gap") or {}).get("params") or {}).get("quantile")
+            self._ka_slopes = (m, quantile, {})
+        _, quantile, slopes = self._ka_slopes
         cal.set_nominal(quantile)
         key = self._calibration_key(m, wt, agent)
-        e, _ = m.idle_gap.entry(wt, agent)
-        ttl_z, median, w, by_tool = entry.keep_alive
-        r = cal.stretch(key, keep_alive_table(e.get("p50_s") if e else None, ttl_z, cal.alpha))
-        if r != 1.0:
-            entry = replace(entry, keep_alive=(ttl_z * r, median, w, {k: v * r for k, v in by_tool.items()}))
-        ttl, by_tool = m.keep_alive_ttl(entry, *gap_stats)
+        if key not in slopes:          # agents the profile never saw share their type's entry
+            e, _ = m.idle_gap.entry(wt, agent)
+            slopes[key] = keep_alive_slope(e.get("p50_s") if e else None, entry.keep_alive[0], cal.alpha)
+        ttl, by_tool = m.keep_alive_ttl(entry, *gap_stats, scale=cal.power_stretch(key, slopes[key]))
         return ttl, by_tool, (key, ttl) if ttl is not None else None
 
     @staticmethod

@@ -17,7 +17,7 @@ import pytest
 
 from fitting.profile_fit import fit_profile
 from predictors.online_calibration import (MIN_TAIL_SLOPE, OnlineCalibrator, keep_alive_calibrator,
-                                           keep_alive_table)
+                                           keep_alive_slope, keep_alive_table)
 from predictors.predictor import Predictor
 from profiler.online_eval import online_scores, replay_served, stream_calls, stream_gaps
 from serving_hooks.policies.keep_drop import KeepDropPolicy
@@ -89,6 +89,19 @@ def test_the_keep_alive_table_is_its_median_and_quantile_with_a_floor_on_the_tai
     assert flat[1] == (0.05, 2.0) and flat[0][1] == pytest.approx(2.0 * 0.1 ** MIN_TAIL_SLOPE)
     assert keep_alive_table(None, 10.0, 0.05)[0][1] < 10.0
     assert keep_alive_table(3.0, math.inf, 0.05) == () and keep_alive_table(3.0, None, 0.05) == ()
+
+
+def test_the_power_stretch_is_the_stretch_along_the_two_point_table():
+    cal = keep_alive_calibrator()
+    for hits in ([False] * 6, [True] * 400, [False, True] * 30):
+        cal.reset()
+        for hit in hits:
+            cal.update((WT, "a"), hit)
+        for p50, ttl in ((4.0, 40.0), (2.0, 2.0), (None, 10.0), (3.0, 3.5)):
+            slope = keep_alive_slope(p50, ttl, cal.alpha)
+            assert cal.power_stretch((WT, "a"), slope) == pytest.approx(
+                cal.stretch((WT, "a"), keep_alive_table(p50, ttl, cal.alpha)), rel=1e-9)
+    assert cal.power_stretch((WT, "a"), None) == 1.0
 
 
 def test_the_keep_alive_level_is_one_sided():
