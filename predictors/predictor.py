@@ -45,6 +45,8 @@ Annotation (``known: true``) in its JSON form (:meth:`predictors.contract.Annota
      "retain_s",              # keep-alive TTL (SAGA) of the most frequent tool, when it has one
      "keep_alive_ttl_s",      # keep-alive TTL from the idle gap (finish -> session's next call),
                               # scaled by the session's own gaps so far (predictors/idle_gap.py)
+                              # and by the (type, agent)'s online keep-alive level (scored at
+                              # the session's next arrival; predictors/online_calibration.py)
      "keep_alive_ttl_by_tool",  # {tool: TTL} when the tool level validated (tool known at finish)
      "next_agents", "predicted_path_regex", "expected_remaining_calls", "expected_remaining_s",
      "expected_distance", "p_end", "prompt_composition",  # when the profile has the automaton
