@@ -219,3 +219,20 @@ def test_served_is_scored_the_eval_ttl_is_what_annotate_call_serves(profile, tmp
     np.testing.assert_array_equal(served_ttl, ttl_eval)
     static, _ = served(profile, path, online=False)
     assert np.nanmax(served_ttl / static) > 1.5               # the served TTL did move
+
+
+def test_cli_eval_online_scores_the_keep_alive(profile, tmp_path):
+    from typer.testing import CliRunner
+
+    from profiler.cli import app
+
+    path = write_log(tmp_path / "test" / "log.jsonl", 30, seed=5, start=3000)
+    prof_dir = str(profile.path)
+    r = CliRunner().invoke(app, ["eval", "--online", "--profile", prof_dir, str(path.parent), "--json"])
+    assert r.exit_code == 0, r.output
+    ka = json.loads(r.stdout[r.stdout.index("{"):])["keep_alive"]
+    assert set(ka) == {"nominal", "gaps", "online", "static", "oracle_kv_s_per_covered_gap", "by_type"}
+    assert ka["gaps"] == 30 * (CALLS - 1)
+    assert set(ka["online"]) == {"coverage", "mean_ttl_s", "kv_s_per_covered_gap", "worst_window_coverage"}
+    text = CliRunner().invoke(app, ["eval", "--online", "--profile", prof_dir, str(path.parent)])
+    assert text.exit_code == 0 and "keep-alive TTL on 210 idle gaps" in text.output
