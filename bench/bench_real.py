@@ -26,7 +26,9 @@ workload's release change at its midpoint falls inside the training side; the te
 the new release). Its own table follows the first one. On this split the output-length band is
 also replayed **online** (``profiler eval --online``: held-out calls in arrival order through the
 serving ``Predictor``, each finished call fed back): the table after it gives, per set and
-workflow type, the static (fitted) band's coverage and width beside the online-calibrated one's.
+workflow type, the static (fitted) band's coverage and width beside the online-calibrated one's,
+and the same for the keep-alive TTL (its coverage of the idle gaps and the KV-seconds held per
+covered gap, static vs online: the Predictor calibrates the TTL's level too).
 The online band is the one served (the ``Predictor`` and ``profiler serve`` calibrate online by
 default); the static figure is what the profile alone promises.
 
@@ -142,22 +144,36 @@ def split_fit_eval(logs: list[Path], work: Path, order: str = "hash") -> dict[st
 def online_band(online: dict[str, Any]) -> dict[str, Any]:
     """The band figures of a ``profiler eval --online`` result: ``{nominal, served, online,
     static, by_type: {type: {online, static}}}`` with ``{coverage, mean_width}`` each; ``served``
-    names the one the serving Predictor serves (``online``: it calibrates by default)."""
+    names the one the serving Predictor serves (``online``: it calibrates by default).
+    ``keep_alive``: the same for the keep-alive TTL (``{nominal, online, static, by_type}`` with
+    ``{coverage, mean_ttl_s, kv_s_per_covered_gap}`` each; absent without an idle-gap model)."""
     def pick(s: dict[str, Any]) -> dict[str, Any]:
         return {"coverage": s["coverage"], "mean_width": s["mean_width"]}
-    return {"nominal": online["nominal"], "served": "online",
-            "online": pick(online["online"]), "static": pick(online["static"]),
-            "by_type": {wt: {"calls": t["calls"], "online": pick(t["online"]), "static": pick(t["static"])}
-                        for wt, t in online["by_type"].items()}}
+
+    def pick_ka(s: dict[str, Any]) -> dict[str, Any]:
+        return {k: s[k] for k in ("coverage", "mean_ttl_s", "kv_s_per_covered_gap")}
+    out = {"nominal": online["nominal"], "served": "online",
+           "online": pick(online["online"]), "static": pick(online["static"]),
+           "by_type": {wt: {"calls": t["calls"], "online": pick(t["online"]), "static": pick(t["static"])}
+                       for wt, t in online["by_type"].items()}}
+    ka = online.get("keep_alive")
+    if ka and ka.get("gaps"):
+        out["keep_alive"] = {"nominal": ka["nominal"], "gaps": ka["gaps"],
+                             "online": pick_ka(ka["online"]), "static": pick_ka(ka["static"]),
+                             "by_type": {wt: {"gaps": t["gaps"], "online": pick_ka(t["online"]),
+                                              "static": pick_ka(t["static"])} for wt, t in ka["by_type"].items()}}
+    return out
 
 
 def online_band_table(timed: dict[str, dict[str, Any]]) -> Table:
     """Per set and workflow type: the static (fitted) band vs the online-calibrated (served) band
-    on the time split (coverage, mean width)."""
-    table = Table(title="output-length band on the time split: static (fitted) vs online (served: the "
-                        "Predictor calibrates online by default)")
+    on the time split (coverage, mean width), and the same for the keep-alive TTL (coverage of
+    the idle gaps, KV-seconds held per covered gap; n/a without real times)."""
+    table = Table(title="output-length band and keep-alive TTL on the time split: static (fitted) vs online "
+                        "(served: the Predictor calibrates both online by default)")
     for col in ("set", "type", "nominal", "static coverage", "static width", "online coverage (served)",
-                "online width (served)"):
+                "online width (served)", "keep-alive nominal", "keep-alive static coverage",
+                "static KV-s / covered gap", "keep-alive online coverage (served)", "online KV-s / covered gap"):
         table.add_column(col, justify="left" if col in ("set", "type") else "right")
 
     def fmt(x: Any, spec: str) -> str:
@@ -167,11 +183,19 @@ def online_band_table(timed: dict[str, dict[str, Any]]) -> Table:
         band = r.get("mean", r).get("online_band") if "folds" in r else r.get("online_band")
         if not band:
             continue
-        rows = [("all", band)] + sorted((band.get("by_type") or {}).items())
-        for wt, b in rows:
+        ka = band.get("keep_alive") or {}
+        ka_types = ka.get("by_type") or {}
+        rows = [("all", band, ka)] + [(wt, b, ka_types.get(wt) or {})
+                                      for wt, b in sorted((band.get("by_type") or {}).items())]
+        for wt, b, k in rows:
             table.add_row(label, wt, fmt(band.get("nominal"), ".2f"),
                           fmt(b["static"].get("coverage"), ".3f"), fmt(b["static"].get("mean_width"), ",.0f"),
-                          fmt(b["online"].get("coverage"), ".3f"), fmt(b["online"].get("mean_width"), ",.0f"))
+                          fmt(b["online"].get("coverage"), ".3f"), fmt(b["online"].get("mean_width"), ",.0f"),
+                          fmt(ka.get("nominal"), ".2f"),
+                          fmt((k.get("static") or {}).get("coverage"), ".3f"),
+                          fmt((k.get("static") or {}).get("kv_s_per_covered_gap"), ".2f"),
+                          fmt((k.get("online") or {}).get("coverage"), ".3f"),
+                          fmt((k.get("online") or {}).get("kv_s_per_covered_gap"), ".2f"))
     return table
 
 

@@ -131,15 +131,18 @@ class CompiledProfile:
                     by_tool[name] = float(te["ttl_z"])
         return (float(e["ttl_z"]), self.idle_gap.median(wt, agent), self.idle_gap.prior_weight(wt), by_tool)
 
-    def keep_alive_ttl(self, entry: AgentEntry, log_sum: float, n: int) -> tuple[float | None, dict]:
+    def keep_alive_ttl(self, entry: AgentEntry, log_sum: float, n: int,
+                       scale: float = 1.0) -> tuple[float | None, dict]:
         """Served idle-gap TTL and by-tool TTLs for a session with ``n`` earlier gaps whose
-        ``Σ ln(gap/median)`` is ``log_sum``: ``c · Q_q(z)``, ``c = exp(clip(log_sum / (n + w), ±ln 8))``."""
+        ``Σ ln(gap/median)`` is ``log_sum``: ``c · Q_q(z)``, ``c = exp(clip(log_sum / (n + w), ±ln 8))``;
+        ``scale`` stretches the quantiles before the cap (the online keep-alive level's ``r_t``)."""
         if entry.keep_alive is None or self.idle_gap is None:
             return None, {}
         ttl_z, _, w, by_tool = entry.keep_alive
         c = 1.0 if w is None else math.exp(max(-math.log(MAX_FACTOR),
                                                 min(math.log(MAX_FACTOR), log_sum / (n + w))))
         cap = self.idle_gap.max_ttl_s
+        c *= scale
         serve = (lambda z: min(c * z, cap)) if cap is not None else (lambda z: c * z)
         return (serve(ttl_z) if math.isfinite(ttl_z) or cap is not None else None,
                 {k: serve(v) for k, v in by_tool.items()})

@@ -51,6 +51,20 @@ calls over a dozen agents, stayed at 0.947). So a miss steps ``κ·(1 − α)·(
 key's recent misses (decayed by ``1 − 1/H`` per outcome): a lone miss is plain ACI, the k-th of a
 run about k times as far. Only misses step further, so the bound above holds.
 
+**The keep-alive TTL** (issue 26) runs a second instance of the same loop: one-sided
+(``tails=1``: the level is the TTL's own risk, not split over two ends), at the idle-gap model's
+nominal (``α = 1 − quantile``, 0.05), an outcome per idle gap (the gap from a call's finish to the
+session's next arrival within the TTL served for that call: a hit; a session that ends gives no
+outcome). The profile's idle-gap entry stores two points of the (normalised) gap distribution,
+its median ``p50_s`` and its ``q``-quantile ``ttl_z``; :func:`keep_alive_table` turns them into a
+bound table ``((0.5, p50), (α, ttl_z))``, and :meth:`OnlineCalibrator.stretch` stretches along it
+exactly as along the output-length table: ``r_t = U(α_t) / U(α)``, log-log between the two
+points (toward the median as the level rises), along their power-law slope beyond the quantile
+(longer as it falls), never flatter than ``U ∝ α^(−0.30)`` (:data:`MIN_TAIL_SLOPE`: a
+drift-weighted entry may have its quantile at its median, and a TTL that cannot lengthen cannot
+recover); the served TTL is ``c · r_t · ttl_z``, capped at the profile's ``max_ttl_s``
+(``predictors.Predictor``).
+
 A new profile keeps the levels (they describe the workload, not the fit) unless the
 caller :meth:`reset` s them. O(1) per outcome and per band.
 """
@@ -77,6 +91,22 @@ MAX_STRETCH = 4.0
 #: miss: the k-th miss within ~H outcomes steps ln α by κ·k·(1 − α) instead of κ·(1 − α) (0: off).
 #: Chosen on the train side of the time splits (docs/evaluation.md), never on the reported test side.
 ESCALATION_HORIZON = 50.0
+#: The keep-alive TTL's instance (:func:`keep_alive_calibrator`): its step and escalation memory.
+#: H = 10 keeps the expected recent misses at the nominal level where the band's H = 50 keeps
+#: them at α = 0.01 (α · H = 0.5): at α = 0.05 an H of 50 escalates nearly every miss and the level
+#: settles above nominal. κ is the band's. H was chosen on the *train* side of the time splits
+#: (each set's training workflows split by time again, 70/30: fit on the first part, replay the
+#: rest; docs/keep-alive.md), never on the reported test side: at κ = 0.2, H = 10 held 0.953–0.969
+#: on SWE-agent, mini-SWE-agent and three messy seeds (static 0.837–0.953); H = 50 0.960–0.976 at
+#: up to 1.3× the mean TTL; plain ACI (H = 0) 0.926–0.950.
+KEEP_ALIVE_RATE = DEFAULT_RATE
+KEEP_ALIVE_ESCALATION_HORIZON = 10.0
+#: The flattest tail a keep-alive table is given (:func:`keep_alive_table`): ``U ∝ α^(−s)`` with
+#: ``s = ln MAX_STRETCH / ln MIN_ALPHA_RATIO`` (≈ 0.30), so the level's full range (α … α_min)
+#: can reach the full stretch; steeper fitted tails are kept as they are.
+MIN_TAIL_SLOPE = math.log(MAX_STRETCH) / math.log(MIN_ALPHA_RATIO)
+#: The keep-alive TTL's nominal before a profile says its own (the idle-gap model's default quantile).
+KEEP_ALIVE_NOMINAL = 0.95
 #: The key of a workflow type's pooled level (every outcome of the type); a (type, agent) key
 #: that has had no outcome yet starts from it instead of from the nominal level.
 POOLED_AGENT = "\x00pooled"
@@ -91,6 +121,33 @@ def certified_pairs(table: Sequence[tuple[float, int]]) -> list[tuple[float, flo
         top = pairs[-1][1]
         pairs = [p for p in pairs if p[1] != top] or pairs[:1]
     return pairs
+
+
+def keep_alive_slope(p50_s: float | None, ttl_s: float | None, alpha: float,
+                     min_slope: float = MIN_TAIL_SLOPE) -> float | None:
+    """The tail slope ``s`` of an idle-gap entry's two-point table (its median gap at 0.5 and its
+    ``1 − α`` quantile): ``U(a) ∝ a^(−s)``, ``s = ln(ttl / p50) / ln(0.5 / α)``, at least
+    ``min_slope``. A recency-weighted entry can have its quantile at its median (messy's router:
+    2.005 s and 2.005 s), and a table without a tail could not lengthen the TTL however many gaps
+    it missed; the same floor serves an entry without a median. None (no stretch) for an
+    uncertified (infinite) or non-positive quantile."""
+    if ttl_s is None or not math.isfinite(ttl_s) or ttl_s <= 0 or not 0.0 < alpha < 0.5:
+        return None
+    if p50_s is None or not 0.0 < p50_s < ttl_s:
+        return float(min_slope)
+    return max(float(min_slope), math.log(ttl_s / p50_s) / math.log(0.5 / alpha))
+
+
+def keep_alive_table(p50_s: float | None, ttl_s: float | None, alpha: float,
+                     min_slope: float = MIN_TAIL_SLOPE) -> tuple:
+    """The two-point bound table ``((0.5, p50'), (α, ttl))`` of an idle-gap entry, its median
+    lowered where needed to give the tail :func:`keep_alive_slope` (empty where that is None):
+    :meth:`OnlineCalibrator.stretch` on it equals :meth:`OnlineCalibrator.power_stretch` with
+    that slope, which serving uses (O(1), no table walk)."""
+    s = keep_alive_slope(p50_s, ttl_s, alpha, min_slope)
+    if s is None:
+        return ()
+    return ((0.5, float(ttl_s) * (alpha / 0.5) ** s), (float(alpha), float(ttl_s)))
 
 
 def table_upper(table: Sequence[tuple[float, int]], alpha: float) -> float | None:
@@ -114,6 +171,13 @@ def table_upper(table: Sequence[tuple[float, int]], alpha: float) -> float | Non
     return math.exp(min(math.log(u2) + slope * (math.log(alpha) - math.log(a2)), 700.0))
 
 
+def keep_alive_calibrator(nominal: float = KEEP_ALIVE_NOMINAL, **kwargs: Any) -> "OnlineCalibrator":
+    """The keep-alive TTL's calibrator: one-sided, at the keep-alive defaults (module doc)."""
+    kwargs.setdefault("rate", KEEP_ALIVE_RATE)
+    kwargs.setdefault("escalation_horizon", KEEP_ALIVE_ESCALATION_HORIZON)
+    return OnlineCalibrator(nominal, tails=1, **kwargs)
+
+
 class OnlineCalibrator:
     """Per-key adaptive level of the served output-length band (see the module docstring).
 
@@ -124,12 +188,15 @@ class OnlineCalibrator:
     min_alpha_ratio, max_alpha_ratio, max_alpha : the bounds of the level
         (``α / min_alpha_ratio`` … ``min(max_alpha, α · max_alpha_ratio)``).
     max_stretch : bound of the band's stretch factor ``r`` (and of ``1 / r``).
+    escalation_horizon : H, the memory of the recent-miss count (0: plain ACI steps).
+    tails : 2 for a two-sided band (each end at risk ``α_t / 2``: the output length), 1 for a
+        one-sided bound (risk ``α_t``: the keep-alive TTL).
     """
 
     def __init__(self, nominal: float = 0.99, *, rate: float = DEFAULT_RATE,
                  min_alpha_ratio: float = MIN_ALPHA_RATIO, max_alpha_ratio: float = MAX_ALPHA_RATIO,
                  max_alpha: float = MAX_ALPHA, max_stretch: float = MAX_STRETCH,
-                 escalation_horizon: float = ESCALATION_HORIZON) -> None:
+                 escalation_horizon: float = ESCALATION_HORIZON, tails: int = 2) -> None:
         if not 0.0 < nominal < 1.0:
             raise ValueError(f"nominal coverage must be in (0, 1), got {nominal}")
         if rate <= 0 or min_alpha_ratio < 1 or max_alpha_ratio < 1 or max_stretch < 1:
@@ -142,6 +209,9 @@ class OnlineCalibrator:
         if escalation_horizon < 0:
             raise ValueError(f"escalation_horizon must be >= 0, got {escalation_horizon}")
         self.escalation_horizon = float(escalation_horizon)
+        if tails not in (1, 2):
+            raise ValueError(f"tails must be 1 or 2, got {tails}")
+        self.tails = int(tails)
         self.nominal = float(nominal)
         #: key -> [ln α_t, outcomes, misses, recent misses (decayed with horizon H)]
         self._state: dict[tuple[str, str], list] = {}
@@ -191,15 +261,26 @@ class OnlineCalibrator:
         st[2] += not hit
 
     def stretch(self, key: tuple[str, str], table: Sequence[tuple[float, int]]) -> float:
-        """``r_t = U(α_t/2) / U(α/2)`` from the agent's upper-bound table, within the bounds;
-        1 when the level is nominal or the table is empty."""
+        """``r_t = U(α_t/2) / U(α/2)`` from the agent's upper-bound table (``U(α_t) / U(α)`` with
+        ``tails=1``), within the bounds; 1 when the level is nominal or the table is empty."""
         a_t = self.level(key)
         if a_t == self.alpha or not table:
             return 1.0
-        u_t, u_0 = table_upper(table, a_t / 2), table_upper(table, self.alpha / 2)
+        u_t, u_0 = table_upper(table, a_t / self.tails), table_upper(table, self.alpha / self.tails)
         if u_t is None or u_0 is None:
             return 1.0
         return min(self.max_stretch, max(1.0 / self.max_stretch, u_t / u_0))
+
+    def power_stretch(self, key: tuple[str, str], slope: float | None) -> float:
+        """:meth:`stretch` along a power-law table ``U(a) ∝ a^(−slope)`` below 0.5, flat above (an
+        idle-gap entry's, :func:`keep_alive_table`): ``r_t = (min(α_t', 0.5) / α')^(−slope)``
+        with ``α' = α / tails``, within the bounds; 1 at the nominal level or without a slope."""
+        a_t = self.level(key)
+        if slope is None or a_t == self.alpha:
+            return 1.0
+        a0 = self.alpha / self.tails
+        r = math.exp(-slope * (math.log(min(a_t / self.tails, 0.5)) - math.log(a0)))
+        return min(self.max_stretch, max(1.0 / self.max_stretch, r))
 
     def adjust(self, key: tuple[str, str], band: tuple[int, int, str],
                table: Sequence[tuple[float, int]]) -> tuple[int, int, str]:

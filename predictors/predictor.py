@@ -45,6 +45,8 @@ Annotation (``known: true``) in its JSON form (:meth:`predictors.contract.Annota
      "retain_s",              # keep-alive TTL (SAGA) of the most frequent tool, when it has one
      "keep_alive_ttl_s",      # keep-alive TTL from the idle gap (finish -> session's next call),
                               # scaled by the session's own gaps so far (predictors/idle_gap.py)
+                              # and by the (type, agent)'s online keep-alive level (scored at
+                              # the session's next arrival; predictors/online_calibration.py)
      "keep_alive_ttl_by_tool",  # {tool: TTL} when the tool level validated (tool known at finish)
      "next_agents", "predicted_path_regex", "expected_remaining_calls", "expected_remaining_s",
      "expected_distance", "p_end", "prompt_composition",  # when the profile has the automaton
@@ -64,7 +66,7 @@ from typing import Any, Mapping
 from predictors.compiled import UNSEEN_AGENT, AgentEntry, CompiledProfile
 from predictors.coverage_monitor import CoverageMonitor
 from predictors.contract import ID_KEYS, Annotation, NextAgent
-from predictors.online_calibration import OnlineCalibrator
+from predictors.online_calibration import OnlineCalibrator, keep_alive_calibrator, keep_alive_slope
 from predictors.served import MIN_GAP_S
 from predictors.sessions import DEFAULT_MAX_SESSION_BYTES, SESSION_BASE_BYTES, Session, SessionTable
 from store.profile_artifact import load_profile
@@ -102,6 +104,10 @@ class Predictor:
     online_calibration : adapt each (workflow type, agent)'s band level from the observed outcomes
         (:class:`predictors.online_calibration.OnlineCalibrator`; True: one with the defaults, an
         instance: that one, False: serve the fitted bands as they are).
+    keep_alive_calibration : adapt each (workflow type, agent)'s keep-alive TTL level the same way
+        (:func:`predictors.online_calibration.keep_alive_calibrator`; an outcome per idle gap: the
+        session's next arrival within the TTL served for the call whose finish began it). None
+        (default): on exactly when ``online_calibration`` is; True / an instance / False as there.
     """
 
     def __init__(self, profile: Any = None, *, max_sessions: int = 100_000,
@@ -109,7 +115,8 @@ class Predictor:
                  gate: Any = None, priority_policy: Any = None,
                  prompt_composition_agents: int = 1, clock=time.monotonic,
                  max_session_bytes: int = DEFAULT_MAX_SESSION_BYTES, agent_fallback: bool = True,
-                 online_calibration: bool | OnlineCalibrator = True) -> None:
+                 online_calibration: bool | OnlineCalibrator = True,
+                 keep_alive_calibration: bool | OnlineCalibrator | None = None) -> None:
         self.agent_fallback = bool(agent_fallback)
         self.sessions = SessionTable(max_sessions=max_sessions, max_session_bytes=max_session_bytes,
                                      session_idle_s=session_idle_s, recent_outputs=recent_outputs)
@@ -119,6 +126,13 @@ class Predictor:
         self.calibrator: OnlineCalibrator | None = (
             online_calibration if isinstance(online_calibration, OnlineCalibrator)
             else OnlineCalibrator() if online_calibration else None)
+        if keep_alive_calibration is None:
+            keep_alive_calibration = bool(online_calibration)
+        self.keep_alive_calibrator: OnlineCalibrator | None = (
+            keep_alive_calibration if isinstance(keep_alive_calibration, OnlineCalibrator)
+            else keep_alive_calibrator() if keep_alive_calibration else None)
+        # (profile, its idle-gap quantile, {calibration key: tail slope}): per profile, bounded by it
+        self._ka_slopes: tuple[CompiledProfile | None, float | None, dict] = (None, None, {})
         self.priority_policy = priority_policy
         self.prompt_composition_agents = int(prompt_composition_agents)
         self.clock = clock
@@ -233,6 +247,30 @@ class Predictor:
         self.calibrator.set_nominal(m.coverage)
         return self.calibrator.adjust(self._calibration_key(m, wt, agent), band, entry.upper_bounds)
 
+    def _keep_alive(self, m: CompiledProfile, wt: str, agent: str, entry: AgentEntry,
+                    gap_stats: tuple[float, int]) -> tuple[float | None, dict, tuple | None]:
+        """``(TTL, by-tool TTLs, (calibration key, TTL) to score)`` served for a call by ``agent``:
+        the idle-gap TTL (session-corrected, capped: ``CompiledProfile.keep_alive_ttl``) at the
+        (type, agent)'s adapted keep-alive level, i.e. its quantile stretched by ``r_t`` along the
+        entry's ``(median, quantile)`` tail (:func:`predictors.online_calibration.keep_alive_slope`,
+        :meth:`~predictors.online_calibration.OnlineCalibrator.power_stretch`; the slope is
+        computed once per profile and key); the fitted TTL without a calibrator."""
+        cal = self.keep_alive_calibrator
+        if cal is None or entry.keep_alive is None or m.idle_gap is None:
+            ttl, by_tool = m.keep_alive_ttl(entry, *gap_stats)
+            return ttl, by_tool, None
+        if self._ka_slopes[0] is not m:
+            quantile = ((m.data.get("idle_gap") or {}).get("params") or {}).get("quantile")
+            self._ka_slopes = (m, quantile, {})
+        _, quantile, slopes = self._ka_slopes
+        cal.set_nominal(quantile)
+        key = self._calibration_key(m, wt, agent)
+        if key not in slopes:          # agents the profile never saw share their type's entry
+            e, _ = m.idle_gap.entry(wt, agent)
+            slopes[key] = keep_alive_slope(e.get("p50_s") if e else None, entry.keep_alive[0], cal.alpha)
+        ttl, by_tool = m.keep_alive_ttl(entry, *gap_stats, scale=cal.power_stretch(key, slopes[key]))
+        return ttl, by_tool, (key, ttl) if ttl is not None else None
+
     @staticmethod
     def _calibration_key(m: CompiledProfile | None, wt: str, agent: str) -> tuple[str, str]:
         """Agents the profile never saw share their type's key (the table stays bounded)."""
@@ -292,7 +330,13 @@ class Predictor:
                 if s.idle_since is not None and s.idle_median and now >= s.idle_since:
                     s.gap_log_sum += math.log(max(now - s.idle_since, MIN_GAP_S) / max(s.idle_median, MIN_GAP_S))
                     s.gap_n += 1
+                served = s.keep_alive_served
+                if served is not None and s.idle_since is not None and now >= s.idle_since \
+                        and self.keep_alive_calibrator is not None:
+                    # the idle gap just ended: an outcome of the TTL served for the call before
+                    self.keep_alive_calibrator.update(served[0], now - s.idle_since <= served[1])
                 s.idle_since = None
+                s.keep_alive_served = None
             gap_stats = (s.gap_log_sum, s.gap_n)
             issued_at = now if first_time else s.pending[request_id][2]
             session_age = max(0.0, issued_at - (s.started_at if s.started_at is not None else issued_at))
@@ -308,12 +352,14 @@ class Predictor:
             if entry is None and self.agent_fallback:
                 entry = m.unseen_agent.get(wt)     # an agent the profile never saw: its type's
             band = fitted = None
+            ttl, by_tool, ka_served = None, {}, None
             if entry is not None:
                 fitted = self._band(m, s, agent, entry, input_tokens,
                                     max(s.agent_calls.get(agent, 0) - (1 if advance else 0), 0))
                 band = self._calibrated(m, wt, agent, entry, fitted)
+                ttl, by_tool, ka_served = self._keep_alive(m, wt, agent, entry, gap_stats)
             if request_id is not None and advance and first_time:
-                s.pending[request_id] = (agent, band, issued_at, fitted)
+                s.pending[request_id] = (agent, band, issued_at, fitted, ka_served)
             elif not first_time:
                 band = s.pending[request_id][1]      # a retried annotate is served the same band
                 if len(s.pending) > 64:
@@ -333,7 +379,6 @@ class Predictor:
         paths = m.paths.get(wt)
         if paths is not None and state is None and not getattr(paths, "has_sequence_model", False):
             return unknown("off_path", "the session left the dominant paths of the automaton")
-        ttl, by_tool = m.keep_alive_ttl(entry, *gap_stats)
         fields: dict[str, Any] = dict(
             known=True, predicted_output_len=(band[0], band[1]), output_len_coverage=m.coverage,
             output_len_level=band[2], output_len_mean=entry.mean_output,
@@ -431,15 +476,16 @@ class Predictor:
             s = self.sessions.get(wt, wf, now)
             pending = s.pending.pop(request_id, None) if request_id is not None else None
             if pending is None:
-                band = fitted = None
+                band = fitted = ka_served = None
                 if m is not None and (wt, agent) in m.agents:
                     entry = m.agents[(wt, agent)]
                     fitted = self._band(m, s, agent, entry, completion.get("input_tokens"),
                                         s.agent_calls.get(agent, 0))
                     band = self._calibrated(m, wt, agent, entry, fitted)
+                    ka_served = self._keep_alive(m, wt, agent, entry, (s.gap_log_sum, s.gap_n))[2]
                 self.sessions.advance(m, s, agent, meta.get("stage"))
             else:
-                band, fitted = pending[1], pending[3]
+                band, fitted, ka_served = pending[1], pending[3], pending[4]
             self.sessions.mark_tools(m, s, agent, completion.get("tool_names"))
             if isinstance(out, (int, float)) and not isinstance(out, bool) and completion.get("status", "ok") == "ok":
                 s.last_output[agent] = int(out)
@@ -451,6 +497,7 @@ class Predictor:
                 s.last_finish = completion.get("t_finish")
             ka = m.agents.get((wt, agent)) if m is not None else None
             s.idle_since = now                     # the session's KV is idle from here
+            s.keep_alive_served = ka_served        # and is kept this long (scored at the next arrival)
             s.idle_median = ka.keep_alive[1] if ka is not None and ka.keep_alive is not None else None
             if completion.get("response_text") is not None:
                 self.sessions.remember_text(s, {"request_id": request_id, "agent_id": agent,

@@ -62,7 +62,7 @@ class Session:
     tools: deque | None = None
     agent_calls: dict[str, int] = field(default_factory=dict)
     last_output: dict[str, int] = field(default_factory=dict)
-    pending: OrderedDict = field(default_factory=OrderedDict)   # request_id -> (agent, served band | None, issued_at, fitted band | None)
+    pending: OrderedDict = field(default_factory=OrderedDict)   # request_id -> (agent, served band | None, issued_at, fitted band | None, (key, TTL) | None)
     recent: deque = field(default_factory=lambda: deque(maxlen=8))
     last_finish: float | None = None
     truncated: bool = False
@@ -73,6 +73,7 @@ class Session:
     idle_median: float | None = None       # predicted median idle gap after that completion
     gap_log_sum: float = 0.0               # Σ ln(observed gap / predicted median)
     gap_n: int = 0                         # idle gaps observed in this session
+    keep_alive_served: tuple | None = None  # (calibration key, TTL) served for the call whose finish began the idle gap
     out_sum: float = 0.0                   # output tokens its finished calls wrote
     out_expected: float = 0.0              # what their agents write on average (training mean)
 

@@ -28,6 +28,21 @@ outcomes, and whether it was on at the end. Result (``profiler eval --online --j
 
 ``worst_window_coverage``: the lowest coverage over consecutive runs of ``WINDOW`` scored calls
 (in arrival order): what a drifting stretch of the log costs, which the mean hides.
+
+**Keep-alive** (``keep_alive``): the same two replays record the keep-alive TTL each call's
+annotation serves (``keep_alive_ttl_s``: online, the TTL at the (type, agent)'s adapted
+keep-alive level, :mod:`predictors.online_calibration`; static, the fitted one), and each is
+scored on the idle gap after that call (its finish → the session's next arrival; the gaps
+:func:`fitting.profile_fit.idle_gap_calls` gives ``profiler eval``'s static keep-alive score:
+none after a session's last call, none that ended in a person's turn), every TTL bounded as the
+keep/drop policy serves it (``KeepDropPolicy.ttl_s``), exactly as ``profiler eval`` scores
+``keep_alive``. The cost is that eval's too: ``kv_s_per_covered_gap`` = Σ min(TTL, gap) / covered
+gaps (``oracle``: holding exactly each gap under the policy's cap)::
+
+    "keep_alive": {"nominal", "gaps",
+                   "online": {"coverage", "mean_ttl_s", "kv_s_per_covered_gap", "worst_window_coverage"},
+                   "static": {...}, "oracle_kv_s_per_covered_gap",
+                   "by_type": {type: {"gaps", "online": {...}, "static": {...}}}}
 """
 from __future__ import annotations
 
@@ -38,10 +53,12 @@ import duckdb
 import numpy as np
 import pandas as pd
 
+from fitting.profile_fit import idle_gap_calls
 from predictors.output_length import OutputLengthIntervals
 from predictors.predictor import Predictor
 from store import ingest as ingest_mod
 from profiler.evaluation import output_length_baselines
+from serving_hooks.policies.keep_drop import KeepDropPolicy
 from store.profile_artifact import Profile
 from store.duckdb_store import connect
 
@@ -52,8 +69,8 @@ WINDOW = 200
 def stream_calls(con: duckdb.DuckDBPyConnection) -> pd.DataFrame:
     """Every ok held-out call with what the replay needs, in arrival order."""
     return con.execute(
-        "SELECT workflow_type_id, workflow_id, agent_id, request_id, input_tokens, output_tokens, "
-        "t_arrival, t_finish FROM calls WHERE status = 'ok' "
+        "SELECT workflow_type_id, workflow_id, agent_id, request_id, call_index, input_tokens, "
+        "output_tokens, t_arrival, t_finish FROM calls WHERE status = 'ok' "
         "ORDER BY t_arrival, workflow_type_id, workflow_id, call_index").df()
 
 
@@ -74,8 +91,17 @@ def event_order(t_arrival: np.ndarray, t_finish: np.ndarray) -> list[tuple[int, 
 def replay(profile: Profile, calls: pd.DataFrame, *, online: Any) -> tuple[np.ndarray, np.ndarray, dict]:
     """Served bands ``(lo, hi)`` per call (NaN: none served) replaying ``calls`` through one
     :class:`~predictors.Predictor`, and the drift alarm's record per workflow type."""
+    lo, hi, _, alarm = replay_served(profile, calls, online=online)
+    return lo, hi, alarm
+
+
+def replay_served(profile: Profile, calls: pd.DataFrame, *,
+                  online: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict]:
+    """:func:`replay`, plus the keep-alive TTL each call's annotation served (NaN: none).
+    ``online`` switches both calibrations (the Predictor's one switch)."""
     pred = Predictor(profile, max_sessions=1_000_000, online_calibration=online)
     lo, hi = np.full(len(calls), np.nan), np.full(len(calls), np.nan)
+    ttl = np.full(len(calls), np.nan)
     wt_, wf_, ag_ = (calls[c].astype(str).to_numpy() for c in ("workflow_type_id", "workflow_id", "agent_id"))
     rid_ = calls["request_id"].astype(str).to_numpy()
     inp_ = calls["input_tokens"].to_numpy()
@@ -88,9 +114,11 @@ def replay(profile: Profile, calls: pd.DataFrame, *, online: Any) -> tuple[np.nd
         if kind == 1:
             pred.clock = lambda t=ta[k]: t
             inp = None if pd.isna(inp_[k]) else int(inp_[k])
-            band = pred.annotate_call(meta, request_id=rid_[k], input_tokens=inp).predicted_output_len
-            if band is not None:
-                lo[k], hi[k] = band
+            ann = pred.annotate_call(meta, request_id=rid_[k], input_tokens=inp)
+            if ann.predicted_output_len is not None:
+                lo[k], hi[k] = ann.predicted_output_len
+            if ann.keep_alive_ttl_s is not None:
+                ttl[k] = ann.keep_alive_ttl_s
             continue
         pred.clock = lambda t=max(tf[k], ta[k]): t
         hit = pred.observe({"app_metadata": meta, "request_id": rid_[k], "output_tokens": int(out_[k]),
@@ -106,7 +134,7 @@ def replay(profile: Profile, calls: pd.DataFrame, *, online: Any) -> tuple[np.nd
     for wt, st in pred.coverage_monitor.status().items():
         rec = alarm.setdefault(wt, {"fired": False, "first_after": None})
         rec.update(alarm_at_end=bool(st["alarm"]), coverage_at_end=st["coverage"])
-    return lo, hi, alarm
+    return lo, hi, ttl, alarm
 
 
 def _scores(y: np.ndarray, lo: np.ndarray, hi: np.ndarray, mask: np.ndarray) -> dict[str, Any]:
@@ -119,12 +147,66 @@ def _scores(y: np.ndarray, lo: np.ndarray, hi: np.ndarray, mask: np.ndarray) -> 
             "worst_window_coverage": float(windows.min()) if len(windows) else None}
 
 
+def stream_gaps(con: duckdb.DuckDBPyConnection, calls: pd.DataFrame) -> np.ndarray:
+    """The idle gap after each row of ``calls`` (``profiler eval``'s: NaN at a session's end, after
+    a person's turn, and where the log's times are not real)."""
+    keys = ["workflow_type_id", "workflow_id", "call_index"]
+    gaps = idle_gap_calls(con)[[*keys, "gap_after_s"]]
+    merged = calls[keys].astype({"workflow_type_id": str, "workflow_id": str}).merge(
+        gaps.astype({"workflow_type_id": str, "workflow_id": str}), how="left", on=keys, validate="many_to_one")
+    return merged["gap_after_s"].to_numpy(dtype=float)
+
+
+def _keep_alive_scores(gap: np.ndarray, ttl: np.ndarray, mask: np.ndarray) -> dict[str, Any]:
+    """Coverage, mean TTL, KV-seconds per covered gap and worst-window coverage of the served
+    TTLs ``ttl`` on the idle gaps of ``mask`` (TTLs bounded as the keep/drop policy serves them)."""
+    if not mask.any():
+        return {"coverage": None, "mean_ttl_s": None, "kv_s_per_covered_gap": None,
+                "worst_window_coverage": None}
+    policy = KeepDropPolicy()
+    t = np.clip(ttl[mask], policy.min_ttl_s, policy.max_ttl_s)
+    g = gap[mask]
+    inside = (g <= t).astype(float)
+    windows = (np.convolve(inside, np.ones(WINDOW), "valid") / WINDOW) if len(inside) >= WINDOW else inside[:0]
+    covered = int(inside.sum())
+    return {"coverage": float(inside.mean()), "mean_ttl_s": float(t.mean()),
+            "kv_s_per_covered_gap": float(np.minimum(t, g).sum() / covered) if covered else None,
+            "worst_window_coverage": float(windows.min()) if len(windows) else None}
+
+
+def keep_alive_online(profile: Profile, con: duckdb.DuckDBPyConnection, calls: pd.DataFrame,
+                      on_ttl: np.ndarray, st_ttl: np.ndarray) -> dict[str, Any] | None:
+    """The ``keep_alive`` part of the result (module doc); None without an idle-gap section."""
+    section = profile.data.get("idle_gap")
+    if not section:
+        return None
+    gap = stream_gaps(con, calls)
+    scored = ~np.isnan(gap) & ~np.isnan(on_ttl) & ~np.isnan(st_ttl)
+    cap = KeepDropPolicy().max_ttl_s
+    oracle = gap[scored]
+    fits = oracle <= cap
+    wts = calls["workflow_type_id"].astype(str).to_numpy()
+    by_type = {}
+    for wt in sorted(set(wts[scored])):
+        mask = scored & (wts == wt)
+        by_type[wt] = {"gaps": int(mask.sum()), "online": _keep_alive_scores(gap, on_ttl, mask),
+                       "static": _keep_alive_scores(gap, st_ttl, mask)}
+    return {
+        "nominal": float((section.get("params") or {}).get("quantile", 0.95)),
+        "gaps": int(scored.sum()),
+        "online": _keep_alive_scores(gap, on_ttl, scored),
+        "static": _keep_alive_scores(gap, st_ttl, scored),
+        "oracle_kv_s_per_covered_gap": float(oracle[fits].sum() / fits.sum()) if fits.any() else None,
+        "by_type": by_type,
+    }
+
+
 def online_scores(profile: Profile, con: duckdb.DuckDBPyConnection) -> dict[str, Any]:
     """The ``profiler eval --online`` result of ``profile`` on the calls in ``con`` (module doc)."""
     calls = stream_calls(con)
     y = calls["output_tokens"].to_numpy(dtype=float)
-    on_lo, on_hi, alarm = replay(profile, calls, online=True)
-    st_lo, st_hi, _ = replay(profile, calls, online=False)
+    on_lo, on_hi, on_ttl, alarm = replay_served(profile, calls, online=True)
+    st_lo, st_hi, st_ttl, _ = replay_served(profile, calls, online=False)
     scored = ~np.isnan(on_lo) & ~np.isnan(st_lo)     # calls both served a band
     est = OutputLengthIntervals.from_dict(profile.data["output_length"])
     baselines = output_length_baselines(est, calls[scored].reset_index(drop=True))
@@ -147,6 +229,7 @@ def online_scores(profile: Profile, con: duckdb.DuckDBPyConnection) -> dict[str,
                                          if emp and online["mean_width"] is not None and emp == emp else None),
         "by_type": by_type,
         "drift_alarm": alarm,
+        "keep_alive": keep_alive_online(profile, con, calls, on_ttl, st_ttl),
         "window": WINDOW,
     }
 

@@ -62,9 +62,14 @@ def test_time_split_reports_the_online_band_as_the_served_one(tmp_path):
     assert set(band["by_type"]) == {"agentless_localize", "agentless_repair"}
     for figures in (band["online"], band["static"], *(t["online"] for t in band["by_type"].values())):
         assert 0 < figures["coverage"] <= 1 and figures["mean_width"] > 0
-    console = Console(record=True, width=200)
+    ka = band["keep_alive"]           # and the keep-alive TTL, static vs online, on the same replay
+    assert ka["nominal"] == 0.95 and ka["gaps"] == sum(t["gaps"] for t in ka["by_type"].values()) > 0
+    for figures in (ka["online"], ka["static"]):
+        assert 0 < figures["coverage"] <= 1 and figures["kv_s_per_covered_gap"] > 0
+    console = Console(record=True, width=260)
     console.print(bench.online_band_table({"agentless": {"result": result}}))
     text = console.export_text()
     assert "online coverage (served)" in text and "agentless_repair" in text
+    assert "keep-alive" in text and f"{ka['online']['coverage']:.3f}" in text
     assert "online_band" not in bench.split_fit_eval([REPO / "datasets" / "real" / "agentless_pr28.jsonl"],
                                                      tmp_path / "hash", "hash")

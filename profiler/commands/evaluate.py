@@ -123,6 +123,12 @@ def _online(profile: Path, logs: list[Path], json_out: bool, strict: bool) -> No
         state = (f"fired after {a['first_after']:,} outcomes" if a["fired"] else "quiet") + \
             (", on at the end" if a.get("alarm_at_end") else "")
         console.print(f"  drift alarm {wt}: {state}", highlight=False)
+    ka = result.get("keep_alive")
+    if ka and ka["gaps"]:
+        console.print(f"  keep-alive TTL on {ka['gaps']:,} idle gaps (nominal {ka['nominal']:.2f}):", highlight=False)
+        for name, v in (("online (served, calibrated)", ka["online"]), ("static (fitted TTL)", ka["static"])):
+            console.print(f"    {name}: coverage {_scalar(v.get('coverage'))}, mean TTL {_scalar(v.get('mean_ttl_s'))} s, "
+                          f"KV-s per covered gap {_scalar(v.get('kv_s_per_covered_gap'))}", highlight=False)
 
 
 def _cross_validate(logs: list[Path], k: int, seed: int, json_out: bool, strict: bool,
