@@ -52,7 +52,9 @@ default ``PriorityPolicy.remaining_unit``, chosen on validation draws: module do
 :mod:`serving_hooks.policies.priority`); ``ours-tokens`` by its expected remaining output tokens
 (:mod:`predictors.remaining_tokens`), ``ours-seconds`` by expected remaining *seconds*,
 ``ours-seconds-p90`` by the 0.9 quantile of it.
-``ours-no-preprefill`` switches pre-prefill off. ``ours-no-move`` never moves a session off
+``ours-no-preprefill`` switches pre-prefill off. ``ours-keep-idle`` keeps a session's prefix
+for its predicted idle gap (``KeepDropPolicy(keep_idle=True)``; off by default: keeping lost
+where queues form, serving_hooks/policies/keep_drop.py). ``ours-no-move`` never moves a session off
 its replica; ``ours-move-gain-1`` moves it when the wait saved merely exceeds the rebuild's cost
 (the rule before ``CapacityPolicy.move_gain_ratio`` = 2, which halved routing-caused recompute
 on ``agent-platform``: docs/simulator.md). ``ours-duration-aging`` ages each session on its own
@@ -531,6 +533,7 @@ OURS_VARIANTS: dict[str, dict[str, Any]] = {
     "ours-move-gain-1": {"capacity_policy": CapacityPolicy(move_gain_ratio=1.0)},
     "ours-p99": {"risk_split": False},
     "ours-no-keepdrop": {"keep_drop": False},
+    "ours-keep-idle": {"keep_drop_policy": KeepDropPolicy(keep_idle=True)},
     "ours-no-prefetch": {"prefetch": False},
     "ours-no-preprefill": {"preprefill": False},
     "ours-belady": {"belady_eviction": True},

@@ -39,7 +39,7 @@ def test_ttl_is_p95_of_a_fitted_lognormal_bounded_by_max():
 
 
 def test_keep_drop_decisions_and_expiry():
-    pol = KeepDropPolicy(max_ttl_s=60.0)
+    pol = KeepDropPolicy(max_ttl_s=60.0, keep_idle=True)
     keep = pol.decide(now=100.0, known=True, remaining_calls=3.0, revisit_p=1.0, tool_p95_s=12.0)
     assert keep.rank == RetentionRank.KEEP and keep.retain_until == 112.0 and keep.ttl_s == 12.0
     assert keep.rank_at(111.9) == RetentionRank.KEEP
@@ -52,8 +52,21 @@ def test_keep_drop_decisions_and_expiry():
     assert unknown.rank == RetentionRank.NEUTRAL
 
 
+def test_keeping_is_off_by_default_and_dropping_is_not():
+    """The default never pins a prefix for its idle gap (keep_drop.py: keeping lost where queues
+    form); what it would have kept is plain LRU, and a predicted end is still dropped."""
+    default, keeping = KeepDropPolicy(), KeepDropPolicy(keep_idle=True)
+    going_on = dict(now=100.0, known=True, remaining_calls=3.0, revisit_p=1.0, tool_p95_s=12.0)
+    off = default.decide(**going_on)
+    assert off.rank == RetentionRank.NEUTRAL and off.ttl_s == 0.0 and "would retain 12.00s" in off.reason
+    assert keeping.decide(**going_on).rank == RetentionRank.KEEP
+    ends = dict(going_on, remaining_calls=0.1)
+    assert default.decide(**ends).rank == keeping.decide(**ends).rank == RetentionRank.DROP
+    assert default.decide(**going_on, session_end=True).rank == RetentionRank.DROP
+
+
 def test_keep_drop_from_the_gateway_custom_params():
-    pol = KeepDropPolicy()
+    pol = KeepDropPolicy(keep_idle=True)
     cp = {"known": True, "wf_id": "s1", "agent": "coder", "exp_remaining_calls": 2.5,
           "next_agent": "tester", "next_agent_p": 0.8, "tool_p95_s": 4.0}
     ret = pol.decide_view(CallView.from_custom_params(cp), now=10.0)
@@ -136,7 +149,7 @@ def test_autoscale_worked_example_and_profile_advice():
 
 
 def test_drop_only_when_the_path_predicts_the_end():
-    pol = KeepDropPolicy(drop_end_p=0.7)
+    pol = KeepDropPolicy(drop_end_p=0.7, keep_idle=True)
     # a SWE-agent-like loop: every state may go on (p_end 0.1, ~20 calls expected): kept
     loop = CallView(known=True, exp_remaining_calls=20.0, p_end=0.1, tool_p95_s=5.0)
     assert revisit_probability(loop) == pytest.approx(0.9)
@@ -159,7 +172,7 @@ def test_prefetch_stages_only_into_free_or_dropped_host_memory():
 
 
 def test_session_end_drops_the_prefix_whatever_else_is_predicted():
-    pol = KeepDropPolicy()
+    pol = KeepDropPolicy(keep_idle=True)
     going_on = CallView(known=True, exp_remaining_calls=20.0, p_end=0.05, tool_p95_s=5.0)
     assert pol.decide_view(going_on, 10.0).rank == RetentionRank.KEEP
     ended = replace(going_on, session_end=True)               # the client said: last call

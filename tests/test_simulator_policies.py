@@ -51,7 +51,10 @@ def test_ours_drives_the_serving_hooks_policy_objects(coding):
     res, row = simulate(coding, "ours", cfg, arr)
     assert row["capacity_decisions"] == coding.workload.n_calls
     kd = row["retention_decisions"]
-    assert kd["keep"] > 0 and kd["drop"] > 0          # the last call of each workflow: path ends
+    # keeping is opt-in: what would be kept is neutral; the last call of each workflow: path ends
+    assert kd["keep"] == 0 and kd["neutral"] > 0 and kd["drop"] > 0
+    _, keeping = simulate(coding, "ours-keep-idle", cfg, arr)
+    assert keeping["retention_decisions"]["keep"] > 0
     assert all(r.pred.view.known for r in res.requests)
     policy = build_ours(make_predictor(coding.profile))
     kinds = {type(p) for p in policy.parts}

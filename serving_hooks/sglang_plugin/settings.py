@@ -13,6 +13,8 @@ variable                           default    meaning
                                               ``aging_per_duration``, e.g. ``0.03``); ``off``:
                                               every session ages at ``AWP_PRIORITY_AGING_PER_S``
 ``AWP_PRIORITY_SCALE``             ``1000``   score → SGLang integer priority multiplier
+``AWP_KEEP_IDLE``                  ``0``      keep a session's prefix for its predicted idle gap
+                                              (``KEEP``); off: only dropping (``KeepDropPolicy``)
 ``AWP_KEEP_MAX_TTL_S``             ``120``    upper bound of a retention TTL (SAGA)
 ``AWP_KEEP_MIN_REVISIT_P``         ``0.3``    below this revisit probability a prefix is dropped
 ``AWP_KEEP_LINEAGE``               ``session`` what counts as a revisit: ``session`` or ``agent``
@@ -131,6 +133,7 @@ class PluginSettings:
             ),
             keep_drop=KeepDropPolicy(
                 max_ttl_s=_f("AWP_KEEP_MAX_TTL_S", KeepDropPolicy.max_ttl_s),
+                keep_idle=_flag("AWP_KEEP_IDLE", KeepDropPolicy.keep_idle),
                 min_revisit_p=_f("AWP_KEEP_MIN_REVISIT_P", KeepDropPolicy.min_revisit_p),
                 lineage=lineage,
             ),

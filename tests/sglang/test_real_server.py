@@ -41,7 +41,8 @@ def server(tmp_path_factory):
         "--retraction-policy", "priority", "--radix-cache-backend", "workflow-retention",
         "--enable-hierarchical-cache", "--hicache-ratio", "4", "--hicache-write-policy", "write_back",
         "--hicache-io-backend", "direct", "--hicache-mem-layout", "layer_first", "--enable-cache-report",
-    ], env={"AWP_SGLANG_PLUGIN": "1", "AWP_SGLANG_DEBUG": "1", "AWP_LOG_EVERY_S": "2"})
+    ], env={"AWP_SGLANG_PLUGIN": "1", "AWP_SGLANG_DEBUG": "1", "AWP_LOG_EVERY_S": "2",
+           "AWP_KEEP_IDLE": "1"})
     srv.start()
     print(f"\nSGLang server ready in {srv.startup_s:.1f}s on {srv.url}")
     try:

@@ -39,6 +39,7 @@ def _req(rid: str, custom_params: dict | None, priority: int | None, created: fl
 
 def _rank(local_clock_offset: float, **settings) -> PluginState:
     base = replace(get_state().settings, priority=PriorityPolicy(aging_per_s=0.05, aging_per_duration=None),
+                   keep_drop=replace(get_state().settings.keep_drop, keep_idle=True),   # a TTL to agree on
                    decision_clock="auto",
                    step_s=0.025, **settings)
     return reset_state(PluginState(base, clock=lambda: 5000.0 + local_clock_offset))

@@ -168,7 +168,7 @@ def hicache_server_without_retention(tmp_path_factory):
         "--max-total-tokens", "2048", "--enable-priority-scheduling", "--schedule-policy", "fcfs",
         "--enable-hierarchical-cache", "--hicache-ratio", "2", "--hicache-write-policy", "write_back",
         "--hicache-io-backend", "direct", "--hicache-mem-layout", "layer_first", "--enable-cache-report",
-    ], env={"AWP_SGLANG_PLUGIN": "1", "AWP_LOG_EVERY_S": "1"})
+    ], env={"AWP_SGLANG_PLUGIN": "1", "AWP_LOG_EVERY_S": "1", "AWP_KEEP_IDLE": "1"})
     srv.start()
     try:
         yield srv

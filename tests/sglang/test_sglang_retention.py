@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import importlib.util
+from dataclasses import replace
 
 import pytest
 
@@ -30,6 +31,14 @@ SESSION_TOKENS = 40
 
 #: Plugin clock start for this module (the ``clock`` fixture of conftest.py reads it).
 CLOCK_START = 500.0
+
+
+@pytest.fixture(autouse=True)
+def _keeping_on(clock):
+    """These tests exercise the KEEP stamp; keeping is opt-in (``AWP_KEEP_IDLE=1``)."""
+    state = get_state()
+    state.settings = replace(state.settings, keep_drop=replace(state.settings.keep_drop, keep_idle=True))
+    yield
 
 
 def _pool():
