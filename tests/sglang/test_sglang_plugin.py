@@ -203,6 +203,21 @@ def test_plugin_is_opt_in(monkeypatch, value, on):
     assert PluginSettings.from_env().enabled is on
 
 
+@pytest.mark.parametrize("value, keep", [(None, False), ("0", False), ("1", True)])
+def test_keeping_is_opt_in_and_its_default_is_the_simulators(monkeypatch, value, keep):
+    """``AWP_KEEP_IDLE`` unset: the plugin keeps what the simulator's ``ours`` keeps (nothing)."""
+    from serving_hooks.policies import KeepDropPolicy
+    from serving_hooks.sglang_plugin.settings import PluginSettings
+
+    if value is None:
+        monkeypatch.delenv("AWP_KEEP_IDLE", raising=False)
+    else:
+        monkeypatch.setenv("AWP_KEEP_IDLE", value)
+    assert PluginSettings.from_env().keep_drop.keep_idle is keep
+    if value is None:
+        assert keep is KeepDropPolicy().keep_idle
+
+
 def test_plugin_off_says_so_on_stderr_and_registers_nothing(monkeypatch, capsys):
     """SGLang configures logging after loading plugins: the off line goes to stderr, printed."""
     import serving_hooks.sglang_plugin as plugin
