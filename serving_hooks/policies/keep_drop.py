@@ -29,7 +29,9 @@ call will extend) is, for the eviction order of the radix cache:
   released, never kept for a TTL.
 
 A kept prefix falls back to ``NEUTRAL`` once ``retain_until`` has passed, so a retention can
-never pin memory forever.
+never pin memory forever. The eviction order is then ``(rank at now, last access)``,
+smallest first: dropped prefixes go first, then the ordinary LRU crowd, and retained
+prefixes only when nothing else is left.
 
 Keeping is off by default (``keep_idle=False``): a call that would be kept is left ``NEUTRAL``
 (LRU), dropping works as above. Why: the TTL covers the *idle gap* (finish → the session's next
@@ -40,9 +42,7 @@ simulator validation runs (``profiler simulate --scenario S --seed D``, D = 100,
 ``--load peak --seed 100``; docs/simulator.md, "Fifth round"): avg JCT without keeping ÷ with it
 1.000, 1.001, 1.000, 0.996, 1.001, **0.933** (bursty 101), **0.983** (the mix) — never
 measurably worse, up to 7 % better where queues form. ``keep_idle=True`` (the SGLang plugin's
-``AWP_KEEP_IDLE=1``, the simulator's ``ours-keep-idle``) keeps as described. The eviction order is then ``(rank at now, last access)``,
-smallest first: dropped prefixes go first, then the ordinary LRU crowd, and retained
-prefixes only when nothing else is left.
+``AWP_KEEP_IDLE=1``, the simulator's ``ours-keep-idle``) keeps as described.
 
 ``revisit_p`` is the probability that a later call of the session reuses this prefix; see
 :func:`revisit_probability` for how it is read from the graph predictions.
