@@ -233,12 +233,17 @@ class DriftCollector(Collector):
     fitted band's coverage over the recent outcomes is significantly below nominal), else 0;
     ``<prefix>_output_len_fitted_coverage{workflow_type}`` that rolling coverage;
     ``<prefix>_output_len_online_level{workflow_type,agent}`` the level α_t online calibration
-    serves the agent's band at (nominal: ``1 − coverage``; lower = wider bands).
-    ``monitor()`` returns ``CoverageMonitor.status()``, ``levels()`` ``OnlineCalibrator.status()``
-    (or {} without calibration)."""
+    serves the agent's band at (nominal: ``1 − coverage``; lower = wider bands);
+    ``<prefix>_keep_alive_online_level{workflow_type,agent}`` the level the keep-alive TTL is
+    served at (the second, one-sided calibrator: nominal ``1 −`` the idle-gap quantile; lower =
+    longer TTLs; an agent appears once one of its idle gaps has been scored).
+    ``monitor()`` returns ``CoverageMonitor.status()``, ``levels()`` and ``keep_alive_levels()``
+    each an ``OnlineCalibrator.status()`` (or {} without calibration)."""
 
-    def __init__(self, prefix: str, monitor: Callable[[], dict], levels: Callable[[], dict]) -> None:
+    def __init__(self, prefix: str, monitor: Callable[[], dict], levels: Callable[[], dict],
+                 keep_alive_levels: Callable[[], dict] = dict) -> None:
         self.prefix, self.monitor, self.levels = prefix, monitor, levels
+        self.keep_alive_levels = keep_alive_levels
 
     def collect(self):
         p, st = self.prefix, self.monitor()
@@ -253,10 +258,18 @@ class DriftCollector(Collector):
                 cov.add_metric([wt], s["coverage"])
         yield alarm
         yield cov
-        level = GaugeMetricFamily(f"{p}_output_len_online_level", "Miss level alpha_t online "
-                                  "calibration serves the agent's band at (nominal 1 - coverage).",
-                                  labels=["workflow_type", "agent"])
-        for wt, agents in sorted(self.levels().items()):
-            for agent, s in sorted(agents.items()):
-                level.add_metric([wt, agent.replace("\x00", "")], s["level"])
-        yield level
+        yield online_levels(f"{p}_output_len_online_level", "Miss level alpha_t online calibration "
+                            "serves the agent's band at (nominal 1 - coverage).", self.levels())
+        yield online_levels(f"{p}_keep_alive_online_level", "Miss level alpha_t online calibration "
+                            "serves the agent's keep-alive TTL at (nominal 1 - the idle-gap "
+                            "quantile; lower = longer TTLs).", self.keep_alive_levels())
+
+
+def online_levels(name: str, documentation: str, status: dict) -> GaugeMetricFamily:
+    """One gauge sample per (workflow type, agent) of an ``OnlineCalibrator.status()``: its
+    level α_t (agent names lose any NUL byte: the exposition format has no room for one)."""
+    family = GaugeMetricFamily(name, documentation, labels=["workflow_type", "agent"])
+    for wt, agents in sorted(status.items()):
+        for agent, s in sorted(agents.items()):
+            family.add_metric([wt, agent.replace("\x00", "")], s["level"])
+    return family

@@ -214,7 +214,9 @@ def prediction_service(profile: str | Path, registry: CollectorRegistry, prefix:
                                  gate.shadowed_count)
     registry.register(MemoryCollector(prefix, predictor.memory_stats, gate))
     registry.register(DriftCollector(prefix, predictor.coverage_monitor.status,
-                                     lambda: predictor.calibrator.status() if predictor.calibrator else {}))
+                                     lambda: predictor.calibrator.status() if predictor.calibrator else {},
+                                     lambda: (predictor.keep_alive_calibrator.status()
+                                              if predictor.keep_alive_calibrator else {})))
     refit_counter = Counter(f"{prefix}_refits", "Online refits by outcome (changed, unchanged, "
                             "nothing_new, error).", ["outcome"], registry=registry)
     refit_failed_at = Gauge(f"{prefix}_refit_last_failure_timestamp_seconds", "When the last "

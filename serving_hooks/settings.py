@@ -106,9 +106,9 @@ class ServiceSettings:
               "server.")
     log_level: str = setting_field("info", "uvicorn log level.")
     online_calibration: bool = setting_field(
-        True, "Adapt each (workflow type, agent)'s served output-length band from the outcomes "
-              "observed (adaptive conformal; predictors/online_calibration.py). Off: the fitted "
-              "band is served as is, whatever is fed back.")
+        True, "Adapt each (workflow type, agent)'s served output-length band and keep-alive TTL "
+              "from the outcomes observed (adaptive conformal; predictors/online_calibration.py). "
+              "Off: the fitted band and TTL are served as is, whatever is fed back.")
     shadow_min_calls: int = setting_field(
         100, "Calls a workflow type needs in the profile before it can leave shadow mode.",
         panel=PANEL_SHADOW)

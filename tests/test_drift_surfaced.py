@@ -8,6 +8,7 @@ import shutil
 import httpx
 import pytest
 from prometheus_client import CollectorRegistry
+from prometheus_client.parser import text_string_to_metric_families
 from typer.testing import CliRunner
 
 from profiler.cli import app
@@ -67,6 +68,47 @@ def test_alarm_in_metrics_drift_file_and_show_and_quiet_when_in_band(root):
     shown = CliRunner().invoke(app, ["show", "--profile", str(root)])
     assert shown.exit_code == 0
     assert f"drift alarm {WT}: output-length coverage" in " ".join(shown.output.split())
+
+
+def test_the_keep_alive_level_is_exported_per_type_and_agent(root):
+    """Idle gaps scored through a real sidecar (the Predictor's clock injected) show up as
+    ``…_keep_alive_online_level{workflow_type,agent}``: a gap inside the served TTL raises the
+    planner's level above nominal, one far beyond it lowers it; an agent whose TTL has not yet
+    been scored has no sample."""
+    now = [0.0]
+    registry = CollectorRegistry()
+    service = prediction_service(root, registry, "profiler_sidecar", clock=lambda: now[0])
+    name = "profiler_sidecar_keep_alive_online_level"
+    server = serve_in_thread(create_sidecar_app(service, registry=registry))
+
+    def call(session: str, agent: str, rid: str) -> float:
+        meta = {"workflow_type_id": WT, "workflow_id": session, "agent_id": agent}
+        ann = c.post("/v1/annotate", json={"app_metadata": meta, "request_id": rid}).json()
+        now[0] += 1.0
+        c.post("/v1/observe", json={"app_metadata": meta, "request_id": rid, "output_tokens": 100})
+        return ann["sys_annotations"]["keep_alive_ttl_s"]
+
+    def samples() -> dict:
+        text = httpx.get(server.url + "/metrics").text
+        return {(s.labels["workflow_type"], s.labels["agent"]): s.value
+                for f in text_string_to_metric_families(text) for s in f.samples if s.name == name}
+
+    with server, httpx.Client(base_url=server.url) as c:
+        assert samples() == {}                                      # no idle gap scored yet
+        ttl = call("s1", "planner", "a1")
+        now[0] += 0.5 * ttl                                         # the next call within the TTL: a hit
+        call("s1", "coder", "a2")
+        hit = samples()
+        assert list(hit) == [(WT, "planner")]                       # the coder's gap is still open
+        nominal = 1 - service.predictor.profile.data["idle_gap"]["params"]["quantile"]
+        assert hit[(WT, "planner")] == service.predictor.keep_alive_calibrator.status()[WT]["planner"]["level"]
+        assert hit[(WT, "planner")] > nominal
+        ttl = call("s2", "planner", "b1")
+        now[0] += 20 * ttl                                          # far beyond the TTL: a miss
+        call("s2", "coder", "b2")
+        assert samples()[(WT, "planner")] < hit[(WT, "planner")]
+        band = metric(server.url, "profiler_sidecar_output_len_online_level", workflow_type=WT, agent="planner")
+        assert 0 < band != samples()[(WT, "planner")]               # the band's level is its own series
 
 
 def test_a_triggered_refit_runs_at_once_and_at_most_once_per_gap(root, tmp_path):
