@@ -88,17 +88,11 @@ def event_order(t_arrival: np.ndarray, t_finish: np.ndarray) -> list[tuple[int, 
     return [(int(kinds[i]), int(seq[i])) for i in order]
 
 
-def replay(profile: Profile, calls: pd.DataFrame, *, online: Any) -> tuple[np.ndarray, np.ndarray, dict]:
-    """Served bands ``(lo, hi)`` per call (NaN: none served) replaying ``calls`` through one
-    :class:`~predictors.Predictor`, and the drift alarm's record per workflow type."""
-    lo, hi, _, alarm = replay_served(profile, calls, online=online)
-    return lo, hi, alarm
-
-
 def replay_served(profile: Profile, calls: pd.DataFrame, *,
                   online: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict]:
-    """:func:`replay`, plus the keep-alive TTL each call's annotation served (NaN: none).
-    ``online`` switches both calibrations (the Predictor's one switch)."""
+    """Served bands ``(lo, hi)`` and keep-alive TTLs per call (NaN: none served) replaying
+    ``calls`` through one :class:`~predictors.Predictor`, and the drift alarm's record per
+    workflow type. ``online`` switches both calibrations (the Predictor's one switch)."""
     pred = Predictor(profile, max_sessions=1_000_000, online_calibration=online)
     lo, hi = np.full(len(calls), np.nan), np.full(len(calls), np.nan)
     ttl = np.full(len(calls), np.nan)
