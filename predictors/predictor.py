@@ -106,7 +106,8 @@ class Predictor:
         instance: that one, False: serve the fitted bands as they are).
     keep_alive_calibration : adapt each (workflow type, agent)'s keep-alive TTL level the same way
         (:func:`predictors.online_calibration.keep_alive_calibrator`; an outcome per idle gap: the
-        session's next arrival within the TTL served for the call whose finish began it). None
+        session's next arrival within the TTL held (``predictors.served.held_ttl_s`` of the TTL
+        served) for the call whose finish began it). None
         (default): on exactly when ``online_calibration`` is; True / an instance / False as there.
     """
 
