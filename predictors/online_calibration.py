@@ -54,8 +54,9 @@ run about k times as far. Only misses step further, so the bound above holds.
 **The keep-alive TTL** (issue 26) runs a second instance of the same loop: one-sided
 (``tails=1``: the level is the TTL's own risk, not split over two ends), at the idle-gap model's
 nominal (``α = 1 − quantile``, 0.05), an outcome per idle gap (the gap from a call's finish to the
-session's next arrival within the TTL served for that call: a hit; a session that ends gives no
-outcome). The profile's idle-gap entry stores two points of the (normalised) gap distribution,
+session's next arrival within the TTL held for that call: a hit; the TTL held is the one served
+bounded as the keep/drop policy holds it, :func:`predictors.served.held_ttl_s`; a session that
+ends gives no outcome). The profile's idle-gap entry stores two points of the (normalised) gap distribution,
 its median ``p50_s`` and its ``q``-quantile ``ttl_z``; :func:`keep_alive_table` turns them into a
 bound table ``((0.5, p50), (α, ttl_z))``, and :meth:`OnlineCalibrator.stretch` stretches along it
 exactly as along the output-length table: ``r_t = U(α_t) / U(α)``, log-log between the two

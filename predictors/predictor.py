@@ -67,7 +67,7 @@ from predictors.compiled import UNSEEN_AGENT, AgentEntry, CompiledProfile
 from predictors.coverage_monitor import CoverageMonitor
 from predictors.contract import ID_KEYS, Annotation, NextAgent
 from predictors.online_calibration import OnlineCalibrator, keep_alive_calibrator, keep_alive_slope
-from predictors.served import MIN_GAP_S
+from predictors.served import MIN_GAP_S, held_ttl_s
 from predictors.sessions import DEFAULT_MAX_SESSION_BYTES, SESSION_BASE_BYTES, Session, SessionTable
 from store.profile_artifact import load_profile
 from synth.session import WorkflowPaths
@@ -106,7 +106,8 @@ class Predictor:
         instance: that one, False: serve the fitted bands as they are).
     keep_alive_calibration : adapt each (workflow type, agent)'s keep-alive TTL level the same way
         (:func:`predictors.online_calibration.keep_alive_calibrator`; an outcome per idle gap: the
-        session's next arrival within the TTL served for the call whose finish began it). None
+        session's next arrival within the TTL held (``predictors.served.held_ttl_s`` of the TTL
+        served) for the call whose finish began it). None
         (default): on exactly when ``online_calibration`` is; True / an instance / False as there.
     """
 
@@ -333,8 +334,9 @@ class Predictor:
                 served = s.keep_alive_served
                 if served is not None and s.idle_since is not None and now >= s.idle_since \
                         and self.keep_alive_calibrator is not None:
-                    # the idle gap just ended: an outcome of the TTL served for the call before
-                    self.keep_alive_calibrator.update(served[0], now - s.idle_since <= served[1])
+                    # the idle gap just ended: an outcome of the TTL served for the call before,
+                    # judged against the TTL the keep/drop policy holds (bounded), as eval scores it
+                    self.keep_alive_calibrator.update(served[0], now - s.idle_since <= held_ttl_s(served[1]))
                 s.idle_since = None
                 s.keep_alive_served = None
             gap_stats = (s.gap_log_sum, s.gap_n)

@@ -39,6 +39,18 @@ LEVEL_KEYS = {"tool": ["workflow_type_id", "agent_id", "tool"], "agent": ["workf
 MIN_GAP_S = 1e-3
 #: Bound of the session factor: ``c ∈ [1/8, 8]``.
 MAX_FACTOR = 8.0
+#: Bounds of the keep-alive TTL an engine holds: a served TTL (``keep_alive_ttl_s``) is held for
+#: ``clip(TTL, HELD_TTL_MIN_S, HELD_TTL_MAX_S)`` (the defaults of the keep/drop policy's
+#: ``min_ttl_s`` / ``max_ttl_s``). One definition for the policy, for eval's scoring and for the
+#: online keep-alive level, which judges an idle gap against the TTL held, not the TTL served.
+HELD_TTL_MIN_S = 0.5
+HELD_TTL_MAX_S = 120.0
+
+
+def held_ttl_s(ttl: float) -> float:
+    """The keep-alive TTL held for a served ``ttl``: bounded to ``[HELD_TTL_MIN_S, HELD_TTL_MAX_S]``.
+    A 0.3 s TTL is held 0.5 s, so a 0.4 s gap after it finds the KV still there (a hit)."""
+    return min(HELD_TTL_MAX_S, max(HELD_TTL_MIN_S, ttl))
 
 
 def _init_params(cls: type, params: Mapping[str, Any]) -> dict[str, Any]:

@@ -39,7 +39,7 @@ Other parts add their own keys through :data:`EVAL_EXTENSIONS`.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 import duckdb
 import numpy as np
@@ -185,6 +185,42 @@ def tool_latency_scores(profile: Profile, con: duckdb.DuckDBPyConnection) -> dic
     }
 
 
+class KeepAliveCost(NamedTuple):
+    """What a keep-alive TTL per idle gap held and bought (:func:`keep_alive_cost`)."""
+
+    held: np.ndarray                     # the TTL held per gap (bounded as the policy holds it)
+    covered: np.ndarray                  # per gap: it ended within the TTL held (bool)
+    kv_s_per_covered_gap: float | None   # Σ min(held, gap) [+ held after session ends] / #covered
+
+
+def keep_alive_cost(gap: np.ndarray, ttl: np.ndarray, *, bounded: bool = True,
+                    end_ttl: np.ndarray | None = None) -> KeepAliveCost:
+    """The one keep-alive scoring formula (``profiler eval`` and ``eval --online``).
+
+    ``ttl`` (served TTL per gap) is held as the keep/drop policy holds it (:meth:`KeepDropPolicy.ttl_s`,
+    vectorised: bounded to ``[min_ttl_s, max_ttl_s]``, a NaN — no TTL served — held for
+    ``default_ttl_s``) unless ``bounded`` is False (the oracle). A gap is covered when it ends within
+    the TTL held; the KV-seconds held are ``min(TTL, gap)`` per gap (a covered gap holds its KV for
+    the gap, a missed one for the whole TTL, then loses it), plus, with ``end_ttl``, the whole TTL
+    held after each session's last call (no next call: held for nothing). The cost is those
+    KV-seconds per covered gap (None: none covered)."""
+    policy = KeepDropPolicy()
+
+    def hold(t: np.ndarray) -> np.ndarray:
+        t = np.asarray(t, dtype=float)
+        if not bounded:
+            return t
+        return np.clip(np.where(np.isnan(t), policy.default_ttl_s, t), policy.min_ttl_s, policy.max_ttl_s)
+
+    held, gap = hold(ttl), np.asarray(gap, dtype=float)
+    covered = gap <= held
+    n = int(covered.sum())
+    kv = float(np.sum(np.minimum(held, gap)))
+    if end_ttl is not None and len(end_ttl):
+        kv += float(np.sum(hold(end_ttl)))
+    return KeepAliveCost(held, covered, kv / n if n else None)
+
+
 def keep_alive_scores(profile: Profile, con: duckdb.DuckDBPyConnection) -> dict[str, Any]:
     """Coverage of held-out idle gaps by the served keep-alive TTL, beside two baselines."""
     section = profile.data.get("idle_gap")
@@ -192,8 +228,6 @@ def keep_alive_scores(profile: Profile, con: duckdb.DuckDBPyConnection) -> dict[
         return {"idle_gap_coverage": None, "nominal": None, "reason": "profile has no idle_gap section"}
     model = IdleGapModel.from_dict(section)
     df = idle_gap_calls(con)
-    policy = KeepDropPolicy()
-    bound = np.vectorize(lambda t: policy.ttl_s(None if np.isnan(t) else float(t)), otypes=[float])
     ours = model.predict_sessions(df)
     base = df["workflow_type_id"].map({wt: v.get("baseline_quantile_s") for wt, v in
                                        model.workflow_types_.items()}).to_numpy(dtype=float)
@@ -216,30 +250,26 @@ def keep_alive_scores(profile: Profile, con: duckdb.DuckDBPyConnection) -> dict[
     end = ~has & ~np.isnan(ours)
 
     def cov(ttl: np.ndarray, mask: np.ndarray) -> float | None:
-        return float(np.mean(gap[mask] <= bound(ttl[mask]))) if mask.any() else None
+        return float(np.mean(keep_alive_cost(gap[mask], ttl[mask]).covered)) if mask.any() else None
 
     def mean(ttl: np.ndarray, mask: np.ndarray) -> float | None:
-        return float(np.mean(bound(ttl[mask]))) if mask.any() else None
+        return float(np.mean(keep_alive_cost(gap[mask], ttl[mask]).held)) if mask.any() else None
 
     def nat_cov(mask: np.ndarray) -> float | None:
         return cov(nat, mask) if trie is not None else None
 
-    cap = policy.max_ttl_s
+    cap = KeepDropPolicy().max_ttl_s
     oracle = np.where(gap <= cap, gap, 0.0)   # hindsight: hold exactly the gap, or nothing
 
     def kv_cost(ttl: np.ndarray, mask: np.ndarray, bounded: bool = True,
                 ends: np.ndarray | None = None) -> float | None:
         """KV-seconds held over the gaps of ``mask`` per gap covered (None: none covered); with
         ``ends``, plus the whole TTL held after each of those session-ending calls."""
-        t = bound(ttl[mask]) if bounded else ttl[mask]
-        covered = int(np.sum(gap[mask] <= t))
-        held = float(np.sum(np.minimum(t, gap[mask])))
-        if ends is not None and ends.any():
-            held += float(np.sum(bound(ttl[ends]) if bounded else ttl[ends]))
-        return held / covered if covered else None
+        return keep_alive_cost(gap[mask], ttl[mask], bounded=bounded,
+                               end_ttl=ttl[ends] if ends is not None else None).kv_s_per_covered_gap
 
     def at_cap(ttl: np.ndarray, mask: np.ndarray) -> float | None:
-        return float(np.mean(bound(ttl[mask]) >= cap)) if mask.any() else None
+        return float(np.mean(keep_alive_cost(gap[mask], ttl[mask]).held >= cap)) if mask.any() else None
 
     def per_policy(score: Callable[[np.ndarray], float | None]) -> dict[str, float | None]:
         """``score`` of ours' and each baseline's TTLs (the NAT trie's None without one)."""

@@ -149,6 +149,42 @@ def test_an_outcome_is_scored_at_the_next_arrival_and_a_session_end_is_none(prof
     assert after > before
 
 
+def first_outcome(profile, gap: float) -> tuple[float, bool]:
+    """(TTL served at a session's first call, whether the calibrator scored the idle gap ``gap``
+    after it as a hit)."""
+    now = [0.0]
+    pred = Predictor(profile, clock=lambda: now[0])
+    meta = {"workflow_type_id": WT, "workflow_id": "s1", "agent_id": "planner"}
+    ttl = pred.annotate_call(meta, request_id="c1").keep_alive_ttl_s
+    now[0] = 1.0
+    pred.observe({"app_metadata": meta, "request_id": "c1", "output_tokens": 100})
+    now[0] = 1.0 + gap
+    pred.annotate_call({**meta, "agent_id": "coder"}, request_id="c2")
+    st = pred.keep_alive_calibrator.status()[WT]["planner"]
+    assert st["outcomes"] == 1
+    return ttl, st["coverage"] == 1.0
+
+
+@pytest.mark.parametrize("scale", [0.02, 60.0])
+def test_an_outcome_is_judged_against_the_ttl_the_policy_holds_not_the_ttl_served(tmp_path, scale):
+    """The keep/drop policy holds a served TTL bounded to [0.5 s, 120 s] and eval scores that; so
+    does the online level. Gaps ~0.08 s: the served TTL is under 0.5 s, and a gap between it and
+    0.5 s found the KV held (a hit). Gaps ~240 s: the served TTL is over 120 s, and a gap between
+    120 s and it found the KV gone (a miss)."""
+    policy = KeepDropPolicy()
+    prof, _ = fit_profile([write_log(tmp_path / "train" / "log.jsonl", 60, seed=6, scale_after=(0, scale))],
+                          tmp_path / "profile")
+    ttl, _ = first_outcome(prof, 0.0)
+    if scale < 1:
+        assert ttl < policy.min_ttl_s, ttl
+        gap, held_hit = (ttl + policy.min_ttl_s) / 2, True
+    else:
+        assert ttl > policy.max_ttl_s, ttl
+        gap, held_hit = (ttl + policy.max_ttl_s) / 2, False
+    assert first_outcome(prof, gap) == (ttl, held_hit)
+    assert policy.ttl_s(ttl) == (policy.min_ttl_s if scale < 1 else policy.max_ttl_s)
+
+
 def test_the_switch_is_the_band_calibrations(profile):
     assert Predictor(profile, online_calibration=False).keep_alive_calibrator is None
     assert Predictor(profile).keep_alive_calibrator is not None

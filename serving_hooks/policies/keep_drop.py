@@ -55,6 +55,7 @@ from enum import IntEnum
 
 from statistics import NormalDist
 
+from predictors.served import HELD_TTL_MAX_S, HELD_TTL_MIN_S
 from serving_hooks.policies.annotations_view import CallView
 
 
@@ -139,7 +140,9 @@ class KeepDropPolicy:
     quantile:
         Tool-latency quantile used as TTL (0.95: SAGA's p95).
     min_ttl_s, max_ttl_s:
-        Bounds of the TTL; ``default_ttl_s`` is used when the tool's latency is unknown.
+        Bounds of the TTL (defaults: :data:`predictors.served.HELD_TTL_MIN_S` / ``HELD_TTL_MAX_S``,
+        the bounds the online keep-alive level judges outcomes against); ``default_ttl_s`` is used
+        when the tool's latency is unknown.
     lineage:
         What counts as a revisit (see :func:`revisit_probability`).
     keep_idle:
@@ -151,8 +154,8 @@ class KeepDropPolicy:
     drop_end_p: float = 0.7
     min_revisit_p: float = 0.3
     quantile: float = 0.95
-    min_ttl_s: float = 0.5
-    max_ttl_s: float = 120.0
+    min_ttl_s: float = HELD_TTL_MIN_S
+    max_ttl_s: float = HELD_TTL_MAX_S
     default_ttl_s: float = 10.0
     lineage: str = "session"
     keep_idle: bool = False
