@@ -179,8 +179,13 @@ class RemainingSelector:
             st.fallback, st.switches = False, st.switches + 1
 
     def status(self) -> dict[str, dict[str, Any]]:
-        """Per type: ``{"served": "fitted" | "fallback", "z", "sessions", "switches"}``."""
+        """Per type: ``{"served": "fitted" | "fallback", "z", "sessions", "switches"}`` (``z``
+        None before any spread: every scored session gave the same ``d``)."""
         with self._lock:
-            return {wt: {"served": "fallback" if st.fallback else "fitted", "z": self._z(st),
-                         "sessions": st.sessions, "switches": st.switches}
-                    for wt, st in self._types.items()}
+            out = {}
+            for wt, st in self._types.items():
+                z = self._z(st)
+                out[wt] = {"served": "fallback" if st.fallback else "fitted",
+                           "z": z if z is not None and math.isfinite(z) else None,
+                           "sessions": st.sessions, "switches": st.switches}
+            return out
