@@ -43,6 +43,22 @@ gaps (``oracle``: holding exactly each gap under the policy's cap)::
                    "online": {"coverage", "mean_ttl_s", "kv_s_per_covered_gap", "worst_window_coverage"},
                    "static": {...}, "oracle_kv_s_per_covered_gap",
                    "by_type": {type: {"gaps", "online": {...}, "static": {...}}}}
+
+**Remaining work** (``remaining_tokens``): each call's ``expected_remaining_output_tokens`` as the
+two replays serve it: ``online`` with the remaining-work selection on
+(:mod:`predictors.online_selection`: per type, the fitted figure or the position-median fallback,
+chosen from the sessions that ended before the call; a workflow's session is ended at its last
+call's finish), ``static`` without it (the fitted figure, what the ``Predictor`` serves by
+default). Both, and ``profiler eval``'s remaining-work baselines, are scored on exactly the
+calls both replays served a figure, with ``profiler eval``'s concurrent-session C-index and
+delete-one-session jackknife (:mod:`profiler.remaining_eval`), and the mean log1p error::
+
+    "remaining_tokens": {"calls", "pairs", "pairing",
+                         "online": {"c_index", "log1p_mae"}, "static": {...},
+                         "baselines": {"position_median", "mrl", "nat_trie", "age": {...}},
+                         "online_minus_static": {"c_index_diff", "c_index_diff_se"},
+                         "vs_position_median": {"online": {...}, "static": {...}},
+                         "selection": {type: {"served", "z", "sessions", "switches"}}}
 """
 from __future__ import annotations
 
