@@ -178,6 +178,11 @@ class RemainingSelector:
         elif st.fallback and z < -self.margin:
             st.fallback, st.switches = False, st.switches + 1
 
+    def reset(self) -> None:
+        """Forget every type's evidence (a new profile: its fitted candidates are new)."""
+        with self._lock:
+            self._types.clear()
+
     def status(self) -> dict[str, dict[str, Any]]:
         """Per type: ``{"served": "fitted" | "fallback", "z", "sessions", "switches"}`` (``z``
         None before any spread: every scored session gave the same ``d``)."""

@@ -178,6 +178,8 @@ class Predictor:
             self.gate.on_profile(compiled.workflow_type_calls, compiled.coverage,
                                  first=self._model is None)
         self._model = compiled            # the atomic swap: one reference assignment
+        if self.remaining_selector is not None:   # the evidence was about the old fitted candidates
+            self.remaining_selector.reset()
         self.loaded_at = time.time()
         return compiled
 

@@ -7,10 +7,9 @@ serve the one that ranks better beyond a margin (:mod:`predictors.online_selecti
 ``profiler eval --online`` scores what it serves. Injected clocks, no sleeps."""
 from __future__ import annotations
 
-from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
-import pandas as pd
 import pytest
 
 from fitting.profile_fit import fit_profile
@@ -135,6 +134,10 @@ def test_the_predictor_serves_the_fitted_figure_by_default_and_scores_ended_sess
     m = {"workflow_type_id": "t", "workflow_id": "new", "agent_id": "a"}
     assert on.annotate_call(m).expected_remaining_output_tokens == pytest.approx(50.0, rel=1e-6)
     assert not on.end_session({"workflow_type_id": "t", "workflow_id": "never"})
+    # a new profile: its fitted candidate is new, the evidence about the old one is dropped
+    on.load(SimpleNamespace(data=tiny_profile(), version="v2", manifest={}, path=None))
+    assert on.remaining_selector.status() == {}
+    assert on.annotate_call(m).expected_remaining_output_tokens == 100.0
 
 
 # ----------------------------------------------------- messy: a release changes the loop
