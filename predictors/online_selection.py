@@ -14,13 +14,13 @@ gives one paired score
 
     d = mean over pairs (i, k) of  [c(b; i, k) − c(f; i, k)]
 
-where ``k`` runs over the calls of *other* recently ended sessions of the type (a ring buffer of
-``buffer`` calls) that were their session's latest call when call ``i`` arrived (``t_k ≤ t_i <``
-the arrival after ``k`` or its session's end), or the other way round: the pairs a scheduler faces, sessions waiting at
-the same moment, as ``profiler eval`` pairs them (:mod:`profiler.remaining_eval`). ``c(x; i, k) =
-1`` if ``x`` orders the pair as ``R`` does, ½ on a tie of ``x``, 0 otherwise (pairs with
-``R_i = R_k`` skipped): the concordance index over the session's pairs. ``d > 0``: the fallback ranked
-this session's calls better. (Concordance and not the log1p error: a figure off by a constant
+where ``k`` runs over the calls of *other* recently ended sessions of the type (a ring buffer
+of ``buffer`` calls) that were their session's latest call when call ``i`` arrived (``t_k ≤ t_i``
+< the arrival after ``k`` or its session's end), or the other way round: the pairs a scheduler
+faces, sessions waiting at the same moment, as ``profiler eval`` pairs them
+(:mod:`profiler.remaining_eval`). ``c(x; i, k) = 1`` if ``x`` orders the pair as ``R`` does, ½ on
+a tie of ``x``, 0 otherwise (pairs with ``R_i = R_k`` skipped): the concordance index over the
+session's pairs. ``d > 0``: the fallback ranked this session's calls better. (Concordance and not the log1p error: a figure off by a constant
 factor ranks exactly as well, and the log error would switch away from it; what the switch must
 protect is the order.)
 
@@ -35,8 +35,8 @@ training data found at least as good, so ``m̄ ≤ 0`` up to noise and the margi
 test at about ``Φ(−margin)`` per look) keeps it from switching; a type whose fitted candidate *is*
 the simplest one has ``d ≡ 0`` and never switches.
 
-O(calls × buffer) per ended session, O(1) per served figure; memory: ``buffer`` calls per
-workflow type. Parameters chosen on training data only (docs/workflow-paths.md).
+O(min(calls, MAX_SCORED) × buffer) per ended session (about 4 ms at most, under the
+Predictor's lock), O(1) per served figure; memory: ``buffer`` calls per workflow type. Parameters chosen on training data only (docs/workflow-paths.md).
 """
 from __future__ import annotations
 
@@ -56,6 +56,8 @@ MARGIN = 3.0
 MIN_SESSIONS = 8.0
 #: Calls of recently ended sessions a new session's calls are paired with (per type).
 BUFFER = 512
+#: Calls of one ended session scored (evenly spaced over a longer one: the cost stays bounded).
+MAX_SCORED = 128
 
 
 @dataclass
@@ -150,6 +152,9 @@ class RemainingSelector:
         f, b, r, t, u = f[ok], b[ok], r[ok], t[ok], u[ok]
         if not len(f):
             return None
+        if len(f) > MAX_SCORED:
+            keep = np.linspace(0, len(f) - 1, MAX_SCORED).round().astype(int)
+            f, b, r, t, u = f[keep], b[keep], r[keep], t[keep], u[keep]
         with self._lock:
             st = self._types.setdefault(wt, _TypeState(buffer=deque(maxlen=self.buffer)))
             d = None
