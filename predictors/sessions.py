@@ -3,8 +3,9 @@
 Per ``(workflow_type_id, workflow_id)``: the agents seen so far (in arrival order), the automaton
 state they lead to, each agent's last output length (a feature of the conditional output-length
 model), the last few responses (what prompt templates reference), the pending requests (so a
-retried annotate does not advance twice) and the session's idle gaps so far (they scale its
-keep-alive TTL). Sessions live in an LRU table bounded by ``max_sessions`` *and* by
+retried annotate does not advance twice), the session's idle gaps so far (they scale its
+keep-alive TTL) and, with the online remaining-work selection on, the two remaining-work figures
+served at each call (scored when the session ends: :mod:`predictors.online_selection`). Sessions live in an LRU table bounded by ``max_sessions`` *and* by
 ``max_session_bytes`` (an O(1) per-session estimate, :func:`session_bytes`), and are forgotten
 after ``session_idle_s`` without a call. Over the byte budget the least recently written response
 texts are dropped first (they only serve ``GET /v1/sessions``), then whole sessions.
