@@ -146,7 +146,8 @@ def online_band(online: dict[str, Any]) -> dict[str, Any]:
     static, by_type: {type: {online, static}}}`` with ``{coverage, mean_width}`` each; ``served``
     names the one the serving Predictor serves (``online``: it calibrates by default).
     ``keep_alive``: the same for the keep-alive TTL (``{nominal, online, static, by_type}`` with
-    ``{coverage, mean_ttl_s, kv_s_per_covered_gap}`` each; absent without an idle-gap model)."""
+    ``{coverage, mean_ttl_s, kv_s_per_covered_gap}`` each; absent without an idle-gap model).
+    ``remaining_tokens``: the result's remaining-work block as it is (:func:`remaining_online_table`)."""
     def pick(s: dict[str, Any]) -> dict[str, Any]:
         return {"coverage": s["coverage"], "mean_width": s["mean_width"]}
 
@@ -156,6 +157,7 @@ def online_band(online: dict[str, Any]) -> dict[str, Any]:
            "online": pick(online["online"]), "static": pick(online["static"]),
            "by_type": {wt: {"calls": t["calls"], "online": pick(t["online"]), "static": pick(t["static"])}
                        for wt, t in online["by_type"].items()}}
+    out["remaining_tokens"] = online.get("remaining_tokens")
     ka = online.get("keep_alive")
     if ka and ka.get("gaps"):
         out["keep_alive"] = {"nominal": ka["nominal"], "gaps": ka["gaps"],
@@ -196,6 +198,42 @@ def online_band_table(timed: dict[str, dict[str, Any]]) -> Table:
                           fmt((k.get("static") or {}).get("kv_s_per_covered_gap"), ".2f"),
                           fmt((k.get("online") or {}).get("coverage"), ".3f"),
                           fmt((k.get("online") or {}).get("kv_s_per_covered_gap"), ".2f"))
+    return table
+
+
+def remaining_online_table(timed: dict[str, dict[str, Any]]) -> Table:
+    """Per set (and per messy seed): the remaining-tokens C-index on the time split replayed
+    online (``profiler eval --online`` → ``remaining_tokens``): the static (fitted) figure, the
+    served one with the online selection on (:mod:`predictors.online_selection`), the position
+    median on the same calls, the differences ± their jackknife standard errors, and what the
+    selection serves each type at the end of the replay. ``[i]``: the i-th of ``--messy-seeds``."""
+    table = Table(title="remaining-tokens C-index on the time split, replayed online: static (fitted, served by "
+                        "default) vs online selection vs position median (same calls)")
+    for col in ("set", "static", "online", "position median", "static − pm ± se", "online − pm ± se",
+                "online − static ± se", "log1p MAE static / online / pm", "served at end (switches)"):
+        table.add_column(col, justify="left" if col in ("set", "served at end (switches)") else "right")
+
+    def pm(d: dict[str, Any] | None) -> str:
+        return "n/a" if not d else f"{d['c_index_diff']:+.3f} ± {d['c_index_diff_se']:.3f}"
+
+    def c(x: dict[str, Any]) -> str:
+        return "n/a" if x.get("c_index") is None else f"{x['c_index']:.3f}"
+
+    def mae(x: dict[str, Any]) -> str:
+        return "n/a" if x.get("log1p_mae") is None else f"{x['log1p_mae']:.3f}"
+    for label, s in timed.items():
+        r = s.get("result") or {}
+        parts = ([(f"{label} [{i}]", f) for i, f in enumerate(r["folds"])] if "folds" in r
+                 else [(label, r)])
+        for name, part in parts:
+            rw = (part.get("online_band") or {}).get("remaining_tokens")
+            if not rw:
+                continue
+            base = rw["baselines"]["position_median"]
+            sel = ", ".join(f"{wt}: {v['served']} ({v['switches']})" for wt, v in sorted(rw["selection"].items()))
+            table.add_row(name, c(rw["static"]), c(rw["online"]), c(base), pm(rw["vs_position_median"]["static"]),
+                          pm(rw["vs_position_median"]["online"]), pm(rw["online_minus_static"]),
+                          f"{mae(rw['static'])} / {mae(rw['online'])} / {mae(base)}", sel or "n/a")
     return table
 
 
@@ -387,6 +425,7 @@ def main() -> None:
         console.print(c_index_table({label: s["result"] for label, s in timed.items() if "result" in s},
                                     title=f"remaining-tokens C-index, ours vs the best baseline, {out['time_mode']}"))
         console.print(online_band_table(timed))
+        console.print(remaining_online_table(timed))
 
 
 if __name__ == "__main__":

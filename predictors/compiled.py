@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from predictors.contract import TOOL_FIELDS, ToolLatency
-from predictors.served import MAX_FACTOR, IdleGapTable, OutputBands, RemainingTokensTable, ToolLatencyTable
+from predictors.served import (MAX_FACTOR, SIMPLEST, IdleGapTable, OutputBands, RemainingTokensTable,
+                              ToolLatencyTable)
 from synth.remaining import position_bucket
 
 log = logging.getLogger(__name__)
@@ -164,14 +165,17 @@ class CompiledProfile:
 
     def remaining_output(self, wt: str, calls_done: int, agent: str, out_so_far: float,
                          expected_so_far: float, agent_calls: int = 0,
-                         elapsed_s: float | None = None) -> tuple[float, float, float] | None:
+                         elapsed_s: float | None = None,
+                         simplest: bool = False) -> tuple[float, float, float] | None:
         """``(R̂, p50, p90)`` remaining output tokens of a session at a call by ``agent`` after
         ``calls_done`` calls, ``agent_calls`` of them by ``agent``
-        (:class:`predictors.served.RemainingTokensTable`); None without the section or the type."""
+        (:class:`predictors.served.RemainingTokensTable`); None without the section or the type.
+        ``simplest``: the fallback candidate's figures (:data:`predictors.served.SIMPLEST`)."""
         if self.remaining is None:
             return None
         return self.remaining.predict(wt, position_bucket(max(0, calls_done)), agent, out_so_far,
-                                      expected_so_far, max(0, agent_calls), elapsed_s, max(0, calls_done))
+                                      expected_so_far, max(0, agent_calls), elapsed_s, max(0, calls_done),
+                                      params=SIMPLEST if simplest else None)
 
     def global_for_lack_of_data(self, wt: str, agent: str) -> bool:
         """True when the agent is served the global band because it has too little data (a

@@ -58,6 +58,7 @@ import logging
 import math
 import threading
 import time
+from array import array
 from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
@@ -67,8 +68,10 @@ from predictors.compiled import UNSEEN_AGENT, AgentEntry, CompiledProfile
 from predictors.coverage_monitor import CoverageMonitor
 from predictors.contract import ID_KEYS, Annotation, NextAgent
 from predictors.online_calibration import OnlineCalibrator, keep_alive_calibrator, keep_alive_slope
+from predictors.online_selection import RemainingSelector
 from predictors.served import MIN_GAP_S, held_ttl_s
-from predictors.sessions import DEFAULT_MAX_SESSION_BYTES, SESSION_BASE_BYTES, Session, SessionTable
+from predictors.sessions import (DEFAULT_MAX_SESSION_BYTES, MAX_SCORED_CALLS, SESSION_BASE_BYTES, Session,
+                                 SessionTable)
 from store.profile_artifact import load_profile
 from synth.session import WorkflowPaths
 
@@ -109,6 +112,12 @@ class Predictor:
         session's next arrival within the TTL held (``predictors.served.held_ttl_s`` of the TTL
         served) for the call whose finish began it). None
         (default): on exactly when ``online_calibration`` is; True / an instance / False as there.
+    remaining_selection : follow drift of the remaining-work figure
+        (:class:`predictors.online_selection.RemainingSelector`): per workflow type, serve the
+        fitted ``expected_remaining_output_tokens`` or the position-median fallback, whichever
+        ranked the sessions that ended recently better beyond a margin (scored when a session
+        ends: :meth:`end_session`, or its idle expiry). False (default): the fitted figure; True:
+        a selector with the defaults; an instance: that one.
     """
 
     def __init__(self, profile: Any = None, *, max_sessions: int = 100_000,
@@ -117,10 +126,16 @@ class Predictor:
                  prompt_composition_agents: int = 1, clock=time.monotonic,
                  max_session_bytes: int = DEFAULT_MAX_SESSION_BYTES, agent_fallback: bool = True,
                  online_calibration: bool | OnlineCalibrator = True,
-                 keep_alive_calibration: bool | OnlineCalibrator | None = None) -> None:
+                 keep_alive_calibration: bool | OnlineCalibrator | None = None,
+                 remaining_selection: bool | RemainingSelector = False) -> None:
         self.agent_fallback = bool(agent_fallback)
         self.sessions = SessionTable(max_sessions=max_sessions, max_session_bytes=max_session_bytes,
                                      session_idle_s=session_idle_s, recent_outputs=recent_outputs)
+        self.remaining_selector: RemainingSelector | None = (
+            remaining_selection if isinstance(remaining_selection, RemainingSelector)
+            else RemainingSelector() if remaining_selection else None)
+        if self.remaining_selector is not None:     # an idle expiry ends a workflow: score it
+            self.sessions.on_idle_end = lambda s: self._score_ended(s, s.last_seen)
         self.max_tools = int(max_tools)
         self.gate = gate
         self.coverage_monitor = CoverageMonitor()  # drift alarm over the fitted bands' outcomes
@@ -164,6 +179,8 @@ class Predictor:
             self.gate.on_profile(compiled.workflow_type_calls, compiled.coverage,
                                  first=self._model is None)
         self._model = compiled            # the atomic swap: one reference assignment
+        if self.remaining_selector is not None:   # the evidence was about the old fitted candidates
+            self.remaining_selector.reset()
         self.loaded_at = time.time()
         return compiled
 
@@ -350,6 +367,14 @@ class Predictor:
             done = 1 if advance else 0       # this call is already counted in the session
             remaining = m.remaining_output(wt, s.calls - done, agent, s.out_sum, s.out_expected,
                                            s.agent_calls.get(agent, 0) - done, session_age)
+            rw_index = -1
+            if self.remaining_selector is not None and remaining is not None:
+                fallback = m.remaining_output(wt, s.calls - done, agent, s.out_sum, s.out_expected,
+                                              s.agent_calls.get(agent, 0) - done, session_age, simplest=True)
+                if advance and first_time:     # both figures, scored when the session ends
+                    rw_index = self._log_remaining(s, remaining[0], fallback[0], issued_at)
+                if self.remaining_selector.serves_fallback(wt):
+                    remaining = fallback
             entry = m.agents.get((wt, agent))
             if entry is None and self.agent_fallback:
                 entry = m.unseen_agent.get(wt)     # an agent the profile never saw: its type's
@@ -361,7 +386,7 @@ class Predictor:
                 band = self._calibrated(m, wt, agent, entry, fitted)
                 ttl, by_tool, ka_served = self._keep_alive(m, wt, agent, entry, gap_stats)
             if request_id is not None and advance and first_time:
-                s.pending[request_id] = (agent, band, issued_at, fitted, ka_served)
+                s.pending[request_id] = (agent, band, issued_at, fitted, ka_served, rw_index)
             elif not first_time:
                 band = s.pending[request_id][1]      # a retried annotate is served the same band
                 if len(s.pending) > 64:
@@ -447,6 +472,8 @@ class Predictor:
             if pending is None:
                 return False
             done = self.sessions.retract(s, pending[0])
+            if len(pending) > 5 and pending[5] >= 0 and s.rw_log is not None:
+                s.rw_log[4 * pending[5]] = math.nan       # a call that never happened: not scored
             self.sessions.account(s)
             return done
     # --- end of `dialects` addition ------------------------------------------------------------
@@ -495,6 +522,9 @@ class Predictor:
                 if expected is not None:      # the session factor of the remaining-tokens model
                     s.out_sum += max(0.0, float(out))
                     s.out_expected += expected
+                if s.rw_log is not None:      # this call's output, for the session's true remaining work
+                    self._log_output(s, pending[5] if pending is not None and len(pending) > 5 else None,
+                                     max(0.0, float(out)))
             if completion.get("t_finish") is not None:
                 s.last_finish = completion.get("t_finish")
             ka = m.agents.get((wt, agent)) if m is not None else None
@@ -517,6 +547,59 @@ class Predictor:
         if self.gate is not None:
             self.gate.record(wt, hit)
         return hit
+
+    # ---------------------------------------------- remaining work: online selection
+    @staticmethod
+    def _log_remaining(s: Session, fitted: float, fallback: float, issued_at: float) -> int:
+        """Keep a call's two remaining-work figures; its slot (-1: past MAX_SCORED_CALLS)."""
+        if s.rw_log is None:
+            s.rw_log = array("d")
+        index = len(s.rw_log) // 4
+        if index >= MAX_SCORED_CALLS:
+            return -1
+        s.rw_log.extend((fitted, fallback, issued_at, math.nan))
+        return index
+
+    @staticmethod
+    def _log_output(s: Session, index: int | None, out: float) -> None:
+        """A finished call's output: into its slot (a call observed without an annotation: the
+        first slot still waiting), else into every kept call's remaining work (``rw_extra``)."""
+        log_ = s.rw_log
+        if index is None:
+            index = next((j // 4 for j in range(3, len(log_), 4) if math.isnan(log_[j])), -1)
+        if 0 <= index < len(log_) // 4 and math.isnan(log_[4 * index + 3]):
+            log_[4 * index + 3] = out
+        else:
+            s.rw_extra += out
+
+    def _score_ended(self, s: Session, ended_at: float) -> None:
+        """A session's workflow ended: each kept call's true remaining work is now known; feed
+        its two figures to the selector (:mod:`predictors.online_selection`)."""
+        if self.remaining_selector is None or s.rw_log is None or not len(s.rw_log):
+            return
+        rows = [s.rw_log[j:j + 4] for j in range(0, len(s.rw_log), 4)]
+        out = [0.0 if math.isnan(r[3]) else r[3] for r in rows]
+        truth, acc = [0.0] * len(rows), s.rw_extra
+        for j in range(len(rows) - 1, -1, -1):       # R_i = Σ_{j ≥ i} o_j
+            acc += out[j]
+            truth[j] = acc
+        self.remaining_selector.record(s.workflow_type_id, [r[0] for r in rows], [r[1] for r in rows],
+                                       truth, [r[2] for r in rows], ended_at)
+        s.rw_log = None
+
+    def end_session(self, app_metadata: Mapping[str, Any] | None) -> bool:
+        """The session of ``app_metadata`` (``workflow_type_id``, ``workflow_id``) ended: score its
+        remaining-work figures (online selection) and forget it. False when not held."""
+        meta = app_metadata if isinstance(app_metadata, Mapping) else {}
+        wt, wf = meta.get("workflow_type_id"), meta.get("workflow_id")
+        if wt is None or wf is None:
+            return False
+        with self._lock:
+            s = self.sessions.end((str(wt), str(wf)))
+            if s is None:
+                return False
+            self._score_ended(s, self.clock())
+            return True
 
     def session_view(self, workflow_type_id: str, workflow_id: str) -> dict | None:
         """A copy of one session's state (agents so far, last outputs, recent responses)."""

@@ -320,6 +320,12 @@ def elapsed_bucket(elapsed_s: float) -> int:
     return min(MAX_ELAPSED_BUCKET, int(2 * math.log2(1.0 + max(0.0, float(elapsed_s)))))
 
 
+#: The simplest remaining-tokens candidate (the position median, ties broken by calls done → mean
+#: residual life): what the fit keeps unless a richer one wins beyond noise, and the fallback the
+#: online selection (:mod:`predictors.online_selection`) serves when the fitted one drifts.
+SIMPLEST = {"level": "position", "point": "p50", "beta": 0.0, "kappa": 0.0, "tie_break": "index"}
+
+
 class RemainingTokensTable:
     """``remaining_tokens``: remaining output tokens of a session at one of its calls.
 
@@ -377,15 +383,17 @@ class RemainingTokensTable:
 
     def predict(self, wt: str, bucket: int, agent: str | None, out_so_far: float,
                 expected_so_far: float, agent_calls: int | None = None,
-                elapsed_s: float | None = None, index: int | None = None) -> tuple[float, float, float] | None:
+                elapsed_s: float | None = None, index: int | None = None,
+                params: Mapping[str, Any] | None = None) -> tuple[float, float, float] | None:
         """``(R̂, p50, p90)`` for a call at position ``bucket`` by ``agent`` in a session that has
         written ``out_so_far`` tokens where its agents usually write ``expected_so_far``, after
         ``index`` calls (its exact call index; read by the ``index`` level); None for a type the
-        section does not hold. All three are scaled by the session factor."""
+        section does not hold. All three are scaled by the session factor. ``params``: a
+        candidate in place of the type's chosen one (:data:`SIMPLEST`: the fallback)."""
         entry = self.workflow_types_.get(wt)
         if entry is None:
             return None
-        p = self.params_.get(wt) or {}
+        p = params if params is not None else (self.params_.get(wt) or {})
         level = p.get("level")
         stats = self.lookup(wt, bucket, agent if level in ("agent", "agent_calls") else None,
                             agent_calls if level == "agent_calls" else None,

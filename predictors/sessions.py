@@ -3,8 +3,9 @@
 Per ``(workflow_type_id, workflow_id)``: the agents seen so far (in arrival order), the automaton
 state they lead to, each agent's last output length (a feature of the conditional output-length
 model), the last few responses (what prompt templates reference), the pending requests (so a
-retried annotate does not advance twice) and the session's idle gaps so far (they scale its
-keep-alive TTL). Sessions live in an LRU table bounded by ``max_sessions`` *and* by
+retried annotate does not advance twice), the session's idle gaps so far (they scale its
+keep-alive TTL) and, with the online remaining-work selection on, the two remaining-work figures
+served at each call (scored when the session ends: :mod:`predictors.online_selection`). Sessions live in an LRU table bounded by ``max_sessions`` *and* by
 ``max_session_bytes`` (an O(1) per-session estimate, :func:`session_bytes`), and are forgotten
 after ``session_idle_s`` without a call. Over the byte budget the least recently written response
 texts are dropped first (they only serve ``GET /v1/sessions``), then whole sessions.
@@ -41,6 +42,9 @@ MARKS_BYTES = 1700
 RECENT_ENTRY_BYTES = 360
 #: Last agents of a session kept for the variable-order sequence model (its contexts are <= 8).
 PATH_CONTEXT = 16
+#: Calls per session whose remaining-work figures are kept for the online selection (later
+#: calls' outputs still count in the earlier calls' true remaining work).
+MAX_SCORED_CALLS = 1024
 
 
 @dataclass(slots=True)
@@ -76,17 +80,22 @@ class Session:
     keep_alive_served: tuple | None = None  # (calibration key, TTL) served for the call whose finish began the idle gap
     out_sum: float = 0.0                   # output tokens its finished calls wrote
     out_expected: float = 0.0              # what their agents write on average (training mean)
+    # the remaining-work figures served, for scoring when the session ends (online selection,
+    # predictors/online_selection.py): per call (fitted, fallback, arrival, output or NaN)
+    rw_log: Any = None                     # array('d') of 4 per call, or None (selection off)
+    rw_extra: float = 0.0                  # output of calls past MAX_SCORED_CALLS (in every R)
 
 
 def session_bytes(s: Session) -> int:
     """Estimated memory of one session, O(1):
 
     ``B = base + 16·agents + 320·pending + 160·(agent dict entries) + Σ_recent (|text| + 360)``
-    ``+ 1700`` once the caller reported tool names (the context deques).
+    ``+ 1700`` once the caller reported tool names (the context deques), ``+ 8`` per value of the
+    remaining-work figures kept for the online selection (4 per call).
     """
     return (SESSION_BASE_BYTES + AGENT_BYTES * len(s.agents) + PENDING_BYTES * len(s.pending)
             + AGENT_ENTRY_BYTES * (len(s.agent_calls) + len(s.last_output)) + s.text_bytes
-            + (MARKS_BYTES if s.marks is not None else 0))
+            + (MARKS_BYTES if s.marks is not None else 0) + (8 * len(s.rw_log) if s.rw_log is not None else 0))
 
 
 def text_size(entry: dict) -> int:
@@ -110,6 +119,9 @@ class SessionTable:
         self._text_lru: OrderedDict[tuple[str, str], None] = OrderedDict()
         self._sessions: OrderedDict[tuple[str, str], Session] = OrderedDict()
         self._ops = 0
+        #: called with a session that went idle for good (its workflow is taken to have ended):
+        #: the Predictor scores its remaining-work figures there (None: nothing to do)
+        self.on_idle_end: Any = None
 
     def __len__(self) -> int:
         return len(self._sessions)
@@ -147,6 +159,8 @@ class SessionTable:
         s = self._sessions.pop(key, None)
         if s is None:
             return
+        if reason == "idle" and self.on_idle_end is not None:
+            self.on_idle_end(s)
         self.session_bytes -= s.nbytes
         self.session_text_bytes -= s.text_bytes
         self._text_lru.pop(key, None)
@@ -294,6 +308,16 @@ class SessionTable:
                 break
         s.path_state, s.path_version = None, None   # replayed by path_state()
         return True
+    def end(self, key: tuple[str, str]) -> Session | None:
+        """Remove a session whose workflow ended (the client said so): not an eviction. Returns
+        it (None if not held)."""
+        s = self._sessions.pop(key, None)
+        if s is not None:
+            self.session_bytes -= s.nbytes
+            self.session_text_bytes -= s.text_bytes
+            self._text_lru.pop(key, None)
+        return s
+
     def forget(self, key: tuple[str, str]) -> None:
         """Drop a session that never was one (the gateway's warm-up probe): not an eviction."""
         s = self._sessions.get(key)

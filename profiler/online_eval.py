@@ -43,6 +43,22 @@ gaps (``oracle``: holding exactly each gap under the policy's cap)::
                    "online": {"coverage", "mean_ttl_s", "kv_s_per_covered_gap", "worst_window_coverage"},
                    "static": {...}, "oracle_kv_s_per_covered_gap",
                    "by_type": {type: {"gaps", "online": {...}, "static": {...}}}}
+
+**Remaining work** (``remaining_tokens``): each call's ``expected_remaining_output_tokens`` as the
+two replays serve it: ``online`` with the remaining-work selection on
+(:mod:`predictors.online_selection`: per type, the fitted figure or the position-median fallback,
+chosen from the sessions that ended before the call; a workflow's session is ended at its last
+call's finish), ``static`` without it (the fitted figure, what the ``Predictor`` serves by
+default). Both, and ``profiler eval``'s remaining-work baselines, are scored on exactly the
+calls both replays served a figure, with ``profiler eval``'s concurrent-session C-index and
+delete-one-session jackknife (:mod:`profiler.remaining_eval`), and the mean log1p error::
+
+    "remaining_tokens": {"calls", "pairs", "pairing",
+                         "online": {"c_index", "log1p_mae"}, "static": {...},
+                         "baselines": {"position_median", "mrl", "nat_trie", "age": {...}},
+                         "online_minus_static": {"c_index_diff", "c_index_diff_se"},
+                         "vs_position_median": {"online": {...}, "static": {...}},
+                         "selection": {type: {"served", "z", "sessions", "switches"}}}
 """
 from __future__ import annotations
 
@@ -58,6 +74,9 @@ from predictors.output_length import OutputLengthIntervals
 from predictors.predictor import Predictor
 from store import ingest as ingest_mod
 from profiler.evaluation import keep_alive_cost, output_length_baselines
+from profiler.remaining_eval import (BASELINES as RW_BASELINES, MIN_PAIRS, baseline_predictions,
+                                     concordance_pairs, jackknife_diff)
+from predictors.remaining_tokens import session_frame
 from serving_hooks.policies.keep_drop import KeepDropPolicy
 from store.profile_artifact import Profile
 from store.duckdb_store import connect
@@ -88,14 +107,24 @@ def event_order(t_arrival: np.ndarray, t_finish: np.ndarray) -> list[tuple[int, 
     return [(int(kinds[i]), int(seq[i])) for i in order]
 
 
-def replay_served(profile: Profile, calls: pd.DataFrame, *,
-                  online: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict]:
+def replay_served(profile: Profile, calls: pd.DataFrame, *, online: Any,
+                  remaining_selection: Any = None) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict, dict]:
     """Served bands ``(lo, hi)`` and keep-alive TTLs per call (NaN: none served) replaying
-    ``calls`` through one :class:`~predictors.Predictor`, and the drift alarm's record per
-    workflow type. ``online`` switches both calibrations (the Predictor's one switch)."""
-    pred = Predictor(profile, max_sessions=1_000_000, online_calibration=online)
+    ``calls`` through one :class:`~predictors.Predictor`, the drift alarm's record per workflow
+    type, and ``{"served": remaining work per call (expected_remaining_output_tokens, NaN: none),
+    "selection": the remaining-work selector's status per type ({} when off)}``.
+    ``online`` switches both calibrations (the Predictor's one switch), ``remaining_selection``
+    the remaining-work selection (None: as ``online``). A workflow's session is ended
+    (:meth:`~predictors.Predictor.end_session`) when its last call finishes: the end signal a
+    client sends (a server without one learns it at the session's idle expiry, later)."""
+    if remaining_selection is None:
+        remaining_selection = online
+    pred = Predictor(profile, max_sessions=1_000_000, online_calibration=online,
+                     remaining_selection=remaining_selection)
     lo, hi = np.full(len(calls), np.nan), np.full(len(calls), np.nan)
-    ttl = np.full(len(calls), np.nan)
+    ttl, rem = np.full(len(calls), np.nan), np.full(len(calls), np.nan)
+    wf_code = calls.groupby(["workflow_type_id", "workflow_id"], sort=False).ngroup().to_numpy()
+    left = np.bincount(wf_code)                     # calls of each workflow not finished yet
     wt_, wf_, ag_ = (calls[c].astype(str).to_numpy() for c in ("workflow_type_id", "workflow_id", "agent_id"))
     rid_ = calls["request_id"].astype(str).to_numpy()
     inp_ = calls["input_tokens"].to_numpy()
@@ -113,10 +142,15 @@ def replay_served(profile: Profile, calls: pd.DataFrame, *,
                 lo[k], hi[k] = ann.predicted_output_len
             if ann.keep_alive_ttl_s is not None:
                 ttl[k] = ann.keep_alive_ttl_s
+            if ann.expected_remaining_output_tokens is not None:
+                rem[k] = ann.expected_remaining_output_tokens
             continue
         pred.clock = lambda t=max(tf[k], ta[k]): t
         hit = pred.observe({"app_metadata": meta, "request_id": rid_[k], "output_tokens": int(out_[k]),
                             "input_tokens": None if pd.isna(inp_[k]) else int(inp_[k]), "t_finish": tf[k]})
+        left[wf_code[k]] -= 1
+        if left[wf_code[k]] == 0:                   # the workflow's last call finished: it ended
+            pred.end_session(meta)
         if hit is None:
             continue
         wt = wt_[k]
@@ -128,7 +162,8 @@ def replay_served(profile: Profile, calls: pd.DataFrame, *,
     for wt, st in pred.coverage_monitor.status().items():
         rec = alarm.setdefault(wt, {"fired": False, "first_after": None})
         rec.update(alarm_at_end=bool(st["alarm"]), coverage_at_end=st["coverage"])
-    return lo, hi, ttl, alarm
+    selection = pred.remaining_selector.status() if pred.remaining_selector is not None else {}
+    return lo, hi, ttl, alarm, {"served": rem, "selection": selection}
 
 
 def _scores(y: np.ndarray, lo: np.ndarray, hi: np.ndarray, mask: np.ndarray) -> dict[str, Any]:
@@ -192,12 +227,65 @@ def keep_alive_online(profile: Profile, con: duckdb.DuckDBPyConnection, calls: p
     }
 
 
+def _rw_versus(cidx: dict[str, Any], a: str, b: str, n_sessions: int) -> dict[str, float] | None:
+    """``{"c_index_diff": C_a − C_b, "c_index_diff_se"}`` (delete-one-session jackknife)."""
+    jk = jackknife_diff(cidx[a][2], cidx[b][2], n_sessions)
+    return None if jk is None else {"c_index_diff": jk[0], "c_index_diff_se": jk[1]}
+
+
+def remaining_online(profile: Profile, calls: pd.DataFrame, online_rem: np.ndarray, static_rem: np.ndarray,
+                     selection: dict[str, Any]) -> dict[str, Any] | None:
+    """The ``remaining_tokens`` part of the result (module doc): the remaining work served by
+    the two replays and the baselines of ``profiler eval``'s ``remaining_work``
+    (:mod:`profiler.remaining_eval`), scored on exactly the calls both replays served a figure,
+    with the same concurrent-session C-index; None without a ``remaining_tokens`` section."""
+    section = profile.data.get("remaining_tokens")
+    if not section or calls.empty:
+        return None
+    order = np.lexsort((calls["call_index"].to_numpy(), calls["workflow_id"].astype(str).to_numpy(),
+                        calls["workflow_type_id"].astype(str).to_numpy()))
+    c = calls.iloc[order].reset_index(drop=True)       # workflow by workflow in call order
+    frame = session_frame(c)
+    truth = frame["R"].to_numpy()
+    wf_code = c.groupby(["workflow_type_id", "workflow_id"], sort=False).ngroup().to_numpy()
+    t_arrival = c["t_arrival"].to_numpy(dtype=float)
+    wf_end = c.groupby(wf_code)["t_finish"].max().to_numpy(dtype=float)
+    wf_start = c.groupby(wf_code)["t_arrival"].min().to_numpy(dtype=float)
+    on, st = online_rem[order], static_rem[order]
+    scored = ~np.isnan(on) & ~np.isnan(st)
+    preds = {"online": on, "static": st, **baseline_predictions(section, frame, profile.data.get("nat_trie")),
+             "age": wf_start[wf_code]}
+    preds = {k: np.where(scored, v, np.nan) for k, v in preds.items()}   # exactly the same calls
+    cidx = concordance_pairs(preds, truth, wf_code, t_arrival, wf_end)
+    pairing = "concurrent"
+    if cidx["online"][1] < MIN_PAIRS:     # sessions that never overlapped: as if started together
+        preds["age"] = np.where(scored, 0.0, np.nan)
+        start = wf_start[wf_code]
+        cidx = concordance_pairs(preds, truth, wf_code, t_arrival - start, wf_end - wf_start)
+        pairing = "aligned_start"
+    n = len(wf_start)
+
+    def figure(name: str) -> dict[str, Any]:
+        p = preds[name]
+        ok = ~np.isnan(p)
+        return {"c_index": cidx[name][0],
+                "log1p_mae": (float(np.mean(np.abs(np.log1p(np.maximum(p[ok], 0.0)) - np.log1p(truth[ok]))))
+                              if ok.any() and name != "age" else None)}
+    return {"calls": int(scored.sum()), "pairs": cidx["online"][1], "pairing": pairing,
+            "online": figure("online"), "static": figure("static"),
+            "baselines": {name: figure(name) for name in (*RW_BASELINES, "age")},
+            "online_minus_static": _rw_versus(cidx, "online", "static", n),
+            "vs_position_median": {"online": _rw_versus(cidx, "online", "position_median", n),
+                                   "static": _rw_versus(cidx, "static", "position_median", n)},
+            "selection": selection}
+
+
 def online_scores(profile: Profile, con: duckdb.DuckDBPyConnection) -> dict[str, Any]:
     """The ``profiler eval --online`` result of ``profile`` on the calls in ``con`` (module doc)."""
     calls = stream_calls(con)
     y = calls["output_tokens"].to_numpy(dtype=float)
-    on_lo, on_hi, on_ttl, alarm = replay_served(profile, calls, online=True)
-    st_lo, st_hi, st_ttl, _ = replay_served(profile, calls, online=False)
+    on_lo, on_hi, on_ttl, alarm, on_rw = replay_served(profile, calls, online=True)
+    st_lo, st_hi, st_ttl, _, st_rw = replay_served(profile, calls, online=False)
     scored = ~np.isnan(on_lo) & ~np.isnan(st_lo)     # calls both served a band
     est = OutputLengthIntervals.from_dict(profile.data["output_length"])
     baselines = output_length_baselines(est, calls[scored].reset_index(drop=True))
@@ -221,6 +309,8 @@ def online_scores(profile: Profile, con: duckdb.DuckDBPyConnection) -> dict[str,
         "by_type": by_type,
         "drift_alarm": alarm,
         "keep_alive": keep_alive_online(profile, con, calls, on_ttl, st_ttl),
+        "remaining_tokens": remaining_online(profile, calls, on_rw["served"], st_rw["served"],
+                                             on_rw["selection"]),
         "window": WINDOW,
     }
 

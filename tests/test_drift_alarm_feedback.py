@@ -29,7 +29,7 @@ def test_the_simulator_feeds_back_what_an_arrival_order_replay_does(tmp_path, mo
     monkeypatch.setattr(CoverageMonitor, "_record", record)
     calls = pd.DataFrame([r for r in prep.source.test if r.get("status", "ok") == "ok"])
     calls = calls.sort_values(["t_arrival", "workflow_type_id", "workflow_id"]).reset_index(drop=True)
-    lo, hi, _, _ = replay_served(prep.profile, calls, online=False)
+    lo, hi, _, _, _ = replay_served(prep.profile, calls, online=False)
     y = calls["output_tokens"].to_numpy()
     served = ~np.isnan(lo)
     assert fed and sum(len(h) - sum(h) for h in fed.values()) > 0   # outcomes fed back, some misses

@@ -1,0 +1,203 @@
+"""Online selection of the served remaining-work figure (issue 26 item 5, remaining-work part).
+
+The fitted remaining-tokens candidate can drift between refits (the messy workload's release
+``v2`` changes the loop the ``agent_calls`` level keys on). The Predictor can score, per workflow
+type, the fitted figure against the position-median fallback on the sessions that end, and
+serve the one that ranks better beyond a margin (:mod:`predictors.online_selection`);
+``profiler eval --online`` scores what it serves. Injected clocks, no sleeps."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from fitting.profile_fit import fit_profile
+from predictors.online_selection import RemainingSelector, concordance_diff
+from predictors.predictor import Predictor
+from profiler.online_eval import event_order, online_scores, replay_served, stream_calls
+from profiler.remaining_eval import concordance_pairs
+from predictors.remaining_tokens import session_frame
+from store import ingest as ingest_mod
+from store.duckdb_store import connect
+from store.split import split_logs
+from store.workloads import generate, write_jsonl
+
+
+def sessions(n: int, rng: np.random.Generator, good_fitted) -> list[tuple]:
+    """``n`` overlapping sessions of 6 calls (session k starts at 10·k s, a call every 5 s);
+    per call the truth R and two figures, the better one with 10 % noise, the worse 300 %:
+    ``good_fitted(k)`` says which is better for session k."""
+    out = []
+    for k in range(n):
+        outs = rng.lognormal(5, 1, 6)
+        r = np.cumsum(outs[::-1])[::-1]
+        good = r * rng.lognormal(0, 0.1, 6)
+        bad = r * rng.lognormal(0, 3.0, 6)
+        f, b = (good, bad) if good_fitted(k) else (bad, good)
+        t = 10.0 * k + 5.0 * np.arange(6)
+        out.append((f, b, r, t, t[-1] + 5.0))
+    return out
+
+
+def feed(sel: RemainingSelector, stream: list[tuple]) -> list[bool]:
+    """Record every session (in end order); whether the fallback is served after each."""
+    served = []
+    for f, b, r, t, end in sorted(stream, key=lambda s: s[4]):
+        sel.record("wt", f, b, r, t, end)
+        served.append(sel.serves_fallback("wt"))
+    return served
+
+
+def test_concordance_diff_counts_pairs_the_way_the_c_index_does() -> None:
+    r, r2 = np.array([1.0, 5.0]), np.array([3.0, 3.0])
+    f, f2 = np.array([9.0, 1.0]), np.array([2.0, 2.0])     # f orders every pair wrong
+    b, b2 = np.array([1.0, 5.0]), np.array([3.0, 3.0])     # b = the truth: every pair right
+    gain, n = concordance_diff(f, b, r, f2, b2, r2)
+    assert (gain, n) == (4.0, 4)
+    gain, n = concordance_diff(f, b, r, f2, b2, r2, np.array([[True, False], [False, False]]))
+    assert (gain, n) == (1.0, 1)
+
+
+def test_a_stationary_stream_never_switches() -> None:
+    rng = np.random.default_rng(0)
+    sel = RemainingSelector()
+    assert not any(feed(sel, sessions(400, rng, lambda k: True)))
+    st = sel.status()["wt"]
+    assert st["served"] == "fitted" and st["switches"] == 0 and st["z"] < 0
+    # a type whose fitted candidate is the fallback itself: d ≡ 0, never a switch
+    same = RemainingSelector()
+    stream = [(f, f, r, t, e) for f, _, r, t, e in sessions(100, rng, lambda k: True)]
+    assert not any(feed(same, stream)) and same.status()["wt"]["z"] is None
+
+
+def test_a_drifting_stream_switches_to_the_fallback_and_back() -> None:
+    rng = np.random.default_rng(1)
+    sel = RemainingSelector()
+    served = feed(sel, sessions(300, rng, lambda k: k < 100 or k >= 200))
+    assert not any(served[:100])                      # fitted better: kept
+    first = served.index(True)
+    # followed within about two half-lives (the earlier evidence, strongly for the fitted figure, decays)
+    assert 100 < first < 100 + 2.5 * sel.half_life
+    assert all(served[first:200])                     # and held while it lasts
+    assert not served[-1] and sel.status()["wt"]["switches"] == 2   # the fitted figure is back
+
+
+def test_bad_parameters_are_refused() -> None:
+    with pytest.raises(ValueError, match="half_life"):
+        RemainingSelector(half_life=0)
+
+
+# --------------------------------------------------------------- through the Predictor
+def tiny_profile() -> dict:
+    """A profile with only a remaining-tokens section: type ``t``, two buckets, the fitted
+    candidate keyed by agent (``a`` has 100 tokens left, ``b`` 10), the position median 50."""
+    keys = {"": [10, 50.0, 50.0, 90.0], "b0": [10, 50.0, 50.0, 90.0], "b1": [10, 40.0, 40.0, 80.0],
+            "b0|a": [5, 100.0, 100.0, 150.0], "b0|b": [5, 10.0, 10.0, 20.0],
+            "b1|a": [5, 100.0, 100.0, 150.0], "b1|b": [5, 10.0, 10.0, 20.0]}
+    entry = {"n_workflows": 10, "mean_out": 20.0, "agent_mean": {"a": 20.0, "b": 20.0},
+             "buckets": [0, 1], "keys": keys}
+    band = {"lo": 1, "hi": 900, "n": 500, "level": "agent"}
+    return {"output_length": {"coverage": 0.99, "params": {"coverage": 0.99, "min_calls": 50},
+                              "global": {**band, "level": "global"},
+                              "workflow_types": {"t": {**band, "level": "workflow_type"}},
+                              "agents": {"t": {"a": band, "b": band}}},
+            "remaining_tokens": {"workflow_types": {"t": entry},
+                                 "params": {"t": {"level": "agent", "point": "p50", "beta": 0.0,
+                                                  "kappa": 0.0}}}}
+
+
+def test_the_predictor_serves_the_fitted_figure_by_default_and_scores_ended_sessions() -> None:
+    now = [0.0]
+    off = Predictor.from_dict(tiny_profile(), clock=lambda: now[0])
+    assert off.remaining_selector is None
+    meta = {"workflow_type_id": "t", "workflow_id": "w0", "agent_id": "a"}
+    assert off.annotate_call(meta).expected_remaining_output_tokens == 100.0
+    on = Predictor.from_dict(tiny_profile(), clock=lambda: now[0], session_idle_s=60.0,
+                             remaining_selection=RemainingSelector(min_sessions=1.0))
+    # agent b is said to have little left but writes the most: the fitted figure ranks wrong
+    for k in range(12):
+        for j, (agent, out) in enumerate((("a", 5), ("b", 200))):   # both arrive at 10·k s
+            now[0] = 10.0 * k
+            m = {"workflow_type_id": "t", "workflow_id": f"w{k}-{agent}", "agent_id": agent}
+            ann = on.annotate_call(m, request_id=f"r{k}{j}")
+            assert ann.expected_remaining_output_tokens is not None
+            now[0] = 10.0 * k + 1
+            on.observe({"app_metadata": m, "request_id": f"r{k}{j}", "output_tokens": out})
+        # the a-session ends explicitly (5 s later); the b-session is left to go idle
+        now[0] = 10.0 * k + 5
+        assert on.end_session({"workflow_type_id": "t", "workflow_id": f"w{k}-a"})
+    now[0] = 10_000.0
+    on.expire_idle()                                  # idle expiry ends the b-sessions: scored
+    st = on.remaining_selector.status()["t"]
+    assert st["sessions"] >= 12 and st["served"] == "fallback"
+    m = {"workflow_type_id": "t", "workflow_id": "new", "agent_id": "a"}
+    assert on.annotate_call(m).expected_remaining_output_tokens == pytest.approx(50.0, rel=1e-6)
+    assert not on.end_session({"workflow_type_id": "t", "workflow_id": "never"})
+    # a new profile: its fitted candidate is new, the evidence about the old one is dropped
+    on.load(SimpleNamespace(data=tiny_profile(), version="v2", manifest={}, path=None))
+    assert on.remaining_selector.status() == {}
+    assert on.annotate_call(m).expected_remaining_output_tokens == 100.0
+
+
+# ----------------------------------------------------- messy: a release changes the loop
+@pytest.fixture(scope="module")
+def messy_v2(tmp_path_factory: pytest.TempPathFactory):
+    """Messy seed 1 split by time (train: the first 70 % of workflows, test: the rest, all v2):
+    its fit picks the agent_calls level with a session factor, which v2's loop breaks."""
+    work = tmp_path_factory.mktemp("messy_rw")
+    write_jsonl(generate("messy", 200, seed=1), work / "messy.jsonl")
+    split_logs([work / "messy.jsonl"], work / "split", train=0.7, seed=0, order="time")
+    profile, _ = fit_profile([work / "split" / "train"], work / "profile")
+    con = connect(None)
+    ingest_mod.ingest(con, [work / "split" / "test"])
+    yield profile, con
+    con.close()
+
+
+def test_on_a_release_that_breaks_the_fitted_level_the_served_c_index_rises(messy_v2) -> None:
+    profile, con = messy_v2
+    assert profile.data["remaining_tokens"]["params"]["messy_app"]["level"] == "agent_calls"
+    rw = online_scores(profile, con)["remaining_tokens"]
+    assert rw["selection"]["messy_app"]["served"] == "fallback"
+    assert rw["online"]["c_index"] > rw["static"]["c_index"]
+    assert rw["online_minus_static"]["c_index_diff"] > 0
+    assert rw["calls"] == len(stream_calls(con))
+
+
+def test_served_equals_scored(messy_v2) -> None:
+    """The figure the online block scores is the one a Predictor with the selection on serves
+    (its JSON contract), driven by the same events: annotate at arrival, observe at finish,
+    end_session after a workflow's last finish."""
+    profile, con = messy_v2
+    calls = stream_calls(con)
+    scored = replay_served(profile, calls, online=True)[4]["served"]
+    pred = Predictor(profile, max_sessions=1_000_000, remaining_selection=True)
+    served = np.full(len(calls), np.nan)
+    left = calls.groupby(["workflow_type_id", "workflow_id"]).size().to_dict()
+    ta, tf = calls["t_arrival"].to_numpy(float), calls["t_finish"].to_numpy(float)
+    for kind, k in event_order(ta, tf):
+        row = calls.iloc[k]
+        meta = {"workflow_type_id": row.workflow_type_id, "workflow_id": row.workflow_id,
+                "agent_id": row.agent_id}
+        if kind == 1:
+            pred.clock = lambda t=ta[k]: t
+            served[k] = pred.annotate(meta, request_id=row.request_id,
+                                      input_tokens=int(row.input_tokens))["expected_remaining_output_tokens"]
+            continue
+        pred.clock = lambda t=max(ta[k], tf[k]): t
+        pred.observe({"app_metadata": meta, "request_id": row.request_id,
+                      "output_tokens": int(row.output_tokens), "t_finish": tf[k]})
+        key = (row.workflow_type_id, row.workflow_id)
+        left[key] -= 1
+        if left[key] == 0:
+            pred.end_session(meta)
+    np.testing.assert_array_equal(served, scored)
+    # and the block's C-index is the eval's concurrent-session C-index of exactly that figure
+    c = calls.sort_values(["workflow_type_id", "workflow_id", "call_index"], kind="stable")
+    frame = session_frame(c.reset_index(drop=True))
+    wf = c.groupby(["workflow_type_id", "workflow_id"], sort=False).ngroup().to_numpy()
+    end = c.groupby(wf)["t_finish"].max().to_numpy(float)
+    ours = concordance_pairs({"x": served[c.index.to_numpy()]}, frame["R"].to_numpy(), wf,
+                             c["t_arrival"].to_numpy(float), end)["x"][0]
+    assert ours == pytest.approx(online_scores(profile, con)["remaining_tokens"]["online"]["c_index"])
