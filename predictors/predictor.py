@@ -64,6 +64,8 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Mapping
 
+import numpy as np
+
 from predictors.compiled import UNSEEN_AGENT, AgentEntry, CompiledProfile
 from predictors.coverage_monitor import CoverageMonitor
 from predictors.contract import ID_KEYS, Annotation, NextAgent
@@ -535,6 +537,10 @@ class Predictor:
                 self.sessions.remember_text(s, {"request_id": request_id, "agent_id": agent,
                                         "response_text": completion.get("response_text")})
             self.sessions.account(s)
+            if meta.get("last_call") is True and self.remaining_selector is not None:
+                # the client says this call was the session's last: its true remaining work is known
+                if self.sessions.end((wt, wf)) is not None:
+                    self._score_ended(s, now)
         if band is None or not isinstance(out, (int, float)) or isinstance(out, bool):
             return None
         hit = band[0] <= out <= band[1]
@@ -578,11 +584,8 @@ class Predictor:
         if self.remaining_selector is None or s.rw_log is None or not len(s.rw_log):
             return
         rows = [s.rw_log[j:j + 4] for j in range(0, len(s.rw_log), 4)]
-        out = [0.0 if math.isnan(r[3]) else r[3] for r in rows]
-        truth, acc = [0.0] * len(rows), s.rw_extra
-        for j in range(len(rows) - 1, -1, -1):       # R_i = Σ_{j ≥ i} o_j
-            acc += out[j]
-            truth[j] = acc
+        out = np.nan_to_num(np.asarray([r[3] for r in rows]), nan=0.0)
+        truth = (np.cumsum(out[::-1])[::-1] + s.rw_extra).tolist()   # R_i = Σ_{j ≥ i} o_j
         self.remaining_selector.record(s.workflow_type_id, [r[0] for r in rows], [r[1] for r in rows],
                                        truth, [r[2] for r in rows], ended_at)
         s.rw_log = None

@@ -109,6 +109,11 @@ class ServiceSettings:
         True, "Adapt each (workflow type, agent)'s served output-length band and keep-alive TTL "
               "from the outcomes observed (adaptive conformal; predictors/online_calibration.py). "
               "Off: the fitted band and TTL are served as is, whatever is fed back.")
+    remaining_selection: bool = setting_field(
+        False, "Follow drift of the remaining-work figure: per workflow type, serve the fitted "
+               "figure or the position-median fallback, whichever ranked the sessions that ended "
+               "recently better (a session ends at a call with app_metadata.last_call, or idle "
+               "expiry; predictors/online_selection.py). Off: the fitted figure.")
     shadow_min_calls: int = setting_field(
         100, "Calls a workflow type needs in the profile before it can leave shadow mode.",
         panel=PANEL_SHADOW)

@@ -17,6 +17,7 @@ from predictors.online_selection import RemainingSelector, concordance_diff
 from predictors.predictor import Predictor
 from profiler.online_eval import event_order, online_scores, replay_served, stream_calls
 from profiler.remaining_eval import concordance_pairs
+from serving_hooks.settings import ServiceSettings
 from predictors.remaining_tokens import session_frame
 from store import ingest as ingest_mod
 from store.duckdb_store import connect
@@ -138,6 +139,36 @@ def test_the_predictor_serves_the_fitted_figure_by_default_and_scores_ended_sess
     on.load(SimpleNamespace(data=tiny_profile(), version="v2", manifest={}, path=None))
     assert on.remaining_selector.status() == {}
     assert on.annotate_call(m).expected_remaining_output_tokens == 100.0
+
+
+def test_a_call_the_client_marks_last_call_ends_and_scores_its_session() -> None:
+    """The gateway passes the client's ``app_metadata`` to ``observe``: a call marked
+    ``last_call`` (the harness returned its final answer) ends its session there, so its true
+    remaining work reaches the selector without waiting for idle expiry."""
+    now = [0.0]
+    on = Predictor.from_dict(tiny_profile(), clock=lambda: now[0], session_idle_s=1e9,
+                             remaining_selection=RemainingSelector(min_sessions=1.0))
+    for k in range(12):
+        for j, (agent, out) in enumerate((("a", 5), ("b", 200))):
+            now[0] = 10.0 * k
+            m = {"workflow_type_id": "t", "workflow_id": f"w{k}-{agent}", "agent_id": agent}
+            on.annotate_call(m, request_id=f"r{k}{j}")
+            now[0] = 10.0 * k + 1
+            on.observe({"app_metadata": {**m, "last_call": True}, "request_id": f"r{k}{j}",
+                        "output_tokens": out})
+    assert on.session_count() == 0                     # every session ended at its last call
+    st = on.remaining_selector.status()["t"]
+    assert st["sessions"] >= 12 and st["served"] == "fallback"
+    off = Predictor.from_dict(tiny_profile(), clock=lambda: now[0])
+    m = {"workflow_type_id": "t", "workflow_id": "x", "agent_id": "a"}
+    off.annotate_call(m, request_id="q")
+    off.observe({"app_metadata": {**m, "last_call": True}, "request_id": "q", "output_tokens": 5})
+    assert off.session_count() == 1                    # without selection the table is unchanged
+
+
+def test_remaining_selection_is_a_service_setting_off_by_default() -> None:
+    assert ServiceSettings().remaining_selection is False
+    assert ServiceSettings(remaining_selection=True).remaining_selection is True
 
 
 # ----------------------------------------------------- messy: a release changes the loop

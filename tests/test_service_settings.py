@@ -114,10 +114,11 @@ def test_bad_environment_values_and_missing_files_name_their_source(tmp_path):
 
 
 def test_every_setting_maps_from_its_environment_variable():
-    non_default = {"str": "x1", "int": "17", "float": "0.25", "bool": "off"}
+    non_default = {"str": "x1", "int": "17", "float": "0.25"}
     env, want = {}, {}
     for k in knobs():
-        raw = "3m" if k.duration else non_default[k.type.__name__]
+        raw = "3m" if k.duration else ("on" if k.default is False else "off") if k.type is bool \
+            else non_default[k.type.__name__]
         env[k.env] = raw
         want[k.name] = raw if k.type is str else (raw == "on") if k.type is bool else k.type(raw)
         assert want[k.name] != k.default, k.name

@@ -37,7 +37,8 @@ def build_service(profile: Path, prefix: str, settings: ServiceSettings
                                      reload_every_s=s.reload_every_s, max_sessions=s.max_sessions,
                                      session_idle_s=s.session_idle_s,
                                      max_session_bytes=s.max_session_bytes,
-                                     online_calibration=s.online_calibration)
+                                     online_calibration=s.online_calibration,
+                                     remaining_selection=s.remaining_selection)
     except (ProfileError, ValueError, RuntimeError, FileNotFoundError) as exc:
         fail(str(exc))
     return registry, service
