@@ -62,7 +62,12 @@ def test_alarm_in_metrics_drift_file_and_show_and_quiet_when_in_band(root):
         assert metric(server.url, "profiler_sidecar_output_len_fitted_coverage", workflow_type=WT) < 0.6
         level = metric(server.url, "profiler_sidecar_output_len_online_level", workflow_type=WT, agent="planner")
         assert 0 < level < 1 - service.predictor.profile.coverage      # calibration widened the band
-        assert c.get("/v1/profile").json()["drift"][WT]["alarm"] is True
+        shown_profile = c.get("/v1/profile").json()
+        assert shown_profile["drift"][WT]["alarm"] is True
+        online = shown_profile["online"]                          # the same level, as JSON
+        assert online["band"][WT]["planner"]["level"] == pytest.approx(level)
+        assert online["band"][WT]["planner"]["outcomes"] == 300
+        assert online["remaining_selection"] is None              # off by default
     alarm = json.loads((root / DRIFT_FILE).read_text())["alarms"][WT]
     assert alarm["profile_version"] == current_version(root) and alarm["coverage"] < 0.99
     shown = CliRunner().invoke(app, ["show", "--profile", str(root)])
