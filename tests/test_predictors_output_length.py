@@ -214,3 +214,27 @@ def test_every_workflow_type_keeps_its_own_coverage_budget():
         b = est.predict(rows)
         y = rows.output_tokens.to_numpy()
         assert np.mean((y >= b[:, 0]) & (y <= b[:, 1])) >= 0.98, wt
+
+
+def test_one_sided_candidate_is_the_conformal_upper_bound_from_zero():
+    from predictors.band_selection import candidate_bands
+    y = np.arange(1, 1000)            # 999 values: the one-sided rank is ceil(1000 * 0.99) = 990
+    assert candidate_bands(y, 0.99, 5000)["one_sided"] == (0.0, 990.0)
+    assert candidate_bands(np.arange(1, 51), 0.99, 5000)["one_sided"] == (0.0, 5000.0)  # n too small: the ceiling
+
+
+def test_right_skewed_lengths_with_empty_answers_get_the_one_sided_band():
+    """A heavy right tail with a few 0-token outputs (an agent that sometimes answers nothing):
+    validation picks [0, U(α)], narrower than any two-sided band, and an empty answer is inside
+    (a two-sided band's lower end sits above the zeros: issue 26, Who&When's captain_agent)."""
+    rng = np.random.default_rng(3)
+    calls = frame(rng, {"expert": (5, 400, 1.5)}, n_workflows=300)
+    calls.loc[rng.choice(len(calls), 6, replace=False), "output_tokens"] = 0   # 0.4 % empty answers
+    est = OutputLengthIntervals(conditional=False, shared_budget=False).fit(calls)
+    e = est.agents_["app"]["expert"]
+    cands = e["selection"]["candidates"]
+    assert e["method"] == "one_sided" and e["lo"] == 0
+    assert cands["one_sided"]["accepted"]
+    assert cands["one_sided"]["mean_width"] < min(cands[c]["mean_width"] for c in ("order_stat", "empirical"))
+    lo, hi, _ = est.predict_band("app", "expert")
+    assert lo <= 0 <= hi
