@@ -21,7 +21,11 @@ validation figures.
   putting α/2 of the budget on it moves the upper end from U(α) to U(α/2) (1,361 → 2,522 tokens in
   the type's table), and an empty answer (0 tokens, 2 of 461 training calls there) falls below it.
   Chosen, like every candidate, only when held-out validation finds it the narrowest that holds
-  nominal coverage (issue 26: 6 of 124 Who&When entries, lowest time-split miss on captain_agent).
+  nominal coverage. Not offered at the global node: the global band is every type's parent and
+  a shared-budget option of every agent, and heavy-tailed agents borrow its upper end U(α/2); a
+  one-sided global band took that option away and the budget re-spent it (Who&When 5-fold CV:
+  magentic_one 0.985 / 2,374 → 0.987 / 2,763 tokens with it, 0.987 / 2,292 without; every other
+  type and set the same either way; docs/output-length.md).
 * ``empirical`` — ``np.quantile(y, [α/2, 1 − α/2])`` (linear interpolation: the naive band).
 * ``lognormal`` — the lognormal prediction interval exp(μ̂ ± t_{n−1,1−α/2} σ̂ √(1 + 1/n)) (n ≥ 3).
 * ``parent`` — the band the parent level serves (workflow type, then global), fit on the same folds.
@@ -104,8 +108,9 @@ def order_stat_bands(y: np.ndarray, coverages: Sequence[float], ceiling: int) ->
     return out
 
 
-def candidate_bands(y: np.ndarray, coverage: float, ceiling: int) -> dict[str, Band]:
-    """Every marginal candidate fit on ``y`` (n ≥ 1), clipped to ``[0, ceiling]``."""
+def candidate_bands(y: np.ndarray, coverage: float, ceiling: int, one_sided: bool = True) -> dict[str, Band]:
+    """Every marginal candidate fit on ``y`` (n ≥ 1), clipped to ``[0, ceiling]``; ``one_sided``:
+    include the ``one_sided`` one (the fit leaves it out at the global node, module doc)."""
     y = np.asarray(y, dtype=float)
     n = len(y)
     alpha = 1.0 - coverage
@@ -115,7 +120,8 @@ def candidate_bands(y: np.ndarray, coverage: float, ceiling: int) -> dict[str, B
     lo, hi = vals[max(k_lo, 1)], vals[min(k_hi, n)]
     out: dict[str, Band] = {"order_stat": (lo, hi)}
     out["order_stat_ceiling"] = (lo if k_lo >= 1 else 0.0, hi if k_hi <= n else float(ceiling))
-    out["one_sided"] = (0.0, vals[k_up] if k_up <= n else float(ceiling))
+    if one_sided:
+        out["one_sided"] = (0.0, vals[k_up] if k_up <= n else float(ceiling))
     q = np.quantile(y, [alpha / 2, 1 - alpha / 2])
     out["empirical"] = (float(q[0]), float(q[1]))
     if n >= 3:

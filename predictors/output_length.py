@@ -266,7 +266,7 @@ class OutputLengthIntervals(OutputBands, BaseEstimator):
                 tr, te = fold != k, fold == k
                 ytr, yte = y[tr], y[te]
                 c_k = bs.ceiling_of(ytr, cap)
-                cands = bs.candidate_bands(ytr, cov, c_k)
+                cands = bs.candidate_bands(ytr, cov, c_k, one_sided=parent is not None)
                 if parent is not None:
                     p_lo, p_hi = (parent_folds or {}).get(int(k), (parent["lo"], parent["hi"]))
                     cands["parent"] = (p_lo, min(p_hi, c_k))
