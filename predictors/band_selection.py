@@ -24,8 +24,8 @@ validation figures.
   nominal coverage. Not offered at the global node: the global band is every type's parent and
   a shared-budget option of every agent, and heavy-tailed agents borrow its upper end U(α/2); a
   one-sided global band took that option away and the budget re-spent it (Who&When 5-fold CV:
-  magentic_one 0.985 / 2,374 → 0.987 / 2,763 tokens with it, 0.987 / 2,292 without; every other
-  type and set the same either way; docs/output-length.md).
+  magentic_one 0.985 / 2,374 → 0.987 / 2,763 tokens with it, 0.987 / 2,292 without; captain_agent
+  0.994 / 1,790 with it, 0.985 / 1,779 without; docs/output-length.md).
 * ``empirical`` — ``np.quantile(y, [α/2, 1 − α/2])`` (linear interpolation: the naive band).
 * ``lognormal`` — the lognormal prediction interval exp(μ̂ ± t_{n−1,1−α/2} σ̂ √(1 + 1/n)) (n ≥ 3).
 * ``parent`` — the band the parent level serves (workflow type, then global), fit on the same folds.
