@@ -14,6 +14,18 @@ validation figures.
   ranks (then the guarantee is only (n−1)/(n+1)).
 * ``order_stat_ceiling`` — the small-n finite-sample correction: a rank that does not exist is
   replaced by the support's end (0 below, the ceiling above), so coverage ≥ 1 − α holds at every n.
+* ``one_sided`` — ``[0, U(α)]``, U(α) the order statistic at rank ⌈(n+1)(1−α)⌉ (the ceiling when
+  n is too small for it): the whole miss budget on the upper tail (split-conformal: coverage ≥ 1 − α
+  for exchangeable data, since a length is never below 0). Output lengths are skewed to the right:
+  the lower end of a two-sided band buys a few tokens of width (Who&When's captain_agent: 3) while
+  putting α/2 of the budget on it moves the upper end from U(α) to U(α/2) (1,361 → 2,522 tokens in
+  the type's table), and an empty answer (0 tokens, 2 of 461 training calls there) falls below it.
+  Chosen, like every candidate, only when held-out validation finds it the narrowest that holds
+  nominal coverage. Not offered at the global node: the global band is every type's parent and
+  a shared-budget option of every agent, and heavy-tailed agents borrow its upper end U(α/2); a
+  one-sided global band took that option away and the budget re-spent it (Who&When 5-fold CV:
+  magentic_one 0.985 / 2,374 → 0.987 / 2,763 tokens with it, 0.987 / 2,292 without; captain_agent
+  0.994 / 1,790 with it, 0.985 / 1,779 without; docs/output-length.md).
 * ``empirical`` — ``np.quantile(y, [α/2, 1 − α/2])`` (linear interpolation: the naive band).
 * ``lognormal`` — the lognormal prediction interval exp(μ̂ ± t_{n−1,1−α/2} σ̂ √(1 + 1/n)) (n ≥ 3).
 * ``parent`` — the band the parent level serves (workflow type, then global), fit on the same folds.
@@ -48,7 +60,7 @@ CEILING_FACTOR = 2.0
 #: Binomial standard deviations of held-out misses tolerated above the nominal α·(N+1).
 TOLERANCE_Z = 1.0
 #: Order of preference among equally wide candidates.
-CANDIDATE_ORDER = ("order_stat", "empirical", "order_stat_ceiling", "lognormal", "conditional", "parent")
+CANDIDATE_ORDER = ("order_stat", "one_sided", "empirical", "order_stat_ceiling", "lognormal", "conditional", "parent")
 
 Band = tuple[float, float]
 
@@ -96,16 +108,20 @@ def order_stat_bands(y: np.ndarray, coverages: Sequence[float], ceiling: int) ->
     return out
 
 
-def candidate_bands(y: np.ndarray, coverage: float, ceiling: int) -> dict[str, Band]:
-    """Every marginal candidate fit on ``y`` (n ≥ 1), clipped to ``[0, ceiling]``."""
+def candidate_bands(y: np.ndarray, coverage: float, ceiling: int, one_sided: bool = True) -> dict[str, Band]:
+    """Every marginal candidate fit on ``y`` (n ≥ 1), clipped to ``[0, ceiling]``; ``one_sided``:
+    include the ``one_sided`` one (the fit leaves it out at the global node, module doc)."""
     y = np.asarray(y, dtype=float)
     n = len(y)
     alpha = 1.0 - coverage
     k_lo, k_hi = _ranks(n, coverage)
-    vals = _order_stats(y, [max(k_lo, 1), min(k_hi, n)])
+    k_up = math.ceil((n + 1) * (1 - alpha))      # the one-sided bound's rank
+    vals = _order_stats(y, [max(k_lo, 1), min(k_hi, n), min(k_up, n)])
     lo, hi = vals[max(k_lo, 1)], vals[min(k_hi, n)]
     out: dict[str, Band] = {"order_stat": (lo, hi)}
     out["order_stat_ceiling"] = (lo if k_lo >= 1 else 0.0, hi if k_hi <= n else float(ceiling))
+    if one_sided:
+        out["one_sided"] = (0.0, vals[k_up] if k_up <= n else float(ceiling))
     q = np.quantile(y, [alpha / 2, 1 - alpha / 2])
     out["empirical"] = (float(q[0]), float(q[1]))
     if n >= 3:

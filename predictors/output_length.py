@@ -266,7 +266,7 @@ class OutputLengthIntervals(OutputBands, BaseEstimator):
                 tr, te = fold != k, fold == k
                 ytr, yte = y[tr], y[te]
                 c_k = bs.ceiling_of(ytr, cap)
-                cands = bs.candidate_bands(ytr, cov, c_k)
+                cands = bs.candidate_bands(ytr, cov, c_k, one_sided=parent is not None)
                 if parent is not None:
                     p_lo, p_hi = (parent_folds or {}).get(int(k), (parent["lo"], parent["hi"]))
                     cands["parent"] = (p_lo, min(p_hi, c_k))
@@ -299,9 +299,11 @@ class OutputLengthIntervals(OutputBands, BaseEstimator):
                     cond["validation"] = {"n": scores.total, "coverage": c["coverage"],
                                           "mean_width": c["mean_width"], "marginal": marginal,
                                           "marginal_coverage": m["coverage"], "marginal_width": m["mean_width"]}
-        _, k_hi = bs._ranks(n, cov)
+        k_lo, k_hi = bs._ranks(n, cov)
+        exact = (math.ceil((n + 1) * cov) <= n if marginal == "one_sided"   # [0, U(α)]: one rank
+                 else k_lo >= 1 and k_hi <= n)
         entry = {"lo": lo, "hi": hi, **stats_, "level": level, "method": marginal,
-                 "exact": bool(bs._ranks(n, cov)[0] >= 1 and k_hi <= n),
+                 "exact": bool(exact),
                  "ceiling": int(ceiling), "certified_alpha": 1.0 / (n + 1),
                  "upper": upper_table(y, ceiling), "conditional": cond}
         entry["log_mu"], entry["log_sigma"] = log_moments(y)

@@ -7,7 +7,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from predictors.band_selection import candidate_bands
 from predictors.output_length import OutputLengthIntervals, conformal_band
+from predictors.predictor import Predictor
 
 
 def frame(rng, agents, n_workflows=200, rho=0.0):
@@ -214,3 +216,44 @@ def test_every_workflow_type_keeps_its_own_coverage_budget():
         b = est.predict(rows)
         y = rows.output_tokens.to_numpy()
         assert np.mean((y >= b[:, 0]) & (y <= b[:, 1])) >= 0.98, wt
+
+
+def test_one_sided_candidate_is_the_conformal_upper_bound_from_zero():
+    y = np.arange(1, 1000)            # 999 values: the one-sided rank is ceil(1000 * 0.99) = 990
+    assert candidate_bands(y, 0.99, 5000)["one_sided"] == (0.0, 990.0)
+    assert candidate_bands(np.arange(1, 51), 0.99, 5000)["one_sided"] == (0.0, 5000.0)  # n too small: the ceiling
+
+
+def test_right_skewed_lengths_with_empty_answers_get_the_one_sided_band():
+    """A heavy right tail with a few 0-token outputs (an agent that sometimes answers nothing):
+    validation picks [0, U(α)], narrower than any two-sided band, and an empty answer is inside
+    (a two-sided band's lower end sits above the zeros: issue 26, Who&When's captain_agent)."""
+    rng = np.random.default_rng(3)
+    calls = frame(rng, {"expert": (5, 400, 1.5)}, n_workflows=300)
+    calls.loc[rng.choice(len(calls), 6, replace=False), "output_tokens"] = 0   # 0.4 % empty answers
+    est = OutputLengthIntervals(conditional=False, shared_budget=False).fit(calls)
+    e = est.agents_["app"]["expert"]
+    cands = e["selection"]["candidates"]
+    assert e["method"] == "one_sided" and e["lo"] == 0
+    assert cands["one_sided"]["accepted"]
+    assert cands["one_sided"]["mean_width"] < min(cands[c]["mean_width"] for c in ("order_stat", "empirical"))
+    lo, hi, _ = est.predict_band("app", "expert")
+    assert lo <= 0 <= hi
+    assert "one_sided" not in est.global_["selection"]["candidates"]   # not at the global node
+
+
+def test_an_unseen_agent_is_served_the_one_sided_type_band_and_an_empty_answer_is_a_hit():
+    """Served end to end: a newcomer agent of the type gets the type's one-sided band through the
+    Predictor (online calibration on), so its 0-token answer is inside (issue 26: Who&When's
+    Ticket_Pricing_Expert, never in training, answered 0 tokens against a lower end of 3)."""
+    rng = np.random.default_rng(3)
+    calls = frame(rng, {"expert": (5, 400, 1.5)}, n_workflows=300)
+    calls.loc[rng.choice(len(calls), 6, replace=False), "output_tokens"] = 0
+    est = OutputLengthIntervals(conditional=False).fit(calls)
+    assert est.workflow_types_["app"]["method"] == "one_sided"
+    pred = Predictor.from_dict({"output_length": json.loads(json.dumps(est.to_dict())),
+                                "workflow_types": {"app": {"calls": len(calls)}}})
+    meta = {"workflow_type_id": "app", "workflow_id": "w-new", "agent_id": "newcomer"}
+    lo, hi = pred.annotate(meta, request_id="r0")["predicted_output_len"]
+    assert lo == 0 < hi
+    assert pred.observe({"app_metadata": meta, "request_id": "r0", "output_tokens": 0}) is True
