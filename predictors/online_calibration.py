@@ -33,9 +33,6 @@ is the fitted band ``[lo, hi]`` stretched by the table's own tail ratio
 
     r_t = U(α_t / 2) / U(α / 2),      band_t = [lo / r_t, hi · r_t],
 
-(``r_t = U(α_t) / U(α)`` for a band with no lower end, ``lo = 0``: the one-sided ``[0, U(α)]``
-spends its whole risk on the upper tail)
-
 (log-log interpolation between tabulated risks, extended along the tail's slope below the
 smallest certified one: :func:`table_upper`): ``r = 1`` at the nominal level (exactly the
 fitted band, conditional bands included), ``r > 1`` wider as the level falls, ``r < 1`` narrower as
@@ -264,16 +261,13 @@ class OnlineCalibrator:
         st[1] += 1
         st[2] += not hit
 
-    def stretch(self, key: tuple[str, str], table: Sequence[tuple[float, int]],
-                tails: int | None = None) -> float:
+    def stretch(self, key: tuple[str, str], table: Sequence[tuple[float, int]]) -> float:
         """``r_t = U(α_t/2) / U(α/2)`` from the agent's upper-bound table (``U(α_t) / U(α)`` with
-        ``tails=1``; ``tails`` overrides the calibrator's own for one band), within the bounds; 1
-        when the level is nominal or the table is empty."""
+        ``tails=1``), within the bounds; 1 when the level is nominal or the table is empty."""
         a_t = self.level(key)
         if a_t == self.alpha or not table:
             return 1.0
-        tails = self.tails if tails is None else tails
-        u_t, u_0 = table_upper(table, a_t / tails), table_upper(table, self.alpha / tails)
+        u_t, u_0 = table_upper(table, a_t / self.tails), table_upper(table, self.alpha / self.tails)
         if u_t is None or u_0 is None:
             return 1.0
         return min(self.max_stretch, max(1.0 / self.max_stretch, u_t / u_0))
@@ -292,14 +286,11 @@ class OnlineCalibrator:
     def adjust(self, key: tuple[str, str], band: tuple[int, int, str],
                table: Sequence[tuple[float, int]]) -> tuple[int, int, str]:
         """The band ``(lo, hi, level)`` served at ``key``'s adapted level: ``[lo / r, hi · r]``
-        rounded outward (the fitted band itself when ``r = 1``). A band with no lower end
-        (``lo = 0``: the one-sided ``[0, U(α)]``, or a two-sided band whose lower quantile is an
-        empty answer) spends its whole risk on the upper tail, so its ratio is one-sided,
-        ``U(α_t) / U(α)``."""
-        lo, hi, level = band
-        r = self.stretch(key, table, tails=1 if lo <= 0 else None)
+        rounded outward (the fitted band itself when ``r = 1``)."""
+        r = self.stretch(key, table)
         if r == 1.0:
             return band
+        lo, hi, level = band
         new_lo = int(math.floor(lo / r))
         new_hi = max(new_lo, int(math.ceil(hi * r)))
         return new_lo, new_hi, level

@@ -67,22 +67,6 @@ def test_misses_widen_hits_narrow_and_the_level_stays_bounded():
     assert st["outcomes"] == 102_001 and st["level"] == pytest.approx(a_max)
 
 
-def test_a_band_with_no_lower_end_is_stretched_along_its_one_sided_tail():
-    """``[0, U(α)]`` spends its whole risk above: at level α_t its upper end moves by
-    U(α_t) / U(α), a two-sided band's by U(α_t/2) / U(α/2) (on a lognormal table they differ)."""
-    cal = OnlineCalibrator(nominal=0.99)
-    table = lognormal_table(5.0, 0.8)
-    for _ in range(3):
-        cal.update(KEY, False)
-    a_t, a = cal.level(KEY), cal.alpha
-    one = table_upper(table, a_t) / table_upper(table, a)
-    two = table_upper(table, a_t / 2) / table_upper(table, a / 2)
-    assert abs(one - two) > 0.01
-    assert cal.adjust(KEY, (0, 900, "agent"), table) == (0, math.ceil(900 * one), "agent")
-    lo, hi, _ = cal.adjust(KEY, (20, 900, "agent"), table)
-    assert hi == math.ceil(900 * two) and lo == math.floor(20 / two)
-
-
 def test_a_too_narrow_band_is_brought_to_nominal_coverage_on_a_stationary_stream():
     """The fitted band covers 0.95; online calibration serves 0.99 (misses ≤ αT + ln(α/α_min)/κ)."""
     rng = np.random.default_rng(0)
