@@ -112,3 +112,38 @@ def test_the_setting_reads_from_every_source(tmp_path):
     got = resolve_settings(config=cfg, environ={"PROFILER_ONLINE_CALIBRATION": "on"})
     assert got.settings.online_calibration is True and got.sources["online_calibration"] == "env"
     assert resolve_settings(environ={}, flags={"online_calibration": False}).settings.online_calibration is False
+
+
+# ------------------------------------------- remaining_selection (off by default), end to end
+@pytest.mark.parametrize("on", [True, False])
+def test_sidecar_remaining_selection_scores_a_session_its_client_ends(profile, monkeypatch, on):
+    """``--remaining-selection``: a call observed with ``app_metadata.last_call`` ends its session
+    and hands its figures to the selector (shown under ``online`` in ``/v1/profile``); off (the
+    default) the session stays and ``online.remaining_selection`` is null."""
+    args = ["serve", "--profile", str(profile)] + (["--remaining-selection"] if on else [])
+    with launched(args, monkeypatch) as (app_, url), httpx.Client(base_url=url) as c:
+        predictor = app_.state.service.predictor
+        assert (predictor.remaining_selector is not None) is on
+        meta = {**META, "workflow_id": "ended"}
+        ann = c.post("/v1/annotate", json={"app_metadata": meta, "request_id": "r0"}).json()
+        assert ann["sys_annotations"]["expected_remaining_output_tokens"] is not None
+        c.post("/v1/observe", json={"app_metadata": {**meta, "last_call": True}, "request_id": "r0",
+                                    "output_tokens": 50}).raise_for_status()
+        online = c.get("/v1/profile").json()["online"]
+        assert predictor.session_count() == (0 if on else 1)
+    if on:
+        assert META["workflow_type_id"] in online["remaining_selection"]
+    else:
+        assert online["remaining_selection"] is None
+
+
+def test_gateway_passes_last_call_to_the_remaining_selection(profile, upstream, monkeypatch):
+    args = ["gateway", "--upstream", upstream.url, "--profile", str(profile), "--remaining-selection"]
+    with launched(args, monkeypatch) as (app_, url), httpx.Client(base_url=url, timeout=60) as c:
+        predictor = app_.state.gateway.service.predictor
+        body = {"model": "m", "messages": [{"role": "user", "content": "hi"}],
+                "app_metadata": {**META, "workflow_id": "gw-ended", "last_call": True}}
+        c.post("/v1/chat/completions", json=body, headers={"x-fake-tokens": "40"}).raise_for_status()
+        # the gateway observes after the client has its answer: wait for the session to end
+        assert wait_for(lambda: META["workflow_type_id"] in predictor.remaining_selector.status())
+        assert predictor.session_view(META["workflow_type_id"], "gw-ended") is None
