@@ -474,7 +474,7 @@ class Predictor:
             if pending is None:
                 return False
             done = self.sessions.retract(s, pending[0])
-            if len(pending) > 5 and pending[5] >= 0 and s.rw_log is not None:
+            if pending[5] >= 0 and s.rw_log is not None:
                 s.rw_log[4 * pending[5]] = math.nan       # a call that never happened: not scored
             self.sessions.account(s)
             return done
@@ -525,8 +525,7 @@ class Predictor:
                     s.out_sum += max(0.0, float(out))
                     s.out_expected += expected
                 if s.rw_log is not None:      # this call's output, for the session's true remaining work
-                    self._log_output(s, pending[5] if pending is not None and len(pending) > 5 else None,
-                                     max(0.0, float(out)))
+                    self._log_output(s, pending[5] if pending is not None else None, max(0.0, float(out)))
             if completion.get("t_finish") is not None:
                 s.last_finish = completion.get("t_finish")
             ka = m.agents.get((wt, agent)) if m is not None else None
@@ -583,11 +582,10 @@ class Predictor:
         its two figures to the selector (:mod:`predictors.online_selection`)."""
         if self.remaining_selector is None or s.rw_log is None or not len(s.rw_log):
             return
-        rows = [s.rw_log[j:j + 4] for j in range(0, len(s.rw_log), 4)]
-        out = np.nan_to_num(np.asarray([r[3] for r in rows]), nan=0.0)
-        truth = (np.cumsum(out[::-1])[::-1] + s.rw_extra).tolist()   # R_i = Σ_{j ≥ i} o_j
-        self.remaining_selector.record(s.workflow_type_id, [r[0] for r in rows], [r[1] for r in rows],
-                                       truth, [r[2] for r in rows], ended_at)
+        rows = np.frombuffer(s.rw_log, dtype=float).reshape(-1, 4)   # fitted, fallback, arrival, output
+        truth = np.cumsum(np.nan_to_num(rows[::-1, 3]))[::-1] + s.rw_extra   # R_i = Σ_{j ≥ i} o_j
+        self.remaining_selector.record(s.workflow_type_id, rows[:, 0], rows[:, 1], truth, rows[:, 2],
+                                       ended_at)
         s.rw_log = None
 
     def end_session(self, app_metadata: Mapping[str, Any] | None) -> bool:

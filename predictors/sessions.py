@@ -154,16 +154,22 @@ class SessionTable:
             self.expire(now)
         return s
 
-    def drop(self, key: tuple[str, str], reason: str) -> None:
-        """Forget one session and give its bytes back."""
+    def _remove(self, key: tuple[str, str]) -> Session | None:
+        """Take one session out of the table and give its bytes back (None if not held)."""
         s = self._sessions.pop(key, None)
+        if s is not None:
+            self.session_bytes -= s.nbytes
+            self.session_text_bytes -= s.text_bytes
+            self._text_lru.pop(key, None)
+        return s
+
+    def drop(self, key: tuple[str, str], reason: str) -> None:
+        """Evict one session (``reason``: idle, count or bytes; counted in ``sessions_evicted``)."""
+        s = self._remove(key)
         if s is None:
             return
         if reason == "idle" and self.on_idle_end is not None:
             self.on_idle_end(s)
-        self.session_bytes -= s.nbytes
-        self.session_text_bytes -= s.text_bytes
-        self._text_lru.pop(key, None)
         self.sessions_evicted[reason] += 1
 
     def account(self, s: Session) -> None:
@@ -308,22 +314,16 @@ class SessionTable:
                 break
         s.path_state, s.path_version = None, None   # replayed by path_state()
         return True
+
     def end(self, key: tuple[str, str]) -> Session | None:
         """Remove a session whose workflow ended (the client said so): not an eviction. Returns
         it (None if not held)."""
-        s = self._sessions.pop(key, None)
-        if s is not None:
-            self.session_bytes -= s.nbytes
-            self.session_text_bytes -= s.text_bytes
-            self._text_lru.pop(key, None)
-        return s
+        return self._remove(key)
 
     def forget(self, key: tuple[str, str]) -> None:
-        """Drop a session that never was one (the gateway's warm-up probe): not an eviction."""
-        s = self._sessions.get(key)
-        if s is not None:
-            self.drop(key, "idle")
-            self.sessions_evicted["idle"] -= 1
+        """Drop a session that never was one (the gateway's warm-up probe): not an eviction, and
+        not an ended workflow (nothing is scored)."""
+        self._remove(key)
     # --- end of `dialects` addition ------------------------------------------------------------
 
     def advance(self, m: CompiledProfile | None, s: Session, agent: str,

@@ -65,6 +65,8 @@ EVAL_EXTENSIONS: list[Callable[[Profile, duckdb.DuckDBPyConnection], dict[str, A
 ]
 #: Fewest held-out executions of a tool for its KS distance to count in ``ks_max``.
 MIN_TOOL_SAMPLES = 5
+#: The keep/drop policy at its defaults: a served keep-alive TTL is scored as it holds it.
+KEEP_DROP = KeepDropPolicy()
 
 
 def output_length_scores(profile: Profile, con: duckdb.DuckDBPyConnection) -> dict[str, Any]:
@@ -197,20 +199,18 @@ def keep_alive_cost(gap: np.ndarray, ttl: np.ndarray, *, bounded: bool = True,
                     end_ttl: np.ndarray | None = None) -> KeepAliveCost:
     """The one keep-alive scoring formula (``profiler eval`` and ``eval --online``).
 
-    ``ttl`` (served TTL per gap) is held as the keep/drop policy holds it (:meth:`KeepDropPolicy.ttl_s`,
-    vectorised: bounded to ``[min_ttl_s, max_ttl_s]``, a NaN — no TTL served — held for
+    ``ttl`` (served TTL per gap) is held as the keep/drop policy holds it (:meth:`KeepDropPolicy.ttl_s`
+    itself: bounded to ``[min_ttl_s, max_ttl_s]``, a NaN — no TTL served — held for
     ``default_ttl_s``) unless ``bounded`` is False (the oracle). A gap is covered when it ends within
     the TTL held; the KV-seconds held are ``min(TTL, gap)`` per gap (a covered gap holds its KV for
     the gap, a missed one for the whole TTL, then loses it), plus, with ``end_ttl``, the whole TTL
     held after each session's last call (no next call: held for nothing). The cost is those
     KV-seconds per covered gap (None: none covered)."""
-    policy = KeepDropPolicy()
+    policy_ttl = np.vectorize(lambda t: KEEP_DROP.ttl_s(None if np.isnan(t) else float(t)), otypes=[float])
 
     def hold(t: np.ndarray) -> np.ndarray:
         t = np.asarray(t, dtype=float)
-        if not bounded:
-            return t
-        return np.clip(np.where(np.isnan(t), policy.default_ttl_s, t), policy.min_ttl_s, policy.max_ttl_s)
+        return policy_ttl(t) if bounded and len(t) else t
 
     held, gap = hold(ttl), np.asarray(gap, dtype=float)
     covered = gap <= held
@@ -258,7 +258,7 @@ def keep_alive_scores(profile: Profile, con: duckdb.DuckDBPyConnection) -> dict[
     def nat_cov(mask: np.ndarray) -> float | None:
         return cov(nat, mask) if trie is not None else None
 
-    cap = KeepDropPolicy().max_ttl_s
+    cap = KEEP_DROP.max_ttl_s
     oracle = np.where(gap <= cap, gap, 0.0)   # hindsight: hold exactly the gap, or nothing
 
     def kv_cost(ttl: np.ndarray, mask: np.ndarray, bounded: bool = True,

@@ -73,11 +73,9 @@ from fitting.profile_fit import idle_gap_calls
 from predictors.output_length import OutputLengthIntervals
 from predictors.predictor import Predictor
 from store import ingest as ingest_mod
-from profiler.evaluation import keep_alive_cost, output_length_baselines
-from profiler.remaining_eval import (BASELINES as RW_BASELINES, MIN_PAIRS, baseline_predictions,
-                                     concordance_pairs, jackknife_diff)
+from profiler.evaluation import KEEP_DROP, keep_alive_cost, output_length_baselines
+from profiler.remaining_eval import BASELINES as RW_BASELINES, baseline_predictions, c_index_diff, session_c_index
 from predictors.remaining_tokens import session_frame
-from serving_hooks.policies.keep_drop import KeepDropPolicy
 from store.profile_artifact import Profile
 from store.duckdb_store import connect
 
@@ -208,7 +206,7 @@ def keep_alive_online(profile: Profile, con: duckdb.DuckDBPyConnection, calls: p
         return None
     gap = stream_gaps(con, calls)
     scored = ~np.isnan(gap) & ~np.isnan(on_ttl) & ~np.isnan(st_ttl)
-    cap = KeepDropPolicy().max_ttl_s
+    cap = KEEP_DROP.max_ttl_s
     oracle = np.where(gap <= cap, gap, 0.0)   # hindsight: hold exactly the gap, or nothing (as eval)
     wts = calls["workflow_type_id"].astype(str).to_numpy()
     by_type = {}
@@ -227,12 +225,6 @@ def keep_alive_online(profile: Profile, con: duckdb.DuckDBPyConnection, calls: p
     }
 
 
-def _rw_versus(cidx: dict[str, Any], a: str, b: str, n_sessions: int) -> dict[str, float] | None:
-    """``{"c_index_diff": C_a − C_b, "c_index_diff_se"}`` (delete-one-session jackknife)."""
-    jk = jackknife_diff(cidx[a][2], cidx[b][2], n_sessions)
-    return None if jk is None else {"c_index_diff": jk[0], "c_index_diff_se": jk[1]}
-
-
 def remaining_online(profile: Profile, calls: pd.DataFrame, online_rem: np.ndarray, static_rem: np.ndarray,
                      selection: dict[str, Any]) -> dict[str, Any] | None:
     """The ``remaining_tokens`` part of the result (module doc): the remaining work served by
@@ -247,36 +239,24 @@ def remaining_online(profile: Profile, calls: pd.DataFrame, online_rem: np.ndarr
     c = calls.iloc[order].reset_index(drop=True)       # workflow by workflow in call order
     frame = session_frame(c)
     truth = frame["R"].to_numpy()
-    wf_code = c.groupby(["workflow_type_id", "workflow_id"], sort=False).ngroup().to_numpy()
-    t_arrival = c["t_arrival"].to_numpy(dtype=float)
-    wf_end = c.groupby(wf_code)["t_finish"].max().to_numpy(dtype=float)
-    wf_start = c.groupby(wf_code)["t_arrival"].min().to_numpy(dtype=float)
     on, st = online_rem[order], static_rem[order]
     scored = ~np.isnan(on) & ~np.isnan(st)
-    preds = {"online": on, "static": st, **baseline_predictions(section, frame, profile.data.get("nat_trie")),
-             "age": wf_start[wf_code]}
+    preds = {"online": on, "static": st, **baseline_predictions(section, frame, profile.data.get("nat_trie"))}
     preds = {k: np.where(scored, v, np.nan) for k, v in preds.items()}   # exactly the same calls
-    cidx = concordance_pairs(preds, truth, wf_code, t_arrival, wf_end)
-    pairing = "concurrent"
-    if cidx["online"][1] < MIN_PAIRS:     # sessions that never overlapped: as if started together
-        preds["age"] = np.where(scored, 0.0, np.nan)
-        start = wf_start[wf_code]
-        cidx = concordance_pairs(preds, truth, wf_code, t_arrival - start, wf_end - wf_start)
-        pairing = "aligned_start"
-    n = len(wf_start)
+    cidx, pairing, n = session_c_index(c, truth, preds, "online", scored)
 
     def figure(name: str) -> dict[str, Any]:
-        p = preds[name]
-        ok = ~np.isnan(p)
+        p = preds.get(name)
+        ok = ~np.isnan(p) if p is not None else None
         return {"c_index": cidx[name][0],
                 "log1p_mae": (float(np.mean(np.abs(np.log1p(np.maximum(p[ok], 0.0)) - np.log1p(truth[ok]))))
-                              if ok.any() and name != "age" else None)}
+                              if ok is not None and ok.any() else None)}
     return {"calls": int(scored.sum()), "pairs": cidx["online"][1], "pairing": pairing,
             "online": figure("online"), "static": figure("static"),
             "baselines": {name: figure(name) for name in (*RW_BASELINES, "age")},
-            "online_minus_static": _rw_versus(cidx, "online", "static", n),
-            "vs_position_median": {"online": _rw_versus(cidx, "online", "position_median", n),
-                                   "static": _rw_versus(cidx, "static", "position_median", n)},
+            "online_minus_static": c_index_diff(cidx, "online", "static", n),
+            "vs_position_median": {"online": c_index_diff(cidx, "online", "position_median", n),
+                                   "static": c_index_diff(cidx, "static", "position_median", n)},
             "selection": selection}
 
 

@@ -182,6 +182,35 @@ def jackknife_diff(ours: dict[str, np.ndarray], other: dict[str, np.ndarray],
     return c1 - c2, float(np.sqrt((w - 1) / w * np.sum((d - d.mean()) ** 2)))
 
 
+def session_c_index(calls: pd.DataFrame, truth: np.ndarray, preds: dict[str, np.ndarray], key: str,
+                    scored: np.ndarray | None = None) -> tuple[dict[str, Any], str, int]:
+    """Every prediction's C-index (:func:`concordance_pairs`) over pairs of sessions active at
+    the same time, beside the ``age`` baseline (older session first; NaN outside ``scored``);
+    when ``key``'s prediction has fewer than :data:`MIN_PAIRS` such pairs (sessions that never
+    overlapped) over pairs as if every session had started together (``age`` then ties).
+    ``(C-indices, "concurrent" | "aligned_start", sessions)``; ``calls`` workflow by workflow."""
+    wf_code = calls.groupby(["workflow_type_id", "workflow_id"], sort=False).ngroup().to_numpy()
+    t_arrival = calls["t_arrival"].to_numpy(dtype=float)
+    wf_end = calls.groupby(wf_code)["t_finish"].max().to_numpy(dtype=float)
+    wf_start = calls.groupby(wf_code)["t_arrival"].min().to_numpy(dtype=float)
+    keep = np.ones(len(calls), dtype=bool) if scored is None else scored
+    preds = {**preds, "age": np.where(keep, wf_start[wf_code], np.nan)}
+    cidx = concordance_pairs(preds, truth, wf_code, t_arrival, wf_end)
+    if cidx[key][1] >= MIN_PAIRS:
+        return cidx, "concurrent", len(wf_start)
+    preds["age"] = np.where(keep, 0.0, np.nan)       # aligned: every session has the same age
+    start = wf_start[wf_code]
+    return (concordance_pairs(preds, truth, wf_code, t_arrival - start, wf_end - wf_start),
+            "aligned_start", len(wf_start))
+
+
+def c_index_diff(cidx: dict[str, Any], a: str, b: str, n_sessions: int) -> dict[str, float] | None:
+    """``{"c_index_diff": C_a − C_b, "c_index_diff_se"}`` (:func:`jackknife_diff`); None without
+    pairs."""
+    jk = jackknife_diff(cidx[a][2], cidx[b][2], n_sessions)
+    return None if jk is None else {"c_index_diff": jk[0], "c_index_diff_se": jk[1]}
+
+
 def remaining_work_scores(profile: Profile, con: duckdb.DuckDBPyConnection) -> dict[str, Any]:
     """``{"remaining_work": {c_index, mae_tokens, calls, pairs, coverage, baselines}}`` (module doc);
     ``{}`` for a profile without the ``remaining_tokens`` section."""
@@ -193,26 +222,13 @@ def remaining_work_scores(profile: Profile, con: duckdb.DuckDBPyConnection) -> d
         return {}
     frame = session_frame(calls)          # R (the truth), call index and bucket, as the fit has them
     truth = frame["R"].to_numpy()
-    wf_code = calls.groupby(["workflow_type_id", "workflow_id"], sort=False).ngroup().to_numpy()
-    t_arrival = calls["t_arrival"].to_numpy(dtype=float)
-    wf_end = calls.groupby(wf_code)["t_finish"].max().to_numpy(dtype=float)
-    wf_start = calls.groupby(wf_code)["t_arrival"].min().to_numpy(dtype=float)
     preds = {"ours": served_remaining_tokens(profile, calls),
-             **baseline_predictions(section, frame, profile.data.get("nat_trie")),
-             "age": wf_start[wf_code]}
-    cidx = concordance_pairs(preds, truth, wf_code, t_arrival, wf_end)
-    pairing = "concurrent"
-    if cidx["ours"][1] < MIN_PAIRS:       # sessions that never overlapped: as if they all started together
-        start = wf_start[wf_code]
-        preds["age"] = np.zeros(len(calls))     # aligned: every session has the same age
-        cidx = concordance_pairs(preds, truth, wf_code, t_arrival - start, wf_end - wf_start)
-        pairing = "aligned_start"
-    n_sessions = len(wf_start)
+             **baseline_predictions(section, frame, profile.data.get("nat_trie"))}
+    cidx, pairing, n_sessions = session_c_index(calls, truth, preds, "ours")
 
     def versus(name: str) -> dict[str, float]:
         """``c_index_diff`` (ours − this baseline) and its jackknife ``c_index_diff_se``."""
-        jk = jackknife_diff(cidx["ours"][2], cidx[name][2], n_sessions)
-        return {} if jk is None else {"c_index_diff": jk[0], "c_index_diff_se": jk[1]}
+        return c_index_diff(cidx, "ours", name, n_sessions) or {}
 
     def mae(p: np.ndarray) -> float | None:
         ok = ~np.isnan(p)
