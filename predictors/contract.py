@@ -393,6 +393,9 @@ class Annotation:
     """prompt templates of the likely next agents"""
     priority: int | None = contract_field(None, INT, flat="priority", view_cast=float)
     """SGLang integer priority (bigger runs first), when a priority policy is configured"""
+    latency_class: str | None = contract_field(None, TEXT, flat="latency_class", header="Latency-Class")
+    """``"interactive"`` (a person waits on this session's answers: rank for time to first token)
+    or ``"batch"`` (rank for job completion); None = not classified"""
     session_end: bool | None = contract_field(None, OPT_BOOL, flat="session_end",
                                               header="Session-End")
     """true: the serving side may release this session's KV once the call finishes — set by the
