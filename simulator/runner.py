@@ -462,13 +462,15 @@ def compare_seeds(prep: Prepared, policies: Sequence[str], loads: Sequence[str],
         for name in out["loads"][level]["policies"]:
             avg = [r["loads"][level]["policies"][name]["avg_jct_s"] for r in runs]
             p95 = [r["loads"][level]["policies"][name]["p95_jct_s"] for r in runs]
+            p99 = [r["loads"][level]["policies"][name]["p99_jct_s"] for r in runs]
             settle = [r["loads"][level]["policies"][name]["settling"] for r in runs]
             held = [r["loads"][level]["policies"][name]["gpu_held_s"] for r in runs]
             row = {"avg_jct_s": avg, "p95_jct_s": p95, "settling": settle,
                    "gpu_held_s": held, "gpu_held_s_mean": float(np.mean(held)),
                    "p95_jct_std": float(np.std(p95, ddof=1)) if len(p95) > 1 else 0.0,
                    "avg_jct_mean": float(np.mean(avg)), "avg_jct_std": float(np.std(avg, ddof=1)) if len(avg) > 1 else 0.0,
-                   "p95_jct_mean": float(np.mean(p95))}
+                   "p95_jct_mean": float(np.mean(p95)),
+                   "p99_jct_s": p99, "p99_jct_mean": float(np.mean(p99))}
             for key in ("preprefill_tokens", "preprefill_used_tokens", "preprefill_wasted_tokens",
                         "autoscale_started", "autoscale_drained", "startup_s",
                         "routing_recomputed_tokens", "prefill_tokens", "routing_recompute_share",

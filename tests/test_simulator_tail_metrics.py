@@ -1,0 +1,59 @@
+"""Tail figures of a simulation run: P50/P95/P99 JCT overall and per application, TTFT percentiles."""
+from __future__ import annotations
+
+import numpy as np
+
+from simulator.baselines import BASELINES
+from simulator.config import ClusterConfig
+from simulator.engine import Simulator
+from simulator.metrics import by_app, summarize, workflow_apps
+from simulator.workload import workload_from_records
+from tests.simulator_helpers import STEP, rec
+
+
+def cfg() -> ClusterConfig:
+    return ClusterConfig(replicas=1, kv_capacity_tokens=6000, host_ratio=1.0, step=STEP,
+                         new_token_ratio=0.0, max_running_requests=2)
+
+
+def _mix():
+    """Two applications (a mix tags ids ``app:``): short ``chat`` sessions, long ``coder`` ones."""
+    recs = []
+    for w in range(6):
+        recs += [rec(f"chat:W{w}", 1, 0.0, 0.5, 400, 20, workflow_type_id="chat_t")]
+    for w in range(3):
+        recs += [rec(f"coder:L{w}", k, 2.0 * k, 2.0 * k + 0.5, 800 + 100 * k, 40, tool="bash",
+                     workflow_type_id="coder_t") for k in range(1, 5)]
+    return workload_from_records(recs, name="mix(chat, coder)")
+
+
+def test_every_run_reports_tail_percentiles_overall_and_per_app():
+    wl = _mix()
+    res = Simulator(wl, BASELINES["sglang-default"](), cfg(), [0.1 * i for i in range(9)]).run()
+    row = summarize(res)
+    jct = res.wf_finish - res.wf_arrival
+    assert row["p99_jct_s"] == float(np.percentile(jct, 99))
+    assert row["p50_jct_s"] <= row["p95_jct_s"] <= row["p99_jct_s"] <= jct.max()
+    assert set(row["by_app"]) == {"chat", "coder"}
+    coder = row["by_app"]["coder"]
+    assert coder["workflows"] == 3 and row["by_app"]["chat"]["workflows"] == 6
+    # the long sessions' tail is their own, not the pooled one
+    assert coder["avg"] > row["by_app"]["chat"]["avg"]
+    assert coder["p99"] == float(np.percentile(jct[6:], 99))
+    assert row["p50_ttft_s"] <= row["p95_ttft_s"] <= row["p99_ttft_s"]
+
+
+def test_by_app_is_restricted_to_the_measured_window():
+    wl = _mix()
+    res = Simulator(wl, BASELINES["sglang-default"](), cfg(), [0.1 * i for i in range(9)]).run()
+    mask = np.array([True] * 6 + [False] * 3)
+    row = summarize(res, mask)
+    assert set(row["by_app"]) == {"chat"} and row["by_app"]["chat"]["workflows"] == 6
+
+
+def test_apps_are_workflow_types_outside_a_mix():
+    wl = workload_from_records([rec("A", 1, 0.0, 0.5, 100, 5, workflow_type_id="x"),
+                                rec("B", 1, 0.0, 0.5, 100, 5, workflow_type_id="y")])
+    assert workflow_apps(wl) == ["x", "y"]
+    out = by_app(np.array([1.0, 3.0]), ["x", "y"])
+    assert out["y"]["avg"] == 3.0 and out["x"]["p99"] == 1.0
