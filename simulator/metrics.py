@@ -128,6 +128,36 @@ def summarize(res: SimResult, measured: np.ndarray | None = None) -> dict:
     }
 
 
+def interactive_types(records: list[dict]) -> set[str]:
+    """Workflow types of the replayed records in which a person took a turn (a call marked
+    ``wait_after = human``): their workflows are the interactive sessions of a run."""
+    return {str(r.get("workflow_type_id")) for r in records if r.get("wait_after") == "human"}
+
+
+def interactive_figures(res: SimResult, types: set[str], slo_s: float,
+                        measured: np.ndarray | None = None) -> dict:
+    """Time to first token of the calls of interactive sessions (workflow type in ``types``) and
+    the job completion of the others (batch), over the measured window: ``ttft_p50_s``,
+    ``ttft_p99_s``, ``slo_attainment`` (share of interactive calls whose TTFT ≤ ``slo_s``),
+    ``calls``, ``sessions``, ``batch_avg_jct_s``, ``batch_p95_jct_s``, ``concurrent_sessions``
+    (mean number of workflows in the system between the first arrival and the last finish)."""
+    wl = res.workload
+    mask = np.ones(len(wl.workflows), bool) if measured is None else np.asarray(measured, bool)
+    inter = np.array([w.workflow_type in types for w in wl.workflows])
+    ttft = np.array([r.t_first - r.t_issue for r in res.requests if inter[r.wf] and mask[r.wf]])
+    jct = (res.wf_finish - res.wf_arrival)
+    batch = jct[mask & ~inter]
+    span = float(np.nanmax(res.wf_finish) - np.min(res.wf_arrival)) if len(jct) else 0.0
+    out = {"slo_s": float(slo_s), "calls": int(len(ttft)), "sessions": int((inter & mask).sum()),
+           "concurrent_sessions": float(jct.sum() / span) if span > 0 else 0.0}
+    if len(ttft):
+        out.update(ttft_p50_s=float(np.percentile(ttft, 50)), ttft_p99_s=float(np.percentile(ttft, 99)),
+                   slo_attainment=float((ttft <= slo_s).mean()))
+    if len(batch):
+        out.update(batch_avg_jct_s=float(batch.mean()), batch_p95_jct_s=float(np.percentile(batch, 95)))
+    return out
+
+
 def add_belady_ratio(rows: dict[str, dict], reference: str = "belady",
                      key: str = "recompute_vs_belady",
                      tokens: str = "recomputed_prefill_tokens") -> None:

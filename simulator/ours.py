@@ -60,7 +60,8 @@ its replica; ``ours-move-gain-1`` moves it when the wait saved merely exceeds th
 on ``agent-platform``: docs/simulator.md). ``ours-duration-aging`` ages each session on its own
 expected duration (``PriorityPolicy(aging_per_duration=0.03)``; off by default: it loses on the
 real coding-trace mix, serving_hooks/policies/priority.py); ``ours-aging-1e-3`` is the fixed
-rate before the default became 1e-5 /s.
+rate before the default became 1e-5 /s. ``ours-no-classes`` ranks interactive calls like
+batch ones (``PriorityPolicy(interactive_boost=0)``: latency classes off).
 Autoscaling is not a part of ours: any policy
 name takes ``+predictive`` or ``+reactive`` (:mod:`simulator.autoscale`).
 """
@@ -283,7 +284,8 @@ class PriorityScheduler(Scheduler):
             return
         age = self.sim.now - float(self.sim.wf_arrival[req.wf])
         rate = pol.aging_rate(view, age)
-        score = (pol.session_score(pol.score_view(view, depth, agent_model), age, rate)
+        cls = pol.class_term(req.pred.ann.latency_class) if req.pred else 0.0
+        score = (pol.session_score(pol.score_view(view, depth, agent_model) + cls, age, rate)
                  if view.known else None)
         self.book.note(req.wf, score, self.sim.now, fallback=pol.session_score(pol.unknown_score, age),
                        rate=rate)
@@ -543,6 +545,7 @@ OURS_VARIANTS: dict[str, dict[str, Any]] = {
     "ours-duration-aging": {"priority_policy": PriorityPolicy(aging_per_s=0.001,
                                                               aging_per_duration=0.03)},
     "ours-aging-1e-3": {"priority_policy": PriorityPolicy(aging_per_s=0.001)},
+    "ours-no-classes": {"priority_policy": PriorityPolicy(interactive_boost=0.0)},
     "ours-seconds-p90": {"priority_policy": PriorityPolicy(remaining_unit="seconds",
                                                            remaining_quantile=0.9)},
 }

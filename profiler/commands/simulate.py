@@ -106,6 +106,17 @@ def simulate(
         help="CapacityPolicy ε (union bound on P(OOM)); default: the policy's own.")] = None,
     ours_aging_per_s: Annotated[Optional[float], typer.Option(
         help="PriorityPolicy aging per second of a workflow's age; default: the policy's own.")] = None,
+    ttft_slo: Annotated[float, typer.Option(
+        help="Time-to-first-token target (s) of interactive calls (sessions whose logs mark a "
+             "person's turn, wait_after: human; e.g. --scenario agent-platform-interactive): "
+             "policies.<name>.interactive reports ttft_p99_s, slo_attainment (share within the "
+             "target) and the batch sessions' avg/P95 JCT.", min=0.001)] = 2.0,
+    slo_search: Annotated[bool, typer.Option(
+        "--slo-search",
+        help="Also search, per policy, the most concurrent sessions it holds with >= 99 % of "
+             "interactive calls within --ttft-slo (the same workflows at 0.25x..2x the arrival "
+             "rate, then two bisections): interactive.max_sessions_in_slo. Several extra runs "
+             "per policy.")] = False,
 ) -> None:
     """Compare serving policies on the same workflows, arrivals and cluster, in one run.
 
@@ -211,7 +222,8 @@ def simulate(
 
         try:
             kw = dict(arrivals_mode=arrivals, gaps_mode=gaps, on_result=done, ours=ours, cv=cv,
-                      warmup=warmup, tail=tail, autoscale=scale)
+                      warmup=warmup, tail=tail, autoscale=scale, ttft_slo=ttft_slo,
+                      slo_search=slo_search)
             if seeds:
                 seed_list = [int(x) for x in seeds.split(",") if x.strip()]
                 bar.update(task, total=len(levels) * len(names) * len(seed_list))

@@ -191,6 +191,10 @@ class PriorityPolicy:
     #: Off by default: 0.03 won the generated validation draws but loses 18.5 % on a validation
     #: draw of the real coding-trace mix (module doc, "Aging per session duration").
     aging_per_duration: float | None = None
+    #: Added to the base score of a call of latency class ``"interactive"`` (module doc,
+    #: "Latency classes"): a person waits on it, so it is ranked for time to first token, above
+    #: every batch session that has not aged ``interactive_boost / aging_per_s`` seconds.
+    interactive_boost: float = 2.0
 
     def __post_init__(self) -> None:
         if self.remaining_unit not in UNITS:
@@ -232,6 +236,12 @@ class PriorityPolicy:
             return self.unknown_score
         score = -self.w1 * math.log1p(max(0.0, float(remaining_tokens)) / max(self.tokens_per_call, 1e-9))
         return score + self._idle_term(downstream_distance, queue_depth)
+
+    def class_term(self, latency_class: str | None) -> float:
+        """What the call's latency class adds to its base score: :attr:`interactive_boost` for
+        ``"interactive"``, 0 for ``"batch"`` or an unclassified call (module doc, "Latency
+        classes")."""
+        return self.interactive_boost if latency_class == "interactive" else 0.0
 
     def _idle_term(self, downstream_distance: Mapping[str, float] | None,
                    queue_depth: Mapping[str, float] | None) -> float:
@@ -366,7 +376,7 @@ class AnnotationPriority:
         queues (the predictor alone) leaves them out and the term is inactive."""
         view = CallView.from_annotation(annotation, app_metadata)
         pol = self.policy
-        base = pol.score_view(view, queue_depth, agent_model)
+        base = pol.score_view(view, queue_depth, agent_model) + pol.class_term(annotation.latency_class)
         return pol.to_sglang(pol.session_score(base, view.session_age_s, pol.aging_rate(view)))
 
     def downstream_boost(self, annotation: Annotation, app_metadata: Mapping | None = None, *,

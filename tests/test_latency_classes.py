@@ -1,0 +1,92 @@
+"""Latency classes: interactive when the profile saw a person's turn in the workflow type (or the
+client says so), batch otherwise; ranked above batch by the one priority policy; rendered in
+every dialect; the interactive generator marks the person's turns."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from predictors.contract import Annotation
+from predictors.predictor import Predictor
+from serving_hooks.dialects import hint_values, render
+from serving_hooks.policies.priority import AnnotationPriority, PriorityPolicy
+from simulator.sources import fit_train_profile
+from store.workloads import generate, load_spec
+
+
+def _records(spec: str, n: int, seed: int) -> list[dict]:
+    return list(generate(load_spec(spec), n, seed=seed, arrival_rate=1.0))
+
+
+@pytest.fixture(scope="module")
+def predictor(tmp_path_factory):
+    """A real profile fit on interactive coding sessions (person's turns marked) and a batch
+    workload without any."""
+    recs = _records("codex_interactive", 30, 1) + _records("agent_user", 30, 2)
+    profile, _ = fit_train_profile(recs, tmp_path_factory.mktemp("prof"))
+    assert set(profile.data["human_wait"]) == {"codex"}
+    return Predictor(profile, priority_policy=AnnotationPriority())
+
+
+def _meta(wt: str, wf: str, agent: str, **extra) -> dict:
+    return {"workflow_type_id": wt, "workflow_id": wf, "agent_id": agent, **extra}
+
+
+def test_generator_marks_each_turn_but_the_last_as_a_human_wait():
+    recs = _records("claude_code_interactive", 40, 3)
+    by_wf: dict[str, list[dict]] = {}
+    for r in recs:
+        by_wf.setdefault(r["workflow_id"], []).append(r)
+    waits = []
+    for calls in by_wf.values():
+        assert "wait_after" not in calls[-1]                 # the session's end is no turn
+        for a, b in zip(calls, calls[1:]):
+            gap = b["t_arrival"] - a["t_finish"]
+            if a.get("wait_after") == "human":
+                waits.append(gap)
+            else:
+                assert a["tool_calls"] and gap < 60
+        assert [c["input_tokens"] for c in calls] == sorted(c["input_tokens"] for c in calls)
+    assert len(waits) > 20
+    assert 2.0 <= min(waits) and max(waits) <= 600.0
+    assert 20 < np.median(waits) < 150                      # around the fixtures' 57.4 s
+
+
+def test_class_from_the_profile_and_from_the_client(predictor):
+    inter = predictor.annotate_call(_meta("codex", "s1", "main"), request_id="r1")
+    batch = predictor.annotate_call(_meta("airline_support", "s2", "user"), request_id="r2")
+    assert inter.known and inter.latency_class == "interactive"
+    assert batch.known and batch.latency_class == "batch"
+    declared = predictor.annotate_call(_meta("airline_support", "s3", "user", latency_class="Interactive"),
+                                       request_id="r3")
+    assert declared.latency_class == "interactive"
+    down = predictor.annotate_call(_meta("codex", "s4", "main", latency_class="batch"), request_id="r4")
+    assert down.latency_class == "batch"
+    unknown = predictor.annotate_call(_meta("never_seen", "s5", "a"), request_id="r5")
+    assert not unknown.known and unknown.latency_class is None
+    # a client's unknown word is ignored: the profile decides
+    odd = predictor.annotate_call(_meta("codex", "s6", "main", latency_class="urgent"), request_id="r6")
+    assert odd.latency_class == "interactive"
+
+
+def test_interactive_outranks_batch_by_the_boost(predictor):
+    a = predictor.annotate_call(_meta("airline_support", "s7", "user"), request_id="r7")
+    b = predictor.annotate_call(_meta("airline_support", "s8", "user", latency_class="interactive"),
+                                request_id="r8")
+    pol = PriorityPolicy()
+    assert b.priority - a.priority == pol.to_sglang(pol.interactive_boost)
+    assert pol.class_term("batch") == pol.class_term(None) == 0.0
+    flat = AnnotationPriority(PriorityPolicy(interactive_boost=0.0))
+    assert flat(b) == flat(a) == a.priority
+
+
+def test_class_is_rendered_in_each_dialect(predictor):
+    ann = predictor.annotate_call(_meta("codex", "s9", "main"), request_id="r9")
+    v = hint_values(ann)
+    sg, _ = render("sglang", v, {})
+    assert sg["custom_params"]["latency_class"] == "interactive" and sg["priority"] == ann.priority
+    vl, _ = render("vllm", v, {})
+    assert vl["vllm_xargs"]["latency_class"] == "interactive" and vl["priority"] == -ann.priority
+    _, headers = render("headers", v, {})
+    assert headers["X-Agentprof-Latency-Class"] == "interactive"
+    assert Annotation.from_dict(ann.to_dict()).latency_class == "interactive"
