@@ -90,3 +90,22 @@ def test_class_is_rendered_in_each_dialect(predictor):
     _, headers = render("headers", v, {})
     assert headers["X-Agentprof-Latency-Class"] == "interactive"
     assert Annotation.from_dict(ann.to_dict()).latency_class == "interactive"
+
+
+def test_overtake_window_bounds_who_may_pass_a_session():
+    """The stated guarantee: under the calls key, a session is never ranked below one of its class
+    that started more than ``overtake_window_s`` later, at any time both wait."""
+    pol = PriorityPolicy()
+    window = pol.overtake_window_s()
+    assert window == pytest.approx(1.0 / pol.aging_per_s)
+    rng = np.random.default_rng(0)
+    for _ in range(2000):
+        r_old, r_new = rng.uniform(0, 200, 2)              # expected remaining calls
+        t_old = rng.uniform(0, 1e4)
+        t_new = t_old + window * (1 + rng.uniform(1e-6, 2))
+        now = t_new + rng.uniform(0, 1e4)
+        old = pol.aged(pol.base_score(r_old), t_old, now)
+        new = pol.aged(pol.base_score(r_new), t_new, now)
+        assert pol.to_sglang(old) >= pol.to_sglang(new)
+    # inside the window a session closer to done may pass: the remaining-work order
+    assert pol.aged(pol.base_score(0), 10.0, 20.0) > pol.aged(pol.base_score(50), 0.0, 20.0)

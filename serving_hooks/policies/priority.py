@@ -237,6 +237,13 @@ class PriorityPolicy:
         score = -self.w1 * math.log1p(max(0.0, float(remaining_tokens)) / max(self.tokens_per_call, 1e-9))
         return score + self._idle_term(downstream_distance, queue_depth)
 
+    def overtake_window_s(self, max_idle_term: float = 0.0) -> float:
+        """The tail bound (module doc, "Bounded tail"): a session never ranks below one of its
+        class that started more than this many seconds after it, ``(1 + max_idle_term) /
+        aging_per_s`` — the calls key's base lies in (0, 1], ``max_idle_term`` bounds the
+        idle-downstream term of the run (0 with one model pool)."""
+        return (self.w1 + max(0.0, float(max_idle_term))) / self.aging_per_s
+
     def class_term(self, latency_class: str | None) -> float:
         """What the call's latency class adds to its base score: :attr:`interactive_boost` for
         ``"interactive"``, 0 for ``"batch"`` or an unclassified call (module doc, "Latency
