@@ -473,7 +473,7 @@ def compare_seeds(prep: Prepared, policies: Sequence[str], loads: Sequence[str],
                         "autoscale_started", "autoscale_drained", "startup_s",
                         "routing_recomputed_tokens", "prefill_tokens", "routing_recompute_share",
                         "capacity_decisions", "capacity_fallbacks", "capacity_moved_sessions",
-                        "capacity_move_recompute_tokens"):
+                        "capacity_move_recompute_tokens", "jobs_per_hour_per_gpu", "jobs_per_hour_per_user"):
                 vals = [r["loads"][level]["policies"][name].get(key) for r in runs]
                 if all(v is not None for v in vals):
                     row[key] = vals

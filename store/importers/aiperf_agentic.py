@@ -12,8 +12,9 @@ sub-agent its ``subagent_type`` (else its ``agent_id``); ``request_id`` = ``<id>
 order; ``t_arrival`` = ``t`` (seconds from the conversation's start: the trace has no epoch, so a
 workflow starts at 0), ``t_finish`` = ``t + api_time`` (without ``api_time``: ``t``, flagged
 ``timing: created_only``), ``t_first_token`` = ``t + ttft``. A request ending ``stop:
-"end_turn"`` that another request follows was answered by a person: ``wait_after: "human"``
-(think time, kept apart from tool waits).
+"end_turn"`` that the same agent's next request follows was answered by a person: ``wait_after:
+"human"`` (think time, kept apart from tool waits; a sub-agent's ``end_turn`` returns to its
+parent instead).
 
 **Parents** follow the nesting: an item's first call depends on what ended the item before it in
 its list — a request, or every sub-agent of the group launched with it (consecutive markers of
@@ -126,9 +127,9 @@ class _Reader:
             raise self.bad("no requests list", "requests")
         self.items(self.trace["requests"], "requests", "main", [], None)
         by_id = {r["request_id"]: r for r in self.records}
-        for r in self.records:     # a person answered an end_turn that something followed
-            for p in r["parent_request_ids"]:
-                if by_id[p].get("stop") == "end_turn":
+        for r in self.records:     # a person answered an end_turn the same agent followed
+            for p in r["parent_request_ids"]:    # (a sub-agent's end_turn returns to its parent)
+                if by_id[p].get("stop") == "end_turn" and by_id[p]["agent_id"] == r["agent_id"]:
                     by_id[p]["wait_after"] = "human"
         return self.records
 

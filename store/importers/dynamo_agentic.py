@@ -17,7 +17,7 @@ the workflow of the request it waits on; parents = ``wait_for``; a dependency's 
 the child's ``timestamp`` − ``delay`` − ``tool_wait_ms``, and ``tool_wait_ms`` becomes a tool
 execution (``tool``) of the parent from its finish. **Plain Mooncake** rows (``timestamp``,
 ``input_length``, ``output_length``, ``hash_ids``, optional ``session_id`` / ``delay``) are one call
-each, a session's rows in order.
+each, a session's rows in order (a row without ``session_id`` is a workflow of its own).
 
 Kept from every row: ``hash_ids`` and ``block_size`` (the prompt's KV blocks: the prefix
 structure), ``priority`` / ``strict_priority`` / ``policy_class``; what our exporter put in the
@@ -151,7 +151,7 @@ def _v1(rows: list[tuple[int, dict]], path: Path, workflow_type: str | None,
                 raise ImportFormatError(str(path), lineno, "no timestamp (ms, a number)", "timestamp")
             n_in, n_out = _tokens(row, path, lineno)
             session = str(row.get("session_id") or "")
-            rid = str(row.get("request_id") or f"{session or 'row'}#{lineno}")
+            rid = str(row.get("request_id") or f"{session or path.name.split('.')[0]}#{lineno}")
             run, _, role = session.partition(":")
             sessions[rid] = session
             rec: dict[str, Any] = {"request_id": rid, "workflow_type_id": workflow_type or DEFAULT_TYPE,
@@ -177,10 +177,10 @@ def _v1(rows: list[tuple[int, dict]], path: Path, workflow_type: str | None,
     # a spawned session joins the workflow of the request in another session it first waits on
     workflow_of: dict[str, str] = {}
     for r in sorted(recs, key=lambda r: r["t_arrival"]):
-        sess = sessions[r["request_id"]]
+        sess = sessions[r["request_id"]] or r["request_id"]     # no session: a call of its own
         if sess not in workflow_of:
             workflow_of[sess] = next((by_id[p]["workflow_id"] for p in waits.get(r["request_id"], [])
-                                      if p in by_id and sessions[p] != sess), r["workflow_id"])
+                                      if p in by_id and (sessions[p] or p) != sess), r["workflow_id"])
         r["workflow_id"] = workflow_of[sess]
     if not waits:       # plain Mooncake: a session's rows in time order, each delay after the one before
         deps: dict[str, list[tuple[str, float]]] = {}

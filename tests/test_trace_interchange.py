@@ -1,0 +1,200 @@
+"""Trace interchange: `profiler export` to Dynamo's agentic Mooncake and AIPerf's agentic (Weka)
+traces, `profiler import` back. Export then import gives the same calls, tokens, gaps and parents
+on every bundled set; each importer reads the public shapes (fixtures: tests/fixtures/importers)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from profiler.commands.common import app
+from store.exporters import export_records, group_workflows, load_records
+from store.exporters.aiperf_agentic import Unexpressible, layout
+from store.exporters._graph import BlockIds
+from store.importers import FORMATS, iter_records
+from store.importers.detect import detect_format
+
+ROOT = Path(__file__).resolve().parents[1]
+FIX = ROOT / "tests" / "fixtures" / "importers"
+SETS = ["datasets/generated/coding_assistant_sample.jsonl.gz", "datasets/generated/deep_research_sample.jsonl.gz",
+        "datasets/real/agentless_pr28.jsonl", "datasets/real/mini_swe_agent_gemini3.jsonl",
+        "datasets/real/seq_whowhen_magentic_captain.jsonl", "datasets/swe_agent/swe_agent_glm45_bs4.jsonl"]
+runner = CliRunner()
+
+
+def shape(records: list[dict]) -> dict[str, list[tuple]]:
+    """Per workflow, in store order: (input, output, gap after the parents, parent positions)."""
+    out = {}
+    for wf in group_workflows(records):
+        pos = {c["request_id"]: k for k, c in enumerate(wf.calls)}
+        out[wf.workflow_id] = [(c["input_tokens"], c["output_tokens"], wf.gap_s(c),
+                                sorted(pos[p] for p in wf.parents[c["request_id"]])) for c in wf.calls]
+    return out
+
+
+def assert_same(a: dict, b: dict, tol: float) -> None:
+    assert a.keys() == b.keys()
+    for wid in a:
+        assert len(a[wid]) == len(b[wid]), wid
+        for x, y in zip(a[wid], b[wid]):
+            assert (x[0], x[1], x[3]) == (y[0], y[1], y[3]), (wid, x, y)
+            assert (x[2] is None) == (y[2] is None), (wid, x, y)
+            if x[2] is not None:
+                assert y[2] == pytest.approx(x[2], abs=tol), (wid, x, y)
+
+
+@pytest.fixture(scope="module", params=SETS, ids=lambda s: Path(s).name.split(".")[0])
+def bundled(request):
+    records, quarantined = load_records([ROOT / request.param])
+    assert records and quarantined == 0
+    return records
+
+
+@pytest.mark.parametrize("fmt,name,tol", [("dynamo-agentic", "t.jsonl", 1e-6), ("aiperf-agentic", "t.jsonl", 2e-6),
+                                          ("aiperf-agentic", "traces", 2e-6)])
+def test_export_then_import_gives_the_same_calls_tokens_gaps_and_parents(bundled, tmp_path, fmt, name, tol):
+    out = tmp_path / name
+    report = export_records(fmt, bundled, out)
+    assert report.skipped == [] and report.calls == len(bundled)
+    files = sorted(out.glob("*.json")) if out.is_dir() else [out]
+    assert {detect_format(f) for f in files} == {fmt}
+    back = [r for f in files for r in iter_records("auto", f)]
+    assert len(back) == len(bundled)
+    assert_same(shape(bundled), shape(back), tol)
+    if fmt == "dynamo-agentic":     # ids, agents, types and absolute times come back too
+        orig = {r["request_id"]: r for r in bundled}
+        for r in back:
+            o = orig[r["request_id"]]
+            assert (r["agent_id"], r["workflow_type_id"], r["workflow_id"]) == (
+                o["agent_id"], o["workflow_type_id"], o["workflow_id"])
+            assert r["t_arrival"] == pytest.approx(o["t_arrival"], abs=1e-6)
+            assert r["t_finish"] == pytest.approx(o["t_finish"], abs=1e-6)
+            assert r.get("wait_after") == o.get("wait_after")
+            assert [t["name"] for t in r.get("tool_calls") or []] == [t["name"] for t in o.get("tool_calls") or []]
+
+
+def test_aiperf_keeps_sub_agent_roles_and_human_turns(tmp_path):
+    recs = [
+        {"request_id": "w#1", "workflow_type_id": "t", "workflow_id": "w", "agent_id": "planner",
+         "t_arrival": 0.0, "t_finish": 1.0, "input_tokens": 100, "output_tokens": 10},
+        {"request_id": "w#2", "workflow_type_id": "t", "workflow_id": "w", "agent_id": "researcher",
+         "t_arrival": 1.5, "t_finish": 3.0, "input_tokens": 80, "output_tokens": 20, "parent_request_ids": ["w#1"]},
+        {"request_id": "w#3", "workflow_type_id": "t", "workflow_id": "w", "agent_id": "researcher",
+         "t_arrival": 1.5, "t_finish": 4.0, "input_tokens": 90, "output_tokens": 20, "parent_request_ids": ["w#1"]},
+        {"request_id": "w#4", "workflow_type_id": "t", "workflow_id": "w", "agent_id": "planner", "wait_after": "human",
+         "t_arrival": 4.5, "t_finish": 5.0, "input_tokens": 300, "output_tokens": 30,
+         "parent_request_ids": ["w#2", "w#3"]},
+        {"request_id": "w#5", "workflow_type_id": "t", "workflow_id": "w", "agent_id": "planner",
+         "t_arrival": 65.0, "t_finish": 66.0, "input_tokens": 400, "output_tokens": 5},
+    ]
+    out = tmp_path / "w.jsonl"
+    export_records("aiperf-agentic", recs, out)
+    trace = json.loads(out.read_text())
+    assert set(trace) == {"id", "models", "block_size", "hash_id_scope", "tool_tokens", "system_tokens", "requests"}
+    kinds = [i["type"] for i in trace["requests"]]
+    assert kinds == ["n", "subagent", "subagent", "n", "n"]
+    assert {i["subagent_type"] for i in trace["requests"] if i["type"] == "subagent"} == {"researcher"}
+    back = {r["request_id"]: r for r in iter_records("aiperf-agentic", out)}
+    assert back["w#4"]["parent_request_ids"] == ["w#2", "w#3"]       # the join of the two sub-agents
+    assert back["w#4"]["wait_after"] == "human" and "wait_after" not in back["w#5"]
+    assert [back[f"w#{k}"]["agent_id"] for k in range(1, 6)] == ["main", "researcher", "researcher", "main", "main"]
+    # hash ids: one per 64 tokens; the planner's later prompts extend its conversation
+    h = {i + 1: r["hash_ids"] for i, r in enumerate(back[f"w#{k}"] for k in range(1, 6))}
+    assert len(h[1]) == 2 and len(h[4]) == 5 and h[4][:1] == h[1][:1] and h[5][:4] == h[4][:4]
+
+
+def test_a_workflow_the_nesting_cannot_express_is_left_out_with_its_reason(tmp_path):
+    recs = [  # w#3 joins w#1 and w#2, though w#2 already follows w#1: a join that skips a stage
+        {"request_id": "w#1", "workflow_type_id": "t", "workflow_id": "w", "agent_id": "a", "t_arrival": 0.0,
+         "t_finish": 1.0, "input_tokens": 10, "output_tokens": 1},
+        {"request_id": "w#2", "workflow_type_id": "t", "workflow_id": "w", "agent_id": "a", "t_arrival": 2.0,
+         "t_finish": 3.0, "input_tokens": 10, "output_tokens": 1},
+        {"request_id": "w#3", "workflow_type_id": "t", "workflow_id": "w", "agent_id": "b", "t_arrival": 4.0,
+         "t_finish": 5.0, "input_tokens": 10, "output_tokens": 1, "parent_request_ids": ["w#1", "w#2"]},
+    ]
+    with pytest.raises(Unexpressible, match="w#3"):
+        layout(group_workflows(recs)[0])
+    report = export_records("aiperf-agentic", recs, tmp_path / "x.jsonl")
+    assert report.workflows == 0 and report.skipped and "w#3" in report.skipped[0]
+    # Dynamo's dependencies carry any graph
+    report = export_records("dynamo-agentic", recs, tmp_path / "d.jsonl")
+    back = {r["request_id"]: r for r in iter_records("auto", tmp_path / "d.jsonl")}
+    assert back["w#3"]["parent_request_ids"] == ["w#1", "w#2"] and report.calls == 3
+
+
+def test_block_ids_share_the_conversation_prefix_only():
+    wf = group_workflows([
+        {"request_id": "1", "workflow_type_id": "t", "workflow_id": "w", "agent_id": "a", "t_arrival": 0.0,
+         "t_finish": 1.0, "input_tokens": 130, "output_tokens": 70},
+        {"request_id": "2", "workflow_type_id": "t", "workflow_id": "w", "agent_id": "a", "t_arrival": 2.0,
+         "t_finish": 3.0, "input_tokens": 260, "output_tokens": 5},
+        {"request_id": "3", "workflow_type_id": "t", "workflow_id": "w", "agent_id": "b", "t_arrival": 4.0,
+         "t_finish": 5.0, "input_tokens": 260, "output_tokens": 5},
+        {"request_id": "4", "workflow_type_id": "t", "workflow_id": "w", "agent_id": "a", "t_arrival": 6.0,
+         "t_finish": 7.0, "input_tokens": 100, "output_tokens": 5},     # shorter: compacted, nothing shared
+    ])[0]
+    ids = BlockIds(64).workflow(wf)
+    assert len(ids["1"]) == 3 and len(ids["2"]) == 5
+    assert ids["2"][:2] == ids["1"][:2] and ids["2"][2] != ids["1"][2]   # 2 full blocks of call 1's prompt
+    assert not set(ids["3"]) & set(ids["1"] + ids["2"])                   # another agent: its own prompt
+    assert not set(ids["4"]) & set(ids["2"])
+
+
+def test_dynamo_v2_fixture_fork_join_and_finish_times():
+    recs = {r["request_id"]: r for r in iter_records("auto", FIX / "dynamo_agentic" / "v2_fork_join.jsonl")}
+    assert recs["root-join"]["parent_request_ids"] == ["left-next", "right-next"]
+    assert recs["left"]["parent_request_ids"] == ["root"] and recs["root"]["parent_request_ids"] == []
+    assert {r["workflow_id"] for r in recs.values()} == {"play-a"}
+    assert recs["left"]["agent_id"] == "left" and recs["root"]["agent_id"] == "main"
+    assert recs["root"]["t_arrival"] == pytest.approx(1.0) and recs["root"]["t_finish"] == pytest.approx(1.4)
+    # no recorded duration: the finish its child's dependency delay counts from
+    assert recs["right"]["t_finish"] == pytest.approx(1.8 - 0.06)
+    assert recs["right-next"]["hash_ids"] == [1, 2, 5] and recs["right-next"]["block_size"] == 64
+
+
+def test_dynamo_v1_and_plain_mooncake_fixtures():
+    v1 = {r["request_id"]: r for r in iter_records("auto", FIX / "dynamo_agentic" / "v1_wait_for.jsonl")}
+    assert {r["workflow_id"] for r in v1.values()} == {"run-7"}
+    assert v1["r3"]["agent_id"] == "researcher" and v1["r3"]["parent_request_ids"] == ["r1"]
+    assert v1["r1"]["t_finish"] == pytest.approx(1.0)          # 2.5 s − 0.3 s delay − 1.2 s tool
+    assert v1["r1"]["tool_calls"] == [{"name": "tool", "t_start": 1.0, "t_end": pytest.approx(2.2), "status": "ok"}]
+    assert v1["r2"]["timing"] == "created_only"                # nothing says when it finished
+    plain = list(iter_records("auto", FIX / "dynamo_agentic" / "mooncake_plain.jsonl"))
+    assert [r["input_tokens"] for r in plain] == [6955, 6472, 1200]
+    assert plain[0]["t_arrival"] == pytest.approx(27.482) and len({r["workflow_id"] for r in plain}) == 3
+
+
+def test_aiperf_fixture_nested_sub_agents_parallel_group_and_human_turn():
+    recs = list(iter_records("auto", FIX / "aiperf_agentic" / "cc-session-0001.json"))
+    assert [r["agent_id"] for r in recs] == ["main", "main", "Explore", "Explore", "Explore", "main", "main"]
+    by = {r["request_id"].split("#")[1]: r for r in recs}
+    assert by["3"]["parent_request_ids"] == by["5"]["parent_request_ids"] == ["cc-session-0001#2"]
+    assert by["6"]["parent_request_ids"] == ["cc-session-0001#4", "cc-session-0001#5"]
+    assert by["6"]["wait_after"] == "human" and "wait_after" not in by["4"]    # sub-agent end_turn: a return
+    assert by["1"]["t_first_token"] == pytest.approx(0.9) and by["1"]["t_finish"] == pytest.approx(3.1)
+
+
+def test_formats_are_registered_with_aliases():
+    assert FORMATS["dynamo-agentic"].NAME == "dynamo-agentic" and FORMATS["aiperf-agentic"].NAME == "aiperf-agentic"
+    from store.importers import get_format
+    assert get_format("agentic_mooncake").NAME == "dynamo-agentic" and get_format("weka").NAME == "aiperf-agentic"
+
+
+def test_cli_export_import_and_clear_errors(tmp_path):
+    out = tmp_path / "t.jsonl"
+    res = runner.invoke(app, ["export", str(ROOT / "datasets/real/agentless_pr28.jsonl"), "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    assert "wrote 227 calls of 85 workflows as dynamo-agentic" in res.output
+    res = runner.invoke(app, ["export", "--workload", "deep-research", "--workflows", "3", "-f", "aiperf-agentic",
+                              "--out", str(tmp_path / "traces"), "--json"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.output)["workflows"] == 3 and len(list((tmp_path / "traces").glob("*.json"))) == 3
+    res = runner.invoke(app, ["import", str(out), str(tmp_path / "traces"), "--out", str(tmp_path / "logs")])
+    assert res.exit_code == 0, res.output
+    assert "[dynamo-agentic]: 227 calls" in res.output and "[aiperf-agentic]" in res.output
+    res = runner.invoke(app, ["export", "--format", "trtllm", str(out)])
+    assert res.exit_code != 0 and "use one of dynamo-agentic, aiperf-agentic" in res.output
+    res = runner.invoke(app, ["export"])
+    assert res.exit_code != 0 and "give LOGS or --workload" in res.output
