@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from profiler.commands.common import app
+from profiler.cli import app
 from store.exporters import export_records, group_workflows, load_records
 from store.exporters.aiperf_agentic import Unexpressible, layout
 from store.exporters._graph import BlockIds
@@ -198,3 +198,33 @@ def test_cli_export_import_and_clear_errors(tmp_path):
     assert res.exit_code != 0 and "use one of dynamo-agentic, aiperf-agentic" in res.output
     res = runner.invoke(app, ["export"])
     assert res.exit_code != 0 and "give LOGS or --workload" in res.output
+
+
+def test_aiperf_nested_times_from_the_marker_and_top_level_agents_from_hash_chains(tmp_path):
+    def req(t, ids, stop=""):
+        return {"t": t, "type": "n", "model": "m", "in": 64 * len(ids), "out": 5, "hash_ids": ids,
+                "stop": stop, "api_time": 1.0, "think_time": 0.0}
+    trace = {"id": "raw", "models": ["m"], "block_size": 64, "hash_id_scope": "local", "requests": [
+        req(0.0, [1, 2]),
+        {"t": 10.0, "type": "subagent", "agent_id": "agent_001", "subagent_type": "Explore", "status": "completed",
+         "requests": [req(0.5, [7, 8])]},                       # kv-cache-tester: t from the marker
+        req(20.0, [1, 2, 3]),                                   # the main chain again
+        req(30.0, [40, 41]),                                    # another top-level agent's chain
+    ]}
+    path = tmp_path / "raw.json"
+    path.write_text(json.dumps(trace))
+    recs = list(iter_records("auto", path))
+    assert [r["t_arrival"] for r in recs] == [0.0, 10.5, 20.0, 30.0]
+    assert [r["agent_id"] for r in recs] == ["main", "Explore", "main", "agent_1"]
+    assert recs[2]["parent_request_ids"] == ["raw#2"] and recs[1]["parent_request_ids"] == ["raw#1"]
+
+
+def test_two_fan_outs_in_a_row_cannot_be_written_for_aiperf():
+    def rec(n, parents, agent="a"):
+        return {"request_id": f"w#{n}", "workflow_type_id": "t", "workflow_id": "w", "agent_id": agent,
+                "t_arrival": float(n), "t_finish": n + 0.5, "input_tokens": 10, "output_tokens": 1,
+                "parent_request_ids": parents}
+    recs = [rec(1, []), rec(2, ["w#1"], "b"), rec(3, ["w#1"], "b"),
+            rec(4, ["w#2", "w#3"], "c"), rec(5, ["w#2", "w#3"], "c")]   # the join is itself a fan-out
+    with pytest.raises(Unexpressible, match="no call of its own before it"):
+        layout(group_workflows(recs)[0])

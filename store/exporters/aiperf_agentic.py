@@ -12,22 +12,23 @@ object per line instead), with exactly the keys AIPerf's models allow (they forb
               "duration_ms", "total_tokens", "tool_use_count", "status": "completed",
               "requests": [...], "models": [...], "tool_tokens": 0, "system_tokens": 0}
 
-``t`` is seconds from the workflow's first arrival (nested items too), ``api_time`` the call's
-duration, ``think_time`` the gap from its latest parent's finish, ``ttft`` first token − arrival.
-``stop`` says what ended the call: ``end_turn`` when a person took the next turn
-(``wait_after: "human"``) or it was the workflow's last call, else ``tool_use`` when tools ran
-after it.
-``hash_ids`` are the prompt's blocks (:class:`store.exporters._graph.BlockIds`), unique across
-the export (``global`` scope).
+``t`` is seconds from the workflow's first arrival (nested requests too: the SemiAnalysis AgentX
+convention), ``api_time`` the call's duration, ``think_time`` the gap from its latest parent's
+finish, ``ttft`` first token − arrival. ``stop`` says what ended the call: ``end_turn`` when a
+person took the next turn (``wait_after: "human"``) or it was the workflow's last call, else
+``tool_use`` when tools ran after it. ``hash_ids`` are the prompt's blocks
+(:class:`store.exporters._graph.BlockIds`), one namespace per trace (``local``, the scope AIPerf
+enforces).
 
-**Agents and parents.** The workflow's first agent is the top level (AIPerf's main conversation);
-every other agent's calls are sub-agents. Items are laid out so that one rule gives every call
-its parents back (:mod:`store.importers.aiperf_agentic`): an item's first call depends on what
-ended the item before it — a call, or every sub-agent of a group spawned together (same ``t``),
-each by its last call; a sub-agent's first call on what preceded its marker. The layout covers a
-workflow whose calls form stages: one call, or a fan-out of agents' call chains that the next
-stage joins (every bundled set). A workflow it cannot express (a chain that forks, parents that
-skip a stage) is left out with a one-line reason, never written with other parents.
+**Agents and parents, as AIPerf replays them** (its Weka tutorial): top-level requests are one
+conversation in order; adjacent sub-agent markers are one group of concurrent children, spawned
+by the request before them and joined by the request after them (none after: not waited for).
+So every call that runs alone is a top-level request, whatever its agent (AIPerf tells agents
+apart at the top level by their ``hash_ids`` chains, which :class:`BlockIds` keeps per agent), and
+a fan-out — two or more agents' call chains started by one call — is a group of sub-agents
+(``subagent_type`` = the agent) that the next call joins. A workflow this cannot express (a join
+that skips a stage, two fan-outs with no call between them) is left out with a one-line reason,
+never written with other parents.
 """
 from __future__ import annotations
 
@@ -64,9 +65,8 @@ def _request(wf: Workflow, c: dict, hashes: dict[str, list[int]], t0: float, las
 
 def layout(wf: Workflow) -> list[tuple[str, list[list[dict]]]]:
     """The workflow as top-level items: ``("call", [[c]])`` or ``("group", [chain, ...])``, a group
-    being sub-agents spawned together, each a chain of one agent's calls (raises
-    :class:`Unexpressible`)."""
-    main = wf.calls[0]["agent_id"]
+    being two or more sub-agents spawned by the call before it, each a chain of one agent's calls,
+    that the call after it (if any) joins (raises :class:`Unexpressible`)."""
     children: dict[str, list[str]] = {}
     for rid, ps in wf.parents.items():
         for p in ps:
@@ -82,11 +82,14 @@ def layout(wf: Workflow) -> list[tuple[str, list[list[dict]]]]:
             raise Unexpressible(f"call {nxt} depends on {sorted(wf.parents[nxt])}, not on the stage "
                                 f"before it ({sorted(ends)})")
         group = [r for r in order if r not in placed and set(wf.parents[r]) == ends]
-        if len(group) == 1 and calls[nxt]["agent_id"] == main:
+        if len(group) == 1:
             items.append(("call", [[calls[nxt]]]))
             placed.add(nxt)
             ends = {nxt}
             continue
+        if not items or items[-1][0] == "group":
+            raise Unexpressible(f"the fan-out at {nxt} has no call of its own before it (AIPerf runs "
+                                "adjacent sub-agents as one group and drops those nothing spawned)")
         chains = []
         for first in group:
             chain = [first]
@@ -105,26 +108,21 @@ def layout(wf: Workflow) -> list[tuple[str, list[list[dict]]]]:
     return items
 
 
-def trace(wf: Workflow, blocks: BlockIds) -> dict:
+def trace(wf: Workflow, block_size: int) -> dict:
     """The Weka trace object of one workflow (raises :class:`Unexpressible`)."""
     items = layout(wf)
-    hashes = blocks.workflow(wf)
+    hashes = BlockIds(block_size).workflow(wf)      # one hash namespace per trace file
     t0 = wf.start
     last_id = wf.calls[-1]["request_id"]
     models = sorted({c.get("model") or "unknown" for c in wf.calls})
     requests: list[dict] = []
     n_sub = 0
-    prev_group_t = None
     for kind, chains in items:
         if kind == "call":
             c = chains[0][0]
             requests.append(_request(wf, c, hashes, t0, c["request_id"] == last_id))
-            prev_group_t = None
             continue
         t_group = round(min(chain[0]["t_arrival"] for chain in chains) - t0, 6)
-        if t_group == prev_group_t:      # read back as one group: the stages would merge
-            raise Unexpressible(f"two stages of sub-agents start at the same time ({t_group} s)")
-        prev_group_t = t_group
         for chain in chains:
             n_sub += 1
             requests.append({
@@ -136,7 +134,7 @@ def trace(wf: Workflow, blocks: BlockIds) -> dict:
                 "requests": [_request(wf, c, hashes, t0, c["request_id"] == last_id) for c in chain],
                 "models": sorted({c.get("model") or "unknown" for c in chain}), "tool_tokens": 0,
                 "system_tokens": 0})
-    return {"id": wf.workflow_id, "models": models, "block_size": blocks.block_size, "hash_id_scope": "global",
+    return {"id": wf.workflow_id, "models": models, "block_size": block_size, "hash_id_scope": "local",
             "tool_tokens": 0, "system_tokens": 0, "requests": requests}
 
 
@@ -153,11 +151,10 @@ def _file_name(workflow_id: str, used: set[str]) -> str:
 def write(workflows: Sequence[Workflow], out: Path, block_size: int = 64) -> dict:
     """Write one trace per workflow: a folder of ``<workflow>.json`` files, or one JSON Lines file
     when ``out`` ends in ``.jsonl``. Returns counts and the workflows left out (with why)."""
-    blocks = BlockIds(block_size)
     traces, skipped = [], []
     for wf in workflows:
         try:
-            traces.append(trace(wf, blocks))
+            traces.append(trace(wf, block_size))
         except Unexpressible as exc:
             skipped.append(f"{wf.workflow_type_id}/{wf.workflow_id}: {exc}")
     if out.name.endswith(".jsonl"):

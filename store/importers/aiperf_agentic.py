@@ -6,21 +6,22 @@ requests ``{"t", "type": "n" | "s", "model", "in", "out", "hash_ids", "stop", "a
 "think_time", "ttft"?}`` or sub-agent markers ``{"t", "type": "subagent", "agent_id",
 "subagent_type", "status", "requests": [...]}`` (nested, possibly again).
 
-One call per request: ``workflow_id`` = the trace's ``id``; ``agent_id`` = ``main`` at the top
-level (Claude Code's main conversation, as :mod:`store.importers.claude_code` names it), inside a
-sub-agent its ``subagent_type`` (else its ``agent_id``); ``request_id`` = ``<id>#<k>`` in reading
-order; ``t_arrival`` = ``t`` (seconds from the conversation's start: the trace has no epoch, so a
-workflow starts at 0), ``t_finish`` = ``t + api_time`` (without ``api_time``: ``t``, flagged
-``timing: created_only``), ``t_first_token`` = ``t + ttft``. A request ending ``stop:
-"end_turn"`` that the same agent's next request follows was answered by a person: ``wait_after:
-"human"`` (think time, kept apart from tool waits; a sub-agent's ``end_turn`` returns to its
-parent instead).
+One call per request: ``workflow_id`` = the trace's ``id``; ``request_id`` = ``<id>#<k>`` in
+reading order; ``t_arrival`` = ``t`` (seconds from the conversation's start: the trace has no
+epoch, so a workflow starts at 0; a sub-agent whose requests start before its marker counts them
+from the marker, the raw kv-cache-tester convention, else from the root, SemiAnalysis AgentX's),
+``t_finish`` = ``t + api_time`` (without ``api_time``: ``t``, flagged ``timing: created_only``),
+``t_first_token`` = ``t + ttft``. ``agent_id``: inside a sub-agent its ``subagent_type`` (else its
+``agent_id``); at the top level the chain of ``hash_ids`` the request continues (same first block
+and model: the first chain is ``main``, later ones ``agent_1``, ``agent_2``, ...), the evidence
+AIPerf uses to tell flattened agents apart. A request ending ``stop: "end_turn"`` that the same
+agent's next request follows was answered by a person: ``wait_after: "human"`` (think time, kept
+apart from tool waits; a sub-agent's ``end_turn`` returns to its parent instead).
 
-**Parents** follow the nesting: an item's first call depends on what ended the item before it in
-its list — a request, or every sub-agent of the group launched with it (consecutive markers of
-the same ``t``), by each one's last call; the first item of a sub-agent's list depends on what
-preceded its marker. ``async_launched`` sub-agents are not waited for (their calls still depend
-on what launched them). Kept per call: ``hash_ids`` and the trace's ``block_size`` /
+**Parents**, as AIPerf replays the nesting (its Weka tutorial): a request depends on the item
+before it in its list — a request, or a group of adjacent sub-agent markers, by each one's last
+call (an ``async_launched`` sub-agent is not waited for); a sub-agent's first request depends on
+the request before its group. Kept per call: ``hash_ids`` and the trace's ``block_size`` /
 ``hash_id_scope`` (prefix structure), ``stop``, ``subagent_id``.
 """
 from __future__ import annotations
@@ -51,11 +52,14 @@ class _Reader:
         self.wid = str(trace.get("id"))
         self.wtype = workflow_type or DEFAULT_TYPE
         self.records: list[dict] = []
+        #: (first hash id, model) of each top-level agent chain -> its agent id
+        self.chains: dict[tuple, str] = {}
 
     def bad(self, reason: str, fld: str) -> ImportFormatError:
         return ImportFormatError(str(self.path), self.line, reason, fld)
 
-    def request(self, item: dict, where: str, agent: str, parents: list[str], sub: str | None) -> str | None:
+    def request(self, item: dict, where: str, agent: str, parents: list[str], sub: str | None,
+                offset: float = 0.0) -> str | None:
         t = _number(item.get("t"))
         n_in, n_out = count_field(item.get("in")), count_field(item.get("out"))
         if t is None:
@@ -64,6 +68,7 @@ class _Reader:
         if n_in is None or n_out is None:
             report(self.on_error, self.bad("request without in/out token counts", f"{where}.in"))
             return None
+        t += offset
         rid = f"{self.wid}#{len(self.records) + 1}"
         rec: dict[str, Any] = {"request_id": rid, "workflow_type_id": self.wtype, "workflow_id": self.wid,
                                "agent_id": agent, "t_arrival": t, "input_tokens": n_in, "output_tokens": n_out,
@@ -91,8 +96,10 @@ class _Reader:
         self.records.append(rec)
         return rid
 
-    def items(self, items: list, where: str, agent: str, before: list[str], sub: str | None) -> list[str]:
-        """Read ``items``; returns the calls that end the list (what the next item depends on)."""
+    def items(self, items: list, where: str, agent: str | None, before: list[str], sub: str | None,
+              offset: float) -> list[str]:
+        """Read ``items``; returns the calls that end the list (what the next item depends on).
+        ``agent`` None: the top level, whose agents come from their ``hash_ids`` chains."""
         ends = list(before)
         k = 0
         while k < len(items):
@@ -101,14 +108,18 @@ class _Reader:
                 report(self.on_error, self.bad("not a JSON object", f"{where}[{k}]"))
                 k += 1
                 continue
-            if item.get("type") == "subagent":
-                group_t, group_ends, waited = item.get("t"), [], False
-                while (k < len(items) and isinstance(items[k], dict) and items[k].get("type") == "subagent"
-                       and items[k].get("t") == group_t):
+            if item.get("type") == "subagent":      # adjacent markers: one group, all spawned by `ends`
+                group_ends, waited = [], False
+                while k < len(items) and isinstance(items[k], dict) and items[k].get("type") == "subagent":
                     m = items[k]
                     name = str(m.get("subagent_type") or m.get("agent_id") or "subagent")
+                    inner = [i for i in m.get("requests") or [] if isinstance(i, dict)]
+                    firsts = [t for i in inner if (t := _number(i.get("t"))) is not None]
+                    mt = _number(m.get("t"))
+                    # raw kv-cache-tester traces count nested t from the marker, AgentX ones from the root
+                    rel = mt is not None and bool(firsts) and min(firsts) < mt - 1e-9
                     last = self.items(m.get("requests") or [], f"{where}[{k}].requests", name, ends,
-                                      str(m.get("agent_id") or name))
+                                      str(m.get("agent_id") or name), offset + (mt if rel else 0.0))
                     if m.get("status") != "async_launched":
                         group_ends += [e for e in last if e not in group_ends]
                         waited = True
@@ -116,16 +127,28 @@ class _Reader:
                 if waited:
                     ends = group_ends
                 continue
-            rid = self.request(item, f"{where}[{k}]", agent, ends, sub)
+            rid = self.request(item, f"{where}[{k}]", agent or self.top_agent(item), ends, sub, offset)
             if rid is not None:
                 ends = [rid]
             k += 1
         return ends
 
+    def top_agent(self, item: dict) -> str:
+        """The agent of a top-level request: the chain whose first ``hash_ids`` block it shares
+        (the first chain is ``main``, later ones ``agent_1``, ``agent_2`` ...), as AIPerf tells the
+        agents of a flat trace apart; ``main`` without ``hash_ids``."""
+        ids = item.get("hash_ids")
+        if not isinstance(ids, list) or not ids or isinstance(ids[0], list):
+            return "main"
+        key = (ids[0], item.get("model"))
+        if key not in self.chains:
+            self.chains[key] = "main" if not self.chains else f"agent_{len(self.chains)}"
+        return self.chains[key]
+
     def read(self) -> list[dict]:
         if not isinstance(self.trace.get("requests"), list):
             raise self.bad("no requests list", "requests")
-        self.items(self.trace["requests"], "requests", "main", [], None)
+        self.items(self.trace["requests"], "requests", None, [], None, 0.0)
         by_id = {r["request_id"]: r for r in self.records}
         for r in self.records:     # a person answered an end_turn the same agent followed
             for p in r["parent_request_ids"]:    # (a sub-agent's end_turn returns to its parent)
