@@ -41,9 +41,11 @@ def export_command(
     after them (tool or think time); prompts become `hash_ids` blocks that repeat where a call's
     prompt extends its agent's previous one (the prefix structure the simulator assumes). What a
     format has no field for is said in docs/importers.md: Dynamo rows carry it in an `agentprof`
-    object Dynamo ignores; AIPerf forbids extra keys, so there the top-level agent reads back as
-    `main` and tool names are lost (their time stays in `think_time`). A workflow the AIPerf
-    nesting cannot express is left out and named, never written with other parents.
+    object Dynamo ignores. AIPerf forbids extra keys and replays adjacent sub-agents as one
+    concurrent group, so a fan-out becomes sub-agents (named by agent) and a call that runs alone
+    a top-level request (its agent read back from its hash_ids chain: main, agent_1, ...); tool
+    names are lost there (their time stays in think_time). A workflow that nesting cannot express
+    is left out and named, never written with other parents.
 
     Examples: `profiler export logs/ --format dynamo-agentic --out trace.jsonl`;
     `profiler export --workload deep-research --workflows 50 --format aiperf-agentic --out traces/`
