@@ -228,3 +228,17 @@ def test_two_fan_outs_in_a_row_cannot_be_written_for_aiperf():
             rec(4, ["w#2", "w#3"], "c"), rec(5, ["w#2", "w#3"], "c")]   # the join is itself a fan-out
     with pytest.raises(Unexpressible, match="no call of its own before it"):
         layout(group_workflows(recs)[0])
+
+
+def test_dynamo_play_has_one_root_and_a_second_root_reads_back_without_parents(tmp_path):
+    recs = [{"request_id": f"w#{n}", "workflow_type_id": "t", "workflow_id": "w", "agent_id": a,
+             "t_arrival": t, "t_finish": t + 1.0, "input_tokens": 10, "output_tokens": 1, "parent_request_ids": []}
+            for n, a, t in ((1, "a", 0.0), (2, "b", 2.5))]
+    export_records("dynamo-agentic", recs, tmp_path / "d.jsonl")
+    rows = [json.loads(line) for line in (tmp_path / "d.jsonl").read_text().splitlines()[1:]]
+    assert "dependencies" not in rows[0]
+    assert rows[1]["dependencies"] == [{"request_id": "w#1", "trigger": "dispatch", "delay_ms": 2500.0,
+                                        "relation": "spawn"}]
+    back = {r["request_id"]: r for r in iter_records("auto", tmp_path / "d.jsonl")}
+    assert back["w#2"]["parent_request_ids"] == [] and back["w#2"]["dispatch_after"] == ["w#1"]
+    assert back["w#2"]["t_arrival"] == pytest.approx(2.5)

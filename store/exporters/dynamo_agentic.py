@@ -16,7 +16,9 @@ arrival in ms from the trace's first arrival, ``recorded_api_time_ms`` its recor
 Each parent is a ``completion`` dependency whose ``delay_ms`` is the recorded gap from that
 parent's finish (tool time, think time; never below 0): ``sequence`` when the parent is the same
 agent's, ``join`` when the call has several parents or resumes an agent after another's call,
-``spawn`` when it is an agent's first call after another agent's. ``hash_ids`` are the prompt's
+``spawn`` when it is an agent's first call after another agent's. A play has one root: a call
+of the workflow with no parents other than its first depends on the first's ``dispatch`` (its
+start offset as ``delay_ms``), which the importer reads as timing, not as a parent. ``hash_ids`` are the prompt's
 blocks (:class:`store.exporters._graph.BlockIds`: conversation lineage as prefix structure).
 
 Dynamo's row type ignores keys it does not know, so what its format has no field for rides in
@@ -67,6 +69,7 @@ def rows(workflows: Sequence[Workflow], block_size: int = 64) -> list[dict]:
         hashes = blocks.workflow(wf)
         calls = wf.by_id()
         seen: set[str] = set()
+        root = wf.calls[0]
         for c in wf.calls:
             rid = c["request_id"]
             deps = []
@@ -76,6 +79,9 @@ def rows(workflows: Sequence[Workflow], block_size: int = 64) -> list[dict]:
                 deps = [{"request_id": p, "trigger": "completion",
                          "delay_ms": max(_ms(c["t_arrival"] - calls[p]["t_finish"]), 0.0), "relation": rel}
                         for p in parent_ids]
+            elif c is not root:     # a second root: a play has one, so it starts after the first's dispatch
+                deps = [{"request_id": root["request_id"], "trigger": "dispatch",
+                         "delay_ms": max(_ms(c["t_arrival"] - root["t_arrival"]), 0.0), "relation": "spawn"}]
             seen.add(c["agent_id"])
             ext: dict[str, Any] = {"workflow_type_id": wf.workflow_type_id, "agent_id": c["agent_id"],
                                    "trace_start_s": t0}

@@ -5,7 +5,8 @@
 "input_length" | "input_tokens", "output_length" | "output_tokens", "hash_ids", "not_before_ms",
 "dependencies": [{"request_id", "trigger", "delay_ms", "relation"}]}``): a play is a workflow
 (``workflow_id`` = ``play_id``), a session an agent (``agent_id`` = ``session_id``); ``t_arrival``
-= ``not_before_ms`` (ms from the trace start; seconds here), the parents are the dependencies.
+= ``not_before_ms`` (ms from the trace start; seconds here), the parents are the ``completion``
+dependencies (a ``dispatch`` one only anchors the start: kept as ``dispatch_after``).
 ``t_finish`` = arrival + ``recorded_api_time_ms`` where the row has it, else a child's arrival
 minus its ``completion`` dependency's ``delay_ms`` (the recorded finish the delay counts from);
 a call with neither is written ``t_finish = t_arrival`` and ``timing: created_only``.
@@ -116,8 +117,11 @@ def _v2(rows: list[tuple[int, dict]], header: dict, path: Path, workflow_type: s
                 delay = _number(dep.get("delay_ms")) or 0.0
                 parents.append((dep["request_id"], delay / 1000.0 if dep.get("trigger", "completion")
                                 == "completion" else float("nan")))
-            rec["parent_request_ids"] = [p for p, _ in parents]
+            # a dispatch dependency is a start-time anchor, not data the call consumes
+            rec["parent_request_ids"] = [p for p, d in parents if d == d]
             deps[rid] = [(p, d) for p, d in parents if d == d]
+            if len(rec["parent_request_ids"]) < len(parents):
+                rec["dispatch_after"] = [p for p, d in parents if d != d]
             if isinstance(row.get("hash_ids"), list):
                 rec["hash_ids"] = row["hash_ids"]
                 rec["block_size"] = block_size
