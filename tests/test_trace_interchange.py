@@ -242,3 +242,25 @@ def test_dynamo_play_has_one_root_and_a_second_root_reads_back_without_parents(t
     back = {r["request_id"]: r for r in iter_records("auto", tmp_path / "d.jsonl")}
     assert back["w#2"]["parent_request_ids"] == [] and back["w#2"]["dispatch_after"] == ["w#1"]
     assert back["w#2"]["t_arrival"] == pytest.approx(2.5)
+
+
+def test_reads_kv_cache_testers_public_traces():
+    """Two unchanged traces of callanjfox/kv-cache-tester (Apache-2.0; README beside them):
+    trace_0291 has two Explore sub-agents whose request times count from their markers."""
+    recs = list(iter_records("auto", FIX / "aiperf_agentic" / "kv_cache_tester" / "trace_0291.json.gz"))
+    assert len(recs) == 22 - 2 + 5 + 7
+    sub = [r for r in recs if r["agent_id"] == "Explore"]
+    assert len(sub) == 12 and {r["subagent_id"] for r in sub} == {"agent_001", "agent_002"}
+    first_001 = next(r for r in sub if r["subagent_id"] == "agent_001")
+    assert first_001["t_arrival"] == pytest.approx(1148.013)      # marker t + the nested 0.0
+    spawner = next(r for r in recs if r["t_arrival"] == 1085.0)
+    joiner = next(r for r in recs if r["t_arrival"] == 1209.0)
+    assert first_001["parent_request_ids"] == [spawner["request_id"]]
+    ends = [max((r for r in sub if r["subagent_id"] == a), key=lambda r: r["t_arrival"])["request_id"]
+            for a in ("agent_001", "agent_002")]
+    assert joiner["parent_request_ids"] == ends                      # the parent waits for both
+    human = [r for r in recs if r.get("wait_after") == "human"]      # end_turn, then the user's text
+    assert [r["t_arrival"] for r in human] == [19.0, 197.0, 896.0]
+    assert all(r["agent_id"] == "main" for r in recs if r not in sub)
+    small = list(iter_records("auto", FIX / "aiperf_agentic" / "kv_cache_tester" / "trace_0504.json"))
+    assert small and small[0]["model"] == "claude-sonnet-4-20250514" and small[0]["input_tokens"] == 11133

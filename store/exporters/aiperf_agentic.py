@@ -16,7 +16,8 @@ object per line instead), with exactly the keys AIPerf's models allow (they forb
 convention), ``api_time`` the call's duration, ``think_time`` the gap from its latest parent's
 finish, ``ttft`` first token − arrival. ``stop`` says what ended the call: ``end_turn`` when a
 person took the next turn (``wait_after: "human"``) or it was the workflow's last call, else
-``tool_use`` when tools ran after it. ``hash_ids`` are the prompt's blocks
+``tool_use`` when tools ran after it; ``input_types`` is ``tool_result`` for a call a tool's
+result started (AIPerf's machine-paced turn), else ``text``. ``hash_ids`` are the prompt's blocks
 (:class:`store.exporters._graph.BlockIds`), one namespace per trace (``local``, the scope AIPerf
 enforces).
 
@@ -49,9 +50,13 @@ class Unexpressible(ValueError):
 def _request(wf: Workflow, c: dict, hashes: dict[str, list[int]], t0: float, last: bool) -> dict:
     gap = wf.gap_s(c)
     tools = bool(c.get("tool_calls"))
+    calls = wf.by_id()
+    after_tool = any(calls[p].get("tool_calls") and calls[p].get("wait_after") != "human"
+                     for p in wf.parents[c["request_id"]])
     item: dict[str, Any] = {"t": round(c["t_arrival"] - t0, 6), "type": "n", "model": c.get("model") or "unknown",
                             "in": int(c["input_tokens"]), "out": int(c["output_tokens"]),
-                            "hash_ids": hashes[c["request_id"]], "input_types": ["text"],
+                            "hash_ids": hashes[c["request_id"]],
+                            "input_types": ["tool_result"] if after_tool else ["text"],
                             "output_types": ["text", "tool_use"] if tools else ["text"],
                             "stop": ("end_turn" if c.get("wait_after") == "human" else "tool_use" if tools
                                      else "end_turn" if last else ""),

@@ -89,6 +89,8 @@ class _Reader:
             rec["hash_id_scope"] = self.trace.get("hash_id_scope")
         if item.get("stop"):
             rec["stop"] = item["stop"]
+        if isinstance(item.get("input_types"), list) and "tool_result" in item["input_types"]:
+            rec["input_kind"] = "tool_result"    # a tool answered the call before: no person
         if sub is not None:
             rec["subagent_id"] = sub
         rec["source_format"] = NAME
@@ -152,7 +154,8 @@ class _Reader:
         by_id = {r["request_id"]: r for r in self.records}
         for r in self.records:     # a person answered an end_turn the same agent followed
             for p in r["parent_request_ids"]:    # (a sub-agent's end_turn returns to its parent)
-                if by_id[p].get("stop") == "end_turn" and by_id[p]["agent_id"] == r["agent_id"]:
+                if (by_id[p].get("stop") == "end_turn" and by_id[p]["agent_id"] == r["agent_id"]
+                        and r.get("input_kind") != "tool_result"):
                     by_id[p]["wait_after"] = "human"
         return self.records
 
