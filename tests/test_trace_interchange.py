@@ -264,3 +264,31 @@ def test_reads_kv_cache_testers_public_traces():
     assert all(r["agent_id"] == "main" for r in recs if r not in sub)
     small = list(iter_records("auto", FIX / "aiperf_agentic" / "kv_cache_tester" / "trace_0504.json"))
     assert small and small[0]["model"] == "claude-sonnet-4-20250514" and small[0]["input_tokens"] == 11133
+
+
+def test_bad_rows_are_named_and_skipped_and_valid_ones_kept(tmp_path):
+    from store.importers import convert
+
+    bad = tmp_path / "bad.jsonl"
+    header = {"schema": "dynamo.agentic_mooncake", "version": 2, "block_size": 64, "hash_id_scope": "local",
+              "source": {"format": "x", "digest": "y"}}
+    rows = [header,
+            {"request_id": "a", "play_id": "p", "session_id": "s", "model": "m", "input_length": 10,
+             "output_length": 2, "hash_ids": [1], "not_before_ms": 0.0, "recorded_api_time_ms": 5.0},
+            {"request_id": "b", "play_id": "p", "session_id": "s", "model": "m", "output_length": 2,
+             "hash_ids": [1], "not_before_ms": 10.0}]
+    bad.write_text("\n".join(json.dumps(r) for r in rows) + "\n{not json\n")
+    weka = tmp_path / "w.json"
+    weka.write_text(json.dumps({"id": "w", "models": ["m"], "block_size": 64, "hash_id_scope": "local",
+                                "requests": [{"t": 0.0, "type": "n", "in": 5, "out": 1, "hash_ids": [1]},
+                                             {"t": 1.0, "type": "n", "out": 1, "hash_ids": [1]}]}))
+    report = convert("auto", [bad, weka], tmp_path / "out")
+    by_src = {Path(f.source).name: f for f in report.per_file}
+    assert by_src["bad.jsonl"].calls == 1 and by_src["w.json"].calls == 1
+    reasons = {str(e) for e in report.errors}
+    assert any("bad.jsonl:3" in r and "input_length" in r for r in reasons)
+    assert any("bad.jsonl:4" in r and "not valid JSON" in r for r in reasons)
+    assert any("w.json" in r and "requests[1].in" in r for r in reasons)
+    v3 = tmp_path / "v3.jsonl"
+    v3.write_text(json.dumps({**header, "version": 3}) + "\n")
+    assert "version 3" in convert("auto", [v3], tmp_path / "o3").per_file[0].reason

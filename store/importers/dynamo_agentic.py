@@ -219,9 +219,10 @@ def read_file(path: Path, *, workflow_type: str | None = None, on_error: ErrorHa
             continue
         if row.get("schema") == SCHEMA:
             if row.get("version") != 2:
-                raise ImportFormatError(str(path), lineno, f"agentic Mooncake version {row.get('version')!r} "
-                                        "is not read (version 2 with a header, or v1 rows without one)",
-                                        "version")
+                report(on_error, ImportFormatError(
+                    str(path), lineno, f"agentic Mooncake version {row.get('version')!r} is not read "
+                    "(version 2 with a header, or v1 rows without one)", "version"))
+                return
             header = row
             continue
         rows.append((lineno, row))
