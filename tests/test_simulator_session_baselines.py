@@ -120,3 +120,16 @@ def test_each_session_baseline_serves_every_call_and_reports_job_metrics(name):
     assert row["calls"] == 18 and row["workflows"] == 6
     assert row["jobs_per_hour_per_gpu"] == pytest.approx(6 / res.makespan_s * 3600 / 4)
     assert row["jobs_per_hour_per_user"] == pytest.approx(3600 / row["avg_jct_s"])
+
+
+def test_runner_rows_carry_the_baselines_counters():
+    from simulator.runner import simulate as run_one
+    from types import SimpleNamespace
+
+    recs = [rec(f"W{i}", k, 10.0 * k + i, 10.0 * k + i + 0.5, 500 + 100 * k, 20, tool="bash")
+            for i in range(4) for k in range(2)]
+    wl = workload_from_records(recs)
+    prep = SimpleNamespace(workload=wl, pools=None, scenario=None)
+    for name, key in (("thunderagent", "thunderagent_pauses"), ("sglang-sticky", "sticky_hit")):
+        _, row = run_one(prep, name, cfg(replicas=2, kv_capacity_tokens=2500), [float(i) for i in range(4)])
+        assert key in row

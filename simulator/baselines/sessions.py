@@ -56,6 +56,11 @@ class StickyRouter(Router):
         self._next: dict[object, int] = {}
         self.counts = {"sticky_hit": 0, "assigned": 0, "expired": 0}
 
+    def stats(self) -> dict:
+        """The router's counters for a run's row: calls sent to their session's worker, sessions
+        (re)assigned by the fallback, assignments dropped as idle."""
+        return {f"sticky_{k}" if not k.startswith("sticky") else k: v for k, v in self.counts.items()}
+
     def _expired(self, last_seen: float, now: float) -> bool:
         """Was the entry swept: did a sweep run after it had been idle ``idle_s``? (The sweeps
         run at multiples of ``sweep_s``; an untouched entry is dropped at the first one past
@@ -128,6 +133,10 @@ class ThunderAgentControl(Part):
         self.counts = {"pauses": 0, "resumes": 0, "forced_resumes": 0}
         #: when the next control pass is due (None: none scheduled, no program known)
         self._due: float | None = None
+
+    def stats(self) -> dict:
+        """The control loop's counters for a run's row: programs paused, resumed, force-resumed."""
+        return {f"thunderagent_{k}": v for k, v in self.counts.items()}
 
     def budget(self, r: int) -> float:
         """A worker's retention budget: GPU KV plus host HiCache capacity (tokens)."""
