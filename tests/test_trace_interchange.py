@@ -292,3 +292,13 @@ def test_bad_rows_are_named_and_skipped_and_valid_ones_kept(tmp_path):
     v3 = tmp_path / "v3.jsonl"
     v3.write_text(json.dumps({**header, "version": 3}) + "\n")
     assert "version 3" in convert("auto", [v3], tmp_path / "o3").per_file[0].reason
+
+
+def test_one_workflow_id_in_two_types_gets_two_plays_and_comes_back(tmp_path):
+    recs = [{"request_id": f"{t}#1", "workflow_type_id": t, "workflow_id": "same", "agent_id": "a",
+             "t_arrival": 0.0, "t_finish": 1.0, "input_tokens": 10, "output_tokens": 1} for t in ("x", "y")]
+    export_records("dynamo-agentic", recs, tmp_path / "d.jsonl")
+    rows = [json.loads(line) for line in (tmp_path / "d.jsonl").read_text().splitlines()[1:]]
+    assert sorted(r["play_id"] for r in rows) == ["x:same", "y:same"]
+    back = list(iter_records("auto", tmp_path / "d.jsonl"))
+    assert {(r["workflow_type_id"], r["workflow_id"]) for r in back} == {("x", "same"), ("y", "same")}

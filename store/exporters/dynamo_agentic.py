@@ -10,7 +10,8 @@ call::
      "not_before_ms", "recorded_api_time_ms",
      "dependencies": [{"request_id", "trigger": "completion", "delay_ms", "relation"}], "agentprof": {...}}
 
-A play is one workflow (``play_id`` = ``workflow_id``), a session one agent's conversation in it
+A play is one workflow (``play_id`` = ``workflow_id``; ``<type>:<workflow_id>`` when two workflow
+types use the same id), a session one agent's conversation in it
 (``session_id`` = ``agent_id``: Dynamo scopes sessions by play). ``not_before_ms`` is the call's
 arrival in ms from the trace's first arrival, ``recorded_api_time_ms`` its recorded duration.
 Each parent is a ``completion`` dependency whose ``delay_ms`` is the recorded gap from that
@@ -30,6 +31,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections import Counter
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -65,7 +67,10 @@ def rows(workflows: Sequence[Workflow], block_size: int = 64) -> list[dict]:
     t0 = min(wf.start for wf in workflows)
     blocks = BlockIds(block_size)
     out = []
+    counts = Counter(wf.workflow_id for wf in workflows)
+    shared = {w for w, n in counts.items() if n > 1}     # one id in two workflow types: plays must differ
     for wf in workflows:
+        play = f"{wf.workflow_type_id}:{wf.workflow_id}" if wf.workflow_id in shared else wf.workflow_id
         hashes = blocks.workflow(wf)
         calls = wf.by_id()
         seen: set[str] = set()
@@ -85,12 +90,14 @@ def rows(workflows: Sequence[Workflow], block_size: int = 64) -> list[dict]:
             seen.add(c["agent_id"])
             ext: dict[str, Any] = {"workflow_type_id": wf.workflow_type_id, "agent_id": c["agent_id"],
                                    "trace_start_s": t0}
+            if play != wf.workflow_id:
+                ext["workflow_id"] = wf.workflow_id
             for key in EXTENSION_FIELDS:
                 if c.get(key) is not None:
                     ext[key] = c[key]
             if c.get("tool_calls"):
                 ext["tool_calls"] = c["tool_calls"]
-            row = {"request_id": rid, "play_id": wf.workflow_id, "session_id": c["agent_id"],
+            row = {"request_id": rid, "play_id": play, "session_id": c["agent_id"],
                    "model": c.get("model") or "unknown", "input_length": int(c["input_tokens"]),
                    "output_length": int(c["output_tokens"]), "hash_ids": hashes[rid],
                    "not_before_ms": _ms(c["t_arrival"] - t0),

@@ -100,7 +100,7 @@ def _v2(rows: list[tuple[int, dict]], header: dict, path: Path, workflow_type: s
             rec: dict[str, Any] = {
                 "request_id": rid,
                 "workflow_type_id": workflow_type or ext.get("workflow_type_id") or DEFAULT_TYPE,
-                "workflow_id": str(row.get("play_id") or row.get("session_id") or rid),
+                "workflow_id": str(ext.get("workflow_id") or row.get("play_id") or row.get("session_id") or rid),
                 "agent_id": str(ext.get("agent_id") or row.get("session_id") or "main"),
                 "t_arrival": start + nb / 1000.0, "input_tokens": n_in, "output_tokens": n_out,
             }
