@@ -10,6 +10,10 @@ by_app                  per application (a mix's ``app:`` tag, else the workflow
 settling                mean JCT of the window's 2nd half ÷ its 1st half (≈ 1: settled)
 throughput_tok_s        output tokens per second over the makespan
 workflows_per_min       completed workflows per minute over the makespan
+jobs_per_hour_per_gpu   completed workflows (jobs) per hour over the makespan, per GPU
+                        (replicas × GPUs per replica): TensorRT-LLM trace replay's job metric
+jobs_per_hour_per_user  3600 / avg_jct_s: the jobs one user finishes per hour running them
+                        back to back (the per-user side of the same metric)
 avg_ttft_s, p95_ttft_s  first token − issue, per call (queueing + host load + prefill); p50_ttft_s
                         and p99_ttft_s too
 gpu_hit_ratio           prompt tokens served from the GPU tier / all prompt tokens
@@ -102,6 +106,9 @@ def summarize(res: SimResult, measured: np.ndarray | None = None) -> dict:
         "by_app": by_app(jct, apps),
         "throughput_tok_s": float(out / span),
         "workflows_per_min": float(len(jct) / span * 60.0),
+        "jobs_per_hour_per_gpu": float(len(all_jct) / span * 3600.0
+                                       / (res.config.replicas * res.config.gpus_per_replica)),
+        "jobs_per_hour_per_user": float(3600.0 / max(float(jct.mean()), 1e-9)),
         "avg_ttft_s": float(ttft.mean()),
         "p50_ttft_s": float(ttft_p50),
         "p95_ttft_s": float(ttft_p95),
