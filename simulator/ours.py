@@ -59,8 +59,9 @@ its replica; ``ours-move-gain-1`` moves it when the wait saved merely exceeds th
 (the rule before ``CapacityPolicy.move_gain_ratio`` = 2, which halved routing-caused recompute
 on ``agent-platform``: docs/simulator.md). ``ours-duration-aging`` ages each session on its own
 expected duration (``PriorityPolicy(aging_per_duration=0.03)``; off by default: it loses on the
-real coding-trace mix, serving_hooks/policies/priority.py); ``ours-aging-1e-3`` is the fixed
-rate before the default became 1e-5 /s. ``ours-no-classes`` ranks interactive calls like
+real coding-trace mix, serving_hooks/policies/priority.py); ``ours-aging-1e-5`` is the weak
+fixed rate that was the default before the tail bound (``ours-aging-1e-3``, now the default
+itself, stays for the tests that name it). ``ours-no-classes`` ranks interactive calls like
 batch ones (``PriorityPolicy(interactive_boost=0)``: latency classes off). ``ours-kv-preempt``
 (and ``-no-classes``) lets a waiting call that does not fit in KV preempt running calls it
 outranks by the threshold, as SGLang's ``preempt_to_schedule`` does (``kv_preemption``).
@@ -552,6 +553,7 @@ OURS_VARIANTS: dict[str, dict[str, Any]] = {
     "ours-duration-aging": {"priority_policy": PriorityPolicy(aging_per_s=0.001,
                                                               aging_per_duration=0.03)},
     "ours-aging-1e-3": {"priority_policy": PriorityPolicy(aging_per_s=0.001)},
+    "ours-aging-1e-5": {"priority_policy": PriorityPolicy(aging_per_s=1e-5)},
     "ours-no-classes": {"priority_policy": PriorityPolicy(interactive_boost=0.0)},
     "ours-kv-preempt": {"kv_preemption": True},
     "ours-kv-preempt-no-classes": {"kv_preemption": True,
