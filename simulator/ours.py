@@ -289,7 +289,8 @@ class PriorityScheduler(Scheduler):
             return
         age = self.sim.now - float(self.sim.wf_arrival[req.wf])
         rate = pol.aging_rate(view, age)
-        cls = pol.class_term(req.pred.ann.latency_class) if req.pred else 0.0
+        pred = getattr(req, "pred", None)      # the call's annotation: its latency class
+        cls = pol.class_term(pred.ann.latency_class) if pred else 0.0
         score = (pol.session_score(pol.score_view(view, depth, agent_model) + cls, age, rate)
                  if view.known else None)
         self.book.note(req.wf, score, self.sim.now, fallback=pol.session_score(pol.unknown_score, age),

@@ -109,3 +109,42 @@ def test_overtake_window_bounds_who_may_pass_a_session():
         assert pol.to_sglang(old) >= pol.to_sglang(new)
     # inside the window a session closer to done may pass: the remaining-work order
     assert pol.aged(pol.base_score(0), 10.0, 20.0) > pol.aged(pol.base_score(50), 0.0, 20.0)
+
+
+def test_class_rule_is_the_same_in_gateway_plugin_and_simulator():
+    """Parity over the class rule: an interactive and a batch session with the same remaining work
+    get the gateway's priority (``AnnotationPriority``), the simulator's scheduler priority and the
+    plugin's admitted priority alike, and the interactive one is ahead by the boost."""
+    from dataclasses import replace
+    from types import SimpleNamespace
+
+    from predictors.contract import to_sglang_custom_params
+    from serving_hooks.policies import CallView
+    from serving_hooks.sglang_plugin.priority_hooks import admit_request
+    from serving_hooks.sglang_plugin.settings import PluginSettings
+    from serving_hooks.sglang_plugin.state import PluginState, reset_state
+    from simulator.ours import FeedPrediction, PriorityScheduler
+
+    policy = PriorityPolicy()
+    gateway = AnnotationPriority(policy)
+    sched = PriorityScheduler(SimpleNamespace(view=lambda req: req.pred.view), policy)
+    sched.sim = SimpleNamespace(now=5.0, wf_arrival=[0.0, 0.0], pool_queue_depths=lambda: None, pools=None)
+    settings = replace(PluginSettings.from_env(), priority=policy, decision_clock="local",
+                       prefetch_enabled=False, age_untagged=True)
+    reset_state(PluginState(settings, clock=lambda: 5.0))
+    got = {}
+    for wf, cls in enumerate(("interactive", "batch")):
+        ann = Annotation(known=True, workflow_id=f"w{wf}", expected_remaining_calls=3.0,
+                         session_age_s=5.0, latency_class=cls)
+        req = SimpleNamespace(idx=wf, wf=wf, t_enqueue=5.0,
+                              pred=FeedPrediction(ann, {}, CallView.from_annotation(ann)))
+        sched.on_issue(req)
+        prio = gateway(ann)
+        assert sched.priority(req) == prio
+        plugin_req = SimpleNamespace(rid=f"r{wf}", priority=prio, sampling_params=SimpleNamespace(
+            custom_params=to_sglang_custom_params(replace(ann, priority=prio))))
+        admit_request(plugin_req, now=5.0)
+        assert plugin_req.priority == prio
+        got[cls] = prio
+    assert got["interactive"] - got["batch"] == policy.to_sglang(policy.interactive_boost)
+    reset_state()
