@@ -2,8 +2,8 @@
 
 For each seed it prepares one workload (a ``--scenario`` or a ``--workload`` at ``--load``), runs
 the baselines (``sglang-default``, ``continuum-ttl``, the clairvoyant ``oracle-srpt``) and ours
-under each candidate ``PriorityPolicy`` (``--candidates``: ``label=field:value;field:value``,
-``label=default`` for the policy's own defaults), and prints per seed and policy the avg / P95 /
+under each candidate (``--candidates``: ``label=field:value;field:value`` of ``PriorityPolicy``
+parameters or ``kv_preemption:1``; ``label=default`` for the defaults), and prints per seed and policy the avg / P95 /
 P99 JCT, the share of the oracle's gain it takes,
 
     G = (avg JCT continuum-ttl − avg JCT ours) / (avg JCT continuum-ttl − avg JCT oracle-srpt),
@@ -37,15 +37,20 @@ BASELINES = ("sglang-default", "continuum-ttl", "oracle-srpt")
 TAIL_BASELINES = ("sglang-default", "continuum-ttl")
 
 
-def parse_candidate(text: str) -> tuple[str, PriorityPolicy]:
-    """``label=field:value;field:value`` (or ``label=default``) → (label, PriorityPolicy)."""
+def parse_candidate(text: str) -> tuple[str, OursOptions]:
+    """``label=field:value;field:value`` (or ``label=default``) → (label, OursOptions): each
+    field a ``PriorityPolicy`` parameter, or ``kv_preemption`` (1/0) of ``OursOptions``."""
     label, _, spec = text.partition("=")
     kwargs: dict = {}
+    kv = False
     if spec and spec != "default":
         for item in spec.split(";"):
             key, _, value = item.partition(":")
-            kwargs[key.strip()] = None if value.strip() == "none" else float(value)
-    return label.strip(), PriorityPolicy(**kwargs)
+            if key.strip() == "kv_preemption":
+                kv = bool(float(value))
+            else:
+                kwargs[key.strip()] = None if value.strip() == "none" else float(value)
+    return label.strip(), OursOptions(priority_policy=PriorityPolicy(**kwargs), kv_preemption=kv)
 
 
 def figures(rows: dict[str, dict], ours: str) -> dict:
@@ -90,9 +95,8 @@ def main() -> None:
         base = compare(prep, BASELINES, levels, cfg, arrivals_mode=mode)
         level = next(iter(base["loads"]))
         rows = dict(base["loads"][level]["policies"])
-        for label, pol in cands:
-            res = compare(prep, ["ours"], levels, cfg, arrivals_mode=mode,
-                          ours=OursOptions(priority_policy=pol))
+        for label, opts in cands:
+            res = compare(prep, ["ours"], levels, cfg, arrivals_mode=mode, ours=opts)
             rows[label] = res["loads"][level]["policies"]["ours"]
         out["seeds"][seed] = rows
         print(f"seed {seed} ({time.perf_counter() - t0:.0f} s): " + ", ".join(

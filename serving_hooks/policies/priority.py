@@ -189,7 +189,7 @@ class PriorityPolicy:
     w1: float = 1.0
     w2: float = 1.0
     idle_queue_threshold: int = 2
-    aging_per_s: float = 1e-3
+    aging_per_s: float = 1e-5
     unknown_score: float | None = None
     scale: float = 1000.0
     #: What ``E[D_remain]`` counts: ``"calls"`` (alg. 3) or ``"seconds"`` — the profile's

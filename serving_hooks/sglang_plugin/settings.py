@@ -8,7 +8,7 @@ variable                           default    meaning
 =================================  =========  ==============================================
 ``AWP_SGLANG_PLUGIN``              ``0``      ``1`` turns the plugin on; anything else registers
                                               nothing (installed but off: opt-in per server)
-``AWP_PRIORITY_AGING_PER_S``       ``1e-3``   score added per second of a workflow's age (alg. 3)
+``AWP_PRIORITY_AGING_PER_S``       ``1e-5``   score added per second of a workflow's age (alg. 3)
 ``AWP_PRIORITY_AGING_PER_DURATION`` ``off``   aging per expected session duration (the gateway's
                                               ``aging_per_duration``, e.g. ``0.03``); ``off``:
                                               every session ages at ``AWP_PRIORITY_AGING_PER_S``
