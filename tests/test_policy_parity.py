@@ -24,7 +24,7 @@ import pytest
 
 from predictors.contract import Annotation, NextAgent, to_sglang_custom_params
 from serving_hooks.dialects import hint_values, render
-from serving_hooks.policies import (CallView, KeepDropPolicy, PrefetchPolicy, PriorityPolicy,
+from serving_hooks.policies import (KeepDropPolicy, PrefetchPolicy, PriorityPolicy,
                                     SessionEndRule)
 from serving_hooks.policies.bookkeeping import CapacityLedger, capacity_request
 from serving_hooks.policies.capacity import ActiveRequest, CapacityPolicy
@@ -212,7 +212,7 @@ def test_an_unknown_call_keeps_its_sessions_score_in_both():
     calls unit so the scores are the hand-checkable 1/3 and 1 (the tokens unit is the default and
     falls back to the same remaining calls: covered by the other parity tests)."""
     policy = PriorityPolicy(remaining_unit="calls", aging_per_s=0.001)
-    sched = PriorityScheduler(SimpleNamespace(view=lambda req: req.view), policy)
+    sched = PriorityScheduler(SimpleNamespace(served=lambda req: req.ann), policy)
     sched.sim = SimpleNamespace(now=0.0, wf_arrival=[0.0], pool_queue_depths=lambda: None, pools=None)
     now = [0.0]
     state = _plugin(policy, now)
@@ -221,7 +221,7 @@ def test_an_unknown_call_keeps_its_sessions_score_in_both():
     known0 = Annotation(known=True, workflow_id="w", expected_remaining_calls=0.0, session_age_s=60.0)
     for i, (t, ann) in enumerate(((0.0, known2), (30.0, unknown), (60.0, known0))):
         sched.sim.now = now[0] = t
-        req = SimpleNamespace(idx=i, wf=0, t_enqueue=t, view=CallView.from_annotation(ann))
+        req = SimpleNamespace(idx=i, wf=0, t_enqueue=t, ann=ann)
         sched.on_issue(req)
         sim_priority = sched.priority(req)
         plugin_req = _sglang_req(f"u{i}", ann, sim_priority if ann.known else None)
@@ -239,7 +239,7 @@ def test_aging_per_session_duration_is_the_same_in_gateway_plugin_and_simulator(
     one (1000 s) — rates 0.008 and 0.001 /s with k = 1 — and the gateway's priority, the
     plugin's book and re-aging of its queue, and the simulator's scheduler agree on every score."""
     policy = PriorityPolicy(remaining_unit="calls", aging_per_s=0.001, aging_per_duration=1.0)
-    sched = PriorityScheduler(SimpleNamespace(view=lambda req: req.view), policy)
+    sched = PriorityScheduler(SimpleNamespace(served=lambda req: req.ann), policy)
     sched.sim = SimpleNamespace(now=0.0, wf_arrival=[0.0, 0.0], pool_queue_depths=lambda: None,
                                 pools=None)
     now = [0.0]
@@ -254,7 +254,7 @@ def test_aging_per_session_duration_is_the_same_in_gateway_plugin_and_simulator(
     plugin_reqs = []
     for i, (wf, t, ann) in enumerate(calls):
         sched.sim.now = now[0] = t
-        req = SimpleNamespace(idx=i, wf=wf, t_enqueue=t, view=CallView.from_annotation(ann))
+        req = SimpleNamespace(idx=i, wf=wf, t_enqueue=t, ann=ann)
         sched.on_issue(req)
         assert gateway(ann) == sched.priority(req)              # what the gateway sends
         plugin_reqs.append(_sglang_req(f"d{i}", ann, gateway(ann)))
@@ -310,7 +310,7 @@ def test_plugin_gateway_and_simulator_end_sessions_alike(recorded):
         assert rule.mark(replace(ann, session_end=None), meta) == ann      # gateway's mark = sim's
         ended += ann.session_end is True
         now[0] = t
-        sim = sim_keep.decide_view(CallView.from_annotation(ann, meta), t)
+        sim = sim_keep.decide_annotation(ann, t)
         params = render("sglang", hint_values(ann, meta), {})[0]["custom_params"]
         req = SimpleNamespace(rid=f"e{n}", sampling_params=SimpleNamespace(custom_params=params))
         plugin = decide_finished(state, req, now=t)
@@ -337,9 +337,8 @@ def test_a_last_call_cancels_its_sessions_prefetch_in_plugin_and_simulator():
     for i, (ann, meta_extra) in enumerate(((first, {}), (last, {"last_call": True}))):
         meta = {"workflow_type_id": "t", "workflow_id": "s", "agent_id": ann.agent_id, **meta_extra}
         marked = rule.mark(ann, meta)
-        view = CallView.from_annotation(marked, meta)
-        sim.plan("s", float(i), view.next_agent, view.next_agent_p, float(i) + 5.0, 1000,
-                 session="s", session_end=view.session_end is True)
+        sim.plan("s", float(i), marked.next_agent_id, marked.next_agent_p, float(i) + 5.0, 1000,
+                 session="s", session_end=marked.session_end is True)
         params = render("sglang", hint_values(marked, meta), {})[0]["custom_params"]
         req = SimpleNamespace(rid=f"p{i}", priority=None, origin_input_ids=list(range(1000)),
                               sampling_params=SimpleNamespace(custom_params=params))

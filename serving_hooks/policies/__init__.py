@@ -20,7 +20,6 @@ reads a clock: every time is passed in as ``now`` (seconds on any monotonic scal
 """
 from predictors.contract import (Annotation, NextAgent, ToolLatency, from_custom_params,
                                  to_sglang_custom_params)
-from serving_hooks.policies.annotations_view import CallView
 from serving_hooks.policies.bookkeeping import (CapacityLedger, SessionPriorityBook,
                                                 capacity_request)
 from serving_hooks.policies.autoscale import (AutoscalePolicy, autoscale_advice, live_autoscale_advice,
@@ -59,7 +58,6 @@ __all__ = [
     "AutoscalePolicy",
     "live_autoscale_advice",
     "live_projection",
-    "CallView",
     "CapacityLedger",
     "SessionPriorityBook",
     "capacity_request",

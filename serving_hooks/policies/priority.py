@@ -132,7 +132,6 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from predictors.contract import Annotation
-from serving_hooks.policies.annotations_view import CallView
 
 #: Units ``PriorityPolicy.remaining_unit`` ranks by.
 UNITS = ("tokens", "calls", "seconds")
@@ -244,41 +243,41 @@ class PriorityPolicy:
                     out += self.w2 / max(1.0, float(distance))
         return out
 
-    def score_view(
+    def score_annotation(
         self,
-        view: CallView,
+        ann: Annotation,
         queue_depth: Mapping[str, float] | None = None,
         agent_model: Mapping[str, str] | None = None,
     ) -> float:
-        """:meth:`base_score` from a :class:`CallView`.
+        """:meth:`base_score` (or :meth:`base_score_tokens`) of one call's :class:`Annotation`.
 
         ``agent_model`` maps agent ids to the model that serves them, so that distances to
         agents (what the graph knows) become distances to models (what has a queue); the
         distance to a model is the smallest distance to any of its agents.
         """
-        distance = self.downstream_distance(view, agent_model)
-        remaining = view.exp_remaining_calls
+        distance = self.downstream_distance(ann, agent_model)
+        remaining = ann.expected_remaining_calls
         if self.remaining_unit == "tokens":
-            tokens = view.exp_remaining_out_tokens
+            tokens = ann.expected_remaining_output_tokens
             if tokens is None and remaining is not None:
                 tokens = (1.0 + max(0.0, float(remaining))) * self.tokens_per_call
-            return self.base_score_tokens(tokens, distance, queue_depth, known=view.known)
-        if self.remaining_unit == "seconds" and view.exp_remaining_s is not None:
-            sec = max(0.0, float(view.exp_remaining_s))
+            return self.base_score_tokens(tokens, distance, queue_depth, known=ann.known)
+        if self.remaining_unit == "seconds" and ann.expected_remaining_s is not None:
+            sec = max(0.0, float(ann.expected_remaining_s))
             if self.remaining_quantile is not None:
                 sec *= -math.log(max(1e-9, 1.0 - self.remaining_quantile))
             remaining = sec / max(self.seconds_per_call, 1e-9)
-        return self.base_score(remaining, distance, queue_depth, known=view.known)
+        return self.base_score(remaining, distance, queue_depth, known=ann.known)
 
     @staticmethod
-    def downstream_distance(view: CallView, agent_model: Mapping[str, str] | None = None
+    def downstream_distance(ann: Annotation, agent_model: Mapping[str, str] | None = None
                             ) -> dict[str, float]:
         """Expected distance in calls to each downstream agent — to each model with
         ``agent_model`` (the smallest distance to any of its agents); the next agent at distance
         1 when the graph gives no distances."""
-        distance = dict(view.expected_distance)
-        if not distance and view.next_agent:
-            distance = {view.next_agent: 1.0}
+        distance = dict(ann.expected_distance)
+        if not distance and ann.next_agent_id:
+            distance = {ann.next_agent_id: 1.0}
         if agent_model:
             by_model: dict[str, float] = {}
             for agent, d in distance.items():
@@ -287,24 +286,24 @@ class PriorityPolicy:
             distance = by_model
         return distance
 
-    def idle_downstream_term(self, view: CallView, queue_depth: Mapping[str, float] | None = None,
+    def idle_downstream_term(self, ann: Annotation, queue_depth: Mapping[str, float] | None = None,
                              agent_model: Mapping[str, str] | None = None) -> float:
-        """The ``w2 · Σ_{m idle} 1/E[D_m]`` part of :meth:`score_view` alone."""
-        return self._idle_term(self.downstream_distance(view, agent_model), queue_depth)
+        """The ``w2 · Σ_{m idle} 1/E[D_m]`` part of :meth:`score_annotation` alone."""
+        return self._idle_term(self.downstream_distance(ann, agent_model), queue_depth)
 
-    def aging_rate(self, view: CallView | None = None, session_age_s: float | None = None) -> float:
-        """Score added per second of waiting for the session ``view`` belongs to.
+    def aging_rate(self, ann: Annotation | None = None, session_age_s: float | None = None) -> float:
+        """Score added per second of waiting for the session ``ann`` belongs to.
 
         ``aging_per_s`` unless :attr:`aging_per_duration` is set; then
         ``aging_per_duration / τ`` with ``τ = age + expected remaining seconds`` (the session's
-        expected total duration, ``session_age_s`` overriding the view's), rounded to the
-        nearest power of two and kept within ``2^±RATE_OCTAVES`` of ``aging_per_s``; a view
-        without remaining seconds ages at ``aging_per_s``."""
-        if self.aging_per_duration is None or view is None or not view.known \
-                or view.exp_remaining_s is None:
+        expected total duration, ``session_age_s`` overriding the annotation's), rounded to the
+        nearest power of two and kept within ``2^±RATE_OCTAVES`` of ``aging_per_s``; an
+        annotation without remaining seconds ages at ``aging_per_s``."""
+        if self.aging_per_duration is None or ann is None or not ann.known \
+                or ann.expected_remaining_s is None:
             return self.aging_per_s
-        age = view.session_age_s if session_age_s is None else session_age_s
-        tau = max(1.0, float(age or 0.0) + max(0.0, float(view.exp_remaining_s)))
+        age = ann.session_age_s if session_age_s is None else session_age_s
+        tau = max(1.0, float(age or 0.0) + max(0.0, float(ann.expected_remaining_s)))
         octave = round(math.log2(self.aging_per_duration / tau / self.aging_per_s))
         return self.aging_per_s * 2.0 ** max(-RATE_OCTAVES, min(RATE_OCTAVES, octave))
 
@@ -352,7 +351,7 @@ class PriorityPolicy:
 
 @dataclass(frozen=True)
 class AnnotationPriority:
-    """The priority the predictor puts on a known call: ``to_sglang(session_score(score_view(view),
+    """The priority the predictor puts on a known call: ``to_sglang(session_score(score_annotation(ann),
     session age))`` — injected into ``predictors.Predictor`` by the serving layer
     (``PredictionService``), so the facade depends on no policy."""
 
@@ -364,10 +363,9 @@ class AnnotationPriority:
         """The call's integer priority. ``queue_depth`` (waiting requests per model pool) and
         ``agent_model`` (agent → pool) feed the idle-downstream term; a caller that knows no
         queues (the predictor alone) leaves them out and the term is inactive."""
-        view = CallView.from_annotation(annotation, app_metadata)
         pol = self.policy
-        base = pol.score_view(view, queue_depth, agent_model)
-        return pol.to_sglang(pol.session_score(base, view.session_age_s, pol.aging_rate(view)))
+        base = pol.score_annotation(annotation, queue_depth, agent_model)
+        return pol.to_sglang(pol.session_score(base, annotation.session_age_s, pol.aging_rate(annotation)))
 
     def downstream_boost(self, annotation: Annotation, app_metadata: Mapping | None = None, *,
                          queue_depth: Mapping[str, float] | None = None,
@@ -376,5 +374,4 @@ class AnnotationPriority:
         about to idle) — what the gateway counts, without computing the priority again."""
         if not annotation.known:
             return 0.0
-        return self.policy.idle_downstream_term(CallView.from_annotation(annotation, app_metadata),
-                                                queue_depth, agent_model)
+        return self.policy.idle_downstream_term(annotation, queue_depth, agent_model)

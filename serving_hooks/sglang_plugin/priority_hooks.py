@@ -12,7 +12,7 @@
 * ``SchedulePolicy.calc_priority`` (BEFORE): at each scheduling round, every remembered
   request's priority (waiting and running) becomes ``to_sglang(score + rate · waited)``
   with the score, arrival and aging rate of its session's latest call (``rate`` =
-  ``PriorityPolicy.aging_rate`` of the call's view: ``aging_per_s``, or per session
+  ``PriorityPolicy.aging_rate`` of the call's annotation: ``aging_per_s``, or per session
   duration), so all calls of a workflow carry the workflow's priority; SGLang's own ``(priority, wait time)`` sort then serves the oldest
   work first among equals.
 
@@ -48,7 +48,7 @@ class Admission:
     enqueued_at: float
     #: its session's id: the request takes its session's latest score, aged (None: its own)
     session: str | None = None
-    #: its aging rate per second (``PriorityPolicy.aging_rate`` of its view; None: the
+    #: its aging rate per second (``PriorityPolicy.aging_rate`` of its annotation; None: the
     #: policy's ``aging_per_s``) when its session is not known
     rate: float | None = None
 
@@ -81,45 +81,45 @@ def admit_request(req: Any, now: float | None = None, default_priority: int | No
     state = get_state()
     if admission_of(req) is not None:  # a retracted request keeps its first arrival
         return True
-    view = state.view(req)
-    if view is None and not state.settings.age_untagged:
+    ann = state.annotation(req)
+    if ann is None and not state.settings.age_untagged:
         return False
     now = state.now() if now is None else now
     pol = state.settings.priority
     explicit = req.priority is not None and req.priority != default_priority
-    session = view.session_id if view is not None else None
+    session = ann.workflow_id if ann is not None else None
     score: float | None = None                 # the call's own score (None: no prediction)
-    rate = pol.aging_rate(view)                # per session duration when the policy says so
+    rate = pol.aging_rate(ann)                 # per session duration when the policy says so
     if explicit:
-        source = "gateway" if view is not None and view.priority == req.priority else "client"
+        source = "gateway" if ann is not None and ann.priority == req.priority else "client"
         score = pol.from_sglang(req.priority)
-    elif view is None:
+    elif ann is None:
         req.priority = default_priority if default_priority is not None else pol.to_sglang(pol.unknown_score)
         source = "default"
-    elif view.priority is not None:
-        req.priority, source = int(view.priority), "gateway"
+    elif ann.priority is not None:
+        req.priority, source = int(ann.priority), "gateway"
         score = pol.from_sglang(req.priority)
-    elif view.known:
-        req.priority = pol.to_sglang(pol.session_score(pol.score_view(view), view.session_age_s, rate))
+    elif ann.known:
+        req.priority = pol.to_sglang(pol.session_score(pol.score_annotation(ann), ann.session_age_s, rate))
         source = "plugin"
         score = pol.from_sglang(req.priority)
     else:                                      # no prediction: the session's score, aged
         source = "plugin"
     if session:
-        fallback = pol.from_sglang(pol.to_sglang(pol.session_score(pol.unknown_score, view.session_age_s)))
+        fallback = pol.from_sglang(pol.to_sglang(pol.session_score(pol.unknown_score, ann.session_age_s)))
         ref = state.sessions.note(session, score, now, fallback=fallback, rate=rate)
         if score is None:
             req.priority = pol.to_sglang(pol.aged(ref[0], ref[1], now, state.sessions.rate(session)))
-    elif score is None and view is not None:
-        req.priority = pol.to_sglang(pol.session_score(pol.unknown_score, view.session_age_s))
+    elif score is None and ann is not None:
+        req.priority = pol.to_sglang(pol.session_score(pol.unknown_score, ann.session_age_s))
     setattr(req, ADMISSION_ATTR, Admission(pol.from_sglang(req.priority), now, session or None,
                                            rate if score is not None else None))
     state.counters["priority_set"] += 1
     state.counters[f"priority_from_{source}"] += 1
     decision("priority", rid=getattr(req, "rid", "?"), priority=req.priority, source=source,
              session=session, t=round(now, 3))
-    if view is not None:
-        plan_prefetch(state, req, view, state.clock())
+    if ann is not None:
+        plan_prefetch(state, req, ann, state.clock())
     return True
 
 
