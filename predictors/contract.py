@@ -18,7 +18,8 @@ function                               does
                                        form a dialect renders (SGLang ``custom_params`` keys)
 :func:`to_sglang_custom_params`        → SGLang's ``custom_params`` (= :meth:`Annotation.flat`)
 :func:`from_custom_params`             SGLang's ``custom_params`` → :class:`Annotation` (the plugin)
-:meth:`Annotation.sglang_priority`     → SGLang's integer ``priority`` (or None)
+:meth:`Annotation.sglang_priority`     → SGLang's integer ``priority`` (or None), the one rendering
+                                       of the float score (:func:`sglang_priority`)
 =====================================  ==============================================================
 
 Definitions every consumer shares
@@ -173,10 +174,38 @@ class _OptBool(Codec):
         return value if isinstance(value, bool) else None
 
 
-class _Int(Codec):
+#: SGLang's integer ``priority`` is ``round(score · PRIORITY_SCALE)`` of the float priority score
+#: (bigger runs first), clamped to ``±PRIORITY_LIMIT``: SGLang keeps it in a Python int and
+#: compares it; well inside int64.
+PRIORITY_SCALE = 1000.0
+PRIORITY_LIMIT = 2**62
+
+
+def sglang_priority(score: float, scale: float = PRIORITY_SCALE) -> int:
+    """The one rendering of a priority score as SGLang's integer ``priority`` (bigger first)."""
+    value = int(round(score * scale))
+    return max(-PRIORITY_LIMIT, min(PRIORITY_LIMIT, value))
+
+
+class _Priority(Codec):
+    """The float priority score in process; every wire form (JSON, flat ``custom_params``) carries
+    SGLang's integer :func:`sglang_priority` of it, as before the score was a float."""
+
+    flat_types = ("int | None",)
+    scalar = False
+
     def parse(self, value: Any) -> Any:
         n = num(value)
-        return int(n) if n is not None else None
+        return n / PRIORITY_SCALE if n is not None else None
+
+    def dump(self, value: Any) -> Any:
+        return sglang_priority(value)
+
+    def flatten(self, value: Any) -> tuple:
+        return (sglang_priority(value) if value is not None else None,)
+
+    def unflatten(self, values: tuple) -> Any:
+        return self.parse(values[0])
 
 
 class _Band(Codec):
@@ -279,7 +308,7 @@ class _Strings(Codec):
         return dict(value)
 
 
-NUM, TEXT, IDENT, KNOWN, OPT_BOOL, INT = Codec(), _Text(), _Ident(), _Known(), _OptBool(), _Int()
+NUM, TEXT, IDENT, KNOWN, OPT_BOOL, PRIORITY = Codec(), _Text(), _Ident(), _Known(), _OptBool(), _Priority()
 BAND, UPPER, TOOLS, NEXTS, FLOATS, STRINGS = (_Band(), _Upper(), _Tools(), _NextAgents(),
                                                _Floats(), _Strings())
 
@@ -384,8 +413,10 @@ class Annotation:
     """whether the session is on the automaton's dominant paths (sequence-model profiles)"""
     prompt_composition: Mapping[str, str] = contract_field(codec=STRINGS, factory=dict)
     """prompt templates of the likely next agents"""
-    priority: int | None = contract_field(None, INT, flat="priority")
-    """SGLang integer priority (bigger runs first), when a priority policy is configured"""
+    priority: float | None = contract_field(None, PRIORITY, flat="priority")
+    """the call's priority score (bigger runs first), set by the serving layer's priority policy
+    (``serving_hooks.policies.PriorityPolicy.call_priority``); the JSON and flat forms carry
+    SGLang's integer ``priority``, ``round(score · 1000)``"""
     latency_class: str | None = contract_field(None, TEXT, flat="latency_class", header="Latency-Class")
     """``"interactive"`` (a person waits on this session's answers: rank for time to first token)
     or ``"batch"`` (rank for job completion); None = not classified"""
@@ -439,8 +470,8 @@ class Annotation:
         return (1.0 - self.output_len_coverage) / 2 if self.output_len_coverage is not None else None
 
     def sglang_priority(self) -> int | None:
-        """SGLang's top-level integer ``priority`` (None: let the engine decide)."""
-        return self.priority
+        """SGLang's integer ``priority`` of :attr:`priority` (None: let the engine decide)."""
+        return sglang_priority(self.priority) if self.priority is not None else None
 
     # ------------------------------------------------------------------ parsing
     @classmethod

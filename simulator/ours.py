@@ -287,8 +287,8 @@ class PriorityScheduler(Scheduler):
             return
         age = self.sim.now - float(self.sim.wf_arrival[req.wf])
         rate = pol.aging_rate(ann, age)
-        score = (pol.session_score(pol.score_annotation(ann, depth, agent_model), age, rate)
-                 if ann.known else None)
+        # the gateway's one priority rule, on the workflow's simulated age
+        score = pol.call_priority(ann, age, depth, agent_model) if ann.known else None
         self.book.note(req.wf, score, self.sim.now, fallback=pol.session_score(pol.unknown_score, age),
                        rate=rate)
         for q in self.queues:

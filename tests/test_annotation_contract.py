@@ -7,16 +7,18 @@ from dataclasses import replace
 from predictors import Predictor
 from predictors.contract import FLAT_KEYS, Annotation, from_custom_params, to_sglang_custom_params
 from serving_hooks.annotations import forward_body
-from serving_hooks.policies import AnnotationPriority, KeepDropPolicy, PriorityPolicy
+from serving_hooks.policies import KeepDropPolicy, PriorityPolicy
 
 
 def _annotations(fitted_profile, n: int = 12) -> list[Annotation]:
     # agent_fallback=False: "nobody" (an agent the profile never saw) stays unknown
-    p = Predictor(fitted_profile, priority_policy=AnnotationPriority(), agent_fallback=False)
+    p = Predictor(fitted_profile, agent_fallback=False)
+    pol = PriorityPolicy()          # what the serving layer (PredictionService) adds
     agents = ["planner", "explorer", "engineer", "engineer", "reviewer", "nobody"]
-    return [p.annotate_call({"workflow_type_id": "coding_assistant", "workflow_id": f"w{i % 2}",
+    anns = [p.annotate_call({"workflow_type_id": "coding_assistant", "workflow_id": f"w{i % 2}",
                              "agent_id": agents[i % len(agents)]}, request_id=f"r{i}", input_tokens=500)
             for i in range(n)]
+    return [replace(a, priority=pol.call_priority(a)) if a.known else a for a in anns]
 
 
 def test_json_form_round_trips_and_is_plain_json(fitted_profile):
@@ -25,7 +27,12 @@ def test_json_form_round_trips_and_is_plain_json(fitted_profile):
     for ann in anns:
         d = ann.to_dict()
         assert json.loads(json.dumps(d, allow_nan=False)) == d
-        assert Annotation.from_dict(d) == ann
+        back = Annotation.from_dict(d)
+        # the priority score travels as SGLang's integer (the wire form is unchanged)
+        assert replace(back, priority=None) == replace(ann, priority=None)
+        assert back.sglang_priority() == ann.sglang_priority()
+        assert d.get("priority") == ann.sglang_priority()
+        assert Annotation.from_dict(back.to_dict()) == back
         if not ann.known:
             assert set(d) <= {"profile_version", "known", "workflow_type_id", "workflow_id", "agent_id",
                               "reason", "detail"}
@@ -37,9 +44,9 @@ def test_flat_form_carries_what_the_policies_read(fitted_profile):
         assert tuple(flat) == FLAT_KEYS
         assert all(v is None or isinstance(v, (str, int, float, bool)) for v in flat.values())
         back = from_custom_params(flat)      # what the SGLang plugin rebuilds
-        for f in ("known", "workflow_id", "output_lo", "output_hi", "priority",
-                  "expected_remaining_calls", "next_agent_id", "next_agent_p", "tool_p95_s",
-                  "retain_s", "p_end", "session_age_s", "output_len_mean", "keep_alive_ttl_s"):
+        assert back.sglang_priority() == ann.sglang_priority()    # the integer on the wire
+        for f in ("known", "workflow_id", "output_lo", "output_hi", "expected_remaining_calls",
+                  "next_agent_id", "next_agent_p", "tool_p95_s", "retain_s", "p_end", "session_age_s", "output_len_mean", "keep_alive_ttl_s"):
             assert getattr(back, f) == getattr(ann, f), f
         assert back.flat() == flat
         # the policies decide the same from either (no distances: the flat form has none)
@@ -53,7 +60,9 @@ def test_gateway_body_carries_the_contracts_priority_and_flat_form(fitted_profil
     body = {"model": "m", "messages": [], "app_metadata": {"workflow_id": ann.workflow_id}}
     raw = json.dumps(body).encode()
     out = json.loads(forward_body(raw, body, "top", ann.to_dict(), sglang_fields=True))
-    assert out["priority"] == ann.sglang_priority() == ann.priority
+    assert isinstance(ann.priority, float)
+    assert out["priority"] == ann.sglang_priority() == round(ann.priority * 1000)
+    assert out["custom_params"]["priority"] == out["priority"]      # the same integer, both places
     assert out["custom_params"] == to_sglang_custom_params(ann, body["app_metadata"])
     assert out["sys_annotations"] == ann.to_dict()
 

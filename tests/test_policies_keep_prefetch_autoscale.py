@@ -106,7 +106,7 @@ def test_annotation_from_custom_params_tolerates_bad_fields():
 
 def test_prefetch_is_just_in_time_and_host_only():
     pol = PrefetchPolicy(min_p=0.5, transfer_tok_s=200_000, prefill_tok_s=8_000, decode_tok_s=40, lead_s=0.05)
-    finish = pol.predicted_finish(now=0.0, input_tokens=1000, pred_out_lo=200)
+    finish = pol.predicted_finish(now=0.0, input_tokens=1000, output_lo=200)
     assert finish == pytest.approx(1000 / 8000 + 200 / 40)  # 5.125 s
     plan = pol.plan("r1", now=0.0, next_agent="tester", next_agent_p=0.8, finish_at=finish, prefix_tokens=20_000)
     # copy takes 20000 / 200000 = 0.1 s, plus 0.05 s lead: start at 5.125 - 0.15 = 4.975

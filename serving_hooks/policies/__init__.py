@@ -42,7 +42,7 @@ from serving_hooks.policies.keep_drop import (
 from serving_hooks.policies.pools import ModelPools, NoReplicaForModel, pool_queue_depths
 from serving_hooks.policies.prefetch import HOST_TIER, PrefetchPlan, PrefetchPolicy
 from serving_hooks.policies.preprefill import PrePrefillPolicy
-from serving_hooks.policies.priority import AnnotationPriority, PriorityPolicy
+from serving_hooks.policies.priority import PriorityPolicy
 from serving_hooks.policies.session_end import DEFAULT_SESSION_END_P, SessionEndRule
 
 __all__ = [
@@ -50,7 +50,6 @@ __all__ = [
     "DEFAULT_SESSION_END_P",
     "SessionEndRule",
     "Annotation",
-    "AnnotationPriority",
     "NextAgent",
     "ToolLatency",
     "from_custom_params",

@@ -6,7 +6,7 @@ When a call finishes, its session's KV prefix (prompt + response, the history th
 call will extend) is, for the eviction order of the radix cache:
 
 * **kept** (rank ``KEEP``) when the session's predicted path goes on — ``p_end < drop_end_p``
-  (without ``p_end``: ``exp_remaining_calls ≥ min_remaining_calls``) — and comes back to this
+  (without ``p_end``: ``expected_remaining_calls ≥ min_remaining_calls``) — and comes back to this
   lineage — ``revisit_p ≥ min_revisit_p`` — for a TTL equal to the quantile of the session's
   *idle gap* (``keep_alive_ttl_s``: the call's finish to the session's next arrival, tool time
   plus think/wait time, scaled by the session's own gaps so far; ``predictors/idle_gap.py``),

@@ -16,12 +16,12 @@
   duration), so all calls of a workflow carry the workflow's priority; SGLang's own ``(priority, wait time)`` sort then serves the oldest
   work first among equals.
 
-The score is the gateway's ``priority`` read back through :meth:`PriorityPolicy.from_sglang`:
-the predictor computes it with the same policy as ``base + aging · (session age at issue)``
-(:meth:`PriorityPolicy.session_score`), so adding ``aging · (time since arrival)`` here gives
-the workflow-level score ``base + aging · (now − session start)`` without sharing a clock.
-Without a gateway priority, the plugin computes it from ``exp_remaining_calls`` and
-``session_age_s`` of the custom_params.
+The score is the gateway's ``priority`` (the request's :class:`~predictors.contract.Annotation`,
+rebuilt once from ``custom_params``, carries it as a float): the gateway computes it once with
+:meth:`PriorityPolicy.call_priority`, ``base + aging · (session age at issue)``, so adding
+``aging · (time since arrival)`` here gives the workflow-level score
+``base + aging · (now − session start)`` without sharing a clock. The plugin only ages and
+applies it; without a gateway priority it calls the same ``call_priority`` on the annotation.
 """
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ ADMISSION_ATTR = "_awp_admission"
 @dataclass(slots=True)
 class Admission:
     """What the plugin remembers of a request it admitted (:func:`admit_request`)."""
-    #: its base score (the priority set at admission, read back through ``from_sglang``)
+    #: its base score (the gateway's priority score; ``from_sglang`` of a client's own integer)
     base: float
     #: when it arrived (the plugin's "now"): its aging reference when its session is not known
     enqueued_at: float
@@ -69,7 +69,8 @@ def admit_request(req: Any, now: float | None = None, default_priority: int | No
        tokenizer writes into every request without one: indistinguishable from a client that
        sent exactly that value, so it counts as "not set");
     2. ``custom_params.priority`` (the gateway's prediction);
-    3. the score computed from ``custom_params`` (``exp_remaining_calls``, ``session_age_s``);
+    3. the score :meth:`PriorityPolicy.call_priority` computes from the request's annotation (its
+       ``custom_params``);
     4. untagged traffic (no custom_params): ``default_priority`` when set, else the policy's
        ``unknown_score`` — and it is aged like everything else, so it cannot starve
        (``AWP_UNTAGGED=off`` leaves untagged requests to SGLang alone).
@@ -91,28 +92,30 @@ def admit_request(req: Any, now: float | None = None, default_priority: int | No
     score: float | None = None                 # the call's own score (None: no prediction)
     rate = pol.aging_rate(ann)                 # per session duration when the policy says so
     if explicit:
-        source = "gateway" if ann is not None and ann.priority == req.priority else "client"
-        score = pol.from_sglang(req.priority)
+        gateway = ann is not None and ann.priority is not None and ann.sglang_priority() == req.priority
+        source = "gateway" if gateway else "client"
+        score = ann.priority if gateway else pol.from_sglang(req.priority)
     elif ann is None:
         req.priority = default_priority if default_priority is not None else pol.to_sglang(pol.unknown_score)
         source = "default"
-    elif ann.priority is not None:
-        req.priority, source = int(ann.priority), "gateway"
-        score = pol.from_sglang(req.priority)
-    elif ann.known:
-        req.priority = pol.to_sglang(pol.session_score(pol.score_annotation(ann), ann.session_age_s, rate))
-        source = "plugin"
-        score = pol.from_sglang(req.priority)
+    elif ann.priority is not None:             # the gateway's score: applied, not recomputed
+        score, source = ann.priority, "gateway"
+        req.priority = pol.to_sglang(score)
+    elif ann.known:                            # no gateway priority: the one rule, here
+        score, source = pol.call_priority(ann), "plugin"
+        req.priority = pol.to_sglang(score)
     else:                                      # no prediction: the session's score, aged
         source = "plugin"
     if session:
-        fallback = pol.from_sglang(pol.to_sglang(pol.session_score(pol.unknown_score, ann.session_age_s)))
+        fallback = pol.session_score(pol.unknown_score, ann.session_age_s)
         ref = state.sessions.note(session, score, now, fallback=fallback, rate=rate)
         if score is None:
             req.priority = pol.to_sglang(pol.aged(ref[0], ref[1], now, state.sessions.rate(session)))
     elif score is None and ann is not None:
-        req.priority = pol.to_sglang(pol.session_score(pol.unknown_score, ann.session_age_s))
-    setattr(req, ADMISSION_ATTR, Admission(pol.from_sglang(req.priority), now, session or None,
+        score = pol.session_score(pol.unknown_score, ann.session_age_s)
+        req.priority = pol.to_sglang(score)
+    base = score if score is not None else pol.from_sglang(req.priority)
+    setattr(req, ADMISSION_ATTR, Admission(base, now, session or None,
                                            rate if score is not None else None))
     state.counters["priority_set"] += 1
     state.counters[f"priority_from_{source}"] += 1
