@@ -3,13 +3,15 @@ client says so), batch otherwise; ranked above batch by the one priority policy;
 every dialect; the interactive generator marks the person's turns."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
 from predictors.contract import Annotation
 from predictors.predictor import Predictor
 from serving_hooks.dialects import hint_values, render
-from serving_hooks.policies.priority import AnnotationPriority, PriorityPolicy
+from serving_hooks.policies.priority import PriorityPolicy
 from simulator.sources import fit_train_profile
 from store.workloads import generate, load_spec
 
@@ -25,7 +27,7 @@ def predictor(tmp_path_factory):
     recs = _records("codex_interactive", 30, 1) + _records("agent_user", 30, 2)
     profile, _ = fit_train_profile(recs, tmp_path_factory.mktemp("prof"))
     assert set(profile.data["human_wait"]) == {"codex"}
-    return Predictor(profile, priority_policy=AnnotationPriority())
+    return Predictor(profile)
 
 
 def _meta(wt: str, wf: str, agent: str, **extra) -> dict:
@@ -74,19 +76,21 @@ def test_interactive_outranks_batch_by_the_boost(predictor):
     b = predictor.annotate_call(_meta("airline_support", "s8", "user", latency_class="interactive"),
                                 request_id="r8")
     pol = PriorityPolicy()
-    assert b.priority - a.priority == pol.to_sglang(pol.interactive_boost)
+    assert pol.call_priority(b) - pol.call_priority(a) == pytest.approx(pol.interactive_boost)
     assert pol.class_term("batch") == pol.class_term(None) == 0.0
-    flat = AnnotationPriority(PriorityPolicy(interactive_boost=0.0))
-    assert flat(b) == flat(a) == a.priority
+    flat = PriorityPolicy(interactive_boost=0.0)
+    assert flat.call_priority(b) == flat.call_priority(a)
 
 
 def test_class_is_rendered_in_each_dialect(predictor):
     ann = predictor.annotate_call(_meta("codex", "s9", "main"), request_id="r9")
+    ann = replace(ann, priority=PriorityPolicy().call_priority(ann))
     v = hint_values(ann)
     sg, _ = render("sglang", v, {})
-    assert sg["custom_params"]["latency_class"] == "interactive" and sg["priority"] == ann.priority
+    prio = ann.sglang_priority()
+    assert sg["custom_params"]["latency_class"] == "interactive" and sg["priority"] == prio
     vl, _ = render("vllm", v, {})
-    assert vl["vllm_xargs"]["latency_class"] == "interactive" and vl["priority"] == -ann.priority
+    assert vl["vllm_xargs"]["latency_class"] == "interactive" and vl["priority"] == -prio
     _, headers = render("headers", v, {})
     assert headers["X-Agentprof-Latency-Class"] == "interactive"
     assert Annotation.from_dict(ann.to_dict()).latency_class == "interactive"
@@ -113,21 +117,18 @@ def test_overtake_window_bounds_who_may_pass_a_session():
 
 def test_class_rule_is_the_same_in_gateway_plugin_and_simulator():
     """Parity over the class rule: an interactive and a batch session with the same remaining work
-    get the gateway's priority (``AnnotationPriority``), the simulator's scheduler priority and the
-    plugin's admitted priority alike, and the interactive one is ahead by the boost."""
-    from dataclasses import replace
+    get the gateway's priority (``call_priority``, rendered by the SGLang dialect), the simulator's
+    scheduler priority and the plugin's admitted priority alike; the interactive one is ahead by
+    the boost."""
     from types import SimpleNamespace
 
-    from predictors.contract import to_sglang_custom_params
-    from serving_hooks.policies import CallView
     from serving_hooks.sglang_plugin.priority_hooks import admit_request
     from serving_hooks.sglang_plugin.settings import PluginSettings
     from serving_hooks.sglang_plugin.state import PluginState, reset_state
-    from simulator.ours import FeedPrediction, PriorityScheduler
+    from simulator.ours import PriorityScheduler
 
     policy = PriorityPolicy()
-    gateway = AnnotationPriority(policy)
-    sched = PriorityScheduler(SimpleNamespace(view=lambda req: req.pred.view), policy)
+    sched = PriorityScheduler(SimpleNamespace(served=lambda req: req.ann), policy)
     sched.sim = SimpleNamespace(now=5.0, wf_arrival=[0.0, 0.0], pool_queue_depths=lambda: None, pools=None)
     settings = replace(PluginSettings.from_env(), priority=policy, decision_clock="local",
                        prefetch_enabled=False, age_untagged=True)
@@ -136,15 +137,20 @@ def test_class_rule_is_the_same_in_gateway_plugin_and_simulator():
     for wf, cls in enumerate(("interactive", "batch")):
         ann = Annotation(known=True, workflow_id=f"w{wf}", expected_remaining_calls=3.0,
                          session_age_s=5.0, latency_class=cls)
-        req = SimpleNamespace(idx=wf, wf=wf, t_enqueue=5.0,
-                              pred=FeedPrediction(ann, {}, CallView.from_annotation(ann)))
+        req = SimpleNamespace(idx=wf, wf=wf, t_enqueue=5.0, ann=ann)
         sched.on_issue(req)
-        prio = gateway(ann)
-        assert sched.priority(req) == prio
-        plugin_req = SimpleNamespace(rid=f"r{wf}", priority=prio, sampling_params=SimpleNamespace(
-            custom_params=to_sglang_custom_params(replace(ann, priority=prio))))
+        sent = replace(ann, priority=policy.call_priority(ann))          # the gateway's
+        patch, _ = render("sglang", hint_values(sent), {})
+        assert sched.priority(req) == patch["priority"]
+        plugin_req = SimpleNamespace(rid=f"r{wf}", priority=patch["priority"],
+                                     sampling_params=SimpleNamespace(custom_params=patch["custom_params"]))
         admit_request(plugin_req, now=5.0)
-        assert plugin_req.priority == prio
-        got[cls] = prio
+        assert plugin_req.priority == patch["priority"]
+        # a request whose custom_params carry no priority: the plugin computes the same one
+        bare = {k: v for k, v in patch["custom_params"].items() if k != "priority"}
+        own = SimpleNamespace(rid=f"o{wf}", priority=None, sampling_params=SimpleNamespace(custom_params=bare))
+        admit_request(own, now=5.0)
+        assert own.priority == patch["priority"]
+        got[cls] = patch["priority"]
     assert got["interactive"] - got["batch"] == policy.to_sglang(policy.interactive_boost)
     reset_state()

@@ -26,20 +26,21 @@ With one fixed rate (``aging_per_duration=None``, the default; aging on each ses
 time scale is an option, below) every waiting workflow ages alike, so the order between two is fixed —
 ``base − aging_per_s · t_start`` — and aging only bounds how long a newer workflow's smaller
 remaining work may keep an older one waiting: ``Δbase / aging_per_s`` seconds (with the
-default 1e-3 /s, a workflow one call from done (base 0.5) passes one that has just started a
-13-call path (≈ 0.07) unless that one started more than 430 s earlier: key order within a window,
-program FCFS beyond it; chosen on validation draws with the tail in view, "Bounded tail" below). Aging from each call's
+default 1e-5 /s, a workflow one call from done (base 0.5) passes one that has just started a
+13-call path (≈ 0.07) unless that one started more than 43,000 s earlier: near key order; the
+tail bound this gives and why a tighter one was not taken: "Bounded tail" below). Aging from each call's
 own enqueue time instead (per-call aging) would, once calls wait longer than ``Δbase /
 aging_per_s``, order the queue by call arrival: call-level FCFS that interleaves workflows.
 
-Two places compute it, without sharing a clock: the predictor (gateway side) gives a call the
-priority :meth:`PriorityPolicy.session_score` ``= base + aging · (session age at issue)``, and the
-SGLang plugin ages a queued request by ``aging · (time since enqueue)``
-(:meth:`PriorityPolicy.aged`); their sum is the workflow-level score above.
+One function computes a call's priority, as a float: :meth:`PriorityPolicy.call_priority`
+``= base + aging · (session age at issue)``, at the gateway (``PredictionService``) and in the
+simulator; the SGLang plugin only ages a queued request by ``aging · (time since enqueue)``
+(:meth:`PriorityPolicy.aged`), without sharing a clock; their sum is the workflow-level score
+above.
 
 SGLang's priority scheduler sorts integer priorities, bigger first (the default, without
 ``--schedule-low-priority-values-first``), so :meth:`PriorityPolicy.to_sglang` maps a score
-to ``round(scale · score)``.
+to ``round(scale · score)`` (:func:`predictors.contract.sglang_priority`, the one rendering).
 
 A call with no prediction (``known: false``) gets ``unknown_score``: neutral, served as if a
 few calls remained, and aged like every other request.
@@ -50,7 +51,7 @@ One constant ``aging_per_s`` bounds a *wait*: a workflow may be passed for at mo
 ``Δbase / aging_per_s`` seconds, whatever its length. That fits a burst that drains in minutes
 or an open loop that runs for an hour, not both. With ``aging_per_duration = k`` each session
 ages on its own time scale: its rate is ``k / τ``, ``τ`` its expected total duration (age + the
-profile's expected remaining seconds, ``exp_remaining_s``, at its latest predicted call), so
+profile's expected remaining seconds, ``expected_remaining_s``, at its latest predicted call), so
 
     score(t) ≈ base + k · age / τ
 
@@ -60,7 +61,7 @@ hour-long open loop's age term does not swamp the remaining-work key. The rate i
 ``2^±RATE_OCTAVES``), so a queue holds a few distinct rates: the simulator's
 ``SessionQueue`` keeps one heap per rate (exact, O(#rates) per head), and the plugin reads
 the same rate off the call's annotation (:meth:`PriorityPolicy.aging_rate`) — no new field.
-A call without ``exp_remaining_s`` ages at ``aging_per_s``.
+A call without ``expected_remaining_s`` ages at ``aging_per_s``.
 
 Why it is off by default. ``k = 0.03`` (a session gains 0.03 — about a third of the gap between 2 and 3
 calls left, 1/3 − 1/4 — per expected duration of age) was chosen on the validation draws (``profiler simulate
@@ -79,36 +80,50 @@ long ages slowly and starves. Over all seven validation runs the fixed rate wins
 vs 0.975), so ``aging_per_duration=None`` is the default and per-duration aging is the
 simulator's ``ours-duration-aging``.
 
-Why 1e-5 was the default, once. On the same seven validation runs one weak fixed rate,
-``aging_per_s = 1e-5``, scored 0.941 on the six generated ones and 0.984 on the real mix (P95
-8,171 s): mean 0.947, ahead of 0.001 /s (0.962) and per-duration aging (0.975). That choice
-looked at the mean only; the next section puts the tail into it.
+Why 1e-5. On the same seven validation runs one weak fixed rate, ``aging_per_s = 1e-5``,
+scores 0.941 on the six generated ones and 0.984 on the real mix (P95 8,171 s): mean 0.947,
+ahead of 0.001 /s (0.962) and per-duration aging (0.975). The next section checks it with the
+tail in view.
 
-Bounded tail (``aging_per_s = 1e-3``, the default)
---------------------------------------------------
-The guarantee. Under the calls key a batch session's base lies in (0, 1], so two sessions of one
-class waiting at ``t`` are ordered by ``base − aging_per_s · t_start``, and a session is never
-ranked below one that started more than
+Bounded tail (``aging_per_s``)
+------------------------------
+The guarantee. Under the calls key a session's base lies in (0, 1] (plus its class term, the
+same for every session of a class), so two sessions of one class waiting at ``t`` are ordered by
+``base − aging_per_s · t_start``, and a session is never ranked below one of its class that
+started more than
 
     W = (1 + I) / aging_per_s          (:meth:`PriorityPolicy.overtake_window_s`)
 
 seconds after it (``I`` bounds the idle-downstream term; 0 with one model pool). Inside ``W``
-the remaining-work order holds (a session closer to done passes); beyond it the order is
-program FCFS. So what a session waits because others were preferred is at most the work of the
-sessions that started within ``W`` after it: with 1e-3, W = 1,000 s, about 9× the uncontended
-duration of an ``agent-platform`` session (110 s) and a few times a coding-agent session's. At
-1e-5 (W ≈ 28 h) nothing bounded it: on a validation draw of the bundled real sets mixed at peak
-(``profiler simulate --workload datasets/real --load peak --seed 100``) ours' P99 JCT was 1.34×
-the best baseline's.
+the remaining-work order holds (a session closer to done passes); beyond it the order is program
+FCFS. So what a session waits because others were preferred is at most the work of the sessions
+that started within ``W`` after it. At the default 1e-5 /s, W ≈ 28 h: a bound on paper only.
 
-Chosen on validation draws (``python bench/bench_tail.py``, seeds ≥ 100; figures in
-docs/simulator.md, "Bounded tail"): rates 1e-5, 1e-4, 1e-3, 3e-3, 1e-2 on ``--scenario
-agent-platform`` seeds 100, 101 and ``--workload datasets/real --load peak`` seed 100. The rule:
-the best mean among the rates whose P95 and P99 stay within 1.05× the best baseline's
-(``sglang-default``, ``continuum-ttl``) on every draw, the mean being avg JCT ÷
-``continuum-ttl``'s averaged over the draws. 1e-5 fails the tail (real mix P99 1.34×; mean
-0.943); of the others 1e-3 has the best mean, 0.905 (1e-4 0.910, 3e-3 0.919, 1e-2 0.930),
-every P95 ≤ 1.00× and P99 ≤ 0.92× the best baseline's.
+Why not a tighter window. Rates 1e-5, 1e-4, 1e-3, 3e-3, 1e-2 were run on validation draws
+(``python bench/bench_tail.py``: ``--scenario agent-platform`` seeds 100, 101 and
+``--workload datasets/real --load peak`` seeds 100, 101; docs/simulator.md, "Bounded tail") with
+the issue's rule: P95 within 1.05× the best baseline's (``sglang-default``, ``continuum-ttl``) on
+every draw, then the best mean. Only 1e-5 meets the P95 rule on all four (max 1.00×) and it has
+the best mean; 1e-3 (W = 1,000 s, ≈ 9× an ``agent-platform`` session's uncontended duration)
+bounds P99 on every draw (≤ 0.99×, where 1e-5 reaches 1.34× on ``datasets/real`` seed 100) but
+on ``datasets/real`` seed 101 — a peak load whose backlog grows for the whole run — it loses
+the mean (557 s vs 335 s) and the P95 (1.16×) to 1e-5: once the window is shorter than the
+queueing, the order turns into program FCFS, which is ``continuum-ttl``'s 1,158 s there. A fixed
+window cannot bound the tail of an unsettled overload without giving up the mean; 1e-5 stays,
+and ``ours-aging-1e-3`` is the bounded variant.
+
+Latency classes (``interactive_boost``)
+---------------------------------------
+A call of latency class ``"interactive"`` (``Annotation.latency_class``: a person waits on the
+session; the rule is :func:`predictors.compiled.latency_class`, docs/dialects.md) gets
+``interactive_boost`` (2.0) added to its base (:meth:`class_term`, inside
+:meth:`score_annotation`, so the gateway, the plugin and the simulator rank it alike): it runs
+before every batch session that has not aged ``interactive_boost / aging_per_s`` seconds —
+ranked for time to first token; a person's think time keeps the interactive share of the load
+small. Among batch sessions the remaining-work order and its window stay as above. With SGLang's
+priority preemption (threshold 500 = 0.5 of score) an interactive call also preempts batch work
+for KV (``simulator``: ``kv_preemption``), which is what keeps its TTFT inside a target at peak
+(docs/simulator.md, "Latency classes and the interactive scenario").
 
 Which unit ranks (``remaining_unit``; ``"calls"``, the default)
 ---------------------------------------------------------------
@@ -128,7 +143,7 @@ ahead. The other units stay selectable (``ours-tokens``, ``ours-seconds`` in the
 Remaining output tokens (``remaining_unit="tokens"``)
 -----------------------------------------------------
 The work an engine still spends on a session is, to first order, the output tokens it has left
-to decode, ``R`` (``exp_remaining_out_tokens``, :mod:`predictors.remaining_tokens`). It is
+to decode, ``R`` (``expected_remaining_output_tokens``, :mod:`predictors.remaining_tokens`). It is
 ranked on a log scale, so that what counts is the *ratio* of two sessions' remaining work:
 
     base = −w1 · ln(1 + R / tokens_per_call)  +  w2 · Σ_{m ∈ M_idle} 1 / E[D_m]
@@ -140,7 +155,7 @@ With aging 0.001 /s a session with ``e`` ≈ 2.7 times the work of another waits
 simulator).
 
 With ``remaining_unit="seconds"`` the remaining work is the profile's expected remaining
-*seconds* of the workflow (``exp_remaining_s``, LLM and tool time), or a quantile of it, in
+*seconds* of the workflow (``expected_remaining_s``, LLM and tool time), or a quantile of it, in
 units of ``seconds_per_call`` (same scale as calls against aging); which unit serves better is
 chosen by simulation (``profiler simulate``: ``ours`` vs ``ours-seconds``).
 
@@ -154,8 +169,7 @@ import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from predictors.contract import Annotation
-from serving_hooks.policies.annotations_view import CallView
+from predictors.contract import PRIORITY_SCALE, Annotation, sglang_priority
 
 #: Units ``PriorityPolicy.remaining_unit`` ranks by.
 UNITS = ("tokens", "calls", "seconds")
@@ -163,8 +177,6 @@ UNITS = ("tokens", "calls", "seconds")
 NEUTRAL_CALLS = 3.0
 #: ``PriorityPolicy.aging_rate`` stays within 2^±RATE_OCTAVES of ``aging_per_s``.
 RATE_OCTAVES = 10
-#: SGLang stores priorities in a Python int and compares them; keep well inside int64.
-_SGLANG_PRIORITY_MAX = 2**62
 
 
 @dataclass(frozen=True)
@@ -191,7 +203,7 @@ class PriorityPolicy:
     idle_queue_threshold: int = 2
     aging_per_s: float = 1e-5
     unknown_score: float | None = None
-    scale: float = 1000.0
+    scale: float = PRIORITY_SCALE
     #: What ``E[D_remain]`` counts: ``"calls"`` (alg. 3) or ``"seconds"`` — the profile's
     #: expected remaining seconds of the workflow (LLM and tool time), in units of
     #: ``seconds_per_call`` so both scores live on the same scale against aging:
@@ -284,41 +296,43 @@ class PriorityPolicy:
                     out += self.w2 / max(1.0, float(distance))
         return out
 
-    def score_view(
+    def score_annotation(
         self,
-        view: CallView,
+        ann: Annotation,
         queue_depth: Mapping[str, float] | None = None,
         agent_model: Mapping[str, str] | None = None,
     ) -> float:
-        """:meth:`base_score` from a :class:`CallView`.
+        """:meth:`base_score` (or :meth:`base_score_tokens`) of one call's :class:`Annotation`,
+        plus its latency class's :meth:`class_term` (module doc, "Latency classes").
 
         ``agent_model`` maps agent ids to the model that serves them, so that distances to
         agents (what the graph knows) become distances to models (what has a queue); the
         distance to a model is the smallest distance to any of its agents.
         """
-        distance = self.downstream_distance(view, agent_model)
-        remaining = view.exp_remaining_calls
+        distance = self.downstream_distance(ann, agent_model)
+        remaining = ann.expected_remaining_calls
+        cls = self.class_term(ann.latency_class) if ann.known else 0.0
         if self.remaining_unit == "tokens":
-            tokens = view.exp_remaining_out_tokens
+            tokens = ann.expected_remaining_output_tokens
             if tokens is None and remaining is not None:
                 tokens = (1.0 + max(0.0, float(remaining))) * self.tokens_per_call
-            return self.base_score_tokens(tokens, distance, queue_depth, known=view.known)
-        if self.remaining_unit == "seconds" and view.exp_remaining_s is not None:
-            sec = max(0.0, float(view.exp_remaining_s))
+            return self.base_score_tokens(tokens, distance, queue_depth, known=ann.known) + cls
+        if self.remaining_unit == "seconds" and ann.expected_remaining_s is not None:
+            sec = max(0.0, float(ann.expected_remaining_s))
             if self.remaining_quantile is not None:
                 sec *= -math.log(max(1e-9, 1.0 - self.remaining_quantile))
             remaining = sec / max(self.seconds_per_call, 1e-9)
-        return self.base_score(remaining, distance, queue_depth, known=view.known)
+        return self.base_score(remaining, distance, queue_depth, known=ann.known) + cls
 
     @staticmethod
-    def downstream_distance(view: CallView, agent_model: Mapping[str, str] | None = None
+    def downstream_distance(ann: Annotation, agent_model: Mapping[str, str] | None = None
                             ) -> dict[str, float]:
         """Expected distance in calls to each downstream agent — to each model with
         ``agent_model`` (the smallest distance to any of its agents); the next agent at distance
         1 when the graph gives no distances."""
-        distance = dict(view.expected_distance)
-        if not distance and view.next_agent:
-            distance = {view.next_agent: 1.0}
+        distance = dict(ann.expected_distance)
+        if not distance and ann.next_agent_id:
+            distance = {ann.next_agent_id: 1.0}
         if agent_model:
             by_model: dict[str, float] = {}
             for agent, d in distance.items():
@@ -327,26 +341,41 @@ class PriorityPolicy:
             distance = by_model
         return distance
 
-    def idle_downstream_term(self, view: CallView, queue_depth: Mapping[str, float] | None = None,
+    def idle_downstream_term(self, ann: Annotation, queue_depth: Mapping[str, float] | None = None,
                              agent_model: Mapping[str, str] | None = None) -> float:
-        """The ``w2 · Σ_{m idle} 1/E[D_m]`` part of :meth:`score_view` alone."""
-        return self._idle_term(self.downstream_distance(view, agent_model), queue_depth)
+        """The ``w2 · Σ_{m idle} 1/E[D_m]`` part of :meth:`score_annotation` alone."""
+        return self._idle_term(self.downstream_distance(ann, agent_model), queue_depth)
 
-    def aging_rate(self, view: CallView | None = None, session_age_s: float | None = None) -> float:
-        """Score added per second of waiting for the session ``view`` belongs to.
+    def aging_rate(self, ann: Annotation | None = None, session_age_s: float | None = None) -> float:
+        """Score added per second of waiting for the session ``ann`` belongs to.
 
         ``aging_per_s`` unless :attr:`aging_per_duration` is set; then
         ``aging_per_duration / τ`` with ``τ = age + expected remaining seconds`` (the session's
-        expected total duration, ``session_age_s`` overriding the view's), rounded to the
-        nearest power of two and kept within ``2^±RATE_OCTAVES`` of ``aging_per_s``; a view
-        without remaining seconds ages at ``aging_per_s``."""
-        if self.aging_per_duration is None or view is None or not view.known \
-                or view.exp_remaining_s is None:
+        expected total duration, ``session_age_s`` overriding the annotation's), rounded to the
+        nearest power of two and kept within ``2^±RATE_OCTAVES`` of ``aging_per_s``; an
+        annotation without remaining seconds ages at ``aging_per_s``."""
+        if self.aging_per_duration is None or ann is None or not ann.known \
+                or ann.expected_remaining_s is None:
             return self.aging_per_s
-        age = view.session_age_s if session_age_s is None else session_age_s
-        tau = max(1.0, float(age or 0.0) + max(0.0, float(view.exp_remaining_s)))
+        age = ann.session_age_s if session_age_s is None else session_age_s
+        tau = max(1.0, float(age or 0.0) + max(0.0, float(ann.expected_remaining_s)))
         octave = round(math.log2(self.aging_per_duration / tau / self.aging_per_s))
         return self.aging_per_s * 2.0 ** max(-RATE_OCTAVES, min(RATE_OCTAVES, octave))
+
+    def call_priority(self, ann: Annotation, session_age_s: float | None = None,
+                      queue_depth: Mapping[str, float] | None = None,
+                      agent_model: Mapping[str, str] | None = None) -> float:
+        """**The** priority of one call, as a float (bigger runs first): its
+        :meth:`score_annotation` (with the model pools' ``queue_depth`` and ``agent_model`` when
+        there are pools) plus aging over the session's age, ``session_age_s`` (None: the
+        annotation's ``session_age_s``) at :meth:`aging_rate`. The gateway computes it once per
+        call (``PredictionService.annotate_call``, or the gateway itself for a sidecar's
+        annotation with pool inputs); the SGLang plugin only for a call whose ``custom_params``
+        carry no priority; the simulator's ``PriorityScheduler`` with the workflow's simulated
+        age. SGLang's integer is :func:`predictors.contract.sglang_priority` of it."""
+        age = ann.session_age_s if session_age_s is None else session_age_s
+        base = self.score_annotation(ann, queue_depth, agent_model)
+        return self.session_score(base, age, self.aging_rate(ann, age))
 
     def session_score(self, base: float, session_age_s: float | None,
                       rate: float | None = None) -> float:
@@ -365,9 +394,9 @@ class PriorityPolicy:
         return base + rate * max(0.0, now - enqueued_at)
 
     def to_sglang(self, score: float) -> int:
-        """Integer priority for SGLang (bigger runs first), clamped to a safe range."""
-        value = int(round(score * self.scale))
-        return max(-_SGLANG_PRIORITY_MAX, min(_SGLANG_PRIORITY_MAX, value))
+        """Integer priority for SGLang (bigger runs first), clamped to a safe range
+        (:func:`predictors.contract.sglang_priority` at this policy's ``scale``)."""
+        return sglang_priority(score, self.scale)
 
     def from_sglang(self, priority: int) -> float:
         """Inverse of :meth:`to_sglang` (up to rounding)."""
@@ -388,33 +417,3 @@ class PriorityPolicy:
             (-self.to_sglang(self.aged(base, t0, now)), t0, rid) for rid, base, t0 in items
         ]
         return [rid for _, _, rid in sorted(keyed)]
-
-
-@dataclass(frozen=True)
-class AnnotationPriority:
-    """The priority the predictor puts on a known call: ``to_sglang(session_score(score_view(view),
-    session age))`` — injected into ``predictors.Predictor`` by the serving layer
-    (``PredictionService``), so the facade depends on no policy."""
-
-    policy: PriorityPolicy = PriorityPolicy()
-
-    def __call__(self, annotation: Annotation, app_metadata: Mapping | None = None, *,
-                 queue_depth: Mapping[str, float] | None = None,
-                 agent_model: Mapping[str, str] | None = None) -> int:
-        """The call's integer priority. ``queue_depth`` (waiting requests per model pool) and
-        ``agent_model`` (agent → pool) feed the idle-downstream term; a caller that knows no
-        queues (the predictor alone) leaves them out and the term is inactive."""
-        view = CallView.from_annotation(annotation, app_metadata)
-        pol = self.policy
-        base = pol.score_view(view, queue_depth, agent_model) + pol.class_term(annotation.latency_class)
-        return pol.to_sglang(pol.session_score(base, view.session_age_s, pol.aging_rate(view)))
-
-    def downstream_boost(self, annotation: Annotation, app_metadata: Mapping | None = None, *,
-                         queue_depth: Mapping[str, float] | None = None,
-                         agent_model: Mapping[str, str] | None = None) -> float:
-        """How much the idle-downstream term adds to the call's score (0: no pool it reaches is
-        about to idle) — what the gateway counts, without computing the priority again."""
-        if not annotation.known:
-            return 0.0
-        return self.policy.idle_downstream_term(CallView.from_annotation(annotation, app_metadata),
-                                                queue_depth, agent_model)
