@@ -18,9 +18,11 @@ def simulate(
     scenario: Annotated[Optional[str], typer.Option(
         help="A named scenario instead of --workload: pythia-like (multi-model pools, a burst "
              "of 600 workflows), agent-platform (six applications from the bundled real sets "
-             "and the generators on one cluster, a burst of 720 workflows) or "
+             "and the generators on one cluster, a burst of 720 workflows), "
              "agent-platform-bursty (the same mix, open-loop gamma arrivals with CV 4 at "
-             "low load); see docs/simulator.md.")] = None,
+             "low load) or agent-platform-interactive (the mix plus 20 % interactive Claude "
+             "Code / Codex sessions with human waits: their TTFT against --ttft-slo); see "
+             "docs/simulator.md.")] = None,
     load: Annotated[str, typer.Option(
         help="low, medium, peak: 0.5 / 1.0 / 1.5 × the rate a KV-saturated cluster drains "
              "(see README); a number; or a comma list (e.g. low,medium,peak).")] = "peak",
@@ -111,7 +113,7 @@ def simulate(
     ttft_slo: Annotated[float, typer.Option(
         help="Time-to-first-token target (s) of interactive calls (sessions whose logs mark a "
              "person's turn, wait_after: human; e.g. --scenario agent-platform-interactive): "
-             "policies.<name>.interactive reports ttft_p99_s, slo_attainment (share within the "
+             "policies.NAME.interactive reports ttft_p99_s, slo_attainment (share within the "
              "target) and the batch sessions' avg/P95 JCT.", min=0.001)] = 2.0,
     slo_search: Annotated[bool, typer.Option(
         "--slo-search",
