@@ -745,8 +745,7 @@ class Gateway:
     async def _completed(self, ctx: "_CallContext", response: dict | None, *,
                          t_first_token: float | None, t_finish: float) -> None:
         """Log the gateway record and observe the completion (a successful call only)."""
-        if ctx.engine_session is not None and ctx.annotation is not None \
-                and ctx.annotation.session_end:    # the workflow is over: release its KV
+        if ctx.engine_session is not None and self._session_ended(ctx):   # release its KV
             await self.sessions.close(ctx.upstream, ctx.engine_session)
         response = as_chat_response(ctx.kind, response)
         if not isinstance(response, dict):
@@ -788,6 +787,14 @@ class Gateway:
                 "t_arrival": ctx.t_arrival, "t_finish": t_finish,
                 "response_text": text[:OBSERVE_TEXT_CHARS] if isinstance(text, str) else None,
                 "tool_names": [t for t in tools if t], "status": "ok"})
+
+    def _session_ended(self, ctx: "_CallContext") -> bool:
+        """Whether the call ended its workflow: the annotation's ``session_end``, or — a call
+        forwarded unannotated (over budget, failed) — the client's own ``last_call``."""
+        if ctx.annotation is not None:
+            return ctx.annotation.session_end is True
+        return self.options.session_end.enabled and isinstance(ctx.meta, dict) \
+            and ctx.meta.get("last_call") is True
 
     # -- plain pass-through (GET /v1/models and anything else) ------------------------------------
     async def passthrough(self, request: Request) -> Response:

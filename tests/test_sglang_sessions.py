@@ -133,3 +133,17 @@ def test_off_by_default_and_only_for_the_sglang_dialect(profile_root):
                 _chat(c, {"workflow_type_id": WT, "workflow_id": f"s-{next(_ids)}",
                           "agent_id": "planner", "last_call": True})
     assert [e for e, _ in sg.events] == ["call", "call"] and all(s is None for _, s in sg.events)
+
+
+def test_an_unannotated_last_call_still_closes_its_session(profile_root):
+    """Over the annotation budget the call goes out unannotated; the client's last_call still ends
+    the workflow's SGLang session."""
+    sg = FakeSglangSessions()
+    with serve_in_thread(sg.app) as up, \
+            running_gateway([up.url], profile_root, dialect="sglang", sglang_sessions=True,
+                            budget_s=0.0) as gw:
+        wf = f"s-{next(_ids)}"
+        _chat(OpenAI(base_url=gw.url + "/v1", api_key="x", max_retries=0),
+              {"workflow_type_id": WT, "workflow_id": wf, "agent_id": "planner", "last_call": True})
+        assert wait_for(lambda: ("close", f"{WT}:{wf}") in sg.events)
+        assert "sys_annotations" not in sg.fake.received[-1].body
