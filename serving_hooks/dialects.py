@@ -38,7 +38,8 @@ Dynamo's identity and end-of-session spelling moved three times; ``--dynamo-api`
 setting, :data:`DYNAMO_APIS`) names the one the upstream speaks:
 
 * ``session`` (the newest, ai-dynamo/dynamo PR #10896): headers ``X-Dynamo-Session-ID`` (the
-  chain: the client's own chain id, else the workflow id), ``X-Dynamo-Parent-Session-ID`` and,
+  chain: the client's own chain id, else the workflow id; not sent when the call's identity came
+  from Claude Code, Codex or OpenCode headers, which Dynamo maps itself), ``X-Dynamo-Parent-Session-ID`` and,
   on the last call, ``X-Dynamo-Session-Final: true`` (Dynamo turns it into
   ``kv_hints.evict_session`` and, with SGLang's session radix cache, closes the session once the
   response stream completes);
@@ -121,6 +122,9 @@ DYNAMO_APIS: dict[str, tuple[str, str, str] | None] = {
                    "x-dynamo-trajectory-final"),
     "agent_context": None,
 }
+#: Identity sources (``serving_hooks.identity``) whose headers Dynamo maps to its session itself
+#: (``agents.rs``: Claude Code, Codex, OpenCode): for them only the final flag is added.
+DYNAMO_NATIVE_SOURCES = ("claude_code", "codex", "opencode")
 #: Dynamo's ``strict_priority`` tier of each latency class (module doc).
 STRICT_PRIORITY = {"interactive": 1, "batch": 0}
 
@@ -225,8 +229,11 @@ def render_vllm(v: HintValues, body: Mapping[str, Any], endpoint: str,
 
 
 def render_dynamo(v: HintValues, body: Mapping[str, Any], endpoint: str,
-                  order: str = "high_first", api: str = "session") -> tuple[dict, dict]:
-    """``nvext.agent_hints`` and the identity / final flag in the ``api`` spelling (module doc)."""
+                  order: str = "high_first", api: str = "session",
+                  native_identity: bool = False) -> tuple[dict, dict]:
+    """``nvext.agent_hints`` and the identity / final flag in the ``api`` spelling (module doc);
+    ``native_identity``: the request names its chain in agent headers Dynamo maps itself, so
+    (header spellings) only the final flag is added and Dynamo's own mapping names the session."""
     if api not in DYNAMO_APIS:
         raise ValueError(f"dynamo api {api!r}: expected one of {', '.join(DYNAMO_APIS)}")
     hints: dict[str, Any] = {}
@@ -254,9 +261,10 @@ def render_dynamo(v: HintValues, body: Mapping[str, Any], endpoint: str,
         nvext.pop("session_control", None)
         if chain is not None:
             own, parent, final_name = names
-            headers[own] = chain
-            if v.parent_program_id is not None:
-                headers[parent] = v.parent_program_id
+            if not native_identity:
+                headers[own] = chain
+                if v.parent_program_id is not None:
+                    headers[parent] = v.parent_program_id
             if final:
                 headers[final_name] = "true"
     elif chain is not None:                          # agent_context (Dynamo <= v1.2)
@@ -308,15 +316,18 @@ RENDERERS = {"sglang": render_sglang, "vllm": render_vllm, "dynamo": render_dyna
 
 
 def render(dialect: str, values: HintValues, body: Mapping[str, Any], endpoint: str = "chat",
-           priority_order: str | None = None, dynamo_api: str = "session") -> tuple[dict, dict]:
+           priority_order: str | None = None, dynamo_api: str = "session",
+           identity_source: str | None = None) -> tuple[dict, dict]:
     """``(body patch, extra headers)`` of ``values`` in ``dialect`` for one request ``body`` sent
     to ``endpoint`` (``chat``, ``completions``, ``responses`` or ``generate``); ``dynamo_api``:
-    the spelling of Dynamo's identity the dynamo dialect speaks (:data:`DYNAMO_APIS`)."""
+    the spelling of Dynamo's identity the dynamo dialect speaks (:data:`DYNAMO_APIS`);
+    ``identity_source``: where the gateway found the call's identity (``serving_hooks.identity``)."""
     if dialect not in RENDERERS:
         raise ValueError(f"dialect {dialect!r}: expected one of {', '.join(DIALECTS)}")
     order = priority_order or DEFAULT_PRIORITY_ORDER[dialect]
     if dialect == "dynamo":
-        return render_dynamo(values, body, endpoint, order, dynamo_api)
+        return render_dynamo(values, body, endpoint, order, dynamo_api,
+                             identity_source in DYNAMO_NATIVE_SOURCES)
     return RENDERERS[dialect](values, body, endpoint, order)
 
 

@@ -611,7 +611,8 @@ class Gateway:
         try:
             if ann is not None and ctx.dialect is not None:
                 patch, hint_headers = render_dialect(ctx.dialect, hint_values(ann, ctx.meta), body,
-                                                     ctx.kind, order, self.options.dynamo_api)
+                                                     ctx.kind, order, self.options.dynamo_api,
+                                                     ctx.identity_source)
             if ctx.engine_session is not None:
                 patch = {**patch, "session_id": ctx.engine_session}
             fwd = forward_body(raw, body, where, ann.to_dict() if ann is not None else None,

@@ -27,6 +27,7 @@ from serving_hooks.annotator import LocalAnnotator
 from serving_hooks.dialects import DYNAMO_APIS, hint_values, render
 from serving_hooks.fake_openai import FakeOpenAI
 from serving_hooks.identity import IdentityMap, resolve_identity
+from serving_hooks.policies.session_end import SessionEndRule
 from serving_hooks.server_thread import serve_in_thread
 from serving_hooks.service import prediction_service
 from serving_hooks.settings import GatewaySettings, SettingsError
@@ -95,10 +96,20 @@ class FakeDynamo:
         if self.api == "agent_context":
             return (body.get("nvext") or {}).get("agent_context")
         own, parent, final = HEADERS[self.api]
-        if not h.get(own):
-            return None
-        return {"id": h[own], "parent": h.get(parent),
-                "final": (h.get(final) or "").lower() in ("true", "1", "yes")}
+        is_final = (h.get(final) or "").lower() in ("true", "1", "yes")
+        if h.get(own):
+            return {"id": h[own], "parent": h.get(parent), "final": is_final}
+        if self.api == "session":      # agents.rs: the coding agents' own headers, mapped
+            root = h.get("x-claude-code-session-id")
+            if root:
+                child = h.get("x-claude-code-agent-id") or root
+                par = h.get("x-claude-code-parent-agent-id") or (root if child != root else None)
+                return {"id": child, "parent": par, "final": is_final}
+            for sess, par in (("thread-id", "x-codex-parent-thread-id"),
+                              ("x-session-id", "x-parent-session-id")):
+                if h.get(sess):
+                    return {"id": h[sess], "parent": h.get(par), "final": is_final}
+        return None
 
     async def _chat(self, request: Request):
         body = json.loads(await request.body())
@@ -243,6 +254,26 @@ def test_client_final_header_is_a_declared_end_and_its_chain_is_kept(profile_roo
                                      "x-dynamo-trajectory-final": "true"})
     assert d.seen[-1][0] == {"id": f"{run}:planner", "parent": None, "final": True}
     assert d.fake.received[-1].body["sys_annotations"]["session_end"] is True
+
+
+def test_coding_agent_headers_keep_dynamos_own_mapping(profile_root, dynamo):
+    """Claude Code's headers name the session in Dynamo's own mapping (a child agent is its own
+    session): the gateway adds no X-Dynamo-Session-ID over it, only the final flag at the end."""
+    d = dynamo("session")
+    root = f"cc-{next(_ids)}"
+    cc = {"x-claude-code-session-id": root, "x-claude-code-agent-id": "reviewer"}
+    with running_gateway([d.url], profile_root, dialect="dynamo", identity=IDMAP) as gw:
+        chat(sdk(gw), extra_headers=cc)
+    ann = d.fake.received[-1].body["sys_annotations"]
+    assert ann["known"] is True and ann["workflow_id"] == root
+    assert "x-dynamo-session-id" not in d.fake.received[-1].headers
+    assert d.seen[-1][0] == {"id": "reviewer", "parent": root, "final": False}
+    ends = SessionEndRule(p_threshold=1e-6)          # the end predicted: any p_end > 0 ends
+    with running_gateway([d.url], profile_root, dialect="dynamo", identity=IDMAP,
+                         session_end=ends) as gw:
+        chat(sdk(gw), extra_headers=cc)
+    assert d.seen[-1][0] == {"id": "reviewer", "parent": root, "final": True}
+    assert not d.refused
 
 
 def test_identity_spellings_by_hand():
