@@ -18,8 +18,9 @@ the gateway, for each workflow's calls to an upstream of the ``sglang`` dialect:
 2. adds ``session_id`` to every call's body (a client's own ``session_id`` or ``session_params``
    is left alone: that call is not managed);
 3. closes it after the call that ends the workflow (the contract's ``session_end``: the client's
-   ``app_metadata.last_call`` or ``p_end`` ≥ ``--session-end-p``), once the answer is complete:
-   SGLang then dereferences the session's KV, which eviction takes first.
+   ``app_metadata.last_call`` or ``p_end`` ≥ ``--session-end-p``), once the answer is complete,
+   on every upstream the workflow's calls went to: SGLang then dereferences the session's KV,
+   which eviction takes first.
 
 What the plugin still does on its own (``serving_hooks.sglang_plugin``): the keep-alive TTL, the
 host prefetch and the priority queue, none of which SGLang's sessions express. A failed open or
@@ -32,7 +33,7 @@ import asyncio
 import json
 import logging
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import aiohttp
@@ -64,26 +65,27 @@ def client_manages_session(body: Mapping[str, Any] | None) -> bool:
 class SglangSessions:
     """Open / close bookkeeping of SGLang sessions over the gateway's pooled upstream client."""
 
-    def __init__(self, session_getter, registry: CollectorRegistry | None = None,
-                 max_open: int = MAX_OPEN) -> None:
-        #: callable returning the ``aiohttp.ClientSession`` to use (the gateway's, once started)
+    def __init__(self, session_getter: Callable[[], aiohttp.ClientSession],
+                 registry: CollectorRegistry | None = None, max_open: int = MAX_OPEN) -> None:
+        #: returns the ``aiohttp.ClientSession`` to use (the gateway's pooled one, once started)
         self._http = session_getter
         self.max_open = max_open
-        self._open: OrderedDict[tuple[str, str], None] = OrderedDict()
+        #: open sessions (least recently used first) -> the upstreams each is open on
+        self._open: OrderedDict[str, set[str]] = OrderedDict()
         self._opening: dict[tuple[str, str], asyncio.Future] = {}
         self.events = Counter("profiler_gateway_sglang_sessions", "SGLang sessions the gateway "
                               "opened and closed (--sglang-sessions), by event: open, open_failed, "
                               "close, close_failed", ["event"], registry=registry)
 
     def is_open(self, upstream: str, session_id: str) -> bool:
-        return (upstream, session_id) in self._open
+        return upstream in self._open.get(session_id, ())
 
     async def ensure_open(self, upstream: str, session_id: str) -> None:
         """Open ``session_id`` on ``upstream`` unless this gateway already did (concurrent first
         calls of one workflow share one open)."""
         key = (upstream, session_id)
-        if key in self._open:
-            self._open.move_to_end(key)
+        if self.is_open(upstream, session_id):
+            self._open.move_to_end(session_id)
             return
         pending = self._opening.get(key)
         if pending is not None:
@@ -96,7 +98,8 @@ class SglangSessions:
                                 {"capacity_of_str_len": OPEN_CAPACITY, "session_id": session_id},
                                 already_ok=True):
                 self.events.labels("open").inc()
-                self._open[key] = None
+                self._open.setdefault(session_id, set()).add(upstream)
+                self._open.move_to_end(session_id)
                 while len(self._open) > self.max_open:
                     self._open.popitem(last=False)
             else:
@@ -106,10 +109,11 @@ class SglangSessions:
             fut.set_result(None)
 
     async def close(self, upstream: str, session_id: str) -> None:
-        """Close ``session_id`` on ``upstream`` (its KV dereferenced) and forget it."""
-        self._open.pop((upstream, session_id), None)
-        ok = await self._post(upstream, "/close_session", {"session_id": session_id})
-        self.events.labels("close" if ok else "close_failed").inc()
+        """Close ``session_id`` (its KV dereferenced) on ``upstream`` and on every other upstream
+        it was opened on (a workflow the router spread), and forget it."""
+        for where in sorted(self._open.pop(session_id, set()) | {upstream}):
+            ok = await self._post(where, "/close_session", {"session_id": session_id})
+            self.events.labels("close" if ok else "close_failed").inc()
 
     async def _post(self, upstream: str, path: str, payload: dict, already_ok: bool = False) -> bool:
         try:

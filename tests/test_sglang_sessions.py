@@ -147,3 +147,19 @@ def test_an_unannotated_last_call_still_closes_its_session(profile_root):
               {"workflow_type_id": WT, "workflow_id": wf, "agent_id": "planner", "last_call": True})
         assert wait_for(lambda: ("close", f"{WT}:{wf}") in sg.events)
         assert "sys_annotations" not in sg.fake.received[-1].body
+
+
+def test_a_workflow_spread_over_two_upstreams_is_closed_on_both(profile_root):
+    a, b = FakeSglangSessions(), FakeSglangSessions()
+    with serve_in_thread(a.app) as ua, serve_in_thread(b.app) as ub, \
+            running_gateway([ua.url, ub.url], profile_root, dialect="sglang",
+                            sglang_sessions=True) as gw:          # round robin: a, b, a
+        c = OpenAI(base_url=gw.url + "/v1", api_key="x", max_retries=0)
+        wf = f"s-{next(_ids)}"
+        sid = f"{WT}:{wf}"
+        meta = {"workflow_type_id": WT, "workflow_id": wf, "agent_id": "planner"}
+        for last in (False, False, True):
+            _chat(c, {**meta, "last_call": last})
+        assert wait_for(lambda: ("close", sid) in a.events and ("close", sid) in b.events)
+    assert [e for e, _ in a.events] == ["open", "call", "call", "close"]
+    assert [e for e, _ in b.events] == ["open", "call", "close"]
