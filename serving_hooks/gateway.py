@@ -747,7 +747,7 @@ class Gateway:
                          t_first_token: float | None, t_finish: float) -> None:
         """Log the gateway record and observe the completion (a successful call only)."""
         if ctx.engine_session is not None and self._session_ended(ctx):   # release its KV
-            await self.sessions.close(ctx.upstream, ctx.engine_session)
+            self.sessions.close_soon(ctx.upstream, ctx.engine_session)
         response = as_chat_response(ctx.kind, response)
         if not isinstance(response, dict):
             self.metrics.record_outcome("not_json").inc()

@@ -73,6 +73,7 @@ class SglangSessions:
         #: open sessions (least recently used first) -> the upstreams each is open on
         self._open: OrderedDict[str, set[str]] = OrderedDict()
         self._opening: dict[tuple[str, str], asyncio.Future] = {}
+        self._tasks: set[asyncio.Future] = set()      # closes under way (kept from the GC)
         self.events = Counter("profiler_gateway_sglang_sessions", "SGLang sessions the gateway "
                               "opened and closed (--sglang-sessions), by event: open, open_failed, "
                               "close, close_failed", ["event"], registry=registry)
@@ -107,6 +108,13 @@ class SglangSessions:
         finally:
             del self._opening[key]
             fut.set_result(None)
+
+    def close_soon(self, upstream: str, session_id: str) -> None:
+        """:meth:`close` as a task of its own: the caller (the gateway's after-call work: log,
+        observe) does not wait on the upstream's answer."""
+        task = asyncio.ensure_future(self.close(upstream, session_id))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     async def close(self, upstream: str, session_id: str) -> None:
         """Close ``session_id`` (its KV dereferenced) on ``upstream`` and on every other upstream
