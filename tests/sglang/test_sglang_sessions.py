@@ -1,7 +1,8 @@
 """Issue 36 item 2 on a real SGLang 0.5.23 server (CPU): ``--enable-session-radix-cache`` and
-the gateway's ``--sglang-sessions`` — no plugin loaded.
+the gateway's ``--sglang-sessions``.
 
-The gateway opens one SGLang session per workflow and closes it after the workflow's last call.
+The gateway opens one SGLang session per workflow and closes it after the workflow's last call
+(on a plain server, and on one with the project's plugin loaded too: they compose).
 The server's own cache state shows the KV released at the close: a session's KV is held
 (eviction takes unreferenced KV first), so under memory pressure an open workflow's prompt
 stays cached; once its session is closed, the same pressure evicts it. Read from outside the
@@ -24,15 +25,23 @@ WT = "coding_assistant"
 MISSING = missing_server_modules()
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
+@pytest.fixture(scope="module", params=["plain", "with_plugin"])
+def server(request, tmp_path_factory):
+    """``plain``: no plugin — SGLang's own mechanism alone releases the KV. ``with_plugin``: the
+    project's plugin and its ``workflow-retention`` backend loaded too (they compose: session
+    references order eviction before the retention rank; the plugin also drops the ended
+    session's tail on ``custom_params.session_end``)."""
     if MISSING:
         pytest.skip(f"a real SGLang server needs {', '.join(MISSING)} (.ci/run installs the CPU stack "
                     "and the server's extra packages)")
-    root = tmp_path_factory.mktemp("sglang_sessions")
+    root = tmp_path_factory.mktemp(f"sglang_sessions_{request.param}")
+    plugin = request.param == "with_plugin"
     srv = SGLangServer(build_tiny_model(root / "model"), root / "server.log", extra_args=[
         "--max-total-tokens", str(POOL_TOKENS), "--enable-session-radix-cache",
-        "--enable-cache-report"], env={"AWP_SGLANG_PLUGIN": "0"})
+        "--enable-cache-report",
+        *(["--radix-cache-backend", "workflow-retention"] if plugin else [])],
+        env={"AWP_SGLANG_PLUGIN": "1" if plugin else "0"})
+    srv.plugin = plugin
     srv.start()
     print(f"\nSGLang server ready in {srv.startup_s:.1f}s on {srv.url}")
     try:
@@ -91,4 +100,6 @@ def test_gateway_session_close_releases_the_workflows_kv(server, profile):
           f"after closing 'end' {after}")
     assert after["keep"] >= 650, after          # still open: still held
     assert after["end"] < 50, after             # closed: released, and evicted first
-    assert "Session opened: coding_assistant:wf-end" in server.log_text()
+    log = server.log_text()
+    assert "Session opened: coding_assistant:wf-end" in log
+    assert ("agent-workflow plugin active" in log) is server.plugin
