@@ -64,6 +64,11 @@ def gateway(
     Engine dialects (docs/dialects.md): `--dialect vllm`, or per upstream
     `--upstream http://127.0.0.1:8000,dialect=vllm --upstream http://127.0.0.1:30000,dialect=sglang`.
 
+    Engine API versions (docs/dialects.md): `--dynamo-api session|trajectory|agent_context` names
+    the spelling of Dynamo's agent identity and end of session the upstream reads (newest:
+    session); `--sglang-sessions` opens SGLang's own session per workflow and closes it at the
+    workflow's end (SGLang started with `--enable-session-radix-cache`), releasing its KV.
+
     Multi-model workflows (docs/serving.md "Model pools"): name the model each upstream serves,
     `--upstream http://127.0.0.1:30000,pool=llama-70b --upstream http://127.0.0.1:30001,pool=qwen-coder`;
     a call goes to the upstreams of the model it names, and with `--routing capacity` a workflow
