@@ -125,6 +125,8 @@ DYNAMO_APIS: dict[str, tuple[str, str, str] | None] = {
 #: Identity sources (``serving_hooks.identity``) whose headers Dynamo maps to its session itself
 #: (``agents.rs``: Claude Code, Codex, OpenCode): for them only the final flag is added.
 DYNAMO_NATIVE_SOURCES = ("claude_code", "codex", "opencode")
+#: Dynamo's ``AgentHints.priority`` is an i32: a larger priority is clamped to its range.
+I32 = 2**31
 #: Dynamo's ``strict_priority`` tier of each latency class (module doc).
 STRICT_PRIORITY = {"interactive": 1, "batch": 0}
 
@@ -170,7 +172,7 @@ def hint_values(annotation: Annotation | Mapping[str, Any],
     meta = app_metadata if isinstance(app_metadata, Mapping) else {}
     ids = {k: meta[k] if isinstance(meta.get(k), str) and meta[k] else None
            for k in ("program_id", "parent_program_id")}
-    return HintValues(known=ann.known, flat=flat, priority=ann.priority if ann.known else None,
+    return HintValues(known=ann.known, flat=flat, priority=ann.sglang_priority() if ann.known else None,
                       osl=osl, ttl_s=ttl_s, speculative_prefill=spec,
                       session_end=ann.session_end is True, annotation=ann,
                       strict_priority=STRICT_PRIORITY.get(ann.latency_class) if ann.known else None,
@@ -238,8 +240,8 @@ def render_dynamo(v: HintValues, body: Mapping[str, Any], endpoint: str,
         raise ValueError(f"dynamo api {api!r}: expected one of {', '.join(DYNAMO_APIS)}")
     hints: dict[str, Any] = {}
     prio = engine_priority(v.priority, order)
-    if prio is not None:
-        hints["priority"] = prio
+    if prio is not None:                             # AgentHints.priority is an i32
+        hints["priority"] = max(-I32, min(I32 - 1, prio))
     if v.strict_priority is not None:
         hints["strict_priority"] = v.strict_priority
     if v.osl is not None:
