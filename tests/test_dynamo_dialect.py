@@ -302,7 +302,9 @@ def test_render_dynamo_by_hand():
     v = hint_values(ann, meta)
     patch, headers = render("dynamo", v, {"nvext": {"agent_context": {"x": 1}, "cache_salt": "t"}})
     assert patch["nvext"] == {"cache_salt": "t", "agent_hints": {
-        "priority": 7, "strict_priority": 1, "speculative_prefill": True}}
+        "priority": ann.sglang_priority(), "strict_priority": 1, "speculative_prefill": True}}
+    huge = hint_values(replace(ann, priority=1e9), meta)         # AgentHints.priority: an i32
+    assert render("dynamo", huge, {})[0]["nvext"]["agent_hints"]["priority"] == 2**31 - 1
     assert headers == {"X-Dynamo-Session-ID": "w:a", "X-Dynamo-Parent-Session-ID": "w:root"}
     _, headers = render("dynamo", hint_values(replace(ann, session_end=True), meta), {},
                         dynamo_api="trajectory")
