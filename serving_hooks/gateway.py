@@ -91,6 +91,7 @@ from serving_hooks.policies.priority import PriorityPolicy
 from serving_hooks.policies.session_end import SessionEndRule
 from serving_hooks.metrics import (LATENCY_BUCKETS, Labeled, RequestMetricsMiddleware, render,
                                    RoutingCollector, request_metrics)
+from serving_hooks.sglang_sessions import SglangSessions, client_manages_session, session_name
 from serving_hooks.sse import StreamFollower
 from serving_hooks.upstreams import (DEFAULT_UPSTREAM_KEEPALIVE_S, UpstreamClient, UpstreamRouter,
                                      request_model)
@@ -158,6 +159,10 @@ class GatewayOptions:
     retry_stale_connections: bool = True  # resend once a call that met a closed pooled connection
     #: end-of-session signal (``--session-end-p``, ``--no-session-end-signal``; docs/dialects.md)
     session_end: SessionEndRule = field(default_factory=SessionEndRule)
+    #: spelling of Dynamo's identity the dynamo dialect sends (``--dynamo-api``; dialects.DYNAMO_APIS)
+    dynamo_api: str = "session"
+    #: open/close SGLang's own session per workflow (``--sglang-sessions``; sglang_sessions.py)
+    sglang_sessions: bool = False
 
 
 def path_forwarded(path: str, patterns: tuple[str, ...]) -> bool:
@@ -320,6 +325,8 @@ class Gateway:
         self.retries = retries or RetryLedger(self.options.retry_window_s)
         self.tracer = tracer
         self.ready = False           # GET /readyz: 503 until start() has loaded and warmed up
+        self.sessions = SglangSessions(lambda: self.client.session, self.registry) \
+            if self.options.sglang_sessions else None
 
     # -- lifecycle --------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -516,6 +523,10 @@ class Gateway:
                            identity_source=id_source, advanced=advance)
         ctx.upstream = self.router.choose_upstream(request_id, body, ann, meta)
         ctx.dialect, order = self.dialect_for(ctx.upstream)
+        if self.sessions is not None and ctx.dialect == "sglang" and not client_manages_session(body):
+            ctx.engine_session = session_name(meta)   # SGLang's own session of the workflow
+            if ctx.engine_session is not None:
+                await self.sessions.ensure_open(ctx.upstream, ctx.engine_session)
         fwd, hint_headers, inject_usage = self._rewrite(ctx, raw, where, order)
         self.metrics.overhead.observe(time.perf_counter() - t0)
         return await self._forward(request, ctx, fwd, hint_headers, inject_usage)
@@ -600,7 +611,10 @@ class Gateway:
         try:
             if ann is not None and ctx.dialect is not None:
                 patch, hint_headers = render_dialect(ctx.dialect, hint_values(ann, ctx.meta), body,
-                                                     ctx.kind, order)
+                                                     ctx.kind, order, self.options.dynamo_api,
+                                                     ctx.identity_source)
+            if ctx.engine_session is not None:
+                patch = {**patch, "session_id": ctx.engine_session}
             fwd = forward_body(raw, body, where, ann.to_dict() if ann is not None else None,
                                strip_metadata=self.options.strip_metadata,
                                request_stream_usage=inject_usage, extra_fields=patch)
@@ -732,6 +746,8 @@ class Gateway:
     async def _completed(self, ctx: "_CallContext", response: dict | None, *,
                          t_first_token: float | None, t_finish: float) -> None:
         """Log the gateway record and observe the completion (a successful call only)."""
+        if ctx.engine_session is not None and self._session_ended(ctx):   # release its KV
+            self.sessions.close_soon(ctx.upstream, ctx.engine_session)
         response = as_chat_response(ctx.kind, response)
         if not isinstance(response, dict):
             self.metrics.record_outcome("not_json").inc()
@@ -772,6 +788,14 @@ class Gateway:
                 "t_arrival": ctx.t_arrival, "t_finish": t_finish,
                 "response_text": text[:OBSERVE_TEXT_CHARS] if isinstance(text, str) else None,
                 "tool_names": [t for t in tools if t], "status": "ok"})
+
+    def _session_ended(self, ctx: "_CallContext") -> bool:
+        """Whether the call ended its workflow: the annotation's ``session_end``, or — a call
+        forwarded unannotated (over budget, failed) — the client's own ``last_call``."""
+        if ctx.annotation is not None:
+            return ctx.annotation.session_end is True
+        return self.options.session_end.enabled and isinstance(ctx.meta, dict) \
+            and ctx.meta.get("last_call") is True
 
     # -- plain pass-through (GET /v1/models and anything else) ------------------------------------
     async def passthrough(self, request: Request) -> Response:
@@ -869,6 +893,7 @@ class _CallContext:
     identity_source: str | None = None  # serving_hooks.identity source
     dialect: str | None = None
     advanced: bool = True               # this attempt advanced the session (roll back on failure)
+    engine_session: str | None = None   # SGLang session the call is tagged with (--sglang-sessions)
 
 
 def _with_identity(ctx: _CallContext) -> dict | None:
