@@ -71,6 +71,7 @@ from dataclasses import dataclass, field, replace as dataclass_replace
 from typing import TYPE_CHECKING, Any
 
 import aiohttp
+import orjson
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.background import BackgroundTask
@@ -669,11 +670,16 @@ class Gateway:
     async def _completed_raw(self, ctx: "_CallContext", content: bytes, encoding: str | None,
                              t_finish: float) -> None:
         decoded = _decode(content, encoding)
-        try:
-            parsed = json.loads(decoded) if decoded is not None else None
-        except ValueError:
-            parsed = None
-        await self._completed(ctx, parsed, t_first_token=None, t_finish=t_finish)
+        parsed, exact = None, True
+        if decoded is not None:
+            try:
+                parsed = orjson.loads(decoded)
+            except orjson.JSONDecodeError:
+                try:   # what orjson refuses (NaN, 1e400): read leniently, logged exactly
+                    parsed, exact = json.loads(decoded), False
+                except ValueError:
+                    parsed = None
+        await self._completed(ctx, parsed, t_first_token=None, t_finish=t_finish, exact=exact)
 
     def _stream_response(self, resp: aiohttp.ClientResponse, ctx: "_CallContext",
                          strip_usage_chunk: bool) -> StreamingResponse:
@@ -724,14 +730,15 @@ class Gateway:
         async def after() -> None:  # runs once the client has the whole stream
             if done["complete"] and ctx.record_wanted:
                 response = done["last"] if native else follower.response(chat=ctx.chat)
-                await self._completed(ctx, response,
-                                      t_first_token=follower.t_first_token, t_finish=done["t_finish"])
+                await self._completed(ctx, response, t_first_token=follower.t_first_token,
+                                      t_finish=done["t_finish"], exact=not follower.lenient)
 
         return _RelayResponse(relay(), resp, self.router, ctx.request_id, after)
 
     async def _completed(self, ctx: "_CallContext", response: dict | None, *,
-                         t_first_token: float | None, t_finish: float) -> None:
-        """Log the gateway record and observe the completion (a successful call only)."""
+                         t_first_token: float | None, t_finish: float, exact: bool = True) -> None:
+        """Log the gateway record and observe the completion (a successful call only).
+        ``exact=False``: the response was parsed leniently (the log encodes it exactly)."""
         response = as_chat_response(ctx.kind, response)
         if not isinstance(response, dict):
             self.metrics.record_outcome("not_json").inc()
@@ -762,7 +769,7 @@ class Gateway:
                 "gateway": {"annotate": ctx.outcome, "stream": ctx.stream,
                             "client_request_id": ctx.client_request_id, "endpoint": ctx.kind,
                             "identity_source": ctx.identity_source, "dialect": ctx.dialect},
-            })
+            }, exact=exact)
         if self.annotator is not None:
             tools = [tc.get("function", {}).get("name") for tc in message.get("tool_calls") or ()
                      if isinstance(tc, dict)]
