@@ -25,7 +25,10 @@ refit reads it.
 ``records_written`` (and the ``on_written`` callback, which feeds the gateway's
 ``log_records_total{outcome="written"}``) counts records only once that write returned. A
 failed write (full disk) is cut back off the file so no torn line stays, and counted in
-``write_errors`` (the whole batch is lost then, as a single record was before).
+``write_errors`` (every record of that write). A record orjson cannot write exactly (an
+integer beyond 64 bits, a lone surrogate, one marked as leniently parsed that may hold ``NaN``)
+goes to the standard library's encoder, which refuses ``NaN`` and lone surrogates
+(``encode_errors``) rather than writing something else.
 """
 from __future__ import annotations
 
