@@ -62,6 +62,7 @@ from __future__ import annotations
 
 import asyncio
 import fnmatch
+import gc
 import json
 import logging
 import time
@@ -159,6 +160,9 @@ class GatewayOptions:
     retry_stale_connections: bool = True  # resend once a call that met a closed pooled connection
     #: end-of-session signal (``--session-end-p``, ``--no-session-end-signal``; docs/dialects.md)
     session_end: SessionEndRule = field(default_factory=SessionEndRule)
+    #: ``gc.freeze()`` once started, so full collections skip the profile (``profiler gateway``
+    #: runs in a process of its own and sets it; process-wide, so off for an embedded Gateway)
+    freeze_gc: bool = False
 
 
 def path_forwarded(path: str, patterns: tuple[str, ...]) -> bool:
@@ -334,6 +338,12 @@ class Gateway:
             # the first real call of each (type, agent) finds every lazy structure built, so no
             # cold-start call goes out unannotated for being over the time budget
             await self.annotator.warm_up()
+        if self.options.freeze_gc:
+            # What start-up built (the profile, the libraries) lives as long as the process: out
+            # of the cyclic collector's sight, or each full collection scans all of it and stalls
+            # every request and stream (tens to hundreds of ms on a busy machine). Reference
+            # counting still frees it; only cycles among it would outlive a profile swap.
+            gc.freeze()
         self.ready = True
 
     def dialect_for(self, upstream: str) -> tuple[str | None, str | None]:

@@ -97,3 +97,24 @@ def test_observe_runs_in_place_only_when_the_session_table_is_free():
 
     loop_thread = asyncio.run(run())
     assert threads[0] == loop_thread and threads[1] != loop_thread
+
+
+def test_gateway_started_by_the_cli_freezes_what_start_up_built():
+    import gc
+
+    from serving_hooks.gateway import Gateway, GatewayOptions
+    from serving_hooks.upstreams import RoundRobinRouter
+
+    async def start_stop(options: GatewayOptions) -> int:
+        gw = Gateway(RoundRobinRouter(["http://127.0.0.1:9"]), options=options)
+        await gw.start()
+        frozen = gc.get_freeze_count()
+        await gw.aclose()
+        return frozen
+
+    gc.unfreeze()
+    try:
+        assert asyncio.run(start_stop(GatewayOptions())) == 0          # embedded: left alone
+        assert asyncio.run(start_stop(GatewayOptions(freeze_gc=True))) > 1000
+    finally:
+        gc.unfreeze()

@@ -135,7 +135,7 @@ def gateway(
                              allow_client_scheduler_fields=allow_client_scheduler_fields,
                              dialect=dialect, upstream_dialects=upstream_dialects,
                              identity=identity, retry_window_s=retry_window,
-                             session_end=session_end_rule)
+                             session_end=session_end_rule, freeze_gc=True)
     provider = otlp_tracer_provider(otlp_endpoint)
     gw = Gateway(router, annotator, log_writer=writer, options=options, registry=registry,
                  service=service, tracer=CallTracer(provider) if provider is not None else None,
