@@ -325,6 +325,7 @@ class Gateway:
         self.retries = retries or RetryLedger(self.options.retry_window_s)
         self.tracer = tracer
         self.ready = False           # GET /readyz: 503 until start() has loaded and warmed up
+        self._frozen_version: str | None = None   # the profile version gc.freeze() last covered
 
     # -- lifecycle --------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -342,9 +343,26 @@ class Gateway:
             # What start-up built (the profile, the libraries) lives as long as the process: out
             # of the cyclic collector's sight, or each full collection scans all of it and stalls
             # every request and stream (tens to hundreds of ms on a busy machine). Reference
-            # counting still frees it; only cycles among it would outlive a profile swap.
+            # counting still frees it; a hot reload's new profile is frozen in turn
+            # (:meth:`_freeze_reloaded_profile`).
             gc.freeze()
+            self._frozen_version = self._profile_version()
         self.ready = True
+
+    def _profile_version(self) -> str | None:
+        return self.service.predictor.version if self.service is not None else None
+
+    def _freeze_reloaded_profile(self) -> bool:
+        """With ``freeze_gc``, after a hot reload: collect once (the old profile's cycles go)
+        and freeze the new profile, so collections stop scanning it. One pause per reload
+        instead of one per full collection. True when it froze."""
+        version = self._profile_version()
+        if not self.options.freeze_gc or version == self._frozen_version:
+            return False
+        self._frozen_version = version
+        gc.collect()
+        gc.freeze()
+        return True
 
     def dialect_for(self, upstream: str) -> tuple[str | None, str | None]:
         """``(dialect, priority order)`` of one upstream (``--upstream URL,dialect=…``)."""
@@ -504,6 +522,8 @@ class Gateway:
         """One annotated call, in named steps: read the body, identify the call, annotate it,
         pick the upstream, rewrite the body in its dialect, forward and relay the answer."""
         t_arrival = time.time()
+        if self.options.freeze_gc and self._profile_version() != self._frozen_version:
+            asyncio.get_running_loop().call_soon(self._freeze_reloaded_profile)
         raw = await request.body()
         t0 = time.perf_counter()
         read = self._read_body(raw)

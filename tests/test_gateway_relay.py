@@ -118,3 +118,23 @@ def test_gateway_started_by_the_cli_freezes_what_start_up_built():
         assert asyncio.run(start_stop(GatewayOptions(freeze_gc=True))) > 1000
     finally:
         gc.unfreeze()
+
+
+def test_a_reloaded_profile_is_frozen_once():
+    import gc
+
+    from serving_hooks.gateway import Gateway, GatewayOptions
+    from serving_hooks.upstreams import RoundRobinRouter
+
+    service = SimpleNamespace(predictor=SimpleNamespace(version="v1"))
+    gw = Gateway(RoundRobinRouter(["http://127.0.0.1:9"]), options=GatewayOptions(freeze_gc=True))
+    gw.service = service              # the version is all the freeze reads
+    gc.unfreeze()
+    try:
+        gw._frozen_version = "v1"
+        assert not gw._freeze_reloaded_profile()            # nothing reloaded: no pause
+        service.predictor.version = "v2"                    # a hot reload swapped the profile
+        assert gw._freeze_reloaded_profile() and gc.get_freeze_count() > 1000
+        assert not gw._freeze_reloaded_profile()            # once per version
+    finally:
+        gc.unfreeze()
