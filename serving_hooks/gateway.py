@@ -62,6 +62,7 @@ from __future__ import annotations
 
 import asyncio
 import fnmatch
+import gc
 import json
 import logging
 import time
@@ -71,6 +72,7 @@ from dataclasses import dataclass, field, replace as dataclass_replace
 from typing import TYPE_CHECKING, Any
 
 import aiohttp
+import orjson
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.background import BackgroundTask
@@ -163,6 +165,9 @@ class GatewayOptions:
     dynamo_api: str = "session"
     #: open/close SGLang's own session per workflow (``--sglang-sessions``; sglang_sessions.py)
     sglang_sessions: bool = False
+    #: ``gc.freeze()`` once started, so full collections skip the profile (``profiler gateway``
+    #: runs in a process of its own and sets it; process-wide, so off for an embedded Gateway)
+    freeze_gc: bool = False
 
 
 def path_forwarded(path: str, patterns: tuple[str, ...]) -> bool:
@@ -327,6 +332,7 @@ class Gateway:
         self.ready = False           # GET /readyz: 503 until start() has loaded and warmed up
         self.sessions = SglangSessions(lambda: self.client.session, self.registry) \
             if self.options.sglang_sessions else None
+        self._frozen_version: str | None = None   # the profile version gc.freeze() last covered
 
     # -- lifecycle --------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -340,7 +346,30 @@ class Gateway:
             # the first real call of each (type, agent) finds every lazy structure built, so no
             # cold-start call goes out unannotated for being over the time budget
             await self.annotator.warm_up()
+        if self.options.freeze_gc:
+            # What start-up built (the profile, the libraries) lives as long as the process: out
+            # of the cyclic collector's sight, or each full collection scans all of it and stalls
+            # every request and stream (tens to hundreds of ms on a busy machine). Reference
+            # counting still frees it; a hot reload's new profile is frozen in turn
+            # (:meth:`_freeze_reloaded_profile`).
+            gc.freeze()
+            self._frozen_version = self._profile_version()
         self.ready = True
+
+    def _profile_version(self) -> str | None:
+        return self.service.predictor.version if self.service is not None else None
+
+    def _freeze_reloaded_profile(self) -> bool:
+        """With ``freeze_gc``, after a hot reload: collect once (the old profile's cycles go)
+        and freeze the new profile, so collections stop scanning it. One pause per reload
+        instead of one per full collection. True when it froze."""
+        version = self._profile_version()
+        if not self.options.freeze_gc or version == self._frozen_version:
+            return False
+        self._frozen_version = version
+        gc.collect()
+        gc.freeze()
+        return True
 
     def dialect_for(self, upstream: str) -> tuple[str | None, str | None]:
         """``(dialect, priority order)`` of one upstream (``--upstream URL,dialect=…``)."""
@@ -500,6 +529,8 @@ class Gateway:
         """One annotated call, in named steps: read the body, identify the call, annotate it,
         pick the upstream, rewrite the body in its dialect, forward and relay the answer."""
         t_arrival = time.time()
+        if self.options.freeze_gc and self._profile_version() != self._frozen_version:
+            asyncio.get_running_loop().call_soon(self._freeze_reloaded_profile)
         raw = await request.body()
         t0 = time.perf_counter()
         read = self._read_body(raw)
@@ -683,11 +714,16 @@ class Gateway:
     async def _completed_raw(self, ctx: "_CallContext", content: bytes, encoding: str | None,
                              t_finish: float) -> None:
         decoded = _decode(content, encoding)
-        try:
-            parsed = json.loads(decoded) if decoded is not None else None
-        except ValueError:
-            parsed = None
-        await self._completed(ctx, parsed, t_first_token=None, t_finish=t_finish)
+        parsed, exact = None, True
+        if decoded is not None:
+            try:
+                parsed = orjson.loads(decoded)
+            except orjson.JSONDecodeError:
+                try:   # what orjson refuses (NaN, 1e400): read leniently, logged exactly
+                    parsed, exact = json.loads(decoded), False
+                except ValueError:
+                    parsed = None
+        await self._completed(ctx, parsed, t_first_token=None, t_finish=t_finish, exact=exact)
 
     def _stream_response(self, resp: aiohttp.ClientResponse, ctx: "_CallContext",
                          strip_usage_chunk: bool) -> StreamingResponse:
@@ -738,14 +774,15 @@ class Gateway:
         async def after() -> None:  # runs once the client has the whole stream
             if done["complete"] and ctx.record_wanted:
                 response = done["last"] if native else follower.response(chat=ctx.chat)
-                await self._completed(ctx, response,
-                                      t_first_token=follower.t_first_token, t_finish=done["t_finish"])
+                await self._completed(ctx, response, t_first_token=follower.t_first_token,
+                                      t_finish=done["t_finish"], exact=not follower.lenient)
 
         return _RelayResponse(relay(), resp, self.router, ctx.request_id, after)
 
     async def _completed(self, ctx: "_CallContext", response: dict | None, *,
-                         t_first_token: float | None, t_finish: float) -> None:
-        """Log the gateway record and observe the completion (a successful call only)."""
+                         t_first_token: float | None, t_finish: float, exact: bool = True) -> None:
+        """Log the gateway record and observe the completion (a successful call only).
+        ``exact=False``: the response was parsed leniently (the log encodes it exactly)."""
         if ctx.engine_session is not None and self._session_ended(ctx):   # release its KV
             self.sessions.close_soon(ctx.upstream, ctx.engine_session)
         response = as_chat_response(ctx.kind, response)
@@ -778,7 +815,7 @@ class Gateway:
                 "gateway": {"annotate": ctx.outcome, "stream": ctx.stream,
                             "client_request_id": ctx.client_request_id, "endpoint": ctx.kind,
                             "identity_source": ctx.identity_source, "dialect": ctx.dialect},
-            })
+            }, exact=exact)
         if self.annotator is not None:
             tools = [tc.get("function", {}).get("name") for tc in message.get("tool_calls") or ()
                      if isinstance(tc, dict)]

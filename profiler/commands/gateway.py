@@ -141,7 +141,7 @@ def gateway(
                              dialect=dialect, upstream_dialects=upstream_dialects,
                              identity=identity, retry_window_s=retry_window,
                              session_end=session_end_rule, dynamo_api=settings.dynamo_api,
-                             sglang_sessions=settings.sglang_sessions)
+                             sglang_sessions=settings.sglang_sessions, freeze_gc=True)
     provider = otlp_tracer_provider(otlp_endpoint)
     gw = Gateway(router, annotator, log_writer=writer, options=options, registry=registry,
                  service=service, tracer=CallTracer(provider) if provider is not None else None,
