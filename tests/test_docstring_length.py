@@ -24,6 +24,7 @@ ALLOWED = frozenset({
     "predictors/predictor.py",
     "serving_hooks/dialects.py",
     "serving_hooks/gateway.py",
+    "serving_hooks/identity.py",
     "serving_hooks/policies/priority.py",
     "simulator/ours.py",
     "store/importers/dynamo.py",
