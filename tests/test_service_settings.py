@@ -234,12 +234,23 @@ def test_scenario_announces_each_flag_it_overrides():
         "step model)",
         "note: --load is ignored by --scenario pythia-like (a burst of 600 workflows in 60 s, all measured)",
     ]
-    out = run(["simulate", "--scenario", "agent-platform-bursty", "--cv", "2", "--train-workflows", "50",
+    out = run(["simulate", "--scenario", "agent-platform-bursty", "--arrival-cv", "2", "--train-workflows", "50",
                "--warmup", "0.1", "--policies", "no-such-policy"])
     notes = [ln for ln in out.output.splitlines() if ln.startswith("note:")]
     assert notes == ["note: --train-workflows is ignored by --scenario agent-platform-bursty (60 "
                      "generated train workflows per generated application)",
-                     "note: --cv is ignored by --scenario agent-platform-bursty (CV 4)"]
+                     "note: --arrival-cv is ignored by --scenario agent-platform-bursty (CV 4)"]
+    # the old name still works for one release: a deprecation line, and the same announcement
+    out = run(["simulate", "--scenario", "agent-platform-bursty", "--cv", "2",
+               "--policies", "no-such-policy"])
+    lines = out.output.splitlines()
+    assert [ln for ln in lines if ln.startswith("deprecated:")] == [
+        "deprecated: --cv is now --arrival-cv (--cv goes in the next release)"]
+    assert "note: --cv is ignored by --scenario agent-platform-bursty (CV 4)" in lines
+    out = run(["simulate", "--scenario", "agent-platform-bursty", "--cv", "2", "--arrival-cv", "3",
+               "--policies", "no-such-policy"])
+    assert out.exit_code == 2
+    assert "error: --cv is the old name of --arrival-cv: give --arrival-cv only" in out.output
     # no scenario, no notes: --workload runs use every flag
     out = run(["simulate", "--workload", "coding-assistant", "--replicas", "3",
                "--policies", "no-such-policy"])
