@@ -40,7 +40,7 @@ import numpy as np
 from simulator.baselines.caches import LRU
 from simulator.baselines.routers import CacheAware
 from simulator.baselines.schedulers import FCFS
-from simulator.calibration import StepTimeModel, fit_step_time, mark_concurrency
+from simulator.calibration import SWE_AGENT_GLM45, StepTimeModel, fit_step_time, mark_concurrency
 from simulator.config import ClusterConfig
 from simulator.engine import Simulator
 from simulator.metrics import summarize
@@ -51,7 +51,8 @@ from simulator.workload import Workload, workload_from_records
 #: bench set-up -> simulator policy
 SIM_POLICIES = {"round-robin": "sglang-rr", "router": "sglang-router-0.3.2", "hints": "ours",
                 "routing-only": "ours-routing-only", "no-priority": "ours-no-priority",
-                "no-retention": "ours-no-keepdrop", "no-prefetch": "ours-no-prefetch"}
+                "no-retention": "ours-no-keepdrop", "no-prefetch": "ours-no-prefetch",
+                "no-routing": "ours-no-capacity"}
 #: what the engine arms have that the simulator's ``ours`` switches separately: the SGLang plugin
 #: has no pre-prefill (only the simulator does), and "routing-only" is the gateway's capacity
 #: routing in front of plain SGLang (FCFS, LRU, no keep/drop, no prefetch)
@@ -85,6 +86,19 @@ def _policy(name: str, profile_dir: Path, opts: OursOptions) -> Policy:
     if name.startswith("ours"):
         return build_ours(Predictor(profile_dir), name, opts)
     return BASELINES[name]()
+#: The step time the bench assumes before it has calibrated (``--estimate`` and the wall-time
+#: estimate printed before a run): on CPU the tiny model's calibration on this 2-core machine
+#: (docs/sglang.md, smoke run 2: decode 2.74 ms + 1.1e-7 s per KV token, prefill 16.3 ms +
+#: 0.029 ms per prompt token); on GPU the SWE-agent/GLM-4.5 fit the simulator ships (an
+#: H100-class serving engine; replaced by the calibration as soon as a run calibrates).
+REFERENCE_STEP = {
+    "cpu": StepTimeModel(t0=2.74e-3, a=2.9e-5, a_ctx=0.0, c=1.1e-7, prefill_t0=16.3e-3,
+                         source="reference CPU step time (tiny model, docs/sglang.md)"),
+    "gpu": SWE_AGENT_GLM45,
+}
+#: what the servers would report at start-up, before one has (the pool and running cap come from
+#: the bench's own settings): SGLang's CPU chunked-prefill default
+REFERENCE_LIMITS = {"chunked_prefill_size": 1 << 30}
 _LIMITS = re.compile(r"max_total_num_tokens=(\d+), chunked_prefill_size=(-?\d+), .*?max_running_requests=(\d+)")
 
 
@@ -170,7 +184,9 @@ def simulate_setups(records: list[dict], profile_dir: Path, cfg: ClusterConfig, 
         res = Simulator(wl, policy, cfg, arrivals, None, concurrency).run()
         row = summarize(res)
         out[name] = {"policy": pol_name, "jct_avg_s": row["avg_jct_s"], "jct_p95_s": row["p95_jct_s"],
-                     "cached_fraction": row["gpu_hit_ratio"], "preemptions": row["preemptions"]}
+                     "cached_fraction": row["gpu_hit_ratio"], "preemptions": row["preemptions"],
+                     "makespan_s": len(res.wf_arrival) / row["workflows_per_min"] * 60.0
+                     if row["workflows_per_min"] else 0.0}
     return out
 
 
