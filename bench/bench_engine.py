@@ -304,6 +304,9 @@ def calibration_records(servers: list[SGLangServer], plan: list, args: argparse.
     return recs
 
 
+#: ``--matrix``: the issue-34 figures in one command, condition -> paired seeds (seeds 0 … n-1);
+#: >= 10 for contention, where the done-means ask for them; the estimate keeps the whole <= 45 min
+MATRIX = {"contention": 10, "platform-contention": 6, "kv-pressure": 5}
 #: settings a condition may fill (None on the command line = unset)
 SETTINGS = tuple(DEFAULTS["cpu"])
 
@@ -340,6 +343,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="start nothing: print each condition's wall-time estimate and the simulator's predicted "
                          "ratios with the machine's reference step time (how the conditions' settings were "
                          "picked), then exit")
+    ap.add_argument("--matrix", action="store_true",
+                    help="the issue-34 matrix in one command: " + ", ".join(f"{c} ({n} seeds)" for c, n in MATRIX.items())
+                         + " — replaces --condition and --seeds; the whole matrix's estimate is printed first")
     ap.add_argument("--one-pair-at-a-time", action="store_true",
                     help="start one replica pair at a time (always on --gpu; bounds memory on CPU)")
     quiet = ap.add_argument_group("quiet machine (bench/engine_quiet.py): checked before every run")
@@ -365,6 +371,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = ap.parse_args(argv)
     if len(set(args.seeds)) != len(args.seeds):
         ap.error("--seeds: each seed once")
+    if args.matrix:
+        args.condition = list(MATRIX)
     if args.replicas is not None and args.replicas < 1:
         ap.error("--replicas must be >= 1")
     if args.setups is not None:
@@ -391,10 +399,12 @@ def condition_setups(args: argparse.Namespace, name: str, replicas: int | None =
 
 
 def condition_args(args: argparse.Namespace, name: str) -> argparse.Namespace:
-    """``args`` with condition ``name``'s settings filled in (:func:`condition_settings`) and
-    its arms (:func:`condition_setups`)."""
+    """``args`` with condition ``name``'s settings filled in (:func:`condition_settings`), its
+    arms (:func:`condition_setups`) and, under ``--matrix``, its seeds (:data:`MATRIX`)."""
     defaults = DEFAULTS["gpu" if args.gpu else "cpu"]
     out = copy.copy(args)
+    if getattr(args, "matrix", False):
+        out.seeds = list(range(MATRIX[name]))
     for k, v in condition_settings(name, {k: getattr(args, k) for k in SETTINGS}, defaults).items():
         setattr(out, k, v)
     out.condition = name
@@ -404,10 +414,18 @@ def condition_args(args: argparse.Namespace, name: str) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    estimates = {}
+    for name in args.condition:                 # before anything starts: what it will cost
+        estimates[name] = estimate_condition(condition_args(args, name))
+        print_estimate(name, estimates[name], file=sys.stdout if args.estimate else sys.stderr)
+    total = sum(e["total_min"] for e in estimates.values())
+    print(f"estimated wall time of the whole run: {total:.0f} min ({len(estimates)} condition(s)); "
+          "it must run alone on the machine (docs/sglang.md)", file=sys.stderr if not args.estimate else sys.stdout)
     if args.estimate:
-        for name in args.condition:
-            print_estimate(name, estimate_condition(condition_args(args, name)))
         return
+    check = wait_quiet(args.max_load, args.max_busy, args.quiet_wait)   # before starting anything
+    if not check.quiet and not args.allow_load:
+        sys.exit(f"bench_engine: {not_quiet_message(check, args)}")
     model_cfg = args.model_config or DEFAULTS["gpu" if args.gpu else "cpu"]["model_config"]
     out: dict = {"conditions": {}, "fidelity": {}}
     with tempfile.TemporaryDirectory() as tmp:
@@ -416,7 +434,7 @@ def main(argv: list[str] | None = None) -> None:
         for name in args.condition:
             cargs = condition_args(args, name)
             print(f"condition {name}: {CONDITIONS[name].doc}", file=sys.stderr)
-            res = run_condition(cargs, model, work / name)
+            res = run_condition(cargs, model, work / name, estimates[name])
             out["conditions"][name] = res
             if "simulator" in res:
                 out["fidelity"][name] = res["fidelity"]
@@ -514,20 +532,23 @@ def estimate_condition(args: argparse.Namespace, wl: EngineWorkload | None = Non
             "settings": {k: getattr(args, k) for k in SETTINGS}}
 
 
-def print_estimate(name: str, est: dict) -> None:
+def print_estimate(name: str, est: dict, file=None) -> None:
+    file = file or sys.stdout
     st = est["settings"]
     print(f"condition {name}: {est['seeds']} seeds x {len(est['arms'])} arms ({', '.join(est['arms'])}) on "
           f"{est['replicas']} replica(s) per arm; {st['workflows']} workflows, {st['concurrency']} in flight, "
           f"{st['max_running']} running slots, pool {st['pool_tokens']}, tokens x{st['token_scale']}"
-          + (f" (coding prompts x{st['coding_token_scale']})" if st.get("coding_token_scale", 1) != 1 else ""))
+          + (f" (coding prompts x{st['coding_token_scale']})" if st.get("coding_token_scale", 1) != 1 else ""),
+          file=file)
     print(f"  estimated wall time {est['total_min']:.1f} min: runs {est['runs_s'] / 60:.1f} min ("
           + ", ".join(f"{a} {s:.0f}s" for a, s in est["per_run_s"].items()) + " per seed), "
-          f"replica starts {est['starts_s'] / 60:.1f} min, calibration {est['calibration_s'] / 60:.1f} min")
+          f"replica starts {est['starts_s'] / 60:.1f} min, calibration {est['calibration_s'] / 60:.1f} min",
+          file=file)
     print("  simulator (" + est["step"] + "): " + ", ".join(f"{k} {v:.3f}" for k, v in est["predicted_ratios"].items())
-          + "  (" + ", ".join(f"{a} {v:.2f}s" for a, v in est["predicted"].items()) + ")")
+          + "  (" + ", ".join(f"{a} {v:.2f}s" for a, v in est["predicted"].items()) + ")", file=file)
 
 
-def run_condition(args: argparse.Namespace, model: Path, work: Path) -> dict:
+def run_condition(args: argparse.Namespace, model: Path, work: Path, est: dict | None = None) -> dict:
     """Every arm × seed of one condition on fresh replicas, then the simulator: the condition's
     JSON object (:func:`build_output`). Order: the estimate (printed), the calibration replay on a
     plain replica pair (stopped at once when no arm uses it), the simulator's prediction
@@ -544,8 +565,9 @@ def run_condition(args: argparse.Namespace, model: Path, work: Path) -> dict:
     t_start = time.monotonic()
     wl = prepare_workload(args.condition, args.seeds, args)
     profiles = fit_profiles(wl, work)
-    est = estimate_condition(args, wl, profiles)
-    print_estimate(args.condition, est)
+    if est is None:
+        est = estimate_condition(args, wl, profiles)
+        print_estimate(args.condition, est, file=sys.stderr)
     plans = {}
     for seed, recs in wl.replay.items():
         write_jsonl(recs, work / f"replay{seed}" / "replay.jsonl")
@@ -574,11 +596,7 @@ def run_condition(args: argparse.Namespace, model: Path, work: Path) -> dict:
             state["k"] += 1
             check = wait_quiet(args.max_load, args.max_busy, args.quiet_wait)
             if not check.quiet and not args.allow_load:
-                raise MachineNotQuiet(
-                    f"the machine is not quiet after {check.waited_s:.0f}s (load average {check.load_average[0]:.2f} "
-                    f"on {check.cpus} CPUs, limit {args.max_load} x cores; {check.busy_share:.0%} of the cores busy "
-                    f"with no arm running, limit {args.max_busy:.0%}): this bench must run alone "
-                    "(docs/sglang.md); --allow-load runs anyway and marks the runs")
+                raise MachineNotQuiet(not_quiet_message(check, args))
             pair = SETUPS[name][0]
             idle = SessionCPU([s.proc.pid for p, v in pair_servers.items() if p != pair for s in v if s.proc]).start()
             la0 = list(os.getloadavg())
@@ -657,6 +675,13 @@ def run_condition(args: argparse.Namespace, model: Path, work: Path) -> dict:
         out["fidelity"] = fidelity(out["ratios"], sim["ratios"],
                                    {n: out["arms"][n]["jct_avg_s"] for n in names}, sim["arms"])
     return out
+
+
+def not_quiet_message(check, args: argparse.Namespace) -> str:
+    return (f"the machine is not quiet after {check.waited_s:.0f}s (load average {check.load_average[0]:.2f} on "
+            f"{check.cpus} CPUs, limit {args.max_load} x cores; {check.busy_share:.0%} of the cores busy with no arm "
+            f"running, limit {args.max_busy:.0%}): this bench must run alone (docs/sglang.md); --allow-load runs "
+            "anyway and marks the runs")
 
 
 class MachineNotQuiet(RuntimeError):

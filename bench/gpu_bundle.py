@@ -99,6 +99,17 @@ def closure(roots: list[str], skip: frozenset[str] = HOST_HAS, no_deps: frozense
     return dict(sorted(out.items()))
 
 
+def platform_tags(platform: str) -> list[str]:
+    """``manylinux_2_M_ARCH`` and every older manylinux tag the same host runs (``pip download
+    --platform`` takes only the tags it is given): 2_M down to 2_5 and the legacy aliases."""
+    m = re.fullmatch(r"manylinux_2_(\d+)_(\w+)", platform)
+    if m is None:
+        return [platform]
+    top, arch = int(m.group(1)), m.group(2)
+    return ([f"manylinux_2_{v}_{arch}" for v in range(top, 4, -1)]
+            + [f"manylinux{legacy}_{arch}" for legacy in ("2014", "2010", "1")])
+
+
 def download(pins: dict[str, str], wheels: Path, python_version: str, platform: str) -> None:
     """``pip download`` of every pin (no dependencies: the closure is already complete) for the
     host's interpreter and platform; files already there are kept."""
@@ -106,8 +117,8 @@ def download(pins: dict[str, str], wheels: Path, python_version: str, platform: 
     req = wheels.parent / "requirements.txt"
     req.write_text("".join(f"{n}=={v}\n" for n, v in pins.items()))
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-d", str(wheels),
-           "--python-version", python_version, "--platform", platform, "--platform", "manylinux2014_x86_64",
-           "--platform", "manylinux_2_28_x86_64", "--platform", "linux_x86_64", "--implementation", "cp",
+           "--python-version", python_version, *[a for t in platform_tags(platform) for a in ("--platform", t)],
+           "--implementation", "cp",
            "-r", str(req), "-q"]
     subprocess.run(cmd, check=True)
 
@@ -189,6 +200,9 @@ pip install -q --no-index --no-deps --find-links wheels -r requirements.txt
 mkdir -p src && tar xzf awp-src.tar.gz -C src
 cd src
 export PYTHONPATH="$PWD" HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+# no sgl-kernel on the host (511 MB, built for torch 2.14): the CPU recipe's stand-in module, whose
+# every op but one raises by name when called, so a code path that needs a real kernel says which
+python -c "import sgl_kernel" 2>/dev/null || export PYTHONPATH="$PYTHONPATH:$PWD/tests/sglang/cpu_standins"
 python -c "import sglang.srt.server_args, bench.bench_engine; print('sglang imports')"
 timeout 470 __GPU_COMMAND__ 2>&1 | tee "$HERE/engine-gpu.log"
 '''
@@ -227,7 +241,9 @@ def main(argv: list[str] | None = None) -> None:
                     help="bundle folder (default build/gpu_bundle, gitignored)")
     ap.add_argument("--python-version", default=f"{sys.version_info.major}.{sys.version_info.minor}",
                     help="the host's Python (default: this one's), for the binary wheels")
-    ap.add_argument("--platform", default="manylinux_2_17_x86_64", help="the host's wheel platform tag")
+    ap.add_argument("--platform", default="manylinux_2_34_x86_64",
+                    help="the host's wheel platform tag (default manylinux_2_34_x86_64, which the sglang 0.5.23 "
+                         "wheel needs: glibc >= 2.34; pip also takes wheels for older glibc under it)")
     ap.add_argument("--part-mib", type=int, default=PART_MIB, help="largest part, MiB (default 60)")
     ap.add_argument("--clean", action="store_true", help="start from an empty folder (else reuse downloads)")
     args = ap.parse_args(argv)
