@@ -801,6 +801,7 @@ def print_report(name: str, out: dict, names: list[str]) -> None:
                 f"{_ci(r['ci_p95']):>14}")
         if sim and key in sim["ratios"]:
             f = out["fidelity"]["ratios"].get(key)
+            f = f if f and f["pass"] is not None else None
             line += (f" {sim['ratios'][key]['mean_avg']:>8.3f} {(f['abs_error'] if f else float('nan')):>+8.3f}"
                      + (f" {'pass' if f['pass'] else 'FAIL'}" if f else ""))
         if r.get("withheld"):
@@ -813,7 +814,8 @@ def print_report(name: str, out: dict, names: list[str]) -> None:
         print("simulated vs measured avg JCT per arm (pass within 15 %): "
               + ", ".join(f"{a} {v['simulated']:.2f}/{v['measured']:.2f}s {v['rel_error']:+.0%} "
                           f"{'pass' if v['pass'] else 'FAIL'}" for a, v in fa.items())
-              + f"; fidelity {'PASS' if out['fidelity']['pass'] else 'FAIL'}")
+              + "; fidelity " + {True: "PASS", False: "FAIL", None: "not judged (a ratio was refused)"}[
+                  out["fidelity"]["pass"]])
         ps = out.get("prefill_share") or {}
         if ps.get("calibration") is not None:
             print(f"prefill share of a call's time served alone: measured {ps['calibration']:.0%} (calibration "

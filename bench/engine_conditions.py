@@ -15,11 +15,13 @@ between conditions can be read as that one thing's effect:
 ==================  =====================================================================
 
 Three more are built for contention (issue 34): each names the arms it compares and sets the
-replicas, so that a queue forms and only one thing differs between its arms:
+replicas, so that a queue forms and only one thing differs between its arms. Their settings were
+picked with ``bench/bench_engine.py --estimate`` (the simulator with the machine's reference step
+time) where it predicts a gain of at least 15 % (docs/sglang.md gives the grid):
 
 =======================  ================================================================
-``contention``           ONE replica, the agent-platform mix, half the default running
-                         slots and 3 x the slots in flight; arms ``round-robin`` (plain
+``contention``           ONE replica, the agent-platform mix, 3/8 of the default running
+                         slots and 4 x the slots in flight; arms ``round-robin`` (plain
                          SGLang behind the same gateway) and ``hints``: only the hints differ
 ``kv-pressure``          one replica, the mix with the coding sessions' prompts x 4 more
                          tokens (prefill-dominated), a 4,000-token pool that the sessions in
@@ -92,10 +94,10 @@ CONDITIONS: dict[str, Condition] = {c.name: c for c in (
     Condition("multi-agent", "multi-agent", f"real multi-agent trace ({MULTI_AGENT_TRACE}: Who&When)"),
     Condition("agent-platform", "agent-platform", "the simulator's agent-platform mix of six applications"),
     Condition("contention", "agent-platform",
-              "one replica, the agent-platform mix, 3 x its running slots in flight: round robin vs hints",
-              {"replicas": lambda d: 1, "max_running": lambda d: max(2, int(d) // 2),
-               "workflows": lambda d: int(1.5 * d)},
-              setups=("round-robin", "hints"), in_flight_per_slot=3.0),
+              "one replica, the agent-platform mix, 4 x its running slots in flight: round robin vs hints",
+              {"replicas": lambda d: 1, "max_running": lambda d: max(2, int(d) * 3 // 8),
+               "workflows": lambda d: int(1.125 * d)},
+              setups=("round-robin", "hints"), in_flight_per_slot=4.0),
     Condition("kv-pressure", "agent-platform",
               "one replica, prefill-dominated coding prompts (x4 tokens), a pool the sessions overfill: "
               "hints vs no-retention",
@@ -104,7 +106,7 @@ CONDITIONS: dict[str, Condition] = {c.name: c for c in (
               setups=("hints", "no-retention"), in_flight_per_slot=2.0),
     Condition("platform-contention", "agent-platform",
               "two replicas, the agent-platform mix, 3 x the running slots in flight: sglang-router vs hints",
-              {"max_running": lambda d: max(2, int(d) // 2), "workflows": lambda d: int(2 * d)},
+              {"max_running": lambda d: max(2, int(d) // 2), "workflows": lambda d: int(1.5 * d)},
               setups=("router", "hints"), in_flight_per_slot=3.0),
 )}
 #: the mix's long single-agent coding sessions (``--coding-token-scale`` multiplies their prompts)

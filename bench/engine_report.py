@@ -176,11 +176,15 @@ def fidelity(measured: Mapping[str, Mapping], simulated: Mapping[str, Mapping],
     ``rel_error`` and ``pass`` (``|abs_error|`` ≤ ``ratio_tolerance``); ``arms``: per arm the
     mean avg JCT over seeds measured and simulated, ``rel_error`` and ``pass``
     (``|rel_error|`` ≤ ``arm_tolerance``); ``pass``: every judged entry passed (None: nothing
-    to judge)."""
+    to judge, or a measured ratio was refused — its entry says why)."""
     out: dict = {"ratios": {}, "arms": {}, "thresholds": {"ratio_abs": ratio_tolerance, "arm_rel": arm_tolerance}}
     for key, m in measured.items():
         s = simulated.get(key)
-        if s is None or not m.get("mean_avg") or s.get("mean_avg") is None:
+        if s is None or s.get("mean_avg") is None:
+            continue
+        if not m.get("mean_avg"):              # the measured ratio was refused: nothing to judge it by
+            out["ratios"][key] = {"measured": None, "simulated": s["mean_avg"], "abs_error": None,
+                                  "rel_error": None, "pass": None, "why": m.get("refused")}
             continue
         diff = s["mean_avg"] - m["mean_avg"]
         out["ratios"][key] = {"measured": m["mean_avg"], "measured_ci": m.get("ci_avg"), "simulated": s["mean_avg"],
@@ -193,5 +197,5 @@ def fidelity(measured: Mapping[str, Mapping], simulated: Mapping[str, Mapping],
         err = sv / mv - 1
         out["arms"][arm] = {"measured": mv, "simulated": sv, "rel_error": err, "pass": abs(err) <= arm_tolerance}
     judged = [v["pass"] for part in ("ratios", "arms") for v in out[part].values()]
-    out["pass"] = all(judged) if judged else None
+    out["pass"] = None if not judged or None in judged else all(judged)
     return out

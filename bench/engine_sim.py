@@ -97,8 +97,8 @@ REFERENCE_STEP = {
     "gpu": SWE_AGENT_GLM45,
 }
 #: what the servers would report at start-up, before one has (the pool and running cap come from
-#: the bench's own settings): SGLang's CPU chunked-prefill default
-REFERENCE_LIMITS = {"chunked_prefill_size": 1 << 30}
+#: the bench's own settings): the chunked-prefill size SGLang 0.5.23 logged on CPU
+REFERENCE_LIMITS = {"chunked_prefill_size": 4096}
 _LIMITS = re.compile(r"max_total_num_tokens=(\d+), chunked_prefill_size=(-?\d+), .*?max_running_requests=(\d+)")
 
 

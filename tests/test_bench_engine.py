@@ -117,6 +117,7 @@ def test_contention_conditions_one_replica_their_own_arms_and_a_deep_queue() -> 
     a = be.condition_args(be.parse_args(["--condition", "contention"]), "contention")
     assert (a.replicas, a.setups) == (1, ["round-robin", "hints"])
     assert a.concurrency >= 3 * a.max_running * a.replicas and a.workflows > a.concurrency
+    assert (a.max_running, a.concurrency, a.workflows) == (3, 12, 18)       # CPU: picked with --estimate
     k = be.condition_args(be.parse_args(["--condition", "kv-pressure"]), "kv-pressure")
     assert (k.replicas, k.setups, k.coding_token_scale) == (1, ["hints", "no-retention"], 4.0)
     assert k.pool_tokens == 2 * be.DEFAULTS["cpu"]["pool_tokens"]
@@ -259,6 +260,10 @@ def test_fidelity_judges_each_ratio_within_0_05_and_each_arm_within_15_percent()
     ok = fidelity({"a/b": {"mean_avg": 0.9}}, {"a/b": {"mean_avg": 0.88}}, {"a": 5.0}, {"a": 5.5})
     assert ok["pass"] is True
     assert fidelity(measured, {})["pass"] is None
+    refused = fidelity({"a/b": {"mean_avg": None, "refused": "no ratio: the queue was empty"}},
+                       {"a/b": {"mean_avg": 0.8}}, {"a": 5.0}, {"a": 5.1})
+    assert refused["ratios"]["a/b"]["pass"] is None and "queue" in refused["ratios"]["a/b"]["why"]
+    assert refused["pass"] is None                      # an arm passing does not make up for an unjudged ratio
 
 
 def test_a_seed_whose_queue_stayed_empty_is_withheld_and_an_all_empty_ratio_refused() -> None:
