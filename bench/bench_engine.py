@@ -3,8 +3,10 @@
     python bench/bench_engine.py --seeds 0 1 2 3 4                        # CPU: tiny local model
     python bench/bench_engine.py --condition multi-agent agent-platform --ablation
     python bench/bench_engine.py --gpu --model-config llama-8b             # GPU: 8B Llama shape, no weights
+    python bench/bench_engine.py --estimate --matrix                       # what the issue-34 matrix costs
+    python bench/bench_engine.py --matrix --out engine-matrix.json         # ... and run it, ALONE on the machine
 
-Two replicas with a tight KV pool (``--pool-tokens``) and enough running slots
+Replicas (``--replicas``, 2; the ``contention`` and ``kv-pressure`` conditions 1) with a tight KV pool (``--pool-tokens``) and enough running slots
 (``--max-running``) that the waiting queue, not a slot cap, decides who runs; the *same* replayed
 workload (``profiler replay``: closed loop, ``--concurrency`` workflows in flight, recorded gaps ×
 ``--time-scale``, lengths × ``--token-scale``) through every arm (``--setups``), side by side:
@@ -30,13 +32,21 @@ workload (``profiler replay``: closed loop, ``--concurrency`` workflows in fligh
   **no-retention** (SGLang's LRU radix cache instead of ``workflow-retention``), **no-prefetch**
   (``AWP_PREFETCH=0``: HiCache stays, the plugin stages nothing).
 
+``--ablation`` also adds **no-routing** (hints with round-robin routing; with 2+ replicas only).
+
 ``--condition`` picks named presets (:mod:`bench.engine_conditions`: ``default``,
 ``many-in-flight``, ``tight-pool``, ``recorded-gaps``, ``multi-agent`` — the real Who&When trace
-— and ``agent-platform`` — the simulator's six-application mix); several conditions run one
-after the other, each on fresh replicas. Per seed every arm replays the same workflows after a
-cache flush; on CPU all replica pairs of a condition run at once and the arms rotate their order
-per seed, so background load hits all alike (``--one-pair-at-a-time``, and always on ``--gpu``:
-one pair at a time, which also bounds memory).
+— ``agent-platform`` — the simulator's six-application mix — and the contention conditions
+``contention``, ``kv-pressure``, ``platform-contention``, each with its own arms); several
+conditions run one after the other, each on fresh replicas; ``--matrix`` runs the three
+contention conditions with their seed counts. Per seed every arm replays the same workflows
+after a cache flush; on CPU the replicas of a condition's arms run at once and the arms
+interleave A B | B A per seed, so background load hits all alike (``--one-pair-at-a-time``, and
+always on ``--gpu``: one pair at a time, which also bounds memory). **It must run alone**: before
+anything starts and before every run the machine must be quiet (:mod:`bench.engine_quiet`:
+load average and a CPU probe; it waits, then refuses unless ``--allow-load``), every run records
+the load and the CPU the idle replicas took, and a seed whose SGLang queue was empty most of the
+time gives no ratio. Before starting it prints the estimated wall time.
 
 Reported per condition (:mod:`bench.engine_report`): per seed and arm the avg/P95 workflow JCT,
 errors, cache share, gateway annotate outcomes and the replicas' waiting queue (SGLang's
@@ -45,7 +55,7 @@ counters (``plugin_counters``, its own names); per ratio (every arm / round-robi
 the per-seed values, the mean and a 95 % Student-t interval over seeds; then the **simulator**
 (:mod:`bench.engine_sim`), calibrated to these replicas from a calibration replay and configured
 from the servers' start-up line, replays the same traces under the matching policies, and
-``fidelity`` gives per ratio the simulated against the measured mean (relative error).
+``fidelity`` judges it: each ratio within 0.05 of the measured, each arm's avg JCT within 15 %.
 
 ``--gpu`` (untested here: written on a CPU-only machine): the ``llama-8b`` model folder
 (:mod:`bench.engine_models`, ``--load-format dummy``, bfloat16, no download), replicas placed on

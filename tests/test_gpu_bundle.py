@@ -55,11 +55,12 @@ def test_run_gpu_script_installs_offline_and_runs_the_gpu_bench() -> None:
 
 def host_like(host: Path) -> None:
     """A folder with what a stock torch host has: this venv's torch and what torch itself requires
-    (every top-level entry their installed files name), nothing else of this venv."""
+    (every top-level entry their installed files name), and pytest for the stand-ins; nothing else
+    of this venv."""
     from importlib import metadata
 
     host.mkdir()
-    for name in gb.HOST_HAS:
+    for name in (*gb.HOST_HAS, "pytest", "pluggy", "iniconfig"):
         try:
             dist = metadata.distribution(name)
         except metadata.PackageNotFoundError:
@@ -82,12 +83,22 @@ def test_the_bundle_installs_offline_into_an_empty_target_and_sglang_imports(tmp
                     str(out / "wheels"), "--target", str(target), "-r", str(out / "requirements.txt")], check=True)
     host = tmp_path / "host"
     host_like(host)
-    code = ("import sys, sglang, sglang.srt.server_args as sa; "
+    assert import_check(target, host, tmp_path).returncode == 0
+
+
+def import_check(target: Path, host: Path, home: Path) -> subprocess.CompletedProcess:
+    """``import sglang.srt.server_args`` in ``python -S`` (no site-packages) with only ``target``,
+    ``host`` and the CPU stand-ins on the path (``sitecustomize`` imported by hand: ``-S`` skips
+    it), as the CPU recipe runs SGLang; asserts it worked, naming what failed."""
+    standins = gb.REPO / "tests" / "sglang" / "cpu_standins"
+    code = ("import sitecustomize, sys, sglang, sglang.srt.server_args as sa; "
             f"assert sglang.__file__.startswith({str(target)!r}), sglang.__file__; "
             "assert not any('site-packages' in p for p in sys.path), sys.path; print('ok', sa.ServerArgs.__name__)")
-    env = {"PATH": os.environ["PATH"], "PYTHONPATH": f"{target}{os.pathsep}{host}", "HOME": str(tmp_path)}
+    env = {"PATH": os.environ["PATH"], "PYTHONPATH": os.pathsep.join(map(str, (target, host, standins))),
+           "HOME": str(home), "AWP_TEST_CPU_STANDINS": "1", "SGLANG_USE_CPU_ENGINE": "1"}
     r = subprocess.run([sys.executable, "-S", "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0 and "ok ServerArgs" in r.stdout, r.stderr[-3000:]
+    return r
 
 
 def test_platform_tags_include_every_older_manylinux() -> None:
