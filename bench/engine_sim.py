@@ -7,8 +7,9 @@ replays the same trace under every set-up of the bench.
   (calls served alone fit the prefill, every call the decode), with a prefill intercept (the
   fixed cost of a call on a small engine).
 * **Cluster** — what the servers report at start-up (``max_total_num_tokens``,
-  ``chunked_prefill_size``, ``max_running_requests`` from their log), 2 replicas, no host tier
-  (the bench runs without HiCache).
+  ``chunked_prefill_size``, ``max_running_requests`` from their log), the bench's replicas; a
+  host tier of 2 × the pool for the arms whose replicas run HiCache (:data:`HICACHE_ARMS`:
+  hints and its ablations, ``--hicache-ratio 2``), none for the plain ones.
 * **Trace** — the replayed records with the replay's scaling: token counts as
   ``serving_hooks.replay_plan.load_plan`` scales them, every timestamp × ``time_scale`` (so the
   gaps and root offsets shrink as in the replay); a closed population of ``concurrency``
@@ -20,9 +21,8 @@ replays the same trace under every set-up of the bench.
   *least-loaded* worker, not the one with the smallest tree, and the tree is trimmed every
   60 s, not 120 s); the gateway
   with the plugin → ``ours`` with priority preemption at the hints replicas' threshold (the
-  bench's ``--preemption-threshold``), no pre-prefill (the SGLang plugin has none) and no
-  prefetch (no host tier in the simulated cluster, though the hints replicas have one: a known
-  gap); the ablations: ``routing-only`` → ``ours`` with only its capacity router on (FCFS, LRU),
+  bench's ``--preemption-threshold``), no pre-prefill (the SGLang plugin has none) and the
+  plugin's prefetch into that host tier; the ablations: ``routing-only`` → ``ours`` with only its capacity router on (FCFS, LRU),
   ``no-priority`` → ``ours-no-priority``, ``no-retention`` → ``ours-no-keepdrop``,
   ``no-prefetch`` → ``ours-no-prefetch`` (the same as hints here). The profile is the bench's
   own (per seed where the condition fits one per seed).
@@ -57,6 +57,10 @@ SIM_POLICIES = {"round-robin": "sglang-rr", "router": "sglang-router-0.3.2", "hi
 #: has no pre-prefill (only the simulator does), and "routing-only" is the gateway's capacity
 #: routing in front of plain SGLang (FCFS, LRU, no keep/drop, no prefetch)
 ENGINE_OPTIONS = {"preprefill": False}
+#: arms whose replicas run HiCache with a host tier 2 x the device pool (bench_engine's PAIRS with
+#: ``--enable-hierarchical-cache --hicache-ratio 2``): simulated with that host tier and prefetch
+HICACHE_ARMS = frozenset({"hints", "no-priority", "no-retention", "no-prefetch", "no-routing"})
+HICACHE_RATIO = 2.0
 ROUTING_ONLY = {"priority": False, "keep_drop": False, "prefetch": False}
 
 
@@ -176,12 +180,14 @@ def simulate_setups(records: list[dict], profile_dir: Path, cfg: ClusterConfig, 
     (``preemption_threshold``: the hints replicas' ``--priority-scheduling-preemption-threshold``)."""
     wl = replay_prefixes(workload_from_records(records, name="bench-engine", conversation_lineage=False))
     arrivals = np.zeros(len(wl.workflows))
-    opts = OursOptions(prefetch=False, preemption_threshold=preemption_threshold, **ENGINE_OPTIONS)
     out = {}
     for name in setups:
         pol_name = SIM_POLICIES[name]
+        hicache = name in HICACHE_ARMS
+        opts = OursOptions(prefetch=hicache, preemption_threshold=preemption_threshold, **ENGINE_OPTIONS)
         policy = _policy(pol_name, profile_dir, opts)
-        res = Simulator(wl, policy, cfg, arrivals, None, concurrency).run()
+        arm_cfg = replace(cfg, host_ratio=HICACHE_RATIO if hicache else 0.0)
+        res = Simulator(wl, policy, arm_cfg, arrivals, None, concurrency).run()
         row = summarize(res)
         out[name] = {"policy": pol_name, "jct_avg_s": row["avg_jct_s"], "jct_p95_s": row["p95_jct_s"],
                      "cached_fraction": row["gpu_hit_ratio"], "preemptions": row["preemptions"],

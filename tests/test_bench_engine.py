@@ -293,6 +293,9 @@ def test_every_arm_has_a_simulated_policy(tmp_path) -> None:
     from simulator.calibration import StepTimeModel
 
     assert set(SIM_POLICIES) == set(be.SETUPS)
+    from bench.engine_sim import HICACHE_ARMS
+    assert HICACHE_ARMS == {n for n, (pair, _) in be.SETUPS.items()
+                            if "--enable-hierarchical-cache" in be.PAIRS[pair][0]}   # the sim's host tier = the engine's
     args = be.condition_args(be.parse_args(["--seeds", "0", "--workflows", "3", "--ablation"]), "default")
     train, _ = scale_records(list(generate("coding_assistant", 12, seed=1000)), args.token_scale, 1000, 500)
     write_jsonl(train, tmp_path / "train" / "t.jsonl")
