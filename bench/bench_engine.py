@@ -682,8 +682,10 @@ def run_condition(args: argparse.Namespace, model: Path, work: Path, est: dict |
         sim = state["sim"]
         out["simulator"] = sim
         out["prefill_share"] = prefill_share(state["calib"], sim["step"], wl.replay)
-        out["fidelity"] = fidelity(out["ratios"], sim["ratios"],
-                                   {n: out["arms"][n]["jct_avg_s"] for n in names}, sim["arms"])
+        sim_arms = {n: float(np.mean([sim["seeds"][s][n]["jct_avg_s"] for s in done_seeds])) if done_seeds else None
+                    for n in names}             # over the seeds measured (all, unless refused part way)
+        out["fidelity"] = fidelity(out["ratios"], ratios({s: sim["seeds"][s] for s in done_seeds}, names),
+                                   {n: out["arms"][n]["jct_avg_s"] for n in names}, sim_arms)
     return out
 
 
