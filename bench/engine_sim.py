@@ -22,10 +22,12 @@ replays the same trace under every set-up of the bench.
   60 s, not 120 s); the gateway
   with the plugin → ``ours`` with priority preemption at the hints replicas' threshold (the
   bench's ``--preemption-threshold``), no pre-prefill (the SGLang plugin has none) and the
-  plugin's prefetch into that host tier; the ablations: ``routing-only`` → ``ours`` with only its capacity router on (FCFS, LRU),
+  plugin's prefetch into that host tier; the ablations: ``routing-only`` → ``ours`` with only
+  its capacity router on (FCFS, LRU),
   ``no-priority`` → ``ours-no-priority``, ``no-retention`` → ``ours-no-keepdrop``,
-  ``no-prefetch`` → ``ours-no-prefetch`` (the same as hints here). The profile is the bench's
-  own (per seed where the condition fits one per seed).
+  ``no-prefetch`` → ``ours-no-prefetch`` (the host tier without staging), ``no-routing`` →
+  ``ours-no-capacity`` (round-robin routing). The profile is the bench's own (per seed where the
+  condition fits one per seed).
 
 Every workflow counts (no warm-up window), as in the measured replay.
 """
@@ -90,6 +92,8 @@ def _policy(name: str, profile_dir: Path, opts: OursOptions) -> Policy:
     if name.startswith("ours"):
         return build_ours(Predictor(profile_dir), name, opts)
     return BASELINES[name]()
+
+
 #: The step time the bench assumes before it has calibrated (``--estimate`` and the wall-time
 #: estimate printed before a run): on CPU the tiny model's calibration on this 2-core machine
 #: (docs/sglang.md, smoke run 2: decode 2.74 ms + 1.1e-7 s per KV token, prefill 16.3 ms +
