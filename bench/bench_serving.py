@@ -30,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import httpx
@@ -114,17 +115,21 @@ def session_calls(seqs: list[list[dict]], n: int, concurrent: int = 64):
 # --------------------------------------------------------------------------- 1. in process
 def bench_in_process(profile: Path, seqs, n: int) -> dict:
     from predictors import Predictor
-    from serving_hooks.policies import AnnotationPriority
+    from serving_hooks.policies import PriorityPolicy
     from serving_hooks.shadow import ShadowGate
 
-    p = Predictor(profile, gate=ShadowGate(), priority_policy=AnnotationPriority())
+    p = Predictor(profile, gate=ShadowGate())
+    priority = PriorityPolicy()   # what PredictionService adds to a known call
     calls = session_calls(seqs, n)
     times = np.empty(n)
     known = 0
     for i, (wf, agent, out) in enumerate(calls):
         meta = {"workflow_type_id": "coding_assistant", "workflow_id": wf, "agent_id": agent}
         t0 = time.perf_counter()
-        ann = p.annotate(meta, request_id=f"r{i}", input_tokens=2000)
+        call = p.annotate_call(meta, request_id=f"r{i}", input_tokens=2000)
+        if call.known:
+            call = replace(call, priority=priority.call_priority(call))
+        ann = call.to_dict()
         times[i] = time.perf_counter() - t0
         known += ann["known"]
         p.observe({"app_metadata": meta, "request_id": f"r{i}", "output_tokens": out})

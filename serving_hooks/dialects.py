@@ -126,7 +126,7 @@ def hint_values(annotation: Annotation | Mapping[str, Any],
     spec = None
     if ann.known:
         spec = ann.p_end < CONTINUE_P_END if ann.p_end is not None else ann.next_agent is not None
-    return HintValues(known=ann.known, flat=flat, priority=ann.priority if ann.known else None,
+    return HintValues(known=ann.known, flat=flat, priority=ann.sglang_priority() if ann.known else None,
                       osl=osl, ttl_s=ttl_s, speculative_prefill=spec,
                       session_end=ann.session_end is True, annotation=ann)
 

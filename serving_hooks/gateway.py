@@ -87,7 +87,7 @@ from serving_hooks.identity import IdentityMap, resolve_identity
 from serving_hooks.retries import DEFAULT_WINDOW_S, RetryLedger
 from predictors.contract import Annotation
 from serving_hooks.policies.pools import ModelPools, NoReplicaForModel
-from serving_hooks.policies.priority import AnnotationPriority
+from serving_hooks.policies.priority import PriorityPolicy
 from serving_hooks.policies.session_end import SessionEndRule
 from serving_hooks.metrics import (LATENCY_BUCKETS, Labeled, RequestMetricsMiddleware, render,
                                    RoutingCollector, request_metrics)
@@ -291,13 +291,13 @@ class Gateway:
                  registry: CollectorRegistry | None = None,
                  service: PredictionService | None = None, retries: RetryLedger | None = None,
                  tracer: CallTracer | None = None, pools: ModelPools | None = None,
-                 priority: AnnotationPriority | None = None) -> None:
+                 priority: PriorityPolicy | None = None) -> None:
         self.router = router
         self.pools = pools if pools is not None and pools.pooled else None
-        policy = service.predictor.priority_policy if service is not None else None
-        #: the priority rule the annotations were made with (a sidecar's gets the pools' term here)
-        self.priority = priority or (policy if isinstance(policy, AnnotationPriority)
-                                     else AnnotationPriority())
+        #: the priority rule the annotations are made with (the in-process service's; a sidecar's
+        #: annotation gets the pools' term here, by the same rule)
+        self.priority = priority or (service.priority if service is not None
+                                     and service.priority is not None else PriorityPolicy())
         self.annotator = annotator
         self.log = log_writer
         self.options = options or GatewayOptions()
@@ -431,8 +431,8 @@ class Gateway:
         if not ann.known or ann.priority is None:
             return ann
         if not self.annotator.takes_priority_inputs:
-            ann = dataclass_replace(ann, priority=self.priority(ann, meta, **inputs))
-        if self.priority.downstream_boost(ann, meta, **inputs) > 0:
+            ann = dataclass_replace(ann, priority=self.priority.call_priority(ann, **inputs))
+        if self.priority.idle_downstream_term(ann, **inputs) > 0:
             self.metrics.downstream.inc()
         return ann
 
