@@ -483,6 +483,25 @@ def run_order(seeds: list[int], names: list[str]) -> list[tuple[int, str]]:
     return [(seed, name) for i, seed in enumerate(seeds) for name in (names if i % 2 == 0 else names[::-1])]
 
 
+def pair_schedule(names: list[str], seeds: list[int], calibrate: bool, one_at_a_time: bool
+                  ) -> list[tuple[list[str], list[tuple[int, str]]]]:
+    """Which replica pairs are up together and which runs they serve, in order: the calibration
+    on a plain pair first and alone when no arm uses plain replicas (then stopped: no idle pair
+    beside the measured ones); then either every pair of the condition at once with the runs
+    A B | B A per seed (CPU), or one pair at a time with its own runs (``--gpu``,
+    ``--one-pair-at-a-time``; the calibration then rides with the plain pair when it is used)."""
+    pairs = list(dict.fromkeys(SETUPS[n][0] for n in names))
+    runs = run_order(seeds, names)
+    steps: list[tuple[list[str], list[tuple[int, str]]]] = []
+    if calibrate and "plain" not in pairs:
+        steps.append((["plain"], []))
+    if one_at_a_time:
+        steps += [([p], [(s, n) for s, n in runs if SETUPS[n][0] == p]) for p in pairs]
+    else:
+        steps.append((pairs, runs))
+    return steps
+
+
 #: rough CPU costs for the estimate printed before a run (seconds; measured on the 2-core machine)
 START_S = {"cpu": 60.0, "gpu": 180.0}           # per replica started (imports, mostly)
 RUN_OVERHEAD_S = 8.0                            # flush, front start/stop, quiet probe per run
@@ -656,14 +675,11 @@ def run_condition(args: argparse.Namespace, model: Path, work: Path, est: dict |
 
     refused = None
     try:
-        if calib_plan is not None and "plain" not in pairs_needed:     # calibrate, then stop: no idle pair
-            with_pairs(["plain"], [])
+        for wanted, todo in pair_schedule(names, list(args.seeds), calib_plan is not None,
+                                          args.gpu or args.one_pair_at_a_time):
+            with_pairs(wanted, todo)
+        if "plain" not in pairs_needed:         # the calibration's replicas: no arm's counters
             engine.pop("plain", None)
-        if args.gpu or args.one_pair_at_a_time:     # one pair at a time: two 8B replicas fill one GPU
-            for pair in pairs_needed:
-                with_pairs([pair], [(s, n) for s, n in runs if SETUPS[n][0] == pair])
-        else:                                       # the condition's pairs up at once, arms A B B A per seed
-            with_pairs(pairs_needed, runs)
     except MachineNotQuiet as e:
         refused = str(e)
         print(f"  REFUSED: {refused}", file=sys.stderr)

@@ -132,6 +132,20 @@ def test_contention_conditions_one_replica_their_own_arms_and_a_deep_queue() -> 
     assert be.ratio_pairs(k.setups) == [("hints", "no-retention")]     # no baseline arm: hints over the other
 
 
+def test_only_the_measured_pairs_are_up_and_the_calibration_pair_stops_first() -> None:
+    rr, hints = be.SETUPS["round-robin"][0], be.SETUPS["hints"][0]
+    # contention: the plain pair is an arm's, so it calibrates there; both pairs up, runs A B | B A
+    assert be.pair_schedule(["round-robin", "hints"], [0, 1], True, False) == [
+        ([rr, hints], [(0, "round-robin"), (0, "hints"), (1, "hints"), (1, "round-robin")])]
+    # kv-pressure: no arm on plain replicas -> they start alone for the calibration, then stop
+    steps = be.pair_schedule(["hints", "no-retention"], [0], True, False)
+    assert steps[0] == (["plain"], []) and steps[1][0] == ["hints", "no-retention"]
+    assert be.pair_schedule(["hints", "no-retention"], [0], False, False)[0][0] == ["hints", "no-retention"]
+    # GPU: one pair at a time, each with its own runs
+    gpu = be.pair_schedule(["router", "hints"], [0, 1], True, True)
+    assert gpu == [(["plain"], [(0, "router"), (1, "router")]), (["hints"], [(0, "hints"), (1, "hints")])]
+
+
 def test_coding_prompts_scale_only_the_coding_sessions_prompts() -> None:
     from bench.engine_conditions import coding_prompts
 
