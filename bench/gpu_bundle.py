@@ -35,7 +35,6 @@ import re
 import shutil
 import subprocess
 import sys
-import tarfile
 from importlib import metadata
 from pathlib import Path
 
