@@ -323,3 +323,8 @@ def test_every_arm_has_a_simulated_policy(tmp_path) -> None:
     assert {out[n]["policy"] for n in out} == {SIM_POLICIES[n] for n in args.setups}
     assert all(out[n]["jct_avg_s"] > 0 and out[n]["makespan_s"] >= out[n]["jct_avg_s"] for n in out)
     assert set(ratios({0: out}, args.setups)) == {f"{t}/{b}" for t, b in ratio_pairs(args.setups)}
+    # a calibration may fit all prefill cost on the context (a = 0, as a CPU smoke run did): the
+    # hints arm's prefetch into its host tier still simulates
+    flat = StepTimeModel(t0=0.0014, a=0.0, a_ctx=1.5e-5, c=1.2e-6, prefill_t0=0.039)
+    assert simulate_setups(scaled_records(recs, 1.0, args.time_scale), tmp_path / "profile",
+                           cluster(limits, flat), 4, ["hints"])["hints"]["jct_avg_s"] > 0
