@@ -31,22 +31,10 @@ time) where it predicts a gain of at least 15 % (docs/sglang.md gives the grid):
                          arms ``router`` (the real sglang-router) and ``hints``
 =======================  ================================================================
 
-A condition fills only what the command line left unset: ``--condition tight-pool
---pool-tokens 900`` runs a 900-token pool. Every workload is prepared the same way: the records
-are scaled to the replay's lengths (``× --token-scale``, prompts capped at half the KV pool and
-outputs at a quarter, so no call can exceed a replica's pool; the number capped is reported),
-the profile is fitted on *other* workflows of the same applications, scaled alike and put on the
-replay's clock (:func:`serving_hooks.replay_plan.on_replay_clock`), and each seed replays a
-disjoint set of workflows:
-
-* generated (``default`` … ``recorded-gaps``): fit on 80 workflows of seed 1000, seed ``s``
-  replays ``--workflows`` workflows generated with seed ``s``;
-* ``multi-agent``: the trace split by workflow (``profiler split``'s rule, 70 % train, split
-  seed 0); the test side is shuffled once (seed 0) and seed ``s`` replays its slice
-  ``[s·k, (s+1)·k)`` (wrapping when the seeds ask for more workflows than the side holds);
-* ``agent-platform``: per seed ``s`` the simulator's own mix, ``mixed(PLATFORM_MIX, k, seed=s)``
-  — its split, its share per application, its generated workflows — and a profile fitted on
-  that seed's train side (so one profile per seed).
+A condition fills only what the command line left unset (``--condition tight-pool --pool-tokens
+900`` runs a 900-token pool). Every workload is scaled to the replay's lengths, its profile fitted
+on *other* workflows of the same applications and put on the replay's clock, and each seed replays
+a disjoint set of workflows: docs/sglang.md ("How each condition's workload is prepared") says how.
 """
 from __future__ import annotations
 
