@@ -3,8 +3,10 @@
     python bench/bench_engine.py --seeds 0 1 2 3 4                        # CPU: tiny local model
     python bench/bench_engine.py --condition multi-agent agent-platform --ablation
     python bench/bench_engine.py --gpu --model-config llama-8b             # GPU: 8B Llama shape, no weights
+    python bench/bench_engine.py --estimate --matrix                       # what the issue-34 matrix costs
+    python bench/bench_engine.py --matrix --out engine-matrix.json         # ... and run it, ALONE on the machine
 
-Two replicas with a tight KV pool (``--pool-tokens``) and enough running slots
+Replicas (``--replicas``, 2; the ``contention`` and ``kv-pressure`` conditions 1) with a tight KV pool (``--pool-tokens``) and enough running slots
 (``--max-running``) that the waiting queue, not a slot cap, decides who runs; the *same* replayed
 workload (``profiler replay``: closed loop, ``--concurrency`` workflows in flight, recorded gaps ×
 ``--time-scale``, lengths × ``--token-scale``) through every arm (``--setups``), side by side:
@@ -30,13 +32,21 @@ workload (``profiler replay``: closed loop, ``--concurrency`` workflows in fligh
   **no-retention** (SGLang's LRU radix cache instead of ``workflow-retention``), **no-prefetch**
   (``AWP_PREFETCH=0``: HiCache stays, the plugin stages nothing).
 
+``--ablation`` also adds **no-routing** (hints with round-robin routing; with 2+ replicas only).
+
 ``--condition`` picks named presets (:mod:`bench.engine_conditions`: ``default``,
 ``many-in-flight``, ``tight-pool``, ``recorded-gaps``, ``multi-agent`` — the real Who&When trace
-— and ``agent-platform`` — the simulator's six-application mix); several conditions run one
-after the other, each on fresh replicas. Per seed every arm replays the same workflows after a
-cache flush; on CPU all replica pairs of a condition run at once and the arms rotate their order
-per seed, so background load hits all alike (``--one-pair-at-a-time``, and always on ``--gpu``:
-one pair at a time, which also bounds memory).
+— ``agent-platform`` — the simulator's six-application mix — and the contention conditions
+``contention``, ``kv-pressure``, ``platform-contention``, each with its own arms); several
+conditions run one after the other, each on fresh replicas; ``--matrix`` runs the three
+contention conditions with their seed counts. Per seed every arm replays the same workflows
+after a cache flush; on CPU the replicas of a condition's arms run at once and the arms
+interleave A B | B A per seed, so background load hits all alike (``--one-pair-at-a-time``, and
+always on ``--gpu``: one pair at a time, which also bounds memory). **It must run alone**: before
+anything starts and before every run the machine must be quiet (:mod:`bench.engine_quiet`:
+load average and a CPU probe; it waits, then refuses unless ``--allow-load``), every run records
+the load and the CPU the idle replicas took, and a seed whose SGLang queue was empty most of the
+time gives no ratio. Before starting it prints the estimated wall time.
 
 Reported per condition (:mod:`bench.engine_report`): per seed and arm the avg/P95 workflow JCT,
 errors, cache share, gateway annotate outcomes and the replicas' waiting queue (SGLang's
@@ -45,7 +55,7 @@ counters (``plugin_counters``, its own names); per ratio (every arm / round-robi
 the per-seed values, the mean and a 95 % Student-t interval over seeds; then the **simulator**
 (:mod:`bench.engine_sim`), calibrated to these replicas from a calibration replay and configured
 from the servers' start-up line, replays the same traces under the matching policies, and
-``fidelity`` gives per ratio the simulated against the measured mean (relative error).
+``fidelity`` judges it: each ratio within 0.05 of the measured, each arm's avg JCT within 15 %.
 
 ``--gpu`` (untested here: written on a CPU-only machine): the ``llama-8b`` model folder
 (:mod:`bench.engine_models`, ``--load-format dummy``, bfloat16, no download), replicas placed on
@@ -67,6 +77,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
+import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -74,8 +85,9 @@ sys.path.insert(0, str(REPO))
 from bench.engine_conditions import (CONDITIONS, EngineWorkload, condition_settings,  # noqa: E402
                                      prepare_workload, scale_records)
 from bench.engine_models import MODEL_CONFIGS, write_model  # noqa: E402
-from bench.engine_report import (arm_summary, engine_counters, fidelity, queue_samples,  # noqa: E402
-                                 queue_summary, ratios)
+from bench.engine_quiet import IDLE_CPU_LIMIT, SessionCPU, wait_quiet  # noqa: E402
+from bench.engine_report import (MIN_QUEUE_SHARE, arm_summary, engine_counters, fidelity,  # noqa: E402
+                                 queue_samples, queue_summary, ratio_pairs, ratios)
 from bench.engine_router import SGLangRouter, router_available  # noqa: E402
 from tests.sglang.real_server import SGLangServer, free_port  # noqa: E402  (launcher only)
 
@@ -113,18 +125,22 @@ SETUPS = {
     "no-priority": ("no-priority", "gateway-hints"),
     "no-retention": ("no-retention", "gateway-hints"),
     "no-prefetch": ("no-prefetch", "gateway-hints"),
+    "no-routing": ("hints", "gateway-hints-rr"),
 }
 DEFAULT_SETUPS = ["round-robin", "router", "hints"]
-ABLATION = ["routing-only", "no-priority", "no-retention", "no-prefetch"]
+ABLATION = ["routing-only", "no-priority", "no-retention", "no-prefetch", "no-routing"]
+#: arms that differ from others only in routing: nothing to compare on one replica
+ROUTING_ARMS = ("routing-only", "no-routing", "router")
 #: defaults per machine: CPU (tiny model, 2 shared cores) and GPU (8B Llama shape, one H100-class
 #: GPU). Running slots are many (8 per CPU replica, 8 workflows in flight over 2 replicas) and the
 #: KV pool is what runs out, so calls wait in SGLang's queue where priority can reorder them.
 DEFAULTS = {
     "cpu": {"model_config": "tiny", "workflows": 16, "concurrency": 8, "time_scale": 0.02, "token_scale": 0.05,
-            "pool_tokens": 2000, "max_running": 8, "budget_ms": 100.0, "calib_workflows": 4},
+            "pool_tokens": 2000, "max_running": 8, "budget_ms": 100.0, "calib_workflows": 4, "replicas": 2,
+            "coding_token_scale": 1.0},
     "gpu": {"model_config": "llama-8b", "workflows": 48, "concurrency": 24, "time_scale": 0.02,
             "token_scale": 0.25, "pool_tokens": 30000, "max_running": 32, "budget_ms": 20.0,
-            "calib_workflows": 6},
+            "calib_workflows": 6, "replicas": 2, "coding_token_scale": 1.0},
 }
 
 
@@ -132,9 +148,10 @@ class BenchServer(SGLangServer):
     """The tests' launcher with the bench's dtype and, on GPU, a GPU id and memory share."""
 
     def __init__(self, *a, dtype: str = "float32", gpu_id: int | None = None,
-                 mem_fraction: float | None = None, **kw) -> None:
+                 mem_fraction: float | None = None, attention_backend: str | None = None, **kw) -> None:
         super().__init__(*a, **kw)
         self.dtype, self.gpu_id, self.mem_fraction = dtype, gpu_id, mem_fraction
+        self.attention_backend = attention_backend
 
     def command(self) -> list[str]:
         cmd = super().command()
@@ -143,6 +160,8 @@ class BenchServer(SGLangServer):
             cmd += ["--base-gpu-id", str(self.gpu_id)]
         if self.mem_fraction is not None:
             cmd += ["--mem-fraction-static", f"{self.mem_fraction:.3f}"]
+        if self.attention_backend:
+            cmd += ["--attention-backend", self.attention_backend]
         return cmd
 
 
@@ -153,8 +172,8 @@ def gpu_count() -> int:
 
 
 def start_pair(model: Path, work: Path, pair: str, args: argparse.Namespace) -> list[SGLangServer]:
-    """The two replicas of ``pair``, started side by side (on 2 busy cores a start takes 1-2 min,
-    almost all imports); if one fails, the other is stopped."""
+    """The ``--replicas`` replicas of ``pair``, started side by side (on 2 busy cores a start takes
+    1-2 min, almost all imports); if one fails, the others are stopped."""
     flags, plugin, env = PAIRS[pair]
     flags = list(flags)
     if "--enable-priority-scheduling" in flags:
@@ -165,11 +184,12 @@ def start_pair(model: Path, work: Path, pair: str, args: argparse.Namespace) -> 
               "--enable-cache-report"]
     servers = []
     n_gpu = gpu_count() if args.gpu else 0
-    for i in range(2):
-        kw: dict = {"dtype": "float32"}
+    for i in range(args.replicas):
+        kw: dict = {"dtype": "float32", "attention_backend": getattr(args, "attention_backend", None)}
         if args.gpu:
-            per_gpu = math.ceil(2 / n_gpu)
-            kw = {"dtype": "bfloat16", "gpu_id": i % n_gpu, "mem_fraction": 0.85 / per_gpu}
+            per_gpu = math.ceil(args.replicas / n_gpu)
+            kw = {"dtype": "bfloat16", "gpu_id": i % n_gpu, "mem_fraction": 0.85 / per_gpu,
+                  "attention_backend": kw["attention_backend"]}
         servers.append(BenchServer(model, work / f"{pair}-{i}.log", extra_args=common + flags,
                                    env={"AWP_SGLANG_PLUGIN": "1" if plugin else "0",
                                         "AWP_LOG_EVERY_S": str(PLUGIN_LOG_EVERY_S), **env}, **kw))
@@ -202,8 +222,8 @@ def front(kind: str, urls: list[str], profile: Path, budget_s: float, log: Path)
 
     registry = CollectorRegistry()
     service = prediction_service(profile, registry, "profiler_gateway")
-    router = RoundRobinRouter(urls) if kind == "gateway-rr" else CapacityRouting(urls)
-    options = GatewayOptions(sglang_fields=kind == "gateway-hints", budget_s=budget_s)
+    router = RoundRobinRouter(urls) if kind in ("gateway-rr", "gateway-hints-rr") else CapacityRouting(urls)
+    options = GatewayOptions(sglang_fields=kind in ("gateway-hints", "gateway-hints-rr"), budget_s=budget_s)
     gw = Gateway(router, LocalAnnotator(service), options=options, registry=registry, service=service)
     with serve_in_thread(create_gateway_app(gw), server_header=False, date_header=False) as srv:
         yield srv.url, registry
@@ -256,9 +276,12 @@ def run_setup(name: str, servers: list[SGLangServer], profile: Path, plan: list,
         print("\r", end="", file=sys.stderr)
     r = summarize(result)
     queues, running = queue_samples(log_since(servers, sizes))
+    ok = [c for c in result.calls if c.status == "ok" and c.t_first_token and c.t_finish]
+    latency = sum(c.t_finish - c.t_send for c in ok)
     return {"jct_avg_s": r["workflows"]["jct_s"]["avg"], "jct_p95_s": r["workflows"]["jct_s"]["p95"],
             "errors": r["calls"]["errors"], "cached_fraction": r["tokens"]["cached_fraction"],
-            "calls": r["calls"]["count"], "annotate_outcomes": outcomes,
+            "calls": r["calls"]["count"], "annotate_outcomes": outcomes, "wall_s": r["wall_s"],
+            "ttft_share": (sum(c.t_first_token - c.t_send for c in ok) / latency) if latency > 0 else None,
             "queue_depth": queue_summary(queues, running), "queue_samples": (queues, running)}
 
 
@@ -286,11 +309,14 @@ def calibration_records(servers: list[SGLangServer], plan: list, args: argparse.
         flush(servers)
         res = replay(plan, servers[0].url, ReplayOptions(concurrency=conc, time_scale=args.time_scale, seed=conc,
                                                         run_tag=f"cal{conc}"))
-        recs += call_records(res)
+        recs += [{**r, "calib_concurrency": conc} for r in call_records(res)]
     flush(servers)
     return recs
 
 
+#: ``--matrix``: the issue-34 figures in one command, condition -> paired seeds (seeds 0 … n-1);
+#: >= 10 for contention, where the done-means ask for them; the estimate keeps the whole <= 45 min
+MATRIX = {"contention": 10, "platform-contention": 6, "kv-pressure": 5}
 #: settings a condition may fill (None on the command line = unset)
 SETTINGS = tuple(DEFAULTS["cpu"])
 
@@ -301,25 +327,53 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--condition", nargs="+", default=["default"], choices=list(CONDITIONS),
                     help="named presets, run one after the other (bench/engine_conditions.py; default: default)")
     ap.add_argument("--workflows", type=int, help="workflows replayed per seed (CPU 16, GPU 48)")
-    ap.add_argument("--concurrency", type=int, help="workflows in flight (CPU 8, GPU 24)")
+    ap.add_argument("--concurrency", type=int, help="workflows in flight (CPU 8, GPU 24; contention conditions: "
+                    "a multiple of the cluster's running slots)")
     ap.add_argument("--time-scale", type=float, help="× recorded tool/think gaps (0.02)")
     ap.add_argument("--token-scale", type=float, help="× recorded prompt and output lengths (CPU 0.05, GPU 0.25)")
+    ap.add_argument("--coding-token-scale", type=float,
+                    help="a further × on the prompts of the mix's long coding sessions (1; kv-pressure 4)")
     ap.add_argument("--pool-tokens", type=int, help="KV pool of each replica (CPU 2000, GPU 30000)")
     ap.add_argument("--max-running", type=int, help="--max-running-requests of each replica (CPU 8, GPU 32)")
+    ap.add_argument("--replicas", type=int, help="replicas per arm (2; contention and kv-pressure 1)")
     ap.add_argument("--preemption-threshold", type=int, default=500,
                     help="--priority-scheduling-preemption-threshold of the hints replicas (docs/sglang.md: 500 "
                          "on the gateway's 0-2,000 priority scale; SGLang's default is 10)")
     ap.add_argument("--budget-ms", type=float,
                     help="gateway annotation budget (CPU 100: its default 5 ms is for an unloaded machine; "
                          "with 2 shared cores most calls would go out unannotated; GPU 20)")
-    ap.add_argument("--setups", nargs="+", default=list(DEFAULT_SETUPS), choices=list(SETUPS),
-                    help="arms to run (default: round-robin router hints)")
-    ap.add_argument("--ablation", action="store_true", help="also run " + ", ".join(ABLATION))
+    ap.add_argument("--setups", nargs="+", choices=list(SETUPS),
+                    help="arms to run (default: the condition's own arms, else round-robin router hints)")
+    ap.add_argument("--ablation", action="store_true",
+                    help="also run " + ", ".join(ABLATION) + " (each one mechanism off; the routing arms "
+                         "only with 2+ replicas)")
     ap.add_argument("--calib-workflows", type=int, help="workflows of the calibration replay (CPU 4, GPU 6)")
     ap.add_argument("--no-sim", action="store_true", help="skip the calibration replay and the simulator")
+    ap.add_argument("--estimate", action="store_true",
+                    help="start nothing: print each condition's wall-time estimate and the simulator's predicted "
+                         "ratios with the machine's reference step time (how the conditions' settings were "
+                         "picked), then exit")
+    ap.add_argument("--matrix", action="store_true",
+                    help="the issue-34 matrix in one command: " + ", ".join(f"{c} ({n} seeds)" for c, n in MATRIX.items())
+                         + " — replaces --condition and --seeds; the whole matrix's estimate is printed first")
     ap.add_argument("--one-pair-at-a-time", action="store_true",
                     help="start one replica pair at a time (always on --gpu; bounds memory on CPU)")
+    quiet = ap.add_argument_group("quiet machine (bench/engine_quiet.py): checked before every run")
+    quiet.add_argument("--max-load", type=float, default=1.5,
+                       help="1-minute load average at most this × cores (default 1.5: it still remembers the "
+                            "bench's own previous run)")
+    quiet.add_argument("--max-busy", type=float, default=0.15,
+                       help="share of all cores busy in a 2 s probe while no arm runs (default 0.15)")
+    quiet.add_argument("--quiet-wait", type=float, default=300.0,
+                       help="seconds to wait for a quiet machine before refusing (default 300)")
+    quiet.add_argument("--allow-load", action="store_true",
+                       help="run anyway when the machine stays loaded, marking the run 'quiet: false'")
+    ap.add_argument("--min-queue-share", type=float, default=MIN_QUEUE_SHARE,
+                    help="a seed's ratio is withheld when a run's SGLang queue was non-empty in fewer batch "
+                         f"samples than this (default {MIN_QUEUE_SHARE}: empty most of the time)")
     ap.add_argument("--gpu", action="store_true", help="GPU machine: bfloat16, llama-8b shape, GPU defaults")
+    ap.add_argument("--attention-backend", help="SGLang --attention-backend of every replica (e.g. triton or "
+                    "torch_native on a GPU host without flashinfer; default: SGLang's choice)")
     ap.add_argument("--model-config", choices=MODEL_CONFIGS, help="model folder written here (CPU tiny, GPU llama-8b)")
     ap.add_argument("--model-dir", type=Path, help="an existing model folder (config.json + tokenizer) instead")
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of the tables")
@@ -327,28 +381,61 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = ap.parse_args(argv)
     if len(set(args.seeds)) != len(args.seeds):
         ap.error("--seeds: each seed once")
-    if args.ablation:
-        args.setups += [n for n in ABLATION if n not in args.setups]
-    args.setups = list(dict.fromkeys(args.setups))
-    if "router" in args.setups and not router_available():
+    if args.matrix:
+        args.condition = list(MATRIX)
+    if args.replicas is not None and args.replicas < 1:
+        ap.error("--replicas must be >= 1")
+    if args.setups is not None:
+        args.setups = list(dict.fromkeys(args.setups))
+    arms = {a for name in args.condition for a in condition_setups(args, name)}
+    if "router" in arms and not router_available() and not args.estimate:
         ap.error("the 'router' set-up needs sglang-router: pip install -e '.[bench]'")
-    if args.gpu and gpu_count() == 0:
+    if args.gpu and not args.estimate and gpu_count() == 0:
         ap.error("--gpu: no CUDA device visible (torch.cuda.is_available() is False)")
     return args
 
 
+def condition_setups(args: argparse.Namespace, name: str, replicas: int | None = None) -> list[str]:
+    """The arms of condition ``name``: ``--setups`` when given, else the condition's own arms,
+    else the default three; ``--ablation`` adds each mechanism off (the routing arms only when
+    there are 2+ replicas to route between)."""
+    own = CONDITIONS[name].setups
+    names = list(args.setups or own or DEFAULT_SETUPS)
+    if args.ablation:
+        names += [n for n in ABLATION if n not in names]
+    if replicas == 1:
+        names = [n for n in names if n not in ROUTING_ARMS or n in (args.setups or ())]
+    return list(dict.fromkeys(names))
+
+
 def condition_args(args: argparse.Namespace, name: str) -> argparse.Namespace:
-    """``args`` with condition ``name``'s settings filled in (:func:`condition_settings`)."""
+    """``args`` with condition ``name``'s settings filled in (:func:`condition_settings`), its
+    arms (:func:`condition_setups`) and, under ``--matrix``, its seeds (:data:`MATRIX`)."""
     defaults = DEFAULTS["gpu" if args.gpu else "cpu"]
     out = copy.copy(args)
+    if getattr(args, "matrix", False):
+        out.seeds = list(range(MATRIX[name]))
     for k, v in condition_settings(name, {k: getattr(args, k) for k in SETTINGS}, defaults).items():
         setattr(out, k, v)
     out.condition = name
+    out.setups = condition_setups(args, name, out.replicas)
     return out
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    estimates = {}
+    for name in args.condition:                 # before anything starts: what it will cost
+        estimates[name] = estimate_condition(condition_args(args, name))
+        print_estimate(name, estimates[name], file=sys.stdout if args.estimate else sys.stderr)
+    total = sum(e["total_min"] for e in estimates.values())
+    print(f"estimated wall time of the whole run: {total:.0f} min ({len(estimates)} condition(s)); "
+          "it must run alone on the machine (docs/sglang.md)", file=sys.stderr if not args.estimate else sys.stdout)
+    if args.estimate:
+        return
+    check = wait_quiet(args.max_load, args.max_busy, args.quiet_wait)   # before starting anything
+    if not check.quiet and not args.allow_load:
+        sys.exit(f"bench_engine: {not_quiet_message(check, args)}")
     model_cfg = args.model_config or DEFAULTS["gpu" if args.gpu else "cpu"]["model_config"]
     out: dict = {"conditions": {}, "fidelity": {}}
     with tempfile.TemporaryDirectory() as tmp:
@@ -357,17 +444,19 @@ def main(argv: list[str] | None = None) -> None:
         for name in args.condition:
             cargs = condition_args(args, name)
             print(f"condition {name}: {CONDITIONS[name].doc}", file=sys.stderr)
-            res = run_condition(cargs, model, work / name)
+            res = run_condition(cargs, model, work / name, estimates[name])
             out["conditions"][name] = res
             if "simulator" in res:
                 out["fidelity"][name] = res["fidelity"]
+            if args.out:                      # a partial matrix survives a refused condition after it
+                args.out.write_text(json.dumps(out, indent=2, default=str))
     if args.out:
         args.out.write_text(json.dumps(out, indent=2, default=str))
     if args.json:
         print(json.dumps(out, indent=2, default=str))
         return
     for name, res in out["conditions"].items():
-        print_report(name, res, args.setups)
+        print_report(name, res, res["settings"]["setups"])
 
 
 def fit_profiles(wl: EngineWorkload, work: Path) -> dict[int, Path]:
@@ -387,47 +476,176 @@ def fit_profiles(wl: EngineWorkload, work: Path) -> dict[int, Path]:
     return paths
 
 
-def run_condition(args: argparse.Namespace, model: Path, work: Path) -> dict:
+def run_order(seeds: list[int], names: list[str]) -> list[tuple[int, str]]:
+    """Every (seed, arm), the arms interleaved per seed A B | B A | A B …: each arm runs first
+    and last equally often, so a drift in the machine's load over the matrix falls on all arms
+    alike (with more than two arms: forward, then reversed)."""
+    return [(seed, name) for i, seed in enumerate(seeds) for name in (names if i % 2 == 0 else names[::-1])]
+
+
+def pair_schedule(names: list[str], seeds: list[int], calibrate: bool, one_at_a_time: bool
+                  ) -> list[tuple[list[str], list[tuple[int, str]]]]:
+    """Which replica pairs are up together and which runs they serve, in order: the calibration
+    on a plain pair first and alone when no arm uses plain replicas (then stopped: no idle pair
+    beside the measured ones); then either every pair of the condition at once with the runs
+    A B | B A per seed (CPU), or one pair at a time with its own runs (``--gpu``,
+    ``--one-pair-at-a-time``; the calibration then rides with the plain pair when it is used)."""
+    pairs = list(dict.fromkeys(SETUPS[n][0] for n in names))
+    runs = run_order(seeds, names)
+    steps: list[tuple[list[str], list[tuple[int, str]]]] = []
+    if calibrate and "plain" not in pairs:
+        steps.append((["plain"], []))
+    if one_at_a_time:
+        steps += [([p], [(s, n) for s, n in runs if SETUPS[n][0] == p]) for p in pairs]
+    else:
+        steps.append((pairs, runs))
+    return steps
+
+
+#: rough CPU costs for the estimate printed before a run (seconds; measured on the 2-core machine)
+START_S = {"cpu": 60.0, "gpu": 180.0}           # per replica started (imports, mostly)
+RUN_OVERHEAD_S = 8.0                            # flush, front start/stop, quiet probe per run
+#: measured JCT / simulated JCT on CPU (docs/sglang.md: the simulator has no HTTP, tokenizer or
+#: gateway cost): the estimate scales the simulated makespan by it
+SIM_TO_WALL = 1.7
+
+
+def calibration_workload(args: argparse.Namespace) -> list[dict]:
+    """The calibration replay's records: generated coding-assistant workflows (seed 900), scaled
+    like the condition (its coding prompts' extra scale included) and capped to the pool."""
+    from store.workloads import generate
+
+    recs = [{**r, "input_tokens": r["input_tokens"] * (args.coding_token_scale or 1.0)}
+            for r in generate("coding_assistant", args.calib_workflows, seed=900)]
+    return scale_records(recs, args.token_scale, args.pool_tokens // 2, max(1, args.pool_tokens // 4))[0]
+
+
+def estimate_condition(args: argparse.Namespace, wl: EngineWorkload | None = None,
+                       profiles: dict[int, Path] | None = None, step=None, work: Path | None = None) -> dict:
+    """Before anything starts: the simulator with ``step`` (default: the machine's reference step
+    time, :data:`bench.engine_sim.REFERENCE_STEP`) on seed 0's workload under every arm gives each
+    run's makespan and the predicted ratios; the wall-time estimate adds replica starts,
+    calibration and per-run overhead."""
+    from bench.engine_sim import REFERENCE_LIMITS, REFERENCE_STEP, cluster, scaled_records, simulate_setups
+
+    machine = "gpu" if args.gpu else "cpu"
+    own_tmp = None
+    if wl is None:
+        wl = prepare_workload(args.condition, args.seeds[:1], args)
+    if profiles is None:
+        own_tmp = tempfile.TemporaryDirectory()
+        profiles = fit_profiles(wl, Path(own_tmp.name))
+    try:
+        step = step or REFERENCE_STEP[machine]
+        limits = {**REFERENCE_LIMITS, "kv_capacity_tokens": args.pool_tokens, "max_running_requests": args.max_running}
+        seed = args.seeds[0]
+        sim = simulate_setups(scaled_records(wl.replay[seed], 1.0, args.time_scale), profiles[seed],
+                              cluster(limits, step, args.replicas),
+                              args.concurrency, args.setups, preemption_threshold=args.preemption_threshold)
+    finally:
+        if own_tmp is not None:
+            own_tmp.cleanup()
+    names = args.setups
+    pairs = list(dict.fromkeys(SETUPS[n][0] for n in names))
+    calib_pair = 0 if args.no_sim or "plain" in pairs else 1
+    per_run = {n: sim[n]["makespan_s"] * SIM_TO_WALL + RUN_OVERHEAD_S for n in names}
+    runs_s = sum(per_run.values()) * len(args.seeds)
+    starts_s = START_S[machine] * args.replicas * (len(pairs) + calib_pair)
+    calib_s = 0.0 if args.no_sim else 3 * per_run[names[0]] * args.calib_workflows / max(1, args.workflows)
+    return {"condition": args.condition, "arms": names, "seeds": len(args.seeds), "replicas": args.replicas,
+            "pairs": pairs, "per_run_s": per_run, "runs_s": runs_s, "starts_s": starts_s, "calibration_s": calib_s,
+            "total_min": (runs_s + starts_s + calib_s) / 60, "step": step.source,
+            "predicted": {n: sim[n]["jct_avg_s"] for n in names},
+            "predicted_ratios": {f"{t}/{b}": sim[t]["jct_avg_s"] / sim[b]["jct_avg_s"]
+                                 for t, b in ratio_pairs(names)},
+            "settings": {k: getattr(args, k) for k in SETTINGS}}
+
+
+def print_estimate(name: str, est: dict, file=None) -> None:
+    file = file or sys.stdout
+    st = est["settings"]
+    print(f"condition {name}: {est['seeds']} seeds x {len(est['arms'])} arms ({', '.join(est['arms'])}) on "
+          f"{est['replicas']} replica(s) per arm; {st['workflows']} workflows, {st['concurrency']} in flight, "
+          f"{st['max_running']} running slots, pool {st['pool_tokens']}, tokens x{st['token_scale']}"
+          + (f" (coding prompts x{st['coding_token_scale']})" if st.get("coding_token_scale", 1) != 1 else ""),
+          file=file)
+    print(f"  estimated wall time {est['total_min']:.1f} min: runs {est['runs_s'] / 60:.1f} min ("
+          + ", ".join(f"{a} {s:.0f}s" for a, s in est["per_run_s"].items()) + " per seed), "
+          f"replica starts {est['starts_s'] / 60:.1f} min, calibration {est['calibration_s'] / 60:.1f} min",
+          file=file)
+    print("  simulator (" + est["step"] + "): " + ", ".join(f"{k} {v:.3f}" for k, v in est["predicted_ratios"].items())
+          + "  (" + ", ".join(f"{a} {v:.2f}s" for a, v in est["predicted"].items()) + ")", file=file)
+
+
+def run_condition(args: argparse.Namespace, model: Path, work: Path, est: dict | None = None) -> dict:
     """Every arm × seed of one condition on fresh replicas, then the simulator: the condition's
-    JSON object (:func:`build_output`)."""
-    from store.workloads import generate, write_jsonl
+    JSON object (:func:`build_output`). Order: the estimate (printed), the calibration replay on a
+    plain replica pair (stopped at once when no arm uses it), the simulator's prediction
+    (printed), then the runs A B | B A per seed, each after a quiet-machine check, with the CPU
+    of the replicas not being measured recorded per run."""
+    from store.workloads import write_jsonl
     from serving_hooks.replay_plan import load_plan
 
     work.mkdir(parents=True, exist_ok=True)
     names = list(args.setups)
     pairs_needed = list(dict.fromkeys(SETUPS[n][0] for n in names))
-    runs = [(seed, name) for i, seed in enumerate(args.seeds)
-            for name in names[i % len(names):] + names[:i % len(names)]]
+    runs = run_order(list(args.seeds), names)
     load_start = os.getloadavg()
     t_start = time.monotonic()
     wl = prepare_workload(args.condition, args.seeds, args)
     profiles = fit_profiles(wl, work)
+    if est is None:
+        est = estimate_condition(args, wl, profiles)
+        print_estimate(args.condition, est, file=sys.stderr)
     plans = {}
     for seed, recs in wl.replay.items():
         write_jsonl(recs, work / f"replay{seed}" / "replay.jsonl")
         plans[seed], _ = load_plan([work / f"replay{seed}"])      # lengths already scaled
     calib_plan = None
     if not args.no_sim:
-        calib = scale_records(list(generate("coding_assistant", args.calib_workflows, seed=900)), args.token_scale,
-                              args.pool_tokens // 2, max(1, args.pool_tokens // 4))[0]
-        write_jsonl(calib, work / "calib" / "calib.jsonl")
+        write_jsonl(calibration_workload(args), work / "calib" / "calib.jsonl")
         calib_plan, _ = load_plan([work / "calib"])
 
     rows: dict[str, dict[int, dict]] = {n: {} for n in names}
     engine: dict[str, list[dict]] = {}      # per pair, per replica, over the whole condition
-    state: dict = {"calib": [], "limits_log": "", "k": 0}
+    state: dict = {"calib": [], "limits_log": "", "k": 0, "sim": None}
+
+    def calibrate_and_predict(plain: list[SGLangServer]) -> None:
+        print("  calibration replay (one plain replica, 1 then 2 workflows in flight)", file=sys.stderr)
+        state["calib"] = calibration_records(plain, calib_plan, args)
+        state["limits_log"] = plain[0].log_text()
+        state["sim"] = simulate(args, names, wl.replay, state["calib"], state["limits_log"], profiles)
+        pred = state["sim"]["ratios"]
+        print("  simulator, calibrated to these replicas, predicts: "
+              + ", ".join(f"{k} {v['mean_avg']:.3f}" for k, v in pred.items())
+              + "  (" + ", ".join(f"{a} {state['sim']['arms'][a]:.2f}s" for a in names) + ")", file=sys.stderr)
 
     def do_runs(pair_servers: dict[str, list[SGLangServer]], todo: list[tuple[int, str]]) -> None:
         for seed, name in todo:
             state["k"] += 1
-            rows[name][seed] = s = run_setup(name, pair_servers[SETUPS[name][0]], profiles[seed],
-                                             plans[seed], seed, args, work)
+            check = wait_quiet(args.max_load, args.max_busy, args.quiet_wait)
+            if not check.quiet and not args.allow_load:
+                raise MachineNotQuiet(not_quiet_message(check, args))
+            pair = SETUPS[name][0]
+            idle = [SessionCPU([s.proc.pid]).start() for p, v in pair_servers.items() if p != pair for s in v if s.proc]
+            la0 = list(os.getloadavg())
+            rows[name][seed] = s = run_setup(name, pair_servers[pair], profiles[seed], plans[seed], seed, args, work)
+            each = [w.stop() for w in idle]
+            s["idle_replicas_cpu"] = max(each) if each else None      # the busiest idle replica, share of a core
+            s["idle_replicas_cpu_each"] = each
+            s["quiet_check"] = check.to_dict()
+            s["load_average"] = {"start": la0, "end": list(os.getloadavg())}
             q = s["queue_depth"]
+            icpu = s["idle_replicas_cpu"]
             print(f"  [{state['k']}/{len(runs)}] {name} seed {seed}: JCT avg {s['jct_avg_s']:.2f}s "
                   f"p95 {s['jct_p95_s']:.2f}s, errors {s['errors']}, cached {s['cached_fraction'] or 0:.1%}, "
-                  f"queue mean {q['mean'] if q['mean'] is None else round(q['mean'], 2)} max {q['max']}"
+                  f"queue mean {q['mean'] if q['mean'] is None else round(q['mean'], 2)} max {q['max']} "
+                  f"non-empty {q['nonempty_share'] if q['nonempty_share'] is None else round(q['nonempty_share'], 2)}"
                   + (f", annotate {s['annotate_outcomes']}" if s["annotate_outcomes"] else "")
-                  + f"  ({(time.monotonic() - t_start) / 60:.1f} min elapsed, load {os.getloadavg()[0]:.1f})",
+                  + (f", busiest idle replica {icpu:.1%} of a core" + (" (OVER 2%)" if icpu > IDLE_CPU_LIMIT else "")
+                     if icpu is not None else "")
+                  + f"  ({(time.monotonic() - t_start) / 60:.1f} min elapsed, load {la0[0]:.1f} -> "
+                  f"{s['load_average']['end'][0]:.1f}{'' if check.quiet else ', NOT QUIET'})",
                   file=sys.stderr)
 
     def stop_all(pairs: dict[str, list[SGLangServer]]) -> None:
@@ -452,39 +670,80 @@ def run_condition(args: argparse.Namespace, model: Path, work: Path) -> dict:
             if failed:
                 raise failed[0]
             if "plain" in pairs and calib_plan is not None and not state["calib"]:
-                print("  calibration replay (one plain replica, 1 then 2 workflows in flight)", file=sys.stderr)
-                state["calib"] = calibration_records(pairs["plain"], calib_plan, args)
-                state["limits_log"] = pairs["plain"][0].log_text()
+                calibrate_and_predict(pairs["plain"])
             do_runs(pairs, todo)
         finally:
             stop_all(pairs)
 
-    if args.gpu or args.one_pair_at_a_time:     # one pair at a time: two 8B replicas fill one GPU
-        for pair in (["plain"] if calib_plan is not None and "plain" not in pairs_needed else []) + pairs_needed:
-            with_pairs([pair], [(s, n) for s, n in runs if SETUPS[n][0] == pair])
-    else:                                       # every pair up at once, arms interleaved per seed
-        with_pairs(list(dict.fromkeys((["plain"] if calib_plan is not None else []) + pairs_needed)), runs)
-
-    out = build_output(args, names, rows, engine)
+    refused = None
+    try:
+        for wanted, todo in pair_schedule(names, list(args.seeds), calib_plan is not None,
+                                          args.gpu or args.one_pair_at_a_time):
+            with_pairs(wanted, todo)
+        if "plain" not in pairs_needed:         # the calibration's replicas: no arm's counters
+            engine.pop("plain", None)
+    except MachineNotQuiet as e:
+        refused = str(e)
+        print(f"  REFUSED: {refused}", file=sys.stderr)
+    done_seeds = [s for s in args.seeds if all(s in rows[n] for n in names)]
+    out = build_output(args, names, rows, engine, done_seeds)
+    out["estimate"] = est
+    if refused:
+        out["refused"] = refused
     out["workload"] = {"condition": args.condition, "doc": CONDITIONS[args.condition].doc,
                        "calls_per_seed": {s: len(r) for s, r in wl.replay.items()},
                        "workflows_per_seed": {s: len({x["workflow_id"] for x in r}) for s, r in wl.replay.items()},
                        "capped_calls": wl.capped_calls, "profiles": len(set(profiles.values())), "notes": wl.notes}
     out["load_average"] = {"start": list(load_start), "end": list(os.getloadavg()),
                            "cpus": os.cpu_count(), "minutes": (time.monotonic() - t_start) / 60}
-    if calib_plan is not None:
-        out["simulator"] = simulate(args, names, wl.replay, state["calib"], state["limits_log"], profiles)
-        out["fidelity"] = fidelity(out["ratios"], out["simulator"]["ratios"])
+    if state["sim"] is not None:
+        sim = state["sim"]
+        out["simulator"] = sim
+        out["prefill_share"] = prefill_share(state["calib"], sim["step"], wl.replay)
+        sim_arms = {n: float(np.mean([sim["seeds"][s][n]["jct_avg_s"] for s in done_seeds])) if done_seeds else None
+                    for n in names}             # over the seeds measured (all, unless refused part way)
+        out["fidelity"] = fidelity(out["ratios"], ratios({s: sim["seeds"][s] for s in done_seeds}, names),
+                                   {n: out["arms"][n]["jct_avg_s"] for n in names}, sim_arms)
     return out
 
 
+def not_quiet_message(check, args: argparse.Namespace) -> str:
+    return (f"the machine is not quiet after {check.waited_s:.0f}s (load average {check.load_average[0]:.2f} on "
+            f"{check.cpus} CPUs, limit {args.max_load} x cores; {check.busy_share:.0%} of the cores busy with no arm "
+            f"running, limit {args.max_busy:.0%}): this bench must run alone (docs/sglang.md); --allow-load runs "
+            "anyway and marks the runs")
+
+
+class MachineNotQuiet(RuntimeError):
+    """The machine stayed loaded for ``--quiet-wait`` seconds before a run (and no ``--allow-load``)."""
+
+
+def prefill_share(calib: list[dict], step: dict, replay: dict[int, list[dict]]) -> dict:
+    """How much of a call's time prefill is on these replicas: ``calibration`` — measured, the
+    calibration replay's calls served one workflow at a time (Σ TTFT / Σ latency: no queue in
+    the TTFT); ``model`` — the calibrated step time on the condition's replayed calls served
+    alone (prefill p0 + a·prompt against decode t0 per output token)."""
+    alone = [r for r in calib if r.get("status") == "ok" and r.get("t_first_token") is not None
+             and r.get("calib_concurrency") == 1] or \
+        [r for r in calib if r.get("status") == "ok" and r.get("t_first_token") is not None]
+    lat = sum(float(r["t_finish"]) - float(r["t_arrival"]) for r in alone)
+    ttft = sum(float(r["t_first_token"]) - float(r["t_arrival"]) for r in alone)
+    recs = [r for rs in replay.values() for r in rs]
+    pre = sum(step["prefill_t0"] + step["a"] * r["input_tokens"] for r in recs)
+    dec = sum(step["t0"] * r["output_tokens"] for r in recs)
+    return {"calibration": ttft / lat if lat > 0 else None, "model": pre / (pre + dec) if pre + dec > 0 else None,
+            "calibration_calls": len(alone)}
+
+
 def build_output(args: argparse.Namespace, names: list[str], rows: dict[str, dict[int, dict]],
-                 engine: dict[str, list[dict]]) -> dict:
+                 engine: dict[str, list[dict]], seeds: list[int] | None = None) -> dict:
     """The condition's JSON: settings, per seed and arm, per arm (with the plugin's counters when
-    the arm has its replica pair to itself), and the ratios with their intervals."""
+    the arm has its replica pair to itself), and the ratios with their intervals (seeds whose
+    queue stayed empty withheld; ``seeds``: those every arm finished, default all)."""
+    seeds = list(args.seeds) if seeds is None else seeds
     settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
     per_seed = {seed: {n: {k: v for k, v in rows[n][seed].items() if k != "queue_samples"} for n in names}
-                for seed in args.seeds}
+                for seed in seeds}
     pair_arms: dict[str, list[str]] = {}
     for n in names:
         pair_arms.setdefault(SETUPS[n][0], []).append(n)
@@ -493,22 +752,27 @@ def build_output(args: argparse.Namespace, names: list[str], rows: dict[str, dic
         pair = SETUPS[n][0]
         own = engine.get(pair) if len(pair_arms[pair]) == 1 else None
         arms[n] = {"replicas": pair, "front": SETUPS[n][1],
-                   **arm_summary([rows[n][s] for s in args.seeds], own)}
+                   **arm_summary([rows[n][s] for s in seeds], own)}
+        idle = [rows[n][s].get("idle_replicas_cpu") for s in seeds if rows[n][s].get("idle_replicas_cpu") is not None]
+        arms[n]["idle_replicas_cpu_max"] = max(idle) if idle else None
         if own is None and pair in engine:      # the plain pair: plugin off, counters shared by its arms
             arms[n]["plugin"] = "/".join(r["plugin"] for r in engine[pair])
             arms[n]["plugin_counters"] = {}
-    return {"settings": settings, "seeds": per_seed, "arms": arms, "ratios": ratios(per_seed, names),
-            "engine_counters": engine}
+    quiet = [rows[n][s]["quiet_check"]["quiet"] for n in names for s in seeds if "quiet_check" in rows[n][s]]
+    return {"settings": settings, "seeds": per_seed, "arms": arms,
+            "ratios": ratios(per_seed, names, min_queue_share=getattr(args, "min_queue_share", None)),
+            "engine_counters": engine, "all_runs_quiet": all(quiet) if quiet else None}
 
 
 def simulate(args: argparse.Namespace, names: list[str], raw: dict[int, list[dict]], calib: list[dict],
              limits_log: str, profiles: dict[int, Path]) -> dict:
-    """Calibrate on the calibration replay, then simulate every seed's trace (see bench.engine_sim)."""
+    """Calibrate on the calibration replay, then simulate every seed's trace (see bench.engine_sim):
+    per seed and arm (``seeds.<seed>.<arm>.jct_avg_s``), per arm the mean over seeds, the ratios."""
     from bench.engine_sim import calibrate, cluster, scaled_records, server_limits, simulate_setups
 
     step = calibrate(calib, source=f"calibration replay on SGLang ({len(calib)} calls)")
     limits = server_limits(limits_log)
-    cfg = cluster(limits, step)
+    cfg = cluster(limits, step, args.replicas)
     print(f"  simulator: decode step t0={step.t0 * 1e3:.2f} ms + c={step.c:.3g} s per KV token; prefill "
           f"p0={step.prefill_t0 * 1e3:.1f} ms + a={step.a * 1e3:.3f} ms/token + a_ctx={step.a_ctx * 1e3:.4f} ms/token "
           f"(MdAPE prefill {step.prefill_mdape:.2f} on {step.n_prefill} calls, decode {step.decode_mdape:.2f} "
@@ -516,11 +780,12 @@ def simulate(args: argparse.Namespace, names: list[str], raw: dict[int, list[dic
     seeds = {seed: simulate_setups(scaled_records(raw[seed], 1.0, args.time_scale), profiles[seed], cfg,
                                    args.concurrency, names, preemption_threshold=args.preemption_threshold)
              for seed in args.seeds}
-    return {"step": step.to_dict(), "limits": limits, "seeds": seeds, "ratios": ratios(seeds, names)}
+    arms = {n: float(np.mean([seeds[s][n]["jct_avg_s"] for s in args.seeds])) for n in names}
+    return {"step": step.to_dict(), "limits": limits, "seeds": seeds, "arms": arms, "ratios": ratios(seeds, names)}
 
 
 SHORT = {"round-robin": "RR", "router": "router", "routing-only": "routing", "hints": "hints",
-         "no-priority": "no-prio", "no-retention": "no-ret", "no-prefetch": "no-pref"}
+         "no-priority": "no-prio", "no-retention": "no-ret", "no-prefetch": "no-pref", "no-routing": "no-rout"}
 
 
 def _ci(ci: list) -> str:
@@ -532,7 +797,8 @@ def print_report(name: str, out: dict, names: list[str]) -> None:
     print(f"\n== condition {name}: {out['workload']['doc']} ==")
     print(f"{len(st['seeds'])} seeds x {st['workflows']} workflows, {st['concurrency']} in flight, pool "
           f"{st['pool_tokens']} tokens, {st['max_running']} running slots per replica, time x{st['time_scale']}, "
-          f"tokens x{st['token_scale']}; load average {la['start'][0]:.1f} -> {la['end'][0]:.1f} on "
+          f"tokens x{st['token_scale']}, {st['replicas']} replica(s) per arm; load average "
+          f"{la['start'][0]:.1f} -> {la['end'][0]:.1f} on "
           f"{la['cpus']} CPUs, {la['minutes']:.1f} min")
     head = f"{'seed':>4} " + " ".join(f"{SHORT[n] + ' avg':>12} {SHORT[n] + ' p95':>12}" for n in names)
     print("measured JCT (s) and prompt share served from cache")
@@ -558,14 +824,34 @@ def print_report(name: str, out: dict, names: list[str]) -> None:
     print(f"\n{'ratio, mean of ' + str(n_seeds) + ' seeds':<26} {'avg':>6} {'95% interval':>14} {'p95':>6} "
           f"{'95% interval':>14}" + (f" {'sim avg':>8} {'sim err':>8}" if sim else ""))
     for key, r in out["ratios"].items():
+        if r["mean_avg"] is None:
+            print(f"{key:<26} {r.get('refused') or 'no seed'}")
+            continue
         line = (f"{key:<26} {r['mean_avg']:>6.3f} {_ci(r['ci_avg']):>14} {r['mean_p95']:>6.3f} "
                 f"{_ci(r['ci_p95']):>14}")
         if sim and key in sim["ratios"]:
-            f = out["fidelity"].get(key)
-            line += f" {sim['ratios'][key]['mean_avg']:>8.3f} {(f['rel_error'] if f else float('nan')):>+8.1%}"
+            f = out["fidelity"]["ratios"].get(key)
+            f = f if f and f["pass"] is not None else None
+            line += (f" {sim['ratios'][key]['mean_avg']:>8.3f} {(f['abs_error'] if f else float('nan')):>+8.3f}"
+                     + (f" {'pass' if f['pass'] else 'FAIL'}" if f else ""))
+        if r.get("withheld"):
+            line += f"   ({len(r['withheld'])} seed(s) withheld: queue empty most of the time)"
         print(line)
     print("(ratio < 1: the arm's JCT is shorter than the baseline's; interval: Student t over seeds; "
-          "sim err: simulated / measured - 1)")
+          "sim err: simulated - measured ratio, pass within 0.05)")
+    if sim:
+        fa = out["fidelity"]["arms"]
+        print("simulated vs measured avg JCT per arm (pass within 15 %): "
+              + ", ".join(f"{a} {v['simulated']:.2f}/{v['measured']:.2f}s {v['rel_error']:+.0%} "
+                          f"{'pass' if v['pass'] else 'FAIL'}" for a, v in fa.items())
+              + "; fidelity " + {True: "PASS", False: "FAIL", None: "not judged (a ratio was refused)"}[
+                  out["fidelity"]["pass"]])
+        ps = out.get("prefill_share") or {}
+        if ps.get("calibration") is not None:
+            print(f"prefill share of a call's time served alone: measured {ps['calibration']:.0%} (calibration "
+                  f"replay), step model on this workload {ps['model']:.0%}")
+    if out.get("refused"):
+        print(f"REFUSED part way: {out['refused']}")
 
 
 if __name__ == "__main__":

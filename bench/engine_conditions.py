@@ -14,26 +14,32 @@ between conditions can be read as that one thing's effect:
                     (:data:`simulator.scenarios.PLATFORM_MIX`, :func:`simulator.sources.mixed`)
 ==================  =====================================================================
 
-A condition fills only what the command line left unset: ``--condition tight-pool
---pool-tokens 900`` runs a 900-token pool. Every workload is prepared the same way: the records
-are scaled to the replay's lengths (``× --token-scale``, prompts capped at half the KV pool and
-outputs at a quarter, so no call can exceed a replica's pool; the number capped is reported),
-the profile is fitted on *other* workflows of the same applications, scaled alike and put on the
-replay's clock (:func:`serving_hooks.replay_plan.on_replay_clock`), and each seed replays a
-disjoint set of workflows:
+Three more are built for contention (issue 34): each names the arms it compares and sets the
+replicas, so that a queue forms and only one thing differs between its arms. Their settings were
+picked with ``bench/bench_engine.py --estimate`` (the simulator with the machine's reference step
+time) where it predicts a gain of at least 15 % (docs/sglang.md gives the grid):
 
-* generated (``default`` … ``recorded-gaps``): fit on 80 workflows of seed 1000, seed ``s``
-  replays ``--workflows`` workflows generated with seed ``s``;
-* ``multi-agent``: the trace split by workflow (``profiler split``'s rule, 70 % train, split
-  seed 0); the test side is shuffled once (seed 0) and seed ``s`` replays its slice
-  ``[s·k, (s+1)·k)`` (wrapping when the seeds ask for more workflows than the side holds);
-* ``agent-platform``: per seed ``s`` the simulator's own mix, ``mixed(PLATFORM_MIX, k, seed=s)``
-  — its split, its share per application, its generated workflows — and a profile fitted on
-  that seed's train side (so one profile per seed).
+=======================  ================================================================
+``contention``           ONE replica, the agent-platform mix, 3/8 of the default running
+                         slots and 4 x the slots in flight; arms ``round-robin`` (plain
+                         SGLang behind the same gateway) and ``hints``: only the hints differ
+``kv-pressure``          one replica, the mix with the coding sessions' prompts x 4 more
+                         tokens (prefill-dominated), a 4,000-token pool that the sessions in
+                         flight overfill (eviction during tool gaps); arms ``hints`` and
+                         ``no-retention``: retention and prefetch are what is tested
+``platform-contention``  two replicas, the mix, half the slots, 3 x the slots in flight;
+                         arms ``router`` (the real sglang-router) and ``hints``
+=======================  ================================================================
+
+A condition fills only what the command line left unset (``--condition tight-pool --pool-tokens
+900`` runs a 900-token pool). Every workload is scaled to the replay's lengths, its profile fitted
+on *other* workflows of the same applications and put on the replay's clock, and each seed replays
+a disjoint set of workflows: docs/sglang.md ("How each condition's workload is prepared") says how.
 """
 from __future__ import annotations
 
 import argparse
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -58,6 +64,11 @@ class Condition:
     workload: str                      # coding-assistant | multi-agent | agent-platform
     doc: str
     overrides: dict[str, Callable[[float], float]] = field(default_factory=dict)
+    #: the arms this condition compares (None: the command line's ``--setups``)
+    setups: tuple[str, ...] | None = None
+    #: workflows in flight per running slot of the cluster (``--concurrency`` = this ×
+    #: ``--max-running`` × ``--replicas`` unless given); None: the concurrency setting as is
+    in_flight_per_slot: float | None = None
 
 
 CONDITIONS: dict[str, Condition] = {c.name: c for c in (
@@ -70,7 +81,24 @@ CONDITIONS: dict[str, Condition] = {c.name: c for c in (
               {"time_scale": lambda d: 1.0}),
     Condition("multi-agent", "multi-agent", f"real multi-agent trace ({MULTI_AGENT_TRACE}: Who&When)"),
     Condition("agent-platform", "agent-platform", "the simulator's agent-platform mix of six applications"),
+    Condition("contention", "agent-platform",
+              "one replica, the agent-platform mix, 4 x its running slots in flight: round robin vs hints",
+              {"replicas": lambda d: 1, "max_running": lambda d: max(2, int(d) * 3 // 8),
+               "workflows": lambda d: int(1.125 * d)},
+              setups=("round-robin", "hints"), in_flight_per_slot=4.0),
+    Condition("kv-pressure", "agent-platform",
+              "one replica, prefill-dominated coding prompts (x4 tokens), a pool the sessions overfill: "
+              "hints vs no-retention",
+              {"replicas": lambda d: 1, "max_running": lambda d: max(2, int(d) // 2),
+               "pool_tokens": lambda d: int(2 * d), "coding_token_scale": lambda d: 4.0},
+              setups=("hints", "no-retention"), in_flight_per_slot=2.0),
+    Condition("platform-contention", "agent-platform",
+              "two replicas, the agent-platform mix, 3 x the running slots in flight: sglang-router vs hints",
+              {"max_running": lambda d: max(2, int(d) // 2), "workflows": lambda d: int(1.5 * d)},
+              setups=("router", "hints"), in_flight_per_slot=3.0),
 )}
+#: the mix's long single-agent coding sessions (``--coding-token-scale`` multiplies their prompts)
+CODING_APPS = frozenset({"swe-agent", "mini-swe-agent", "coding-assistant"})
 
 
 def condition_settings(name: str, given: dict[str, object], defaults: dict[str, object]) -> dict[str, object]:
@@ -87,6 +115,8 @@ def condition_settings(name: str, given: dict[str, object], defaults: dict[str, 
             out[key] = cond.overrides[key](default)
         else:
             out[key] = default
+    if cond.in_flight_per_slot is not None and given.get("concurrency") is None and "max_running" in out:
+        out["concurrency"] = int(math.ceil(cond.in_flight_per_slot * out["max_running"] * out.get("replicas", 1)))
     return out
 
 
@@ -122,6 +152,16 @@ def seed_slice(workflow_ids: list[str], seed: int, k: int) -> list[str]:
     return [order[(seed * k + i) % len(order)] for i in range(min(k, len(order)))]
 
 
+def coding_prompts(records: list[dict], factor: float) -> list[dict]:
+    """``records`` with the prompts of the mix's coding sessions (:data:`CODING_APPS`, by the
+    ``app:`` in front of the workflow id) × ``factor`` (outputs as they are): prompts long enough
+    that prefill is most of a call's time. ``factor`` 1 returns ``records`` itself."""
+    if factor == 1.0:
+        return records
+    return [{**r, "input_tokens": r["input_tokens"] * factor}
+            if str(r.get("workflow_id", "")).split(":", 1)[0] in CODING_APPS else r for r in records]
+
+
 @dataclass
 class EngineWorkload:
     """What one condition replays: per seed the records (lengths scaled and capped, recorded
@@ -148,14 +188,16 @@ def prepare_workload(name: str, seeds: list[int], args: argparse.Namespace) -> E
 
     cap_in, cap_out = args.pool_tokens // 2, max(1, args.pool_tokens // 4)
     capped = [0]
+    coding = float(getattr(args, "coding_token_scale", 1.0) or 1.0)
 
     def scaled(records: list[dict]) -> list[dict]:
-        out, n = scale_records(records, args.token_scale, cap_in, cap_out)
+        out, n = scale_records(coding_prompts(records, coding), args.token_scale, cap_in, cap_out)
         capped[0] += n
         return out
 
     def clocked(records: list[dict]) -> list[dict]:
-        return on_replay_clock(scale_records(records, args.token_scale, cap_in, cap_out)[0], args.time_scale)
+        return on_replay_clock(scale_records(coding_prompts(records, coding), args.token_scale, cap_in, cap_out)[0],
+                               args.time_scale)
 
     workload = CONDITIONS[name].workload
     notes: list[str] = []

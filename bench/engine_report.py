@@ -13,8 +13,16 @@
 * **Engine counters** — the plugin's own counter names from its last ``agent-workflow plugin
   counters:`` line (cumulative since start; ``requeued_preempted``/``requeued_retracted`` are
   re-prefills, ``prefetch_*`` the host staging), and SGLang's ``#retracted_reqs`` lines.
-* **Fidelity** — the simulator's mean ratio against the measured one per ratio: relative error
-  ``simulated / measured − 1`` (:func:`fidelity`); the issue's target is within 10 %.
+* **An empty queue refuses a ratio** — with no waiting queue the policies have nothing to
+  reorder and a ratio measures the machine's noise. A run's ``queue_depth.nonempty_share`` is
+  the share of its batch samples with ``#queue-req`` > 0; a seed whose baseline or treatment run
+  has it below ``min_queue_share`` (:data:`MIN_QUEUE_SHARE`, "empty most of the time") is
+  withheld from that ratio (``withheld``: seed and reason), and a ratio with no seed left says
+  so (``refused``) instead of a mean.
+* **Fidelity** — per ratio the simulator's mean against the measured one (``abs_error``, judged
+  within :data:`RATIO_TOLERANCE` = 0.05) and per arm its mean avg JCT against the measured one
+  (``rel_error`` = simulated / measured − 1, judged within :data:`ARM_TOLERANCE` = 15 %); each
+  with ``pass`` and the condition's ``pass`` over all (:func:`fidelity`).
 """
 from __future__ import annotations
 
@@ -27,6 +35,10 @@ from scipy import stats
 
 #: the baselines every other arm is divided by (the router also by round robin)
 BASELINES = ("round-robin", "router")
+#: a run whose queue was non-empty in fewer batch samples than this had no contention
+MIN_QUEUE_SHARE = 0.5
+#: fidelity thresholds: the simulated ratio within 0.05 of the measured, each arm within 15 %
+RATIO_TOLERANCE, ARM_TOLERANCE = 0.05, 0.15
 _BATCH = re.compile(r"(?:Prefill|Decode) batch.*?#running-req: (\d+).*?#queue-req: (\d+)")
 
 
@@ -48,23 +60,47 @@ def t_interval(values: Sequence[float], level: float = 0.95) -> dict:
 
 def ratio_pairs(names: Sequence[str]) -> list[tuple[str, str]]:
     """``(treatment, baseline)`` for every arm against each baseline run (never an arm against
-    itself; the router against round robin, not the reverse)."""
+    itself; the router against round robin, not the reverse). Without a baseline arm (an
+    ablation-only condition such as ``kv-pressure``: hints vs no-retention) the first arm is
+    the treatment of every other."""
     bases = [b for b in BASELINES if b in names]
+    if not bases and len(names) > 1:
+        return [(names[0], b) for b in names[1:]]
     return [(t, b) for b in bases for t in names
             if t != b and not (t == "round-robin" and b == "router")]
 
 
-def ratios(per_seed: Mapping[int, Mapping[str, Mapping]], names: Sequence[str], level: float = 0.95) -> dict:
+def _queue_withheld(run: Mapping, min_queue_share: float) -> str | None:
+    share = (run.get("queue_depth") or {}).get("nonempty_share")
+    if share is None or share >= min_queue_share:
+        return None
+    return f"queue empty in {1 - share:.0%} of batch samples"
+
+
+def ratios(per_seed: Mapping[int, Mapping[str, Mapping]], names: Sequence[str], level: float = 0.95,
+           min_queue_share: float | None = None) -> dict:
     """Per ``treatment/baseline``: the per-seed ratios of avg and P95 workflow JCT, their means
-    and t-intervals (``ci_avg``, ``ci_p95``: ``[lo, hi]``)."""
+    and t-intervals (``ci_avg``, ``ci_p95``: ``[lo, hi]``). With ``min_queue_share``, a seed
+    whose treatment or baseline run had a queue empty most of the time is left out
+    (``withheld``); ``refused`` says why when no seed is left."""
     out: dict[str, dict] = {}
     for treat, base in ratio_pairs(names):
-        avg = [v[treat]["jct_avg_s"] / v[base]["jct_avg_s"] for v in per_seed.values()]
-        p95 = [v[treat]["jct_p95_s"] / v[base]["jct_p95_s"] for v in per_seed.values()]
+        withheld, kept = [], []
+        for seed, v in per_seed.items():
+            why = None if min_queue_share is None else (
+                _queue_withheld(v[base], min_queue_share) or _queue_withheld(v[treat], min_queue_share))
+            if why:
+                withheld.append({"seed": seed, "reason": why})
+            else:
+                kept.append(v)
+        avg = [v[treat]["jct_avg_s"] / v[base]["jct_avg_s"] for v in kept]
+        p95 = [v[treat]["jct_p95_s"] / v[base]["jct_p95_s"] for v in kept]
         ia, ip = t_interval(avg, level), t_interval(p95, level)
         out[f"{treat}/{base}"] = {"avg": avg, "p95": p95, "mean_avg": ia["mean"], "ci_avg": [ia["lo"], ia["hi"]],
                                   "mean_p95": ip["mean"], "ci_p95": [ip["lo"], ip["hi"]], "n": ia["n"],
-                                  "level": level}
+                                  "level": level, "withheld": withheld,
+                                  "refused": (f"no ratio: the queue was empty most of the time in every seed "
+                                              f"({len(withheld)} withheld)") if withheld and not kept else None}
     return out
 
 
@@ -78,10 +114,11 @@ def queue_summary(queues: Sequence[int], running: Sequence[int]) -> dict:
     """Mean, median, P90 and max of the waiting queue over the batch samples, and of the running
     batch (``running_mean``/``running_max``)."""
     if not queues:
-        return {"samples": 0, "mean": None, "median": None, "p90": None, "max": None,
+        return {"samples": 0, "nonempty_share": None, "mean": None, "median": None, "p90": None, "max": None,
                 "running_mean": None, "running_max": None}
     q, r = np.asarray(queues, dtype=float), np.asarray(running, dtype=float)
-    return {"samples": int(q.size), "mean": float(q.mean()), "median": float(np.median(q)),
+    return {"samples": int(q.size), "nonempty_share": float((q > 0).mean()), "mean": float(q.mean()),
+            "median": float(np.median(q)),
             "p90": float(np.percentile(q, 90)), "max": int(q.max()),
             "running_mean": float(r.mean()), "running_max": int(r.max())}
 
@@ -130,15 +167,35 @@ def arm_summary(runs: Sequence[Mapping], replicas: Sequence[Mapping] | None) -> 
     return out
 
 
-def fidelity(measured: Mapping[str, Mapping], simulated: Mapping[str, Mapping], tolerance: float = 0.10) -> dict:
-    """Per ratio both sides have: measured and simulated mean avg-JCT ratio, the relative error
-    ``simulated / measured − 1`` and whether it is within ``tolerance``."""
-    out = {}
+def fidelity(measured: Mapping[str, Mapping], simulated: Mapping[str, Mapping],
+             measured_arms: Mapping[str, float | None] | None = None,
+             simulated_arms: Mapping[str, float | None] | None = None,
+             ratio_tolerance: float = RATIO_TOLERANCE, arm_tolerance: float = ARM_TOLERANCE) -> dict:
+    """The simulator judged against the engine. ``ratios``: per ratio both sides have, the
+    measured and simulated mean avg-JCT ratio, ``abs_error`` (simulated − measured),
+    ``rel_error`` and ``pass`` (``|abs_error|`` ≤ ``ratio_tolerance``); ``arms``: per arm the
+    mean avg JCT over seeds measured and simulated, ``rel_error`` and ``pass``
+    (``|rel_error|`` ≤ ``arm_tolerance``); ``pass``: every judged entry passed (None: nothing
+    to judge, or a measured ratio was refused — its entry says why)."""
+    out: dict = {"ratios": {}, "arms": {}, "thresholds": {"ratio_abs": ratio_tolerance, "arm_rel": arm_tolerance}}
     for key, m in measured.items():
         s = simulated.get(key)
-        if s is None or not m.get("mean_avg") or s.get("mean_avg") is None:
+        if s is None or s.get("mean_avg") is None:
             continue
-        err = s["mean_avg"] / m["mean_avg"] - 1
-        out[key] = {"measured": m["mean_avg"], "measured_ci": m.get("ci_avg"), "simulated": s["mean_avg"],
-                    "rel_error": err, "within_tolerance": abs(err) <= tolerance, "tolerance": tolerance}
+        if not m.get("mean_avg"):              # the measured ratio was refused: nothing to judge it by
+            out["ratios"][key] = {"measured": None, "simulated": s["mean_avg"], "abs_error": None,
+                                  "rel_error": None, "pass": None, "why": m.get("refused")}
+            continue
+        diff = s["mean_avg"] - m["mean_avg"]
+        out["ratios"][key] = {"measured": m["mean_avg"], "measured_ci": m.get("ci_avg"), "simulated": s["mean_avg"],
+                              "abs_error": diff, "rel_error": s["mean_avg"] / m["mean_avg"] - 1,
+                              "pass": abs(diff) <= ratio_tolerance}
+    for arm, mv in (measured_arms or {}).items():
+        sv = (simulated_arms or {}).get(arm)
+        if not mv or sv is None:
+            continue
+        err = sv / mv - 1
+        out["arms"][arm] = {"measured": mv, "simulated": sv, "rel_error": err, "pass": abs(err) <= arm_tolerance}
+    judged = [v["pass"] for part in ("ratios", "arms") for v in out[part].values()]
+    out["pass"] = None if not judged or None in judged else all(judged)
     return out

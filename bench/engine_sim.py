@@ -7,8 +7,9 @@ replays the same trace under every set-up of the bench.
   (calls served alone fit the prefill, every call the decode), with a prefill intercept (the
   fixed cost of a call on a small engine).
 * **Cluster** — what the servers report at start-up (``max_total_num_tokens``,
-  ``chunked_prefill_size``, ``max_running_requests`` from their log), 2 replicas, no host tier
-  (the bench runs without HiCache).
+  ``chunked_prefill_size``, ``max_running_requests`` from their log), the bench's replicas; a
+  host tier of 2 × the pool for the arms whose replicas run HiCache (:data:`HICACHE_ARMS`:
+  hints and its ablations, ``--hicache-ratio 2``), none for the plain ones.
 * **Trace** — the replayed records with the replay's scaling: token counts as
   ``serving_hooks.replay_plan.load_plan`` scales them, every timestamp × ``time_scale`` (so the
   gaps and root offsets shrink as in the replay); a closed population of ``concurrency``
@@ -20,12 +21,13 @@ replays the same trace under every set-up of the bench.
   *least-loaded* worker, not the one with the smallest tree, and the tree is trimmed every
   60 s, not 120 s); the gateway
   with the plugin → ``ours`` with priority preemption at the hints replicas' threshold (the
-  bench's ``--preemption-threshold``), no pre-prefill (the SGLang plugin has none) and no
-  prefetch (no host tier in the simulated cluster, though the hints replicas have one: a known
-  gap); the ablations: ``routing-only`` → ``ours`` with only its capacity router on (FCFS, LRU),
+  bench's ``--preemption-threshold``), no pre-prefill (the SGLang plugin has none) and the
+  plugin's prefetch into that host tier; the ablations: ``routing-only`` → ``ours`` with only
+  its capacity router on (FCFS, LRU),
   ``no-priority`` → ``ours-no-priority``, ``no-retention`` → ``ours-no-keepdrop``,
-  ``no-prefetch`` → ``ours-no-prefetch`` (the same as hints here). The profile is the bench's
-  own (per seed where the condition fits one per seed).
+  ``no-prefetch`` → ``ours-no-prefetch`` (the host tier without staging), ``no-routing`` →
+  ``ours-no-capacity`` (round-robin routing). The profile is the bench's own (per seed where the
+  condition fits one per seed).
 
 Every workflow counts (no warm-up window), as in the measured replay.
 """
@@ -40,7 +42,7 @@ import numpy as np
 from simulator.baselines.caches import LRU
 from simulator.baselines.routers import CacheAware
 from simulator.baselines.schedulers import FCFS
-from simulator.calibration import StepTimeModel, fit_step_time, mark_concurrency
+from simulator.calibration import SWE_AGENT_GLM45, StepTimeModel, fit_step_time, mark_concurrency
 from simulator.config import ClusterConfig
 from simulator.engine import Simulator
 from simulator.metrics import summarize
@@ -51,11 +53,16 @@ from simulator.workload import Workload, workload_from_records
 #: bench set-up -> simulator policy
 SIM_POLICIES = {"round-robin": "sglang-rr", "router": "sglang-router-0.3.2", "hints": "ours",
                 "routing-only": "ours-routing-only", "no-priority": "ours-no-priority",
-                "no-retention": "ours-no-keepdrop", "no-prefetch": "ours-no-prefetch"}
+                "no-retention": "ours-no-keepdrop", "no-prefetch": "ours-no-prefetch",
+                "no-routing": "ours-no-capacity"}
 #: what the engine arms have that the simulator's ``ours`` switches separately: the SGLang plugin
 #: has no pre-prefill (only the simulator does), and "routing-only" is the gateway's capacity
 #: routing in front of plain SGLang (FCFS, LRU, no keep/drop, no prefetch)
 ENGINE_OPTIONS = {"preprefill": False}
+#: arms whose replicas run HiCache with a host tier 2 x the device pool (bench_engine's PAIRS with
+#: ``--enable-hierarchical-cache --hicache-ratio 2``): simulated with that host tier and prefetch
+HICACHE_ARMS = frozenset({"hints", "no-priority", "no-retention", "no-prefetch", "no-routing"})
+HICACHE_RATIO = 2.0
 ROUTING_ONLY = {"priority": False, "keep_drop": False, "prefetch": False}
 
 
@@ -85,6 +92,21 @@ def _policy(name: str, profile_dir: Path, opts: OursOptions) -> Policy:
     if name.startswith("ours"):
         return build_ours(Predictor(profile_dir), name, opts)
     return BASELINES[name]()
+
+
+#: The step time the bench assumes before it has calibrated (``--estimate`` and the wall-time
+#: estimate printed before a run): on CPU the tiny model's calibration on this 2-core machine
+#: (docs/sglang.md, smoke run 2: decode 2.74 ms + 1.1e-7 s per KV token, prefill 16.3 ms +
+#: 0.029 ms per prompt token); on GPU the SWE-agent/GLM-4.5 fit the simulator ships (an
+#: H100-class serving engine; replaced by the calibration as soon as a run calibrates).
+REFERENCE_STEP = {
+    "cpu": StepTimeModel(t0=2.74e-3, a=2.9e-5, a_ctx=0.0, c=1.1e-7, prefill_t0=16.3e-3,
+                         source="reference CPU step time (tiny model, docs/sglang.md)"),
+    "gpu": SWE_AGENT_GLM45,
+}
+#: what the servers would report at start-up, before one has (the pool and running cap come from
+#: the bench's own settings): the chunked-prefill size SGLang 0.5.23 logged on CPU
+REFERENCE_LIMITS = {"chunked_prefill_size": 4096}
 _LIMITS = re.compile(r"max_total_num_tokens=(\d+), chunked_prefill_size=(-?\d+), .*?max_running_requests=(\d+)")
 
 
@@ -162,15 +184,19 @@ def simulate_setups(records: list[dict], profile_dir: Path, cfg: ClusterConfig, 
     (``preemption_threshold``: the hints replicas' ``--priority-scheduling-preemption-threshold``)."""
     wl = replay_prefixes(workload_from_records(records, name="bench-engine", conversation_lineage=False))
     arrivals = np.zeros(len(wl.workflows))
-    opts = OursOptions(prefetch=False, preemption_threshold=preemption_threshold, **ENGINE_OPTIONS)
     out = {}
     for name in setups:
         pol_name = SIM_POLICIES[name]
+        hicache = name in HICACHE_ARMS
+        opts = OursOptions(prefetch=hicache, preemption_threshold=preemption_threshold, **ENGINE_OPTIONS)
         policy = _policy(pol_name, profile_dir, opts)
-        res = Simulator(wl, policy, cfg, arrivals, None, concurrency).run()
+        arm_cfg = replace(cfg, host_ratio=HICACHE_RATIO if hicache else 0.0)
+        res = Simulator(wl, policy, arm_cfg, arrivals, None, concurrency).run()
         row = summarize(res)
         out[name] = {"policy": pol_name, "jct_avg_s": row["avg_jct_s"], "jct_p95_s": row["p95_jct_s"],
-                     "cached_fraction": row["gpu_hit_ratio"], "preemptions": row["preemptions"]}
+                     "cached_fraction": row["gpu_hit_ratio"], "preemptions": row["preemptions"],
+                     "makespan_s": len(res.wf_arrival) / row["workflows_per_min"] * 60.0
+                     if row["workflows_per_min"] else 0.0}
     return out
 
 

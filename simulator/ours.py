@@ -453,7 +453,8 @@ class HostPrefetch(Part):
             st = sim.config.step
             self.policy = PrefetchPolicy(
                 transfer_tok_s=1.0 / sim.config.pcie_s_per_token,
-                prefill_tok_s=1.0 / st.a, decode_tok_s=1.0 / st.decode_step(0))
+                # a fitted step time may put all prefill cost on the context (a = 0): new tokens free
+                prefill_tok_s=1.0 / st.a if st.a > 0 else math.inf, decode_tok_s=1.0 / st.decode_step(0))
 
     def on_issue(self, req: Request) -> None:
         ann = self.feed.served(req)

@@ -225,7 +225,7 @@ def gamma_gaps(n: int, rate: float, cv: float, seed: int) -> np.ndarray:
     shape ``1/cv²`` and scale ``cv²/rate``. ``cv = 0`` is a fixed spacing, ``1`` Poisson, ``4``
     bursts (most gaps near 0, a few very long: the same mean rate arrives in clumps)."""
     if cv < 0:
-        raise ValueError(f"--cv {cv}: a coefficient of variation is ≥ 0")
+        raise ValueError(f"--arrival-cv {cv}: a coefficient of variation is ≥ 0")
     if cv == 0:
         return np.full(n, 1.0 / rate)
     return np.random.default_rng([seed, 41]).gamma(1.0 / cv ** 2, cv ** 2 / rate, size=n)

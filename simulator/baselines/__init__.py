@@ -1,35 +1,10 @@
 """Faithful re-implementations of the baselines the issue compares against.
 
-=================  ==============================  ==========================  =====================
-name               scheduler                       router                      eviction
-=================  ==============================  ==========================  =====================
-sglang-default     FCFS                            cache-aware (SGLang router  LRU (+ host LRU)
-                                                   defaults)
-sglang-rr          FCFS                            round robin                 LRU (+ host LRU)
-least-load         FCFS                            least outstanding tokens    LRU
-autellix-plas      PLAS, multi-level, preemptive   least-used, long prompts    LRU
-                   anti-starvation                 pinned to their session
-continuum-ttl      program-level FCFS              session affinity            LRU + TTL pins
-mori-idleness      FCFS                            session affinity            idleness rank, both tiers
-saga               Agent Fair Share                affinity + work stealing    workflow-aware LRU + TTL
-astraea            MLFQ + HRRN aging               least outstanding tokens    keep / swap / discard
-belady             FCFS                            session affinity            Bélády MIN (oracle)
-oracle-srpt        workflow SRPT (oracle)          session affinity            LRU
-nat-hints          FCFS shifted by NAT's latency   Dynamo KV router (prefill   LRU + TTL pins of
-                   sensitivity (Dynamo)            + load cost)                remaining × IAT
-sglang-sticky      FCFS                            SGLang router ``sticky``    LRU
-                                                   (session until idle 600 s)
-sglang-session-    FCFS                            SGLang router ``sticky``    session radix cache:
-close                                                                          open sessions' KV
-                                                                               last, closed at end
-thunderagent       FCFS, paused programs last,     Dynamo KV router; resumed   LRU, paused programs'
-                   resumed +1 s (Dynamo            programs BFD-placed         KV first
-                   ThunderAgent)
-observable-ref     Gittins rank of the remaining   session affinity            LRU
-                   work given type, calls done,
-                   tokens so far (reference,
-                   non-clairvoyant, in-sample)
-=================  ==============================  ==========================  =====================
+Each baseline is a scheduler, a router and an eviction order, as its project documents it:
+``sglang-default``, ``sglang-rr``, ``least-load``, ``autellix-plas``, ``continuum-ttl``,
+``mori-idleness``, ``saga``, ``astraea``, ``belady``, ``oracle-srpt``, ``nat-hints``,
+``sglang-sticky``, ``sglang-session-close``, ``thunderagent`` and ``observable-ref``. The table of
+what each schedules, routes and evicts: docs/simulator.md, "Policies".
 
 ``nat-hints`` is built from data: its prediction trie is fit on the train split
 (:data:`TRAINED_BASELINES`, given the train records; :mod:`simulator.baselines.nat_hints`).
