@@ -36,12 +36,7 @@ has (the issue's "Pythia-like run"):
   1,440 workflows, open loop, gamma inter-arrivals of CV 4 at ``low`` load (0.5 × the
   KV-saturated drain rate on average; the clumps overload the cluster for a while: at ``peak``
   the backlog grows for the whole run and the window's figure depends on its length).
-
-``agent-platform-interactive`` — ``agent-platform`` (80 % of its 720 workflows) plus interactive
-coding sessions (20 %, :data:`INTERACTIVE_MIX`): a person types, the agent works in a tool loop,
-the person reads and answers after seconds to minutes. Their calls are latency class
-``interactive`` (the profile saw human waits in their types), and ``simulate`` reports their
-time to first token against ``--ttft-slo`` (``policies.<name>.interactive``).
+``agent-platform-interactive``: the mix plus interactive coding sessions (:data:`INTERACTIVE_MIX`).
 """
 from __future__ import annotations
 

@@ -99,31 +99,19 @@ the remaining-work order holds (a session closer to done passes); beyond it the 
 FCFS. So what a session waits because others were preferred is at most the work of the sessions
 that started within ``W`` after it. At the default 1e-5 /s, W ≈ 28 h: a bound on paper only.
 
-Why not a tighter window. Rates 1e-5, 1e-4, 1e-3, 3e-3, 1e-2 were run on validation draws
-(``python bench/bench_tail.py``: ``--scenario agent-platform`` seeds 100, 101 and
-``--workload datasets/real --load peak`` seeds 100, 101; docs/simulator.md, "Bounded tail") with
-the issue's rule: P95 within 1.05× the best baseline's (``sglang-default``, ``continuum-ttl``) on
-every draw, then the best mean. Only 1e-5 meets the P95 rule on all four (max 1.00×) and it has
-the best mean; 1e-3 (W = 1,000 s, ≈ 9× an ``agent-platform`` session's uncontended duration)
-bounds P99 on every draw (≤ 0.99×, where 1e-5 reaches 1.34× on ``datasets/real`` seed 100) but
-on ``datasets/real`` seed 101 — a peak load whose backlog grows for the whole run — it loses
-the mean (557 s vs 335 s) and the P95 (1.16×) to 1e-5: once the window is shorter than the
-queueing, the order turns into program FCFS, which is ``continuum-ttl``'s 1,158 s there. A fixed
-window cannot bound the tail of an unsettled overload without giving up the mean; 1e-5 stays,
-and ``ours-aging-1e-3`` is the bounded variant.
+Why not a tighter window: on validation draws (``bench/bench_tail.py``, docs/simulator.md,
+"Bounded tail") only 1e-5 kept ours' P95 within 1.05× the best baseline's on every draw, with the
+best mean; 1e-3 (W = 1,000 s) bounds the P99 but, on a peak whose backlog grows for the whole
+run, turns the order into program FCFS and loses mean and P95. ``ours-aging-1e-3`` is that
+variant.
 
 Latency classes (``interactive_boost``)
 ---------------------------------------
-A call of latency class ``"interactive"`` (``Annotation.latency_class``: a person waits on the
-session; the rule is :func:`predictors.compiled.latency_class`, docs/dialects.md) gets
-``interactive_boost`` (2.0) added to its base (:meth:`class_term`, inside
-:meth:`score_annotation`, so the gateway, the plugin and the simulator rank it alike): it runs
-before every batch session that has not aged ``interactive_boost / aging_per_s`` seconds —
-ranked for time to first token; a person's think time keeps the interactive share of the load
-small. Among batch sessions the remaining-work order and its window stay as above. With SGLang's
-priority preemption (threshold 500 = 0.5 of score) an interactive call also preempts batch work
-for KV (``simulator``: ``kv_preemption``), which is what keeps its TTFT inside a target at peak
-(docs/simulator.md, "Latency classes and the interactive scenario").
+A call of latency class ``"interactive"`` (a person waits; the rule is
+:func:`predictors.compiled.latency_class`, docs/dialects.md) gets ``interactive_boost`` added to
+its base (:meth:`class_term`, inside :meth:`score_annotation`, so gateway, plugin and simulator
+rank it alike): it runs before every batch session that has not aged ``interactive_boost /
+aging_per_s`` seconds, ranked for time to first token; batch sessions keep the order above.
 
 Which unit ranks (``remaining_unit``; ``"calls"``, the default)
 ---------------------------------------------------------------
