@@ -460,8 +460,8 @@ def compare(prep: Prepared, policies: Sequence[str], loads: Sequence[str], cfg: 
     return out
 
 
-#: Arrival-rate factors :func:`max_sessions_in_slo` tries first (× the run's own rate).
-SLO_RATE_GRID = (0.25, 0.5, 1.0, 2.0)
+#: Arrival-rate factors :func:`max_sessions_in_slo` may try (× the run's own rate), from 1 outward.
+SLO_RATE_RANGE = (1.0 / 16, 8.0)
 #: Share of interactive calls that must be within the TTFT target.
 SLO_SHARE = 0.99
 
@@ -473,22 +473,34 @@ def max_sessions_in_slo(prep: Prepared, name: str, cfg: ClusterConfig, arrivals:
                         refine: int = 2) -> float:
     """The most concurrent sessions (mean number of workflows in the system) ``name`` holds with
     at least :data:`SLO_SHARE` of interactive calls within the TTFT target: the same workflows
-    replayed with arrival times divided by a factor ``f`` (``f`` × the rate), over
-    :data:`SLO_RATE_GRID`, then ``refine`` bisections between the last factor that met the
-    target and the first that did not. 0 when none met it."""
+    replayed with arrival times divided by a factor ``f`` (``f`` × the rate), ``f`` doubled from 1
+    while the target is met (halved while it is not) within :data:`SLO_RATE_RANGE`, then
+    ``refine`` bisections between the last factor that met it and the first that did not. 0 when
+    even the smallest factor misses it; at the largest factor, a lower bound."""
     def run(f: float) -> tuple[bool, float]:
         _, row = simulate(prep, name, cfg, arrivals / f, gap_fn, ours, None, window, mode,
                           autoscale, inter)
         it = row["interactive"]
         return it.get("slo_attainment", 1.0) >= SLO_SHARE, it["concurrent_sessions"]
 
-    best, lo, hi = 0.0, None, None
-    for f in SLO_RATE_GRID:
+    lo_f, hi_f = SLO_RATE_RANGE
+    ok, conc = run(1.0)
+    best, lo, hi = (conc, 1.0, None) if ok else (0.0, None, 1.0)
+    f = 1.0
+    while ok and f * 2 <= hi_f:
+        f *= 2
         ok, conc = run(f)
-        if not ok:
+        if ok:
+            best, lo = max(best, conc), f
+        else:
             hi = f
-            break
-        best, lo = max(best, conc), f
+    while not ok and f / 2 >= lo_f:
+        f /= 2
+        ok, conc = run(f)
+        if ok:
+            best, lo = conc, f
+        else:
+            hi = f
     if lo is None or hi is None:
         return best
     for _ in range(refine):

@@ -120,8 +120,9 @@ def simulate(
     slo_search: Annotated[bool, typer.Option(
         "--slo-search",
         help="Also search, per policy, the most concurrent sessions it holds with >= 99 % of "
-             "interactive calls within --ttft-slo (the same workflows at 0.25x..2x the arrival "
-             "rate, then two bisections): interactive.max_sessions_in_slo. Several extra runs "
+             "interactive calls within --ttft-slo (the same workflows at 1x the arrival rate, "
+             "doubled while the target holds or halved while it does not, 1/16x..8x, then two "
+             "bisections): interactive.max_sessions_in_slo. Several extra runs "
              "per policy.")] = False,
 ) -> None:
     """Compare serving policies on the same workflows, arrivals and cluster, in one run.
