@@ -66,7 +66,7 @@ class Session:
     tools: deque | None = None
     agent_calls: dict[str, int] = field(default_factory=dict)
     last_output: dict[str, int] = field(default_factory=dict)
-    pending: OrderedDict = field(default_factory=OrderedDict)   # request_id -> (agent, served band | None, issued_at, fitted band | None, (key, TTL) | None)
+    pending: OrderedDict = field(default_factory=OrderedDict)   # request_id -> (agent, served band | None, issued_at, fitted band | None, (key, TTL) | None, remaining-work slot, band arms | None)
     recent: deque = field(default_factory=lambda: deque(maxlen=8))
     last_finish: float | None = None
     truncated: bool = False

@@ -24,7 +24,12 @@ outcomes, and whether it was on at the end. Result (``profiler eval --online --j
      "width_vs_per_agent_empirical": online mean width / per-agent empirical mean width,
      "by_type": {type: {"calls", "online": {...}, "static": {...}}},
      "drift_alarm": {type: {"fired", "first_after", "alarm_at_end", "coverage_at_end"}},
+     "band_arms": {type: {"served", "served_global", "switches", "global_at_end", "agents"}},
      "window": WINDOW}
+
+``band_arms`` (:func:`band_arms`): which arm the online band was served from, per type: each
+agent's own band, or the global band where that was ahead on the outcomes seen so far
+(:mod:`predictors.online_calibration`), and how often it switched.
 
 ``worst_window_coverage``: the lowest coverage over consecutive runs of ``WINDOW`` scored calls
 (in arrival order): what a drifting stretch of the log costs, which the mean hides.
@@ -110,7 +115,8 @@ def replay_served(profile: Profile, calls: pd.DataFrame, *, online: Any,
     """Served bands ``(lo, hi)`` and keep-alive TTLs per call (NaN: none served) replaying
     ``calls`` through one :class:`~predictors.Predictor`, the drift alarm's record per workflow
     type, and ``{"served": remaining work per call (expected_remaining_output_tokens, NaN: none),
-    "selection": the remaining-work selector's status per type ({} when off)}``.
+    "selection": the remaining-work selector's status per type ({} when off), "band_arms": which
+    arm served the band per type (:func:`band_arms`; {} without calibration)}``.
     ``online`` switches both calibrations (the Predictor's one switch), ``remaining_selection``
     the remaining-work selection (None: as ``online``). A workflow's session is ended
     (:meth:`~predictors.Predictor.end_session`) when its last call finishes: the end signal a
@@ -161,7 +167,24 @@ def replay_served(profile: Profile, calls: pd.DataFrame, *, online: Any,
         rec = alarm.setdefault(wt, {"fired": False, "first_after": None})
         rec.update(alarm_at_end=bool(st["alarm"]), coverage_at_end=st["coverage"])
     selection = pred.remaining_selector.status() if pred.remaining_selector is not None else {}
-    return lo, hi, ttl, alarm, {"served": rem, "selection": selection}
+    arms = band_arms(pred.calibrator.status()) if pred.calibrator is not None else {}
+    return lo, hi, ttl, alarm, {"served": rem, "selection": selection, "band_arms": arms}
+
+
+def band_arms(status: dict[str, dict[str, dict[str, Any]]]) -> dict[str, dict[str, Any]]:
+    """Per workflow type, which arm served the output band (:mod:`predictors.online_calibration`:
+    each agent's own band or the global one): ``served``, ``served_global`` (bands served, and of
+    them from the global arm), ``switches``, ``global_at_end`` (agents on the global arm at the
+    end) and per agent its ``arm`` at the end, ``switches`` and ``served_global``."""
+    out = {}
+    for wt, agents in sorted(status.items()):
+        out[wt] = {"served": sum(a["served"] for a in agents.values()),
+                   "served_global": sum(a["served_global"] for a in agents.values()),
+                   "switches": sum(a["switches"] for a in agents.values()),
+                   "global_at_end": sorted(n for n, a in agents.items() if a["arm"] == "global"),
+                   "agents": {n: {k: a[k] for k in ("arm", "switches", "served_global")}
+                              for n, a in sorted(agents.items()) if a["served"]}}
+    return out
 
 
 def _scores(y: np.ndarray, lo: np.ndarray, hi: np.ndarray, mask: np.ndarray) -> dict[str, Any]:
@@ -288,6 +311,7 @@ def online_scores(profile: Profile, con: duckdb.DuckDBPyConnection) -> dict[str,
                                          if emp and online["mean_width"] is not None and emp == emp else None),
         "by_type": by_type,
         "drift_alarm": alarm,
+        "band_arms": on_rw["band_arms"],
         "keep_alive": keep_alive_online(profile, con, calls, on_ttl, st_ttl),
         "remaining_tokens": remaining_online(profile, calls, on_rw["served"], st_rw["served"],
                                              on_rw["selection"]),
