@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from predictors.contract import TOOL_FIELDS, ToolLatency
-from predictors.served import (MAX_FACTOR, SIMPLEST, UPPER_ALPHAS, IdleGapTable, OutputBands,
-                              RemainingTokensTable, ToolLatencyTable, band_upper_bound)
+from predictors.served import (MAX_FACTOR, SIMPLEST, IdleGapTable, OutputBands, RemainingTokensTable,
+                              ToolLatencyTable)
 from synth.remaining import position_bucket
 
 log = logging.getLogger(__name__)
@@ -58,15 +58,12 @@ class CompiledProfile:
         ol = data.get("output_length")
         self.bands = OutputBands.from_dict(ol) if ol else None
         self.coverage = float(ol["coverage"]) if ol else None
-        #: the global band ``(lo, hi, "global")`` and its bound table: every agent's second arm
-        #: online (:class:`predictors.online_calibration.OnlineCalibrator`, ``alternative``)
+        #: the global band ``(lo, hi, "global")``: every agent's second arm online
+        #: (:meth:`predictors.online_calibration.OnlineCalibrator.arms`, ``alternative``)
         self.global_band: tuple[int, int, str] | None = None
-        self.global_upper: tuple = ()
         if self.bands is not None and self.bands.global_:
             g = self.bands.global_
             self.global_band = (int(g["lo"]), int(g["hi"]), "global")
-            self.global_upper = tuple((float(a), band_upper_bound(g, a, self.bands.coverage))
-                                      for a in sorted(UPPER_ALPHAS, reverse=True))
         tl = data.get("tool_latency")
         self.tools = ToolLatencyTable.from_dict(tl) if tl else None
         ig = data.get("idle_gap")

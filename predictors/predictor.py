@@ -268,8 +268,7 @@ class Predictor:
             return band, None
         self.calibrator.set_nominal(m.coverage)
         key = self._calibration_key(m, wt, agent)
-        alternative = (m.global_band, m.global_upper) if m.global_band is not None else None
-        arms = self.calibrator.arms(key, band, entry.upper_bounds, alternative)
+        arms = self.calibrator.arms(key, band, entry.upper_bounds, m.global_band)
         return self.calibrator.serve(key, arms), arms
 
     def _keep_alive(self, m: CompiledProfile, wt: str, agent: str, entry: AgentEntry,

@@ -20,7 +20,7 @@ from store.workloads import generate, write_jsonl
 KEY = ("wt", "qa")
 OWN = (80, 120, "agent")                       # a narrow agent's band
 TABLE = ((0.1, 110), (0.01, 120), (0.001, 125))  # and its flat tail: a level cannot stretch it far
-GLOBAL = ((5, 2000, "global"), ((0.1, 900), (0.01, 2000), (0.001, 3000)))
+GLOBAL = (5, 2000, "global")
 
 
 def feed(cal: OnlineCalibrator, outs) -> list[str]:
@@ -73,7 +73,7 @@ def test_the_own_arm_level_steps_on_its_own_outcome_while_the_global_arm_is_serv
 
 def test_no_second_arm_for_a_key_served_the_global_band_itself_and_reset_forgets():
     cal = OnlineCalibrator(0.99)
-    own, alt = cal.arms(KEY, GLOBAL[0], GLOBAL[1], GLOBAL)
+    own, alt = cal.arms(KEY, GLOBAL, TABLE, GLOBAL)
     assert alt is None and cal.serve(KEY, (own, alt)) == own
     feed(cal, [300.0] * 30)
     cal.reset()
