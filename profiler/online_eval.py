@@ -21,11 +21,18 @@ outcomes, and whether it was on at the end. Result (``profiler eval --online --j
      "online": {"coverage", "mean_width", "worst_window_coverage"},
      "static": {"coverage", "mean_width", "worst_window_coverage"},
      "baselines": {"global": {...}, "per_agent_empirical": {...}},
+     "online_vs_global": {"coverage_diff", "coverage_diff_se", "width_diff", "width_diff_se",
+                          "dominated"},
      "width_vs_per_agent_empirical": online mean width / per-agent empirical mean width,
-     "by_type": {type: {"calls", "online": {...}, "static": {...}}},
+     "by_type": {type: {"calls", "online": {...}, "static": {...}, "global": {...},
+                        "online_vs_global": {...}}},
      "drift_alarm": {type: {"fired", "first_after", "alarm_at_end", "coverage_at_end"}},
      "band_arms": {type: {"served", "served_global", "switches", "global_at_end", "agents"}},
      "window": WINDOW}
+
+``online_vs_global`` (:func:`vs_global`): the served band minus the global band on the same calls,
+coverage and width, each ± its delete-one-workflow jackknife standard error, and whether the
+global band dominates it beyond one standard error.
 
 ``band_arms`` (:func:`band_arms`): which arm the online band was served from, per type: each
 agent's own band, or the global band where that was ahead on the outcomes seen so far
@@ -187,6 +194,43 @@ def band_arms(status: dict[str, dict[str, dict[str, Any]]]) -> dict[str, dict[st
     return out
 
 
+def paired_diff_se(a: np.ndarray, b: np.ndarray, groups: np.ndarray) -> tuple[float, float | None]:
+    """``(mean(a − b), its standard error)`` over paired per-call values, the error by the
+    delete-one-workflow jackknife (calls of one workflow are not independent): with ``θ₋g`` the
+    mean difference without workflow g, ``se² = (G − 1)/G · Σ_g (θ₋g − θ̄)²``. None for fewer
+    than two workflows."""
+    d = np.asarray(a, dtype=float) - np.asarray(b, dtype=float)
+    codes, g = np.unique(groups, return_inverse=True)
+    total, n = float(d.sum()), len(d)
+    if len(codes) < 2 or n == 0:
+        return (float(d.mean()) if n else float("nan")), None
+    s_g = np.bincount(g, weights=d, minlength=len(codes))
+    n_g = np.bincount(g, minlength=len(codes)).astype(float)
+    theta = (total - s_g) / (n - n_g)
+    k = len(codes)
+    return total / n, float(np.sqrt((k - 1) / k * np.sum((theta - theta.mean()) ** 2)))
+
+
+def vs_global(y: np.ndarray, lo: np.ndarray, hi: np.ndarray, band: Sequence[float] | None,
+              groups: np.ndarray) -> dict[str, Any] | None:
+    """The served band minus the global band (the training calls' empirical one, as
+    :func:`profiler.evaluation.output_length_baselines` scores it) on the same calls: the
+    coverage and mean-width differences, each with its delete-one-workflow jackknife standard
+    error (:func:`paired_diff_se`), and ``dominated``: the global band covers more by over one
+    standard error at no more width (or covers as much at a width smaller by over one)."""
+    if band is None or not len(y):
+        return None
+    g_lo, g_hi = float(band[0]), float(band[1])
+    ours_in = ((y >= lo) & (y <= hi)).astype(float)
+    glob_in = ((y >= g_lo) & (y <= g_hi)).astype(float)
+    dc, dc_se = paired_diff_se(ours_in, glob_in, groups)
+    dw, dw_se = paired_diff_se(hi - lo, np.full(len(y), g_hi - g_lo), groups)
+    se_c, se_w = dc_se or 0.0, dw_se or 0.0
+    dominated = bool((dc < -se_c and dw >= 0) or (dc <= 0 and dw > se_w))
+    return {"coverage_diff": dc, "coverage_diff_se": dc_se, "width_diff": dw, "width_diff_se": dw_se,
+            "dominated": dominated}
+
+
 def _scores(y: np.ndarray, lo: np.ndarray, hi: np.ndarray, mask: np.ndarray) -> dict[str, Any]:
     """Coverage, mean width and worst-window coverage over the rows of ``mask``."""
     if not mask.any():
@@ -295,11 +339,16 @@ def online_scores(profile: Profile, con: duckdb.DuckDBPyConnection) -> dict[str,
     online = _scores(y, on_lo, on_hi, scored)
     emp = (baselines.get("per_agent_empirical") or {}).get("mean_width")
     wts = calls["workflow_type_id"].astype(str).to_numpy()
+    wfs = (calls["workflow_type_id"].astype(str) + "\x1f" + calls["workflow_id"].astype(str)).to_numpy()
+    g_band = est.global_.get("empirical_band")
     by_type = {}
     for wt in sorted(set(wts[scored])):
         mask = scored & (wts == wt)
         by_type[wt] = {"calls": int(mask.sum()), "online": _scores(y, on_lo, on_hi, mask),
-                       "static": _scores(y, st_lo, st_hi, mask)}
+                       "static": _scores(y, st_lo, st_hi, mask),
+                       "global": _scores(y, np.full(len(y), g_band[0]), np.full(len(y), g_band[1]), mask)
+                       if g_band is not None else None,
+                       "online_vs_global": vs_global(y[mask], on_lo[mask], on_hi[mask], g_band, wfs[mask])}
     return {
         "nominal": float(est.coverage),
         "calls": int(len(calls)),
@@ -307,6 +356,7 @@ def online_scores(profile: Profile, con: duckdb.DuckDBPyConnection) -> dict[str,
         "online": online,
         "static": _scores(y, st_lo, st_hi, scored),
         "baselines": baselines,
+        "online_vs_global": vs_global(y[scored], on_lo[scored], on_hi[scored], g_band, wfs[scored]),
         "width_vs_per_agent_empirical": (online["mean_width"] / emp
                                          if emp and online["mean_width"] is not None and emp == emp else None),
         "by_type": by_type,
