@@ -84,7 +84,11 @@ and per key an exponentially weighted mean and variance of ``d = S_own − S_glo
 global arm once ``z > ARM_MARGIN`` (with ``n_eff ≥ ARM_MIN_OUTCOMES``), its own again once
 ``z < −ARM_MARGIN`` (the remaining-work selector's rule, :mod:`predictors.online_selection`). A
 single far miss moves ``z`` by about 1 whatever its size, so one outlier never switches; a run
-of misses that the global band covers does within a few outcomes. The key's level is stepped on
+of misses that the global band covers does within a few outcomes. A switch to the *narrower*
+arm waits for ``1/α`` effective outcomes (100 at α = 0.01): before then no miss of it was
+expected, and a key whose arms both covered every outcome so far has ``z = ∞`` on width alone
+(Agentless's time split, 59 held-out calls: switched after 5 outcomes to a global band that
+then missed 2). The key's level is stepped on
 its own arm's outcome (served or counterfactual), so while the own arm is served it moves
 exactly as without the second arm: a key that never switches is served the same bands.
 
@@ -212,11 +216,12 @@ class _Arms:
     """One key's second arm: the global band's outcomes and misses, the EW sums of
     ``d = S_own − S_global``, which arm is served and how often it switched."""
 
-    __slots__ = ("outcomes", "misses", "sw", "sw2", "swd", "swd2", "alt", "switches", "served_alt", "served")
+    __slots__ = ("outcomes", "misses", "sw", "sw2", "swd", "swd2", "sww", "alt", "switches", "served_alt",
+                 "served")
 
     def __init__(self) -> None:
         self.outcomes = self.misses = 0
-        self.sw = self.sw2 = self.swd = self.swd2 = 0.0
+        self.sw = self.sw2 = self.swd = self.swd2 = self.sww = 0.0   # sww: EW Σ (own − global width)
         self.alt = False
         self.switches = 0
         self.served_alt = self.served = 0    # bands served from the global arm / in all
@@ -415,8 +420,12 @@ class OnlineCalibrator:
             k = self._arm_decay
             st.sw, st.sw2 = k * st.sw + 1.0, k * k * st.sw2 + 1.0
             st.swd, st.swd2 = k * st.swd + d, k * st.swd2 + d * d
+            st.sww = k * st.sww + (own[1] - own[0]) - (alt[1] - alt[0])
             z = st.z()
-            if z is None or st.sw * st.sw / st.sw2 < self.arm_min_outcomes:
+            n_eff = st.sw * st.sw / st.sw2
+            # toward the narrower arm only once its misses could have shown (1/α outcomes)
+            to_narrower = (st.sww > 0) != st.alt
+            if z is None or n_eff < max(self.arm_min_outcomes, 1.0 / a if to_narrower else 0.0):
                 return
             if not st.alt and z > self.arm_margin:
                 st.alt, st.switches = True, st.switches + 1
