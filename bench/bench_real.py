@@ -221,7 +221,7 @@ def online_band_table(timed: dict[str, dict[str, Any]]) -> Table:
                           fmt(g.get("coverage"), ".3f"), fmt(g.get("mean_width"), ",.0f"),
                           diff(b.get("online_vs_global"), "coverage_diff", ".3f"),
                           diff(b.get("online_vs_global"), "width_diff", ",.0f"),
-                          f"{a['served_global']}/{a['served']} ({a['switches']})" if a else "n/a",
+                          f"{a['served_global']:,.0f}/{a['served']:,.0f} ({a['switches']:,.0f})" if a else "n/a",
                           fmt(ka.get("nominal"), ".2f"),
                           fmt((k.get("static") or {}).get("coverage"), ".3f"),
                           fmt((k.get("static") or {}).get("kv_s_per_covered_gap"), ".2f"),
