@@ -129,6 +129,13 @@ def _clean(y: np.ndarray) -> np.ndarray:
     return np.where(np.isfinite(y), np.maximum(y, 0.0), 0.0)
 
 
+def FORWARD_KEEP(selection: dict[str, Any]) -> bool:
+    """Whether the forward rule changed an agent's choice (:func:`band_selection.choose`): the
+    shared budget then keeps it (its other options are scored on shuffled folds only, where the
+    drift the forward blocks saw is averaged away)."""
+    return "forward-in-time" in str(selection.get("reason", ""))
+
+
 class _TypeBudgetInput(NamedTuple):
     """One workflow type's share of the shared-budget search (:meth:`OutputLengthIntervals._allocate`)."""
     #: its fitted entry and its served band per training fold
@@ -418,10 +425,12 @@ class OutputLengthIntervals(OutputBands, BaseEstimator):
             menu = {BudgetOption(name, keep=name == sel["chosen"]):
                     (bs.charged_misses(int(round((1 - v["coverage"]) * n_val)), n_val, cov),
                      v["mean_width"] * n_val)
-                    for name, v in sel["candidates"].items() if name in (sel["chosen"], "parent")}
-            menu.update(self._level_scores(ya, fa, ya, fa))
-            if e["level"] != "global":
-                menu[GLOBAL_OPTION] = self._served_scores(ya, fa, g_folds, g, cov)
+                    for name, v in sel["candidates"].items()
+                    if name == sel["chosen"] or (name == "parent" and not FORWARD_KEEP(sel))}
+            if not FORWARD_KEEP(sel):
+                menu.update(self._level_scores(ya, fa, ya, fa))
+                if e["level"] != "global":
+                    menu[GLOBAL_OPTION] = self._served_scores(ya, fa, g_folds, g, cov)
             groups.append(_BudgetGroup([agent], True, menu, ya, len(ya)))
         if degenerate:
             ya = np.concatenate([data[a][0] for a in degenerate])
