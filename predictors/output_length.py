@@ -184,7 +184,8 @@ class OutputLengthIntervals(OutputBands, BaseEstimator):
     forward : also score the marginal candidates forward in time on the training calls (rolling
         origin, :data:`band_selection.FORWARD_ORIGINS`; needs ``t_arrival``) and prefer, among
         those held-out validation accepts, the ones that hold forward too
-        (:func:`band_selection.choose`).
+        (:func:`band_selection.choose`). Off by default: measured, it widened the random split's
+        bands by 15–22 % (docs/output-length.md).
     shared_budget : after the per-agent choice, share one miscoverage budget within each
         workflow type (:meth:`_allocate`); False keeps every agent at its own 1 − α.
 
@@ -197,7 +198,7 @@ class OutputLengthIntervals(OutputBands, BaseEstimator):
     def __init__(self, coverage: float = 0.99, min_calls: int = 50, conditional: bool = True,
                  cond_min_calls: int = 30, cond_max_samples: int = 3000, n_folds: int = 5,
                  max_output_tokens: int | None = None, random_state: int = 0,
-                 shared_budget: bool = True, forward: bool = True):
+                 shared_budget: bool = True, forward: bool = False):
         self.coverage = coverage
         self.forward = forward
         self.shared_budget = shared_budget

@@ -113,3 +113,29 @@ def test_drift_team_served_band_reaches_098_and_is_never_dominated_by_the_global
     arms = r["band_arms"]["team_prompt_b"]
     assert arms["served_global"] > 0 and arms["switches"] >= 1
     assert r["band_arms"]["team_prompt_a"]["served_global"] == 0   # the stationary variant keeps its own
+
+
+def test_choose_prefers_a_candidate_that_also_holds_forward_in_time():
+    from predictors.band_selection import choose
+    cv = {"order_stat": {"coverage": 0.99, "mean_width": 100.0, "accepted": True},
+          "global": {"coverage": 0.995, "mean_width": 300.0, "accepted": True}}
+    assert choose(cv)[0] == "order_stat"
+    fwd = {"order_stat": {"coverage": 0.90, "mean_width": 100.0, "accepted": False},
+           "global": {"coverage": 0.99, "mean_width": 300.0, "accepted": True}}
+    name, why = choose(cv, forward=fwd)
+    assert name == "global" and "forward-in-time" in why
+    none_forward = {k: {**v, "accepted": False} for k, v in fwd.items()}
+    assert choose(cv, forward=none_forward)[0] == "order_stat"   # the held-out rule alone
+
+
+def test_the_global_band_is_a_candidate_of_agents_and_the_forward_rule_records_its_figures():
+    import pandas as pd
+    from predictors.output_length import OutputLengthIntervals
+    calls = pd.DataFrame(list(generate("drift-team", 200, seed=3)))
+    calls["prev_agent_output_tokens"] = None
+    calls["agent_call_index"] = calls.groupby(["workflow_id", "agent_id"]).cumcount()
+    est = OutputLengthIntervals(conditional=False, forward=True).fit(calls)
+    qa = est.agents_["team_prompt_b"]["qa_engineer"]["selection"]
+    assert "global" in qa["candidates"] and "global" in qa["forward"]
+    assert "forward" not in OutputLengthIntervals(conditional=False).fit(calls).agents_[
+        "team_prompt_b"]["qa_engineer"]["selection"]
