@@ -129,7 +129,7 @@ def _clean(y: np.ndarray) -> np.ndarray:
     return np.where(np.isfinite(y), np.maximum(y, 0.0), 0.0)
 
 
-def FORWARD_KEEP(selection: dict[str, Any]) -> bool:
+def _forward_kept(selection: dict[str, Any]) -> bool:
     """Whether the forward rule changed an agent's choice (:func:`band_selection.choose`): the
     shared budget then keeps it (its other options are scored on shuffled folds only, where the
     drift the forward blocks saw is averaged away)."""
@@ -427,8 +427,8 @@ class OutputLengthIntervals(OutputBands, BaseEstimator):
                     (bs.charged_misses(int(round((1 - v["coverage"]) * n_val)), n_val, cov),
                      v["mean_width"] * n_val)
                     for name, v in sel["candidates"].items()
-                    if name == sel["chosen"] or (name == "parent" and not FORWARD_KEEP(sel))}
-            if not FORWARD_KEEP(sel):
+                    if name == sel["chosen"] or (name == "parent" and not _forward_kept(sel))}
+            if not _forward_kept(sel):
                 menu.update(self._level_scores(ya, fa, ya, fa))
                 if e["level"] != "global":
                     menu[GLOBAL_OPTION] = self._served_scores(ya, fa, g_folds, g, cov)
