@@ -9,47 +9,20 @@ For every real set (the full files in ``../shared/datasets/`` when that folder e
 small copies in ``datasets/real/``; ``--data`` picks another folder) and for the messy workload
 (several seeds): split 70/30 by workflow (``profiler split``, seed 0), fit on train (``profiler
 fit``), score on test (``profiler eval``), and print one "ours vs baselines" table (a column per
-set; n/a where the eval does not compute a score yet). With ``--cv K`` every set is scored by
-K-fold cross-validation by workflow instead (``profiler eval --cv K``): mean ± std over folds.
-The messy column is the mean ± std over its seeds.
-
-**Tasks repeated across workflows.** Where a set runs one task in several workflows (SWE-agent:
-5 instances run in both the one-at-a-time and the four-at-a-time batches; agentless: 35 instances
-both localized and repaired) the CV folds are *grouped* by task (``profiler eval --cv K --group-by
-workflow_id --group-pattern '[^/]+$'``; :data:`TASK_GROUPS`), so no task has a trial on both sides.
-``--no-task-groups`` deals workflows instead.
-
-**Time-ordered split** (``--time``): beside the CV (or 70/30) table, every set is also scored on a
-split by time (``profiler split --by-time``): per workflow type, fit on the 70 % of workflows that
-started first, score on the 30 % that started last — the model as deployed, on a future it did not see (the messy
-workload's release change at its midpoint falls inside the training side; the test side is all
-the new release). Its own table follows the first one. On this split the output-length band is
-also replayed **online** (``profiler eval --online``: held-out calls in arrival order through the
-serving ``Predictor``, each finished call fed back): the table after it gives, per set and
-workflow type, the static (fitted) band's coverage and width beside the online-calibrated one's,
-and the same for the keep-alive TTL (its coverage of the idle gaps and the KV-seconds held per
-covered gap, static vs online: the Predictor calibrates the TTL's level too). Beside the served
-band: the global band (the simplest baseline) on the same calls, the served minus the global
-coverage and width ± their delete-one-workflow jackknife standard errors ("dominated" where the
-global band is ahead beyond one), and how many bands the global arm served and how often a key
-switched arms (:mod:`predictors.online_calibration`).
-The online band is the one served (the ``Predictor`` and ``profiler serve`` calibrate online by
-default); the static figure is what the profile alone promises.
-
-The generated workloads (``coding-assistant``, ``deep-research``, ``drift-team``: 400 workflows,
-seed 0) are sets too; for the two Pythia ones the bench also prints the **Bayes bound** of
-next-agent top-1: the
-generator's own structure is simulated (``store.workloads._expand``, 200,000 workflows) to get
-P(next | whole history), and the oracle that predicts its arg-max is scored on the same held-out
-calls (``bayes_top1_heldout``; on a 70/30 split) beside its expectation (``bayes_top1_expected``).
-
-After each table, the **remaining-tokens C-index** of ours beside every baseline, ours minus
-the best baseline ± its standard error (the delete-one-session jackknife of ``profiler eval``,
-``remaining_work.baselines.<name>.c_index_diff_se``, pooled over folds and seeds as independent)
-and whether that difference is beyond noise (more than two standard errors).
+set). With ``--cv K`` every set is scored by K-fold cross-validation by workflow instead, the
+folds grouped by task where a set repeats one (:data:`TASK_GROUPS`; ``--no-task-groups`` deals
+workflows). ``--time`` adds a time-ordered split (per type, fit on the 70 % of workflows that
+started first) and, on it, the band and keep-alive TTL replayed online (``profiler eval
+--online``) beside the static ones, with the global band on the same calls, the served minus
+global coverage and width ± their jackknife standard errors and the global arm's share of the
+served bands (:mod:`predictors.online_calibration`). For the generated Pythia workloads the bench also prints the
+**Bayes bound** of next-agent top-1 (the generator's own structure simulated to get
+P(next | whole history)). After each table, the remaining-tokens C-index of ours beside every
+baseline, with ours minus the best baseline ± its jackknife standard error.
 
 The command line, the data source of every set and the wall time are printed with the table;
-``--json`` prints all of it, every eval result included, as one object.
+``--json`` prints all of it, every eval result included, as one object. What each table holds and
+the measured figures: docs/evaluation.md, "bench/bench_real.py".
 """
 from __future__ import annotations
 

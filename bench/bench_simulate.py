@@ -27,7 +27,7 @@ mean avg JCT per policy: how much of a difference between two policies is the ar
     python bench/bench_simulate.py --seeds 0,1,2 --scenario pythia-like \
         --policies sglang-default,continuum-ttl,ours,ours-no-preprefill --autoscale off,reactive,predictive
     python bench/bench_simulate.py --seeds 0,1,2 --only coding-assistant --arrivals closed --loads 1.0
-    python bench/bench_simulate.py --seeds 0,1,2 --only coding-assistant --arrivals gamma --cv 4 --loads 0.8
+    python bench/bench_simulate.py --seeds 0,1,2 --only coding-assistant --arrivals gamma --arrival-cv 4 --loads 0.8
 """
 from __future__ import annotations
 
@@ -191,7 +191,9 @@ def main() -> None:
     ap.add_argument("--scenario-load", default=None,
                     help="with an open-loop --scenario (agent-platform-bursty): this load instead of its own")
     ap.add_argument("--arrivals", default="closed", help="with --seeds: closed, poisson, gamma")
-    ap.add_argument("--cv", type=float, default=1.0, help="with --arrivals gamma")
+    ap.add_argument("--arrival-cv", dest="cv", type=float, default=1.0,
+                    help="with --arrivals gamma: coefficient of variation of inter-arrivals")
+    ap.add_argument("--cv", dest="cv", type=float, default=argparse.SUPPRESS, help=argparse.SUPPRESS)  # old name
     ap.add_argument("--policies", default="", help="with --seeds: comma list (NAME+reactive, "
                     "NAME+predictive: autoscaled)")
     ap.add_argument("--autoscale", default="off",

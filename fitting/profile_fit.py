@@ -19,9 +19,9 @@ from __future__ import annotations
 import shutil
 
 from contextlib import nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import duckdb
 import pandas as pd
@@ -38,7 +38,9 @@ from store.frames import query_frame
 from store.profile_artifact import Profile, store_path, write_profile
 from store.split import call_group_sql
 from store.duckdb_store import connect, store_counts
-from synth.profile_section import build_workflows_section
+from synth.fit import DEFAULT_ALPHA
+from synth.profile_section import DEFAULT_MAX_WORKFLOWS, DEFAULT_PROMPT_WORKFLOWS, build_workflows_section
+from synth.regex_synth import LOOP_QUANTILES
 
 #: Extra profile sections: name -> ``(con, options) -> dict`` that builds it.
 SECTION_BUILDERS: dict[str, Callable[[duckdb.DuckDBPyConnection, dict[str, Any]], dict[str, Any]]] = {
@@ -49,8 +51,14 @@ SECTION_BUILDERS: dict[str, Callable[[duckdb.DuckDBPyConnection, dict[str, Any]]
 
 @dataclass
 class FitOptions:
-    """Every knob of a fit, recorded in the profile manifest."""
+    """Every knob of a fit, one declaration each with its default; recorded in the manifest.
 
+    A typo is an error, not a silent default: ``FitOptions(alergia_alpah=...)`` is a
+    ``TypeError`` and :meth:`from_dict` (a manifest, a Ray task) refuses an unknown key by name.
+    The section builders (:data:`SECTION_BUILDERS`, below ``fitting`` in the layers) read
+    :meth:`knobs`, every knob by name."""
+
+    # output-length bands and tool latency
     coverage: float = 0.99
     prune: float = 0.05
     seed: int = 0
@@ -60,11 +68,41 @@ class FitOptions:
     ttl_quantile: float = 0.95
     max_ttl_s: float | None = 600.0
     max_output_tokens: int | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
+    # written to the manifest only when changed from the default (after the knobs above)
+    order_only: bool = False                      # fit as if the times were call positions
+    group_by: str | None = None                   # selection folds keep a group's workflows together
+    group_pattern: str | None = None              # the part of ``group_by`` that names the group
+    drift: bool = True                            # recency weighting of tool latency and idle gap
+    alergia_alpha: float = DEFAULT_ALPHA          # the workflow automaton's ALERGIA test level
+    loop_quantiles: tuple[float, float] = LOOP_QUANTILES      # loop round bounds of the regexes
+    prompt_workflows: int = DEFAULT_PROMPT_WORKFLOWS          # workflows per type mined for prompts
+    synth_max_workflows: int = DEFAULT_MAX_WORKFLOWS          # workflows per type training the automaton (0: all)
+
+    _ALWAYS = ("coverage", "prune", "seed", "min_calls", "conditional", "ks_threshold",
+               "ttl_quantile", "max_ttl_s", "max_output_tokens")
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any], source: str = "fit options") -> FitOptions:
+        """The options in ``values`` (a manifest's ``options``, :meth:`as_dict`); an unknown key
+        is refused with a ``ValueError`` naming it and ``source``."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(f"{source}: unknown fit option(s) {', '.join(map(repr, unknown))} "
+                             f"(known: {', '.join(sorted(known))})")
+        out = dict(values)
+        if out.get("loop_quantiles") is not None:
+            out["loop_quantiles"] = tuple(out["loop_quantiles"])
+        return cls(**out)
+
+    def knobs(self) -> dict[str, Any]:
+        """Every knob by name (what the section builders read)."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
 
     def as_dict(self) -> dict[str, Any]:
-        d = {k: v for k, v in self.__dict__.items() if k != "extra"}
-        return {**d, **self.extra}
+        """The manifest's record: the core knobs, then each other knob only where changed."""
+        return {f.name: getattr(self, f.name) for f in fields(self)
+                if f.name in self._ALWAYS or getattr(self, f.name) != f.default}
 
 
 #: Columns of ``calls`` the output-length model is fit and scored on.
@@ -141,10 +179,10 @@ def _real_times(con: duckdb.DuckDBPyConnection) -> str:
 
 def fit_tool_latency(con: duckdb.DuckDBPyConnection, options: FitOptions) -> ToolLatencyModel:
     """The tool-latency model of ``options`` fit on every timed tool execution in the store, with
-    recency weighting per workflow type (half-life chosen on a later slice; ``extra={"drift":
-    False}`` turns it off)."""
+    recency weighting per workflow type (half-life chosen on a later slice; ``FitOptions(drift=
+    False)`` turns it off)."""
     rows = query_frame(con, _tool_rows_sql("workflow_type_id, workflow_id, tool_name, t_start, latency_s", con))
-    half_lives = IdleGapModel().half_lives if options.extra.get("drift", True) else (None,)
+    half_lives = IdleGapModel().half_lives if options.drift else (None,)
     return ToolLatencyModel(ks_threshold=options.ks_threshold, ttl_quantile=options.ttl_quantile,
                             max_ttl_s=options.max_ttl_s, half_lives=half_lives).fit(rows)
 
@@ -196,8 +234,8 @@ def human_wait_section(con: duckdb.DuckDBPyConnection) -> dict[str, Any]:
 
 def fit_idle_gap(con: duckdb.DuckDBPyConnection, options: FitOptions) -> IdleGapModel:
     """The idle-gap keep-alive model (quantile ``ttl_quantile``, cap ``max_ttl_s``) on every call;
-    ``extra={"drift": False}`` turns recency weighting off."""
-    drift = {} if options.extra.get("drift", True) else {"half_lives": (None,)}
+    ``FitOptions(drift=False)`` turns recency weighting off."""
+    drift = {} if options.drift else {"half_lives": (None,)}
     return IdleGapModel(quantile=options.ttl_quantile, max_ttl_s=options.max_ttl_s,
                         random_state=options.seed, **drift).fit(idle_gap_calls(con))
 
@@ -242,11 +280,11 @@ def agent_stats(con: duckdb.DuckDBPyConnection, times: bool = True) -> dict[str,
 
 def time_sections(con: duckdb.DuckDBPyConnection, options: FitOptions) -> dict[str, Any]:
     """``tool_latency``, ``idle_gap`` and ``limitations`` of a profile. When the store's calls
-    have no real times (every call ``timing = synthetic_order``) or ``options.extra["order_only"]``,
+    have no real times (every call ``timing = synthetic_order``) or ``options.order_only``,
     the time models are fit on nothing: stand-in times (call positions) never become latency or
     TTL predictions, and ``limitations`` says so (:mod:`store.data_limits`)."""
     counts = calls_by_timing(con)
-    order_only = is_order_only(counts, bool(options.extra.get("order_only")))
+    order_only = is_order_only(counts, options.order_only)
     if order_only:
         # a tool whose duration is real though its place in time is not (``tool_timing =
         # duration_only``: SWE-agent's execution_time) still teaches tool latency; no drift
@@ -295,7 +333,7 @@ def fit_from_store(con: duckdb.DuckDBPyConnection, options: FitOptions,
     if n_calls == 0:
         raise ValueError("the store holds no valid calls to fit on (see the quarantine table)")
     progress(f"output-length bands over {n_calls:,} calls")
-    sized = ok_calls(con, options.extra.get("group_by"), options.extra.get("group_pattern"))
+    sized = ok_calls(con, options.group_by, options.group_pattern)
     if sized.empty:
         raise ValueError(f"none of the {n_calls:,} calls has token counts (all flagged tokens_unknown, e.g. "
                          "SWE-agent .traj files with run totals only): import them with --estimate-tokens, or "
@@ -320,7 +358,7 @@ def fit_from_store(con: duckdb.DuckDBPyConnection, options: FitOptions,
     }
     for name, build in SECTION_BUILDERS.items():
         progress(f"section {name}")
-        data[name] = build(con, options.as_dict())
+        data[name] = build(con, options.knobs())
     return data
 
 

@@ -66,31 +66,12 @@ drift-weighted entry may have its quantile at its median, and a TTL that cannot 
 recover); the served TTL is ``c · r_t · ttl_z``, capped at the profile's ``max_ttl_s``
 (``predictors.Predictor``).
 
-**Never dominated by the global band** (issue 37). A level can only stretch a band along its own
-tail: an agent with narrow lengths whose outputs grow 2–3× (a prompt variant drifting) has a
-tail too flat to follow, even at ``α_min``, while the one global band, whose upper end the
-long-tailed agents set, covers it. So every (workflow type, agent) key serves one of two *arms*:
-``own`` (its fitted band at its level, as above) and ``global`` (the profile's global band as
-fitted: the simplest baseline itself; a global band stretched by a second level of its own served
-Who&When 0.979 at 2,876 tokens where the fitted one serves 0.979 at 1,988, docs/output-length.md).
-Both arms are scored on every outcome, whichever was served, by the interval score of a central
-``1 − α`` band (Gneiting & Raftery 2007, a proper scoring rule: its expectation is least at the true
-``α/2`` and ``1 − α/2`` quantiles)
-
-    S(lo, hi; y) = (hi − lo) + (2/α)·(lo − y)⁺ + (2/α)·(y − hi)⁺,
-
-and per key an exponentially weighted mean and variance of ``d = S_own − S_global`` (half-life
-:data:`ARM_HALF_LIFE` outcomes) give a paired ``z = d̄ / √(v / n_eff)``: the key is served the
-global arm once ``z > ARM_MARGIN`` (with ``n_eff ≥ ARM_MIN_OUTCOMES``), its own again once
-``z < −ARM_MARGIN`` (the remaining-work selector's rule, :mod:`predictors.online_selection`). A
-single far miss moves ``z`` by about 1 whatever its size, so one outlier never switches; a run
-of misses that the global band covers does within a few outcomes. A switch to the *narrower*
-arm waits for ``1/α`` effective outcomes (100 at α = 0.01): before then no miss of it was
-expected, and a key whose arms both covered every outcome so far has ``z = ∞`` on width alone
-(Agentless's time split, 59 held-out calls: switched after 5 outcomes to a global band that
-then missed 2). The key's level is stepped on
-its own arm's outcome (served or counterfactual), so while the own arm is served it moves
-exactly as without the second arm: a key that never switches is served the same bands.
+**Never dominated by the global band** (issue 37). A level stretches a band only along the agent's
+own tail, too flat to follow a narrow agent whose outputs grow 2–3×. So each key serves one of
+two arms, its own band (as above) or the global band as fitted, whichever the interval score
+``(hi − lo) + (2/α)·(distance outside)`` of the outcomes so far puts ahead by :data:`ARM_MARGIN`
+paired standard errors (:meth:`OnlineCalibrator.record`); the key's level steps on its own arm's
+outcome, so a key that never switches is served as before (docs/output-length.md).
 
 A new profile keeps the levels (they describe the workload, not the fit) unless the
 caller :meth:`reset` s them. O(1) per outcome and per band.

@@ -10,50 +10,14 @@ workflow whose calls produce ``o_0 … o_{n−1}`` output tokens is
 given only what is observable when call ``i`` arrives: the workflow type, the call index ``i``
 (calls done), the agent of this call, and the session's own outputs so far.
 
-The estimator
--------------
-A **context table** (per workflow type) holds the empirical distribution of ``R_i`` over the
-training workflows at the key ``(position bucket of i, agent)`` (or the exact index ``i``, or the
-agent's own calls so far, or the elapsed time: the candidate *levels*), backed off to ``(position
-bucket)`` when the key was seen in fewer than ``min_n`` workflows, then to the nearest earlier
-bucket of the type (a session longer than every training workflow keeps the last bucket's
-figures). Its point is the ``p50`` or the ``mean`` of that distribution.
-
-A **session factor** carries the one session-level signal: a session whose earlier calls wrote
-more than their agents usually do will keep doing so (output lengths are autocorrelated within a
-session). With ``S_i = Σ_{j<i} o_j`` the tokens it wrote and ``E_i = Σ_{j<i} m(a_j)`` what its
-agents write on average (``m̄`` the type's mean per call), the prediction is scaled by
-
-    r_i = ((S_i + κ·m̄) / (E_i + κ·m̄)) ** β ,      R̂_i = r_i · point(key_i)
-
-``κ`` (calls of prior weight) shrinks the factor toward 1 while the session is young; ``β = 0``
-switches it off. The calls-done → mean-residual-life effect is in the table itself (its key holds
-the position), so a session that has already run long is predicted to have the residual work of
-workflows that ran that long.
-
-Selection
----------
-Per workflow type, every candidate (levels × point × (β, κ)) is scored by ``cv_folds``-fold
-cross-validation **by workflow** on the mean absolute error of ``log1p`` (a scale-free error: the
-order between sessions is what a scheduler reads). The simplest candidate — the position
-median, no agent level, no session factor — is kept unless the best one beats it by more than
-one standard error of their paired per-workflow difference (the one-standard-error rule; with a
-``group_id`` the standard error is over groups, :func:`store.folds.paired_se`): a richer model is
-served only where held-out workflows show it is better beyond noise.
-
-Ties
-----
-Whatever level is chosen, the served figure breaks its ties by the mean residual work at the
-exact call index (``tie_break: "index"``, :func:`predictors.served.tie_broken`): a nudge of at
-most 1e-9 of the figure, so sessions a position median puts level are ordered by calls done →
-mean residual life, and no pair the chosen level orders changes order (a ranking metric scores a
-tie ½; the MAE is unchanged to nine digits).
-
-Baselines (fit on the same training workflows, written beside the model and scored by
-``profiler eval``): ``position_median`` (per type and position bucket, the median ``R``),
-``mrl`` (calls done → mean residual life: per type and exact call index, the mean ``R`` of the
-training workflows that reached it). NVIDIA NeMo Agent Toolkit's prediction trie, the third
-baseline ``profiler eval`` scores here, is its own profile section (:mod:`predictors.nat_trie`).
+The estimator: a per-type **context table** of the empirical distribution of ``R_i`` at a key
+(position bucket and agent, exact index, the agent's calls so far, or elapsed time: the candidate
+*levels*), backed off to coarser keys below ``min_n`` workflows; its point (``p50`` or ``mean``)
+scaled by a **session factor** ``r_i = ((S_i + κ·m̄) / (E_i + κ·m̄)) ** β`` (the session's tokens
+so far against its agents' means; ``β = 0`` switches it off). Per workflow type the candidate is
+chosen by cross-validation by workflow with the one-standard-error rule against the position
+median. Selection, tie-breaking and the baselines written beside the model (``position_median``,
+``mrl``): docs/workflow-paths.md, "Remaining output tokens".
 
 The serving half, :class:`predictors.served.RemainingTokensTable`, reads the section written by
 :meth:`RemainingTokens.to_dict` with numpy alone.

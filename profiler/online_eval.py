@@ -13,64 +13,19 @@ instant: the finish first; a call never finishes before it arrives).
 Two predictors replay the same stream: ``online`` (the serving default, calibration on) and
 ``static`` (calibration off: the fitted bands). Beside them, the naive bands a user would compute
 (:func:`profiler.evaluation.output_length_baselines`, fit on the training calls, stored in the
-profile) on the same calls. ``drift_alarm`` reports, per workflow type, whether the coverage
-monitor of the serving predictor (:mod:`predictors.coverage_monitor`) fired, after how many
-outcomes, and whether it was on at the end. Result (``profiler eval --online --json``)::
+profile) on the same calls; ``drift_alarm`` reports, per workflow type, whether the coverage
+monitor (:mod:`predictors.coverage_monitor`) fired. The same two replays score the keep-alive TTL
+each call's annotation serves on the idle gap after it (bounded as ``KeepDropPolicy.ttl_s``
+serves it, with ``profiler eval``'s cost), and each call's ``expected_remaining_output_tokens``
+(online: with the remaining-work selection of :mod:`predictors.online_selection`) with
+``profiler eval``'s concurrent-session C-index and jackknife (:mod:`profiler.remaining_eval`).
 
-    {"nominal", "calls", "scored",
-     "online": {"coverage", "mean_width", "worst_window_coverage"},
-     "static": {"coverage", "mean_width", "worst_window_coverage"},
-     "baselines": {"global": {...}, "per_agent_empirical": {...}},
-     "online_vs_global": {"coverage_diff", "coverage_diff_se", "width_diff", "width_diff_se",
-                          "dominated"},
-     "width_vs_per_agent_empirical": online mean width / per-agent empirical mean width,
-     "by_type": {type: {"calls", "online": {...}, "static": {...}, "global": {...},
-                        "online_vs_global": {...}}},
-     "drift_alarm": {type: {"fired", "first_after", "alarm_at_end", "coverage_at_end"}},
-     "band_arms": {type: {"served", "served_global", "switches", "global_at_end", "agents"}},
-     "window": WINDOW}
-
-``online_vs_global`` (:func:`vs_global`): the served band minus the global band on the same calls,
-coverage and width, each ± its delete-one-workflow jackknife standard error, and whether the
-global band dominates it beyond one standard error.
-
-``band_arms`` (:func:`band_arms`): which arm the online band was served from, per type: each
-agent's own band, or the global band where that was ahead on the outcomes seen so far
-(:mod:`predictors.online_calibration`), and how often it switched.
+``online_vs_global`` (:func:`vs_global`): the served minus the global band, ± jackknife errors;
+``band_arms`` (:func:`band_arms`): per type, how many bands the global arm served, and switches.
 
 ``worst_window_coverage``: the lowest coverage over consecutive runs of ``WINDOW`` scored calls
-(in arrival order): what a drifting stretch of the log costs, which the mean hides.
-
-**Keep-alive** (``keep_alive``): the same two replays record the keep-alive TTL each call's
-annotation serves (``keep_alive_ttl_s``: online, the TTL at the (type, agent)'s adapted
-keep-alive level, :mod:`predictors.online_calibration`; static, the fitted one), and each is
-scored on the idle gap after that call (its finish → the session's next arrival; the gaps
-:func:`fitting.profile_fit.idle_gap_calls` gives ``profiler eval``'s static keep-alive score:
-none after a session's last call, none that ended in a person's turn), every TTL bounded as the
-keep/drop policy serves it (``KeepDropPolicy.ttl_s``), exactly as ``profiler eval`` scores
-``keep_alive``. The cost is that eval's too: ``kv_s_per_covered_gap`` = Σ min(TTL, gap) / covered
-gaps (``oracle``: holding exactly each gap under the policy's cap)::
-
-    "keep_alive": {"nominal", "gaps",
-                   "online": {"coverage", "mean_ttl_s", "kv_s_per_covered_gap", "worst_window_coverage"},
-                   "static": {...}, "oracle_kv_s_per_covered_gap",
-                   "by_type": {type: {"gaps", "online": {...}, "static": {...}}}}
-
-**Remaining work** (``remaining_tokens``): each call's ``expected_remaining_output_tokens`` as the
-two replays serve it: ``online`` with the remaining-work selection on
-(:mod:`predictors.online_selection`: per type, the fitted figure or the position-median fallback,
-chosen from the sessions that ended before the call; a workflow's session is ended at its last
-call's finish), ``static`` without it (the fitted figure, what the ``Predictor`` serves by
-default). Both, and ``profiler eval``'s remaining-work baselines, are scored on exactly the
-calls both replays served a figure, with ``profiler eval``'s concurrent-session C-index and
-delete-one-session jackknife (:mod:`profiler.remaining_eval`), and the mean log1p error::
-
-    "remaining_tokens": {"calls", "pairs", "pairing",
-                         "online": {"c_index", "log1p_mae"}, "static": {...},
-                         "baselines": {"position_median", "mrl", "nat_trie", "age": {...}},
-                         "online_minus_static": {"c_index_diff", "c_index_diff_se"},
-                         "vs_position_median": {"online": {...}, "static": {...}},
-                         "selection": {type: {"served", "z", "sessions", "switches"}}}
+(in arrival order): what a drifting stretch of the log costs, which the mean hides. Every key of
+the result (``profiler eval --online --json``): docs/evaluation.md, "profiler eval --online".
 """
 from __future__ import annotations
 

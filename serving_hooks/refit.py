@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import logging
-import dataclasses
 import os
 import subprocess
 import sys
@@ -85,15 +84,14 @@ def options_from_profile(profile_root: str | Path) -> FitOptions:
     """The :class:`fitting.profile_fit.FitOptions` the active profile was fit with (defaults if none).
 
     A refit keeps the choices of the original ``profiler fit`` (coverage, pruning, seed, …)
-    without the server having to repeat them.
+    without the server having to repeat them. An option this version does not know is refused
+    (``ValueError`` naming it), never dropped.
     """
     try:
         recorded = dict(load_profile(profile_root).manifest.get("options") or {})
     except (ProfileError, OSError, ValueError):
         return FitOptions()
-    names = {f.name for f in dataclasses.fields(FitOptions)} - {"extra"}
-    return FitOptions(**{k: v for k, v in recorded.items() if k in names},
-                      extra={k: v for k, v in recorded.items() if k not in names})
+    return FitOptions.from_dict(recorded, source=f"{profile_root}: the manifest's options")
 
 
 def refit_once(profile_root: str | Path, logs: Sequence[str | Path], *, db: str | Path | None = None,

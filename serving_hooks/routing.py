@@ -12,32 +12,12 @@ uses — and reserves it atomically, so concurrent requests never see the same h
 ``decide`` takes the bound's parts directly (``request_id`` given: reserved at once; else the
 caller calls :meth:`on_start` once it has sent the request).
 
-How the choice is made
-----------------------
-* The router polls every worker's ``GET /v1/loads`` (SGLang's load endpoint) every
-  ``poll_interval_s`` and keeps, per worker, its KV capacity (``max_total_num_tokens``) and
-  its own count of tokens in use or queued (``num_total_tokens``), summed over DP ranks.
-* It tracks the requests it has in flight with their predicted bounds ``input + hi`` and
-  ``α`` (the chance the output runs past ``hi``), and when each was sent, in a
-  :class:`~serving_hooks.policies.bookkeeping.CapacityLedger` (the object the simulator's router
-  keeps): a request sent after the last poll cannot be in the worker's count yet, so its bound
-  is added to it. A request without a prediction reserves its prompt plus
-  ``unknown_output_tokens`` (the profile's global band ``hi`` when the gateway has the profile).
-* It routes with the ledger's step (:meth:`CapacityLedger.place`, the simulator's too) and
-  :class:`CapacityPolicy` (Pythia alg. 2, union bound): a session stays on its last worker
-  (where its prefix is cached) unless that worker is unsafe by ``move_margin``, another is safe
-  and the wait the move saves exceeds twice the cost of rebuilding the prefix
-  (``CapacityPolicy.move_gain_ratio``; judged with each worker's drain
-  rate: expected KV tokens, ``input + E[out]``, of the requests that finished there over the
-  last ``drain_window_s``, divided by the time observed, ``min(drain_window_s, now − router
-  start)``); with no worker safe it stays (a ``fallback`` decision); a new session goes to the
-  worker with the most headroom. Moves are counted with the prefix tokens they recompute.
-* A worker whose report is stale (older than ``stale_after_s``) or failed is judged on what
-  the router knows without it — its last reported capacity and the requests the router sent
-  there, the view the simulator's router has — so affinity is kept; counted as ``stale``.
-  Only a worker that never reported a capacity leaves the policy without input: then the
-  session's last worker, else the candidate with the fewest reserved tokens (``no_report``).
-  Nothing is ever routed round robin: that would scatter sessions off their KV.
+The router polls every worker's ``GET /v1/loads`` every ``poll_interval_s`` (KV capacity and the
+worker's own token count), keeps its in-flight requests in a
+:class:`~serving_hooks.policies.bookkeeping.CapacityLedger` (the simulator's router keeps the
+same object) and routes with :meth:`CapacityLedger.place` and :class:`CapacityPolicy`. A stale
+or failed worker is judged on what the router knows without it; nothing is ever routed round
+robin. How the choice is made, step by step: docs/routing.md, "The gateway's router".
 
 The poller runs either as an asyncio task in the caller's loop (:meth:`start` /
 :meth:`aclose`, for the FastAPI gateway's lifespan) or in a daemon thread with its own loop

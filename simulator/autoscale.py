@@ -35,10 +35,8 @@ are alg. 4's unrounded ``load_replicas``). Then, per pool:
 * **scale up** from free GPUs, largest deficit first: the replica loads the pool's model and
   serves nothing for ``startup_delay_s`` (then it joins the pool with empty KV tiers).
 
-``startup_delay_s`` defaults to 60 s for Llama-3.1-8B — an assumption, not a measurement: 16 GB
-of bf16 weights from local NVMe (≈ 10 s at 1.5–2 GB/s), CUDA-graph capture and warm-up
-(≈ 20–40 s), process start; a node that must pull the image or download the weights takes
-minutes.
+``startup_delay_s`` defaults to 60 s for Llama-3.1-8B, an assumption, not a measurement (its
+reasoning, and how each default was chosen: docs/simulator.md, "Autoscaling").
 """
 from __future__ import annotations
 

@@ -38,7 +38,7 @@ def test_order_only_logs_are_detected_and_time_models_left_empty(tmp_path):
 def test_order_only_flag_on_timed_logs(tmp_path):
     logs = REAL / "agentless_pr28.jsonl"
     timed, _ = fit_profile([logs], tmp_path / "a")
-    forced, _ = fit_profile([logs], tmp_path / "b", options=FitOptions(extra={"order_only": True}))
+    forced, _ = fit_profile([logs], tmp_path / "b", options=FitOptions(order_only=True))
     assert timed.data["limitations"]["timing"] == "timed"
     assert "idle_gap" not in timed.data["limitations"]["unavailable"]
     assert timed.data["idle_gap"]["workflow_types"]  # real gaps give keep-alive TTLs

@@ -55,12 +55,23 @@ def test_every_module_sits_in_a_layer() -> None:
     assert not missing, f"add these modules to a layer in pyproject.toml [tool.importlinter]: {missing}"
 
 
-def test_every_folder_sits_in_a_layer() -> None:
-    """The folder contract orders every package: a new top-level package must be placed in it."""
-    (folders,) = [c for c in CONFIG["contracts"] if c["id"] == "folders"]
-    assert sorted(folders["layers"]) == sorted(CONFIG["root_packages"])
+def test_one_layer_list() -> None:
+    """The layer order lives in one contract: no second `layers` contract to disagree with it."""
+    assert [c["id"] for c in CONFIG["contracts"] if c["type"] == "layers"] == ["layers"]
+
+
+def test_every_folder_sits_in_the_layer_list_in_folder_order() -> None:
+    """Every package is named in the list, and the folders read top to bottom in one order
+    (the runtime facade of `predictors/` is the one folder split around another: above `fitting`)."""
     assert sorted(p for p in CONFIG["root_packages"] if (REPO / p / "__init__.py").exists()) == \
         sorted(CONFIG["root_packages"])
+    folders = []
+    for module in layer_modules():
+        folder = module.split(".")[0]
+        if folder not in folders:
+            folders.append(folder)
+    assert folders == ["profiler", "simulator", "serving_hooks", "predictors", "fitting", "synth", "store"]
+    assert sorted(folders) == sorted(CONFIG["root_packages"])
 
 
 @pytest.mark.parametrize("module, line, contracts", [
@@ -74,17 +85,23 @@ def test_every_folder_sits_in_a_layer() -> None:
     ("store/faults.py", "import store.duckdb_store", ("no import cycles",)),
     # the ground floor reaching up: to the CLI's package, and to the fit
     ("store/ingest.py", "import profiler.evaluation",
-     ("the store imports no other package", "Layers point one way", "Folders point one way")),
+     ("the store imports no other package", "Layers point one way")),
     ("store/profile_artifact.py", "import fitting.profile_fit",
-     ("the store imports no other package", "Layers point one way", "Folders point one way")),
+     ("the store imports no other package", "Layers point one way")),
     # an estimator importing the fit that calls it
     ("predictors/output_length.py", "import fitting.profile_fit",
-     ("synth and predictors never import", "Layers point one way", "Folders point one way")),
+     ("synth and predictors never import", "Layers point one way")),
     # the fit importing the serving layer
-    ("fitting/profile_fit.py", "import serving_hooks.refit", ("Layers point one way", "Folders point one way")),
-    # same module layer, wrong folder order: only the folder contract sees these
-    ("simulator/sources.py", "import profiler.evaluation", ("Folders point one way",)),
-    ("serving_hooks/refit.py", "import simulator", ("Folders point one way",)),
+    ("fitting/profile_fit.py", "import serving_hooks.refit", ("Layers point one way",)),
+    # the folder order inside what was one serving layer: scoring > simulator > serving > policies
+    ("simulator/sources.py", "import profiler.evaluation", ("Layers point one way",)),
+    ("serving_hooks/refit.py", "import simulator", ("Layers point one way",)),
+    ("serving_hooks/policies/capacity.py", "import serving_hooks.routing", ("Layers point one way",)),
+    # the runtime facade and the fit never import each other, either way
+    ("fitting/profile_fit.py", "import predictors.compiled", ("Layers point one way",)),
+    ("predictors/compiled.py", "import fitting.profile_fit", ("synth and predictors never import",)),
+    # synth below the predictors' models
+    ("synth/pfa.py", "import predictors.contract", ("Layers point one way",)),
 ])
 def test_a_back_arrow_breaks_a_contract(tmp_path: Path, module: str, line: str, contracts: tuple[str, ...]) -> None:
     """Plant one bad import in a copy of the tree: lint-imports must fail and name each contract."""

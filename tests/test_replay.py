@@ -128,7 +128,7 @@ def test_cli_json_errors_and_records(logs, tmp_path):
     fake = FakeOpenAI(reply_tokens=2)
     out = tmp_path / "replayed.jsonl"
     with serve_in_thread(fake.app) as srv:
-        ok = runner.invoke(app, ["replay", str(logs), "--target", srv.url, "--rate", "50", "--cv", "3",
+        ok = runner.invoke(app, ["replay", str(logs), "--target", srv.url, "--rate", "50", "--arrival-cv", "3",
                                  "--time-scale", "0", "--json", "--no-progress", "--out", str(out),
                                  "--extra-body", '{"priority": 7}', "--identity", "none"])
         bad = runner.invoke(app, ["replay", str(logs), "--target", srv.url, "-H", "x-fake-status: 500",

@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 
 from profiler.cli import app
 from profiler.commands.service_options import with_service_settings
-from serving_hooks.settings import (ServiceSettings, SettingsError, knobs, setting_field, resolve_settings,
+from serving_hooks.settings import (GatewaySettings, ServiceSettings, SettingsError, knobs, setting_field, resolve_settings,
                                     settings_from_env)
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -209,7 +209,7 @@ def test_the_configuration_example_in_the_docs_loads(tmp_path):
     assert written and {k: getattr(got.settings, k) for k in written} == written
     assert all(got.sources[k] == "file" for k in written)
     # and every PROFILER_ variable of a setting is in the page's table
-    assert all(k.env in page for k in knobs())
+    assert all(k.env in page for k in knobs()) and all(k.env in page for k in knobs(GatewaySettings))
 
 
 def test_direct_construction_checks_durations():
@@ -234,12 +234,23 @@ def test_scenario_announces_each_flag_it_overrides():
         "step model)",
         "note: --load is ignored by --scenario pythia-like (a burst of 600 workflows in 60 s, all measured)",
     ]
-    out = run(["simulate", "--scenario", "agent-platform-bursty", "--cv", "2", "--train-workflows", "50",
+    out = run(["simulate", "--scenario", "agent-platform-bursty", "--arrival-cv", "2", "--train-workflows", "50",
                "--warmup", "0.1", "--policies", "no-such-policy"])
     notes = [ln for ln in out.output.splitlines() if ln.startswith("note:")]
     assert notes == ["note: --train-workflows is ignored by --scenario agent-platform-bursty (60 "
                      "generated train workflows per generated application)",
-                     "note: --cv is ignored by --scenario agent-platform-bursty (CV 4)"]
+                     "note: --arrival-cv is ignored by --scenario agent-platform-bursty (CV 4)"]
+    # the old name still works for one release: a deprecation line, and the same announcement
+    out = run(["simulate", "--scenario", "agent-platform-bursty", "--cv", "2",
+               "--policies", "no-such-policy"])
+    lines = out.output.splitlines()
+    assert [ln for ln in lines if ln.startswith("deprecated:")] == [
+        "deprecated: --cv is now --arrival-cv (--cv goes in the next release)"]
+    assert "note: --cv is ignored by --scenario agent-platform-bursty (CV 4)" in lines
+    out = run(["simulate", "--scenario", "agent-platform-bursty", "--cv", "2", "--arrival-cv", "3",
+               "--policies", "no-such-policy"])
+    assert out.exit_code == 2
+    assert "error: --cv is the old name of --arrival-cv: give --arrival-cv only" in out.output
     # no scenario, no notes: --workload runs use every flag
     out = run(["simulate", "--workload", "coding-assistant", "--replicas", "3",
                "--policies", "no-such-policy"])
@@ -254,3 +265,19 @@ def test_every_overridden_name_is_a_simulate_option():
     for sc in SCENARIOS.values():
         assert set(sc.overrides()) <= options, set(sc.overrides()) - options
         assert {"calibrate", "replicas", "workflows", "arrivals"} <= set(sc.overrides())
+
+
+def test_gateway_only_settings_are_the_gateways_and_checked():
+    """Issue 36: which engine API versions the upstreams speak is the gateway's alone."""
+    own = {f.name for f in dataclasses.fields(GatewaySettings)} - \
+        {f.name for f in dataclasses.fields(ServiceSettings)}
+    assert own == {"dynamo_api", "sglang_sessions"}
+    for name in own:
+        assert _option("gateway", name) is not None and _option("serve", name) is None
+    got = resolve_settings(environ={"PROFILER_DYNAMO_API": "trajectory",
+                                    "PROFILER_SGLANG_SESSIONS": "1"}, cls=GatewaySettings)
+    assert (got.settings.dynamo_api, got.settings.sglang_sessions) == ("trajectory", True)
+    assert got.sources["dynamo_api"] == "env"
+    with pytest.raises(SettingsError, match="dynamo_api: 'sessions': expected one of session, "
+                                            "trajectory, agent_context"):
+        resolve_settings(environ={"PROFILER_DYNAMO_API": "sessions"}, cls=GatewaySettings)

@@ -15,7 +15,7 @@ def test_gamma_gaps_have_the_asked_mean_and_cv(cv):
 
 
 def test_gamma_gaps_reject_a_negative_cv():
-    with pytest.raises(ValueError, match="--cv"):
+    with pytest.raises(ValueError, match="--arrival-cv"):
         gamma_gaps(10, 1.0, -1.0, 0)
 
 

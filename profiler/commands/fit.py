@@ -53,7 +53,7 @@ def fit(
 
     options = FitOptions(coverage=coverage, prune=prune, seed=seed, min_calls=min_calls,
                          conditional=not no_conditional, max_output_tokens=max_output_tokens,
-                         extra={"order_only": True} if order_only else {})
+                         order_only=order_only)
     if group_pattern is not None and group_by is None:
         fail("--group-pattern needs --group-by FIELD")
     if group_by is not None:
@@ -64,7 +64,7 @@ def fit(
             fail(str(exc))
         if engine == "ray":
             fail("--group-by works with --engine local only")
-        options.extra.update(group_by=group_by, **({"group_pattern": group_pattern} if group_pattern else {}))
+        options.group_by, options.group_pattern = group_by, group_pattern
     if engine not in ("local", "ray"):
         fail(f"--engine must be local or ray, got {engine!r}")
     from store.log_sources import DifferentLogError, check_sources, record_sources

@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 import typer
 
 from profiler.commands.common import app
-from profiler.commands.common import console, err_console, fail, print_json
+from profiler.commands.common import console, deprecated_alias, err_console, fail, print_json
 
 
 @app.command(no_args_is_help=True)
@@ -26,7 +26,9 @@ def simulate(
              "(see README); a number; or a comma list (e.g. low,medium,peak).")] = "peak",
     policies: Annotated[Optional[str], typer.Option(
         help="Comma list of policies (default: sglang-default, least-load, autellix-plas, "
-             "continuum-ttl, mori-idleness, belady, ours).")] = None,
+             "continuum-ttl, mori-idleness, belady, ours). Also: the session baselines "
+             "sglang-sticky, sglang-session-close, thunderagent, and every name of the policy "
+             "table in docs/simulator.md.")] = None,
     ablation: Annotated[bool, typer.Option(
         "--ablation", help="Also run ours with each part switched off (and ours-sticky, ours-belady).")] = False,
     autoscale: Annotated[str, typer.Option(
@@ -69,11 +71,13 @@ def simulate(
              "the same split (default: a temporary folder).")] = None,
     seed: Annotated[int, typer.Option(help="Seed of the split, generation and arrivals.")] = 0,
     arrivals: Annotated[str, typer.Option(
-        help="poisson, gamma (bursty: --cv), trace (recorded spacing), closed (a fixed "
+        help="poisson, gamma (bursty: --arrival-cv), trace (recorded spacing), closed (a fixed "
              "population of sessions), or burst (a scenario's burst).")] = "poisson",
-    cv: Annotated[float, typer.Option(
+    arrival_cv: Annotated[float, typer.Option(
         help="--arrivals gamma: coefficient of variation of inter-arrivals (0 fixed, 1 Poisson, "
              "4 bursty).", min=0.0)] = 1.0,
+    cv: Annotated[Optional[float], typer.Option(
+        "--cv", hidden=True, min=0.0, help="Old name of --arrival-cv (deprecated).")] = None,
     warmup: Annotated[float, typer.Option(
         help="Share of the workflows (by arrival) left out of the figures as warm-up.", min=0.0, max=0.9)] = 0.2,
     tail: Annotated[float, typer.Option(
@@ -136,6 +140,7 @@ def simulate(
                                   prepare_scenario)
     from simulator.scenarios import get_scenario
 
+    cv = deprecated_alias(ctx, "--cv", "--arrival-cv", "arrival_cv", cv, arrival_cv)
     if (workload is None) == (scenario is None):
         fail("give --workload or --scenario (one of them)")
     if scenario is not None:   # every flag the scenario sets itself, given anyway: said, not dropped

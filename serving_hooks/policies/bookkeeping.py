@@ -13,34 +13,17 @@ monotonic scale); callers that share an object across threads hold their own loc
 
 :class:`CapacityLedger`
     per replica, the requests sent and not yet finished with their predicted KV bounds
-    (:func:`capacity_request` turns an annotation into one) and the sums over them that the
-    capacity check reads (``ActiveTotals``, kept on start/finish, so that a decision does not
-    sum every request in flight again), the tokens released by finished
-    ones over the last ``drain_window_s`` (the drain rate), each session's last replica and the
-    prefix it holds there, the replicas' waiting-queue depths (the idle-downstream input of the
-    priority rule), and the routing counters (:class:`RoutingStats`: decisions, fallbacks,
-    affinity, sessions moved and the recompute the moves cost). :meth:`CapacityLedger.place` is
-    the routing step both routers call: the policy's choice, counted and reserved.
+    (:func:`capacity_request` turns an annotation into one), the sums the capacity check reads,
+    the drain rate, each session's last replica and prefix, the replicas' queue depths and the
+    routing counters (:class:`RoutingStats`). :meth:`CapacityLedger.place` is the routing step
+    both routers call: the policy's choice, counted and reserved.
 :class:`SessionPriorityBook`
     per session, the score of its latest *predicted* call and when it arrived; a call without a
     prediction keeps its session's score (aged), a session never predicted gets
     ``unknown_score``.
 
-Decisions shared by every caller (each was a divergence between two hand-kept copies):
-
-* a call without a prediction reserves its prompt **plus** ``unknown_output_tokens`` (the
-  profile's global band ``hi`` where the caller knows it, 4096 otherwise) at the policy's
-  default α — not its prompt alone: its output is unknown, not zero, and counting it as zero
-  overfills a replica exactly when predictions are missing;
-* a call's expected output is the agent's mean, else its band's midpoint (``lo`` of an unknown
-  call: half its bound), which the drain rate and the expected headroom use;
-* the drain rate divides the tokens released in the window by the time actually observed,
-  ``min(drain_window_s, now − started_at)``, so a fresh ledger does not under-read it;
-* a session's cached prefix on its last replica is its latest request's ``input + E[out]``
-  tokens (what the next call's prompt shares with it); a move is counted with
-  ``min(next input, that prefix)`` tokens of recompute;
-* an unknown call leaves its session's priority score unchanged (it carries no new knowledge of
-  the remaining work), it does not reset it to ``unknown_score``.
+The decisions every caller shares (an unknown call's reservation, the expected output, the
+drain rate's window, the cached prefix a move recomputes): docs/routing.md, "Bookkeeping".
 """
 from __future__ import annotations
 

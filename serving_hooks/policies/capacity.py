@@ -1,99 +1,26 @@
 """Capacity-safe replica choice (Pythia algorithm 2): union bound over predicted upper bounds.
 
-The rule
---------
 Every active request ``i`` on a replica will hold at most ``input_i + U_i(α_i)`` KV tokens, where
-``U_i(α)`` is the one-sided (1 − α) upper bound of its output length: the bound is wrong (the
-output runs past it) with probability at most ``α_i``. A replica with KV capacity ``C`` (SGLang's
-``max_total_num_tokens``) is *safe* for a new request ``n`` when
+``U_i(α)`` is the one-sided (1 − α) upper bound of its output length. A replica with KV capacity
+``C`` (SGLang's ``max_total_num_tokens``) is *safe* for a new request ``n`` when
 
     Σ_{i ∈ active ∪ {n}} (input_i + U_i(α_i)) ≤ C      (the bounds fit), and
-    Σ_{i ∈ active ∪ {n}} α_i ≤ ε                       (union bound: P(any bound broken) ≤ Σ α_i),
+    Σ_{i ∈ active ∪ {n}} α_i ≤ ε                       (union bound: P(any bound broken) ≤ Σ α_i).
 
-since running out of KV needs at least one request to break its bound, so
-``P(OOM) ≤ P(∪_i {out_i > U_i(α_i)}) ≤ Σ_i α_i``.
+A request that carries its table of bounds ``((α, U(α)), …)`` (``ActiveRequest.upper_bounds``)
+takes its share of the budget, ``α_F = (ε − Σ_{fixed-α} α_i) / |F|``, so the check tightens as
+the batch grows; ``committed(α)`` is the larger of the bounds we sent and the worker's own count
+plus what we sent since it was taken.
 
-**Choosing each α_i to fit the budget.** With one fixed bound per request (say the p99.5 of the
-output band, α = 0.005), the risk condition alone caps a replica at ``ε / α`` = 10 requests
-whatever their size, and the bound sum is needlessly loose for small batches. A request that
-carries its *table* of bounds ``((α, U(α)), …)`` (``ActiveRequest.upper_bounds``, from
-``predictors.output_length``) instead takes its share of the budget: with ``F`` such requests on
-the replica (the new one included) and fixed-α requests ``X`` (no table: ``predicted_hi`` at
-``alpha``),
+Where a request goes (one rule for the gateway and the simulator): a session stays on its last
+replica while that replica is safe; it moves only when the home is unsafe by ``move_margin``,
+another replica is safe, and the wait the move saves exceeds ``move_gain_ratio`` (2) times the
+cost of rebuilding its cached prefix on the target; a new session goes to the safe replica with
+the largest expected headroom. ``fallback=True`` marks decisions with no replica safe;
+``moved=True`` a session sent off its last replica, with the ``recompute_tokens`` it costs.
 
-    α_F = (ε − Σ_{i∈X} α_i) / |F|,   each i ∈ F bounded by U_i(α_F),
-
-so ``Σ α_i = ε`` exactly and the union bound holds; more requests on a replica means a smaller
-α and a *higher quantile* per request — the check tightens as the batch grows. A request's
-bound at α is the table entry of the largest tabulated α ≤ α (never below the exact bound; past
-the table's smallest α, its last entry). ``committed(α)`` is what the replica already holds
-or has promised:
-
-    committed(α) = max( Σ_active (input_i + U_i(α_i)),  reported + Σ_{i sent after the report} (input_i + hi_i) )
-
-— the bounds of the requests we sent, or the worker's own count (which also sees traffic that
-did not come through us) plus what we sent since that count was taken.
-
-**Where a request goes** (the session's KV first; one rule for the gateway and the simulator):
-
-1. a session stays on its last replica (its prefix is cached there) whenever that replica is safe;
-2. a session whose last replica is not safe **stays** unless all of these hold (then it moves to
-   the safe replica with the largest *expected* headroom
-   ``h_r = C − Σ(input_i + E[out_i]) − input_n − E[out_n]``):
-
-   * the home is unsafe *by a margin*: its bound overflows, ``committed(α) + input_n + U_n −
-     C > move_margin · C`` (a replica that is unsafe only by its risk budget, or by a sliver of
-     a loose bound, keeps its sessions);
-   * another replica is safe (with **none safe the session stays home**: scattering sessions
-     over replicas that are all full only adds recompute to the queueing);
-   * the move is worth its recompute: a request waits on ``r`` about ``w_r = max(0, −h_r) /
-     d_r`` seconds, the expected overflow drained at ``d_r``, the KV tokens per second the
-     replica releases (``ReplicaState.drain_tokens_per_s``, measured by the caller); moving
-     costs rebuilding the session's cached prefix, and the rebuild is *load on the target*:
-     ``move_cost_s = (move_cost_factor + n_target) · cached_tokens · prefill_s_per_token`` —
-     the session pays the prefill on the target plus as much cached data displaced there
-     (factor 2), and each of the ``n_target`` requests in flight on the target waits the
-     rebuild out (continuous batching runs the prefill in the iterations they share, and a
-     queued request starts that much later); it moves iff ``w_home − w_target > move_gain_ratio ·
-     move_cost_s`` (twice the cost by default: see "Why the gain must be twice the cost"). (The
-     mirror gain, the ``e_n / d_home`` of wait a move takes off each request queued at home behind
-     the session, was tried and left out: within noise on 12 bursty seeds, more moves;
-     docs/simulator.md, agent-platform-bursty.) When a
-     drain rate is unknown: iff it would queue at home in expectation (``h_home < 0``), fits on
-     the target (``h_target ≥ 0``), and gains more than ``affinity_slack · C``;
-3. a new session (no last replica) goes to the safe replica with the largest expected headroom,
-   or, with none safe, to the largest expected headroom as a share of capacity.
-
-``fallback=True`` marks decisions where no replica was safe (the caller counts it);
-``moved=True`` a session sent off its last replica, with ``recompute_tokens`` = the cached prefix
-the target must prefill again (the ledger, ``serving_hooks.policies.bookkeeping``, sums them).
-"Less loaded" alone is no reason to move a session: "unsafe at home by a margin, and it runs
-sooner elsewhere even after rebuilding its prefix" is.
-
-**Why the gain must be twice the cost** (``move_gain_ratio = 2``). With the bare test
-(``w_home − w_target > move_cost_s``) the moves on ``--scenario agent-platform`` cost 5.8 % of
-ours' prefill on validation draw 100 (113 sessions moved): every move went to a target with no
-queue (``w_target = 0``) and the median move saved only 1.46× its cost; 18 sessions moved 2–4
-times (33 of the 113 moves, 38 % of the moved tokens); at the move the home held the prefix on
-its host tier for 75 of them (a PCIe reload, ~6× cheaper than the rebuild) and had lost it for
-14 (10 % of the moved tokens). ``w_home`` is an expected
-drain time, not the call's wait: the 174 calls that ratio 2 keeps home (gain between 1 and 2×
-the cost) waited a median 2.5 s (mean 4.8 s) against a predicted 3.2 s and a cost of 2.2 s —
-half of them less than the rebuild would have cost — and sending them away bought nothing
-measurable (avg JCT 309.8 s with those moves, 308.5 s without). So a move that clears its cost
-by a sliver is a coin flip for the session and a sure recompute; the moves that pay are the ones
-off a replica with a deep queue, which clear the cost many times over (median 3.7×) and survive
-a ratio of 2. Ratio 2 also ends the repeated moves (2 sessions moved more than once, was 18).
-On validation draws 100–103 of ``agent-platform`` and ``agent-platform-bursty`` ratio 2 is the
-smallest of 1, 1.5, 2, 3, 4 with routing-caused recompute ≤ 3 % on all eight runs (0.8–2.9 %;
-ratio 1: 1.9–5.8 %) and within 0.1 s of the fastest on every ``agent-platform`` draw; a larger
-ratio is slower on each, never moving 1.5–7 % slower (docs/simulator.md, "Routing: why sessions
-still moved"; ``ours-move-gain-1`` is the rule before).
-
-Worked example: capacity 1000 with two active requests of ``300 + 200`` each has committed
-``2 · 500 = 1000`` tokens, so a new ``100 + 50`` does not fit there. With a fixed ``α = 0.02``
-per request and ``ε = 0.05``, a third request is refused even on an empty, huge replica:
-``3 · 0.02 = 0.06 > 0.05``. With tables, four requests on a replica share ``α = 0.0125`` each.
+The rule in full, the worked example and why the gain must be twice the cost (the measured
+figures and their commands): docs/routing.md.
 """
 from __future__ import annotations
 

@@ -1,51 +1,21 @@
 """Speculative keep/drop of a session's KV prefix (Pythia alg. 1 with a SAGA-style TTL).
 
-The rule
---------
-When a call finishes, its session's KV prefix (prompt + response, the history the next
-call will extend) is, for the eviction order of the radix cache:
+When a call finishes, its session's KV prefix (the history the next call will extend) gets a
+rank for the radix cache's eviction order:
 
-* **kept** (rank ``KEEP``) when the session's predicted path goes on — ``p_end < drop_end_p``
-  (without ``p_end``: ``exp_remaining_calls ≥ min_remaining_calls``) — and comes back to this
-  lineage — ``revisit_p ≥ min_revisit_p`` — for a TTL equal to the quantile of the session's
-  *idle gap* (``keep_alive_ttl_s``: the call's finish to the session's next arrival, tool time
-  plus think/wait time, scaled by the session's own gaps so far; ``predictors/idle_gap.py``),
-  else (older profiles) the latency quantile of the tool just called, bounded:
+* **kept** (``KEEP``) when the predicted path goes on (``p_end < drop_end_p``; without it,
+  ``expected_remaining_calls ≥ min_remaining_calls``) and comes back to this lineage
+  (``revisit_p ≥ min_revisit_p``), until ``now + clip(TTL, min_ttl_s, max_ttl_s)``, the TTL being
+  the quantile of the session's idle gap (``keep_alive_ttl_s``), else of the tool's latency;
+* **dropped** (``DROP``, evicted first) when the path predicts the end, or does not come back to
+  this lineage, or the call is announced as its session's last (``session_end``);
+* **neutral** (``NEUTRAL``, plain LRU) without a prediction.
 
-      retain_until = now + clip(Q_q(idle gap) or Q_q(tool latency), min_ttl_s, max_ttl_s)
-
-  (SAGA: hold the KV across the tool call for as long as the tool is likely to run, and no
-  longer; ``Q_0.95`` of the tool's fitted lognormal is ``exp(μ + 1.645·σ)``);
-* **dropped** (rank ``DROP``, evicted before anything else) only when the path predicts the
-  end: the automaton gives ``P(no call follows) ≥ drop_end_p`` (``p_end``; without it,
-  ``E[remaining calls] < min_remaining_calls``), or the path does not come back to this lineage.
-  A session whose graph never predicts its end (a single-agent loop whose every state may go
-  on, like SWE-agent's) is never dropped early: it is kept for the TTL, then plain LRU;
-* left **neutral** (rank ``NEUTRAL``, plain LRU) when there is no prediction
-  (``known: false``) — we serve reactively;
-* **dropped** whatever the prediction when the call is announced as its session's last
-  (``session_end``: the client's ``app_metadata.last_call``, or the served ``p_end`` at or above
-  the gateway's ``--session-end-p``; :mod:`serving_hooks.policies.session_end`): its KV is
-  released, never kept for a TTL.
-
-A kept prefix falls back to ``NEUTRAL`` once ``retain_until`` has passed, so a retention can
-never pin memory forever. The eviction order is then ``(rank at now, last access)``,
-smallest first: dropped prefixes go first, then the ordinary LRU crowd, and retained
-prefixes only when nothing else is left.
-
-Keeping is off by default (``keep_idle=False``): a call that would be kept is left ``NEUTRAL``
-(LRU), dropping works as above. Why: the TTL covers the *idle gap* (finish → the session's next
-arrival), but under load the next call then waits in the queue, the TTL runs out before it is
-admitted, and the pinned prefix only displaced the running calls' KV. Chosen on the seven
-simulator validation runs (``profiler simulate --scenario S --seed D``, D = 100, 101 of
-``pythia-like``, ``agent-platform``, ``agent-platform-bursty``, and the real coding-trace mix at
-``--load peak --seed 100``; docs/simulator.md, "Fifth round"): avg JCT without keeping ÷ with it
-1.000, 1.001, 1.000, 0.996, 1.001, **0.933** (bursty 101), **0.983** (the mix) — never
-measurably worse, up to 7 % better where queues form. ``keep_idle=True`` (the SGLang plugin's
-``AWP_KEEP_IDLE=1``, the simulator's ``ours-keep-idle``) keeps as described.
-
-``revisit_p`` is the probability that a later call of the session reuses this prefix; see
-:func:`revisit_probability` for how it is read from the graph predictions.
+A kept prefix falls back to ``NEUTRAL`` once ``retain_until`` has passed, so a retention never
+pins memory forever; the eviction order is ``(rank at now, last access)``, smallest first.
+Keeping is off by default (``keep_idle=False``: a call that would be kept stays ``NEUTRAL``);
+why, with the simulator runs that chose it: docs/keep-alive.md, "The keep/drop rule".
+``revisit_p`` is read from the graph predictions by :func:`revisit_probability`.
 """
 from __future__ import annotations
 
@@ -56,7 +26,7 @@ from enum import IntEnum
 from statistics import NormalDist
 
 from predictors.served import HELD_TTL_MAX_S, HELD_TTL_MIN_S
-from serving_hooks.policies.annotations_view import CallView
+from predictors.contract import Annotation
 
 
 class RetentionRank(IntEnum):
@@ -94,7 +64,7 @@ def lognormal_quantile(mu: float, sigma: float, q: float = 0.95) -> float:
     return math.exp(mu + sigma * NormalDist().inv_cdf(q))
 
 
-def revisit_probability(view: CallView, lineage: str = "session") -> float:
+def revisit_probability(ann: Annotation, lineage: str = "session") -> float:
     """Probability that a later call of this session reuses the finished call's prefix.
 
     * ``lineage="session"`` (default; agents that extend one conversation, like SWE-agent):
@@ -106,17 +76,17 @@ def revisit_probability(view: CallView, lineage: str = "session") -> float:
       probability when the next agent is this one, else 1 when the graph's expected
       distance to this agent is within the remaining calls, else 0.
     """
-    remaining = view.exp_remaining_calls or 0.0
+    remaining = ann.expected_remaining_calls or 0.0
     if lineage == "session":
-        if view.p_end is not None:
-            return max(0.0, min(1.0, 1.0 - view.p_end))
+        if ann.p_end is not None:
+            return max(0.0, min(1.0, 1.0 - ann.p_end))
         return max(0.0, min(1.0, remaining))
     if lineage != "agent":
         raise ValueError(f"lineage must be 'session' or 'agent', got {lineage!r}")
-    for agent, p in view.next_agents:
-        if agent == view.agent:
-            return p
-    distance = view.expected_distance.get(view.agent or "")
+    for nxt in ann.next_agents:
+        if nxt.agent_id == ann.agent_id:
+            return nxt.p
+    distance = ann.expected_distance.get(ann.agent_id or "")
     if distance is not None and distance <= max(1.0, remaining):
         return 1.0
     return 0.0
@@ -207,21 +177,24 @@ class KeepDropPolicy:
             return Retention(RetentionRank.NEUTRAL, now, now, f"keeping off (would retain {ttl:.2f}s)")
         return Retention(RetentionRank.KEEP, now + ttl, now, f"retain {ttl:.2f}s")
 
-    def decide_view(self, view: CallView, now: float) -> Retention:
-        """:meth:`decide` from a :class:`CallView` (the gateway's custom_params or annotations).
+    def decide_annotation(self, ann: Annotation, now: float, tool: str | None = None) -> Retention:
+        """:meth:`decide` from one call's :class:`Annotation` (the gateway's, or the plugin's
+        read back from custom_params).
 
         The TTL before bounding is, first available: ``keep_alive_ttl_s`` (the idle-gap
         quantile, what the KV actually waits for), ``retain_s`` (the predictor's tool-latency
-        quantile), ``tool_p95_s``.
+        quantile), the p95 of ``tool`` (None: the agent's most frequent tool,
+        :meth:`Annotation.tool_p95_of`).
         """
-        ttl = next((v for v in (view.keep_alive_ttl_s, view.retain_s) if v is not None), view.tool_p95_s)
+        ttl = next((v for v in (ann.keep_alive_ttl_s, ann.retain_s) if v is not None),
+                   ann.tool_p95_of(tool))
         return self.decide(
             now,
-            view.known,
-            view.exp_remaining_calls,
-            revisit_probability(view, self.lineage),
+            ann.known,
+            ann.expected_remaining_calls,
+            revisit_probability(ann, self.lineage),
             tool_p95_s=ttl,
-            p_end=view.p_end,
-            session_end=view.session_end is True,
+            p_end=ann.p_end,
+            session_end=ann.session_end is True,
         )
 

@@ -1,47 +1,20 @@
 """Plugin settings, read from the environment of the SGLang server process.
 
 Every knob has a default that works; set the variables before ``python -m
-sglang.launch_server`` (the scheduler processes inherit them).
-
-=================================  =========  ==============================================
-variable                           default    meaning
-=================================  =========  ==============================================
-``AWP_SGLANG_PLUGIN``              ``0``      ``1`` turns the plugin on; anything else registers
-                                              nothing (installed but off: opt-in per server)
-``AWP_PRIORITY_AGING_PER_S``       ``1e-5``   score added per second of a workflow's age (alg. 3)
-``AWP_PRIORITY_AGING_PER_DURATION`` ``off``   aging per expected session duration (the gateway's
-                                              ``aging_per_duration``, e.g. ``0.03``); ``off``:
-                                              every session ages at ``AWP_PRIORITY_AGING_PER_S``
-``AWP_PRIORITY_SCALE``             ``1000``   score → SGLang integer priority multiplier
-``AWP_KEEP_IDLE``                  ``0``      keep a session's prefix for its predicted idle gap
-                                              (``KEEP``); off: only dropping (``KeepDropPolicy``)
-``AWP_KEEP_MAX_TTL_S``             ``120``    upper bound of a retention TTL (SAGA)
-``AWP_KEEP_MIN_REVISIT_P``         ``0.3``    below this revisit probability a prefix is dropped
-``AWP_KEEP_LINEAGE``               ``session`` what counts as a revisit: ``session`` or ``agent``
-``AWP_PREFETCH_MIN_P``             ``0.5``    smallest next-agent probability worth staging
-``AWP_PREFETCH_TRANSFER_TOK_S``    ``200000`` tokens/s of the copy into host memory
-``AWP_PREFETCH_DECODE_TOK_S``      ``40``     decode speed used to predict a call's finish
-``AWP_PREFETCH``                   ``1``      ``0`` disables host prefetch staging
-``AWP_DECISION_CLOCK``             ``auto``   time used by aging and retention: ``local``,
-                                              ``step``, or ``auto`` (``step`` when TP > 1)
-``AWP_STEP_S``                     ``0.025``  seconds one scheduler step counts as (``step``)
-``AWP_UNTAGGED``                   ``age``    requests without custom_params: ``age`` (default
-                                              priority + aging) or ``off`` (left to SGLang)
-``AWP_LOG_EVERY_S``                ``60``     period of the counters log line (``0``: never)
-``AWP_SGLANG_DEBUG``               ``0``      ``1`` logs every decision (priority, keep/drop)
-=================================  =========  ==============================================
+sglang.launch_server`` (the scheduler processes inherit them). ``AWP_SGLANG_PLUGIN=1`` turns the
+plugin on (installed but off otherwise: opt-in per server); the others tune priority aging
+(``AWP_PRIORITY_*``), keep/drop (``AWP_KEEP_*``), host prefetch (``AWP_PREFETCH*``), the decision
+clock (``AWP_DECISION_CLOCK``, ``AWP_STEP_S``), untagged requests (``AWP_UNTAGGED``) and logging
+(``AWP_LOG_EVERY_S``, ``AWP_SGLANG_DEBUG``). The table of every variable, its default and
+meaning: docs/sglang.md, "Plugin settings".
 
 Rank consensus: under tensor parallelism every TP rank runs its own scheduler over the same
 broadcast requests and must take the same decisions (SGLang asserts on it in write-back HiCache
-mode). The priority aging and the retention deadlines depend on "now"; each rank's clock reads a
-slightly different moment, and a rounding can then differ. With TP > 1 (``auto``) or
-``AWP_DECISION_CLOCK=step`` the plugin's "now" is the scheduler's forward-step counter
-(``Scheduler.forward_ct``, the same on every rank because all ranks run the same batches) times
-``AWP_STEP_S``: every rank computes the same priorities and deadlines. The cost: aging and TTLs
-advance with work done, not wall time (they stand still while the engine idles, when nothing
-waits and nothing needs evicting); set ``AWP_STEP_S`` near your decode step time. API-server
-timestamps do not reach the scheduler in SGLang 0.5.23, so there is no shared wall clock to use.
-With one rank (``auto``) the process clock is used as before.
+mode). With TP > 1 (``auto``) or ``AWP_DECISION_CLOCK=step`` the plugin's "now" is the
+scheduler's forward-step counter (``Scheduler.forward_ct``, the same on every rank) times
+``AWP_STEP_S``, so every rank computes the same priorities and deadlines; aging and TTLs then
+advance with work done, not wall time. With one rank (``auto``) the process clock is used. Why
+there is no shared wall clock: docs/sglang.md, "Tensor parallelism".
 """
 from __future__ import annotations
 

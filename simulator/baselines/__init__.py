@@ -1,27 +1,10 @@
 """Faithful re-implementations of the baselines the issue compares against.
 
-=================  ==============================  ==========================  =====================
-name               scheduler                       router                      eviction
-=================  ==============================  ==========================  =====================
-sglang-default     FCFS                            cache-aware (SGLang router  LRU (+ host LRU)
-                                                   defaults)
-sglang-rr          FCFS                            round robin                 LRU (+ host LRU)
-least-load         FCFS                            least outstanding tokens    LRU
-autellix-plas      PLAS, multi-level, preemptive   least-used, long prompts    LRU
-                   anti-starvation                 pinned to their session
-continuum-ttl      program-level FCFS              session affinity            LRU + TTL pins
-mori-idleness      FCFS                            session affinity            idleness rank, both tiers
-saga               Agent Fair Share                affinity + work stealing    workflow-aware LRU + TTL
-astraea            MLFQ + HRRN aging               least outstanding tokens    keep / swap / discard
-belady             FCFS                            session affinity            Bélády MIN (oracle)
-oracle-srpt        workflow SRPT (oracle)          session affinity            LRU
-nat-hints          FCFS shifted by NAT's latency   Dynamo KV router (prefill   LRU + TTL pins of
-                   sensitivity (Dynamo)            + load cost)                remaining × IAT
-observable-ref     Gittins rank of the remaining   session affinity            LRU
-                   work given type, calls done,
-                   tokens so far (reference,
-                   non-clairvoyant, in-sample)
-=================  ==============================  ==========================  =====================
+Each baseline is a scheduler, a router and an eviction order, as its project documents it:
+``sglang-default``, ``sglang-rr``, ``least-load``, ``autellix-plas``, ``continuum-ttl``,
+``mori-idleness``, ``saga``, ``astraea``, ``belady``, ``oracle-srpt``, ``nat-hints``,
+``sglang-sticky``, ``sglang-session-close``, ``thunderagent`` and ``observable-ref``. The table of
+what each schedules, routes and evicts: docs/simulator.md, "Policies".
 
 ``nat-hints`` is built from data: its prediction trie is fit on the train split
 (:data:`TRAINED_BASELINES`, given the train records; :mod:`simulator.baselines.nat_hints`).
@@ -48,6 +31,8 @@ from simulator.baselines.nat_hints import nat_hints_policy
 from simulator.baselines.observable import ObservableRemaining
 from simulator.baselines.routers import AutellixRouter, CacheAware, LeastLoad, RoundRobin, StickyLeastLoad
 from simulator.baselines.schedulers import FCFS, PLAS, OracleSRPT, ProgramFCFS
+from simulator.baselines.sessions import (SessionRadixCache, StickyRouter, ThunderAgentCache, ThunderAgentControl,
+                                          ThunderAgentRouter, ThunderAgentScheduler)
 from simulator.baselines.seeds import AgentFairShare, AstraeaCache, AstraeaMLFQ, SagaCache, SagaRouter
 from simulator.policy import Policy
 
@@ -76,6 +61,16 @@ BASELINES: dict[str, Callable[[], Policy]] = {
                              "offline-optimal (MIN) eviction, oracle of future accesses"),
     "oracle-srpt": lambda: Policy("oracle-srpt", StickyLeastLoad(), OracleSRPT(), LRU(),
                                   "clairvoyant workflow-level shortest remaining work first"),
+    "sglang-sticky": lambda: Policy("sglang-sticky", StickyRouter(), FCFS(), LRU(),
+                                    "FCFS, LRU, SGLang router --policy sticky (a session stays on "
+                                    "its worker until idle > --sticky-idle-secs 600; new ones "
+                                    "round robin)"),
+    "sglang-session-close": lambda: Policy("sglang-session-close", StickyRouter(), FCFS(), SessionRadixCache(),
+                                           "FCFS, SGLang router --policy sticky, "
+                                           "--enable-session-radix-cache: an open session's KV is "
+                                           "evicted after all unreferenced KV, dereferenced by "
+                                           "close_session at the session's true end"),
+    "thunderagent": lambda: _thunderagent(),
     "observable-ref": lambda: Policy("observable-ref", StickyLeastLoad(),
                                      ObservableRemaining(neighbours=50), LRU(),
                                      "reference (non-clairvoyant, in-sample): Gittins rank of the "
@@ -97,6 +92,15 @@ BASELINES: dict[str, Callable[[], Policy]] = {
                                            "given workflow type and calls done only"),
 }
 
+def _thunderagent() -> Policy:
+    control = ThunderAgentControl()
+    return Policy("thunderagent", ThunderAgentRouter(control), ThunderAgentScheduler(control),
+                  ThunderAgentCache(control),
+                  "Dynamo ThunderAgent program scheduler: pause tool-waiting programs over 0.95 of "
+                  "GPU+host KV, resume smallest first under 0.85 (BFD), paused KV evicted first; "
+                  "Dynamo KV router", extras=(control,))
+
+
 #: Baselines fit on the train split: name -> factory of the train records.
 TRAINED_BASELINES: dict[str, Callable[[Sequence[dict]], Policy]] = {
     "nat-hints": nat_hints_policy,
@@ -104,5 +108,5 @@ TRAINED_BASELINES: dict[str, Callable[[Sequence[dict]], Policy]] = {
 
 __all__ = ["BASELINES", "TRAINED_BASELINES", "LRU", "Belady", "ContinuumTTL", "MoriIdleness", "AutellixRouter", "CacheAware",
            "LeastLoad", "RoundRobin", "StickyLeastLoad", "FCFS", "PLAS", "OracleSRPT", "ProgramFCFS",
-           "ObservableRemaining",
+           "ObservableRemaining", "StickyRouter", "SessionRadixCache", "ThunderAgentControl",
            "SagaRouter", "SagaCache", "AgentFairShare", "AstraeaMLFQ", "AstraeaCache"]

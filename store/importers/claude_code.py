@@ -15,30 +15,11 @@ schema notes such as 23min/copilot-lens ``docs/research/claude-code-sessions.md`
   ``ai-title``, ``last-prompt``, ``system``, ``summary``, ``progress``, ``queue-operation`` … —
   hold no call and are skipped silently.
 
-One flat record per assistant ``message.id``:
-
-=====================  ============================================================================
-``request_id``         ``claude-code:<sessionId>:<message.id>``
-``workflow_type_id``   ``claude_code`` (what the gateway calls Claude Code sessions by default), or
-                       ``--workflow-type``; ``{project}`` in it is replaced by the project's folder
-                       name (the last part of the records' ``cwd``)
-``workflow_id``        ``sessionId`` (what Claude Code sends as ``x-claude-code-session-id``)
-``agent_id``           ``main``; a subagent (``isSidechain``: a ``Task``/``Agent`` tool's run, in
-                       ``<session>/subagents/agent-<id>.jsonl`` or inline) is its own agent of the
-                       same workflow, named by the tool's ``subagent_type`` (``Explore``, ``Plan``…)
-                       when the spawning call is found, else ``subagent``
-``t_arrival``          the latest input the call answers (the user prompt or the last tool result
-                       before it; else its first record)
-``t_finish``           the last record of the message
-``input_tokens``       ``input_tokens + cache_creation_input_tokens + cache_read_input_tokens``
-``cached_tokens``      ``cache_read_input_tokens``
-``output_tokens``      ``output_tokens``
-``tool_calls``         each ``tool_use`` with ``t_start`` = its record's time and ``t_end`` = the
-                       time of the record holding its ``tool_result`` (``status`` error when
-                       ``is_error``); a tool without a result keeps only its name
-``wait_after``         ``"human"`` on the call after which a person typed the next prompt (the gap
-                       to the next call is think time, not tool time; log-format extra field)
-=====================  ============================================================================
+One flat record per assistant ``message.id``: ``workflow_id`` = ``sessionId``, ``agent_id``
+``main`` or the subagent's type, ``t_arrival`` = the latest input the call answers, ``t_finish``
+= its last record, input tokens = uncached + cache creation + cache read, tool calls timed from
+``tool_use`` to its ``tool_result``, ``wait_after: "human"`` before a typed prompt. The field
+table: docs/importers.md, "Coding agents on your own machine".
 
 Kept besides: ``model``, ``stop_reason``, the token split (``cache_creation_tokens``,
 ``uncached_input_tokens``), and — unless ``--no-text`` — the visible ``response_text``. Prompts,

@@ -14,37 +14,11 @@ conventions say which spans are LLM calls, agents and tools:
 * **OpenInference** (Arize-ai/openinference ``spec/semantic_conventions.md``, what Phoenix
   shows): ``openinference.span.kind`` = ``LLM`` (call), ``AGENT``, ``TOOL``.
 
-==============================================  ===============================================
-span / attribute                                flat record field
-==============================================  ===============================================
-span start / end                                ``t_arrival`` / ``t_finish``
-``gen_ai.usage.input_tokens`` / ``output_tokens``  ``input_tokens`` / ``output_tokens`` (also the
-(``prompt_tokens`` / ``completion_tokens``;      older names; absent = left out, never guessed)
-OpenInference ``llm.token_count.prompt`` /
-``completion``)
-``gen_ai.usage.cache_read.input_tokens``        ``cached_tokens``
-(``llm.token_count.prompt_details.cache_read``)
-``gen_ai.response.model`` / ``request.model``   ``model``
-(``llm.model_name``)
-``gen_ai.agent.name`` / ``agent.name`` /       ``agent_id`` (else the name of the nearest
-``agent_name`` / ``graph.node.name|id``, a      ``invoke_agent`` / ``AGENT`` ancestor, minus its
-LangGraph ``metadata.langgraph_node``, an       ``invoke_agent`` prefix; else ``"default"``)
-OpenLLMetry ``traceloop.entity.name`` of kind
-``agent``, on the span or an ancestor
-LangGraph ``metadata.langgraph_node``, an      ``stage`` (optional, see docs/log-format.md): the
-OpenLLMetry ``traceloop.entity.name`` of kind   framework step the call ran in, on the span or
-``task`` (CrewAI tasks, ``@task`` functions)    its nearest ancestor that names one
-``gen_ai.conversation.id`` / ``session.id``     ``workflow_id`` (else the trace id)
-``gen_ai.workflow.name`` (span or ancestor)     ``workflow_type_id`` (else resource
-                                                ``service.name``, else ``"otel"``)
-span status ERROR or ``error.type``             ``status = "error"``
-tool span (``gen_ai.tool.name`` / ``tool.name``)  an entry of ``tool_calls`` of the latest call of
-                                                the same workflow (same agent when known) that
-                                                finished before the tool started
-``gen_ai.input.messages`` / ``output.messages`` ``messages`` (OpenAI chat shape) / ``response_text``
-(``llm.input_messages.N.message.*``,
-``llm.output_messages.0.message.content``)
-==============================================  ===============================================
+A call span becomes one flat record (start / end → ``t_arrival`` / ``t_finish``; usage
+attributes → token counts, absent = left out, never guessed; the agent from the span or its
+nearest agent ancestor; the conversation / session id → ``workflow_id``, else the trace id); a
+tool span becomes a ``tool_calls`` entry of the latest call of its workflow that finished before
+it. The attribute → field table: docs/importers.md, "OpenTelemetry GenAI spans".
 
 Spans of other operations (HTTP, database, ``embeddings``, CHAIN...) only serve as ancestors.
 Spans are grouped per file, so keep the spans of one conversation in one file.

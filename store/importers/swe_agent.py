@@ -1,53 +1,30 @@
 """SWE-agent trajectories (``<instance>.traj``, with or without ``<instance>.debug.log``) -> flat records.
 
 A SWE-agent 1.x ``.traj`` file is one JSON document ``{"trajectory": [step, ...], "history": [...],
-"info": {"model_stats": {"tokens_sent", "tokens_received", "api_calls", ...}, "exit_status", ...},
-"replay_config": "<json>", "environment": "<instance>"}``; each step is
-``{"action", "observation", "response", "thought", "execution_time", "state", "query", "extra_info"}``
-(``sweagent/types.py: TrajectoryStep``; ``docs/usage/trajectories.md`` of SWE-agent/SWE-agent).
-It holds **no wall-clock time and no per-call token counts** — only per-instance totals in
-``info.model_stats``. Those live in the per-instance debug log that ``sweagent run-batch`` writes
-beside the trajectory (``<output>/<instance>/<instance>.debug.log``, format
-``"%(asctime)s - %(levelname)s - %(name)s - %(message)s"``, ``sweagent/utils/log.py``):
+"info": {"model_stats": {...}, "exit_status", ...}, "replay_config": "<json>", "environment"}``;
+each step is ``{"action", "observation", "response", "thought", "execution_time", "state",
+"query", "extra_info"}`` (``sweagent/types.py: TrajectoryStep``). It holds **no wall-clock time
+and no per-call token counts**. Those live in the per-instance debug log that ``sweagent
+run-batch`` writes beside it (format ``"%(asctime)s - %(levelname)s - %(name)s - %(message)s"``,
+``sweagent/utils/log.py``), whose lines this reader parses:
 
 * ``... - INFO - swea-agent - ========================= STEP 3 =========================`` opens a
   step (``DefaultAgent.step``);
 * ``... - DEBUG - swea-lm - input_tokens=6,736, output_tokens=81, instance_cost=..., cost=...``
   closes one LLM call (``LiteLLMModel._update_stats``; a step has several when the model was
   re-queried after a format error);
-* ``... - INFO - swea-agent - 💭 THOUGHT ...`` is logged once the action is parsed, right before it
-  runs (``DefaultAgent.forward``).
+* ``... - INFO - swea-agent - 💭 THOUGHT ...`` is logged right before the action runs.
 
-With the debug log, one flat record per LLM call: ``t_arrival`` = the STEP line (or the previous call's end for a
-re-query), ``t_finish`` = its token line, tokens from that line; the last call of step *n* carries
-the step's tool: its name is the first word of ``action`` (``str_replace_editor``, ``python``,
-``grep``, ``submit``...), it starts at the THOUGHT line and lasts ``execution_time``. ``messages``
-are the step's exact ``query`` and ``response_text`` its ``response``. asctime has no offset: it is
-read in ``timezone`` (default UTC).
-
-**The .traj alone** (what published runs and SWE-agent's own test data ship) is read *in order*:
-one record per step, ``timing = "synthetic_order"`` and ``t_arrival = t_finish = `` the step's
-position (0, 1, 2...; no time is made up), the step's action as a tool name (``tool_calls`` with
-zero duration at that position; its real ``execution_time`` kept as ``tool_execution_s``).
-Token counts come from the step when it carries them — ``extra_info.model_stats`` /
-``model_stats`` (cumulative ``tokens_sent``/``tokens_received`` as SWE-agent's ``InstanceStats``
-keeps them: differences of consecutive steps; or per-call ``input_tokens``/``output_tokens``) —
-or from ``info.model_stats`` when the run made exactly one call.
-
-A trajectory with none of these holds only run totals (what published SWE-agent 1.x runs ship):
-its steps are still imported in order, with their tool names and real execution times, and
-flagged ``tokens_unknown: true`` (counts written as 0; ``profiler fit`` leaves such calls out of
-the output-length bands) with a warning naming the totals. With ``estimate_tokens=True``
-(``profiler import --estimate-tokens``) the counts are estimated from the step's own text instead
-— input from its ``query`` messages, output from its ``response``, UTF-8 bytes / 4 — and flagged
-``tokens_estimated: true``, ``token_estimate_method: "utf8_bytes/4"``.
-
-In order, a tool's placement is the step's position but its duration is real: ``t_start`` = the
-position, ``t_end`` = position + ``execution_time``, and the record says ``tool_timing:
-"duration_only"`` (an order-only fit then still fits tool latency from these durations).
+With the debug log: one record per LLM call, timed and counted from those lines, the last call of
+a step carrying the step's tool (first word of ``action``, lasting ``execution_time``); asctime
+has no offset and is read in ``timezone`` (default UTC). With the ``.traj`` alone: one record per
+step *in order* (``timing = "synthetic_order"``, the step's position as its time, no time made
+up), token counts from the step when it carries them, else ``tokens_unknown: true`` (or estimated
+from the step's text with ``estimate_tokens=True``, flagged ``tokens_estimated``).
 
 ``workflow_id`` = ``<run folder>/<instance>``, ``workflow_type_id`` = ``swe_agent`` unless given,
-``agent_id`` = the ``agent`` of the step's messages (``main``).
+``agent_id`` = the ``agent`` of the step's messages (``main``). Field by field, with the fit's
+handling of unknown and estimated counts: docs/importers.md, "SWE-agent".
 """
 from __future__ import annotations
 
