@@ -3,13 +3,15 @@
     python bench/bench_online_calibration.py [--workflows 400] [--seed 0] [--train 0.7] [LOG ...]
 
 For each log (default: the ``messy`` generated workload, whose release at the midpoint changes
-agents and lengths, and the stationary ``coding-assistant``; or the flat log files given), the
+agents and lengths, the stationary ``coding-assistant``, and ``drift-team``, whose prompt
+variant b's narrow agents grow 1.5–3×; or the flat log files given), the
 first ``--train`` share of workflows by start time trains a profile (``profiler fit``), and the
 rest is replayed in arrival order by :func:`profiler.online_eval.online_scores` (what
 ``profiler eval --online`` prints): each band served before its call, each finished call fed
 back. Prints one line per log: coverage and mean width of the online (calibrated) band, the
-static (fitted) band and the per-agent empirical band, the width ratio online / empirical, and
-which workflow types' drift alarm fired.
+static (fitted) band, the per-agent empirical band and the global band, the width ratio online /
+empirical, how many bands the global arm served (:mod:`predictors.online_calibration`) and how
+often a key switched arms, and which workflow types' drift alarm fired; then the same per type.
 """
 from __future__ import annotations
 
@@ -28,7 +30,7 @@ from profiler.online_eval import online_scores  # noqa: E402
 from store.duckdb_store import connect  # noqa: E402
 from store.workloads import generate, write_jsonl  # noqa: E402
 
-GENERATED = ("messy", "coding-assistant")
+GENERATED = ("messy", "coding-assistant", "drift-team")
 
 
 def time_split(records: list[dict], train: float) -> tuple[list[dict], list[dict]]:
@@ -74,11 +76,25 @@ def main() -> None:
             emp = r["baselines"]["per_agent_empirical"]
             on, st = r["online"], r["static"]
             fired = sorted(wt for wt, a in r["drift_alarm"].items() if a["fired"])
+            glob = r["baselines"]["global"]
+            arms = r.get("band_arms") or {}
+            served = sum(a["served"] for a in arms.values())
+            from_global = sum(a["served_global"] for a in arms.values())
             print(f"{name}: {r['scored']} calls, nominal {r['nominal']:.2f} | online cov {on['coverage']:.4f} "
                   f"width {on['mean_width']:.0f} (worst window {on['worst_window_coverage']}) | static cov "
                   f"{st['coverage']:.4f} width {st['mean_width']:.0f} | per-agent empirical cov "
-                  f"{emp['coverage']:.4f} width {emp['mean_width']:.0f} | online/empirical width "
-                  f"{r['width_vs_per_agent_empirical']:.3f} | alarm fired: {fired or 'none'}", flush=True)
+                  f"{emp['coverage']:.4f} width {emp['mean_width']:.0f} | global cov {glob['coverage']:.4f} "
+                  f"width {glob['mean_width']:.0f} | online/empirical width "
+                  f"{r['width_vs_per_agent_empirical']:.3f} | global arm served {from_global}/{served}, "
+                  f"switches {sum(a['switches'] for a in arms.values())} | alarm fired: {fired or 'none'}",
+                  flush=True)
+            for wt, t in sorted(r["by_type"].items()):
+                a = arms.get(wt) or {}
+                print(f"    {wt}: {t['calls']} calls | online cov {t['online']['coverage']:.4f} width "
+                      f"{t['online']['mean_width']:.0f} | static cov {t['static']['coverage']:.4f} width "
+                      f"{t['static']['mean_width']:.0f} | global arm served {a.get('served_global', 0)}/"
+                      f"{a.get('served', 0)}, switches {a.get('switches', 0)}, at the end: "
+                      f"{', '.join(a.get('global_at_end') or []) or 'none'}", flush=True)
 
 
 if __name__ == "__main__":

@@ -13,7 +13,9 @@ set). With ``--cv K`` every set is scored by K-fold cross-validation by workflow
 folds grouped by task where a set repeats one (:data:`TASK_GROUPS`; ``--no-task-groups`` deals
 workflows). ``--time`` adds a time-ordered split (per type, fit on the 70 % of workflows that
 started first) and, on it, the band and keep-alive TTL replayed online (``profiler eval
---online``) beside the static ones. For the generated Pythia workloads the bench also prints the
+--online``) beside the static ones, with the global band on the same calls, the served minus
+global coverage and width ± their jackknife standard errors and the global arm's share of the
+served bands (:mod:`predictors.online_calibration`). For the generated Pythia workloads the bench also prints the
 **Bayes bound** of next-agent top-1 (the generator's own structure simulated to get
 P(next | whole history)). After each table, the remaining-tokens C-index of ours beside every
 baseline, with ours minus the best baseline ± its jackknife standard error.
@@ -58,7 +60,7 @@ REAL_SETS = {
     "mini_swe": "mini_swe_agent_gemini3.jsonl",
 }
 #: Generated sets (workload name -> workflows) scored beside their Bayes bound.
-GENERATED = {"coding-assistant": 400, "deep-research": 400}
+GENERATED = {"coding-assistant": 400, "deep-research": 400, "drift-team": 400}
 #: Sets whose workflows repeat a task: (field, pattern) of the task id, for grouped CV folds.
 TASK_GROUPS = {"swe_agent": ("workflow_id", "[^/]+$"), "agentless": ("workflow_id", "[^/]+$")}
 SHARED = REPO.parent / "shared" / "datasets"
@@ -131,7 +133,11 @@ def online_band(online: dict[str, Any]) -> dict[str, Any]:
         return {k: s[k] for k in ("coverage", "mean_ttl_s", "kv_s_per_covered_gap")}
     out = {"nominal": online["nominal"], "served": "online",
            "online": pick(online["online"]), "static": pick(online["static"]),
-           "by_type": {wt: {"calls": t["calls"], "online": pick(t["online"]), "static": pick(t["static"])}
+           "global": pick(online["baselines"]["global"]), "online_vs_global": online.get("online_vs_global"),
+           "band_arms": online.get("band_arms") or {},
+           "by_type": {wt: {"calls": t["calls"], "online": pick(t["online"]), "static": pick(t["static"]),
+                            "global": pick(t["global"]) if t.get("global") else None,
+                            "online_vs_global": t.get("online_vs_global")}
                        for wt, t in online["by_type"].items()}}
     out["remaining_tokens"] = online.get("remaining_tokens")
     ka = online.get("keep_alive")
@@ -145,12 +151,16 @@ def online_band(online: dict[str, Any]) -> dict[str, Any]:
 
 def online_band_table(timed: dict[str, dict[str, Any]]) -> Table:
     """Per set and workflow type: the static (fitted) band vs the online-calibrated (served) band
-    on the time split (coverage, mean width), and the same for the keep-alive TTL (coverage of
-    the idle gaps, KV-seconds held per covered gap; n/a without real times)."""
+    on the time split (coverage, mean width), the global band beside them with the served minus
+    global differences ± their jackknife standard errors and the global arm's share of the served
+    bands (switches), and the same for the keep-alive TTL (coverage of the idle gaps, KV-seconds
+    held per covered gap; n/a without real times)."""
     table = Table(title="output-length band and keep-alive TTL on the time split: static (fitted) vs online "
                         "(served: the Predictor calibrates both online by default)")
     for col in ("set", "type", "nominal", "static coverage", "static width", "online coverage (served)",
-                "online width (served)", "keep-alive nominal", "keep-alive static coverage",
+                "online width (served)", "global coverage", "global width", "served − global coverage ± se",
+                "served − global width ± se", "global arm served (switches)", "keep-alive nominal",
+                "keep-alive static coverage",
                 "static KV-s / covered gap", "keep-alive online coverage (served)", "online KV-s / covered gap"):
         table.add_column(col, justify="left" if col in ("set", "type") else "right")
 
@@ -163,12 +173,28 @@ def online_band_table(timed: dict[str, dict[str, Any]]) -> Table:
             continue
         ka = band.get("keep_alive") or {}
         ka_types = ka.get("by_type") or {}
+        arms = band.get("band_arms") or {}
         rows = [("all", band, ka)] + [(wt, b, ka_types.get(wt) or {})
                                       for wt, b in sorted((band.get("by_type") or {}).items())]
+
+        def diff(v: dict | None, key: str, spec: str) -> str:
+            if not v or v.get(key) is None:
+                return "n/a"
+            se = v.get(f"{key}_se")
+            mark = " (dominated)" if key == "coverage_diff" and v.get("dominated") else ""
+            return f"{v[key]:+{spec}}" + (f" ± {se:{spec}}" if se is not None else "") + mark
         for wt, b, k in rows:
+            a = ({"served": sum(x["served"] for x in arms.values()),
+                  "served_global": sum(x["served_global"] for x in arms.values()),
+                  "switches": sum(x["switches"] for x in arms.values())} if wt == "all" else arms.get(wt))
+            g = b.get("global") or {}
             table.add_row(label, wt, fmt(band.get("nominal"), ".2f"),
                           fmt(b["static"].get("coverage"), ".3f"), fmt(b["static"].get("mean_width"), ",.0f"),
                           fmt(b["online"].get("coverage"), ".3f"), fmt(b["online"].get("mean_width"), ",.0f"),
+                          fmt(g.get("coverage"), ".3f"), fmt(g.get("mean_width"), ",.0f"),
+                          diff(b.get("online_vs_global"), "coverage_diff", ".3f"),
+                          diff(b.get("online_vs_global"), "width_diff", ",.0f"),
+                          f"{a['served_global']:,.0f}/{a['served']:,.0f} ({a['switches']:,.0f})" if a else "n/a",
                           fmt(ka.get("nominal"), ".2f"),
                           fmt((k.get("static") or {}).get("coverage"), ".3f"),
                           fmt((k.get("static") or {}).get("kv_s_per_covered_gap"), ".2f"),
@@ -339,7 +365,7 @@ def main() -> None:
                         if not path.exists():
                             write_jsonl(generate(name, GENERATED[name], seed=0), path)
                         result = score([path], base / name, cv, order=order)
-                        if not isinstance(result, Exception):
+                        if not isinstance(result, Exception) and "structure" in load_spec(name):
                             held_out = path if cv else base / name / "split" / "test"
                             result["bayes"] = bayes_top1(name, held_out)
                     source = f"profiler generate --workload {name} --workflows {GENERATED[name]} --seed 0"

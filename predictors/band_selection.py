@@ -29,6 +29,8 @@ validation figures.
 * ``empirical`` — ``np.quantile(y, [α/2, 1 − α/2])`` (linear interpolation: the naive band).
 * ``lognormal`` — the lognormal prediction interval exp(μ̂ ± t_{n−1,1−α/2} σ̂ √(1 + 1/n)) (n ≥ 3).
 * ``parent`` — the band the parent level serves (workflow type, then global), fit on the same folds.
+* ``global`` — at an agent node whose parent is not the global band itself: the global band, the
+  simplest baseline (issue 37: on a drifting log a pooled band can be the one that holds).
 * ``conditional`` — a quantile tree with a conformal correction (:mod:`predictors.quantile_tree`).
 
 **Rule.** A candidate is *accepted* when its held-out misses m out of N are no more than a band
@@ -42,6 +44,14 @@ candidate wins, so a band is never wider than its parent's unless validation rej
 (ties, e.g. a workflow type that is the whole log: the order of :data:`CANDIDATE_ORDER`, own
 bands first). When none is accepted, the one with the highest validation coverage (then the
 narrowest) wins and the entry says so.
+
+**Forward in time** (issue 37). Shuffled folds score a candidate on workflows from the whole
+training period; a drift inside it is averaged away. So the marginal candidates are also scored
+by rolling origin on the training calls (:data:`FORWARD_ORIGINS`: fit on the workflows that
+started before each origin, score on those up to the next, pooled), and among the candidates the
+held-out rule accepts, the narrowest that the same rule also accepts forward in time wins. When
+none holds forward, the held-out rule alone decides (a drift the forward blocks see but none of
+the candidates follows is the online calibration's to follow).
 
 **Ceiling.** No band end and no U(α) exceeds the node's ceiling
 ``min(max_output_tokens, ⌈CEILING_FACTOR · max(max y, 1)⌉)`` (``max_output_tokens`` when the user
@@ -60,7 +70,12 @@ CEILING_FACTOR = 2.0
 #: Binomial standard deviations of held-out misses tolerated above the nominal α·(N+1).
 TOLERANCE_Z = 1.0
 #: Order of preference among equally wide candidates.
-CANDIDATE_ORDER = ("order_stat", "one_sided", "empirical", "order_stat_ceiling", "lognormal", "conditional", "parent")
+CANDIDATE_ORDER = ("order_stat", "one_sided", "empirical", "order_stat_ceiling", "lognormal", "conditional", "parent",
+                   "global")
+#: Shares of the log's workflows (by start time) at which the forward rule's origins cut: at each,
+#: the candidates fit on the workflows before it are scored on those up to the next (rolling
+#: origin; the last block runs to the end of the training log).
+FORWARD_ORIGINS = (0.5, 0.6, 0.7, 0.8, 0.9)
 
 Band = tuple[float, float]
 
@@ -163,11 +178,18 @@ class FoldScores:
                 for name in self.miss}
 
 
-def choose(summary: dict[str, dict[str, Any]], allowed: Callable[[str], bool] = lambda _: True
-           ) -> tuple[str, str]:
-    """(name, reason): the narrowest accepted candidate, else the best-covering one."""
+def choose(summary: dict[str, dict[str, Any]], allowed: Callable[[str], bool] = lambda _: True,
+           forward: dict[str, dict[str, Any]] | None = None) -> tuple[str, str]:
+    """(name, reason): the narrowest accepted candidate, else the best-covering one. With
+    ``forward`` (the rolling-origin figures, :meth:`OutputLengthIntervals._forward_scores`),
+    the narrowest of those accepted both held out and forward in time, when there is one."""
     names = [c for c in CANDIDATE_ORDER if c in summary and allowed(c)]
     ok = [c for c in names if summary[c]["accepted"]]
+    both = [c for c in ok if forward and (forward.get(c) or {}).get("accepted")]
+    if both and both != ok:
+        best = min(both, key=lambda c: (summary[c]["mean_width"], names.index(c)))
+        return best, ("narrowest candidate whose held-out coverage reaches nominal, "
+                      "of those whose forward-in-time coverage does too")
     if ok:
         best = min(ok, key=lambda c: (summary[c]["mean_width"], names.index(c)))
         return best, "narrowest candidate whose held-out coverage reaches nominal"

@@ -58,6 +58,12 @@ class CompiledProfile:
         ol = data.get("output_length")
         self.bands = OutputBands.from_dict(ol) if ol else None
         self.coverage = float(ol["coverage"]) if ol else None
+        #: the global band ``(lo, hi, "global")``: every agent's second arm online
+        #: (:meth:`predictors.online_calibration.OnlineCalibrator.arms`, ``alternative``)
+        self.global_band: tuple[int, int, str] | None = None
+        if self.bands is not None and self.bands.global_:
+            g = self.bands.global_
+            self.global_band = (int(g["lo"]), int(g["hi"]), "global")
         tl = data.get("tool_latency")
         self.tools = ToolLatencyTable.from_dict(tl) if tl else None
         ig = data.get("idle_gap")

@@ -66,6 +66,13 @@ drift-weighted entry may have its quantile at its median, and a TTL that cannot 
 recover); the served TTL is ``c · r_t · ttl_z``, capped at the profile's ``max_ttl_s``
 (``predictors.Predictor``).
 
+**Never dominated by the global band** (issue 37). A level stretches a band only along the agent's
+own tail, too flat to follow a narrow agent whose outputs grow 2–3×. So each key serves one of
+two arms, its own band (as above) or the global band as fitted, whichever the interval score
+``(hi − lo) + (2/α)·(distance outside)`` of the outcomes so far puts ahead by :data:`ARM_MARGIN`
+paired standard errors (:meth:`OnlineCalibrator.record`); the key's level steps on its own arm's
+outcome, so a key that never switches is served as before (docs/output-length.md).
+
 A new profile keeps the levels (they describe the workload, not the fit) unless the
 caller :meth:`reset` s them. O(1) per outcome and per band.
 """
@@ -108,6 +115,14 @@ KEEP_ALIVE_ESCALATION_HORIZON = 10.0
 MIN_TAIL_SLOPE = math.log(MAX_STRETCH) / math.log(MIN_ALPHA_RATIO)
 #: The keep-alive TTL's nominal before a profile says its own (the idle-gap model's default quantile).
 KEEP_ALIVE_NOMINAL = 0.95
+#: The second arm (the global band, module doc): half-life of the evidence in outcomes of one key,
+#: the paired z it must pass to switch (either way: one standard error, the fit's TOLERANCE_Z),
+#: and the effective outcomes before any switch. Measured in docs/output-length.md.
+ARM_HALF_LIFE = 50.0
+ARM_MARGIN = 1.0
+ARM_MIN_OUTCOMES = 5.0
+#: The arms' names as :meth:`OnlineCalibrator.status` reports them.
+OWN_ARM, GLOBAL_ARM = "own", "global"
 #: The key of a workflow type's pooled level (every outcome of the type); a (type, agent) key
 #: that has had no outcome yet starts from it instead of from the nominal level.
 POOLED_AGENT = "\x00pooled"
@@ -172,6 +187,37 @@ def table_upper(table: Sequence[tuple[float, int]], alpha: float) -> float | Non
     return math.exp(min(math.log(u2) + slope * (math.log(alpha) - math.log(a2)), 700.0))
 
 
+def interval_score(lo: float, hi: float, y: float, alpha: float) -> float:
+    """The interval score of the central ``1 − alpha`` band ``[lo, hi]`` at outcome ``y``:
+    ``(hi − lo) + (2/α)·(lo − y)⁺ + (2/α)·(y − hi)⁺`` (lower is better; module doc)."""
+    return (hi - lo) + (2.0 / alpha) * (max(lo - y, 0.0) + max(y - hi, 0.0))
+
+
+class _Arms:
+    """One key's second arm: the global band's outcomes and misses, the EW sums of
+    ``d = S_own − S_global``, which arm is served and how often it switched."""
+
+    __slots__ = ("outcomes", "misses", "sw", "sw2", "swd", "swd2", "sww", "alt", "switches", "served_alt",
+                 "served")
+
+    def __init__(self) -> None:
+        self.outcomes = self.misses = 0
+        self.sw = self.sw2 = self.swd = self.swd2 = self.sww = 0.0   # sww: EW Σ (own − global width)
+        self.alt = False
+        self.switches = 0
+        self.served_alt = self.served = 0    # bands served from the global arm / in all
+
+    def z(self) -> float | None:
+        if self.sw <= 0:
+            return None
+        mean = self.swd / self.sw
+        var = max(self.swd2 / self.sw - mean * mean, 0.0)
+        n_eff = self.sw * self.sw / self.sw2
+        if var <= 0 or n_eff <= 1:
+            return None if mean == 0 else math.copysign(math.inf, mean)
+        return mean / math.sqrt(var / n_eff)
+
+
 def keep_alive_calibrator(nominal: float = KEEP_ALIVE_NOMINAL, **kwargs: Any) -> "OnlineCalibrator":
     """The keep-alive TTL's calibrator: one-sided, at the keep-alive defaults (module doc)."""
     kwargs.setdefault("rate", KEEP_ALIVE_RATE)
@@ -192,12 +238,16 @@ class OnlineCalibrator:
     escalation_horizon : H, the memory of the recent-miss count (0: plain ACI steps).
     tails : 2 for a two-sided band (each end at risk ``α_t / 2``: the output length), 1 for a
         one-sided bound (risk ``α_t``: the keep-alive TTL).
+    arm_half_life, arm_margin, arm_min_outcomes : the switch between a key's own band and the
+        global one (:meth:`serve`, :meth:`record`; module doc).
     """
 
     def __init__(self, nominal: float = 0.99, *, rate: float = DEFAULT_RATE,
                  min_alpha_ratio: float = MIN_ALPHA_RATIO, max_alpha_ratio: float = MAX_ALPHA_RATIO,
                  max_alpha: float = MAX_ALPHA, max_stretch: float = MAX_STRETCH,
-                 escalation_horizon: float = ESCALATION_HORIZON, tails: int = 2) -> None:
+                 escalation_horizon: float = ESCALATION_HORIZON, tails: int = 2,
+                 arm_half_life: float = ARM_HALF_LIFE, arm_margin: float = ARM_MARGIN,
+                 arm_min_outcomes: float = ARM_MIN_OUTCOMES) -> None:
         if not 0.0 < nominal < 1.0:
             raise ValueError(f"nominal coverage must be in (0, 1), got {nominal}")
         if rate <= 0 or min_alpha_ratio < 1 or max_alpha_ratio < 1 or max_stretch < 1:
@@ -210,6 +260,14 @@ class OnlineCalibrator:
         if escalation_horizon < 0:
             raise ValueError(f"escalation_horizon must be >= 0, got {escalation_horizon}")
         self.escalation_horizon = float(escalation_horizon)
+        if arm_half_life <= 0 or arm_margin < 0:
+            raise ValueError(f"arm_half_life must be positive and arm_margin >= 0, got "
+                             f"{arm_half_life}, {arm_margin}")
+        self.arm_margin = float(arm_margin)
+        self.arm_min_outcomes = float(arm_min_outcomes)
+        self._arm_decay = 2.0 ** (-1.0 / float(arm_half_life))
+        #: key -> its second arm (keys served a band with a global alternative only)
+        self._arms: dict[tuple[str, str], _Arms] = {}
         if tails not in (1, 2):
             raise ValueError(f"tails must be 1 or 2, got {tails}")
         self.tails = int(tails)
@@ -242,6 +300,7 @@ class OnlineCalibrator:
         """Forget every adapted level (all keys back to the nominal one)."""
         with self._lock:
             self._state.clear()
+            self._arms.clear()
 
     def level(self, key: tuple[str, str]) -> float:
         """α_t of ``key``; before its first outcome, its type's pooled level (the nominal α before
@@ -261,10 +320,12 @@ class OnlineCalibrator:
         st[1] += 1
         st[2] += not hit
 
-    def stretch(self, key: tuple[str, str], table: Sequence[tuple[float, int]]) -> float:
+    def stretch(self, key: tuple[str, str], table: Sequence[tuple[float, int]],
+                level: float | None = None) -> float:
         """``r_t = U(α_t/2) / U(α/2)`` from the agent's upper-bound table (``U(α_t) / U(α)`` with
-        ``tails=1``), within the bounds; 1 when the level is nominal or the table is empty."""
-        a_t = self.level(key)
+        ``tails=1``), within the bounds; 1 when the level is nominal or the table is empty.
+        ``level``: this α_t instead of the key's (the global arm's, :meth:`serve`)."""
+        a_t = self.level(key) if level is None else level
         if a_t == self.alpha or not table:
             return 1.0
         u_t, u_0 = table_upper(table, a_t / self.tails), table_upper(table, self.alpha / self.tails)
@@ -284,16 +345,73 @@ class OnlineCalibrator:
         return min(self.max_stretch, max(1.0 / self.max_stretch, r))
 
     def adjust(self, key: tuple[str, str], band: tuple[int, int, str],
-               table: Sequence[tuple[float, int]]) -> tuple[int, int, str]:
-        """The band ``(lo, hi, level)`` served at ``key``'s adapted level: ``[lo / r, hi · r]``
-        rounded outward (the fitted band itself when ``r = 1``)."""
-        r = self.stretch(key, table)
+               table: Sequence[tuple[float, int]], level: float | None = None) -> tuple[int, int, str]:
+        """The band ``(lo, hi, level)`` served at ``key``'s adapted level (or at ``level``):
+        ``[lo / r, hi · r]`` rounded outward (the fitted band itself when ``r = 1``)."""
+        r = self.stretch(key, table, level)
         if r == 1.0:
             return band
         lo, hi, level = band
         new_lo = int(math.floor(lo / r))
         new_hi = max(new_lo, int(math.ceil(hi * r)))
         return new_lo, new_hi, level
+
+    def arms(self, key: tuple[str, str], band: tuple[int, int, str], table: Sequence[tuple[float, int]],
+             alternative: tuple[int, int, str] | None = None) -> tuple[tuple[int, int, str], tuple[int, int, str] | None]:
+        """``(own arm, global arm)``: ``band`` at the key's level (:meth:`adjust`) and the global
+        band ``alternative`` as fitted (None without one, or when the key's own band is the
+        global one)."""
+        own = self.adjust(key, band, table)
+        if alternative is None or band[2] == "global":
+            return own, None
+        return own, alternative
+
+    def serve(self, key: tuple[str, str], arms: tuple[tuple[int, int, str], tuple[int, int, str] | None]
+              ) -> tuple[int, int, str]:
+        """The band served at ``key`` of its :meth:`arms`: the global one while the key's evidence
+        says it is ahead (module doc), else its own."""
+        own, alt = arms
+        if alt is None:
+            return own
+        with self._lock:
+            st = self._arms.get(key)
+            if st is None:
+                st = self._arms[key] = _Arms()
+            st.served += 1
+            st.served_alt += st.alt
+            return alt if st.alt else own
+
+    def record(self, key: tuple[str, str], out: float,
+               arms: tuple[tuple[int, int, str], tuple[int, int, str] | None]) -> None:
+        """One outcome ``out`` of a call served at ``key`` with these :meth:`arms` (as computed at
+        its arrival): the key's level steps on its own arm's hit (:meth:`update`), and the interval
+        scores' difference feeds the switch between the arms (module doc)."""
+        own, alt = arms
+        self.update(key, own[0] <= out <= own[1])
+        if alt is None:
+            return
+        a = self.alpha
+        d = interval_score(own[0], own[1], out, a) - interval_score(alt[0], alt[1], out, a)
+        with self._lock:
+            st = self._arms.get(key)
+            if st is None:
+                st = self._arms[key] = _Arms()
+            st.outcomes += 1
+            st.misses += not alt[0] <= out <= alt[1]
+            k = self._arm_decay
+            st.sw, st.sw2 = k * st.sw + 1.0, k * k * st.sw2 + 1.0
+            st.swd, st.swd2 = k * st.swd + d, k * st.swd2 + d * d
+            st.sww = k * st.sww + (own[1] - own[0]) - (alt[1] - alt[0])
+            z = st.z()
+            n_eff = st.sw * st.sw / st.sw2
+            # toward the narrower arm only once its misses could have shown (1/α outcomes)
+            to_narrower = (st.sww > 0) != st.alt
+            if z is None or n_eff < max(self.arm_min_outcomes, 1.0 / a if to_narrower else 0.0):
+                return
+            if not st.alt and z > self.arm_margin:
+                st.alt, st.switches = True, st.switches + 1
+            elif st.alt and z < -self.arm_margin:
+                st.alt, st.switches = False, st.switches + 1
 
     def update(self, key: tuple[str, str], hit: bool) -> float:
         """One observed outcome of a band served at ``key``; returns the new level α_{t+1}.
@@ -319,13 +437,23 @@ class OnlineCalibrator:
 
     def status(self) -> dict[str, dict[str, dict[str, Any]]]:
         """Per workflow type, per agent: ``level`` (α_t), ``served_coverage`` (1 − α_t),
-        ``outcomes`` and ``coverage`` (share of them inside their served band)."""
+        ``outcomes`` and ``coverage`` (share of them inside the own arm's band), ``arm`` (the arm
+        served now: ``own`` or ``global``), ``switches`` between arms, ``served`` bands with a
+        global arm beside them and ``served_global`` of them from it, and ``global_coverage``
+        (share of its outcomes inside the global arm's band; None without one)."""
         out: dict[str, dict[str, dict[str, Any]]] = {}
         with self._lock:
             for (wt, agent), st in sorted(self._state.items()):
                 if agent == POOLED_AGENT:
                     continue
+                arms = self._arms.get((wt, agent))
                 out.setdefault(wt, {})[agent] = {
                     "level": math.exp(st[0]), "served_coverage": 1.0 - math.exp(st[0]),
-                    "outcomes": st[1], "coverage": 1.0 - st[2] / st[1] if st[1] else None}
+                    "outcomes": st[1], "coverage": 1.0 - st[2] / st[1] if st[1] else None,
+                    "arm": GLOBAL_ARM if arms is not None and arms.alt else OWN_ARM,
+                    "switches": arms.switches if arms is not None else 0,
+                    "served": arms.served if arms is not None else 0,
+                    "served_global": arms.served_alt if arms is not None else 0,
+                    "global_coverage": (1.0 - arms.misses / arms.outcomes
+                                        if arms is not None and arms.outcomes else None)}
         return out

@@ -256,12 +256,16 @@ class Predictor:
             return None
 
     def _calibrated(self, m: CompiledProfile, wt: str, agent: str, entry: AgentEntry,
-                    band: tuple[int, int, str] | None) -> tuple[int, int, str] | None:
-        """``band`` at the (type, agent)'s adapted level (:mod:`predictors.online_calibration`)."""
+                    band: tuple[int, int, str] | None) -> tuple[tuple[int, int, str] | None, tuple | None]:
+        """``(served band, arms)``: ``band`` at the (type, agent)'s adapted level, or the global
+        band at its own level where that arm is ahead, and both arms to score the outcome on
+        (:mod:`predictors.online_calibration`; arms None without calibration)."""
         if band is None or self.calibrator is None:
-            return band
+            return band, None
         self.calibrator.set_nominal(m.coverage)
-        return self.calibrator.adjust(self._calibration_key(m, wt, agent), band, entry.upper_bounds)
+        key = self._calibration_key(m, wt, agent)
+        arms = self.calibrator.arms(key, band, entry.upper_bounds, m.global_band)
+        return self.calibrator.serve(key, arms), arms
 
     def _keep_alive(self, m: CompiledProfile, wt: str, agent: str, entry: AgentEntry,
                     gap_stats: tuple[float, int]) -> tuple[float | None, dict, tuple | None]:
@@ -374,15 +378,15 @@ class Predictor:
             entry = m.agents.get((wt, agent))
             if entry is None and self.agent_fallback:
                 entry = m.unseen_agent.get(wt)     # an agent the profile never saw: its type's
-            band = fitted = None
+            band = fitted = arms = None
             ttl, by_tool, ka_served = None, {}, None
             if entry is not None:
                 fitted = self._band(m, s, agent, entry, input_tokens,
                                     max(s.agent_calls.get(agent, 0) - (1 if advance else 0), 0))
-                band = self._calibrated(m, wt, agent, entry, fitted)
+                band, arms = self._calibrated(m, wt, agent, entry, fitted)
                 ttl, by_tool, ka_served = self._keep_alive(m, wt, agent, entry, gap_stats)
             if request_id is not None and advance and first_time:
-                s.pending[request_id] = (agent, band, issued_at, fitted, ka_served, rw_index)
+                s.pending[request_id] = (agent, band, issued_at, fitted, ka_served, rw_index, arms)
             elif not first_time:
                 band = s.pending[request_id][1]      # a retried annotate is served the same band
                 if len(s.pending) > 64:
@@ -495,16 +499,16 @@ class Predictor:
             s = self.sessions.get(wt, wf, now)
             pending = s.pending.pop(request_id, None) if request_id is not None else None
             if pending is None:
-                band = fitted = ka_served = None
+                band = fitted = ka_served = arms = None
                 if m is not None and (wt, agent) in m.agents:
                     entry = m.agents[(wt, agent)]
                     fitted = self._band(m, s, agent, entry, completion.get("input_tokens"),
                                         s.agent_calls.get(agent, 0))
-                    band = self._calibrated(m, wt, agent, entry, fitted)
+                    band, arms = self._calibrated(m, wt, agent, entry, fitted)
                     ka_served = self._keep_alive(m, wt, agent, entry, (s.gap_log_sum, s.gap_n))[2]
                 self.sessions.advance(m, s, agent, meta.get("stage"))
             else:
-                band, fitted, ka_served = pending[1], pending[3], pending[4]
+                band, fitted, ka_served, arms = pending[1], pending[3], pending[4], pending[6]
             self.sessions.mark_tools(m, s, agent, completion.get("tool_names"))
             if isinstance(out, (int, float)) and not isinstance(out, bool) and completion.get("status", "ok") == "ok":
                 s.last_output[agent] = int(out)
@@ -532,7 +536,11 @@ class Predictor:
             return None
         hit = band[0] <= out <= band[1]
         if self.calibrator is not None:
-            self.calibrator.update(self._calibration_key(m, wt, agent), hit)
+            key = self._calibration_key(m, wt, agent)
+            if arms is not None:           # each arm's level and the switch between them
+                self.calibrator.record(key, float(out), arms)
+            else:
+                self.calibrator.update(key, hit)
         if m is not None:
             self.coverage_monitor.set_nominal(m.coverage)
         # the drift alarm judges the fitted profile (is a refit due?), not the calibrated band

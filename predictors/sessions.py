@@ -34,7 +34,7 @@ DEFAULT_MAX_SESSION_BYTES = 512 << 20
 #: docs/serving-security.md).
 SESSION_BASE_BYTES = 2900
 AGENT_BYTES = 16
-PENDING_BYTES = 320
+PENDING_BYTES = 384          # + 64 for the band arms (issue 37), measured the same way
 AGENT_ENTRY_BYTES = 160
 #: Extra bytes of a session whose caller reports tool names (its two context deques).
 MARKS_BYTES = 1700
@@ -66,7 +66,7 @@ class Session:
     tools: deque | None = None
     agent_calls: dict[str, int] = field(default_factory=dict)
     last_output: dict[str, int] = field(default_factory=dict)
-    pending: OrderedDict = field(default_factory=OrderedDict)   # request_id -> (agent, served band | None, issued_at, fitted band | None, (key, TTL) | None)
+    pending: OrderedDict = field(default_factory=OrderedDict)   # request_id -> (agent, served band | None, issued_at, fitted band | None, (key, TTL) | None, remaining-work slot, band arms | None)
     recent: deque = field(default_factory=lambda: deque(maxlen=8))
     last_finish: float | None = None
     truncated: bool = False
@@ -89,7 +89,7 @@ class Session:
 def session_bytes(s: Session) -> int:
     """Estimated memory of one session, O(1):
 
-    ``B = base + 16·agents + 320·pending + 160·(agent dict entries) + Σ_recent (|text| + 360)``
+    ``B = base + 16·agents + 384·pending + 160·(agent dict entries) + Σ_recent (|text| + 360)``
     ``+ 1700`` once the caller reported tool names (the context deques), ``+ 8`` per value of the
     remaining-work figures kept for the online selection (4 per call).
     """

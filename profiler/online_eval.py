@@ -20,6 +20,9 @@ serves it, with ``profiler eval``'s cost), and each call's ``expected_remaining_
 (online: with the remaining-work selection of :mod:`predictors.online_selection`) with
 ``profiler eval``'s concurrent-session C-index and jackknife (:mod:`profiler.remaining_eval`).
 
+``online_vs_global`` (:func:`vs_global`): the served minus the global band, ± jackknife errors;
+``band_arms`` (:func:`band_arms`): per type, how many bands the global arm served, and switches.
+
 ``worst_window_coverage``: the lowest coverage over consecutive runs of ``WINDOW`` scored calls
 (in arrival order): what a drifting stretch of the log costs, which the mean hides. Every key of
 the result (``profiler eval --online --json``): docs/evaluation.md, "profiler eval --online".
@@ -74,7 +77,8 @@ def replay_served(profile: Profile, calls: pd.DataFrame, *, online: Any,
     """Served bands ``(lo, hi)`` and keep-alive TTLs per call (NaN: none served) replaying
     ``calls`` through one :class:`~predictors.Predictor`, the drift alarm's record per workflow
     type, and ``{"served": remaining work per call (expected_remaining_output_tokens, NaN: none),
-    "selection": the remaining-work selector's status per type ({} when off)}``.
+    "selection": the remaining-work selector's status per type ({} when off), "band_arms": which
+    arm served the band per type (:func:`band_arms`; {} without calibration)}``.
     ``online`` switches both calibrations (the Predictor's one switch), ``remaining_selection``
     the remaining-work selection (None: as ``online``). A workflow's session is ended
     (:meth:`~predictors.Predictor.end_session`) when its last call finishes: the end signal a
@@ -125,7 +129,61 @@ def replay_served(profile: Profile, calls: pd.DataFrame, *, online: Any,
         rec = alarm.setdefault(wt, {"fired": False, "first_after": None})
         rec.update(alarm_at_end=bool(st["alarm"]), coverage_at_end=st["coverage"])
     selection = pred.remaining_selector.status() if pred.remaining_selector is not None else {}
-    return lo, hi, ttl, alarm, {"served": rem, "selection": selection}
+    arms = band_arms(pred.calibrator.status()) if pred.calibrator is not None else {}
+    return lo, hi, ttl, alarm, {"served": rem, "selection": selection, "band_arms": arms}
+
+
+def band_arms(status: dict[str, dict[str, dict[str, Any]]]) -> dict[str, dict[str, Any]]:
+    """Per workflow type, which arm served the output band (:mod:`predictors.online_calibration`:
+    each agent's own band or the global one): ``served``, ``served_global`` (bands served, and of
+    them from the global arm), ``switches``, ``global_at_end`` (agents on the global arm at the
+    end) and per agent its ``arm`` at the end, ``switches`` and ``served_global``."""
+    out = {}
+    for wt, agents in sorted(status.items()):
+        out[wt] = {"served": sum(a["served"] for a in agents.values()),
+                   "served_global": sum(a["served_global"] for a in agents.values()),
+                   "switches": sum(a["switches"] for a in agents.values()),
+                   "global_at_end": sorted(n for n, a in agents.items() if a["arm"] == "global"),
+                   "agents": {n: {k: a[k] for k in ("arm", "switches", "served_global")}
+                              for n, a in sorted(agents.items()) if a["served"]}}
+    return out
+
+
+def paired_diff_se(a: np.ndarray, b: np.ndarray, groups: np.ndarray) -> tuple[float, float | None]:
+    """``(mean(a − b), its standard error)`` over paired per-call values, the error by the
+    delete-one-workflow jackknife (calls of one workflow are not independent): with ``θ₋g`` the
+    mean difference without workflow g, ``se² = (G − 1)/G · Σ_g (θ₋g − θ̄)²``. None for fewer
+    than two workflows."""
+    d = np.asarray(a, dtype=float) - np.asarray(b, dtype=float)
+    codes, g = np.unique(groups, return_inverse=True)
+    total, n = float(d.sum()), len(d)
+    if len(codes) < 2 or n == 0:
+        return (float(d.mean()) if n else float("nan")), None
+    s_g = np.bincount(g, weights=d, minlength=len(codes))
+    n_g = np.bincount(g, minlength=len(codes)).astype(float)
+    theta = (total - s_g) / (n - n_g)
+    k = len(codes)
+    return total / n, float(np.sqrt((k - 1) / k * np.sum((theta - theta.mean()) ** 2)))
+
+
+def vs_global(y: np.ndarray, lo: np.ndarray, hi: np.ndarray, band: Sequence[float] | None,
+              groups: np.ndarray) -> dict[str, Any] | None:
+    """The served band minus the global band (the training calls' empirical one, as
+    :func:`profiler.evaluation.output_length_baselines` scores it) on the same calls: the
+    coverage and mean-width differences, each with its delete-one-workflow jackknife standard
+    error (:func:`paired_diff_se`), and ``dominated``: the global band covers more by over one
+    standard error at no more width (or covers as much at a width smaller by over one)."""
+    if band is None or not len(y):
+        return None
+    g_lo, g_hi = float(band[0]), float(band[1])
+    ours_in = ((y >= lo) & (y <= hi)).astype(float)
+    glob_in = ((y >= g_lo) & (y <= g_hi)).astype(float)
+    dc, dc_se = paired_diff_se(ours_in, glob_in, groups)
+    dw, dw_se = paired_diff_se(hi - lo, np.full(len(y), g_hi - g_lo), groups)
+    se_c, se_w = dc_se or 0.0, dw_se or 0.0
+    dominated = bool((dc < -se_c and dw >= 0) or (dc <= 0 and dw > se_w))
+    return {"coverage_diff": dc, "coverage_diff_se": dc_se, "width_diff": dw, "width_diff_se": dw_se,
+            "dominated": dominated}
 
 
 def _scores(y: np.ndarray, lo: np.ndarray, hi: np.ndarray, mask: np.ndarray) -> dict[str, Any]:
@@ -236,11 +294,16 @@ def online_scores(profile: Profile, con: duckdb.DuckDBPyConnection) -> dict[str,
     online = _scores(y, on_lo, on_hi, scored)
     emp = (baselines.get("per_agent_empirical") or {}).get("mean_width")
     wts = calls["workflow_type_id"].astype(str).to_numpy()
+    wfs = (calls["workflow_type_id"].astype(str) + "\x1f" + calls["workflow_id"].astype(str)).to_numpy()
+    g_band = est.global_.get("empirical_band")
     by_type = {}
     for wt in sorted(set(wts[scored])):
         mask = scored & (wts == wt)
         by_type[wt] = {"calls": int(mask.sum()), "online": _scores(y, on_lo, on_hi, mask),
-                       "static": _scores(y, st_lo, st_hi, mask)}
+                       "static": _scores(y, st_lo, st_hi, mask),
+                       "global": _scores(y, np.full(len(y), g_band[0]), np.full(len(y), g_band[1]), mask)
+                       if g_band is not None else None,
+                       "online_vs_global": vs_global(y[mask], on_lo[mask], on_hi[mask], g_band, wfs[mask])}
     return {
         "nominal": float(est.coverage),
         "calls": int(len(calls)),
@@ -248,10 +311,12 @@ def online_scores(profile: Profile, con: duckdb.DuckDBPyConnection) -> dict[str,
         "online": online,
         "static": _scores(y, st_lo, st_hi, scored),
         "baselines": baselines,
+        "online_vs_global": vs_global(y[scored], on_lo[scored], on_hi[scored], g_band, wfs[scored]),
         "width_vs_per_agent_empirical": (online["mean_width"] / emp
                                          if emp and online["mean_width"] is not None and emp == emp else None),
         "by_type": by_type,
         "drift_alarm": alarm,
+        "band_arms": on_rw["band_arms"],
         "keep_alive": keep_alive_online(profile, con, calls, on_ttl, st_ttl),
         "remaining_tokens": remaining_online(profile, calls, on_rw["served"], st_rw["served"],
                                              on_rw["selection"]),

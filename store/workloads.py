@@ -43,7 +43,7 @@ import numpy as np
 #: read the link as a log file outside the folder and quarantine it.)
 SPEC_DIR = Path(__file__).resolve().parent / "workload_specs"
 #: Built-in spec names accepted on the command line (dashes or underscores).
-BUILTIN_SPECS = ("coding_assistant", "deep_research", "messy", "agent_user", "phased_team",
+BUILTIN_SPECS = ("coding_assistant", "deep_research", "messy", "agent_user", "phased_team", "drift_team",
                  "claude_code_interactive", "codex_interactive")
 #: Cap on words per generated response text.
 TEXT_WORDS_MAX = 120
@@ -227,6 +227,9 @@ def generate(spec: str | Path | dict, n_workflows: int | None, seed: int = 0, wi
     if spec_d.get("generator") == "interactive":
         yield from generate_interactive(spec_d, n_workflows, seed=seed, arrival_rate=arrival_rate)
         return
+    if spec_d.get("generator") == "drift":
+        yield from generate_drift(spec_d, n_workflows, seed=seed, arrival_rate=arrival_rate)
+        return
     arrivals = np.random.default_rng([seed, 7])
     t = EPOCH0
     for i in itertools.count() if n_workflows is None else range(n_workflows):
@@ -394,17 +397,21 @@ def _bounded_count(rng: np.random.Generator, spec: Mapping[str, Any]) -> int:
 
 
 def _plain_call(rng: np.random.Generator, spec: dict, agent: str, wf: str, n: int, t: float,
-                context: int, stage: str | None = None) -> tuple[dict[str, Any], float]:
+                context: int, stage: str | None = None, scale: float = 1.0,
+                workflow_type_id: str | None = None) -> tuple[dict[str, Any], float]:
     """The flat record of call ``n`` of ``wf`` by ``agent`` arriving at ``t`` after ``context``
-    tokens of conversation (lognormal output from the agent's mean/CV; prefill and decode at
-    the spec's speeds; ``stage`` recorded when given), and its finish time. Draws one normal
-    from ``rng``."""
+    tokens of conversation (lognormal output from the agent's mean/CV, times ``scale``, at most
+    the spec's ``max_tokens``; prefill and decode at the spec's speeds; ``stage`` recorded when
+    given), and its finish time. Draws one normal from ``rng``."""
     a, serving = spec["agents"][agent], spec["serving"]
     mu, sigma = lognormal_params(a["output_mean"], a["output_cv"])
-    out_tok = max(1, int(round(np.exp(mu + sigma * rng.standard_normal()))))
+    out_tok = max(1, int(round(scale * np.exp(mu + sigma * rng.standard_normal()))))
+    if spec.get("max_tokens"):
+        out_tok = min(out_tok, int(spec["max_tokens"]))
     in_tok = a["system_tokens"] + context
     t_fin = t + in_tok / serving["prefill_tok_s"] + out_tok / serving["decode_tok_s"]
-    rec: dict[str, Any] = {"request_id": f"{wf}#{n}", "workflow_type_id": spec["workflow_type_id"],
+    rec: dict[str, Any] = {"request_id": f"{wf}#{n}",
+                           "workflow_type_id": workflow_type_id or spec["workflow_type_id"],
                            "workflow_id": wf, "agent_id": agent}
     if stage is not None:
         rec["stage"] = stage
@@ -521,6 +528,50 @@ def generate_interactive(spec: dict, n_workflows: int | None, seed: int = 0,
                                                serving["human_wait_sigma"]))
                     t = t_fin + min(max(wait, lo), hi)
                 yield rec
+
+
+def _drift_path(spec: dict, rng: np.random.Generator) -> list[str]:
+    """The agents of one drift-team workflow, in order: product manager → architect →
+    engineer×r → QA×q → [security reviewer] → reviewer → [release manager] (r, q uniform over
+    ``engineer_loops`` / ``qa_loops``; each rare agent with its ``p_rare``)."""
+    r = int(rng.integers(spec["engineer_loops"][0], spec["engineer_loops"][1] + 1))
+    q = int(rng.integers(spec["qa_loops"][0], spec["qa_loops"][1] + 1))
+    rare = {a: bool(rng.random() < p) for a, p in sorted(spec["p_rare"].items())}
+    return (["product_manager", "architect"] + ["engineer"] * r + ["qa_engineer"] * q
+            + ["security_reviewer"] * rare.get("security_reviewer", False) + ["reviewer"]
+            + ["release_manager"] * rare.get("release_manager", False))
+
+
+def generate_drift(spec: dict, n_workflows: int | None, seed: int = 0,
+                   arrival_rate: float = 0.2) -> Iterator[dict]:
+    """Flat records of the drift-team workload (``drift_team.json``): issue 37's first row.
+
+    Each workflow runs prompt variant ``b`` with probability ``p_variant_b`` (else ``a``); the
+    variant is the workflow type. Under a variant listed in ``growth`` an agent's output length is
+    its lognormal draw times ``1 + (g − 1) · clip((f − s) / (1 − s), 0, 1)``, ``f`` ∈ [0, 1]
+    the workflow's rank in start order over the log (with an endless stream: over the first
+    1,000 workflows, then 1) and ``s`` the spec's ``growth_start``: that variant's lengths stay
+    put until the share ``s`` of the log and then grow to ``g`` times (1.5–3×) by its last
+    workflow, while the other variant stays put. A workflow runs 2 + r + q + rare calls, r and
+    q uniform over ``engineer_loops`` / ``qa_loops``. Rare agents (``p_rare``) get a few dozen calls in a few hundred
+    workflows. Deterministic in ``seed``."""
+    rng = np.random.default_rng([seed, 17])
+    serving, types, growth = spec["serving"], spec["workflow_type_ids"], spec.get("growth", {})
+    horizon = max((n_workflows or 1000) - 1, 1)
+    start = float(spec.get("growth_start", 0.0))
+    for i, t0 in _poisson_starts(rng, n_workflows, arrival_rate):
+        variant = "b" if rng.random() < spec["p_variant_b"] else "a"
+        wt, f = types[variant], min(i / horizon, 1.0)
+        ramp = min(max((f - start) / (1.0 - start), 0.0), 1.0)
+        wf, t, context = f"{wt}-s{seed}-{i:07d}", t0, 0
+        for n, agent in enumerate(_drift_path(spec, rng), start=1):
+            g = float(growth.get(variant, {}).get(agent, 1.0))
+            rec, t_fin = _plain_call(rng, spec, agent, wf, n, t, context, scale=1.0 + (g - 1.0) * ramp,
+                                     workflow_type_id=wt)
+            rec["prompt_variant"] = variant
+            context += rec["output_tokens"]
+            yield rec
+            t = t_fin + float(rng.exponential(serving["think_s"]))
 
 
 def write_jsonl(records: Iterator[dict], out: Path, gzip_output: bool = False) -> int:

@@ -66,10 +66,15 @@ def test_time_split_reports_the_online_band_as_the_served_one(tmp_path):
     assert ka["nominal"] == 0.95 and ka["gaps"] == sum(t["gaps"] for t in ka["by_type"].values()) > 0
     for figures in (ka["online"], ka["static"]):
         assert 0 < figures["coverage"] <= 1 and figures["kv_s_per_covered_gap"] > 0
-    console = Console(record=True, width=260)
+    console = Console(record=True, width=400)
     console.print(bench.online_band_table({"agentless": {"result": result}}))
     text = console.export_text()
     assert "online coverage (served)" in text and "agentless_repair" in text
     assert "keep-alive" in text and f"{ka['online']['coverage']:.3f}" in text
+    # the global band beside the served one, the difference ± its jackknife error, the arm served
+    vs = band["online_vs_global"]
+    assert vs["coverage_diff"] == pytest.approx(band["online"]["coverage"] - band["global"]["coverage"])
+    assert vs["coverage_diff_se"] is not None and vs["coverage_diff_se"] >= 0
+    assert "global arm served (switches)" in text and f"{band['global']['coverage']:.3f}" in text
     assert "online_band" not in bench.split_fit_eval([REPO / "datasets" / "real" / "agentless_pr28.jsonl"],
                                                      tmp_path / "hash", "hash")

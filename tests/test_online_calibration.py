@@ -223,9 +223,12 @@ def test_cli_eval_online_json_keys(tmp_path):
     assert r.exit_code == 0, r.output
     out = json.loads(r.stdout[r.stdout.index("{"):])
     assert {"nominal", "calls", "scored", "online", "static", "baselines", "width_vs_per_agent_empirical",
-            "by_type", "drift_alarm", "window"} <= set(out)
+            "by_type", "drift_alarm", "window", "online_vs_global", "band_arms"} <= set(out)
     assert set(out["online"]) == {"coverage", "mean_width", "worst_window_coverage"}
     assert out["scored"] == out["calls"] > 0
-    assert set(out["by_type"]["coding_assistant"]) == {"calls", "online", "static"}
+    assert set(out["by_type"]["coding_assistant"]) == {"calls", "online", "static", "global", "online_vs_global"}
+    assert {"coverage_diff", "coverage_diff_se", "width_diff", "width_diff_se", "dominated"} == set(
+        out["online_vs_global"])
+    assert 0 < out["band_arms"]["coding_assistant"]["served"] <= out["scored"]
     text = runner.invoke(app, ["eval", "--online", "--profile", str(tmp_path / "p"), str(tmp_path / "test")])
     assert text.exit_code == 0 and "online (served, calibrated): coverage" in text.output

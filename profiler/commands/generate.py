@@ -25,7 +25,7 @@ def _until(records, n_calls: int):
 @app.command(no_args_is_help=True)
 def generate(
     out: Annotated[Path, typer.Option("--out", "-o", help="Output .jsonl (or .jsonl.gz) file.")],
-    workload: Annotated[Optional[str], typer.Option(help="coding-assistant, deep-research, messy, agent-user, phased-team, or a JSON spec file.")] = None,
+    workload: Annotated[Optional[str], typer.Option(help="coding-assistant, deep-research, messy, agent-user, phased-team, drift-team, or a JSON spec file.")] = None,
     messy: Annotated[bool, typer.Option("--messy", help="The messy workload (same as --workload messy): bimodal and heavy-tailed lengths, a rare agent and transition, a release at the midpoint, tools slowing with load.")] = False,
     workflows: Annotated[int, typer.Option(help="Number of workflows (sessions) to generate.", min=1)] = 100,
     calls: Annotated[Optional[int], typer.Option(help="Instead of --workflows: generate workflows until at least this many calls.", min=1)] = None,
@@ -52,7 +52,7 @@ def generate(
         fail(f"--messy and --workload {workload} contradict each other: give one")
     workload = "messy" if messy else workload
     if workload is None:
-        fail("give --workload (coding-assistant, deep-research, messy, agent-user, phased-team or a JSON spec file) or --messy")
+        fail("give --workload (coding-assistant, deep-research, messy, agent-user, phased-team, drift-team or a JSON spec file) or --messy")
     n_wf = None if calls else workflows
     try:
         spec = load_spec(workload)
