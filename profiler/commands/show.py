@@ -32,9 +32,9 @@ def tool_gap_reasons(data: dict) -> dict[str, str]:
             for tool, n in (agent.get("tools") or {}).items():
                 counts[tool] = counts.get(tool, 0) + int(n)
         if limits.get("timing") == "order_only" or wt in (limits.get("order_only_types") or []):
-            out[wt] = "its calls have no real times (order only): no tool latency can be measured"
+            out[wt] = "the calls have no real times (order only): no tool latency to measure"
         elif not counts:
-            out[wt] = "its responses name no tool calls"
+            out[wt] = "the responses name no tool calls"
         else:
             top = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
             shown = ", ".join(f"{t} {n}" for t, n in top[:4]) + (f", +{len(top) - 4} more" if len(top) > 4 else "")
@@ -58,8 +58,8 @@ def _summary(console, prof, escape) -> None:
     t = Table(title=f"Workflow types (bands at coverage {ol['coverage']:.3g}; --full: every band, "
                     "tool fit, regex)", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
     # hi p50: the median agent's band upper end; ⚠: bands with a warning; tools: fitted tools and
-    # their longest keep-alive TTL (narrow columns: one table at 80 columns)
-    for col in ("workflow type", "workflows", "calls", "agents", "hi p50", "⚠", "tools", "TTL max"):
+    # their longest keep-alive TTL (narrow columns: one table at 80 columns, type names ≤ 18)
+    for col in ("workflow type", "workflows", "calls", "agents", "hi p50", "⚠", "tools, TTL"):
         t.add_column(col, justify="left" if col == "workflow type" else "right")
     for wt, info in (d.get("workflow_types") or {}).items():
         agents = ol["agents"].get(wt, {})
@@ -68,10 +68,14 @@ def _summary(console, prof, escape) -> None:
         ttl = max((e["ttl_s"] for e in tools.values()), default=None)
         t.add_row(wt, f"{info.get('workflows', 0):,}", f"{info.get('calls', 0):,}", f"{len(agents):,}",
                   f"{his[len(his) // 2]:,}" if his else "-",
-                  f"{sum((wt, a) in warn for a in agents)}", f"{len(tools)}", _fmt_s(ttl))
+                  f"{sum((wt, a) in warn for a in agents)}",
+                  f"{len(tools)} ({_fmt_s(ttl)})" if tools else "0")
     console.print(t)
+    by_reason: dict[str, list[str]] = {}
     for wt, reason in tool_gap_reasons(d).items():
-        console.print(f"  no tool latency for {escape(wt)}: {escape(reason)}", highlight=False)
+        by_reason.setdefault(reason, []).append(wt)
+    for reason, types in by_reason.items():
+        console.print(f"  no tool latency for {escape(', '.join(types))}: {escape(reason)}", highlight=False)
 
 
 @app.command(no_args_is_help=True)
