@@ -13,11 +13,10 @@ set -euo pipefail
 repo="$(cd "$(dirname "$0")/.." && pwd)"
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
-# A fresh tree: the tracked and not-ignored files only (no .venv, profile/, caches). The
-# real-data sets some tests read sit beside the repository (../shared): link them in.
-(cd "$repo" && git ls-files -co --exclude-standard -z | tar --null -T - -cf -) | tar -xf - -C "$work/"
-mkdir -p "$work/repo" && (cd "$work" && find . -mindepth 1 -maxdepth 1 ! -name repo -exec mv {} repo/ \;)
-if [ -e "$repo/../shared" ]; then ln -s "$(cd "$repo/../shared" && pwd)" "$work/shared"; fi
+# A fresh tree: the tracked and not-ignored files only (no .venv, profile/, caches), and no
+# ../shared beside it, as on a new user's machine (the tests that need it skip and say why).
+mkdir "$work/repo"
+(cd "$repo" && git ls-files -co --exclude-standard -z | tar --null -T - -cf -) | tar -xf - -C "$work/repo"
 cd "$work/repo"
 unset VIRTUAL_ENV PYTHONPATH
 python3 "$repo/.ci/readme_blocks.py"
