@@ -102,3 +102,41 @@ def test_the_valid_versions_hint_names_only_versions_a_server_would_load(profile
     assert f"valid versions here, newest first: {good} " in str(err.value)
     assert wrong_format not in str(err.value)
     json.loads((root / "versions" / wrong_format / "profile.json").read_text())  # it parses: refused on shape
+
+
+def test_the_good_version_restored_brings_a_trusted_type_out_of_shadow():
+    """A trusted type a later version lacked was shadowed as new when its calls came; the good
+    version back with the type ends that at once. A type never trusted, or shadowed for drift,
+    still waits for its live window."""
+    gate = ShadowGate(min_calls=10, window=20, min_window=5)
+    gate.on_profile({"a": 100, "b": 100}, 0.99, first=True)
+    gate.on_profile({"b": 100}, 0.99, first=False)            # a version without "a"
+    gate.note_unknown("a")
+    gate.note_unknown("new")
+    assert gate.reason("a") == gate.reason("new") == "new_workflow_type"
+    gate.on_profile({"a": 100, "b": 100, "new": 100}, 0.99, first=False)
+    assert not gate.is_shadowed("a") and gate.status()["a"]["promotions"] == 1
+    assert gate.reason("new") == "new_workflow_type"            # never trusted: window first
+    for hit in [False] * 5:
+        gate.record("b", hit)
+    assert gate.reason("b") == "drift"
+    gate.on_profile({"a": 100, "b": 100, "new": 100}, 0.99, first=False)
+    assert gate.reason("b") == "drift"                           # drift waits for its window
+
+
+def test_served_again_after_a_version_without_it_was_taken(profiles, tmp_path):
+    """No live session held the type back, so the version without it was taken; its next call
+    was unknown (shadowed). Restoring the good version serves it known again, unshadowed."""
+    both, other = profiles
+    root = tmp_path / "root"
+    write_profile(root, both.data, {"sources": []})
+    service = prediction_service(root, CollectorRegistry(), "profiler_sidecar", reload_every_s=0,
+                                 gate=ShadowGate(min_calls=10))
+    write_profile(root, other.data, {"sources": []})
+    assert service.reload() is True
+    assert service.annotate(meta("w1"))["known"] is False
+    assert service.predictor.gate.reason(SERVED) == "new_workflow_type"
+    write_profile(root, both.data, {"sources": []})
+    assert service.reload() is True and service.predictor.version == both.version
+    assert service.annotate(meta("w2"))["known"] is True
+    assert not service.predictor.gate.is_shadowed(SERVED)
