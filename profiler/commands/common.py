@@ -34,18 +34,20 @@ RICH_HELP_MIN_COLUMNS = 140
 
 
 def _narrow_help(command) -> None:
-    """Switch ``command``'s ``--help`` to click's plain layout (names on one line, the help
+    """Lay ``command``'s ``--help`` out in click's plain layout (names on one line, the help
     wrapped below them: nothing is ever cut) when the terminal is narrower than
-    :data:`RICH_HELP_MIN_COLUMNS`; markdown's ``**bold**`` marks are dropped from its text."""
+    :data:`RICH_HELP_MIN_COLUMNS`, in rich's tables otherwise; markdown's ``**bold**`` marks are
+    dropped from the plain text. Decided at each call (one process may print both: tests)."""
+    if not hasattr(command, "_rich_help"):
+        command._rich_help = (getattr(command, "rich_markup_mode", None), command.help, command.short_help)
+    mode, text, short = command._rich_help
     # The width rich itself would lay the help out in: COLUMNS, the terminal, or 80 when piped.
-    if shutil.get_terminal_size((80, 24)).columns >= RICH_HELP_MIN_COLUMNS \
-            or getattr(command, "rich_markup_mode", None) is None:
-        return
-    command.rich_markup_mode = None
-    for attr in ("help", "short_help"):
-        text = getattr(command, attr, None)
-        if text:
-            setattr(command, attr, text.replace("**", ""))
+    if mode is None or shutil.get_terminal_size((80, 24)).columns >= RICH_HELP_MIN_COLUMNS:
+        command.rich_markup_mode, command.help, command.short_help = mode, text, short
+    else:
+        command.rich_markup_mode = None
+        command.help = text.replace("**", "") if text else text
+        command.short_help = short.replace("**", "") if short else short
 
 
 class _ProfilerGroup(typer.core.TyperGroup):
