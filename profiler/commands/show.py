@@ -86,8 +86,9 @@ def show(
 ) -> None:
     """Print what a profile knows. First a summary: what it was fitted on, its limits and alarms,
     and one row per workflow type (workflows, calls, agents, the median band's upper end, bands
-    with a warning, tools fitted and their longest keep-alive TTL). `--full` adds the per-agent output-length bands (and which level serves
-    them, chosen how), the per-tool latency fits and the synthesized workflow regexes.
+    with a warning, tools fitted and their longest keep-alive TTL, and why a type has none).
+    `--full` adds the per-agent output-length bands (and which level serves them, chosen how),
+    the per-tool latency fits and the synthesized workflow regexes.
 
     Example: `profiler show --profile profile/ --full`
     """
