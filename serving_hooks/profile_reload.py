@@ -87,7 +87,7 @@ class ProfileReloader:
         if missing:
             shown = ", ".join(f"{wt!r} ({live[wt]:,} live sessions)" for wt in missing[:5])
             raise ProfileError(f"{where}: lacks workflow type(s) this server is serving: {shown}; "
-                               f"kept {active.version} (refit with those types' logs too)")
+                               f"kept {active.version} (refit with those types' logs too, or restart the server to drop them)")
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
