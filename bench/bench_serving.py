@@ -12,17 +12,29 @@ Prints, side by side with their targets:
    (target p99 < 2 ms). The gateway's own pre-forwarding time from its /metrics histogram is
    printed as well.
 
+``--stream`` runs the relay benchmark instead (issue 35): the gateway (logging, annotating, in
+its own process) and the fake engine (another process, 64 chunks at 50 tokens/s when streamed,
+at once otherwise) under two loads, each direct and through the gateway in one run, in the order
+direct, gateway, gateway, direct: a closed loop of 32 non-streaming clients (throughput ratio,
+target ≥ 0.4× direct) and 32 concurrent streamed sessions, staggered over one call's length
+(added TTFT p99 ≤ 5 ms, added inter-chunk gap p99 ≤ 2 ms, 0 errors). The load comes from
+separate generator processes (aiohttp, uvloop when installed); the CPU each process used is
+printed beside the figures (cores, and µs per request or relayed chunk), so a saturated
+generator or a busy machine shows.
+
 Usage::
 
     python bench/bench_serving.py               # ~1 minute on 2 cores
     python bench/bench_serving.py --quick       # smaller counts, a smoke run
     python bench/bench_serving.py --json        # one JSON object instead of the table
+    python bench/bench_serving.py --stream      # the relay benchmark, ~2 minutes
 
 Servers listen on 127.0.0.1 only; every loop is bounded in count and time.
 """
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import socket
@@ -30,6 +42,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import httpx
@@ -59,9 +72,14 @@ def wait_ready(url: str, proc: subprocess.Popen, timeout: float = 60.0) -> None:
     raise TimeoutError(f"{url} not ready after {timeout}s")
 
 
-def start(cmd: list[str], ready_url: str) -> subprocess.Popen:
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+def start(cmd: list[str], ready_url: str, output: Path | None = None) -> subprocess.Popen:
+    """Start a server and wait until ``ready_url`` answers. With ``output``, its stdout/stderr go
+    to that file (a server under load may log more than a pipe holds, and block on it)."""
+    sink = open(output, "w") if output is not None else subprocess.PIPE
+    proc = subprocess.Popen(cmd, stdout=sink, stderr=subprocess.STDOUT, text=True,
                             cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    if output is not None:
+        sink.close()
     wait_ready(ready_url, proc)
     return proc
 
@@ -114,17 +132,21 @@ def session_calls(seqs: list[list[dict]], n: int, concurrent: int = 64):
 # --------------------------------------------------------------------------- 1. in process
 def bench_in_process(profile: Path, seqs, n: int) -> dict:
     from predictors import Predictor
-    from serving_hooks.policies import AnnotationPriority
+    from serving_hooks.policies import PriorityPolicy
     from serving_hooks.shadow import ShadowGate
 
-    p = Predictor(profile, gate=ShadowGate(), priority_policy=AnnotationPriority())
+    p = Predictor(profile, gate=ShadowGate())
+    priority = PriorityPolicy()   # what PredictionService adds to a known call
     calls = session_calls(seqs, n)
     times = np.empty(n)
     known = 0
     for i, (wf, agent, out) in enumerate(calls):
         meta = {"workflow_type_id": "coding_assistant", "workflow_id": wf, "agent_id": agent}
         t0 = time.perf_counter()
-        ann = p.annotate(meta, request_id=f"r{i}", input_tokens=2000)
+        call = p.annotate_call(meta, request_id=f"r{i}", input_tokens=2000)
+        if call.known:
+            call = replace(call, priority=priority.call_priority(call))
+        ann = call.to_dict()
         times[i] = time.perf_counter() - t0
         known += ann["known"]
         p.observe({"app_metadata": meta, "request_id": f"r{i}", "output_tokens": out})
@@ -281,15 +303,303 @@ def bench_gateway(profile: Path, seqs, n: int, log_dir: Path) -> dict:
             "logged_files": len(list(log_dir.glob("*.jsonl*")))}
 
 
+# --------------------------------------------------------------------------- 4. relay (--stream)
+CHAT_MESSAGES = [{"role": "system", "content": "You are the engineer agent. " * 40},
+                 {"role": "user", "content": "Fix the failing test in utils.py. " * 20}]
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds a process has used so far (Linux ``/proc``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _bodies(seqs: list, tag: str, stream: bool, n: int, concurrent: int) -> list[bytes]:
+    """``n`` encoded chat bodies replaying real sessions (``concurrent`` interleaved), each with
+    its ``app_metadata`` and its call number in the prompt (so no call repeats an earlier one's
+    bytes, which the gateway would take for a retry); the same bytes go to the direct path (the
+    fake engine ignores ``app_metadata``)."""
+    out = []
+    for k, (wf, agent, _) in enumerate(session_calls(seqs, n, concurrent=concurrent)):
+        messages = CHAT_MESSAGES + [{"role": "user", "content": f"Call {k}: go on."}]
+        body = {"model": "m", "messages": messages, "stream": stream,
+                "app_metadata": {"workflow_type_id": "coding_assistant",
+                                 "workflow_id": f"{tag}-{wf}", "agent_id": agent}}
+        out.append(json.dumps(body).encode())
+    return out
+
+
+async def _closed_loop(url: str, bodies: list[bytes], clients: int, start_at: float,
+                       duration_s: float) -> dict:
+    """``clients`` closed-loop clients (each sends its next call when the last one answered)."""
+    import aiohttp
+    latencies: list[float] = []
+    errors = [0]
+    deadline = start_at + duration_s
+    headers = {"content-type": "application/json"}
+
+    async def client(session: aiohttp.ClientSession, part: list[bytes]) -> None:
+        await asyncio.sleep(max(0.0, start_at - time.time()))
+        for body in part:
+            if time.time() >= deadline:
+                return
+            t0 = time.perf_counter()
+            try:
+                async with session.post(url, data=body, headers=headers) as r:
+                    await r.read()
+                    ok = r.status == 200
+            except aiohttp.ClientError:
+                ok = False
+            latencies.append(time.perf_counter() - t0)
+            errors[0] += not ok
+
+    conn = aiohttp.TCPConnector(limit=0, force_close=False)
+    async with aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=30)) as s:
+        await asyncio.gather(*(client(s, bodies[k::clients]) for k in range(clients)))
+    return {"latencies": latencies, "errors": errors[0]}
+
+
+async def _streams(url: str, bodies: list[bytes], sessions: int, start_at: float,
+                   duration_s: float, chunks: int, stagger_s: float = 0.0) -> dict:
+    """``sessions`` concurrent streamed sessions, one call after another: per call the time to
+    its first token (first content chunk) and the gaps between consecutive events; an error is a
+    non-200, a broken stream, or a stream without ``[DONE]`` or with the wrong chunk count."""
+    import aiohttp
+    ttft: list[float] = []
+    gaps: list[float] = []
+    errors = [0]
+    calls = [0]
+    deadline = start_at + duration_s
+    headers = {"content-type": "application/json", "x-fake-tokens": str(chunks)}
+
+    async def session_loop(session: aiohttp.ClientSession, part: list[bytes], k: int) -> None:
+        # staggered over one call's length: sessions in steady state, not a synchronized burst
+        # of every session's first call (which would measure queueing of that burst)
+        await asyncio.sleep(max(0.0, start_at + k * stagger_s - time.time()))
+        for body in part:
+            if time.time() >= deadline:
+                return
+            t0 = time.perf_counter()
+            first, last, seen, done = None, None, 0, False
+            try:
+                async with session.post(url, data=body, headers=headers) as r:
+                    if r.status != 200:
+                        await r.read()
+                        errors[0] += 1
+                        continue
+                    async for line in r.content:
+                        if not line.startswith(b"data:"):
+                            continue
+                        now = time.perf_counter()
+                        if line.startswith(b"data: [DONE]"):
+                            done = True
+                            continue
+                        token = b"tok" in line   # the fake engine's words: tok0 tok1 …
+                        if first is None and token:
+                            first = now
+                        if last is not None:
+                            gaps.append(now - last)
+                        last = now
+                        seen += token
+            except aiohttp.ClientError:
+                errors[0] += 1
+                continue
+            calls[0] += 1
+            if not done or seen != chunks or first is None:
+                errors[0] += 1
+            else:
+                ttft.append(first - t0)
+
+    conn = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=60)) as s:
+        await asyncio.gather(*(session_loop(s, bodies[k::sessions], k) for k in range(sessions)))
+    return {"ttft": ttft, "gaps": gaps, "errors": errors[0], "calls": calls[0]}
+
+
+def _relay_load_process(mode: str, url: str, seqs: list, tag: str, n_bodies: int, clients: int,
+                        start_at: float, duration_s: float, chunks: int, stagger_s: float) -> dict:
+    """One load-generator process (its own event loop, uvloop when installed); returns the raw
+    samples and the CPU seconds it used, so a saturated generator shows in the report."""
+    bodies = _bodies(seqs, tag, mode == "stream", n_bodies, clients * 2)
+    try:
+        import uvloop
+        runner = uvloop.run
+    except ImportError:
+        runner = asyncio.run
+    cpu0 = time.process_time()
+    if mode == "closed":
+        out = runner(_closed_loop(url, bodies, clients, start_at, duration_s))
+    else:
+        out = runner(_streams(url, bodies, clients, start_at, duration_s, chunks, stagger_s))
+    out["cpu_s"] = time.process_time() - cpu0
+    return out
+
+
+def _relay_phase(pool, mode: str, url: str, seqs, tag: str, clients: int, duration_s: float,
+                 processes: int, chunks: int, watch: dict[str, int], call_s: float = 0.0) -> dict:
+    """One measured phase: ``clients`` spread over ``processes`` generator processes, from one
+    wall-clock instant (streams staggered over ``call_s``, one call's length); the CPU the
+    watched servers and the generators used over the phase, in cores."""
+    per = max(1, clients // processes)
+    # enough calls for ~6,000 req/s per generator process (closed) or 1 s per stream
+    n_bodies = per * (int(duration_s * 6000) // per + 1) if mode == "closed" else \
+        per * (int(duration_s / 1.0) + 2)
+    start_at = time.time() + 2.0   # every process has built its bodies by then
+    cpu0 = {name: _cpu_seconds(pid) for name, pid in watch.items()}
+    parts = list(pool.map(_relay_load_process, [mode] * processes, [url] * processes,
+                          [seqs[k:] + seqs[:k] for k in range(processes)],
+                          [f"{tag}-p{k}" for k in range(processes)], [n_bodies] * processes,
+                          [per] * processes,
+                          [start_at + k * call_s / clients for k in range(processes)],
+                          [duration_s] * processes, [chunks] * processes,
+                          [call_s * processes / clients] * processes))
+    cpu = {name: (_cpu_seconds(pid) - cpu0[name]) / duration_s for name, pid in watch.items()}
+    cpu["load_generator"] = sum(p["cpu_s"] for p in parts) / duration_s
+    out = {"errors": sum(p["errors"] for p in parts), "cpu_cores": cpu}
+    if mode == "closed":
+        lat = [x for p in parts for x in p["latencies"]]
+        out.update(requests=len(lat), throughput_rps=len(lat) / duration_s,
+                   p50_ms=pct(lat, 50) * 1e3, p99_ms=pct(lat, 99) * 1e3)
+    else:
+        ttft = [x for p in parts for x in p["ttft"]]
+        gaps = [x for p in parts for x in p["gaps"]]
+        out.update(calls=sum(p["calls"] for p in parts), chunks=len(gaps),
+                   ttft_p50_ms=pct(ttft, 50) * 1e3 if ttft else None,
+                   ttft_p99_ms=pct(ttft, 99) * 1e3 if ttft else None,
+                   gap_p50_ms=pct(gaps, 50) * 1e3 if gaps else None,
+                   gap_p99_ms=pct(gaps, 99) * 1e3 if gaps else None)
+    # CPU per unit of work: robust to what else the machine runs (µs per request, per chunk)
+    units = out["requests"] if mode == "closed" else out["chunks"]
+    out["cpu_us_per_unit"] = {k: v * duration_s / max(units, 1) * 1e6 for k, v in cpu.items()}
+    return out
+
+
+def _merge(a: dict, b: dict, mode: str) -> dict:
+    """Two phases of one path (ABBA order) as one: summed counts, the worse p99."""
+    out = {"errors": a["errors"] + b["errors"],
+           **{key: {k: (a[key][k] + b[key][k]) / 2 for k in a[key]}
+              for key in ("cpu_cores", "cpu_us_per_unit")}}
+    keys = ("throughput_rps", "p50_ms", "p99_ms") if mode == "closed" else \
+        ("ttft_p50_ms", "ttft_p99_ms", "gap_p50_ms", "gap_p99_ms")
+    for k in keys:
+        vals = [x[k] for x in (a, b) if x.get(k) is not None]
+        out[k] = (sum(vals) / len(vals) if k == "throughput_rps" else max(vals)) if vals else None
+    for k in ("requests", "calls", "chunks"):
+        if k in a:
+            out[k] = a[k] + b[k]
+    return out
+
+
+def bench_relay(profile: Path, seqs, work: Path, *, clients: int, sessions: int, chunks: int,
+                chunk_delay_s: float, duration_s: float, processes: int,
+                gateway_args: list[str]) -> dict:
+    """The gateway as a relay under load, side by side with the direct path in one run: a
+    closed loop of ``clients`` non-streaming clients against a fake engine that answers at
+    once, then ``sessions`` concurrent streams of ``chunks`` chunks at one per
+    ``chunk_delay_s``. Each load runs direct, gateway, gateway, direct (ABBA), so drift in the
+    machine's load falls on both paths alike."""
+    from concurrent.futures import ProcessPoolExecutor
+    up_port, gw_port = free_port(), free_port()
+    up_url, gw_url = f"http://127.0.0.1:{up_port}", f"http://127.0.0.1:{gw_port}"
+    upstream = start([PY, "-m", "serving_hooks.fake_openai", "--port", str(up_port),
+                      "--chunk-delay", str(chunk_delay_s)], up_url + "/v1/models",
+                     output=work / "upstream.out")
+    gateway = start(CLI + ["gateway", "--upstream", up_url, "--profile", str(profile), "--port",
+                           str(gw_port), "--log-dir", str(work / "relay-logs"), "--sglang-fields",
+                           "--log-level", "warning", *gateway_args], gw_url + "/healthz",
+                    output=work / "gateway.out")
+    watch = {"engine": upstream.pid, "gateway": gateway.pid}
+    paths = {"direct": up_url + "/v1/chat/completions", "gateway": gw_url + "/v1/chat/completions"}
+    res: dict = {"closed": {}, "stream": {}}
+    try:
+        with ProcessPoolExecutor(processes) as pool:
+            _relay_phase(pool, "closed", paths["gateway"], seqs, "warm", clients, 1.0, processes,
+                         chunks, watch)   # warm-up: connections, lazy structures, the log file
+            _relay_phase(pool, "closed", paths["direct"], seqs, "warm", clients, 1.0, processes,
+                         chunks, watch)
+            for mode, n, dur in (("closed", clients, duration_s), ("stream", sessions, duration_s)):
+                runs: dict[str, list] = {"direct": [], "gateway": []}
+                for i, which in enumerate(("direct", "gateway", "gateway", "direct")):
+                    runs[which].append(_relay_phase(
+                        pool, mode, paths[which], seqs, f"{mode}{i}", n, dur, processes, chunks,
+                        watch, call_s=chunks * chunk_delay_s if mode == "stream" else 0.0))
+                res[mode] = {k: _merge(*v, mode) for k, v in runs.items()}
+        res["gateway_log_lines"] = sum(sum(1 for _ in open(f)) for f in
+                                       (work / "relay-logs").glob("*.jsonl*"))
+    finally:
+        stop(gateway)
+        stop(upstream)
+    c, s = res["closed"], res["stream"]
+    res["throughput_ratio"] = c["gateway"]["throughput_rps"] / c["direct"]["throughput_rps"]
+    res["added_ttft_p99_ms"] = s["gateway"]["ttft_p99_ms"] - s["direct"]["ttft_p99_ms"]
+    res["added_gap_p99_ms"] = s["gateway"]["gap_p99_ms"] - s["direct"]["gap_p99_ms"]
+    res["errors"] = sum(x["errors"] for m in (c, s) for x in m.values())
+    return res
+
+
+def print_relay(res: dict, args) -> None:
+    from rich.console import Console
+    from rich.table import Table
+    ok = lambda good: "yes" if good else "NO"
+    c, s, m = res["relay"]["closed"], res["relay"]["stream"], res["machine"]
+    r = res["relay"]
+    cpu = lambda x: ", ".join(f"{k} {v:.2f}" for k, v in x["cpu_cores"].items())
+    rows = [
+        (f"closed loop ({args.concurrency} clients): direct", f"{c['direct']['throughput_rps']:.0f} req/s, "
+         f"p99 {c['direct']['p99_ms']:.1f} ms", "", ""),
+        ("  through the gateway", f"{c['gateway']['throughput_rps']:.0f} req/s, "
+         f"p99 {c['gateway']['p99_ms']:.1f} ms", "", ""),
+        ("  throughput ratio gateway / direct", f"{r['throughput_ratio']:.2f}×", ">= 0.4×",
+         ok(r["throughput_ratio"] >= 0.4)),
+        ("  CPU cores used, direct", cpu(c["direct"]), "", ""),
+        ("  CPU cores used, gateway", cpu(c["gateway"]), "", ""),
+        ("  CPU µs per request: gateway / engine", f"{c['gateway']['cpu_us_per_unit']['gateway']:.0f}"
+         f" / {c['direct']['cpu_us_per_unit']['engine']:.0f}", "", ""),
+        (f"streams ({args.sessions} sessions, {args.chunks} chunks at {1 / args.chunk_delay:.0f}/s): "
+         "TTFT p99 direct / gateway", f"{s['direct']['ttft_p99_ms']:.1f} / "
+         f"{s['gateway']['ttft_p99_ms']:.1f} ms", "", ""),
+        ("  added TTFT p99", f"{r['added_ttft_p99_ms']:.2f} ms", "<= 5 ms", ok(r["added_ttft_p99_ms"] <= 5)),
+        ("  inter-chunk gap p99 direct / gateway", f"{s['direct']['gap_p99_ms']:.1f} / "
+         f"{s['gateway']['gap_p99_ms']:.1f} ms", "", ""),
+        ("  added inter-chunk gap p99", f"{r['added_gap_p99_ms']:.2f} ms", "<= 2 ms",
+         ok(r["added_gap_p99_ms"] <= 2)),
+        ("  CPU cores used, direct", cpu(s["direct"]), "", ""),
+        ("  CPU cores used, gateway", cpu(s["gateway"]), "", ""),
+        ("  CPU µs per relayed chunk: gateway / engine", f"{s['gateway']['cpu_us_per_unit']['gateway']:.0f}"
+         f" / {s['direct']['cpu_us_per_unit']['engine']:.0f}", "", ""),
+        ("errors (all phases)", str(r["errors"]), "0", ok(r["errors"] == 0)),
+        ("gateway log lines written", str(r["gateway_log_lines"]), "", ""),
+    ]
+    table = Table(title=f"gateway relay benchmark ({m['cpus']} cores, load average "
+                        f"{m['loadavg_1m_at_start']:.1f} → {m['loadavg_1m_at_end']:.1f}; "
+                        f"{args.duration:g} s per phase, direct/gateway/gateway/direct)")
+    for col in ("measure", "measured", "target", "met"):
+        table.add_column(col)
+    for row in rows:
+        table.add_row(*row)
+    Console(width=120).print(table)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--workflows", type=int, default=300, help="generated sessions to fit the profile on")
     ap.add_argument("--annotations", type=int, default=50_000, help="in-process annotate calls")
-    ap.add_argument("--concurrency", type=int, default=32, help="concurrent sidecar clients")
-    ap.add_argument("--duration", type=float, default=10.0, help="seconds of sidecar load")
+    ap.add_argument("--concurrency", type=int, default=32, help="concurrent sidecar clients (--stream: closed-loop clients)")
+    ap.add_argument("--duration", type=float, default=10.0, help="seconds of sidecar load (--stream: of each phase)")
     ap.add_argument("--client-processes", type=int, default=2, help="load-generator processes "
                     "(the concurrent clients are threads spread over them)")
     ap.add_argument("--gateway-requests", type=int, default=2000, help="requests per path (direct, gateway)")
+    ap.add_argument("--stream", action="store_true", help="the relay benchmark instead: a "
+                    "closed loop of --concurrency non-streaming clients, then --sessions "
+                    "concurrent streams, each direct and through the gateway in one run "
+                    "(direct, gateway, gateway, direct; --duration seconds each); prints the "
+                    "throughput ratio, the added TTFT and inter-chunk gap p99 and the errors")
+    ap.add_argument("--sessions", type=int, default=32, help="--stream: concurrent streamed sessions")
+    ap.add_argument("--chunks", type=int, default=64, help="--stream: content chunks per streamed call")
+    ap.add_argument("--chunk-delay", type=float, default=0.02, help="--stream: seconds between "
+                    "the fake engine's chunks (0.02: 50 tokens/s)")
+    ap.add_argument("--gateway-arg", action="append", default=[], metavar="ARG", help="--stream: "
+                    "one more `profiler gateway` argument, e.g. --gateway-arg=--workers=2 (repeat)")
     ap.add_argument("--quick", action="store_true", help="small counts (smoke run)")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     args = ap.parse_args()
@@ -301,6 +611,17 @@ def main() -> None:
         profile, seqs = build_profile(work, args.workflows)
         fit_s = time.perf_counter() - t0
         load_before = os.getloadavg()[0]
+        if args.stream:
+            res = {"machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0],
+                               "loadavg_1m_at_start": load_before},
+                   "relay": bench_relay(profile, seqs, work, clients=args.concurrency,
+                                        sessions=args.sessions, chunks=args.chunks,
+                                        chunk_delay_s=args.chunk_delay, duration_s=args.duration,
+                                        processes=args.client_processes,
+                                        gateway_args=args.gateway_arg)}
+            res["machine"]["loadavg_1m_at_end"] = os.getloadavg()[0]
+            print(json.dumps(res, indent=2)) if args.json else print_relay(res, args)
+            return
         res = {"machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0],
                            "loadavg_1m_at_start": load_before},
                "profile": {"workflows": args.workflows, "fit_seconds": fit_s},

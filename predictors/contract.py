@@ -2,9 +2,9 @@
 
 The predictor's answer for one LLM call travels in several shapes — the nested JSON
 ``sys_annotations`` (what the sidecar returns and the gateway splices into a request), SGLang's
-flat ``custom_params`` dict of scalars plus its integer ``priority``, the policies' typed
-:class:`~serving_hooks.policies.annotations_view.CallView`, and engine dialects rendered from
-:meth:`Annotation.flat`. All of them are derived from :class:`Annotation` by the functions of this
+flat ``custom_params`` dict of scalars plus its integer ``priority``, and engine dialects rendered
+from :meth:`Annotation.flat`. The policies, the gateway, the SGLang plugin and the simulator read
+the :class:`Annotation` object itself (its fields and derived properties). All of them are derived from :class:`Annotation` by the functions of this
 module, so **a field is added in one place**: declare it here, fill it in
 ``predictors.predictor.Predictor``, and every rendering, the sidecar's OpenAPI schema and the
 parsers follow.
@@ -18,7 +18,8 @@ function                               does
                                        form a dialect renders (SGLang ``custom_params`` keys)
 :func:`to_sglang_custom_params`        → SGLang's ``custom_params`` (= :meth:`Annotation.flat`)
 :func:`from_custom_params`             SGLang's ``custom_params`` → :class:`Annotation` (the plugin)
-:meth:`Annotation.sglang_priority`     → SGLang's integer ``priority`` (or None)
+:meth:`Annotation.sglang_priority`     → SGLang's integer ``priority`` (or None), the one rendering
+                                       of the float score (:func:`sglang_priority`)
 =====================================  ==============================================================
 
 Definitions every consumer shares
@@ -27,7 +28,6 @@ Definitions every consumer shares
   the first entry of ``tool_latency``, which the predictor orders by frequency — the same tool
   whose keep-alive TTL is ``retain_s``. A consumer that knows which tool the call runs (the
   simulator, once the response names it) asks :meth:`Annotation.tool_p95_of` that tool instead.
-  (Before this contract the flat form used the first tool and ``CallView`` the largest p95.)
 * ``next_agent``/``next_agent_p`` are the most likely next agent and its probability.
 * ``certified_alpha`` of ``output_len_upper``: bounds below the band's ``certified_alpha`` are its
   ceiling (``predictors.output_length``); the table is served as the profile wrote it.
@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import MISSING, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 from functools import lru_cache
 from typing import Any
 
@@ -174,10 +174,38 @@ class _OptBool(Codec):
         return value if isinstance(value, bool) else None
 
 
-class _Int(Codec):
+#: SGLang's integer ``priority`` is ``round(score · PRIORITY_SCALE)`` of the float priority score
+#: (bigger runs first), clamped to ``±PRIORITY_LIMIT``: SGLang keeps it in a Python int and
+#: compares it; well inside int64.
+PRIORITY_SCALE = 1000.0
+PRIORITY_LIMIT = 2**62
+
+
+def sglang_priority(score: float, scale: float = PRIORITY_SCALE) -> int:
+    """The one rendering of a priority score as SGLang's integer ``priority`` (bigger first)."""
+    value = int(round(score * scale))
+    return max(-PRIORITY_LIMIT, min(PRIORITY_LIMIT, value))
+
+
+class _Priority(Codec):
+    """The float priority score in process; every wire form (JSON, flat ``custom_params``) carries
+    SGLang's integer :func:`sglang_priority` of it, as before the score was a float."""
+
+    flat_types = ("int | None",)
+    scalar = False
+
     def parse(self, value: Any) -> Any:
         n = num(value)
-        return int(n) if n is not None else None
+        return n / PRIORITY_SCALE if n is not None else None
+
+    def dump(self, value: Any) -> Any:
+        return sglang_priority(value)
+
+    def flatten(self, value: Any) -> tuple:
+        return (sglang_priority(value) if value is not None else None,)
+
+    def unflatten(self, values: tuple) -> Any:
+        return self.parse(values[0])
 
 
 class _Band(Codec):
@@ -280,27 +308,24 @@ class _Strings(Codec):
         return dict(value)
 
 
-NUM, TEXT, IDENT, KNOWN, OPT_BOOL, INT = Codec(), _Text(), _Ident(), _Known(), _OptBool(), _Int()
+NUM, TEXT, IDENT, KNOWN, OPT_BOOL, PRIORITY = Codec(), _Text(), _Ident(), _Known(), _OptBool(), _Priority()
 BAND, UPPER, TOOLS, NEXTS, FLOATS, STRINGS = (_Band(), _Upper(), _Tools(), _NextAgents(),
                                                _Floats(), _Strings())
 
 
 def contract_field(default: Any = None, codec: Codec = NUM, *, flat: str | tuple[str, ...] = (),
-                   header: str | tuple[str | None, ...] | None = None, view: str | None = None,
-                   view_cast: Any = None, factory: Any = None) -> Any:
+                   header: str | tuple[str | None, ...] | None = None, factory: Any = None) -> Any:
     """One :class:`Annotation` field, declared once with every name it has in a derived shape.
 
     ``codec`` reads and writes it (:class:`Codec`); ``flat`` names its key(s) in the flat form
-    (SGLang ``custom_params``, vLLM ``vllm_xargs``, :class:`CallView`; none: the field is not
-    flat); ``header`` the ``X-Agentprof-<name>`` header of each flat key (None: no header);
-    ``view`` the :class:`CallView` attribute of a field that is only in the nested form
-    (``expected_distance``…); ``view_cast`` converts a flat scalar for the view."""
+    (SGLang ``custom_params``, vLLM ``vllm_xargs``; none: the field is not flat); ``header`` the
+    ``X-Agentprof-<name>`` header of each flat key (None: no header)."""
     keys = (flat,) if isinstance(flat, str) else tuple(flat)
     headers = ((None,) * len(keys) if header is None else
                (header,) if isinstance(header, str) else tuple(header))
     if len(headers) != len(keys):
         raise ValueError(f"contract field: {len(headers)} header(s) for flat keys {keys}")
-    meta = {"codec": codec, "flat": keys, "headers": headers, "view": view, "view_cast": view_cast}
+    meta = {"codec": codec, "flat": keys, "headers": headers}
     if factory is not None:
         return field(default_factory=factory, metadata=meta)
     return field(default=default, metadata=meta)
@@ -314,8 +339,8 @@ class Annotation:
     profile) carries only the ids, a ``reason`` and its ``detail``: serve the call reactively.
 
     Every field is declared once, here, with its codec and its names in the derived shapes
-    (:func:`contract_field`); the JSON, flat, :class:`CallView`, header and OpenAPI shapes are
-    generated from these declarations.
+    (:func:`contract_field`); the JSON, flat, header and OpenAPI shapes are generated from these
+    declarations. Policies read the fields and the derived properties below directly.
     """
 
     #: OpenAPI descriptions from the attribute docstrings (pydantic reads this dict, no import)
@@ -337,8 +362,7 @@ class Annotation:
     detail: str | None = contract_field(None, TEXT)
     """human-readable detail of ``reason``"""
     predicted_output_len: tuple[int, int] | None = contract_field(
-        None, BAND, flat=("pred_out_lo", "pred_out_hi"), header=("Output-Lo", "Output-Hi"),
-        view_cast=float)
+        None, BAND, flat=("pred_out_lo", "pred_out_hi"), header=("Output-Lo", "Output-Hi"))
     """``(lo, hi)`` output-length band (tokens) at ``output_len_coverage``"""
     output_len_coverage: float | None = contract_field()
     """probability the output length falls in the band"""
@@ -346,7 +370,7 @@ class Annotation:
     """level the band was fit at: agent, workflow_type, global, conditional…"""
     output_len_mean: float | None = contract_field(flat="pred_out_mean")
     """the agent's mean output length (tokens)"""
-    output_len_upper: tuple[tuple[float, int], ...] = contract_field((), UPPER, view="upper_bounds")
+    output_len_upper: tuple[tuple[float, int], ...] = contract_field((), UPPER)
     """``((α, U(α)), …)``, largest α first: one-sided (1 − α) upper bounds of the output length"""
     session_age_s: float | None = contract_field(flat="session_age_s")
     """seconds since the session's first call (workflow-level aging)"""
@@ -359,8 +383,7 @@ class Annotation:
     keep_alive_ttl_by_tool: Mapping[str, float] = contract_field(codec=FLOATS, factory=dict)
     """``{tool: TTL}`` when the idle-gap tool level validated"""
     next_agents: tuple[NextAgent, ...] = contract_field(
-        (), NEXTS, flat=("next_agent", "next_agent_p"), header=("Next-Agent", "Next-Agent-P"),
-        view="next_agents")
+        (), NEXTS, flat=("next_agent", "next_agent_p"), header=("Next-Agent", "Next-Agent-P"))
     """possible next agents, most likely first"""
     predicted_path_regex: str | None = contract_field(None, TEXT)
     """the workflow type's dominant paths as a regex over agents"""
@@ -382,8 +405,7 @@ class Annotation:
     """0.9 quantile of the session's remaining output tokens"""
     expected_remaining_decode_s: float | None = contract_field()
     """the remaining output tokens at the workflow type's measured decode speed (seconds)"""
-    expected_distance: Mapping[str, float] = contract_field(codec=FLOATS, view="expected_distance",
-                                                            factory=dict)
+    expected_distance: Mapping[str, float] = contract_field(codec=FLOATS, factory=dict)
     """expected distance in calls to each agent"""
     p_end: float | None = contract_field(flat="p_end", header="P-End")
     """probability that no call follows this one"""
@@ -391,8 +413,10 @@ class Annotation:
     """whether the session is on the automaton's dominant paths (sequence-model profiles)"""
     prompt_composition: Mapping[str, str] = contract_field(codec=STRINGS, factory=dict)
     """prompt templates of the likely next agents"""
-    priority: int | None = contract_field(None, INT, flat="priority", view_cast=float)
-    """SGLang integer priority (bigger runs first), when a priority policy is configured"""
+    priority: float | None = contract_field(None, PRIORITY, flat="priority")
+    """the call's priority score (bigger runs first), set by the serving layer's priority policy
+    (``serving_hooks.policies.PriorityPolicy.call_priority``); the JSON and flat forms carry
+    SGLang's integer ``priority``, ``round(score · 1000)``"""
     latency_class: str | None = contract_field(None, TEXT, flat="latency_class", header="Latency-Class")
     """``"interactive"`` (a person waits on this session's answers: rank for time to first token)
     or ``"batch"`` (rank for job completion); None = not classified"""
@@ -417,6 +441,16 @@ class Annotation:
         return self.next_agents[0] if self.next_agents else None
 
     @property
+    def next_agent_id(self) -> str | None:
+        """Id of the most likely next agent (the flat form's ``next_agent``)."""
+        return self.next_agents[0].agent_id if self.next_agents else None
+
+    @property
+    def next_agent_p(self) -> float | None:
+        """Probability of the most likely next agent (the flat form's ``next_agent_p``)."""
+        return self.next_agents[0].p if self.next_agents else None
+
+    @property
     def tool_p95_s(self) -> float | None:
         """p95 of the agent's most frequent tool (the first ``tool_latency`` entry; module doc)."""
         for entry in self.tool_latency.values():
@@ -436,8 +470,8 @@ class Annotation:
         return (1.0 - self.output_len_coverage) / 2 if self.output_len_coverage is not None else None
 
     def sglang_priority(self) -> int | None:
-        """SGLang's top-level integer ``priority`` (None: let the engine decide)."""
-        return self.priority
+        """SGLang's integer ``priority`` of :attr:`priority` (None: let the engine decide)."""
+        return sglang_priority(self.priority) if self.priority is not None else None
 
     # ------------------------------------------------------------------ parsing
     @classmethod
@@ -525,16 +559,6 @@ def _flat_plan(cls: type) -> tuple[tuple[str, Codec, tuple[str, ...], bool], ...
 
 
 @lru_cache(maxsize=None)
-def _view_plan(cls: type) -> tuple[dict[str, Any], tuple[tuple[str, str, bool], ...]]:
-    """``({flat key: view cast}, ((view name, field, is next agents), …))`` of ``cls``."""
-    casts = {k: f.metadata["view_cast"] for f in fields(cls) for k in f.metadata["flat"]
-             if f.metadata["view_cast"] is not None}
-    extra = tuple((f.metadata["view"], f.name, f.metadata["codec"] is NEXTS) for f in fields(cls)
-                  if f.metadata["view"] is not None)
-    return casts, extra
-
-
-@lru_cache(maxsize=None)
 def flat_keys(cls: type = Annotation) -> tuple[str, ...]:
     """Keys of :meth:`Annotation.flat` (SGLang's ``custom_params``), in field order."""
     return tuple(k for f in fields(cls) for k in f.metadata["flat"])
@@ -546,44 +570,6 @@ def header_fields(cls: type = Annotation) -> tuple[tuple[str, str], ...]:
     dialect sends ``X-Agentprof-<suffix>``)."""
     return tuple((h, k) for f in fields(cls) for k, h in zip(f.metadata["flat"], f.metadata["headers"])
                  if h is not None)
-
-
-@lru_cache(maxsize=None)
-def view_fields(cls: type = Annotation) -> tuple[tuple[str, Any, Any, Any], ...]:
-    """``(view attribute, type, default, default factory)`` of every :class:`CallView`
-    attribute: each flat key (its flat value), then each ``view=`` field (its nested value)."""
-    out: list[tuple[str, Any, Any, Any]] = []
-    for f in fields(cls):
-        cast, codec = f.metadata["view_cast"], f.metadata["codec"]
-        kinds = codec.flat_types or (f.type,)
-        for key, kind in zip(f.metadata["flat"], kinds):
-            out.append((key, kind if cast is None else f"{cast.__name__} | None",
-                        f.default if f.metadata["codec"] is KNOWN else None, None))
-    for f in fields(cls):
-        if f.metadata["view"] is not None:
-            factory = f.default_factory if f.default_factory is not MISSING else None
-            out.append((f.metadata["view"], f.type if f.metadata["codec"] is not NEXTS
-                        else "tuple[tuple[str, float], ...]",
-                        None if factory else f.default, factory))
-    return tuple(out)
-
-
-def view_values(ann: Annotation, app_metadata: Mapping[str, Any] | None = None,
-                tool: str | None = None) -> dict[str, Any]:
-    """The :class:`CallView` attributes of ``ann``: its flat form (``view_cast`` applied; the
-    tool p95 of ``tool`` when named) plus the ``view=`` fields in their view form."""
-    out = ann.flat(app_metadata)
-    casts, extra = _view_plan(type(ann))
-    for key, cast in casts.items():
-        if out[key] is not None:
-            out[key] = cast(out[key])
-    if tool is not None:
-        out["tool_p95_s"] = ann.tool_p95_of(tool)
-    for name, source, nexts in extra:
-        value = getattr(ann, source)
-        out[name] = (tuple((n.agent_id, n.p) for n in value) if nexts
-                     else dict(value) if isinstance(value, Mapping) else tuple(value))
-    return out
 
 
 #: Name of the one tool entry the flat form carries back (:meth:`Annotation.from_flat`).

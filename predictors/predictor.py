@@ -29,9 +29,10 @@ imports it). It holds three things, each in its own module:
   logs did not have; the band served is the one held-out validation fitted for the whole type,
   and it kept its coverage on such calls (docs/evaluation.md). ``agent_fallback=False``
   restores ``known: false`` with ``unknown_agent`` / ``too_little_data``.
-* **No policy inside.** The priority a known call carries is computed by an injected callable
-  (``priority_policy``; the serving layer passes ``serving_hooks.policies.AnnotationPriority``),
-  so this package imports nothing from the layers above it; and nothing here imports pandas,
+* **No policy inside.** The facade leaves ``priority`` empty: the serving layer computes it from
+  the annotation (``serving_hooks.policies.PriorityPolicy.call_priority``, applied by
+  ``PredictionService.annotate_call``), so this package imports nothing from the layers above it;
+  and nothing here imports pandas,
   scipy or scikit-learn (the estimators' serving halves are in :mod:`predictors.served`).
 
 Annotation (``known: true``) in its JSON form (:meth:`predictors.contract.Annotation.to_dict`; the dataclass is the reference)::
@@ -50,7 +51,7 @@ Annotation (``known: true``) in its JSON form (:meth:`predictors.contract.Annota
      "keep_alive_ttl_by_tool",  # {tool: TTL} when the tool level validated (tool known at finish)
      "next_agents", "predicted_path_regex", "expected_remaining_calls", "expected_remaining_s",
      "expected_distance", "p_end", "prompt_composition",  # when the profile has the automaton
-     "priority"}                                   # when a priority policy is configured
+     "priority"}                       # set by the serving layer (PredictionService), not here
 """
 from __future__ import annotations
 
@@ -99,10 +100,6 @@ class Predictor:
     max_tools : tools listed in ``tool_latency`` per agent (the most frequent ones).
     recent_outputs : responses kept per session for prompt composition.
     gate : an object deciding shadow mode (``serving_hooks.shadow.ShadowGate``) or None.
-    priority_policy : callable ``(annotation: Annotation, app_metadata) -> int`` giving a known
-        call its SGLang priority, or None (no ``priority`` field). The serving layer injects
-        ``serving_hooks.policies.AnnotationPriority`` (``PredictionService`` does by default):
-        the facade depends on no policy.
     prompt_composition_agents : next agents (most likely first) whose prompt template is included.
     agent_fallback : predict calls of agents the profile has no or too little data for from their
         workflow type's entry (module doc); False answers them ``known: false``.
@@ -124,7 +121,7 @@ class Predictor:
 
     def __init__(self, profile: Any = None, *, max_sessions: int = 100_000,
                  session_idle_s: float = 3600.0, max_tools: int = 3, recent_outputs: int = 8,
-                 gate: Any = None, priority_policy: Any = None,
+                 gate: Any = None,
                  prompt_composition_agents: int = 1, clock=time.monotonic,
                  max_session_bytes: int = DEFAULT_MAX_SESSION_BYTES, agent_fallback: bool = True,
                  online_calibration: bool | OnlineCalibrator = True,
@@ -151,7 +148,6 @@ class Predictor:
             else keep_alive_calibrator() if keep_alive_calibration else None)
         # (profile, its idle-gap quantile, {calibration key: tail slope}): per profile, bounded by it
         self._ka_slopes: tuple[CompiledProfile | None, float | None, dict] = (None, None, {})
-        self.priority_policy = priority_policy
         self.prompt_composition_agents = int(prompt_composition_agents)
         self.clock = clock
         self._model: CompiledProfile | None = None
@@ -305,25 +301,22 @@ class Predictor:
                                   advance=advance).to_dict()
 
     def annotate_call(self, app_metadata: Mapping[str, Any] | None, *, request_id: str | None = None,
-                      input_tokens: int | None = None, advance: bool = True,
-                      priority_inputs: Mapping[str, Any] | None = None) -> Annotation:
+                      input_tokens: int | None = None, advance: bool = True) -> Annotation:
         """The annotation contract for one call (see module doc); never raises on bad input.
 
         ``request_id`` makes the session advance idempotent (and lets :meth:`observe` score the
         band this call was given); ``input_tokens`` feeds the conditional output-length model;
-        ``advance=False`` asks "what would you say" without changing the session;
-        ``priority_inputs`` are extra keyword arguments of the priority policy (the gateway's
-        model-pool queue depths: ``queue_depth``, ``agent_model``), so the priority is computed
-        once, with them.
+        ``advance=False`` asks "what would you say" without changing the session. ``priority``
+        is left empty (module doc: the serving layer sets it).
         """
-        ann = self._annotate(app_metadata, request_id, input_tokens, advance, priority_inputs)
+        ann = self._annotate(app_metadata, request_id, input_tokens, advance)
         with self._count_lock:
             self.annotations_total += 1
             self.annotations_unknown += not ann.known
         return ann
 
     def _annotate(self, app_metadata: Any, request_id: str | None, input_tokens: int | None,
-                  advance: bool, priority_inputs: Mapping[str, Any] | None = None) -> Annotation:
+                  advance: bool) -> Annotation:
         m = self._model
         meta = app_metadata if isinstance(app_metadata, Mapping) else {}
         ids = [meta.get(k) for k in ID_KEYS]
@@ -422,13 +415,7 @@ class Predictor:
                           remaining_output_tokens_p50=remaining[1],
                           remaining_output_tokens_p90=remaining[2],
                           expected_remaining_decode_s=remaining[0] / speed if speed else None)
-        ann = replace(base, **fields)
-        if self.priority_policy is not None:
-            try:
-                ann = replace(ann, priority=int(self.priority_policy(ann, meta, **(priority_inputs or {}))))
-            except Exception as exc:
-                log.warning("priority policy failed: %s", exc)
-        return ann
+        return replace(base, **fields)
 
     def _path_fields(self, paths: Any, state: Any,
                      context: tuple | None = None) -> dict[str, Any]:

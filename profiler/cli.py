@@ -9,7 +9,7 @@ from __future__ import annotations
 
 # Imported to register their commands; `profiler --help` lists them in this order.
 from profiler.commands import generate, ingest, fit, show, evaluate, split  # noqa: F401
-from profiler.commands import import_, report  # noqa: F401
+from profiler.commands import import_, export, report  # noqa: F401
 from profiler.commands import serve, gateway, watch  # noqa: F401
 from profiler.commands import simulate, replay  # noqa: F401
 from profiler.commands import version  # noqa: F401  (the root callback: --version)

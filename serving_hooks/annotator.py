@@ -108,10 +108,14 @@ class LocalAnnotator:
         return None
 
     async def observe(self, completion: dict) -> None:
-        """Report a finished call from a worker thread: if another thread holds the session
-        table, this waits there, never on the event loop (which would stall every request)."""
+        """Report a finished call: here when the session table is free (no thread hand-off per
+        call), else from a worker thread, so a table another thread holds (a profile swap's
+        replay, the autoscale scan) is waited for there, never on the event loop."""
         try:
-            await asyncio.to_thread(self.service.observe, completion)
+            if self.service.predictor.session_table_free(0):
+                self.service.observe(completion)
+            else:
+                await asyncio.to_thread(self.service.observe, completion)
         except Exception:
             self.observe_errors += 1
             log.exception("observe failed")

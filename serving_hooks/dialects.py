@@ -20,19 +20,40 @@ vllm        top-level ``priority`` = **minus** our priority (vLLM: "lower means 
             Source: vllm-project/vllm ``vllm/entrypoints/openai/protocol.py`` @ ec3b890c14b0
             (``ChatCompletionRequest.priority``, ``vllm_xargs: Optional[dict[str, Union[str, int,
             float]]]`` "Additional request parameters … used by custom extensions").
-dynamo      ``nvext.agent_hints`` = ``{"priority", "osl", "speculative_prefill"}`` and
-            ``nvext.cache_control`` = ``{"type": "ephemeral", "ttl": "<int seconds>"}``.
-            Source: ai-dynamo/dynamo ``docs/pages/components/frontend/nvext.md`` @ 00305114db6e:
-            ``osl`` (u32) "expected output sequence length (tokens)"; ``speculative_prefill``
-            (bool) "speculatively prefills the predicted next-turn prompt after the current turn
-            completes"; ``priority`` (i32) forwarded to the engine — its order is the backend's
-            (SGLang: larger first by default; vLLM: smaller first), so ``priority_order`` is
-            set per upstream; ``cache_control.ttl`` "integer seconds (\\"600\\") or shorthand …
-            clamped to [300, 3600] seconds" (Dynamo clamps; we send the predicted value).
+dynamo      ``nvext.agent_hints`` = ``{"priority", "strict_priority", "osl", "speculative_prefill"}``
+            and the call's agent identity in the upstream's spelling (``--dynamo-api``, below).
+            Source: ai-dynamo/dynamo ``AgentHints`` (``lib/llm/src/protocols``; docs/agents/
+            agent-hints.md): ``priority`` (i32, "higher values mean higher priority at the Dynamo
+            API layer", normalised per backend by Dynamo), ``strict_priority`` (u32, "router
+            pending-queue tier: higher values always precede lower values"), ``osl`` (u32,
+            expected output tokens), ``speculative_prefill`` (bool). ``latency_sensitivity`` is a
+            deprecated alias there and is never sent; ``nvext.cache_control`` was removed in
+            Dynamo v1.1.0 (#7790) and its ``NvExt`` now refuses unknown fields
+            (``deny_unknown_fields``), so no TTL field is sent either.
 headers     ``X-Agentprof-*`` request headers (the body is not changed) for routers that only
             read headers (Envoy ext_proc / llm-d endpoint picker, a header-hashing balancer).
 ==========  ======================================================================================
 
+Dynamo's identity and end-of-session spelling moved three times; ``--dynamo-api`` (a gateway
+setting, :data:`DYNAMO_APIS`) names the one the upstream speaks:
+
+* ``session`` (the newest, ai-dynamo/dynamo PR #10896): headers ``X-Dynamo-Session-ID`` (the
+  chain: the client's own chain id, else the workflow id; not sent when the call's identity came
+  from Claude Code, Codex or OpenCode headers, which Dynamo maps itself), ``X-Dynamo-Parent-Session-ID`` and,
+  on the last call, ``X-Dynamo-Session-Final: true`` (Dynamo turns it into
+  ``kv_hints.evict_session`` and, with SGLang's session radix cache, closes the session once the
+  response stream completes);
+* ``trajectory`` (PR #10214 until #10896): the same as ``x-dynamo-trajectory-id`` /
+  ``x-dynamo-parent-trajectory-id`` / ``x-dynamo-trajectory-final``;
+* ``agent_context`` (before PR #10808, e.g. v1.2): ``nvext.agent_context`` = ``{workflow_type_id,
+  workflow_id, program_id, parent_program_id}`` and sticky sessions through
+  ``nvext.session_control`` = ``{session_id, action, timeout}``: sent when the profile predicts a
+  return (``speculative_prefill``), with ``action: "open"`` (``timeout``: the keep-alive TTL) on
+  the session's first call, and ``{session_id, action: "close"}`` on its last call.
+
+In the two header spellings a client's ``nvext.agent_context`` / ``nvext.session_control`` (which
+those Dynamo versions refuse as unknown fields) is taken off the body: the gateway has read the
+identity (``serving_hooks.identity``) and sends it in the upstream's headers instead.
 How annotation fields become hint values is decided in **one** place, :func:`hint_values`
 (a :class:`HintValues`); every renderer reads only that, so a new dialect cannot drift from the
 others. Its input is the typed contract (:class:`Annotation`, what the gateway holds end to end;
@@ -49,6 +70,8 @@ The values (each None when the annotation has no prediction for it):
   seconds;
 * ``speculative_prefill`` — true when another call of the session is likely (``p_end`` < 0.5, or
   unknown ``p_end`` with a predicted next agent): warming the next prompt is then worth it;
+* ``strict_priority`` — Dynamo's router tier from the latency class: 1 for ``interactive`` (a
+  person waits: ahead of every batch call), 0 for ``batch``, None unclassified;
 * ``session_end`` — true when the session's KV may be released after this call: the
   annotation's ``session_end``, which the gateway sets by
   :class:`~serving_hooks.policies.session_end.SessionEndRule` (the client
@@ -61,11 +84,9 @@ End of session, per dialect (docs/dialects.md, "End of session"):
   cancels its pending host prefetch;
 * vllm — ``vllm_xargs.session_end: 1`` (``SamplingParams.extra_args``, for a KV-connector or
   custom extension; vLLM's own scheduler does not read it);
-* dynamo — the request headers ``X-Dynamo-Session-ID: <workflow_id>`` and
-  ``X-Dynamo-Session-Final: true`` (ai-dynamo/dynamo PR #10896): Dynamo normalises the final
-  header into its ``kv_hints.evict_trajectory`` and, with SGLang's session radix cache, closes the
-  session (bulk-evicts its tagged KV) once the response stream completes; no ``cache_control``
-  TTL is sent for that call. ``nvext.agent_hints`` has no end-of-session field;
+* dynamo — the final flag in the upstream's spelling (above): ``X-Dynamo-Session-Final: true``
+  with the session header (newest), ``x-dynamo-trajectory-final: true``, or
+  ``nvext.session_control.action: "close"``;
 * headers — ``X-Agentprof-Session-End: 1``.
 
 Renderers are pure: ``render(dialect, values, body, endpoint) -> (patch, headers)`` where
@@ -93,6 +114,21 @@ CONTINUE_P_END = 0.5
 #: Dynamo's session headers (ai-dynamo/dynamo PR #10896).
 DYNAMO_SESSION_ID_HEADER = "X-Dynamo-Session-ID"
 DYNAMO_SESSION_FINAL_HEADER = "X-Dynamo-Session-Final"
+#: The spellings of Dynamo's agent identity ``--dynamo-api`` accepts, newest first (module doc),
+#: each with its ``(chain, parent chain, final)`` header names (None: the body spelling).
+DYNAMO_APIS: dict[str, tuple[str, str, str] | None] = {
+    "session": (DYNAMO_SESSION_ID_HEADER, "X-Dynamo-Parent-Session-ID", DYNAMO_SESSION_FINAL_HEADER),
+    "trajectory": ("x-dynamo-trajectory-id", "x-dynamo-parent-trajectory-id",
+                   "x-dynamo-trajectory-final"),
+    "agent_context": None,
+}
+#: Identity sources (``serving_hooks.identity``) whose headers Dynamo maps to its session itself
+#: (``agents.rs``: Claude Code, Codex, OpenCode): for them only the final flag is added.
+DYNAMO_NATIVE_SOURCES = ("claude_code", "codex", "opencode")
+#: Dynamo's ``AgentHints.priority`` is an i32: a larger priority is clamped to its range.
+I32 = 2**31
+#: Dynamo's ``strict_priority`` tier of each latency class (module doc).
+STRICT_PRIORITY = {"interactive": 1, "batch": 0}
 
 
 @dataclass(frozen=True)
@@ -108,6 +144,13 @@ class HintValues:
     session_end: bool = False
     #: the annotation the values come from (its class names the header fields)
     annotation: Annotation | None = None
+    #: Dynamo's router tier from the latency class (:data:`STRICT_PRIORITY`)
+    strict_priority: int | None = None
+    #: the agent chain as the client named it (``app_metadata.program_id``, read from Dynamo's
+    #: identity), its parent, and whether the client flagged the chain's last call
+    program_id: str | None = None
+    parent_program_id: str | None = None
+    program_final: bool = False
 
 
 def hint_values(annotation: Annotation | Mapping[str, Any],
@@ -126,9 +169,14 @@ def hint_values(annotation: Annotation | Mapping[str, Any],
     spec = None
     if ann.known:
         spec = ann.p_end < CONTINUE_P_END if ann.p_end is not None else ann.next_agent is not None
-    return HintValues(known=ann.known, flat=flat, priority=ann.priority if ann.known else None,
+    meta = app_metadata if isinstance(app_metadata, Mapping) else {}
+    ids = {k: meta[k] if isinstance(meta.get(k), str) and meta[k] else None
+           for k in ("program_id", "parent_program_id")}
+    return HintValues(known=ann.known, flat=flat, priority=ann.sglang_priority() if ann.known else None,
                       osl=osl, ttl_s=ttl_s, speculative_prefill=spec,
-                      session_end=ann.session_end is True, annotation=ann)
+                      session_end=ann.session_end is True, annotation=ann,
+                      strict_priority=STRICT_PRIORITY.get(ann.latency_class) if ann.known else None,
+                      program_final=meta.get("program_final") is True, **ids)
 
 
 def engine_priority(priority: int | None, order: str) -> int | None:
@@ -183,24 +231,59 @@ def render_vllm(v: HintValues, body: Mapping[str, Any], endpoint: str,
 
 
 def render_dynamo(v: HintValues, body: Mapping[str, Any], endpoint: str,
-                  order: str = "high_first") -> tuple[dict, dict]:
+                  order: str = "high_first", api: str = "session",
+                  native_identity: bool = False) -> tuple[dict, dict]:
+    """``nvext.agent_hints`` and the identity / final flag in the ``api`` spelling (module doc);
+    ``native_identity``: the request names its chain in agent headers Dynamo maps itself, so
+    (header spellings) only the final flag is added and Dynamo's own mapping names the session."""
+    if api not in DYNAMO_APIS:
+        raise ValueError(f"dynamo api {api!r}: expected one of {', '.join(DYNAMO_APIS)}")
     hints: dict[str, Any] = {}
     prio = engine_priority(v.priority, order)
-    if prio is not None:
-        hints["priority"] = prio
+    if prio is not None:                             # AgentHints.priority is an i32
+        hints["priority"] = max(-I32, min(I32 - 1, prio))
+    if v.strict_priority is not None:
+        hints["strict_priority"] = v.strict_priority
     if v.osl is not None:
         hints["osl"] = v.osl
     if v.speculative_prefill is not None:
         hints["speculative_prefill"] = v.speculative_prefill
     nvext = body.get("nvext")
     nvext = dict(nvext) if isinstance(nvext, Mapping) else {}
-    nvext["agent_hints"] = _merged(nvext, "agent_hints", hints)
-    if v.ttl_s is not None and not v.session_end:   # the last call: nothing to keep alive
-        nvext["cache_control"] = _merged(nvext, "cache_control",
-                                         {"type": "ephemeral", "ttl": str(v.ttl_s)})
+    merged = _merged(nvext, "agent_hints", hints)
+    merged.pop("latency_sensitivity", None)          # deprecated in Dynamo: never forwarded
+    nvext["agent_hints"] = merged
+    wf = v.flat.get("wf_id")
+    chain = v.program_id or (str(wf) if wf is not None else None)
+    final = v.session_end or v.program_final
     headers: dict[str, str] = {}
-    if v.session_end and v.flat.get("wf_id") is not None:
-        headers = {DYNAMO_SESSION_ID_HEADER: str(v.flat["wf_id"]), DYNAMO_SESSION_FINAL_HEADER: "true"}
+    names = DYNAMO_APIS[api]
+    if names is not None:                            # session / trajectory: headers only
+        nvext.pop("agent_context", None)             # refused by these versions (read already)
+        nvext.pop("session_control", None)
+        if chain is not None:
+            own, parent, final_name = names
+            if not native_identity:
+                headers[own] = chain
+                if v.parent_program_id is not None:
+                    headers[parent] = v.parent_program_id
+            if final:
+                headers[final_name] = "true"
+    elif chain is not None:                          # agent_context (Dynamo <= v1.2)
+        ctx = {"workflow_type_id": v.flat.get("wf_type"), "workflow_id": wf, "program_id": chain,
+               "parent_program_id": v.parent_program_id}
+        nvext["agent_context"] = _merged(nvext, "agent_context",
+                                         {k: str(x) for k, x in ctx.items() if x is not None})
+        control: dict[str, Any] | None = None
+        if final:
+            control = {"session_id": chain, "action": "close"}
+        elif v.speculative_prefill:                  # a return is predicted: keep it sticky
+            control = {"session_id": chain}
+            age = v.annotation.session_age_s if v.annotation is not None else None
+            if not age:                              # the session's first call
+                control.update(action="open", timeout=max(1, v.ttl_s or 300))
+        if control is not None:
+            nvext["session_control"] = control
     return {"nvext": nvext}, headers
 
 
@@ -235,12 +318,18 @@ RENDERERS = {"sglang": render_sglang, "vllm": render_vllm, "dynamo": render_dyna
 
 
 def render(dialect: str, values: HintValues, body: Mapping[str, Any], endpoint: str = "chat",
-           priority_order: str | None = None) -> tuple[dict, dict]:
+           priority_order: str | None = None, dynamo_api: str = "session",
+           identity_source: str | None = None) -> tuple[dict, dict]:
     """``(body patch, extra headers)`` of ``values`` in ``dialect`` for one request ``body`` sent
-    to ``endpoint`` (``chat``, ``completions``, ``responses`` or ``generate``)."""
+    to ``endpoint`` (``chat``, ``completions``, ``responses`` or ``generate``); ``dynamo_api``:
+    the spelling of Dynamo's identity the dynamo dialect speaks (:data:`DYNAMO_APIS`);
+    ``identity_source``: where the gateway found the call's identity (``serving_hooks.identity``)."""
     if dialect not in RENDERERS:
         raise ValueError(f"dialect {dialect!r}: expected one of {', '.join(DIALECTS)}")
     order = priority_order or DEFAULT_PRIORITY_ORDER[dialect]
+    if dialect == "dynamo":
+        return render_dynamo(values, body, endpoint, order, dynamo_api,
+                             identity_source in DYNAMO_NATIVE_SOURCES)
     return RENDERERS[dialect](values, body, endpoint, order)
 
 

@@ -261,10 +261,14 @@ def main() -> None:  # pragma: no cover - manual use
     ap = argparse.ArgumentParser(description="Fake OpenAI-compatible server for trying the gateway.")
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=30000)
-    ap.add_argument("--reply-tokens", type=int, default=8)
+    ap.add_argument("--reply-tokens", type=int, default=8, help="words per reply (the "
+                    "x-fake-tokens header overrides it per request)")
+    ap.add_argument("--chunk-delay", type=float, default=0.0, help="seconds between streamed "
+                    "chunks (0.02: an engine decoding 50 tokens/s); plain replies come at once")
     args = ap.parse_args()
-    uvicorn.run(FakeOpenAI(reply_tokens=args.reply_tokens, record=False).app, host=args.host,
-                port=args.port, log_level="warning")
+    uvicorn.run(FakeOpenAI(reply_tokens=args.reply_tokens, chunk_delay_s=args.chunk_delay,
+                           record=False).app,
+                host=args.host, port=args.port, log_level="warning", access_log=False)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -62,6 +62,7 @@ from __future__ import annotations
 
 import asyncio
 import fnmatch
+import gc
 import json
 import logging
 import time
@@ -71,6 +72,7 @@ from dataclasses import dataclass, field, replace as dataclass_replace
 from typing import TYPE_CHECKING, Any
 
 import aiohttp
+import orjson
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.background import BackgroundTask
@@ -87,10 +89,11 @@ from serving_hooks.identity import IdentityMap, resolve_identity
 from serving_hooks.retries import DEFAULT_WINDOW_S, RetryLedger
 from predictors.contract import Annotation
 from serving_hooks.policies.pools import ModelPools, NoReplicaForModel
-from serving_hooks.policies.priority import AnnotationPriority
+from serving_hooks.policies.priority import PriorityPolicy
 from serving_hooks.policies.session_end import SessionEndRule
 from serving_hooks.metrics import (LATENCY_BUCKETS, Labeled, RequestMetricsMiddleware, render,
                                    RoutingCollector, request_metrics)
+from serving_hooks.sglang_sessions import SglangSessions, client_manages_session, session_name
 from serving_hooks.sse import StreamFollower
 from serving_hooks.upstreams import (DEFAULT_UPSTREAM_KEEPALIVE_S, UpstreamClient, UpstreamRouter,
                                      request_model)
@@ -158,6 +161,13 @@ class GatewayOptions:
     retry_stale_connections: bool = True  # resend once a call that met a closed pooled connection
     #: end-of-session signal (``--session-end-p``, ``--no-session-end-signal``; docs/dialects.md)
     session_end: SessionEndRule = field(default_factory=SessionEndRule)
+    #: spelling of Dynamo's identity the dynamo dialect sends (``--dynamo-api``; dialects.DYNAMO_APIS)
+    dynamo_api: str = "session"
+    #: open/close SGLang's own session per workflow (``--sglang-sessions``; sglang_sessions.py)
+    sglang_sessions: bool = False
+    #: ``gc.freeze()`` once started, so full collections skip the profile (``profiler gateway``
+    #: runs in a process of its own and sets it; process-wide, so off for an embedded Gateway)
+    freeze_gc: bool = False
 
 
 def path_forwarded(path: str, patterns: tuple[str, ...]) -> bool:
@@ -291,13 +301,13 @@ class Gateway:
                  registry: CollectorRegistry | None = None,
                  service: PredictionService | None = None, retries: RetryLedger | None = None,
                  tracer: CallTracer | None = None, pools: ModelPools | None = None,
-                 priority: AnnotationPriority | None = None) -> None:
+                 priority: PriorityPolicy | None = None) -> None:
         self.router = router
         self.pools = pools if pools is not None and pools.pooled else None
-        policy = service.predictor.priority_policy if service is not None else None
-        #: the priority rule the annotations were made with (a sidecar's gets the pools' term here)
-        self.priority = priority or (policy if isinstance(policy, AnnotationPriority)
-                                     else AnnotationPriority())
+        #: the priority rule the annotations are made with (the in-process service's; a sidecar's
+        #: annotation gets the pools' term here, by the same rule)
+        self.priority = priority or (service.priority if service is not None
+                                     and service.priority is not None else PriorityPolicy())
         self.annotator = annotator
         self.log = log_writer
         self.options = options or GatewayOptions()
@@ -320,6 +330,9 @@ class Gateway:
         self.retries = retries or RetryLedger(self.options.retry_window_s)
         self.tracer = tracer
         self.ready = False           # GET /readyz: 503 until start() has loaded and warmed up
+        self.sessions = SglangSessions(lambda: self.client.session, self.registry) \
+            if self.options.sglang_sessions else None
+        self._frozen_version: str | None = None   # the profile version gc.freeze() last covered
 
     # -- lifecycle --------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -333,7 +346,30 @@ class Gateway:
             # the first real call of each (type, agent) finds every lazy structure built, so no
             # cold-start call goes out unannotated for being over the time budget
             await self.annotator.warm_up()
+        if self.options.freeze_gc:
+            # What start-up built (the profile, the libraries) lives as long as the process: out
+            # of the cyclic collector's sight, or each full collection scans all of it and stalls
+            # every request and stream (tens to hundreds of ms on a busy machine). Reference
+            # counting still frees it; a hot reload's new profile is frozen in turn
+            # (:meth:`_freeze_reloaded_profile`).
+            gc.freeze()
+            self._frozen_version = self._profile_version()
         self.ready = True
+
+    def _profile_version(self) -> str | None:
+        return self.service.predictor.version if self.service is not None else None
+
+    def _freeze_reloaded_profile(self) -> bool:
+        """With ``freeze_gc``, after a hot reload: collect once (the old profile's cycles go)
+        and freeze the new profile, so collections stop scanning it. One pause per reload
+        instead of one per full collection. True when it froze."""
+        version = self._profile_version()
+        if not self.options.freeze_gc or version == self._frozen_version:
+            return False
+        self._frozen_version = version
+        gc.collect()
+        gc.freeze()
+        return True
 
     def dialect_for(self, upstream: str) -> tuple[str | None, str | None]:
         """``(dialect, priority order)`` of one upstream (``--upstream URL,dialect=…``)."""
@@ -431,8 +467,8 @@ class Gateway:
         if not ann.known or ann.priority is None:
             return ann
         if not self.annotator.takes_priority_inputs:
-            ann = dataclass_replace(ann, priority=self.priority(ann, meta, **inputs))
-        if self.priority.downstream_boost(ann, meta, **inputs) > 0:
+            ann = dataclass_replace(ann, priority=self.priority.call_priority(ann, **inputs))
+        if self.priority.idle_downstream_term(ann, **inputs) > 0:
             self.metrics.downstream.inc()
         return ann
 
@@ -493,6 +529,8 @@ class Gateway:
         """One annotated call, in named steps: read the body, identify the call, annotate it,
         pick the upstream, rewrite the body in its dialect, forward and relay the answer."""
         t_arrival = time.time()
+        if self.options.freeze_gc and self._profile_version() != self._frozen_version:
+            asyncio.get_running_loop().call_soon(self._freeze_reloaded_profile)
         raw = await request.body()
         t0 = time.perf_counter()
         read = self._read_body(raw)
@@ -516,6 +554,10 @@ class Gateway:
                            identity_source=id_source, advanced=advance)
         ctx.upstream = self.router.choose_upstream(request_id, body, ann, meta)
         ctx.dialect, order = self.dialect_for(ctx.upstream)
+        if self.sessions is not None and ctx.dialect == "sglang" and not client_manages_session(body):
+            ctx.engine_session = session_name(meta)   # SGLang's own session of the workflow
+            if ctx.engine_session is not None:
+                await self.sessions.ensure_open(ctx.upstream, ctx.engine_session)
         fwd, hint_headers, inject_usage = self._rewrite(ctx, raw, where, order)
         self.metrics.overhead.observe(time.perf_counter() - t0)
         return await self._forward(request, ctx, fwd, hint_headers, inject_usage)
@@ -600,7 +642,10 @@ class Gateway:
         try:
             if ann is not None and ctx.dialect is not None:
                 patch, hint_headers = render_dialect(ctx.dialect, hint_values(ann, ctx.meta), body,
-                                                     ctx.kind, order)
+                                                     ctx.kind, order, self.options.dynamo_api,
+                                                     ctx.identity_source)
+            if ctx.engine_session is not None:
+                patch = {**patch, "session_id": ctx.engine_session}
             fwd = forward_body(raw, body, where, ann.to_dict() if ann is not None else None,
                                strip_metadata=self.options.strip_metadata,
                                request_stream_usage=inject_usage, extra_fields=patch)
@@ -669,11 +714,16 @@ class Gateway:
     async def _completed_raw(self, ctx: "_CallContext", content: bytes, encoding: str | None,
                              t_finish: float) -> None:
         decoded = _decode(content, encoding)
-        try:
-            parsed = json.loads(decoded) if decoded is not None else None
-        except ValueError:
-            parsed = None
-        await self._completed(ctx, parsed, t_first_token=None, t_finish=t_finish)
+        parsed, exact = None, True
+        if decoded is not None:
+            try:
+                parsed = orjson.loads(decoded)
+            except orjson.JSONDecodeError:
+                try:   # what orjson refuses (NaN, 1e400): read leniently, logged exactly
+                    parsed, exact = json.loads(decoded), False
+                except ValueError:
+                    parsed = None
+        await self._completed(ctx, parsed, t_first_token=None, t_finish=t_finish, exact=exact)
 
     def _stream_response(self, resp: aiohttp.ClientResponse, ctx: "_CallContext",
                          strip_usage_chunk: bool) -> StreamingResponse:
@@ -724,14 +774,17 @@ class Gateway:
         async def after() -> None:  # runs once the client has the whole stream
             if done["complete"] and ctx.record_wanted:
                 response = done["last"] if native else follower.response(chat=ctx.chat)
-                await self._completed(ctx, response,
-                                      t_first_token=follower.t_first_token, t_finish=done["t_finish"])
+                await self._completed(ctx, response, t_first_token=follower.t_first_token,
+                                      t_finish=done["t_finish"], exact=not follower.lenient)
 
         return _RelayResponse(relay(), resp, self.router, ctx.request_id, after)
 
     async def _completed(self, ctx: "_CallContext", response: dict | None, *,
-                         t_first_token: float | None, t_finish: float) -> None:
-        """Log the gateway record and observe the completion (a successful call only)."""
+                         t_first_token: float | None, t_finish: float, exact: bool = True) -> None:
+        """Log the gateway record and observe the completion (a successful call only).
+        ``exact=False``: the response was parsed leniently (the log encodes it exactly)."""
+        if ctx.engine_session is not None and self._session_ended(ctx):   # release its KV
+            self.sessions.close_soon(ctx.upstream, ctx.engine_session)
         response = as_chat_response(ctx.kind, response)
         if not isinstance(response, dict):
             self.metrics.record_outcome("not_json").inc()
@@ -762,7 +815,7 @@ class Gateway:
                 "gateway": {"annotate": ctx.outcome, "stream": ctx.stream,
                             "client_request_id": ctx.client_request_id, "endpoint": ctx.kind,
                             "identity_source": ctx.identity_source, "dialect": ctx.dialect},
-            })
+            }, exact=exact)
         if self.annotator is not None:
             tools = [tc.get("function", {}).get("name") for tc in message.get("tool_calls") or ()
                      if isinstance(tc, dict)]
@@ -772,6 +825,14 @@ class Gateway:
                 "t_arrival": ctx.t_arrival, "t_finish": t_finish,
                 "response_text": text[:OBSERVE_TEXT_CHARS] if isinstance(text, str) else None,
                 "tool_names": [t for t in tools if t], "status": "ok"})
+
+    def _session_ended(self, ctx: "_CallContext") -> bool:
+        """Whether the call ended its workflow: the annotation's ``session_end``, or — a call
+        forwarded unannotated (over budget, failed) — the client's own ``last_call``."""
+        if ctx.annotation is not None:
+            return ctx.annotation.session_end is True
+        return self.options.session_end.enabled and isinstance(ctx.meta, dict) \
+            and ctx.meta.get("last_call") is True
 
     # -- plain pass-through (GET /v1/models and anything else) ------------------------------------
     async def passthrough(self, request: Request) -> Response:
@@ -869,6 +930,7 @@ class _CallContext:
     identity_source: str | None = None  # serving_hooks.identity source
     dialect: str | None = None
     advanced: bool = True               # this attempt advanced the session (roll back on failure)
+    engine_session: str | None = None   # SGLang session the call is tagged with (--sglang-sessions)
 
 
 def _with_identity(ctx: _CallContext) -> dict | None:

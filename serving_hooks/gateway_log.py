@@ -1,7 +1,11 @@
 """Rotating JSON Lines log of completed calls, in the gateway-record shape (log-format §2).
 
-The gateway hands each completed call to :meth:`GatewayLog.write`, which only enqueues it: a
-background thread does the JSON encoding and file I/O, so a slow disk never slows a request.
+The gateway hands each completed call to :meth:`GatewayLog.write`, which only appends it to a
+list: a background thread wakes every ``batch_s`` (or at once for a rotation or the shutdown),
+takes every record queued since, encodes them (orjson; the standard library's encoder for what
+orjson cannot write exactly) and writes them with one ``write``. So a request never pays for
+the disk, the encoding, or waking a thread: under load the log costs the event loop one
+``list.append`` per call.
 
 Files are written under a name the ingester ignores (``gateway-<UTC time>-<pid>-<n>.jsonl.open``)
 and renamed to ``….jsonl`` when closed — on rotation (size or age limit) and at shutdown. So
@@ -17,22 +21,27 @@ writer process is gone: its complete lines are kept, a torn last line (no newlin
 kill interrupted) is cut off and counted, and the file is renamed to ``….jsonl`` so the next
 refit reads it.
 
-**What reached disk.** Each record is written with one unbuffered ``write`` of its whole line;
+**What reached disk.** Each batch of whole lines is written with one unbuffered ``write``;
 ``records_written`` (and the ``on_written`` callback, which feeds the gateway's
-``log_records_total{outcome="written"}``) counts a record only once that write returned. A
+``log_records_total{outcome="written"}``) counts records only once that write returned. A
 failed write (full disk) is cut back off the file so no torn line stays, and counted in
-``write_errors``.
+``write_errors`` (every record of that write). A record orjson cannot write exactly (an
+integer beyond 64 bits, a lone surrogate, one marked as leniently parsed that may hold ``NaN``)
+goes to the standard library's encoder, which refuses ``NaN`` and lone surrogates
+(``encode_errors``) rather than writing something else.
 """
 from __future__ import annotations
 
 import json
 import logging
 import os
-import queue
 import threading
 import time
+from collections import deque
 from pathlib import Path
 from typing import Callable
+
+import orjson
 
 log = logging.getLogger(__name__)
 
@@ -111,7 +120,7 @@ class GatewayLog:
     """
 
     def __init__(self, directory: str | Path, *, max_bytes: int = 64 << 20, max_age_s: float = 300.0,
-                 prefix: str = "gateway", flush_every_s: float = 0.5,
+                 prefix: str = "gateway", flush_every_s: float = 0.5, batch_s: float = 0.02,
                  on_written: Callable[[int], None] | None = None) -> None:
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
@@ -125,7 +134,9 @@ class GatewayLog:
         self.files_closed = 0
         self.write_errors = 0
         self.encode_errors = 0
-        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self.batch_s = float(batch_s)   # how long a record may wait for the writer thread
+        self._pending: deque = deque()  # (kind, item): appended by producers, taken by the writer
+        self._wake = threading.Event()  # set for rotations and the stop: no waiting for a batch
         self._fh = None
         self._path: Path | None = None
         self._opened_at = 0.0
@@ -135,21 +146,26 @@ class GatewayLog:
         self._thread.start()
 
     # -- producer side (any thread / the event loop) -------------------------------------------
-    def write(self, record: dict) -> None:
-        """Queue one record for writing (never blocks on I/O)."""
-        self._queue.put(("record", record))
+    def write(self, record: dict, exact: bool = True) -> None:
+        """Queue one record for writing (never blocks, never wakes a thread: the writer takes it
+        within ``batch_s``). ``exact=False``: the record holds values parsed leniently (NaN,
+        huge numbers), so it is encoded by the standard library, which refuses what JSON cannot
+        hold instead of writing ``null``."""
+        self._pending.append(("record" if exact else "record_lenient", record))
 
     def rotate(self, wait: bool = True, timeout: float = 10.0) -> None:
         """Close the current file now (so a refit sees it); optionally wait until done."""
         done = threading.Event()
-        self._queue.put(("rotate", done))
+        self._pending.append(("rotate", done))
+        self._wake.set()
         if wait:
             done.wait(timeout)
 
     def close(self, timeout: float = 10.0) -> None:
         """Write everything queued, close (rename) the file and stop the thread."""
         if self._thread.is_alive():
-            self._queue.put(("stop", None))
+            self._pending.append(("stop", None))
+            self._wake.set()
             self._thread.join(timeout)
 
     # -- writer thread --------------------------------------------------------------------------
@@ -175,65 +191,98 @@ class GatewayLog:
             self.files_closed += 1
         self._path = None
 
-    def _append(self, record: dict) -> None:
+    def _encode(self, record: dict, exact: bool) -> bytes | None:
+        """One record as a JSON line, or None (counted) when it cannot be written as JSON."""
+        if exact:
+            try:
+                return orjson.dumps(record, option=orjson.OPT_NON_STR_KEYS | orjson.OPT_APPEND_NEWLINE)
+            except orjson.JSONEncodeError:
+                pass   # an int beyond 64 bits, a lone surrogate, too deep: the exact encoder says
         try:
-            line = (json.dumps(record, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+            return (json.dumps(record, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
                     + "\n").encode("utf-8")
         except (ValueError, TypeError, RecursionError) as exc:  # NaN, a lone surrogate, too deep
             self.encode_errors += 1
             log.warning("gateway log: record %s not written: %s", record.get("request_id"), exc)
+            return None
+
+    def _write_lines(self, lines: list[bytes]) -> None:
+        """Append whole lines with one write, counted once it returned; a failed write (full
+        disk) is cut back off the file and its records counted in ``write_errors``."""
+        if not lines:
             return
-        if self._fh is None:
-            self._open()
-        view, done = memoryview(line), 0
+        data = b"".join(lines)
         try:
-            while done < len(line):
-                n = self._fh.write(view[done:])
-                if not n:
-                    raise OSError("short write")
-                done += n
-        except OSError:
-            try:  # cut any torn part back off: the file keeps only whole records
-                self._fh.truncate(self._size)
+            if self._fh is None:
+                self._open()
+            view, done = memoryview(data), 0
+            try:
+                while done < len(data):
+                    n = self._fh.write(view[done:])
+                    if not n:
+                        raise OSError("short write")
+                    done += n
             except OSError:
-                pass
-            raise
-        self._size += len(line)
-        self.records_written += 1
+                try:  # cut any torn part back off: the file keeps only whole records
+                    self._fh.truncate(self._size)
+                except OSError:
+                    pass
+                raise
+        except OSError as exc:  # a full disk must not kill the thread: count, one line, go on
+            self.write_errors += len(lines)
+            log.error("gateway log: write failed (%d records so far): %s", self.write_errors, exc)
+            return
+        self._size += len(data)
+        self.records_written += len(lines)
         if self.on_written is not None:
-            self.on_written(1)
-        if self._size >= self.max_bytes:
-            self._close_file()
+            self.on_written(len(lines))
+
+    def _write_records(self, lines: list[bytes]) -> None:
+        """Write encoded lines, closing the file each time it reaches ``max_bytes`` (the same
+        files as one write per record would give)."""
+        group: list[bytes] = []
+        size = self._size if self._fh is not None else 0
+        for line in lines:
+            group.append(line)
+            size += len(line)
+            if size >= self.max_bytes:
+                self._write_lines(group)
+                if self._fh is not None and self._size >= self.max_bytes:
+                    self._close_file()
+                group, size = [], self._size if self._fh is not None else 0
+        self._write_lines(group)
+
+    def _safely(self, step: Callable[[], None]) -> None:
+        try:
+            step()
+        except Exception:  # the writer thread must outlive any one failure
+            self.write_errors += 1
+            log.exception("gateway log: write failed")
 
     def _run(self) -> None:
         last_flush = time.monotonic()
         while True:
-            try:
-                kind, item = self._queue.get(timeout=self.flush_every_s)
-            except queue.Empty:
-                kind, item = "tick", None
-            try:
-                if kind == "record":
-                    self._append(item)
-                elif kind == "rotate":
-                    self._close_file()
+            self._wake.wait(self.batch_s)   # a batch every batch_s; at once for rotate/stop
+            self._wake.clear()
+            lines: list[bytes] = []
+            while self._pending:
+                kind, item = self._pending.popleft()
+                if kind in ("record", "record_lenient"):
+                    line = self._encode(item, exact=kind == "record")
+                    if line is not None:
+                        lines.append(line)
+                    continue
+                self._safely(lambda: self._write_records(lines))
+                lines = []
+                self._safely(self._close_file)
+                if kind == "rotate":
                     item.set()
-                elif kind == "stop":
-                    self._close_file()
+                else:   # stop
                     return
-                now = time.monotonic()
-                if self._fh is not None and now - last_flush >= self.flush_every_s:
-                    self._fh.flush()
-                    last_flush = now
-                if self._fh is not None and self._size and now - self._opened_at >= self.max_age_s:
-                    self._close_file()
-            except OSError as exc:  # a full disk must not kill the thread: count, one line, go on
-                self.write_errors += 1
-                log.error("gateway log: write failed (%d so far): %s", self.write_errors, exc)
-                if kind == "rotate":
-                    item.set()
-            except Exception:
-                self.write_errors += 1
-                log.exception("gateway log: write failed")
-                if kind == "rotate":
-                    item.set()
+            self._safely(lambda: self._write_records(lines))
+            now = time.monotonic()
+            if self._fh is not None and now - last_flush >= self.flush_every_s:
+                self._safely(self._fh.flush)
+                last_flush = now
+            if self._fh is not None and self._size and now - self._opened_at >= self.max_age_s:
+                self._safely(self._close_file)

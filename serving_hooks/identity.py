@@ -17,8 +17,28 @@ codex          ``thread-id``; a sub-agent sends ``x-codex-parent-thread-id``: th
                parent thread and the agent is the identity map's ``subagent`` name
 opencode       ``x-session-id`` (``x-opencode-session`` on OpenCode's hosted providers); a sub-agent
                session sends ``x-parent-session-id``: as for Codex
-dynamo         ``x-dynamo-session-id``; ``x-dynamo-parent-session-id`` as for Codex
+dynamo         Dynamo's own agent identity, in every spelling of its recent history (below)
 =============  ===================================================================================
+
+Dynamo (ai-dynamo/dynamo; docs/dialects.md "Dynamo identity" has the sources) names one agent's
+reasoning/tool chain a *program*, then a *trajectory*, now a *session*; all three are read:
+
+* headers ``X-Dynamo-Session-ID`` / ``X-Dynamo-Parent-Session-ID`` / ``X-Dynamo-Session-Final``
+  (the newest, PR #10896) and ``x-dynamo-trajectory-id`` / ``x-dynamo-parent-trajectory-id`` /
+  ``x-dynamo-trajectory-final`` (PR #10214);
+* the body's ``nvext.agent_context`` (top level or under ``extra_body``; Dynamo before PR #10808):
+  ``workflow_type_id`` / ``workflow_id`` / ``program_id`` / ``parent_program_id``, or
+  ``session_type_id`` / ``session_id`` / ``trajectory_id`` / ``parent_trajectory_id`` /
+  ``trajectory_final``, or ``session_id`` / ``parent_session_id`` / ``session_final``.
+
+A chain id of the form ``run:role`` (Dynamo's own examples: ``research-run-42:researcher``) gives
+the workflow ``run`` and the agent ``role``; a parent makes the call a sub-agent of the parent's
+workflow (agent: the child's role, else the map's ``subagent``; ``parent_agent_id``: the parent's
+role). A chain id without a role is the workflow itself (the default agent), or with a parent the
+parent's workflow, as for Codex. A true final flag is kept as ``program_final``; on a root chain
+(no parent) it is also ``last_call: true``, the client declaring its workflow's end (a
+sub-agent's last call is not its workflow's). The chain ids are kept as ``program_id`` /
+``parent_program_id`` so the Dynamo dialect sends them on in the upstream's own spelling.
 
 The workflow type is not in any harness header; :class:`IdentityMap` says where it comes from:
 ``workflow_type_from = "harness"`` (the harness name: ``claude_code``, …), ``"model"`` (the
@@ -48,6 +68,23 @@ from serving_hooks.annotations import find_app_metadata
 #: Identity sources in the order they are tried.
 SOURCES = ("app_metadata", "metadata", "claude_code", "codex", "opencode", "dynamo")
 HARNESSES = SOURCES[2:]
+
+#: Dynamo's identity headers, newest first: ``(own chain, parent chain, final flag)``
+#: (ai-dynamo/dynamo ``lib/llm/src/protocols/agents.rs``: PR #10896 session names, PR #10214
+#: trajectory names).
+DYNAMO_HEADERS: tuple[tuple[str, str, str], ...] = (
+    ("x-dynamo-session-id", "x-dynamo-parent-session-id", "x-dynamo-session-final"),
+    ("x-dynamo-trajectory-id", "x-dynamo-parent-trajectory-id", "x-dynamo-trajectory-final"),
+)
+#: ``nvext.agent_context`` spellings: ``(workflow type, workflow, own chain, parent chain, final)``
+#: keys, None where the spelling has none (Dynamo ``AgentContext``: program names in
+#: ``docs/agents/agent-context.md``; trajectory names before PR #10808; session names after #10896).
+DYNAMO_CONTEXT_KEYS: tuple[tuple[str | None, str | None, str, str, str | None], ...] = (
+    ("workflow_type_id", "workflow_id", "program_id", "parent_program_id", None),
+    ("session_type_id", "session_id", "trajectory_id", "parent_trajectory_id", "trajectory_final"),
+    (None, None, "session_id", "parent_session_id", "session_final"),
+)
+_TRUE = ("true", "1", "yes")    # Dynamo's header_bool
 
 
 @dataclass(frozen=True)
@@ -80,7 +117,6 @@ class IdentityMap:
 SESSION_HEADERS: dict[str, tuple[tuple[str, ...], str]] = {
     "codex": (("thread-id",), "x-codex-parent-thread-id"),
     "opencode": (("x-session-id", "x-opencode-session"), "x-parent-session-id"),
-    "dynamo": (("x-dynamo-session-id",), "x-dynamo-parent-session-id"),
 }
 
 #: How the harnesses are named to a user (start-up note).
@@ -152,6 +188,83 @@ def _harness_ids(name: str, h: Mapping[str, str], m: IdentityMap) -> tuple[str, 
     return None
 
 
+def _split_chain(chain: str) -> tuple[str, str | None]:
+    """``(run, role)`` of a Dynamo chain id ``run:role`` (role None without a colon)."""
+    run, sep, role = chain.rpartition(":")
+    return (run, role) if sep and run and role else (chain, None)
+
+
+def dynamo_agent_context(body: Any) -> Mapping[str, Any] | None:
+    """The body's ``nvext.agent_context`` (top level, else under ``extra_body``), or None."""
+    if not isinstance(body, Mapping):
+        return None
+    for holder in (body, body.get("extra_body")):
+        nvext = holder.get("nvext") if isinstance(holder, Mapping) else None
+        ctx = nvext.get("agent_context") if isinstance(nvext, Mapping) else None
+        if isinstance(ctx, Mapping):
+            return ctx
+    return None
+
+
+def _dynamo_chain(body: Any, h: Mapping[str, str]
+                  ) -> tuple[str, str | None, bool, str | None, str | None] | None:
+    """``(own chain, parent chain, final, workflow type, workflow)`` from Dynamo's headers (any
+    spelling, newest first) or ``nvext.agent_context`` (any spelling), or None."""
+    for own_name, parent_name, final_name in DYNAMO_HEADERS:
+        own = (h.get(own_name) or "").strip()
+        if own:
+            parent = (h.get(parent_name) or "").strip()
+            final = (h.get(final_name) or "").strip().lower() in _TRUE
+            return own, (parent if parent and parent != own else None), final, None, None
+    ctx = dynamo_agent_context(body)
+    if ctx is None:
+        return None
+    for type_key, wf_key, own_key, parent_key, final_key in DYNAMO_CONTEXT_KEYS:
+        own = ctx.get(own_key)
+        if not isinstance(own, str) or not own.strip():
+            continue
+        if wf_key is not None and not (isinstance(ctx.get(wf_key), str) and ctx[wf_key].strip()):
+            continue   # the session-named spelling: its session_id is the chain, not a workflow
+        parent = ctx.get(parent_key)
+        wf_type = ctx.get(type_key) if type_key else None
+        return (own.strip(), parent.strip() if isinstance(parent, str) and parent.strip() else None,
+                final_key is not None and ctx.get(final_key) is True,
+                wf_type.strip() if isinstance(wf_type, str) and wf_type.strip() else None,
+                ctx[wf_key].strip() if wf_key else None)
+    return None
+
+
+def _dynamo_ids(body: Any, h: Mapping[str, str], m: IdentityMap
+                ) -> tuple[str, str, dict, str | None] | None:
+    """``(workflow_id, agent_id, extra, workflow type or None)`` from Dynamo's identity (module
+    doc), or None."""
+    found = _dynamo_chain(body, h)
+    if found is None:
+        return None
+    own, parent, final, wf_type, workflow = found
+    run, role = _split_chain(own)
+    extra: dict[str, Any] = {"program_id": own}
+    if parent is not None:
+        prun, prole = _split_chain(parent)
+        extra["parent_program_id"] = parent
+        if prole is not None:
+            extra["parent_agent_id"] = prole
+        wf, agent = prun, role or m.subagent
+        if role is None:
+            extra["child_session_id"] = own
+    else:
+        wf, agent = run, role or m.default_agent
+    if workflow is not None:          # the program spelling names its workflow outright
+        wf = workflow
+        if role is None and own.startswith(workflow + ":"):
+            agent = own[len(workflow) + 1:]
+    if final:                 # the chain's last call; a root chain's is its workflow's last
+        extra["program_final"] = True
+        if parent is None:
+            extra["last_call"] = True
+    return wf, agent, extra, wf_type
+
+
 def _workflow_type(source: str, body: Mapping[str, Any], h: Mapping[str, str], m: IdentityMap) -> str:
     how = m.workflow_type_from
     if how.startswith("header:") and h.get(how[7:].lower()):
@@ -180,6 +293,15 @@ def resolve_identity(body: Any, headers: Mapping[str, str], mapping: IdentityMap
                "agent_id": md.get("agent_id") or m.default_agent}
         return out, None, "metadata"
     for name in m.harnesses:
+        if name == "dynamo":
+            found = _dynamo_ids(b, h, m)
+            if found is None:
+                continue
+            wf, agent, extra, wf_type = found
+            if m.workflow_type_from.startswith("header:") and h.get(m.workflow_type_from[7:].lower()):
+                wf_type = None    # the operator's header wins over the body's type
+            return {"workflow_type_id": wf_type or _workflow_type(name, b, h, m), "workflow_id": wf,
+                    "agent_id": m.agents.get(agent, agent), **extra}, None, name
         ids = _harness_ids(name, h, m)
         if ids is not None:
             wf, agent, extra = ids

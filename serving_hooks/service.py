@@ -8,7 +8,8 @@ from __future__ import annotations
 import json
 import logging
 import time
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -16,7 +17,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from predictors.contract import Annotation
 from predictors.predictor import Predictor
-from serving_hooks.policies.priority import AnnotationPriority
+from serving_hooks.policies.priority import PriorityPolicy
 from serving_hooks.metrics import DriftCollector, MemoryCollector, PredictionMetrics, prediction_metrics
 from serving_hooks.policies import AutoscalePolicy, live_autoscale_advice
 from serving_hooks.profile_reload import ProfileReloader
@@ -77,6 +78,8 @@ class PredictionService:
     refit_failed_at: Gauge | None = None
     #: called as ``hook(workflow_type_id, status)`` when a drift alarm turns on (the refit trigger)
     drift_hooks: list[Callable[[str, dict], None]] = field(default_factory=list)
+    #: the priority rule a known call's ``priority`` is computed with (None: no priority field)
+    priority: PriorityPolicy | None = field(default_factory=PriorityPolicy)
 
     def __post_init__(self) -> None:
         self.predictor.coverage_monitor.on_alarm = self.on_drift_alarm
@@ -143,9 +146,17 @@ class PredictionService:
         """The sys_annotations JSON of one call (:meth:`annotate_call` rendered)."""
         return self.annotate_call(app_metadata, **kwargs).to_dict()
 
-    def annotate_call(self, app_metadata: Any, **kwargs) -> Annotation:
-        """The annotation contract of one call, counted in the metrics."""
+    def annotate_call(self, app_metadata: Any, *, priority_inputs: Mapping[str, Any] | None = None,
+                      **kwargs: Any) -> Annotation:
+        """The annotation contract of one call with its priority, counted in the metrics.
+
+        The priority of a known call is computed here, once, by :attr:`priority`
+        (:meth:`PriorityPolicy.call_priority`); ``priority_inputs`` are the gateway's model-pool
+        inputs (``queue_depth``, ``agent_model``) when it has pools. The predictor facade leaves
+        the field empty, so ``predictors`` depends on no policy."""
         ann = self.predictor.annotate_call(app_metadata, **kwargs)
+        if ann.known and self.priority is not None:
+            ann = replace(ann, priority=self.priority.call_priority(ann, **(priority_inputs or {})))
         self.metrics.count_annotation(ann)
         return ann
 
@@ -213,7 +224,6 @@ def prediction_service(profile: str | Path, registry: CollectorRegistry, prefix:
                        **predictor_kwargs: Any) -> PredictionService:
     """Load ``profile`` (a profile root, or a version folder: then no hot reload) and wire it up."""
     gate = gate or ShadowGate()
-    predictor_kwargs.setdefault("priority_policy", AnnotationPriority())  # the facade needs no policy
     predictor = Predictor(gate=gate, **predictor_kwargs)
 
     def unknown_ratio() -> float:

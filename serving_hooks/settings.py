@@ -39,6 +39,10 @@ ENV_PREFIX = "PROFILER_"
 #: Help panels the fields are grouped in (the shadow-mode knobs keep their own panel).
 PANEL_SERVICE = "Prediction service (also --config keys, PROFILER_* env)"
 PANEL_SHADOW = "Shadow mode (also --config keys, PROFILER_* env)"
+PANEL_ENGINE = "Engine APIs (gateway; also --config keys, PROFILER_* env)"
+
+#: Spellings of Dynamo's agent identity (``serving_hooks.dialects.DYNAMO_APIS``, newest first).
+DYNAMO_API_CHOICES = ("session", "trajectory", "agent_context")
 
 _DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 
@@ -150,6 +154,31 @@ class ServiceSettings:
     @property
     def max_session_bytes(self) -> int:
         return int(self.max_session_mb * (1 << 20))
+
+
+@dataclass(frozen=True)
+class GatewaySettings(ServiceSettings):
+    """``profiler gateway``'s settings: the service's, plus which version of each engine's agent
+    API the upstreams speak (docs/dialects.md)."""
+
+    dynamo_api: str = setting_field(
+        "session", "Spelling of agent identity and end of session the dynamo dialect sends: "
+                   "session (X-Dynamo-Session-ID / -Parent-Session-ID / -Session-Final headers; "
+                   "Dynamo since PR #10896), trajectory (x-dynamo-trajectory-* headers; PR #10214 "
+                   "to #10896), agent_context (nvext.agent_context + nvext.session_control; Dynamo "
+                   "v1.2 and before). Identity is read in every spelling whatever this says.",
+        panel=PANEL_ENGINE)
+    sglang_sessions: bool = setting_field(
+        False, "The SGLang upstreams run --enable-session-radix-cache: open an SGLang session per "
+               "workflow (POST /open_session), tag each of its calls with session_id, and close it "
+               "(POST /close_session, its KV released) after the call that ends the workflow "
+               "(app_metadata.last_call, or p_end >= --session-end-p).", panel=PANEL_ENGINE)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.dynamo_api not in DYNAMO_API_CHOICES:
+            raise SettingsError(f"dynamo_api: {self.dynamo_api!r}: expected one of "
+                                f"{', '.join(DYNAMO_API_CHOICES)}")
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,10 @@ caller that must drop one event — the usage-only chunk the gateway asked for o
 behalf — can forward the others byte for byte. An event that cannot be parsed or does not have
 the expected shape (``choices`` not a list, a ``delta`` that is a string, …) is returned with
 ``data=None`` and counted in ``malformed``: it is never fatal to the stream.
+
+This runs once per relayed event, so it is kept cheap: the usual one-line ``data: {...}`` event
+is cut without splitting lines, parsed by orjson (the standard library's lenient parser only for
+what orjson refuses, e.g. ``NaN``: ``lenient`` then says the result needs the exact encoder).
 """
 from __future__ import annotations
 
@@ -18,6 +22,8 @@ import json
 import re
 import time
 from dataclasses import dataclass, field
+
+import orjson
 
 _EVENT_END = re.compile(rb"\r\n\r\n|\n\n|\r\r")
 
@@ -48,18 +54,18 @@ class StreamFollower:
     content_chunks: int = 0
     saw_done: bool = False
     malformed: int = 0        # events that could not be parsed or absorbed (passed on as they are)
+    lenient: bool = False     # some event needed the lenient parser (NaN, Infinity, huge numbers)
     _buffer: bytes = b""
 
     def feed(self, chunk: bytes) -> list[StreamEvent]:
         """Consume bytes; return the events completed by them, in order."""
-        self._buffer += chunk
+        buf = self._buffer + chunk if self._buffer else chunk
         events: list[StreamEvent] = []
-        while True:
-            m = _EVENT_END.search(self._buffer)
-            if m is None:
-                break
-            raw, self._buffer = self._buffer[: m.end()], self._buffer[m.end():]
-            events.append(self._parse(raw))
+        start = 0
+        for m in _EVENT_END.finditer(buf):
+            events.append(self._parse(buf[start: m.end()]))
+            start = m.end()
+        self._buffer = buf[start:] if start else buf
         return events
 
     def flush(self) -> list[StreamEvent]:
@@ -70,15 +76,23 @@ class StreamFollower:
         return [self._parse(raw)]
 
     def _parse(self, raw: bytes) -> StreamEvent:
-        data_lines = [line[5:].lstrip() for line in raw.splitlines() if line.startswith(b"data:")]
-        if not data_lines:
-            return StreamEvent(raw, None)
-        payload = b"\n".join(data_lines)
+        body = raw.rstrip(b"\r\n")
+        if body.startswith(b"data:") and b"\n" not in body and b"\r" not in body:
+            payload = body[5:].lstrip()          # the usual event: one data line
+        else:
+            data_lines = [line[5:].lstrip() for line in raw.splitlines() if line.startswith(b"data:")]
+            if not data_lines:
+                return StreamEvent(raw, None)
+            payload = b"\n".join(data_lines)
         if payload.strip() == b"[DONE]":
             self.saw_done = True
             return StreamEvent(raw, None, done=True)
         try:
-            data = json.loads(payload)
+            try:
+                data = orjson.loads(payload)
+            except orjson.JSONDecodeError:
+                data = json.loads(payload)       # NaN, Infinity, 1e400, lone surrogates
+                self.lenient = True
             if not isinstance(data, dict):
                 raise ValueError("an SSE chunk that is not a JSON object")
             self._absorb(data)

@@ -25,6 +25,8 @@ class ClusterConfig:
 
     #: Engine replicas behind the router.
     replicas: int = 4
+    #: GPUs each replica runs on (tensor parallel; ``--tp``): the job-level metrics' GPU count.
+    gpus_per_replica: int = 1
     #: GPU KV capacity per replica in tokens: Llama-3.1-8B on one H100 80 GB at SGLang's mem
     #: fraction 0.9, minus 16.1 GB of weights and 4 GB of activations, over 131,072 B per token
     #: (:func:`simulator.hardware.kv_capacity_tokens`, ≈ 396k).
@@ -80,6 +82,6 @@ def hardware_config(gpu: str = "h100-sxm", model: str = "llama-3.1-8b", tp: int 
         raise ValueError(f"--model {model!r}: use one of {', '.join(MODELS)}")
     g, m = GPUS[gpu], MODELS[model]
     base = dict(kv_capacity_tokens=kv_capacity_tokens(g, m, tp), pcie_s_per_token=pcie_s_per_token(g, m, tp),
-                step=roofline_step(g, m, tp))
+                step=roofline_step(g, m, tp), gpus_per_replica=tp)
     base.update({k: v for k, v in kw.items() if v is not None})
     return ClusterConfig(**base)

@@ -8,6 +8,10 @@ avg_jct_s, p95_jct_s    job completion time: last call's finish − workflow arr
 settling                mean JCT of the window's 2nd half ÷ its 1st half (≈ 1: settled)
 throughput_tok_s        output tokens per second over the makespan
 workflows_per_min       completed workflows per minute over the makespan
+jobs_per_hour_per_gpu   completed workflows (jobs) per hour over the makespan, per GPU
+                        (replicas × GPUs per replica): TensorRT-LLM trace replay's job metric
+jobs_per_hour_per_user  3600 / avg_jct_s: the jobs one user finishes per hour running them
+                        back to back (the per-user side of the same metric)
 avg_ttft_s, p95_ttft_s  first token − issue, per call (queueing + host load + prefill)
 gpu_hit_ratio           prompt tokens served from the GPU tier / all prompt tokens
 host_hit_ratio          prompt tokens loaded back from the host tier / all prompt tokens
@@ -66,6 +70,9 @@ def summarize(res: SimResult, measured: np.ndarray | None = None) -> dict:
         "p95_jct_s": float(np.percentile(jct, 95)),
         "throughput_tok_s": float(out / span),
         "workflows_per_min": float(len(jct) / span * 60.0),
+        "jobs_per_hour_per_gpu": float(len(all_jct) / span * 3600.0
+                                       / (res.config.replicas * res.config.gpus_per_replica)),
+        "jobs_per_hour_per_user": float(3600.0 / max(float(jct.mean()), 1e-9)),
         "avg_ttft_s": float(ttft.mean()),
         "p95_ttft_s": float(np.percentile(ttft, 95)),
         "gpu_hit_ratio": float(gpu_hit / max(inp, 1)),

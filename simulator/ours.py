@@ -8,7 +8,7 @@ part                object                                applied as
 ==================  ====================================  ========================================
 prediction feed     ``predictors.Predictor``              ``annotate`` when a call is issued,
                     (profile fit on the *train* split)    ``observe`` when it finishes (clock =
-                                                          simulated time) → ``CallView``
+                                                          simulated time) → ``Annotation``
 priority            ``PriorityPolicy`` (alg. 3)           per *workflow*: the session's latest
                                                           base score, aged from the workflow's
                                                           start; queue key = SGLang's integer
@@ -31,7 +31,7 @@ prefetch            ``PrefetchPolicy`` (alg. 1)           a plan per call; when 
                                                           prefix is staged into host memory, only
                                                           into free host space or over dropped
                                                           prefixes (``may_stage``)
-pre-prefill         ``CallView.next_agent`` (p ≥ 0.5)     on an idle replica of the next agent's
+pre-prefill         ``Annotation.next_agent`` (p ≥ 0.5)   on an idle replica of the next agent's
                     (:mod:`simulator.preprefill`)         pool, the known prefix of its next call
                                                           (system prompt + task, or the agent's
                                                           conversation) into free GPU KV
@@ -45,7 +45,7 @@ the capacity router by the session-affinity router the cache-centric baselines u
 time at 0.05 /s; one fixed p99.5 bound per request) to measure what the current ones buy.
 
 The idle-downstream term of alg. 3 needs a model other than the one serving the call: with
-model pools (:mod:`simulator.pools`, e.g. ``--scenario pythia-like``) ``score_view`` gets each
+model pools (:mod:`simulator.pools`, e.g. ``--scenario pythia-like``) ``score_annotation`` gets each
 pool's queue depth and the agent → pool map; with one model there is no other queue that could
 idle and the term is inactive. ``ours`` ranks by the session's expected remaining *calls* (the
 default ``PriorityPolicy.remaining_unit``, chosen on validation draws: module doc of
@@ -74,7 +74,6 @@ import numpy as np
 
 from serving_hooks.policies import (
     Annotation,
-    CallView,
     CapacityPolicy,
     KeepDropPolicy,
     PrefetchPolicy,
@@ -90,22 +89,26 @@ from simulator.policy import CachePolicy, Part, Policy, Router, Scheduler
 from simulator.preprefill import PrePrefill
 from simulator.session_queue import SessionQueue, sglang_int
 
+#: What a policy reads for a call that has no annotation: an unknown one.
+NO_PREDICTION = Annotation()
+
+
 class FeedPrediction(NamedTuple):
     """What :class:`PredictionFeed` attaches to a call (``req.pred``)."""
     #: the annotation contract the gateway would serve
     ann: Annotation
     #: the call's app_metadata (workflow type and id, agent; its stage when recorded)
     meta: dict[str, str]
-    #: the policies' view of the annotation
-    view: CallView
+    #: the tool the call runs (known once its response names it): the keep/drop TTL's tool
+    tool: str | None
 
 
 class PredictionFeed(Part):
-    """Drives a ``predictors.Predictor`` with simulated time and attaches a ``CallView``.
+    """Drives a ``predictors.Predictor`` with simulated time and attaches its ``Annotation``.
 
-    ``req.pred`` becomes a :class:`FeedPrediction` (the annotation contract and the policies'
-    view of it); the view's tool p95 is that of the tool
-    the call runs (known once its response names it). The annotation is marked by the gateway's
+    ``req.pred`` becomes a :class:`FeedPrediction` (the annotation contract the policies read,
+    and the tool the call runs, known once its response names it: the keep/drop TTL is that
+    tool's p95). The annotation is marked by the gateway's
     end-of-session rule (``session_end``; :class:`SessionEndRule`, the gateway's defaults), so
     the keep/drop and prefetch parts see what the SGLang plugin sees. A call is annotated with
     what a client of the gateway sends (its ids and, when the log records one, its ``stage`` as
@@ -138,7 +141,7 @@ class PredictionFeed(Part):
             meta["stage"] = req.call.stage
         ann = self.session_end.mark(self.predictor.annotate_call(
             meta, request_id=req.call.request_id, input_tokens=req.call.input_tokens), meta)
-        req.pred = FeedPrediction(ann, meta, CallView.from_annotation(ann, meta, tool=req.call.tool))
+        req.pred = FeedPrediction(ann, meta, req.call.tool)
 
     def on_finish(self, req: Request) -> None:
         meta = req.pred.meta if req.pred else None
@@ -155,8 +158,9 @@ class PredictionFeed(Part):
         """The call's annotation contract (None before it was annotated)."""
         return req.pred.ann if req.pred else None
 
-    def view(self, req: Request) -> CallView:
-        return req.pred.view if req.pred else CallView()
+    def served(self, req: Request) -> Annotation:
+        """The call's annotation, or an unknown one (no prediction) before it was annotated."""
+        return req.pred.ann if req.pred else NO_PREDICTION
 
 
 class CapacityRouter(Router):
@@ -222,8 +226,8 @@ class CapacityRouter(Router):
 class PriorityScheduler(Scheduler):
     """Workflow-level alg. 3 priority, applied the way the gateway and the SGLang plugin do.
 
-    When a call is issued, its session's base score (``PriorityPolicy.score_view`` of the call's
-    view, i.e. of the session's automaton state after it) becomes the *session's* base, and the
+    When a call is issued, its session's base score (``PriorityPolicy.score_annotation`` of the
+    call's annotation, i.e. of the session's automaton state after it) becomes the *session's* base, and the
     call's priority is ``session_score(base, age of the workflow)`` — what the predictor sends;
     the plugin then ages it from enqueue (``aged``). Every waiting call of a session is ordered
     by the session's latest score, so the queue key is SGLang's integer priority of
@@ -272,19 +276,19 @@ class PriorityScheduler(Scheduler):
         return q
 
     def on_issue(self, req: Request) -> None:
-        view = self.feed.view(req)
+        ann = self.feed.served(req)
         pol = self.policy
         # idle-downstream term: the queue depths of the model pools (multi-model scenarios;
         # with one model there is no other queue that could idle)
         depth = self.sim.pool_queue_depths()
         agent_model = self.sim.pools.agent_pool if depth is not None else None
         if not self.workflow_level:
-            self.base[req.idx] = pol.score_view(view, depth, agent_model)
+            self.base[req.idx] = pol.score_annotation(ann, depth, agent_model)
             return
         age = self.sim.now - float(self.sim.wf_arrival[req.wf])
-        rate = pol.aging_rate(view, age)
-        score = (pol.session_score(pol.score_view(view, depth, agent_model), age, rate)
-                 if view.known else None)
+        rate = pol.aging_rate(ann, age)
+        # the gateway's one priority rule, on the workflow's simulated age
+        score = pol.call_priority(ann, age, depth, agent_model) if ann.known else None
         self.book.note(req.wf, score, self.sim.now, fallback=pol.session_score(pol.unknown_score, age),
                        rate=rate)
         for q in self.queues:
@@ -376,8 +380,8 @@ class KeepDropCache(CachePolicy):
         return np.where(now >= book.until[wfs], _NEUTRAL, book.rank[wfs])
 
     def on_finish(self, req: Request) -> None:
-        view = self.feed.view(req)
-        ret = self.policy.decide_view(view, self.sim.now)
+        ret = self.policy.decide_annotation(self.feed.served(req), self.sim.now,
+                                            req.pred.tool if req.pred else None)
         self.retention[req.wf] = ret
         self.counts[ret.rank.name.lower()] += 1
 
@@ -446,14 +450,14 @@ class HostPrefetch(Part):
                 prefill_tok_s=1.0 / st.a, decode_tok_s=1.0 / st.decode_step(0))
 
     def on_issue(self, req: Request) -> None:
-        view = self.feed.view(req)
-        if not view.known and not view.session_end:
+        ann = self.feed.served(req)
+        if not ann.known and not ann.session_end:
             return
         now = self.sim.now
-        finish = self.policy.predicted_finish(now, req.call.input_tokens, view.pred_out_lo)
-        plan = self.policy.plan(str(req.wf), now, view.next_agent, view.next_agent_p, finish,
-                                req.call.input_tokens + int(view.pred_out_lo or 0), payload=req,
-                                session=str(req.wf), session_end=view.session_end is True)
+        finish = self.policy.predicted_finish(now, req.call.input_tokens, ann.output_lo)
+        plan = self.policy.plan(str(req.wf), now, ann.next_agent_id, ann.next_agent_p, finish,
+                                req.call.input_tokens + int(ann.output_lo or 0), payload=req,
+                                session=str(req.wf), session_end=ann.session_end is True)
         if plan is not None:
             self.plans += 1
             self.sim.add_timer(plan.start_at)

@@ -80,9 +80,9 @@ class PrePrefill(Part):
     # --- sessions entering a gap --------------------------------------------------------------
     def on_finish(self, req: Any) -> None:
         self.last_call[(req.wf, req.call.agent)] = req.call
-        view = self.feed.view(req)
-        agent, p = view.next_agent, view.next_agent_p
-        if not self.policy.wants(view.known, agent, p):
+        ann = self.feed.served(req)
+        agent, p = ann.next_agent_id, ann.next_agent_p
+        if not self.policy.wants(ann.known, agent, p):
             self.pending.pop(req.wf, None)
             return
         self.pending[req.wf] = Waiting(self.sim.now, agent)

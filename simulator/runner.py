@@ -44,6 +44,7 @@ from store.profile_artifact import CURRENT_FILE, load_profile
 from simulator.autoscale import MODES as AUTOSCALE_MODES
 from simulator.autoscale import AutoscaleOptions, Autoscaler, ProjectedCalls, QueueDepth
 from simulator.baselines import BASELINES, TRAINED_BASELINES
+from simulator.baselines.sessions import StickyRouter, ThunderAgentControl
 from simulator.config import ClusterConfig, hardware_config
 from simulator.engine import SimResult, Simulator
 from simulator.metrics import add_recompute_ratios, summarize
@@ -370,6 +371,8 @@ def simulate(prep: Prepared, name: str, cfg: ClusterConfig, arrivals: np.ndarray
     for part in policy.parts:
         if isinstance(part, Autoscaler):
             row.update(part.stats(end))
+        elif isinstance(part, (ThunderAgentControl, StickyRouter)):
+            row.update(part.stats())
     return res, row
 
 
@@ -473,7 +476,7 @@ def compare_seeds(prep: Prepared, policies: Sequence[str], loads: Sequence[str],
                         "autoscale_started", "autoscale_drained", "startup_s",
                         "routing_recomputed_tokens", "prefill_tokens", "routing_recompute_share",
                         "capacity_decisions", "capacity_fallbacks", "capacity_moved_sessions",
-                        "capacity_move_recompute_tokens"):
+                        "capacity_move_recompute_tokens", "jobs_per_hour_per_gpu", "jobs_per_hour_per_user"):
                 vals = [r["loads"][level]["policies"][name].get(key) for r in runs]
                 if all(v is not None for v in vals):
                     row[key] = vals

@@ -45,15 +45,13 @@ import bisect
 import heapq
 from typing import Any, Callable, Iterator
 
-#: Clamp of SGLang's integer priority (as ``PriorityScheduler.sort_key``).
-PRIORITY_LIMIT = 2 ** 62
-
+from predictors.contract import sglang_priority
 
 def sglang_int(score: float, since: float, now: float, aging: float, scale: float) -> int:
-    """``clamp(round((score + aging · max(0, now − since)) · scale))``: the session's integer
-    priority at ``now`` (``PriorityPolicy.to_sglang(aged(score, since, now))``, inlined)."""
-    v = int(round((score + aging * max(0.0, now - since)) * scale))
-    return max(-PRIORITY_LIMIT, min(PRIORITY_LIMIT, v))
+    """The session's integer priority at ``now``: ``PriorityPolicy.to_sglang(aged(score, since,
+    now))`` without the method lookups, rendered by the one function the gateway's dialect and
+    the plugin use (:func:`predictors.contract.sglang_priority`)."""
+    return sglang_priority(score + aging * max(0.0, now - since), scale)
 
 
 class SessionQueue:

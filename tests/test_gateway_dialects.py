@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-import math
 from dataclasses import replace
 
 import httpx
@@ -100,9 +99,10 @@ def test_each_dialect_on_chat_completions_and_responses(dialect, upstream, profi
                 assert hints["priority"] == ann["priority"]
                 assert hints["osl"] == round(ann["output_len_mean"])
                 assert hints["speculative_prefill"] is (ann["p_end"] < 0.5)
-                ttl = ann.get("keep_alive_ttl_s", ann.get("retain_s"))
-                assert got.body["nvext"]["cache_control"] == {"type": "ephemeral",
-                                                              "ttl": str(math.ceil(ttl))}
+                # Dynamo removed nvext.cache_control (v1.1.0) and refuses unknown nvext fields
+                assert set(got.body["nvext"]) == {"agent_hints"}
+                assert "latency_sensitivity" not in hints
+                assert got.headers["x-dynamo-session-id"] == m["workflow_id"]
                 assert "priority" not in got.body and "custom_params" not in got.body
             else:
                 h = got.headers
@@ -345,9 +345,9 @@ def test_renderers_are_pure_and_merge_client_fields():
     assert (v.osl, v.ttl_s, v.speculative_prefill) == (20, 13, False)
     body = {"nvext": {"greed_sampling": True, "agent_hints": {"latency_sensitivity": 1.2}}}
     patch, headers = render("dynamo", v, body)
-    assert patch["nvext"]["greed_sampling"] is True and headers == {}
-    assert patch["nvext"]["agent_hints"] == {"latency_sensitivity": 1.2, "priority": 5, "osl": 20,
-                                             "speculative_prefill": False}
+    assert patch["nvext"]["greed_sampling"] is True and headers == {"X-Dynamo-Session-ID": "w"}
+    # a client's deprecated latency_sensitivity is not forwarded (Dynamo: priority replaces it)
+    assert patch["nvext"]["agent_hints"] == {"priority": 5, "osl": 20, "speculative_prefill": False}
     assert body == {"nvext": {"greed_sampling": True, "agent_hints": {"latency_sensitivity": 1.2}}}
     unknown = hint_values({"known": False, "workflow_type_id": WT, "workflow_id": "w", "agent_id": "x"})
     patch, _ = render("dynamo", unknown, {})
@@ -405,9 +405,8 @@ def _ended(dialect: str, got) -> bool:
         return body["vllm_xargs"].get("session_end") == 1
     if dialect == "dynamo":
         final = h.get("x-dynamo-session-final") == "true"
-        if final:   # the session is named, and nothing is pinned for a session that is over
-            assert h["x-dynamo-session-id"] == body["app_metadata"]["workflow_id"]
-            assert "cache_control" not in body["nvext"]
+        assert h["x-dynamo-session-id"] == body["app_metadata"]["workflow_id"]  # every call
+        assert "cache_control" not in body["nvext"]
         return final
     return h.get("x-agentprof-session-end") == "1"
 
@@ -465,10 +464,10 @@ def test_session_end_rule_and_renderers_by_hand():
     assert render("vllm", v, {})[0]["vllm_xargs"]["session_end"] == 1
     patch, headers = render("dynamo", v, {})
     assert headers == {"X-Dynamo-Session-ID": "w", "X-Dynamo-Session-Final": "true"}
-    assert "cache_control" not in patch["nvext"]                 # no TTL pin on the last call
+    assert "cache_control" not in patch["nvext"]                 # Dynamo has no TTL field (v1.1.0)
     assert render("headers", v, {})[1]["X-Agentprof-Session-End"] == "1"
     plain = hint_values(known)                                   # not marked: no signal anywhere
     assert render("sglang", plain, {})[0]["custom_params"]["session_end"] is None
     assert "session_end" not in render("vllm", plain, {})[0]["vllm_xargs"]
-    assert render("dynamo", plain, {})[1] == {}
+    assert render("dynamo", plain, {})[1] == {"X-Dynamo-Session-ID": "w"}   # named, not final
     assert "X-Agentprof-Session-End" not in render("headers", plain, {})[1]

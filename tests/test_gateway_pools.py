@@ -14,7 +14,7 @@ import pytest
 from predictors.contract import Annotation
 from serving_hooks.fake_openai import FakeOpenAI
 from serving_hooks.policies.pools import ModelPools, NoReplicaForModel, pool_queue_depths
-from serving_hooks.policies.priority import AnnotationPriority, PriorityPolicy
+from serving_hooks.policies.priority import PriorityPolicy
 from serving_hooks.server_thread import serve_in_thread
 from serving_hooks.dialects import parse_upstream
 from serving_hooks.upstreams import CapacityRouting, RoundRobinRouter
@@ -59,7 +59,11 @@ def test_idle_downstream_term_by_hand():
     ann = Annotation.from_dict({"known": True, "expected_remaining_calls": 3.0,
                                 "expected_distance": {"verifier": 2.0, "coder": 1.0},
                                 "session_age_s": 0.0})
-    prio = AnnotationPriority(PriorityPolicy(aging_per_s=0.0, remaining_unit="calls"))
+    pol = PriorityPolicy(aging_per_s=0.0, remaining_unit="calls")
+
+    def prio(ann, **pools):       # the gateway's priority, as SGLang's integer
+        return pol.to_sglang(pol.call_priority(ann, **pools))
+
     assert prio(ann) == 250                                            # no queues known
     assert prio(ann, queue_depth={"small": 0}, agent_model={"verifier": "small"}) == 750
     assert prio(ann, queue_depth={"small": 5}, agent_model={"verifier": "small"}) == 250  # busy
@@ -130,9 +134,10 @@ def test_gateway_routes_by_model_and_raises_priority_when_a_downstream_pool_idle
         busy, ann_busy = planner_priority(5)
         idle, ann_idle = planner_priority(0)
         assert "verifier" in ann_idle["expected_distance"]
-        expected = AnnotationPriority()(Annotation.from_dict(ann_idle), None,
-                                        queue_depth={"big": 0, "small": 0},
-                                        agent_model=dict(pools.agent_pools(WT)))
+        pol = PriorityPolicy()
+        expected = pol.to_sglang(pol.call_priority(Annotation.from_dict(ann_idle),
+                                                   queue_depth={"big": 0, "small": 0},
+                                                   agent_model=dict(pools.agent_pools(WT))))
         assert idle == expected and idle > busy
         # the whole difference is the small pool's term: w2 / E[D_verifier], times the scale
         gap = 1000 / max(1.0, ann_idle["expected_distance"]["verifier"])

@@ -37,7 +37,7 @@ def test_flatten_for_sglang_is_flat_and_complete():
                     "next_agent_p": 0.7, "tool_p95_s": 4.5, "retain_s": None, "profile_version": "v1",
                     "p_end": 0.1, "session_age_s": 12.5, "pred_out_mean": 42.0,
                     "keep_alive_ttl_s": None, "exp_remaining_out_tokens": None,
-                    "session_end": None}
+                    "latency_class": None, "session_end": None}
     unknown = flatten_for_sglang({"known": False, "profile_version": "v1"}, META)
     assert unknown["known"] is False and unknown["agent"] == "engineer" and unknown["pred_out_hi"] is None
 

@@ -25,7 +25,7 @@ runner = CliRunner()
 
 def test_registry_names_and_aliases():
     assert set(FORMATS) == {"otel", "swe-agent", "mini-swe-agent", "openhands", "dynamo", "atif", "claude-code",
-                            "codex", "tracelab"}
+                            "codex", "tracelab", "dynamo-agentic", "aiperf-agentic"}
     assert get_format("swe_agent") is FORMATS["swe-agent"]
     assert get_format("OpenInference") is FORMATS["otel"]
     with pytest.raises(ValueError, match="known formats: otel, swe-agent, mini-swe-agent, openhands"):

@@ -8,11 +8,10 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from predictors.contract import to_sglang_custom_params
+from predictors.contract import Annotation, ToolLatency, from_custom_params, to_sglang_custom_params
 from serving_hooks.policies import (
     HOST_TIER,
     AutoscalePolicy,
-    CallView,
     KeepDropPolicy,
     PrefetchPolicy,
     RetentionRank,
@@ -20,6 +19,9 @@ from serving_hooks.policies import (
     lognormal_quantile,
     revisit_probability,
 )
+
+#: the agent's most frequent tool, p95 5 s
+_TOOL_P95_5S = {"bash": ToolLatency(p95_s=5.0)}
 
 
 def test_ttl_is_p95_of_a_fitted_lognormal_bounded_by_max():
@@ -69,42 +71,42 @@ def test_keep_drop_from_the_gateway_custom_params():
     pol = KeepDropPolicy(keep_idle=True)
     cp = {"known": True, "wf_id": "s1", "agent": "coder", "exp_remaining_calls": 2.5,
           "next_agent": "tester", "next_agent_p": 0.8, "tool_p95_s": 4.0}
-    ret = pol.decide_view(CallView.from_custom_params(cp), now=10.0)
+    ret = pol.decide_annotation(from_custom_params(cp), now=10.0)
     assert ret.rank == RetentionRank.KEEP and ret.retain_until == 14.0
     # a retain_s computed upstream wins over the p95, and is still bounded
-    assert pol.decide_view(CallView.from_custom_params(dict(cp, retain_s=6.5)), now=10.0).retain_until == 16.5
-    assert pol.decide_view(CallView.from_custom_params(dict(cp, retain_s=1e6)), now=0.0).retain_until == pol.max_ttl_s
+    assert pol.decide_annotation(from_custom_params(dict(cp, retain_s=6.5)), now=10.0).retain_until == 16.5
+    assert pol.decide_annotation(from_custom_params(dict(cp, retain_s=1e6)), now=0.0).retain_until == pol.max_ttl_s
     # agent lineage: the next agent is a different one and no distance is known -> drop
     agent_pol = KeepDropPolicy(lineage="agent")
-    assert agent_pol.decide_view(CallView.from_custom_params(cp), now=10.0).rank == RetentionRank.DROP
+    assert agent_pol.decide_annotation(from_custom_params(cp), now=10.0).rank == RetentionRank.DROP
     same = dict(cp, next_agent="coder", next_agent_p=0.9)
-    assert revisit_probability(CallView.from_custom_params(same), "agent") == 0.9
+    assert revisit_probability(from_custom_params(same), "agent") == 0.9
     with pytest.raises(ValueError):
-        revisit_probability(CallView(), "nope")
+        revisit_probability(Annotation(), "nope")
 
 
-def test_call_view_tolerates_bad_fields():
-    v = CallView.from_custom_params({"known": "yes", "exp_remaining_calls": "x", "tool_p95_s": float("nan"),
+def test_annotation_from_custom_params_tolerates_bad_fields():
+    v = from_custom_params({"known": "yes", "exp_remaining_calls": "x", "tool_p95_s": float("nan"),
                                      "pred_out_hi": True, "agent": 3})
-    assert v.known is False and v.exp_remaining_calls is None and v.tool_p95_s is None
-    assert v.pred_out_hi is None and v.agent is None
-    nested = CallView.from_sys_annotations(
+    assert v.known is False and v.expected_remaining_calls is None and v.tool_p95_s is None
+    assert v.output_hi is None and v.agent_id is None
+    nested = Annotation.from_dict(
         {"known": True, "predicted_output_len": [10, 90], "next_agents": [{"agent_id": "r", "p": 0.3},
          {"agent_id": "v", "p": 0.7}], "expected_remaining_calls": 2,
          "tool_latency": {"bash": {"p95_s": 1.4}, "edit": {"p95_s": 3.0}}},
         {"workflow_id": "w", "agent_id": "a"},
     )
     # tool_p95_s is the most frequent (first-listed) tool's p95 in every form (the contract's one
-    # definition; CallView used to take the largest, 3.0, while the flat form took the first)
-    assert nested.next_agent == "v" and nested.pred_out_hi == 90 and nested.tool_p95_s == 1.4
+    # definition)
+    assert nested.next_agent_id == "v" and nested.output_hi == 90 and nested.tool_p95_s == 1.4
     flat = to_sglang_custom_params({"known": True, "tool_latency": {"bash": {"p95_s": 1.4},
                                                                     "edit": {"p95_s": 3.0}}})
-    assert CallView.from_custom_params(flat).tool_p95_s == nested.tool_p95_s == flat["tool_p95_s"]
+    assert from_custom_params(flat).tool_p95_s == nested.tool_p95_s == flat["tool_p95_s"]
 
 
 def test_prefetch_is_just_in_time_and_host_only():
     pol = PrefetchPolicy(min_p=0.5, transfer_tok_s=200_000, prefill_tok_s=8_000, decode_tok_s=40, lead_s=0.05)
-    finish = pol.predicted_finish(now=0.0, input_tokens=1000, pred_out_lo=200)
+    finish = pol.predicted_finish(now=0.0, input_tokens=1000, output_lo=200)
     assert finish == pytest.approx(1000 / 8000 + 200 / 40)  # 5.125 s
     plan = pol.plan("r1", now=0.0, next_agent="tester", next_agent_p=0.8, finish_at=finish, prefix_tokens=20_000)
     # copy takes 20000 / 200000 = 0.1 s, plus 0.05 s lead: start at 5.125 - 0.15 = 4.975
@@ -151,15 +153,15 @@ def test_autoscale_worked_example_and_profile_advice():
 def test_drop_only_when_the_path_predicts_the_end():
     pol = KeepDropPolicy(drop_end_p=0.7, keep_idle=True)
     # a SWE-agent-like loop: every state may go on (p_end 0.1, ~20 calls expected): kept
-    loop = CallView(known=True, exp_remaining_calls=20.0, p_end=0.1, tool_p95_s=5.0)
+    loop = Annotation(known=True, expected_remaining_calls=20.0, p_end=0.1, tool_latency=_TOOL_P95_5S)
     assert revisit_probability(loop) == pytest.approx(0.9)
-    assert pol.decide_view(loop, now=0.0).rank == RetentionRank.KEEP
+    assert pol.decide_annotation(loop, now=0.0).rank == RetentionRank.KEEP
     # the automaton says the workflow ends here (p_end 1): dropped at once
-    last = CallView(known=True, exp_remaining_calls=0.0, p_end=1.0)
-    assert pol.decide_view(last, now=0.0).rank == RetentionRank.DROP
+    last = Annotation(known=True, expected_remaining_calls=0.0, p_end=1.0)
+    assert pol.decide_annotation(last, now=0.0).rank == RetentionRank.DROP
     # p_end 0.5: the end is not predicted (a return is as likely): kept, even with E[rem] < 0.5
-    maybe = CallView(known=True, exp_remaining_calls=0.45, p_end=0.5, tool_p95_s=5.0)
-    assert pol.decide_view(maybe, now=0.0).rank == RetentionRank.KEEP
+    maybe = Annotation(known=True, expected_remaining_calls=0.45, p_end=0.5, tool_latency=_TOOL_P95_5S)
+    assert pol.decide_annotation(maybe, now=0.0).rank == RetentionRank.KEEP
     # without p_end the expected remaining calls decide, as before
     assert pol.decide(0.0, True, 0.2, 1.0).rank == RetentionRank.DROP
 
@@ -173,14 +175,14 @@ def test_prefetch_stages_only_into_free_or_dropped_host_memory():
 
 def test_session_end_drops_the_prefix_whatever_else_is_predicted():
     pol = KeepDropPolicy(keep_idle=True)
-    going_on = CallView(known=True, exp_remaining_calls=20.0, p_end=0.05, tool_p95_s=5.0)
-    assert pol.decide_view(going_on, 10.0).rank == RetentionRank.KEEP
+    going_on = Annotation(known=True, expected_remaining_calls=20.0, p_end=0.05, tool_latency=_TOOL_P95_5S)
+    assert pol.decide_annotation(going_on, 10.0).rank == RetentionRank.KEEP
     ended = replace(going_on, session_end=True)               # the client said: last call
-    ret = pol.decide_view(ended, 10.0)
+    ret = pol.decide_annotation(ended, 10.0)
     assert ret.rank == RetentionRank.DROP and ret.reason == "session ends" and ret.ttl_s == 0.0
-    unknown_last = CallView(known=False, session_end=True)     # no prediction, but the last call
-    assert pol.decide_view(unknown_last, 10.0).rank == RetentionRank.DROP
-    assert pol.decide_view(CallView(known=False), 10.0).rank == RetentionRank.NEUTRAL
+    unknown_last = Annotation(known=False, session_end=True)     # no prediction, but the last call
+    assert pol.decide_annotation(unknown_last, 10.0).rank == RetentionRank.DROP
+    assert pol.decide_annotation(Annotation(known=False), 10.0).rank == RetentionRank.NEUTRAL
 
 
 def test_session_end_plans_no_prefetch_and_cancels_the_sessions_pending_ones():

@@ -15,7 +15,7 @@ from predictors.output_length import (
     band_upper_bound,
     upper_prediction_bound,
 )
-from serving_hooks.policies import CallView
+from predictors.contract import Annotation
 from serving_hooks.policies.capacity import bound_at
 
 
@@ -158,9 +158,9 @@ def test_profiles_without_the_table_fall_back_to_mean_and_cv():
         band_upper_bound(band, 0.0)
 
 
-def test_call_view_reads_the_table_from_the_annotation():
+def test_annotation_reads_the_table_from_sys_annotations():
     ann = {"known": True, "output_len_upper": [[0.01, 200], [0.1, 100], ["x", 3], [2.0, 9]],
            "output_len_mean": 80.5, "session_age_s": 12.0, "p_end": 0.25}
-    view = CallView.from_sys_annotations(ann, {"workflow_id": "w"})
-    assert view.upper_bounds == ((0.1, 100), (0.01, 200))
-    assert view.pred_out_mean == 80.5 and view.session_age_s == 12.0 and view.p_end == 0.25
+    got = Annotation.from_dict(ann, {"workflow_id": "w"})
+    assert got.output_len_upper == ((0.1, 100), (0.01, 200)) and got.workflow_id == "w"
+    assert got.output_len_mean == 80.5 and got.session_age_s == 12.0 and got.p_end == 0.25

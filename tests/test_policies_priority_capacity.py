@@ -7,13 +7,14 @@ from dataclasses import replace
 
 from serving_hooks.policies import (
     ActiveRequest,
-    CallView,
+    Annotation,
     CapacityPolicy,
     PriorityPolicy,
     ReplicaState,
     replicas_from_snapshot,
 )
 from serving_hooks.policies.capacity import bound_at
+from predictors.contract import from_custom_params
 
 # A small workflow graph, agents = models:
 #   planner -> coder (1.0);  coder -> coder (0.5) | tester (0.5);  tester -> END (1.0)
@@ -61,16 +62,16 @@ def test_priority_aging_lets_a_long_waiter_overtake():
     assert pol.aged(1.0, 10.0, 5.0) == 1.0  # a clock step backwards never lowers a score
 
 
-def test_priority_unknown_call_is_neutral_and_view_uses_agent_model_map():
+def test_priority_unknown_call_is_neutral_and_annotation_uses_agent_model_map():
     pol = PriorityPolicy(unknown_score=0.25, remaining_unit="calls")
     assert pol.base_score(None, known=True) == 0.25
     assert pol.base_score(5.0, known=False) == 0.25
-    view = CallView(known=True, exp_remaining_calls=1.0, expected_distance={"coder": 2.0, "fixer": 1.0})
+    ann = Annotation(known=True, expected_remaining_calls=1.0, expected_distance={"coder": 2.0, "fixer": 1.0})
     # both agents run on model m1 (idle): distance to m1 = min(2, 1) = 1 -> 1/2 + 1/1
-    assert pol.score_view(view, {"m1": 0}, agent_model={"coder": "m1", "fixer": "m1"}) == pytest.approx(1.5)
+    assert pol.score_annotation(ann, {"m1": 0}, agent_model={"coder": "m1", "fixer": "m1"}) == pytest.approx(1.5)
     # flat custom_params carry the next agent only: distance 1 to it
-    flat = CallView.from_custom_params({"known": True, "exp_remaining_calls": 3, "next_agent": "coder", "next_agent_p": 0.9})
-    assert pol.score_view(flat, {"coder": 0}) == pytest.approx(0.25 + 1.0)
+    flat = from_custom_params({"known": True, "exp_remaining_calls": 3, "next_agent": "coder", "next_agent_p": 0.9})
+    assert pol.score_annotation(flat, {"coder": 0}) == pytest.approx(0.25 + 1.0)
 
 
 def _req(i: int, inp: int, hi: int, alpha: float = 0.01) -> ActiveRequest:

@@ -21,17 +21,19 @@ from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
+from prometheus_client import CollectorRegistry
 
 from predictors.contract import Annotation, NextAgent, to_sglang_custom_params
 from serving_hooks.dialects import hint_values, render
-from serving_hooks.policies import (CallView, KeepDropPolicy, PrefetchPolicy, PriorityPolicy,
+from serving_hooks.policies import (KeepDropPolicy, PrefetchPolicy, PriorityPolicy,
                                     SessionEndRule)
 from serving_hooks.policies.bookkeeping import CapacityLedger, capacity_request
 from serving_hooks.policies.capacity import ActiveRequest, CapacityPolicy
 from serving_hooks.routing import CapacityRouter, WorkerLoad
+from serving_hooks.metrics import prediction_metrics
+from serving_hooks.service import PredictionService
 from serving_hooks.sglang_plugin.finish import decide_finished
-from serving_hooks.policies.priority import AnnotationPriority
-from serving_hooks.sglang_plugin.priority_hooks import admit_request, age_queue
+from serving_hooks.sglang_plugin.priority_hooks import admission_of, admit_request, age_queue
 from serving_hooks.sglang_plugin.settings import PluginSettings
 from serving_hooks.sglang_plugin.state import PluginState, reset_state
 from simulator.config import ClusterConfig
@@ -175,35 +177,68 @@ def _plugin(policy: PriorityPolicy, now: list[float]) -> PluginState:
     return reset_state(PluginState(settings, clock=lambda: now[0]))
 
 
-def _sglang_req(rid: str, ann: Annotation, priority: int | None) -> SimpleNamespace:
-    """A scheduler request as the gateway sends it: ``priority`` + flat ``custom_params``."""
-    params = to_sglang_custom_params(replace(ann, priority=priority))
-    return SimpleNamespace(rid=rid, priority=priority, sampling_params=SimpleNamespace(custom_params=params))
+def _sglang_req(rid: str, ann: Annotation, score: float | None) -> SimpleNamespace:
+    """A scheduler request as the gateway sends it: the annotation with its priority ``score``
+    (None: no prediction, no priority) rendered by the SGLang dialect — the integer ``priority``
+    and the flat ``custom_params`` (which carry the same integer)."""
+    return _rendered(f"{rid}", replace(ann, priority=score))
 
 
-def test_plugin_priority_book_matches_the_simulator(recorded):
+def _rendered(rid: str, ann: Annotation, meta: dict | None = None) -> SimpleNamespace:
+    patch = render("sglang", hint_values(ann, meta), {})[0]
+    return SimpleNamespace(rid=rid, priority=patch.get("priority"),
+                           sampling_params=SimpleNamespace(custom_params=patch["custom_params"]))
+
+
+def _gateway_service(policy: PriorityPolicy, answers: dict) -> PredictionService:
+    """The gateway's in-process annotation path (``PredictionService.annotate_call``: the one
+    place a known call's priority is computed) over a predictor that answers the recorded
+    annotations with ``priority`` empty, as the facade leaves it."""
+    predictor = SimpleNamespace(coverage_monitor=SimpleNamespace(),
+                                annotate_call=lambda meta, **kw: replace(answers[kw["request_id"]],
+                                                                         priority=None))
+    metrics = prediction_metrics(CollectorRegistry(), "parity", lambda: 0.0, lambda: 0, lambda: 0)
+    return PredictionService(predictor=predictor, gate=None, metrics=metrics, priority=policy)
+
+
+def test_gateway_plugin_and_simulator_give_every_call_the_same_priority(recorded):
+    """For every call of a real simulated run (annotations of the real predictor, per-session
+    aging rates on): the gateway's priority (``PredictionService.annotate_call``) is the float the
+    simulator's ``PriorityScheduler`` books for the session (``call_priority`` on the same
+    annotation and the same session age); rendered by the SGLang dialect and admitted by the plugin
+    (which only applies it), the request's integer priority is the simulator's queue priority, and
+    the plugin's session reference is the simulator's up to the integer transport."""
     sched = recorded.sched
+    pol = sched.policy
     now = [0.0]
-    state = _plugin(sched.policy, now)
+    state = _plugin(pol, now)
     issues = [ev for ev in recorded.events if ev[0] == "issue"]
     assert len(issues) > 100
-    gateway = AnnotationPriority(sched.policy)
-    rates = set()
+    service = _gateway_service(pol, {f"r{n}": ev[3] for n, ev in enumerate(issues)})
+    rates, known = set(), 0
     for n, (_, t, wf, ann, sim_priority, sim_ref, sim_rate) in enumerate(issues):
         now[0] = t
-        # the gateway sends the call's priority only when it has a prediction
-        req = _sglang_req(f"r{n}", replace(ann, workflow_id=str(wf)), sim_priority if ann.known else None)
+        meta = {"workflow_type_id": ann.workflow_type_id, "workflow_id": str(wf),
+                "agent_id": ann.agent_id}
+        sent = service.annotate_call(meta, request_id=f"r{n}")
+        assert (sent.priority is not None) == ann.known       # a priority exactly when predicted
+        req = _rendered(f"r{n}", replace(sent, workflow_id=str(wf)), meta)
         assert admit_request(req, now=t)
         ref = state.sessions.reference(str(wf))
         assert ref[1] == sim_ref[1], (t, wf)                    # same reference time
-        assert ref[0] == pytest.approx(sim_ref[0], abs=1 / sched.policy.scale)
-        assert abs(req.priority - sim_priority) <= 1
-        # the same aging rate (per session duration) on both sides ...
-        assert state.sessions.rate(str(wf)) == sim_rate
+        assert ref[0] == pytest.approx(sim_ref[0], abs=0.5 / pol.scale)
+        # a predicted call: the same integer; an unpredicted one takes its session's score,
+        # which crossed the wire as an integer: ±1
+        assert abs(req.priority - sim_priority) <= (0 if ann.known else 1), (t, wf)
+        assert state.sessions.rate(str(wf)) == sim_rate         # the same aging rate
         rates.add(sim_rate)
-        if ann.known:                     # ... and the gateway sends the simulator's priority
-            assert abs(gateway(ann) - sim_priority) <= 1
-    assert len(rates) > 1                 # sessions of different expected lengths age differently
+        if ann.known:          # the gateway's float is the simulator's, on the same session age
+            known += 1
+            sim_age = t - float(sched.sim.wf_arrival[wf])
+            assert sent.priority == pytest.approx(pol.call_priority(ann, sim_age), abs=1e-9)
+            assert sent.priority == pytest.approx(sim_ref[0], abs=1e-9)
+            assert admission_of(req).base == pytest.approx(sent.priority, abs=0.5 / pol.scale)
+    assert known > 100 and len(rates) > 1   # sessions of different expected lengths age differently
     reset_state()
 
 
@@ -212,7 +247,7 @@ def test_an_unknown_call_keeps_its_sessions_score_in_both():
     calls unit so the scores are the hand-checkable 1/3 and 1 (the tokens unit is the default and
     falls back to the same remaining calls: covered by the other parity tests)."""
     policy = PriorityPolicy(remaining_unit="calls", aging_per_s=0.001)
-    sched = PriorityScheduler(SimpleNamespace(view=lambda req: req.view), policy)
+    sched = PriorityScheduler(SimpleNamespace(served=lambda req: req.ann), policy)
     sched.sim = SimpleNamespace(now=0.0, wf_arrival=[0.0], pool_queue_depths=lambda: None, pools=None)
     now = [0.0]
     state = _plugin(policy, now)
@@ -221,10 +256,10 @@ def test_an_unknown_call_keeps_its_sessions_score_in_both():
     known0 = Annotation(known=True, workflow_id="w", expected_remaining_calls=0.0, session_age_s=60.0)
     for i, (t, ann) in enumerate(((0.0, known2), (30.0, unknown), (60.0, known0))):
         sched.sim.now = now[0] = t
-        req = SimpleNamespace(idx=i, wf=0, t_enqueue=t, view=CallView.from_annotation(ann))
+        req = SimpleNamespace(idx=i, wf=0, t_enqueue=t, ann=ann)
         sched.on_issue(req)
         sim_priority = sched.priority(req)
-        plugin_req = _sglang_req(f"u{i}", ann, sim_priority if ann.known else None)
+        plugin_req = _sglang_req(f"u{i}", ann, policy.call_priority(ann) if ann.known else None)
         admit_request(plugin_req, now=t)
         assert plugin_req.priority == sim_priority
         ref, sim_ref = state.sessions.reference("w"), sched.book.reference(0)
@@ -239,12 +274,12 @@ def test_aging_per_session_duration_is_the_same_in_gateway_plugin_and_simulator(
     one (1000 s) — rates 0.008 and 0.001 /s with k = 1 — and the gateway's priority, the
     plugin's book and re-aging of its queue, and the simulator's scheduler agree on every score."""
     policy = PriorityPolicy(remaining_unit="calls", aging_per_s=0.001, aging_per_duration=1.0)
-    sched = PriorityScheduler(SimpleNamespace(view=lambda req: req.view), policy)
+    sched = PriorityScheduler(SimpleNamespace(served=lambda req: req.ann), policy)
     sched.sim = SimpleNamespace(now=0.0, wf_arrival=[0.0, 0.0], pool_queue_depths=lambda: None,
                                 pools=None)
     now = [0.0]
     state = _plugin(policy, now)
-    gateway = AnnotationPriority(policy)
+    gateway = policy.call_priority          # what PredictionService.annotate_call sets
     calls = [(0, 0.0, Annotation(known=True, workflow_id="0", expected_remaining_calls=2.0,
                                  expected_remaining_s=125.0, session_age_s=0.0)),
              (1, 0.0, Annotation(known=True, workflow_id="1", expected_remaining_calls=2.0,
@@ -254,9 +289,10 @@ def test_aging_per_session_duration_is_the_same_in_gateway_plugin_and_simulator(
     plugin_reqs = []
     for i, (wf, t, ann) in enumerate(calls):
         sched.sim.now = now[0] = t
-        req = SimpleNamespace(idx=i, wf=wf, t_enqueue=t, view=CallView.from_annotation(ann))
+        req = SimpleNamespace(idx=i, wf=wf, t_enqueue=t, ann=ann)
         sched.on_issue(req)
-        assert gateway(ann) == sched.priority(req)              # what the gateway sends
+        assert policy.to_sglang(gateway(ann)) == sched.priority(req)   # what the gateway sends
+        assert gateway(ann) == sched.book.reference(wf)[0]      # the same float
         plugin_reqs.append(_sglang_req(f"d{i}", ann, gateway(ann)))
         assert admit_request(plugin_reqs[-1], now=t)
         assert state.sessions.rate(str(wf)) == sched.book.rate(wf)
@@ -310,7 +346,7 @@ def test_plugin_gateway_and_simulator_end_sessions_alike(recorded):
         assert rule.mark(replace(ann, session_end=None), meta) == ann      # gateway's mark = sim's
         ended += ann.session_end is True
         now[0] = t
-        sim = sim_keep.decide_view(CallView.from_annotation(ann, meta), t)
+        sim = sim_keep.decide_annotation(ann, t)
         params = render("sglang", hint_values(ann, meta), {})[0]["custom_params"]
         req = SimpleNamespace(rid=f"e{n}", sampling_params=SimpleNamespace(custom_params=params))
         plugin = decide_finished(state, req, now=t)
@@ -337,9 +373,8 @@ def test_a_last_call_cancels_its_sessions_prefetch_in_plugin_and_simulator():
     for i, (ann, meta_extra) in enumerate(((first, {}), (last, {"last_call": True}))):
         meta = {"workflow_type_id": "t", "workflow_id": "s", "agent_id": ann.agent_id, **meta_extra}
         marked = rule.mark(ann, meta)
-        view = CallView.from_annotation(marked, meta)
-        sim.plan("s", float(i), view.next_agent, view.next_agent_p, float(i) + 5.0, 1000,
-                 session="s", session_end=view.session_end is True)
+        sim.plan("s", float(i), marked.next_agent_id, marked.next_agent_p, float(i) + 5.0, 1000,
+                 session="s", session_end=marked.session_end is True)
         params = render("sglang", hint_values(marked, meta), {})[0]["custom_params"]
         req = SimpleNamespace(rid=f"p{i}", priority=None, origin_input_ids=list(range(1000)),
                               sampling_params=SimpleNamespace(custom_params=params))

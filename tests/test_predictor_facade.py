@@ -15,7 +15,6 @@ from fitting import profile_fit as fitting
 from store.profile_artifact import load_profile, write_profile
 from store.workloads import generate, write_jsonl
 from serving_hooks.shadow import ShadowGate
-from serving_hooks.policies import AnnotationPriority
 
 WT = "coding_assistant"
 
@@ -40,7 +39,7 @@ def meta(wf: str, agent: str, wt: str = WT) -> dict:
 
 def test_known_call_carries_every_prediction(fitted):
     profile, sequences = fitted
-    p = Predictor(profile, priority_policy=AnnotationPriority())
+    p = Predictor(profile)
     seq = next(s for s in sequences if p.profile.paths[WT].track(s)[-1] is not None)
     remaining = []
     for i, agent in enumerate(seq):
@@ -50,7 +49,7 @@ def test_known_call_carries_every_prediction(fitted):
         assert 0 <= lo <= hi
         assert ann["profile_version"] == profile.version
         assert ann["predicted_path_regex"] == profile.data["workflows"][WT]["regex"]
-        assert isinstance(ann["priority"], int)
+        assert "priority" not in ann          # the serving layer sets it (PredictionService)
         remaining.append(ann["expected_remaining_calls"])
         if i + 1 < len(seq):
             assert seq[i + 1] in {a["agent_id"] for a in ann["next_agents"]}
@@ -172,7 +171,7 @@ def test_concurrent_annotate_and_observe_keep_sessions_consistent(fitted):
 
 def test_profile_swap_replays_live_sessions_on_the_new_automaton(fitted, tmp_path):
     profile, sequences = fitted
-    p = Predictor(profile, priority_policy=AnnotationPriority())
+    p = Predictor(profile)
     seq = next(s for s in sequences if len(s) > 4 and p.profile.paths[WT].track(s)[-1] is not None)
     for agent in seq[:3]:
         p.annotate(meta("w", agent))
@@ -239,9 +238,11 @@ def test_serving_path_imports_no_pandas_scipy_sklearn(fitted_profile):
         "from serving_hooks.sidecar import create_sidecar_app\n"
         "from serving_hooks.gateway import create_gateway_app\n"
         "from serving_hooks.upstreams import CapacityRouting\n"
-        "from serving_hooks.policies import AnnotationPriority\n"
-        f"p = Predictor({str(fitted_profile)!r}, priority_policy=AnnotationPriority())\n"
-        "a = p.annotate({'workflow_type_id': 'coding_assistant', 'workflow_id': 'w', 'agent_id': 'planner'})\n"
+        "from dataclasses import replace\n"
+        "from serving_hooks.policies import PriorityPolicy\n"
+        f"p = Predictor({str(fitted_profile)!r})\n"
+        "c = p.annotate_call({'workflow_type_id': 'coding_assistant', 'workflow_id': 'w', 'agent_id': 'planner'})\n"
+        "a = replace(c, priority=PriorityPolicy().call_priority(c)).to_dict()\n"
         "assert a['known'] and isinstance(a['priority'], int), a\n"
         "print(sorted(m for m in ('pandas', 'scipy', 'sklearn') if m in sys.modules))\n"
     )

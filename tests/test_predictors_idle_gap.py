@@ -18,7 +18,7 @@ from fitting import profile_fit as fitting
 from profiler.evaluation import evaluate
 from store.workloads import generate, write_jsonl
 from serving_hooks.annotations import flatten_for_sglang
-from serving_hooks.policies.annotations_view import CallView
+from predictors.contract import from_custom_params
 from serving_hooks.policies.keep_drop import KeepDropPolicy, RetentionRank
 
 WT = "coding_assistant"
@@ -215,13 +215,13 @@ def test_keep_drop_and_flat_form_use_the_idle_gap_ttl(fitted):
     assert ann["keep_alive_ttl_s"] > 0
     flat = flatten_for_sglang(ann)
     assert flat["keep_alive_ttl_s"] == ann["keep_alive_ttl_s"]
-    view = CallView.from_custom_params({**flat, "known": True, "exp_remaining_calls": 5.0, "p_end": 0.0,
+    view = from_custom_params({**flat, "known": True, "exp_remaining_calls": 5.0, "p_end": 0.0,
                                         "keep_alive_ttl_s": 7.5, "retain_s": 2.0, "tool_p95_s": 1.0})
-    r = KeepDropPolicy(keep_idle=True).decide_view(view, now=100.0)
+    r = KeepDropPolicy(keep_idle=True).decide_annotation(view, now=100.0)
     assert r.rank == RetentionRank.KEEP and r.ttl_s == pytest.approx(7.5)
-    old = CallView.from_custom_params({**flat, "known": True, "exp_remaining_calls": 5.0, "p_end": 0.0,
+    old = from_custom_params({**flat, "known": True, "exp_remaining_calls": 5.0, "p_end": 0.0,
                                        "keep_alive_ttl_s": None, "retain_s": 2.0})
-    assert KeepDropPolicy(keep_idle=True).decide_view(old, now=100.0).ttl_s == pytest.approx(2.0)
+    assert KeepDropPolicy(keep_idle=True).decide_annotation(old, now=100.0).ttl_s == pytest.approx(2.0)
 
 
 def test_eval_reports_keep_alive_beside_baselines(fitted):

@@ -17,7 +17,7 @@ from predictors.served import RemainingTokensTable
 from fitting import profile_fit as fitting
 from profiler.evaluation import evaluate
 from profiler.remaining_eval import jackknife_diff
-from serving_hooks.policies import CallView, PriorityPolicy
+from serving_hooks.policies import PriorityPolicy, from_custom_params
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -130,10 +130,10 @@ def test_predictor_serves_remaining_tokens_that_shrink_as_the_session_runs(profi
         seen.append(ann.expected_remaining_output_tokens)
         p.observe({"app_metadata": {**meta, "agent_id": agent}, "request_id": str(i), "output_tokens": 500})
     assert seen[0] > seen[-1] > 0
-    # the field travels in every rendering: JSON, SGLang's flat custom_params, the policies' view
+    # the field travels in every rendering: JSON, SGLang's flat custom_params and back
     flat = ann.flat()
     assert flat["exp_remaining_out_tokens"] == pytest.approx(seen[-1])
-    assert CallView.from_custom_params(flat).exp_remaining_out_tokens == pytest.approx(seen[-1])
+    assert from_custom_params(flat).expected_remaining_output_tokens == pytest.approx(seen[-1])
     again = Annotation.from_dict(ann.to_dict())
     assert again.expected_remaining_output_tokens == pytest.approx(seen[-1])
     view = p.session_view("coding_assistant", "s1")
@@ -156,16 +156,16 @@ def test_eval_reports_the_ranking_of_what_is_served_beside_baselines(profile):
 
 def test_tokens_unit_ranks_less_remaining_work_first_on_a_log_scale():
     pol = PriorityPolicy(remaining_unit="tokens", tokens_per_call=500, aging_per_s=0.001)
-    short = pol.score_view(CallView(known=True, exp_remaining_out_tokens=1_000.0))
-    long = pol.score_view(CallView(known=True, exp_remaining_out_tokens=20_000.0))
+    short = pol.score_annotation(Annotation(known=True, expected_remaining_output_tokens=1_000.0))
+    long = pol.score_annotation(Annotation(known=True, expected_remaining_output_tokens=20_000.0))
     assert short > long
     assert long == pytest.approx(-math.log1p(40.0))
     # without the field, a known call counts (1 + remaining calls) · tokens_per_call tokens
-    fallback = pol.score_view(CallView(known=True, exp_remaining_calls=3.0))
+    fallback = pol.score_annotation(Annotation(known=True, expected_remaining_calls=3.0))
     assert fallback == pytest.approx(-math.log1p(4.0))
     # an unknown call is neutral: as if 3 calls of tokens_per_call remained
     assert pol.unknown_score == pytest.approx(-math.log(4.0))
-    assert pol.score_view(CallView(known=False)) == pol.unknown_score
+    assert pol.score_annotation(Annotation(known=False)) == pol.unknown_score
     # 1000 s of age outweighs a factor e of remaining work (aging 0.001/s, log scale)
     assert pol.session_score(long, 1000.0 * math.log(20.0)) > pol.session_score(short, 0.0)
     with pytest.raises(ValueError):

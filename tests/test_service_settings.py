@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 
 from profiler.cli import app
 from profiler.commands.service_options import with_service_settings
-from serving_hooks.settings import (ServiceSettings, SettingsError, knobs, setting_field, resolve_settings,
+from serving_hooks.settings import (GatewaySettings, ServiceSettings, SettingsError, knobs, setting_field, resolve_settings,
                                     settings_from_env)
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -209,7 +209,7 @@ def test_the_configuration_example_in_the_docs_loads(tmp_path):
     assert written and {k: getattr(got.settings, k) for k in written} == written
     assert all(got.sources[k] == "file" for k in written)
     # and every PROFILER_ variable of a setting is in the page's table
-    assert all(k.env in page for k in knobs())
+    assert all(k.env in page for k in knobs()) and all(k.env in page for k in knobs(GatewaySettings))
 
 
 def test_direct_construction_checks_durations():
@@ -254,3 +254,19 @@ def test_every_overridden_name_is_a_simulate_option():
     for sc in SCENARIOS.values():
         assert set(sc.overrides()) <= options, set(sc.overrides()) - options
         assert {"calibrate", "replicas", "workflows", "arrivals"} <= set(sc.overrides())
+
+
+def test_gateway_only_settings_are_the_gateways_and_checked():
+    """Issue 36: which engine API versions the upstreams speak is the gateway's alone."""
+    own = {f.name for f in dataclasses.fields(GatewaySettings)} - \
+        {f.name for f in dataclasses.fields(ServiceSettings)}
+    assert own == {"dynamo_api", "sglang_sessions"}
+    for name in own:
+        assert _option("gateway", name) is not None and _option("serve", name) is None
+    got = resolve_settings(environ={"PROFILER_DYNAMO_API": "trajectory",
+                                    "PROFILER_SGLANG_SESSIONS": "1"}, cls=GatewaySettings)
+    assert (got.settings.dynamo_api, got.settings.sglang_sessions) == ("trajectory", True)
+    assert got.sources["dynamo_api"] == "env"
+    with pytest.raises(SettingsError, match="dynamo_api: 'sessions': expected one of session, "
+                                            "trajectory, agent_context"):
+        resolve_settings(environ={"PROFILER_DYNAMO_API": "sessions"}, cls=GatewaySettings)

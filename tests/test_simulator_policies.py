@@ -55,7 +55,7 @@ def test_ours_drives_the_serving_hooks_policy_objects(coding):
     assert kd["keep"] == 0 and kd["neutral"] > 0 and kd["drop"] > 0
     _, keeping = simulate(coding, "ours-keep-idle", cfg, arr)
     assert keeping["retention_decisions"]["keep"] > 0
-    assert all(r.pred.view.known for r in res.requests)
+    assert all(r.pred.ann.known for r in res.requests)
     policy = build_ours(make_predictor(coding.profile))
     kinds = {type(p) for p in policy.parts}
     assert {CapacityRouter, PriorityScheduler, KeepDropCache, HostPrefetch} <= kinds
@@ -181,9 +181,9 @@ def test_priority_is_the_sessions_and_ages_from_the_workflow_start(coding):
     sim.now = 320.0
     a2.t_issue = a2.t_enqueue = 320.0
     policy.hook("on_issue", a2)       # A's next call: A's score now comes from its latest state
-    base_a = pol.score_view(a2.pred.view, queue_depth={})
+    base_a = pol.score_annotation(a2.pred.ann, queue_depth={})
     assert sched.priority(a1) == sched.priority(a2) == pol.to_sglang(base_a + pol.aging_per_s * 320.0)
-    base_b = pol.score_view(b1.pred.view, queue_depth={})
+    base_b = pol.score_annotation(b1.pred.ann, queue_depth={})
     for now in (320.0, 5000.0):       # waiting never reorders workflows: all age alike
         sim.now = now
         # the difference is the bases' plus the 300 s between the workflows' starts (±1 rounding)
@@ -193,7 +193,7 @@ def test_priority_is_the_sessions_and_ages_from_the_workflow_start(coding):
 
 def test_duration_aging_ages_each_session_on_its_expected_duration(coding):
     """``ours-duration-aging`` (``aging_per_duration``): a session's rate is ``PriorityPolicy.aging_rate`` of its
-    latest call's view — ``k / (age + expected remaining s)``, a power of two times
+    latest call's annotation — ``k / (age + expected remaining s)``, a power of two times
     ``aging_per_s`` — and its priority grows at that rate while it waits."""
     cfg = ClusterConfig(replicas=1, kv_capacity_tokens=60_000)
     policy = build_ours(make_predictor(coding.profile), "ours-duration-aging")
@@ -205,11 +205,11 @@ def test_duration_aging_ages_each_session_on_its_expected_duration(coding):
     a1 = Request(wl.calls[wl.workflows[0].calls[0]], 0.0)
     sched.sim.now = 0.0
     policy.hook("on_issue", a1)
-    view = a1.pred.view
-    assert view.known and view.exp_remaining_s
+    ann = a1.pred.ann
+    assert ann.known and ann.expected_remaining_s
     rate = sched.book.rate(0)
-    tau = float(view.exp_remaining_s) + float(view.session_age_s or 0.0)
-    assert rate == pol.aging_rate(view, 0.0)
+    tau = float(ann.expected_remaining_s) + float(ann.session_age_s or 0.0)
+    assert rate == pol.aging_rate(ann, 0.0)
     assert math.log2(rate / pol.aging_per_s) == round(math.log2(rate / pol.aging_per_s))
     assert rate / 2 ** 0.5 <= pol.aging_per_duration / tau <= rate * 2 ** 0.5
     p0 = sched.priority(a1)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from serving_hooks.policies import CallView
+from serving_hooks.policies import Annotation, NextAgent
 from simulator.baselines import FCFS, LRU, RoundRobin
 from simulator.config import ClusterConfig
 from simulator.engine import Simulator
@@ -23,10 +23,10 @@ from tests.simulator_helpers import STEP, rec
 class NextIsB:
     """A prediction feed stub: after an ``a`` call, ``b`` comes next (p = 1)."""
 
-    def view(self, req) -> CallView:
+    def served(self, req) -> Annotation:
         if req.call.agent == "a":
-            return CallView(known=True, next_agent="b", next_agent_p=1.0)
-        return CallView()
+            return Annotation(known=True, next_agents=(NextAgent("b", 1.0),))
+        return Annotation()
 
 
 def toy(gap: float):

@@ -11,13 +11,13 @@ from profiler.commands.common import err_console, fail
 from profiler.commands.serve import build_service, refit_loop
 from profiler.commands.service_options import with_service_settings
 from serving_hooks.policies.session_end import DEFAULT_SESSION_END_P, SessionEndRule
-from serving_hooks.settings import ServiceSettings
+from serving_hooks.settings import GatewaySettings
 
 HELP_FIELDS = "What is sent upstream"
 
 
 @app.command(no_args_is_help=True)
-@with_service_settings
+@with_service_settings(cls=GatewaySettings)
 def gateway(
     upstream: Annotated[list[str], typer.Option("--upstream", "-u", help="OpenAI-compatible server(s), e.g. http://127.0.0.1:30000 (SGLang). Repeat, or separate with commas, for several. Per upstream: URL,dialect=sglang|vllm|dynamo|headers[,priority=high_first|low_first] (docs/dialects.md)[,pool=MODEL] (the model it serves: calls go to the upstreams of the model they name).")],
     profile: Annotated[Optional[Path], typer.Option("--profile", "-p", help="Predict in process from this profile root (hot-reloaded).")] = None,
@@ -37,14 +37,14 @@ def gateway(
     refit_every: Annotated[Optional[str], typer.Option(help="With --profile and --log-dir: refit the profile from the log folder this often (e.g. 10m).")] = None,
     allow_path: Annotated[Optional[list[str]], typer.Option("--allow-path", help="Also forward this path upstream (fnmatch pattern, e.g. '/v1/rerank'); repeat. Engine admin paths are never forwarded.", rich_help_panel=HELP_FIELDS)] = None,
     allow_client_scheduler_fields: Annotated[bool, typer.Option("--allow-client-scheduler-fields", help="Keep a client's own scheduler fields in every dialect: `priority`, `custom_params`, `vllm_xargs`, `nvext.agent_hints`/`cache_control`, `X-Agentprof-*` headers (removed by default).", rich_help_panel=HELP_FIELDS)] = False,
-    dialect: Annotated[Optional[str], typer.Option(help="Render the hints for this engine on every upstream without its own dialect=: sglang (priority + custom_params), vllm (priority + vllm_xargs), dynamo (nvext.agent_hints + nvext.cache_control), headers (X-Agentprof-* for routers). docs/dialects.md.", rich_help_panel=HELP_FIELDS)] = None,
+    dialect: Annotated[Optional[str], typer.Option(help="Render the hints for this engine on every upstream without its own dialect=: sglang (priority + custom_params), vllm (priority + vllm_xargs), dynamo (nvext.agent_hints + Dynamo's identity and final flag, spelled as --dynamo-api says), headers (X-Agentprof-* for routers). docs/dialects.md.", rich_help_panel=HELP_FIELDS)] = None,
     session_end_p: Annotated[float, typer.Option(min=0.0, max=1.0, help="Announce a call as its session's last (SGLang custom_params.session_end, vLLM vllm_xargs, Dynamo X-Dynamo-Session-Final, X-Agentprof-Session-End) when its predicted p_end reaches this, or when app_metadata.last_call is true; the SGLang plugin then releases the session's KV (docs/dialects.md, End of session).", rich_help_panel=HELP_FIELDS)] = DEFAULT_SESSION_END_P,
     session_end_signal: Annotated[bool, typer.Option("--session-end-signal/--no-session-end-signal", help="Send the end-of-session signal at all (see --session-end-p).", rich_help_panel=HELP_FIELDS)] = True,
     identity_map: Annotated[Optional[Path], typer.Option(help="TOML or JSON file: how agent-harness headers (Claude Code, Codex, OpenCode, Dynamo) become app_metadata — workflow type from a header, the model, or a default (docs/dialects.md).")] = None,
     retry_window: Annotated[float, typer.Option(help="Seconds within which an identical body (or Idempotency-Key) of the same session is a retry, not a new call.")] = 60.0,
     otlp_endpoint: Annotated[Optional[str], typer.Option(envvar="OTEL_EXPORTER_OTLP_ENDPOINT", help="Send one OpenTelemetry span per call (GenAI attributes + agentprof.* predictions and outcomes) to this OTLP/HTTP endpoint, e.g. http://127.0.0.1:4318.")] = None,
     *,
-    settings: ServiceSettings,
+    settings: GatewaySettings,
 ) -> None:
     """Run the **annotating gateway** in front of SGLang or any OpenAI-compatible server.
 
@@ -63,6 +63,11 @@ def gateway(
 
     Engine dialects (docs/dialects.md): `--dialect vllm`, or per upstream
     `--upstream http://127.0.0.1:8000,dialect=vllm --upstream http://127.0.0.1:30000,dialect=sglang`.
+
+    Engine API versions (docs/dialects.md): `--dynamo-api session|trajectory|agent_context` names
+    the spelling of Dynamo's agent identity and end of session the upstream reads (newest:
+    session); `--sglang-sessions` opens SGLang's own session per workflow and closes it at the
+    workflow's end (SGLang started with `--enable-session-radix-cache`), releasing its KV.
 
     Multi-model workflows (docs/serving.md "Model pools"): name the model each upstream serves,
     `--upstream http://127.0.0.1:30000,pool=llama-70b --upstream http://127.0.0.1:30001,pool=qwen-coder`;
@@ -135,7 +140,8 @@ def gateway(
                              allow_client_scheduler_fields=allow_client_scheduler_fields,
                              dialect=dialect, upstream_dialects=upstream_dialects,
                              identity=identity, retry_window_s=retry_window,
-                             session_end=session_end_rule)
+                             session_end=session_end_rule, dynamo_api=settings.dynamo_api,
+                             sglang_sessions=settings.sglang_sessions, freeze_gc=True)
     provider = otlp_tracer_provider(otlp_endpoint)
     gw = Gateway(router, annotator, log_writer=writer, options=options, registry=registry,
                  service=service, tracer=CallTracer(provider) if provider is not None else None,

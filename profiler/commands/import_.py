@@ -1,5 +1,6 @@
 """`profiler import`: convert other tools' traces (OpenTelemetry, OpenInference, SWE-agent,
-mini-SWE-agent, OpenHands, Dynamo, ATIF) into flat log records, with one line per source file."""
+mini-SWE-agent, OpenHands, Dynamo request traces and agentic Mooncake, AIPerf agentic traces,
+ATIF, ...) into flat log records, with one line per source file."""
 from __future__ import annotations
 
 import json
@@ -17,7 +18,10 @@ FORMAT_HELP = (
     "normalized rounds), `otel` (OpenTelemetry GenAI or OpenInference spans: OTLP JSON, OTel SDK JSON, "
     "Phoenix rows; alias `openinference`), `swe-agent` (.traj, timed with its .debug.log, else "
     "order-only), `mini-swe-agent` (.traj.json), `openhands` (V0/V1 output.jsonl, V1 conversation "
-    "folders), `dynamo` (dynamo.request.trace.v1 JSONL), `atif` (ATIF v1.x trajectory.json)."
+    "folders), `dynamo` (dynamo.request.trace.v1 JSONL), `atif` (ATIF v1.x trajectory.json), "
+    "`dynamo-agentic` (Dynamo agentic Mooncake v2/v1 and plain Mooncake JSONL; alias `mooncake`), "
+    "`aiperf-agentic` (AIPerf agentic / SemiAnalysis cc-traces 'Weka' JSON, nested sub-agents; alias "
+    "`weka`). `profiler export` writes the last two."
 )
 
 

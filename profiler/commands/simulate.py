@@ -26,7 +26,9 @@ def simulate(
              "(see README); a number; or a comma list (e.g. low,medium,peak).")] = "peak",
     policies: Annotated[Optional[str], typer.Option(
         help="Comma list of policies (default: sglang-default, least-load, autellix-plas, "
-             "continuum-ttl, mori-idleness, belady, ours).")] = None,
+             "continuum-ttl, mori-idleness, belady, ours). Also: the session baselines "
+             "sglang-sticky, sglang-session-close, thunderagent, and every name of the policy "
+             "table in docs/simulator.md.")] = None,
     ablation: Annotated[bool, typer.Option(
         "--ablation", help="Also run ours with each part switched off (and ours-sticky, ours-belady).")] = False,
     autoscale: Annotated[str, typer.Option(

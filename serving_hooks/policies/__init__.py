@@ -20,7 +20,6 @@ reads a clock: every time is passed in as ``now`` (seconds on any monotonic scal
 """
 from predictors.contract import (Annotation, NextAgent, ToolLatency, from_custom_params,
                                  to_sglang_custom_params)
-from serving_hooks.policies.annotations_view import CallView
 from serving_hooks.policies.bookkeeping import (CapacityLedger, SessionPriorityBook,
                                                 capacity_request)
 from serving_hooks.policies.autoscale import (AutoscalePolicy, autoscale_advice, live_autoscale_advice,
@@ -43,7 +42,7 @@ from serving_hooks.policies.keep_drop import (
 from serving_hooks.policies.pools import ModelPools, NoReplicaForModel, pool_queue_depths
 from serving_hooks.policies.prefetch import HOST_TIER, PrefetchPlan, PrefetchPolicy
 from serving_hooks.policies.preprefill import PrePrefillPolicy
-from serving_hooks.policies.priority import AnnotationPriority, PriorityPolicy
+from serving_hooks.policies.priority import PriorityPolicy
 from serving_hooks.policies.session_end import DEFAULT_SESSION_END_P, SessionEndRule
 
 __all__ = [
@@ -51,7 +50,6 @@ __all__ = [
     "DEFAULT_SESSION_END_P",
     "SessionEndRule",
     "Annotation",
-    "AnnotationPriority",
     "NextAgent",
     "ToolLatency",
     "from_custom_params",
@@ -59,7 +57,6 @@ __all__ = [
     "AutoscalePolicy",
     "live_autoscale_advice",
     "live_projection",
-    "CallView",
     "CapacityLedger",
     "SessionPriorityBook",
     "capacity_request",

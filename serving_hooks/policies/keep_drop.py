@@ -6,7 +6,7 @@ When a call finishes, its session's KV prefix (prompt + response, the history th
 call will extend) is, for the eviction order of the radix cache:
 
 * **kept** (rank ``KEEP``) when the session's predicted path goes on — ``p_end < drop_end_p``
-  (without ``p_end``: ``exp_remaining_calls ≥ min_remaining_calls``) — and comes back to this
+  (without ``p_end``: ``expected_remaining_calls ≥ min_remaining_calls``) — and comes back to this
   lineage — ``revisit_p ≥ min_revisit_p`` — for a TTL equal to the quantile of the session's
   *idle gap* (``keep_alive_ttl_s``: the call's finish to the session's next arrival, tool time
   plus think/wait time, scaled by the session's own gaps so far; ``predictors/idle_gap.py``),
@@ -56,7 +56,7 @@ from enum import IntEnum
 from statistics import NormalDist
 
 from predictors.served import HELD_TTL_MAX_S, HELD_TTL_MIN_S
-from serving_hooks.policies.annotations_view import CallView
+from predictors.contract import Annotation
 
 
 class RetentionRank(IntEnum):
@@ -94,7 +94,7 @@ def lognormal_quantile(mu: float, sigma: float, q: float = 0.95) -> float:
     return math.exp(mu + sigma * NormalDist().inv_cdf(q))
 
 
-def revisit_probability(view: CallView, lineage: str = "session") -> float:
+def revisit_probability(ann: Annotation, lineage: str = "session") -> float:
     """Probability that a later call of this session reuses the finished call's prefix.
 
     * ``lineage="session"`` (default; agents that extend one conversation, like SWE-agent):
@@ -106,17 +106,17 @@ def revisit_probability(view: CallView, lineage: str = "session") -> float:
       probability when the next agent is this one, else 1 when the graph's expected
       distance to this agent is within the remaining calls, else 0.
     """
-    remaining = view.exp_remaining_calls or 0.0
+    remaining = ann.expected_remaining_calls or 0.0
     if lineage == "session":
-        if view.p_end is not None:
-            return max(0.0, min(1.0, 1.0 - view.p_end))
+        if ann.p_end is not None:
+            return max(0.0, min(1.0, 1.0 - ann.p_end))
         return max(0.0, min(1.0, remaining))
     if lineage != "agent":
         raise ValueError(f"lineage must be 'session' or 'agent', got {lineage!r}")
-    for agent, p in view.next_agents:
-        if agent == view.agent:
-            return p
-    distance = view.expected_distance.get(view.agent or "")
+    for nxt in ann.next_agents:
+        if nxt.agent_id == ann.agent_id:
+            return nxt.p
+    distance = ann.expected_distance.get(ann.agent_id or "")
     if distance is not None and distance <= max(1.0, remaining):
         return 1.0
     return 0.0
@@ -207,21 +207,24 @@ class KeepDropPolicy:
             return Retention(RetentionRank.NEUTRAL, now, now, f"keeping off (would retain {ttl:.2f}s)")
         return Retention(RetentionRank.KEEP, now + ttl, now, f"retain {ttl:.2f}s")
 
-    def decide_view(self, view: CallView, now: float) -> Retention:
-        """:meth:`decide` from a :class:`CallView` (the gateway's custom_params or annotations).
+    def decide_annotation(self, ann: Annotation, now: float, tool: str | None = None) -> Retention:
+        """:meth:`decide` from one call's :class:`Annotation` (the gateway's, or the plugin's
+        read back from custom_params).
 
         The TTL before bounding is, first available: ``keep_alive_ttl_s`` (the idle-gap
         quantile, what the KV actually waits for), ``retain_s`` (the predictor's tool-latency
-        quantile), ``tool_p95_s``.
+        quantile), the p95 of ``tool`` (None: the agent's most frequent tool,
+        :meth:`Annotation.tool_p95_of`).
         """
-        ttl = next((v for v in (view.keep_alive_ttl_s, view.retain_s) if v is not None), view.tool_p95_s)
+        ttl = next((v for v in (ann.keep_alive_ttl_s, ann.retain_s) if v is not None),
+                   ann.tool_p95_of(tool))
         return self.decide(
             now,
-            view.known,
-            view.exp_remaining_calls,
-            revisit_probability(view, self.lineage),
+            ann.known,
+            ann.expected_remaining_calls,
+            revisit_probability(ann, self.lineage),
             tool_p95_s=ttl,
-            p_end=view.p_end,
-            session_end=view.session_end is True,
+            p_end=ann.p_end,
+            session_end=ann.session_end is True,
         )
 

@@ -5,7 +5,7 @@ The rule
 When a call arrives, the graph knows which agent most likely comes next (``next_agent``,
 probability ``p``) and the output band tells when this call should finish:
 
-    t_finish ≈ now + input_tokens / prefill_tok_s + pred_out_lo / decode_tok_s
+    t_finish ≈ now + input_tokens / prefill_tok_s + output_lo / decode_tok_s
 
 (the *low* end of the band: the earliest likely finish, so the staging is not late). If
 ``p ≥ min_p``, the next agent's prefix — its static template plus the history it references,
@@ -83,12 +83,13 @@ class PrefetchPolicy:
     _session_of: dict[str, str] = field(default_factory=dict, repr=False)
     _seq: Any = field(default_factory=itertools.count, repr=False)
 
-    def predicted_finish(self, now: float, input_tokens: int, pred_out_lo: float | None) -> float:
-        """``now + input/prefill_tok_s + pred_out_lo/decode_tok_s`` (output 0 when unknown)."""
+    def predicted_finish(self, now: float, input_tokens: int, output_lo: float | None) -> float:
+        """``now + input/prefill_tok_s + output_lo/decode_tok_s`` (the annotation's
+        ``output_lo``; output 0 when unknown)."""
         return (
             now
             + max(0, int(input_tokens)) / self.prefill_tok_s
-            + max(0.0, float(pred_out_lo or 0.0)) / self.decode_tok_s
+            + max(0.0, float(output_lo or 0.0)) / self.decode_tok_s
         )
 
     def plan(

@@ -32,14 +32,15 @@ with starvation bounded at half a day; chosen on validation draws, "Why 1e-5" be
 own enqueue time instead (per-call aging) would, once calls wait longer than ``Δbase /
 aging_per_s``, order the queue by call arrival: call-level FCFS that interleaves workflows.
 
-Two places compute it, without sharing a clock: the predictor (gateway side) gives a call the
-priority :meth:`PriorityPolicy.session_score` ``= base + aging · (session age at issue)``, and the
-SGLang plugin ages a queued request by ``aging · (time since enqueue)``
-(:meth:`PriorityPolicy.aged`); their sum is the workflow-level score above.
+One function computes a call's priority, as a float: :meth:`PriorityPolicy.call_priority`
+``= base + aging · (session age at issue)``, at the gateway (``PredictionService``) and in the
+simulator; the SGLang plugin only ages a queued request by ``aging · (time since enqueue)``
+(:meth:`PriorityPolicy.aged`), without sharing a clock; their sum is the workflow-level score
+above.
 
 SGLang's priority scheduler sorts integer priorities, bigger first (the default, without
 ``--schedule-low-priority-values-first``), so :meth:`PriorityPolicy.to_sglang` maps a score
-to ``round(scale · score)``.
+to ``round(scale · score)`` (:func:`predictors.contract.sglang_priority`, the one rendering).
 
 A call with no prediction (``known: false``) gets ``unknown_score``: neutral, served as if a
 few calls remained, and aged like every other request.
@@ -50,7 +51,7 @@ One constant ``aging_per_s`` bounds a *wait*: a workflow may be passed for at mo
 ``Δbase / aging_per_s`` seconds, whatever its length. That fits a burst that drains in minutes
 or an open loop that runs for an hour, not both. With ``aging_per_duration = k`` each session
 ages on its own time scale: its rate is ``k / τ``, ``τ`` its expected total duration (age + the
-profile's expected remaining seconds, ``exp_remaining_s``, at its latest predicted call), so
+profile's expected remaining seconds, ``expected_remaining_s``, at its latest predicted call), so
 
     score(t) ≈ base + k · age / τ
 
@@ -60,7 +61,7 @@ hour-long open loop's age term does not swamp the remaining-work key. The rate i
 ``2^±RATE_OCTAVES``), so a queue holds a few distinct rates: the simulator's
 ``SessionQueue`` keeps one heap per rate (exact, O(#rates) per head), and the plugin reads
 the same rate off the call's annotation (:meth:`PriorityPolicy.aging_rate`) — no new field.
-A call without ``exp_remaining_s`` ages at ``aging_per_s``.
+A call without ``expected_remaining_s`` ages at ``aging_per_s``.
 
 Why it is off by default. ``k = 0.03`` (a session gains 0.03 — about a third of the gap between 2 and 3
 calls left, 1/3 − 1/4 — per expected duration of age) was chosen on the validation draws (``profiler simulate
@@ -105,7 +106,7 @@ ahead. The other units stay selectable (``ours-tokens``, ``ours-seconds`` in the
 Remaining output tokens (``remaining_unit="tokens"``)
 -----------------------------------------------------
 The work an engine still spends on a session is, to first order, the output tokens it has left
-to decode, ``R`` (``exp_remaining_out_tokens``, :mod:`predictors.remaining_tokens`). It is
+to decode, ``R`` (``expected_remaining_output_tokens``, :mod:`predictors.remaining_tokens`). It is
 ranked on a log scale, so that what counts is the *ratio* of two sessions' remaining work:
 
     base = −w1 · ln(1 + R / tokens_per_call)  +  w2 · Σ_{m ∈ M_idle} 1 / E[D_m]
@@ -117,7 +118,7 @@ With aging 0.001 /s a session with ``e`` ≈ 2.7 times the work of another waits
 simulator).
 
 With ``remaining_unit="seconds"`` the remaining work is the profile's expected remaining
-*seconds* of the workflow (``exp_remaining_s``, LLM and tool time), or a quantile of it, in
+*seconds* of the workflow (``expected_remaining_s``, LLM and tool time), or a quantile of it, in
 units of ``seconds_per_call`` (same scale as calls against aging); which unit serves better is
 chosen by simulation (``profiler simulate``: ``ours`` vs ``ours-seconds``).
 
@@ -131,8 +132,7 @@ import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from predictors.contract import Annotation
-from serving_hooks.policies.annotations_view import CallView
+from predictors.contract import PRIORITY_SCALE, Annotation, sglang_priority
 
 #: Units ``PriorityPolicy.remaining_unit`` ranks by.
 UNITS = ("tokens", "calls", "seconds")
@@ -140,8 +140,6 @@ UNITS = ("tokens", "calls", "seconds")
 NEUTRAL_CALLS = 3.0
 #: ``PriorityPolicy.aging_rate`` stays within 2^±RATE_OCTAVES of ``aging_per_s``.
 RATE_OCTAVES = 10
-#: SGLang stores priorities in a Python int and compares them; keep well inside int64.
-_SGLANG_PRIORITY_MAX = 2**62
 
 
 @dataclass(frozen=True)
@@ -168,7 +166,7 @@ class PriorityPolicy:
     idle_queue_threshold: int = 2
     aging_per_s: float = 1e-5
     unknown_score: float | None = None
-    scale: float = 1000.0
+    scale: float = PRIORITY_SCALE
     #: What ``E[D_remain]`` counts: ``"calls"`` (alg. 3) or ``"seconds"`` — the profile's
     #: expected remaining seconds of the workflow (LLM and tool time), in units of
     #: ``seconds_per_call`` so both scores live on the same scale against aging:
@@ -244,41 +242,41 @@ class PriorityPolicy:
                     out += self.w2 / max(1.0, float(distance))
         return out
 
-    def score_view(
+    def score_annotation(
         self,
-        view: CallView,
+        ann: Annotation,
         queue_depth: Mapping[str, float] | None = None,
         agent_model: Mapping[str, str] | None = None,
     ) -> float:
-        """:meth:`base_score` from a :class:`CallView`.
+        """:meth:`base_score` (or :meth:`base_score_tokens`) of one call's :class:`Annotation`.
 
         ``agent_model`` maps agent ids to the model that serves them, so that distances to
         agents (what the graph knows) become distances to models (what has a queue); the
         distance to a model is the smallest distance to any of its agents.
         """
-        distance = self.downstream_distance(view, agent_model)
-        remaining = view.exp_remaining_calls
+        distance = self.downstream_distance(ann, agent_model)
+        remaining = ann.expected_remaining_calls
         if self.remaining_unit == "tokens":
-            tokens = view.exp_remaining_out_tokens
+            tokens = ann.expected_remaining_output_tokens
             if tokens is None and remaining is not None:
                 tokens = (1.0 + max(0.0, float(remaining))) * self.tokens_per_call
-            return self.base_score_tokens(tokens, distance, queue_depth, known=view.known)
-        if self.remaining_unit == "seconds" and view.exp_remaining_s is not None:
-            sec = max(0.0, float(view.exp_remaining_s))
+            return self.base_score_tokens(tokens, distance, queue_depth, known=ann.known)
+        if self.remaining_unit == "seconds" and ann.expected_remaining_s is not None:
+            sec = max(0.0, float(ann.expected_remaining_s))
             if self.remaining_quantile is not None:
                 sec *= -math.log(max(1e-9, 1.0 - self.remaining_quantile))
             remaining = sec / max(self.seconds_per_call, 1e-9)
-        return self.base_score(remaining, distance, queue_depth, known=view.known)
+        return self.base_score(remaining, distance, queue_depth, known=ann.known)
 
     @staticmethod
-    def downstream_distance(view: CallView, agent_model: Mapping[str, str] | None = None
+    def downstream_distance(ann: Annotation, agent_model: Mapping[str, str] | None = None
                             ) -> dict[str, float]:
         """Expected distance in calls to each downstream agent — to each model with
         ``agent_model`` (the smallest distance to any of its agents); the next agent at distance
         1 when the graph gives no distances."""
-        distance = dict(view.expected_distance)
-        if not distance and view.next_agent:
-            distance = {view.next_agent: 1.0}
+        distance = dict(ann.expected_distance)
+        if not distance and ann.next_agent_id:
+            distance = {ann.next_agent_id: 1.0}
         if agent_model:
             by_model: dict[str, float] = {}
             for agent, d in distance.items():
@@ -287,26 +285,41 @@ class PriorityPolicy:
             distance = by_model
         return distance
 
-    def idle_downstream_term(self, view: CallView, queue_depth: Mapping[str, float] | None = None,
+    def idle_downstream_term(self, ann: Annotation, queue_depth: Mapping[str, float] | None = None,
                              agent_model: Mapping[str, str] | None = None) -> float:
-        """The ``w2 · Σ_{m idle} 1/E[D_m]`` part of :meth:`score_view` alone."""
-        return self._idle_term(self.downstream_distance(view, agent_model), queue_depth)
+        """The ``w2 · Σ_{m idle} 1/E[D_m]`` part of :meth:`score_annotation` alone."""
+        return self._idle_term(self.downstream_distance(ann, agent_model), queue_depth)
 
-    def aging_rate(self, view: CallView | None = None, session_age_s: float | None = None) -> float:
-        """Score added per second of waiting for the session ``view`` belongs to.
+    def aging_rate(self, ann: Annotation | None = None, session_age_s: float | None = None) -> float:
+        """Score added per second of waiting for the session ``ann`` belongs to.
 
         ``aging_per_s`` unless :attr:`aging_per_duration` is set; then
         ``aging_per_duration / τ`` with ``τ = age + expected remaining seconds`` (the session's
-        expected total duration, ``session_age_s`` overriding the view's), rounded to the
-        nearest power of two and kept within ``2^±RATE_OCTAVES`` of ``aging_per_s``; a view
-        without remaining seconds ages at ``aging_per_s``."""
-        if self.aging_per_duration is None or view is None or not view.known \
-                or view.exp_remaining_s is None:
+        expected total duration, ``session_age_s`` overriding the annotation's), rounded to the
+        nearest power of two and kept within ``2^±RATE_OCTAVES`` of ``aging_per_s``; an
+        annotation without remaining seconds ages at ``aging_per_s``."""
+        if self.aging_per_duration is None or ann is None or not ann.known \
+                or ann.expected_remaining_s is None:
             return self.aging_per_s
-        age = view.session_age_s if session_age_s is None else session_age_s
-        tau = max(1.0, float(age or 0.0) + max(0.0, float(view.exp_remaining_s)))
+        age = ann.session_age_s if session_age_s is None else session_age_s
+        tau = max(1.0, float(age or 0.0) + max(0.0, float(ann.expected_remaining_s)))
         octave = round(math.log2(self.aging_per_duration / tau / self.aging_per_s))
         return self.aging_per_s * 2.0 ** max(-RATE_OCTAVES, min(RATE_OCTAVES, octave))
+
+    def call_priority(self, ann: Annotation, session_age_s: float | None = None,
+                      queue_depth: Mapping[str, float] | None = None,
+                      agent_model: Mapping[str, str] | None = None) -> float:
+        """**The** priority of one call, as a float (bigger runs first): its
+        :meth:`score_annotation` (with the model pools' ``queue_depth`` and ``agent_model`` when
+        there are pools) plus aging over the session's age, ``session_age_s`` (None: the
+        annotation's ``session_age_s``) at :meth:`aging_rate`. The gateway computes it once per
+        call (``PredictionService.annotate_call``, or the gateway itself for a sidecar's
+        annotation with pool inputs); the SGLang plugin only for a call whose ``custom_params``
+        carry no priority; the simulator's ``PriorityScheduler`` with the workflow's simulated
+        age. SGLang's integer is :func:`predictors.contract.sglang_priority` of it."""
+        age = ann.session_age_s if session_age_s is None else session_age_s
+        base = self.score_annotation(ann, queue_depth, agent_model)
+        return self.session_score(base, age, self.aging_rate(ann, age))
 
     def session_score(self, base: float, session_age_s: float | None,
                       rate: float | None = None) -> float:
@@ -325,9 +338,9 @@ class PriorityPolicy:
         return base + rate * max(0.0, now - enqueued_at)
 
     def to_sglang(self, score: float) -> int:
-        """Integer priority for SGLang (bigger runs first), clamped to a safe range."""
-        value = int(round(score * self.scale))
-        return max(-_SGLANG_PRIORITY_MAX, min(_SGLANG_PRIORITY_MAX, value))
+        """Integer priority for SGLang (bigger runs first), clamped to a safe range
+        (:func:`predictors.contract.sglang_priority` at this policy's ``scale``)."""
+        return sglang_priority(score, self.scale)
 
     def from_sglang(self, priority: int) -> float:
         """Inverse of :meth:`to_sglang` (up to rounding)."""
@@ -348,33 +361,3 @@ class PriorityPolicy:
             (-self.to_sglang(self.aged(base, t0, now)), t0, rid) for rid, base, t0 in items
         ]
         return [rid for _, _, rid in sorted(keyed)]
-
-
-@dataclass(frozen=True)
-class AnnotationPriority:
-    """The priority the predictor puts on a known call: ``to_sglang(session_score(score_view(view),
-    session age))`` — injected into ``predictors.Predictor`` by the serving layer
-    (``PredictionService``), so the facade depends on no policy."""
-
-    policy: PriorityPolicy = PriorityPolicy()
-
-    def __call__(self, annotation: Annotation, app_metadata: Mapping | None = None, *,
-                 queue_depth: Mapping[str, float] | None = None,
-                 agent_model: Mapping[str, str] | None = None) -> int:
-        """The call's integer priority. ``queue_depth`` (waiting requests per model pool) and
-        ``agent_model`` (agent → pool) feed the idle-downstream term; a caller that knows no
-        queues (the predictor alone) leaves them out and the term is inactive."""
-        view = CallView.from_annotation(annotation, app_metadata)
-        pol = self.policy
-        base = pol.score_view(view, queue_depth, agent_model)
-        return pol.to_sglang(pol.session_score(base, view.session_age_s, pol.aging_rate(view)))
-
-    def downstream_boost(self, annotation: Annotation, app_metadata: Mapping | None = None, *,
-                         queue_depth: Mapping[str, float] | None = None,
-                         agent_model: Mapping[str, str] | None = None) -> float:
-        """How much the idle-downstream term adds to the call's score (0: no pool it reaches is
-        about to idle) — what the gateway counts, without computing the priority again."""
-        if not annotation.known:
-            return 0.0
-        return self.policy.idle_downstream_term(CallView.from_annotation(annotation, app_metadata),
-                                                queue_depth, agent_model)

@@ -19,14 +19,14 @@ from serving_hooks.sglang_plugin.state import PluginState
 
 def decide_finished(state: PluginState, req: Any, now: float) -> Retention | None:
     """The keep/drop decision for a finished request (None: it carries no annotation)."""
-    view = state.view(req)
-    if view is None:
+    ann = state.annotation(req)
+    if ann is None:
         return None
-    retention = state.settings.keep_drop.decide_view(view, now)
+    retention = state.settings.keep_drop.decide_annotation(ann, now)
     state.counters[f"retention_{retention.rank.name.lower()}"] += 1
-    if view.session_end:   # released: dropped, and no host copy of it is still wanted
+    if ann.session_end:   # released: dropped, and no host copy of it is still wanted
         state.counters["retention_session_end"] += 1
-        state.counters["prefetch_cancelled_session_end"] += cancel_session_prefetch(state, view)
+        state.counters["prefetch_cancelled_session_end"] += cancel_session_prefetch(state, ann)
     decision("retention", rid=getattr(req, "rid", "?"), rank=retention.rank.name,
-             retain_until=round(retention.retain_until, 3), session=view.session_id, t=round(now, 3))
+             retain_until=round(retention.retain_until, 3), session=ann.workflow_id, t=round(now, 3))
     return retention

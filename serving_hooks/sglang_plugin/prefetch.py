@@ -28,41 +28,41 @@ import logging
 from array import array
 from typing import Any
 
-from serving_hooks.policies import CallView, PrefetchPlan
+from serving_hooks.policies import Annotation, PrefetchPlan
 from serving_hooks.sglang_plugin.observe import tick
 from serving_hooks.sglang_plugin.state import PluginState, get_state
 
 logger = logging.getLogger(__name__)
 
 
-def plan_prefetch(state: PluginState, req: Any, view: CallView, now: float) -> PrefetchPlan | None:
+def plan_prefetch(state: PluginState, req: Any, ann: Annotation, now: float) -> PrefetchPlan | None:
     """Schedule the host staging for an admitted request (no-op when disabled)."""
     if not state.settings.prefetch_enabled:
         return None
-    if view.session_end:   # the session's last call: nothing to stage, pending copies cancelled
-        state.counters["prefetch_cancelled_session_end"] += cancel_session_prefetch(state, view)
+    if ann.session_end:   # the session's last call: nothing to stage, pending copies cancelled
+        state.counters["prefetch_cancelled_session_end"] += cancel_session_prefetch(state, ann)
         return None
     n_prompt = len(getattr(req, "origin_input_ids", ()) or ())
-    finish_at = state.prefetch.predicted_finish(now, n_prompt, view.pred_out_lo)
+    finish_at = state.prefetch.predicted_finish(now, n_prompt, ann.output_lo)
     plan = state.prefetch.plan(
         key=str(req.rid),
         now=now,
-        next_agent=view.next_agent,
-        next_agent_p=view.next_agent_p,
+        next_agent=ann.next_agent_id,
+        next_agent_p=ann.next_agent_p,
         finish_at=finish_at,
         prefix_tokens=n_prompt,
         payload=req,
-        session=view.session_id,
+        session=ann.workflow_id,
     )
     if plan is not None:
         state.counters["prefetch_planned"] += 1
     return plan
 
 
-def cancel_session_prefetch(state: PluginState, view: CallView) -> int:
-    """Cancel the pending host copies of ``view``'s session (its last call arrived or
+def cancel_session_prefetch(state: PluginState, ann: Annotation) -> int:
+    """Cancel the pending host copies of ``ann``'s session (its last call arrived or
     finished: no later call will read them); returns how many."""
-    return state.prefetch.cancel_session(view.session_id) if view.session_id is not None else 0
+    return state.prefetch.cancel_session(ann.workflow_id) if ann.workflow_id is not None else 0
 
 
 def _history_ids(req: Any) -> array:

@@ -12,16 +12,16 @@
 * ``SchedulePolicy.calc_priority`` (BEFORE): at each scheduling round, every remembered
   request's priority (waiting and running) becomes ``to_sglang(score + rate · waited)``
   with the score, arrival and aging rate of its session's latest call (``rate`` =
-  ``PriorityPolicy.aging_rate`` of the call's view: ``aging_per_s``, or per session
+  ``PriorityPolicy.aging_rate`` of the call's annotation: ``aging_per_s``, or per session
   duration), so all calls of a workflow carry the workflow's priority; SGLang's own ``(priority, wait time)`` sort then serves the oldest
   work first among equals.
 
-The score is the gateway's ``priority`` read back through :meth:`PriorityPolicy.from_sglang`:
-the predictor computes it with the same policy as ``base + aging · (session age at issue)``
-(:meth:`PriorityPolicy.session_score`), so adding ``aging · (time since arrival)`` here gives
-the workflow-level score ``base + aging · (now − session start)`` without sharing a clock.
-Without a gateway priority, the plugin computes it from ``exp_remaining_calls`` and
-``session_age_s`` of the custom_params.
+The score is the gateway's ``priority`` (the request's :class:`~predictors.contract.Annotation`,
+rebuilt once from ``custom_params``, carries it as a float): the gateway computes it once with
+:meth:`PriorityPolicy.call_priority`, ``base + aging · (session age at issue)``, so adding
+``aging · (time since arrival)`` here gives the workflow-level score
+``base + aging · (now − session start)`` without sharing a clock. The plugin only ages and
+applies it; without a gateway priority it calls the same ``call_priority`` on the annotation.
 """
 from __future__ import annotations
 
@@ -42,13 +42,13 @@ ADMISSION_ATTR = "_awp_admission"
 @dataclass(slots=True)
 class Admission:
     """What the plugin remembers of a request it admitted (:func:`admit_request`)."""
-    #: its base score (the priority set at admission, read back through ``from_sglang``)
+    #: its base score (the gateway's priority score; ``from_sglang`` of a client's own integer)
     base: float
     #: when it arrived (the plugin's "now"): its aging reference when its session is not known
     enqueued_at: float
     #: its session's id: the request takes its session's latest score, aged (None: its own)
     session: str | None = None
-    #: its aging rate per second (``PriorityPolicy.aging_rate`` of its view; None: the
+    #: its aging rate per second (``PriorityPolicy.aging_rate`` of its annotation; None: the
     #: policy's ``aging_per_s``) when its session is not known
     rate: float | None = None
 
@@ -69,7 +69,8 @@ def admit_request(req: Any, now: float | None = None, default_priority: int | No
        tokenizer writes into every request without one: indistinguishable from a client that
        sent exactly that value, so it counts as "not set");
     2. ``custom_params.priority`` (the gateway's prediction);
-    3. the score computed from ``custom_params`` (``exp_remaining_calls``, ``session_age_s``);
+    3. the score :meth:`PriorityPolicy.call_priority` computes from the request's annotation (its
+       ``custom_params``);
     4. untagged traffic (no custom_params): ``default_priority`` when set, else the policy's
        ``unknown_score`` — and it is aged like everything else, so it cannot starve
        (``AWP_UNTAGGED=off`` leaves untagged requests to SGLang alone).
@@ -81,45 +82,47 @@ def admit_request(req: Any, now: float | None = None, default_priority: int | No
     state = get_state()
     if admission_of(req) is not None:  # a retracted request keeps its first arrival
         return True
-    view = state.view(req)
-    if view is None and not state.settings.age_untagged:
+    ann = state.annotation(req)
+    if ann is None and not state.settings.age_untagged:
         return False
     now = state.now() if now is None else now
     pol = state.settings.priority
     explicit = req.priority is not None and req.priority != default_priority
-    session = view.session_id if view is not None else None
+    session = ann.workflow_id if ann is not None else None
     score: float | None = None                 # the call's own score (None: no prediction)
-    rate = pol.aging_rate(view)                # per session duration when the policy says so
+    rate = pol.aging_rate(ann)                 # per session duration when the policy says so
     if explicit:
-        source = "gateway" if view is not None and view.priority == req.priority else "client"
-        score = pol.from_sglang(req.priority)
-    elif view is None:
+        gateway = ann is not None and ann.priority is not None and ann.sglang_priority() == req.priority
+        source = "gateway" if gateway else "client"
+        score = ann.priority if gateway else pol.from_sglang(req.priority)
+    elif ann is None:
         req.priority = default_priority if default_priority is not None else pol.to_sglang(pol.unknown_score)
         source = "default"
-    elif view.priority is not None:
-        req.priority, source = int(view.priority), "gateway"
-        score = pol.from_sglang(req.priority)
-    elif view.known:
-        req.priority = pol.to_sglang(pol.session_score(pol.score_view(view), view.session_age_s, rate))
-        source = "plugin"
-        score = pol.from_sglang(req.priority)
+    elif ann.priority is not None:             # the gateway's score: applied, not recomputed
+        score, source = ann.priority, "gateway"
+        req.priority = pol.to_sglang(score)
+    elif ann.known:                            # no gateway priority: the one rule, here
+        score, source = pol.call_priority(ann), "plugin"
+        req.priority = pol.to_sglang(score)
     else:                                      # no prediction: the session's score, aged
         source = "plugin"
     if session:
-        fallback = pol.from_sglang(pol.to_sglang(pol.session_score(pol.unknown_score, view.session_age_s)))
+        fallback = pol.session_score(pol.unknown_score, ann.session_age_s)
         ref = state.sessions.note(session, score, now, fallback=fallback, rate=rate)
         if score is None:
             req.priority = pol.to_sglang(pol.aged(ref[0], ref[1], now, state.sessions.rate(session)))
-    elif score is None and view is not None:
-        req.priority = pol.to_sglang(pol.session_score(pol.unknown_score, view.session_age_s))
-    setattr(req, ADMISSION_ATTR, Admission(pol.from_sglang(req.priority), now, session or None,
+    elif score is None and ann is not None:
+        score = pol.session_score(pol.unknown_score, ann.session_age_s)
+        req.priority = pol.to_sglang(score)
+    base = score if score is not None else pol.from_sglang(req.priority)
+    setattr(req, ADMISSION_ATTR, Admission(base, now, session or None,
                                            rate if score is not None else None))
     state.counters["priority_set"] += 1
     state.counters[f"priority_from_{source}"] += 1
     decision("priority", rid=getattr(req, "rid", "?"), priority=req.priority, source=source,
              session=session, t=round(now, 3))
-    if view is not None:
-        plan_prefetch(state, req, view, state.clock())
+    if ann is not None:
+        plan_prefetch(state, req, ann, state.clock())
     return True
 
 

@@ -11,9 +11,13 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-from serving_hooks.policies import CallView, PrefetchPolicy
+from serving_hooks.policies import Annotation, PrefetchPolicy, from_custom_params
 from serving_hooks.policies.bookkeeping import SessionPriorityBook
 from serving_hooks.sglang_plugin.settings import PluginSettings
+
+
+#: The attribute the plugin caches a request's :class:`Annotation` under (read once per request).
+ANNOTATION_ATTR = "_awp_annotation"
 
 
 def custom_params_of(req: Any) -> dict | None:
@@ -64,11 +68,22 @@ class PluginState:
             return self.steps * self.settings.step_s
         return self.clock()
 
-    def view(self, req: Any) -> CallView | None:
+    def annotation(self, req: Any) -> Annotation | None:
+        """The request's :class:`Annotation`, rebuilt from its ``custom_params`` on first use and
+        cached on the request (not per scheduler step); None without custom_params."""
+        cached = getattr(req, ANNOTATION_ATTR, _UNSET)
+        if cached is not _UNSET:
+            return cached
         cp = custom_params_of(req)
-        return CallView.from_custom_params(cp) if cp is not None else None
+        ann = from_custom_params(cp) if cp is not None else None
+        try:
+            setattr(req, ANNOTATION_ATTR, ann)
+        except AttributeError:   # a request type without a __dict__: read it again next time
+            pass
+        return ann
 
 
+_UNSET = object()
 _STATE: PluginState | None = None
 _LOCK = threading.Lock()
 

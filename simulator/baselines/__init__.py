@@ -17,6 +17,14 @@ belady             FCFS                            session affinity            B
 oracle-srpt        workflow SRPT (oracle)          session affinity            LRU
 nat-hints          FCFS shifted by NAT's latency   Dynamo KV router (prefill   LRU + TTL pins of
                    sensitivity (Dynamo)            + load cost)                remaining × IAT
+sglang-sticky      FCFS                            SGLang router ``sticky``    LRU
+                                                   (session until idle 600 s)
+sglang-session-    FCFS                            SGLang router ``sticky``    session radix cache:
+close                                                                          open sessions' KV
+                                                                               last, closed at end
+thunderagent       FCFS, paused programs last,     Dynamo KV router; resumed   LRU, paused programs'
+                   resumed +1 s (Dynamo            programs BFD-placed         KV first
+                   ThunderAgent)
 observable-ref     Gittins rank of the remaining   session affinity            LRU
                    work given type, calls done,
                    tokens so far (reference,
@@ -48,6 +56,8 @@ from simulator.baselines.nat_hints import nat_hints_policy
 from simulator.baselines.observable import ObservableRemaining
 from simulator.baselines.routers import AutellixRouter, CacheAware, LeastLoad, RoundRobin, StickyLeastLoad
 from simulator.baselines.schedulers import FCFS, PLAS, OracleSRPT, ProgramFCFS
+from simulator.baselines.sessions import (SessionRadixCache, StickyRouter, ThunderAgentCache, ThunderAgentControl,
+                                          ThunderAgentRouter, ThunderAgentScheduler)
 from simulator.baselines.seeds import AgentFairShare, AstraeaCache, AstraeaMLFQ, SagaCache, SagaRouter
 from simulator.policy import Policy
 
@@ -76,6 +86,16 @@ BASELINES: dict[str, Callable[[], Policy]] = {
                              "offline-optimal (MIN) eviction, oracle of future accesses"),
     "oracle-srpt": lambda: Policy("oracle-srpt", StickyLeastLoad(), OracleSRPT(), LRU(),
                                   "clairvoyant workflow-level shortest remaining work first"),
+    "sglang-sticky": lambda: Policy("sglang-sticky", StickyRouter(), FCFS(), LRU(),
+                                    "FCFS, LRU, SGLang router --policy sticky (a session stays on "
+                                    "its worker until idle > --sticky-idle-secs 600; new ones "
+                                    "round robin)"),
+    "sglang-session-close": lambda: Policy("sglang-session-close", StickyRouter(), FCFS(), SessionRadixCache(),
+                                           "FCFS, SGLang router --policy sticky, "
+                                           "--enable-session-radix-cache: an open session's KV is "
+                                           "evicted after all unreferenced KV, dereferenced by "
+                                           "close_session at the session's true end"),
+    "thunderagent": lambda: _thunderagent(),
     "observable-ref": lambda: Policy("observable-ref", StickyLeastLoad(),
                                      ObservableRemaining(neighbours=50), LRU(),
                                      "reference (non-clairvoyant, in-sample): Gittins rank of the "
@@ -97,6 +117,15 @@ BASELINES: dict[str, Callable[[], Policy]] = {
                                            "given workflow type and calls done only"),
 }
 
+def _thunderagent() -> Policy:
+    control = ThunderAgentControl()
+    return Policy("thunderagent", ThunderAgentRouter(control), ThunderAgentScheduler(control),
+                  ThunderAgentCache(control),
+                  "Dynamo ThunderAgent program scheduler: pause tool-waiting programs over 0.95 of "
+                  "GPU+host KV, resume smallest first under 0.85 (BFD), paused KV evicted first; "
+                  "Dynamo KV router", extras=(control,))
+
+
 #: Baselines fit on the train split: name -> factory of the train records.
 TRAINED_BASELINES: dict[str, Callable[[Sequence[dict]], Policy]] = {
     "nat-hints": nat_hints_policy,
@@ -104,5 +133,5 @@ TRAINED_BASELINES: dict[str, Callable[[Sequence[dict]], Policy]] = {
 
 __all__ = ["BASELINES", "TRAINED_BASELINES", "LRU", "Belady", "ContinuumTTL", "MoriIdleness", "AutellixRouter", "CacheAware",
            "LeastLoad", "RoundRobin", "StickyLeastLoad", "FCFS", "PLAS", "OracleSRPT", "ProgramFCFS",
-           "ObservableRemaining",
+           "ObservableRemaining", "StickyRouter", "SessionRadixCache", "ThunderAgentControl",
            "SagaRouter", "SagaCache", "AgentFairShare", "AstraeaMLFQ", "AstraeaCache"]

@@ -28,14 +28,15 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Iterator, Sequence
 
-from store.importers import (atif, claude_code, codex, dynamo, mini_swe_agent, openhands, otel, swe_agent,
-                             tracelab)
+from store.importers import (aiperf_agentic, atif, claude_code, codex, dynamo, dynamo_agentic, mini_swe_agent,
+                             openhands, otel, swe_agent, tracelab)
 from store.importers._common import ImportFormatError, relative_source, source_files, unreadable_reason
 from store.importers.detect import AUTO_PATTERNS, detect_format, part_of_conversation
 
 #: Format name (as given to ``--format``) -> importer module.
 FORMATS: dict[str, ModuleType] = {m.NAME: m for m in (otel, swe_agent, mini_swe_agent, openhands, dynamo, atif,
-                                                      claude_code, codex, tracelab)}
+                                                      claude_code, codex, tracelab, dynamo_agentic,
+                                                      aiperf_agentic)}
 #: Other names a format is known by (``openinference`` -> ``otel``...).
 ALIASES: dict[str, str] = {alias: m.NAME for m in FORMATS.values() for alias in getattr(m, "ALIASES", ())}
 

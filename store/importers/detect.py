@@ -11,7 +11,11 @@ holds arbitrary tool output, so no marker search is trusted there): ``rollout-*.
 ``{"type": "session_meta" | "response_item" | "event_msg" | "turn_context", "payload": {...}}``
 is a Codex rollout; ``sessionId`` / ``isSidechain`` or a Claude Code runtime record type
 (``mode``, ``permission-mode``, ``file-history-snapshot``, ``summary``…) a Claude Code session;
-``provider`` with ``timing_events`` / ``round_index`` a TraceLab round row.
+``provider`` with ``timing_events`` / ``round_index`` a TraceLab round row; the
+``dynamo.agentic_mooncake`` header, or rows with ``input_length`` / ``output_length`` and
+``hash_ids`` / ``wait_for`` / ``timestamp``, Dynamo's (agentic) Mooncake; a trace object with
+``requests`` and ``block_size`` (one per line) AIPerf's agentic "Weka" trace. A whole-file JSON
+document with ``"hash_id_scope"`` and ``"requests"`` is a Weka trace too.
 """
 from __future__ import annotations
 
@@ -27,6 +31,8 @@ HEAD_CHARS = 65_536
 
 _MARKERS: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("dynamo", re.compile(r'"schema"\s*:\s*"dynamo\.request\.trace\.v1"')),
+    ("dynamo-agentic", re.compile(r'"schema"\s*:\s*"dynamo\.agentic_mooncake"')),
+    ("aiperf-agentic", re.compile(r'"hash_id_scope"[\s\S]*"requests"\s*:\s*\[|"requests"\s*:\s*\[[\s\S]*"hash_id_scope"')),
     ("atif", re.compile(r'"schema_version"\s*:\s*"ATIF-v', re.IGNORECASE)),
     ("mini-swe-agent", re.compile(r'"trajectory_format"\s*:\s*"mini-swe-agent')),
     ("otel", re.compile(r'"resourceSpans"|"context"\s*:\s*\{[^{}]*"span_id"|"context\.span_id"|"spans"\s*:\s*\[')),
@@ -56,6 +62,12 @@ def _shape_format(head: str) -> str | None:
             return "codex"
         if rec.get("provider") in ("claude", "codex") and ("timing_events" in rec or "round_index" in rec):
             return "tracelab"
+        if rec.get("schema") == "dynamo.agentic_mooncake":
+            return "dynamo-agentic"
+        if "input_length" in rec and "output_length" in rec and set(rec) & {"hash_ids", "wait_for", "timestamp"}:
+            return "dynamo-agentic"
+        if isinstance(rec.get("requests"), list) and "block_size" in rec and "id" in rec:
+            return "aiperf-agentic"
         if "sessionId" in rec or "isSidechain" in rec or (
                 rec.get("type") in CLAUDE_TYPES and not isinstance(rec.get("payload"), dict)
                 and set(rec) & {"mode", "permissionMode", "snapshot", "summary", "aiTitle", "lastPrompt",

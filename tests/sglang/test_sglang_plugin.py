@@ -14,7 +14,7 @@ from array import array
 
 
 from serving_hooks.annotations import flatten_for_sglang
-from serving_hooks.policies import CallView, PriorityPolicy
+from serving_hooks.policies import Annotation, PriorityPolicy, from_custom_params
 from serving_hooks.sglang_plugin import HOOKS
 from serving_hooks.sglang_plugin.priority_hooks import admission_of, admit_request
 from serving_hooks.sglang_plugin.retention import BACKEND_NAME, retention_cache_factory
@@ -77,8 +77,8 @@ def test_chat_completion_request_keeps_priority_and_custom_params(clock):
     assert req.sampling_params.custom_params == flat
     assert admit_request(req)
     assert req.priority == 1250 and admission_of(req).base == pytest.approx(1.25)
-    view = CallView.from_custom_params(req.sampling_params.custom_params)
-    assert (view.wf_id, view.agent, view.next_agent, view.tool_p95_s) == ("wf-1", "planner", "coder", 2.3)
+    ann = from_custom_params(req.sampling_params.custom_params)
+    assert (ann.workflow_id, ann.agent_id, ann.next_agent_id, ann.tool_p95_s) == ("wf-1", "planner", "coder", 2.3)
 
 
 def _req(rid: str, custom_params: dict | None, priority: int | None):
@@ -108,7 +108,7 @@ def test_calc_priority_orders_real_reqs_as_our_priority_says(clock):
     depth = {"planner": 5, "coder": 0, "tester": 3}
     graph = {"a": (3.0, {"coder": 1.0, "tester": 3.0}), "b": (2.0, {"tester": 2.0}), "c": (0.0, {})}
     gateway_priority = {
-        rid: pol.to_sglang(pol.score_view(CallView(known=True, exp_remaining_calls=rem, expected_distance=dist), depth))
+        rid: pol.to_sglang(pol.score_annotation(Annotation(known=True, expected_remaining_calls=rem, expected_distance=dist), depth))
         for rid, (rem, dist) in graph.items()
     }
     assert gateway_priority == {"a": 1250, "b": 333, "c": 1000}
