@@ -575,7 +575,7 @@ def header_fields(cls: type = Annotation) -> tuple[tuple[str, str], ...]:
 #: Name of the one tool entry the flat form carries back (:meth:`Annotation.from_flat`).
 FLAT_TOOL = "_first"
 _ALWAYS = frozenset(("profile_version", "known", *ID_KEYS))
-_UNKNOWN_KEYS = frozenset((*_ALWAYS, "reason", "detail", "session_end"))
+_UNKNOWN_KEYS = frozenset((*_ALWAYS, "reason", "detail", "session_end", "latency_class"))
 _PATH_KEYS = frozenset(("next_agents", "expected_distance"))
 #: Keys of :meth:`Annotation.flat` (SGLang's ``custom_params``), in order.
 FLAT_KEYS = flat_keys(Annotation)

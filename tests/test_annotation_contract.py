@@ -35,7 +35,7 @@ def test_json_form_round_trips_and_is_plain_json(fitted_profile):
         assert Annotation.from_dict(back.to_dict()) == back
         if not ann.known:
             assert set(d) <= {"profile_version", "known", "workflow_type_id", "workflow_id", "agent_id",
-                              "reason", "detail"}
+                              "reason", "detail", "latency_class"}
 
 
 def test_flat_form_carries_what_the_policies_read(fitted_profile):
