@@ -108,11 +108,5 @@ def test_fit_group_by_keeps_a_tasks_trials_in_one_fold(tmp_path):
         selections[name] = profile["workflows"]["app"]["sequence_model"]["selection"]
     plain, grouped = selections["plain"], selections["grouped"]
     assert "groups" not in plain and grouped["groups"] == 15
-    assert grouped["validation_log_loss"] > 1.0
-    # shuffled folds by workflow alone reward the longest context (a held-out trial's path is
-    # in training) ...
-    assert 1.0 > 2 * plain["cv_validation_log_loss"] and plain["forward"]["cv_choice"]["max_order"] == 8
-    # ... and the time-ordered slice (the last tasks run) catches it without --group-by
-    assert plain["forward"]["served"] == "forward" and plain["max_order"] == 1
-    assert plain["validation_log_loss"] > 1.0
-    assert grouped["max_order"] < plain["forward"]["cv_choice"]["max_order"]
+    assert grouped["validation_log_loss"] > 1.0 > 2 * plain["validation_log_loss"]
+    assert grouped["max_order"] < plain["max_order"]
