@@ -72,6 +72,10 @@ class CompiledProfile:
         self.remaining = RemainingTokensTable.from_dict(rt) if rt else None
         wts = data.get("workflow_types") or {}
         self.workflow_type_calls: dict[str, int] = {wt: int((v or {}).get("calls", 0)) for wt, v in wts.items()}
+        #: Workflow types in which the profile saw a person take a turn (``human_wait``): their
+        #: sessions are latency class ``interactive`` (:func:`latency_class`).
+        self.interactive_types: frozenset[str] = frozenset(
+            wt for wt, v in (data.get("human_wait") or {}).items() if int((v or {}).get("waits", 0)) > 0)
         if self.bands is not None:
             for wt, band in self.bands.workflow_types_.items():
                 self.workflow_type_calls.setdefault(wt, int(band.get("n", 0)))
@@ -198,3 +202,21 @@ class CompiledProfile:
         if self.bands is None:
             return None
         return self.bands.predict_band(wt, agent, features)
+
+
+#: Latency classes of ``Annotation.latency_class``.
+LATENCY_CLASSES = ("interactive", "batch")
+
+
+def latency_class(declared: Any, workflow_type: str | None, profile: "CompiledProfile | None") -> str | None:
+    """A session's latency class: what the client declared (``app_metadata.latency_class``,
+    ``"interactive"`` or ``"batch"``) wins; else ``"interactive"`` when the profile saw a person
+    take a turn in the workflow type (its ``human_wait`` section: calls marked
+    ``wait_after = human``), ``"batch"`` for another type the profile knows, None otherwise."""
+    if isinstance(declared, str) and declared.strip().lower() in LATENCY_CLASSES:
+        return declared.strip().lower()
+    if profile is None or workflow_type is None:
+        return None
+    if workflow_type in profile.interactive_types:
+        return "interactive"
+    return "batch" if workflow_type in profile.workflow_type_calls else None

@@ -67,7 +67,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from predictors.compiled import UNSEEN_AGENT, AgentEntry, CompiledProfile
+from predictors.compiled import UNSEEN_AGENT, AgentEntry, CompiledProfile, latency_class
 from predictors.coverage_monitor import CoverageMonitor
 from predictors.contract import ID_KEYS, Annotation, NextAgent
 from predictors.online_calibration import OnlineCalibrator, keep_alive_calibrator, keep_alive_slope
@@ -327,6 +327,7 @@ class Predictor:
         base = Annotation(m.version if m is not None else None, False,
                           *(str(v) if isinstance(v, (str, int)) and not isinstance(v, bool) and v != ""
                             else None for v in ids))
+        base = replace(base, latency_class=latency_class(meta.get("latency_class"), base.workflow_type_id, m))
 
         def unknown(reason: str, detail: str | None = None) -> Annotation:
             return replace(base, reason=reason, detail=detail or None)

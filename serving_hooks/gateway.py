@@ -1027,7 +1027,10 @@ def create_gateway_app(gateway: Gateway) -> FastAPI:
         if gateway.service is None:
             return {"reloaded": False, "detail": "no in-process profile (sidecar mode)"}
         ok = await asyncio.to_thread(gateway.service.reload)
-        return {"reloaded": ok, "profile_version": gateway.service.predictor.version}
+        reloader = gateway.service.reloader   # why a version was refused, as the sidecar replies
+        return {"reloaded": ok, "profile_version": gateway.service.predictor.version,
+                "error": reloader.last_error if reloader else
+                "profile was given as a version folder: nothing to reload"}
 
     @app.post("/admin/rotate-log", tags=["gateway"], dependencies=[Depends(admin)])
     async def rotate_log() -> dict:

@@ -7,8 +7,11 @@ new version it loads and compiles it *beside* the active one — in its own thre
 keep being served — and hands it to :meth:`predictors.Predictor.load`, whose swap is a single
 reference assignment. A version that fails to load, or whose ``profile.json`` has not the shape a
 fit writes (:func:`store.profile_artifact.check_profile_shape`: ``{}``, ``agents: []``,
-``format: 999``), is logged and counted; the active profile stays in service and the same version
-is not retried until ``CURRENT`` changes again.
+``format: 999``), or that lacks a workflow type the server is serving (one of its live sessions
+is of that type: swapped in, every call of it would turn unknown and the shadow gate would take
+it for a new type, issue 35), is logged and counted, its reason kept in :attr:`last_error` (the
+reload endpoints reply with it); the active profile stays in service and the same version is
+not retried until ``CURRENT`` changes again.
 """
 from __future__ import annotations
 
@@ -19,7 +22,7 @@ from pathlib import Path
 from typing import Callable
 
 from predictors.predictor import Predictor
-from store.profile_artifact import check_profile_shape, current_version, load_profile
+from store.profile_artifact import ProfileError, check_profile_shape, current_version, load_profile
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +56,7 @@ class ProfileReloader:
             try:
                 profile = load_profile(self.root)
                 check_profile_shape(profile.data, profile.path / "profile.json")
+                self._check_served_types(profile.data, profile.path / "profile.json")
                 self.predictor.load(profile)
             except Exception as exc:
                 self._failed_version = version
@@ -67,6 +71,23 @@ class ProfileReloader:
             if self.on_reload:
                 self.on_reload("ok", self.predictor.version)
             return True
+
+    def _check_served_types(self, data: dict, where: Path) -> None:
+        """Raise :class:`ProfileError` when ``data`` lacks a workflow type of the active profile
+        that a live session of the predictor is of (the types being served)."""
+        active = self.predictor.profile
+        if active is None:
+            return
+        live: dict[str, int] = {}
+        for s in self.predictor.sessions.values():
+            if s.workflow_type_id in active.workflow_type_calls:
+                live[s.workflow_type_id] = live.get(s.workflow_type_id, 0) + 1
+        known = set(data.get("workflow_types") or {}) | set((data.get("output_length") or {}).get("agents") or {})
+        missing = sorted(wt for wt in live if wt not in known)
+        if missing:
+            shown = ", ".join(f"{wt!r} ({live[wt]:,} live sessions)" for wt in missing[:5])
+            raise ProfileError(f"{where}: lacks workflow type(s) this server is serving: {shown}; "
+                               f"kept {active.version} (refit with those types' logs too, or restart the server to drop them)")
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):

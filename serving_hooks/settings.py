@@ -90,7 +90,8 @@ class ServiceSettings:
         "127.0.0.1", "Interface to listen on (0.0.0.0 for all).")
     admin_token: Optional[str] = setting_field(
         None, "Bearer token of the admin and data endpoints (sidecar: /v1/observe, /v1/reload, "
-              "/v1/profile, /v1/sessions; gateway: /admin/*, also sent to a --sidecar); unset = open.")
+              "/v1/profile, /v1/sessions, /v1/autoscale; gateway: /admin/*, also sent to a --sidecar); "
+              "unset = open.")
     reload_every: str = setting_field(
         "2s", "How often to check the profile's CURRENT for a new version.", duration=True)
     max_sessions: int = setting_field(

@@ -21,7 +21,11 @@ simply starts shadowed again if it comes back).
 
 Types present in the first profile a server loads with enough calls are trusted from the start
 (the fit validated them on held-back data). A new profile version resets the coverage windows:
-the old bands' misses say nothing about the new ones.
+the old bands' misses say nothing about the new ones. A trusted type that a later version lacked
+(its calls then turned unknown and shadowed it as ``new_workflow_type``) is trusted again as soon
+as a version brings it back with enough calls: it is the good version restored, not a new type
+(issue 35: it stayed in shadow after the good version came back). A type shadowed for drift
+waits for its window to recover, whatever version arrives.
 """
 from __future__ import annotations
 
@@ -63,6 +67,7 @@ class ShadowGate:
         self.nominal: float | None = None
         self._profile_calls: dict[str, int] = {}
         self._types: dict[str, _TypeState] = {}
+        self._trusted: set[str] = set()      # types served unshadowed from some profile so far
         self._lock = threading.Lock()
 
     def _state(self, wt: str) -> _TypeState:
@@ -86,6 +91,8 @@ class ShadowGate:
             for wt, calls in workflow_type_calls.items():
                 st = self._types.get(wt)
                 if st is None and calls >= self.min_calls:
+                    if first:
+                        self._trusted.add(wt)
                     continue
                 st = self._state(wt)
                 st.window.clear()
@@ -93,6 +100,9 @@ class ShadowGate:
                     if not st.shadowed and not first:
                         st.demotions += 1
                     st.shadowed, st.reason = True, "too_few_calls"
+                elif st.shadowed and st.reason == "new_workflow_type" and wt in self._trusted:
+                    st.shadowed, st.reason = False, None     # the good version is back
+                    st.promotions += 1
 
     def note_unknown(self, wt: str) -> None:
         """A call of a workflow type the profile does not have: start shadowing it."""
@@ -131,6 +141,7 @@ class ShadowGate:
                 if enough and cov >= self.nominal - self.recover_drop:
                     st.shadowed, st.reason = False, None
                     st.promotions += 1
+                    self._trusted.add(wt)
             elif cov < self.nominal - self.drift_drop:
                 st.shadowed, st.reason = True, "drift"
                 st.demotions += 1

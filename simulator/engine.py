@@ -553,6 +553,9 @@ class Simulator:
                     break
                 reserve = self._reserve(rep)     # the victim went to the end of the queue
             ok = self._try_admit(rep, req, reserve)
+            if not ok and sched.kv_preemption:
+                ok = self._admit_by_preemption(rep, req)
+                reserve = self._reserve(rep)
             if not ok and sched.preemptive:
                 rank = sched.preempt_rank(req)
                 victims = sorted((q for q in rep.running if sched.preempt_rank(q) > rank),
@@ -583,6 +586,29 @@ class Simulator:
         self.preempt(rep, max(victims, key=sched.victim_key), swap=sched.swap_on_preempt)
         self.counters["slot_preemptions"] = self.counters.get("slot_preemptions", 0) + 1
         return True
+
+    def _admit_by_preemption(self, rep: Replica, req: Request) -> bool:
+        """SGLang's priority preemption when the call does not fit in KV (``preempt_to_schedule``
+        frees what the new request lacks, not only a slot): the running calls ``req`` outranks by
+        more than the threshold (``may_preempt``) are preempted, lowest priority first, until
+        ``req`` is admitted — none when even all of their KV (private tokens and the prefix they
+        lock; a shared prefix may stay) would not cover its prompt (SGLang checks the sum before
+        it commits). True when ``req`` was admitted."""
+        sched = self.policy.scheduler
+        victims = sorted((q for q in rep.running if q.state != DONE and sched.may_preempt(req, q)),
+                         key=sched.victim_key, reverse=True)
+        gpu_tok = rep.cache.match(req.call.path)[0]
+        lack = (self.path_tokens[req.idx] - gpu_tok + req.call.own_prompt_tokens + req.decoded + 1
+                - rep.free_tokens())
+        tok = self.workload.seg_tokens
+        if not victims or sum(q.private + sum(tok[x] for x in q.locked) for q in victims) < lack:
+            return False
+        for v in victims:
+            self.preempt(rep, v, swap=sched.swap_on_preempt)
+            self.counters["kv_preemptions"] = self.counters.get("kv_preemptions", 0) + 1
+            if self._try_admit(rep, req, self._reserve(rep)):
+                return True
+        return False
 
     def _ensure_decode_memory(self, rep: Replica, steps: int, per_step: int | None = None) -> int:
         """Make room for one token per running call for up to ``steps`` iterations, evicting and

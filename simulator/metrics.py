@@ -4,7 +4,9 @@
 key                     meaning
 ======================  ===================================================================
 avg_jct_s, p95_jct_s    job completion time: last call's finish − workflow arrival, over the
-                        measured window (warm-up and tail left out)
+                        measured window (warm-up and tail left out); p50_jct_s and p99_jct_s too
+by_app                  per application (a mix's ``app:`` tag, else the workflow type): its
+                        measured workflows' ``workflows``, ``avg``, ``p50``, ``p95``, ``p99`` JCT s
 settling                mean JCT of the window's 2nd half ÷ its 1st half (≈ 1: settled)
 throughput_tok_s        output tokens per second over the makespan
 workflows_per_min       completed workflows per minute over the makespan
@@ -12,7 +14,8 @@ jobs_per_hour_per_gpu   completed workflows (jobs) per hour over the makespan, p
                         (replicas × GPUs per replica): TensorRT-LLM trace replay's job metric
 jobs_per_hour_per_user  3600 / avg_jct_s: the jobs one user finishes per hour running them
                         back to back (the per-user side of the same metric)
-avg_ttft_s, p95_ttft_s  first token − issue, per call (queueing + host load + prefill)
+avg_ttft_s, p95_ttft_s  first token − issue, per call (queueing + host load + prefill); p50_ttft_s
+                        and p99_ttft_s too
 gpu_hit_ratio           prompt tokens served from the GPU tier / all prompt tokens
 host_hit_ratio          prompt tokens loaded back from the host tier / all prompt tokens
 reuse_hit_ratio         (GPU + host hits) / prompt tokens a cache could have served at all
@@ -37,13 +40,41 @@ from __future__ import annotations
 import numpy as np
 
 from simulator.engine import SimResult
+from simulator.workload import Workload
+
+
+def workflow_apps(wl: Workload) -> list[str]:
+    """The application of each workflow: the ``app:`` tag a mix of applications puts before its
+    ids (:func:`simulator.sources.mixed`, workload name ``mix(...)``), else the workflow type."""
+    if wl.name.startswith("mix("):
+        return [w.workflow_id.split(":", 1)[0] for w in wl.workflows]
+    return [w.workflow_type for w in wl.workflows]
+
+
+def jct_percentiles(jct: np.ndarray) -> dict[str, float]:
+    """``avg``, ``p50``, ``p95``, ``p99`` of job completion times (s)."""
+    p50, p95, p99 = np.percentile(jct, [50, 95, 99])
+    return {"avg": float(jct.mean()), "p50": float(p50), "p95": float(p95), "p99": float(p99)}
+
+
+def by_app(jct: np.ndarray, apps: list[str]) -> dict[str, dict]:
+    """Per application, ``workflows`` and :func:`jct_percentiles` of its JCTs (``jct`` and
+    ``apps`` aligned), applications in name order."""
+    labels = np.asarray(apps, dtype=object)
+    out: dict[str, dict] = {}
+    for app in sorted(set(apps)):
+        sel = jct[labels == app]
+        out[app] = {"workflows": int(len(sel)), **jct_percentiles(sel)}
+    return out
 
 
 def summarize(res: SimResult, measured: np.ndarray | None = None) -> dict:
     """Figures of a run. With ``measured`` (a mask over workflows: the measured window), the JCT
     and TTFT figures cover those workflows only; ``settling`` is the mean JCT of the window's
     second half over its first half, by arrival (≈ 1 when the load settled; > 1.2 means a
-    backlog still grows and the figures depend on the run length)."""
+    backlog still grows and the figures depend on the run length). Tail percentiles (P50 / P95 /
+    P99) are reported beside every mean, overall and per application (``by_app``), so a policy
+    that wins the mean by starving one application shows it."""
     wl = res.workload
     reqs = res.requests
     all_jct = res.wf_finish - res.wf_arrival
@@ -64,17 +95,24 @@ def summarize(res: SimResult, measured: np.ndarray | None = None) -> dict:
     idle = sum(max(span - b, 0.0) for b in res.replica_busy_s)
     prefill = int(sum(r.computed for r in reqs))
     routing_rc = int(sum(r.recomputed - r.recomputed_evict - r.recomputed_preempt for r in reqs))
+    jp = jct_percentiles(jct)
+    apps = [a for a, m in zip(workflow_apps(wl), mask) if m]
+    ttft_p50, ttft_p95, ttft_p99 = np.percentile(ttft, [50, 95, 99])
     return {
         "avg_jct_s": float(jct.mean()),
-        "p50_jct_s": float(np.percentile(jct, 50)),
-        "p95_jct_s": float(np.percentile(jct, 95)),
+        "p50_jct_s": jp["p50"],
+        "p95_jct_s": jp["p95"],
+        "p99_jct_s": jp["p99"],
+        "by_app": by_app(jct, apps),
         "throughput_tok_s": float(out / span),
         "workflows_per_min": float(len(jct) / span * 60.0),
         "jobs_per_hour_per_gpu": float(len(all_jct) / span * 3600.0
                                        / (res.config.replicas * res.config.gpus_per_replica)),
         "jobs_per_hour_per_user": float(3600.0 / max(float(jct.mean()), 1e-9)),
         "avg_ttft_s": float(ttft.mean()),
-        "p95_ttft_s": float(np.percentile(ttft, 95)),
+        "p50_ttft_s": float(ttft_p50),
+        "p95_ttft_s": float(ttft_p95),
+        "p99_ttft_s": float(ttft_p99),
         "gpu_hit_ratio": float(gpu_hit / max(inp, 1)),
         "host_hit_ratio": float(host_hit / max(inp, 1)),
         "reuse_hit_ratio": float((gpu_hit + host_hit) / max(reusable, 1)),
@@ -95,6 +133,36 @@ def summarize(res: SimResult, measured: np.ndarray | None = None) -> dict:
         "host_loaded_tokens": int(res.host_loaded_tokens),
         "events": int(res.events),
     }
+
+
+def interactive_types(records: list[dict]) -> set[str]:
+    """Workflow types of the replayed records in which a person took a turn (a call marked
+    ``wait_after = human``): their workflows are the interactive sessions of a run."""
+    return {str(r.get("workflow_type_id")) for r in records if r.get("wait_after") == "human"}
+
+
+def interactive_figures(res: SimResult, types: set[str], slo_s: float,
+                        measured: np.ndarray | None = None) -> dict:
+    """Time to first token of the calls of interactive sessions (workflow type in ``types``) and
+    the job completion of the others (batch), over the measured window: ``ttft_p50_s``,
+    ``ttft_p99_s``, ``slo_attainment`` (share of interactive calls whose TTFT ≤ ``slo_s``),
+    ``calls``, ``sessions``, ``batch_avg_jct_s``, ``batch_p95_jct_s``, ``concurrent_sessions``
+    (mean number of workflows in the system between the first arrival and the last finish)."""
+    wl = res.workload
+    mask = np.ones(len(wl.workflows), bool) if measured is None else np.asarray(measured, bool)
+    inter = np.array([w.workflow_type in types for w in wl.workflows])
+    ttft = np.array([r.t_first - r.t_issue for r in res.requests if inter[r.wf] and mask[r.wf]])
+    jct = (res.wf_finish - res.wf_arrival)
+    batch = jct[mask & ~inter]
+    span = float(np.nanmax(res.wf_finish) - np.min(res.wf_arrival)) if len(jct) else 0.0
+    out = {"slo_s": float(slo_s), "calls": int(len(ttft)), "sessions": int((inter & mask).sum()),
+           "concurrent_sessions": float(jct.sum() / span) if span > 0 else 0.0}
+    if len(ttft):
+        out.update(ttft_p50_s=float(np.percentile(ttft, 50)), ttft_p99_s=float(np.percentile(ttft, 99)),
+                   slo_attainment=float((ttft <= slo_s).mean()))
+    if len(batch):
+        out.update(batch_avg_jct_s=float(batch.mean()), batch_p95_jct_s=float(np.percentile(batch, 95)))
+    return out
 
 
 def add_belady_ratio(rows: dict[str, dict], reference: str = "belady",

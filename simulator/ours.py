@@ -59,8 +59,12 @@ its replica; ``ours-move-gain-1`` moves it when the wait saved merely exceeds th
 (the rule before ``CapacityPolicy.move_gain_ratio`` = 2, which halved routing-caused recompute
 on ``agent-platform``: docs/simulator.md). ``ours-duration-aging`` ages each session on its own
 expected duration (``PriorityPolicy(aging_per_duration=0.03)``; off by default: it loses on the
-real coding-trace mix, serving_hooks/policies/priority.py); ``ours-aging-1e-3`` is the fixed
-rate before the default became 1e-5 /s.
+real coding-trace mix, serving_hooks/policies/priority.py); ``ours-aging-1e-5`` is the weak
+fixed rate that was the default before the tail bound (``ours-aging-1e-3``, now the default
+itself, stays for the tests that name it). ``ours-no-classes`` ranks interactive calls like
+batch ones (``PriorityPolicy(interactive_boost=0)``: latency classes off). ``ours-kv-preempt``
+(and ``-no-classes``) lets a waiting call that does not fit in KV preempt running calls it
+outranks by the threshold, as SGLang's ``preempt_to_schedule`` does (``kv_preemption``).
 Autoscaling is not a part of ours: any policy
 name takes ``+predictive`` or ``+reactive`` (:mod:`simulator.autoscale`).
 """
@@ -243,12 +247,14 @@ class PriorityScheduler(Scheduler):
     """
 
     def __init__(self, feed: PredictionFeed, policy: PriorityPolicy | None = None,
-                 workflow_level: bool = True, preemption_threshold: int | None = 500) -> None:
+                 workflow_level: bool = True, preemption_threshold: int | None = 500,
+                 kv_preemption: bool = False) -> None:
         self.feed = feed
         self.policy = policy or PriorityPolicy()
         self.workflow_level = workflow_level
         self.preemption_threshold = preemption_threshold
         self.slot_preemption = preemption_threshold is not None
+        self.kv_preemption = kv_preemption and self.slot_preemption
         self.base: dict[int, float] = {}       # per call (workflow_level=False)
         #: wf -> (score of its latest predicted call, when it arrived): the plugin's book
         self.book = SessionPriorityBook(self.policy, max_sessions=None)
@@ -509,6 +515,9 @@ class OursOptions:
     workflow_priority: bool = True
     #: SGLang's ``--priority-scheduling-preemption-threshold`` (None: no priority preemption).
     preemption_threshold: int | None = 500
+    #: Priority preemption also when a call does not fit in KV (SGLang's ``preempt_to_schedule``
+    #: frees tokens too; ``Simulator._admit_by_preemption``); off: slots only, as measured so far.
+    kv_preemption: bool = False
     #: "capacity" (CapacityPolicy), "round-robin" (sglang-default's, the ablation) or "sticky"
     #: (session affinity + least load, the routing of continuum-ttl / mori-idleness / belady).
     router: str = "capacity"
@@ -548,6 +557,11 @@ OURS_VARIANTS: dict[str, dict[str, Any]] = {
     "ours-duration-aging": {"priority_policy": PriorityPolicy(aging_per_s=0.001,
                                                               aging_per_duration=0.03)},
     "ours-aging-1e-3": {"priority_policy": PriorityPolicy(aging_per_s=0.001)},
+    "ours-aging-1e-5": {"priority_policy": PriorityPolicy(aging_per_s=1e-5)},
+    "ours-no-classes": {"priority_policy": PriorityPolicy(interactive_boost=0.0)},
+    "ours-kv-preempt": {"kv_preemption": True},
+    "ours-kv-preempt-no-classes": {"kv_preemption": True,
+                                   "priority_policy": PriorityPolicy(interactive_boost=0.0)},
     "ours-seconds-p90": {"priority_policy": PriorityPolicy(remaining_unit="seconds",
                                                            remaining_quantile=0.9)},
 }
@@ -563,7 +577,7 @@ def build_ours(predictor: Any, name: str = "ours", options: OursOptions | None =
         raise ValueError(f"unknown router {opt.router!r} for ours: {', '.join(routers)}")
     router: Router = routers[opt.router]()
     sched: Scheduler = (PriorityScheduler(feed, opt.priority_policy, opt.workflow_priority,
-                                          opt.preemption_threshold)
+                                          opt.preemption_threshold, opt.kv_preemption)
                         if opt.priority else FCFS())
     if opt.belady_eviction:
         cache: CachePolicy = Belady()

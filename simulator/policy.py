@@ -102,6 +102,10 @@ class Scheduler(Part):
     #: ``max_running_requests``? SGLang's ``--enable-priority-scheduling`` does exactly this
     #: (``PrefillAdder.preempt_to_schedule``, triggered when the batch is full of requests).
     slot_preemption: bool = False
+    #: With ``slot_preemption``: may a waiting call that does not fit in KV preempt running calls
+    #: it outranks by the threshold (``may_preempt``) to free tokens, as SGLang's
+    #: ``preempt_to_schedule`` also does (``Simulator._admit_by_preemption``)?
+    kv_preemption: bool = False
     #: Do priority preemptions swap the victim's KV to the host tier instead of dropping it?
     swap_on_preempt: bool = False
     #: Is a call's ``queue_key`` fixed once it is queued? Then the engine keeps each queue sorted

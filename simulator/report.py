@@ -8,6 +8,7 @@ from typing import Any, Sequence
 COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("avg JCT s", "avg_jct_s", "{:.1f}"),
     ("P95 JCT s", "p95_jct_s", "{:.1f}"),
+    ("P99 JCT s", "p99_jct_s", "{:.1f}"),
     ("out tok/s", "throughput_tok_s", "{:.0f}"),
     ("wf/min", "workflows_per_min", "{:.2f}"),
     ("TTFT s", "avg_ttft_s", "{:.2f}"),

@@ -47,7 +47,8 @@ from simulator.baselines import BASELINES, TRAINED_BASELINES
 from simulator.baselines.sessions import StickyRouter, ThunderAgentControl
 from simulator.config import ClusterConfig, hardware_config
 from simulator.engine import SimResult, Simulator
-from simulator.metrics import add_recompute_ratios, summarize
+from simulator.metrics import (add_recompute_ratios, interactive_figures, interactive_types,
+                               summarize)
 from simulator.ours import OURS_VARIANTS, OursOptions, PredictionFeed, build_ours, ours_stats
 from simulator.policy import Policy
 from simulator.pools import Pools, build_pools
@@ -353,17 +354,22 @@ def simulate(prep: Prepared, name: str, cfg: ClusterConfig, arrivals: np.ndarray
              gap_fn: Callable[[Call], float] | None = None,
              ours: OursOptions | None = None, concurrency: int | None = None,
              window: tuple[float, float] = (0.0, 0.0), mode: str = "poisson",
-             autoscale: AutoscaleOptions | None = None) -> tuple[SimResult, dict]:
+             autoscale: AutoscaleOptions | None = None,
+             interactive: tuple[set[str], float] | None = None) -> tuple[SimResult, dict]:
     """Run one policy; returns the raw result and its metrics (plus our parts' counters), the
     JCT and TTFT figures over the measured window (``window`` = warm-up and tail shares).
     ``gpu_held_s`` is the GPU-seconds the replicas were held until the last workflow finished
-    (every replica for the whole run without an autoscaler)."""
+    (every replica for the whole run without an autoscaler). ``interactive`` = (the workflow
+    types of interactive sessions, the TTFT target s) adds ``interactive``
+    (:func:`simulator.metrics.interactive_figures`)."""
     policy = make_policy(name, prep, ours, autoscale)
     t0 = time.perf_counter()
     res = Simulator(prep.workload, policy, cfg, arrivals, gap_fn, concurrency,
                     run_pools(prep, cfg, name)).run()
     mask = measured_mask(res.wf_arrival, mode, concurrency, *window)
     row = summarize(res, mask)
+    if interactive is not None and interactive[0]:
+        row["interactive"] = interactive_figures(res, interactive[0], interactive[1], mask)
     row["wall_s"] = round(time.perf_counter() - t0, 3)
     row.update(ours_stats(policy))
     end = float(np.nanmax(res.wf_finish)) if len(res.wf_finish) else 0.0
@@ -381,8 +387,13 @@ def compare(prep: Prepared, policies: Sequence[str], loads: Sequence[str], cfg: 
             on_result: Callable[[str, str, dict], None] | None = None,
             ours: OursOptions | None = None, arrival_seed: int | None = None,
             cv: float = 1.0, warmup: float = 0.2, tail: float = 0.2,
-            autoscale: AutoscaleOptions | None = None) -> dict:
+            autoscale: AutoscaleOptions | None = None, ttft_slo: float = 2.0,
+            slo_search: bool = False) -> dict:
     """Every policy at every load on the same workload, arrivals and gaps; a JSON-able dict.
+
+    When the replayed workflows hold interactive sessions (a call marked ``wait_after = human``)
+    each row gets ``interactive`` (their TTFT against ``ttft_slo`` s, the batch sessions' JCT);
+    ``slo_search`` adds ``interactive.max_sessions_in_slo`` (:func:`max_sessions_in_slo`).
 
     ``arrival_seed`` (default: the workload's seed) draws another arrival sequence of the same
     workflows at the same rates (a robustness check of a comparison). ``cv``: coefficient of
@@ -409,6 +420,10 @@ def compare(prep: Prepared, policies: Sequence[str], loads: Sequence[str], cfg: 
     }
     if prep.scenario is not None:
         out["scenario"] = prep.scenario.to_dict()
+    types = interactive_types(prep.source.test)
+    inter = (types, float(ttft_slo)) if types else None
+    if inter is not None:
+        out["interactive"] = {"workflow_types": sorted(types), "ttft_slo_s": float(ttft_slo)}
     if arrivals_mode == "burst":
         loads = ["burst"]
         warmup = tail = 0.0            # the burst is the load: every workflow is measured
@@ -432,7 +447,10 @@ def compare(prep: Prepared, policies: Sequence[str], loads: Sequence[str], cfg: 
         rows: dict[str, dict] = {}
         for name in policies:
             _, row = simulate(prep, name, cfg, arr, gap_fn, ours, closed, (warmup, tail),
-                              arrivals_mode, autoscale)
+                              arrivals_mode, autoscale, inter)
+            if inter is not None and slo_search and closed is None:
+                row["interactive"]["max_sessions_in_slo"] = max_sessions_in_slo(
+                    prep, name, cfg, arr, gap_fn, ours, (warmup, tail), arrivals_mode, autoscale, inter)
             rows[name] = row
             if on_result is not None:
                 on_result(level, name, row)
@@ -440,6 +458,59 @@ def compare(prep: Prepared, policies: Sequence[str], loads: Sequence[str], cfg: 
         out["loads"][level] = {"load_share": share, "sessions": sessions, "rate_wf_per_s": rate,
                                "policies": rows}
     return out
+
+
+#: Arrival-rate factors :func:`max_sessions_in_slo` may try (× the run's own rate), from 1 outward.
+SLO_RATE_RANGE = (1.0 / 16, 8.0)
+#: Share of interactive calls that must be within the TTFT target.
+SLO_SHARE = 0.99
+
+
+def max_sessions_in_slo(prep: Prepared, name: str, cfg: ClusterConfig, arrivals: np.ndarray,
+                        gap_fn: Callable[[Call], float] | None, ours: OursOptions | None,
+                        window: tuple[float, float], mode: str,
+                        autoscale: AutoscaleOptions | None, inter: tuple[set[str], float],
+                        refine: int = 2) -> float:
+    """The most concurrent sessions (mean number of workflows in the system) ``name`` holds with
+    at least :data:`SLO_SHARE` of interactive calls within the TTFT target: the same workflows
+    replayed with arrival times divided by a factor ``f`` (``f`` × the rate), ``f`` doubled from 1
+    while the target is met (halved while it is not) within :data:`SLO_RATE_RANGE`, then
+    ``refine`` bisections between the last factor that met it and the first that did not. 0 when
+    even the smallest factor misses it; at the largest factor, a lower bound."""
+    def run(f: float) -> tuple[bool, float]:
+        _, row = simulate(prep, name, cfg, arrivals / f, gap_fn, ours, None, window, mode,
+                          autoscale, inter)
+        it = row["interactive"]
+        return it.get("slo_attainment", 1.0) >= SLO_SHARE, it["concurrent_sessions"]
+
+    lo_f, hi_f = SLO_RATE_RANGE
+    ok, conc = run(1.0)
+    best, lo, hi = (conc, 1.0, None) if ok else (0.0, None, 1.0)
+    f = 1.0
+    while ok and f * 2 <= hi_f:
+        f *= 2
+        ok, conc = run(f)
+        if ok:
+            best, lo = max(best, conc), f
+        else:
+            hi = f
+    while not ok and f / 2 >= lo_f:
+        f /= 2
+        ok, conc = run(f)
+        if ok:
+            best, lo = conc, f
+        else:
+            hi = f
+    if lo is None or hi is None:
+        return best
+    for _ in range(refine):
+        mid = math.sqrt(lo * hi)
+        ok, conc = run(mid)
+        if ok:
+            best, lo = max(best, conc), mid
+        else:
+            hi = mid
+    return best
 
 
 def _recorded_starts(prep: Prepared) -> list[float]:
@@ -465,13 +536,15 @@ def compare_seeds(prep: Prepared, policies: Sequence[str], loads: Sequence[str],
         for name in out["loads"][level]["policies"]:
             avg = [r["loads"][level]["policies"][name]["avg_jct_s"] for r in runs]
             p95 = [r["loads"][level]["policies"][name]["p95_jct_s"] for r in runs]
+            p99 = [r["loads"][level]["policies"][name]["p99_jct_s"] for r in runs]
             settle = [r["loads"][level]["policies"][name]["settling"] for r in runs]
             held = [r["loads"][level]["policies"][name]["gpu_held_s"] for r in runs]
             row = {"avg_jct_s": avg, "p95_jct_s": p95, "settling": settle,
                    "gpu_held_s": held, "gpu_held_s_mean": float(np.mean(held)),
                    "p95_jct_std": float(np.std(p95, ddof=1)) if len(p95) > 1 else 0.0,
                    "avg_jct_mean": float(np.mean(avg)), "avg_jct_std": float(np.std(avg, ddof=1)) if len(avg) > 1 else 0.0,
-                   "p95_jct_mean": float(np.mean(p95))}
+                   "p95_jct_mean": float(np.mean(p95)),
+                   "p99_jct_s": p99, "p99_jct_mean": float(np.mean(p99))}
             for key in ("preprefill_tokens", "preprefill_used_tokens", "preprefill_wasted_tokens",
                         "autoscale_started", "autoscale_drained", "startup_s",
                         "routing_recomputed_tokens", "prefill_tokens", "routing_recompute_share",

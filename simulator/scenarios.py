@@ -36,6 +36,7 @@ has (the issue's "Pythia-like run"):
   1,440 workflows, open loop, gamma inter-arrivals of CV 4 at ``low`` load (0.5 × the
   KV-saturated drain rate on average; the clumps overload the cluster for a while: at ``peak``
   the backlog grows for the whole run and the window's figure depends on its length).
+``agent-platform-interactive``: the mix plus interactive coding sessions (:data:`INTERACTIVE_MIX`).
 """
 from __future__ import annotations
 
@@ -156,8 +157,27 @@ AGENT_PLATFORM_BURSTY = Scenario(
     mix=PLATFORM_MIX, arrivals="gamma", load="low", cv=4.0,
 )
 
+#: ``agent-platform-interactive``: the agent-platform mix (80 % of the workflows, in its own
+#: shares) plus interactive coding sessions with a person at the keyboard (20 %): generated
+#: ``claude-code-interactive`` and ``codex-interactive`` sessions (``store/workload_specs``:
+#: human waits of seconds to minutes around the importers' fixtures' medians, 57.4 s and 12.3 s;
+#: every turn's last call ``wait_after: human``), on the coder pool.
+INTERACTIVE_MIX: tuple[tuple[str, str, float], ...] = (
+    *((app, w, share * 0.8) for app, w, share in PLATFORM_MIX),
+    ("claude-code", "claude-code-interactive", 0.10),
+    ("codex", "codex-interactive", 0.10),
+)
+AGENT_PLATFORM_INTERACTIVE = Scenario(
+    name="agent-platform-interactive", workload="agent-platform mix + interactive coding",
+    gpu="h100-sxm", model="llama-3.1-8b", tp=1, kv_capacity_tokens=150_000, host_ratio=2.0,
+    pool_replicas=dict(PLATFORM_POOLS),
+    type_pool={**PLATFORM_TYPE_POOL, "claude_code": "coder", "codex": "coder"},
+    burst_workflows=720, burst_s=60.0, mix=INTERACTIVE_MIX,
+)
+
 SCENARIOS: dict[str, Scenario] = {s.name: s for s in (PYTHIA_LIKE, AGENT_PLATFORM,
-                                                        AGENT_PLATFORM_BURSTY)}
+                                                        AGENT_PLATFORM_BURSTY,
+                                                        AGENT_PLATFORM_INTERACTIVE)}
 
 
 def get_scenario(name: str) -> Scenario:

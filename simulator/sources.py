@@ -39,7 +39,9 @@ from simulator.workload import renamed, replicate_records
 
 #: Built-in generated workloads (command-line names → ``store.workloads`` spec names).
 BUILTIN = {"coding-assistant": "coding_assistant", "deep-research": "deep_research",
-           "coding_assistant": "coding_assistant", "deep_research": "deep_research"}
+           "coding_assistant": "coding_assistant", "deep_research": "deep_research",
+           "claude-code-interactive": "claude_code_interactive",
+           "codex-interactive": "codex_interactive"}
 
 _CALL_SQL = """
 SELECT request_id, workflow_type_id, workflow_id, agent_id, t_arrival, t_first_token, t_finish,

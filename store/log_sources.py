@@ -29,7 +29,12 @@ SOURCES_FILE = "sources.json"
 
 
 class DifferentLogError(ValueError):
-    """A fit was given a log the profile root was not fitted on (and no ``--append``)."""
+    """A fit was given a log the profile root was not fitted on (and no ``--append``); ``root`` and
+    ``path`` (the first different log) let the caller say what to type instead."""
+
+    def __init__(self, message: str, root: Path, path: Path) -> None:
+        super().__init__(message)
+        self.root, self.path = root, path
 
 
 def _abs(path: str | Path) -> Path:
@@ -73,7 +78,8 @@ def check_sources(root: str | Path, db_path: str | Path, paths: Sequence[str | P
         shown = ", ".join(str(s) for s in sources[:2]) + (f" (+{len(sources) - 2} more)" if len(sources) > 2 else "")
         raise DifferentLogError(
             f"{root} was fitted on {shown}; {new[0]} is a different log and fitting it here would merge "
-            f"the two (a held-out split would leak into training): use another --out, or --append to add it on purpose")
+            f"the two (a held-out split would leak into training): use another --out, or --append to add it on purpose",
+            root=Path(root), path=new[0])
     return sources + [p for p in new if p not in sources]
 
 

@@ -102,13 +102,16 @@ def _read_version(vdir: Path) -> tuple[dict[str, Any], dict[str, Any]]:
 
 
 def valid_versions(root: str | Path) -> list[str]:
-    """Versions under ``root`` whose files are complete, newest first."""
+    """Versions under ``root`` a server would load, newest first: complete files whose profile has
+    the shape a fit writes (:func:`check_profile_shape`; a ``format: 999`` version was named in
+    the hint and then refused, issue 35)."""
     found = []
     for vdir in (Path(root) / VERSIONS_DIR).glob("*"):
         if vdir.name.startswith(".") or not vdir.is_dir():
             continue
         try:
-            manifest, _ = _read_version(vdir)
+            manifest, data = _read_version(vdir)
+            check_profile_shape(data, vdir / "profile.json")
         except ProfileError:
             continue
         found.append((float(manifest.get("created_at_unix") or 0.0), vdir.name))

@@ -45,6 +45,10 @@ MAX_TOKENS = 10**9
 #: Range of every time (t_arrival, t_first_token, t_finish, tool t_start/t_end), epoch seconds:
 #: 0 … 10^10 (year 2286). Milliseconds (1.7e12 today) fall outside and are quarantined.
 MIN_EPOCH_S, MAX_EPOCH_S = 0.0, 1e10
+#: Longest plausible call (t_finish − t_arrival), seconds: one day. Longer is not a measurement
+#: but two clocks or units mixed (issue 35: t_arrival 12 and t_finish now, a 56-year call, was
+#: accepted); the real sets' longest call is 108 s.
+MAX_CALL_S = 86_400.0
 
 _KIND_DESC = {
     "id": "a string", "time": "a number (epoch seconds)", "count": "a non-negative integer",
@@ -229,6 +233,16 @@ def checks() -> list[tuple[str, str, str]]:
                 f"{MIN_EPOCH_S:g} to {MAX_EPOCH_S:g}'"))
     out.append(("t_t_finish < t_t_arrival", "'t_finish'",
                 "'t_finish < t_arrival (' || r_t_finish || ' < ' || r_t_arrival || ')'"))
+    out.append((f"t_t_finish - t_t_arrival > {MAX_CALL_S}", "'t_finish'",
+                "'implausible duration: t_finish - t_arrival = ' || printf('%.4g', t_t_finish - t_t_arrival) || "
+                f"' s (' || r_t_finish || ' - ' || r_t_arrival || '; ceiling {MAX_CALL_S:,.0f} s: two clocks or "
+                "units mixed?)'"))
+    # a tool that ended before it started was stored at a negative latency and silently left out
+    # of the tool fits (issue 35): the record says which tool
+    bad_tool = "list_filter(tools, lambda e: e.t_end < e.t_start)[1]"
+    out.append(("list_bool_or(list_transform(tools, lambda e: e.t_end < e.t_start))", "'tool_calls'",
+                f"'tool ' || coalesce({bad_tool}.name, '?') || ': t_end < t_start (' || {bad_tool}.t_end || "
+                f"' < ' || {bad_tool}.t_start || ')'"))
     # issue 24: a first token before the call arrived (TTFT -1.76e9 s when t_first_token was 0
     # or in another clock) or after it finished, and more cached than prompt tokens, are not
     # measurements: they were accepted and skewed every timing and cache statistic

@@ -43,7 +43,8 @@ import numpy as np
 #: read the link as a log file outside the folder and quarantine it.)
 SPEC_DIR = Path(__file__).resolve().parent / "workload_specs"
 #: Built-in spec names accepted on the command line (dashes or underscores).
-BUILTIN_SPECS = ("coding_assistant", "deep_research", "messy", "agent_user", "phased_team", "drift_team")
+BUILTIN_SPECS = ("coding_assistant", "deep_research", "messy", "agent_user", "phased_team", "drift_team",
+                 "claude_code_interactive", "codex_interactive")
 #: Cap on words per generated response text.
 TEXT_WORDS_MAX = 120
 #: Start of generated time (2025-10-01T00:00:00Z), so generated logs look like real epoch seconds.
@@ -222,6 +223,9 @@ def generate(spec: str | Path | dict, n_workflows: int | None, seed: int = 0, wi
         return
     if spec_d.get("generator") == "phased":
         yield from generate_phased(spec_d, n_workflows, seed=seed, arrival_rate=arrival_rate)
+        return
+    if spec_d.get("generator") == "interactive":
+        yield from generate_interactive(spec_d, n_workflows, seed=seed, arrival_rate=arrival_rate)
         return
     if spec_d.get("generator") == "drift":
         yield from generate_drift(spec_d, n_workflows, seed=seed, arrival_rate=arrival_rate)
@@ -481,6 +485,49 @@ def generate_phased(spec: dict, n_workflows: int | None, seed: int = 0,
                 context += rec["output_tokens"]
                 yield rec
                 t = t_fin + float(rng.exponential(serving["think_s"]))
+
+
+def generate_interactive(spec: dict, n_workflows: int | None, seed: int = 0,
+                         arrival_rate: float = 0.2) -> Iterator[dict]:
+    """Flat records of an interactive coding session (``claude_code_interactive.json``,
+    ``codex_interactive.json``): a person at the keyboard and an agent that works in a tool loop.
+
+    A session is ``turns.min``..``turns.max`` human turns (another with probability
+    ``turns.p_more``); a turn is ``calls.min``..``calls.max`` agent calls (truncated geometric,
+    ``calls.p_more``), each but the last followed by a tool whose time is lognormal around
+    ``serving.tool_s_median`` (σ ``serving.tool_sigma``), the conversation growing by each
+    output and ``tool_result_tokens`` per tool. The last call of a turn that is not the
+    session's last is ``wait_after: "human"`` (the log contract's mark, as the Claude Code, Codex
+    and TraceLab importers set it) and the person answers after a lognormal think time around
+    ``serving.human_wait_s_median`` (σ ``serving.human_wait_sigma``), clipped to
+    ``serving.human_wait_s_range``: seconds to minutes.
+    """
+    rng = np.random.default_rng([seed, 17])
+    wt, serving = spec["workflow_type_id"], spec["serving"]
+    lo, hi = serving["human_wait_s_range"]
+    for i, t0 in _poisson_starts(rng, n_workflows, arrival_rate):
+        wf, t, n, context = f"{wt}-{seed}-{i}", t0, 0, 0
+        n_turns = _bounded_count(rng, spec["turns"])
+        for turn in range(n_turns):
+            context += int(spec["prompt_tokens"])          # the person's prompt
+            n_calls = _bounded_count(rng, spec["calls"])
+            for k in range(n_calls):
+                n += 1
+                rec, t_fin = _plain_call(rng, spec, "main", wf, n, t, context)
+                context += rec["output_tokens"]
+                if k < n_calls - 1:
+                    dur = float(rng.lognormal(np.log(serving["tool_s_median"]), serving["tool_sigma"]))
+                    rec["tool_calls"] = [{"name": str(rng.choice(spec["tools"])),
+                                          "t_start": round(t_fin, 6), "t_end": round(t_fin + dur, 6),
+                                          "status": "ok"}]
+                    context += int(spec["tool_result_tokens"])
+                    t = t_fin + dur
+                elif turn < n_turns - 1:
+                    rec["wait_after"] = "human"
+                    wait = float(rng.lognormal(np.log(serving["human_wait_s_median"]),
+                                               serving["human_wait_sigma"]))
+                    t = t_fin + min(max(wait, lo), hi)
+                yield rec
 
 
 def _drift_path(spec: dict, rng: np.random.Generator) -> list[str]:

@@ -38,6 +38,7 @@ def test_eval_table_fits_80_columns(tmp_path):
     run("split", "l.jsonl", "--out", "s")
     run("fit", "s/train", "--out", "p")
     for args in (("eval", "--profile", "p", "s/test"), ("show", "--profile", "p"),
+                 ("show", "--profile", "p", "--full"),
                  ("simulate", "--workload", "coding-assistant", "--workflows", "12", "--load", "peak")):
         out = run(*args).stdout
         assert max(len(line) for line in out.splitlines()) <= 80, (args, out)

@@ -71,3 +71,21 @@ def test_a_root_written_before_sources_json_is_judged_by_its_store(tmp_path):
         check_sources(tmp_path / "p", db, [tmp_path / "other"])
     assert check_sources(tmp_path / "p", db, [tmp_path / "other"], append=True)[-1] == tmp_path / "other"
     assert check_sources(tmp_path / "fresh", tmp_path / "fresh" / "store.duckdb", [tmp_path / "x"]) == [tmp_path / "x"]
+
+
+def test_the_refusal_says_exactly_what_to_type_and_that_command_runs(splits, tmp_path):
+    """The guard's message carries a whole command (a new root beside --out, named after the
+    different log) and typing it fits the log (issue 35: the README's second fit met this guard)."""
+    import re
+    import shlex
+
+    out = tmp_path / "profile"
+    assert fit(str(splits / "a" / "train"), "--out", str(out)).exit_code == 0
+    r = fit(str(splits / "b" / "train"), "--out", str(out))
+    assert r.exit_code == 2
+    typed = re.search(r"type `([^`]+)`, or the same command with --append", " ".join(r.output.split()))
+    assert typed, r.output
+    argv = shlex.split(typed.group(1))
+    assert argv[:2] == ["profiler", "fit"] and argv[-1] == f"{tmp_path / 'profile-train'}/"
+    assert fit(*argv[2:]).exit_code == 0
+    assert workflows(tmp_path / "profile-train") not in (set(), workflows(out))   # split b alone, own root

@@ -59,6 +59,26 @@ def test_finish_before_arrival(con, tmp_path):
     assert field == "t_finish" and reason.startswith("t_finish < t_arrival")
 
 
+def test_implausible_duration(con, tmp_path):
+    """Issue 35: t_arrival 12 and t_finish now (a 56-year call) was accepted."""
+    field, reason = load_one_bad(con, tmp_path, flat("bad", t0=12.0, dur=1.7647e9))
+    assert field == "t_finish" and reason.startswith("implausible duration: t_finish - t_arrival = 1.765e+09 s"), reason
+    assert "ceiling 86,400 s" in reason
+
+
+def test_a_day_long_call_is_still_valid(con, tmp_path):
+    path = write_jsonl(tmp_path / "day.jsonl", [flat("a", dur=86_400.0)])
+    assert ingest.ingest(con, [path]).loaded == 1
+
+
+def test_tool_that_ends_before_it_starts(con, tmp_path):
+    """Issue 35: it was stored at -1 s and silently left out of the tool fits."""
+    tools = [{"name": "bash", "t_start": 100.5, "t_end": 100.8}, {"name": "edit", "t_start": 101.0, "t_end": 100.0}]
+    field, reason = load_one_bad(con, tmp_path, flat("bad", tool_calls=tools))
+    assert field == "tool_calls" and reason == "tool edit: t_end < t_start (100.0 < 101.0)", reason
+    assert con.execute("SELECT count(*) FROM tool_calls WHERE latency_s < 0").fetchone()[0] == 0
+
+
 @pytest.mark.parametrize("extra, field_name, starts", [
     ({"t_first_token": 0.0}, "t_first_token", "t_first_token < t_arrival"),     # TTFT -100 s
     ({"t_first_token": 99.5}, "t_first_token", "t_first_token < t_arrival"),

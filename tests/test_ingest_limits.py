@@ -156,19 +156,25 @@ def test_symlinks_leaving_the_folder_are_not_followed(con, tmp_path):
     assert len(quarantine(con)) == 2  # idempotent
 
 
+def _shaped(x: int) -> dict:
+    """The smallest profile of the shape a fit writes (the versions a hint may name, issue 35)."""
+    return {"format": pa.FORMAT, "agents": {"w": {"a": {}}}, "workflow_types": {"w": {}}, "workflows": {},
+            "output_length": {}, "tool_latency": {}, "x": x}
+
+
 def test_current_is_validated(tmp_path):
-    p1 = pa.write_profile(tmp_path, {"x": 1}, {})
+    p1 = pa.write_profile(tmp_path, _shaped(1), {})
     (tmp_path / "CURRENT").write_text("../../etc\n")
     with pytest.raises(pa.ProfileError, match=f"does not name a version.*{p1.version}"):
         pa.load_profile(tmp_path)
     (tmp_path / "CURRENT").write_text("0123456789ab\n")
     with pytest.raises(pa.ProfileError, match=f"is missing.*valid versions here.*{p1.version}"):
         pa.load_profile(tmp_path)
-    p2 = pa.write_profile(tmp_path, {"x": 2}, {})
+    p2 = pa.write_profile(tmp_path, _shaped(2), {})
     (tmp_path / "versions" / p2.version / "profile.json").write_text('{"x": ')  # damaged
     with pytest.raises(pa.ProfileError, match="profile.json is damaged"):
         pa.load_profile(tmp_path)
     assert pa.valid_versions(tmp_path) == [p1.version]
     # a fit of the same content repairs the damaged version folder
-    assert pa.load_profile(pa.write_profile(tmp_path, {"x": 2}, {}).path).data["x"] == 2
+    assert pa.load_profile(pa.write_profile(tmp_path, _shaped(2), {}).path).data["x"] == 2
     assert pa.load_profile(tmp_path).data["x"] == 2

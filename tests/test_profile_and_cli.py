@@ -66,7 +66,7 @@ def test_fitted_profile_has_every_section(fitted_profile):
 def test_cli_fit_show_eval_json(tmp_path, coding_logs, coding_test_logs):
     out = tmp_path / "p"
     run("fit", str(coding_logs), "--out", str(out), "-q")
-    shown = run("show", "--profile", str(out)).stdout
+    shown = run("show", "--profile", str(out), "--full").stdout    # agents and tools: --full
     assert "engineer" in shown and "run_tests" in shown
     res = json.loads(run("eval", "--profile", str(out), str(coding_test_logs), "--json").stdout)
     assert res["calls"] > 500 and res["workflows"] == 60

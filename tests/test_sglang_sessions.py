@@ -1,7 +1,7 @@
 """Issue 36 item 2, the gateway side: ``--sglang-sessions`` opens SGLang's own session per
 workflow, tags every call of it with ``session_id`` and closes it after the workflow's last call
 — the real ``openai`` client through the gateway to a fake SGLang that records the lifecycle
-calls in order. (The real server, its KV released at close: tests/sglang/test_sglang_sessions.py.)
+calls in order. (The real server, its KV released at close: tests/sglang/test_sglang_real_sessions.py.)
 """
 from __future__ import annotations
 

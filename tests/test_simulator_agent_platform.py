@@ -74,6 +74,22 @@ def test_agent_platform_scenarios_are_consistent():
     assert "nat-hints" in parse_policies("sglang-default,nat-hints")
 
 
+def test_interactive_scenario_adds_person_driven_sessions_to_the_platform_mix():
+    from simulator.scenarios import AGENT_PLATFORM_INTERACTIVE, PLATFORM_MIX
+    from simulator.sources import BUILTIN
+
+    sc = get_scenario("agent-platform-interactive")
+    assert sc is AGENT_PLATFORM_INTERACTIVE and sc.arrivals == "burst"
+    assert abs(sum(m[2] for m in sc.mix) - 1.0) < 1e-9
+    interactive = [m for m in sc.mix if m[1] in ("claude-code-interactive", "codex-interactive")]
+    assert len(interactive) == 2 and all(m[1] in BUILTIN for m in interactive)
+    # the platform's own applications keep their relative shares
+    platform = {app: share for app, _, share in sc.mix if app not in ("claude-code", "codex")}
+    assert platform == pytest.approx({app: 0.8 * share for app, _, share in PLATFORM_MIX})
+    assert set(sc.type_pool.values()) == set(sc.pool_replicas)
+    assert sc.type_pool["claude_code"] == sc.type_pool["codex"] == "coder"
+
+
 def chain(wf: str, agent: str, n: int, gap: float = 2.0, out: int = 10, wtype: str = "t") -> list[dict]:
     """``n`` sequential calls of ``agent``: each 1 s long, then ``gap`` s to the next."""
     return [rec(wf, k, k * (1 + gap), k * (1 + gap) + 1.0, 100, out + k, agent_id=agent,

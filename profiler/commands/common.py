@@ -26,8 +26,33 @@ def _flags_without_type(params: list) -> list:
     return params
 
 
+#: Narrowest terminal that gets Typer's rich option tables. Rich lays each option out in one table
+#: row of up to six columns; below this width the long option names of ``profiler gateway``
+#: (``--allow-client-scheduler-fields``) leave the help column a few characters wide, and rich
+#: cuts option names, URLs and variable names with "…" (issue 35: 26 cut cells at 80 columns).
+RICH_HELP_MIN_COLUMNS = 140
+
+
+def _narrow_help(command) -> None:
+    """Lay ``command``'s ``--help`` out in click's plain layout (names on one line, the help
+    wrapped below them: nothing is ever cut) when the terminal is narrower than
+    :data:`RICH_HELP_MIN_COLUMNS`, in rich's tables otherwise; markdown's ``**bold**`` marks are
+    dropped from the plain text. Decided at each call (one process may print both: tests)."""
+    if not hasattr(command, "_rich_help"):
+        command._rich_help = (getattr(command, "rich_markup_mode", None), command.help, command.short_help)
+    mode, text, short = command._rich_help
+    # The width rich itself would lay the help out in: COLUMNS, the terminal, or 80 when piped.
+    if mode is None or shutil.get_terminal_size((80, 24)).columns >= RICH_HELP_MIN_COLUMNS:
+        command.rich_markup_mode, command.help, command.short_help = mode, text, short
+    else:
+        command.rich_markup_mode = None
+        command.help = text.replace("**", "") if text else text
+        command.short_help = short.replace("**", "") if short else short
+
+
 class _ProfilerGroup(typer.core.TyperGroup):
-    """The ``profiler`` group: its own and every sub-command's flags shown without ``<bool>``."""
+    """The ``profiler`` group: its own and every sub-command's flags shown without ``<bool>``, and
+    ``--help`` in click's plain layout on a terminal too narrow for rich's option tables."""
 
     def get_params(self, ctx):  # the group's own --help / --version
         return _flags_without_type(super().get_params(ctx))
@@ -36,7 +61,12 @@ class _ProfilerGroup(typer.core.TyperGroup):
         cmd = super().get_command(ctx, cmd_name)
         if cmd is not None:
             _flags_without_type(cmd.get_params(ctx))
+            _narrow_help(cmd)
         return cmd
+
+    def format_help(self, ctx, formatter):
+        _narrow_help(self)
+        return super().format_help(ctx, formatter)
 
 
 #: The ``profiler`` application: every sub-command module registers itself on it at import;

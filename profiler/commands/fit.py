@@ -10,6 +10,18 @@ from profiler.commands.common import app
 from profiler.commands.common import err_console, fail, print_json, report_ingest
 
 
+def _fresh_root_command(logs: list[Path], out: Path, different: Path) -> str:
+    """The command that fits ``logs`` into a new root beside ``out``, named after the different
+    log (``profile`` + ``split/train`` → ``profile-train``), one that does not exist yet."""
+    import shlex
+
+    stem = f"{out.name}-{different.name}" if different.name else f"{out.name}-2"
+    candidate, n = out.parent / stem, 2
+    while candidate.exists():
+        candidate, n = out.parent / f"{stem}-{n}", n + 1
+    return shlex.join(["profiler", "fit", *map(str, logs), "--out", f"{candidate}/"])
+
+
 @app.command(no_args_is_help=True)
 def fit(
     logs: Annotated[list[Path], typer.Argument(help="Log files or folders (JSONL, JSONL.gz, Parquet, CSV; flat or gateway records).")],
@@ -74,7 +86,7 @@ def fit(
     try:
         sources = check_sources(out, store_path(out, db), logs, append=append)
     except DifferentLogError as exc:
-        fail(str(exc))
+        fail(f"{exc}: type `{_fresh_root_command(logs, out, exc.path)}`, or the same command with --append")
     try:
         if log_format is not None:
             from store.importers import ImportFormatError, convert

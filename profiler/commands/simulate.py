@@ -18,9 +18,11 @@ def simulate(
     scenario: Annotated[Optional[str], typer.Option(
         help="A named scenario instead of --workload: pythia-like (multi-model pools, a burst "
              "of 600 workflows), agent-platform (six applications from the bundled real sets "
-             "and the generators on one cluster, a burst of 720 workflows) or "
+             "and the generators on one cluster, a burst of 720 workflows), "
              "agent-platform-bursty (the same mix, open-loop gamma arrivals with CV 4 at "
-             "low load); see docs/simulator.md.")] = None,
+             "low load) or agent-platform-interactive (the mix plus 20 % interactive Claude "
+             "Code / Codex sessions with human waits: their TTFT against --ttft-slo); see "
+             "docs/simulator.md.")] = None,
     load: Annotated[str, typer.Option(
         help="low, medium, peak: 0.5 / 1.0 / 1.5 × the rate a KV-saturated cluster drains "
              "(see README); a number; or a comma list (e.g. low,medium,peak).")] = "peak",
@@ -110,6 +112,18 @@ def simulate(
         help="CapacityPolicy ε (union bound on P(OOM)); default: the policy's own.")] = None,
     ours_aging_per_s: Annotated[Optional[float], typer.Option(
         help="PriorityPolicy aging per second of a workflow's age; default: the policy's own.")] = None,
+    ttft_slo: Annotated[float, typer.Option(
+        help="Time-to-first-token target (s) of interactive calls (sessions whose logs mark a "
+             "person's turn, wait_after: human; e.g. --scenario agent-platform-interactive): "
+             "policies.NAME.interactive reports ttft_p99_s, slo_attainment (share within the "
+             "target) and the batch sessions' avg/P95 JCT.", min=0.001)] = 2.0,
+    slo_search: Annotated[bool, typer.Option(
+        "--slo-search",
+        help="Also search, per policy, the most concurrent sessions it holds with >= 99 % of "
+             "interactive calls within --ttft-slo (the same workflows at 1x the arrival rate, "
+             "doubled while the target holds or halved while it does not, 1/16x..8x, then two "
+             "bisections): interactive.max_sessions_in_slo. Several extra runs "
+             "per policy.")] = False,
 ) -> None:
     """Compare serving policies on the same workflows, arrivals and cluster, in one run.
 
@@ -216,7 +230,8 @@ def simulate(
 
         try:
             kw = dict(arrivals_mode=arrivals, gaps_mode=gaps, on_result=done, ours=ours, cv=cv,
-                      warmup=warmup, tail=tail, autoscale=scale)
+                      warmup=warmup, tail=tail, autoscale=scale, ttft_slo=ttft_slo,
+                      slo_search=slo_search)
             if seeds:
                 seed_list = [int(x) for x in seeds.split(",") if x.strip()]
                 bar.update(task, total=len(levels) * len(names) * len(seed_list))

@@ -27,8 +27,8 @@ time scale is an option, below) every waiting workflow ages alike, so the order 
 ``base − aging_per_s · t_start`` — and aging only bounds how long a newer workflow's smaller
 remaining work may keep an older one waiting: ``Δbase / aging_per_s`` seconds (with the
 default 1e-5 /s, a workflow one call from done (base 0.5) passes one that has just started a
-13-call path (≈ 0.07) unless that one started more than 43,000 s earlier: near key order,
-with starvation bounded at half a day; chosen on validation draws, "Why 1e-5" below). Aging from each call's
+13-call path (≈ 0.07) unless that one started more than 43,000 s earlier: near key order; the
+tail bound this gives and why a tighter one was not taken: "Bounded tail" below). Aging from each call's
 own enqueue time instead (per-call aging) would, once calls wait longer than ``Δbase /
 aging_per_s``, order the queue by call arrival: call-level FCFS that interleaves workflows.
 
@@ -82,11 +82,36 @@ simulator's ``ours-duration-aging``.
 
 Why 1e-5. On the same seven validation runs one weak fixed rate, ``aging_per_s = 1e-5``,
 scores 0.941 on the six generated ones and 0.984 on the real mix (P95 8,171 s): mean 0.947,
-ahead of 0.001 /s (0.962) and per-duration aging (0.975), so it is the default. The earlier
-0.001 /s was chosen with the output-tokens key (an unbounded log-scale score); the calls key
-``1/(1 + R)`` spreads sessions over less than one unit, so at 0.001 /s an hour of age (3.6)
-outweighs it and an open loop turns into program FCFS (docs/simulator.md, "Aging per session
-duration").
+ahead of 0.001 /s (0.962) and per-duration aging (0.975). The next section checks it with the
+tail in view.
+
+Bounded tail (``aging_per_s``)
+------------------------------
+The guarantee. Under the calls key a session's base lies in (0, 1] (plus its class term, the
+same for every session of a class), so two sessions of one class waiting at ``t`` are ordered by
+``base − aging_per_s · t_start``, and a session is never ranked below one of its class that
+started more than
+
+    W = (1 + I) / aging_per_s          (:meth:`PriorityPolicy.overtake_window_s`)
+
+seconds after it (``I`` bounds the idle-downstream term; 0 with one model pool). Inside ``W``
+the remaining-work order holds (a session closer to done passes); beyond it the order is program
+FCFS. So what a session waits because others were preferred is at most the work of the sessions
+that started within ``W`` after it. At the default 1e-5 /s, W ≈ 28 h: a bound on paper only.
+
+Why not a tighter window: on validation draws (``bench/bench_tail.py``, docs/simulator.md,
+"Bounded tail") only 1e-5 kept ours' P95 within 1.05× the best baseline's on every draw, with the
+best mean; 1e-3 (W = 1,000 s) bounds the P99 but, on a peak whose backlog grows for the whole
+run, turns the order into program FCFS and loses mean and P95. ``ours-aging-1e-3`` is that
+variant.
+
+Latency classes (``interactive_boost``)
+---------------------------------------
+A call of latency class ``"interactive"`` (a person waits; the rule is
+:func:`predictors.compiled.latency_class`, docs/dialects.md) gets ``interactive_boost`` added to
+its base (:meth:`class_term`, inside :meth:`score_annotation`, so gateway, plugin and simulator
+rank it alike): it runs before every batch session that has not aged ``interactive_boost /
+aging_per_s`` seconds, ranked for time to first token; batch sessions keep the order above.
 
 Which unit ranks (``remaining_unit``; ``"calls"``, the default)
 ---------------------------------------------------------------
@@ -112,7 +137,7 @@ ranked on a log scale, so that what counts is the *ratio* of two sessions' remai
     base = −w1 · ln(1 + R / tokens_per_call)  +  w2 · Σ_{m ∈ M_idle} 1 / E[D_m]
 
 With aging 0.001 /s a session with ``e`` ≈ 2.7 times the work of another waits at most
-~1,000 s behind it (100,000 s at the default 1e-5 /s). A known call whose annotation lacks ``R`` counts
+~1,000 s behind it (the default 1e-3 /s). A known call whose annotation lacks ``R`` counts
 ``(1 + remaining calls) · tokens_per_call`` tokens; an unknown call is neutral at
 ``−ln(1 + 3)`` (as if 3 calls of ``tokens_per_call`` remained) (``ours-tokens`` in the
 simulator).
@@ -189,6 +214,10 @@ class PriorityPolicy:
     #: Off by default: 0.03 won the generated validation draws but loses 18.5 % on a validation
     #: draw of the real coding-trace mix (module doc, "Aging per session duration").
     aging_per_duration: float | None = None
+    #: Added to the base score of a call of latency class ``"interactive"`` (module doc,
+    #: "Latency classes"): a person waits on it, so it is ranked for time to first token, above
+    #: every batch session that has not aged ``interactive_boost / aging_per_s`` seconds.
+    interactive_boost: float = 2.0
 
     def __post_init__(self) -> None:
         if self.remaining_unit not in UNITS:
@@ -231,6 +260,19 @@ class PriorityPolicy:
         score = -self.w1 * math.log1p(max(0.0, float(remaining_tokens)) / max(self.tokens_per_call, 1e-9))
         return score + self._idle_term(downstream_distance, queue_depth)
 
+    def overtake_window_s(self, max_idle_term: float = 0.0) -> float:
+        """The tail bound (module doc, "Bounded tail"): a session never ranks below one of its
+        class that started more than this many seconds after it, ``(1 + max_idle_term) /
+        aging_per_s`` — the calls key's base lies in (0, 1], ``max_idle_term`` bounds the
+        idle-downstream term of the run (0 with one model pool)."""
+        return (self.w1 + max(0.0, float(max_idle_term))) / self.aging_per_s
+
+    def class_term(self, latency_class: str | None) -> float:
+        """What the call's latency class adds to its base score: :attr:`interactive_boost` for
+        ``"interactive"``, 0 for ``"batch"`` or an unclassified call (module doc, "Latency
+        classes")."""
+        return self.interactive_boost if latency_class == "interactive" else 0.0
+
     def _idle_term(self, downstream_distance: Mapping[str, float] | None,
                    queue_depth: Mapping[str, float] | None) -> float:
         """``w2 · Σ_{m idle} 1/E[D_m]`` (0 without distances or queue depths)."""
@@ -248,7 +290,8 @@ class PriorityPolicy:
         queue_depth: Mapping[str, float] | None = None,
         agent_model: Mapping[str, str] | None = None,
     ) -> float:
-        """:meth:`base_score` (or :meth:`base_score_tokens`) of one call's :class:`Annotation`.
+        """:meth:`base_score` (or :meth:`base_score_tokens`) of one call's :class:`Annotation`,
+        plus its latency class's :meth:`class_term` (module doc, "Latency classes").
 
         ``agent_model`` maps agent ids to the model that serves them, so that distances to
         agents (what the graph knows) become distances to models (what has a queue); the
@@ -256,17 +299,18 @@ class PriorityPolicy:
         """
         distance = self.downstream_distance(ann, agent_model)
         remaining = ann.expected_remaining_calls
+        cls = self.class_term(ann.latency_class) if ann.known else 0.0
         if self.remaining_unit == "tokens":
             tokens = ann.expected_remaining_output_tokens
             if tokens is None and remaining is not None:
                 tokens = (1.0 + max(0.0, float(remaining))) * self.tokens_per_call
-            return self.base_score_tokens(tokens, distance, queue_depth, known=ann.known)
+            return self.base_score_tokens(tokens, distance, queue_depth, known=ann.known) + cls
         if self.remaining_unit == "seconds" and ann.expected_remaining_s is not None:
             sec = max(0.0, float(ann.expected_remaining_s))
             if self.remaining_quantile is not None:
                 sec *= -math.log(max(1e-9, 1.0 - self.remaining_quantile))
             remaining = sec / max(self.seconds_per_call, 1e-9)
-        return self.base_score(remaining, distance, queue_depth, known=ann.known)
+        return self.base_score(remaining, distance, queue_depth, known=ann.known) + cls
 
     @staticmethod
     def downstream_distance(ann: Annotation, agent_model: Mapping[str, str] | None = None
