@@ -56,7 +56,8 @@ def fit_sequences(sequences: Sequence[WorkflowSequence],
                   cv_folds: int = 3, cv_max_workflows: int = 1000, seed: int = 0,
                   contexts: Sequence[Sequence[str]] | None = None,
                   context_alphabet: str = "agent_tool",
-                  groups: Sequence[Mapping[str, int]] | None = None) -> dict:
+                  groups: Sequence[Mapping[str, int]] | None = None,
+                  forward: Sequence[int] | None = None) -> dict:
     """The workflow section for one workflow type (see the module docstring).
 
     ``timings[agent] = (mean latency_s, mean gap_after_s)`` feeds the remaining-seconds
@@ -76,6 +77,9 @@ def fit_sequences(sequences: Sequence[WorkflowSequence],
     remaining-work selection). ``groups[i]`` (optional, ``profiler fit --group-by``): how many
     of ``sequences[i]``'s ``counts[i]`` workflows belong to each group (a task); the selection
     folds then keep a group's workflows together (:func:`synth.sequence_select.select_models`).
+    ``forward[i]`` (optional): how many of them are among the last fifth of the type's
+    workflows by start time, the time-ordered validation slice the selection checks its
+    choices on.
     """
     if not sequences:
         raise ValueError("no workflows to fit")
@@ -175,7 +179,7 @@ def fit_sequences(sequences: Sequence[WorkflowSequence],
                                        prior_weight=prior_weight, folds=cv_folds,
                                        max_workflows=cv_max_workflows, seed=seed,
                                        contexts=contexts, context_alphabet=context_alphabet,
-                                       groups=groups))
+                                       groups=groups, forward=forward))
     if text_workflows:
         parts = learn_templates(text_workflows)
         section["prompt_composition"] = {
@@ -218,7 +222,8 @@ def sequence_models(sequences: Sequence[WorkflowSequence], counts: Sequence[int]
                     max_workflows: int = 1000, seed: int = 0,
                     contexts: Sequence[Sequence[str]] | None = None,
                     context_alphabet: str = "agent_tool",
-                    groups: Sequence[Mapping[str, int]] | None = None) -> dict:
+                    groups: Sequence[Mapping[str, int]] | None = None,
+                    forward: Sequence[int] | None = None) -> dict:
     """``sequence_model``, ``remaining_model`` and ``baselines`` keys of a section.
 
     The automaton of every validation fold is fitted like the real one (same ``alpha``,
@@ -229,6 +234,7 @@ def sequence_models(sequences: Sequence[WorkflowSequence], counts: Sequence[int]
     ctx_of = (list(contexts) if contexts is not None else [None] * len(sequences))
     merged: Counter = Counter()
     merged_groups: dict[tuple, Counter] = {}
+    merged_late: Counter = Counter()
     first = {}
     for i, (s, n, c) in enumerate(zip(sequences, counts, ctx_of)):
         key = (s.calls, s.step_symbols, s.step_widths, tuple(c) if c is not None else ())
@@ -236,6 +242,8 @@ def sequence_models(sequences: Sequence[WorkflowSequence], counts: Sequence[int]
         first.setdefault(key, s)
         if groups is not None:
             merged_groups.setdefault(key, Counter()).update(groups[i])
+        if forward is not None:
+            merged_late[key] += int(forward[i])
     keys = sorted(merged)
     distinct = [first[k] for k in keys]
     counts = [merged[k] for k in keys]
@@ -251,7 +259,8 @@ def sequence_models(sequences: Sequence[WorkflowSequence], counts: Sequence[int]
 
     chosen = select_models(calls, counts, pfa_factory, folds=folds,
                            max_workflows=max_workflows, seed=seed, contexts=ctxs,
-                           context_alphabet=context_alphabet, groups=path_groups)
+                           context_alphabet=context_alphabet, groups=path_groups,
+                           forward=[merged_late[k] for k in keys] if forward is not None else None)
     nxt, rem = chosen["next"], chosen["remaining"]
     context = nxt.get("context", "agent")
     vomm = VariableOrderMarkov(max_order=nxt["max_order"], escape=nxt["escape"],

@@ -34,13 +34,14 @@ from typing import Any
 
 import duckdb
 
+from store.duckdb_store import sql_string
 from store.split import call_group_sql
 from synth.evaluation import PathScores, score_sequences
 from synth.fit import DEFAULT_ALPHA, DEFAULT_PRUNE, fit_sequences
 from synth.prompts import evaluate_templates, load_text_workflows
 from synth.regex_synth import LOOP_QUANTILES
 from synth.remaining import RemainingWork
-from synth.sequence_select import is_position_median, select_remaining
+from synth.sequence_select import FORWARD_SHARE, is_position_median, select_remaining
 from synth.sequences import (has_stage_variation, has_tool_variation,
                              load_sequence_groups, load_sequences, symbol_expression, unmarked,
                              workflow_counts)
@@ -50,8 +51,47 @@ from synth.vomm import FAMILY_PARTS, START
 DEFAULT_PROMPT_WORKFLOWS = 100
 #: Default of ``synth_max_workflows``: workflows per type that train the automaton.
 DEFAULT_MAX_WORKFLOWS = 20_000
+#: Separates the late-slice flag from the ``--group-by`` group in the loaded group keys.
+_LATE_SEP = "\x1f"
 #: Held-out workflows per type whose prompts are scored (the first ones by workflow id).
 EVAL_PROMPT_WORKFLOWS = 1000
+
+
+def _late_flag_sql(con: duckdb.DuckDBPyConnection) -> str:
+    """SQL over a ``calls`` row: ``'L'`` when the call starts at or after the cut of its type's
+    last :data:`FORWARD_SHARE` of workflows by start time (read on a workflow's first call: its
+    start), else ``'E'``. The cut of a type is the start of its ``⌈share·n⌉``-th latest
+    workflow (workflows starting together fall on the same side)."""
+    cuts = con.execute(
+        "SELECT workflow_type_id, max(s) FILTER (WHERE r = greatest(1, CAST(ceil($share * n) AS BIGINT))) "
+        "FROM (SELECT workflow_type_id, s, row_number() OVER (PARTITION BY workflow_type_id "
+        "ORDER BY s DESC, workflow_id DESC) AS r, count(*) OVER (PARTITION BY workflow_type_id) AS n "
+        "FROM (SELECT workflow_type_id, workflow_id, min(t_arrival) AS s FROM calls "
+        "GROUP BY ALL)) GROUP BY ALL ORDER BY 1", {"share": FORWARD_SHARE}).fetchall()
+    if not cuts:
+        return "'E'"
+    whens = " ".join(f"WHEN {sql_string(wt)} THEN {float(cut)!r}" for wt, cut in cuts
+                     if cut is not None)
+    return f"CASE WHEN t_arrival >= (CASE workflow_type_id {whens} END) THEN 'L' ELSE 'E' END"
+
+
+def _split_late(mixed: list[dict[str, int]] | None, grouped: bool
+                ) -> tuple[list[dict[str, int]] | None, list[int] | None]:
+    """Per path, its ``--group-by`` groups' counts (None without ``--group-by``) and how many of
+    its workflows are in the time-ordered slice, from group keys ``flag[SEP group]``."""
+    if mixed is None:
+        return None, None
+    late = [sum(k for g, k in m.items() if g.startswith("L")) for m in mixed]
+    if not grouped:
+        return None, late
+    groups = []
+    for m in mixed:
+        out: dict[str, int] = {}
+        for g, k in m.items():
+            name = g.split(_LATE_SEP, 1)[1]
+            out[name] = out.get(name, 0) + k
+        groups.append(out)
+    return groups, late
 
 
 def agent_timings(con: duckdb.DuckDBPyConnection, alphabet: str = "agent"
@@ -91,19 +131,31 @@ def build_workflows_section(con: duckdb.DuckDBPyConnection, options: dict[str, A
     group = (call_group_sql(options["group_by"], options.get("group_pattern"))
              if options.get("group_by") else None)
 
+    late_sql = (_late_flag_sql(con) if options.get("forward_validation", True)
+                else None)
+
     def load(wt: str | None, alphabet: str, limit: int | None) -> dict:
-        """Distinct paths, counts and (with ``--group-by``) their groups' counts."""
-        return load_sequence_groups(con, group, wt, alphabet=alphabet, max_workflows=limit,
+        """Distinct paths, counts, (with ``--group-by``) their groups' counts and how many
+        of each path's workflows are in the time-ordered validation slice (or None)."""
+        if late_sql is None:
+            rows = load_sequence_groups(con, group, wt, alphabet=alphabet, max_workflows=limit,
+                                        seed=seed)
+            return {t: (*r, None) for t, r in rows.items()}
+        both = (late_sql if group is None
+                else f"{late_sql} || {sql_string(_LATE_SEP)} || {group}")
+        rows = load_sequence_groups(con, both, wt, alphabet=alphabet, max_workflows=limit,
                                     seed=seed)
+        return {t: (seqs, counts, *_split_late(mixed, group is not None))
+                for t, (seqs, counts, mixed) in rows.items()}
     distinct = load(None, "agent", max_workflows)
-    for wt, (sequences, counts, groups) in sorted(distinct.items()):
+    for wt, (sequences, counts, groups, forward) in sorted(distinct.items()):
         text = load_text_workflows(con, wt, max_workflows=prompt_workflows)
         contexts, alphabet = None, context_alphabet(con, wt, sequences)
         if alphabet != "agent":
             # some responses call tools (several agents), or some agent runs in several
             # stages: offer the marked contexts
-            marked, counts, groups = load(wt, alphabet,
-                                          max_workflows if max_workflows > 0 else None)[wt]
+            marked, counts, groups, forward = load(
+                wt, alphabet, max_workflows if max_workflows > 0 else None)[wt]
             contexts = [q.calls for q in marked]
             sequences = [unmarked(q) for q in marked]
         section = fit_sequences(
@@ -111,7 +163,7 @@ def build_workflows_section(con: duckdb.DuckDBPyConnection, options: dict[str, A
             alpha=DEFAULT_ALPHA if alpha is None else float(alpha),
             prune=DEFAULT_PRUNE if prune is None else float(prune),
             loop_quantiles=quantiles, text_workflows=text or None, counts=counts,
-            contexts=contexts, context_alphabet=alphabet, groups=groups)
+            contexts=contexts, context_alphabet=alphabet, groups=groups, forward=forward)
         if section.get("remaining_model") and len({a for q in sequences for a in q.calls}) == 1:
             tool_remaining(con, wt, section, tool_timings, max_workflows, seed, group)
         section["training_sample"] = {

@@ -69,6 +69,11 @@ FAMILY_ALPHA = 0.05
 REMAINING_FOLDS = 5
 REMAINING_REPEATS = 2
 REPEAT_BELOW = 300
+#: The time-ordered validation slice: the last 20 % of a type's training workflows by start
+#: time (``profiler fit`` counts them per path); used when it holds at least
+#: ``FORWARD_MIN`` workflows (fewer switch on noise: 8 held-out Magentic-One sessions did).
+FORWARD_SHARE = 0.2
+FORWARD_MIN = 20
 #: The position-median baseline among the remaining-work candidates.
 BASE_REMAINING = (0, REMAINING_POSITIONS[0], REMAINING_MIN_N[0], "p50")
 
@@ -158,7 +163,8 @@ def select_models(sequences: Sequence[Sequence[str]], counts: Sequence[int],
                   max_workflows: int = 1000, seed: int = 0,
                   contexts: Sequence[Sequence[str]] | None = None,
                   context_alphabet: str = "agent_tool",
-                  groups: Sequence[Mapping[str, int]] | None = None) -> dict:
+                  groups: Sequence[Mapping[str, int]] | None = None,
+                  forward: Sequence[int] | None = None) -> dict:
     """Cross-validated choice of the next-symbol model and the remaining-work model.
 
     ``contexts`` (optional; one context symbol per call of each sequence, read in
@@ -182,6 +188,13 @@ def select_models(sequences: Sequence[Sequence[str]], counts: Sequence[int],
     selection and in the remaining-work one: repeated trials of one task that took the same
     path no longer sit on both sides of a fold, where they would reward the longest contexts
     (a held-out trial's exact path is in training). Without it the folds deal workflows.
+
+    ``forward`` (optional): ``forward[j]`` of path j's workflows are among the last
+    :data:`FORWARD_SHARE` of the type's training workflows by start time. Every candidate is
+    then also trained on the earlier ones and scored on those (a time-ordered validation
+    slice), and the cross-validated choice gives way where that slice shows it behind a
+    candidate beyond one paired standard error (:func:`_forward_next`, :func:`_forward_remaining`):
+    a richer context that wins in shuffled folds but not forward in time is not served.
     """
     keep, sub, gsub = _sampled(counts, groups, max_workflows, seed)
     seqs = [tuple(sequences[j]) for j in keep]
@@ -202,19 +215,20 @@ def select_models(sequences: Sequence[Sequence[str]], counts: Sequence[int],
     split = _folds_of(sub, gsub, folds, seed)
     grid = [(fam, order, escape, floor) for fam in families for floor in MIN_CONTEXTS
             for escape in ESCAPES for order in ORDERS]
-    n_cfg = len(grid)
-    loss = np.zeros((n_cfg, len(MIXTURES)))
-    hits = np.zeros((n_cfg, len(MIXTURES)))
-    wf_loss = np.zeros((len(seqs), n_cfg))  # model alone, per distinct workflow (one-SE rule)
-    events = agent_events = 0.0
-    lams = np.array(MIXTURES)
-    for f in range(folds):
-        train = split.sum(axis=1) - split[:, f]
-        test = split[:, f]
+
+    def score(train: np.ndarray, test: np.ndarray) -> tuple | None:
+        """Every candidate trained on ``train`` counts and scored on ``test`` counts:
+        (summed log-loss, hits, per-path log-loss of the model alone, events, agent events)."""
+        n_cfg = len(grid)
+        loss = np.zeros((n_cfg, len(MIXTURES)))
+        hits = np.zeros((n_cfg, len(MIXTURES)))
+        wf_loss = np.zeros((len(seqs), n_cfg))
+        events = agent_events = 0.0
+        lams = np.array(MIXTURES)
         tr = np.flatnonzero(train)
         te = np.flatnonzero(test)
         if len(tr) == 0 or len(te) == 0:
-            continue
+            return None
         tr_seqs, tr_w = [seqs[j] for j in tr], train[tr].tolist()
         models = {"agent": VariableOrderMarkov(max_order=max(ORDERS)).fit(tr_seqs, tr_w)}
         for fam, fctx in fam_ctx.items():
@@ -278,11 +292,33 @@ def select_models(sequences: Sequence[Sequence[str]], counts: Sequence[int],
                     if t < len(seq):  # top-1 over agents, as profiler eval scores it
                         agent_events += w
                         hits += w * (np.argmax(mixed[..., :-1], axis=-1) == actual).T
-    return {"next": _choose_next(loss, hits, events, agent_events, pfa_factory is not None,
-                                 grid, wf_loss, sub, gsub),
+        return loss, hits, wf_loss, events, agent_events
+
+    n_cfg = len(grid)
+    loss = np.zeros((n_cfg, len(MIXTURES)))
+    hits = np.zeros((n_cfg, len(MIXTURES)))
+    wf_loss = np.zeros((len(seqs), n_cfg))  # model alone, per distinct workflow (one-SE rule)
+    events = agent_events = 0.0
+    for f in range(folds):
+        out = score(split.sum(axis=1) - split[:, f], split[:, f])
+        if out is not None:
+            loss += out[0]
+            hits += out[1]
+            wf_loss += out[2]
+            events += out[3]
+            agent_events += out[4]
+    chosen_next = _choose_next(loss, hits, events, agent_events, pfa_factory is not None,
+                               grid, wf_loss, sub, gsub)
+    late = _forward_counts(forward, keep, counts, sub)
+    if late is not None:
+        out = score(sub - late, late)
+        if out is not None:
+            chosen_next = _forward_next(chosen_next, out, late, grid, wf_loss, sub, gsub,
+                                        pfa_factory is not None)
+    return {"next": chosen_next,
             "remaining": _remaining_cv(seqs, sub, REMAINING_FOLDS,
                                        REMAINING_REPEATS if total < REPEAT_BELOW else 1, seed,
-                                       stage_seqs, gsub),
+                                       stage_seqs, gsub, late),
             "folds": folds, "workflows": total,
             **({"groups": n_units} if gsub is not None else {})}
 
@@ -340,7 +376,8 @@ def is_position_median(choice: Mapping) -> bool:
 
 def _remaining_cv(seqs: Sequence[tuple], counts: np.ndarray, folds: int, repeats: int,
                   seed: int, stage_seqs: Sequence[tuple] | None = None,
-                  groups: Sequence[Mapping[str, int]] | None = None) -> dict:
+                  groups: Sequence[Mapping[str, int]] | None = None,
+                  late: np.ndarray | None = None) -> dict:
     """Remaining-work candidates scored by ``repeats`` × ``folds``-fold CV by workflow, or by
     group with ``groups`` (no
     automaton is fitted here, so repeating is cheap and steadies the choice on small data).
@@ -358,6 +395,45 @@ def _remaining_cv(seqs: Sequence[tuple], counts: np.ndarray, folds: int, repeats
                   for pos in REMAINING_POSITIONS for min_n in REMAINING_MIN_N
                   for point in REMAINING_POINTS]
     col = {c: i for i, c in enumerate(cands)}
+
+    def score(train: np.ndarray, test: np.ndarray) -> tuple[list[int], list[np.ndarray], float]:
+        """Every candidate fitted on ``train`` counts: the held-out paths of ``test``, each
+        one's summed absolute errors, and the calls scored (unweighted per path)."""
+        tr = np.flatnonzero(train)
+        if len(tr) == 0:
+            return [], [], 0.0
+        tr_w = train[tr].tolist()
+        rem = {(alpha, pos): RemainingWork(max(REMAINING_ORDERS), pos, 1).fit(
+                   [aseqs[j] for j in tr], tr_w)
+               for alpha, aseqs in alphabets.items() for pos in REMAINING_POSITIONS}
+        paths, rows_err, n_calls = [], [], 0.0
+        for j in np.flatnonzero(test):
+            w = float(test[j])
+            n = len(seqs[j])
+            row_err = np.zeros(len(cands))  # this workflow's errors
+            for i in range(n):
+                n_calls += w
+                truth = n - 1 - i
+                for (alpha, pos), model in rem.items():
+                    seq = alphabets[alpha][j]
+                    tag = () if alpha == "agent" else (alpha,)
+                    keys = model.keys(seq[max(0, i + 1 - model.order):i + 1], i)
+                    rows = [model.table_.get(k) for k in keys]
+                    m = len(keys) - 1  # context keys, longest first, then the position
+                    for order in REMAINING_ORDERS[1 if tag else 0:]:
+                        for min_n in REMAINING_MIN_N:
+                            for row in rows[m - min(order, m):m]:
+                                if row is not None and row[0] >= min_n:
+                                    break
+                            else:
+                                row = rows[m] or [0.0] * 5
+                            for point, c in REMAINING_POINTS.items():
+                                row_err[col[(order, pos, min_n, point, *tag)]] += abs(
+                                    row[c] - truth)
+            paths.append(int(j))
+            rows_err.append(row_err)
+        return paths, rows_err, n_calls
+
     errors: list[np.ndarray] = []   # one row per held-out (repeat, path): summed abs errors
     weights: list[float] = []       # how many identical workflows the row stands for
     row_groups: list[dict[str, int]] | None = None if groups is None else []   # the row's groups
@@ -366,45 +442,131 @@ def _remaining_cv(seqs: Sequence[tuple], counts: np.ndarray, folds: int, repeats
         split = _folds_of(counts, groups, folds, seed + 1 + r)
         fold_of = None if groups is None else group_fold_of(groups, folds, seed + 1 + r)
         for f in range(folds):
-            train = split.sum(axis=1) - split[:, f]
             test = split[:, f]
-            tr = np.flatnonzero(train)
-            if len(tr) == 0:
-                continue
-            tr_w = train[tr].tolist()
-            rem = {(alpha, pos): RemainingWork(max(REMAINING_ORDERS), pos, 1).fit(
-                       [aseqs[j] for j in tr], tr_w)
-                   for alpha, aseqs in alphabets.items() for pos in REMAINING_POSITIONS}
-            for j in np.flatnonzero(test):
-                w = float(test[j])
-                n = len(seqs[j])
-                row_err = np.zeros(len(cands))  # this workflow's errors
-                for i in range(n):
-                    calls += w
-                    truth = n - 1 - i
-                    for (alpha, pos), model in rem.items():
-                        seq = alphabets[alpha][j]
-                        tag = () if alpha == "agent" else (alpha,)
-                        keys = model.keys(seq[max(0, i + 1 - model.order):i + 1], i)
-                        rows = [model.table_.get(k) for k in keys]
-                        m = len(keys) - 1  # context keys, longest first, then the position
-                        for order in REMAINING_ORDERS[1 if tag else 0:]:
-                            for min_n in REMAINING_MIN_N:
-                                for row in rows[m - min(order, m):m]:
-                                    if row is not None and row[0] >= min_n:
-                                        break
-                                else:
-                                    row = rows[m] or [0.0] * 5
-                                for point, c in REMAINING_POINTS.items():
-                                    row_err[col[(order, pos, min_n, point, *tag)]] += abs(
-                                        row[c] - truth)
+            paths, rows_err, n_calls = score(split.sum(axis=1) - test, test)
+            calls += n_calls
+            for j, row_err in zip(paths, rows_err):
                 errors.append(row_err)
-                weights.append(w)
+                weights.append(float(test[j]))
                 if row_groups is not None:
                     row_groups.append({g: k for g, k in groups[j].items() if fold_of[g] == f})
     out = _choose_remaining(cands, np.array(errors), np.array(weights), calls, repeats,
                             _clusters(row_groups))
     out.update(folds=folds, repeats=repeats)
+    if late is not None:
+        paths, rows_err, n_calls = score(counts - late, late)
+        if paths:
+            out = _forward_remaining(out, cands, np.array(rows_err),
+                                     late[paths].astype(float), n_calls)
+    return out
+
+
+def _forward_remaining(cv: dict, cands: Sequence[tuple], errors: np.ndarray,
+                       weights: np.ndarray, calls: float) -> dict:
+    """The served remaining-work choice, checked forward in time: on the time-ordered slice
+    (``errors[r, c]``, summed absolute errors of held-out path r standing for ``weights[r]``
+    workflows) the candidates are the position median, the cross-validated choice and every
+    median over the last k agents (no position, any ``min_n``). The cross-validated choice
+    stays unless it is behind the slice's best of them by more than one paired standard
+    error; then the simplest (shortest context) within one standard error of that best."""
+    index = {c: i for i, c in enumerate(cands)}
+    alphabet = () if cv.get("alphabet", "agent") == "agent" else (cv["alphabet"],)
+    chosen = (cv["order"], cv["position"], cv["min_n"], cv["point"], *alphabet)
+    pool = {BASE_REMAINING, chosen} | {c for c in cands if len(c) == 4 and c[1] == "none"
+                                       and c[3] == "p50"}
+    total = weights @ errors
+    mae = {c: float(total[index[c]]) for c in pool}
+    best = min(pool, key=lambda c: (mae[c], c[0]))
+
+    def behind(c: tuple) -> bool:
+        if c == best:
+            return False
+        mean, se = paired_se((errors[:, index[c]] - errors[:, index[best]]) / weights, weights)
+        return mean > se
+    served = chosen
+    if behind(chosen):
+        served = min((c for c in pool if not behind(c)), key=lambda c: (c[0], -c[2], mae[c]))
+    out = dict(cv)
+    if served != chosen:
+        out.update(order=served[0], position=served[1], min_n=served[2], point=served[3],
+                   cv_choice={"order": chosen[0], "position": chosen[1], "min_n": chosen[2],
+                              "point": chosen[3]})
+        if "alphabet" in cv:  # the pool's medians read the plain agents
+            out["alphabet"] = "agent"
+    out["forward"] = {"workflows": int(weights.sum()),
+                      "served": "cv" if served == chosen else "forward",
+                      "mae": {"position_median": round(mae[BASE_REMAINING] / calls, 5),
+                              "cv_choice": round(mae[chosen] / calls, 5),
+                              "served": round(mae[served] / calls, 5)}}
+    return out
+
+
+def _forward_counts(forward: Sequence[int] | None, keep: np.ndarray, counts: Sequence[int],
+                    sub: np.ndarray) -> np.ndarray | None:
+    """The time-ordered slice's counts per kept path, scaled like the sample (``sub``); None
+    when there is none or it holds fewer than :data:`FORWARD_MIN` workflows or leaves fewer
+    than that to train on."""
+    if forward is None:
+        return None
+    full = np.asarray(counts, dtype=float)[keep]
+    late = np.minimum(sub, np.rint(np.asarray(forward, dtype=float)[keep] * sub
+                                   / np.maximum(full, 1.0))).astype(np.int64)
+    if late.sum() < FORWARD_MIN or (sub - late).sum() < FORWARD_MIN:
+        return None
+    return late
+
+
+def _forward_next(cv: dict, fwd: tuple, late: np.ndarray, grid: Sequence[tuple],
+                  cv_wf_loss: np.ndarray,
+                  weights: np.ndarray, groups: Sequence[Mapping[str, int]] | None,
+                  with_pfa: bool) -> dict:
+    """The served next-symbol choice, checked forward in time.
+
+    The candidates are the models alone within one paired standard error of the best in the
+    shuffled folds (what the folds cannot tell apart: Markov-1 among them wherever it is
+    close). The cross-validated choice ``cv`` stays unless, on the time-ordered slice
+    (``fwd``: :func:`select_models`' ``score`` on it, ``late[j]`` workflows of path j), one of them is ahead of it by more than
+    one paired standard error; then the one with the smallest slice log-loss, with the mixture
+    weight best on the slice. Both figures are recorded under ``forward``. A candidate that
+    only wins on the slice (where a release or new agents made every model poor) is not taken:
+    the folds must agree it is as good."""
+    loss, hits, wf_loss, events, agent_events = fwd
+    w = weights.astype(float)
+    cv_total = cv_wf_loss.sum(axis=0)
+    cv_best = int(np.argmin(cv_total))
+    clusters = _clusters(groups)
+
+    def close_in_cv(c: int) -> bool:
+        if c == cv_best:
+            return True
+        mean, se = paired_se((cv_wf_loss[:, c] - cv_wf_loss[:, cv_best]) / np.maximum(w, 1e-12),
+                             w, clusters)
+        return mean <= se
+    c = grid.index((cv["context"], cv["max_order"], cv["escape"], cv["min_context"]))
+    pool = [k for k in range(len(grid)) if k == c or close_in_cv(k)]
+    f_total = loss[:, 0] / max(events, 1e-12)
+    best = min(pool, key=lambda k: (f_total[k], k))
+    rows = late > 0
+    diff = (wf_loss[rows, c] - wf_loss[rows, best]) / late[rows]
+    mean, se = paired_se(diff, late[rows].astype(float))
+    held = bool(best == c or mean <= se)
+    info = {"workflows": int(late.sum()), "share": FORWARD_SHARE,
+            "candidates": len(pool),
+            "cv_choice_log_loss": round(float(f_total[c]), 5),
+            "best_log_loss": round(float(f_total[best]), 5),
+            "served": "cv" if held else "forward",
+            "cv_choice": {k: cv[k] for k in ("context", "max_order", "escape", "min_context",
+                                             "mixture")}}
+    out = dict(cv)
+    if not held:
+        fam, order, escape, floor = grid[best]
+        mixtures = MIXTURES if with_pfa else MIXTURES[:1]
+        m = min(range(len(mixtures)), key=lambda i: loss[best, i])
+        out.update(context=fam, max_order=order, escape=escape, min_context=floor,
+                   mixture=mixtures[m], cv_validation_log_loss=cv.get("validation_log_loss"),
+                   validation_log_loss=round(float(loss[best, m] / max(events, 1e-12)), 5),
+                   validation_top1=round(float(hits[best, m] / max(agent_events, 1e-12)), 5))
+    out["forward"] = info
     return out
 
 
