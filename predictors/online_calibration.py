@@ -1,80 +1,28 @@
 """Online calibration of served output-length bands: adaptive conformal inference per agent.
 
-A band fit on last month's workflows holds its coverage only while the workload stays put. When
-a team's tasks drift (issue 26: trained on the first 70 % of workflows by time, the rest covered
-0.917 at nominal 0.99), every refit comes too late for the calls in between. Adaptive conformal
-inference (Gibbs & Candès, *Adaptive Conformal Inference Under Distribution Shift*, 2021) keeps
-the long-run miss rate at its target whatever the drift, by moving the level at which the band is
-served after each observed outcome:
+A band fit on last month's workflows holds its coverage only while the workload stays put; every
+refit comes too late for the calls in between. Adaptive conformal inference (Gibbs & Candès,
+2021) keeps the long-run miss rate at its target whatever the drift by moving the level at which
+the band is served after each outcome, here on ``log α`` (a multiplicative step):
 
-    α_{t+1} = α_t + γ · (α − err_t),      err_t = 1 if the call's output fell outside its band.
+    ln α_{t+1} = clip(ln α_t + κ · (α − err_t), ln α_min, ln α_max)  ⇒  misses ≤ α·T + ln(α/α_min)/κ.
 
-A miss lowers the level (the next band is wider), a hit raises it a little (narrower); the level
-settles where the misses are α of the outcomes. Here ``α`` is the profile's ``1 − coverage``
-(0.01 at nominal 0.99), small enough that an additive step is either too slow after a hit or
-too violent after a miss, so the same rule runs on ``log α`` (a multiplicative step):
+**From a level to a band**: the fitted band ``[lo, hi]`` is stretched by the agent's own tail
+ratio ``r_t = U(α_t / 2) / U(α / 2)`` from its ``output_len_upper`` table (:func:`table_upper`),
+``r = 1`` at the nominal level, capped at ``MAX_STRETCH``. Keys are (workflow type, agent), with
+``UNSEEN_AGENT`` and a ``POOLED_AGENT`` key per type that a cold key is served at.
+A miss inside a run of misses steps further (``κ·(1 − α)·(1 + m)``), so a few-dozen-call key
+under drift still widens; only misses step further, so the bound holds.
 
-    ln α_{t+1} = clip(ln α_t + κ · (α − err_t),  ln α_min,  ln α_max).
+**Keep-alive TTL**: a second, one-sided instance of the loop at the idle-gap model's nominal,
+one outcome per idle gap, stretching along :func:`keep_alive_table` (never flatter than
+:data:`MIN_TAIL_SLOPE`). **Never dominated by the global band** (issue 37): each key serves its
+own band or the global band, whichever the interval score puts ahead by :data:`ARM_MARGIN`
+paired standard errors (:meth:`OnlineCalibrator.record`).
 
-Summing the steps over T outcomes gives the guarantee in the same form as the paper's: the
-steps add up to ``ln α_T − ln α_0``, so, when no call misses the widest band (at ``α_min``: the
-clip only truncates steps there and, after hits, at ``α_max``, which lowers the misses),
-
-    misses ≤ α · T + ln(α / α_min) / κ        (≈ α · T + 23 at the defaults),
-
-whatever the drift: the served miss rate of each (workflow type, agent) tends to at most α as
-its calls add up, and, away from ``α_max``, to exactly α (so the band does not stay wider than
-it must).
-
-**From a level to a band.** The profile stores, per agent, the one-sided upper bounds ``U(a)``
-of its output length at the risks of :data:`predictors.served.UPPER_ALPHAS`
-(``output_len_upper``; the ceiling below ``certified_alpha``). The band served at level ``α_t``
-is the fitted band ``[lo, hi]`` stretched by the table's own tail ratio
-
-    r_t = U(α_t / 2) / U(α / 2),      band_t = [lo / r_t, hi · r_t],
-
-(log-log interpolation between tabulated risks, extended along the tail's slope below the
-smallest certified one: :func:`table_upper`): ``r = 1`` at the nominal level (exactly the
-fitted band, conditional bands included), ``r > 1`` wider as the level falls, ``r < 1`` narrower as
-it rises; the lower end mirrors the upper tail in log space (the profile keeps no lower table).
-Bounds: ``α_min = α / 100`` and ``α_max = min(0.4, 4 α)`` (defaults), and ``r`` never exceeds
-``MAX_STRETCH`` (the fitted ceiling is ``2 × max observed``; a drifted workload may pass it).
-
-Keys are (workflow type, agent) for agents the profile knows, (workflow type, ``UNSEEN_AGENT``)
-for the agents it never saw (they share their type's entry), so the table is bounded by the
-profile. One more key per type, ``(type, POOLED_AGENT)``, takes every outcome of the type; a key
-with no outcome yet is served at it (a cold agent of a drifting type starts wide).
-
-**Runs of misses.** An additive step at α = 0.01 needs many misses to widen: a key with a few
-dozen outcomes under drift never gets there (issue 26: Who&When's captain_agent, 209 held-out
-calls over a dozen agents, stayed at 0.947). So a miss steps ``κ·(1 − α)·(1 + m)``, ``m`` the
-key's recent misses (decayed by ``1 − 1/H`` per outcome): a lone miss is plain ACI, the k-th of a
-run about k times as far. Only misses step further, so the bound above holds.
-
-**The keep-alive TTL** (issue 26) runs a second instance of the same loop: one-sided
-(``tails=1``: the level is the TTL's own risk, not split over two ends), at the idle-gap model's
-nominal (``α = 1 − quantile``, 0.05), an outcome per idle gap (the gap from a call's finish to the
-session's next arrival within the TTL held for that call: a hit; the TTL held is the one served
-bounded as the keep/drop policy holds it, :func:`predictors.served.held_ttl_s`; a session that
-ends gives no outcome). The profile's idle-gap entry stores two points of the (normalised) gap distribution,
-its median ``p50_s`` and its ``q``-quantile ``ttl_z``; :func:`keep_alive_table` turns them into a
-bound table ``((0.5, p50), (α, ttl_z))``, and :meth:`OnlineCalibrator.stretch` stretches along it
-exactly as along the output-length table: ``r_t = U(α_t) / U(α)``, log-log between the two
-points (toward the median as the level rises), along their power-law slope beyond the quantile
-(longer as it falls), never flatter than ``U ∝ α^(−0.30)`` (:data:`MIN_TAIL_SLOPE`: a
-drift-weighted entry may have its quantile at its median, and a TTL that cannot lengthen cannot
-recover); the served TTL is ``c · r_t · ttl_z``, capped at the profile's ``max_ttl_s``
-(``predictors.Predictor``).
-
-**Never dominated by the global band** (issue 37). A level stretches a band only along the agent's
-own tail, too flat to follow a narrow agent whose outputs grow 2–3×. So each key serves one of
-two arms, its own band (as above) or the global band as fitted, whichever the interval score
-``(hi − lo) + (2/α)·(distance outside)`` of the outcomes so far puts ahead by :data:`ARM_MARGIN`
-paired standard errors (:meth:`OnlineCalibrator.record`); the key's level steps on its own arm's
-outcome, so a key that never switches is served as before (docs/output-length.md).
-
-A new profile keeps the levels (they describe the workload, not the fit) unless the
-caller :meth:`reset` s them. O(1) per outcome and per band.
+A new profile keeps the levels unless the caller :meth:`reset` s them. O(1) per outcome and band.
+The derivation, the bounds and the figures behind each rule (issue 26, issue 37):
+docs/evaluation.md ("Online calibration: the design").
 """
 from __future__ import annotations
 
