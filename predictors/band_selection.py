@@ -89,7 +89,7 @@ def order_stat_bands(y: np.ndarray, coverages: Sequence[float], ceiling: int) ->
 
 def candidate_bands(y: np.ndarray, coverage: float, ceiling: int, one_sided: bool = True) -> dict[str, Band]:
     """Every marginal candidate fit on ``y`` (n ≥ 1), clipped to ``[0, ceiling]``; ``one_sided``:
-    include the ``one_sided`` one (the fit leaves it out at the global node, module doc)."""
+    include the ``one_sided`` one (the fit leaves it out at the global node, docs/output-length.md)."""
     y = np.asarray(y, dtype=float)
     n = len(y)
     alpha = 1.0 - coverage

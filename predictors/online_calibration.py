@@ -63,7 +63,7 @@ KEEP_ALIVE_ESCALATION_HORIZON = 10.0
 MIN_TAIL_SLOPE = math.log(MAX_STRETCH) / math.log(MIN_ALPHA_RATIO)
 #: The keep-alive TTL's nominal before a profile says its own (the idle-gap model's default quantile).
 KEEP_ALIVE_NOMINAL = 0.95
-#: The second arm (the global band, module doc): half-life of the evidence in outcomes of one key,
+#: The second arm (the global band, docs/evaluation.md): half-life of the evidence in outcomes of one key,
 #: the paired z it must pass to switch (either way: one standard error, the fit's TOLERANCE_Z),
 #: and the effective outcomes before any switch. Measured in docs/output-length.md.
 ARM_HALF_LIFE = 50.0
@@ -137,7 +137,7 @@ def table_upper(table: Sequence[tuple[float, int]], alpha: float) -> float | Non
 
 def interval_score(lo: float, hi: float, y: float, alpha: float) -> float:
     """The interval score of the central ``1 − alpha`` band ``[lo, hi]`` at outcome ``y``:
-    ``(hi − lo) + (2/α)·(lo − y)⁺ + (2/α)·(y − hi)⁺`` (lower is better; module doc)."""
+    ``(hi − lo) + (2/α)·(lo − y)⁺ + (2/α)·(y − hi)⁺`` (lower is better; docs/evaluation.md)."""
     return (hi - lo) + (2.0 / alpha) * (max(lo - y, 0.0) + max(y - hi, 0.0))
 
 
@@ -167,14 +167,14 @@ class _Arms:
 
 
 def keep_alive_calibrator(nominal: float = KEEP_ALIVE_NOMINAL, **kwargs: Any) -> "OnlineCalibrator":
-    """The keep-alive TTL's calibrator: one-sided, at the keep-alive defaults (module doc)."""
+    """The keep-alive TTL's calibrator: one-sided, at the keep-alive defaults (docs/evaluation.md)."""
     kwargs.setdefault("rate", KEEP_ALIVE_RATE)
     kwargs.setdefault("escalation_horizon", KEEP_ALIVE_ESCALATION_HORIZON)
     return OnlineCalibrator(nominal, tails=1, **kwargs)
 
 
 class OnlineCalibrator:
-    """Per-key adaptive level of the served output-length band (see the module docstring).
+    """Per-key adaptive level of the served output-length band (docs/evaluation.md).
 
     Parameters
     ----------
@@ -187,7 +187,7 @@ class OnlineCalibrator:
     tails : 2 for a two-sided band (each end at risk ``α_t / 2``: the output length), 1 for a
         one-sided bound (risk ``α_t``: the keep-alive TTL).
     arm_half_life, arm_margin, arm_min_outcomes : the switch between a key's own band and the
-        global one (:meth:`serve`, :meth:`record`; module doc).
+        global one (:meth:`serve`, :meth:`record`; docs/evaluation.md).
     """
 
     def __init__(self, nominal: float = 0.99, *, rate: float = DEFAULT_RATE,
@@ -317,7 +317,7 @@ class OnlineCalibrator:
     def serve(self, key: tuple[str, str], arms: tuple[tuple[int, int, str], tuple[int, int, str] | None]
               ) -> tuple[int, int, str]:
         """The band served at ``key`` of its :meth:`arms`: the global one while the key's evidence
-        says it is ahead (module doc), else its own."""
+        says it is ahead (docs/evaluation.md), else its own."""
         own, alt = arms
         if alt is None:
             return own
@@ -333,7 +333,7 @@ class OnlineCalibrator:
                arms: tuple[tuple[int, int, str], tuple[int, int, str] | None]) -> None:
         """One outcome ``out`` of a call served at ``key`` with these :meth:`arms` (as computed at
         its arrival): the key's level steps on its own arm's hit (:meth:`update`), and the interval
-        scores' difference feeds the switch between the arms (module doc)."""
+        scores' difference feeds the switch between the arms (docs/evaluation.md)."""
         own, alt = arms
         self.update(key, own[0] <= out <= own[1])
         if alt is None:
@@ -367,7 +367,7 @@ class OnlineCalibrator:
         A hit raises ln α by ``κ·α``; a miss lowers it by ``κ·(1 − α)·(1 + m)``, ``m`` the key's
         recent misses (each decayed by ``1 − 1/H`` per outcome): a lone miss steps as plain ACI, a
         run of misses (drift) widens the band fast. The steps only grow on misses, so the bound of
-        the module docstring still holds (each miss steps at least κ(1 − α)). The type's pooled
+        the bound in docs/evaluation.md holds (each miss steps at least κ(1 − α)). The type's pooled
         level takes the same step; a key's first outcome starts from it (a cold agent of a drifting
         type starts wide)."""
         pooled = (key[0], POOLED_AGENT)

@@ -64,7 +64,7 @@ class Predictor:
     gate : an object deciding shadow mode (``serving_hooks.shadow.ShadowGate``) or None.
     prompt_composition_agents : next agents (most likely first) whose prompt template is included.
     agent_fallback : predict calls of agents the profile has no or too little data for from their
-        workflow type's entry (module doc); False answers them ``known: false``.
+        workflow type's entry (docs/serving.md); False answers them ``known: false``.
     online_calibration : adapt each (workflow type, agent)'s band level from the observed outcomes
         (:class:`predictors.online_calibration.OnlineCalibrator`; True: one with the defaults, an
         instance: that one, False: serve the fitted bands as they are).
@@ -268,12 +268,12 @@ class Predictor:
 
     def annotate_call(self, app_metadata: Mapping[str, Any] | None, *, request_id: str | None = None,
                       input_tokens: int | None = None, advance: bool = True) -> Annotation:
-        """The annotation contract for one call (see module doc); never raises on bad input.
+        """The annotation contract for one call (docs/serving.md); never raises on bad input.
 
         ``request_id`` makes the session advance idempotent (and lets :meth:`observe` score the
         band this call was given); ``input_tokens`` feeds the conditional output-length model;
         ``advance=False`` asks "what would you say" without changing the session. ``priority``
-        is left empty (module doc: the serving layer sets it).
+        is left empty (docs/serving.md: the serving layer sets it).
         """
         ann = self._annotate(app_metadata, request_id, input_tokens, advance)
         with self._count_lock:

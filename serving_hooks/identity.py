@@ -50,7 +50,7 @@ _TRUE = ("true", "1", "yes")    # Dynamo's header_bool
 
 @dataclass(frozen=True)
 class IdentityMap:
-    """How harness headers become ``app_metadata`` (module doc)."""
+    """How harness headers become ``app_metadata`` (docs/dialects.md)."""
 
     workflow_type_from: str = "harness"
     default_workflow_type: str = "default"
