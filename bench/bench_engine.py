@@ -6,61 +6,21 @@
     python bench/bench_engine.py --estimate --matrix                       # what the issue-34 matrix costs
     python bench/bench_engine.py --matrix --out engine-matrix.json         # ... and run it, ALONE on the machine
 
-Replicas (``--replicas``, 2; the ``contention`` and ``kv-pressure`` conditions 1) with a tight KV pool (``--pool-tokens``) and enough running slots
-(``--max-running``) that the waiting queue, not a slot cap, decides who runs; the *same* replayed
-workload (``profiler replay``: closed loop, ``--concurrency`` workflows in flight, recorded gaps ×
-``--time-scale``, lengths × ``--token-scale``) through every arm (``--setups``), side by side:
+Replicas with a tight KV pool replay the *same* workload (``profiler replay``, closed loop)
+through every arm (``--setups``) side by side: **round-robin** (plain SGLang behind the gateway),
+**router** (the real ``sglang-router`` at its defaults, :mod:`bench.engine_router`),
+**routing-only** (gateway ``--routing capacity``, no SGLang fields) and **hints** (SGLang as
+docs/sglang.md deploys it: plugin, priority scheduling, ``workflow-retention``, HiCache);
+``--ablation`` adds one-mechanism-off arms. ``--condition`` picks presets
+(:mod:`bench.engine_conditions`); ``--matrix`` runs the contention conditions.
 
-* **round-robin** — plain SGLang at its defaults (LRU radix cache, FCFS, plugin off) behind the
-  project's gateway in ``--routing round-robin`` without SGLang fields;
-* **router** — the same plain replicas behind the real ``sglang-router`` (PyPI
-  ``sglang-router``, Rust) at its defaults — the ``cache_aware`` policy, started as its README
-  does (``python -m sglang_router.launch_router --worker-urls …``; :mod:`bench.engine_router`);
-  a fresh router per run, so its prefix tree starts empty like the flushed engines;
-* **routing-only** — the same plain replicas behind the gateway with ``--routing capacity``
-  (the profile's annotations choose the replica) and no SGLang fields: what the gateway's
-  routing does without the plugin;
-* **hints** — SGLang as docs/sglang.md deploys it: the project's plugin (``AWP_SGLANG_PLUGIN=1``),
-  priority scheduling with ``--default-priority-value 250``, preemption threshold
-  ``--preemption-threshold`` (500), ``--retraction-policy priority``, the ``workflow-retention``
-  backend and HiCache with a host tier (``--hicache-ratio 2``, write-back: the plugin's prefetch
-  stages there) — behind the gateway with ``--routing capacity`` and ``--sglang-fields`` (the
-  profile's predictions as ``priority`` + ``custom_params``), the profile fitted on the replay's
-  clock (gaps × ``--time-scale``, :func:`serving_hooks.replay_plan.on_replay_clock`);
-* ``--ablation`` adds routing-only and hints with one mechanism off, each on its own replica
-  pair: **no-priority** (no ``--enable-priority-scheduling``, so SGLang's default retraction),
-  **no-retention** (SGLang's LRU radix cache instead of ``workflow-retention``), **no-prefetch**
-  (``AWP_PREFETCH=0``: HiCache stays, the plugin stages nothing).
-
-``--ablation`` also adds **no-routing** (hints with round-robin routing; with 2+ replicas only).
-
-``--condition`` picks named presets (:mod:`bench.engine_conditions`: ``default``,
-``many-in-flight``, ``tight-pool``, ``recorded-gaps``, ``multi-agent`` — the real Who&When trace
-— ``agent-platform`` — the simulator's six-application mix — and the contention conditions
-``contention``, ``kv-pressure``, ``platform-contention``, each with its own arms); several
-conditions run one after the other, each on fresh replicas; ``--matrix`` runs the three
-contention conditions with their seed counts. Per seed every arm replays the same workflows
-after a cache flush; on CPU the replicas of a condition's arms run at once and the arms
-interleave A B | B A per seed, so background load hits all alike (``--one-pair-at-a-time``, and
-always on ``--gpu``: one pair at a time, which also bounds memory). **It must run alone**: before
-anything starts and before every run the machine must be quiet (:mod:`bench.engine_quiet`:
-load average and a CPU probe; it waits, then refuses unless ``--allow-load``), every run records
-the load and the CPU the idle replicas took, and a seed whose SGLang queue was empty most of the
-time gives no ratio. Before starting it prints the estimated wall time.
-
-Reported per condition (:mod:`bench.engine_report`): per seed and arm the avg/P95 workflow JCT,
-errors, cache share, gateway annotate outcomes and the replicas' waiting queue (SGLang's
-``#queue-req`` over that run's batch lines); per arm the same over the seeds plus the plugin's
-counters (``plugin_counters``, its own names); per ratio (every arm / round-robin and / router)
-the per-seed values, the mean and a 95 % Student-t interval over seeds; then the **simulator**
-(:mod:`bench.engine_sim`), calibrated to these replicas from a calibration replay and configured
-from the servers' start-up line, replays the same traces under the matching policies, and
-``fidelity`` judges it: each ratio within 0.05 of the measured, each arm's avg JCT within 15 %.
-
-``--gpu`` (untested here: written on a CPU-only machine): the ``llama-8b`` model folder
-(:mod:`bench.engine_models`, ``--load-format dummy``, bfloat16, no download), replicas placed on
-the visible GPUs in turn, ``--mem-fraction-static`` split between replicas sharing a GPU, and
-GPU-sized defaults (pool, running cap, scales, workflows) where not given.
+Why this shape: per seed every arm replays the same workflows after a cache flush, arms
+interleave A B | B A so background load hits all alike, and the machine must be quiet
+(:mod:`bench.engine_quiet`) — **it must run alone**. Reported (:mod:`bench.engine_report`): per
+seed and arm avg/P95 workflow JCT, cache share and queue; per ratio the mean and a 95 % Student-t
+interval over seeds; then the simulator (:mod:`bench.engine_sim`), calibrated to these replicas,
+replays the same traces and ``fidelity`` judges it. The full description of arms, conditions and
+the ``--gpu`` mode is in docs/sglang.md ("bench_engine.py: arms, conditions and reports").
 """
 from __future__ import annotations
 

@@ -3,59 +3,23 @@
 Every node of the hierarchy (global → workflow type → agent) has a few candidate bands, each a
 function of the node's training lengths. Workflows are dealt into K folds once for the whole fit
 (:func:`store.folds.group_folds`), so an agent's fold k and its workflow type's fold k hold the same
-workflows. For every candidate, each fold's held-out calls are scored against the band fit on the
-other folds; the pooled held-out *coverage* (share inside) and *mean width* are the candidate's
-validation figures.
+workflows; each candidate's pooled held-out *coverage* and *mean width* are its validation figures.
 
-**Candidates** (α = 1 − coverage; ceilings below):
+**Candidates** (α = 1 − coverage): ``order_stat`` (split-conformal ranks ⌊(n+1)α/2⌋, ⌈(n+1)(1−α/2)⌉),
+``order_stat_ceiling`` (a missing rank replaced by the support's end, so coverage ≥ 1 − α at
+every n), ``one_sided`` (``[0, U(α)]``: output lengths are right-skewed; not offered at the global
+node), ``empirical`` (the naive band), ``lognormal``, ``parent``, ``global`` and ``conditional``
+(:mod:`predictors.quantile_tree`).
 
-* ``order_stat`` — the order statistics at ranks ⌊(n+1)α/2⌋ and ⌈(n+1)(1−α/2)⌉ (split-conformal:
-  coverage ≥ 1 − α for exchangeable data) clipped to the sample range when n is too small for the
-  ranks (then the guarantee is only (n−1)/(n+1)).
-* ``order_stat_ceiling`` — the small-n finite-sample correction: a rank that does not exist is
-  replaced by the support's end (0 below, the ceiling above), so coverage ≥ 1 − α holds at every n.
-* ``one_sided`` — ``[0, U(α)]``, U(α) the order statistic at rank ⌈(n+1)(1−α)⌉ (the ceiling when
-  n is too small for it): the whole miss budget on the upper tail (split-conformal: coverage ≥ 1 − α
-  for exchangeable data, since a length is never below 0). Output lengths are skewed to the right:
-  the lower end of a two-sided band buys a few tokens of width (Who&When's captain_agent: 3) while
-  putting α/2 of the budget on it moves the upper end from U(α) to U(α/2) (1,361 → 2,522 tokens in
-  the type's table), and an empty answer (0 tokens, 2 of 461 training calls there) falls below it.
-  Chosen, like every candidate, only when held-out validation finds it the narrowest that holds
-  nominal coverage. Not offered at the global node: the global band is every type's parent and
-  a shared-budget option of every agent, and heavy-tailed agents borrow its upper end U(α/2); a
-  one-sided global band took that option away and the budget re-spent it (Who&When 5-fold CV:
-  magentic_one 0.985 / 2,374 → 0.987 / 2,763 tokens with it, 0.987 / 2,292 without; captain_agent
-  0.994 / 1,790 with it, 0.985 / 1,779 without; docs/output-length.md).
-* ``empirical`` — ``np.quantile(y, [α/2, 1 − α/2])`` (linear interpolation: the naive band).
-* ``lognormal`` — the lognormal prediction interval exp(μ̂ ± t_{n−1,1−α/2} σ̂ √(1 + 1/n)) (n ≥ 3).
-* ``parent`` — the band the parent level serves (workflow type, then global), fit on the same folds.
-* ``global`` — at an agent node whose parent is not the global band itself: the global band, the
-  simplest baseline (issue 37: on a drifting log a pooled band can be the one that holds).
-* ``conditional`` — a quantile tree with a conformal correction (:mod:`predictors.quantile_tree`).
+**Rule.** A candidate is accepted when its held-out misses m of N satisfy
+m ≤ α·(N+1) + z·√(N·α·(1−α)), z = :data:`TOLERANCE_Z` = 1; the narrowest accepted candidate wins
+(ties: :data:`CANDIDATE_ORDER`), else the highest coverage. **Forward in time** (issue 37): among
+accepted candidates, the narrowest the same rule also accepts by rolling origin
+(:data:`FORWARD_ORIGINS`) wins. **Ceiling**: no band end exceeds
+``min(max_output_tokens, ⌈CEILING_FACTOR · max(max y, 1)⌉)``.
 
-**Rule.** A candidate is *accepted* when its held-out misses m out of N are no more than a band
-at exactly nominal coverage would make, give or take its own noise:
-m ≤ α·(N+1) + z·√(N·α·(1−α)) with z = :data:`TOLERANCE_Z` = 1 (one binomial standard
-deviation). At α = 0.01 that allows 0 misses for N < 38, 1 for N < 100, 2 for N < 170, 13 of
-1,000: a small validation set gets no more slack than its own granularity, a large one about one
-standard error. (A laxer rule, a one-sided binomial test at 5 %, covered 0.956 instead of 0.970 of
-the held-out Who&When calls, docs/output-length.md.) The narrowest accepted
-candidate wins, so a band is never wider than its parent's unless validation rejects the parent
-(ties, e.g. a workflow type that is the whole log: the order of :data:`CANDIDATE_ORDER`, own
-bands first). When none is accepted, the one with the highest validation coverage (then the
-narrowest) wins and the entry says so.
-
-**Forward in time** (issue 37). Shuffled folds score a candidate on workflows from the whole
-training period; a drift inside it is averaged away. So the marginal candidates are also scored
-by rolling origin on the training calls (:data:`FORWARD_ORIGINS`: fit on the workflows that
-started before each origin, score on those up to the next, pooled), and among the candidates the
-held-out rule accepts, the narrowest that the same rule also accepts forward in time wins. When
-none holds forward, the held-out rule alone decides (a drift the forward blocks see but none of
-the candidates follows is the online calibration's to follow).
-
-**Ceiling.** No band end and no U(α) exceeds the node's ceiling
-``min(max_output_tokens, ⌈CEILING_FACTOR · max(max y, 1)⌉)`` (``max_output_tokens`` when the user
-gives one — the request's ``max_tokens`` or the model's context limit — and never below max y).
+Why each candidate and the rule's tolerance, with their Who&When figures: docs/output-length.md
+("Band selection: candidates and rule").
 """
 from __future__ import annotations
 
@@ -125,7 +89,7 @@ def order_stat_bands(y: np.ndarray, coverages: Sequence[float], ceiling: int) ->
 
 def candidate_bands(y: np.ndarray, coverage: float, ceiling: int, one_sided: bool = True) -> dict[str, Band]:
     """Every marginal candidate fit on ``y`` (n ≥ 1), clipped to ``[0, ceiling]``; ``one_sided``:
-    include the ``one_sided`` one (the fit leaves it out at the global node, module doc)."""
+    include the ``one_sided`` one (the fit leaves it out at the global node, docs/output-length.md)."""
     y = np.asarray(y, dtype=float)
     n = len(y)
     alpha = 1.0 - coverage

@@ -1,50 +1,20 @@
 """Keep-alive TTL from the idle gap: how long a session's KV cache sits unused after a call.
 
 A session's KV is idle from a call's *finish* to the *next arrival* of the same session
-(``gap_after_s`` in the store) — the tool run plus the agent's own think/wait time, not the tool
-alone. The engine (SGLang semantics) keeps a finished call's KV for ``TTL`` seconds, so the TTL
-that outlasts a share ``q`` of idle gaps is the ``q``-quantile of the gap distribution.
+(``gap_after_s`` in the store). The engine (SGLang semantics) keeps a finished call's KV for
+``TTL`` seconds, so the TTL that outlasts a share ``q`` of idle gaps is the ``q``-quantile of the
+gap distribution: TTL = smallest x₍ₖ₎ with Σ_{i≤k} wᵢ / (Σ wᵢ + 1) ≥ q (weighted split-conformal).
 
-Estimator, per workflow type
-----------------------------
-* **Levels with backoff**: ``(wt, agent, tool)`` → ``(wt, agent)`` → ``(wt)``; a finer entry is
-  used only with ≥ ``min_samples`` gaps. ``tool`` is the first tool the call's response named
-  (``""`` when none). At a call's *arrival* the tool is unknown, so the served TTL comes from the
-  ``agent`` or ``workflow_type`` level; the ``tool`` level is offered beside it
-  (``keep_alive_ttl_by_tool``) when validation says it helps and the consumer knows the tool.
-* **Finite-sample quantile** (weighted split-conformal, Barber et al. 2023): with gaps ``xᵢ`` and
-  weights ``wᵢ`` sorted by ``x``, the TTL is the smallest ``x₍ₖ₎`` with
-  ``Σ_{i≤k} wᵢ / (Σ wᵢ + w_new) ≥ q`` (``w_new`` = the weight of a new gap, 1). No ``x₍ₖ₎``
-  qualifies when ``Σ wᵢ < q / (1 − q)`` (19 at 0.95): recency weights can leave an entry with
-  plenty of gaps but too little weight. Such an entry is not served the cap: it takes its own
-  gaps' quantile under a longer half-life (doubled until certified, at last unweighted), and
-  only when even its plain gaps are too few (``min_samples`` below 19) its parent level's
-  (``backed_off`` in the profile counts them); a type in that case is served the cap ``max_ttl_s``.
-* **Online per-session correction**: a session whose gaps run long gets longer TTLs. With
-  ``ℓⱼ = ln(gapⱼ / median)`` over the session's earlier gaps, the factor is
-  ``c = exp(clip(Σℓⱼ / (n + prior_weight), ±ln 8))`` (shrunk toward 1). Scores are normalized
-  the same way at fit time (``z = gap / c``) and the TTL is ``c · Q_q(z)`` — a normalized
-  conformal quantile, so coverage stays calibrated while slow sessions get more.
-* **Drift**: weights ``wᵢ = 2^(−ageᵢ / h)``, ``ageᵢ`` = how many workflows of the type started
-  after the one the gap belongs to, so an older release's shape does not dominate. ``h`` (a
-  fraction of the type's workflow count, or ∞) is chosen on a *later slice*: fit on the first
-  70 % of workflows by start time, score the last 30 %. A half-life whose weights cannot certify
-  the type's quantile on that slice is not a candidate (:func:`certifies`): before this rule an
-  uncertified quantile served the cap, "covered" the later slice with it and won, and the served
-  TTLs collapsed to the cap (issue 26). Among the rest the choice weighs coverage *and* cost
-  (:func:`pick_least_decay`): the cheapest candidate (KV-seconds held per covered gap, session
-  ends counted) reaching ``q`` on the slice, unless no decay reaches it too and its TTL lies
-  within one standard error of that candidate's own quantile — a decay that moves the quantile
-  less than its noise has shown no drift, and a sample of the whole log (cross-validation)
-  misses the newest workflows' chance shape it fits.
-* **Choice by validation**: level and prior weight are chosen per workflow type by K-fold
-  cross-validation *by workflow*: the narrowest mean TTL whose validation coverage reaches ``q``,
-  else the highest coverage.
+Estimator, per workflow type: levels with backoff ``(wt, agent, tool)`` → ``(wt, agent)`` →
+``(wt)``; a finite-sample weighted quantile (an entry whose weights cannot certify ``q`` takes a
+longer half-life, then its parent); an online per-session factor ``c`` (normalized conformal
+quantile ``c · Q_q(gap / c)``) so slow sessions get more; recency weights ``2^(−age / h)`` with
+``h`` chosen on a later slice (:func:`certifies`, :func:`pick_least_decay`); level and prior
+weight chosen by K-fold cross-validation by workflow. END calls have no gap (``end_share`` is
+kept); gaps ending in a person's turn are left out of the fit.
 
-Sessions whose last call has no next call (END) have no gap; their share is kept
-(``end_share``) because a TTL kept there is wasted memory. Gaps that end in a person's turn
-(think time, not a wait an engine plans a keep-alive on) are not given to this model: the fit
-leaves out calls marked ``wait_after = "human"`` (``fitting.profile_fit.idle_gap_calls``).
+Why each of these choices (issue 26 and the decay rule): docs/keep-alive.md ("Idle-gap estimator:
+the design").
 """
 from __future__ import annotations
 

@@ -1,80 +1,28 @@
 """Online calibration of served output-length bands: adaptive conformal inference per agent.
 
-A band fit on last month's workflows holds its coverage only while the workload stays put. When
-a team's tasks drift (issue 26: trained on the first 70 % of workflows by time, the rest covered
-0.917 at nominal 0.99), every refit comes too late for the calls in between. Adaptive conformal
-inference (Gibbs & Candès, *Adaptive Conformal Inference Under Distribution Shift*, 2021) keeps
-the long-run miss rate at its target whatever the drift, by moving the level at which the band is
-served after each observed outcome:
+A band fit on last month's workflows holds its coverage only while the workload stays put; every
+refit comes too late for the calls in between. Adaptive conformal inference (Gibbs & Candès,
+2021) keeps the long-run miss rate at its target whatever the drift by moving the level at which
+the band is served after each outcome, here on ``log α`` (a multiplicative step):
 
-    α_{t+1} = α_t + γ · (α − err_t),      err_t = 1 if the call's output fell outside its band.
+    ln α_{t+1} = clip(ln α_t + κ · (α − err_t), ln α_min, ln α_max)  ⇒  misses ≤ α·T + ln(α/α_min)/κ.
 
-A miss lowers the level (the next band is wider), a hit raises it a little (narrower); the level
-settles where the misses are α of the outcomes. Here ``α`` is the profile's ``1 − coverage``
-(0.01 at nominal 0.99), small enough that an additive step is either too slow after a hit or
-too violent after a miss, so the same rule runs on ``log α`` (a multiplicative step):
+**From a level to a band**: the fitted band ``[lo, hi]`` is stretched by the agent's own tail
+ratio ``r_t = U(α_t / 2) / U(α / 2)`` from its ``output_len_upper`` table (:func:`table_upper`),
+``r = 1`` at the nominal level, capped at ``MAX_STRETCH``. Keys are (workflow type, agent), with
+``UNSEEN_AGENT`` and a ``POOLED_AGENT`` key per type that a cold key is served at.
+A miss inside a run of misses steps further (``κ·(1 − α)·(1 + m)``), so a few-dozen-call key
+under drift still widens; only misses step further, so the bound holds.
 
-    ln α_{t+1} = clip(ln α_t + κ · (α − err_t),  ln α_min,  ln α_max).
+**Keep-alive TTL**: a second, one-sided instance of the loop at the idle-gap model's nominal,
+one outcome per idle gap, stretching along :func:`keep_alive_table` (never flatter than
+:data:`MIN_TAIL_SLOPE`). **Never dominated by the global band** (issue 37): each key serves its
+own band or the global band, whichever the interval score puts ahead by :data:`ARM_MARGIN`
+paired standard errors (:meth:`OnlineCalibrator.record`).
 
-Summing the steps over T outcomes gives the guarantee in the same form as the paper's: the
-steps add up to ``ln α_T − ln α_0``, so, when no call misses the widest band (at ``α_min``: the
-clip only truncates steps there and, after hits, at ``α_max``, which lowers the misses),
-
-    misses ≤ α · T + ln(α / α_min) / κ        (≈ α · T + 23 at the defaults),
-
-whatever the drift: the served miss rate of each (workflow type, agent) tends to at most α as
-its calls add up, and, away from ``α_max``, to exactly α (so the band does not stay wider than
-it must).
-
-**From a level to a band.** The profile stores, per agent, the one-sided upper bounds ``U(a)``
-of its output length at the risks of :data:`predictors.served.UPPER_ALPHAS`
-(``output_len_upper``; the ceiling below ``certified_alpha``). The band served at level ``α_t``
-is the fitted band ``[lo, hi]`` stretched by the table's own tail ratio
-
-    r_t = U(α_t / 2) / U(α / 2),      band_t = [lo / r_t, hi · r_t],
-
-(log-log interpolation between tabulated risks, extended along the tail's slope below the
-smallest certified one: :func:`table_upper`): ``r = 1`` at the nominal level (exactly the
-fitted band, conditional bands included), ``r > 1`` wider as the level falls, ``r < 1`` narrower as
-it rises; the lower end mirrors the upper tail in log space (the profile keeps no lower table).
-Bounds: ``α_min = α / 100`` and ``α_max = min(0.4, 4 α)`` (defaults), and ``r`` never exceeds
-``MAX_STRETCH`` (the fitted ceiling is ``2 × max observed``; a drifted workload may pass it).
-
-Keys are (workflow type, agent) for agents the profile knows, (workflow type, ``UNSEEN_AGENT``)
-for the agents it never saw (they share their type's entry), so the table is bounded by the
-profile. One more key per type, ``(type, POOLED_AGENT)``, takes every outcome of the type; a key
-with no outcome yet is served at it (a cold agent of a drifting type starts wide).
-
-**Runs of misses.** An additive step at α = 0.01 needs many misses to widen: a key with a few
-dozen outcomes under drift never gets there (issue 26: Who&When's captain_agent, 209 held-out
-calls over a dozen agents, stayed at 0.947). So a miss steps ``κ·(1 − α)·(1 + m)``, ``m`` the
-key's recent misses (decayed by ``1 − 1/H`` per outcome): a lone miss is plain ACI, the k-th of a
-run about k times as far. Only misses step further, so the bound above holds.
-
-**The keep-alive TTL** (issue 26) runs a second instance of the same loop: one-sided
-(``tails=1``: the level is the TTL's own risk, not split over two ends), at the idle-gap model's
-nominal (``α = 1 − quantile``, 0.05), an outcome per idle gap (the gap from a call's finish to the
-session's next arrival within the TTL held for that call: a hit; the TTL held is the one served
-bounded as the keep/drop policy holds it, :func:`predictors.served.held_ttl_s`; a session that
-ends gives no outcome). The profile's idle-gap entry stores two points of the (normalised) gap distribution,
-its median ``p50_s`` and its ``q``-quantile ``ttl_z``; :func:`keep_alive_table` turns them into a
-bound table ``((0.5, p50), (α, ttl_z))``, and :meth:`OnlineCalibrator.stretch` stretches along it
-exactly as along the output-length table: ``r_t = U(α_t) / U(α)``, log-log between the two
-points (toward the median as the level rises), along their power-law slope beyond the quantile
-(longer as it falls), never flatter than ``U ∝ α^(−0.30)`` (:data:`MIN_TAIL_SLOPE`: a
-drift-weighted entry may have its quantile at its median, and a TTL that cannot lengthen cannot
-recover); the served TTL is ``c · r_t · ttl_z``, capped at the profile's ``max_ttl_s``
-(``predictors.Predictor``).
-
-**Never dominated by the global band** (issue 37). A level stretches a band only along the agent's
-own tail, too flat to follow a narrow agent whose outputs grow 2–3×. So each key serves one of
-two arms, its own band (as above) or the global band as fitted, whichever the interval score
-``(hi − lo) + (2/α)·(distance outside)`` of the outcomes so far puts ahead by :data:`ARM_MARGIN`
-paired standard errors (:meth:`OnlineCalibrator.record`); the key's level steps on its own arm's
-outcome, so a key that never switches is served as before (docs/output-length.md).
-
-A new profile keeps the levels (they describe the workload, not the fit) unless the
-caller :meth:`reset` s them. O(1) per outcome and per band.
+A new profile keeps the levels unless the caller :meth:`reset` s them. O(1) per outcome and band.
+The derivation, the bounds and the figures behind each rule (issue 26, issue 37):
+docs/evaluation.md ("Online calibration: the design").
 """
 from __future__ import annotations
 
@@ -115,7 +63,7 @@ KEEP_ALIVE_ESCALATION_HORIZON = 10.0
 MIN_TAIL_SLOPE = math.log(MAX_STRETCH) / math.log(MIN_ALPHA_RATIO)
 #: The keep-alive TTL's nominal before a profile says its own (the idle-gap model's default quantile).
 KEEP_ALIVE_NOMINAL = 0.95
-#: The second arm (the global band, module doc): half-life of the evidence in outcomes of one key,
+#: The second arm (the global band, docs/evaluation.md): half-life of the evidence in outcomes of one key,
 #: the paired z it must pass to switch (either way: one standard error, the fit's TOLERANCE_Z),
 #: and the effective outcomes before any switch. Measured in docs/output-length.md.
 ARM_HALF_LIFE = 50.0
@@ -189,7 +137,7 @@ def table_upper(table: Sequence[tuple[float, int]], alpha: float) -> float | Non
 
 def interval_score(lo: float, hi: float, y: float, alpha: float) -> float:
     """The interval score of the central ``1 − alpha`` band ``[lo, hi]`` at outcome ``y``:
-    ``(hi − lo) + (2/α)·(lo − y)⁺ + (2/α)·(y − hi)⁺`` (lower is better; module doc)."""
+    ``(hi − lo) + (2/α)·(lo − y)⁺ + (2/α)·(y − hi)⁺`` (lower is better; docs/evaluation.md)."""
     return (hi - lo) + (2.0 / alpha) * (max(lo - y, 0.0) + max(y - hi, 0.0))
 
 
@@ -219,14 +167,14 @@ class _Arms:
 
 
 def keep_alive_calibrator(nominal: float = KEEP_ALIVE_NOMINAL, **kwargs: Any) -> "OnlineCalibrator":
-    """The keep-alive TTL's calibrator: one-sided, at the keep-alive defaults (module doc)."""
+    """The keep-alive TTL's calibrator: one-sided, at the keep-alive defaults (docs/evaluation.md)."""
     kwargs.setdefault("rate", KEEP_ALIVE_RATE)
     kwargs.setdefault("escalation_horizon", KEEP_ALIVE_ESCALATION_HORIZON)
     return OnlineCalibrator(nominal, tails=1, **kwargs)
 
 
 class OnlineCalibrator:
-    """Per-key adaptive level of the served output-length band (see the module docstring).
+    """Per-key adaptive level of the served output-length band (docs/evaluation.md).
 
     Parameters
     ----------
@@ -239,7 +187,7 @@ class OnlineCalibrator:
     tails : 2 for a two-sided band (each end at risk ``α_t / 2``: the output length), 1 for a
         one-sided bound (risk ``α_t``: the keep-alive TTL).
     arm_half_life, arm_margin, arm_min_outcomes : the switch between a key's own band and the
-        global one (:meth:`serve`, :meth:`record`; module doc).
+        global one (:meth:`serve`, :meth:`record`; docs/evaluation.md).
     """
 
     def __init__(self, nominal: float = 0.99, *, rate: float = DEFAULT_RATE,
@@ -369,7 +317,7 @@ class OnlineCalibrator:
     def serve(self, key: tuple[str, str], arms: tuple[tuple[int, int, str], tuple[int, int, str] | None]
               ) -> tuple[int, int, str]:
         """The band served at ``key`` of its :meth:`arms`: the global one while the key's evidence
-        says it is ahead (module doc), else its own."""
+        says it is ahead (docs/evaluation.md), else its own."""
         own, alt = arms
         if alt is None:
             return own
@@ -385,7 +333,7 @@ class OnlineCalibrator:
                arms: tuple[tuple[int, int, str], tuple[int, int, str] | None]) -> None:
         """One outcome ``out`` of a call served at ``key`` with these :meth:`arms` (as computed at
         its arrival): the key's level steps on its own arm's hit (:meth:`update`), and the interval
-        scores' difference feeds the switch between the arms (module doc)."""
+        scores' difference feeds the switch between the arms (docs/evaluation.md)."""
         own, alt = arms
         self.update(key, own[0] <= out <= own[1])
         if alt is None:
@@ -419,7 +367,7 @@ class OnlineCalibrator:
         A hit raises ln α by ``κ·α``; a miss lowers it by ``κ·(1 − α)·(1 + m)``, ``m`` the key's
         recent misses (each decayed by ``1 − 1/H`` per outcome): a lone miss steps as plain ACI, a
         run of misses (drift) widens the band fast. The steps only grow on misses, so the bound of
-        the module docstring still holds (each miss steps at least κ(1 − α)). The type's pooled
+        the bound in docs/evaluation.md holds (each miss steps at least κ(1 − α)). The type's pooled
         level takes the same step; a key's first outcome starts from it (a cold agent of a drifting
         type starts wide)."""
         pooled = (key[0], POOLED_AGENT)

@@ -1,57 +1,19 @@
 """``Predictor``: the thin in-process facade that turns a profile into per-call annotations.
 
 One object serves every request of a process (sidecar, gateway, simulator, or an app that
-imports it). It holds three things, each in its own module:
+imports it). It holds three things, each in its own module: the compiled profile
+(:class:`predictors.compiled.CompiledProfile`, swapped in by one reference assignment so a
+request in flight finishes on the profile it started with), the session table
+(:class:`predictors.sessions.SessionTable`, bounded, guarded by ``_lock``), and the annotation
+contract it emits (:class:`predictors.contract.Annotation`; :meth:`annotate_call`, and
+:meth:`annotate` for its JSON form).
 
-* **the compiled profile** (:class:`predictors.compiled.CompiledProfile`): :meth:`Predictor.load`
-  compiles ``profile.json`` once (output-length bands, tool-latency entries, idle-gap TTLs, one
-  workflow automaton per type, and the per-(type, agent) parts of an annotation that never
-  change) and swaps it in with one reference assignment, so a request in flight finishes on
-  the profile it started with and none ever sees half of each;
-* **the session table** (:class:`predictors.sessions.SessionTable`): per-workflow state,
-  bounded in count, bytes and age; one lock (``_lock``) guards it;
-* **the annotation contract** it emits (:class:`predictors.contract.Annotation`):
-  :meth:`annotate_call` returns it, :meth:`annotate` its JSON form.
-
-* **Calls advance the session.** :meth:`annotate` (at call arrival) advances the automaton by the
-  call's agent — once per ``request_id``, so a retried annotate does not count twice — and
-  :meth:`observe` (at completion) records the output length and response; a completion whose
-  arrival was never annotated advances the session itself.
-* **Never fails a request.** An unknown workflow type, a workflow type held in shadow mode, or a
-  session that left the pruned automaton (without a sequence model) give ``{"known": false,
-  "reason": ...}`` without any prediction, never an exception.
-* **An agent of a known workflow type is predicted even when the profile barely knows it**
-  (``agent_fallback``, default on): an agent it never saw is served its workflow type's entry
-  (the type's output band — ``output_len_level`` says ``workflow_type`` or ``global`` — its
-  idle-gap TTL, and the session's path fields), an agent with too few calls the global band
-  with its own tools and gaps. Multi-agent applications name agents per task (AG2's
-  CaptainAgent: 176 expert names in 126 runs), so most sessions meet an agent the training
-  logs did not have; the band served is the one held-out validation fitted for the whole type,
-  and it kept its coverage on such calls (docs/evaluation.md). ``agent_fallback=False``
-  restores ``known: false`` with ``unknown_agent`` / ``too_little_data``.
-* **No policy inside.** The facade leaves ``priority`` empty: the serving layer computes it from
-  the annotation (``serving_hooks.policies.PriorityPolicy.call_priority``, applied by
-  ``PredictionService.annotate_call``), so this package imports nothing from the layers above it;
-  and nothing here imports pandas,
-  scipy or scikit-learn (the estimators' serving halves are in :mod:`predictors.served`).
-
-Annotation (``known: true``) in its JSON form (:meth:`predictors.contract.Annotation.to_dict`; the dataclass is the reference)::
-
-    {"profile_version", "known": true, "workflow_type_id", "workflow_id", "agent_id",
-     "predicted_output_len": [lo, hi], "output_len_coverage", "output_len_level",
-     "output_len_mean",       # the agent's mean output length (tokens)
-     "output_len_upper",      # [[α, U(α)], …]: one-sided (1 − α) upper bounds, largest α first
-     "session_age_s",         # seconds since the session's first call (workflow-level aging)
-     "tool_latency": {tool: {"mu", "sigma", "p50_s", "p95_s", "ttl_s"}},   # by frequency
-     "retain_s",              # keep-alive TTL (SAGA) of the most frequent tool, when it has one
-     "keep_alive_ttl_s",      # keep-alive TTL from the idle gap (finish -> session's next call),
-                              # scaled by the session's own gaps so far (predictors/idle_gap.py)
-                              # and by the (type, agent)'s online keep-alive level (scored at
-                              # the session's next arrival; predictors/online_calibration.py)
-     "keep_alive_ttl_by_tool",  # {tool: TTL} when the tool level validated (tool known at finish)
-     "next_agents", "predicted_path_regex", "expected_remaining_calls", "expected_remaining_s",
-     "expected_distance", "p_end", "prompt_composition",  # when the profile has the automaton
-     "priority"}                       # set by the serving layer (PredictionService), not here
+Why it is shaped so: calls advance the session once per ``request_id`` (a retry does not count
+twice); it never fails a request (an unknown type or session gives ``{"known": false,
+"reason": ...}``); an unseen agent of a known type is served its type's entry
+(``agent_fallback``); and it holds no policy — ``priority`` is set by the serving layer — so this
+package imports nothing from the layers above it, nor pandas, scipy or scikit-learn.
+The behaviour in full and the annotation's JSON fields: docs/serving.md ("The Predictor facade").
 """
 from __future__ import annotations
 
@@ -102,7 +64,7 @@ class Predictor:
     gate : an object deciding shadow mode (``serving_hooks.shadow.ShadowGate``) or None.
     prompt_composition_agents : next agents (most likely first) whose prompt template is included.
     agent_fallback : predict calls of agents the profile has no or too little data for from their
-        workflow type's entry (module doc); False answers them ``known: false``.
+        workflow type's entry (docs/serving.md); False answers them ``known: false``.
     online_calibration : adapt each (workflow type, agent)'s band level from the observed outcomes
         (:class:`predictors.online_calibration.OnlineCalibrator`; True: one with the defaults, an
         instance: that one, False: serve the fitted bands as they are).
@@ -306,12 +268,12 @@ class Predictor:
 
     def annotate_call(self, app_metadata: Mapping[str, Any] | None, *, request_id: str | None = None,
                       input_tokens: int | None = None, advance: bool = True) -> Annotation:
-        """The annotation contract for one call (see module doc); never raises on bad input.
+        """The annotation contract for one call (docs/serving.md); never raises on bad input.
 
         ``request_id`` makes the session advance idempotent (and lets :meth:`observe` score the
         band this call was given); ``input_tokens`` feeds the conditional output-length model;
         ``advance=False`` asks "what would you say" without changing the session. ``priority``
-        is left empty (module doc: the serving layer sets it).
+        is left empty (docs/serving.md: the serving layer sets it).
         """
         ann = self._annotate(app_metadata, request_id, input_tokens, advance)
         with self._count_lock:

@@ -1,97 +1,23 @@
 """Engine dialects: one annotation rendered as each serving engine's own hint fields.
 
 Every engine now has a place for per-request workflow hints and none has a source for them; the
-gateway is that source. The prediction is made once (``sys_annotations``, the annotation
-contract :class:`predictors.contract.Annotation`); a *dialect* is only a rendering of it:
+gateway is that source. The prediction is made once (the annotation contract
+:class:`predictors.contract.Annotation`); a *dialect* is only a rendering of it: ``sglang``
+(top-level ``priority`` and flat ``custom_params``), ``vllm`` (``priority`` negated, since lower
+runs first there, and ``vllm_xargs``), ``dynamo`` (``nvext.agent_hints`` and the agent identity
+in the upstream's spelling, chosen by ``--dynamo-api``, :data:`DYNAMO_APIS`: ``session``,
+``trajectory`` or ``agent_context``) and ``headers`` (``X-Agentprof-*``, body unchanged).
 
-==========  ======================================================================================
-dialect     what the upstream receives
-==========  ======================================================================================
-sglang      top-level ``priority`` (int, larger runs first) and ``custom_params`` (the contract's
-            flat dict of scalars, read by the scheduler as ``req.sampling_params.custom_params``);
-            on SGLang's native ``/generate`` ``custom_params`` goes inside ``sampling_params``.
-            Source: sglang 0.5.23 ``srt/entrypoints/openai/protocol.py`` (``ChatCompletionRequest``
-            / ``CompletionRequest``: ``priority``, ``custom_params``; ``ResponsesRequest``:
-            ``priority``), ``srt/managers/io_struct.py`` ``GenerateReqInput.priority`` and
-            ``srt/sampling/sampling_params.py`` ``custom_params``.
-vllm        top-level ``priority`` = **minus** our priority (vLLM: "lower means earlier
-            handling"; needs ``--scheduling-policy priority``) and ``vllm_xargs`` (a flat dict of
-            ``str | int | float``: ``None`` values are dropped, booleans become 0/1).
-            Source: vllm-project/vllm ``vllm/entrypoints/openai/protocol.py`` @ ec3b890c14b0
-            (``ChatCompletionRequest.priority``, ``vllm_xargs: Optional[dict[str, Union[str, int,
-            float]]]`` "Additional request parameters … used by custom extensions").
-dynamo      ``nvext.agent_hints`` = ``{"priority", "strict_priority", "osl", "speculative_prefill"}``
-            and the call's agent identity in the upstream's spelling (``--dynamo-api``, below).
-            Source: ai-dynamo/dynamo ``AgentHints`` (``lib/llm/src/protocols``; docs/agents/
-            agent-hints.md): ``priority`` (i32, "higher values mean higher priority at the Dynamo
-            API layer", normalised per backend by Dynamo), ``strict_priority`` (u32, "router
-            pending-queue tier: higher values always precede lower values"), ``osl`` (u32,
-            expected output tokens), ``speculative_prefill`` (bool). ``latency_sensitivity`` is a
-            deprecated alias there and is never sent; ``nvext.cache_control`` was removed in
-            Dynamo v1.1.0 (#7790) and its ``NvExt`` now refuses unknown fields
-            (``deny_unknown_fields``), so no TTL field is sent either.
-headers     ``X-Agentprof-*`` request headers (the body is not changed) for routers that only
-            read headers (Envoy ext_proc / llm-d endpoint picker, a header-hashing balancer).
-==========  ======================================================================================
+How annotation fields become hint values is decided in **one** place, :func:`hint_values` (a
+:class:`HintValues`: ``priority``, ``osl``, ``ttl_s``, ``speculative_prefill``,
+``strict_priority``, ``session_end``); every renderer reads only that, so a new dialect cannot
+drift from the others. Renderers are pure: ``render(dialect, values, body, endpoint) -> (patch,
+headers)``, ``patch`` mapping top-level body keys to new values (client values of the same dicts
+merged, ours win).
 
-Dynamo's identity and end-of-session spelling moved three times; ``--dynamo-api`` (a gateway
-setting, :data:`DYNAMO_APIS`) names the one the upstream speaks:
-
-* ``session`` (the newest, ai-dynamo/dynamo PR #10896): headers ``X-Dynamo-Session-ID`` (the
-  chain: the client's own chain id, else the workflow id; not sent when the call's identity came
-  from Claude Code, Codex or OpenCode headers, which Dynamo maps itself), ``X-Dynamo-Parent-Session-ID`` and,
-  on the last call, ``X-Dynamo-Session-Final: true`` (Dynamo turns it into
-  ``kv_hints.evict_session`` and, with SGLang's session radix cache, closes the session once the
-  response stream completes);
-* ``trajectory`` (PR #10214 until #10896): the same as ``x-dynamo-trajectory-id`` /
-  ``x-dynamo-parent-trajectory-id`` / ``x-dynamo-trajectory-final``;
-* ``agent_context`` (before PR #10808, e.g. v1.2): ``nvext.agent_context`` = ``{workflow_type_id,
-  workflow_id, program_id, parent_program_id}`` and sticky sessions through
-  ``nvext.session_control`` = ``{session_id, action, timeout}``: sent when the profile predicts a
-  return (``speculative_prefill``), with ``action: "open"`` (``timeout``: the keep-alive TTL) on
-  the session's first call, and ``{session_id, action: "close"}`` on its last call.
-
-In the two header spellings a client's ``nvext.agent_context`` / ``nvext.session_control`` (which
-those Dynamo versions refuse as unknown fields) is taken off the body: the gateway has read the
-identity (``serving_hooks.identity``) and sends it in the upstream's headers instead.
-How annotation fields become hint values is decided in **one** place, :func:`hint_values`
-(a :class:`HintValues`); every renderer reads only that, so a new dialect cannot drift from the
-others. Its input is the typed contract (:class:`Annotation`, what the gateway holds end to end;
-a ``sys_annotations`` JSON dict is accepted for tools and tests and read once).
-
-The values (each None when the annotation has no prediction for it):
-
-* ``priority`` — the annotation's ``priority`` (our convention: larger runs first);
-* ``osl`` — expected output tokens: the agent's mean output length (rounded), else the band's
-  midpoint. The band's upper end ``hi`` is a capacity bound, not an expectation, and is sent
-  separately (``pred_out_hi`` in the flat form, ``X-Agentprof-Output-Hi``);
-* ``ttl_s`` — how long to keep the session's KV after this call: the idle-gap keep-alive TTL
-  (``keep_alive_ttl_s``), else the most frequent tool's TTL (``retain_s``); rounded up to whole
-  seconds;
-* ``speculative_prefill`` — true when another call of the session is likely (``p_end`` < 0.5, or
-  unknown ``p_end`` with a predicted next agent): warming the next prompt is then worth it;
-* ``strict_priority`` — Dynamo's router tier from the latency class: 1 for ``interactive`` (a
-  person waits: ahead of every batch call), 0 for ``batch``, None unclassified;
-* ``session_end`` — true when the session's KV may be released after this call: the
-  annotation's ``session_end``, which the gateway sets by
-  :class:`~serving_hooks.policies.session_end.SessionEndRule` (the client
-  says ``app_metadata.last_call: true``, or the served ``p_end`` reaches ``--session-end-p``).
-
-End of session, per dialect (docs/dialects.md, "End of session"):
-
-* sglang — ``custom_params.session_end: true`` (a flat key of the contract): the plugin drops
-  the session's prefix at once (:class:`~serving_hooks.policies.keep_drop.KeepDropPolicy`) and
-  cancels its pending host prefetch;
-* vllm — ``vllm_xargs.session_end: 1`` (``SamplingParams.extra_args``, for a KV-connector or
-  custom extension; vLLM's own scheduler does not read it);
-* dynamo — the final flag in the upstream's spelling (above): ``X-Dynamo-Session-Final: true``
-  with the session header (newest), ``x-dynamo-trajectory-final: true``, or
-  ``nvext.session_control.action: "close"``;
-* headers — ``X-Agentprof-Session-End: 1``.
-
-Renderers are pure: ``render(dialect, values, body, endpoint) -> (patch, headers)`` where
-``patch`` maps top-level body keys to their new values (client values of the same dicts are
-merged, ours win) and ``headers`` are extra request headers.
+The field-by-field table with each engine's source, Dynamo's three identity spellings, how each
+hint value is derived and the end of session per dialect: docs/dialects.md ("Dialect rendering
+(serving_hooks/dialects.py)").
 """
 from __future__ import annotations
 
@@ -114,7 +40,7 @@ CONTINUE_P_END = 0.5
 #: Dynamo's session headers (ai-dynamo/dynamo PR #10896).
 DYNAMO_SESSION_ID_HEADER = "X-Dynamo-Session-ID"
 DYNAMO_SESSION_FINAL_HEADER = "X-Dynamo-Session-Final"
-#: The spellings of Dynamo's agent identity ``--dynamo-api`` accepts, newest first (module doc),
+#: The spellings of Dynamo's agent identity ``--dynamo-api`` accepts, newest first (docs/dialects.md),
 #: each with its ``(chain, parent chain, final)`` header names (None: the body spelling).
 DYNAMO_APIS: dict[str, tuple[str, str, str] | None] = {
     "session": (DYNAMO_SESSION_ID_HEADER, "X-Dynamo-Parent-Session-ID", DYNAMO_SESSION_FINAL_HEADER),
@@ -127,13 +53,13 @@ DYNAMO_APIS: dict[str, tuple[str, str, str] | None] = {
 DYNAMO_NATIVE_SOURCES = ("claude_code", "codex", "opencode")
 #: Dynamo's ``AgentHints.priority`` is an i32: a larger priority is clamped to its range.
 I32 = 2**31
-#: Dynamo's ``strict_priority`` tier of each latency class (module doc).
+#: Dynamo's ``strict_priority`` tier of each latency class (docs/dialects.md).
 STRICT_PRIORITY = {"interactive": 1, "batch": 0}
 
 
 @dataclass(frozen=True)
 class HintValues:
-    """The engine-neutral hint values of one call (see module doc)."""
+    """The engine-neutral hint values of one call (docs/dialects.md)."""
 
     known: bool
     flat: dict[str, Any]
@@ -155,7 +81,7 @@ class HintValues:
 
 def hint_values(annotation: Annotation | Mapping[str, Any],
                 app_metadata: Mapping[str, Any] | None = None) -> HintValues:
-    """The one mapping from annotation fields to hint values (module doc)."""
+    """The one mapping from annotation fields to hint values (docs/dialects.md)."""
     ann = Annotation.from_dict(annotation, app_metadata)   # the contract object itself: no parse
     flat = ann.flat(app_metadata)
     osl = None
@@ -233,7 +159,7 @@ def render_vllm(v: HintValues, body: Mapping[str, Any], endpoint: str,
 def render_dynamo(v: HintValues, body: Mapping[str, Any], endpoint: str,
                   order: str = "high_first", api: str = "session",
                   native_identity: bool = False) -> tuple[dict, dict]:
-    """``nvext.agent_hints`` and the identity / final flag in the ``api`` spelling (module doc);
+    """``nvext.agent_hints`` and the identity / final flag in the ``api`` spelling (docs/dialects.md);
     ``native_identity``: the request names its chain in agent headers Dynamo maps itself, so
     (header spellings) only the final flag is added and Dynamo's own mapping names the session."""
     if api not in DYNAMO_APIS:

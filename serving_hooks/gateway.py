@@ -3,60 +3,24 @@
 An OpenAI-compatible reverse proxy in front of SGLang (or any OpenAI-compatible server). For
 ``POST /v1/chat/completions`` and ``POST /v1/completions`` it
 
-1. reads ``app_metadata`` from the JSON body — top level (the OpenAI SDK merges
-   ``extra_body={"app_metadata": …}`` into the body) or nested under ``extra_body``;
-2. asks the predictor (in process, or the sidecar) for the call's annotation within a time
-   budget; on error or over budget the request goes upstream **unannotated** and
-   ``profiler_gateway_annotate_total{outcome=…}`` says so (fail open). The annotation is the typed
-   contract (:class:`~predictors.contract.Annotation`) from there on — router, dialects, tracer —
-   and is rendered to JSON only where it leaves (the forwarded body, the log); a call that ends
-   its session is marked ``session_end`` (:class:`~serving_hooks.policies.session_end.SessionEndRule`:
-   ``app_metadata.last_call`` or ``p_end`` ≥ ``--session-end-p``);
-3. forwards the client's bytes with ``sys_annotations`` spliced in (every other byte unchanged;
-   :func:`serving_hooks.annotations.forward_body`) and, with ``--sglang-fields``, SGLang's own
-   ``priority`` and flat ``custom_params``; the upstream is picked by the router seam
-   (:mod:`serving_hooks.upstreams`);
-4. returns the upstream's answer as sent: status, headers and body bytes — SSE streams chunk by
-   chunk, in order; upstream errors (4xx/5xx) pass through untouched; a timeout becomes ``504``
-   and an unreachable upstream ``502`` with an OpenAI-style error body;
-5. after a successful call, writes a gateway record (log-format §2) to the rotating JSONL log and
-   reports the completion to the predictor (``observe``), which advances the session and scores
-   the band for shadow mode.
+1. reads ``app_metadata`` from the JSON body (top level or under ``extra_body``);
+2. asks the predictor (in process, or the sidecar) for the call's typed
+   :class:`~predictors.contract.Annotation` within a time budget, failing open (unannotated,
+   counted in ``profiler_gateway_annotate_total{outcome=…}``) on error or over budget;
+3. forwards the client's bytes with ``sys_annotations`` spliced in
+   (:func:`serving_hooks.annotations.forward_body`) and, with ``--sglang-fields``, the engine's
+   own fields, to the upstream the router seam picks (:mod:`serving_hooks.upstreams`);
+4. returns the upstream's answer as sent (SSE chunk by chunk; timeout ``504``, unreachable ``502``);
+5. after a successful call, logs a gateway record and reports the completion (``observe``).
 
-Beyond chat/completions (issue 14, docs/dialects.md): ``POST /v1/responses`` and SGLang's
-``POST /generate`` are annotated the same way (:mod:`serving_hooks.endpoints`); the hints are
-rendered in each upstream's engine dialect (:mod:`serving_hooks.dialects`: SGLang, vLLM, Dynamo,
-``X-Agentprof-*`` headers); ``app_metadata`` may come from OpenAI ``metadata`` or agent-harness
-headers (:mod:`serving_hooks.identity`); retried attempts share one request id and a failed
-attempt rolls its session advance back (:mod:`serving_hooks.retries`); ``GET /readyz`` is 503
-until the profile is loaded and warmed up; with a tracer each call is an OpenTelemetry span
-(:mod:`serving_hooks.telemetry`).
-
-Multi-model workflows (``--upstream URL,pool=MODEL``, :mod:`serving_hooks.policies.pools`): a
-call goes only to the upstreams serving the model its body names (404 ``model_not_found`` when
-none does), the gateway learns which pool each agent calls, and a known call's ``priority``
-gains the idle-downstream term of Pythia's rule — ``w2 / E[D_m]`` for every pool ``m`` the
-workflow will reach whose upstreams report fewer than ``idle_queue_threshold`` waiting requests
-(their ``/v1/loads``, polled under ``--routing capacity``).
-
-Streams: to log token counts the gateway asks for ``stream_options.include_usage`` when the
-client did not, and then drops the usage-only final chunk from what the client receives, so the
-client's stream has the chunks it asked for (``--no-stream-usage`` turns this off; streamed calls
-without usage are then not logged). ``GET /v1/models`` and the other paths of
-:data:`DEFAULT_FORWARD_PATHS` (or ``--allow-path``) are proxied as is; any other path gets ``404``
-and engine admin paths (:data:`ENGINE_ADMIN_PATHS`: ``/flush_cache``, ``/update_weights…``, …)
-are never forwarded, whatever the allow-list says.
-
-Hardening (docs/serving-security.md): a body the gateway cannot parse as strict JSON (``NaN``,
-``1e400``, a lone surrogate, nesting too deep for the parser) is forwarded byte for byte,
-unannotated — it never re-encodes such a body, so it never emits invalid JSON; the scheduler
-fields a client sends in any dialect (``priority``, ``custom_params``, ``vllm_xargs``,
-``nvext.agent_hints``/``cache_control``, ``X-Agentprof-*``) are removed unless
-``--allow-client-scheduler-fields``; a malformed upstream SSE chunk is passed through untouched;
-error bodies never name the upstream (the log line does).
-
-Gateway endpoints: ``GET /healthz``, ``GET /metrics``, ``GET /admin/profile``,
-``POST /admin/reload`` and ``POST /admin/rotate-log`` (bearer token when configured).
+Why it is a byte-preserving proxy that fails open: the app and the engine must not change, and a
+slow or broken predictor must never fail a request. The same path also serves ``/v1/responses``
+and ``/generate`` (:mod:`serving_hooks.endpoints`), engine dialects (:mod:`serving_hooks.dialects`),
+harness identity (:mod:`serving_hooks.identity`), retries (:mod:`serving_hooks.retries`),
+model pools (:mod:`serving_hooks.policies.pools`) and tracing (:mod:`serving_hooks.telemetry`);
+engine admin paths (:data:`ENGINE_ADMIN_PATHS`) are never forwarded. Streams, pools, hardening
+and the endpoints in full: docs/serving.md ("The gateway in full (serving_hooks/gateway.py)")
+and docs/serving-security.md.
 """
 from __future__ import annotations
 
@@ -461,7 +425,7 @@ class Gateway:
                 "agent_model": dict(self.pools.agent_pools(meta.get("workflow_type_id")))}
 
     def _pools_priority(self, ann: Annotation, meta: dict | None, inputs: dict) -> Annotation:
-        """A known call's priority with the idle-downstream term (module doc). In process the
+        """A known call's priority with the idle-downstream term (docs/serving.md). In process the
         predictor already computed it with ``inputs`` (once); a sidecar's policy knows no gateway
         queues, so the gateway applies the rule here. Counts the calls the term raised."""
         if not ann.known or ann.priority is None:
@@ -942,7 +906,7 @@ def _with_identity(ctx: _CallContext) -> dict | None:
 
 
 def create_gateway_app(gateway: Gateway) -> FastAPI:
-    """The gateway's ASGI app (see module doc)."""
+    """The gateway's ASGI app (docs/serving.md)."""
     registry = gateway.registry
     requests_total, request_seconds = request_metrics(registry, "profiler_gateway")
     admin = admin_auth(gateway.options.admin_token)

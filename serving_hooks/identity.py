@@ -3,56 +3,17 @@
 The profile keys every prediction by ``(workflow_type_id, workflow_id, agent_id)``. An app can
 send them itself, or the gateway derives them from what the request already carries. Sources, in
 order (the first that yields a ``workflow_id`` wins; :func:`resolve_identity` names it):
+``app_metadata`` (body, or under ``extra_body``), OpenAI's ``metadata``, ``claude_code``
+headers, ``codex`` (``thread-id``), ``opencode`` (``x-session-id``) and ``dynamo`` (its
+session / trajectory / program identity in every spelling of its recent history, headers or
+``nvext.agent_context``). A chain id ``run:role`` gives workflow ``run`` and agent ``role``; a
+parent makes the call a sub-agent of the parent's workflow.
 
-=============  ===================================================================================
-source         where
-=============  ===================================================================================
-app_metadata   the body's ``app_metadata`` (top level, what ``extra_body={"app_metadata": …}``
-               sends) or nested under ``extra_body``
-metadata       OpenAI's own ``metadata`` field (string values): keys ``workflow_type_id``,
-               ``workflow_id``, ``agent_id``
-claude_code    headers ``x-claude-code-session-id`` (session), ``x-claude-code-agent-id`` (agent),
-               ``x-claude-code-parent-agent-id`` (parent, kept as ``parent_agent_id``)
-codex          ``thread-id``; a sub-agent sends ``x-codex-parent-thread-id``: the session is the
-               parent thread and the agent is the identity map's ``subagent`` name
-opencode       ``x-session-id`` (``x-opencode-session`` on OpenCode's hosted providers); a sub-agent
-               session sends ``x-parent-session-id``: as for Codex
-dynamo         Dynamo's own agent identity, in every spelling of its recent history (below)
-=============  ===================================================================================
-
-Dynamo (ai-dynamo/dynamo; docs/dialects.md "Dynamo identity" has the sources) names one agent's
-reasoning/tool chain a *program*, then a *trajectory*, now a *session*; all three are read:
-
-* headers ``X-Dynamo-Session-ID`` / ``X-Dynamo-Parent-Session-ID`` / ``X-Dynamo-Session-Final``
-  (the newest, PR #10896) and ``x-dynamo-trajectory-id`` / ``x-dynamo-parent-trajectory-id`` /
-  ``x-dynamo-trajectory-final`` (PR #10214);
-* the body's ``nvext.agent_context`` (top level or under ``extra_body``; Dynamo before PR #10808):
-  ``workflow_type_id`` / ``workflow_id`` / ``program_id`` / ``parent_program_id``, or
-  ``session_type_id`` / ``session_id`` / ``trajectory_id`` / ``parent_trajectory_id`` /
-  ``trajectory_final``, or ``session_id`` / ``parent_session_id`` / ``session_final``.
-
-A chain id of the form ``run:role`` (Dynamo's own examples: ``research-run-42:researcher``) gives
-the workflow ``run`` and the agent ``role``; a parent makes the call a sub-agent of the parent's
-workflow (agent: the child's role, else the map's ``subagent``; ``parent_agent_id``: the parent's
-role). A chain id without a role is the workflow itself (the default agent), or with a parent the
-parent's workflow, as for Codex. A true final flag is kept as ``program_final``; on a root chain
-(no parent) it is also ``last_call: true``, the client declaring its workflow's end (a
-sub-agent's last call is not its workflow's). The chain ids are kept as ``program_id`` /
-``parent_program_id`` so the Dynamo dialect sends them on in the upstream's own spelling.
-
-The workflow type is not in any harness header; :class:`IdentityMap` says where it comes from:
-``workflow_type_from = "harness"`` (the harness name: ``claude_code``, …), ``"model"`` (the
-request's ``model``), ``"header:NAME"`` (a header the client or a proxy sets), or ``"default"``
-(``default_workflow_type``). Agents without an id header are ``default_agent``. Load a map with
-:func:`load_identity_map` from TOML or JSON (``profiler gateway --identity-map FILE``)::
-
-    workflow_type_from = "header:x-workflow-type"   # else the fallback below
-    default_workflow_type = "coding_assistant"
-    default_agent = "main"
-    subagent = "subagent"
-    harnesses = ["claude_code", "codex", "opencode", "dynamo"]   # which to read
-    [agents]                  # optional renames: harness agent id -> profile agent id
-    "3f2a…" = "explorer"
+The workflow type is not in any harness header; :class:`IdentityMap` says where it comes from
+(``workflow_type_from``: ``harness``, ``model``, ``header:NAME`` or ``default``), loaded by
+:func:`load_identity_map` from TOML or JSON (``profiler gateway --identity-map FILE``).
+The table of sources, the Dynamo spellings with their PRs, and an identity-map example:
+docs/dialects.md ("Identity sources (serving_hooks/identity.py)").
 """
 from __future__ import annotations
 
@@ -89,7 +50,7 @@ _TRUE = ("true", "1", "yes")    # Dynamo's header_bool
 
 @dataclass(frozen=True)
 class IdentityMap:
-    """How harness headers become ``app_metadata`` (module doc)."""
+    """How harness headers become ``app_metadata`` (docs/dialects.md)."""
 
     workflow_type_from: str = "harness"
     default_workflow_type: str = "default"

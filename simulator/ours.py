@@ -1,72 +1,22 @@
 """Our policy in the simulator: the *same objects* the SGLang plugin and the gateway drive.
 
 Nothing here decides anything on its own; each part turns simulator state into the inputs of one
-object of :mod:`serving_hooks.policies` and applies its answer:
-
-==================  ====================================  ========================================
-part                object                                applied as
-==================  ====================================  ========================================
-prediction feed     ``predictors.Predictor``              ``annotate`` when a call is issued,
-                    (profile fit on the *train* split)    ``observe`` when it finishes (clock =
-                                                          simulated time) → ``Annotation``
-priority            ``PriorityPolicy`` (alg. 3)           per *workflow*: the session's latest
-                                                          base score, aged from the workflow's
-                                                          start; queue key = SGLang's integer
-                                                          priority (bigger first), FCFS ties;
-                                                          SGLang's priority preemption when the
-                                                          running set is full; retraction of the
-                                                          lowest priority when KV runs out
-capacity routing    ``CapacityPolicy`` (alg. 2)           ``choose`` over the replicas' in-flight
-                                                          requests, each with its table of output
-                                                          bounds U(α) (the risk ε is split over a
-                                                          replica's requests); the session stays on
-                                                          its last replica unless it is unsafe by a
-                                                          margin, another is safe and the move is
-                                                          worth its recompute
-keep/drop           ``KeepDropPolicy`` (alg. 1 + SAGA)    at completion a ``Retention`` per session;
-                                                          eviction order ``(rank at now, LRU)``
-                                                          on both tiers; dropped sessions are not
-                                                          written to the host tier
-prefetch            ``PrefetchPolicy`` (alg. 1)           a plan per call; when due, the session's
-                                                          prefix is staged into host memory, only
-                                                          into free host space or over dropped
-                                                          prefixes (``may_stage``)
-pre-prefill         ``Annotation.next_agent`` (p ≥ 0.5)   on an idle replica of the next agent's
-                    (:mod:`simulator.preprefill`)         pool, the known prefix of its next call
-                                                          (system prompt + task, or the agent's
-                                                          conversation) into free GPU KV
-==================  ====================================  ========================================
+object of :mod:`serving_hooks.policies` and applies its answer, so the simulator scores exactly
+what serving runs: the prediction feed (``predictors.Predictor``, profile fit on the *train*
+split, clock = simulated time), priority (``PriorityPolicy``, alg. 3, per workflow), capacity
+routing (``CapacityPolicy``, alg. 2), keep/drop (``KeepDropPolicy``, alg. 1 + SAGA), prefetch
+(``PrefetchPolicy``) and pre-prefill (``Annotation.next_agent``, :mod:`simulator.preprefill`).
 
 Each part can be switched off for an ablation (:func:`build_ours`); the part then falls back to
-what ``sglang-rr`` does (FCFS, round robin, LRU, no prefetch). ``ours-sticky`` replaces only
-the capacity router by the session-affinity router the cache-centric baselines use, and
-``ours-belady`` only the eviction order by Bélády's MIN (the reference for our keep/drop: same routing and scheduling).
-``ours-call-aging`` and ``ours-p99`` put back the earlier rules (aging from each call's enqueue
-time at 0.05 /s; one fixed p99.5 bound per request) to measure what the current ones buy.
+what ``sglang-rr`` does (FCFS, round robin, LRU, no prefetch). The named variants (``ours-sticky``,
+``ours-belady``, ``ours-tokens``, ``ours-seconds``, ``ours-duration-aging``, ``ours-aging-1e-3``,
+``ours-no-classes``, ``ours-kv-preempt`` and the rest) each change one part to measure what the
+default buys. The idle-downstream term of alg. 3 is active only with model pools
+(:mod:`simulator.pools`). Autoscaling is not a part of ours: any policy name takes
+``+predictive`` or ``+reactive`` (:mod:`simulator.autoscale`).
 
-The idle-downstream term of alg. 3 needs a model other than the one serving the call: with
-model pools (:mod:`simulator.pools`, e.g. ``--scenario pythia-like``) ``score_annotation`` gets each
-pool's queue depth and the agent → pool map; with one model there is no other queue that could
-idle and the term is inactive. ``ours`` ranks by the session's expected remaining *calls* (the
-default ``PriorityPolicy.remaining_unit``, chosen on validation draws: module doc of
-:mod:`serving_hooks.policies.priority`); ``ours-tokens`` by its expected remaining output tokens
-(:mod:`predictors.remaining_tokens`), ``ours-seconds`` by expected remaining *seconds*,
-``ours-seconds-p90`` by the 0.9 quantile of it.
-``ours-no-preprefill`` switches pre-prefill off. ``ours-keep-idle`` keeps a session's prefix
-for its predicted idle gap (``KeepDropPolicy(keep_idle=True)``; off by default: keeping lost
-where queues form, serving_hooks/policies/keep_drop.py). ``ours-no-move`` never moves a session off
-its replica; ``ours-move-gain-1`` moves it when the wait saved merely exceeds the rebuild's cost
-(the rule before ``CapacityPolicy.move_gain_ratio`` = 2, which halved routing-caused recompute
-on ``agent-platform``: docs/simulator.md). ``ours-duration-aging`` ages each session on its own
-expected duration (``PriorityPolicy(aging_per_duration=0.03)``; off by default: it loses on the
-real coding-trace mix, serving_hooks/policies/priority.py); ``ours-aging-1e-5`` is the weak
-fixed rate that was the default before the tail bound (``ours-aging-1e-3``, now the default
-itself, stays for the tests that name it). ``ours-no-classes`` ranks interactive calls like
-batch ones (``PriorityPolicy(interactive_boost=0)``: latency classes off). ``ours-kv-preempt``
-(and ``-no-classes``) lets a waiting call that does not fit in KV preempt running calls it
-outranks by the threshold, as SGLang's ``preempt_to_schedule`` does (``kv_preemption``).
-Autoscaling is not a part of ours: any policy
-name takes ``+predictive`` or ``+reactive`` (:mod:`simulator.autoscale`).
+How each part is applied, and what every variant changes and why: docs/simulator.md ("Ours in
+the simulator: parts and variants (simulator/ours.py)").
 """
 from __future__ import annotations
 

@@ -2,45 +2,17 @@
 
 Dynamo's frontend writes one JSON row per finished request when ``DYN_REQUEST_TRACE=1``
 (``/tmp/dynamo-request-trace.NNNNNN.jsonl.gz`` by default; ai-dynamo/dynamo, reference page
-"Request Replay Tracing", ``docs/.../observability/request-traces``). Rows of
-``event_type = "request_end"``::
+"Request Replay Tracing"). Rows of ``event_type = "request_end"`` carry ``agent_context``
+(session ids) and ``request`` (timings, token counts, tool calls); tool rows (``tool_start`` /
+``tool_end`` / ``tool_error``) may follow, and rows may be wrapped as ``{"event": {...}}``.
+Prompts and responses are never in these traces.
 
-    {"schema": "dynamo.request.trace.v1", "event_type": "request_end", "event_time_unix_ms": ...,
-     "agent_context": {"session_id": "research-run-42:researcher", "parent_session_id": ...},
-     "request": {"request_id", "x_request_id", "model", "input_tokens", "output_tokens",
-                 "cached_tokens", "request_received_ms", "total_time_ms", "ttft_ms",
-                 "finish_reason_metadata": {"finish_reason", "tool_calls": [{"id", "name"}]},
-                 "replay": {"trace_block_size", "input_length", "input_sequence_hashes"}}}
-
-and, when a harness publishes them, tool rows (``event_type`` ``tool_start`` / ``tool_end`` /
-``tool_error``) ``{"session_id", "tool": {"tool_call_id", "tool_class", "status",
-"started_at_unix_ms", "ended_at_unix_ms", "duration_ms"}}``. Rows may be wrapped as
-``{"event": {...}}``. Prompts and responses are never in these traces.
-
-==============================================  ===============================================
-source                                          flat record field
-==============================================  ===============================================
-``request.request_received_ms``                 ``t_arrival`` (else ``event_time`` −
-                                                ``total_time_ms``)
-``request_received_ms + total_time_ms`` (else   ``t_finish``
-``event_time_unix_ms``)
-``request_received_ms + ttft_ms``               ``t_first_token``
-``input_tokens`` (else ``replay.input_length``),  tokens
-``output_tokens``, ``cached_tokens``
-``agent_context.workflow_id`` (else the root    ``workflow_id`` (``research-run-42:planner``
-of the ``parent_session_id`` /                  -> ``research-run-42``: the text before the
-``parent_trajectory_id`` chain)                 last ``:``, when there is one)
-``agent_context.workflow_type_id``              ``workflow_type_id`` (else ``dynamo``)
-``agent_context.agent_id`` (else the part of    ``agent_id`` (else ``main`` for a root session,
-``session_id`` after its last ``:``)            ``subagent`` for a child)
-``tool_end`` / ``tool_error`` row               a ``tool_calls`` entry (``tool_class``, start,
-                                                end, status) of the request that named its
-                                                ``tool_call_id`` (else the session's latest
-                                                request that finished before it started)
-==============================================  ===============================================
-
-A context-free row (no ``agent_context``) is its own one-call workflow, and the report warns:
-without session identity the calls of one agent run cannot be told apart.
+Times become ``t_arrival`` / ``t_first_token`` / ``t_finish``; the workflow is the root of the
+parent-session chain (the text before the last ``:`` of ``run:role`` ids), the agent its role;
+a ``tool_end`` row becomes a ``tool_calls`` entry of the request that named its id. A
+context-free row is its own one-call workflow, and the report warns: without session identity
+the calls of one agent run cannot be told apart. The row layout and the field-by-field mapping:
+docs/importers.md ("Dynamo request traces: fields").
 """
 from __future__ import annotations
 
