@@ -30,6 +30,8 @@ import math
 import threading
 from typing import Any, Sequence
 
+from predictors.ew_stats import ew_z
+
 #: κ: the step of ln α per unit of (α − err). A miss multiplies the level by e^{−κ(1−α)} ≈ 0.82;
 #: it takes ≈ 1/α hits to undo it (so the level is steady when misses are α of outcomes). Chosen on
 #: time-ordered splits (bench/bench_online_calibration.py, docs/output-length.md): 0.1–0.3 held
@@ -156,14 +158,7 @@ class _Arms:
         self.served_alt = self.served = 0    # bands served from the global arm / in all
 
     def z(self) -> float | None:
-        if self.sw <= 0:
-            return None
-        mean = self.swd / self.sw
-        var = max(self.swd2 / self.sw - mean * mean, 0.0)
-        n_eff = self.sw * self.sw / self.sw2
-        if var <= 0 or n_eff <= 1:
-            return None if mean == 0 else math.copysign(math.inf, mean)
-        return mean / math.sqrt(var / n_eff)
+        return ew_z(self.sw, self.sw2, self.swd, self.swd2)
 
 
 def keep_alive_calibrator(nominal: float = KEEP_ALIVE_NOMINAL, **kwargs: Any) -> "OnlineCalibrator":

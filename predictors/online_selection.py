@@ -48,6 +48,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from predictors.ew_stats import ew_z
+
 #: Half-life of the evidence, in ended sessions of the type.
 HALF_LIFE = 20.0
 #: z the paired evidence must pass to switch (either way).
@@ -131,14 +133,7 @@ class RemainingSelector:
 
     @staticmethod
     def _z(st: _TypeState) -> float | None:
-        if st.sw <= 0:
-            return None
-        mean = st.swd / st.sw
-        var = max(st.swd2 / st.sw - mean * mean, 0.0)
-        n_eff = st.sw * st.sw / st.sw2
-        if var <= 0 or n_eff <= 1:
-            return None if mean == 0 else math.copysign(math.inf, mean)
-        return mean / math.sqrt(var / n_eff)
+        return ew_z(st.sw, st.sw2, st.swd, st.swd2)
 
     def record(self, wt: str, fitted: Sequence[float], fallback: Sequence[float],
                truth: Sequence[float], arrivals: Sequence[float], ended_at: float) -> float | None:

@@ -1,48 +1,13 @@
-"""Load request logs into the DuckDB store.
+"""Load request logs into the DuckDB store: discover, stage, validate, deduplicate, derive.
 
-Pipeline (all heavy lifting is DuckDB; Python only walks the folder tree):
-
-1. **discover** log files under the given paths (``.jsonl``, ``.jsonl.gz``, ``.ndjson``,
-   ``.parquet``, ``.csv``, ``.csv.gz``); skip files whose content hash is already in
-   ``ingested_files``. Symbolic links that lead outside the folder given are not followed (each
-   is quarantined as a whole-file problem naming its target).
-2. **stage** every record as one JSON text with its file and line: JSONL through DuckDB's CSV
-   reader in single-column mode (one line = one value, line numbers kept), Parquet and CSV rows
-   turned into JSON with ``to_json``. A line DuckDB cannot read (longer than the line limit, a
-   CSV row with the wrong number of fields) is quarantined alone. A file DuckDB cannot read to
-   the end (a truncated gzip) is re-read line by line in Python, in bounded chunks, so that every
-   complete record before the damage is kept.
-3. **validate** with one set-based query (:mod:`store.record_sql`): invalid records go to
-   ``quarantine`` with file, line, field and reason.
-4. **deduplicate** by ``request_id``: a record identical to one already seen is skipped; one with
-   the same id and different content is quarantined ("conflicting duplicate"), the first kept.
-5. **derive** per-workflow columns and the ``tool_calls`` table for the workflows touched
-   (:mod:`store.derive`).
-
-**One batch, one transaction.** Files are first read into temp tables (nothing in the store
-changes); then everything a call of :func:`ingest` writes — calls (including
-the stored calls of workflows it continues, which are taken out and re-derived), tool_calls,
-quarantine and ingested_files — is one DuckDB transaction: a crash, a kill -9 or a full disk at
-any point leaves the store exactly as before the batch (DuckDB's write-ahead log replays only
-committed transactions), and the re-run loads the batch again. Quarantine rows are inserted
-only when the same (file, line, reason) is not there yet, so re-reading a file never duplicates
-them.
-
-**Limits** (:class:`Limits`, from environment variables; a file or line over a limit is
-quarantined with the reason and the variable to raise it):
-
-=========================  ==========================  =========================================
-variable                   default                     what
-=========================  ==========================  =========================================
-PROFILER_MAX_LINE_BYTES    64 MiB                      one JSONL/CSV line (quarantined alone)
-PROFILER_MAX_FILE_BYTES    16 GiB                      one file's content, decompressed
-PROFILER_MAX_GZIP_RATIO    100                         decompressed ÷ compressed size of a .gz
-                                                       file, checked above 64 MiB decompressed
-=========================  ==========================  =========================================
-
-Memory stays bounded whatever the input: DuckDB streams files (and spills past its memory
-limit), the gzip size check streams in 1 MiB pieces and stops at the limit, and the Python
-fallback reads at most one line limit at a time.
+Every heavy step is DuckDB's (Python only walks the folder tree): files whose content hash is
+already stored are skipped, each record is staged with its file and line, one set-based query
+(:mod:`store.record_sql`) sends invalid records to ``quarantine`` with file, line, field and
+reason, duplicates by ``request_id`` are skipped or quarantined, and per-workflow columns are
+derived (:mod:`store.derive`). One call of :func:`ingest` is one transaction, so a crash, a kill
+or a full disk leaves the store as it was; input limits come from ``PROFILER_MAX_*`` variables
+(:class:`Limits`). The pipeline, the transaction and the limits in full: docs/store.md,
+"The ingest pipeline (store/ingest.py)".
 """
 from __future__ import annotations
 

@@ -1,50 +1,15 @@
 """Variable-order Markov model over a workflow's symbols (agents, or tools), with backoff.
 
-The next symbol of a session is predicted from the last ``k ≤ max_order`` symbols seen, the
-history starting with a start-of-session symbol :data:`START` so that "first call" and "second
-call after the start" are contexts like any other; the symbol :data:`END` (no call follows) is
-predicted like an agent, which gives ``p_end``.
+The next symbol is predicted from the last ``k <= max_order`` symbols (the history starts with
+:data:`START`; :data:`END` is predicted like an agent, which gives ``p_end``), smoothed by
+interpolated Witten-Bell down to a uniform escape that keeps mass for an agent never seen:
 
-Smoothing is interpolated Witten-Bell: with ``c(h, y)`` the training count of symbol ``y``
-after context ``h``, ``c(h) = Σ_y c(h, y)``, ``T(h)`` the number of distinct symbols seen
-after ``h`` and ``h'`` the context one symbol shorter,
+    P(y | h) = (c(h, y) + β·T(h)·P(y | h')) / (c(h) + β·T(h)).
 
-    P(y | h) = (c(h, y) + β·T(h)·P(y | h')) / (c(h) + β·T(h)),
-
-down to the empty context, which escapes to the uniform distribution over the vocabulary, END
-and one more outcome, "a symbol never seen in training" (an agent created per task, as
-CaptainAgent's experts are): :meth:`VariableOrderMarkov.novel_probability` is the mass that
-outcome keeps, so a new agent gets a small probability instead of none (its log-loss is finite).
-A context never seen (or pruned) is skipped: ``P(y | h) = P(y | h')``. Every level is a
-convex combination of proper distributions, so the probabilities (novel outcome included) sum to 1. ``β`` (the escape
-scale) and ``max_order`` are chosen by cross-validation by workflow
-(:mod:`synth.sequence_select`). Contexts seen fewer than ``min_count`` times are pruned; when
-more than ``max_contexts`` remain, ``min_count`` is raised until they fit (``min_count_``
-records the value used), which bounds the section's size in profile.json.
-
-**Sparse contexts.** A context seen once or twice says little, yet Witten-Bell gives its one
-observation half the mass (``β·T/(c + β·T)`` with ``c = T = 1``): a long model flips its guess
-on such contexts where a short one was right. ``min_context`` (chosen by validation) skips, at
-prediction time, every context with fewer than that many training observations, so the
-prediction backs off to the longest context that has enough.
-
-**Context symbols.** The context may be read in a richer alphabet than the predicted symbols:
-``fit(sequences, contexts=…)`` takes, per sequence, one *context symbol* per call (an agent
-with the mark of whether its response called a tool, :func:`synth.sequences.tool_mark`). A
-session knows that mark only once the call's response came back, so each target is counted
-after two histories: the one seen at the previous call's arrival (its own symbol still plain)
-and the one seen after its response (every symbol marked), besides the plain-agent history (what
-a session whose caller never reports tool names reads); a context is counted once per target.
-Predicted symbols stay the plain agents.
-
-**Stage.** A call may also carry the framework step it ran in (the flat record's optional
-``stage``: a LangGraph node, a CrewAI task, a ChatDev phase; ``app_metadata.stage`` at
-serving): :func:`stage_symbol` joins it to the agent (``agent`` :data:`STAGE_SEP` ``stage``),
-before any tool mark. Unlike the tool mark, a call's stage is known at its arrival (the request
-carries it), so the arrival-time history reads the last call's stage too: only the tool mark is
-stripped from it (:func:`strip_tool_mark`). A symbol read in a *context family* (``agent``,
-``agent_tool``, ``agent_stage``, ``agent_stage_tool``) keeps only that family's parts
-(:func:`project`).
+``β``, ``max_order`` and ``min_context`` (sparse contexts skipped at prediction time) are chosen
+by validation (:mod:`synth.sequence_select`); contexts may be read in a richer alphabet (tool
+marks, stages) than the predicted symbols. The model in full: docs/workflow-paths.md,
+"The variable-order model (synth/vomm.py)".
 """
 from __future__ import annotations
 
