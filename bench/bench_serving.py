@@ -537,9 +537,19 @@ def bench_relay(profile: Path, seqs, work: Path, *, clients: int, sessions: int,
     return res
 
 
-def print_relay(res: dict, args) -> None:
+def print_targets(title: str, rows: list[tuple[str, str, str, str]], width: int | None = None) -> None:
+    """One table of (measure, measured, target, met) rows, as both benchmarks print them."""
     from rich.console import Console
     from rich.table import Table
+    table = Table(title=title)
+    for col in ("measure", "measured", "target", "met"):
+        table.add_column(col)
+    for row in rows:
+        table.add_row(*row)
+    Console(width=width).print(table)
+
+
+def print_relay(res: dict, args) -> None:
     ok = lambda good: "yes" if good else "NO"
     c, s, m = res["relay"]["closed"], res["relay"]["stream"], res["machine"]
     r = res["relay"]
@@ -570,14 +580,9 @@ def print_relay(res: dict, args) -> None:
         ("errors (all phases)", str(r["errors"]), "0", ok(r["errors"] == 0)),
         ("gateway log lines written", str(r["gateway_log_lines"]), "", ""),
     ]
-    table = Table(title=f"gateway relay benchmark ({m['cpus']} cores, load average "
-                        f"{m['loadavg_1m_at_start']:.1f} → {m['loadavg_1m_at_end']:.1f}; "
-                        f"{args.duration:g} s per phase, direct/gateway/gateway/direct)")
-    for col in ("measure", "measured", "target", "met"):
-        table.add_column(col)
-    for row in rows:
-        table.add_row(*row)
-    Console(width=120).print(table)
+    print_targets(f"gateway relay benchmark ({m['cpus']} cores, load average "
+                  f"{m['loadavg_1m_at_start']:.1f} → {m['loadavg_1m_at_end']:.1f}; "
+                  f"{args.duration:g} s per phase, direct/gateway/gateway/direct)", rows, width=120)
 
 
 def main() -> None:
@@ -650,17 +655,10 @@ def main() -> None:
                                                    f"{gw['gateway_pre_forward_p99_ms']:.3f} ms", "", ""),
         ("  annotated requests", f"{gw['annotated']}", f">= {gw['requests']}", ok(gw["annotated"] >= gw["requests"])),
     ]
-    from rich.console import Console
-    from rich.table import Table
     m = res["machine"]
-    table = Table(title=f"serving benchmark ({m['cpus']} cores, load average "
-                        f"{m['loadavg_1m_at_start']:.1f} → {m['loadavg_1m_at_end']:.1f}; profile of "
-                        f"{args.workflows} sessions fit in {fit_s:.1f}s)")
-    for col in ("measure", "measured", "target", "met"):
-        table.add_column(col)
-    for row in rows:
-        table.add_row(*row)
-    Console().print(table)
+    print_targets(f"serving benchmark ({m['cpus']} cores, load average "
+                  f"{m['loadavg_1m_at_start']:.1f} → {m['loadavg_1m_at_end']:.1f}; profile of "
+                  f"{args.workflows} sessions fit in {fit_s:.1f}s)", rows)
 
 
 if __name__ == "__main__":

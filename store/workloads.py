@@ -218,17 +218,10 @@ def generate(spec: str | Path | dict, n_workflows: int | None, seed: int = 0, wi
         yield from generate_messy(spec_d, n_workflows, seed=seed, with_text=with_text,
                                   arrival_rate=arrival_rate)
         return
-    if spec_d.get("generator") == "agent_user":
-        yield from generate_agent_user(spec_d, n_workflows, seed=seed, arrival_rate=arrival_rate)
-        return
-    if spec_d.get("generator") == "phased":
-        yield from generate_phased(spec_d, n_workflows, seed=seed, arrival_rate=arrival_rate)
-        return
-    if spec_d.get("generator") == "interactive":
-        yield from generate_interactive(spec_d, n_workflows, seed=seed, arrival_rate=arrival_rate)
-        return
-    if spec_d.get("generator") == "drift":
-        yield from generate_drift(spec_d, n_workflows, seed=seed, arrival_rate=arrival_rate)
+    special = {"agent_user": generate_agent_user, "phased": generate_phased,
+               "interactive": generate_interactive, "drift": generate_drift}.get(spec_d.get("generator"))
+    if special is not None:
+        yield from special(spec_d, n_workflows, seed=seed, arrival_rate=arrival_rate)
         return
     arrivals = np.random.default_rng([seed, 7])
     t = EPOCH0

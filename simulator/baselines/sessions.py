@@ -39,21 +39,22 @@ import math
 
 from simulator.baselines.caches import LRU
 from simulator.baselines.nat_hints import DynamoKVRouter
-from simulator.baselines.routers import _serves
+from simulator.baselines.routers import RoundRobin, _serves
 from simulator.engine import Request, Simulator
-from simulator.policy import Part, Router, Scheduler
+from simulator.policy import Part, Scheduler
 
 
-class StickyRouter(Router):
+class StickyRouter(RoundRobin):
     """SGLang router's ``sticky`` policy (module docstring): key -> worker until idle for more
-    than ``idle_s`` at one of the sweeps every ``sweep_s``; new keys round robin."""
+    than ``idle_s`` at one of the sweeps every ``sweep_s``; new keys round robin (the parent's
+    :meth:`RoundRobin.route`)."""
 
     def __init__(self, idle_s: float = 600.0, sweep_s: float = 60.0) -> None:
+        super().__init__()
         self.idle_s = idle_s
         self.sweep_s = sweep_s
         #: routing key -> [worker, last time a request referenced it]
         self.assigned: dict[object, list] = {}
-        self._next: dict[object, int] = {}
         self.counts = {"sticky_hit": 0, "assigned": 0, "expired": 0}
 
     def stats(self) -> dict:
@@ -68,13 +69,6 @@ class StickyRouter(Router):
         last_sweep = math.floor(now / self.sweep_s) * self.sweep_s
         return last_sweep - last_seen > self.idle_s
 
-    def _fallback(self, req: Request) -> int:
-        reps = self.sim.candidates(req)
-        pool = self.sim.pool_of_replica(reps[0].idx)   # one turn counter per model pool
-        n = self._next.get(pool, 0)
-        self._next[pool] = n + 1
-        return reps[n % len(reps)].idx
-
     def route(self, req: Request) -> int:
         key, now = self.sim.home_key(req), self.sim.now
         entry = self.assigned.get(key)
@@ -82,7 +76,7 @@ class StickyRouter(Router):
             self.counts["expired"] += 1
             entry = None
         if entry is None or not _serves(self.sim, req, entry[0]):
-            entry = self.assigned[key] = [self._fallback(req), now]
+            entry = self.assigned[key] = [super().route(req), now]
             self.counts["assigned"] += 1
         else:
             entry[1] = now
