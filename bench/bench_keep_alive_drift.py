@@ -106,7 +106,8 @@ def score(train: Path, test: Path, half_lives: tuple | None = None, force_level:
     return {"gaps": int(m.sum()), "coverage": float(covered.mean()), "mean_ttl_s": float(ttl.mean()),
             "at_cap": float(np.mean(ttl >= policy.max_ttl_s)),
             "kv_s_per_covered_gap": float(np.minimum(ttl, g).sum() / max(covered.sum(), 1)),
-            "half_life": ",".join(str(v.get("half_life")) for v in model.workflow_types_.values())}
+            "half_life": ",".join(str(v.get("half_life")) for v in model.workflow_types_.values()),
+            "forward": ",".join((v.get("forward") or {}).get("served", "-") for v in model.workflow_types_.values())}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -133,11 +134,11 @@ def main(argv: list[str] | None = None) -> None:
                 write_jsonl(iter(team_records(a.workflows, s)), work / f"team{s}.jsonl")
                 sets.append((f"team{s}", work / f"team{s}.jsonl"))
         results = {}
-        print(f"{'set':28s} {'gaps':>5s} {'coverage':>8s} {'mean TTL':>8s} {'at cap':>6s} {'KV-s/cov':>8s}  half-life")
+        print(f"{'set':28s} {'gaps':>5s} {'coverage':>8s} {'mean TTL':>8s} {'at cap':>6s} {'KV-s/cov':>8s}  half-life  forward")
         for name, path in sets:
             r = results[name] = score(*time_split(path, a.train, work), half_lives, a.force_level)
             print(f"{name:28s} {r['gaps']:5d} {r['coverage']:8.3f} {r['mean_ttl_s']:8.2f} {r['at_cap']:6.3f} "
-                  f"{r['kv_s_per_covered_gap']:8.2f}  {r['half_life']}", flush=True)
+                  f"{r['kv_s_per_covered_gap']:8.2f}  {r['half_life']}  {r.get('forward', '-')}", flush=True)
         for family in ("messy", "team"):
             rs = [r for n, r in results.items() if n.startswith(family)]
             if rs:

@@ -26,7 +26,8 @@ import numpy as np
 import pandas as pd
 from sklearn.base import BaseEstimator
 
-from predictors.served import LEVEL_KEYS, LEVELS, MAX_FACTOR, MIN_GAP_S, IdleGapTable
+from predictors.served import (HELD_TTL_MAX_S, HELD_TTL_MIN_S, LEVEL_KEYS, LEVELS, MAX_FACTOR, MIN_GAP_S,
+                               IdleGapTable)
 from store.folds import group_folds
 
 #: Columns :meth:`IdleGapModel.fit` reads.
@@ -385,16 +386,20 @@ class IdleGapModel(IdleGapTable, BaseEstimator):
     min_workflows_drift : fewest workflows of a type for the half-life to be chosen at all.
     max_cv_workflows : the choices (half-life, level, prior weight) are validated on a seeded sample
         of at most this many workflows per type (0 = all); the final fit uses every workflow.
+    forward_origins : rolling origins (shares of a type's workflows by start time) of the forward
+        check of the choice against the pooled per-type quantile (:meth:`_forward_check`); empty:
+        no check.
     random_state : seed of the fold assignment.
 
     Fitted attributes: ``workflow_types_`` ({wt: {level, tool_level, prior_weight, half_life,
-    half_life_workflows, end_share, n, scores, entries: {level: [{keys…, n, p50_s, ttl_z}]}}}).
+    half_life_workflows, end_share, n, scores, forward, entries: {level: [{keys…, n, p50_s, ttl_z}]}}}).
     """
 
     def __init__(self, quantile: float = 0.95, max_ttl_s: float | None = 600.0, min_samples: int = 19,
                  folds: int = 5, prior_weights: Sequence[float | None] = (None, 1.0, 4.0, 16.0),
                  half_lives: Sequence[float | None] = (None, 0.5, 0.2, 0.05), min_workflows_drift: int = 20,
-                 max_cv_workflows: int = 5000, random_state: int = 0):
+                 max_cv_workflows: int = 5000,
+                 forward_origins: Sequence[float] = (0.5, 0.6, 0.7, 0.8, 0.9), random_state: int = 0):
         self.quantile = quantile
         self.max_ttl_s = max_ttl_s
         self.min_samples = min_samples
@@ -403,6 +408,7 @@ class IdleGapModel(IdleGapTable, BaseEstimator):
         self.half_lives = half_lives
         self.min_workflows_drift = min_workflows_drift
         self.max_cv_workflows = max_cv_workflows
+        self.forward_origins = forward_origins
         self.random_state = random_state
 
     # ------------------------------------------------------------------ pieces
@@ -563,6 +569,55 @@ class IdleGapModel(IdleGapTable, BaseEstimator):
                     preds[(lv, w)][fold == f] = self._predict_rows(va, tables, lv, w)
         return {key: self._score(g, p) for key, p in preds.items()}
 
+    def _forward_check(self, g: pd.DataFrame, n_wf: int, half_life: float | None, level: str,
+                       prior_weight: float | None) -> dict[str, Any] | None:
+        """The chosen TTL against the pooled per-type quantile, scored forward in time.
+
+        Rolling origin on the training side: at each origin (a share of the type's workflows by
+        start time, :attr:`forward_origins`) both candidates are fit on the workflows started
+        before it — ``chosen`` = the chosen (half-life, level, prior weight), ``pooled`` = one
+        unweighted conformal quantile of the type's gaps, no session factor (the ``idle_gap_p95``
+        baseline's estimate, certified) — and serve the workflows up to the next origin (the last
+        block: up to the newest). TTLs are held as the keep/drop policy holds them (0.5–120 s).
+        ``pooled`` is served when ``chosen`` stays under the quantile forward and ``pooled``
+        covers more beyond one standard error of the paired difference (clustered by workflow):
+        where an entry has few gaps, or the gaps drift, a finer or decayed fit keeps its past shape
+        while the pooled quantile is wider in the right place. Returns ``{served, gaps, scores:
+        {candidate: {coverage, kv_s_per_covered_gap}}, diff, diff_se}``; None when too few
+        workflows (``min_workflows_drift``) or no origin has a certifiable prefix."""
+        if not self.forward_origins or n_wf < self.min_workflows_drift:
+            return None
+        cuts = sorted({int(round(f * n_wf)) for f in self.forward_origins} | {n_wf})
+        rank = g["rank"].to_numpy()
+        parts: dict[str, list[np.ndarray]] = {"chosen": [], "pooled": []}
+        scored: list[pd.DataFrame] = []
+        for lo, hi in zip(cuts[:-1], cuts[1:]):
+            prefix = g[(rank < lo) & g["gap_after_s"].notna().to_numpy()]
+            block = g[(rank >= lo) & (rank < hi)]
+            if not certifies(np.ones(len(prefix)), self.quantile) or block["gap_after_s"].isna().all():
+                continue
+            chosen = prefix.assign(weight=recency_weights(prefix["rank"].to_numpy(), lo, half_life))
+            tables = self._tables_by_prior(chosen, (prior_weight,))[prior_weight]
+            parts["chosen"].append(self._predict_rows(block, tables, level, prior_weight))
+            pooled = self._tables_by_prior(prefix.assign(weight=1.0), (None,))[None]
+            parts["pooled"].append(self._predict_rows(block, pooled, "workflow_type", None))
+            scored.append(block)
+        if not scored:
+            return None
+        rows = pd.concat(scored)
+        ttl = {k: np.clip(np.concatenate(v), HELD_TTL_MIN_S, HELD_TTL_MAX_S) for k, v in parts.items()}
+        gap = rows["gap_after_s"].to_numpy(dtype=float)
+        has = ~np.isnan(gap)
+        covered = {k: gap[has] <= t[has] for k, t in ttl.items()}
+        d = covered["pooled"].astype(float) - covered["chosen"].astype(float)
+        _, codes = np.unique(rows["workflow_id"].to_numpy()[has], return_inverse=True)
+        per = np.bincount(codes, weights=d - d.mean())
+        se = float(math.sqrt(np.dot(per, per)) / len(d))
+        scores = {k: dict(zip(("coverage", "kv_s_per_covered_gap"), self._cost(rows, t))) for k, t in ttl.items()}
+        ahead = scores["chosen"]["coverage"] < self.quantile and d.mean() > se
+        return {"served": "pooled" if ahead else "chosen", "gaps": int(has.sum()), "scores": scores,
+                "diff": float(d.mean()), "diff_se": se}
+
     # --------------------------------------------------------------------- fit
     def fit(self, calls: pd.DataFrame) -> "IdleGapModel":
         """``calls``: one row per call with :data:`GAP_COLUMNS` (``gap_after_s`` NaN = END)."""
@@ -605,6 +660,11 @@ class IdleGapModel(IdleGapTable, BaseEstimator):
             else:
                 scores, level, w, tool_level = {}, "workflow_type", None, False
                 reason = "one workflow: no validation, workflow-type level"
+            forward = self._forward_check(g.loc[sample.index], n_wf, h, level, w)
+            if forward and forward["served"] == "pooled":   # the pooled per-type quantile serves
+                h, level, w, tool_level = None, "workflow_type", None, False
+                g = g.assign(weight=1.0)
+                reason += "; the pooled per-type quantile: ahead forward in time"
             tables = self._tables(g[g["gap_after_s"].notna()], w)
             if tables["workflow_type"].empty:
                 reason += f"; fewer than {self.min_samples} gaps: no idle-gap TTL (the tool-latency TTL applies)"
@@ -612,6 +672,7 @@ class IdleGapModel(IdleGapTable, BaseEstimator):
                 "level": level, "tool_level": bool(tool_level), "prior_weight": w, "reason": reason,
                 "half_life": h, "half_life_workflows": None if h is None else float(h * n_wf),
                 "half_life_scores": h_scores,
+                "forward": forward,
                 "scores": {f"{lv}/{pw}": {"coverage": v[0], "mean_ttl_s": v[1]} for (lv, pw), v in scores.items()},
                 # entries whose weighted quantile was not certified, by where theirs came from
                 "backed_off": {lv: {str(k): int(v) for k, v in t["backed_off"].value_counts().items() if k}

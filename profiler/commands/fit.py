@@ -40,7 +40,7 @@ def fit(
     strict: Annotated[bool, typer.Option(help="Exit non-zero if any record is quarantined.")] = False,
     group_by: Annotated[Optional[str], typer.Option("--group-by", help="Keep the workflows sharing this record field (a task or instance id) in one fold of the fit's own selection CVs (remaining work, output-length bands); default: fold by workflow.")] = None,
     group_pattern: Annotated[Optional[str], typer.Option("--group-pattern", help="With --group-by: the group is this regex's first capture group (else whole match) in the field, e.g. '[^/]+$'.")] = None,
-    forward_validation: Annotated[bool, typer.Option("--forward-validation/--no-forward-validation", help="Check the next-agent and remaining-calls choices on the latest fifth of each type's training workflows by start time (fitted on the rest); the CV choice gives way where that slice shows it behind beyond noise. Off: shuffled folds alone.")] = True,
+    forward_validation: Annotated[bool, typer.Option("--forward-validation/--no-forward-validation", help="Check the next-agent and remaining-calls choices on the latest fifth of each type's training workflows by start time (fitted on the rest); the CV choice gives way where that slice shows it behind beyond noise. The keep-alive TTL likewise gives way to the pooled per-type quantile. Off: shuffled folds alone.")] = True,
     append: Annotated[bool, typer.Option("--append", help="Add LOGS to a profile root fitted on other logs (without it such a fit is refused: the two would merge).")] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print the new profile's manifest as JSON.")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress output.")] = False,
