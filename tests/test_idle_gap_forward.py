@@ -16,6 +16,7 @@ from fitting import profile_fit as fitting
 from store import ingest
 from store.duckdb_store import connect
 from predictors.idle_gap import IdleGapModel
+from profiler.evaluation import keep_alive_dominated, keep_alive_vs
 from store.workloads import generate, write_jsonl
 
 
@@ -84,3 +85,37 @@ def test_fit_option_turns_the_check_off(tmp_path):
     off = fitting.fit_idle_gap(con, fitting.FitOptions(forward_validation=False))
     assert any(v.get("forward") for v in on.to_dict()["workflow_types"].values())
     assert not any(v.get("forward") for v in off.to_dict()["workflow_types"].values())
+
+
+def test_keep_alive_vs_flags_a_baseline_ahead_at_no_more_cost():
+    rng = np.random.default_rng(0)
+    gap = rng.lognormal(1.0, 0.5, 400)
+    groups = np.repeat(np.arange(80), 5)
+    short, right = np.full(400, np.quantile(gap, 0.6)), np.full(400, np.quantile(gap, 0.95))
+    # ours too short: the baseline covers far more; per covered gap it holds about as much
+    v = keep_alive_vs(gap, short, right, groups)
+    assert v["coverage_diff"] < -3 * v["coverage_diff_se"]
+    assert v["dominated"] == (v["kv_s_diff"] >= -v["kv_s_diff_se"])
+    # the other way round: ours covers more, never dominated by the shorter TTL
+    w = keep_alive_vs(gap, right, short, groups)
+    assert w["coverage_diff"] > 0 and not w["dominated"]
+    # the same coverage at a higher cost: a TTL far past every gap holds nothing more per gap
+    # covered (a covered gap holds its own length), so equal TTLs are never dominated
+    same = keep_alive_vs(gap, right, right.copy(), groups)
+    assert same["coverage_diff"] == 0 and same["kv_s_diff"] == 0 and not same["dominated"]
+
+
+def test_jackknife_matches_the_delete_one_workflow_definition():
+    rng = np.random.default_rng(1)
+    gap = rng.lognormal(1.0, 0.7, 120)
+    groups = np.repeat(np.arange(30), 4)
+    a, b = rng.uniform(1, 8, 120), rng.uniform(1, 8, 120)
+    v = keep_alive_vs(gap, a, b, groups)
+    theta = []
+    for g in range(30):
+        keep = groups != g
+        theta.append(np.mean(gap[keep] <= np.clip(a[keep], 0.5, 120)) - np.mean(gap[keep] <= np.clip(b[keep], 0.5, 120)))
+    theta = np.array(theta)
+    assert math.isclose(v["coverage_diff_se"], math.sqrt(29 / 30 * np.sum((theta - theta.mean()) ** 2)), rel_tol=1e-9)
+    assert keep_alive_dominated(-0.05, 0.01, 0.0, 0.1) and not keep_alive_dominated(-0.05, 0.1, 0.0, 0.1)
+    assert keep_alive_dominated(0.0, 0.01, 1.0, 0.1) and not keep_alive_dominated(0.01, 0.01, 1.0, 0.1)
