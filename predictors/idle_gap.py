@@ -599,8 +599,10 @@ class IdleGapModel(IdleGapTable, BaseEstimator):
             chosen = prefix.assign(weight=recency_weights(prefix["rank"].to_numpy(), lo, half_life))
             tables = self._tables_by_prior(chosen, (prior_weight,))[prior_weight]
             parts["chosen"].append(self._predict_rows(block, tables, level, prior_weight))
-            pooled = self._tables_by_prior(prefix.assign(weight=1.0), (None,))[None]
-            parts["pooled"].append(self._predict_rows(block, pooled, "workflow_type", None))
+            # the type level, unweighted, no session factor: one conformal quantile of the gaps
+            pooled = (weighted_conformal_quantile(prefix["gap_after_s"].to_numpy(dtype=float), np.ones(len(prefix)),
+                                                  self.quantile) if len(prefix) >= self.min_samples else math.inf)
+            parts["pooled"].append(self._cap(np.full(len(block), pooled)))
             scored.append(block)
         if not scored:
             return None
