@@ -354,7 +354,9 @@ def keep_alive_scores(profile: Profile, con: duckdb.DuckDBPyConnection) -> dict[
         per_type[wt] = {"gaps": int(m.sum()), "idle_gap_coverage": cov(ours, m), "mean_ttl_s": mean(ours, m),
                         "idle_gap_p95": cov(base, m), "tool_p95": cov(tool, m), "nat_trie": nat_cov(m),
                         "kv_s_per_covered_gap": kv_cost(ours, m), "ttl_at_cap_share": at_cap(ours, m),
-                        "level": (model.workflow_types_.get(wt) or {}).get("level")}
+                        "level": (model.workflow_types_.get(wt) or {}).get("level"),
+                        # the fit's forward check: "chosen" (the CV choice) or "pooled" (the type's quantile)
+                        "forward_served": ((model.workflow_types_.get(wt) or {}).get("forward") or {}).get("served")}
     return {
         "idle_gap_coverage": cov(ours, scored),
         "nominal": float(model.quantile),
