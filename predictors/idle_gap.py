@@ -26,6 +26,7 @@ import numpy as np
 import pandas as pd
 from sklearn.base import BaseEstimator
 
+from predictors.keep_alive_compare import compare_held
 from predictors.served import (HELD_TTL_MAX_S, HELD_TTL_MIN_S, LEVEL_KEYS, LEVELS, MAX_FACTOR, MIN_GAP_S,
                                IdleGapTable)
 from store.folds import group_folds
@@ -579,12 +580,17 @@ class IdleGapModel(IdleGapTable, BaseEstimator):
         unweighted conformal quantile of the type's gaps, no session factor (the ``idle_gap_p95``
         baseline's estimate, certified) — and serve the workflows up to the next origin (the last
         block: up to the newest). TTLs are held as the keep/drop policy holds them (0.5–120 s).
-        ``pooled`` is served when ``chosen`` stays under the quantile forward and ``pooled``
-        covers more beyond one standard error of the paired difference (clustered by workflow):
-        where an entry has few gaps, or the gaps drift, a finer or decayed fit keeps its past shape
-        while the pooled quantile is wider in the right place. Returns ``{served, gaps, scores:
-        {candidate: {coverage, kv_s_per_covered_gap}}, diff, diff_se}``; None when too few
-        workflows (``min_workflows_drift``) or no origin has a certifiable prefix."""
+        ``pooled`` serves when it is ahead forward: it dominates ``chosen`` beyond one standard
+        error (:func:`predictors.keep_alive_compare.dominated`: it covers more at no more
+        KV-seconds per covered gap, or as much for fewer, the TTL held after a session's last call
+        counted as the half-life choice counts it; jackknife by workflow), or ``chosen`` stays
+        under the quantile and ``pooled`` covers more beyond one standard error. Where an entry
+        has few gaps, or the gaps drift, a finer or decayed fit keeps its past shape while the
+        pooled quantile is wider in the right place. (Serving the pooled one unless the chosen is
+        ahead beyond noise — the simpler by default — covered less on SWE-agent's and the
+        drifting team's futures: docs/keep-alive.md.) Returns ``{served, gaps, scores:
+        {candidate: {coverage, kv_s_per_covered_gap}}, diff, diff_se, kv_s_diff, kv_s_diff_se}``
+        (pooled minus chosen); None when too few workflows (``min_workflows_drift``) or no origin has a certifiable prefix."""
         if not self.forward_origins or n_wf < self.min_workflows_drift:
             return None
         cuts = sorted({int(round(f * n_wf)) for f in self.forward_origins} | {n_wf})
@@ -610,15 +616,15 @@ class IdleGapModel(IdleGapTable, BaseEstimator):
         ttl = {k: np.clip(np.concatenate(v), HELD_TTL_MIN_S, HELD_TTL_MAX_S) for k, v in parts.items()}
         gap = rows["gap_after_s"].to_numpy(dtype=float)
         has = ~np.isnan(gap)
-        covered = {k: gap[has] <= t[has] for k, t in ttl.items()}
-        d = covered["pooled"].astype(float) - covered["chosen"].astype(float)
-        _, codes = np.unique(rows["workflow_id"].to_numpy()[has], return_inverse=True)
-        per = np.bincount(codes, weights=d - d.mean())
-        se = float(math.sqrt(np.dot(per, per)) / len(d))
+        wf = rows["workflow_id"].to_numpy()[has]
+        # pooled minus chosen; "dominated": the chosen is ahead beyond one standard error
+        ends = (ttl["chosen"][~has], ttl["pooled"][~has], rows["workflow_id"].to_numpy()[~has])
+        vs = compare_held(gap[has], ttl["chosen"][has], ttl["pooled"][has], wf, ends=ends)   # chosen − pooled
         scores = {k: dict(zip(("coverage", "kv_s_per_covered_gap"), self._cost(rows, t))) for k, t in ttl.items()}
-        ahead = scores["chosen"]["coverage"] < self.quantile and d.mean() > se
-        return {"served": "pooled" if ahead else "chosen", "gaps": int(has.sum()), "scores": scores,
-                "diff": float(d.mean()), "diff_se": se}
+        short = scores["chosen"]["coverage"] < self.quantile and -vs["coverage_diff"] > (vs["coverage_diff_se"] or 0.0)
+        return {"served": "pooled" if vs["dominated"] or short else "chosen", "gaps": int(has.sum()),
+                "scores": scores, "diff": -vs["coverage_diff"], "diff_se": vs["coverage_diff_se"],
+                "kv_s_diff": None if vs["kv_s_diff"] is None else -vs["kv_s_diff"], "kv_s_diff_se": vs["kv_s_diff_se"]}
 
     # --------------------------------------------------------------------- fit
     def fit(self, calls: pd.DataFrame) -> "IdleGapModel":

@@ -47,6 +47,7 @@ import pandas as pd
 from scipy import stats
 
 from predictors.idle_gap import IdleGapModel
+from predictors.keep_alive_compare import compare_held, dominated
 from predictors.nat_trie import PredictionTrie, lookup_frame, trie_from_section
 from predictors.output_length import OutputLengthIntervals
 from predictors.predictor import CompiledProfile
@@ -252,53 +253,16 @@ def keep_alive_baseline_ttls(profile: Profile, con: duckdb.DuckDBPyConnection,
     return out
 
 
-def _leave_one_out_ratio(num: np.ndarray, den: np.ndarray, codes: np.ndarray, k: int) -> np.ndarray:
-    """``Σ num / Σ den`` without each group in turn (``codes`` 0…k−1; NaN where no ``den`` is left)."""
-    n_g = np.bincount(codes, weights=num, minlength=k)
-    d_g = np.bincount(codes, weights=den, minlength=k)
-    left = den.sum() - d_g
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return np.where(left > 0, (num.sum() - n_g) / left, np.nan)
-
-
 def keep_alive_vs(gap: np.ndarray, ours: np.ndarray, other: np.ndarray, groups: np.ndarray) -> dict[str, Any]:
-    """Ours minus another keep-alive TTL on the same idle gaps (both held as the keep/drop policy
-    holds them): the coverage difference and the KV-seconds-per-covered-gap difference
-    (``Σ min(TTL, gap) / #covered``), each with its delete-one-workflow jackknife standard error
-    (``se² = (G − 1)/G · Σ_g (θ₋g − θ̄)²``; ``groups`` = each gap's workflow), and ``dominated``:
-    the other covers more by over one standard error at a cost per covered gap not above ours
-    beyond one, or covers at least as much at a cost below ours by over one."""
-    a, b = keep_alive_cost(gap, ours), keep_alive_cost(gap, other)
-    out: dict[str, Any] = {"coverage_diff": None, "coverage_diff_se": None, "kv_s_diff": None,
-                           "kv_s_diff_se": None, "dominated": False}
-    if not len(gap):
-        return out
-    _, codes = np.unique(np.asarray(groups).astype(str), return_inverse=True)
-    k = int(codes.max()) + 1
-    ca, cb = a.covered.astype(float), b.covered.astype(float)
-    one = np.ones(len(gap))
-
-    def jk(theta: np.ndarray) -> float | None:
-        theta = theta[~np.isnan(theta)]
-        return float(np.sqrt((len(theta) - 1) / len(theta) * np.sum((theta - theta.mean()) ** 2))) \
-            if len(theta) >= 2 else None
-    dc = float(ca.mean() - cb.mean())
-    dc_se = jk(_leave_one_out_ratio(ca, one, codes, k) - _leave_one_out_ratio(cb, one, codes, k))
-    out.update(coverage_diff=dc, coverage_diff_se=dc_se)
-    if a.kv_s_per_covered_gap is not None and b.kv_s_per_covered_gap is not None:
-        ka, kb = np.minimum(a.held, gap), np.minimum(b.held, gap)
-        dk = a.kv_s_per_covered_gap - b.kv_s_per_covered_gap
-        dk_se = jk(_leave_one_out_ratio(ka, ca, codes, k) - _leave_one_out_ratio(kb, cb, codes, k))
-        out.update(kv_s_diff=dk, kv_s_diff_se=dk_se, dominated=keep_alive_dominated(dc, dc_se, dk, dk_se))
-    return out
+    """Ours minus another keep-alive TTL on the same idle gaps, both held as the keep/drop policy
+    holds them (:func:`keep_alive_cost`): coverage and KV-seconds per covered gap ± their
+    delete-one-workflow jackknife errors, and ``dominated`` (the other ahead beyond one error;
+    :func:`predictors.keep_alive_compare.compare_held`)."""
+    return compare_held(gap, keep_alive_cost(gap, ours).held, keep_alive_cost(gap, other).held, groups)
 
 
-def keep_alive_dominated(dc: float, dc_se: float | None, dk: float, dk_se: float | None) -> bool:
-    """Whether a baseline dominates our keep-alive TTL, from ours minus it: coverage ``dc`` and
-    KV-seconds per covered gap ``dk`` with their standard errors (None: 0) — it covers more by
-    over one se at a cost not above ours beyond one, or as much at a cost below ours by over one."""
-    sc, sk = dc_se or 0.0, dk_se or 0.0
-    return bool((dc < -sc and dk >= -sk) or (dc <= 0 and dk > sk))
+#: Whether a baseline dominates ours, from ours minus it (:func:`predictors.keep_alive_compare.dominated`).
+keep_alive_dominated = dominated
 
 
 def keep_alive_scores(profile: Profile, con: duckdb.DuckDBPyConnection) -> dict[str, Any]:
