@@ -18,7 +18,10 @@ global coverage and width ± their jackknife standard errors and the global arm'
 served bands (:mod:`predictors.online_calibration`). For the generated Pythia workloads the bench also prints the
 **Bayes bound** of next-agent top-1 (the generator's own structure simulated to get
 P(next | whole history)). After each table, the remaining-tokens C-index of ours beside every
-baseline, with ours minus the best baseline ± its jackknife standard error.
+baseline, with ours minus the best baseline ± its jackknife standard error; and the keep-alive
+TTL beside every keep-alive baseline (coverage and KV-seconds per covered gap, ours minus each ±
+its delete-one-workflow jackknife error, "DOMINATED" where the baseline is ahead beyond one error):
+the fitted TTL on the main protocol, the TTL served online on the time split.
 
 The command line, the data source of every set and the wall time are printed with the table;
 ``--json`` prints all of it, every eval result included, as one object. What each table holds and
