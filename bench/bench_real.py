@@ -21,7 +21,10 @@ P(next | whole history)). After each table, the remaining-tokens C-index of ours
 baseline, with ours minus the best baseline ± its jackknife standard error; and the keep-alive
 TTL beside every keep-alive baseline (coverage and KV-seconds per covered gap, ours minus each ±
 its delete-one-workflow jackknife error, "DOMINATED" where the baseline is ahead beyond one error):
-the fitted TTL on the main protocol, the TTL served online on the time split.
+the fitted TTL on the main protocol, the TTL served online on the time split. Last, every headline
+figure (bands served vs the global band on the time split, next-agent top-1 and log-loss, remaining
+calls MAE, remaining-tokens C-index, keep-alive) as ours minus every baseline ± its jackknife error
+with a "DOMINATED" flag (:func:`headline_rows`; ``headline`` in ``--json``).
 
 The command line, the data source of every set and the wall time are printed with the table;
 ``--json`` prints all of it, every eval result included, as one object. What each table holds and
@@ -328,6 +331,77 @@ def keep_alive_table(results: dict[str, dict[str, Any]], title: str, served: boo
     return table
 
 
+def _parts(result: dict[str, Any]) -> list[dict[str, Any]]:
+    """The single eval results of one set's result (its folds or messy seeds, else itself)."""
+    if "folds" in result:
+        return [q for f in result["folds"] for q in _parts(f.get("result", f))]
+    return [result]
+
+
+def _pool(got: list[tuple[float, float | None, float]]) -> tuple[float, float] | None:
+    """Parts' ``(diff, se, weight)`` as one: the weighted mean, ``se = √(Σ (w·se)²) / Σ w``
+    (disjoint held-out workflows: independent errors)."""
+    got = [(d, se or 0.0, w) for d, se, w in got if d is not None and w > 0]
+    if not got:
+        return None
+    total = sum(w for *_, w in got)
+    return (sum(w * d for d, _, w in got) / total, float(np.sqrt(sum((w * se) ** 2 for _, se, w in got))) / total)
+
+
+def headline_rows(result: dict[str, Any], served: bool) -> list[tuple[str, str, str, bool]]:
+    """Every headline figure of one set beside every baseline: ``(figure, baseline, "ours − it ±
+    se", dominated)``. Bands: the served (online) band minus the global band on the time split
+    (``online_vs_global``: coverage and width); next agent: top-1 and log-loss minus markov1,
+    markov_vo, markov_wb; remaining calls: MAE minus the position median; remaining tokens:
+    C-index minus each :data:`RW_BASELINES`; keep-alive: coverage and KV-seconds per covered gap
+    minus each :data:`KA_BASELINES` (served online on the time split). Errors: delete-one-workflow
+    (or session) jackknife, pooled over folds or seeds; dominated: the baseline ahead beyond one."""
+    parts = _parts(result)
+    rows: list[tuple[str, str, str, bool]] = []
+    if served:
+        got = [((q.get("online_band") or {}).get("online_vs_global") or {}, float(q.get("calls") or 0)) for q in parts]
+        c = _pool([(v.get("coverage_diff"), v.get("coverage_diff_se"), w) for v, w in got if v])
+        wd = _pool([(v.get("width_diff"), v.get("width_diff_se"), w) for v, w in got if v])
+        if c and wd:
+            rows.append(("output band, served (coverage; width)", "global",
+                         f"{c[0]:+.3f} ± {c[1]:.3f}; {wd[0]:+,.0f} ± {wd[1]:,.0f}",
+                         bool((c[0] < -c[1] and wd[0] >= 0) or (c[0] <= 0 and wd[0] > wd[1]))))
+    for name in ("markov1", "markov_vo", "markov_wb"):
+        for metric, label, worse in (("top1", "next agent top-1", -1), ("log_loss", "next agent log-loss", 1)):
+            got = [(((q.get("next_agent") or {}).get("vs_baselines") or {}).get(name) or {}) for q in parts]
+            pooled = _pool([(v.get(f"{metric}_diff"), v.get(f"{metric}_diff_se"), float(v.get(f"{metric}_n") or 0))
+                            for v in got])
+            if pooled:
+                rows.append((label, name, f"{pooled[0]:+.3f} ± {pooled[1]:.3f}", worse * pooled[0] > pooled[1]))
+    got = [(((q.get("remaining_calls") or {}).get("vs_baselines") or {}).get("position_median") or {}) for q in parts]
+    pooled = _pool([(v.get("mae_diff"), v.get("mae_diff_se"), float(v.get("mae_n") or 0)) for v in got])
+    if pooled:
+        rows.append(("remaining calls MAE", "position_median", f"{pooled[0]:+.2f} ± {pooled[1]:.2f}", pooled[0] > pooled[1]))
+    for name in RW_BASELINES:
+        jk = c_index_diff(result, name)
+        if jk is not None:
+            rows.append(("remaining tokens C-index", name, f"{jk[0]:+.3f} ± {jk[1]:.3f}", jk[0] < -jk[1]))
+    for name in KA_BASELINES:
+        v = keep_alive_vs(result, name, served)
+        if v is not None:
+            kv = "n/a" if v["kv_s_diff"] is None else f"{v['kv_s_diff']:+.2f} ± {(v['kv_s_diff_se'] or 0):.2f}"
+            rows.append(("keep-alive (coverage; KV-s per covered gap)" + (", served" if served else ""), name,
+                         f"{v['coverage_diff']:+.3f} ± {(v['coverage_diff_se'] or 0):.3f}; {kv}", v["dominated"]))
+    return rows
+
+
+def headline_table(results: dict[str, dict[str, Any]], title: str, served: bool) -> Table:
+    """Per set, :func:`headline_rows`: ours minus every baseline on every headline figure ± its
+    jackknife error, and "DOMINATED" where the baseline is ahead beyond one error."""
+    table = Table(title=title)
+    for col in ("set", "figure", "baseline", "ours − baseline ± se", "dominated?"):
+        table.add_column(col, justify="right" if col == "ours − baseline ± se" else "left")
+    for label, r in results.items():
+        for i, (figure, name, cell, dom) in enumerate(headline_rows(r, served)):
+            table.add_row(label if i == 0 else "", figure, name, cell, "DOMINATED" if dom else "no")
+    return table
+
+
 #: Baselines of the remaining-tokens C-index (``remaining_work.baselines``).
 RW_BASELINES = ("position_median", "mrl", "nat_trie", "age")
 
@@ -474,7 +548,9 @@ def main() -> None:
                     entry.update(result=result, table=baseline_rows(result),
                                  c_index_vs={n: c_index_diff(result, n) for n in RW_BASELINES},
                                  keep_alive_vs={n: keep_alive_vs(result, n, served=proto == "time")
-                                                for n in KA_BASELINES})
+                                                for n in KA_BASELINES},
+                                 headline=[dict(zip(("figure", "baseline", "ours_minus_baseline", "dominated"), row))
+                                           for row in headline_rows(result, served=proto == "time")])
                 if proto == "main":
                     out["sets"][label] = entry
                 else:
@@ -509,6 +585,9 @@ def main() -> None:
                                 title=f"remaining-tokens C-index, ours vs the best baseline ({out['mode']})"))
     console.print(keep_alive_table({label: s["result"] for label, s in out["sets"].items() if "result" in s},
                                    f"keep-alive TTL (fitted), ours vs every baseline ({out['mode']})", served=False))
+    console.print(headline_table({label: s["result"] for label, s in out["sets"].items() if "result" in s},
+                                 f"every headline figure, ours − every baseline ± jackknife se ({out['mode']})",
+                                 served=False))
     if args.time:
         timed = {label: s["time_split"] for label, s in out["sets"].items() if "time_split" in s}
         for label, s in timed.items():
@@ -523,6 +602,9 @@ def main() -> None:
         console.print(keep_alive_table({label: s["result"] for label, s in timed.items() if "result" in s},
                                        f"keep-alive TTL served (online), ours vs every baseline, {out['time_mode']}",
                                        served=True))
+        console.print(headline_table({label: s["result"] for label, s in timed.items() if "result" in s},
+                                     f"every headline figure as served, ours − every baseline ± jackknife se, "
+                                     f"{out['time_mode']}", served=True))
         console.print(remaining_online_table(timed))
 
 
