@@ -35,10 +35,11 @@ def _jackknife_se(theta: np.ndarray) -> float | None:
 
 def dominated(dc: float, dc_se: float | None, dk: float, dk_se: float | None) -> bool:
     """Whether B dominates A, from A minus B: coverage ``dc`` and KV-seconds per covered gap
-    ``dk`` with their standard errors (None: 0) — B covers more by over one se at a cost not above
-    A's beyond one, or covers as much at a cost below A's by over one."""
+    ``dk`` with their standard errors (None: 0) — B is ahead on one beyond one se and not behind on
+    the other beyond one: it covers more by over one se at a cost not above A's beyond one, or
+    holds less by over one se at a coverage not below A's beyond one."""
     sc, sk = dc_se or 0.0, dk_se or 0.0
-    return bool((dc < -sc and dk >= -sk) or (dc <= 0 and dk > sk))
+    return bool((dc < -sc and dk >= -sk) or (dk > sk and dc <= sc))
 
 
 def compare_held(gap: np.ndarray, held_a: np.ndarray, held_b: np.ndarray, groups: np.ndarray,

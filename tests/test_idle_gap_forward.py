@@ -63,12 +63,35 @@ def test_pooled_quantile_serves_where_the_agent_entry_fails_forward():
     assert ttl_on < 2 * ttl_off                   # without a many-fold KV cost
 
 
-def test_stationary_gaps_keep_the_chosen_fit():
-    train = two_agents(60, 0, grow=1.0)
-    off = IdleGapModel(forward_origins=()).fit(train).workflow_types_["w"]
-    on = IdleGapModel().fit(train).workflow_types_["w"]
-    assert on["forward"]["served"] == "chosen"
-    assert on["level"] == off["level"] and on["entries"] == off["entries"]
+def future_cost(model: IdleGapModel, test: pd.DataFrame) -> float:
+    """KV-seconds held per covered test gap (``Σ min(TTL, gap) / #covered``, TTLs held as served)."""
+    ttl = np.clip(model.predict_sessions(test), 0.5, 120.0)
+    gap = test["gap_after_s"].to_numpy(dtype=float)
+    has = ~np.isnan(gap)
+    return float(np.minimum(ttl[has], gap[has]).sum() / np.sum(gap[has] <= ttl[has]))
+
+
+def test_on_stationary_gaps_the_served_ttl_is_not_behind_on_the_future():
+    # the agent level covers as the pooled quantile does; the pooled one holds less per covered
+    # gap (its misses are the slow agent's, held for a shorter TTL), so it may serve: on the
+    # future it must not be behind the chosen fit on either
+    train, test = two_agents(60, 0, grow=1.0), two_agents(30, 1, grow=1.0, start=60)
+    off = IdleGapModel(forward_origins=()).fit(train)
+    on = IdleGapModel().fit(train)
+    assert on.workflow_types_["w"]["forward"]["served"] in ("chosen", "pooled")
+    assert future_coverage(on, test)[0] >= future_coverage(off, test)[0] - 0.01
+    assert future_cost(on, test) <= future_cost(off, test) + 0.5
+
+
+def test_the_chosen_fit_stays_where_it_is_ahead(tmp_path):
+    path = tmp_path / "messy.jsonl"
+    write_jsonl(generate("messy", 64, seed=0), path)
+    con = connect(None)
+    ingest.ingest(con, [path])
+    model = fitting.fit_idle_gap(con, fitting.FitOptions())
+    fwd = model.workflow_types_["messy_app"]["forward"]
+    assert fwd["served"] == "chosen"
+    assert fwd["scores"]["chosen"]["coverage"] > fwd["scores"]["pooled"]["coverage"]
 
 
 def test_too_few_workflows_skip_the_check():
@@ -118,4 +141,4 @@ def test_jackknife_matches_the_delete_one_workflow_definition():
     theta = np.array(theta)
     assert math.isclose(v["coverage_diff_se"], math.sqrt(29 / 30 * np.sum((theta - theta.mean()) ** 2)), rel_tol=1e-9)
     assert keep_alive_dominated(-0.05, 0.01, 0.0, 0.1) and not keep_alive_dominated(-0.05, 0.1, 0.0, 0.1)
-    assert keep_alive_dominated(0.0, 0.01, 1.0, 0.1) and not keep_alive_dominated(0.01, 0.01, 1.0, 0.1)
+    assert keep_alive_dominated(0.01, 0.01, 1.0, 0.1) and not keep_alive_dominated(0.02, 0.01, 1.0, 0.1)
