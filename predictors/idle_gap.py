@@ -582,7 +582,7 @@ class IdleGapModel(IdleGapTable, BaseEstimator):
         block: up to the newest). TTLs are held as the keep/drop policy holds them (0.5–120 s).
         ``pooled`` serves when it is ahead forward: it dominates ``chosen`` beyond one standard
         error (:func:`predictors.keep_alive_compare.dominated`: it covers more at no more
-        KV-seconds per covered gap, or as much for fewer, the TTL held after a session's last call
+        KV-seconds per covered gap, or holds fewer at a coverage within noise, the TTL held after a session's last call
         counted as the half-life choice counts it; jackknife by workflow), or ``chosen`` stays
         under the quantile and ``pooled`` covers more beyond one standard error. Where an entry
         has few gaps, or the gaps drift, a finer or decayed fit keeps its past shape while the
