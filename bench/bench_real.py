@@ -376,7 +376,8 @@ def headline_rows(result: dict[str, Any], served: bool) -> list[tuple[str, str, 
     got = [(((q.get("remaining_calls") or {}).get("vs_baselines") or {}).get("position_median") or {}) for q in parts]
     pooled = _pool([(v.get("mae_diff"), v.get("mae_diff_se"), float(v.get("mae_n") or 0)) for v in got])
     if pooled:
-        rows.append(("remaining calls MAE", "position_median", f"{pooled[0]:+.2f} ± {pooled[1]:.2f}", pooled[0] > pooled[1]))
+        rows.append(("remaining calls MAE", "position_median", f"{pooled[0]:+.2f} ± {pooled[1]:.2f}",
+                     pooled[0] > pooled[1]))
     for name in RW_BASELINES:
         jk = c_index_diff(result, name)
         if jk is not None:

@@ -590,7 +590,8 @@ class IdleGapModel(IdleGapTable, BaseEstimator):
         ahead beyond noise — the simpler by default — covered less on SWE-agent's and the
         drifting team's futures: docs/keep-alive.md.) Returns ``{served, gaps, scores:
         {candidate: {coverage, kv_s_per_covered_gap}}, diff, diff_se, kv_s_diff, kv_s_diff_se}``
-        (pooled minus chosen); None when too few workflows (``min_workflows_drift``) or no origin has a certifiable prefix."""
+        (pooled minus chosen); None when too few workflows (``min_workflows_drift``) or no origin
+        has a certifiable prefix."""
         if not self.forward_origins or n_wf < self.min_workflows_drift:
             return None
         cuts = sorted({int(round(f * n_wf)) for f in self.forward_origins} | {n_wf})

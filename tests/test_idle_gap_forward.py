@@ -137,7 +137,8 @@ def test_jackknife_matches_the_delete_one_workflow_definition():
     theta = []
     for g in range(30):
         keep = groups != g
-        theta.append(np.mean(gap[keep] <= np.clip(a[keep], 0.5, 120)) - np.mean(gap[keep] <= np.clip(b[keep], 0.5, 120)))
+        theta.append(np.mean(gap[keep] <= np.clip(a[keep], 0.5, 120))
+                     - np.mean(gap[keep] <= np.clip(b[keep], 0.5, 120)))
     theta = np.array(theta)
     assert math.isclose(v["coverage_diff_se"], math.sqrt(29 / 30 * np.sum((theta - theta.mean()) ** 2)), rel_tol=1e-9)
     assert keep_alive_dominated(-0.05, 0.01, 0.0, 0.1) and not keep_alive_dominated(-0.05, 0.1, 0.0, 0.1)
