@@ -580,11 +580,12 @@ class IdleGapModel(IdleGapTable, BaseEstimator):
         unweighted conformal quantile of the type's gaps, no session factor (the ``idle_gap_p95``
         baseline's estimate, certified) — and serve the workflows up to the next origin (the last
         block: up to the newest). TTLs are held as the keep/drop policy holds them (0.5–120 s).
-        ``pooled`` serves when it is ahead forward: it dominates ``chosen`` beyond one standard
-        error (:func:`predictors.keep_alive_compare.dominated`: it covers more at no more
-        KV-seconds per covered gap, or holds fewer at a coverage within noise, the TTL held after a session's last call
-        counted as the half-life choice counts it; jackknife by workflow), or ``chosen`` stays
-        under the quantile and ``pooled`` covers more beyond one standard error. Where an entry
+        ``pooled`` serves when it is ahead forward beyond one standard error (jackknife by
+        workflow): it covers more at no more KV-seconds per covered gap (the TTL held after a
+        session's last call counted, as the half-life choice counts it), or it reaches the
+        quantile and holds less at a coverage not below beyond one (the cheapest at nominal, as
+        the half-life choice keeps), or ``chosen`` stays under the quantile and ``pooled`` covers
+        more. Where an entry
         has few gaps, or the gaps drift, a finer or decayed fit keeps its past shape while the
         pooled quantile is wider in the right place. (Serving the pooled one unless the chosen is
         ahead beyond noise — the simpler by default — covered less on SWE-agent's and the
@@ -622,8 +623,12 @@ class IdleGapModel(IdleGapTable, BaseEstimator):
         ends = (ttl["chosen"][~has], ttl["pooled"][~has], rows["workflow_id"].to_numpy()[~has])
         vs = compare_held(gap[has], ttl["chosen"][has], ttl["pooled"][has], wf, ends=ends)   # chosen − pooled
         scores = {k: dict(zip(("coverage", "kv_s_per_covered_gap"), self._cost(rows, t))) for k, t in ttl.items()}
-        short = scores["chosen"]["coverage"] < self.quantile and -vs["coverage_diff"] > (vs["coverage_diff_se"] or 0.0)
-        return {"served": "pooled" if vs["dominated"] or short else "chosen", "gaps": int(has.sum()),
+        sc, sk = vs["coverage_diff_se"] or 0.0, vs["kv_s_diff_se"] or 0.0
+        dc, dk = vs["coverage_diff"], vs["kv_s_diff"] if vs["kv_s_diff"] is not None else 0.0
+        ahead = (-dc > sc and dk >= -sk                                                  # covers more
+                 or dk > sk and dc <= sc and scores["pooled"]["coverage"] >= self.quantile  # cheaper at nominal
+                 or scores["chosen"]["coverage"] < self.quantile and -dc > sc)          # chosen short
+        return {"served": "pooled" if ahead else "chosen", "gaps": int(has.sum()),
                 "scores": scores, "diff": -vs["coverage_diff"], "diff_se": vs["coverage_diff_se"],
                 "kv_s_diff": None if vs["kv_s_diff"] is None else -vs["kv_s_diff"], "kv_s_diff_se": vs["kv_s_diff_se"]}
 
