@@ -253,21 +253,13 @@ def keep_alive_baseline_ttls(profile: Profile, con: duckdb.DuckDBPyConnection,
     return out
 
 
-def keep_alive_vs(gap: np.ndarray, ours: np.ndarray, other: np.ndarray, groups: np.ndarray,
-                  ends: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None) -> dict[str, Any]:
+def keep_alive_vs(gap: np.ndarray, ours: np.ndarray, other: np.ndarray, groups: np.ndarray) -> dict[str, Any]:
     """Ours minus another keep-alive TTL on the same idle gaps, both held as the keep/drop policy
     holds them (:func:`keep_alive_cost`): coverage and KV-seconds per covered gap ± their
     delete-one-workflow jackknife errors, and ``dominated`` (the other ahead beyond one error;
-    :func:`predictors.keep_alive_compare.compare_held`). ``ends`` = (our TTL, its TTL, workflow)
-    at the sessions' last calls: the TTL each holds there for nothing is counted in the cost
-    (``kv_s_per_covered_gap_with_ends``): without it a longer TTL costs nothing on covered gaps
-    and would look as cheap as one at nominal."""
-    held_ends = None
-    if ends is not None:
-        held_ends = (keep_alive_cost(np.zeros(len(ends[0])), ends[0]).held,
-                     keep_alive_cost(np.zeros(len(ends[1])), ends[1]).held, ends[2])
-    return compare_held(gap, keep_alive_cost(gap, ours).held, keep_alive_cost(gap, other).held, groups,
-                        ends=held_ends)
+    :func:`predictors.keep_alive_compare.compare_held`). Session ends are not counted: this eval
+    would charge our TTL there although the keep/drop policy drops a session it predicts ends."""
+    return compare_held(gap, keep_alive_cost(gap, ours).held, keep_alive_cost(gap, other).held, groups)
 
 
 #: Whether a baseline dominates ours, from ours minus it (:func:`predictors.keep_alive_compare.dominated`).
@@ -350,8 +342,7 @@ def keep_alive_scores(profile: Profile, con: duckdb.DuckDBPyConnection) -> dict[
                                            "oracle": kv_cost(oracle, scored, bounded=False)},
         "oracle_coverage": float(np.mean(gap[scored] <= cap)) if scored.any() else None,
         "ttl_at_cap_share": per_policy(lambda t: at_cap(t, scored)),
-        "vs_baselines": {name: keep_alive_vs(gap[scored], ours[scored], ttl[scored], groups[scored],
-                                             ends=(ours[end], ttl[end], groups[end]))
+        "vs_baselines": {name: keep_alive_vs(gap[scored], ours[scored], ttl[scored], groups[scored])
                          for name, ttl in base_ttls.items()},
         "by_workflow_type": per_type,
     }

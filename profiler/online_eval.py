@@ -24,7 +24,7 @@ serves it, with ``profiler eval``'s cost), and each call's ``expected_remaining_
 ``band_arms`` (:func:`band_arms`): per type, how many bands the global arm served, and switches.
 ``keep_alive.vs_baselines``: the served TTL minus each keep-alive baseline of ``profiler eval``
 (:func:`profiler.evaluation.keep_alive_baseline_ttls`) on the same gaps, coverage and KV-seconds
-per covered gap (session ends counted) ± jackknife errors, ``dominated`` (:func:`keep_alive_vs`).
+per covered gap ± jackknife errors, ``dominated`` (:func:`keep_alive_vs`).
 
 ``worst_window_coverage``: the lowest coverage over consecutive runs of ``WINDOW`` scored calls
 (in arrival order): what a drifting stretch of the log costs, which the mean hides. Every key of
@@ -237,9 +237,6 @@ def keep_alive_online(profile: Profile, con: duckdb.DuckDBPyConnection, calls: p
     wts = calls["workflow_type_id"].astype(str).to_numpy()
     groups = np.char.add(np.char.add(wts, "\x1f"), calls["workflow_id"].astype(str).to_numpy())
     base_ttls = keep_alive_baseline_ttls(profile, con, calls)
-    # each session's last call: the TTL held there is held for nothing (counted in the comparison)
-    last = calls.groupby(["workflow_type_id", "workflow_id"], sort=False)["call_index"].transform("max")
-    ends = (calls["call_index"] == last).to_numpy() & ~np.isnan(on_ttl)
     by_type = {}
     for wt in sorted(set(wts[scored])):
         mask = scored & (wts == wt)
@@ -254,8 +251,7 @@ def keep_alive_online(profile: Profile, con: duckdb.DuckDBPyConnection, calls: p
                                                        bounded=False).kv_s_per_covered_gap,
         # the baselines on the same gaps, and the served (online) TTL minus each ± jackknife se
         "baselines": {name: _keep_alive_scores(gap, ttl, scored) for name, ttl in base_ttls.items()},
-        "vs_baselines": {name: keep_alive_vs(gap[scored], on_ttl[scored], ttl[scored], groups[scored],
-                                             ends=(on_ttl[ends], ttl[ends], groups[ends]))
+        "vs_baselines": {name: keep_alive_vs(gap[scored], on_ttl[scored], ttl[scored], groups[scored])
                          for name, ttl in base_ttls.items()},
         "by_type": by_type,
     }
