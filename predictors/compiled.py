@@ -16,11 +16,11 @@ import logging
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, NamedTuple
 
 from predictors.contract import TOOL_FIELDS, ToolLatency
-from predictors.served import (MAX_FACTOR, SIMPLEST, IdleGapTable, OutputBands, RemainingTokensTable,
-                              ToolLatencyTable)
+from predictors.served import (MAX_FACTOR, SIMPLEST, Band, IdleGapTable, OutputBands, RemainingTokensTable,
+                              RemainingWork, ToolLatencyTable)
 from synth.remaining import position_bucket
 
 log = logging.getLogger(__name__)
@@ -30,17 +30,27 @@ log = logging.getLogger(__name__)
 UNSEEN_AGENT = "\x00unseen-agent"
 
 
+class KeepAliveEntry(NamedTuple):
+    """An agent's fitted idle-gap entry, read once at compile time: what its keep-alive TTL is
+    served from (:meth:`CompiledProfile.keep_alive_ttl`)."""
+
+    ttl_z: float                   # the idle-gap TTL (the entry's z-quantile of the gap, seconds)
+    median_s: float | None         # the entry's median gap (the session correction's unit)
+    prior_weight: float | None     # pseudo-gaps of the session correction's prior (None: no correction)
+    by_tool: dict[str, float]      # {tool: ttl_z} where the type is fitted at the tool level
+
+
 @dataclass
 class AgentEntry:
     """What never changes between calls of one (workflow type, agent)."""
 
     calls: int
     tool_latency: dict[str, ToolLatency]
-    static_band: tuple[int, int, str] | None   # None: the conditional model needs features
+    static_band: Band | None                   # None: the conditional model needs features
     retain_s: float | None = None              # keep-alive TTL of the agent's most frequent tool
     upper_bounds: tuple = ()                   # ((α, U(α)), …) one-sided output bounds
     mean_output: float | None = None           # mean output tokens of the agent
-    keep_alive: tuple | None = None            # (idle-gap TTL z-quantile, median gap, prior weight, by tool)
+    keep_alive: KeepAliveEntry | None = None   # the idle-gap entry (None: no idle-gap section)
 
 
 class CompiledProfile:
@@ -60,10 +70,10 @@ class CompiledProfile:
         self.coverage = float(ol["coverage"]) if ol else None
         #: the global band ``(lo, hi, "global")``: every agent's second arm online
         #: (:meth:`predictors.online_calibration.OnlineCalibrator.arms`, ``alternative``)
-        self.global_band: tuple[int, int, str] | None = None
+        self.global_band: Band | None = None
         if self.bands is not None and self.bands.global_:
             g = self.bands.global_
-            self.global_band = (int(g["lo"]), int(g["hi"]), "global")
+            self.global_band = Band(int(g["lo"]), int(g["hi"]), "global")
         tl = data.get("tool_latency")
         self.tools = ToolLatencyTable.from_dict(tl) if tl else None
         ig = data.get("idle_gap")
@@ -113,7 +123,7 @@ class CompiledProfile:
         if self.bands is not None:
             band, level = self.bands.lookup(wt, agent)
             if not band.get("conditional"):
-                static = (int(band["lo"]), int(band["hi"]), level)
+                static = Band(int(band["lo"]), int(band["hi"]), level)
         calls = int(stats.get("calls") or (self.bands.agents_.get(wt, {}).get(agent, {}).get("n", 0)
                                            if self.bands is not None else 0))
         first = next(iter(tools.values()), ToolLatency())
@@ -127,8 +137,8 @@ class CompiledProfile:
                            upper_bounds=upper, mean_output=mean_out,
                            keep_alive=self._keep_alive(wt, agent, tools))
 
-    def _keep_alive(self, wt: str, agent: str, tools: Mapping[str, dict]) -> tuple | None:
-        """``(ttl_z, median_s, prior_weight, {tool: ttl_z})`` of the agent's idle-gap entry."""
+    def _keep_alive(self, wt: str, agent: str, tools: Mapping[str, dict]) -> KeepAliveEntry | None:
+        """The agent's idle-gap entry (None without one)."""
         if self.idle_gap is None:
             return None
         e, _ = self.idle_gap.entry(wt, agent)
@@ -140,7 +150,8 @@ class CompiledProfile:
                 te, lv = self.idle_gap.entry(wt, agent, name)
                 if te is not None and lv == "tool":
                     by_tool[name] = float(te["ttl_z"])
-        return (float(e["ttl_z"]), self.idle_gap.median(wt, agent), self.idle_gap.prior_weight(wt), by_tool)
+        return KeepAliveEntry(float(e["ttl_z"]), self.idle_gap.median(wt, agent),
+                              self.idle_gap.prior_weight(wt), by_tool)
 
     def keep_alive_ttl(self, entry: AgentEntry, log_sum: float, n: int,
                        scale: float = 1.0) -> tuple[float | None, dict]:
@@ -149,7 +160,7 @@ class CompiledProfile:
         ``scale`` stretches the quantiles before the cap (the online keep-alive level's ``r_t``)."""
         if entry.keep_alive is None or self.idle_gap is None:
             return None, {}
-        ttl_z, _, w, by_tool = entry.keep_alive
+        ttl_z, w, by_tool = entry.keep_alive.ttl_z, entry.keep_alive.prior_weight, entry.keep_alive.by_tool
         c = 1.0 if w is None else math.exp(max(-math.log(MAX_FACTOR),
                                                 min(math.log(MAX_FACTOR), log_sum / (n + w))))
         cap = self.idle_gap.max_ttl_s
@@ -176,8 +187,8 @@ class CompiledProfile:
     def remaining_output(self, wt: str, calls_done: int, agent: str, out_so_far: float,
                          expected_so_far: float, agent_calls: int = 0,
                          elapsed_s: float | None = None,
-                         simplest: bool = False) -> tuple[float, float, float] | None:
-        """``(R̂, p50, p90)`` remaining output tokens of a session at a call by ``agent`` after
+                         simplest: bool = False) -> RemainingWork | None:
+        """The :class:`~predictors.served.RemainingWork` ``(R̂, p50, p90)``: remaining output tokens of a session at a call by ``agent`` after
         ``calls_done`` calls, ``agent_calls`` of them by ``agent``
         (:class:`predictors.served.RemainingTokensTable`); None without the section or the type.
         ``simplest``: the fallback candidate's figures (:data:`predictors.served.SIMPLEST`)."""
@@ -196,7 +207,7 @@ class CompiledProfile:
         band, level = self.bands.lookup(wt, agent)
         return level == "global" and ("selection" not in band or bool(band.get("fallback_reason")))
 
-    def band(self, wt: str, agent: str, entry: AgentEntry, features: Mapping) -> tuple[int, int, str] | None:
+    def band(self, wt: str, agent: str, entry: AgentEntry, features: Mapping) -> Band | None:
         if entry.static_band is not None:
             return entry.static_band
         if self.bands is None:
