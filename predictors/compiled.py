@@ -40,6 +40,44 @@ class KeepAliveEntry(NamedTuple):
     by_tool: dict[str, float]      # {tool: ttl_z} where the type is fitted at the tool level
 
 
+@dataclass(frozen=True)
+class AgentStats:
+    """One agent's entry of the profile's ``agents`` section (per workflow type), typed."""
+
+    calls: int                         # its calls in the training logs (0: not written)
+    tools: dict[str, int]              # calls per tool it called
+    decode_tok_s: float | None         # its decode speed (None in an order-only profile)
+
+    @classmethod
+    def from_dict(cls, d: Any) -> "AgentStats":
+        d = d if isinstance(d, Mapping) else {}
+        speed = d.get("decode_tok_s")
+        return cls(int(d.get("calls") or 0), dict(d.get("tools") or {}), float(speed) if speed else None)
+
+
+@dataclass(frozen=True)
+class ProfileSections:
+    """The plain (non-estimator) sections of ``profile.json`` the Predictor reads, typed and read
+    once at compile time; the estimator sections have their readers in :mod:`predictors.served`.
+    The file's format is unchanged: this is a view of it."""
+
+    workflow_type_calls: dict[str, int]            # ``workflow_types``: calls per type
+    interactive_types: frozenset[str]              # ``human_wait``: types where a person took a turn
+    agents: dict[str, dict[str, AgentStats]]       # ``agents``: per type, per agent
+    idle_gap_quantile: float | None                # ``idle_gap.params.quantile``: the TTL's nominal level
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "ProfileSections":
+        wts = data.get("workflow_types") or {}
+        return cls(
+            workflow_type_calls={wt: int((v or {}).get("calls", 0)) for wt, v in wts.items()},
+            interactive_types=frozenset(wt for wt, v in (data.get("human_wait") or {}).items()
+                                        if int((v or {}).get("waits", 0)) > 0),
+            agents={wt: {a: AgentStats.from_dict(v) for a, v in (agents or {}).items()}
+                    for wt, agents in (data.get("agents") or {}).items()},
+            idle_gap_quantile=((data.get("idle_gap") or {}).get("params") or {}).get("quantile"))
+
+
 @dataclass
 class AgentEntry:
     """What never changes between calls of one (workflow type, agent)."""
@@ -63,6 +101,8 @@ class CompiledProfile:
                  paths_class: Any = None) -> None:
         self.version = version
         self.data = data
+        #: the plain sections, typed (the estimator sections follow, each with its reader)
+        self.sections = sections = ProfileSections.from_dict(data)
         self.manifest: dict = {}
         self.path: Path | None = None
         ol = data.get("output_length")
@@ -80,27 +120,25 @@ class CompiledProfile:
         self.idle_gap = IdleGapTable.from_dict(ig) if ig else None
         rt = data.get("remaining_tokens")
         self.remaining = RemainingTokensTable.from_dict(rt) if rt else None
-        wts = data.get("workflow_types") or {}
-        self.workflow_type_calls: dict[str, int] = {wt: int((v or {}).get("calls", 0)) for wt, v in wts.items()}
+        self.workflow_type_calls: dict[str, int] = dict(sections.workflow_type_calls)
         #: Workflow types in which the profile saw a person take a turn (``human_wait``): their
         #: sessions are latency class ``interactive`` (:func:`latency_class`).
-        self.interactive_types: frozenset[str] = frozenset(
-            wt for wt, v in (data.get("human_wait") or {}).items() if int((v or {}).get("waits", 0)) > 0)
+        self.interactive_types: frozenset[str] = sections.interactive_types
         if self.bands is not None:
             for wt, band in self.bands.workflow_types_.items():
                 self.workflow_type_calls.setdefault(wt, int(band.get("n", 0)))
         self.agents: dict[tuple[str, str], AgentEntry] = {}
-        agent_stats = data.get("agents") or {}
+        agent_stats = sections.agents
         band_agents = self.bands.agents_ if self.bands is not None else {}
         for wt in set(agent_stats) | set(band_agents):
             for agent in set(agent_stats.get(wt, {})) | set(band_agents.get(wt, {})):
-                self.agents[(wt, agent)] = self._agent_entry(wt, agent, agent_stats.get(wt, {}).get(agent) or {},
+                self.agents[(wt, agent)] = self._agent_entry(wt, agent, agent_stats.get(wt, {}).get(agent),
                                                              max_tools)
         self._decode_speed = self._decode_speeds(agent_stats)
         #: per workflow type, the entry an agent the profile never saw is served (its band, upper
         #: bounds and idle-gap TTL backed off to the workflow type's level; no tools of its own)
         self.unseen_agent: dict[str, AgentEntry] = {
-            wt: self._agent_entry(wt, UNSEEN_AGENT, {}, max_tools) for wt in self.workflow_type_calls}
+            wt: self._agent_entry(wt, UNSEEN_AGENT, None, max_tools) for wt in self.workflow_type_calls}
         self.paths: dict[str, Any] = {}
         self.path_errors: dict[str, str] = {}
         if paths_class is not None:
@@ -111,9 +149,9 @@ class CompiledProfile:
                     self.path_errors[wt] = f"{type(exc).__name__}: {exc}"
                     log.warning("profile %s: workflow automaton of %r not usable: %s", version, wt, exc)
 
-    def _agent_entry(self, wt: str, agent: str, stats: Mapping, max_tools: int) -> AgentEntry:
+    def _agent_entry(self, wt: str, agent: str, stats: AgentStats | None, max_tools: int) -> AgentEntry:
         tools: dict[str, dict] = {}
-        counts = stats.get("tools") or {}
+        counts = stats.tools if stats is not None else {}
         if self.tools is not None:
             for name in sorted(counts, key=lambda t: (-counts[t], t))[:max_tools]:
                 entry = self.tools.lookup(wt, name)
@@ -124,8 +162,8 @@ class CompiledProfile:
             band, level = self.bands.lookup(wt, agent)
             if not band.get("conditional"):
                 static = Band(int(band["lo"]), int(band["hi"]), level)
-        calls = int(stats.get("calls") or (self.bands.agents_.get(wt, {}).get(agent, {}).get("n", 0)
-                                           if self.bands is not None else 0))
+        calls = int((stats.calls if stats is not None else 0)
+                    or (self.bands.agents_.get(wt, {}).get(agent, {}).get("n", 0) if self.bands is not None else 0))
         first = next(iter(tools.values()), ToolLatency())
         upper: tuple = ()
         mean_out = None
@@ -175,11 +213,10 @@ class CompiledProfile:
         return self._decode_speed.get(wt)
 
     @staticmethod
-    def _decode_speeds(agent_stats: Mapping[str, Any]) -> dict[str, float]:
+    def _decode_speeds(agent_stats: Mapping[str, Mapping[str, AgentStats]]) -> dict[str, float]:
         out = {}
         for wt, agents in agent_stats.items():
-            speeds = [(float(v["decode_tok_s"]), int(v.get("calls") or 1)) for v in (agents or {}).values()
-                      if isinstance(v, Mapping) and v.get("decode_tok_s")]
+            speeds = [(v.decode_tok_s, v.calls or 1) for v in agents.values() if v.decode_tok_s]
             if speeds:
                 out[wt] = sum(x * n for x, n in speeds) / sum(n for _, n in speeds)
         return out

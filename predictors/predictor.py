@@ -256,8 +256,7 @@ class Predictor:
             ttl, by_tool = m.keep_alive_ttl(entry, *gap_stats)
             return ttl, by_tool, None
         if self._ka_slopes[0] is not m:
-            quantile = ((m.data.get("idle_gap") or {}).get("params") or {}).get("quantile")
-            self._ka_slopes = (m, quantile, {})
+            self._ka_slopes = (m, m.sections.idle_gap_quantile, {})
         _, quantile, slopes = self._ka_slopes
         cal.set_nominal(quantile)
         key = self._calibration_key(m, wt, agent)
