@@ -28,6 +28,8 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
+from synth.params import Params
+
 SEP = "\x1f"
 
 
@@ -65,7 +67,7 @@ def remaining_rows(sequences: Sequence[Sequence[str]], weights: Sequence[float],
             yield seq, i, n - 1 - i, float(tail_s[i]), w
 
 
-class RemainingWork:
+class RemainingWork(Params):
     """Context-conditioned remaining calls/seconds with quantiles (see the module docstring).
 
     ``point`` names the point prediction scored by ``profiler eval`` (``"p50"`` or ``"mean"``,

@@ -19,6 +19,8 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
+from synth.params import Params
+
 #: Symbol before the first call of a session.
 START = "^"
 #: Symbol "no call follows".
@@ -124,7 +126,7 @@ def context_counts(sequences: Sequence[Sequence[str]], weights: Sequence[float],
     return counts
 
 
-class VariableOrderMarkov:
+class VariableOrderMarkov(Params):
     """Interpolated Witten-Bell variable-order Markov model (see the module docstring).
 
     Parameters: ``max_order`` (longest context), ``escape`` (β), ``min_count`` (contexts seen
