@@ -97,10 +97,10 @@ ROUTING_ARMS = ("routing-only", "no-routing", "router")
 DEFAULTS = {
     "cpu": {"model_config": "tiny", "workflows": 16, "concurrency": 8, "time_scale": 0.02, "token_scale": 0.05,
             "pool_tokens": 2000, "max_running": 8, "budget_ms": 100.0, "calib_workflows": 4, "replicas": 2,
-            "coding_token_scale": 1.0},
+            "coding_token_scale": 1.0, "rate": None},
     "gpu": {"model_config": "llama-8b", "workflows": 48, "concurrency": 24, "time_scale": 0.02,
             "token_scale": 0.25, "pool_tokens": 30000, "max_running": 32, "budget_ms": 20.0,
-            "calib_workflows": 6, "replicas": 2, "coding_token_scale": 1.0},
+            "calib_workflows": 6, "replicas": 2, "coding_token_scale": 1.0, "rate": None},
 }
 
 
@@ -227,7 +227,8 @@ def run_setup(name: str, servers: list[SGLangServer], profile: Path, plan: list,
 
     sizes = log_sizes(servers)
     with front(kind, [s.url for s in servers], profile, args.budget_ms / 1000, work / "router.log") as (url, registry):
-        result = replay(plan, url, ReplayOptions(concurrency=args.concurrency, time_scale=args.time_scale, seed=seed,
+        result = replay(plan, url, ReplayOptions(concurrency=None if args.rate else args.concurrency,
+                                                 rate=args.rate, time_scale=args.time_scale, seed=seed,
                                                  run_tag=f"{name[:2]}{seed}"), on_call=tick)
         outcomes = ({m.labels["outcome"]: int(m.value) for metric in registry.collect()
                      if metric.name == "profiler_gateway_annotate" for m in metric.samples
@@ -289,6 +290,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--workflows", type=int, help="workflows replayed per seed (CPU 16, GPU 48)")
     ap.add_argument("--concurrency", type=int, help="workflows in flight (CPU 8, GPU 24; contention conditions: "
                     "a multiple of the cluster's running slots)")
+    ap.add_argument("--rate", type=float,
+                    help="open loop: new workflows per second, Poisson arrivals (seeded like the replay's), no cap "
+                         "on those in flight; replaces --concurrency's closed loop (open-contention: 1.3 on CPU)")
     ap.add_argument("--time-scale", type=float, help="× recorded tool/think gaps (0.02)")
     ap.add_argument("--token-scale", type=float, help="× recorded prompt and output lengths (CPU 0.05, GPU 0.25)")
     ap.add_argument("--coding-token-scale", type=float,
@@ -501,7 +505,8 @@ def estimate_condition(args: argparse.Namespace, wl: EngineWorkload | None = Non
         seed = args.seeds[0]
         sim = simulate_setups(scaled_records(wl.replay[seed], 1.0, args.time_scale), profiles[seed],
                               cluster(limits, step, args.replicas),
-                              args.concurrency, args.setups, preemption_threshold=args.preemption_threshold)
+                              args.concurrency, args.setups, preemption_threshold=args.preemption_threshold,
+                              rate=args.rate, seed=seed)
     finally:
         if own_tmp is not None:
             own_tmp.cleanup()
@@ -525,8 +530,9 @@ def print_estimate(name: str, est: dict, file=None) -> None:
     file = file or sys.stdout
     st = est["settings"]
     print(f"condition {name}: {est['seeds']} seeds x {len(est['arms'])} arms ({', '.join(est['arms'])}) on "
-          f"{est['replicas']} replica(s) per arm; {st['workflows']} workflows, {st['concurrency']} in flight, "
-          f"{st['max_running']} running slots, pool {st['pool_tokens']}, tokens x{st['token_scale']}"
+          f"{est['replicas']} replica(s) per arm; {st['workflows']} workflows, "
+          + (f"open loop at {st['rate']}/s, " if st.get("rate") else f"{st['concurrency']} in flight, ")
+          + f"{st['max_running']} running slots, pool {st['pool_tokens']}, tokens x{st['token_scale']}"
           + (f" (coding prompts x{st['coding_token_scale']})" if st.get("coding_token_scale", 1) != 1 else ""),
           file=file)
     print(f"  estimated wall time {est['total_min']:.1f} min: runs {est['runs_s'] / 60:.1f} min ("
@@ -738,7 +744,8 @@ def simulate(args: argparse.Namespace, names: list[str], raw: dict[int, list[dic
           f"(MdAPE prefill {step.prefill_mdape:.2f} on {step.n_prefill} calls, decode {step.decode_mdape:.2f} "
           f"on {step.n_decode}); {limits}", file=sys.stderr)
     seeds = {seed: simulate_setups(scaled_records(raw[seed], 1.0, args.time_scale), profiles[seed], cfg,
-                                   args.concurrency, names, preemption_threshold=args.preemption_threshold)
+                                   args.concurrency, names, preemption_threshold=args.preemption_threshold,
+                                   rate=args.rate, seed=seed)
              for seed in args.seeds}
     arms = {n: float(np.mean([seeds[s][n]["jct_avg_s"] for s in args.seeds])) for n in names}
     return {"step": step.to_dict(), "limits": limits, "seeds": seeds, "arms": arms, "ratios": ratios(seeds, names)}

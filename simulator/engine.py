@@ -270,6 +270,10 @@ class Simulator:
         self.wf_arrival = np.asarray(wf_arrivals, dtype=float).copy()
         n_wf = len(workload.workflows)
         self.concurrency = n_wf if concurrency is None else max(1, min(int(concurrency), n_wf))
+        #: admission's decode reserve: the share counted (SGLang's ``new_token_ratio``, 1.0 for
+        #: fixed-length requests) and the per-call cap (``new_token_clip``)
+        self._reserve_ratio = 1.0 if config.fixed_length_requests else config.new_token_ratio
+        self._clip = config.new_token_clip
         self._next_wf = self.concurrency
         if self.concurrency < n_wf:
             self.wf_arrival[self.concurrency:] = math.nan
@@ -414,10 +418,14 @@ class Simulator:
     def _reserve(self, rep: Replica) -> int:
         """Tokens admission keeps free for the running calls' future decode: SGLang's estimate
         ``new_token_ratio × Σ min(max_new_tokens − decoded, clip)`` with the output length unknown
-        (``max_new_tokens`` taken as the clip)."""
-        cfg = self.config
-        return int(cfg.new_token_ratio * sum(max(cfg.new_token_clip - q.decoded, 0)
-                                             for q in rep.running))
+        (``max_new_tokens`` taken as the clip), or, for fixed-length requests
+        (``ClusterConfig.fixed_length_requests``), ``Σ min(output, clip) − decoded`` in full."""
+        return int(self._reserve_ratio * sum(self._decode_left(q) for q in rep.running))
+
+    def _decode_left(self, q: Request) -> int:
+        """Tokens ``q`` may still decode as admission counts them (see :meth:`_reserve`)."""
+        cap = min(q.call.output_tokens, self._clip) if self.config.fixed_length_requests else self._clip
+        return max(cap - q.decoded, 0)
 
     def _try_admit(self, rep: Replica, req: Request, reserve: int = 0) -> bool:
         call = req.call
@@ -540,12 +548,10 @@ class Simulator:
         # running list holds no finished call: _finish takes it out)
         backlog = 0
         left = 0
-        clip = cfg.new_token_clip
         for q in rep.running:
             backlog += q.prefill_left
-            if q.decoded < clip:
-                left += clip - q.decoded
-        reserve = int(cfg.new_token_ratio * left)
+            left += self._decode_left(q)
+        reserve = int(self._reserve_ratio * left)
         while rep.waiting and backlog < chunk:
             req = rep.waiting[0]
             if len(rep.running) >= cfg.max_running_requests:
@@ -573,7 +579,7 @@ class Simulator:
             rep.waiting.remove(req)   # the head, unless preemptions re-sorted the queue
             rep.waiting_tokens -= req.call.input_tokens
             backlog += req.prefill_left
-            reserve += int(cfg.new_token_ratio * max(cfg.new_token_clip - req.decoded, 0))
+            reserve += int(self._reserve_ratio * self._decode_left(req))
 
     def _preempt_for_slot(self, rep: Replica, req: Request) -> bool:
         """SGLang's priority preemption with a full running set: the running call of the lowest
