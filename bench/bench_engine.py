@@ -131,6 +131,12 @@ def gpu_count() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
+def shares_device(args: argparse.Namespace) -> bool:
+    """Whether the replicas of an arm share one device: on CPU always (the host's cores), on GPU
+    when there are fewer GPUs than replicas (``start_pair`` packs them)."""
+    return not args.gpu or gpu_count() < args.replicas
+
+
 def start_pair(model: Path, work: Path, pair: str, args: argparse.Namespace) -> list[SGLangServer]:
     """The ``--replicas`` replicas of ``pair``, started side by side (on 2 busy cores a start takes
     1-2 min, almost all imports); if one fails, the others are stopped."""
@@ -504,7 +510,7 @@ def estimate_condition(args: argparse.Namespace, wl: EngineWorkload | None = Non
         limits = {**REFERENCE_LIMITS, "kv_capacity_tokens": args.pool_tokens, "max_running_requests": args.max_running}
         seed = args.seeds[0]
         sim = simulate_setups(scaled_records(wl.replay[seed], 1.0, args.time_scale), profiles[seed],
-                              cluster(limits, step, args.replicas),
+                              cluster(limits, step, args.replicas, shares_device(args)),
                               args.concurrency, args.setups, preemption_threshold=args.preemption_threshold,
                               rate=args.rate, seed=seed)
     finally:
@@ -738,7 +744,7 @@ def simulate(args: argparse.Namespace, names: list[str], raw: dict[int, list[dic
 
     step = calibrate(calib, source=f"calibration replay on SGLang ({len(calib)} calls)")
     limits = server_limits(limits_log)
-    cfg = cluster(limits, step, args.replicas)
+    cfg = cluster(limits, step, args.replicas, shares_device(args))
     print(f"  simulator: decode step t0={step.t0 * 1e3:.2f} ms + c={step.c:.3g} s per KV token; prefill "
           f"p0={step.prefill_t0 * 1e3:.1f} ms + a={step.a * 1e3:.3f} ms/token + a_ctx={step.a_ctx * 1e3:.4f} ms/token "
           f"(MdAPE prefill {step.prefill_mdape:.2f} on {step.n_prefill} calls, decode {step.decode_mdape:.2f} "

@@ -43,7 +43,7 @@ def resimulate_condition(cond: dict) -> dict:
         setattr(args, key, value)
     args.seeds = seeds
     step = StepTimeModel(**{k: cond["simulator"]["step"][k] for k in STEP_FIELDS})
-    cfg = cluster(cond["simulator"]["limits"], step, st["replicas"])
+    cfg = cluster(cond["simulator"]["limits"], step, st["replicas"], not st.get("gpu"))
     wl = prepare_workload(st["condition"], seeds, args)
     with tempfile.TemporaryDirectory() as tmp:
         profiles = fit_profiles(wl, Path(tmp))

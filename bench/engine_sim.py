@@ -206,7 +206,12 @@ def simulate_setups(records: list[dict], profile_dir: Path, cfg: ClusterConfig, 
     return out
 
 
-def cluster(limits: dict[str, int], step: StepTimeModel, replicas: int = 2) -> ClusterConfig:
-    """The bench's replicas as the simulator sees them; the replay sends ``max_tokens`` = the
-    recorded output with ``ignore_eos``, so admission reserves each call's whole output."""
-    return ClusterConfig(replicas=replicas, host_ratio=0.0, step=step, fixed_length_requests=True, **limits)
+def cluster(limits: dict[str, int], step: StepTimeModel, replicas: int = 2,
+            shared_compute: bool = True) -> ClusterConfig:
+    """The bench's replicas as the simulator sees them: the replay sends ``max_tokens`` = the
+    recorded output with ``ignore_eos``, so admission reserves each call's whole output; and the
+    replicas share one device (``shared_compute``: every CPU replica shares the host's cores, and
+    GPU replicas share a GPU when there are fewer GPUs than replicas), while the step time was
+    calibrated on one replica alone."""
+    return ClusterConfig(replicas=replicas, host_ratio=0.0, step=step, fixed_length_requests=True,
+                         shared_compute=shared_compute and replicas > 1, **limits)

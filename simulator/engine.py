@@ -175,6 +175,8 @@ class Replica:
     plan: StepPlan | None = None
     plan_id: int = 0
     plan_start: float = 0.0
+    #: the slowdown the plan in progress was timed with (``ClusterConfig.shared_compute``)
+    plan_share: float = 1.0
 
     def load_tokens(self) -> int:
         """Outstanding tokens: KV of running calls plus prompts of waiting calls (no oracle)."""
@@ -706,11 +708,21 @@ class Simulator:
                 dt += sum(take * q.prefill_rate for q, take in prefill)
         else:
             dt = k * (step.t0 + step.e * b + step.c * kv) + step.c * b * k * (k - 1) / 2
+        share = self._compute_share(rep)
+        dt *= share
         rep.plan = StepPlan(prefill, decoders, k, dt, kv)
+        rep.plan_share = share
         rep.stepping = True
         rep.plan_id += 1
         rep.plan_start = self.now
         self._push(self.now + dt, EV_STEP, StepDue(rep.idx, rep.plan_id))
+
+    def _compute_share(self, rep: Replica) -> float:
+        """How many replicas share the host's compute for an iteration of ``rep`` starting now:
+        1 plus those mid-iteration when ``ClusterConfig.shared_compute``, else 1."""
+        if not self.config.shared_compute:
+            return 1.0
+        return 1.0 + sum(1 for r in self.replicas if r is not rep and r.stepping)
 
     def _wake(self, rep: Replica) -> None:
         """Something changed on ``rep`` (a call arrived, a load finished, a pin expired): plan a
@@ -725,8 +737,8 @@ class Simulator:
             return
         step = self.step
         b = len(decoders)
-        dt0 = step.t0 + step.e * b + step.c * kv
-        growth = step.c * b
+        dt0 = (step.t0 + step.e * b + step.c * kv) * rep.plan_share
+        growth = step.c * b * rep.plan_share
         done = _steps_within(self.now - rep.plan_start, dt0, growth)
         m = min(k, done + 1)   # the iteration in progress completes
         if m >= k:
@@ -851,7 +863,8 @@ class Simulator:
         st = self.step
         take = max(1, min(int(take), self.config.chunked_prefill_size))
         rate = st.a + st.a_ctx * ctx / max(total, 1)
-        dt = st.prefill_t0 + take * rate + st.a_attn * take * (pos + take / 2)
+        rep.plan_share = self._compute_share(rep)
+        dt = (st.prefill_t0 + take * rate + st.a_attn * take * (pos + take / 2)) * rep.plan_share
         rep.plan = StepPlan([], [], 1, dt, 0)
         rep.stepping = True
         rep.plan_id += 1
