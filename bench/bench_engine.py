@@ -790,6 +790,13 @@ def print_report(name: str, out: dict, names: list[str]) -> None:
               f"{q['p90'] if q['p90'] is not None else '-':>5} {q['max'] if q['max'] is not None else '-':>4} "
               f"{q['running_max'] if q['running_max'] is not None else '-':>11}  "
               + ", ".join(f"{k}={v}" for k, v in a.get("plugin_counters", {}).items()))
+    for n in names:
+        hooks = {k[len("hook_us_"):]: v / 1e6 for k, v in out["arms"][n].get("plugin_counters", {}).items()
+                 if k.startswith("hook_us_")}
+        wall = sum(v[n].get("wall_s") or 0.0 for v in out["seeds"].values())
+        if hooks and wall > 0:
+            print(f"plugin hook time, {n}: {sum(hooks.values()):.2f} s in all = {sum(hooks.values()) / wall:.1%} of its "
+                  f"{wall:.0f} s of replay (" + ", ".join(f"{k} {v:.2f} s" for k, v in sorted(hooks.items())) + ")")
     sim = out.get("simulator")
     if not out["ratios"]:
         return
