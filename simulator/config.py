@@ -46,6 +46,14 @@ class ClusterConfig:
     new_token_ratio: float = 0.1
     #: Per-call cap of that estimate: SGLang's ``SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION`` (4096).
     new_token_clip: int = 4096
+    #: Requests carry ``max_tokens`` = their real output length with ``ignore_eos`` (what
+    #: ``profiler replay`` sends): SGLang 0.5.23 then reserves each running call's whole remaining
+    #: output (``ratio = 1.0 if ignore_eos``, ``schedule_policy.py``), not ``new_token_ratio × clip``.
+    fixed_length_requests: bool = False
+    #: The replicas share one host's compute (the CPU bench: every replica on the same cores): an
+    #: iteration that starts while ``m`` other replicas are mid-iteration takes ``1 + m`` times
+    #: its step time (processor sharing, fixed for the iteration). False: one GPU per replica.
+    shared_compute: bool = False
     #: Iteration time model (hardware roofline, :mod:`simulator.hardware`; or fitted,
     #: :mod:`simulator.calibration`).
     step: StepTimeModel = field(default_factory=lambda: roofline_step(H100_SXM, LLAMA31_8B))
