@@ -240,17 +240,10 @@ def test_scenario_announces_each_flag_it_overrides():
     assert notes == ["note: --train-workflows is ignored by --scenario agent-platform-bursty (60 "
                      "generated train workflows per generated application)",
                      "note: --arrival-cv is ignored by --scenario agent-platform-bursty (CV 4)"]
-    # the old name still works for one release: a deprecation line, and the same announcement
+    # the old name is gone: --cv is eval's folds only
     out = run(["simulate", "--scenario", "agent-platform-bursty", "--cv", "2",
                "--policies", "no-such-policy"])
-    lines = out.output.splitlines()
-    assert [ln for ln in lines if ln.startswith("deprecated:")] == [
-        "deprecated: --cv is now --arrival-cv (--cv goes in the next release)"]
-    assert "note: --cv is ignored by --scenario agent-platform-bursty (CV 4)" in lines
-    out = run(["simulate", "--scenario", "agent-platform-bursty", "--cv", "2", "--arrival-cv", "3",
-               "--policies", "no-such-policy"])
-    assert out.exit_code == 2
-    assert "error: --cv is the old name of --arrival-cv: give --arrival-cv only" in out.output
+    assert out.exit_code == 2 and "No such option: --cv" in out.output
     # no scenario, no notes: --workload runs use every flag
     out = run(["simulate", "--workload", "coding-assistant", "--replicas", "3",
                "--policies", "no-such-policy"])

@@ -104,21 +104,6 @@ def fail(message: str, code: int = 2) -> NoReturn:
     raise typer.Exit(code)
 
 
-def deprecated_alias(ctx: typer.Context, old: str, new: str, new_param: str,
-                     old_value: Any, new_value: Any) -> Any:
-    """The value of an option given under ``old``, its former name kept hidden for one release.
-
-    Given under ``old``: a one-line deprecation notice on stderr and its value wins; both names
-    on one command line are refused (they may disagree). Not given: ``new_value`` as is."""
-    if old_value is None:
-        return new_value
-    if getattr(ctx.get_parameter_source(new_param), "name", None) == "COMMANDLINE":
-        fail(f"{old} is the old name of {new}: give {new} only")
-    err_console.print(f"[yellow]deprecated:[/] {old} is now {new} ({old} goes in the next release)",
-                      soft_wrap=True)
-    return old_value
-
-
 def print_json(obj: Any) -> None:
     """One JSON object on stdout (NaN becomes null so any JSON parser accepts it)."""
     def clean(o: Any) -> Any:

@@ -9,7 +9,7 @@ from typing import Annotated, Optional
 import typer
 
 from profiler.commands.common import app
-from profiler.commands.common import console, deprecated_alias, err_console, fail, print_json
+from profiler.commands.common import console, err_console, fail, print_json
 
 HELP_LOAD = "Load shape"
 HELP_WIRE = "What is sent"
@@ -17,14 +17,12 @@ HELP_WIRE = "What is sent"
 
 @app.command(no_args_is_help=True)
 def replay(
-    ctx: typer.Context,
     logs: Annotated[list[Path], typer.Argument(help="Log files or folders (any format `profiler fit` reads).")],
     target: Annotated[str, typer.Option("--target", "-t", help="Base URL of the OpenAI-compatible server, e.g. http://127.0.0.1:30000 (SGLang) or the gateway.")],
     model: Annotated[Optional[str], typer.Option(help="Model name to send (default: the first of the target's /v1/models).")] = None,
     concurrency: Annotated[Optional[int], typer.Option("--concurrency", "-c", help="Workflows in flight (closed loop). Default 4 without --rate; with --rate, an optional cap.", rich_help_panel=HELP_LOAD)] = None,
     rate: Annotated[Optional[float], typer.Option(help="Open loop: new workflows per second, gamma inter-arrivals.", rich_help_panel=HELP_LOAD)] = None,
     arrival_cv: Annotated[float, typer.Option(help="Coefficient of variation of inter-arrival times with --rate (1 = Poisson, >1 bursty).", rich_help_panel=HELP_LOAD)] = 1.0,
-    cv: Annotated[Optional[float], typer.Option("--cv", hidden=True, help="Old name of --arrival-cv (deprecated).")] = None,
     time_scale: Annotated[float, typer.Option(help="Multiply every recorded tool/think gap by this (0.1 = 10x faster, 0 = no gaps).", rich_help_panel=HELP_LOAD)] = 1.0,
     workflows: Annotated[Optional[int], typer.Option("--workflows", "-n", help="Replay only the first N workflows (recorded start order).", rich_help_panel=HELP_LOAD)] = None,
     workflow_type: Annotated[Optional[list[str]], typer.Option(help="Only these workflow types (repeat).", rich_help_panel=HELP_LOAD)] = None,
@@ -56,7 +54,6 @@ def replay(
     from serving_hooks.replay_plan import load_plan
     from serving_hooks.replay_report import call_records, render_table, summarize
 
-    cv = deprecated_alias(ctx, "--cv", "--arrival-cv", "arrival_cv", cv, arrival_cv)
     headers: dict[str, str] = {}
     for h in header or ():
         name, sep, value = h.partition(":")
@@ -73,7 +70,7 @@ def replay(
             fail("--extra-body must be a JSON object")
     try:
         opts = ReplayOptions(model=model, concurrency=concurrency if (concurrency or rate) else 4,
-                             rate=rate, cv=cv, time_scale=time_scale, seed=seed, ignore_eos=ignore_eos,
+                             rate=rate, cv=arrival_cv, time_scale=time_scale, seed=seed, ignore_eos=ignore_eos,
                              identity=identity, timeout_s=timeout, extra_body=body, headers=headers,
                              **({} if run_tag is None else {"run_tag": run_tag}))
     except ValueError as exc:

@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 import typer
 
 from profiler.commands.common import app
-from profiler.commands.common import console, deprecated_alias, err_console, fail, print_json
+from profiler.commands.common import console, err_console, fail, print_json
 
 
 @app.command(no_args_is_help=True)
@@ -78,8 +78,6 @@ def simulate(
     arrival_cv: Annotated[float, typer.Option(
         help="--arrivals gamma: coefficient of variation of inter-arrivals (0 fixed, 1 Poisson, "
              "4 bursty).", min=0.0)] = 1.0,
-    cv: Annotated[Optional[float], typer.Option(
-        "--cv", hidden=True, min=0.0, help="Old name of --arrival-cv (deprecated).")] = None,
     warmup: Annotated[float, typer.Option(
         help="Share of the workflows (by arrival) left out of the figures as warm-up.", min=0.0, max=0.9)] = 0.2,
     tail: Annotated[float, typer.Option(
@@ -154,7 +152,7 @@ def simulate(
                                   prepare_scenario)
     from simulator.scenarios import get_scenario
 
-    cv = deprecated_alias(ctx, "--cv", "--arrival-cv", "arrival_cv", cv, arrival_cv)
+    cv = arrival_cv
     if (workload is None) == (scenario is None):
         fail("give --workload or --scenario (one of them)")
     if scenario is not None:   # every flag the scenario sets itself, given anyway: said, not dropped
