@@ -31,7 +31,7 @@ import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, ClassVar, Optional
 
 #: Every service setting can be set from ``ENV_PREFIX + NAME.upper()``.
 ENV_PREFIX = "PROFILER_"
@@ -71,11 +71,28 @@ class SettingsError(ValueError):
     """A setting that cannot be used; the message is one line naming its source and key."""
 
 
-def setting_field(default: Any, help: str, *, panel: str = PANEL_SERVICE,
-                  duration: bool = False) -> Any:
+def setting_field(default: Any, help: str, *, panel: str = PANEL_SERVICE, duration: bool = False,
+                  flag: bool = True, env: str | None = None, choices: tuple[str, ...] = ()) -> Any:
     """A settings field: its default plus what the flag's ``--help`` says and where (``panel``);
-    ``duration``: a text like ``"30s"``, checked by :func:`parse_duration`."""
-    return field(default=default, metadata={"help": help, "panel": panel, "duration": duration})
+    ``duration``: a text like ``"30s"``, checked by :func:`parse_duration`; ``flag=False``: a
+    rarely used tuning knob, a config key and environment variable only (no ``--flag``; still
+    printed by ``--print-config``); ``env``: the variable's name when it is not the class's
+    ``env_prefix`` + NAME (names users already set); ``choices``: the values a text may take."""
+    return field(default=default, metadata={"help": help, "panel": panel, "duration": duration,
+                                            "flag": flag, "env": env, "choices": tuple(choices)})
+
+
+def check_settings(obj: Any) -> None:
+    """Check a settings object's durations and choices (its ``__post_init__`` calls this)."""
+    for k in knobs(type(obj)):
+        value = getattr(obj, k.name)
+        if k.duration:
+            try:
+                parse_duration(value)
+            except ValueError as exc:
+                raise SettingsError(f"{k.name}: {exc}") from None
+        if k.choices and value is not None and value not in k.choices:
+            raise SettingsError(f"{k.name}: {value!r}: expected one of {', '.join(k.choices)}")
 
 
 @dataclass(frozen=True)
@@ -85,6 +102,9 @@ class ServiceSettings:
 
     Durations are kept as written (``"2s"``, ``"1h"``) and checked when the object is made; the
     ``*_s`` properties give them in seconds."""
+
+    #: environment variables are ``env_prefix`` + the field's name in capitals
+    env_prefix: ClassVar[str] = ENV_PREFIX
 
     host: str = setting_field(
         "127.0.0.1", "Interface to listen on (0.0.0.0 for all).")
@@ -132,12 +152,7 @@ class ServiceSettings:
         0.05, "Promote a shadowed type when live coverage >= nominal - this.", panel=PANEL_SHADOW)
 
     def __post_init__(self) -> None:
-        for f in dataclasses.fields(self):
-            if f.metadata.get("duration"):
-                try:
-                    parse_duration(getattr(self, f.name))
-                except ValueError as exc:
-                    raise SettingsError(f"{f.name}: {exc}") from None
+        check_settings(self)
 
     @property
     def reload_every_s(self) -> float:
@@ -167,18 +182,12 @@ class GatewaySettings(ServiceSettings):
                    "Dynamo since PR #10896), trajectory (x-dynamo-trajectory-* headers; PR #10214 "
                    "to #10896), agent_context (nvext.agent_context + nvext.session_control; Dynamo "
                    "v1.2 and before). Identity is read in every spelling whatever this says.",
-        panel=PANEL_ENGINE)
+        panel=PANEL_ENGINE, choices=DYNAMO_API_CHOICES)
     sglang_sessions: bool = setting_field(
         False, "The SGLang upstreams run --enable-session-radix-cache: open an SGLang session per "
                "workflow (POST /open_session), tag each of its calls with session_id, and close it "
                "(POST /close_session, its KV released) after the call that ends the workflow "
                "(app_metadata.last_call, or p_end >= --session-end-p).", panel=PANEL_ENGINE)
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.dynamo_api not in DYNAMO_API_CHOICES:
-            raise SettingsError(f"dynamo_api: {self.dynamo_api!r}: expected one of "
-                                f"{', '.join(DYNAMO_API_CHOICES)}")
 
 
 @dataclass(frozen=True)
@@ -186,12 +195,15 @@ class Knob:
     """One field of a settings class as the command line, the file and the environment see it."""
 
     name: str        #: the field, the TOML key
-    type: type       #: str, int, float or bool (``Optional[X]``: X, and None allowed)
+    type: type       #: str, int, float, bool or tuple (of str) (``Optional[X]``: X, and None allowed)
     optional: bool
     default: Any
     help: str
     panel: str
     duration: bool = False
+    env: str = ""    #: the environment variable
+    flag_declared: bool = True   #: a ``--flag`` of the command (else config key / env only)
+    choices: tuple[str, ...] = ()
 
     @property
     def flag(self) -> str:
@@ -203,32 +215,40 @@ class Knob:
         bool that defaults to True must be possible to turn off)."""
         return f"{self.flag}/--no-{self.flag[2:]}" if self.type is bool else self.flag
 
-    @property
-    def env(self) -> str:
-        return ENV_PREFIX + self.name.upper()
-
 
 def knobs(cls: type = ServiceSettings) -> tuple[Knob, ...]:
-    """The fields of a settings dataclass ``cls`` (``ServiceSettings`` or a subclass)."""
+    """The fields of a settings dataclass ``cls`` (any dataclass of :func:`setting_field`
+    fields; its ``env_prefix`` class attribute names the variables, ``PROFILER_`` by default)."""
     hints = typing.get_type_hints(cls)
+    prefix = getattr(cls, "env_prefix", ENV_PREFIX)
     out = []
     for f in dataclasses.fields(cls):
         tp, optional = hints[f.name], False
         args = typing.get_args(tp)
         if type(None) in args:
             tp, optional = next(a for a in args if a is not type(None)), True
-        out.append(Knob(f.name, tp, optional, f.default, f.metadata.get("help", ""),
-                        f.metadata.get("panel", PANEL_SERVICE), f.metadata.get("duration", False)))
+        if typing.get_origin(tp) is tuple:
+            tp = tuple
+        meta = f.metadata
+        out.append(Knob(f.name, tp, optional, f.default, meta.get("help", ""),
+                        meta.get("panel", PANEL_SERVICE), meta.get("duration", False),
+                        meta.get("env") or prefix + f.name.upper(), meta.get("flag", True),
+                        meta.get("choices", ())))
     return tuple(out)
 
 
-_TYPE_WORD = {int: "an integer", float: "a number", str: "a string", bool: "true or false"}
+_TYPE_WORD = {int: "an integer", float: "a number", str: "a string", bool: "true or false",
+              tuple: "a list of strings"}
 
 
 def _check_typed(k: Knob, value: Any, where: str) -> Any:
     """A TOML value for ``k``: TOML is typed, so only the type is checked (an int is a float)."""
-    ok = (isinstance(value, k.type) and not (k.type is int and isinstance(value, bool))) or \
-        (k.type is float and isinstance(value, int) and not isinstance(value, bool))
+    if k.type is tuple:
+        ok = isinstance(value, list) and all(isinstance(v, str) for v in value)
+        value = tuple(value) if ok else value
+    else:
+        ok = (isinstance(value, k.type) and not (k.type is int and isinstance(value, bool))) or \
+            (k.type is float and isinstance(value, int) and not isinstance(value, bool))
     if not ok:
         raise SettingsError(f"{where}: key {k.name!r} must be {_TYPE_WORD.get(k.type, k.type.__name__)}, "
                             f"got {value!r} ({type(value).__name__})")
@@ -242,11 +262,18 @@ def _check_duration(k: Knob, value: Any, where: str) -> None:
             parse_duration(value)
         except ValueError as exc:
             raise SettingsError(f"{where}: {exc}") from None
+    if k.choices and value is not None and value not in k.choices:
+        raise SettingsError(f"{where}={value!r}: expected one of {', '.join(k.choices)}")
 
 
 def _parse_text(k: Knob, raw: str, where: str) -> Any:
-    """An environment string for ``k``, parsed to its type."""
+    """An environment string for ``k``, parsed to its type (a list: comma-separated; an optional
+    number: ``off`` is None)."""
     try:
+        if k.optional and k.type in (int, float) and raw.strip().lower() == "off":
+            return None
+        if k.type is tuple:
+            return tuple(v.strip() for v in raw.split(",") if v.strip())
         if k.type is bool:
             low = raw.strip().lower()
             if low not in ("1", "true", "yes", "on", "0", "false", "no", "off"):
@@ -283,7 +310,8 @@ def read_config(path: str | Path, cls: type = ServiceSettings) -> dict[str, Any]
 
 
 def settings_from_env(environ: Mapping[str, str], cls: type = ServiceSettings) -> dict[str, Any]:
-    """The settings ``environ`` sets through ``PROFILER_<NAME>`` (an empty value is unset)."""
+    """The settings ``environ`` sets through their variables (``PROFILER_<NAME>`` for the
+    service's; an empty value is unset)."""
     return {k.name: _parse_text(k, environ[k.env], k.env)
             for k in knobs(cls) if environ.get(k.env, "") != ""}
 
@@ -321,7 +349,8 @@ def resolve_settings(*, config: str | Path | None = None, environ: Mapping[str, 
 def settings_toml(resolved: Resolved) -> str:
     """``resolved`` as a TOML file a ``--config`` reads back, each line commented with its source
     (the admin token is never printed, only whether it is set)."""
-    lines = ["# resolved settings: --flag > PROFILER_* environment > --config file > default"]
+    prefix = getattr(type(resolved.settings), "env_prefix", ENV_PREFIX)
+    lines = [f"# resolved settings: --flag > {prefix}* environment > --config file > default"]
     for k in knobs(type(resolved.settings)):
         value, source = getattr(resolved.settings, k.name), resolved.sources[k.name]
         if k.name == "admin_token":
@@ -330,6 +359,7 @@ def settings_toml(resolved: Resolved) -> str:
             lines.append(f"# {k.name} unset  # {source}")
         else:
             text = (("true" if value else "false") if isinstance(value, bool) else
+                    json.dumps(list(value)) if isinstance(value, tuple) else
                     json.dumps(value) if isinstance(value, str) else repr(value))
             lines.append(f"{k.name} = {text}  # {source}")
     return "\n".join(lines) + "\n"

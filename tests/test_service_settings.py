@@ -271,6 +271,36 @@ def test_gateway_only_settings_are_the_gateways_and_checked():
                                     "PROFILER_SGLANG_SESSIONS": "1"}, cls=GatewaySettings)
     assert (got.settings.dynamo_api, got.settings.sglang_sessions) == ("trajectory", True)
     assert got.sources["dynamo_api"] == "env"
-    with pytest.raises(SettingsError, match="dynamo_api: 'sessions': expected one of session, "
+    with pytest.raises(SettingsError, match="PROFILER_DYNAMO_API='sessions': expected one of session, "
                                             "trajectory, agent_context"):
         resolve_settings(environ={"PROFILER_DYNAMO_API": "sessions"}, cls=GatewaySettings)
+    with pytest.raises(SettingsError, match="dynamo_api: 'sessions': expected one of session, "):
+        GatewaySettings(dynamo_api="sessions")
+
+
+def test_the_plugin_reads_its_awp_variables_through_the_same_mechanism():
+    """Issue 38: the SGLang plugin's variables are settings fields with the prefix ``AWP_``; the
+    names users set stay, each documented in docs/sglang.md with the default the field has."""
+    from serving_hooks.policies import KeepDropPolicy, PriorityPolicy
+    from serving_hooks.sglang_plugin.settings import PLUGIN_ENV_VARS, PluginKnobs, PluginSettings
+
+    assert set(PLUGIN_ENV_VARS) == {
+        "AWP_SGLANG_PLUGIN", "AWP_PRIORITY_AGING_PER_S", "AWP_PRIORITY_AGING_PER_DURATION",
+        "AWP_PRIORITY_SCALE", "AWP_KEEP_IDLE", "AWP_KEEP_MAX_TTL_S", "AWP_KEEP_MIN_REVISIT_P",
+        "AWP_KEEP_LINEAGE", "AWP_PREFETCH", "AWP_PREFETCH_MIN_P", "AWP_PREFETCH_TRANSFER_TOK_S",
+        "AWP_PREFETCH_DECODE_TOK_S", "AWP_DECISION_CLOCK", "AWP_STEP_S", "AWP_UNTAGGED",
+        "AWP_LOG_EVERY_S", "AWP_SGLANG_DEBUG"}
+    doc = (ROOT / "docs" / "sglang.md").read_text()
+    assert all(f"| `{name}` |" in doc for name in PLUGIN_ENV_VARS)
+    s = PluginSettings.from_env({})
+    assert (s.enabled, s.priority, s.keep_drop) == (False, PriorityPolicy(), KeepDropPolicy())
+    got = PluginSettings.from_env({"AWP_SGLANG_PLUGIN": "1", "AWP_PRIORITY_AGING_PER_DURATION": "0.03",
+                                   "AWP_UNTAGGED": "off", "AWP_KEEP_LINEAGE": "agent", "AWP_STEP_S": ""})
+    assert (got.enabled, got.priority.aging_per_duration, got.age_untagged, got.keep_drop.lineage,
+            got.step_s) == (True, 0.03, False, "agent", PluginKnobs.step_s)
+    assert PluginSettings.from_env({"AWP_PRIORITY_AGING_PER_DURATION": "off"}).priority.aging_per_duration is None
+    for env, message in (({"AWP_KEEP_LINEAGE": "x"}, "AWP_KEEP_LINEAGE='x': expected one of session, agent"),
+                         ({"AWP_STEP_S": "fast"}, "AWP_STEP_S='fast': expected a number"),
+                         ({"AWP_PREFETCH": "maybe"}, "AWP_PREFETCH='maybe': expected true or false")):
+        with pytest.raises(ValueError, match=re.escape(message)):
+            PluginSettings.from_env(env)

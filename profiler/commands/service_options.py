@@ -1,7 +1,8 @@
 """The prediction-service flags, generated once from :class:`serving_hooks.settings.ServiceSettings`.
 
-``@with_service_settings`` on a Typer command adds one ``--flag`` per settings field (help text,
-default and panel from the field), plus ``--config FILE`` and ``--print-config``; the command
+``@with_service_settings`` on a Typer command adds one ``--flag`` per settings field declared a
+flag (help text, default and panel from the field; the other fields are config keys and
+environment variables only), plus ``--config FILE`` and ``--print-config``; the command
 itself receives one ``settings`` argument, resolved as flag > ``PROFILER_*`` environment >
 config file > default (:func:`serving_hooks.settings.resolve_settings`). ``profiler serve`` and
 ``profiler gateway`` both use it, so the two commands cannot drift apart: a field added to the
@@ -44,9 +45,11 @@ def _option_parameters(cls: type) -> list[inspect.Parameter]:
                               rich_help_panel=PANEL_SERVICE)]),
     ]
     for k in knobs(cls):
-        tp = Optional[k.type] if k.optional else k.type
+        if not k.flag_declared:
+            continue
+        tp = Optional[list[str]] if k.type is tuple else Optional[k.type] if k.optional else k.type
         out.append(inspect.Parameter(
-            k.name, inspect.Parameter.KEYWORD_ONLY, default=k.default,
+            k.name, inspect.Parameter.KEYWORD_ONLY, default=None if k.type is tuple else k.default,
             annotation=Annotated[tp, typer.Option(k.declaration, help=k.help, rich_help_panel=k.panel)]))
     return out
 
@@ -70,8 +73,10 @@ def with_service_settings(func: Callable[..., Any] | None = None, *,
         ctx = kwargs.pop("settings_ctx")    # Typer passes the Click context to a Context parameter
         config, print_config = kwargs.pop("config"), kwargs.pop("print_config")
         flags = {}
-        for k in knobs(cls):
+        for k in (k for k in knobs(cls) if k.flag_declared):
             value = kwargs.pop(k.name)
+            if k.type is tuple and value is not None:
+                value = tuple(value)
             # by name: Typer >= 0.2x runs on its own vendored copy of Click (typer._click)
             if getattr(ctx.get_parameter_source(k.name), "name", None) == "COMMANDLINE":
                 flags[k.name] = value
