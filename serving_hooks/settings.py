@@ -33,6 +33,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Optional
 
+from serving_hooks.policies.session_end import DEFAULT_SESSION_END_P
+
 #: Every service setting can be set from ``ENV_PREFIX + NAME.upper()``.
 ENV_PREFIX = "PROFILER_"
 
@@ -40,6 +42,7 @@ ENV_PREFIX = "PROFILER_"
 PANEL_SERVICE = "Prediction service (also --config keys, PROFILER_* env)"
 PANEL_SHADOW = "Shadow mode (also --config keys, PROFILER_* env)"
 PANEL_ENGINE = "Engine APIs (gateway; also --config keys, PROFILER_* env)"
+PANEL_GATEWAY = "Gateway (also --config keys, PROFILER_* env)"
 
 #: Spellings of Dynamo's agent identity (``serving_hooks.dialects.DYNAMO_APIS``, newest first).
 DYNAMO_API_CHOICES = ("session", "trajectory", "agent_context")
@@ -86,13 +89,20 @@ def check_settings(obj: Any) -> None:
     """Check a settings object's durations and choices (its ``__post_init__`` calls this)."""
     for k in knobs(type(obj)):
         value = getattr(obj, k.name)
-        if k.duration:
+        if k.duration and value is not None:
             try:
                 parse_duration(value)
             except ValueError as exc:
                 raise SettingsError(f"{k.name}: {exc}") from None
         if k.choices and value is not None and value not in k.choices:
             raise SettingsError(f"{k.name}: {value!r}: expected one of {', '.join(k.choices)}")
+
+
+# Knobs both commands have with a default of each: the gateway's subclass redeclares the default.
+HELP_PORT = "TCP port (serve: 8700, gateway: 8080)."
+HELP_MAX_REQUEST = "Largest request body accepted, MiB (413 beyond; serve: 1, gateway: 32)."
+HELP_REFIT_EVERY = ("How often to refit the profile from the logs (serve: with --logs, default 10m; "
+                    "gateway: with --profile and --log-dir, unset = never), e.g. 10m.")
 
 
 @dataclass(frozen=True)
@@ -108,27 +118,31 @@ class ServiceSettings:
 
     host: str = setting_field(
         "127.0.0.1", "Interface to listen on (0.0.0.0 for all).")
+    port: int = setting_field(8700, HELP_PORT)
     admin_token: Optional[str] = setting_field(
         None, "Bearer token of the admin and data endpoints (sidecar: /v1/observe, /v1/reload, "
               "/v1/profile, /v1/sessions, /v1/autoscale; gateway: /admin/*, also sent to a --sidecar); "
               "unset = open.")
     reload_every: str = setting_field(
-        "2s", "How often to check the profile's CURRENT for a new version.", duration=True)
+        "2s", "How often to check the profile's CURRENT for a new version.", duration=True,
+        flag=False)
     max_sessions: int = setting_field(
         100_000, "Sessions kept in memory (least recently used beyond it are forgotten).")
     max_session_mb: float = setting_field(
         512.0, "Byte budget of the session table (estimated); beyond it the oldest kept responses, "
-               "then the least recently used sessions, are dropped.")
+               "then the least recently used sessions, are dropped.", flag=False)
     max_unknown_types: int = setting_field(
-        1000, "Workflow types absent from the profile remembered for shadow mode (LRU).")
+        1000, "Workflow types absent from the profile remembered for shadow mode (LRU).", flag=False)
     session_idle: str = setting_field(
-        "1h", "Forget a session after this long without a call.", duration=True)
+        "1h", "Forget a session after this long without a call.", duration=True, flag=False)
+    refit_every: Optional[str] = setting_field("10m", HELP_REFIT_EVERY, duration=True)
     refit_timeout: str = setting_field(
         "30m", "Kill a refit child (serve --logs, gateway --refit-every) that runs longer than this "
-               "(0 = no limit).", duration=True)
+               "(0 = no limit).", duration=True, flag=False)
     body_timeout: float = setting_field(
         30.0, "Seconds a request body may take to arrive (408 beyond): slow clients cannot hold the "
-              "server.")
+              "server.", flag=False)
+    max_request_mb: float = setting_field(1.0, HELP_MAX_REQUEST, flag=False)
     log_level: str = setting_field("info", "uvicorn log level.")
     online_calibration: bool = setting_field(
         True, "Adapt each (workflow type, agent)'s served output-length band and keep-alive TTL "
@@ -141,15 +155,15 @@ class ServiceSettings:
                "expiry; predictors/online_selection.py). Off: the fitted figure.")
     shadow_min_calls: int = setting_field(
         100, "Calls a workflow type needs in the profile before it can leave shadow mode.",
-        panel=PANEL_SHADOW)
+        panel=PANEL_SHADOW, flag=False)
     coverage_window: int = setting_field(
-        200, "Observed calls per workflow type in the live-coverage window.", panel=PANEL_SHADOW)
+        200, "Observed calls per workflow type in the live-coverage window.", panel=PANEL_SHADOW, flag=False)
     coverage_min_window: int = setting_field(
-        50, "Fewest observed calls before live coverage is judged.", panel=PANEL_SHADOW)
+        50, "Fewest observed calls before live coverage is judged.", panel=PANEL_SHADOW, flag=False)
     drift_drop: float = setting_field(
-        0.10, "Shadow a type when live coverage < nominal - this (drift).", panel=PANEL_SHADOW)
+        0.10, "Shadow a type when live coverage < nominal - this (drift).", panel=PANEL_SHADOW, flag=False)
     recover_drop: float = setting_field(
-        0.05, "Promote a shadowed type when live coverage >= nominal - this.", panel=PANEL_SHADOW)
+        0.05, "Promote a shadowed type when live coverage >= nominal - this.", panel=PANEL_SHADOW, flag=False)
 
     def __post_init__(self) -> None:
         check_settings(self)
@@ -170,12 +184,78 @@ class ServiceSettings:
     def max_session_bytes(self) -> int:
         return int(self.max_session_mb * (1 << 20))
 
+    @property
+    def max_request_bytes(self) -> int:
+        return int(self.max_request_mb * (1 << 20))
+
 
 @dataclass(frozen=True)
 class GatewaySettings(ServiceSettings):
-    """``profiler gateway``'s settings: the service's, plus which version of each engine's agent
-    API the upstreams speak (docs/dialects.md)."""
+    """``profiler gateway``'s settings: the service's, plus how the gateway talks to its upstreams
+    and which version of each engine's agent API they speak (docs/dialects.md). The one place each
+    gateway knob and its default is written: ``GatewayOptions`` (serving_hooks/gateway.py) takes
+    its defaults from here."""
 
+    port: int = setting_field(8080, HELP_PORT)
+    max_request_mb: float = setting_field(32.0, HELP_MAX_REQUEST, flag=False)
+    budget_ms: float = setting_field(
+        5.0, "Time budget for one annotation, ms; beyond it (or on error) the request goes "
+             "upstream unannotated.", panel=PANEL_GATEWAY)
+    routing: str = setting_field(
+        "round-robin", "round-robin, or capacity (Pythia alg. 2 over each upstream's /v1/loads; "
+                       "round robin while they do not report).", panel=PANEL_GATEWAY,
+        choices=("round-robin", "capacity"))
+    refit_every: Optional[str] = setting_field(None, HELP_REFIT_EVERY, duration=True)
+    upstream_timeout: float = setting_field(
+        600.0, "Seconds without a byte from the upstream before the call fails with 504.",
+        panel=PANEL_GATEWAY, flag=False)
+    upstream_keepalive: float = setting_field(
+        4.0, "Seconds a pooled upstream connection may sit idle before the gateway drops it; keep "
+             "it below the engine's own idle limit (SGLang/uvicorn: 5 s), so the engine never "
+             "closes a connection the gateway is about to reuse. 0: a new connection per call.",
+        panel=PANEL_GATEWAY, flag=False)
+    log_rotate_mb: float = setting_field(
+        64.0, "Start a new call-log file beyond this size, MiB.", panel=PANEL_GATEWAY, flag=False)
+    log_rotate_every: str = setting_field(
+        "5m", "Close the open call-log file after this long (bounds how stale a refit's data is).",
+        panel=PANEL_GATEWAY, duration=True, flag=False)
+    retry_window: float = setting_field(
+        60.0, "Seconds within which an identical body (or Idempotency-Key) of the same session is "
+              "a retry, not a new call.", panel=PANEL_GATEWAY, flag=False)
+    otlp_endpoint: Optional[str] = setting_field(
+        None, "Send one OpenTelemetry span per call (GenAI attributes + agentprof.* predictions and "
+              "outcomes) to this OTLP/HTTP endpoint, e.g. http://127.0.0.1:4318.",
+        panel=PANEL_GATEWAY, env="OTEL_EXPORTER_OTLP_ENDPOINT")
+    sglang_fields: bool = setting_field(
+        False, "Also set SGLang's `priority` and flat `custom_params` (SGLang needs "
+               "--enable-priority-scheduling for priority).", panel=PANEL_ENGINE)
+    dialect: Optional[str] = setting_field(
+        None, "Render the hints for this engine on every upstream without its own dialect=: sglang "
+              "(priority + custom_params), vllm (priority + vllm_xargs), dynamo (nvext.agent_hints + "
+              "Dynamo's identity and final flag, spelled as --dynamo-api says), headers "
+              "(X-Agentprof-* for routers). docs/dialects.md.", panel=PANEL_ENGINE)
+    session_end_p: float = setting_field(
+        DEFAULT_SESSION_END_P, "Announce a call as its session's last (SGLang "
+        "custom_params.session_end, vLLM vllm_xargs, Dynamo X-Dynamo-Session-Final, "
+        "X-Agentprof-Session-End) when its predicted p_end reaches this, or when "
+        "app_metadata.last_call is true; the SGLang plugin then releases the session's KV "
+        "(docs/dialects.md, End of session).", panel=PANEL_ENGINE)
+    session_end_signal: bool = setting_field(
+        True, "Send the end-of-session signal at all (see session_end_p).", panel=PANEL_ENGINE,
+        flag=False)
+    strip_metadata: bool = setting_field(
+        False, "Remove app_metadata and add no sys_annotations (for upstreams that reject unknown "
+               "fields; use with --sglang-fields).", panel=PANEL_ENGINE, flag=False)
+    stream_usage: bool = setting_field(
+        True, "Ask streams for token usage (hidden from the client) so they can be logged.",
+        panel=PANEL_ENGINE, flag=False)
+    allow_path: tuple[str, ...] = setting_field(
+        (), "Also forward these paths upstream (fnmatch patterns, e.g. ['/v1/rerank']). Engine "
+            "admin paths are never forwarded.", panel=PANEL_ENGINE, flag=False)
+    allow_client_scheduler_fields: bool = setting_field(
+        False, "Keep a client's own scheduler fields in every dialect: `priority`, `custom_params`, "
+               "`vllm_xargs`, `nvext.agent_hints`/`cache_control`, `X-Agentprof-*` headers "
+               "(removed by default).", panel=PANEL_ENGINE, flag=False)
     dynamo_api: str = setting_field(
         "session", "Spelling of agent identity and end of session the dynamo dialect sends: "
                    "session (X-Dynamo-Session-ID / -Parent-Session-ID / -Session-Final headers; "
@@ -188,6 +268,15 @@ class GatewaySettings(ServiceSettings):
                "workflow (POST /open_session), tag each of its calls with session_id, and close it "
                "(POST /close_session, its KV released) after the call that ends the workflow "
                "(app_metadata.last_call, or p_end >= --session-end-p).", panel=PANEL_ENGINE)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        for name in ("budget_ms", "upstream_timeout", "upstream_keepalive", "log_rotate_mb",
+                     "retry_window", "max_request_mb"):
+            if getattr(self, name) < 0:
+                raise SettingsError(f"{name}: must not be negative, got {getattr(self, name)!r}")
+        if not 0.0 <= self.session_end_p <= 1.0:
+            raise SettingsError(f"session_end_p: {self.session_end_p!r} is not within [0, 1]")
 
 
 @dataclass(frozen=True)

@@ -61,27 +61,28 @@ def test_the_command_line_applies_the_same_precedence(command, tmp_path):
     cfg = tmp_path / "service.toml"
     cfg.write_text('max_sessions = 5\nsession_idle = "2h"\nshadow_min_calls = 20\n')
     env = {"PROFILER_MAX_SESSIONS": "7", "PROFILER_SHADOW_MIN_CALLS": "30"}
-    values, sources = printed([*BASE[command], "--config", str(cfg), "--shadow-min-calls", "40"], env)
-    assert (values["max_sessions"], values["session_idle"], values["shadow_min_calls"]) == (7, "2h", 40)
+    values, sources = printed([*BASE[command], "--config", str(cfg), "--max-sessions", "40"], env)
+    assert (values["max_sessions"], values["session_idle"], values["shadow_min_calls"]) == (40, "2h", 30)
     assert (sources["max_sessions"], sources["session_idle"], sources["shadow_min_calls"],
-            sources["reload_every"]) == ("env", "file", "flag", "default")
+            sources["reload_every"]) == ("flag", "file", "env", "default")
     # a flag typed at its default value is still a flag: it beats the environment
     values, sources = printed([*BASE[command], "--max-sessions", "100000"], env)
     assert (values["max_sessions"], sources["max_sessions"]) == (100_000, "flag")
 
 
 def test_print_config_reads_back_and_never_prints_the_token(tmp_path):
-    values, sources = printed([*BASE["serve"], "--drift-drop", "0.2"], {"PROFILER_ADMIN_TOKEN": "s3cret"})
+    values, sources = printed([*BASE["serve"], "--max-sessions", "5"], {"PROFILER_ADMIN_TOKEN": "s3cret"})
     assert sources["admin_token"] == "env" and "admin_token" not in values
     assert "s3cret" not in run([*BASE["serve"], "--print-config"], {"PROFILER_ADMIN_TOKEN": "s3cret"}).output
     back = tmp_path / "back.toml"
-    back.write_text(run([*BASE["serve"], "--drift-drop", "0.2", "--print-config"]).stdout)
-    assert resolve_settings(config=back, environ={}).settings == ServiceSettings(drift_drop=0.2)
+    back.write_text(run([*BASE["serve"], "--max-sessions", "5", "--print-config"],
+                        {"PROFILER_DRIFT_DROP": "0.2"}).stdout)
+    assert resolve_settings(config=back, environ={}).settings == ServiceSettings(max_sessions=5, drift_drop=0.2)
 
 
 @pytest.mark.parametrize("text, message", [
     ("max_sesions = 5\n", "unknown key 'max_sesions' (did you mean 'max_sessions'?)"),
-    ("upstream = 'http://x'\n", "unknown key 'upstream' (known: host, admin_token,"),
+    ("upstreams = 'http://x'\n", "unknown key 'upstreams'"),
     ('max_sessions = "5"\n', "key 'max_sessions' must be an integer, got '5' (str)"),
     ("max_sessions = true\n", "key 'max_sessions' must be an integer, got True (bool)"),
     ('drift_drop = "x"\n', "key 'drift_drop' must be a number"),
@@ -106,8 +107,8 @@ def test_bad_environment_values_and_missing_files_name_their_source(tmp_path):
              "PROFILER_SESSION_IDLE: not a duration: 'soon' (examples: 30s, 10m, 1h, 250ms)")):
         out = run(BASE["serve"], env)
         assert out.exit_code == 2 and out.output.strip() == f"error: {message}", out.output
-    out = run([*BASE["gateway"], "--session-idle", "soon"])
-    assert out.exit_code == 2 and out.output.startswith("error: --session-idle: not a duration: 'soon'")
+    out = run([*BASE["gateway"], "--refit-every", "soon"])
+    assert out.exit_code == 2 and out.output.startswith("error: --refit-every: not a duration: 'soon'")
     out = run([*BASE["serve"], "--config", str(tmp_path / "absent.toml")])
     absent = tmp_path / "absent.toml"
     assert out.exit_code == 2 and out.output.strip() == f"error: {absent}: no such config file"
@@ -135,17 +136,23 @@ def _option(command: str, name: str):
 
 
 def test_serve_and_gateway_take_every_setting_with_one_declaration():
+    gateway_knobs = {k.name: k for k in knobs(GatewaySettings)}
     for k in knobs():
         serve, gateway = _option("serve", k.name), _option("gateway", k.name)
+        if not k.flag_declared:        # a config key / environment variable only: no flag anywhere
+            assert serve is None and gateway is None, k.name
+            continue
         assert serve is not None and gateway is not None, k.name
         assert serve.opts == gateway.opts == [k.flag]
         # a bool can be turned off from the command line whatever its default
         assert serve.secondary_opts == gateway.secondary_opts == (
             [f"--no-{k.flag[2:]}"] if k.type is bool else [])
-        assert serve.help == gateway.help == k.help and serve.default == gateway.default == k.default
-    for command in ("serve", "gateway"):
+        assert serve.help == gateway.help == k.help
+        assert (serve.default, gateway.default) == (k.default, gateway_knobs[k.name].default)
+    for command, cls in (("serve", ServiceSettings), ("gateway", GatewaySettings)):
         text = run([command, "--help"]).output
-        assert all(k.flag in text for k in knobs()) and "--config" in text and "--print-config" in text
+        assert all(k.flag in text for k in knobs(cls) if k.flag_declared)
+        assert "--config" in text and "--print-config" in text
 
 
 @dataclasses.dataclass(frozen=True)
@@ -159,7 +166,7 @@ def test_a_knob_added_once_is_a_flag_of_every_command_and_reaches_each():
     demo = typer.Typer()
     seen = {}
     def make(name: str):
-        def command(port: int = 1, *, settings: _WithNewKnob) -> None:
+        def command(workers: int = 1, *, settings: _WithNewKnob) -> None:
             seen[name] = settings
         return command
 
@@ -186,7 +193,8 @@ def test_serve_and_gateway_build_their_service_from_the_same_settings(fitted_pro
                    'shadow_min_calls = 3\n')
     env = {"PROFILER_COVERAGE_WINDOW": "77", "PROFILER_HOST": "127.0.0.2"}
     for args in (["serve"], ["gateway", "--upstream", "http://127.0.0.1:9"]):
-        out = run([*args, "--profile", str(fitted_profile), "--config", str(cfg), "--recover-drop", "0.01"], env)
+        out = run([*args, "--profile", str(fitted_profile), "--config", str(cfg), "--max-sessions", "1234"],
+                  {**env, "PROFILER_RECOVER_DROP": "0.01"})
         assert out.exit_code == 0, out.output
     (sidecar, skw), (gateway, gkw) = started
     services = [sidecar.state.service, gateway.state.gateway.service]
@@ -208,8 +216,10 @@ def test_the_configuration_example_in_the_docs_loads(tmp_path):
     written = tomllib.loads(example)
     assert written and {k: getattr(got.settings, k) for k in written} == written
     assert all(got.sources[k] == "file" for k in written)
-    # and every PROFILER_ variable of a setting is in the page's table
-    assert all(k.env in page for k in knobs()) and all(k.env in page for k in knobs(GatewaySettings))
+    # and every setting is a row of the page's table, its variable the prefix + its key
+    for k in knobs(GatewaySettings):
+        assert f"| `{k.name}` | {f'`{k.flag}`' if k.flag_declared else 'config / env only'} |" in section, k.name
+        assert k.env == "PROFILER_" + k.name.upper() or k.env in page, k.env
 
 
 def test_direct_construction_checks_durations():
@@ -264,9 +274,11 @@ def test_gateway_only_settings_are_the_gateways_and_checked():
     """Issue 36: which engine API versions the upstreams speak is the gateway's alone."""
     own = {f.name for f in dataclasses.fields(GatewaySettings)} - \
         {f.name for f in dataclasses.fields(ServiceSettings)}
-    assert own == {"dynamo_api", "sglang_sessions"}
-    for name in own:
-        assert _option("gateway", name) is not None and _option("serve", name) is None
+    assert {"dynamo_api", "sglang_sessions", "budget_ms", "routing", "session_end_p"} <= own
+    for k in knobs(GatewaySettings):
+        if k.name in own:
+            assert (_option("gateway", k.name) is not None) is k.flag_declared, k.name
+            assert _option("serve", k.name) is None, k.name
     got = resolve_settings(environ={"PROFILER_DYNAMO_API": "trajectory",
                                     "PROFILER_SGLANG_SESSIONS": "1"}, cls=GatewaySettings)
     assert (got.settings.dynamo_api, got.settings.sglang_sessions) == ("trajectory", True)
@@ -304,3 +316,44 @@ def test_the_plugin_reads_its_awp_variables_through_the_same_mechanism():
                          ({"AWP_PREFETCH": "maybe"}, "AWP_PREFETCH='maybe': expected true or false")):
         with pytest.raises(ValueError, match=re.escape(message)):
             PluginSettings.from_env(env)
+
+
+def test_gateway_print_config_lists_every_gateway_setting_and_loads_back(tmp_path):
+    """Issue 38: ``gateway --print-config`` is the whole gateway configuration (>= 35 keys), flags
+    and config-only keys alike, as TOML that ``--config`` reads back to the same settings."""
+    env = {"PROFILER_STRIP_METADATA": "1", "PROFILER_LOG_ROTATE_EVERY": "1m",
+           "OTEL_EXPORTER_OTLP_ENDPOINT": ""}
+    out = run([*BASE["gateway"], "--budget-ms", "7.5", "--routing", "capacity", "--refit-every", "10m",
+               "--print-config"], env)
+    assert out.exit_code == 0, out.output
+    keys = set(re.findall(r"^#? ?(\w+)(?: =| unset)", out.stdout, re.M))
+    assert keys == {k.name for k in knobs(GatewaySettings)} and len(keys) >= 35
+    cfg = tmp_path / "gateway.toml"
+    assert "allow_path = []" in out.stdout
+    cfg.write_text(out.stdout.replace("allow_path = []", 'allow_path = ["/v1/rerank"]'))
+    back = resolve_settings(config=cfg, environ={}, cls=GatewaySettings).settings
+    want = resolve_settings(environ=env, cls=GatewaySettings,
+                            flags={"budget_ms": 7.5, "routing": "capacity", "refit_every": "10m"}).settings
+    assert back == dataclasses.replace(want, allow_path=("/v1/rerank",))
+    assert (back.strip_metadata, back.log_rotate_every, back.budget_ms) == (True, "1m", 7.5)
+    # config-only keys are no flags, and a list key reads from the environment comma-separated
+    assert run([*BASE["gateway"], "--strip-metadata"]).exit_code == 2
+    got = resolve_settings(environ={"PROFILER_ALLOW_PATH": "/v1/rerank, /v1/score"}, cls=GatewaySettings)
+    assert got.settings.allow_path == ("/v1/rerank", "/v1/score")
+    with pytest.raises(SettingsError, match="PROFILER_ROUTING='fastest': expected one of round-robin, capacity"):
+        resolve_settings(environ={"PROFILER_ROUTING": "fastest"}, cls=GatewaySettings)
+
+
+def test_gateway_options_take_their_defaults_from_the_settings():
+    """One declaration per knob: the runtime options' defaults are the settings' (no twin literal)."""
+    from serving_hooks.gateway import GatewayOptions
+    from serving_hooks.retries import DEFAULT_WINDOW_S
+    from serving_hooks.upstreams import DEFAULT_UPSTREAM_KEEPALIVE_S
+
+    g, o = GatewaySettings(), GatewayOptions()
+    assert (o.budget_s, o.upstream_timeout_s, o.upstream_keepalive_s, o.retry_window_s,
+            o.max_request_bytes, o.body_timeout_s, o.stream_usage, o.dynamo_api) == \
+        (g.budget_ms / 1000, g.upstream_timeout, g.upstream_keepalive, g.retry_window,
+         g.max_request_bytes, g.body_timeout, g.stream_usage, g.dynamo_api)
+    assert (DEFAULT_WINDOW_S, DEFAULT_UPSTREAM_KEEPALIVE_S) == (g.retry_window, g.upstream_keepalive)
+    assert o.session_end.p_threshold == g.session_end_p
