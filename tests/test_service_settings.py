@@ -30,7 +30,9 @@ BASE = {"serve": ["serve", "--profile", "p"],
 
 def run(args: list[str], env: dict | None = None):
     # an empty PROFILER_* environment unless the test sets one (the developer's shell must not leak in)
-    clean = {k.env: "" for k in knobs()}
+    from simulator.settings import SimulateSettings
+
+    clean = {k.env: "" for cls in (GatewaySettings, SimulateSettings) for k in knobs(cls)}
     return CliRunner().invoke(app, args, env={"COLUMNS": "400", **clean, **(env or {})})
 
 
@@ -231,7 +233,7 @@ def test_direct_construction_checks_durations():
 
 def test_scenario_announces_each_flag_it_overrides():
     args = ["simulate", "--scenario", "pythia-like", "--calibrate", "x.jsonl", "--replicas", "3",
-            "--load", "low", "--seed", "1", "--gaps", "recorded", "--policies", "no-such-policy"]
+            "--load", "low", "--seed", "1", "--policies", "no-such-policy"]
     out = run(args)
     assert out.exit_code == 2                      # stopped by the bad policy, after the notes
     notes = [ln for ln in out.output.splitlines() if ln.startswith("note:")]
@@ -245,11 +247,18 @@ def test_scenario_announces_each_flag_it_overrides():
         "note: --load is ignored by --scenario pythia-like (a burst of 600 workflows in 60 s, all measured)",
     ]
     out = run(["simulate", "--scenario", "agent-platform-bursty", "--arrival-cv", "2", "--train-workflows", "50",
-               "--warmup", "0.1", "--policies", "no-such-policy"])
+               "--policies", "no-such-policy"], {"PROFILER_SIMULATE_WARMUP": "0.1"})
     notes = [ln for ln in out.output.splitlines() if ln.startswith("note:")]
     assert notes == ["note: --train-workflows is ignored by --scenario agent-platform-bursty (60 "
                      "generated train workflows per generated application)",
                      "note: --arrival-cv is ignored by --scenario agent-platform-bursty (CV 4)"]
+    # a config key the scenario sets itself is announced too, with where it came from
+    out = run(["simulate", "--scenario", "pythia-like", "--policies", "no-such-policy"],
+              {"PROFILER_SIMULATE_HOST_RATIO": "4"})
+    assert [ln for ln in out.output.splitlines() if ln.startswith("note: host_ratio")] == [
+        "note: host_ratio (env) is ignored by --scenario pythia-like (its cluster: 8 x llama-3.1-8b on "
+        "h100-sxm tp1, pools code 4, explore 2, review 2, 150,000 KV tokens per replica, roofline "
+        "step model)"]
     # the old name is gone: --cv is eval's folds only
     out = run(["simulate", "--scenario", "agent-platform-bursty", "--cv", "2",
                "--policies", "no-such-policy"])
@@ -264,7 +273,9 @@ def test_every_overridden_name_is_a_simulate_option():
     """A renamed flag cannot drop out of the announcement unnoticed."""
     from simulator.scenarios import SCENARIOS
 
-    options = {p.name for p in CLI.commands["simulate"].params}
+    from simulator.settings import SimulateSettings
+
+    options = {p.name for p in CLI.commands["simulate"].params} | {k.name for k in knobs(SimulateSettings)}
     for sc in SCENARIOS.values():
         assert set(sc.overrides()) <= options, set(sc.overrides()) - options
         assert {"calibrate", "replicas", "workflows", "arrivals"} <= set(sc.overrides())
