@@ -101,8 +101,8 @@ def DbOption(help: str = "DuckDB store file.") -> Any:  # noqa: N802
 
 
 def StrictOption(help: str = "Exit non-zero if any record is quarantined.") -> Any:  # noqa: N802
-    """``--strict``."""
-    return typer.Option("--strict", help=help)
+    """``--strict/--no-strict``."""
+    return typer.Option("--strict/--no-strict", help=help)
 
 
 def GroupByOption(help: str) -> Any:  # noqa: N802

@@ -6,7 +6,8 @@ from typing import Annotated, Optional
 
 import typer
 
-from profiler.commands.common import app
+from profiler.commands.common import (DbOption, GroupByOption, GroupPatternOption, JsonOption,
+                                      StrictOption, app)
 from profiler.commands.common import err_console, fail, print_json, report_ingest
 
 
@@ -26,7 +27,7 @@ def _fresh_root_command(logs: list[Path], out: Path, different: Path) -> str:
 def fit(
     logs: Annotated[list[Path], typer.Argument(help="Log files or folders (JSONL, JSONL.gz, Parquet, CSV; flat or gateway records).")],
     out: Annotated[Path, typer.Option("--out", "-o", help="Profile root folder (created; new versions are added to it).")] = Path("profile"),
-    db: Annotated[Optional[Path], typer.Option(help="DuckDB store to load into (default: OUT/store.duckdb).")] = None,
+    db: Annotated[Optional[Path], DbOption("DuckDB store to load into (default: OUT/store.duckdb).")] = None,
     coverage: Annotated[float, typer.Option(help="Target coverage of the output-length bands.", min=0.5, max=0.9999)] = 0.99,
     prune: Annotated[float, typer.Option(help="Drop automaton transitions rarer than this probability.", min=0.0, max=0.5)] = 0.05,
     seed: Annotated[int, typer.Option(help="Seed of the calibration splits.")] = 0,
@@ -37,12 +38,12 @@ def fit(
     log_format: Annotated[Optional[str], typer.Option("--format", help="Read traces of another tool instead of our log format: auto, otel, swe-agent, mini-swe-agent, openhands, dynamo, atif, claude-code, codex or tracelab (converted into OUT/imported/FORMAT/ first; see `profiler import`).")] = None,
     engine: Annotated[str, typer.Option(help="local (DuckDB in this process) or ray (ingest and per-workflow-type fits as Ray tasks; needs `pip install -e .[ray]`).")] = "local",
     ray_address: Annotated[Optional[str], typer.Option(help="With --engine ray: address of a running Ray cluster (default: start a local one).")] = None,
-    strict: Annotated[bool, typer.Option(help="Exit non-zero if any record is quarantined.")] = False,
-    group_by: Annotated[Optional[str], typer.Option("--group-by", help="Keep the workflows sharing this record field (a task or instance id) in one fold of the fit's own selection CVs (remaining work, output-length bands); default: fold by workflow.")] = None,
-    group_pattern: Annotated[Optional[str], typer.Option("--group-pattern", help="With --group-by: the group is this regex's first capture group (else whole match) in the field, e.g. '[^/]+$'.")] = None,
+    strict: Annotated[bool, StrictOption("Exit non-zero if any record is quarantined.")] = False,
+    group_by: Annotated[Optional[str], GroupByOption("Keep the workflows sharing this record field (a task or instance id) in one fold of the fit's own selection CVs (remaining work, output-length bands); default: fold by workflow.")] = None,
+    group_pattern: Annotated[Optional[str], GroupPatternOption()] = None,
     forward_validation: Annotated[bool, typer.Option("--forward-validation/--no-forward-validation", help="Check the next-agent and remaining-calls choices on the latest fifth of each type's training workflows by start time (fitted on the rest); the CV choice gives way where that slice shows it behind beyond noise. Off: shuffled folds alone.")] = True,
     append: Annotated[bool, typer.Option("--append", help="Add LOGS to a profile root fitted on other logs (without it such a fit is refused: the two would merge).")] = False,
-    json_out: Annotated[bool, typer.Option("--json", help="Print the new profile's manifest as JSON.")] = False,
+    json_out: Annotated[bool, JsonOption("Print the new profile's manifest as JSON.")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress output.")] = False,
 ) -> None:
     """Ingest request logs and fit a **profile**: per-agent output-length bands, per-tool latency

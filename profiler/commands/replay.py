@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from profiler.commands.common import app
+from profiler.commands.common import JsonOption, app
 from profiler.commands.common import console, err_console, fail, print_json
 
 HELP_LOAD = "Load shape"
@@ -35,7 +35,7 @@ def replay(
     run_tag: Annotated[Optional[str], typer.Option(help="Suffix appended to workflow and request ids so runs do not collide in the target's session state (default: random; '' keeps the recorded ids).", rich_help_panel=HELP_WIRE)] = None,
     timeout: Annotated[float, typer.Option(help="Seconds one call may take.")] = 600.0,
     out: Annotated[Optional[Path], typer.Option(help="Write one flat log record per replayed call (JSONL) here.")] = None,
-    json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object with every figure instead of the table.")] = False,
+    json_out: Annotated[bool, JsonOption("Print one JSON object with every figure instead of the table.")] = False,
     progress: Annotated[bool, typer.Option("--progress/--no-progress", help="Progress bar on stderr.")] = True,
 ) -> None:
     """**Replay recorded workflows** against any OpenAI-compatible endpoint and measure JCT.

@@ -6,7 +6,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from profiler.commands.common import app
+from profiler.commands.common import JsonOption, ProfileOption, app
 from profiler.commands.common import console, err_console, fail, print_json
 from profiler.commands.service_options import with_service_settings
 from serving_hooks.settings import Resolved
@@ -45,7 +45,7 @@ def simulate(
              "--policies ours+predictive. Replicas move between pools (a start-up delay, drains) "
              "within the cluster's replicas; without a --scenario every replica is one pool. "
              "See docs/simulator.md.")] = "off",
-    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of tables.")] = False,
+    as_json: Annotated[bool, JsonOption("Print one JSON object instead of tables.")] = False,
     plot: Annotated[Optional[Path], typer.Option(help="Write a PNG of JCT vs load per policy here.")] = None,
     markdown: Annotated[Optional[Path], typer.Option(help="Also write the tables as Markdown here.")] = None,
     workflows: Annotated[Optional[int], typer.Option(
@@ -53,7 +53,7 @@ def simulate(
              "this many sessions). Default: 2 × the sessions of the highest load (≥ 100).", min=1)] = None,
     train_workflows: Annotated[int, typer.Option(
         help="Generated workloads: workflows generated (another seed) to fit the profile on.", min=10)] = 400,
-    profile: Annotated[Optional[Path], typer.Option(
+    profile: Annotated[Optional[Path], ProfileOption(
         help="Folder for the train-split profiles: a `profiler fit` output is used as is; else "
              "each train split is fit in its own sub-folder there and reused by a later run on "
              "the same split (default: a temporary folder).")] = None,
