@@ -279,6 +279,42 @@ class GatewaySettings(ServiceSettings):
             raise SettingsError(f"session_end_p: {self.session_end_p!r} is not within [0, 1]")
 
 
+#: How ``profiler replay`` sends a workflow's identity (``serving_hooks.replay``).
+REPLAY_IDENTITY_MODES = ("app_metadata", "headers", "both", "none")
+PANEL_REPLAY = "What is sent (--config keys, PROFILER_REPLAY_* env; --print-config)"
+
+
+@dataclass(frozen=True)
+class ReplaySettings:
+    """``profiler replay``'s config keys: what each request carries besides the recorded call
+    (its flags, the load shape, are the command's own). ``ReplayOptions`` takes its defaults
+    from here."""
+
+    env_prefix: ClassVar[str] = "PROFILER_REPLAY_"
+    config_panel: ClassVar[str] = PANEL_REPLAY
+
+    ignore_eos: bool = setting_field(
+        True, "Send ignore_eos so the engine generates the recorded output length (SGLang, vLLM); "
+              "false for servers that reject unknown fields.", panel=PANEL_REPLAY, flag=False)
+    identity: str = setting_field(
+        "app_metadata", "How the workflow identity is sent: app_metadata (body, read by `profiler "
+        "gateway`), headers (x-workflow-type-id, x-workflow-id, x-agent-id), both, none.",
+        panel=PANEL_REPLAY, flag=False, choices=REPLAY_IDENTITY_MODES)
+    extra_body: Optional[str] = setting_field(
+        None, 'JSON object merged into every request body, e.g. \'{"priority": 0}\'.',
+        panel=PANEL_REPLAY, flag=False)
+    headers: tuple[str, ...] = setting_field(
+        (), "Extra headers, each 'Name: value'.", panel=PANEL_REPLAY, flag=False)
+    run_tag: Optional[str] = setting_field(
+        None, "Suffix appended to workflow and request ids so runs do not collide in the target's "
+              "session state (unset: random; '' keeps the recorded ids).", panel=PANEL_REPLAY, flag=False)
+    timeout: float = setting_field(600.0, "Seconds one call may take.", panel=PANEL_REPLAY, flag=False)
+    progress: bool = setting_field(True, "Progress bar on stderr.", panel=PANEL_REPLAY, flag=False)
+
+    def __post_init__(self) -> None:
+        check_settings(self)
+
+
 @dataclass(frozen=True)
 class Knob:
     """One field of a settings class as the command line, the file and the environment see it."""

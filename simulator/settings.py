@@ -29,6 +29,8 @@ class SimulateSettings:
     env_prefix: ClassVar[str] = "PROFILER_SIMULATE_"
     config_panel: ClassVar[str] = PANEL_SIMULATE
 
+    train_workflows: int = _knob(
+        400, "Generated workloads: workflows generated (another seed) to fit the profile on.")
     train_share: float = _knob(0.7, "Logs: share of workflows in the train split (profiler split's rule).")
     warmup: float = _knob(0.2, "Share of the workflows (by arrival) left out of the figures as warm-up.")
     tail: float = _knob(0.2, "Share of the last arrivals left out (they keep the load on while the window runs).")
@@ -64,7 +66,7 @@ class SimulateSettings:
 
     def __post_init__(self) -> None:
         check_settings(self)
-        low = {"train_share": 0.0, "warmup": 0.0, "tail": 0.0, "host_ratio": 0.0,
+        low = {"train_workflows": 10, "train_share": 0.0, "warmup": 0.0, "tail": 0.0, "host_ratio": 0.0,
                "chunked_prefill_size": 64, "max_running_requests": 1, "startup_delay": 0.0,
                "autoscale_interval": 0.1, "scale_down_window": 0.0, "queue_target": 0.01,
                "autoscale_horizon": 1, "ttft_slo": 0.001,

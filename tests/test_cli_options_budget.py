@@ -12,8 +12,10 @@ from typer.main import get_command
 
 from profiler.cli import app
 
-#: Options (``--help`` not counted) over every command, hidden ones included.
-BUDGET = 151
+#: Options (``--help`` not counted) over every command, hidden ones included: 202 before issue 38
+#: step 3, 140 after (tuning knobs moved to config keys; a new flag must push an old one out or
+#: raise this with a reason).
+BUDGET = 140
 
 
 def options_by_command() -> dict[str, list]:

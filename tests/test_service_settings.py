@@ -246,10 +246,11 @@ def test_scenario_announces_each_flag_it_overrides():
         "step model)",
         "note: --load is ignored by --scenario pythia-like (a burst of 600 workflows in 60 s, all measured)",
     ]
-    out = run(["simulate", "--scenario", "agent-platform-bursty", "--arrival-cv", "2", "--train-workflows", "50",
-               "--policies", "no-such-policy"], {"PROFILER_SIMULATE_WARMUP": "0.1"})
+    out = run(["simulate", "--scenario", "agent-platform-bursty", "--arrival-cv", "2",
+               "--policies", "no-such-policy"],
+              {"PROFILER_SIMULATE_WARMUP": "0.1", "PROFILER_SIMULATE_TRAIN_WORKFLOWS": "50"})
     notes = [ln for ln in out.output.splitlines() if ln.startswith("note:")]
-    assert notes == ["note: --train-workflows is ignored by --scenario agent-platform-bursty (60 "
+    assert notes == ["note: train_workflows (env) is ignored by --scenario agent-platform-bursty (60 "
                      "generated train workflows per generated application)",
                      "note: --arrival-cv is ignored by --scenario agent-platform-bursty (CV 4)"]
     # a config key the scenario sets itself is announced too, with where it came from
@@ -368,3 +369,41 @@ def test_gateway_options_take_their_defaults_from_the_settings():
          g.max_request_bytes, g.body_timeout, g.stream_usage, g.dynamo_api)
     assert (DEFAULT_WINDOW_S, DEFAULT_UPSTREAM_KEEPALIVE_S) == (g.retry_window, g.upstream_keepalive)
     assert o.session_end.p_threshold == g.session_end_p
+
+
+def test_every_command_settings_class_prints_and_reads_back_its_keys(tmp_path):
+    """fit, simulate and replay keep their tuning knobs as config keys of the same mechanism:
+    --print-config lists each, --config reads the print back, and the defaults are the runtime
+    classes' (FitOptions is too heavy to import for --help: its defaults are held equal here)."""
+    from fitting.profile_fit import FitOptions
+    from profiler.commands.fit import FitSettings
+    from serving_hooks.replay import ReplayOptions
+    from serving_hooks.settings import ReplaySettings
+    from simulator.autoscale import AutoscaleOptions
+    from simulator.config import ClusterConfig
+    from simulator.settings import SimulateSettings
+
+    fo, fs = FitOptions(), FitSettings()
+    assert (fs.prune, fs.seed, fs.max_output_tokens, fs.conditional, fs.forward_validation, fs.min_calls) == \
+        (fo.prune, fo.seed, fo.max_output_tokens, fo.conditional, fo.forward_validation, fo.min_calls)
+    ss, ao, cc = SimulateSettings(), AutoscaleOptions(), ClusterConfig()
+    assert (ao.startup_delay_s, ao.interval_s, ao.scale_down_window_s, ao.queue_target, ao.horizon_calls) == \
+        (ss.startup_delay, ss.autoscale_interval, ss.scale_down_window, ss.queue_target, ss.autoscale_horizon)
+    assert (cc.host_ratio, cc.chunked_prefill_size, cc.max_running_requests) == \
+        (ss.host_ratio, ss.chunked_prefill_size, ss.max_running_requests)
+    ro, rs = ReplayOptions(), ReplaySettings()
+    assert (ro.ignore_eos, ro.identity, ro.timeout_s) == (rs.ignore_eos, rs.identity, rs.timeout)
+    for args, cls, env in ((["fit", "x.jsonl"], FitSettings, {"PROFILER_FIT_PRUNE": "0.1"}),
+                           (["simulate", "--workload", "coding-assistant"], SimulateSettings,
+                            {"PROFILER_SIMULATE_WARMUP": "0.3"}),
+                           (["replay", "x.jsonl", "--target", "http://127.0.0.1:9"], ReplaySettings,
+                            {"PROFILER_REPLAY_HEADERS": "a: 1,b: 2"})):
+        out = run([*args, "--print-config"], env)
+        assert out.exit_code == 0, out.output
+        assert set(re.findall(r"^#? ?(\w+)(?: =| unset)", out.stdout, re.M)) == {k.name for k in knobs(cls)}
+        cfg = tmp_path / f"{args[0]}.toml"
+        cfg.write_text(out.stdout)
+        assert resolve_settings(config=cfg, environ={}, cls=cls).settings == \
+            resolve_settings(environ=env, cls=cls).settings
+    out = run(["fit", "x.jsonl", "--print-config"], {"PROFILER_FIT_PRUNE": "0.9"})
+    assert out.exit_code == 2 and "prune: 0.9 is not within [0, 0.5]" in out.output

@@ -25,7 +25,7 @@ def simulate(
              "and the generators on one cluster, a burst of 720 workflows), "
              "agent-platform-bursty (the same mix, open-loop gamma arrivals with CV 4 at "
              "low load) or agent-platform-interactive (the mix plus 20 % interactive Claude "
-             "Code / Codex sessions with human waits: their TTFT against --ttft-slo); see "
+             "Code / Codex sessions with human waits: their TTFT against the ttft_slo config key); see "
              "docs/simulator.md.")] = None,
     load: Annotated[str, typer.Option(
         help="low, medium, peak: 0.5 / 1.0 / 1.5 × the rate a KV-saturated cluster drains "
@@ -51,8 +51,6 @@ def simulate(
     workflows: Annotated[Optional[int], typer.Option(
         help="Workflows replayed (generated: test workflows; logs: the test split resampled to "
              "this many sessions). Default: 2 × the sessions of the highest load (≥ 100).", min=1)] = None,
-    train_workflows: Annotated[int, typer.Option(
-        help="Generated workloads: workflows generated (another seed) to fit the profile on.", min=10)] = 400,
     profile: Annotated[Optional[Path], ProfileOption(
         help="Folder for the train-split profiles: a `profiler fit` output is used as is; else "
              "each train split is fit in its own sub-folder there and reused by a later run on "
@@ -79,7 +77,7 @@ def simulate(
     slo_search: Annotated[bool, typer.Option(
         "--slo-search",
         help="Also search, per policy, the most concurrent sessions it holds with >= 99 % of "
-             "interactive calls within --ttft-slo (the same workflows at 1x the arrival rate, "
+             "interactive calls within ttft_slo (the same workflows at 1x the arrival rate, "
              "doubled while the target holds or halved while it does not, 1/16x..8x, then two "
              "bisections): interactive.max_sessions_in_slo. Several extra runs "
              "per policy.")] = False,
@@ -176,14 +174,14 @@ def simulate(
     with err_console.status("preparing the workload (split, fit the train profile)"):
         try:
             if scenario is not None:
-                prep, cfg = prepare_scenario(scenario, seed=seed, n_train=train_workflows,
+                prep, cfg = prepare_scenario(scenario, seed=seed, n_train=st.train_workflows,
                                              profile_dir=profile)
                 arrivals = prep.scenario.arrivals
                 if arrivals != "burst":       # an open-loop scenario: its own load and CV
                     levels, cv = [prep.scenario.load], prep.scenario.cv
             else:
                 prep = prepare(workload, workflows, seed=seed, profile_dir=profile,
-                               train_share=train_share, n_train=train_workflows, cfg=cfg,
+                               train_share=train_share, n_train=st.train_workflows, cfg=cfg,
                                max_load=max(parse_load(v) for v in levels))
         except ValueError as exc:
             fail(str(exc))
