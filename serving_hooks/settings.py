@@ -1,4 +1,5 @@
-"""One settings object for the prediction service that ``profiler serve`` and ``profiler gateway`` run.
+"""One declaration per knob: the settings of ``profiler serve`` and ``profiler gateway`` (and the
+mechanism every other settings class uses).
 
 Both commands host the same :class:`~serving_hooks.service.PredictionService` (profile reload,
 session table, shadow gate, refit child) behind an HTTP server, so the knobs of that service are
@@ -17,8 +18,12 @@ where it came from: ``serve.toml: unknown key 'max_sesions' (did you mean 'max_s
 
 The environment prefix is ``PROFILER_`` because the one service variable that existed before,
 ``PROFILER_ADMIN_TOKEN``, already had it: it is now simply the ``admin_token`` setting's variable.
-The SGLang plugin's ``AWP_*`` variables configure a different process (the engine's scheduler) and
-stay where they are (``serving_hooks/sglang_plugin/settings.py``).
+
+The mechanism (:func:`setting_field`, :func:`knobs`, :func:`resolve_settings`,
+:func:`settings_toml`) serves every settings class of the project: the prefix is the class's
+``env_prefix`` (``PROFILER_FIT_``, ``PROFILER_SIMULATE_``, ``PROFILER_REPLAY_``, and ``AWP_`` for
+the SGLang plugin's variables, ``serving_hooks/sglang_plugin/settings.py``), and a field declared
+``flag=False`` is a config key and variable only. docs/commands.md, Configuration, lists them.
 """
 from __future__ import annotations
 
