@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 from simulator.calibration import SWE_AGENT_GLM45, StepTimeModel
+from simulator.settings import SimulateSettings as S
 from simulator.hardware import GPUS, H100_SXM, LLAMA31_8B, MODELS, kv_capacity_tokens, pcie_s_per_token, roofline_step
 
 #: KV bytes per token of GLM-4.5 (92 layers × 8 KV heads × 128 dims × K and V × 2 bytes, bf16 KV).
@@ -33,14 +34,14 @@ class ClusterConfig:
     kv_capacity_tokens: int = field(default_factory=lambda: kv_capacity_tokens(H100_SXM, LLAMA31_8B))
     #: Host (CPU DRAM) tier as a multiple of the GPU KV capacity: SGLang's ``--hicache-ratio``
     #: default (2.0). 0 disables the host tier.
-    host_ratio: float = 2.0
+    host_ratio: float = S.host_ratio
     #: Seconds to move one token of KV between host and GPU: 131,072 B at ~25 GB/s practical
     #: PCIe Gen5 x16 for paged copies ≈ 5.2 µs.
     pcie_s_per_token: float = field(default_factory=lambda: pcie_s_per_token(H100_SXM, LLAMA31_8B))
     #: Prefill tokens per iteration (chunked prefill): SGLang's default on 80 GB GPUs.
-    chunked_prefill_size: int = 8192
+    chunked_prefill_size: int = S.chunked_prefill_size
     #: Cap on requests running at once on a replica (SGLang's ``--max-running-requests``).
-    max_running_requests: int = 256
+    max_running_requests: int = S.max_running_requests
     #: Share of the running calls' future output that admission keeps free: SGLang's
     #: ``min_new_token_ratio`` (0.7 × 0.14 ≈ 0.1, the value its estimate decays to).
     new_token_ratio: float = 0.1
