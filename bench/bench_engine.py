@@ -131,6 +131,12 @@ def gpu_count() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
+def calls_dir(args: argparse.Namespace) -> Path:
+    """Where ``--out FILE`` keeps every run's call records: ``FILE`` without its suffix + ``-calls/``
+    (one JSONL per condition, arm and seed, ``profiler replay --out``'s records)."""
+    return args.out.with_name(args.out.stem + "-calls")
+
+
 def shares_device(args: argparse.Namespace) -> bool:
     """Whether the replicas of an arm share one device: on CPU always (the host's cores), on GPU
     when there are fewer GPUs than replicas (``start_pair`` packs them)."""
@@ -242,6 +248,10 @@ def run_setup(name: str, servers: list[SGLangServer], profile: Path, plan: list,
     if sys.stderr.isatty():
         print("\r", end="", file=sys.stderr)
     r = summarize(result)
+    if args.out:                      # every call of the run, for a per-call look at fidelity later
+        from serving_hooks.replay_report import call_records
+        from store.workloads import write_jsonl
+        write_jsonl(call_records(result), calls_dir(args) / f"{args.condition}-{name}-seed{seed}.jsonl")
     queues, running = queue_samples(log_since(servers, sizes))
     ok = [c for c in result.calls if c.status == "ok" and c.t_first_token and c.t_finish]
     latency = sum(c.t_finish - c.t_send for c in ok)
@@ -347,7 +357,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--model-config", choices=MODEL_CONFIGS, help="model folder written here (CPU tiny, GPU llama-8b)")
     ap.add_argument("--model-dir", type=Path, help="an existing model folder (config.json + tokenizer) instead")
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of the tables")
-    ap.add_argument("--out", type=Path, help="also write the JSON object to this file")
+    ap.add_argument("--out", type=Path, help="also write the JSON object to this file, and every run's call "
+                    "records (JSONL per condition, arm and seed) to FILE's name without suffix + '-calls/'")
     args = ap.parse_args(argv)
     if len(set(args.seeds)) != len(args.seeds):
         ap.error("--seeds: each seed once")

@@ -359,3 +359,8 @@ def test_open_contention_releases_workflows_at_the_replays_poisson_times(tmp_pat
     assert slow["round-robin"]["makespan_s"] > 10 * closed["round-robin"]["makespan_s"]
     # arriving apart, nobody queues: no workflow takes longer than in the closed population of 2
     assert slow["round-robin"]["jct_avg_s"] <= closed["round-robin"]["jct_avg_s"]
+
+
+def test_out_keeps_every_runs_call_records_beside_the_json(tmp_path) -> None:
+    args = be.parse_args(["--condition", "contention", "--out", str(tmp_path / "m.json")])
+    assert be.calls_dir(args) == tmp_path / "m-calls"
