@@ -43,6 +43,23 @@ def test_backoff_probabilities_sum_to_one_for_any_history(escape):
         assert 0 < m.novel_probability(history) < 0.5
 
 
+def test_level_grid_is_levels_for_every_escape_and_floor_to_the_bit():
+    """The selection scores the whole (min_context, escape) grid with one pass per history;
+    each vector must be the one levels() gives that pair, bit for bit (same profile)."""
+    rng = np.random.default_rng(3)
+    seqs = [tuple(rng.choice(list("abcd"), size=rng.integers(1, 12))) for _ in range(60)]
+    model = VariableOrderMarkov(max_order=8).fit(seqs, rng.integers(1, 5, size=len(seqs)).tolist())
+    escapes, floors = (0.5, 1.0, 2.0), (1.0, 3.0, 10.0)
+    for history in [(), ("a",), ("z", "a"), seqs[0], seqs[1][:3], ("b",) * 10]:
+        grid = model.level_grid(history, 8, escapes, floors)
+        for f, floor in enumerate(floors):
+            for e, escape in enumerate(escapes):
+                levels = list(model.levels(history, max_order=8, escape=escape, min_context=floor))
+                assert len(levels) == grid.shape[2]
+                for k, p in enumerate(levels):
+                    assert np.array_equal(grid[f, e, k], p), (history, floor, escape, k)
+
+
 def test_longer_context_wins_when_it_matters_and_serialization_round_trips():
     # after "x" comes "y" in one context and "z" in another: only order 2 tells them apart
     seqs = [["a", "x", "y"]] * 5 + [["b", "x", "z"]] * 5
