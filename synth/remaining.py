@@ -99,8 +99,15 @@ class RemainingWork:
             timings: Mapping[str, tuple[float, float]] | None = None) -> "RemainingWork":
         weights = [1.0] * len(sequences) if weights is None else list(weights)
         groups: dict[str, list] = defaultdict(list)
+        # the keys read only the last ``order`` symbols and the index: built once per pair
+        # (workflows share their prefixes), the rows appended in the same order as ever
+        key_lists: dict[tuple, list[str]] = {}
         for seq, i, r, r_s, w in remaining_rows(sequences, weights, timings):
-            for key in self.keys(seq[:i + 1], i):
+            ctx = (tuple(seq[max(0, i + 1 - self.order):i + 1]), i)
+            keys = key_lists.get(ctx)
+            if keys is None:
+                keys = key_lists[ctx] = self.keys(*ctx)
+            for key in keys:
                 groups[key].append((r, r_s, w))
         table = {}
         for key, rows in groups.items():
