@@ -240,13 +240,35 @@ def select_models(sequences: Sequence[Sequence[str]], counts: Sequence[int],
         pfa = pfa_factory(keep[tr].tolist(), tr_w) if pfa_factory is not None else None
         index = {y: i for i, y in enumerate(vocab)}
         memo: dict[tuple, np.ndarray] = {}
+        scored_memo: dict[tuple, tuple] = {}
 
-        def vectors(history_by_family: dict) -> np.ndarray:
-            key = tuple((fam, tuple(h[-max(ORDERS):]), len(h) <= max(ORDERS))
-                        for fam, h in history_by_family.items())
-            if key not in memo:
-                memo[key] = _vomm_vectors(models, history_by_family, families)
-            return memo[key]
+        def scored(history_by_family: dict, pv: np.ndarray | None, actual: int | None,
+                   agent_step: bool) -> tuple[np.ndarray, np.ndarray | None]:
+            """One held-out event's log-loss per (candidate, mixture) and, at an agent step, its
+            top-1 hits: a function of the last symbols, the automaton's vector and the target,
+            so an event held-out paths share is computed once."""
+            vkey = tuple((fam, tuple(h[-max(ORDERS):]), len(h) <= max(ORDERS))
+                         for fam, h in history_by_family.items())
+            key = (vkey, None if pv is None else pv.tobytes(), actual, agent_step)
+            if key in scored_memo:
+                return scored_memo[key]
+            if vkey not in memo:
+                memo[vkey] = _vomm_vectors(models, history_by_family, families)
+            vecs = memo[vkey]
+            mixed = (lams[:, None, None] * vecs[None]
+                     + ((1.0 - lams)[:, None, None] * pv if pv is not None else 0.0))
+            if pv is None:
+                mixed = np.broadcast_to(vecs[None], mixed.shape)
+            if actual is not None:
+                p = mixed[..., actual]
+            else:  # a symbol the training folds never saw: the novel-symbol mass
+                novel = np.maximum(1.0 - vecs.sum(axis=-1), 0.0)[None]
+                p = (lams[:, None] if pv is not None else np.ones((len(lams), 1))) * novel
+            step = -np.log(np.maximum(p, EPS)).T
+            # top-1 over agents, as profiler eval scores it
+            hit = (np.argmax(mixed[..., :-1], axis=-1) == actual).T if agent_step else None
+            scored_memo[key] = (step, hit)
+            return step, hit
         for j in te:
             seq, w = seqs[j], float(test[j])
             targets = (*seq, END)
@@ -275,23 +297,13 @@ def select_models(sequences: Sequence[Sequence[str]], counts: Sequence[int],
                     # response: without tool marks both moments are one
                     moments = [arrival, after] if marked_families else [after]
                 for hist in moments:
-                    vecs = vectors(hist)
+                    step, hit = scored(hist, pv, actual, t < len(seq))
                     events += w
-                    mixed = (lams[:, None, None] * vecs[None]
-                             + ((1.0 - lams)[:, None, None] * pv if pv is not None else 0.0))
-                    if pv is None:
-                        mixed = np.broadcast_to(vecs[None], mixed.shape)
-                    if actual is not None:
-                        p = mixed[..., actual]
-                    else:  # a symbol the training folds never saw: the novel-symbol mass
-                        novel = np.maximum(1.0 - vecs.sum(axis=-1), 0.0)[None]
-                        p = (lams[:, None] if pv is not None else np.ones((len(lams), 1))) * novel
-                    step = -np.log(np.maximum(p, EPS)).T
                     loss += w * step
                     wf_loss[j] += w * step[:, 0]
-                    if t < len(seq):  # top-1 over agents, as profiler eval scores it
+                    if hit is not None:
                         agent_events += w
-                        hits += w * (np.argmax(mixed[..., :-1], axis=-1) == actual).T
+                        hits += w * hit
         return loss, hits, wf_loss, events, agent_events
 
     n_cfg = len(grid)
