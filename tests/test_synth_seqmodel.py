@@ -93,6 +93,37 @@ def test_remaining_work_quantiles_and_backoff():
     assert back.predict(["a"], 0) == after_a
 
 
+def test_remaining_work_table_is_the_per_key_rows_statistics_to_the_bit():
+    """fit groups every call's rows by key with one stable sort; each key's statistics must be
+    those of its rows listed in call order (the plain per-key loop), bit for bit."""
+    from collections import defaultdict
+
+    from synth.remaining import remaining_rows
+    rng = np.random.default_rng(5)
+    seqs = [list(rng.choice(list("abc"), size=rng.integers(1, 15))) for _ in range(80)]
+    weights = rng.uniform(0.2, 3.0, size=len(seqs)).tolist()
+    timings = {"a": (0.31, 1.7), "b": (2.2, 0.05), "c": (0.9, 12.5)}
+    for position, min_n in (("bucket", 3), ("none", 1), ("index", 10)):
+        model = RemainingWork(order=4, position=position, min_n=min_n).fit(seqs, weights, timings)
+        groups = defaultdict(list)
+        for seq, i, r, r_s, w in remaining_rows(seqs, weights, timings):
+            for key in model.keys(seq[:i + 1], i):
+                groups[key].append((r, r_s, w))
+        expected = {}
+        for key, rows in groups.items():
+            arr = np.asarray(rows, dtype=float)
+            n = arr[:, 2].sum()
+            if n < min_n and not key.startswith("|"):
+                continue
+            p50, p90 = weighted_quantiles(arr[:, 0], arr[:, 2], (0.5, 0.9))
+            expected[key] = [round(float(n), 3), p50, p90,
+                             round(float(np.average(arr[:, 0], weights=arr[:, 2])), 4),
+                             round(float(np.average(arr[:, 1], weights=arr[:, 2])), 4)]
+        assert list(model.table_) == list(expected)
+        assert model.table_ == expected
+        assert len(expected) > 20
+
+
 def test_fold_counts_keep_every_workflow_once():
     split = fold_counts([5, 1, 3], folds=3, seed=1)
     assert split.sum(axis=1).tolist() == [5, 1, 3]
