@@ -164,6 +164,12 @@ class _BudgetGroup:
     n: int
 
 
+def _workflow_keys(calls: pd.DataFrame) -> pd.Series:
+    """One text key per call naming its workflow: ``workflow_type_id`` and ``workflow_id``
+    joined by ``\\x1f`` (ids may repeat across types)."""
+    return calls["workflow_type_id"].astype(str) + "\x1f" + calls["workflow_id"].astype(str)
+
+
 class OutputLengthIntervals(OutputBands, BaseEstimator):
     """Per-(workflow type, agent) output-length bands, each chosen by K-fold CV by workflow.
 
@@ -217,8 +223,9 @@ class OutputLengthIntervals(OutputBands, BaseEstimator):
         ``group_id`` column makes the validation folds keep each group's workflows together
         (``profiler fit --group-by``: a task run in several workflows)."""
         calls = calls.reset_index(drop=True)
-        y, fold = self._lengths_and_folds(calls)
-        block = self._forward_blocks(calls)
+        workflows = _workflow_keys(calls) if len(calls) else None   # built once, read twice
+        y, fold = self._lengths_and_folds(calls, workflows)
+        block = self._forward_blocks(calls, workflows)
         self.global_, g_folds = self._fit_node(y, fold, None, None, "global", block=block)
         g_served = (self.global_, g_folds)
         self.workflow_types_, self.agents_ = {}, {}
@@ -245,17 +252,20 @@ class OutputLengthIntervals(OutputBands, BaseEstimator):
                                   for agents in self.agents_.values() for e in agents.values())
         return self
 
-    def _lengths_and_folds(self, calls: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    def _lengths_and_folds(self, calls: pd.DataFrame, workflows: pd.Series | None = None
+                           ) -> tuple[np.ndarray, np.ndarray]:
+        """Each call's cleaned length and validation fold (by workflow: ``workflows``, the
+        :func:`_workflow_keys` when the caller has them; or by ``group_id``)."""
         if not 0.0 < self.coverage < 1.0:
             raise ValueError(f"coverage must be in (0, 1), got {self.coverage}")
         if calls.empty:
             raise ValueError("no calls to fit output-length intervals on")
         y = _clean(calls["output_tokens"].to_numpy(dtype=float, na_value=np.nan))
         keys = (calls["group_id"].astype(str) if "group_id" in calls   # profiler fit --group-by
-                else calls["workflow_type_id"].astype(str) + "\x1f" + calls["workflow_id"].astype(str)).to_numpy()
+                else workflows if workflows is not None else _workflow_keys(calls))
         return y, group_folds(keys, self.n_folds, self.random_state)
 
-    def _forward_blocks(self, calls: pd.DataFrame) -> np.ndarray:
+    def _forward_blocks(self, calls: pd.DataFrame, workflows: pd.Series | None = None) -> np.ndarray:
         """Per call, the time block of its workflow for the forward (rolling-origin) rule: its
         workflow's first arrival among the log's workflow starts cut at the shares of
         :data:`band_selection.FORWARD_ORIGINS` (0 before the first origin, i after the i-th; the
@@ -267,7 +277,7 @@ class OutputLengthIntervals(OutputBands, BaseEstimator):
         t = pd.to_numeric(calls["t_arrival"], errors="coerce")
         if t.isna().all():
             return np.full(n, -1)
-        keys = calls["workflow_type_id"].astype(str) + "\x1f" + calls["workflow_id"].astype(str)
+        keys = workflows if workflows is not None else _workflow_keys(calls)
         start = t.groupby(keys).transform("min").to_numpy(dtype=float)
         first = np.unique(start[np.isfinite(start)])
         cuts = np.quantile(first, bs.FORWARD_ORIGINS, method="lower") if len(first) else []
