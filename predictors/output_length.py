@@ -164,6 +164,10 @@ class _BudgetGroup:
     n: int
 
 
+#: The call columns :func:`predictors.quantile_tree.features` reads.
+_FEATURE_COLUMNS = ("prev_agent_output_tokens", "input_tokens", "agent_call_index")
+
+
 def _workflow_keys(calls: pd.DataFrame) -> pd.Series:
     """One text key per call naming its workflow: ``workflow_type_id`` and ``workflow_id``
     joined by ``\\x1f`` (ids may repeat across types)."""
@@ -230,6 +234,9 @@ class OutputLengthIntervals(OutputBands, BaseEstimator):
         g_served = (self.global_, g_folds)
         self.workflow_types_, self.agents_ = {}, {}
         types: list[_TypeBudgetInput] = []
+        # the columns the conditional model's features read (an agent's rows taken from these
+        # alone, not from every text column of the calls)
+        cond = calls[[c for c in calls.columns if c in _FEATURE_COLUMNS]]
         for wt, wt_idx in calls.groupby("workflow_type_id", sort=True).indices.items():
             wt_entry, wt_folds = self._fit_node(y[wt_idx], fold[wt_idx], self.global_, g_folds,
                                                 "workflow_type", block=block[wt_idx])
@@ -239,7 +246,7 @@ class OutputLengthIntervals(OutputBands, BaseEstimator):
             for agent, a_idx in sub.groupby("agent_id", sort=True).indices.items():
                 rows = wt_idx[a_idx]
                 entry, _ = self._fit_node(y[rows], fold[rows], wt_entry, wt_folds, "agent",
-                                          frame=calls.iloc[rows] if self.conditional else None,
+                                          frame=cond.iloc[rows] if self.conditional else None,
                                           block=block[rows], global_served=g_served)
                 per_agent[agent] = entry
                 rows_of[agent] = rows
