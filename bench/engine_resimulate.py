@@ -42,7 +42,10 @@ def resimulate_condition(cond: dict) -> dict:
     for key, value in st.items():
         setattr(args, key, value)
     args.seeds = seeds
-    step = StepTimeModel(**{k: cond["simulator"]["step"][k] for k in STEP_FIELDS})
+    stored = cond["simulator"]["step"]
+    # a run stored before the flag existed was calibrated with --enable-cache-report on: its fit
+    # saw the engine's cache hits, so its context term is paid by hits too
+    step = StepTimeModel(**{k: stored[k] for k in STEP_FIELDS}, ctx_on_hits=stored.get("ctx_on_hits", True))
     cfg = cluster(cond["simulator"]["limits"], step, st["replicas"], not st.get("gpu"))
     wl = prepare_workload(st["condition"], seeds, args)
     with tempfile.TemporaryDirectory() as tmp:

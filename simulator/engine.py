@@ -490,9 +490,10 @@ class Simulator:
         ctx = call.input_tokens + req.decoded
         # Per computed token: GEMMs (a), plus the context's KV read once per call (a_ctx, spread
         # over its chunks). A fitted model's context term is not charged when the whole path is a
-        # cache hit (only the call's own tokens are computed): the fit's calls were not hits.
+        # cache hit (only the call's own tokens are computed) unless its fit saw hits pay it
+        # (``ctx_on_hits``: fitted on an engine's reported cache hits).
         st = self.step
-        ctx_cost = st.a_ctx * ctx if (missing > 0 or st.a_attn > 0) else 0.0
+        ctx_cost = st.a_ctx * ctx if (missing > 0 or st.a_attn > 0 or st.ctx_on_hits) else 0.0
         req.prefill_rate = st.a + ctx_cost / req.prefill_total
         if req.preempts == 0:     # hit ratios describe each call's first admission
             req.gpu_hit = gpu_tok
