@@ -308,7 +308,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     "a multiple of the cluster's running slots)")
     ap.add_argument("--rate", type=float,
                     help="open loop: new workflows per second, Poisson arrivals (seeded like the replay's), no cap "
-                         "on those in flight; replaces --concurrency's closed loop (open-contention: 1.3 on CPU)")
+                         "on those in flight; replaces --concurrency's closed loop (open-contention: 1.8 on CPU)")
     ap.add_argument("--time-scale", type=float, help="× recorded tool/think gaps (0.02)")
     ap.add_argument("--token-scale", type=float, help="× recorded prompt and output lengths (CPU 0.05, GPU 0.25)")
     ap.add_argument("--coding-token-scale", type=float,
