@@ -51,7 +51,8 @@ class FitSettings:
     forward_validation: bool = setting_field(
         True, "Check the next-agent and remaining-calls choices on the latest fifth of each type's "
               "training workflows by start time (fitted on the rest); the CV choice gives way where "
-              "that slice shows it behind beyond noise. false: shuffled folds alone.",
+              "that slice shows it behind beyond noise; the keep-alive TTL likewise gives way to the "
+              "pooled per-type quantile. false: shuffled folds alone.",
         panel=PANEL_FIT, flag=False)
     min_calls: int = setting_field(
         50, "No effect on a new profile: each band is chosen by held-out validation, not by a call "
