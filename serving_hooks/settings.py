@@ -93,14 +93,7 @@ def setting_field(default: Any, help: str, *, panel: str = PANEL_SERVICE, durati
 def check_settings(obj: Any) -> None:
     """Check a settings object's durations and choices (its ``__post_init__`` calls this)."""
     for k in knobs(type(obj)):
-        value = getattr(obj, k.name)
-        if k.duration and value is not None:
-            try:
-                parse_duration(value)
-            except ValueError as exc:
-                raise SettingsError(f"{k.name}: {exc}") from None
-        if k.choices and value is not None and value not in k.choices:
-            raise SettingsError(f"{k.name}: {value!r}: expected one of {', '.join(k.choices)}")
+        _check_value(k, getattr(obj, k.name), k.name, sep=": ")
 
 
 # Knobs both commands have with a default of each: the gateway's subclass redeclares the default.
@@ -382,18 +375,20 @@ def _check_typed(k: Knob, value: Any, where: str) -> Any:
     if not ok:
         raise SettingsError(f"{where}: key {k.name!r} must be {_TYPE_WORD.get(k.type, k.type.__name__)}, "
                             f"got {value!r} ({type(value).__name__})")
-    _check_duration(k, value, f"{where}: key {k.name!r}")
+    _check_value(k, value, f"{where}: key {k.name!r}")
     return float(value) if k.type is float else value
 
 
-def _check_duration(k: Knob, value: Any, where: str) -> None:
+def _check_value(k: Knob, value: Any, where: str, sep: str = "=") -> None:
+    """A knob's value is a duration it can parse and one of its choices; the error names
+    ``where`` (a key, flag or variable) and the value after ``sep``."""
     if k.duration and value is not None:
         try:
             parse_duration(value)
         except ValueError as exc:
             raise SettingsError(f"{where}: {exc}") from None
     if k.choices and value is not None and value not in k.choices:
-        raise SettingsError(f"{where}={value!r}: expected one of {', '.join(k.choices)}")
+        raise SettingsError(f"{where}{sep}{value!r}: expected one of {', '.join(k.choices)}")
 
 
 def _parse_text(k: Knob, raw: str, where: str) -> Any:
@@ -412,7 +407,7 @@ def _parse_text(k: Knob, raw: str, where: str) -> Any:
         value = k.type(raw.strip()) if k.type is not str else raw
     except ValueError:
         raise SettingsError(f"{where}={raw!r}: expected {_TYPE_WORD.get(k.type, k.type.__name__)}") from None
-    _check_duration(k, value, where)
+    _check_value(k, value, where)
     return value
 
 
@@ -463,7 +458,7 @@ def resolve_settings(*, config: str | Path | None = None, environ: Mapping[str, 
     for key, value in given.items():
         if key not in by_name:
             raise SettingsError(f"unknown setting {key!r} (known: {', '.join(by_name)})")
-        _check_duration(by_name[key], value, by_name[key].flag)
+        _check_value(by_name[key], value, by_name[key].flag)
     layers = [("file", read_config(config, cls) if config is not None else {}),
               ("env", settings_from_env(os.environ if environ is None else environ, cls)),
               ("flag", given)]
