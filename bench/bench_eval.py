@@ -18,7 +18,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def run_one(name: str, logs: list[Path], work: Path) -> dict:
-    from profiler.evaluation import evaluate
+    from scoring.evaluation import evaluate
     from fitting.profile_fit import fit_profile
     from store.split import split_logs
 

@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from fitting.profile_fit import idle_gap_calls  # noqa: E402
 from predictors.idle_gap import IdleGapModel  # noqa: E402
-from serving_hooks.policies.keep_drop import KeepDropPolicy  # noqa: E402
+from policies.keep_drop import KeepDropPolicy  # noqa: E402
 from store import ingest as ingest_mod  # noqa: E402
 from store.duckdb_store import connect  # noqa: E402
 from store.workloads import generate, write_jsonl  # noqa: E402

@@ -25,7 +25,7 @@ sys.path.insert(0, str(REPO))
 import predictors.online_calibration as oc  # noqa: E402
 from bench.bench_real import real_source  # noqa: E402
 from fitting.profile_fit import fit_profile  # noqa: E402
-from profiler.online_eval import evaluate_online  # noqa: E402
+from scoring.online_eval import evaluate_online  # noqa: E402
 from store.split import split_logs  # noqa: E402
 from store.workloads import generate, write_jsonl  # noqa: E402
 

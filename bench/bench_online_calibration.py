@@ -6,7 +6,7 @@ For each log (default: the ``messy`` generated workload, whose release at the mi
 agents and lengths, the stationary ``coding-assistant``, and ``drift-team``, whose prompt
 variant b's narrow agents grow 1.5–3×; or the flat log files given), the
 first ``--train`` share of workflows by start time trains a profile (``profiler fit``), and the
-rest is replayed in arrival order by :func:`profiler.online_eval.online_scores` (what
+rest is replayed in arrival order by :func:`scoring.online_eval.online_scores` (what
 ``profiler eval --online`` prints): each band served before its call, each finished call fed
 back. Prints one line per log: coverage and mean width of the online (calibrated) band, the
 static (fitted) band, the per-agent empirical band and the global band, the width ratio online /
@@ -26,7 +26,7 @@ sys.path.insert(0, str(REPO))
 
 from store import ingest as ingest_mod  # noqa: E402
 from fitting.profile_fit import fit_profile  # noqa: E402
-from profiler.online_eval import online_scores  # noqa: E402
+from scoring.online_eval import online_scores  # noqa: E402
 from store.duckdb_store import connect  # noqa: E402
 from store.workloads import generate, write_jsonl  # noqa: E402
 

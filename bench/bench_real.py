@@ -49,11 +49,11 @@ from rich.table import Table
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from profiler.baseline_table import baseline_rows, baseline_table  # noqa: E402
+from scoring.baseline_table import baseline_rows, baseline_table  # noqa: E402
 from profiler.commands.common import print_json  # noqa: E402
-from profiler.cross_validation import aggregate, cross_validate, nest  # noqa: E402
-from profiler.evaluation import evaluate, keep_alive_dominated  # noqa: E402
-from profiler.online_eval import evaluate_online  # noqa: E402
+from scoring.cross_validation import aggregate, cross_validate, nest  # noqa: E402
+from scoring.evaluation import evaluate, keep_alive_dominated  # noqa: E402
+from scoring.online_eval import evaluate_online  # noqa: E402
 from fitting.profile_fit import fit_profile  # noqa: E402
 from store.split import split_logs  # noqa: E402
 from store.workloads import _expand, generate, load_spec, write_jsonl  # noqa: E402
@@ -291,7 +291,7 @@ def keep_alive_table(results: dict[str, dict[str, Any]], title: str, served: boo
     """Per set: the keep-alive TTL's coverage of the held-out idle gaps and KV-seconds per covered
     gap, ours (``served``: the online replay on the time split) beside every baseline, then ours
     minus each ± its jackknife error, "dominated" where the baseline is ahead beyond one error
-    (:func:`profiler.evaluation.keep_alive_dominated`)."""
+    (:func:`scoring.evaluation.keep_alive_dominated`)."""
     table = Table(title=title)
     for col in ("set", "gaps", "ours coverage / KV-s", *(f"{n} coverage / KV-s" for n in KA_BASELINES),
                 *(f"ours − {n}: coverage ± se, KV-s ± se" for n in KA_BASELINES)):

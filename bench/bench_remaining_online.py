@@ -17,9 +17,9 @@ parameters must not be tuned on the figures ``bench/bench_real.py --time`` repor
   last: forward in time inside the training workflows, where the test side is never read.
 
 Every split is fit once (``profiler fit``) and replayed through the serving ``Predictor``
-(:func:`profiler.online_eval.replay_served`: arrival order, a session ended at its last call's
+(:func:`scoring.online_eval.replay_served`: arrival order, a session ended at its last call's
 finish) once static and once per parameter pair; the C-index is ``profiler eval --online``'s
-(:func:`profiler.online_eval.remaining_online`). Per pair it prints the mean and worst
+(:func:`scoring.online_eval.remaining_online`). Per pair it prints the mean and worst
 ``online − static`` over the splits, the mean and worst ``online − max(static, fallback)`` and
 on how many splits the selection switched.
 """
@@ -37,7 +37,7 @@ sys.path.insert(0, str(REPO))
 
 from fitting.profile_fit import fit_profile  # noqa: E402
 from predictors.online_selection import RemainingSelector  # noqa: E402
-from profiler.online_eval import remaining_online, replay_served, stream_calls  # noqa: E402
+from scoring.online_eval import remaining_online, replay_served, stream_calls  # noqa: E402
 from store import ingest as ingest_mod  # noqa: E402
 from store.duckdb_store import connect  # noqa: E402
 from store.split import split_logs  # noqa: E402

@@ -132,7 +132,7 @@ def session_calls(seqs: list[list[dict]], n: int, concurrent: int = 64):
 # --------------------------------------------------------------------------- 1. in process
 def bench_in_process(profile: Path, seqs, n: int) -> dict:
     from predictors import Predictor
-    from serving_hooks.policies import PriorityPolicy
+    from policies import PriorityPolicy
     from serving_hooks.shadow import ShadowGate
 
     p = Predictor(profile, gate=ShadowGate())

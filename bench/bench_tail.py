@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from serving_hooks.policies import PriorityPolicy
+from policies import PriorityPolicy
 from simulator.config import ClusterConfig
 from simulator.ours import OursOptions
 from simulator.runner import compare, parse_load, prepare, prepare_scenario

@@ -3,7 +3,7 @@
 For each bundled real trace set the workflows are split 70/30 by workflow (``profiler split``'s
 rule, seed 0), a profile is fit on the train side, and every held-out workflow is replayed call by
 call through a ``predictors.Predictor`` exactly as served (``annotate`` at arrival, ``observe`` at
-completion: :func:`profiler.remaining_eval.held_out_calls` order). For each threshold ``t`` the
+completion: :func:`scoring.remaining_eval.held_out_calls` order). For each threshold ``t`` the
 script reports, over the calls the profile predicts (``known``):
 
 * ``last_flagged`` — the share of held-out **last** calls whose ``p_end >= t`` (the signal fires
@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT))
 
 from store import ingest  # noqa: E402
 from fitting.profile_fit import FitOptions, fit_profile  # noqa: E402
-from profiler.remaining_eval import held_out_calls, served_annotations  # noqa: E402
+from scoring.remaining_eval import held_out_calls, served_annotations  # noqa: E402
 from store.split import split_logs  # noqa: E402
 from store.duckdb_store import connect  # noqa: E402
 

@@ -35,7 +35,7 @@ Definitions every consumer shares
 Only the standard library is imported here: the serving path (sidecar, gateway, SGLang plugin)
 loads this module without pandas, scipy, scikit-learn, SGLang or an HTTP stack. It sits next to
 the ``Predictor`` facade that emits it (the lowest layer that produces the message), so the
-facade needs nothing from the layers above it; ``serving_hooks.policies`` re-exports it
+facade needs nothing from the layers above it; ``policies`` re-exports it
 (docs/architecture.md, "Annotation contract and policy bookkeeping").
 """
 from __future__ import annotations
@@ -415,7 +415,7 @@ class Annotation:
     """prompt templates of the likely next agents"""
     priority: float | None = contract_field(None, PRIORITY, flat="priority")
     """the call's priority score (bigger runs first), set by the serving layer's priority policy
-    (``serving_hooks.policies.PriorityPolicy.call_priority``); the JSON and flat forms carry
+    (``policies.PriorityPolicy.call_priority``); the JSON and flat forms carry
     SGLang's integer ``priority``, ``round(score · 1000)``"""
     latency_class: str | None = contract_field(None, TEXT, flat="latency_class", header="Latency-Class")
     """``"interactive"`` (a person waits on this session's answers: rank for time to first token)

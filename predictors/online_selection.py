@@ -18,7 +18,7 @@ where ``k`` runs over the calls of *other* recently ended sessions of the type (
 of ``buffer`` calls) that were their session's latest call when call ``i`` arrived (``t_k ≤ t_i``
 < the arrival after ``k`` or its session's end), or the other way round: the pairs a scheduler
 faces, sessions waiting at the same moment, as ``profiler eval`` pairs them
-(:mod:`profiler.remaining_eval`). ``c(x; i, k) = 1`` if ``x`` orders the pair as ``R`` does, ½ on
+(:mod:`scoring.remaining_eval`). ``c(x; i, k) = 1`` if ``x`` orders the pair as ``R`` does, ½ on
 a tie of ``x``, 0 otherwise (pairs with ``R_i = R_k`` skipped): the concordance index over the
 session's pairs. ``d > 0``: the fallback ranked this session's calls better. (Concordance and not the log1p error: a figure off by a constant
 factor ranks exactly as well, and the log error would switch away from it; what the switch must

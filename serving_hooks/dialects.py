@@ -315,7 +315,7 @@ class UpstreamSpec:
     """One ``--upstream URL[,dialect=NAME][,priority=high_first|low_first][,pool=MODEL]`` value.
 
     ``pool`` names the model the upstream serves (multi-model workflows): requests whose
-    ``model`` field names it go only to that pool's upstreams (``serving_hooks.policies.pools``)."""
+    ``model`` field names it go only to that pool's upstreams (``policies.pools``)."""
 
     url: str
     dialect: str | None = None

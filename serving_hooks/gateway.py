@@ -17,7 +17,7 @@ Why it is a byte-preserving proxy that fails open: the app and the engine must n
 slow or broken predictor must never fail a request. The same path also serves ``/v1/responses``
 and ``/generate`` (:mod:`serving_hooks.endpoints`), engine dialects (:mod:`serving_hooks.dialects`),
 harness identity (:mod:`serving_hooks.identity`), retries (:mod:`serving_hooks.retries`),
-model pools (:mod:`serving_hooks.policies.pools`) and tracing (:mod:`serving_hooks.telemetry`);
+model pools (:mod:`policies.pools`) and tracing (:mod:`serving_hooks.telemetry`);
 engine admin paths (:data:`ENGINE_ADMIN_PATHS`) are never forwarded. Streams, pools, hardening
 and the endpoints in full: docs/serving.md ("The gateway in full (serving_hooks/gateway.py)")
 and docs/serving-security.md.
@@ -53,9 +53,9 @@ from serving_hooks.identity import IdentityMap, resolve_identity
 from serving_hooks.retries import RetryLedger
 from serving_hooks.settings import GatewaySettings as G
 from predictors.contract import Annotation
-from serving_hooks.policies.pools import ModelPools, NoReplicaForModel
-from serving_hooks.policies.priority import PriorityPolicy
-from serving_hooks.policies.session_end import SessionEndRule
+from policies.pools import ModelPools, NoReplicaForModel
+from policies.priority import PriorityPolicy
+from policies.session_end import SessionEndRule
 from serving_hooks.metrics import (LATENCY_BUCKETS, Labeled, RequestMetricsMiddleware, render,
                                    RoutingCollector, request_metrics)
 from serving_hooks.sglang_sessions import SglangSessions, client_manages_session, session_name

@@ -7,14 +7,14 @@ The gateway (``serving_hooks/gateway*.py``) calls, per request::
     router.on_finish(rid)            # when the response (or the error) is complete
 
 ``decide_annotated`` turns the call's annotation contract into its KV bound with
-:func:`serving_hooks.policies.bookkeeping.capacity_request` — the function the simulator's router
+:func:`policies.bookkeeping.capacity_request` — the function the simulator's router
 uses — and reserves it atomically, so concurrent requests never see the same headroom twice.
 ``decide`` takes the bound's parts directly (``request_id`` given: reserved at once; else the
 caller calls :meth:`on_start` once it has sent the request).
 
 The router polls every worker's ``GET /v1/loads`` every ``poll_interval_s`` (KV capacity and the
 worker's own token count), keeps its in-flight requests in a
-:class:`~serving_hooks.policies.bookkeeping.CapacityLedger` (the simulator's router keeps the
+:class:`~policies.bookkeeping.CapacityLedger` (the simulator's router keeps the
 same object) and routes with :meth:`CapacityLedger.place` and :class:`CapacityPolicy`. A stale
 or failed worker is judged on what the router knows without it; nothing is ever routed round
 robin. How the choice is made, step by step: docs/routing.md, "The gateway's router".
@@ -38,8 +38,8 @@ from typing import Any
 import httpx
 
 from predictors.contract import Annotation
-from serving_hooks.policies.bookkeeping import UNKNOWN_OUTPUT_TOKENS, CapacityLedger, capacity_request
-from serving_hooks.policies.capacity import (ActiveRequest, BoundTable, CapacityPolicy, Placement,
+from policies.bookkeeping import UNKNOWN_OUTPUT_TOKENS, CapacityLedger, capacity_request
+from policies.capacity import (ActiveRequest, BoundTable, CapacityPolicy, Placement,
                                              ReplicaState)
 
 logger = logging.getLogger(__name__)

@@ -17,9 +17,9 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from predictors.contract import Annotation
 from predictors.predictor import Predictor
-from serving_hooks.policies.priority import PriorityPolicy
+from policies.priority import PriorityPolicy
 from serving_hooks.metrics import DriftCollector, MemoryCollector, PredictionMetrics, prediction_metrics
-from serving_hooks.policies import AutoscalePolicy, live_autoscale_advice
+from policies import AutoscalePolicy, live_autoscale_advice
 from serving_hooks.profile_reload import ProfileReloader
 from serving_hooks.shadow import ShadowGate
 
@@ -164,8 +164,8 @@ class PredictionService:
                   policy: AutoscalePolicy | None = None) -> dict:
         """Pythia alg. 4 over the live sessions: each workflow type's automaton projects the calls
         per agent over the next ``horizon`` steps from the sessions' current states, and
-        :func:`serving_hooks.policies.autoscale_advice` turns them into replicas per model
-        (:func:`serving_hooks.policies.autoscale.live_autoscale_advice`, which the simulator's
+        :func:`policies.autoscale_advice` turns them into replicas per model
+        (:func:`policies.autoscale.live_autoscale_advice`, which the simulator's
         predictive autoscaler calls too)."""
         return live_autoscale_advice(self.predictor, horizon, window_s=window_s, policy=policy)
 

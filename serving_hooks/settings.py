@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Optional
 
-from serving_hooks.policies.session_end import DEFAULT_SESSION_END_P
+from policies.session_end import DEFAULT_SESSION_END_P
 
 #: Every service setting can be set from ``ENV_PREFIX + NAME.upper()``.
 ENV_PREFIX = "PROFILER_"

@@ -47,7 +47,7 @@ from predictors.contract import Annotation, to_sglang_custom_params
 from serving_hooks.api_docs import NO_CDN_DOCS, mount_local_docs
 from serving_hooks.http_guard import BodySizeLimit, StrictJSONBody, admin_auth
 from serving_hooks.metrics import RequestMetricsMiddleware, render, request_metrics
-from serving_hooks.policies import AutoscalePolicy
+from policies import AutoscalePolicy
 from serving_hooks.service import PredictionService
 
 API_TITLE = "agent-workflow-profiler prediction sidecar"

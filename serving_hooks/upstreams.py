@@ -16,10 +16,10 @@ Two implementations:
   prompt size before the upstream has tokenized it: :func:`estimate_prompt_tokens` uses
   characters / 4, the usual rule of thumb for English text under BPE tokenizers.
 
-Both take an optional :class:`~serving_hooks.policies.pools.ModelPools` (``--upstream
+Both take an optional :class:`~policies.pools.ModelPools` (``--upstream
 URL,pool=MODEL``): a request then goes only to the upstreams of the model its body names
 (``model``), or to the upstreams without a pool; a model nobody serves raises
-:class:`~serving_hooks.policies.pools.NoReplicaForModel` (the gateway answers 404). Round robin
+:class:`~policies.pools.NoReplicaForModel` (the gateway answers 404). Round robin
 keeps one turn per candidate set; the capacity router keeps a session's last upstream per pool.
 ``queue_depths()`` gives the upstreams' waiting requests (from the load reports; none under
 round robin), which the gateway sums per pool for the priority's idle-downstream term.
@@ -38,7 +38,7 @@ from typing import Any, Protocol, Sequence
 import aiohttp
 
 from predictors.contract import Annotation
-from serving_hooks.policies.pools import ModelPools
+from policies.pools import ModelPools
 from serving_hooks.routing import CapacityRouter
 from serving_hooks.settings import GatewaySettings
 

@@ -15,7 +15,7 @@ module                      job
 :mod:`.policy`              what a policy decides: router, scheduler, cache policy
 :mod:`.baselines`           sglang-default, least-load, autellix-plas, continuum-ttl,
                             mori-idleness, belady, oracle-srpt (references: belady, oracle-srpt)
-:mod:`.ours`                ours: drives ``serving_hooks.policies`` (+ ablation variants)
+:mod:`.ours`                ours: drives ``policies`` (+ ablation variants)
 :mod:`.sources`             logs (ingest + split by workflow) or generated workloads; the
                             train-split profile
 :mod:`.runner`              load levels, arrivals, one comparison over policies × loads

@@ -4,7 +4,7 @@ One **actuator** (:class:`Autoscaler`, a policy part) and two **recommenders** t
 many replicas each pool should have:
 
 * ``predictive`` (:class:`ProjectedCalls`) — Pythia's algorithm 4, the *same call* the sidecar
-  serves at ``GET /v1/autoscale``: :func:`serving_hooks.policies.autoscale.live_autoscale_advice`
+  serves at ``GET /v1/autoscale``: :func:`policies.autoscale.live_autoscale_advice`
   over the simulation's ``predictors.Predictor`` (the live sessions' automaton states project
   the calls per agent over the next ``horizon`` steps; :class:`AutoscalePolicy` turns calls ×
   profiled service time into replicas per model pool). It sees the *phase* of the workflows:
@@ -47,7 +47,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from serving_hooks.policies import AutoscalePolicy, live_autoscale_advice
+from policies import AutoscalePolicy, live_autoscale_advice
 from simulator.policy import Part
 from simulator.settings import SimulateSettings as S
 

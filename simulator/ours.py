@@ -1,7 +1,7 @@
 """Our policy in the simulator: the *same objects* the SGLang plugin and the gateway drive.
 
 Nothing here decides anything on its own; each part turns simulator state into the inputs of one
-object of :mod:`serving_hooks.policies` and applies its answer, so the simulator scores exactly
+object of :mod:`policies` and applies its answer, so the simulator scores exactly
 what serving runs: the prediction feed (``predictors.Predictor``, profile fit on the *train*
 split, clock = simulated time), priority (``PriorityPolicy``, alg. 3, per workflow), capacity
 routing (``CapacityPolicy``, alg. 2), keep/drop (``KeepDropPolicy``, alg. 1 + SAGA), prefetch
@@ -26,7 +26,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from serving_hooks.policies import (
+from policies import (
     Annotation,
     CapacityPolicy,
     KeepDropPolicy,
@@ -35,7 +35,7 @@ from serving_hooks.policies import (
     RetentionRank,
     SessionEndRule,
 )
-from serving_hooks.policies.bookkeeping import CapacityLedger, SessionPriorityBook, capacity_request
+from policies.bookkeeping import CapacityLedger, SessionPriorityBook, capacity_request
 from simulator.baselines import FCFS, LRU, Belady, RoundRobin, StickyLeastLoad
 from simulator.cache import EvictionOrder
 from simulator.engine import Request, Simulator
@@ -543,7 +543,7 @@ def build_ours(predictor: Any, name: str = "ours", options: OursOptions | None =
     off = [k for k in ("priority", "keep_drop", "prefetch", "preprefill") if not getattr(opt, k)]
     if opt.router != "capacity":
         off.append(f"capacity routing (→ {opt.router})")
-    desc = "priority + capacity routing + keep/drop + prefetch + pre-prefill (serving_hooks.policies)"
+    desc = "priority + capacity routing + keep/drop + prefetch + pre-prefill (policies)"
     if off:
         desc += "; off: " + ", ".join(off)
     if opt.priority and not opt.workflow_priority:

@@ -1,6 +1,6 @@
 """Pre-prefill: an idle replica computes the known prefix of a session's predicted next call.
 
-The rule is :class:`serving_hooks.policies.PrePrefillPolicy`. When a call finishes, its
+The rule is :class:`policies.PrePrefillPolicy`. When a call finishes, its
 annotation names the session's most likely next agent ``X`` (with probability ``p``). If
 ``p ≥ min_p``, the prefix of ``X``'s next prompt that is already known is worth computing ahead
 of the call — on a replica of ``X``'s model pool, only while that replica has **nothing to do**
@@ -31,7 +31,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from serving_hooks.policies import PrePrefillPolicy
+from policies import PrePrefillPolicy
 from simulator.policy import IdlePrefill, Part
 
 

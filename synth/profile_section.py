@@ -3,7 +3,7 @@
 * :func:`build_workflows_section` — registered in ``fitting.profile_fit.SECTION_BUILDERS`` as
   ``"workflows"``: reads the ``calls`` table, fits one section per workflow type
   (:func:`synth.fit.fit_sequences`).
-* :func:`evaluate_workflows` — registered in ``profiler.evaluation.EVAL_EXTENSIONS``: replays the
+* :func:`evaluate_workflows` — registered in ``scoring.evaluation.EVAL_EXTENSIONS``: replays the
   held-out ``calls`` against the profile and returns the ``next_agent``, ``path``,
   ``remaining_calls`` and (when the held-out logs carry text) ``prompt_composition`` blocks.
 

@@ -7,7 +7,7 @@ from dataclasses import replace
 from predictors import Predictor
 from predictors.contract import FLAT_KEYS, Annotation, from_custom_params, to_sglang_custom_params
 from serving_hooks.annotations import forward_body
-from serving_hooks.policies import KeepDropPolicy, PriorityPolicy
+from policies import KeepDropPolicy, PriorityPolicy
 
 
 def _annotations(fitted_profile, n: int = 12) -> list[Annotation]:

@@ -13,7 +13,7 @@ from bench.bench_online_calibration import time_split
 from fitting.profile_fit import fit_profile
 from predictors.online_calibration import OnlineCalibrator, interval_score
 from predictors.served import Band
-from profiler.online_eval import online_scores, replay_served, stream_calls
+from scoring.online_eval import online_scores, replay_served, stream_calls
 from store import ingest as ingest_mod
 from store.duckdb_store import connect
 from store.workloads import generate, write_jsonl

@@ -10,9 +10,9 @@ import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
-from profiler.baseline_table import ROWS, baseline_rows, baseline_table
+from scoring.baseline_table import ROWS, baseline_rows, baseline_table
 from profiler.cli import app
-from profiler.cross_validation import aggregate, cross_validate, nest, numeric_leaves
+from scoring.cross_validation import aggregate, cross_validate, nest, numeric_leaves
 from store.split import write_folds
 
 REPO = Path(__file__).resolve().parents[1]

@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 
 from predictors.coverage_monitor import CoverageMonitor
-from profiler.online_eval import replay_served
+from scoring.online_eval import replay_served
 from simulator.config import ClusterConfig
 from simulator.runner import compare, prepare
 

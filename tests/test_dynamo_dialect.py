@@ -27,7 +27,7 @@ from serving_hooks.annotator import LocalAnnotator
 from serving_hooks.dialects import DYNAMO_APIS, hint_values, render
 from serving_hooks.fake_openai import FakeOpenAI
 from serving_hooks.identity import IdentityMap, resolve_identity
-from serving_hooks.policies.session_end import SessionEndRule
+from policies.session_end import SessionEndRule
 from serving_hooks.server_thread import serve_in_thread
 from serving_hooks.service import prediction_service
 from serving_hooks.settings import GatewaySettings, SettingsError

@@ -59,7 +59,7 @@ def test_one_timestamp_per_call_says_latency_is_unknown(tmp_path):
 def test_real_times_are_judged_per_workflow_type(tmp_path):
     """Issue 26 (e): a mixed log (Agentless, timed, + Who&When, order-only): the order-only types
     get no idle-gap TTL and no tool latency, and eval counts none of their position gaps."""
-    from profiler.evaluation import evaluate
+    from scoring.evaluation import evaluate
     logs = [REAL / "agentless_pr28.jsonl", REAL / "seq_whowhen_magentic_captain.jsonl"]
     prof, _ = fit_profile(logs, tmp_path / "p")
     lim = prof.data["limitations"]

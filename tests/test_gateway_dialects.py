@@ -20,7 +20,7 @@ from serving_hooks.dialects import hint_values, parse_upstreams, render
 from serving_hooks.fake_openai import FakeOpenAI
 from serving_hooks.gateway import Gateway, GatewayOptions, create_gateway_app
 from serving_hooks.identity import IdentityMap, load_identity_map, resolve_identity
-from serving_hooks.policies.session_end import DEFAULT_SESSION_END_P, SessionEndRule
+from policies.session_end import DEFAULT_SESSION_END_P, SessionEndRule
 from serving_hooks.retries import RetryLedger
 from serving_hooks.server_thread import serve_in_thread
 from serving_hooks.telemetry import CallTracer

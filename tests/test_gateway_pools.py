@@ -13,8 +13,8 @@ import pytest
 
 from predictors.contract import Annotation
 from serving_hooks.fake_openai import FakeOpenAI
-from serving_hooks.policies.pools import ModelPools, NoReplicaForModel, pool_queue_depths
-from serving_hooks.policies.priority import PriorityPolicy
+from policies.pools import ModelPools, NoReplicaForModel, pool_queue_depths
+from policies.priority import PriorityPolicy
 from serving_hooks.server_thread import serve_in_thread
 from serving_hooks.dialects import parse_upstream
 from serving_hooks.upstreams import CapacityRouting, RoundRobinRouter

@@ -17,8 +17,8 @@ import pytest
 
 from predictors.idle_gap import IdleGapModel, certifies, select_half_life, weighted_conformal_quantile
 from predictors.tool_latency import ToolLatencyModel
-from profiler.baseline_table import baseline_rows
-from profiler.evaluation import evaluate
+from scoring.baseline_table import baseline_rows
+from scoring.evaluation import evaluate
 from fitting import profile_fit as fitting
 from store.workloads import generate, write_jsonl
 

@@ -16,7 +16,7 @@ from fitting import profile_fit as fitting
 from store import ingest
 from store.duckdb_store import connect
 from predictors.idle_gap import IdleGapModel
-from profiler.evaluation import keep_alive_dominated, keep_alive_vs
+from scoring.evaluation import keep_alive_dominated, keep_alive_vs
 from store.workloads import generate, write_jsonl
 
 

@@ -70,7 +70,8 @@ def test_every_folder_sits_in_the_layer_list_in_folder_order() -> None:
         folder = module.split(".")[0]
         if folder not in folders:
             folders.append(folder)
-    assert folders == ["profiler", "simulator", "serving_hooks", "predictors", "fitting", "synth", "store"]
+    assert folders == ["profiler", "scoring", "simulator", "serving_hooks", "policies", "predictors", "fitting",
+                       "synth", "store"]
     assert sorted(folders) == sorted(CONFIG["root_packages"])
 
 
@@ -78,13 +79,13 @@ def test_every_folder_sits_in_the_layer_list_in_folder_order() -> None:
     # models importing the CLI: the layers and the models-stay-down contract both break
     ("synth/pfa.py", "import profiler.cli", ("synth and predictors never import", "Layers point one way")),
     # a policy importing an HTTP client
-    ("serving_hooks/policies/capacity.py", "import httpx", ("policies are free of SGLang and HTTP",)),
+    ("policies/capacity.py", "import httpx", ("policies are free of SGLang and HTTP",)),
     # the facade reaching pandas
     ("predictors/sessions.py", "import pandas", ("never imports pandas",)),
     # a cycle between two store modules
     ("store/faults.py", "import store.duckdb_store", ("no import cycles",)),
     # the ground floor reaching up: to the CLI's package, and to the fit
-    ("store/ingest.py", "import profiler.evaluation",
+    ("store/ingest.py", "import scoring.evaluation",
      ("the store imports no other package", "Layers point one way")),
     ("store/profile_artifact.py", "import fitting.profile_fit",
      ("the store imports no other package", "Layers point one way")),
@@ -94,9 +95,9 @@ def test_every_folder_sits_in_the_layer_list_in_folder_order() -> None:
     # the fit importing the serving layer
     ("fitting/profile_fit.py", "import serving_hooks.refit", ("Layers point one way",)),
     # the folder order inside what was one serving layer: scoring > simulator > serving > policies
-    ("simulator/sources.py", "import profiler.evaluation", ("Layers point one way",)),
+    ("simulator/sources.py", "import scoring.evaluation", ("Layers point one way",)),
     ("serving_hooks/refit.py", "import simulator", ("Layers point one way",)),
-    ("serving_hooks/policies/capacity.py", "import serving_hooks.routing", ("Layers point one way",)),
+    ("policies/capacity.py", "import serving_hooks.routing", ("Layers point one way",)),
     # the runtime facade and the fit never import each other, either way
     ("fitting/profile_fit.py", "import predictors.compiled", ("Layers point one way",)),
     ("predictors/compiled.py", "import fitting.profile_fit", ("synth and predictors never import",)),

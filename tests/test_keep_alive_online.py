@@ -19,8 +19,8 @@ from fitting.profile_fit import fit_profile
 from predictors.online_calibration import (MIN_TAIL_SLOPE, OnlineCalibrator, keep_alive_calibrator,
                                            keep_alive_slope, keep_alive_table)
 from predictors.predictor import Predictor
-from profiler.online_eval import online_scores, replay_served, stream_calls, stream_gaps
-from serving_hooks.policies.keep_drop import KeepDropPolicy
+from scoring.online_eval import online_scores, replay_served, stream_calls, stream_gaps
+from policies.keep_drop import KeepDropPolicy
 from store import ingest as ingest_mod
 from store.duckdb_store import connect
 

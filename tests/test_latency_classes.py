@@ -11,7 +11,7 @@ import pytest
 from predictors.contract import Annotation
 from predictors.predictor import Predictor
 from serving_hooks.dialects import hint_values, render
-from serving_hooks.policies.priority import PriorityPolicy
+from policies.priority import PriorityPolicy
 from simulator.sources import fit_train_profile
 from store.workloads import generate, load_spec
 

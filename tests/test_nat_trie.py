@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from predictors.nat_trie import PredictionTrie, agent_call_index, lookup_frame, trie_from_section, trie_to_section
-from profiler.baseline_table import baseline_rows
-from profiler.evaluation import evaluate
+from scoring.baseline_table import baseline_rows
+from scoring.evaluation import evaluate
 from fitting.profile_fit import fit_profile
 from tests.simulator_helpers import rec
 

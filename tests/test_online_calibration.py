@@ -17,7 +17,7 @@ from predictors.served import UPPER_ALPHAS, Band
 from store import ingest as ingest_mod
 from profiler.cli import app
 from fitting.profile_fit import fit_profile
-from profiler.online_eval import event_order, online_scores
+from scoring.online_eval import event_order, online_scores
 from store.duckdb_store import connect
 from store.workloads import generate, write_jsonl
 from tests.serving_helpers import fit_generated_profile

@@ -9,7 +9,7 @@ import pytest
 from scipy import stats
 
 from predictors.contract import Annotation, ToolLatency, from_custom_params, to_sglang_custom_params
-from serving_hooks.policies import (
+from policies import (
     HOST_TIER,
     AutoscalePolicy,
     KeepDropPolicy,

@@ -16,7 +16,7 @@ from predictors.output_length import (
     upper_prediction_bound,
 )
 from predictors.contract import Annotation
-from serving_hooks.policies.capacity import bound_at
+from policies.capacity import bound_at
 
 
 def test_upper_bound_is_the_conformal_rank_then_the_ceiling():

@@ -5,7 +5,7 @@ import pytest
 
 from dataclasses import replace
 
-from serving_hooks.policies import (
+from policies import (
     ActiveRequest,
     Annotation,
     CapacityPolicy,
@@ -13,7 +13,7 @@ from serving_hooks.policies import (
     ReplicaState,
     replicas_from_snapshot,
 )
-from serving_hooks.policies.capacity import bound_at
+from policies.capacity import bound_at
 from predictors.contract import from_custom_params
 
 # A small workflow graph, agents = models:

@@ -25,10 +25,10 @@ from prometheus_client import CollectorRegistry
 
 from predictors.contract import Annotation, NextAgent, to_sglang_custom_params
 from serving_hooks.dialects import hint_values, render
-from serving_hooks.policies import (KeepDropPolicy, PrefetchPolicy, PriorityPolicy,
+from policies import (KeepDropPolicy, PrefetchPolicy, PriorityPolicy,
                                     SessionEndRule)
-from serving_hooks.policies.bookkeeping import CapacityLedger, capacity_request
-from serving_hooks.policies.capacity import ActiveRequest, CapacityPolicy
+from policies.bookkeeping import CapacityLedger, capacity_request
+from policies.capacity import ActiveRequest, CapacityPolicy
 from serving_hooks.routing import CapacityRouter, WorkerLoad
 from serving_hooks.metrics import prediction_metrics
 from serving_hooks.service import PredictionService

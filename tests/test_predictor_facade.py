@@ -239,7 +239,7 @@ def test_serving_path_imports_no_pandas_scipy_sklearn(fitted_profile):
         "from serving_hooks.gateway import create_gateway_app\n"
         "from serving_hooks.upstreams import CapacityRouting\n"
         "from dataclasses import replace\n"
-        "from serving_hooks.policies import PriorityPolicy\n"
+        "from policies import PriorityPolicy\n"
         f"p = Predictor({str(fitted_profile)!r})\n"
         "c = p.annotate_call({'workflow_type_id': 'coding_assistant', 'workflow_id': 'w', 'agent_id': 'planner'})\n"
         "a = replace(c, priority=PriorityPolicy().call_priority(c)).to_dict()\n"

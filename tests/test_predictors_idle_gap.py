@@ -15,11 +15,11 @@ from predictors.idle_gap import (IdleGapModel, _workflow_ranks_by_join, grouped_
                                  weighted_conformal_quantile, workflow_ranks)
 from predictors.tool_latency import ToolLatencyModel
 from fitting import profile_fit as fitting
-from profiler.evaluation import evaluate
+from scoring.evaluation import evaluate
 from store.workloads import generate, write_jsonl
 from serving_hooks.annotations import flatten_for_sglang
 from predictors.contract import from_custom_params
-from serving_hooks.policies.keep_drop import KeepDropPolicy, RetentionRank
+from policies.keep_drop import KeepDropPolicy, RetentionRank
 
 WT = "coding_assistant"
 

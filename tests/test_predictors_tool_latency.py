@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 
 from predictors.tool_latency import ToolLatencyModel
-from serving_hooks.policies import lognormal_quantile
+from policies import lognormal_quantile
 
 
 def frame(wt, tool, x):

@@ -15,8 +15,8 @@ import pytest
 from fitting.profile_fit import fit_profile
 from predictors.online_selection import RemainingSelector, concordance_diff
 from predictors.predictor import Predictor
-from profiler.online_eval import event_order, online_scores, replay_served, stream_calls
-from profiler.remaining_eval import concordance_pairs
+from scoring.online_eval import event_order, online_scores, replay_served, stream_calls
+from scoring.remaining_eval import concordance_pairs
 from serving_hooks.settings import ServiceSettings
 from predictors.remaining_tokens import session_frame
 from store import ingest as ingest_mod

@@ -15,9 +15,9 @@ from predictors.contract import Annotation
 from predictors.remaining_tokens import RemainingTokens, fit_type_table, predict_frame, session_frame
 from predictors.served import RemainingTokensTable
 from fitting import profile_fit as fitting
-from profiler.evaluation import evaluate
-from profiler.remaining_eval import jackknife_diff
-from serving_hooks.policies import PriorityPolicy, from_custom_params
+from scoring.evaluation import evaluate
+from scoring.remaining_eval import jackknife_diff
+from policies import PriorityPolicy, from_custom_params
 
 ROOT = Path(__file__).resolve().parents[1]
 

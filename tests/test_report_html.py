@@ -93,7 +93,7 @@ def test_histograms_cdfs_and_eval_figures_are_inline(report_html):
         assert f"output-length histogram of {agent}" in alts
     assert "latency CDF of search" in alts and "latency CDF of run_tests" in alts
     assert "band coverage per agent" in alts and "tool p95 coverage" in alts
-    from profiler.evaluation import EVAL_EXTENSIONS
+    from scoring.evaluation import EVAL_EXTENSIONS
 
     if any(ext.__module__.startswith("synth.") for ext in EVAL_EXTENSIONS):  # path scores of issue 3
         assert "path accuracy per workflow type" in alts
@@ -127,7 +127,7 @@ def test_context_cache_load_and_calibration_plots(report_html):
 
 
 def test_load_and_context_data_match_the_logs(report_html):
-    from profiler.report.data import CALIBRATION_LEVELS, calibration_curves, context_growth, load_over_time, open_store
+    from scoring.report.data import CALIBRATION_LEVELS, calibration_curves, context_growth, load_over_time, open_store
 
     path, _ = report_html
     con = open_store(path.parent / "profile" / "store.duckdb")
@@ -308,7 +308,7 @@ def test_real_browser_loads_the_page_without_errors_and_draws_the_graph(report_h
 
 
 def test_report_without_store_falls_back_to_the_profile(report_html, tmp_path):
-    from profiler.report import build_report
+    from scoring.report import build_report
 
     path, _ = report_html
     html = build_report(path.parent / "profile", tmp_path / "r.html", db=tmp_path / "missing.duckdb").read_text()

@@ -16,8 +16,8 @@ import pytest
 from typer.testing import CliRunner
 
 from profiler.cli import app
-from profiler.report.graph import END, START, MAX_NODES, WorkflowGraph, collapse_rare, pool, render_svg
-from profiler.report.roles import DEFAULT_RULES, GROUP_ABOVE, RoleRule, group_roles, parse_rule, role_paths
+from scoring.report.graph import END, START, MAX_NODES, WorkflowGraph, collapse_rare, pool, render_svg
+from scoring.report.roles import DEFAULT_RULES, GROUP_ABOVE, RoleRule, group_roles, parse_rule, role_paths
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "captain_agent_176.jsonl"
 SCREENSHOT_DIR = Path(os.environ.get("REPORT_SCREENSHOT_DIR", tempfile.gettempdir())) / "profiler-report-screenshots"
@@ -98,7 +98,7 @@ def _labels_and_nodes(svg: str):
 def test_edge_labels_never_overlap_even_with_every_edge_drawn():
     """176 agents without roles, pooled to the 16 busiest + one node: every placed label box is
     clear of every node box and every other label box (labels that find no room are left out)."""
-    from profiler.report.graph import LABEL_H, LABEL_W
+    from scoring.report.graph import LABEL_H, LABEL_W
 
     rows = [json.loads(line) for line in FIXTURE.read_text().splitlines()]
     seqs: dict[str, list[str]] = {}

@@ -1,4 +1,4 @@
-"""The layered layout of the report's workflow graph (profiler/report/layout.py) on real
+"""The layered layout of the report's workflow graph (scoring/report/layout.py) on real
 multi-agent sequences (Who&When: Magentic-One, CaptainAgent) and on crafted graphs."""
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from profiler.report.graph import END, START, WorkflowGraph, collapse_rare, render_svg
-from profiler.report.layout import (assign_layers, break_cycles, layered_layout, reduce_crossings,
+from scoring.report.graph import END, START, WorkflowGraph, collapse_rare, render_svg
+from scoring.report.layout import (assign_layers, break_cycles, layered_layout, reduce_crossings,
                                     wrap_label)
 
 WHOWHEN = Path(__file__).resolve().parents[1] / "datasets" / "real" / "seq_whowhen_magentic_captain.jsonl"

@@ -6,7 +6,7 @@ import threading
 import pytest
 from fastapi import FastAPI, HTTPException
 
-from serving_hooks.policies import CapacityPolicy
+from policies import CapacityPolicy
 from serving_hooks.routing import CapacityRouter, parse_loads
 from serving_hooks.server_thread import serve_in_thread
 

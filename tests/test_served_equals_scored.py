@@ -12,7 +12,7 @@ from collections import defaultdict
 import pytest
 
 from predictors.predictor import Predictor
-from profiler.evaluation import evaluate
+from scoring.evaluation import evaluate
 from fitting.profile_fit import fit_profile
 from store.workloads import generate, write_jsonl
 from synth.evaluation import served_predictions

@@ -305,7 +305,7 @@ def test_gateway_only_settings_are_the_gateways_and_checked():
 def test_the_plugin_reads_its_awp_variables_through_the_same_mechanism():
     """Issue 38: the SGLang plugin's variables are settings fields with the prefix ``AWP_``; the
     names users set stay, each documented in docs/sglang.md with the default the field has."""
-    from serving_hooks.policies import KeepDropPolicy, PriorityPolicy
+    from policies import KeepDropPolicy, PriorityPolicy
     from serving_hooks.sglang_plugin.settings import PLUGIN_ENV_VARS, PluginKnobs, PluginSettings
 
     assert set(PLUGIN_ENV_VARS) == {

@@ -10,7 +10,7 @@ import math
 import numpy as np
 import pytest
 
-from serving_hooks.policies import AutoscalePolicy
+from policies import AutoscalePolicy
 from simulator.autoscale import (ACTIVE, DRAINING, FREE, AutoscaleOptions, Autoscaler,
                                  ProjectedCalls, QueueDepth, fit_to_cap)
 from simulator.baselines import BASELINES

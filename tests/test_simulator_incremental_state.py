@@ -15,8 +15,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from serving_hooks.policies.bookkeeping import CapacityLedger
-from serving_hooks.policies.capacity import (ActiveRequest, ActiveTotals, CapacityPolicy,
+from policies.bookkeeping import CapacityLedger
+from policies.capacity import (ActiveRequest, ActiveTotals, CapacityPolicy,
                                              ReplicaState)
 from simulator.baselines import BASELINES, LRU
 from simulator.cache import EvictionOrder, ReplicaCache, lru_order
@@ -27,7 +27,7 @@ from simulator.policy import CachePolicy, Part, Policy
 from simulator.runner import arrival_times, prepare
 from simulator.session_queue import SessionQueue, sglang_int
 from simulator.sources import make_predictor
-from serving_hooks.policies import Retention, RetentionRank
+from policies import Retention, RetentionRank
 
 #: Two small replicas and a short running set: queues form, slot preemptions happen.
 CFG = ClusterConfig(replicas=2, kv_capacity_tokens=60_000, max_running_requests=6)

@@ -1,4 +1,4 @@
-"""Baseline policy rules and our policy's use of the serving_hooks.policies objects."""
+"""Baseline policy rules and our policy's use of the policies objects."""
 from __future__ import annotations
 
 import math
@@ -6,7 +6,7 @@ import math
 import duckdb
 import pytest
 
-from serving_hooks.policies import ActiveRequest, CapacityPolicy, KeepDropPolicy, PriorityPolicy
+from policies import ActiveRequest, CapacityPolicy, KeepDropPolicy, PriorityPolicy
 from simulator.baselines import BASELINES, FCFS, PLAS, ContinuumTTL
 from simulator.config import ClusterConfig
 from simulator.engine import Request, Simulator
@@ -92,7 +92,7 @@ def test_keep_drop_orders_dropped_sessions_first_and_keeps_them_off_the_host(cod
     cfg = ClusterConfig(replicas=1, kv_capacity_tokens=60_000)
     policy = build_ours(make_predictor(coding.profile))
     sim = Simulator(coding.workload, policy, cfg, arrival_times(coding.workload, 0.05, 0))
-    from serving_hooks.policies import Retention, RetentionRank
+    from policies import Retention, RetentionRank
     cache = policy.cache
     wl = coding.workload
     seg_a = wl.calls[wl.workflows[0].calls[0]].own_seg
@@ -325,7 +325,7 @@ def test_host_prefetch_never_displaces_retained_host_copies(coding):
     prefetch.on_timer()
     assert prefetch.skipped == 1 and all(s in cache.host for s in filler)
     # once the filler's session is dropped, the staging may use its space
-    from serving_hooks.policies import Retention, RetentionRank
+    from policies import Retention, RetentionRank
     for s in filler:
         policy.cache.retention[wl.seg_wf[s]] = Retention(RetentionRank.DROP, 0.0, 0.0, "path ends")
     prefetch.policy.plan(str(call.wf), 0.0, "x", 1.0, 0.0, need, payload=req)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from serving_hooks.policies import Annotation, NextAgent
+from policies import Annotation, NextAgent
 from simulator.baselines import FCFS, LRU, RoundRobin
 from simulator.config import ClusterConfig
 from simulator.engine import Simulator
@@ -110,7 +110,7 @@ def test_a_busy_replica_does_no_preprefill():
 
 
 def test_preprefill_policy_rule():
-    from serving_hooks.policies import PrePrefillPolicy
+    from policies import PrePrefillPolicy
 
     pol = PrePrefillPolicy(min_p=0.5, min_tokens=64)
     assert pol.wants(True, "b", 0.5) and not pol.wants(True, "b", 0.49)

@@ -243,7 +243,7 @@ def _single_agent_logs(path, n_workflows, seed):
 
 @pytest.mark.slow
 def test_single_agent_type_uses_tool_names_for_remaining_work(tmp_path):
-    from profiler.evaluation import evaluate
+    from scoring.evaluation import evaluate
     from fitting.profile_fit import fit_profile
     _single_agent_logs(tmp_path / "train.jsonl", 120, 0)
     _single_agent_logs(tmp_path / "test.jsonl", 60, 1)

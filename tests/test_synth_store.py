@@ -102,7 +102,7 @@ def test_eval_counts_unknown_workflow_types_as_misses(con):
 @pytest.mark.slow
 def test_profile_fit_and_eval_through_the_cli_layer(fitted_profile, coding_test_logs):
     """The lead's fit registers the section; eval merges our keys (generated coding logs)."""
-    from profiler.evaluation import evaluate
+    from scoring.evaluation import evaluate
     from store.profile_artifact import load_profile
 
     profile = load_profile(fitted_profile)

@@ -36,7 +36,7 @@ def eval_(
     reported as its mean over folds (weighted by calls) ± its standard deviation:
     `profiler eval --cv 5 datasets/real/agentless_pr28.jsonl`
     """
-    from profiler.baseline_table import baseline_table
+    from scoring.baseline_table import baseline_table
 
     if cv is not None:
         if profile is not None:
@@ -50,7 +50,7 @@ def eval_(
     if online:
         _online(profile, logs, json_out, strict)
         return
-    from profiler.evaluation import evaluate
+    from scoring.evaluation import evaluate
 
     scored = _score(evaluate, profile, logs, json_out, strict)
     if scored is None:
@@ -101,8 +101,8 @@ def _score(scorer, profile: Path, logs: list[Path], json_out: bool, strict: bool
 
 
 def _online(profile: Path, logs: list[Path], json_out: bool, strict: bool) -> None:
-    """`profiler eval --online`: :func:`profiler.online_eval.evaluate_online`, printed."""
-    from profiler.online_eval import evaluate_online
+    """`profiler eval --online`: :func:`scoring.online_eval.evaluate_online`, printed."""
+    from scoring.online_eval import evaluate_online
 
     scored = _score(evaluate_online, profile, logs, json_out, strict)
     if scored is None:
@@ -134,9 +134,9 @@ def _online(profile: Path, logs: list[Path], json_out: bool, strict: bool) -> No
 
 def _cross_validate(logs: list[Path], k: int, seed: int, json_out: bool, strict: bool,
                     group_by: str | None = None, group_pattern: str | None = None) -> None:
-    """`profiler eval --cv K`: run :func:`profiler.cross_validation.cross_validate` and print it."""
-    from profiler.baseline_table import baseline_table
-    from profiler.cross_validation import cross_validate
+    """`profiler eval --cv K`: run :func:`scoring.cross_validation.cross_validate` and print it."""
+    from scoring.baseline_table import baseline_table
+    from scoring.cross_validation import cross_validate
     from store.ingest import IngestError
 
     try:

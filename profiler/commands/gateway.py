@@ -10,7 +10,7 @@ from profiler.commands.common import ProfileOption, app
 from profiler.commands.common import err_console, fail
 from profiler.commands.serve import build_service, refit_loop
 from profiler.commands.service_options import with_service_settings
-from serving_hooks.policies.session_end import SessionEndRule
+from policies.session_end import SessionEndRule
 from serving_hooks.settings import GatewaySettings
 
 
@@ -71,7 +71,7 @@ def gateway(
     from serving_hooks.dialects import DIALECTS, parse_upstreams
     from serving_hooks.identity import IdentityMap, harness_identity_note, load_identity_map
     from serving_hooks.telemetry import CallTracer, otlp_tracer_provider
-    from serving_hooks.policies.pools import ModelPools
+    from policies.pools import ModelPools
     from serving_hooks.upstreams import normalize_upstream
 
     try:

@@ -44,8 +44,8 @@ def report(
 
     from profiler.commands.common import err_console, fail
     from store.profile_artifact import ProfileError
-    from profiler.report import build_report
-    from profiler.report.roles import DEFAULT_RULES, GROUP_ABOVE, parse_rule
+    from scoring.report import build_report
+    from scoring.report.roles import DEFAULT_RULES, GROUP_ABOVE, parse_rule
 
     try:
         rules = () if no_group else tuple(parse_rule(g) for g in group) if group else DEFAULT_RULES

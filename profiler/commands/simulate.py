@@ -91,7 +91,7 @@ def simulate(
     replays the workflows closed-loop: each call is issued when its parents finish plus the tool
     gap. The profile that drives `ours` is fit on a train split (logs) or on workflows generated
     with another seed, and the replay uses only the test side. `ours` drives the policy objects
-    of `serving_hooks.policies`, exactly as the SGLang plugin does.
+    of `policies`, exactly as the SGLang plugin does.
 
     Example: `profiler simulate --workload coding-assistant --load low,medium,peak --plot jct.png`
 
@@ -103,7 +103,7 @@ def simulate(
 
     from rich.progress import Progress
 
-    from serving_hooks.policies import CapacityPolicy, PriorityPolicy
+    from policies import CapacityPolicy, PriorityPolicy
     from simulator.autoscale import AutoscaleOptions
     from simulator.calibration import fit_step_time
     from simulator.config import glm45_fit_config, hardware_config

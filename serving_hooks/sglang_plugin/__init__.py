@@ -25,7 +25,7 @@ target                                                              type      do
 ``--radix-cache-backend workflow-retention``                        backend   eviction: retain-until, then LRU
 ==================================================================  ========  ==================================
 
-The policies themselves live in :mod:`serving_hooks.policies` (no SGLang import); this
+The policies themselves live in :mod:`policies` (no SGLang import); this
 package only adapts them.
 
 **Opt-in.** The plugin is off unless the server's environment has ``AWP_SGLANG_PLUGIN=1``: the

@@ -1,7 +1,7 @@
 """What the plugin decides when a request finishes, free of SGLang imports.
 
 :func:`decide_finished` reads the request's ``custom_params`` (the gateway's flat annotation),
-asks the shared :class:`~serving_hooks.policies.KeepDropPolicy` for the session prefix's
+asks the shared :class:`~policies.KeepDropPolicy` for the session prefix's
 retention, counts it, and — for a request that ends its session (``session_end``) — cancels the
 session's pending host prefetch. :mod:`.retention` stamps the decision onto the radix tree; the
 parity test (tests/test_policy_parity.py) drives this function against the simulator's
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from serving_hooks.policies import Retention
+from policies import Retention
 from serving_hooks.sglang_plugin.observe import decision
 from serving_hooks.sglang_plugin.prefetch import cancel_session_prefetch
 from serving_hooks.sglang_plugin.state import PluginState

@@ -28,7 +28,7 @@ import logging
 from array import array
 from typing import Any
 
-from serving_hooks.policies import Annotation, PrefetchPlan
+from policies import Annotation, PrefetchPlan
 from serving_hooks.sglang_plugin.observe import tick
 from serving_hooks.sglang_plugin.state import PluginState, get_state
 

@@ -4,7 +4,7 @@
   :func:`admit_request`: explicit ``priority`` > the gateway's ``custom_params`` > a default
   for untagged traffic) and its score and arrival time are remembered on the request — and,
   for the gateway's requests, as its *session's* latest score (``PluginState.sessions``, a
-  :class:`~serving_hooks.policies.bookkeeping.SessionPriorityBook`; a call without a prediction
+  :class:`~policies.bookkeeping.SessionPriorityBook`; a call without a prediction
   leaves its session's score as it is and takes that score, aged). What the plugin remembers
   of a request is one :class:`Admission` record on it (attribute :data:`ADMISSION_ATTR`).
   Under TP the times come from the scheduler's step counter, the same on every rank

@@ -5,7 +5,7 @@ smallest first (``LRUStrategy``: last access time). This module replaces that or
 
     (retention rank at now, <the configured strategy's key>)        # LRU by default
 
-where the rank comes from :class:`serving_hooks.policies.KeepDropPolicy`:
+where the rank comes from :class:`policies.KeepDropPolicy`:
 
 * ``KEEP`` (2) while ``now < retain_until`` — the session's path comes back, within the TTL
   of the tool it is running;
@@ -38,7 +38,7 @@ from typing import Any
 
 from sglang.srt.mem_cache.evict_policy import EvictionStrategy, LRUStrategy
 
-from serving_hooks.policies import Retention, RetentionRank
+from policies import Retention, RetentionRank
 from serving_hooks.sglang_plugin.finish import decide_finished
 from serving_hooks.sglang_plugin.observe import debug_enabled, decision
 from serving_hooks.sglang_plugin.settings import BACKEND_NAME

@@ -27,7 +27,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import ClassVar, Optional
 
-from serving_hooks.policies import KeepDropPolicy, PrefetchPolicy, PriorityPolicy
+from policies import KeepDropPolicy, PrefetchPolicy, PriorityPolicy
 from serving_hooks.settings import knobs, resolve_settings, setting_field
 
 #: Name under which the cache backend is registered (``--radix-cache-backend``); defined here,

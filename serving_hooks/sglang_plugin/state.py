@@ -11,8 +11,8 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-from serving_hooks.policies import Annotation, PrefetchPolicy, from_custom_params
-from serving_hooks.policies.bookkeeping import SessionPriorityBook
+from policies import Annotation, PrefetchPolicy, from_custom_params
+from policies.bookkeeping import SessionPriorityBook
 from serving_hooks.sglang_plugin.settings import PluginSettings
 
 

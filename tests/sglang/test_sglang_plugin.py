@@ -14,7 +14,7 @@ from array import array
 
 
 from serving_hooks.annotations import flatten_for_sglang
-from serving_hooks.policies import Annotation, PriorityPolicy, from_custom_params
+from policies import Annotation, PriorityPolicy, from_custom_params
 from serving_hooks.sglang_plugin import HOOKS
 from serving_hooks.sglang_plugin.priority_hooks import admission_of, admit_request
 from serving_hooks.sglang_plugin.retention import BACKEND_NAME, retention_cache_factory
@@ -206,7 +206,7 @@ def test_plugin_is_opt_in(monkeypatch, value, on):
 @pytest.mark.parametrize("value, keep", [(None, False), ("0", False), ("1", True)])
 def test_keeping_is_opt_in_and_its_default_is_the_simulators(monkeypatch, value, keep):
     """``AWP_KEEP_IDLE`` unset: the plugin keeps what the simulator's ``ours`` keeps (nothing)."""
-    from serving_hooks.policies import KeepDropPolicy
+    from policies import KeepDropPolicy
     from serving_hooks.sglang_plugin.settings import PluginSettings
 
     if value is None:

@@ -19,7 +19,7 @@ from array import array
 from dataclasses import replace
 from types import SimpleNamespace
 
-from serving_hooks.policies import PriorityPolicy
+from policies import PriorityPolicy
 from serving_hooks.sglang_plugin import observe
 from serving_hooks.sglang_plugin.priority_hooks import admission_of, admit_request, age_queue
 from serving_hooks.sglang_plugin.retention import stamp_finished_request

@@ -14,7 +14,7 @@ from array import array
 
 import torch
 
-from serving_hooks.policies import RetentionRank
+from policies import RetentionRank
 from serving_hooks.sglang_plugin.retention import (
     BACKEND_NAME,
     RetentionEvictionStrategy,

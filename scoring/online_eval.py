@@ -12,18 +12,18 @@ instant: the finish first; a call never finishes before it arrives).
 
 Two predictors replay the same stream: ``online`` (the serving default, calibration on) and
 ``static`` (calibration off: the fitted bands). Beside them, the naive bands a user would compute
-(:func:`profiler.evaluation.output_length_baselines`, fit on the training calls, stored in the
+(:func:`scoring.evaluation.output_length_baselines`, fit on the training calls, stored in the
 profile) on the same calls; ``drift_alarm`` reports, per workflow type, whether the coverage
 monitor (:mod:`predictors.coverage_monitor`) fired. The same two replays score the keep-alive TTL
 each call's annotation serves on the idle gap after it (bounded as ``KeepDropPolicy.ttl_s``
 serves it, with ``profiler eval``'s cost), and each call's ``expected_remaining_output_tokens``
 (online: with the remaining-work selection of :mod:`predictors.online_selection`) with
-``profiler eval``'s concurrent-session C-index and jackknife (:mod:`profiler.remaining_eval`).
+``profiler eval``'s concurrent-session C-index and jackknife (:mod:`scoring.remaining_eval`).
 
 ``online_vs_global`` (:func:`vs_global`): the served minus the global band, ± jackknife errors;
 ``band_arms`` (:func:`band_arms`): per type, how many bands the global arm served, and switches.
 ``keep_alive.vs_baselines``: the served TTL minus each keep-alive baseline of ``profiler eval``
-(:func:`profiler.evaluation.keep_alive_baseline_ttls`) on the same gaps, coverage and KV-seconds
+(:func:`scoring.evaluation.keep_alive_baseline_ttls`) on the same gaps, coverage and KV-seconds
 per covered gap ± jackknife errors, ``dominated`` (:func:`keep_alive_vs`).
 
 ``worst_window_coverage``: the lowest coverage over consecutive runs of ``WINDOW`` scored calls
@@ -43,9 +43,9 @@ from fitting.profile_fit import idle_gap_calls
 from predictors.output_length import OutputLengthIntervals
 from predictors.predictor import Predictor
 from store import ingest as ingest_mod
-from profiler.evaluation import (KEEP_DROP, keep_alive_baseline_ttls, keep_alive_cost, keep_alive_vs,
+from scoring.evaluation import (KEEP_DROP, keep_alive_baseline_ttls, keep_alive_cost, keep_alive_vs,
                                  output_length_baselines)
-from profiler.remaining_eval import BASELINES as RW_BASELINES, baseline_predictions, c_index_diff, session_c_index
+from scoring.remaining_eval import BASELINES as RW_BASELINES, baseline_predictions, c_index_diff, session_c_index
 from predictors.remaining_tokens import session_frame
 from store.profile_artifact import Profile
 from store.duckdb_store import connect
@@ -173,7 +173,7 @@ def paired_diff_se(a: np.ndarray, b: np.ndarray, groups: np.ndarray) -> tuple[fl
 def vs_global(y: np.ndarray, lo: np.ndarray, hi: np.ndarray, band: Sequence[float] | None,
               groups: np.ndarray) -> dict[str, Any] | None:
     """The served band minus the global band (the training calls' empirical one, as
-    :func:`profiler.evaluation.output_length_baselines` scores it) on the same calls: the
+    :func:`scoring.evaluation.output_length_baselines` scores it) on the same calls: the
     coverage and mean-width differences, each with its delete-one-workflow jackknife standard
     error (:func:`paired_diff_se`), and ``dominated``: the global band covers more by over one
     standard error at no more width (or covers as much at a width smaller by over one)."""
@@ -261,7 +261,7 @@ def remaining_online(profile: Profile, calls: pd.DataFrame, online_rem: np.ndarr
                      selection: dict[str, Any]) -> dict[str, Any] | None:
     """The ``remaining_tokens`` part of the result (module doc): the remaining work served by
     the two replays and the baselines of ``profiler eval``'s ``remaining_work``
-    (:mod:`profiler.remaining_eval`), scored on exactly the calls both replays served a figure,
+    (:mod:`scoring.remaining_eval`), scored on exactly the calls both replays served a figure,
     with the same concurrent-session C-index; None without a ``remaining_tokens`` section."""
     section = profile.data.get("remaining_tokens")
     if not section or calls.empty:

@@ -9,9 +9,9 @@ The rule (agreed contract, docs/dialects.md "End of session"): a call ends its s
 
 ``--no-session-end-signal`` turns the rule off. The gateway applies it once per call
 (:meth:`SessionEndRule.mark` sets the contract's ``session_end``), every dialect renders the
-mark in its own place, and the consumers read it: :class:`~serving_hooks.policies.keep_drop
+mark in its own place, and the consumers read it: :class:`~policies.keep_drop
 .KeepDropPolicy` drops the session's prefix (it is not kept for a TTL), and
-:class:`~serving_hooks.policies.prefetch.PrefetchPolicy` plans no host copy for the session and
+:class:`~policies.prefetch.PrefetchPolicy` plans no host copy for the session and
 cancels a pending one. The simulator's prediction feed applies the same rule, so the plugin,
 the gateway and the simulator decide alike (tests/test_policy_parity.py).
 

@@ -8,7 +8,7 @@ odd session moves every score. K-fold cross-validation uses every workflow once 
    workflow and every call of a workflow lands in the same fold (no session on both sides);
 2. for fold k, a profile is fit on the other K − 1 folds exactly as ``profiler fit`` does
    (:func:`fitting.profile_fit.fit_profile`, a fresh store in a temporary folder) and scored on fold
-   k exactly as ``profiler eval`` does (:func:`profiler.evaluation.evaluate`);
+   k exactly as ``profiler eval`` does (:func:`scoring.evaluation.evaluate`);
 3. every numeric leaf of the K eval results is aggregated (:func:`aggregate`): mean, sample
    standard deviation, min, max, and a *weighted* mean
 
@@ -39,7 +39,7 @@ import numpy as np
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from profiler.evaluation import evaluate
+from scoring.evaluation import evaluate
 from fitting.profile_fit import FitOptions, fit_profile
 from store.split import write_folds
 

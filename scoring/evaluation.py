@@ -31,7 +31,7 @@ each held-out call's (workflow type, agent, agent call index), scored beside our
 ``output_len`` (the band ``[0, p95]``: NAT keeps p50/p90/p95, no interval at our nominal;
 ``osl_p90_coverage`` = share under the ``osl`` it sends), ``remaining_calls`` (MAE of
 ``total_requests`` = the mean remaining calls, over every held-out call in call order),
-``keep_alive`` (above) and ``remaining_work`` (:mod:`profiler.remaining_eval`). The trie predicts
+``keep_alive`` (above) and ``remaining_work`` (:mod:`scoring.remaining_eval`). The trie predicts
 no next agent, so ``next_agent`` has no NAT row. Absent for a profile without the section.
 
 Other parts add their own keys through :data:`EVAL_EXTENSIONS`.
@@ -56,9 +56,9 @@ from store import ingest as ingest_mod
 from fitting.profile_fit import idle_gap_calls, ok_calls, timed_tool_calls
 from store.frames import query_frame
 from store.profile_artifact import Profile
-from profiler.remaining_eval import remaining_work_scores
+from scoring.remaining_eval import remaining_work_scores
 from store.duckdb_store import connect
-from serving_hooks.policies.keep_drop import KeepDropPolicy
+from policies.keep_drop import KeepDropPolicy
 from synth.profile_section import evaluate_workflows
 
 #: Extra evaluations: ``(profile, con) -> dict``, each merged into the result.

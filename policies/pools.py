@@ -7,7 +7,7 @@ decisions need the pools:
 * **routing** — a call may only go to a replica of the model it names (the request's ``model``
   field, as an OpenAI-compatible router routes by model);
 * **priority** — the idle-downstream term of Pythia's rule
-  (:class:`~serving_hooks.policies.priority.PriorityPolicy`):
+  (:class:`~policies.priority.PriorityPolicy`):
   ``w2 · Σ_{m idle} 1 / E[D_m]`` rewards a workflow whose next calls soon reach a pool that is
   about to idle. It needs each pool's waiting-queue depth (the sum of its replicas' waiting
   requests) and the agent → pool map (distances in the profile are to *agents*; queues belong

@@ -1,7 +1,7 @@
 """The policies' bookkeeping, written once: a capacity ledger and a session priority book.
 
-The rules (:class:`~serving_hooks.policies.capacity.CapacityPolicy`,
-:class:`~serving_hooks.policies.priority.PriorityPolicy`) are pure functions of their inputs;
+The rules (:class:`~policies.capacity.CapacityPolicy`,
+:class:`~policies.priority.PriorityPolicy`) are pure functions of their inputs;
 what feeds them is state kept over time — which requests are in flight where, how fast each
 replica drains, where each session ran last, what each session's priority score is. That state
 is kept here, once, and the gateway's router (``serving_hooks.routing``), the SGLang plugin
@@ -33,9 +33,9 @@ from dataclasses import dataclass
 from types import MappingProxyType
 
 from predictors.contract import Annotation
-from serving_hooks.policies.capacity import (ActiveRequest, ActiveTotals, BoundTable, CapacityPolicy,
+from policies.capacity import (ActiveRequest, ActiveTotals, BoundTable, CapacityPolicy,
                                              Placement, ReplicaState)
-from serving_hooks.policies.priority import PriorityPolicy
+from policies.priority import PriorityPolicy
 
 #: Output bound of a call without a prediction when the caller knows no better (tokens).
 UNKNOWN_OUTPUT_TOKENS = 4096
@@ -271,7 +271,7 @@ class CapacityLedger:
 
 
 class SessionPriorityBook:
-    """Each session's workflow-level priority (alg. 3; ``serving_hooks.policies.priority``).
+    """Each session's workflow-level priority (alg. 3; ``policies.priority``).
 
     A session's reference is ``(score, since)``: the score its latest predicted call was given
     (``base + aging · session age`` at arrival) and when that call arrived; every call of the

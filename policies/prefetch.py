@@ -23,7 +23,7 @@ would evict another session's retained (or merely unannotated) prefix is skipped
 guess is worth less than data some session is known, or likely, to reuse.
 
 No copy is planned for a call announced as its session's last (``session_end``,
-:mod:`serving_hooks.policies.session_end`): nothing follows it, and the session's pending plans
+:mod:`policies.session_end`): nothing follows it, and the session's pending plans
 are cancelled (:meth:`PrefetchPolicy.cancel_session`).
 
 The policy object keeps the pending plans in a heap keyed by ``start_at``; the caller asks

@@ -14,8 +14,8 @@ from typing import Any, Callable
 import numpy as np
 from matplotlib.ticker import MaxNLocator
 
-from profiler.report.data import CDF_LEVELS, Histogram
-from profiler.report.layout import wrap_label
+from scoring.report.data import CDF_LEVELS, Histogram
+from scoring.report.layout import wrap_label
 
 BAND_COLOR, DATA_COLOR, FIT_COLOR, BAD_COLOR = "#38a169", "#4a5568", "#d53f8c", "#e53e3e"
 
@@ -150,7 +150,7 @@ def tool_latency_cdf(tool: str, n: int, quantiles: np.ndarray, entry: dict[str, 
 
 
 def timeline(tl: Any, title: str) -> str:
-    """Gantt chart of one workflow (:class:`profiler.report.data.Timeline`): a lane per agent with
+    """Gantt chart of one workflow (:class:`scoring.report.data.Timeline`): a lane per agent with
     a bar per call, a lane per tool with its executions, and the idle gaps (nothing running)
     shaded across all lanes. Order-only logs draw one slot per call and say so."""
     plt = _pyplot()
@@ -247,7 +247,7 @@ def grouped_bars(title: str, labels: list[str], series: dict[str, list[float]], 
 
 
 def context_growth(cg: Any) -> str:
-    """Input tokens by call index (:class:`profiler.report.data.ContextGrowth`): a thin grey line
+    """Input tokens by call index (:class:`scoring.report.data.ContextGrowth`): a thin grey line
     per sampled workflow, the median across workflows and its 10–90 % band."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6.4, 2.8))
@@ -285,7 +285,7 @@ def cached_share(cg: Any) -> str:
 
 def load_over_time(ld: Any) -> str:
     """Workflow arrivals per bin (bars) and, on the same time axis, calls in flight and open
-    workflows (:class:`profiler.report.data.Load`)."""
+    workflows (:class:`scoring.report.data.Load`)."""
     plt = _pyplot()
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(6.8, 3.6), sharex=True,
                                       gridspec_kw={"height_ratios": [1, 1.6]})

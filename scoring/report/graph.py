@@ -10,7 +10,7 @@ over the workflows of the store (``END`` counts workflows that stop after a). An
 entered by ``a`` and leaves by ``b`` (``START``: the initial state has no ``b``; ``END``: no
 state entered by ``a`` may stop). Pruned edges are drawn grey and dashed.
 
-The drawing is layered top to bottom (:mod:`profiler.report.layout`): ``START`` on top, each
+The drawing is layered top to bottom (:mod:`scoring.report.layout`): ``START`` on top, each
 agent on the layer of its longest path from ``START``, ``END`` alone at the bottom; loops of the
 workflow are drawn as back edges curving up; line width grows with the probability. A team with
 more than :data:`MAX_NODES` agents keeps its busiest ones and pools the rest into one node
@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from html import escape
 from typing import Callable, Iterable, Mapping, Sequence
 
-from profiler.report.layout import LINE_H, layered_layout
+from scoring.report.layout import LINE_H, layered_layout
 
 START, END = "START", "END"
 
@@ -220,7 +220,7 @@ def _label_spots(pts: list[tuple[float, float]] | None, segs: list[tuple] | None
 def render_svg(graph: WorkflowGraph, element_id: str, min_p: float = 0.0,
                layout_pruned: bool = False) -> str:
     """The graph as an ``<svg>`` element, laid out in layers top to bottom
-    (:func:`profiler.report.layout.layered_layout`): ``START`` on top, ``END`` at the bottom,
+    (:func:`scoring.report.layout.layered_layout`): ``START`` on top, ``END`` at the bottom,
     back edges (loops of the workflow) curving up on the right, self-loops beside their node.
 
     Edges with probability below ``min_p`` are drawn with class ``rare``, pruned edges with class

@@ -2,16 +2,16 @@
 
 For each workflow type the page shows
 
-* the synthesized **workflow graph** (:mod:`profiler.report.graph`): agents as nodes, transition
+* the synthesized **workflow graph** (:mod:`scoring.report.graph`): agents as nodes, transition
   probabilities on the edges, edges the pruned automaton dropped greyed, and the bounded regex;
 * per agent, the **output-length histogram** of the stored calls with the predicted band;
 * per tool, the **latency CDF** of the stored executions with the fitted lognormal overlaid;
 
-and, given held-out logs, the **evaluation** of :func:`profiler.evaluation.evaluate` (band
+and, given held-out logs, the **evaluation** of :func:`scoring.evaluation.evaluate` (band
 coverage per agent, tool p95 coverage, and every key other parts add through
 ``EVAL_EXTENSIONS``). Data come from the profile (``profile.json``) and, for histograms and
 CDFs, from the store (``<profile root>/store.duckdb`` unless ``db`` says otherwise) by grouped
-queries (:mod:`profiler.report.data`). Charts are matplotlib SVGs inlined as data URIs; the
+queries (:mod:`scoring.report.data`). Charts are matplotlib SVGs inlined as data URIs; the
 graph is inline SVG; nothing on the page loads from the network.
 """
 from __future__ import annotations
@@ -22,9 +22,9 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from predictors.band_selection import band_warnings
-from profiler.report import page
-from profiler.report.graph import END, MAX_NODES, START, WorkflowGraph, collapse_rare, edge_rows, pool, render_svg
-from profiler.report.roles import DEFAULT_RULES, GROUP_ABOVE, RoleMap, RoleRule, group_roles, role_paths
+from scoring.report import page
+from scoring.report.graph import END, MAX_NODES, START, WorkflowGraph, collapse_rare, edge_rows, pool, render_svg
+from scoring.report.roles import DEFAULT_RULES, GROUP_ABOVE, RoleMap, RoleRule, group_roles, role_paths
 
 #: Sampled workflows per type for the graph's edge probabilities.
 MAX_GRAPH_WORKFLOWS = 20_000
@@ -153,8 +153,8 @@ def _regex_block(section: dict | None, seqs: list, roles: RoleMap) -> str:
 
 def _load_block(wt: str, con) -> str:
     """Context growth, cached-token share, and arrivals/concurrency over time."""
-    from profiler.report import figures
-    from profiler.report.data import context_growth, load_over_time
+    from scoring.report import figures
+    from scoring.report.data import context_growth, load_over_time
 
     if con is None:
         return '<p class="note">Context and load plots need the store.</p>'
@@ -201,7 +201,7 @@ def _calibration_table(wt: str, bands: dict, warned: dict, inside: dict[str, int
     width, the share of stored calls inside it, and a badge when it is wider than its parent's.
     Agents with fewer than ``SMALL_N`` calls are folded into a second table (a team of experts
     can have a hundred of those)."""
-    from profiler.report.data import SMALL_N
+    from scoring.report.data import SMALL_N
 
     grouped = roles is not None and roles.active
 
@@ -242,8 +242,8 @@ def _calibration_table(wt: str, bands: dict, warned: dict, inside: dict[str, int
 
 def _strips(small: dict[str, list[int]], bands: dict, warned: dict) -> list[str]:
     """Strip plots of small-sample agents, :data:`STRIP_ROWS` rows each, with their bands."""
-    from profiler.report import figures
-    from profiler.report.data import SMALL_N
+    from scoring.report import figures
+    from scoring.report.data import SMALL_N
 
     names = list(small)
     out = []
@@ -260,8 +260,8 @@ def _strips(small: dict[str, list[int]], bands: dict, warned: dict) -> list[str]
 def _calibration_curves(wt: str, con, hists: dict, roles: RoleMap, nominal: float | None) -> str:
     """One chart: observed vs nominal coverage of each role (pooled) and of the busiest agents
     with at least ``SMALL_N`` calls, up to :data:`MAX_CURVES` lines."""
-    from profiler.report import figures
-    from profiler.report.data import CALIBRATION_FOLDS, CALIBRATION_LEVELS, SMALL_N, calibration_curves
+    from scoring.report import figures
+    from scoring.report.data import CALIBRATION_FOLDS, CALIBRATION_LEVELS, SMALL_N, calibration_curves
 
     groups: dict[str, list[str]] = {f"{r} (pooled)": m for r, m in roles.members.items()}
     for h in sorted(hists.values(), key=lambda h: (-h.n, h.agent)):
@@ -283,8 +283,8 @@ def _calibration_curves(wt: str, con, hists: dict, roles: RoleMap, nominal: floa
 
 
 def _output_length_block(wt: str, data: dict, con, roles: RoleMap) -> str:
-    from profiler.report import figures
-    from profiler.report.data import SMALL_N, band_coverage, output_histograms, small_sample_outputs
+    from scoring.report import figures
+    from scoring.report.data import SMALL_N, band_coverage, output_histograms, small_sample_outputs
 
     ol = data.get("output_length") or {}
     bands = ol.get("agents", {}).get(wt, {})
@@ -335,8 +335,8 @@ def _output_length_block(wt: str, data: dict, con, roles: RoleMap) -> str:
 
 def _tool_block(wt: str, data: dict, con) -> str:
     from predictors.tool_latency import ToolLatencyModel
-    from profiler.report import figures
-    from profiler.report.data import SMALL_N, small_sample_latencies, tool_latency_quantiles
+    from scoring.report import figures
+    from scoring.report.data import SMALL_N, small_sample_latencies, tool_latency_quantiles
 
     tl = data.get("tool_latency") or {}
     model = ToolLatencyModel.from_dict(tl) if tl else None
@@ -371,8 +371,8 @@ def _tool_block(wt: str, data: dict, con) -> str:
 
 
 def _timeline_block(wt: str, con) -> str:
-    from profiler.report import figures
-    from profiler.report.data import sample_timelines
+    from scoring.report import figures
+    from scoring.report.data import sample_timelines
 
     if con is None:
         return '<p class="note">Timelines need the store.</p>'
@@ -426,8 +426,8 @@ def _pooled_coverage(per_agent: dict[str, dict]) -> tuple[list[str], list[float]
 
 
 def _eval_section(profile, eval_logs: Sequence[Path]) -> str:
-    from profiler.evaluation import evaluate
-    from profiler.report import figures
+    from scoring.evaluation import evaluate
+    from scoring.report import figures
 
     scores, report = evaluate(profile, list(eval_logs))
     out = [f'<section class="eval" id="evaluation"><h2>Evaluation on held-out logs</h2>'
@@ -494,10 +494,10 @@ def build_report(profile_path: str | Path, out: str | Path, *, db: str | Path | 
     evaluation), for a progress bar.
 
     ``group_rules``: name rules that pool the agents of a team of more than ``group_above`` agents
-    into roles (:mod:`profiler.report.roles`; ``None`` or empty: no grouping). ``show_pruned``: draw the
+    into roles (:mod:`scoring.report.roles`; ``None`` or empty: no grouping). ``show_pruned``: draw the
     transitions the pruned automaton dropped from the start (the page's checkbox still toggles)."""
     from store.profile_artifact import load_profile, store_path
-    from profiler.report.data import StoreUnavailable, open_store, store_counts, symbol_sequences
+    from scoring.report.data import StoreUnavailable, open_store, store_counts, symbol_sequences
 
     profile = load_profile(profile_path)
     data, manifest = profile.data, profile.manifest

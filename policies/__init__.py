@@ -20,11 +20,11 @@ reads a clock: every time is passed in as ``now`` (seconds on any monotonic scal
 """
 from predictors.contract import (Annotation, NextAgent, ToolLatency, from_custom_params,
                                  to_sglang_custom_params)
-from serving_hooks.policies.bookkeeping import (CapacityLedger, SessionPriorityBook,
+from policies.bookkeeping import (CapacityLedger, SessionPriorityBook,
                                                 capacity_request)
-from serving_hooks.policies.autoscale import (AutoscalePolicy, autoscale_advice, live_autoscale_advice,
+from policies.autoscale import (AutoscalePolicy, autoscale_advice, live_autoscale_advice,
                                               live_projection)
-from serving_hooks.policies.capacity import (
+from policies.capacity import (
     ActiveRequest,
     CapacityPolicy,
     Placement,
@@ -32,18 +32,18 @@ from serving_hooks.policies.capacity import (
     ReplicaState,
     replicas_from_snapshot,
 )
-from serving_hooks.policies.keep_drop import (
+from policies.keep_drop import (
     KeepDropPolicy,
     Retention,
     RetentionRank,
     lognormal_quantile,
     revisit_probability,
 )
-from serving_hooks.policies.pools import ModelPools, NoReplicaForModel, pool_queue_depths
-from serving_hooks.policies.prefetch import HOST_TIER, PrefetchPlan, PrefetchPolicy
-from serving_hooks.policies.preprefill import PrePrefillPolicy
-from serving_hooks.policies.priority import PriorityPolicy
-from serving_hooks.policies.session_end import DEFAULT_SESSION_END_P, SessionEndRule
+from policies.pools import ModelPools, NoReplicaForModel, pool_queue_depths
+from policies.prefetch import HOST_TIER, PrefetchPlan, PrefetchPolicy
+from policies.preprefill import PrePrefillPolicy
+from policies.priority import PriorityPolicy
+from policies.session_end import DEFAULT_SESSION_END_P, SessionEndRule
 
 __all__ = [
     "ActiveRequest",

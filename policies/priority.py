@@ -23,7 +23,7 @@ duration, off by default), ``remaining_unit`` (``"calls"``, the default, ``"toke
 
 Defaults (``aging_per_s = 1e-5``, calls, per-duration aging off) were chosen on simulator
 validation draws; the rules in full, the worked example and every figure with its command:
-docs/simulator.md ("Graph-driven priority (serving_hooks/policies/priority.py)").
+docs/simulator.md ("Graph-driven priority (policies/priority.py)").
 """
 from __future__ import annotations
 
