@@ -510,6 +510,7 @@ OURS_VARIANTS: dict[str, dict[str, Any]] = {
     "ours-aging-1e-5": {"priority_policy": PriorityPolicy(aging_per_s=1e-5)},
     "ours-no-classes": {"priority_policy": PriorityPolicy(interactive_boost=0.0)},
     "ours-kv-preempt": {"kv_preemption": True},
+    "ours-cap-8": {"priority_policy": PriorityPolicy(remaining_cap=8.0)},
     "ours-kv-preempt-no-classes": {"kv_preemption": True,
                                    "priority_policy": PriorityPolicy(interactive_boost=0.0)},
     "ours-seconds-p90": {"priority_policy": PriorityPolicy(remaining_unit="seconds",
