@@ -510,6 +510,8 @@ OURS_VARIANTS: dict[str, dict[str, Any]] = {
                                                               aging_per_duration=0.03)},
     "ours-aging-1e-3": {"priority_policy": PriorityPolicy(aging_per_s=0.001)},
     "ours-aging-1e-5": {"priority_policy": PriorityPolicy(aging_per_s=1e-5)},
+    "ours-aging-3e-5": {"priority_policy": PriorityPolicy(aging_per_s=3e-5)},
+    "ours-aging-1e-4": {"priority_policy": PriorityPolicy(aging_per_s=1e-4)},
     "ours-no-classes": {"priority_policy": PriorityPolicy(interactive_boost=0.0)},
     "ours-kv-preempt": {"kv_preemption": True},      # the default since issue 39: = ours
     "ours-slot-preempt": {"kv_preemption": False},
