@@ -97,10 +97,10 @@ ROUTING_ARMS = ("routing-only", "no-routing", "router")
 DEFAULTS = {
     "cpu": {"model_config": "tiny", "workflows": 16, "concurrency": 8, "time_scale": 0.02, "token_scale": 0.05,
             "pool_tokens": 2000, "max_running": 8, "budget_ms": 100.0, "calib_workflows": 4, "replicas": 2,
-            "coding_token_scale": 1.0},
+            "coding_token_scale": 1.0, "rate": None},
     "gpu": {"model_config": "llama-8b", "workflows": 48, "concurrency": 24, "time_scale": 0.02,
             "token_scale": 0.25, "pool_tokens": 30000, "max_running": 32, "budget_ms": 20.0,
-            "calib_workflows": 6, "replicas": 2, "coding_token_scale": 1.0},
+            "calib_workflows": 6, "replicas": 2, "coding_token_scale": 1.0, "rate": None},
 }
 
 
@@ -129,6 +129,18 @@ def gpu_count() -> int:
     import torch
 
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def calls_dir(args: argparse.Namespace) -> Path:
+    """Where ``--out FILE`` keeps every run's call records: ``FILE`` without its suffix + ``-calls/``
+    (one JSONL per condition, arm and seed, ``profiler replay --out``'s records)."""
+    return args.out.with_name(args.out.stem + "-calls")
+
+
+def shares_device(args: argparse.Namespace) -> bool:
+    """Whether the replicas of an arm share one device: on CPU always (the host's cores), on GPU
+    when there are fewer GPUs than replicas (``start_pair`` packs them)."""
+    return not args.gpu or gpu_count() < args.replicas
 
 
 def start_pair(model: Path, work: Path, pair: str, args: argparse.Namespace) -> list[SGLangServer]:
@@ -227,7 +239,8 @@ def run_setup(name: str, servers: list[SGLangServer], profile: Path, plan: list,
 
     sizes = log_sizes(servers)
     with front(kind, [s.url for s in servers], profile, args.budget_ms / 1000, work / "router.log") as (url, registry):
-        result = replay(plan, url, ReplayOptions(concurrency=args.concurrency, time_scale=args.time_scale, seed=seed,
+        result = replay(plan, url, ReplayOptions(concurrency=None if args.rate else args.concurrency,
+                                                 rate=args.rate, time_scale=args.time_scale, seed=seed,
                                                  run_tag=f"{name[:2]}{seed}"), on_call=tick)
         outcomes = ({m.labels["outcome"]: int(m.value) for metric in registry.collect()
                      if metric.name == "profiler_gateway_annotate" for m in metric.samples
@@ -235,6 +248,10 @@ def run_setup(name: str, servers: list[SGLangServer], profile: Path, plan: list,
     if sys.stderr.isatty():
         print("\r", end="", file=sys.stderr)
     r = summarize(result)
+    if args.out:                      # every call of the run, for a per-call look at fidelity later
+        from serving_hooks.replay_report import call_records
+        from store.workloads import write_jsonl
+        write_jsonl(call_records(result), calls_dir(args) / f"{args.condition}-{name}-seed{seed}.jsonl")
     queues, running = queue_samples(log_since(servers, sizes))
     ok = [c for c in result.calls if c.status == "ok" and c.t_first_token and c.t_finish]
     latency = sum(c.t_finish - c.t_send for c in ok)
@@ -289,6 +306,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--workflows", type=int, help="workflows replayed per seed (CPU 16, GPU 48)")
     ap.add_argument("--concurrency", type=int, help="workflows in flight (CPU 8, GPU 24; contention conditions: "
                     "a multiple of the cluster's running slots)")
+    ap.add_argument("--rate", type=float,
+                    help="open loop: new workflows per second, Poisson arrivals (seeded like the replay's), no cap "
+                         "on those in flight; replaces --concurrency's closed loop (open-contention: 1.8 on CPU)")
     ap.add_argument("--time-scale", type=float, help="× recorded tool/think gaps (0.02)")
     ap.add_argument("--token-scale", type=float, help="× recorded prompt and output lengths (CPU 0.05, GPU 0.25)")
     ap.add_argument("--coding-token-scale", type=float,
@@ -337,7 +357,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--model-config", choices=MODEL_CONFIGS, help="model folder written here (CPU tiny, GPU llama-8b)")
     ap.add_argument("--model-dir", type=Path, help="an existing model folder (config.json + tokenizer) instead")
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of the tables")
-    ap.add_argument("--out", type=Path, help="also write the JSON object to this file")
+    ap.add_argument("--out", type=Path, help="also write the JSON object to this file, and every run's call "
+                    "records (JSONL per condition, arm and seed) to FILE's name without suffix + '-calls/'")
     args = ap.parse_args(argv)
     if len(set(args.seeds)) != len(args.seeds):
         ap.error("--seeds: each seed once")
@@ -500,8 +521,9 @@ def estimate_condition(args: argparse.Namespace, wl: EngineWorkload | None = Non
         limits = {**REFERENCE_LIMITS, "kv_capacity_tokens": args.pool_tokens, "max_running_requests": args.max_running}
         seed = args.seeds[0]
         sim = simulate_setups(scaled_records(wl.replay[seed], 1.0, args.time_scale), profiles[seed],
-                              cluster(limits, step, args.replicas),
-                              args.concurrency, args.setups, preemption_threshold=args.preemption_threshold)
+                              cluster(limits, step, args.replicas, shares_device(args)),
+                              args.concurrency, args.setups, preemption_threshold=args.preemption_threshold,
+                              rate=args.rate, seed=seed)
     finally:
         if own_tmp is not None:
             own_tmp.cleanup()
@@ -525,8 +547,9 @@ def print_estimate(name: str, est: dict, file=None) -> None:
     file = file or sys.stdout
     st = est["settings"]
     print(f"condition {name}: {est['seeds']} seeds x {len(est['arms'])} arms ({', '.join(est['arms'])}) on "
-          f"{est['replicas']} replica(s) per arm; {st['workflows']} workflows, {st['concurrency']} in flight, "
-          f"{st['max_running']} running slots, pool {st['pool_tokens']}, tokens x{st['token_scale']}"
+          f"{est['replicas']} replica(s) per arm; {st['workflows']} workflows, "
+          + (f"open loop at {st['rate']}/s, " if st.get("rate") else f"{st['concurrency']} in flight, ")
+          + f"{st['max_running']} running slots, pool {st['pool_tokens']}, tokens x{st['token_scale']}"
           + (f" (coding prompts x{st['coding_token_scale']})" if st.get("coding_token_scale", 1) != 1 else ""),
           file=file)
     print(f"  estimated wall time {est['total_min']:.1f} min: runs {est['runs_s'] / 60:.1f} min ("
@@ -732,13 +755,14 @@ def simulate(args: argparse.Namespace, names: list[str], raw: dict[int, list[dic
 
     step = calibrate(calib, source=f"calibration replay on SGLang ({len(calib)} calls)")
     limits = server_limits(limits_log)
-    cfg = cluster(limits, step, args.replicas)
+    cfg = cluster(limits, step, args.replicas, shares_device(args))
     print(f"  simulator: decode step t0={step.t0 * 1e3:.2f} ms + c={step.c:.3g} s per KV token; prefill "
           f"p0={step.prefill_t0 * 1e3:.1f} ms + a={step.a * 1e3:.3f} ms/token + a_ctx={step.a_ctx * 1e3:.4f} ms/token "
           f"(MdAPE prefill {step.prefill_mdape:.2f} on {step.n_prefill} calls, decode {step.decode_mdape:.2f} "
           f"on {step.n_decode}); {limits}", file=sys.stderr)
     seeds = {seed: simulate_setups(scaled_records(raw[seed], 1.0, args.time_scale), profiles[seed], cfg,
-                                   args.concurrency, names, preemption_threshold=args.preemption_threshold)
+                                   args.concurrency, names, preemption_threshold=args.preemption_threshold,
+                                   rate=args.rate, seed=seed)
              for seed in args.seeds}
     arms = {n: float(np.mean([seeds[s][n]["jct_avg_s"] for s in args.seeds])) for n in names}
     return {"step": step.to_dict(), "limits": limits, "seeds": seeds, "arms": arms, "ratios": ratios(seeds, names)}
@@ -777,6 +801,13 @@ def print_report(name: str, out: dict, names: list[str]) -> None:
               f"{q['p90'] if q['p90'] is not None else '-':>5} {q['max'] if q['max'] is not None else '-':>4} "
               f"{q['running_max'] if q['running_max'] is not None else '-':>11}  "
               + ", ".join(f"{k}={v}" for k, v in a.get("plugin_counters", {}).items()))
+    for n in names:
+        hooks = {k[len("hook_us_"):]: v / 1e6 for k, v in out["arms"][n].get("plugin_counters", {}).items()
+                 if k.startswith("hook_us_")}
+        wall = sum(v[n].get("wall_s") or 0.0 for v in out["seeds"].values())
+        if hooks and wall > 0:
+            print(f"plugin hook time, {n}: {sum(hooks.values()):.2f} s in all = {sum(hooks.values()) / wall:.1%} of its "
+                  f"{wall:.0f} s of replay (" + ", ".join(f"{k} {v:.2f} s" for k, v in sorted(hooks.items())) + ")")
     sim = out.get("simulator")
     if not out["ratios"]:
         return

@@ -12,7 +12,9 @@ does (``fitting.profile_fit.idle_gap_calls``, cap 600 s) and replayed on the tes
 (``predict_sessions``); every TTL is bounded as the keep/drop policy serves it (0.5–120 s), as
 ``profiler eval`` scores it. Prints per set: coverage of the test idle gaps (nominal 0.95),
 mean TTL, share of TTLs at the 120 s cap and KV-seconds held per covered gap
-(Σ min(TTL, gap) / #covered; docs/keep-alive.md), and the means over the sets.
+(Σ min(TTL, gap) / #covered; docs/keep-alive.md), the half-life and the forward check's choice per
+type (``chosen`` or ``pooled``: :meth:`IdleGapModel._forward_check`), and the means over the sets.
+``--no-forward`` fits as before the forward check (the before-figures of issue 37 item 4).
 
 Issue 26: drift weighting once sent most TTLs of a small team to the cap (a recency-weighted
 quantile its weights could not certify was served as the cap, and the cap won the half-life
@@ -59,6 +61,27 @@ def team_records(n_wf: int, seed: int) -> list[dict]:
     return out
 
 
+def grow_records(n_wf: int, seed: int, grow: float = 20.0) -> list[dict]:
+    """Flat records of a type whose fast agent's idle gaps grow over the log (median 0.5 s, ×``grow``
+    from the first workflow to the last) beside a slow agent's steady ~30 s, alternating, eight calls
+    per workflow: shuffled CV picks the agent level, whose entry fit on the past under-covers the
+    future, while the pooled per-type quantile (set by the slow agent) stays wide enough
+    (``tests/test_idle_gap_forward.py``'s pattern; issue 37 item 4)."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for wf in range(n_wf):
+        t = 1.7e9 + wf * 86400.0
+        scale = 1 + (grow - 1) * wf / max(n_wf - 1, 1)
+        for k in range(8):
+            fast = k % 2 == 0
+            dur = float(rng.lognormal(math.log(3.0), 0.4))
+            out.append({"request_id": f"grow{seed}-{wf}-{k}", "workflow_type_id": "grow", "workflow_id": f"g{wf:04d}",
+                        "agent_id": "fast" if fast else "slow", "t_arrival": t, "t_finish": t + dur,
+                        "input_tokens": 500, "output_tokens": 100})
+            t += dur + float(rng.lognormal(math.log(0.5 * scale if fast else 30.0), 0.3))
+    return out
+
+
 def time_split(path: Path, train: float, work: Path) -> tuple[Path, Path]:
     """The first ``train`` share of each type's workflows by start time, and the rest."""
     con = connect(None)
@@ -88,8 +111,10 @@ def gap_rows(path: Path) -> pd.DataFrame:
         con.close()
 
 
-def score(train: Path, test: Path, half_lives: tuple | None = None, force_level: str | None = None) -> dict[str, float]:
-    model = IdleGapModel(max_ttl_s=600.0, **({"half_lives": half_lives} if half_lives else {})).fit(gap_rows(train))
+def score(train: Path, test: Path, half_lives: tuple | None = None, force_level: str | None = None,
+          forward: bool = True) -> dict[str, float]:
+    model = IdleGapModel(max_ttl_s=600.0, **({"half_lives": half_lives} if half_lives else {}),
+                         **({} if forward else {"forward_origins": ()})).fit(gap_rows(train))
     if force_level:   # serve this level whatever cross-validation chose (as it chose on the issue's team)
         for info in model.workflow_types_.values():
             if info.get("level") != "none":
@@ -106,7 +131,8 @@ def score(train: Path, test: Path, half_lives: tuple | None = None, force_level:
     return {"gaps": int(m.sum()), "coverage": float(covered.mean()), "mean_ttl_s": float(ttl.mean()),
             "at_cap": float(np.mean(ttl >= policy.max_ttl_s)),
             "kv_s_per_covered_gap": float(np.minimum(ttl, g).sum() / max(covered.sum(), 1)),
-            "half_life": ",".join(str(v.get("half_life")) for v in model.workflow_types_.values())}
+            "half_life": ",".join(str(v.get("half_life")) for v in model.workflow_types_.values()),
+            "forward": ",".join((v.get("forward") or {}).get("served", "-") for v in model.workflow_types_.values())}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -115,8 +141,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--workflows", type=int, default=64)
     ap.add_argument("--train", type=float, default=0.7)
-    ap.add_argument("--families", nargs="+", default=["messy", "team"], choices=["messy", "team"],
-                    help="generated sets per seed")
+    ap.add_argument("--families", nargs="+", default=["messy", "team"], choices=["messy", "team", "grow"],
+                    help="generated sets per seed (grow: a fast agent's gaps growing 20x beside a slow one)")
+    ap.add_argument("--no-forward", action="store_true",
+                    help="fit without the forward check against the pooled per-type quantile (the fit before it)")
     ap.add_argument("--half-lives", nargs="+", default=None,
                     help="candidate half-lives (fractions of a type's workflows; 'none' = no decay); default: the model's")
     ap.add_argument("--force-level", choices=["agent", "workflow_type"], default=None)
@@ -132,13 +160,16 @@ def main(argv: list[str] | None = None) -> None:
             if "team" in a.families:
                 write_jsonl(iter(team_records(a.workflows, s)), work / f"team{s}.jsonl")
                 sets.append((f"team{s}", work / f"team{s}.jsonl"))
+            if "grow" in a.families:
+                write_jsonl(iter(grow_records(a.workflows, s)), work / f"grow{s}.jsonl")
+                sets.append((f"grow{s}", work / f"grow{s}.jsonl"))
         results = {}
-        print(f"{'set':28s} {'gaps':>5s} {'coverage':>8s} {'mean TTL':>8s} {'at cap':>6s} {'KV-s/cov':>8s}  half-life")
+        print(f"{'set':28s} {'gaps':>5s} {'coverage':>8s} {'mean TTL':>8s} {'at cap':>6s} {'KV-s/cov':>8s}  half-life  forward")
         for name, path in sets:
-            r = results[name] = score(*time_split(path, a.train, work), half_lives, a.force_level)
+            r = results[name] = score(*time_split(path, a.train, work), half_lives, a.force_level, not a.no_forward)
             print(f"{name:28s} {r['gaps']:5d} {r['coverage']:8.3f} {r['mean_ttl_s']:8.2f} {r['at_cap']:6.3f} "
-                  f"{r['kv_s_per_covered_gap']:8.2f}  {r['half_life']}", flush=True)
-        for family in ("messy", "team"):
+                  f"{r['kv_s_per_covered_gap']:8.2f}  {r['half_life']}  {r.get('forward', '-')}", flush=True)
+        for family in ("messy", "team", "grow"):
             rs = [r for n, r in results.items() if n.startswith(family)]
             if rs:
                 print(f"{'mean ' + family:28s} {'':5s} {np.mean([r['coverage'] for r in rs]):8.3f} "

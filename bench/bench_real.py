@@ -18,7 +18,13 @@ global coverage and width ± their jackknife standard errors and the global arm'
 served bands (:mod:`predictors.online_calibration`). For the generated Pythia workloads the bench also prints the
 **Bayes bound** of next-agent top-1 (the generator's own structure simulated to get
 P(next | whole history)). After each table, the remaining-tokens C-index of ours beside every
-baseline, with ours minus the best baseline ± its jackknife standard error.
+baseline, with ours minus the best baseline ± its jackknife standard error; and the keep-alive
+TTL beside every keep-alive baseline (coverage and KV-seconds per covered gap, ours minus each ±
+its delete-one-workflow jackknife error, "DOMINATED" where the baseline is ahead beyond one error):
+the fitted TTL on the main protocol, the TTL served online on the time split. Last, every headline
+figure (bands served vs the global band on the time split, next-agent top-1 and log-loss, remaining
+calls MAE, remaining-tokens C-index, keep-alive) as ours minus every baseline ± its jackknife error
+with a "DOMINATED" flag (:func:`headline_rows`; ``headline`` in ``--json``).
 
 The command line, the data source of every set and the wall time are printed with the table;
 ``--json`` prints all of it, every eval result included, as one object. What each table holds and
@@ -46,7 +52,7 @@ sys.path.insert(0, str(REPO))
 from profiler.baseline_table import baseline_rows, baseline_table  # noqa: E402
 from profiler.commands.common import print_json  # noqa: E402
 from profiler.cross_validation import aggregate, cross_validate, nest  # noqa: E402
-from profiler.evaluation import evaluate  # noqa: E402
+from profiler.evaluation import evaluate, keep_alive_dominated  # noqa: E402
 from profiler.online_eval import evaluate_online  # noqa: E402
 from fitting.profile_fit import fit_profile  # noqa: E402
 from store.split import split_logs  # noqa: E402
@@ -144,6 +150,8 @@ def online_band(online: dict[str, Any]) -> dict[str, Any]:
     if ka and ka.get("gaps"):
         out["keep_alive"] = {"nominal": ka["nominal"], "gaps": ka["gaps"],
                              "online": pick_ka(ka["online"]), "static": pick_ka(ka["static"]),
+                             "baselines": {n: pick_ka(b) for n, b in (ka.get("baselines") or {}).items()},
+                             "vs_baselines": ka.get("vs_baselines") or {},
                              "by_type": {wt: {"gaps": t["gaps"], "online": pick_ka(t["online"]),
                                               "static": pick_ka(t["static"])} for wt, t in ka["by_type"].items()}}
     return out
@@ -236,6 +244,162 @@ def remaining_online_table(timed: dict[str, dict[str, Any]]) -> Table:
             table.add_row(name, c(rw["static"]), c(rw["online"]), c(base), pm(rw["vs_position_median"]["static"]),
                           pm(rw["vs_position_median"]["online"]), pm(rw["online_minus_static"]),
                           f"{mae(rw['static'])} / {mae(rw['online'])} / {mae(base)}", sel or "n/a")
+    return table
+
+
+#: Baselines of the keep-alive TTL (``keep_alive.vs_baselines``).
+KA_BASELINES = ("idle_gap_p95", "tool_p95", "nat_trie")
+
+
+def keep_alive_parts(result: dict[str, Any], served: bool) -> list[tuple[dict[str, Any], float]]:
+    """The keep-alive blocks of one set's result with their weights (scored gaps): one for a
+    single split, one per fold or messy seed otherwise. ``served``: the time split's online
+    replay (``online_band.keep_alive``: the TTL the serving Predictor serves, calibrated online),
+    else ``profiler eval``'s static scores (``keep_alive``)."""
+    if "folds" in result:
+        return [p for f in result["folds"] for p in keep_alive_parts(f.get("result", f), served)]
+    if served:
+        ka = (result.get("online_band") or {}).get("keep_alive") or {}
+        return [(ka, float(ka.get("gaps") or 0))] if ka.get("vs_baselines") else []
+    ka = result.get("keep_alive") or {}
+    return [(ka, float(ka.get("gaps") or 0))] if ka.get("vs_baselines") else []
+
+
+def keep_alive_vs(result: dict[str, Any], name: str, served: bool) -> dict[str, Any] | None:
+    """Ours minus baseline ``name`` on the keep-alive TTL (coverage, KV-seconds per covered gap,
+    each ± its delete-one-workflow jackknife error; ``dominated``), pooled over folds or messy seeds
+    weighted by scored gaps, the parts' errors added as independent (disjoint held-out workflows)."""
+    parts = [(ka["vs_baselines"].get(name), w) for ka, w in keep_alive_parts(result, served)]
+    parts = [(v, w) for v, w in parts if v and v.get("coverage_diff") is not None and w > 0]
+    if not parts:
+        return None
+    total = sum(w for _, w in parts)
+
+    def pool(key: str) -> tuple[float | None, float | None]:
+        got = [(v[key], v.get(f"{key}_se") or 0.0, w) for v, w in parts if v.get(key) is not None]
+        if not got:
+            return None, None
+        tw = sum(w for *_, w in got)
+        return (sum(w * d for d, _, w in got) / tw, float(np.sqrt(sum((w * se) ** 2 for _, se, w in got))) / tw)
+    dc, dc_se = pool("coverage_diff")
+    dk, dk_se = pool("kv_s_diff")
+    return {"coverage_diff": dc, "coverage_diff_se": dc_se, "kv_s_diff": dk, "kv_s_diff_se": dk_se, "gaps": total,
+            "dominated": dk is not None and keep_alive_dominated(dc, dc_se, dk, dk_se)}
+
+
+def keep_alive_table(results: dict[str, dict[str, Any]], title: str, served: bool) -> Table:
+    """Per set: the keep-alive TTL's coverage of the held-out idle gaps and KV-seconds per covered
+    gap, ours (``served``: the online replay on the time split) beside every baseline, then ours
+    minus each ± its jackknife error, "dominated" where the baseline is ahead beyond one error
+    (:func:`profiler.evaluation.keep_alive_dominated`)."""
+    table = Table(title=title)
+    for col in ("set", "gaps", "ours coverage / KV-s", *(f"{n} coverage / KV-s" for n in KA_BASELINES),
+                *(f"ours − {n}: coverage ± se, KV-s ± se" for n in KA_BASELINES)):
+        table.add_column(col, justify="left" if col == "set" else "right")
+
+    def figure(r: dict[str, Any], which: str) -> str:
+        parts = keep_alive_parts(r, served)
+        vals = []
+        for ka, w in parts:
+            if served:
+                s = ka.get("online") if which == "ours" else (ka.get("baselines") or {}).get(which)
+                c, k = (s or {}).get("coverage"), (s or {}).get("kv_s_per_covered_gap")
+            else:
+                c = ka.get("idle_gap_coverage") if which == "ours" else (ka.get("baselines") or {}).get(which)
+                k = (ka.get("kv_s_per_covered_gap") or {}).get(which)
+            if c is not None and k is not None:
+                vals.append((c, k, w))
+        tw = sum(w for *_, w in vals)
+        if not vals or tw <= 0:
+            return "n/a"
+        return f"{sum(c * w for c, _, w in vals) / tw:.3f} / {sum(k * w for _, k, w in vals) / tw:.2f}"
+    for label, r in results.items():
+        parts = keep_alive_parts(r, served)
+        if not parts:
+            continue
+        cells = []
+        for n in KA_BASELINES:
+            v = keep_alive_vs(r, n, served)
+            if v is None:
+                cells.append("n/a")
+                continue
+            kv = "n/a" if v["kv_s_diff"] is None else f"{v['kv_s_diff']:+.2f} ± {(v['kv_s_diff_se'] or 0):.2f}"
+            cells.append(f"{v['coverage_diff']:+.3f} ± {(v['coverage_diff_se'] or 0):.3f}, {kv}"
+                         + (" DOMINATED" if v["dominated"] else ""))
+        table.add_row(label, f"{sum(w for _, w in parts):,.0f}", figure(r, "ours"),
+                      *(figure(r, n) for n in KA_BASELINES), *cells)
+    return table
+
+
+def _parts(result: dict[str, Any]) -> list[dict[str, Any]]:
+    """The single eval results of one set's result (its folds or messy seeds, else itself)."""
+    if "folds" in result:
+        return [q for f in result["folds"] for q in _parts(f.get("result", f))]
+    return [result]
+
+
+def _pool(got: list[tuple[float, float | None, float]]) -> tuple[float, float] | None:
+    """Parts' ``(diff, se, weight)`` as one: the weighted mean, ``se = √(Σ (w·se)²) / Σ w``
+    (disjoint held-out workflows: independent errors)."""
+    got = [(d, se or 0.0, w) for d, se, w in got if d is not None and w > 0]
+    if not got:
+        return None
+    total = sum(w for *_, w in got)
+    return (sum(w * d for d, _, w in got) / total, float(np.sqrt(sum((w * se) ** 2 for _, se, w in got))) / total)
+
+
+def headline_rows(result: dict[str, Any], served: bool) -> list[tuple[str, str, str, bool]]:
+    """Every headline figure of one set beside every baseline: ``(figure, baseline, "ours − it ±
+    se", dominated)``. Bands: the served (online) band minus the global band on the time split
+    (``online_vs_global``: coverage and width); next agent: top-1 and log-loss minus markov1,
+    markov_vo, markov_wb; remaining calls: MAE minus the position median; remaining tokens:
+    C-index minus each :data:`RW_BASELINES`; keep-alive: coverage and KV-seconds per covered gap
+    minus each :data:`KA_BASELINES` (served online on the time split). Errors: delete-one-workflow
+    (or session) jackknife, pooled over folds or seeds; dominated: the baseline ahead beyond one."""
+    parts = _parts(result)
+    rows: list[tuple[str, str, str, bool]] = []
+    if served:
+        got = [((q.get("online_band") or {}).get("online_vs_global") or {}, float(q.get("calls") or 0)) for q in parts]
+        c = _pool([(v.get("coverage_diff"), v.get("coverage_diff_se"), w) for v, w in got if v])
+        wd = _pool([(v.get("width_diff"), v.get("width_diff_se"), w) for v, w in got if v])
+        if c and wd:
+            rows.append(("output band, served (coverage; width)", "global",
+                         f"{c[0]:+.3f} ± {c[1]:.3f}; {wd[0]:+,.0f} ± {wd[1]:,.0f}",
+                         bool((c[0] < -c[1] and wd[0] >= 0) or (c[0] <= 0 and wd[0] > wd[1]))))
+    for name in ("markov1", "markov_vo", "markov_wb"):
+        for metric, label, worse in (("top1", "next agent top-1", -1), ("log_loss", "next agent log-loss", 1)):
+            got = [(((q.get("next_agent") or {}).get("vs_baselines") or {}).get(name) or {}) for q in parts]
+            pooled = _pool([(v.get(f"{metric}_diff"), v.get(f"{metric}_diff_se"), float(v.get(f"{metric}_n") or 0))
+                            for v in got])
+            if pooled:
+                rows.append((label, name, f"{pooled[0]:+.3f} ± {pooled[1]:.3f}", worse * pooled[0] > pooled[1]))
+    got = [(((q.get("remaining_calls") or {}).get("vs_baselines") or {}).get("position_median") or {}) for q in parts]
+    pooled = _pool([(v.get("mae_diff"), v.get("mae_diff_se"), float(v.get("mae_n") or 0)) for v in got])
+    if pooled:
+        rows.append(("remaining calls MAE", "position_median", f"{pooled[0]:+.2f} ± {pooled[1]:.2f}",
+                     pooled[0] > pooled[1]))
+    for name in RW_BASELINES:
+        jk = c_index_diff(result, name)
+        if jk is not None:
+            rows.append(("remaining tokens C-index", name, f"{jk[0]:+.3f} ± {jk[1]:.3f}", jk[0] < -jk[1]))
+    for name in KA_BASELINES:
+        v = keep_alive_vs(result, name, served)
+        if v is not None:
+            kv = "n/a" if v["kv_s_diff"] is None else f"{v['kv_s_diff']:+.2f} ± {(v['kv_s_diff_se'] or 0):.2f}"
+            rows.append(("keep-alive (coverage; KV-s per covered gap)" + (", served" if served else ""), name,
+                         f"{v['coverage_diff']:+.3f} ± {(v['coverage_diff_se'] or 0):.3f}; {kv}", v["dominated"]))
+    return rows
+
+
+def headline_table(results: dict[str, dict[str, Any]], title: str, served: bool) -> Table:
+    """Per set, :func:`headline_rows`: ours minus every baseline on every headline figure ± its
+    jackknife error, and "DOMINATED" where the baseline is ahead beyond one error."""
+    table = Table(title=title)
+    for col in ("set", "figure", "baseline", "ours − baseline ± se", "dominated?"):
+        table.add_column(col, justify="right" if col == "ours − baseline ± se" else "left")
+    for label, r in results.items():
+        for i, (figure, name, cell, dom) in enumerate(headline_rows(r, served)):
+            table.add_row(label if i == 0 else "", figure, name, cell, "DOMINATED" if dom else "no")
     return table
 
 
@@ -383,7 +547,11 @@ def main() -> None:
                     entry["error"] = f"{type(result).__name__}: {result}"
                 else:
                     entry.update(result=result, table=baseline_rows(result),
-                                 c_index_vs={n: c_index_diff(result, n) for n in RW_BASELINES})
+                                 c_index_vs={n: c_index_diff(result, n) for n in RW_BASELINES},
+                                 keep_alive_vs={n: keep_alive_vs(result, n, served=proto == "time")
+                                                for n in KA_BASELINES},
+                                 headline=[dict(zip(("figure", "baseline", "ours_minus_baseline", "dominated"), row))
+                                           for row in headline_rows(result, served=proto == "time")])
                 if proto == "main":
                     out["sets"][label] = entry
                 else:
@@ -416,6 +584,11 @@ def main() -> None:
                                  title=f"ours vs baselines on held-out workflows ({out['mode']}{spread})"))
     console.print(c_index_table({label: s["result"] for label, s in out["sets"].items() if "result" in s},
                                 title=f"remaining-tokens C-index, ours vs the best baseline ({out['mode']})"))
+    console.print(keep_alive_table({label: s["result"] for label, s in out["sets"].items() if "result" in s},
+                                   f"keep-alive TTL (fitted), ours vs every baseline ({out['mode']})", served=False))
+    console.print(headline_table({label: s["result"] for label, s in out["sets"].items() if "result" in s},
+                                 f"every headline figure, ours − every baseline ± jackknife se ({out['mode']})",
+                                 served=False))
     if args.time:
         timed = {label: s["time_split"] for label, s in out["sets"].items() if "time_split" in s}
         for label, s in timed.items():
@@ -427,6 +600,12 @@ def main() -> None:
         console.print(c_index_table({label: s["result"] for label, s in timed.items() if "result" in s},
                                     title=f"remaining-tokens C-index, ours vs the best baseline, {out['time_mode']}"))
         console.print(online_band_table(timed))
+        console.print(keep_alive_table({label: s["result"] for label, s in timed.items() if "result" in s},
+                                       f"keep-alive TTL served (online), ours vs every baseline, {out['time_mode']}",
+                                       served=True))
+        console.print(headline_table({label: s["result"] for label, s in timed.items() if "result" in s},
+                                     f"every headline figure as served, ours − every baseline ± jackknife se, "
+                                     f"{out['time_mode']}", served=True))
         console.print(remaining_online_table(timed))
 
 

@@ -27,6 +27,9 @@ time) where it predicts a gain of at least 15 % (docs/sglang.md gives the grid):
                          tokens (prefill-dominated), a 4,000-token pool that the sessions in
                          flight overfill (eviction during tool gaps); arms ``hints`` and
                          ``no-retention``: retention and prefetch are what is tested
+``open-contention``      as ``contention``, but the workflows arrive open loop (Poisson at
+                         ``--rate``) as sessions do on a shared platform, instead of a closed
+                         population whose mean JCT is fixed by Little's law
 ``platform-contention``  two replicas, the mix, half the slots, 3 x the slots in flight;
                          arms ``router`` (the real sglang-router) and ``hints``
 =======================  ================================================================
@@ -50,6 +53,10 @@ import numpy as np
 SHARED_DATASETS = Path(__file__).resolve().parents[2] / "shared" / "datasets"
 REPO_DATASETS = Path(__file__).resolve().parents[1] / "datasets" / "real"
 MULTI_AGENT_TRACE = "seq_whowhen_magentic_captain.jsonl"
+#: ``open-contention``'s arrival rate on CPU (workflows/s): where the simulator, calibrated on the
+#: 2026-11-29 matrix's CPU replica, predicts a queue that forms without running away (hints ÷
+#: round robin 0.68-0.84 over seeds 0-3; docs/sglang.md); on GPU give ``--rate``
+OPEN_RATE_CPU = 1.8
 #: generated workflows the profile of a generated condition is fitted on (seed 1000: no replay
 #: seed overlaps)
 TRAIN_WORKFLOWS, TRAIN_SEED = 80, 1000
@@ -92,6 +99,12 @@ CONDITIONS: dict[str, Condition] = {c.name: c for c in (
               {"replicas": lambda d: 1, "max_running": lambda d: max(2, int(d) // 2),
                "pool_tokens": lambda d: int(2 * d), "coding_token_scale": lambda d: 4.0},
               setups=("hints", "no-retention"), in_flight_per_slot=2.0),
+    Condition("open-contention", "agent-platform",
+              "one replica, the agent-platform mix arriving open loop (Poisson, 1.8 workflows/s on CPU), "
+              "no cap in flight: round robin vs hints",
+              {"replicas": lambda d: 1, "max_running": lambda d: max(2, int(d) * 3 // 8),
+               "workflows": lambda d: int(2.5 * d), "rate": lambda d: OPEN_RATE_CPU if d is None else d},
+              setups=("round-robin", "hints")),
     Condition("platform-contention", "agent-platform",
               "two replicas, the agent-platform mix, 3 x the running slots in flight: sglang-router vs hints",
               {"max_running": lambda d: max(2, int(d) // 2), "workflows": lambda d: int(1.5 * d)},

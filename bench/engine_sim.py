@@ -49,6 +49,7 @@ from simulator.metrics import summarize
 from simulator.ours import OursOptions, build_ours
 from simulator.policy import Policy
 from simulator.workload import Workload, workload_from_records
+from serving_hooks.replay import arrival_offsets
 
 #: bench set-up -> simulator policy
 SIM_POLICIES = {"round-robin": "sglang-rr", "router": "sglang-router-0.3.2", "hints": "ours",
@@ -179,11 +180,16 @@ def replay_prefixes(wl: Workload) -> Workload:
 
 
 def simulate_setups(records: list[dict], profile_dir: Path, cfg: ClusterConfig, concurrency: int,
-                    setups: list[str], preemption_threshold: int = 10) -> dict[str, dict]:
+                    setups: list[str], preemption_threshold: int = 10, rate: float | None = None,
+                    seed: int = 0) -> dict[str, dict]:
     """Simulated avg/P95 JCT and GPU-tier hit share of each bench set-up on ``records``
-    (``preemption_threshold``: the hints replicas' ``--priority-scheduling-preemption-threshold``)."""
+    (``preemption_threshold``: the hints replicas' ``--priority-scheduling-preemption-threshold``;
+    ``rate``: open loop, the workflows released at the replay's own Poisson times for ``seed``,
+    :func:`serving_hooks.replay.arrival_offsets`, instead of a closed population)."""
     wl = replay_prefixes(workload_from_records(records, name="bench-engine", conversation_lineage=False))
-    arrivals = np.zeros(len(wl.workflows))
+    n = len(wl.workflows)
+    arrivals = arrival_offsets(n, rate, 1.0, seed) if rate else np.zeros(n)
+    concurrency = None if rate else concurrency
     out = {}
     for name in setups:
         pol_name = SIM_POLICIES[name]
@@ -200,5 +206,12 @@ def simulate_setups(records: list[dict], profile_dir: Path, cfg: ClusterConfig, 
     return out
 
 
-def cluster(limits: dict[str, int], step: StepTimeModel, replicas: int = 2) -> ClusterConfig:
-    return ClusterConfig(replicas=replicas, host_ratio=0.0, step=step, **limits)
+def cluster(limits: dict[str, int], step: StepTimeModel, replicas: int = 2,
+            shared_compute: bool = True) -> ClusterConfig:
+    """The bench's replicas as the simulator sees them: the replay sends ``max_tokens`` = the
+    recorded output with ``ignore_eos``, so admission reserves each call's whole output; and the
+    replicas share one device (``shared_compute``: every CPU replica shares the host's cores, and
+    GPU replicas share a GPU when there are fewer GPUs than replicas), while the step time was
+    calibrated on one replica alone."""
+    return ClusterConfig(replicas=replicas, host_ratio=0.0, step=step, fixed_length_requests=True,
+                         shared_compute=shared_compute and replicas > 1, **limits)

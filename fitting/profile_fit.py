@@ -73,7 +73,7 @@ class FitOptions:
     group_by: str | None = None                   # selection folds keep a group's workflows together
     group_pattern: str | None = None              # the part of ``group_by`` that names the group
     drift: bool = True                            # recency weighting of tool latency and idle gap
-    forward_validation: bool = True               # next-agent/remaining choices checked on the latest fifth
+    forward_validation: bool = True               # next-agent/remaining/keep-alive choices checked forward
     alergia_alpha: float = DEFAULT_ALPHA          # the workflow automaton's ALERGIA test level
     loop_quantiles: tuple[float, float] = LOOP_QUANTILES      # loop round bounds of the regexes
     prompt_workflows: int = DEFAULT_PROMPT_WORKFLOWS          # workflows per type mined for prompts
@@ -235,10 +235,12 @@ def human_wait_section(con: duckdb.DuckDBPyConnection) -> dict[str, Any]:
 
 def fit_idle_gap(con: duckdb.DuckDBPyConnection, options: FitOptions) -> IdleGapModel:
     """The idle-gap keep-alive model (quantile ``ttl_quantile``, cap ``max_ttl_s``) on every call;
-    ``FitOptions(drift=False)`` turns recency weighting off."""
+    ``FitOptions(drift=False)`` turns recency weighting off, ``forward_validation=False`` the
+    forward check against the pooled per-type quantile."""
     drift = {} if options.drift else {"half_lives": (None,)}
+    forward = {} if options.forward_validation else {"forward_origins": ()}
     return IdleGapModel(quantile=options.ttl_quantile, max_ttl_s=options.max_ttl_s,
-                        random_state=options.seed, **drift).fit(idle_gap_calls(con))
+                        random_state=options.seed, **drift, **forward).fit(idle_gap_calls(con))
 
 
 #: The per-agent statistics measured in time (None in an order-only profile).

@@ -16,11 +16,11 @@ import logging
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, NamedTuple
 
 from predictors.contract import TOOL_FIELDS, ToolLatency
-from predictors.served import (MAX_FACTOR, SIMPLEST, IdleGapTable, OutputBands, RemainingTokensTable,
-                              ToolLatencyTable)
+from predictors.served import (MAX_FACTOR, SIMPLEST, Band, IdleGapTable, OutputBands, RemainingTokensTable,
+                              RemainingWork, ToolLatencyTable)
 from synth.remaining import position_bucket
 
 log = logging.getLogger(__name__)
@@ -30,17 +30,65 @@ log = logging.getLogger(__name__)
 UNSEEN_AGENT = "\x00unseen-agent"
 
 
+class KeepAliveEntry(NamedTuple):
+    """An agent's fitted idle-gap entry, read once at compile time: what its keep-alive TTL is
+    served from (:meth:`CompiledProfile.keep_alive_ttl`)."""
+
+    ttl_z: float                   # the idle-gap TTL (the entry's z-quantile of the gap, seconds)
+    median_s: float | None         # the entry's median gap (the session correction's unit)
+    prior_weight: float | None     # pseudo-gaps of the session correction's prior (None: no correction)
+    by_tool: dict[str, float]      # {tool: ttl_z} where the type is fitted at the tool level
+
+
+@dataclass(frozen=True)
+class AgentStats:
+    """One agent's entry of the profile's ``agents`` section (per workflow type), typed."""
+
+    calls: int                         # its calls in the training logs (0: not written)
+    tools: dict[str, int]              # calls per tool it called
+    decode_tok_s: float | None         # its decode speed (None in an order-only profile)
+
+    @classmethod
+    def from_dict(cls, d: Any) -> "AgentStats":
+        d = d if isinstance(d, Mapping) else {}
+        speed = d.get("decode_tok_s")
+        return cls(int(d.get("calls") or 0), dict(d.get("tools") or {}), float(speed) if speed else None)
+
+
+@dataclass(frozen=True)
+class ProfileSections:
+    """The plain (non-estimator) sections of ``profile.json`` the Predictor reads, typed and read
+    once at compile time; the estimator sections have their readers in :mod:`predictors.served`.
+    The file's format is unchanged: this is a view of it."""
+
+    workflow_type_calls: dict[str, int]            # ``workflow_types``: calls per type
+    interactive_types: frozenset[str]              # ``human_wait``: types where a person took a turn
+    agents: dict[str, dict[str, AgentStats]]       # ``agents``: per type, per agent
+    idle_gap_quantile: float | None                # ``idle_gap.params.quantile``: the TTL's nominal level
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "ProfileSections":
+        wts = data.get("workflow_types") or {}
+        return cls(
+            workflow_type_calls={wt: int((v or {}).get("calls", 0)) for wt, v in wts.items()},
+            interactive_types=frozenset(wt for wt, v in (data.get("human_wait") or {}).items()
+                                        if int((v or {}).get("waits", 0)) > 0),
+            agents={wt: {a: AgentStats.from_dict(v) for a, v in (agents or {}).items()}
+                    for wt, agents in (data.get("agents") or {}).items()},
+            idle_gap_quantile=((data.get("idle_gap") or {}).get("params") or {}).get("quantile"))
+
+
 @dataclass
 class AgentEntry:
     """What never changes between calls of one (workflow type, agent)."""
 
     calls: int
     tool_latency: dict[str, ToolLatency]
-    static_band: tuple[int, int, str] | None   # None: the conditional model needs features
+    static_band: Band | None                   # None: the conditional model needs features
     retain_s: float | None = None              # keep-alive TTL of the agent's most frequent tool
     upper_bounds: tuple = ()                   # ((α, U(α)), …) one-sided output bounds
     mean_output: float | None = None           # mean output tokens of the agent
-    keep_alive: tuple | None = None            # (idle-gap TTL z-quantile, median gap, prior weight, by tool)
+    keep_alive: KeepAliveEntry | None = None   # the idle-gap entry (None: no idle-gap section)
 
 
 class CompiledProfile:
@@ -53,6 +101,8 @@ class CompiledProfile:
                  paths_class: Any = None) -> None:
         self.version = version
         self.data = data
+        #: the plain sections, typed (the estimator sections follow, each with its reader)
+        self.sections = sections = ProfileSections.from_dict(data)
         self.manifest: dict = {}
         self.path: Path | None = None
         ol = data.get("output_length")
@@ -60,37 +110,35 @@ class CompiledProfile:
         self.coverage = float(ol["coverage"]) if ol else None
         #: the global band ``(lo, hi, "global")``: every agent's second arm online
         #: (:meth:`predictors.online_calibration.OnlineCalibrator.arms`, ``alternative``)
-        self.global_band: tuple[int, int, str] | None = None
+        self.global_band: Band | None = None
         if self.bands is not None and self.bands.global_:
             g = self.bands.global_
-            self.global_band = (int(g["lo"]), int(g["hi"]), "global")
+            self.global_band = Band(int(g["lo"]), int(g["hi"]), "global")
         tl = data.get("tool_latency")
         self.tools = ToolLatencyTable.from_dict(tl) if tl else None
         ig = data.get("idle_gap")
         self.idle_gap = IdleGapTable.from_dict(ig) if ig else None
         rt = data.get("remaining_tokens")
         self.remaining = RemainingTokensTable.from_dict(rt) if rt else None
-        wts = data.get("workflow_types") or {}
-        self.workflow_type_calls: dict[str, int] = {wt: int((v or {}).get("calls", 0)) for wt, v in wts.items()}
+        self.workflow_type_calls: dict[str, int] = dict(sections.workflow_type_calls)
         #: Workflow types in which the profile saw a person take a turn (``human_wait``): their
         #: sessions are latency class ``interactive`` (:func:`latency_class`).
-        self.interactive_types: frozenset[str] = frozenset(
-            wt for wt, v in (data.get("human_wait") or {}).items() if int((v or {}).get("waits", 0)) > 0)
+        self.interactive_types: frozenset[str] = sections.interactive_types
         if self.bands is not None:
             for wt, band in self.bands.workflow_types_.items():
                 self.workflow_type_calls.setdefault(wt, int(band.get("n", 0)))
         self.agents: dict[tuple[str, str], AgentEntry] = {}
-        agent_stats = data.get("agents") or {}
+        agent_stats = sections.agents
         band_agents = self.bands.agents_ if self.bands is not None else {}
         for wt in set(agent_stats) | set(band_agents):
             for agent in set(agent_stats.get(wt, {})) | set(band_agents.get(wt, {})):
-                self.agents[(wt, agent)] = self._agent_entry(wt, agent, agent_stats.get(wt, {}).get(agent) or {},
+                self.agents[(wt, agent)] = self._agent_entry(wt, agent, agent_stats.get(wt, {}).get(agent),
                                                              max_tools)
         self._decode_speed = self._decode_speeds(agent_stats)
         #: per workflow type, the entry an agent the profile never saw is served (its band, upper
         #: bounds and idle-gap TTL backed off to the workflow type's level; no tools of its own)
         self.unseen_agent: dict[str, AgentEntry] = {
-            wt: self._agent_entry(wt, UNSEEN_AGENT, {}, max_tools) for wt in self.workflow_type_calls}
+            wt: self._agent_entry(wt, UNSEEN_AGENT, None, max_tools) for wt in self.workflow_type_calls}
         self.paths: dict[str, Any] = {}
         self.path_errors: dict[str, str] = {}
         if paths_class is not None:
@@ -101,9 +149,9 @@ class CompiledProfile:
                     self.path_errors[wt] = f"{type(exc).__name__}: {exc}"
                     log.warning("profile %s: workflow automaton of %r not usable: %s", version, wt, exc)
 
-    def _agent_entry(self, wt: str, agent: str, stats: Mapping, max_tools: int) -> AgentEntry:
+    def _agent_entry(self, wt: str, agent: str, stats: AgentStats | None, max_tools: int) -> AgentEntry:
         tools: dict[str, dict] = {}
-        counts = stats.get("tools") or {}
+        counts = stats.tools if stats is not None else {}
         if self.tools is not None:
             for name in sorted(counts, key=lambda t: (-counts[t], t))[:max_tools]:
                 entry = self.tools.lookup(wt, name)
@@ -113,9 +161,9 @@ class CompiledProfile:
         if self.bands is not None:
             band, level = self.bands.lookup(wt, agent)
             if not band.get("conditional"):
-                static = (int(band["lo"]), int(band["hi"]), level)
-        calls = int(stats.get("calls") or (self.bands.agents_.get(wt, {}).get(agent, {}).get("n", 0)
-                                           if self.bands is not None else 0))
+                static = Band(int(band["lo"]), int(band["hi"]), level)
+        calls = int((stats.calls if stats is not None else 0)
+                    or (self.bands.agents_.get(wt, {}).get(agent, {}).get("n", 0) if self.bands is not None else 0))
         first = next(iter(tools.values()), ToolLatency())
         upper: tuple = ()
         mean_out = None
@@ -127,8 +175,8 @@ class CompiledProfile:
                            upper_bounds=upper, mean_output=mean_out,
                            keep_alive=self._keep_alive(wt, agent, tools))
 
-    def _keep_alive(self, wt: str, agent: str, tools: Mapping[str, dict]) -> tuple | None:
-        """``(ttl_z, median_s, prior_weight, {tool: ttl_z})`` of the agent's idle-gap entry."""
+    def _keep_alive(self, wt: str, agent: str, tools: Mapping[str, dict]) -> KeepAliveEntry | None:
+        """The agent's idle-gap entry (None without one)."""
         if self.idle_gap is None:
             return None
         e, _ = self.idle_gap.entry(wt, agent)
@@ -140,7 +188,8 @@ class CompiledProfile:
                 te, lv = self.idle_gap.entry(wt, agent, name)
                 if te is not None and lv == "tool":
                     by_tool[name] = float(te["ttl_z"])
-        return (float(e["ttl_z"]), self.idle_gap.median(wt, agent), self.idle_gap.prior_weight(wt), by_tool)
+        return KeepAliveEntry(float(e["ttl_z"]), self.idle_gap.median(wt, agent),
+                              self.idle_gap.prior_weight(wt), by_tool)
 
     def keep_alive_ttl(self, entry: AgentEntry, log_sum: float, n: int,
                        scale: float = 1.0) -> tuple[float | None, dict]:
@@ -149,7 +198,7 @@ class CompiledProfile:
         ``scale`` stretches the quantiles before the cap (the online keep-alive level's ``r_t``)."""
         if entry.keep_alive is None or self.idle_gap is None:
             return None, {}
-        ttl_z, _, w, by_tool = entry.keep_alive
+        ttl_z, w, by_tool = entry.keep_alive.ttl_z, entry.keep_alive.prior_weight, entry.keep_alive.by_tool
         c = 1.0 if w is None else math.exp(max(-math.log(MAX_FACTOR),
                                                 min(math.log(MAX_FACTOR), log_sum / (n + w))))
         cap = self.idle_gap.max_ttl_s
@@ -164,11 +213,10 @@ class CompiledProfile:
         return self._decode_speed.get(wt)
 
     @staticmethod
-    def _decode_speeds(agent_stats: Mapping[str, Any]) -> dict[str, float]:
+    def _decode_speeds(agent_stats: Mapping[str, Mapping[str, AgentStats]]) -> dict[str, float]:
         out = {}
         for wt, agents in agent_stats.items():
-            speeds = [(float(v["decode_tok_s"]), int(v.get("calls") or 1)) for v in (agents or {}).values()
-                      if isinstance(v, Mapping) and v.get("decode_tok_s")]
+            speeds = [(v.decode_tok_s, v.calls or 1) for v in agents.values() if v.decode_tok_s]
             if speeds:
                 out[wt] = sum(x * n for x, n in speeds) / sum(n for _, n in speeds)
         return out
@@ -176,8 +224,8 @@ class CompiledProfile:
     def remaining_output(self, wt: str, calls_done: int, agent: str, out_so_far: float,
                          expected_so_far: float, agent_calls: int = 0,
                          elapsed_s: float | None = None,
-                         simplest: bool = False) -> tuple[float, float, float] | None:
-        """``(R̂, p50, p90)`` remaining output tokens of a session at a call by ``agent`` after
+                         simplest: bool = False) -> RemainingWork | None:
+        """The :class:`~predictors.served.RemainingWork` ``(R̂, p50, p90)``: remaining output tokens of a session at a call by ``agent`` after
         ``calls_done`` calls, ``agent_calls`` of them by ``agent``
         (:class:`predictors.served.RemainingTokensTable`); None without the section or the type.
         ``simplest``: the fallback candidate's figures (:data:`predictors.served.SIMPLEST`)."""
@@ -196,7 +244,7 @@ class CompiledProfile:
         band, level = self.bands.lookup(wt, agent)
         return level == "global" and ("selection" not in band or bool(band.get("fallback_reason")))
 
-    def band(self, wt: str, agent: str, entry: AgentEntry, features: Mapping) -> tuple[int, int, str] | None:
+    def band(self, wt: str, agent: str, entry: AgentEntry, features: Mapping) -> Band | None:
         if entry.static_band is not None:
             return entry.static_band
         if self.bands is None:

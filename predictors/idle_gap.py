@@ -26,7 +26,9 @@ import numpy as np
 import pandas as pd
 from sklearn.base import BaseEstimator
 
-from predictors.served import LEVEL_KEYS, LEVELS, MAX_FACTOR, MIN_GAP_S, IdleGapTable
+from predictors.keep_alive_compare import compare_held
+from predictors.served import (HELD_TTL_MAX_S, HELD_TTL_MIN_S, LEVEL_KEYS, LEVELS, MAX_FACTOR, MIN_GAP_S,
+                               IdleGapTable)
 from store.folds import group_folds
 
 #: Columns :meth:`IdleGapModel.fit` reads.
@@ -385,16 +387,20 @@ class IdleGapModel(IdleGapTable, BaseEstimator):
     min_workflows_drift : fewest workflows of a type for the half-life to be chosen at all.
     max_cv_workflows : the choices (half-life, level, prior weight) are validated on a seeded sample
         of at most this many workflows per type (0 = all); the final fit uses every workflow.
+    forward_origins : rolling origins (shares of a type's workflows by start time) of the forward
+        check of the choice against the pooled per-type quantile (:meth:`_forward_check`); empty:
+        no check.
     random_state : seed of the fold assignment.
 
     Fitted attributes: ``workflow_types_`` ({wt: {level, tool_level, prior_weight, half_life,
-    half_life_workflows, end_share, n, scores, entries: {level: [{keys…, n, p50_s, ttl_z}]}}}).
+    half_life_workflows, end_share, n, scores, forward, entries: {level: [{keys…, n, p50_s, ttl_z}]}}}).
     """
 
     def __init__(self, quantile: float = 0.95, max_ttl_s: float | None = 600.0, min_samples: int = 19,
                  folds: int = 5, prior_weights: Sequence[float | None] = (None, 1.0, 4.0, 16.0),
                  half_lives: Sequence[float | None] = (None, 0.5, 0.2, 0.05), min_workflows_drift: int = 20,
-                 max_cv_workflows: int = 5000, random_state: int = 0):
+                 max_cv_workflows: int = 5000,
+                 forward_origins: Sequence[float] = (0.5, 0.6, 0.7, 0.8, 0.9), random_state: int = 0):
         self.quantile = quantile
         self.max_ttl_s = max_ttl_s
         self.min_samples = min_samples
@@ -403,6 +409,7 @@ class IdleGapModel(IdleGapTable, BaseEstimator):
         self.half_lives = half_lives
         self.min_workflows_drift = min_workflows_drift
         self.max_cv_workflows = max_cv_workflows
+        self.forward_origins = forward_origins
         self.random_state = random_state
 
     # ------------------------------------------------------------------ pieces
@@ -563,6 +570,68 @@ class IdleGapModel(IdleGapTable, BaseEstimator):
                     preds[(lv, w)][fold == f] = self._predict_rows(va, tables, lv, w)
         return {key: self._score(g, p) for key, p in preds.items()}
 
+    def _forward_check(self, g: pd.DataFrame, n_wf: int, half_life: float | None, level: str,
+                       prior_weight: float | None) -> dict[str, Any] | None:
+        """The chosen TTL against the pooled per-type quantile, scored forward in time.
+
+        Rolling origin on the training side: at each origin (a share of the type's workflows by
+        start time, :attr:`forward_origins`) both candidates are fit on the workflows started
+        before it — ``chosen`` = the chosen (half-life, level, prior weight), ``pooled`` = one
+        unweighted conformal quantile of the type's gaps, no session factor (the ``idle_gap_p95``
+        baseline's estimate, certified) — and serve the workflows up to the next origin (the last
+        block: up to the newest). TTLs are held as the keep/drop policy holds them (0.5–120 s).
+        ``pooled`` serves when it is ahead forward beyond one standard error (jackknife by
+        workflow): it covers more at no more KV-seconds per covered gap (the TTL held after a
+        session's last call counted, as the half-life choice counts it), or it reaches the
+        quantile and holds less at a coverage not below beyond one (the cheapest at nominal, as
+        the half-life choice keeps), or ``chosen`` stays under the quantile and ``pooled`` covers
+        more. Where an entry
+        has few gaps, or the gaps drift, a finer or decayed fit keeps its past shape while the
+        pooled quantile is wider in the right place. (Serving the pooled one unless the chosen is
+        ahead beyond noise — the simpler by default — covered less on SWE-agent's and the
+        drifting team's futures: docs/keep-alive.md.) Returns ``{served, gaps, scores:
+        {candidate: {coverage, kv_s_per_covered_gap}}, diff, diff_se, kv_s_diff, kv_s_diff_se}``
+        (pooled minus chosen); None when too few workflows (``min_workflows_drift``) or no origin
+        has a certifiable prefix."""
+        if not self.forward_origins or n_wf < self.min_workflows_drift:
+            return None
+        cuts = sorted({int(round(f * n_wf)) for f in self.forward_origins} | {n_wf})
+        rank = g["rank"].to_numpy()
+        parts: dict[str, list[np.ndarray]] = {"chosen": [], "pooled": []}
+        scored: list[pd.DataFrame] = []
+        for lo, hi in zip(cuts[:-1], cuts[1:]):
+            prefix = g[(rank < lo) & g["gap_after_s"].notna().to_numpy()]
+            block = g[(rank >= lo) & (rank < hi)]
+            if not certifies(np.ones(len(prefix)), self.quantile) or block["gap_after_s"].isna().all():
+                continue
+            chosen = prefix.assign(weight=recency_weights(prefix["rank"].to_numpy(), lo, half_life))
+            tables = self._tables_by_prior(chosen, (prior_weight,))[prior_weight]
+            parts["chosen"].append(self._predict_rows(block, tables, level, prior_weight))
+            # the type level, unweighted, no session factor: one conformal quantile of the gaps
+            pooled = (weighted_conformal_quantile(prefix["gap_after_s"].to_numpy(dtype=float), np.ones(len(prefix)),
+                                                  self.quantile) if len(prefix) >= self.min_samples else math.inf)
+            parts["pooled"].append(self._cap(np.full(len(block), pooled)))
+            scored.append(block)
+        if not scored:
+            return None
+        rows = pd.concat(scored)
+        ttl = {k: np.clip(np.concatenate(v), HELD_TTL_MIN_S, HELD_TTL_MAX_S) for k, v in parts.items()}
+        gap = rows["gap_after_s"].to_numpy(dtype=float)
+        has = ~np.isnan(gap)
+        wf = rows["workflow_id"].to_numpy()[has]
+        # pooled minus chosen; "dominated": the chosen is ahead beyond one standard error
+        ends = (ttl["chosen"][~has], ttl["pooled"][~has], rows["workflow_id"].to_numpy()[~has])
+        vs = compare_held(gap[has], ttl["chosen"][has], ttl["pooled"][has], wf, ends=ends)   # chosen − pooled
+        scores = {k: dict(zip(("coverage", "kv_s_per_covered_gap"), self._cost(rows, t))) for k, t in ttl.items()}
+        sc, sk = vs["coverage_diff_se"] or 0.0, vs["kv_s_diff_se"] or 0.0
+        dc, dk = vs["coverage_diff"], vs["kv_s_diff"] if vs["kv_s_diff"] is not None else 0.0
+        ahead = (-dc > sc and dk >= -sk                                                  # covers more
+                 or dk > sk and dc <= sc and scores["pooled"]["coverage"] >= self.quantile  # cheaper at nominal
+                 or scores["chosen"]["coverage"] < self.quantile and -dc > sc)          # chosen short
+        return {"served": "pooled" if ahead else "chosen", "gaps": int(has.sum()),
+                "scores": scores, "diff": -vs["coverage_diff"], "diff_se": vs["coverage_diff_se"],
+                "kv_s_diff": None if vs["kv_s_diff"] is None else -vs["kv_s_diff"], "kv_s_diff_se": vs["kv_s_diff_se"]}
+
     # --------------------------------------------------------------------- fit
     def fit(self, calls: pd.DataFrame) -> "IdleGapModel":
         """``calls``: one row per call with :data:`GAP_COLUMNS` (``gap_after_s`` NaN = END)."""
@@ -605,6 +674,11 @@ class IdleGapModel(IdleGapTable, BaseEstimator):
             else:
                 scores, level, w, tool_level = {}, "workflow_type", None, False
                 reason = "one workflow: no validation, workflow-type level"
+            forward = self._forward_check(g.loc[sample.index], n_wf, h, level, w)
+            if forward and forward["served"] == "pooled":   # the pooled per-type quantile serves
+                h, level, w, tool_level = None, "workflow_type", None, False
+                g = g.assign(weight=1.0)
+                reason += "; the pooled per-type quantile: ahead forward in time"
             tables = self._tables(g[g["gap_after_s"].notna()], w)
             if tables["workflow_type"].empty:
                 reason += f"; fewer than {self.min_samples} gaps: no idle-gap TTL (the tool-latency TTL applies)"
@@ -612,6 +686,7 @@ class IdleGapModel(IdleGapTable, BaseEstimator):
                 "level": level, "tool_level": bool(tool_level), "prior_weight": w, "reason": reason,
                 "half_life": h, "half_life_workflows": None if h is None else float(h * n_wf),
                 "half_life_scores": h_scores,
+                "forward": forward,
                 "scores": {f"{lv}/{pw}": {"coverage": v[0], "mean_ttl_s": v[1]} for (lv, pw), v in scores.items()},
                 # entries whose weighted quantile was not certified, by where theirs came from
                 "backed_off": {lv: {str(k): int(v) for k, v in t["backed_off"].value_counts().items() if k}

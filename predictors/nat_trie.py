@@ -39,6 +39,7 @@ from typing import Any, Iterable, Sequence
 import duckdb
 import numpy as np
 import pandas as pd
+from sklearn.base import BaseEstimator
 
 
 STATS = ("mean", "p50", "p90", "p95")
@@ -125,7 +126,7 @@ def _sensitivities(recs: list[dict]) -> list[int]:
     return [int(1 + round(4 * s)) for s in score]
 
 
-class PredictionTrie:
+class PredictionTrie(BaseEstimator):
     """NAT's prediction trie over (workflow type, agent), fit on flat log records.
 
     ``fit(records)`` → self; ``find(workflow_type, agent, call_index)`` → the prediction NAT's

@@ -28,9 +28,10 @@ from __future__ import annotations
 
 import math
 import threading
-from typing import Any, Sequence
+from typing import Any, NamedTuple, Sequence
 
 from predictors.ew_stats import ew_z
+from predictors.served import Band
 
 #: κ: the step of ln α per unit of (α − err). A miss multiplies the level by e^{−κ(1−α)} ≈ 0.82;
 #: it takes ≈ 1/α hits to undo it (so the level is steady when misses are α of outcomes). Chosen on
@@ -76,6 +77,14 @@ OWN_ARM, GLOBAL_ARM = "own", "global"
 #: The key of a workflow type's pooled level (every outcome of the type); a (type, agent) key
 #: that has had no outcome yet starts from it instead of from the nominal level.
 POOLED_AGENT = "\x00pooled"
+
+
+class BandArms(NamedTuple):
+    """The two bands a call could be served (:meth:`OnlineCalibrator.arms`): its own at the key's
+    adapted level and the global band as fitted (None without one, or when its own is global)."""
+
+    own: Band
+    alternative: Band | None
 
 
 def certified_pairs(table: Sequence[tuple[float, int]]) -> list[tuple[float, float]]:
@@ -287,30 +296,28 @@ class OnlineCalibrator:
         r = math.exp(-slope * (math.log(min(a_t / self.tails, 0.5)) - math.log(a0)))
         return min(self.max_stretch, max(1.0 / self.max_stretch, r))
 
-    def adjust(self, key: tuple[str, str], band: tuple[int, int, str],
-               table: Sequence[tuple[float, int]], level: float | None = None) -> tuple[int, int, str]:
+    def adjust(self, key: tuple[str, str], band: Band,
+               table: Sequence[tuple[float, int]], level: float | None = None) -> Band:
         """The band ``(lo, hi, level)`` served at ``key``'s adapted level (or at ``level``):
         ``[lo / r, hi · r]`` rounded outward (the fitted band itself when ``r = 1``)."""
         r = self.stretch(key, table, level)
         if r == 1.0:
             return band
-        lo, hi, level = band
-        new_lo = int(math.floor(lo / r))
-        new_hi = max(new_lo, int(math.ceil(hi * r)))
-        return new_lo, new_hi, level
+        new_lo = int(math.floor(band.lo / r))
+        new_hi = max(new_lo, int(math.ceil(band.hi * r)))
+        return Band(new_lo, new_hi, band.level)
 
-    def arms(self, key: tuple[str, str], band: tuple[int, int, str], table: Sequence[tuple[float, int]],
-             alternative: tuple[int, int, str] | None = None) -> tuple[tuple[int, int, str], tuple[int, int, str] | None]:
+    def arms(self, key: tuple[str, str], band: Band, table: Sequence[tuple[float, int]],
+             alternative: Band | None = None) -> BandArms:
         """``(own arm, global arm)``: ``band`` at the key's level (:meth:`adjust`) and the global
         band ``alternative`` as fitted (None without one, or when the key's own band is the
         global one)."""
         own = self.adjust(key, band, table)
-        if alternative is None or band[2] == "global":
-            return own, None
-        return own, alternative
+        if alternative is None or band.level == "global":
+            return BandArms(own, None)
+        return BandArms(own, alternative)
 
-    def serve(self, key: tuple[str, str], arms: tuple[tuple[int, int, str], tuple[int, int, str] | None]
-              ) -> tuple[int, int, str]:
+    def serve(self, key: tuple[str, str], arms: BandArms) -> Band:
         """The band served at ``key`` of its :meth:`arms`: the global one while the key's evidence
         says it is ahead (docs/evaluation.md), else its own."""
         own, alt = arms
@@ -324,27 +331,26 @@ class OnlineCalibrator:
             st.served_alt += st.alt
             return alt if st.alt else own
 
-    def record(self, key: tuple[str, str], out: float,
-               arms: tuple[tuple[int, int, str], tuple[int, int, str] | None]) -> None:
+    def record(self, key: tuple[str, str], out: float, arms: BandArms) -> None:
         """One outcome ``out`` of a call served at ``key`` with these :meth:`arms` (as computed at
         its arrival): the key's level steps on its own arm's hit (:meth:`update`), and the interval
         scores' difference feeds the switch between the arms (docs/evaluation.md)."""
         own, alt = arms
-        self.update(key, own[0] <= out <= own[1])
+        self.update(key, own.lo <= out <= own.hi)
         if alt is None:
             return
         a = self.alpha
-        d = interval_score(own[0], own[1], out, a) - interval_score(alt[0], alt[1], out, a)
+        d = interval_score(own.lo, own.hi, out, a) - interval_score(alt.lo, alt.hi, out, a)
         with self._lock:
             st = self._arms.get(key)
             if st is None:
                 st = self._arms[key] = _Arms()
             st.outcomes += 1
-            st.misses += not alt[0] <= out <= alt[1]
+            st.misses += not alt.lo <= out <= alt.hi
             k = self._arm_decay
             st.sw, st.sw2 = k * st.sw + 1.0, k * k * st.sw2 + 1.0
             st.swd, st.swd2 = k * st.swd + d, k * st.swd2 + d * d
-            st.sww = k * st.sww + (own[1] - own[0]) - (alt[1] - alt[0])
+            st.sww = k * st.sww + (own.hi - own.lo) - (alt.hi - alt.lo)
             z = st.z()
             n_eff = st.sw * st.sw / st.sw2
             # toward the narrower arm only once its misses could have shown (1/α outcomes)

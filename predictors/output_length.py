@@ -164,6 +164,16 @@ class _BudgetGroup:
     n: int
 
 
+#: The call columns :func:`predictors.quantile_tree.features` reads.
+_FEATURE_COLUMNS = ("prev_agent_output_tokens", "input_tokens", "agent_call_index")
+
+
+def _workflow_keys(calls: pd.DataFrame) -> pd.Series:
+    """One text key per call naming its workflow: ``workflow_type_id`` and ``workflow_id``
+    joined by ``\\x1f`` (ids may repeat across types)."""
+    return calls["workflow_type_id"].astype(str) + "\x1f" + calls["workflow_id"].astype(str)
+
+
 class OutputLengthIntervals(OutputBands, BaseEstimator):
     """Per-(workflow type, agent) output-length bands, each chosen by K-fold CV by workflow.
 
@@ -217,12 +227,16 @@ class OutputLengthIntervals(OutputBands, BaseEstimator):
         ``group_id`` column makes the validation folds keep each group's workflows together
         (``profiler fit --group-by``: a task run in several workflows)."""
         calls = calls.reset_index(drop=True)
-        y, fold = self._lengths_and_folds(calls)
-        block = self._forward_blocks(calls)
+        workflows = _workflow_keys(calls) if len(calls) else None   # built once, read twice
+        y, fold = self._lengths_and_folds(calls, workflows)
+        block = self._forward_blocks(calls, workflows)
         self.global_, g_folds = self._fit_node(y, fold, None, None, "global", block=block)
         g_served = (self.global_, g_folds)
         self.workflow_types_, self.agents_ = {}, {}
         types: list[_TypeBudgetInput] = []
+        # the columns the conditional model's features read (an agent's rows taken from these
+        # alone, not from every text column of the calls)
+        cond = calls[[c for c in calls.columns if c in _FEATURE_COLUMNS]]
         for wt, wt_idx in calls.groupby("workflow_type_id", sort=True).indices.items():
             wt_entry, wt_folds = self._fit_node(y[wt_idx], fold[wt_idx], self.global_, g_folds,
                                                 "workflow_type", block=block[wt_idx])
@@ -232,7 +246,7 @@ class OutputLengthIntervals(OutputBands, BaseEstimator):
             for agent, a_idx in sub.groupby("agent_id", sort=True).indices.items():
                 rows = wt_idx[a_idx]
                 entry, _ = self._fit_node(y[rows], fold[rows], wt_entry, wt_folds, "agent",
-                                          frame=calls.iloc[rows] if self.conditional else None,
+                                          frame=cond.iloc[rows] if self.conditional else None,
                                           block=block[rows], global_served=g_served)
                 per_agent[agent] = entry
                 rows_of[agent] = rows
@@ -245,17 +259,20 @@ class OutputLengthIntervals(OutputBands, BaseEstimator):
                                   for agents in self.agents_.values() for e in agents.values())
         return self
 
-    def _lengths_and_folds(self, calls: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    def _lengths_and_folds(self, calls: pd.DataFrame, workflows: pd.Series | None = None
+                           ) -> tuple[np.ndarray, np.ndarray]:
+        """Each call's cleaned length and validation fold (by workflow: ``workflows``, the
+        :func:`_workflow_keys` when the caller has them; or by ``group_id``)."""
         if not 0.0 < self.coverage < 1.0:
             raise ValueError(f"coverage must be in (0, 1), got {self.coverage}")
         if calls.empty:
             raise ValueError("no calls to fit output-length intervals on")
         y = _clean(calls["output_tokens"].to_numpy(dtype=float, na_value=np.nan))
         keys = (calls["group_id"].astype(str) if "group_id" in calls   # profiler fit --group-by
-                else calls["workflow_type_id"].astype(str) + "\x1f" + calls["workflow_id"].astype(str)).to_numpy()
+                else workflows if workflows is not None else _workflow_keys(calls))
         return y, group_folds(keys, self.n_folds, self.random_state)
 
-    def _forward_blocks(self, calls: pd.DataFrame) -> np.ndarray:
+    def _forward_blocks(self, calls: pd.DataFrame, workflows: pd.Series | None = None) -> np.ndarray:
         """Per call, the time block of its workflow for the forward (rolling-origin) rule: its
         workflow's first arrival among the log's workflow starts cut at the shares of
         :data:`band_selection.FORWARD_ORIGINS` (0 before the first origin, i after the i-th; the
@@ -267,7 +284,7 @@ class OutputLengthIntervals(OutputBands, BaseEstimator):
         t = pd.to_numeric(calls["t_arrival"], errors="coerce")
         if t.isna().all():
             return np.full(n, -1)
-        keys = calls["workflow_type_id"].astype(str) + "\x1f" + calls["workflow_id"].astype(str)
+        keys = workflows if workflows is not None else _workflow_keys(calls)
         start = t.groupby(keys).transform("min").to_numpy(dtype=float)
         first = np.unique(start[np.isfinite(start)])
         cuts = np.quantile(first, bs.FORWARD_ORIGINS, method="lower") if len(first) else []

@@ -22,7 +22,7 @@ import math
 import threading
 import time
 from array import array
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Mapping
@@ -32,11 +32,11 @@ import numpy as np
 from predictors.compiled import UNSEEN_AGENT, AgentEntry, CompiledProfile, latency_class
 from predictors.coverage_monitor import CoverageMonitor
 from predictors.contract import ID_KEYS, Annotation, NextAgent
-from predictors.online_calibration import OnlineCalibrator, keep_alive_calibrator, keep_alive_slope
+from predictors.online_calibration import BandArms, OnlineCalibrator, keep_alive_calibrator, keep_alive_slope
 from predictors.online_selection import RemainingSelector
-from predictors.served import MIN_GAP_S, held_ttl_s
-from predictors.sessions import (DEFAULT_MAX_SESSION_BYTES, MAX_SCORED_CALLS, SESSION_BASE_BYTES, Session,
-                                 SessionTable)
+from predictors.served import MIN_GAP_S, Band, RemainingWork, held_ttl_s
+from predictors.sessions import (DEFAULT_MAX_SESSION_BYTES, MAX_SCORED_CALLS, SESSION_BASE_BYTES, KeepAliveServed,
+                                 PathContext, PendingCall, Session, SessionTable)
 from store.profile_artifact import load_profile
 from synth.session import WorkflowPaths
 
@@ -46,6 +46,20 @@ log = logging.getLogger(__name__)
 
 #: Workflow id of the warm-up probes (:meth:`Predictor.warm_up`).
 WARMUP_SESSION = "__warmup__"
+
+
+@dataclass(frozen=True, slots=True)
+class _CallFigures:
+    """What :meth:`Predictor._figures` computed for one call, read after the session lock."""
+
+    entry: AgentEntry | None
+    band: Band | None
+    ttl: float | None
+    by_tool: dict
+    remaining: RemainingWork | None
+    state: Any
+    context: PathContext
+    session_age: float
 
 
 class Predictor:
@@ -206,7 +220,7 @@ class Predictor:
 
     @staticmethod
     def _band(m: CompiledProfile, s: Session, agent: str, entry: AgentEntry, input_tokens: Any,
-              agent_call_index: int) -> tuple[int, int, str] | None:
+              agent_call_index: int) -> Band | None:
         """The band of a call by ``agent`` in session ``s`` (its history feeds the conditional
         model); None, logged, when the estimator entry fails: never an exception."""
         features = {"prev_agent_output_tokens": s.last_output.get(agent), "input_tokens": input_tokens,
@@ -218,7 +232,7 @@ class Predictor:
             return None
 
     def _calibrated(self, m: CompiledProfile, wt: str, agent: str, entry: AgentEntry,
-                    band: tuple[int, int, str] | None) -> tuple[tuple[int, int, str] | None, tuple | None]:
+                    band: Band | None) -> tuple[Band | None, BandArms | None]:
         """``(served band, arms)``: ``band`` at the (type, agent)'s adapted level, or the global
         band at its own level where that arm is ahead, and both arms to score the outcome on
         (:mod:`predictors.online_calibration`; arms None without calibration)."""
@@ -230,8 +244,8 @@ class Predictor:
         return self.calibrator.serve(key, arms), arms
 
     def _keep_alive(self, m: CompiledProfile, wt: str, agent: str, entry: AgentEntry,
-                    gap_stats: tuple[float, int]) -> tuple[float | None, dict, tuple | None]:
-        """``(TTL, by-tool TTLs, (calibration key, TTL) to score)`` served for a call by ``agent``:
+                    gap_stats: tuple[float, int]) -> tuple[float | None, dict, KeepAliveServed | None]:
+        """``(TTL, by-tool TTLs, what to score it as)`` served for a call by ``agent``:
         the idle-gap TTL (session-corrected, capped: ``CompiledProfile.keep_alive_ttl``) at the
         (type, agent)'s adapted keep-alive level, i.e. its quantile stretched by ``r_t`` along the
         entry's ``(median, quantile)`` tail (:func:`predictors.online_calibration.keep_alive_slope`,
@@ -242,16 +256,15 @@ class Predictor:
             ttl, by_tool = m.keep_alive_ttl(entry, *gap_stats)
             return ttl, by_tool, None
         if self._ka_slopes[0] is not m:
-            quantile = ((m.data.get("idle_gap") or {}).get("params") or {}).get("quantile")
-            self._ka_slopes = (m, quantile, {})
+            self._ka_slopes = (m, m.sections.idle_gap_quantile, {})
         _, quantile, slopes = self._ka_slopes
         cal.set_nominal(quantile)
         key = self._calibration_key(m, wt, agent)
         if key not in slopes:          # agents the profile never saw share their type's entry
             e, _ = m.idle_gap.entry(wt, agent)
-            slopes[key] = keep_alive_slope(e.get("p50_s") if e else None, entry.keep_alive[0], cal.alpha)
+            slopes[key] = keep_alive_slope(e.get("p50_s") if e else None, entry.keep_alive.ttl_z, cal.alpha)
         ttl, by_tool = m.keep_alive_ttl(entry, *gap_stats, scale=cal.power_stretch(key, slopes[key]))
-        return ttl, by_tool, (key, ttl) if ttl is not None else None
+        return ttl, by_tool, KeepAliveServed(key, ttl) if ttl is not None else None
 
     @staticmethod
     def _calibration_key(m: CompiledProfile | None, wt: str, agent: str) -> tuple[str, str]:
@@ -283,6 +296,8 @@ class Predictor:
 
     def _annotate(self, app_metadata: Any, request_id: str | None, input_tokens: int | None,
                   advance: bool) -> Annotation:
+        """One call's annotation: step its session and compute its figures under the lock, then
+        say why it is unknown, or fill in the figures."""
         m = self._model
         meta = app_metadata if isinstance(app_metadata, Mapping) else {}
         ids = [meta.get(k) for k in ID_KEYS]
@@ -290,109 +305,141 @@ class Predictor:
                           *(str(v) if isinstance(v, (str, int)) and not isinstance(v, bool) and v != ""
                             else None for v in ids))
         base = replace(base, latency_class=latency_class(meta.get("latency_class"), base.workflow_type_id, m))
-
-        def unknown(reason: str, detail: str | None = None) -> Annotation:
-            return replace(base, reason=reason, detail=detail or None)
-
         missing = [k for k, v in zip(ID_KEYS, ids) if v is None or v == "" or not isinstance(v, (str, int))]
         if missing:
-            return unknown("missing_app_metadata", "app_metadata lacks " + ", ".join(missing))
+            return replace(base, reason="missing_app_metadata", detail="app_metadata lacks " + ", ".join(missing))
         wt, wf, agent = (str(v) for v in ids)
         now = self.clock()
         with self._lock:
             s = self.sessions.get(wt, wf, now)
             first_time = request_id is None or request_id not in s.pending
             if advance and first_time:
-                # the caller may say what the previous response called (app_metadata tool_names)
-                self.sessions.mark_tools(m, s, None, meta.get("tool_names"))
-                # and the step this call runs in (app_metadata stage): a context input
-                self.sessions.advance(m, s, agent, meta.get("stage"))
-                if s.idle_since is not None and s.idle_median and now >= s.idle_since:
-                    s.gap_log_sum += math.log(max(now - s.idle_since, MIN_GAP_S) / max(s.idle_median, MIN_GAP_S))
-                    s.gap_n += 1
-                served = s.keep_alive_served
-                if served is not None and s.idle_since is not None and now >= s.idle_since \
-                        and self.keep_alive_calibrator is not None:
-                    # the idle gap just ended: an outcome of the TTL served for the call before,
-                    # judged against the TTL the keep/drop policy holds (bounded), as eval scores it
-                    self.keep_alive_calibrator.update(served[0], now - s.idle_since <= held_ttl_s(served[1]))
-                s.idle_since = None
-                s.keep_alive_served = None
-            gap_stats = (s.gap_log_sum, s.gap_n)
-            issued_at = now if first_time else s.pending[request_id][2]
+                self._step_session(m, s, agent, meta, now)
+            issued_at = now if first_time else s.pending[request_id].issued_at
             session_age = max(0.0, issued_at - (s.started_at if s.started_at is not None else issued_at))
             if m is None:
                 self.sessions.account(s)
-                return unknown("no_profile")
-            state = self.sessions.path_state(m, s)
-            context = (tuple(s.tail), s.calls, *self.sessions.served_context(s))
-            done = 1 if advance else 0       # this call is already counted in the session
-            remaining = m.remaining_output(wt, s.calls - done, agent, s.out_sum, s.out_expected,
-                                           s.agent_calls.get(agent, 0) - done, session_age)
-            rw_index = -1
-            if self.remaining_selector is not None and remaining is not None:
-                fallback = m.remaining_output(wt, s.calls - done, agent, s.out_sum, s.out_expected,
-                                              s.agent_calls.get(agent, 0) - done, session_age, simplest=True)
-                if advance and first_time:     # both figures, scored when the session ends
-                    rw_index = self._log_remaining(s, remaining[0], fallback[0], issued_at)
-                if self.remaining_selector.serves_fallback(wt):
-                    remaining = fallback
-            entry = m.agents.get((wt, agent))
-            if entry is None and self.agent_fallback:
-                entry = m.unseen_agent.get(wt)     # an agent the profile never saw: its type's
-            band = fitted = arms = None
-            ttl, by_tool, ka_served = None, {}, None
-            if entry is not None:
-                fitted = self._band(m, s, agent, entry, input_tokens,
-                                    max(s.agent_calls.get(agent, 0) - (1 if advance else 0), 0))
-                band, arms = self._calibrated(m, wt, agent, entry, fitted)
-                ttl, by_tool, ka_served = self._keep_alive(m, wt, agent, entry, gap_stats)
-            if request_id is not None and advance and first_time:
-                s.pending[request_id] = (agent, band, issued_at, fitted, ka_served, rw_index, arms)
-            elif not first_time:
-                band = s.pending[request_id][1]      # a retried annotate is served the same band
-                if len(s.pending) > 64:
-                    s.pending.popitem(last=False)
+                return replace(base, reason="no_profile")
+            figures = self._figures(m, s, agent, request_id, input_tokens, advance, first_time, issued_at,
+                                    session_age)
             self.sessions.account(s)
+        why = self._unknown_reason(m, wt, agent, figures)
+        if why is not None:
+            return replace(base, reason=why[0], detail=why[1])
+        return replace(base, **self._known_fields(m, wt, figures))
+
+    def _step_session(self, m: CompiledProfile | None, s: Session, agent: str, meta: Mapping[str, Any],
+                      now: float) -> None:
+        """Advance ``s`` by a new call: its reported tools and stage, and the idle gap it ends."""
+        # the caller may say what the previous response called (app_metadata tool_names)
+        self.sessions.mark_tools(m, s, None, meta.get("tool_names"))
+        # and the step this call runs in (app_metadata stage): a context input
+        self.sessions.advance(m, s, agent, meta.get("stage"))
+        if s.idle_since is not None and s.idle_median and now >= s.idle_since:
+            s.gap_log_sum += math.log(max(now - s.idle_since, MIN_GAP_S) / max(s.idle_median, MIN_GAP_S))
+            s.gap_n += 1
+        served = s.keep_alive_served
+        if served is not None and s.idle_since is not None and now >= s.idle_since \
+                and self.keep_alive_calibrator is not None:
+            # the idle gap just ended: an outcome of the TTL served for the call before,
+            # judged against the TTL the keep/drop policy holds (bounded), as eval scores it
+            self.keep_alive_calibrator.update(served.key, now - s.idle_since <= held_ttl_s(served.ttl_s))
+        s.idle_since = None
+        s.keep_alive_served = None
+
+    def _figures(self, m: CompiledProfile, s: Session, agent: str, request_id: str | None,
+                 input_tokens: Any, advance: bool, first_time: bool, issued_at: float,
+                 session_age: float) -> _CallFigures:
+        """The call's figures (path state, remaining work, band, keep-alive), kept as pending."""
+        wt = s.workflow_type_id
+        gap_stats = (s.gap_log_sum, s.gap_n)
+        state = self.sessions.path_state(m, s)
+        context = PathContext(tuple(s.tail), s.calls, *self.sessions.served_context(s))
+        remaining, rw_index = self._remaining(m, s, agent, advance and first_time, 1 if advance else 0,
+                                              issued_at, session_age)
+        entry = m.agents.get((wt, agent))
+        if entry is None and self.agent_fallback:
+            entry = m.unseen_agent.get(wt)     # an agent the profile never saw: its type's
+        band = fitted = arms = None
+        ttl, by_tool, ka_served = None, {}, None
+        if entry is not None:
+            fitted = self._band(m, s, agent, entry, input_tokens,
+                                max(s.agent_calls.get(agent, 0) - (1 if advance else 0), 0))
+            band, arms = self._calibrated(m, wt, agent, entry, fitted)
+            ttl, by_tool, ka_served = self._keep_alive(m, wt, agent, entry, gap_stats)
+        if request_id is not None and advance and first_time:
+            s.pending[request_id] = PendingCall(agent, band, issued_at, fitted, ka_served, rw_index, arms)
+        elif not first_time:
+            band = s.pending[request_id].band    # a retried annotate is served the same band
+            if len(s.pending) > 64:
+                s.pending.popitem(last=False)
+        return _CallFigures(entry, band, ttl, by_tool, remaining, state, context, session_age)
+
+    def _remaining(self, m: CompiledProfile, s: Session, agent: str, log: bool, done: int,
+                   issued_at: float, session_age: float) -> tuple[RemainingWork | None, int]:
+        """``(remaining work served, its slot in the session's log)``: the fitted figure, or the
+        position-median fallback where the online selection serves it (``done``: 1 when this call
+        is already counted in the session; ``log``: keep both figures, scored when it ends)."""
+        remaining = m.remaining_output(s.workflow_type_id, s.calls - done, agent, s.out_sum, s.out_expected,
+                                       s.agent_calls.get(agent, 0) - done, session_age)
+        rw_index = -1
+        if self.remaining_selector is not None and remaining is not None:
+            fallback = m.remaining_output(s.workflow_type_id, s.calls - done, agent, s.out_sum, s.out_expected,
+                                          s.agent_calls.get(agent, 0) - done, session_age, simplest=True)
+            if log:
+                rw_index = self._log_remaining(s, remaining.expected, fallback.expected, issued_at)
+            if self.remaining_selector.serves_fallback(s.workflow_type_id):
+                remaining = fallback
+        return remaining, rw_index
+
+    def _unknown_reason(self, m: CompiledProfile, wt: str, agent: str,
+                        f: _CallFigures) -> tuple[str, str | None] | None:
+        """``(reason, detail)`` the call gets no prediction for, or None when it gets one."""
         if wt not in m.workflow_type_calls:
             if self.gate is not None:
                 self.gate.note_unknown(wt)
-            return unknown("unknown_workflow_type")
+            return "unknown_workflow_type", None
         if self.gate is not None and self.gate.is_shadowed(wt):
-            return unknown("shadow", self.gate.reason(wt))
-        if entry is None:
-            return unknown("unknown_agent")
-        if band is None or (band[2] == "global" and not self.agent_fallback
-                            and m.global_for_lack_of_data(wt, agent)):
-            return unknown("too_little_data", f"agent {agent!r} has {entry.calls} calls: only the global band applies")
+            return "shadow", self.gate.reason(wt) or None
+        if f.entry is None:
+            return "unknown_agent", None
+        if f.band is None or (f.band.level == "global" and not self.agent_fallback
+                              and m.global_for_lack_of_data(wt, agent)):
+            return "too_little_data", f"agent {agent!r} has {f.entry.calls} calls: only the global band applies"
         paths = m.paths.get(wt)
-        if paths is not None and state is None and not getattr(paths, "has_sequence_model", False):
-            return unknown("off_path", "the session left the dominant paths of the automaton")
+        if paths is not None and f.state is None and not getattr(paths, "has_sequence_model", False):
+            return "off_path", "the session left the dominant paths of the automaton"
+        return None
+
+    def _known_fields(self, m: CompiledProfile, wt: str, f: _CallFigures) -> dict[str, Any]:
+        """The contract's fields of a predicted call: band, tools, keep-alive, paths, remaining work."""
+        entry, band, ttl = f.entry, f.band, f.ttl
         fields: dict[str, Any] = dict(
-            known=True, predicted_output_len=(band[0], band[1]), output_len_coverage=m.coverage,
-            output_len_level=band[2], output_len_mean=entry.mean_output,
-            output_len_upper=entry.upper_bounds, session_age_s=session_age,
+            known=True, predicted_output_len=(band.lo, band.hi), output_len_coverage=m.coverage,
+            output_len_level=band.level, output_len_mean=entry.mean_output,
+            output_len_upper=entry.upper_bounds, session_age_s=f.session_age,
             tool_latency=entry.tool_latency, retain_s=entry.retain_s, keep_alive_ttl_s=ttl,
-            keep_alive_ttl_by_tool=by_tool if ttl is not None else {})
+            keep_alive_ttl_by_tool=f.by_tool if ttl is not None else {})
+        paths = m.paths.get(wt)
         if paths is not None:
-            fields.update(self._path_fields(paths, state, context))
+            fields.update(self._path_fields(paths, f.state, f.context))
+        remaining = f.remaining
         if remaining is not None:
             speed = m.decode_tok_s(wt)
-            fields.update(expected_remaining_output_tokens=remaining[0],
-                          remaining_output_tokens_p50=remaining[1],
-                          remaining_output_tokens_p90=remaining[2],
-                          expected_remaining_decode_s=remaining[0] / speed if speed else None)
-        return replace(base, **fields)
+            fields.update(expected_remaining_output_tokens=remaining.expected,
+                          remaining_output_tokens_p50=remaining.p50,
+                          remaining_output_tokens_p90=remaining.p90,
+                          expected_remaining_decode_s=remaining.expected / speed if speed else None)
+        return fields
 
     def _path_fields(self, paths: Any, state: Any,
-                     context: tuple | None = None) -> dict[str, Any]:
+                     context: PathContext | None = None) -> dict[str, Any]:
         """Path fields of the contract: from the sequence model (``paths.predict_at``: next
         agents, p_end and remaining work after the session's last agents, on the automaton or
         off it) when the profile has one, else from the automaton state."""
         out: dict[str, Any] = {}
         if context is not None and getattr(paths, "has_sequence_model", False):
-            marks, tools = (context[2], context[3]) if len(context) > 2 else (None, None)
-            est = paths.predict_at(state, context[0], context[1], tools, marks)
+            est = paths.predict_at(state, context.history, context.calls, context.tools, context.marks)
             out["on_path"] = state is not None
             out["remaining_calls_p50"] = est.get("remaining_calls_p50")
             out["remaining_calls_p90"] = est.get("remaining_calls_p90")
@@ -427,9 +474,9 @@ class Predictor:
             pending = s.pending.pop(request_id, None) if s is not None else None
             if pending is None:
                 return False
-            done = self.sessions.retract(s, pending[0])
-            if pending[5] >= 0 and s.rw_log is not None:
-                s.rw_log[4 * pending[5]] = math.nan       # a call that never happened: not scored
+            done = self.sessions.retract(s, pending.agent)
+            if pending.remaining_slot >= 0 and s.rw_log is not None:
+                s.rw_log[4 * pending.remaining_slot] = math.nan       # a call that never happened: not scored
             self.sessions.account(s)
             return done
     # --- end of `dialects` addition ------------------------------------------------------------
@@ -470,7 +517,7 @@ class Predictor:
                     ka_served = self._keep_alive(m, wt, agent, entry, (s.gap_log_sum, s.gap_n))[2]
                 self.sessions.advance(m, s, agent, meta.get("stage"))
             else:
-                band, fitted, ka_served, arms = pending[1], pending[3], pending[4], pending[6]
+                band, fitted, ka_served, arms = pending.band, pending.fitted, pending.keep_alive, pending.arms
             self.sessions.mark_tools(m, s, agent, completion.get("tool_names"))
             if isinstance(out, (int, float)) and not isinstance(out, bool) and completion.get("status", "ok") == "ok":
                 s.last_output[agent] = int(out)
@@ -479,13 +526,13 @@ class Predictor:
                     s.out_sum += max(0.0, float(out))
                     s.out_expected += expected
                 if s.rw_log is not None:      # this call's output, for the session's true remaining work
-                    self._log_output(s, pending[5] if pending is not None else None, max(0.0, float(out)))
+                    self._log_output(s, pending.remaining_slot if pending is not None else None, max(0.0, float(out)))
             if completion.get("t_finish") is not None:
                 s.last_finish = completion.get("t_finish")
             ka = m.agents.get((wt, agent)) if m is not None else None
             s.idle_since = now                     # the session's KV is idle from here
             s.keep_alive_served = ka_served        # and is kept this long (scored at the next arrival)
-            s.idle_median = ka.keep_alive[1] if ka is not None and ka.keep_alive is not None else None
+            s.idle_median = ka.keep_alive.median_s if ka is not None and ka.keep_alive is not None else None
             if completion.get("response_text") is not None:
                 self.sessions.remember_text(s, {"request_id": request_id, "agent_id": agent,
                                         "response_text": completion.get("response_text")})
@@ -496,7 +543,7 @@ class Predictor:
                     self._score_ended(s, now)
         if band is None or not isinstance(out, (int, float)) or isinstance(out, bool):
             return None
-        hit = band[0] <= out <= band[1]
+        hit = band.lo <= out <= band.hi
         if self.calibrator is not None:
             key = self._calibration_key(m, wt, agent)
             if arms is not None:           # each arm's level and the switch between them
@@ -506,7 +553,7 @@ class Predictor:
         if m is not None:
             self.coverage_monitor.set_nominal(m.coverage)
         # the drift alarm judges the fitted profile (is a refit due?), not the calibrated band
-        self.coverage_monitor.record(wt, fitted is not None and fitted[0] <= out <= fitted[1])
+        self.coverage_monitor.record(wt, fitted is not None and fitted.lo <= out <= fitted.hi)
         if self.gate is not None:
             self.gate.record(wt, hit)
         return hit
@@ -589,8 +636,8 @@ class Predictor:
             out: dict[str, int] = {}
             for s in self.sessions.values():
                 if s.workflow_type_id == workflow_type_id:
-                    for agent, *_rest in s.pending.values():
-                        out[agent] = out.get(agent, 0) + 1
+                    for call in s.pending.values():
+                        out[call.agent] = out.get(call.agent, 0) + 1
             return out
 
     def stats(self) -> dict:

@@ -90,9 +90,17 @@ def _stats(values: np.ndarray) -> list[float]:
 
 
 def _keyed(df: pd.DataFrame, by: list[str], name, min_n: int) -> dict[str, list[float]]:
-    """``{name(key): _stats(R)}`` per group of ``by`` seen in at least ``min_n`` workflows."""
-    return {name(*(key if isinstance(key, tuple) else (key,))): _stats(g["R"].to_numpy())
-            for key, g in df.groupby(by, sort=True) if g["workflow_id"].nunique() >= min_n}
+    """``{name(key): _stats(R)}`` per group of ``by`` seen in at least ``min_n`` workflows.
+
+    One grouping gives each group's workflow count and its rows' positions (in frame order,
+    so ``R`` reaches :func:`_stats` exactly as a per-group frame would hand it); no group's
+    frame is built."""
+    grouped = df.groupby(by, sort=True)
+    support = grouped["workflow_id"].nunique()
+    rows = grouped.indices
+    r = df["R"].to_numpy()
+    return {name(*(key if isinstance(key, tuple) else (key,))): _stats(r[rows[key]])
+            for key, n in support.items() if n >= min_n}
 
 
 def fit_type_table(df: pd.DataFrame, min_n: int) -> dict[str, Any]:

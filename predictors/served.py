@@ -21,9 +21,27 @@ from __future__ import annotations
 
 import inspect
 import math
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping, NamedTuple, Sequence
 
 import numpy as np
+
+class Band(NamedTuple):
+    """The output-length band served for one call: ``[lo, hi]`` tokens and the level that gave it
+    (``agent``, ``workflow_type``, ``global`` or ``conditional``)."""
+
+    lo: int
+    hi: int
+    level: str
+
+
+class RemainingWork(NamedTuple):
+    """A session's remaining output tokens at one call: the point figure served (R̂) and the
+    p50 / p90 of the entry it came from, all scaled by the session factor."""
+
+    expected: float
+    p50: float
+    p90: float
+
 
 #: Risks α at which every band tabulates its one-sided upper bound U(α) (``band["upper"]``).
 UPPER_ALPHAS = (0.2, 0.1, 0.05, 0.02, 0.01, 0.005, 0.002, 0.001, 5e-4, 2e-4, 1e-4, 5e-5, 2e-5, 1e-5)
@@ -188,7 +206,7 @@ class OutputBands:
         return self.global_, "global"
 
     def predict_band(self, workflow_type_id: str, agent_id: str,
-                     features: Mapping[str, float | None] | None = None) -> tuple[int, int, str]:
+                     features: Mapping[str, float | None] | None = None) -> Band:
         """(lo, hi, level) for one call; ``features`` feed the conditional model when present
         (keys ``prev_agent_output_tokens``, ``input_tokens``, ``agent_call_index``)."""
         band, level = self.lookup(workflow_type_id, agent_id)
@@ -198,8 +216,8 @@ class OutputBands:
             x = np.array([[prev is not None, prev or 0.0, features["input_tokens"],
                            features.get("agent_call_index") or 0.0]], dtype=float)
             lo, hi = cond_bands(cond, x)
-            return int(lo[0]), int(hi[0]), "conditional"
-        return int(band["lo"]), int(band["hi"]), level
+            return Band(int(lo[0]), int(hi[0]), "conditional")
+        return Band(int(band["lo"]), int(band["hi"]), level)
 
     def upper_bound(self, workflow_type_id: str, agent_id: str, alpha: float) -> int:
         """U(α): the (1 − α) one-sided upper bound of this agent's next output length; the
@@ -384,8 +402,8 @@ class RemainingTokensTable:
     def predict(self, wt: str, bucket: int, agent: str | None, out_so_far: float,
                 expected_so_far: float, agent_calls: int | None = None,
                 elapsed_s: float | None = None, index: int | None = None,
-                params: Mapping[str, Any] | None = None) -> tuple[float, float, float] | None:
-        """``(R̂, p50, p90)`` for a call at position ``bucket`` by ``agent`` in a session that has
+                params: Mapping[str, Any] | None = None) -> RemainingWork | None:
+        """The :class:`RemainingWork` ``(R̂, p50, p90)`` for a call at position ``bucket`` by ``agent`` in a session that has
         written ``out_so_far`` tokens where its agents usually write ``expected_so_far``, after
         ``index`` calls (its exact call index; read by the ``index`` level); None for a type the
         section does not hold. All three are scaled by the session factor. ``params``: a
@@ -408,7 +426,7 @@ class RemainingTokensTable:
         value = point * factor
         if p.get("tie_break") == "index" and index is not None:   # ties broken by calls done → MRL
             value = tie_broken(value, self.lookup(wt, bucket, index=index)[1])
-        return value, stats[2] * factor, stats[3] * factor
+        return RemainingWork(value, stats[2] * factor, stats[3] * factor)
 
     def agent_mean(self, wt: str, agent: str) -> float | None:
         """Training mean output of ``agent`` in ``wt`` (the type's mean for an unseen agent)."""

@@ -19,9 +19,11 @@ from __future__ import annotations
 import sys
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from predictors.compiled import CompiledProfile
+from predictors.online_calibration import BandArms
+from predictors.served import Band
 from synth.vomm import NO_TOOL, START, stage_symbol, tool_mark, unmark
 
 #: Agents kept per session for replaying the automaton after a profile swap.
@@ -47,6 +49,36 @@ PATH_CONTEXT = 16
 MAX_SCORED_CALLS = 1024
 
 
+class KeepAliveServed(NamedTuple):
+    """The keep-alive TTL served for a call, kept until the session's next arrival scores it."""
+
+    key: tuple[str, str]       # the online keep-alive level's (workflow type, agent) key
+    ttl_s: float               # the TTL served
+
+
+class PendingCall(NamedTuple):
+    """A call annotated and not yet observed (``Session.pending``): what it was served, so a
+    retry is served the same and :meth:`predictors.Predictor.observe` scores what was served."""
+
+    agent: str
+    band: Band | None                  # the band served (after online calibration)
+    issued_at: float                   # clock of its first annotation
+    fitted: Band | None                # the fitted band (the drift alarm judges this one)
+    keep_alive: KeepAliveServed | None
+    remaining_slot: int                # its slot in ``Session.rw_log`` (-1: none)
+    arms: BandArms | None              # the calibrator's two arms (None without calibration)
+
+
+class PathContext(NamedTuple):
+    """What the sequence model reads at a call (``WorkflowPaths.predict_at``): the session's last
+    agents, its calls so far, and the served context of :meth:`SessionTable.served_context`."""
+
+    history: tuple[str, ...]               # the last agents (``Session.tail``)
+    calls: int                             # calls so far (the position)
+    marks: tuple[str, ...]                 # context symbols of the last calls
+    tools: tuple[str, ...] | None          # tool context (None: not every tool was reported)
+
+
 @dataclass(slots=True)
 class Session:
     workflow_type_id: str
@@ -66,7 +98,7 @@ class Session:
     tools: deque | None = None
     agent_calls: dict[str, int] = field(default_factory=dict)
     last_output: dict[str, int] = field(default_factory=dict)
-    pending: OrderedDict = field(default_factory=OrderedDict)   # request_id -> (agent, served band | None, issued_at, fitted band | None, (key, TTL) | None, remaining-work slot, band arms | None)
+    pending: OrderedDict[str, PendingCall] = field(default_factory=OrderedDict)   # by request_id
     recent: deque = field(default_factory=lambda: deque(maxlen=8))
     last_finish: float | None = None
     truncated: bool = False
@@ -77,7 +109,7 @@ class Session:
     idle_median: float | None = None       # predicted median idle gap after that completion
     gap_log_sum: float = 0.0               # Σ ln(observed gap / predicted median)
     gap_n: int = 0                         # idle gaps observed in this session
-    keep_alive_served: tuple | None = None  # (calibration key, TTL) served for the call whose finish began the idle gap
+    keep_alive_served: KeepAliveServed | None = None  # served for the call whose finish began the idle gap
     out_sum: float = 0.0                   # output tokens its finished calls wrote
     out_expected: float = 0.0              # what their agents write on average (training mean)
     # the remaining-work figures served, for scoring when the session ends (online selection,

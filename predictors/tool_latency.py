@@ -115,14 +115,15 @@ class ToolLatencyModel(ToolLatencyTable, BaseEstimator):
             "mean_s": float(x.mean()), "ttl_s": ttl,
         }
 
-    def _fit_tools(self, df: pd.DataFrame) -> dict[str, dict[str, Any]]:
-        """{tool: entry} of one workflow type's rows (``weight`` column optional)."""
-        out = {}
-        for tool, g in df.groupby("tool_name", sort=True, observed=True):
-            if len(g) >= self.min_samples:
-                w = g["weight"].to_numpy() if "weight" in g else None
-                out[tool] = self._entry(g["latency_s"].to_numpy(), w)
-        return out
+    def _fit_tools(self, df: pd.DataFrame, weighted: bool = True) -> dict[str, dict[str, Any]]:
+        """{tool: entry} of one workflow type's rows (``weight`` column optional; ``weighted=False``
+        ignores it). One grouping gives each tool's row positions, in frame order: its latencies
+        and weights are read from the two columns, no per-tool frame is built."""
+        latency = df["latency_s"].to_numpy()
+        weight = df["weight"].to_numpy() if weighted and "weight" in df else None
+        rows = df.groupby("tool_name", sort=True, observed=True).indices
+        return {tool: self._entry(latency[idx], None if weight is None else weight[idx])
+                for tool, idx in sorted(rows.items()) if len(idx) >= self.min_samples}
 
     def _choose_half_life(self, g: pd.DataFrame) -> float | None:
         """Half-life of one workflow type by a later slice (:func:`select_half_life`): p95
@@ -163,10 +164,7 @@ class ToolLatencyModel(ToolLatencyTable, BaseEstimator):
             tools = self._fit_tools(g)
             if tools:
                 self.tools_[wt] = tools
-        self.global_tools_ = {
-            tool: self._entry(g["latency_s"].to_numpy())
-            for tool, g in df.groupby("tool_name", sort=True, observed=True) if len(g) >= self.min_samples
-        }
+        self.global_tools_ = self._fit_tools(df, weighted=False)
         return self
 
     def cdf(self, workflow_type_id: str, tool: str, t: np.ndarray) -> np.ndarray:

@@ -43,9 +43,11 @@ from typing import Any, Callable, NamedTuple, Sequence
 
 import duckdb
 import numpy as np
+import pandas as pd
 from scipy import stats
 
 from predictors.idle_gap import IdleGapModel
+from predictors.keep_alive_compare import compare_held, dominated
 from predictors.nat_trie import PredictionTrie, lookup_frame, trie_from_section
 from predictors.output_length import OutputLengthIntervals
 from predictors.predictor import CompiledProfile
@@ -221,30 +223,65 @@ def keep_alive_cost(gap: np.ndarray, ttl: np.ndarray, *, bounded: bool = True,
     return KeepAliveCost(held, covered, kv / n if n else None)
 
 
+def keep_alive_baseline_ttls(profile: Profile, con: duckdb.DuckDBPyConnection,
+                             df: pd.DataFrame) -> dict[str, np.ndarray]:
+    """The TTL each keep-alive baseline serves at each row of ``df`` (columns
+    ``workflow_type_id, workflow_id, agent_id, call_index``; held-out calls of ``con``):
+    ``idle_gap_p95`` (one plain training quantile per workflow type), ``tool_p95`` (the agent's
+    most frequent tool's p95, NaN where none: held at the policy's default) and, with the
+    profile's trie, ``nat_trie`` (NAT's ``cache_control`` TTL, remaining calls × inter-arrival;
+    0 where the trie has no node). One definition for ``profiler eval`` and ``eval --online``."""
+    model = IdleGapModel.from_dict(profile.data["idle_gap"])
+    wt = df["workflow_type_id"].astype(str)
+    out = {"idle_gap_p95": wt.map({k: v.get("baseline_quantile_s") for k, v in
+                                   model.workflow_types_.items()}).to_numpy(dtype=float)}
+    compiled = CompiledProfile(profile.data, profile.version)
+    out["tool_p95"] = np.array([np.nan if (e := compiled.agents.get(k)) is None or e.retain_s is None
+                                else e.retain_s for k in zip(wt, df["agent_id"].astype(str))], dtype=float)
+    trie = nat_trie(profile)
+    if trie is not None:
+        nat = np.zeros(len(df))
+        if len(df):
+            index = query_frame(con, "SELECT workflow_type_id, workflow_id, call_index, "
+                                     "agent_call_index + 1 AS nat_index FROM calls")
+            keys = ["workflow_type_id", "workflow_id", "call_index"]
+            nat_index = df[keys].astype({"workflow_type_id": str, "workflow_id": str}).merge(
+                index.astype({"workflow_type_id": str, "workflow_id": str}), how="left", on=keys)["nat_index"]
+            nat = np.nan_to_num(lookup_frame(trie, wt.to_numpy(), df["agent_id"].astype(str).to_numpy(),
+                                             nat_index.fillna(1).to_numpy(dtype=int))["ttl_s"])
+        out["nat_trie"] = nat
+    return out
+
+
+def keep_alive_vs(gap: np.ndarray, ours: np.ndarray, other: np.ndarray, groups: np.ndarray) -> dict[str, Any]:
+    """Ours minus another keep-alive TTL on the same idle gaps, both held as the keep/drop policy
+    holds them (:func:`keep_alive_cost`): coverage and KV-seconds per covered gap ± their
+    delete-one-workflow jackknife errors, and ``dominated`` (the other ahead beyond one error;
+    :func:`predictors.keep_alive_compare.compare_held`). Session ends are not counted: this eval
+    would charge our TTL there although the keep/drop policy drops a session it predicts ends."""
+    return compare_held(gap, keep_alive_cost(gap, ours).held, keep_alive_cost(gap, other).held, groups)
+
+
+#: Whether a baseline dominates ours, from ours minus it (:func:`predictors.keep_alive_compare.dominated`).
+keep_alive_dominated = dominated
+
+
 def keep_alive_scores(profile: Profile, con: duckdb.DuckDBPyConnection) -> dict[str, Any]:
-    """Coverage of held-out idle gaps by the served keep-alive TTL, beside two baselines."""
+    """Coverage of held-out idle gaps by the served keep-alive TTL, beside the baselines, and
+    ours minus each baseline ± its jackknife error (``vs_baselines``, :func:`keep_alive_vs`)."""
     section = profile.data.get("idle_gap")
     if not section:
         return {"idle_gap_coverage": None, "nominal": None, "reason": "profile has no idle_gap section"}
     model = IdleGapModel.from_dict(section)
     df = idle_gap_calls(con)
     ours = model.predict_sessions(df)
-    base = df["workflow_type_id"].map({wt: v.get("baseline_quantile_s") for wt, v in
-                                       model.workflow_types_.items()}).to_numpy(dtype=float)
-    compiled = CompiledProfile(profile.data, profile.version)
-    keys = list(zip(df["workflow_type_id"], df["agent_id"]))
-    tool = np.array([np.nan if (e := compiled.agents.get(k)) is None or e.retain_s is None else e.retain_s
-                     for k in keys], dtype=float)
-    nat, trie = np.zeros(len(df)), nat_trie(profile)
-    if trie is not None and len(df):   # NAT's TTL: remaining calls × inter-arrival
-        index = query_frame(con, "SELECT workflow_type_id, workflow_id, call_index, agent_call_index + 1 AS nat_index "
-                                 "FROM calls")
-        nat_index = df.merge(index, how="left", on=["workflow_type_id", "workflow_id", "call_index"])["nat_index"]
-        nat = lookup_frame(trie, df["workflow_type_id"].to_numpy(), df["agent_id"].to_numpy(),
-                           nat_index.fillna(1).to_numpy(dtype=int))["ttl_s"]
-        nat = np.nan_to_num(nat)        # no node or no inter-arrival: NAT pins nothing (TTL 0)
+    base_ttls = keep_alive_baseline_ttls(profile, con, df)
+    base, tool = base_ttls["idle_gap_p95"], base_ttls["tool_p95"]
+    trie = True if "nat_trie" in base_ttls else None
+    nat = base_ttls.get("nat_trie", np.zeros(len(df)))
 
     gap = df["gap_after_s"].to_numpy(dtype=float)
+    groups = (df["workflow_type_id"].astype(str) + "\x1f" + df["workflow_id"].astype(str)).to_numpy()
     has = ~np.isnan(gap)
     scored = has & ~np.isnan(ours)
     end = ~has & ~np.isnan(ours)
@@ -282,10 +319,13 @@ def keep_alive_scores(profile: Profile, con: duckdb.DuckDBPyConnection) -> dict[
         per_type[wt] = {"gaps": int(m.sum()), "idle_gap_coverage": cov(ours, m), "mean_ttl_s": mean(ours, m),
                         "idle_gap_p95": cov(base, m), "tool_p95": cov(tool, m), "nat_trie": nat_cov(m),
                         "kv_s_per_covered_gap": kv_cost(ours, m), "ttl_at_cap_share": at_cap(ours, m),
-                        "level": (model.workflow_types_.get(wt) or {}).get("level")}
+                        "level": (model.workflow_types_.get(wt) or {}).get("level"),
+                        # the fit's forward check: "chosen" (the CV choice) or "pooled" (the type's quantile)
+                        "forward_served": ((model.workflow_types_.get(wt) or {}).get("forward") or {}).get("served")}
     return {
         "idle_gap_coverage": cov(ours, scored),
         "nominal": float(model.quantile),
+        "gaps": int(scored.sum()),
         "idle_gap_coverage_unbounded": float(np.mean(gap[scored] <= ours[scored])) if scored.any() else None,
         "mean_ttl_s": mean(ours, scored),
         "scored_share": float(scored.sum() / has.sum()) if has.any() else None,
@@ -302,6 +342,8 @@ def keep_alive_scores(profile: Profile, con: duckdb.DuckDBPyConnection) -> dict[
                                            "oracle": kv_cost(oracle, scored, bounded=False)},
         "oracle_coverage": float(np.mean(gap[scored] <= cap)) if scored.any() else None,
         "ttl_at_cap_share": per_policy(lambda t: at_cap(t, scored)),
+        "vs_baselines": {name: keep_alive_vs(gap[scored], ours[scored], ttl[scored], groups[scored])
+                         for name, ttl in base_ttls.items()},
         "by_workflow_type": per_type,
     }
 

@@ -22,6 +22,9 @@ serves it, with ``profiler eval``'s cost), and each call's ``expected_remaining_
 
 ``online_vs_global`` (:func:`vs_global`): the served minus the global band, ± jackknife errors;
 ``band_arms`` (:func:`band_arms`): per type, how many bands the global arm served, and switches.
+``keep_alive.vs_baselines``: the served TTL minus each keep-alive baseline of ``profiler eval``
+(:func:`profiler.evaluation.keep_alive_baseline_ttls`) on the same gaps, coverage and KV-seconds
+per covered gap ± jackknife errors, ``dominated`` (:func:`keep_alive_vs`).
 
 ``worst_window_coverage``: the lowest coverage over consecutive runs of ``WINDOW`` scored calls
 (in arrival order): what a drifting stretch of the log costs, which the mean hides. Every key of
@@ -40,7 +43,8 @@ from fitting.profile_fit import idle_gap_calls
 from predictors.output_length import OutputLengthIntervals
 from predictors.predictor import Predictor
 from store import ingest as ingest_mod
-from profiler.evaluation import KEEP_DROP, keep_alive_cost, output_length_baselines
+from profiler.evaluation import (KEEP_DROP, keep_alive_baseline_ttls, keep_alive_cost, keep_alive_vs,
+                                 output_length_baselines)
 from profiler.remaining_eval import BASELINES as RW_BASELINES, baseline_predictions, c_index_diff, session_c_index
 from predictors.remaining_tokens import session_frame
 from store.profile_artifact import Profile
@@ -231,6 +235,8 @@ def keep_alive_online(profile: Profile, con: duckdb.DuckDBPyConnection, calls: p
     cap = KEEP_DROP.max_ttl_s
     oracle = np.where(gap <= cap, gap, 0.0)   # hindsight: hold exactly the gap, or nothing (as eval)
     wts = calls["workflow_type_id"].astype(str).to_numpy()
+    groups = np.char.add(np.char.add(wts, "\x1f"), calls["workflow_id"].astype(str).to_numpy())
+    base_ttls = keep_alive_baseline_ttls(profile, con, calls)
     by_type = {}
     for wt in sorted(set(wts[scored])):
         mask = scored & (wts == wt)
@@ -243,6 +249,10 @@ def keep_alive_online(profile: Profile, con: duckdb.DuckDBPyConnection, calls: p
         "static": _keep_alive_scores(gap, st_ttl, scored),
         "oracle_kv_s_per_covered_gap": keep_alive_cost(gap[scored], oracle[scored],
                                                        bounded=False).kv_s_per_covered_gap,
+        # the baselines on the same gaps, and the served (online) TTL minus each ± jackknife se
+        "baselines": {name: _keep_alive_scores(gap, ttl, scored) for name, ttl in base_ttls.items()},
+        "vs_baselines": {name: keep_alive_vs(gap[scored], on_ttl[scored], ttl[scored], groups[scored])
+                         for name, ttl in base_ttls.items()},
         "by_type": by_type,
     }
 

@@ -50,7 +50,8 @@ from serving_hooks.endpoints import as_chat_response, endpoint_of, stream_final
 from serving_hooks.gateway_log import GatewayLog
 from serving_hooks.http_guard import BodySizeLimit, StrictJSONError, admin_auth, strict_json_loads
 from serving_hooks.identity import IdentityMap, resolve_identity
-from serving_hooks.retries import DEFAULT_WINDOW_S, RetryLedger
+from serving_hooks.retries import RetryLedger
+from serving_hooks.settings import GatewaySettings as G
 from predictors.contract import Annotation
 from serving_hooks.policies.pools import ModelPools, NoReplicaForModel
 from serving_hooks.policies.priority import PriorityPolicy
@@ -59,8 +60,7 @@ from serving_hooks.metrics import (LATENCY_BUCKETS, Labeled, RequestMetricsMiddl
                                    RoutingCollector, request_metrics)
 from serving_hooks.sglang_sessions import SglangSessions, client_manages_session, session_name
 from serving_hooks.sse import StreamFollower
-from serving_hooks.upstreams import (DEFAULT_UPSTREAM_KEEPALIVE_S, UpstreamClient, UpstreamRouter,
-                                     request_model)
+from serving_hooks.upstreams import UpstreamClient, UpstreamRouter, request_model
 
 if TYPE_CHECKING:  # pragma: no cover
     from serving_hooks.annotator import AnnotationSource
@@ -75,7 +75,7 @@ HOP_HEADERS = frozenset({"connection", "keep-alive", "proxy-authenticate", "prox
                          "content-length"})
 #: Longest response text sent along with an observe (prompt composition needs the recent ones).
 OBSERVE_TEXT_CHARS = 64 * 1024
-#: Paths forwarded upstream by default (``fnmatch`` patterns; ``--allow-path`` adds more): the
+#: Paths forwarded upstream by default (``fnmatch`` patterns; the ``allow_path`` setting adds more): the
 #: OpenAI-compatible API, SGLang's native ``/generate`` and the engines' health checks.
 DEFAULT_FORWARD_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/responses",
                          "/v1/responses/*", "/v1/models", "/v1/models/*", "/v1/embeddings",
@@ -101,34 +101,36 @@ HINT_HEADER_PREFIX = "x-agentprof-"
 
 @dataclass
 class GatewayOptions:
-    """Behaviour knobs of the gateway (each is a ``profiler gateway`` option)."""
+    """Behaviour knobs of the gateway in the units it runs on. Each ``profiler gateway`` knob is
+    declared once, with its default, in :class:`~serving_hooks.settings.GatewaySettings`; the
+    defaults here are read from it (``G``), never written a second time."""
 
-    budget_s: float = 0.005            # time budget for one annotation (fail open beyond it)
-    sglang_fields: bool = False        # also send SGLang's `priority` and flat `custom_params`
-    strip_metadata: bool = False       # drop app_metadata, add no sys_annotations (strict upstreams)
-    stream_usage: bool = True          # ask streams for usage (and hide the extra chunk)
-    upstream_timeout_s: float = 600.0  # read timeout (between bytes) on upstream responses
+    budget_s: float = G.budget_ms / 1000.0  # time budget for one annotation (fail open beyond it)
+    sglang_fields: bool = G.sglang_fields  # also send SGLang's `priority` and flat `custom_params`
+    strip_metadata: bool = G.strip_metadata  # drop app_metadata, add no sys_annotations
+    stream_usage: bool = G.stream_usage  # ask streams for usage (and hide the extra chunk)
+    upstream_timeout_s: float = G.upstream_timeout  # read timeout (between bytes) upstream
     connect_timeout_s: float = 10.0
-    max_request_bytes: int = 32 << 20
-    body_timeout_s: float | None = 30.0  # whole request body within this (408 beyond)
+    max_request_bytes: int = int(G.max_request_mb * (1 << 20))
+    body_timeout_s: float | None = G.body_timeout  # whole request body within this (408 beyond)
     admin_token: str | None = None
     max_connections: int = 1024
     forward_paths: tuple[str, ...] = DEFAULT_FORWARD_PATHS  # fnmatch patterns proxied upstream
-    allow_client_scheduler_fields: bool = False  # keep a client's own priority/custom_params
-    dialect: str | None = None         # engine dialect for every upstream (serving_hooks.dialects)
+    allow_client_scheduler_fields: bool = G.allow_client_scheduler_fields  # keep a client's own
+    dialect: str | None = G.dialect    # engine dialect for every upstream (serving_hooks.dialects)
     #: per-upstream (normalized URL) ``(dialect, priority order)``, overriding ``dialect``
     upstream_dialects: dict = field(default_factory=dict)
     identity: IdentityMap = field(default_factory=IdentityMap)  # app_metadata from headers
-    retry_window_s: float = DEFAULT_WINDOW_S  # identical body of a session within it = a retry
+    retry_window_s: float = G.retry_window  # identical body of a session within it = a retry
     #: idle seconds before a pooled upstream connection is dropped (below the engine's 5 s)
-    upstream_keepalive_s: float = DEFAULT_UPSTREAM_KEEPALIVE_S
+    upstream_keepalive_s: float = G.upstream_keepalive
     retry_stale_connections: bool = True  # resend once a call that met a closed pooled connection
-    #: end-of-session signal (``--session-end-p``, ``--no-session-end-signal``; docs/dialects.md)
+    #: end-of-session signal (``--session-end-p``, ``session_end_signal``; docs/dialects.md)
     session_end: SessionEndRule = field(default_factory=SessionEndRule)
     #: spelling of Dynamo's identity the dynamo dialect sends (``--dynamo-api``; dialects.DYNAMO_APIS)
-    dynamo_api: str = "session"
+    dynamo_api: str = G.dynamo_api
     #: open/close SGLang's own session per workflow (``--sglang-sessions``; sglang_sessions.py)
-    sglang_sessions: bool = False
+    sglang_sessions: bool = G.sglang_sessions
     #: ``gc.freeze()`` once started, so full collections skip the profile (``profiler gateway``
     #: runs in a process of its own and sets it; process-wide, so off for an embedded Gateway)
     freeze_gc: bool = False
@@ -925,7 +927,7 @@ def create_gateway_app(gateway: Gateway) -> FastAPI:
                               "Proxied (not listed here): POST /v1/chat/completions and "
                               "POST /v1/completions, POST /v1/responses and SGLang's POST /generate "
                               "(annotated), GET /v1/models and the other "
-                              "paths of the allow-list (--allow-path); engine admin paths never.")
+                              "paths of the allow-list (the allow_path setting); engine admin paths never.")
     app.state.gateway = gateway
     mount_local_docs(app)
     app.add_middleware(RequestMetricsMiddleware, requests=requests_total, latency=request_seconds)

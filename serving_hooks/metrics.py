@@ -171,7 +171,7 @@ class MemoryCollector(Collector):
         yield GaugeMetricFamily(f"{p}_session_bytes", "Estimated bytes held by the session table.",
                                 value=st["session_bytes"])
         yield GaugeMetricFamily(f"{p}_session_bytes_limit", "Byte budget of the session table "
-                                "(--max-session-mb).", value=st["max_session_bytes"])
+                                "(the max_session_mb setting).", value=st["max_session_bytes"])
         yield GaugeMetricFamily(f"{p}_sessions_limit", "Most sessions kept (--max-sessions).",
                                 value=st["max_sessions"])
         evicted = CounterMetricFamily(f"{p}_sessions_evicted", "Sessions forgotten, by reason "
@@ -185,7 +185,7 @@ class MemoryCollector(Collector):
             yield GaugeMetricFamily(f"{p}_unknown_workflow_types", "Workflow types absent from the "
                                     "profile that are remembered (LRU).", value=self.gate.unknown_count())
             yield GaugeMetricFamily(f"{p}_unknown_workflow_types_limit", "Size of that LRU "
-                                    "(--max-unknown-types).", value=self.gate.max_unknown_types)
+                                    "(the max_unknown_types setting).", value=self.gate.max_unknown_types)
             yield CounterMetricFamily(f"{p}_unknown_workflow_types_evicted", "Unknown workflow "
                                       "types forgotten by the LRU.", value=self.gate.unknown_evicted)
 

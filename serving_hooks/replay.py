@@ -36,8 +36,9 @@ import numpy as np
 
 from serving_hooks.replay_plan import PlannedCall, PlannedWorkflow
 from serving_hooks.replay_prompts import Context, build_messages, estimate_tokens
+from serving_hooks.settings import REPLAY_IDENTITY_MODES, ReplaySettings as R
 
-IDENTITY_MODES = ("app_metadata", "headers", "both", "none")
+IDENTITY_MODES = REPLAY_IDENTITY_MODES
 #: Idle seconds before a pooled connection is dropped: below uvicorn's (SGLang's) 5 s.
 KEEPALIVE_S = 4.0
 #: Attempts of one call that keeps meeting closed pooled connections (each failure drops one).
@@ -78,10 +79,10 @@ class ReplayOptions:
     cv: float = 1.0                   # coefficient of variation of inter-arrival times
     time_scale: float = 1.0           # multiplies every recorded gap (0.1 = 10x faster)
     seed: int = 0
-    ignore_eos: bool = True
-    identity: str = "app_metadata"
+    ignore_eos: bool = R.ignore_eos  # the defaults of the wire knobs: ReplaySettings' (config keys)
+    identity: str = R.identity
     run_tag: str = field(default_factory=lambda: uuid.uuid4().hex[:6])
-    timeout_s: float = 600.0
+    timeout_s: float = R.timeout
     extra_body: dict[str, Any] = field(default_factory=dict)
     headers: dict[str, str] = field(default_factory=dict)
 

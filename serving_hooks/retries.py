@@ -27,8 +27,11 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-#: Default window within which an identical body of the same session counts as a retry (s).
-DEFAULT_WINDOW_S = 60.0
+from serving_hooks.settings import GatewaySettings
+
+#: Default window within which an identical body of the same session counts as a retry (s):
+#: the gateway's ``retry_window`` setting.
+DEFAULT_WINDOW_S = GatewaySettings.retry_window
 
 
 @dataclass

@@ -40,6 +40,7 @@ import aiohttp
 from predictors.contract import Annotation
 from serving_hooks.policies.pools import ModelPools
 from serving_hooks.routing import CapacityRouter
+from serving_hooks.settings import GatewaySettings
 
 
 def normalize_upstream(url: str) -> str:
@@ -170,8 +171,8 @@ class CapacityRouting:
 
 #: Seconds a pooled upstream connection may sit idle before the gateway drops it: below the
 #: engine's own idle limit (SGLang serves through uvicorn, whose ``timeout_keep_alive`` is 5 s),
-#: so the gateway closes a connection before the engine does (``--upstream-keepalive``).
-DEFAULT_UPSTREAM_KEEPALIVE_S = 4.0
+#: so the gateway closes a connection before the engine does (the ``upstream_keepalive`` setting).
+DEFAULT_UPSTREAM_KEEPALIVE_S = GatewaySettings.upstream_keepalive
 
 
 def stale_connection_error(exc: BaseException, reused: bool) -> bool:

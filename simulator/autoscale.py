@@ -49,6 +49,7 @@ import numpy as np
 
 from serving_hooks.policies import AutoscalePolicy, live_autoscale_advice
 from simulator.policy import Part
+from simulator.settings import SimulateSettings as S
 
 #: Replica states of the actuator.
 FREE, STARTING, ACTIVE, DRAINING = "free", "starting", "active", "draining"
@@ -58,24 +59,25 @@ MODES = ("off", "reactive", "predictive")
 
 @dataclass
 class AutoscaleOptions:
-    """Settings of the actuator and its recommenders (each a ``profiler simulate`` option)."""
+    """Settings of the actuator and its recommenders (defaults: ``profiler simulate``'s config
+    keys, :class:`simulator.settings.SimulateSettings`)."""
 
     #: Seconds a replica loads its model before it serves (assumption; module docstring).
-    startup_delay_s: float = 60.0
+    startup_delay_s: float = S.startup_delay
     #: Seconds between decisions: the Kubernetes HPA sync period (15 s).
-    interval_s: float = 15.0
+    interval_s: float = S.autoscale_interval
     #: A pool is not shrunk below its largest target of this window (HPA's downscale
     #: stabilization; HPA's default is 300 s — 60 s was better for both recommenders on the
     #: validation draw, bench/autoscale_validation.py).
-    scale_down_window_s: float = 60.0
+    scale_down_window_s: float = S.scale_down_window
     #: Reactive: waiting calls per replica the pool is sized for (chosen on the validation draw
     #: among 1, 4, 16, 64).
-    queue_target: float = 16.0
+    queue_target: float = S.queue_target
     #: Reactive: HPA's tolerance (no change within ±10 % of the target).
     tolerance: float = 0.1
     #: Predictive: steps each live session is projected (chosen on the validation draw among
     #: 1, 2, 3, 5, 10: the sidecar's default, 10).
-    horizon_calls: int = 10
+    horizon_calls: int = S.autoscale_horizon
     #: Predictive: count the calls sessions have in flight (annotated, not finished) too (not
     #: chosen on the validation draw; the sidecar does not either).
     in_flight: bool = False

@@ -59,6 +59,10 @@ class StepTimeModel:
     a_attn: float = 0.0
     #: Fixed cost of an iteration that prefills (weights read once; 0 when fitted: in ``a``).
     prefill_t0: float = 0.0
+    #: ``a_ctx`` was fitted on calls whose cache hits the engine reported (``new`` = prompt minus
+    #: cached): the context term is paid by hits too (attention over the cached context, the
+    #: prompt's tokenization), so the simulator charges it on every call, not only on misses.
+    ctx_on_hits: bool = False
     source: str = ""
     n_prefill: int = 0
     n_decode: int = 0
@@ -181,6 +185,7 @@ def fit_step_time(records: Iterable[dict], source: str = "", prefill_intercept: 
     dec_err = np.median(np.abs(t0 + c * kv_read[keep] - tpot[keep]) / tpot[keep])
     return StepTimeModel(
         t0=round(t0, 6), a=float(f"{a:.6g}"), a_ctx=float(f"{a_ctx:.6g}"), c=float(f"{c:.5g}"),
-        prefill_t0=round(p0, 6), source=source, n_prefill=int(alone.sum()), n_decode=int(keep.sum()),
+        prefill_t0=round(p0, 6), ctx_on_hits=bool(df.loc[alone, "cached"].notna().any()) if alone.any() else False,
+        source=source, n_prefill=int(alone.sum()), n_decode=int(keep.sum()),
         prefill_mdape=round(float(pre_err), 3), decode_mdape=round(float(dec_err), 3),
     )

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 from simulator.calibration import SWE_AGENT_GLM45, StepTimeModel
+from simulator.settings import SimulateSettings as S
 from simulator.hardware import GPUS, H100_SXM, LLAMA31_8B, MODELS, kv_capacity_tokens, pcie_s_per_token, roofline_step
 
 #: KV bytes per token of GLM-4.5 (92 layers × 8 KV heads × 128 dims × K and V × 2 bytes, bf16 KV).
@@ -33,19 +34,27 @@ class ClusterConfig:
     kv_capacity_tokens: int = field(default_factory=lambda: kv_capacity_tokens(H100_SXM, LLAMA31_8B))
     #: Host (CPU DRAM) tier as a multiple of the GPU KV capacity: SGLang's ``--hicache-ratio``
     #: default (2.0). 0 disables the host tier.
-    host_ratio: float = 2.0
+    host_ratio: float = S.host_ratio
     #: Seconds to move one token of KV between host and GPU: 131,072 B at ~25 GB/s practical
     #: PCIe Gen5 x16 for paged copies ≈ 5.2 µs.
     pcie_s_per_token: float = field(default_factory=lambda: pcie_s_per_token(H100_SXM, LLAMA31_8B))
     #: Prefill tokens per iteration (chunked prefill): SGLang's default on 80 GB GPUs.
-    chunked_prefill_size: int = 8192
+    chunked_prefill_size: int = S.chunked_prefill_size
     #: Cap on requests running at once on a replica (SGLang's ``--max-running-requests``).
-    max_running_requests: int = 256
+    max_running_requests: int = S.max_running_requests
     #: Share of the running calls' future output that admission keeps free: SGLang's
     #: ``min_new_token_ratio`` (0.7 × 0.14 ≈ 0.1, the value its estimate decays to).
     new_token_ratio: float = 0.1
     #: Per-call cap of that estimate: SGLang's ``SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION`` (4096).
     new_token_clip: int = 4096
+    #: Requests carry ``max_tokens`` = their real output length with ``ignore_eos`` (what
+    #: ``profiler replay`` sends): SGLang 0.5.23 then reserves each running call's whole remaining
+    #: output (``ratio = 1.0 if ignore_eos``, ``schedule_policy.py``), not ``new_token_ratio × clip``.
+    fixed_length_requests: bool = False
+    #: The replicas share one host's compute (the CPU bench: every replica on the same cores): an
+    #: iteration that starts while ``m`` other replicas are mid-iteration takes ``1 + m`` times
+    #: its step time (processor sharing, fixed for the iteration). False: one GPU per replica.
+    shared_compute: bool = False
     #: Iteration time model (hardware roofline, :mod:`simulator.hardware`; or fitted,
     #: :mod:`simulator.calibration`).
     step: StepTimeModel = field(default_factory=lambda: roofline_step(H100_SXM, LLAMA31_8B))

@@ -175,6 +175,8 @@ class Replica:
     plan: StepPlan | None = None
     plan_id: int = 0
     plan_start: float = 0.0
+    #: the slowdown the plan in progress was timed with (``ClusterConfig.shared_compute``)
+    plan_share: float = 1.0
 
     def load_tokens(self) -> int:
         """Outstanding tokens: KV of running calls plus prompts of waiting calls (no oracle)."""
@@ -270,6 +272,10 @@ class Simulator:
         self.wf_arrival = np.asarray(wf_arrivals, dtype=float).copy()
         n_wf = len(workload.workflows)
         self.concurrency = n_wf if concurrency is None else max(1, min(int(concurrency), n_wf))
+        #: admission's decode reserve: the share counted (SGLang's ``new_token_ratio``, 1.0 for
+        #: fixed-length requests) and the per-call cap (``new_token_clip``)
+        self._reserve_ratio = 1.0 if config.fixed_length_requests else config.new_token_ratio
+        self._clip = config.new_token_clip
         self._next_wf = self.concurrency
         if self.concurrency < n_wf:
             self.wf_arrival[self.concurrency:] = math.nan
@@ -414,10 +420,14 @@ class Simulator:
     def _reserve(self, rep: Replica) -> int:
         """Tokens admission keeps free for the running calls' future decode: SGLang's estimate
         ``new_token_ratio × Σ min(max_new_tokens − decoded, clip)`` with the output length unknown
-        (``max_new_tokens`` taken as the clip)."""
-        cfg = self.config
-        return int(cfg.new_token_ratio * sum(max(cfg.new_token_clip - q.decoded, 0)
-                                             for q in rep.running))
+        (``max_new_tokens`` taken as the clip), or, for fixed-length requests
+        (``ClusterConfig.fixed_length_requests``), ``Σ min(output, clip) − decoded`` in full."""
+        return int(self._reserve_ratio * sum(self._decode_left(q) for q in rep.running))
+
+    def _decode_left(self, q: Request) -> int:
+        """Tokens ``q`` may still decode as admission counts them (see :meth:`_reserve`)."""
+        cap = min(q.call.output_tokens, self._clip) if self.config.fixed_length_requests else self._clip
+        return max(cap - q.decoded, 0)
 
     def _try_admit(self, rep: Replica, req: Request, reserve: int = 0) -> bool:
         call = req.call
@@ -480,9 +490,10 @@ class Simulator:
         ctx = call.input_tokens + req.decoded
         # Per computed token: GEMMs (a), plus the context's KV read once per call (a_ctx, spread
         # over its chunks). A fitted model's context term is not charged when the whole path is a
-        # cache hit (only the call's own tokens are computed): the fit's calls were not hits.
+        # cache hit (only the call's own tokens are computed) unless its fit saw hits pay it
+        # (``ctx_on_hits``: fitted on an engine's reported cache hits).
         st = self.step
-        ctx_cost = st.a_ctx * ctx if (missing > 0 or st.a_attn > 0) else 0.0
+        ctx_cost = st.a_ctx * ctx if (missing > 0 or st.a_attn > 0 or st.ctx_on_hits) else 0.0
         req.prefill_rate = st.a + ctx_cost / req.prefill_total
         if req.preempts == 0:     # hit ratios describe each call's first admission
             req.gpu_hit = gpu_tok
@@ -540,12 +551,10 @@ class Simulator:
         # running list holds no finished call: _finish takes it out)
         backlog = 0
         left = 0
-        clip = cfg.new_token_clip
         for q in rep.running:
             backlog += q.prefill_left
-            if q.decoded < clip:
-                left += clip - q.decoded
-        reserve = int(cfg.new_token_ratio * left)
+            left += self._decode_left(q)
+        reserve = int(self._reserve_ratio * left)
         while rep.waiting and backlog < chunk:
             req = rep.waiting[0]
             if len(rep.running) >= cfg.max_running_requests:
@@ -573,7 +582,7 @@ class Simulator:
             rep.waiting.remove(req)   # the head, unless preemptions re-sorted the queue
             rep.waiting_tokens -= req.call.input_tokens
             backlog += req.prefill_left
-            reserve += int(cfg.new_token_ratio * max(cfg.new_token_clip - req.decoded, 0))
+            reserve += int(self._reserve_ratio * self._decode_left(req))
 
     def _preempt_for_slot(self, rep: Replica, req: Request) -> bool:
         """SGLang's priority preemption with a full running set: the running call of the lowest
@@ -700,11 +709,21 @@ class Simulator:
                 dt += sum(take * q.prefill_rate for q, take in prefill)
         else:
             dt = k * (step.t0 + step.e * b + step.c * kv) + step.c * b * k * (k - 1) / 2
+        share = self._compute_share(rep)
+        dt *= share
         rep.plan = StepPlan(prefill, decoders, k, dt, kv)
+        rep.plan_share = share
         rep.stepping = True
         rep.plan_id += 1
         rep.plan_start = self.now
         self._push(self.now + dt, EV_STEP, StepDue(rep.idx, rep.plan_id))
+
+    def _compute_share(self, rep: Replica) -> float:
+        """How many replicas share the host's compute for an iteration of ``rep`` starting now:
+        1 plus those mid-iteration when ``ClusterConfig.shared_compute``, else 1."""
+        if not self.config.shared_compute:
+            return 1.0
+        return 1.0 + sum(1 for r in self.replicas if r is not rep and r.stepping)
 
     def _wake(self, rep: Replica) -> None:
         """Something changed on ``rep`` (a call arrived, a load finished, a pin expired): plan a
@@ -719,8 +738,8 @@ class Simulator:
             return
         step = self.step
         b = len(decoders)
-        dt0 = step.t0 + step.e * b + step.c * kv
-        growth = step.c * b
+        dt0 = (step.t0 + step.e * b + step.c * kv) * rep.plan_share
+        growth = step.c * b * rep.plan_share
         done = _steps_within(self.now - rep.plan_start, dt0, growth)
         m = min(k, done + 1)   # the iteration in progress completes
         if m >= k:
@@ -845,7 +864,8 @@ class Simulator:
         st = self.step
         take = max(1, min(int(take), self.config.chunked_prefill_size))
         rate = st.a + st.a_ctx * ctx / max(total, 1)
-        dt = st.prefill_t0 + take * rate + st.a_attn * take * (pos + take / 2)
+        rep.plan_share = self._compute_share(rep)
+        dt = (st.prefill_t0 + take * rate + st.a_attn * take * (pos + take / 2)) * rep.plan_share
         rep.plan = StepPlan([], [], 1, dt, 0)
         rep.stepping = True
         rep.plan_id += 1

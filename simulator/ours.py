@@ -467,7 +467,7 @@ class OursOptions:
     preemption_threshold: int | None = 500
     #: Priority preemption also when a call does not fit in KV (SGLang's ``preempt_to_schedule``
     #: frees tokens too; ``Simulator._admit_by_preemption``); on by default since issue 39 (no
-    #: simulator figure of the README worse beyond its interval, docs/simulator.md "Bounded
+    #: simulator figure of the README worse beyond its interval, docs/simulator-results.md "Bounded
     #: tail"); off (``ours-slot-preempt``): running slots only, the earlier model.
     kv_preemption: bool = True
     #: "capacity" (CapacityPolicy), "round-robin" (sglang-default's, the ablation) or "sticky"

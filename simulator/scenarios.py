@@ -86,8 +86,7 @@ class Scenario:
 
     def overrides(self) -> dict[str, str]:
         """The ``profiler simulate`` options (parameter names) this scenario sets itself, each
-        with what it uses instead: ``simulate`` announces every one the user gave (``cv``: the
-        deprecated name of ``arrival_cv``, announced too)."""
+        with what it uses instead: ``simulate`` announces every one the user gave."""
         pools = ", ".join(f"{p} {n}" for p, n in self.pool_replicas.items())
         cluster = (f"its cluster: {self.replicas} x {self.model} on {self.gpu} tp{self.tp}, "
                    f"pools {pools}, {self.kv_capacity_tokens:,} KV tokens per replica, roofline "
@@ -103,9 +102,9 @@ class Scenario:
                                       "generated application")
         if self.arrivals == "burst":
             burst = f"a burst of {self.burst_workflows} workflows in {self.burst_s:g} s, all measured"
-            out.update(load=burst, arrival_cv=burst, cv=burst, warmup=burst, tail=burst)
+            out.update(load=burst, arrival_cv=burst, warmup=burst, tail=burst)
         else:
-            out.update(load=f"load {self.load}", arrival_cv=f"CV {self.cv:g}", cv=f"CV {self.cv:g}")
+            out.update(load=f"load {self.load}", arrival_cv=f"CV {self.cv:g}")
         return out
 
     def to_dict(self) -> dict:

@@ -30,7 +30,10 @@ def group_folds(groups: ArrayLike, n_folds: int, seed: int | np.random.Generator
 
     ``seed`` may be a :class:`numpy.random.Generator`: the shuffle then continues its stream
     (a caller that drew a subsample of the groups with it first)."""
-    codes, uniq = pd.factorize(np.asarray(groups), sort=True)  # hashing; uniq in sorted order
+    # hashing; uniq in sorted order (a text Series is hashed as it is: its Arrow strings sort
+    # by code point, as Python's do, and are not first made Python objects)
+    values = groups if isinstance(groups, pd.Series) and isinstance(groups.dtype, pd.StringDtype) else np.asarray(groups)
+    codes, uniq = pd.factorize(values, sort=True)
     place = np.random.default_rng(seed).permutation(len(uniq))
     return (place % max(int(n_folds), 1))[codes]
 

@@ -25,12 +25,19 @@ For every held-out workflow the session is replayed call by call through
   symbols), by the bounded regex parsed back into an NFA (calls), and by the session tracker
   (call by call on the counting session automaton: never left it and ended where the workflow
   may stop).
+* **ours minus each baseline** (``next_agent.vs_baselines``, ``remaining_calls.vs_baselines``):
+  the paired difference on the calls both scored, ± its delete-one-workflow jackknife standard
+  error (:func:`paired_jackknife`), and ``dominated``: the baseline ahead by over one standard
+  error (higher top-1, lower log-loss, lower MAE).
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
+from collections import defaultdict
+from dataclasses import dataclass, field, fields
 from typing import Mapping, Sequence
+
+import numpy as np
 
 from synth.markov_baselines import BaselinePredictor
 
@@ -73,15 +80,38 @@ class PathScores:
     baseline_calls: int = 0
     after_correct: int = 0
     after_log_loss_sum: float = 0.0
+    # per held-out workflow: {"metric:baseline": (Σ ours − baseline, paired events)}
+    paired: list = field(default_factory=list)
 
     def add(self, other: "PathScores") -> None:
         for f in fields(self):
             setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
 
+    def vs_baselines(self) -> dict[str, dict[str, dict]]:
+        """``{"next_agent": {baseline: {top1_diff, top1_diff_se, log_loss_diff, log_loss_diff_se,
+        n, dominated}}, "remaining_calls": {"position_median": {mae_diff, mae_diff_se, n,
+        dominated}}}``: ours minus each baseline (:func:`paired_jackknife`)."""
+        out: dict[str, dict[str, dict]] = {"next_agent": {}, "remaining_calls": {}}
+        keys = sorted({k for w in self.paired for k in w})
+        for key in keys:
+            metric, name = key.split(":")
+            sums = np.array([w.get(key, (0.0, 0))[0] for w in self.paired], dtype=float)
+            counts = np.array([w.get(key, (0.0, 0))[1] for w in self.paired], dtype=float)
+            diff, se = paired_jackknife(sums, counts)
+            if diff is None:
+                continue
+            part = "remaining_calls" if metric == "mae" else "next_agent"
+            entry = out[part].setdefault(name, {"dominated": False})
+            entry.update({f"{metric}_diff": diff, f"{metric}_diff_se": se, f"{metric}_n": int(counts.sum())})
+            behind = diff < -(se or 0.0) if metric == "top1" else diff > (se or 0.0)
+            entry["dominated"] = bool(entry["dominated"] or behind)
+        return out
+
     def summary(self) -> dict:
         def ratio(a: float, b: float) -> float | None:
             return float(a / b) if b else None
-        return {
+        vs = self.vs_baselines()
+        out = {
             "next_agent": {"top1_accuracy": ratio(self.next_correct, self.next_total),
                            "log_loss": ratio(self.log_loss_sum, self.next_scored),
                            "top1_after_response": ratio(self.after_correct, self.next_scored),
@@ -119,6 +149,26 @@ class PathScores:
                                 "known_share": ratio(self.known_calls, self.calls),
                                 "n": self.calls},
         }
+        out["next_agent"]["vs_baselines"] = vs["next_agent"]
+        out["remaining_calls"]["vs_baselines"] = vs["remaining_calls"]
+        return out
+
+
+def paired_jackknife(sums: np.ndarray, counts: np.ndarray) -> tuple[float | None, float | None]:
+    """``(Σ sums / Σ counts, its delete-one-workflow jackknife standard error)`` from per-workflow
+    sums of a paired per-call difference and the calls paired: ``θ₋g = (S − s_g) / (N − n_g)``,
+    ``se² = (G − 1)/G · Σ_g (θ₋g − θ̄)²`` over the G workflows with a paired call. (None, None)
+    without any; se None with one workflow."""
+    keep = counts > 0
+    sums, counts = sums[keep], counts[keep]
+    total, n = float(sums.sum()), float(counts.sum())
+    if n == 0:
+        return None, None
+    if len(sums) < 2:
+        return total / n, None
+    theta = (total - sums) / (n - counts)
+    g = len(theta)
+    return total / n, float(np.sqrt((g - 1) / g * np.sum((theta - theta.mean()) ** 2)))
 
 
 def served_contexts(paths: WorkflowPaths, seq: WorkflowSequence, i: int,
@@ -197,6 +247,11 @@ def score_sequences(section: dict, sequences: Sequence[WorkflowSequence],
         states = paths.track(seq.calls)
         last = states[-1] if states else paths.start()
         scores.session_accepted += paths.is_accepting(last)
+        pair: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
+
+        def paired(key: str, d: float) -> None:
+            pair[key][0] += d
+            pair[key][1] += 1
         for i, state, served, pred, after in served_predictions(paths, seq, marks, tool_seq):
             scores.calls += 1
             remaining = n - 1 - i
@@ -204,12 +259,15 @@ def score_sequences(section: dict, sequences: Sequence[WorkflowSequence],
             if i < n - 1:
                 actual = seq.calls[i + 1]
                 scores.next_total += 1
+                hit, loss = False, None
                 if modelled:
                     nxt = pred["next_agents"]
                     scores.next_scored += 1
                     p = paths.vomm_probability(state, history, actual, served["arrival"])
-                    scores.log_loss_sum -= math.log(max(p, 1e-6))
-                    scores.next_correct += bool(nxt) and nxt[0]["agent_id"] == actual
+                    loss = -math.log(max(p, 1e-6))
+                    scores.log_loss_sum += loss
+                    hit = bool(nxt) and nxt[0]["agent_id"] == actual
+                    scores.next_correct += hit
                     nxt_after = after["next_agents"]
                     scores.after_correct += bool(nxt_after) and nxt_after[0]["agent_id"] == actual
                     p_after = (paths.vomm_probability(state, history, actual, served["after"])
@@ -217,34 +275,54 @@ def score_sequences(section: dict, sequences: Sequence[WorkflowSequence],
                     scores.after_log_loss_sum -= math.log(max(p_after, 1e-6))
                 elif state is not None:
                     nxt = paths.estimates(state)["next_agents"]
-                    scores.next_correct += bool(nxt) and nxt[0]["agent_id"] == actual
+                    hit = bool(nxt) and nxt[0]["agent_id"] == actual
+                    scores.next_correct += hit
                 if base is not None:
                     scores.baseline_events += 1
-                    scores.markov1_correct += base.markov1(history) == actual
-                    scores.markov_vo_correct += base.markov_vo(history) == actual
-                    scores.markov1_log_loss_sum -= math.log(max(base.markov1_probability(history, actual), 1e-6))
+                    m1, vo = base.markov1(history) == actual, base.markov_vo(history) == actual
+                    scores.markov1_correct += m1
+                    scores.markov_vo_correct += vo
+                    paired("top1:markov1", float(hit) - m1)
+                    paired("top1:markov_vo", float(hit) - vo)
+                    ll1 = -math.log(max(base.markov1_probability(history, actual), 1e-6))
+                    scores.markov1_log_loss_sum += ll1
+                    if loss is not None:
+                        paired("log_loss:markov1", loss - ll1)
                     p_vo = base.markov_vo_probability(history, actual)
                     if p_vo is not None:
                         scores.markov_vo_log_loss_events += 1
                         scores.markov_vo_log_loss_sum -= math.log(max(p_vo, 1e-6))
+                        if loss is not None:
+                            paired("log_loss:markov_vo", loss + math.log(max(p_vo, 1e-6)))
                     dist = base.markov_wb_distribution(history)
                     if dist is not None:
                         scores.markov_wb_events += 1
-                        scores.markov_wb_log_loss_sum -= math.log(max(dist.get(actual, dist["\0unseen"]), 1e-6))
-                        scores.markov_wb_correct += base.markov_wb_from(dist) == actual
+                        ll_wb = -math.log(max(dist.get(actual, dist["\0unseen"]), 1e-6))
+                        scores.markov_wb_log_loss_sum += ll_wb
+                        wb = base.markov_wb_from(dist) == actual
+                        scores.markov_wb_correct += wb
+                        paired("top1:markov_wb", float(hit) - wb)
+                        if loss is not None:
+                            paired("log_loss:markov_wb", loss - ll_wb)
+            pm_err = None
             if base is not None:
                 scores.baseline_calls += 1
-                scores.position_median_abs_error += abs(base.position_median(i) - remaining)
+                pm_err = abs(base.position_median(i) - remaining)
+                scores.position_median_abs_error += pm_err
             if modelled:
                 scores.scored_calls += 1
-                scores.model_abs_error += abs(pred.get("remaining_calls_point",
-                                                       pred.get("expected_remaining_calls")
-                                                       or 0.0) - remaining)
+                err = abs(pred.get("remaining_calls_point", pred.get("expected_remaining_calls") or 0.0) - remaining)
+                scores.model_abs_error += err
+                if pm_err is not None:
+                    paired("mae:position_median", err - pm_err)
             if state is None:
                 continue
             scores.known_calls += 1
-            scores.abs_error += abs(paths.estimates(state)["expected_remaining_calls"]
-                                    - remaining)
+            auto_err = abs(paths.estimates(state)["expected_remaining_calls"] - remaining)
+            scores.abs_error += auto_err
+            if not modelled and pm_err is not None:
+                paired("mae:position_median", auto_err - pm_err)
             guess = baseline[i] if i < len(baseline) else 0.0
             scores.baseline_abs_error += abs(guess - remaining)
+        scores.paired.append({k: (v[0], v[1]) for k, v in pair.items()})
     return scores

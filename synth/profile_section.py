@@ -43,7 +43,8 @@ from synth.regex_synth import LOOP_QUANTILES
 from synth.remaining import RemainingWork
 from synth.sequence_select import FORWARD_SHARE, is_position_median, select_remaining
 from synth.sequences import (has_stage_variation, has_tool_variation,
-                             load_sequence_groups, load_sequences, symbol_expression, unmarked,
+                             load_sequence_groups, load_sequences, sampled_agent_counts,
+                             symbol_expression, unmarked,
                              workflow_counts)
 from synth.session import WorkflowPaths
 from synth.vomm import FAMILY_PARTS, START
@@ -147,11 +148,18 @@ def build_workflows_section(con: duckdb.DuckDBPyConnection, options: dict[str, A
                                     seed=seed)
         return {t: (seqs, counts, *_split_late(mixed, group is not None))
                 for t, (seqs, counts, mixed) in rows.items()}
-    distinct = load(None, "agent", max_workflows)
-    for wt, (sequences, counts, groups, forward) in sorted(distinct.items()):
+    # each type's alphabet first (its sampled agents: one grouping), so that the agent
+    # sequences are read only where some type is read in plain agents
+    alphabets = {wt: context_alphabet(con, wt, agents)
+                 for wt, agents in sampled_agent_counts(con, max_workflows, seed).items()}
+    distinct = (load(None, "agent", max_workflows)
+                if "agent" in alphabets.values() else dict.fromkeys(alphabets))
+    for wt, loaded in sorted(distinct.items()):
         text = load_text_workflows(con, wt, max_workflows=prompt_workflows)
-        contexts, alphabet = None, context_alphabet(con, wt, sequences)
-        if alphabet != "agent":
+        contexts, alphabet = None, alphabets[wt]
+        if alphabet == "agent":
+            sequences, counts, groups, forward = loaded
+        else:
             # some responses call tools (several agents), or some agent runs in several
             # stages: offer the marked contexts
             marked, counts, groups, forward = load(
@@ -174,12 +182,13 @@ def build_workflows_section(con: duckdb.DuckDBPyConnection, options: dict[str, A
     return sections
 
 
-def context_alphabet(con: duckdb.DuckDBPyConnection, wt: str, sequences) -> str:
+def context_alphabet(con: duckdb.DuckDBPyConnection, wt: str, agents: int) -> str:
     """The richest alphabet the calls of type ``wt`` are worth reading in: tool marks where
-    there are several agents and some responses call tools
+    there are several agents (``agents``: how many the sampled workflows hold,
+    :func:`synth.sequences.sampled_agent_counts`) and some responses call tools
     (:func:`synth.sequences.has_tool_variation`), stages where some agent runs in several
     stages (:func:`synth.sequences.has_stage_variation`); ``"agent"`` when neither."""
-    tools = (len({a for q in sequences for a in q.calls}) > 1 and has_tool_variation(con, wt))
+    tools = agents > 1 and has_tool_variation(con, wt)
     parts = (has_stage_variation(con, wt), tools)
     return next(fam for fam, fam_parts in FAMILY_PARTS.items() if fam_parts == parts)
 

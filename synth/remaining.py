@@ -23,10 +23,11 @@ workflow is predicted to end (0 calls to come, as the baseline does). ``k``, ``p
 from __future__ import annotations
 
 import math
-from collections import defaultdict
 from typing import Mapping, Sequence
 
 import numpy as np
+
+from synth.params import Params
 
 SEP = "\x1f"
 
@@ -65,7 +66,7 @@ def remaining_rows(sequences: Sequence[Sequence[str]], weights: Sequence[float],
             yield seq, i, n - 1 - i, float(tail_s[i]), w
 
 
-class RemainingWork:
+class RemainingWork(Params):
     """Context-conditioned remaining calls/seconds with quantiles (see the module docstring).
 
     ``point`` names the point prediction scored by ``profiler eval`` (``"p50"`` or ``"mean"``,
@@ -98,20 +99,38 @@ class RemainingWork:
     def fit(self, sequences: Sequence[Sequence[str]], weights: Sequence[float] | None = None,
             timings: Mapping[str, tuple[float, float]] | None = None) -> "RemainingWork":
         weights = [1.0] * len(sequences) if weights is None else list(weights)
-        groups: dict[str, list] = defaultdict(list)
+        # every call's (remaining calls, seconds, weight) and the ids of its lookup keys; the keys
+        # read only the last ``order`` symbols and the index, so they are built once per pair
+        # (workflows share their prefixes)
+        key_ids: dict[str, int] = {}
+        pair_keys: dict[tuple, list[int]] = {}
+        rows, call_keys = [], []
         for seq, i, r, r_s, w in remaining_rows(sequences, weights, timings):
-            for key in self.keys(seq[:i + 1], i):
-                groups[key].append((r, r_s, w))
+            ctx = (tuple(seq[max(0, i + 1 - self.order):i + 1]), i)
+            ids = pair_keys.get(ctx)
+            if ids is None:
+                ids = pair_keys[ctx] = [key_ids.setdefault(k, len(key_ids)) for k in self.keys(*ctx)]
+            rows.append((r, r_s, w))
+            call_keys.append(ids)
         table = {}
-        for key, rows in groups.items():
-            arr = np.asarray(rows, dtype=float)
-            n = arr[:, 2].sum()
-            if n < self.min_n and not key.startswith("|"):  # position keys always kept
-                continue
-            p50, p90 = weighted_quantiles(arr[:, 0], arr[:, 2], (0.5, 0.9))
-            table[key] = [round(float(n), 3), p50, p90,
-                          round(float(np.average(arr[:, 0], weights=arr[:, 2])), 4),
-                          round(float(np.average(arr[:, 1], weights=arr[:, 2])), 4)]
+        if rows:
+            # each key's rows in call order (a stable sort by key id): the (rows × 3) array a
+            # per-key list of those rows would give, so the statistics are the same to the bit
+            flat = np.fromiter((k for ids in call_keys for k in ids), dtype=np.int64)
+            owner = np.repeat(np.arange(len(rows)), [len(ids) for ids in call_keys])
+            order = np.argsort(flat, kind="stable")
+            starts = np.searchsorted(flat[order], np.arange(len(key_ids) + 1))
+            values = np.asarray(rows, dtype=float)
+            owner = owner[order]
+            for key, g in key_ids.items():
+                arr = values[owner[starts[g]:starts[g + 1]]]
+                n = arr[:, 2].sum()
+                if n < self.min_n and not key.startswith("|"):  # position keys always kept
+                    continue
+                p50, p90 = weighted_quantiles(arr[:, 0], arr[:, 2], (0.5, 0.9))
+                table[key] = [round(float(n), 3), p50, p90,
+                              round(float(np.average(arr[:, 0], weights=arr[:, 2])), 4),
+                              round(float(np.average(arr[:, 1], weights=arr[:, 2])), 4)]
         if len(table) > self.max_keys:  # keep the best-supported keys (positions always)
             ranked = sorted(table, key=lambda k: (not k.startswith("|"), -table[k][0], k))
             table = {k: table[k] for k in ranked[:self.max_keys]}

@@ -240,13 +240,35 @@ def select_models(sequences: Sequence[Sequence[str]], counts: Sequence[int],
         pfa = pfa_factory(keep[tr].tolist(), tr_w) if pfa_factory is not None else None
         index = {y: i for i, y in enumerate(vocab)}
         memo: dict[tuple, np.ndarray] = {}
+        scored_memo: dict[tuple, tuple] = {}
 
-        def vectors(history_by_family: dict) -> np.ndarray:
-            key = tuple((fam, tuple(h[-max(ORDERS):]), len(h) <= max(ORDERS))
-                        for fam, h in history_by_family.items())
-            if key not in memo:
-                memo[key] = np.array(_vomm_vectors(models, history_by_family, families))
-            return memo[key]
+        def scored(history_by_family: dict, pv: np.ndarray | None, actual: int | None,
+                   agent_step: bool) -> tuple[np.ndarray, np.ndarray | None]:
+            """One held-out event's log-loss per (candidate, mixture) and, at an agent step, its
+            top-1 hits: a function of the last symbols, the automaton's vector and the target,
+            so an event held-out paths share is computed once."""
+            vkey = tuple((fam, tuple(h[-max(ORDERS):]), len(h) <= max(ORDERS))
+                         for fam, h in history_by_family.items())
+            key = (vkey, None if pv is None else pv.tobytes(), actual, agent_step)
+            if key in scored_memo:
+                return scored_memo[key]
+            if vkey not in memo:
+                memo[vkey] = _vomm_vectors(models, history_by_family, families)
+            vecs = memo[vkey]
+            mixed = (lams[:, None, None] * vecs[None]
+                     + ((1.0 - lams)[:, None, None] * pv if pv is not None else 0.0))
+            if pv is None:
+                mixed = np.broadcast_to(vecs[None], mixed.shape)
+            if actual is not None:
+                p = mixed[..., actual]
+            else:  # a symbol the training folds never saw: the novel-symbol mass
+                novel = np.maximum(1.0 - vecs.sum(axis=-1), 0.0)[None]
+                p = (lams[:, None] if pv is not None else np.ones((len(lams), 1))) * novel
+            step = -np.log(np.maximum(p, EPS)).T
+            # top-1 over agents, as profiler eval scores it
+            hit = (np.argmax(mixed[..., :-1], axis=-1) == actual).T if agent_step else None
+            scored_memo[key] = (step, hit)
+            return step, hit
         for j in te:
             seq, w = seqs[j], float(test[j])
             targets = (*seq, END)
@@ -275,23 +297,13 @@ def select_models(sequences: Sequence[Sequence[str]], counts: Sequence[int],
                     # response: without tool marks both moments are one
                     moments = [arrival, after] if marked_families else [after]
                 for hist in moments:
-                    vecs = vectors(hist)
+                    step, hit = scored(hist, pv, actual, t < len(seq))
                     events += w
-                    mixed = (lams[:, None, None] * vecs[None]
-                             + ((1.0 - lams)[:, None, None] * pv if pv is not None else 0.0))
-                    if pv is None:
-                        mixed = np.broadcast_to(vecs[None], mixed.shape)
-                    if actual is not None:
-                        p = mixed[..., actual]
-                    else:  # a symbol the training folds never saw: the novel-symbol mass
-                        novel = np.maximum(1.0 - vecs.sum(axis=-1), 0.0)[None]
-                        p = (lams[:, None] if pv is not None else np.ones((len(lams), 1))) * novel
-                    step = -np.log(np.maximum(p, EPS)).T
                     loss += w * step
                     wf_loss[j] += w * step[:, 0]
-                    if t < len(seq):  # top-1 over agents, as profiler eval scores it
+                    if hit is not None:
                         agent_events += w
-                        hits += w * (np.argmax(mixed[..., :-1], axis=-1) == actual).T
+                        hits += w * hit
         return loss, hits, wf_loss, events, agent_events
 
     n_cfg = len(grid)
@@ -395,6 +407,12 @@ def _remaining_cv(seqs: Sequence[tuple], counts: np.ndarray, folds: int, repeats
                   for pos in REMAINING_POSITIONS for min_n in REMAINING_MIN_N
                   for point in REMAINING_POINTS]
     col = {c: i for i, c in enumerate(cands)}
+    # each (alphabet, position) table scores these columns, in this order
+    columns = {(alpha, pos): np.array([col[(order, pos, min_n, point, *tag)]
+                                       for order in REMAINING_ORDERS[1 if tag else 0:]
+                                       for min_n in REMAINING_MIN_N for point in REMAINING_POINTS])
+               for alpha in alphabets for tag in [() if alpha == "agent" else (alpha,)]
+               for pos in REMAINING_POSITIONS}
 
     def score(train: np.ndarray, test: np.ndarray) -> tuple[list[int], list[np.ndarray], float]:
         """Every candidate fitted on ``train`` counts: the held-out paths of ``test``, each
@@ -406,6 +424,29 @@ def _remaining_cv(seqs: Sequence[tuple], counts: np.ndarray, folds: int, repeats
         rem = {(alpha, pos): RemainingWork(max(REMAINING_ORDERS), pos, 1).fit(
                    [aseqs[j] for j in tr], tr_w)
                for alpha, aseqs in alphabets.items() for pos in REMAINING_POSITIONS}
+        memo: dict[tuple, np.ndarray] = {}
+
+        def predicted(alpha: str, pos: str, seq: tuple, i: int) -> np.ndarray:
+            """The point of every candidate column of model (alpha, pos) after call i of
+            ``seq`` (in ``columns[alpha, pos]`` order); held-out paths share most contexts."""
+            model = rem[alpha, pos]
+            ctx = seq[max(0, i + 1 - model.order):i + 1]
+            key = (alpha, pos, ctx, i)
+            if key not in memo:
+                keys = model.keys(ctx, i)
+                rows = [model.table_.get(k) for k in keys]
+                m = len(keys) - 1  # context keys, longest first, then the position
+                out = []
+                for order in REMAINING_ORDERS[0 if alpha == "agent" else 1:]:
+                    for min_n in REMAINING_MIN_N:
+                        for row in rows[m - min(order, m):m]:
+                            if row is not None and row[0] >= min_n:
+                                break
+                        else:
+                            row = rows[m] or [0.0] * 5
+                        out.extend(row[c] for c in REMAINING_POINTS.values())
+                memo[key] = np.array(out, dtype=float)
+            return memo[key]
         paths, rows_err, n_calls = [], [], 0.0
         for j in np.flatnonzero(test):
             w = float(test[j])
@@ -414,22 +455,9 @@ def _remaining_cv(seqs: Sequence[tuple], counts: np.ndarray, folds: int, repeats
             for i in range(n):
                 n_calls += w
                 truth = n - 1 - i
-                for (alpha, pos), model in rem.items():
-                    seq = alphabets[alpha][j]
-                    tag = () if alpha == "agent" else (alpha,)
-                    keys = model.keys(seq[max(0, i + 1 - model.order):i + 1], i)
-                    rows = [model.table_.get(k) for k in keys]
-                    m = len(keys) - 1  # context keys, longest first, then the position
-                    for order in REMAINING_ORDERS[1 if tag else 0:]:
-                        for min_n in REMAINING_MIN_N:
-                            for row in rows[m - min(order, m):m]:
-                                if row is not None and row[0] >= min_n:
-                                    break
-                            else:
-                                row = rows[m] or [0.0] * 5
-                            for point, c in REMAINING_POINTS.items():
-                                row_err[col[(order, pos, min_n, point, *tag)]] += abs(
-                                    row[c] - truth)
+                for alpha, pos in rem:
+                    row_err[columns[alpha, pos]] += np.abs(
+                        predicted(alpha, pos, alphabets[alpha][j], i) - truth)
             paths.append(int(j))
             rows_err.append(row_err)
         return paths, rows_err, n_calls
@@ -571,18 +599,13 @@ def _forward_next(cv: dict, fwd: tuple, late: np.ndarray, grid: Sequence[tuple],
 
 
 def _vomm_vectors(models: Mapping[str, VariableOrderMarkov], histories: Mapping[str, Sequence[str]],
-                  families: Sequence[str]) -> list[np.ndarray]:
+                  families: Sequence[str]) -> np.ndarray:
     """One probability vector per candidate of the grid (family, min_context, escape, order),
-    in grid order: one pass of :meth:`VariableOrderMarkov.levels` per (family, min_context,
-    escape) gives every order (the level-k vector is the order-k model's prediction)."""
-    out = []
-    for fam in families:
-        for floor in MIN_CONTEXTS:
-            for escape in ESCAPES:
-                levels = list(models[fam].levels(histories[fam], max_order=max(ORDERS),
-                                                 escape=escape, min_context=floor))
-                out.extend(levels[order] for order in ORDERS)
-    return out
+    in grid order (rows): one pass of :meth:`VariableOrderMarkov.level_grid` per family gives
+    every min_context × escape × order (the level-k vector is the order-k model's prediction)."""
+    return np.concatenate([
+        models[fam].level_grid(histories[fam], max(ORDERS), ESCAPES, MIN_CONTEXTS)[:, :, list(ORDERS)]
+        .reshape(-1, len(models[fam].vocab_)) for fam in families])
 
 
 def _choose_next(loss: np.ndarray, hits: np.ndarray, events: float, agent_events: float,

@@ -333,6 +333,23 @@ def workflow_counts(con: duckdb.DuckDBPyConnection) -> dict[str, int]:
         "SELECT workflow_type_id, count(DISTINCT workflow_id) FROM calls GROUP BY 1").fetchall()}
 
 
+def sampled_agent_counts(con: duckdb.DuckDBPyConnection, max_workflows: int | None = None,
+                         seed: int = 0) -> dict[str, int]:
+    """Per workflow type: how many distinct agents (NULL one of them) the calls of its sampled
+    workflows hold, the sample :func:`load_sequence_counts` reads with the same
+    ``max_workflows`` and ``seed``: the number of symbols its agent sequences would show, for
+    the price of one grouping instead of the sequences' windows."""
+    sample, join, params = "", "", {}
+    if max_workflows is not None and max_workflows > 0:
+        sample = "WITH " + _SAMPLE_CTE.format(where="").strip().rstrip(",")
+        join = "SEMI JOIN picked USING (workflow_type_id, workflow_id)"
+        params = {"salt": f"#{int(seed)}", "max_workflows": int(max_workflows)}
+    rows = con.execute(f"{sample}\nSELECT workflow_type_id, count(DISTINCT agent_id) "
+                       f"+ bool_or(agent_id IS NULL)::INTEGER FROM calls {join} GROUP BY 1",
+                       params).fetchall()
+    return {wt: int(n) for wt, n in rows}
+
+
 def _query_rows(con: duckdb.DuckDBPyConnection, final: str, workflow_type_id: str | None,
                 alphabet: str, max_workflows: int | None, seed: int,
                 request_ids: bool, group: str = "NULL::VARCHAR") -> list[tuple]:

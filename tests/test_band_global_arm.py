@@ -12,15 +12,16 @@ import pytest
 from bench.bench_online_calibration import time_split
 from fitting.profile_fit import fit_profile
 from predictors.online_calibration import OnlineCalibrator, interval_score
+from predictors.served import Band
 from profiler.online_eval import online_scores, replay_served, stream_calls
 from store import ingest as ingest_mod
 from store.duckdb_store import connect
 from store.workloads import generate, write_jsonl
 
 KEY = ("wt", "qa")
-OWN = (80, 120, "agent")                       # a narrow agent's band
+OWN = Band(80, 120, "agent")                       # a narrow agent's band
 TABLE = ((0.1, 110), (0.01, 120), (0.001, 125))  # and its flat tail: a level cannot stretch it far
-GLOBAL = (5, 2000, "global")
+GLOBAL = Band(5, 2000, "global")
 
 
 def feed(cal: OnlineCalibrator, outs) -> list[str]:

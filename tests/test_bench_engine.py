@@ -71,7 +71,7 @@ def test_ratios_per_seed_with_intervals_against_both_baselines() -> None:
 def test_condition_presets_change_one_thing_and_the_command_line_wins() -> None:
     d = be.DEFAULTS["cpu"]
     assert set(CONDITIONS) == {"default", "many-in-flight", "tight-pool", "recorded-gaps", "multi-agent",
-                               "agent-platform", "contention", "kv-pressure", "platform-contention"}
+                               "agent-platform", "contention", "kv-pressure", "platform-contention", "open-contention"}
     unset = {k: None for k in d}
     base = condition_settings("default", unset, d)
     assert base == d
@@ -328,3 +328,39 @@ def test_every_arm_has_a_simulated_policy(tmp_path) -> None:
     flat = StepTimeModel(t0=0.0014, a=0.0, a_ctx=1.5e-5, c=1.2e-6, prefill_t0=0.039)
     assert simulate_setups(scaled_records(recs, 1.0, args.time_scale), tmp_path / "profile",
                            cluster(limits, flat), 4, ["hints"])["hints"]["jct_avg_s"] > 0
+
+
+def test_open_contention_releases_workflows_at_the_replays_poisson_times(tmp_path) -> None:
+    """open-contention is contention with the workflows arriving open loop (``--rate``): the
+    replay's own seeded arrival times, which the simulator replays too (no closed population)."""
+    from bench.engine_sim import cluster, scaled_records, simulate_setups
+    from fitting import profile_fit as fitting
+    from serving_hooks.replay import arrival_offsets
+    from simulator.calibration import StepTimeModel
+    from store.workloads import generate, write_jsonl
+
+    o = be.condition_args(be.parse_args(["--condition", "open-contention"]), "open-contention")
+    assert (o.replicas, o.setups, o.rate) == (1, ["round-robin", "hints"], 1.8)
+    assert be.condition_args(be.parse_args(["--condition", "open-contention", "--rate", "0.5"]),
+                             "open-contention").rate == 0.5
+    assert be.condition_args(be.parse_args(["--condition", "contention"]), "contention").rate is None
+    train, _ = scale_records(list(generate("coding_assistant", 12, seed=1000)), 0.05, 1000, 500)
+    write_jsonl(train, tmp_path / "train" / "t.jsonl")
+    fitting.fit_profile([tmp_path / "train"], tmp_path / "profile", options=fitting.FitOptions(min_calls=5))
+    recs, _ = scale_records(list(generate("coding_assistant", 6, seed=0)), 0.05, 1000, 500)
+    step = StepTimeModel(t0=0.003, a=1e-4, a_ctx=0.0, c=1e-7, prefill_t0=0.02)
+    limits = {"kv_capacity_tokens": 1200, "chunked_prefill_size": 4096, "max_running_requests": 8}
+    closed = simulate_setups(scaled_records(recs, 1.0, 0.02), tmp_path / "profile", cluster(limits, step, 1),
+                             2, ["round-robin"])
+    slow = simulate_setups(scaled_records(recs, 1.0, 0.02), tmp_path / "profile", cluster(limits, step, 1),
+                           2, ["round-robin"], rate=0.01, seed=3)
+    # at 0.01 workflows/s the last one arrives long after the others: the makespan spans the arrivals
+    assert slow["round-robin"]["makespan_s"] >= arrival_offsets(6, 0.01, 1.0, 3)[-1]
+    assert slow["round-robin"]["makespan_s"] > 10 * closed["round-robin"]["makespan_s"]
+    # arriving apart, nobody queues: no workflow takes longer than in the closed population of 2
+    assert slow["round-robin"]["jct_avg_s"] <= closed["round-robin"]["jct_avg_s"]
+
+
+def test_out_keeps_every_runs_call_records_beside_the_json(tmp_path) -> None:
+    args = be.parse_args(["--condition", "contention", "--out", str(tmp_path / "m.json")])
+    assert be.calls_dir(args) == tmp_path / "m-calls"

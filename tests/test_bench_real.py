@@ -1,6 +1,7 @@
 """bench/bench_real.py runs end to end on the small real copies and the messy workload."""
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -78,3 +79,31 @@ def test_time_split_reports_the_online_band_as_the_served_one(tmp_path):
     assert "global arm served (switches)" in text and f"{band['global']['coverage']:.3f}" in text
     assert "online_band" not in bench.split_fit_eval([REPO / "datasets" / "real" / "agentless_pr28.jsonl"],
                                                      tmp_path / "hash", "hash")
+
+
+def _bench_module():
+    spec = importlib.util.spec_from_file_location("bench_real", REPO / "bench" / "bench_real.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_headline_rows_pool_seeds_and_flag_a_baseline_ahead():
+    bench = _bench_module()
+
+    def part(top1_diff, se, ka_cov):
+        return {"calls": 100,
+                "next_agent": {"vs_baselines": {"markov1": {"top1_diff": top1_diff, "top1_diff_se": se, "top1_n": 50,
+                                                            "log_loss_diff": -0.1, "log_loss_diff_se": 0.01,
+                                                            "log_loss_n": 50}}},
+                "remaining_calls": {"vs_baselines": {"position_median": {"mae_diff": 0.5, "mae_diff_se": 0.1,
+                                                                         "mae_n": 80}}},
+                "keep_alive": {"gaps": 40, "vs_baselines": {"idle_gap_p95": {
+                    "coverage_diff": ka_cov, "coverage_diff_se": 0.01, "kv_s_diff": 0.0, "kv_s_diff_se": 0.1}}}}
+    result = {"folds": [part(-0.04, 0.01, -0.02), part(-0.02, 0.01, -0.04)]}
+    rows = {(f, b): (cell, dom) for f, b, cell, dom in bench.headline_rows(result, served=False)}
+    cell, dom = rows[("next agent top-1", "markov1")]
+    assert cell == f"-0.030 ± {(0.01 ** 2 * 2) ** 0.5 / 2:.3f}" and dom          # pooled: mean, √Σ(w·se)²/Σw
+    assert not rows[("next agent log-loss", "markov1")][1]                    # ours lower loss: ahead
+    assert rows[("remaining calls MAE", "position_median")][1]                # ours 0.5 calls worse, se 0.1
+    assert rows[("keep-alive (coverage; KV-s per covered gap)", "idle_gap_p95")][1]

@@ -188,3 +188,15 @@ def test_weighted_coverage_se_clusters_by_workflow_and_has_a_binomial_floor():
     n_eff = heavy.sum() ** 2 / (heavy ** 2).sum()
     assert weighted_coverage_se(np.ones(40, bool), heavy, np.arange(40), 0.95) == pytest.approx(
         math.sqrt(0.95 * 0.05 / n_eff))
+
+
+def test_group_folds_of_a_text_series_are_those_of_its_values():
+    """A text Series is factorized as it is (Arrow strings, code-point order) instead of as
+    Python objects: the folds must be the same, non-ASCII labels and missing ones included."""
+    labels = ["wf-10", "wf-9", "é-1", "Z", "a\x1fb", "ab", None, "wf-10", "ß", "zz", "É", "wf-9"] * 7
+    series = pd.Series(labels, dtype="str")
+    assert isinstance(series.dtype, pd.StringDtype)
+    for seed in (0, 1, 7):
+        assert np.array_equal(group_folds(series, 3, seed), group_folds(np.asarray(series), 3, seed))
+        assert np.array_equal(group_folds(series, 5, seed),
+                              group_folds(np.array(labels, dtype=object), 5, seed))

@@ -53,8 +53,9 @@ def _replay_records(folder: Path) -> None:
     fake = FakeOpenAI(reply_tokens=24, chunk_delay_s=0.001)   # decode needs >= 16 tokens
     with serve_in_thread(fake.app) as srv:
         res = CliRunner().invoke(app, ["replay", str(logs), "--target", srv.url, "--concurrency", "2",
-                                       "--time-scale", "0", "--token-scale", "0.01", "--no-progress",
-                                       "--out", str(folder / "calls.jsonl")])
+                                       "--time-scale", "0", "--token-scale", "0.01",
+                                       "--out", str(folder / "calls.jsonl")],
+                                 env={"PROFILER_REPLAY_PROGRESS": "false"})
     assert res.exit_code == 0, res.output
 
 

@@ -1,6 +1,6 @@
 """The next-agent and remaining-calls choices checked on a time-ordered validation slice
 (issue 37 b, c): the latest fifth of a type's training workflows by start time, trained on the
-rest (``synth.sequence_select``, ``profiler fit --forward-validation``)."""
+rest (``synth.sequence_select``, ``profiler fit``'s forward_validation key)."""
 from __future__ import annotations
 
 import json
@@ -127,9 +127,9 @@ def test_fit_is_deterministic_and_can_be_switched_off(tmp_path: Path):
     write_log(log, task_paths(25), trials=4)             # 100 workflows: a slice of 20
     runner = CliRunner()
     sections = []
-    for name, extra in (("a", []), ("b", []), ("off", ["--no-forward-validation"])):
+    for name, env in (("a", {}), ("b", {}), ("off", {"PROFILER_FIT_FORWARD_VALIDATION": "false"})):
         out = tmp_path / name
-        res = runner.invoke(app, ["fit", str(log), "--out", str(out), "-q", *extra])
+        res = runner.invoke(app, ["fit", str(log), "--out", str(out), "-q"], env=env)
         assert res.exit_code == 0, res.output
         profile = json.loads(next(out.rglob("profile.json")).read_text())
         sections.append(profile["workflows"]["app"])

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from bench.bench_online_calibration import time_split
 from predictors.online_calibration import OnlineCalibrator, table_upper
 from predictors.predictor import Predictor
-from predictors.served import UPPER_ALPHAS
+from predictors.served import UPPER_ALPHAS, Band
 from store import ingest as ingest_mod
 from profiler.cli import app
 from fitting.profile_fit import fit_profile
@@ -48,7 +48,7 @@ def test_table_upper_interpolates_in_log_log_and_extends_the_certified_tail():
 def test_misses_widen_hits_narrow_and_the_level_stays_bounded():
     cal = OnlineCalibrator(nominal=0.99)
     table = lognormal_table(5.0, 0.8)
-    band = (20, 900, "agent")
+    band = Band(20, 900, "agent")
     assert cal.adjust(KEY, band, table) == band                     # nominal level: the fitted band
     cal.update(KEY, False)
     lo, hi, level = cal.adjust(KEY, band, table)
@@ -74,7 +74,7 @@ def test_a_too_narrow_band_is_brought_to_nominal_coverage_on_a_stationary_stream
     table = lognormal_table(mu, sigma)
     from scipy import stats
 
-    band = (int(math.exp(mu - sigma * stats.norm.isf(0.025))), int(math.exp(mu + sigma * stats.norm.isf(0.025))), "agent")
+    band = Band(int(math.exp(mu - sigma * stats.norm.isf(0.025))), int(math.exp(mu + sigma * stats.norm.isf(0.025))), "agent")
     cal = OnlineCalibrator(nominal=0.99)
     y = np.exp(rng.normal(mu, sigma, 20_000))
     misses, widths = 0, []
@@ -132,7 +132,7 @@ def test_escalation_holds_coverage_after_a_shift_that_plain_aci_recovers_slowly(
     table = lognormal_table(mu, sigma)
     from scipy import stats
 
-    band = (int(math.exp(mu - sigma * stats.norm.isf(0.005))), int(math.exp(mu + sigma * stats.norm.isf(0.005))), "agent")
+    band = Band(int(math.exp(mu - sigma * stats.norm.isf(0.005))), int(math.exp(mu + sigma * stats.norm.isf(0.005))), "agent")
     y = np.exp(np.concatenate([rng.normal(mu, sigma, 300), rng.normal(mu + math.log(2.5), sigma, 3000)]))
     res = {}
     for h in (0.0, 50.0):

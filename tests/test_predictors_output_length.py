@@ -257,3 +257,14 @@ def test_an_unseen_agent_is_served_the_one_sided_type_band_and_an_empty_answer_i
     lo, hi = pred.annotate(meta, request_id="r0")["predicted_output_len"]
     assert lo == 0 < hi
     assert pred.observe({"app_metadata": meta, "request_id": "r0", "output_tokens": 0}) is True
+
+
+def test_conditional_features_need_only_the_feature_columns():
+    """The fit hands the conditional model an agent's rows of these columns alone: the feature
+    matrix must be the one the whole calls frame gives."""
+    from predictors import quantile_tree as qt
+    from predictors.output_length import _FEATURE_COLUMNS
+    calls = pd.DataFrame({"workflow_id": ["a", "b", "c"], "agent_id": ["x", "y", "x"],
+                          "prev_agent_output_tokens": [None, 12.0, 30.0], "input_tokens": [100, 200, None],
+                          "agent_call_index": [0, 1, 2], "output_tokens": [5, 6, 7]})
+    assert np.array_equal(qt.features(calls[list(_FEATURE_COLUMNS)]), qt.features(calls))

@@ -128,11 +128,13 @@ def test_cli_json_errors_and_records(logs, tmp_path):
     fake = FakeOpenAI(reply_tokens=2)
     out = tmp_path / "replayed.jsonl"
     with serve_in_thread(fake.app) as srv:
+        cfg = tmp_path / "replay.toml"           # the wire knobs are config keys (or PROFILER_REPLAY_*)
+        cfg.write_text('progress = false\nextra_body = \'{"priority": 7}\'\nidentity = "none"\n')
         ok = runner.invoke(app, ["replay", str(logs), "--target", srv.url, "--rate", "50", "--arrival-cv", "3",
-                                 "--time-scale", "0", "--json", "--no-progress", "--out", str(out),
-                                 "--extra-body", '{"priority": 7}', "--identity", "none"])
-        bad = runner.invoke(app, ["replay", str(logs), "--target", srv.url, "-H", "x-fake-status: 500",
-                                  "--time-scale", "0", "--no-progress"])
+                                 "--time-scale", "0", "--json", "--out", str(out), "--config", str(cfg)])
+        bad = runner.invoke(app, ["replay", str(logs), "--target", srv.url, "--time-scale", "0"],
+                            env={"PROFILER_REPLAY_HEADERS": "x-fake-status: 500",
+                                 "PROFILER_REPLAY_PROGRESS": "false"})
     assert ok.exit_code == 0, ok.output
     s = json.loads(ok.stdout)
     assert s["calls"]["count"] == 8 and s["options"]["rate"] == 50

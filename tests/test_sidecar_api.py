@@ -124,10 +124,10 @@ def test_serve_command_refits_from_new_logs(profile_root, tmp_path):
     logs = tmp_path / "logs"
     logs.mkdir()
     port = free_port()
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "PROFILER_RELOAD_EVERY": "0.2s"}  # a config key
     proc = subprocess.Popen(
         [sys.executable, "-c", "from profiler.cli import main; main()", "serve", "--profile", str(root),
-         "--port", str(port), "--logs", str(logs), "--refit-every", "1s", "--reload-every", "0.2s",
+         "--port", str(port), "--logs", str(logs), "--refit-every", "1s",
          "--log-level", "warning"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     url = f"http://127.0.0.1:{port}"
     try:

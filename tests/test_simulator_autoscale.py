@@ -234,10 +234,11 @@ def test_cli_autoscale_rows(tmp_path):
 
     res = CliRunner().invoke(app, [
         "simulate", "--workload", "coding-assistant", "--load", "peak", "--workflows", "16",
-        "--train-workflows", "40", "--replicas", "2", "--kv-capacity-tokens", "60000",
+        "--replicas", "2", "--kv-capacity-tokens", "60000",
         "--policies", "sglang-default", "--autoscale", "off,reactive,predictive",
-        "--startup-delay", "30", "--autoscale-interval", "5", "--json",
-        "--profile", str(tmp_path / "prof")])
+        "--json", "--profile", str(tmp_path / "prof")],
+        env={"PROFILER_SIMULATE_STARTUP_DELAY": "30", "PROFILER_SIMULATE_AUTOSCALE_INTERVAL": "5",
+             "PROFILER_SIMULATE_TRAIN_WORKFLOWS": "40"})
     assert res.exit_code == 0, res.output
     out = json.loads(res.output[res.output.index("{"):])
     rows = out["policies"]

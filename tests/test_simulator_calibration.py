@@ -37,3 +37,34 @@ def test_calibration_without_decode_samples_says_what_it_needs():
              "input_tokens": 100 + i, "output_tokens": 4} for i in range(12)]
     with pytest.raises(ValueError, match="at least 16 output tokens: 0 of 12"):
         fit_step_time(recs)
+
+
+def test_a_fit_on_reported_cache_hits_charges_the_context_term_on_hits_too():
+    """The bundled traces report no cached tokens: their context term stays a miss's cost. A fit
+    on an engine that reports its hits (``cached_tokens``, SGLang's --enable-cache-report) saw hits
+    pay ``a_ctx · input`` (TTFT ≈ p0 + a·new + a_ctx·input), so the simulator charges it on hits."""
+    records = [json.loads(line) for line in DATA.open()]
+    assert fit_step_time(records).ctx_on_hits is False
+    hit = [{**r, "cached_tokens": r["input_tokens"] // 2} for r in records]
+    assert fit_step_time(hit).ctx_on_hits is True
+
+    from dataclasses import replace
+
+    from simulator.baselines import BASELINES
+    from simulator.config import ClusterConfig
+    from simulator.engine import Simulator
+    from simulator.workload import workload_from_records
+    from tests.simulator_helpers import rec
+
+    # A then its continuation: the second call's path is a hit; ctx_on_hits makes it pay a_ctx·ctx
+    wl = workload_from_records([rec("A", 1, 0.0, 1.0, 1000, 10), rec("A", 2, 2.0, 3.0, 1100, 10)])
+    step = replace(SWE_AGENT_GLM45, a_ctx=1e-4)
+
+    def second_ttft(model) -> float:
+        res = Simulator(wl, BASELINES["sglang-default"](), ClusterConfig(replicas=1, host_ratio=0.0, step=model),
+                        [0.0]).run()
+        second = max(res.requests, key=lambda r: r.t_issue)
+        assert second.gpu_hit > 0
+        return second.t_first - second.t_issue
+
+    assert second_ttft(replace(step, ctx_on_hits=True)) > second_ttft(step) + 0.09   # ≈ 1e-4 × 1,100 tokens

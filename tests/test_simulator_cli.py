@@ -16,8 +16,8 @@ REQUIRED = {"avg_jct_s", "p95_jct_s", "throughput_tok_s", "recomputed_prefill_to
 runner = CliRunner()
 
 
-def invoke(*args: str):
-    res = runner.invoke(app, ["simulate", *args])
+def invoke(*args: str, env: dict | None = None):
+    res = runner.invoke(app, ["simulate", *args], env=env)
     assert res.exit_code == 0, res.output
     return res
 
@@ -26,9 +26,10 @@ def invoke(*args: str):
 def test_generated_workload_json_table_and_plot(tmp_path):
     plot = tmp_path / "jct.png"
     res = invoke("--workload", "coding-assistant", "--load", "low,peak", "--workflows", "16",
-                 "--train-workflows", "40", "--replicas", "1", "--kv-capacity-tokens", "60000",
+                 "--replicas", "1", "--kv-capacity-tokens", "60000",
                  "--policies", "sglang-default,continuum-ttl,belady,ours", "--json",
-                 "--plot", str(plot), "--profile", str(tmp_path / "prof"))
+                 "--plot", str(plot), "--profile", str(tmp_path / "prof"),
+                 env={"PROFILER_SIMULATE_TRAIN_WORKFLOWS": "40"})   # a config key
     out = json.loads(res.stdout)
     assert set(out["policies"]) == {"sglang-default", "continuum-ttl", "belady", "ours"}
     for row in out["policies"].values():

@@ -116,3 +116,34 @@ def test_closed_population_lets_the_next_workflow_in_when_one_finishes():
     assert res.wf_arrival[1] == pytest.approx(res.wf_finish[0])
     assert res.wf_arrival[2] == pytest.approx(res.wf_finish[1])
     assert not np.isnan(res.wf_finish).any() and math.isfinite(res.makespan_s)
+
+
+def test_fixed_length_requests_reserve_their_real_output_not_the_clip():
+    # One replica, a 600-token pool, two 100-token prompts with 10-token outputs, at t=0.
+    # SGLang's estimate without a known length reserves new_token_ratio x clip = 0.1 x 4096
+    # = 409 tokens for the first call's decode, so the second (101 + 409 + 100 > 600) waits
+    # until the first has finished; requests sent with max_tokens = their output and
+    # ignore_eos (profiler replay) reserve those 10 tokens, and both run together.
+    wl = workload_from_records([rec("A", 1, 0.0, 1.0, 100, 10), rec("B", 1, 0.0, 1.0, 100, 10)])
+    estimated = Simulator(wl, sglang_default(), cfg(kv_capacity_tokens=600, new_token_ratio=0.1), [0.0, 0.0]).run()
+    fixed = Simulator(wl, sglang_default(), cfg(kv_capacity_tokens=600, new_token_ratio=0.1,
+                                                fixed_length_requests=True), [0.0, 0.0]).run()
+    a, b = estimated.requests
+    assert b.t_first >= a.t_finish          # serialized by the clip-sized reserve
+    a, b = fixed.requests
+    assert b.t_first == pytest.approx(a.t_first)    # one prefill batch for both
+    assert fixed.wf_finish.max() < estimated.wf_finish.max()   # 0.29 s together vs 0.38 s one after the other
+
+
+def test_replicas_sharing_one_device_slow_each_other_down():
+    # Two replicas, one call each at t=0 (100-token prompt, 10 outputs: 0.190 s alone). Sharing
+    # one device (the CPU bench), an iteration that starts while the other replica is mid-
+    # iteration takes twice its step time: the calls finish later, but never past twice alone.
+    wl = workload_from_records([rec("A", 1, 0.0, 1.0, 100, 10), rec("B", 1, 0.0, 1.0, 100, 10)])
+    alone = Simulator(wl, Policy("rr", RoundRobin(), FCFS(), LRU()), cfg(replicas=2), [0.0, 0.0]).run()
+    shared = Simulator(wl, Policy("rr", RoundRobin(), FCFS(), LRU()), cfg(replicas=2, shared_compute=True),
+                       [0.0, 0.0]).run()
+    assert alone.wf_finish.tolist() == pytest.approx([0.190, 0.190])
+    assert {r.replica for r in shared.requests} == {0, 1}
+    assert all(0.190 < f <= 2 * 0.190 + 1e-9 for f in shared.wf_finish)
+    assert sum(shared.replica_busy_s) > sum(alone.replica_busy_s)

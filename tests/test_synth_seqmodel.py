@@ -43,6 +43,23 @@ def test_backoff_probabilities_sum_to_one_for_any_history(escape):
         assert 0 < m.novel_probability(history) < 0.5
 
 
+def test_level_grid_is_levels_for_every_escape_and_floor_to_the_bit():
+    """The selection scores the whole (min_context, escape) grid with one pass per history;
+    each vector must be the one levels() gives that pair, bit for bit (same profile)."""
+    rng = np.random.default_rng(3)
+    seqs = [tuple(rng.choice(list("abcd"), size=rng.integers(1, 12))) for _ in range(60)]
+    model = VariableOrderMarkov(max_order=8).fit(seqs, rng.integers(1, 5, size=len(seqs)).tolist())
+    escapes, floors = (0.5, 1.0, 2.0), (1.0, 3.0, 10.0)
+    for history in [(), ("a",), ("z", "a"), seqs[0], seqs[1][:3], ("b",) * 10]:
+        grid = model.level_grid(history, 8, escapes, floors)
+        for f, floor in enumerate(floors):
+            for e, escape in enumerate(escapes):
+                levels = list(model.levels(history, max_order=8, escape=escape, min_context=floor))
+                assert len(levels) == grid.shape[2]
+                for k, p in enumerate(levels):
+                    assert np.array_equal(grid[f, e, k], p), (history, floor, escape, k)
+
+
 def test_longer_context_wins_when_it_matters_and_serialization_round_trips():
     # after "x" comes "y" in one context and "z" in another: only order 2 tells them apart
     seqs = [["a", "x", "y"]] * 5 + [["b", "x", "z"]] * 5
@@ -74,6 +91,37 @@ def test_remaining_work_quantiles_and_backoff():
         np.array([1, 3, 3, 0.0]), np.ones(4), (0.5,))[0]
     back = RemainingWork.from_dict(json.loads(json.dumps(rw.to_dict())))
     assert back.predict(["a"], 0) == after_a
+
+
+def test_remaining_work_table_is_the_per_key_rows_statistics_to_the_bit():
+    """fit groups every call's rows by key with one stable sort; each key's statistics must be
+    those of its rows listed in call order (the plain per-key loop), bit for bit."""
+    from collections import defaultdict
+
+    from synth.remaining import remaining_rows
+    rng = np.random.default_rng(5)
+    seqs = [list(rng.choice(list("abc"), size=rng.integers(1, 15))) for _ in range(80)]
+    weights = rng.uniform(0.2, 3.0, size=len(seqs)).tolist()
+    timings = {"a": (0.31, 1.7), "b": (2.2, 0.05), "c": (0.9, 12.5)}
+    for position, min_n in (("bucket", 3), ("none", 1), ("index", 10)):
+        model = RemainingWork(order=4, position=position, min_n=min_n).fit(seqs, weights, timings)
+        groups = defaultdict(list)
+        for seq, i, r, r_s, w in remaining_rows(seqs, weights, timings):
+            for key in model.keys(seq[:i + 1], i):
+                groups[key].append((r, r_s, w))
+        expected = {}
+        for key, rows in groups.items():
+            arr = np.asarray(rows, dtype=float)
+            n = arr[:, 2].sum()
+            if n < min_n and not key.startswith("|"):
+                continue
+            p50, p90 = weighted_quantiles(arr[:, 0], arr[:, 2], (0.5, 0.9))
+            expected[key] = [round(float(n), 3), p50, p90,
+                             round(float(np.average(arr[:, 0], weights=arr[:, 2])), 4),
+                             round(float(np.average(arr[:, 1], weights=arr[:, 2])), 4)]
+        assert list(model.table_) == list(expected)
+        assert model.table_ == expected
+        assert len(expected) > 20
 
 
 def test_fold_counts_keep_every_workflow_once():

@@ -85,6 +85,42 @@ app = typer.Typer(
     pretty_exceptions_show_locals=False,
 )
 
+# The flags several commands share, each declared here once (names, short form, default help);
+# a command passes its own help where the flag means a little more there.
+HELP_PROFILE = "Profile root (a `profiler fit` output) or one of its version folders."
+
+
+def ProfileOption(help: str = HELP_PROFILE) -> Any:  # noqa: N802 (reads as a type in signatures)
+    """``--profile/-p DIR``."""
+    return typer.Option("--profile", "-p", help=help)
+
+
+def DbOption(help: str = "DuckDB store file.") -> Any:  # noqa: N802
+    """``--db FILE``."""
+    return typer.Option("--db", help=help)
+
+
+def StrictOption(help: str = "Exit non-zero if any record is quarantined.") -> Any:  # noqa: N802
+    """``--strict/--no-strict``."""
+    return typer.Option("--strict/--no-strict", help=help)
+
+
+def GroupByOption(help: str) -> Any:  # noqa: N802
+    """``--group-by FIELD``: keep the workflows sharing a record field in one fold."""
+    return typer.Option("--group-by", help=help)
+
+
+def GroupPatternOption() -> Any:  # noqa: N802
+    """``--group-pattern REGEX`` (with ``--group-by``)."""
+    return typer.Option("--group-pattern", help="With --group-by: the group is this regex's first "
+                        "capture group (else whole match) in the field, e.g. '[^/]+$'.")
+
+
+def JsonOption(help: str = "Print one JSON object instead of tables.") -> Any:  # noqa: N802
+    """``--json``."""
+    return typer.Option("--json", help=help)
+
+
 def terminal_width(fallback: int = 150) -> int:
     """Columns to lay tables out in: ``COLUMNS`` when set, else the terminal's width, else
     ``fallback`` (piped output stays wide enough to read; rich alone would fall back to 80)."""
@@ -102,21 +138,6 @@ def fail(message: str, code: int = 2) -> NoReturn:
     The message is printed as is: brackets in it (a path, a record's text) are not rich markup."""
     err_console.print(f"[bold red]error:[/] {escape(message)}", soft_wrap=True)  # one line, never wrapped
     raise typer.Exit(code)
-
-
-def deprecated_alias(ctx: typer.Context, old: str, new: str, new_param: str,
-                     old_value: Any, new_value: Any) -> Any:
-    """The value of an option given under ``old``, its former name kept hidden for one release.
-
-    Given under ``old``: a one-line deprecation notice on stderr and its value wins; both names
-    on one command line are refused (they may disagree). Not given: ``new_value`` as is."""
-    if old_value is None:
-        return new_value
-    if getattr(ctx.get_parameter_source(new_param), "name", None) == "COMMANDLINE":
-        fail(f"{old} is the old name of {new}: give {new} only")
-    err_console.print(f"[yellow]deprecated:[/] {old} is now {new} ({old} goes in the next release)",
-                      soft_wrap=True)
-    return old_value
 
 
 def print_json(obj: Any) -> None:

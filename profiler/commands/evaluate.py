@@ -6,20 +6,21 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from profiler.commands.common import app
+from profiler.commands.common import (GroupByOption, GroupPatternOption, JsonOption, ProfileOption,
+                                      StrictOption, app)
 from profiler.commands.common import console, err_console, fail, print_json, report_ingest
 
 
 @app.command("eval", no_args_is_help=True)
 def eval_(
     logs: Annotated[list[Path], typer.Argument(help="Held-out log files or folders (with --cv: all the logs).")],
-    profile: Annotated[Optional[Path], typer.Option("--profile", "-p", help="Profile root (or one version folder). Not with --cv.")] = None,
+    profile: Annotated[Optional[Path], ProfileOption("Profile root (or one version folder). Not with --cv.")] = None,
     cv: Annotated[Optional[int], typer.Option("--cv", help="K-fold cross-validation by workflow: fit on K-1 folds, score the K-th, K times; report mean ± spread.", min=2)] = None,
     seed: Annotated[int, typer.Option(help="With --cv: seed of the workflow-to-fold assignment.")] = 0,
-    json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object with every score.")] = False,
-    strict: Annotated[bool, typer.Option(help="Exit non-zero if any held-out record (with --cv: any record) is quarantined.")] = False,
-    group_by: Annotated[Optional[str], typer.Option("--group-by", help="With --cv: keep the workflows sharing this record field (a task or instance id) in one fold.")] = None,
-    group_pattern: Annotated[Optional[str], typer.Option("--group-pattern", help="With --group-by: the group is this regex's first capture group (else whole match) in the field, e.g. '[^/]+$'.")] = None,
+    json_out: Annotated[bool, JsonOption("Print one JSON object with every score.")] = False,
+    strict: Annotated[bool, StrictOption("Exit non-zero if any held-out record (with --cv: any record) is quarantined.")] = False,
+    group_by: Annotated[Optional[str], GroupByOption("With --cv: keep the workflows sharing this record field (a task or instance id) in one fold.")] = None,
+    group_pattern: Annotated[Optional[str], GroupPatternOption()] = None,
     online: Annotated[bool, typer.Option("--online", help="Replay the held-out calls in arrival order through the serving Predictor, feeding each finished call back (online calibration on), and score the band served before each call vs the static band and the per-agent empirical band; with the drift alarm per type (docs/evaluation.md).")] = False,
 ) -> None:
     """Score a profile on logs it never saw: output-length band coverage and width (vs one global

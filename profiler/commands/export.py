@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from profiler.commands.common import app, fail
+from profiler.commands.common import JsonOption, app, fail
 
 FORMAT_HELP = (
     "Target format: `dynamo-agentic` (Dynamo agentic Mooncake v2 JSONL: plays, sessions, "
@@ -32,7 +32,7 @@ def export_command(
     seed: Annotated[int, typer.Option(help="--workload: generator seed.")] = 0,
     block_size: Annotated[int, typer.Option(help="Tokens per hash_ids block (Dynamo's examples use 64).",
                                             min=1)] = 64,
-    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of a line.")] = False,
+    as_json: Annotated[bool, JsonOption("Print one JSON object instead of a line.")] = False,
 ) -> None:
     """Write calls as an agent-trace benchmark replays them, so the workload you profiled can be
     replayed by Dynamo or AIPerf (and `profiler import` reads the file back).

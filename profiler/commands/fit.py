@@ -1,13 +1,17 @@
 """`profiler fit`: logs → DuckDB store → profile."""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, ClassVar, Optional
 
 import typer
 
-from profiler.commands.common import app
+from profiler.commands.common import (DbOption, GroupByOption, GroupPatternOption, JsonOption,
+                                      StrictOption, app)
 from profiler.commands.common import err_console, fail, print_json, report_ingest
+from profiler.commands.service_options import with_service_settings
+from serving_hooks.settings import SettingsError, check_settings, setting_field
 
 
 def _fresh_root_command(logs: list[Path], out: Path, different: Path) -> str:
@@ -22,28 +26,67 @@ def _fresh_root_command(logs: list[Path], out: Path, different: Path) -> str:
     return shlex.join(["profiler", "fit", *map(str, logs), "--out", f"{candidate}/"])
 
 
+PANEL_FIT = "Fit tuning (--config keys, PROFILER_FIT_* env; --print-config)"
+
+
+@dataclass(frozen=True)
+class FitSettings:
+    """``profiler fit``'s tuning knobs: config keys (``fit --config FILE``) and ``PROFILER_FIT_*``
+    variables, not flags. Their defaults are ``fitting.profile_fit.FitOptions``' (a test holds the
+    two equal: that module is too heavy to import for ``--help``)."""
+
+    env_prefix: ClassVar[str] = "PROFILER_FIT_"
+    config_panel: ClassVar[str] = PANEL_FIT
+
+    prune: float = setting_field(0.05, "Drop automaton transitions rarer than this probability (0-0.5).",
+                                 panel=PANEL_FIT, flag=False)
+    seed: int = setting_field(0, "Seed of the calibration splits.", panel=PANEL_FIT, flag=False)
+    max_output_tokens: Optional[int] = setting_field(
+        None, "Hard cap on any output length (the requests' max_tokens or the context limit): the "
+              "ceiling of every band and U(alpha); unset: twice the largest observed length.",
+        panel=PANEL_FIT, flag=False)
+    conditional: bool = setting_field(
+        True, "Use the history-conditioned (CQR) length model where validation picks it (false: never).",
+        panel=PANEL_FIT, flag=False)
+    forward_validation: bool = setting_field(
+        True, "Check the next-agent and remaining-calls choices on the latest fifth of each type's "
+              "training workflows by start time (fitted on the rest); the CV choice gives way where "
+              "that slice shows it behind beyond noise; the keep-alive TTL likewise gives way to the "
+              "pooled per-type quantile. false: shuffled folds alone.",
+        panel=PANEL_FIT, flag=False)
+    min_calls: int = setting_field(
+        50, "No effect on a new profile: each band is chosen by held-out validation, not by a call "
+            "count (recorded in the profile's parameters).", panel=PANEL_FIT, flag=False)
+    ray_address: Optional[str] = setting_field(
+        None, "With --engine ray: address of a running Ray cluster (unset: start a local one).",
+        panel=PANEL_FIT, flag=False)
+
+    def __post_init__(self) -> None:
+        check_settings(self)
+        if not 0.0 <= self.prune <= 0.5:
+            raise SettingsError(f"prune: {self.prune!r} is not within [0, 0.5]")
+        if self.max_output_tokens is not None and self.max_output_tokens < 1:
+            raise SettingsError(f"max_output_tokens: {self.max_output_tokens!r} is below 1")
+
+
 @app.command(no_args_is_help=True)
+@with_service_settings(cls=FitSettings)
 def fit(
     logs: Annotated[list[Path], typer.Argument(help="Log files or folders (JSONL, JSONL.gz, Parquet, CSV; flat or gateway records).")],
     out: Annotated[Path, typer.Option("--out", "-o", help="Profile root folder (created; new versions are added to it).")] = Path("profile"),
-    db: Annotated[Optional[Path], typer.Option(help="DuckDB store to load into (default: OUT/store.duckdb).")] = None,
+    db: Annotated[Optional[Path], DbOption("DuckDB store to load into (default: OUT/store.duckdb).")] = None,
     coverage: Annotated[float, typer.Option(help="Target coverage of the output-length bands.", min=0.5, max=0.9999)] = 0.99,
-    prune: Annotated[float, typer.Option(help="Drop automaton transitions rarer than this probability.", min=0.0, max=0.5)] = 0.05,
-    seed: Annotated[int, typer.Option(help="Seed of the calibration splits.")] = 0,
-    min_calls: Annotated[int, typer.Option(help="No effect on a new profile: each band is chosen by held-out validation, not by a call count (kept so old command lines run; recorded in the profile's parameters).")] = 50,
-    max_output_tokens: Annotated[Optional[int], typer.Option(help="Hard cap on any output length (the requests' max_tokens or the context limit): the ceiling of every band and U(alpha); default twice the largest observed length.", min=1)] = None,
-    no_conditional: Annotated[bool, typer.Option("--no-conditional", help="Never use the history-conditioned (CQR) length model.")] = False,
     order_only: Annotated[bool, typer.Option("--order-only", help="Fit from token counts and call order alone: no time model (tool latency, keep-alive TTLs, call latency). Chosen by itself when no call has real times (timing: synthetic_order).")] = False,
     log_format: Annotated[Optional[str], typer.Option("--format", help="Read traces of another tool instead of our log format: auto, otel, swe-agent, mini-swe-agent, openhands, dynamo, atif, claude-code, codex or tracelab (converted into OUT/imported/FORMAT/ first; see `profiler import`).")] = None,
     engine: Annotated[str, typer.Option(help="local (DuckDB in this process) or ray (ingest and per-workflow-type fits as Ray tasks; needs `pip install -e .[ray]`).")] = "local",
-    ray_address: Annotated[Optional[str], typer.Option(help="With --engine ray: address of a running Ray cluster (default: start a local one).")] = None,
-    strict: Annotated[bool, typer.Option(help="Exit non-zero if any record is quarantined.")] = False,
-    group_by: Annotated[Optional[str], typer.Option("--group-by", help="Keep the workflows sharing this record field (a task or instance id) in one fold of the fit's own selection CVs (remaining work, output-length bands); default: fold by workflow.")] = None,
-    group_pattern: Annotated[Optional[str], typer.Option("--group-pattern", help="With --group-by: the group is this regex's first capture group (else whole match) in the field, e.g. '[^/]+$'.")] = None,
-    forward_validation: Annotated[bool, typer.Option("--forward-validation/--no-forward-validation", help="Check the next-agent and remaining-calls choices on the latest fifth of each type's training workflows by start time (fitted on the rest); the CV choice gives way where that slice shows it behind beyond noise. Off: shuffled folds alone.")] = True,
+    strict: Annotated[bool, StrictOption("Exit non-zero if any record is quarantined.")] = False,
+    group_by: Annotated[Optional[str], GroupByOption("Keep the workflows sharing this record field (a task or instance id) in one fold of the fit's own selection CVs (remaining work, output-length bands); default: fold by workflow.")] = None,
+    group_pattern: Annotated[Optional[str], GroupPatternOption()] = None,
     append: Annotated[bool, typer.Option("--append", help="Add LOGS to a profile root fitted on other logs (without it such a fit is refused: the two would merge).")] = False,
-    json_out: Annotated[bool, typer.Option("--json", help="Print the new profile's manifest as JSON.")] = False,
+    json_out: Annotated[bool, JsonOption("Print the new profile's manifest as JSON.")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress output.")] = False,
+    *,
+    settings: FitSettings,
 ) -> None:
     """Ingest request logs and fit a **profile**: per-agent output-length bands, per-tool latency
     lognormals, per-agent timings and the workflow automata.
@@ -64,9 +107,10 @@ def fit(
     from store.ingest import IngestError
     from store.duckdb_store import StoreError, one_line_error
 
-    options = FitOptions(coverage=coverage, prune=prune, seed=seed, min_calls=min_calls,
-                         conditional=not no_conditional, max_output_tokens=max_output_tokens,
-                         order_only=order_only, forward_validation=forward_validation)
+    st = settings
+    options = FitOptions(coverage=coverage, prune=st.prune, seed=st.seed, min_calls=st.min_calls,
+                         conditional=st.conditional, max_output_tokens=st.max_output_tokens,
+                         order_only=order_only, forward_validation=st.forward_validation)
     if group_pattern is not None and group_by is None:
         fail("--group-pattern needs --group-by FIELD")
     if group_by is not None:
@@ -106,7 +150,7 @@ def fit(
             except ImportError as exc:
                 fail(f"--engine ray needs Ray: pip install -e '.[ray]' ({exc})")
             profile, report = fit_profile_ray(logs, out, db=db, options=options, strict=strict,
-                                              progress=not quiet, address=ray_address)
+                                              progress=not quiet, address=st.ray_address)
         else:
             profile, report = fit_profile(logs, out, db=db, options=options, strict=strict,
                                           progress=not quiet)

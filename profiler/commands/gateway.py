@@ -6,43 +6,22 @@ from typing import Annotated, Optional
 
 import typer
 
-from profiler.commands.common import app
+from profiler.commands.common import ProfileOption, app
 from profiler.commands.common import err_console, fail
 from profiler.commands.serve import build_service, refit_loop
 from profiler.commands.service_options import with_service_settings
-from serving_hooks.policies.session_end import DEFAULT_SESSION_END_P, SessionEndRule
+from serving_hooks.policies.session_end import SessionEndRule
 from serving_hooks.settings import GatewaySettings
-
-HELP_FIELDS = "What is sent upstream"
 
 
 @app.command(no_args_is_help=True)
 @with_service_settings(cls=GatewaySettings)
 def gateway(
     upstream: Annotated[list[str], typer.Option("--upstream", "-u", help="OpenAI-compatible server(s), e.g. http://127.0.0.1:30000 (SGLang). Repeat, or separate with commas, for several. Per upstream: URL,dialect=sglang|vllm|dynamo|headers[,priority=high_first|low_first] (docs/dialects.md)[,pool=MODEL] (the model it serves: calls go to the upstreams of the model they name).")],
-    profile: Annotated[Optional[Path], typer.Option("--profile", "-p", help="Predict in process from this profile root (hot-reloaded).")] = None,
+    profile: Annotated[Optional[Path], ProfileOption("Predict in process from this profile root (hot-reloaded).")] = None,
     sidecar: Annotated[Optional[str], typer.Option(help="Or ask a running `profiler serve` at this URL.")] = None,
     log_dir: Annotated[Optional[Path], typer.Option(help="Write every completed call as a gateway record to rotating JSONL files here (input for `profiler fit`/`watch`).")] = None,
-    port: Annotated[int, typer.Option(help="TCP port.")] = 8080,
-    budget_ms: Annotated[float, typer.Option(help="Time budget for one annotation; beyond it (or on error) the request goes upstream unannotated.")] = 5.0,
-    sglang_fields: Annotated[bool, typer.Option("--sglang-fields/--no-sglang-fields", help="Also set SGLang's `priority` and flat `custom_params` (SGLang needs --enable-priority-scheduling for priority).", rich_help_panel=HELP_FIELDS)] = False,
-    strip_metadata: Annotated[bool, typer.Option("--strip-metadata", help="Remove app_metadata and add no sys_annotations (for upstreams that reject unknown fields; use with --sglang-fields).", rich_help_panel=HELP_FIELDS)] = False,
-    stream_usage: Annotated[bool, typer.Option("--stream-usage/--no-stream-usage", help="Ask streams for token usage (hidden from the client) so they can be logged.", rich_help_panel=HELP_FIELDS)] = True,
-    routing: Annotated[str, typer.Option(help="round-robin, or capacity (Pythia alg. 2 over each upstream's /v1/loads; round robin while they do not report).")] = "round-robin",
-    upstream_timeout: Annotated[float, typer.Option(help="Seconds without a byte from the upstream before the call fails with 504.")] = 600.0,
-    upstream_keepalive: Annotated[float, typer.Option(min=0.0, help="Seconds a pooled upstream connection may sit idle before the gateway drops it; keep it below the engine's own idle limit (SGLang/uvicorn: 5 s), so the engine never closes a connection the gateway is about to reuse. 0: a new connection per call.")] = 4.0,
-    max_request_mb: Annotated[float, typer.Option(help="Largest request body accepted (413 beyond).")] = 32.0,
-    log_rotate_mb: Annotated[float, typer.Option(help="Start a new log file beyond this size.")] = 64.0,
-    log_rotate_every: Annotated[str, typer.Option(help="Close the open log file after this long (bounds how stale a refit's data is).")] = "5m",
-    refit_every: Annotated[Optional[str], typer.Option(help="With --profile and --log-dir: refit the profile from the log folder this often (e.g. 10m).")] = None,
-    allow_path: Annotated[Optional[list[str]], typer.Option("--allow-path", help="Also forward this path upstream (fnmatch pattern, e.g. '/v1/rerank'); repeat. Engine admin paths are never forwarded.", rich_help_panel=HELP_FIELDS)] = None,
-    allow_client_scheduler_fields: Annotated[bool, typer.Option("--allow-client-scheduler-fields", help="Keep a client's own scheduler fields in every dialect: `priority`, `custom_params`, `vllm_xargs`, `nvext.agent_hints`/`cache_control`, `X-Agentprof-*` headers (removed by default).", rich_help_panel=HELP_FIELDS)] = False,
-    dialect: Annotated[Optional[str], typer.Option(help="Render the hints for this engine on every upstream without its own dialect=: sglang (priority + custom_params), vllm (priority + vllm_xargs), dynamo (nvext.agent_hints + Dynamo's identity and final flag, spelled as --dynamo-api says), headers (X-Agentprof-* for routers). docs/dialects.md.", rich_help_panel=HELP_FIELDS)] = None,
-    session_end_p: Annotated[float, typer.Option(min=0.0, max=1.0, help="Announce a call as its session's last (SGLang custom_params.session_end, vLLM vllm_xargs, Dynamo X-Dynamo-Session-Final, X-Agentprof-Session-End) when its predicted p_end reaches this, or when app_metadata.last_call is true; the SGLang plugin then releases the session's KV (docs/dialects.md, End of session).", rich_help_panel=HELP_FIELDS)] = DEFAULT_SESSION_END_P,
-    session_end_signal: Annotated[bool, typer.Option("--session-end-signal/--no-session-end-signal", help="Send the end-of-session signal at all (see --session-end-p).", rich_help_panel=HELP_FIELDS)] = True,
     identity_map: Annotated[Optional[Path], typer.Option(help="TOML or JSON file: how agent-harness headers (Claude Code, Codex, OpenCode, Dynamo) become app_metadata — workflow type from a header, the model, or a default (docs/dialects.md).")] = None,
-    retry_window: Annotated[float, typer.Option(help="Seconds within which an identical body (or Idempotency-Key) of the same session is a retry, not a new call.")] = 60.0,
-    otlp_endpoint: Annotated[Optional[str], typer.Option(envvar="OTEL_EXPORTER_OTLP_ENDPOINT", help="Send one OpenTelemetry span per call (GenAI attributes + agentprof.* predictions and outcomes) to this OTLP/HTTP endpoint, e.g. http://127.0.0.1:4318.")] = None,
     *,
     settings: GatewaySettings,
 ) -> None:
@@ -84,7 +63,9 @@ def gateway(
     from serving_hooks.settings import parse_duration
     from serving_hooks.upstreams import CapacityRouting, RoundRobinRouter
 
-    admin_token, host = settings.admin_token, settings.host
+    s = settings
+    admin_token, host, port, routing, dialect = s.admin_token, s.host, s.port, s.routing, s.dialect
+    refit_every = s.refit_every
     if (profile is None) == (sidecar is None):
         fail("give exactly one of --profile DIR (predict in process) or --sidecar URL")
     from serving_hooks.dialects import DIALECTS, parse_upstreams
@@ -103,7 +84,7 @@ def gateway(
     if dialect is not None and dialect not in DIALECTS:
         fail(f"--dialect {dialect!r}: expected one of {', '.join(DIALECTS)}")
     try:
-        session_end_rule = SessionEndRule(session_end_signal, session_end_p)
+        session_end_rule = SessionEndRule(s.session_end_signal, s.session_end_p)
     except ValueError as exc:
         fail(str(exc))
     urls = [sp.url for sp in specs]
@@ -124,25 +105,25 @@ def gateway(
         registry = CollectorRegistry()
         annotator = SidecarAnnotator(sidecar, token=admin_token)
     try:
-        writer = GatewayLog(log_dir, max_bytes=int(log_rotate_mb * (1 << 20)),
-                            max_age_s=parse_duration(log_rotate_every)) if log_dir else None
+        writer = GatewayLog(log_dir, max_bytes=int(s.log_rotate_mb * (1 << 20)),
+                            max_age_s=parse_duration(s.log_rotate_every)) if log_dir else None
     except ValueError as exc:
         fail(str(exc))
     loop = refit_loop(profile, [log_dir], refit_every, service, settings.refit_timeout) if refit_every else None
     if loop is not None:
         loop.before_refit = writer.rotate  # the refit sees every call logged so far
-    options = GatewayOptions(budget_s=budget_ms / 1000.0, sglang_fields=sglang_fields,
-                             strip_metadata=strip_metadata, stream_usage=stream_usage,
-                             upstream_timeout_s=upstream_timeout, upstream_keepalive_s=upstream_keepalive,
-                             max_request_bytes=int(max_request_mb * (1 << 20)), body_timeout_s=settings.body_timeout,
+    options = GatewayOptions(budget_s=s.budget_ms / 1000.0, sglang_fields=s.sglang_fields,
+                             strip_metadata=s.strip_metadata, stream_usage=s.stream_usage,
+                             upstream_timeout_s=s.upstream_timeout, upstream_keepalive_s=s.upstream_keepalive,
+                             max_request_bytes=s.max_request_bytes, body_timeout_s=s.body_timeout,
                              admin_token=admin_token,
-                             forward_paths=DEFAULT_FORWARD_PATHS + tuple(allow_path or ()),
-                             allow_client_scheduler_fields=allow_client_scheduler_fields,
+                             forward_paths=DEFAULT_FORWARD_PATHS + s.allow_path,
+                             allow_client_scheduler_fields=s.allow_client_scheduler_fields,
                              dialect=dialect, upstream_dialects=upstream_dialects,
-                             identity=identity, retry_window_s=retry_window,
-                             session_end=session_end_rule, dynamo_api=settings.dynamo_api,
-                             sglang_sessions=settings.sglang_sessions, freeze_gc=True)
-    provider = otlp_tracer_provider(otlp_endpoint)
+                             identity=identity, retry_window_s=s.retry_window,
+                             session_end=session_end_rule, dynamo_api=s.dynamo_api,
+                             sglang_sessions=s.sglang_sessions, freeze_gc=True)
+    provider = otlp_tracer_provider(s.otlp_endpoint)
     gw = Gateway(router, annotator, log_writer=writer, options=options, registry=registry,
                  service=service, tracer=CallTracer(provider) if provider is not None else None,
                  pools=pools)

@@ -9,7 +9,7 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from profiler.commands.common import app
+from profiler.commands.common import JsonOption, StrictOption, app
 from profiler.commands.common import fail
 
 FORMAT_HELP = (
@@ -38,11 +38,11 @@ def import_command(
         help="IANA time zone of timestamps written without offset (SWE-agent logs, OpenHands events, "
              "ATIF). Default: detected where the file allows (OpenHands), else UTC, with a warning.")] = None,
     text: Annotated[bool, typer.Option("--text/--no-text", help="Keep prompts and responses when present.")] = True,
-    strict: Annotated[bool, typer.Option(help="Stop at the first malformed input instead of skipping it.")] = False,
+    strict: Annotated[bool, StrictOption("Stop at the first malformed input instead of skipping it.")] = False,
     estimate_tokens: Annotated[bool, typer.Option(
         "--estimate-tokens", help="Where a source holds no per-call token counts (SWE-agent .traj with run "
         "totals only), estimate them from the text (UTF-8 bytes / 4), flagged tokens_estimated.")] = False,
-    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object (per-file calls, reasons, "
+    as_json: Annotated[bool, JsonOption("Print one JSON object (per-file calls, reasons, "
                                           "problems; totals) instead of lines.")] = False,
 ) -> None:
     """Convert other tools' traces into our flat records (one JSONL file per source file).

@@ -6,15 +6,15 @@ from typing import Annotated
 
 import typer
 
-from profiler.commands.common import app
+from profiler.commands.common import DbOption, StrictOption, app
 from profiler.commands.common import fail, report_ingest
 
 
 @app.command(no_args_is_help=True)
 def ingest(
     logs: Annotated[list[Path], typer.Argument(help="Log files or folders (JSONL, JSONL.gz, Parquet, CSV).")],
-    db: Annotated[Path, typer.Option(help="DuckDB store file (created if missing).")] = Path("profile/store.duckdb"),
-    strict: Annotated[bool, typer.Option(help="Exit non-zero if any record is quarantined.")] = False,
+    db: Annotated[Path, DbOption("DuckDB store file (created if missing).")] = Path("profile/store.duckdb"),
+    strict: Annotated[bool, StrictOption("Exit non-zero if any record is quarantined.")] = False,
 ) -> None:
     """Load logs into the DuckDB store (tables `calls`, `tool_calls`, `quarantine`,
     `ingested_files`) without fitting. Re-ingesting a file or a request id never duplicates.

@@ -8,37 +8,32 @@ from typing import Annotated, Optional
 
 import typer
 
-from profiler.commands.common import app
-from profiler.commands.common import console, deprecated_alias, err_console, fail, print_json
+from profiler.commands.common import JsonOption, app
+from profiler.commands.common import console, err_console, fail, print_json
+from profiler.commands.service_options import with_service_settings
+from serving_hooks.settings import ReplaySettings
 
 HELP_LOAD = "Load shape"
-HELP_WIRE = "What is sent"
 
 
 @app.command(no_args_is_help=True)
+@with_service_settings(cls=ReplaySettings)
 def replay(
-    ctx: typer.Context,
     logs: Annotated[list[Path], typer.Argument(help="Log files or folders (any format `profiler fit` reads).")],
     target: Annotated[str, typer.Option("--target", "-t", help="Base URL of the OpenAI-compatible server, e.g. http://127.0.0.1:30000 (SGLang) or the gateway.")],
     model: Annotated[Optional[str], typer.Option(help="Model name to send (default: the first of the target's /v1/models).")] = None,
     concurrency: Annotated[Optional[int], typer.Option("--concurrency", "-c", help="Workflows in flight (closed loop). Default 4 without --rate; with --rate, an optional cap.", rich_help_panel=HELP_LOAD)] = None,
     rate: Annotated[Optional[float], typer.Option(help="Open loop: new workflows per second, gamma inter-arrivals.", rich_help_panel=HELP_LOAD)] = None,
     arrival_cv: Annotated[float, typer.Option(help="Coefficient of variation of inter-arrival times with --rate (1 = Poisson, >1 bursty).", rich_help_panel=HELP_LOAD)] = 1.0,
-    cv: Annotated[Optional[float], typer.Option("--cv", hidden=True, help="Old name of --arrival-cv (deprecated).")] = None,
     time_scale: Annotated[float, typer.Option(help="Multiply every recorded tool/think gap by this (0.1 = 10x faster, 0 = no gaps).", rich_help_panel=HELP_LOAD)] = 1.0,
     workflows: Annotated[Optional[int], typer.Option("--workflows", "-n", help="Replay only the first N workflows (recorded start order).", rich_help_panel=HELP_LOAD)] = None,
     workflow_type: Annotated[Optional[list[str]], typer.Option(help="Only these workflow types (repeat).", rich_help_panel=HELP_LOAD)] = None,
     token_scale: Annotated[float, typer.Option(help="Multiply recorded input and output lengths by this (e.g. 0.05 to fit long-context traces on a small engine).", rich_help_panel=HELP_LOAD)] = 1.0,
     seed: Annotated[int, typer.Option(help="Seed of the synthetic text and the arrival times.", rich_help_panel=HELP_LOAD)] = 0,
-    ignore_eos: Annotated[bool, typer.Option("--ignore-eos/--no-ignore-eos", help="Send ignore_eos so the engine generates the recorded output length (SGLang, vLLM); turn off for servers that reject unknown fields.", rich_help_panel=HELP_WIRE)] = True,
-    identity: Annotated[str, typer.Option(help="How the workflow identity is sent: app_metadata (body, read by `profiler gateway`), headers (x-workflow-type-id, x-workflow-id, x-agent-id), both, none.", rich_help_panel=HELP_WIRE)] = "app_metadata",
-    extra_body: Annotated[Optional[str], typer.Option(help='JSON object merged into every request body, e.g. \'{"priority": 0}\'.', rich_help_panel=HELP_WIRE)] = None,
-    header: Annotated[Optional[list[str]], typer.Option("--header", "-H", help="Extra header 'Name: value' (repeat).", rich_help_panel=HELP_WIRE)] = None,
-    run_tag: Annotated[Optional[str], typer.Option(help="Suffix appended to workflow and request ids so runs do not collide in the target's session state (default: random; '' keeps the recorded ids).", rich_help_panel=HELP_WIRE)] = None,
-    timeout: Annotated[float, typer.Option(help="Seconds one call may take.")] = 600.0,
     out: Annotated[Optional[Path], typer.Option(help="Write one flat log record per replayed call (JSONL) here.")] = None,
-    json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object with every figure instead of the table.")] = False,
-    progress: Annotated[bool, typer.Option("--progress/--no-progress", help="Progress bar on stderr.")] = True,
+    json_out: Annotated[bool, JsonOption("Print one JSON object with every figure instead of the table.")] = False,
+    *,
+    settings: ReplaySettings,
 ) -> None:
     """**Replay recorded workflows** against any OpenAI-compatible endpoint and measure JCT.
 
@@ -56,24 +51,26 @@ def replay(
     from serving_hooks.replay_plan import load_plan
     from serving_hooks.replay_report import call_records, render_table, summarize
 
-    cv = deprecated_alias(ctx, "--cv", "--arrival-cv", "arrival_cv", cv, arrival_cv)
+    ignore_eos, identity, extra_body, run_tag, timeout, progress = (
+        settings.ignore_eos, settings.identity, settings.extra_body, settings.run_tag,
+        settings.timeout, settings.progress)
     headers: dict[str, str] = {}
-    for h in header or ():
+    for h in settings.headers:
         name, sep, value = h.partition(":")
         if not sep or not name.strip():
-            fail(f"--header {h!r}: expected 'Name: value'")
+            fail(f"headers: {h!r}: expected 'Name: value'")
         headers[name.strip()] = value.strip()
     body: dict = {}
     if extra_body:
         try:
             body = json.loads(extra_body)
         except ValueError as exc:
-            fail(f"--extra-body is not JSON: {exc}")
+            fail(f"extra_body is not JSON: {exc}")
         if not isinstance(body, dict):
-            fail("--extra-body must be a JSON object")
+            fail("extra_body must be a JSON object")
     try:
         opts = ReplayOptions(model=model, concurrency=concurrency if (concurrency or rate) else 4,
-                             rate=rate, cv=cv, time_scale=time_scale, seed=seed, ignore_eos=ignore_eos,
+                             rate=rate, cv=arrival_cv, time_scale=time_scale, seed=seed, ignore_eos=ignore_eos,
                              identity=identity, timeout_s=timeout, extra_body=body, headers=headers,
                              **({} if run_tag is None else {"run_tag": run_tag}))
     except ValueError as exc:

@@ -6,17 +6,17 @@ from typing import Annotated, Optional
 
 import typer
 
-from profiler.commands.common import app
+from profiler.commands.common import DbOption, ProfileOption, app
 
 
 @app.command("report", no_args_is_help=True)
 def report(
-    profile: Annotated[Path, typer.Option("--profile", "-p", help="Profile root (or one version folder).")],
+    profile: Annotated[Path, ProfileOption("Profile root (or one version folder).")],
     out: Annotated[Path, typer.Option("--out", "-o", help="HTML file to write.")] = Path("report.html"),
     eval_logs: Annotated[Optional[list[Path]], typer.Option(
         "--eval", help="Held-out log files or folders: adds the evaluation figures (repeat for several).",
         exists=True)] = None,
-    db: Annotated[Optional[Path], typer.Option(
+    db: Annotated[Optional[Path], DbOption(
         help="DuckDB store with the calls behind the histograms (default: PROFILE/store.duckdb).")] = None,
     group: Annotated[Optional[list[str]], typer.Option(
         "--group", metavar="REGEX=ROLE",

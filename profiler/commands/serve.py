@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
-from profiler.commands.common import app
+from profiler.commands.common import ProfileOption, app
 from profiler.commands.common import err_console, fail
 from profiler.commands.service_options import with_service_settings
 from serving_hooks.settings import ServiceSettings
@@ -75,11 +75,8 @@ def refit_loop(profile: Path, logs: list[Path], refit_every: str,
 @app.command(no_args_is_help=True)
 @with_service_settings
 def serve(
-    profile: Annotated[Path, typer.Option("--profile", "-p", help="Profile root (follows its CURRENT: new versions are swapped in live) or one version folder (served as is).")],
-    port: Annotated[int, typer.Option(help="TCP port.")] = 8700,
+    profile: Annotated[Path, ProfileOption("Profile root (follows its CURRENT: new versions are swapped in live) or one version folder (served as is).")],
     logs: Annotated[Optional[list[Path]], typer.Option("--logs", help="Log folder(s) to refit from online (e.g. the gateway's --log-dir). Repeat for several.")] = None,
-    refit_every: Annotated[str, typer.Option(help="With --logs: how often to ingest new logs and refit (30s, 10m, 1h).")] = "10m",
-    max_request_bytes: Annotated[int, typer.Option(help="Largest request body accepted (413 beyond).")] = 1 << 20,
     *,
     settings: ServiceSettings,
 ) -> None:
@@ -101,10 +98,13 @@ def serve(
     from serving_hooks.sidecar import create_sidecar_app
 
     registry, service = build_service(profile, "profiler_sidecar", settings)
+    refit_every = settings.refit_every
+    if logs and refit_every is None:
+        fail("--logs needs refit_every (a duration such as 10m)")
     loop = refit_loop(profile, logs or [], refit_every, service, settings.refit_timeout)
-    admin_token, host = settings.admin_token, settings.host
+    admin_token, host, port = settings.admin_token, settings.host, settings.port
     app_ = create_sidecar_app(service, registry=registry, admin_token=admin_token,
-                              max_request_bytes=max_request_bytes,
+                              max_request_bytes=settings.max_request_bytes,
                               body_timeout_s=settings.body_timeout,
                               background=[loop] if loop else [])
     err_console.print(f"[green]sidecar[/] profile {service.predictor.version} on http://{host}:{port} "

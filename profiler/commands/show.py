@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from profiler.commands.common import app
+from profiler.commands.common import JsonOption, ProfileOption, app
 from profiler.commands.common import console, fail, print_json
 
 
@@ -80,9 +80,9 @@ def _summary(console, prof, escape) -> None:
 
 @app.command(no_args_is_help=True)
 def show(
-    profile: Annotated[Path, typer.Option("--profile", "-p", help="Profile root (or one version folder).")],
+    profile: Annotated[Path, ProfileOption("Profile root (or one version folder).")],
     full: Annotated[bool, typer.Option("--full", help="After the summary, every agent's band and its selection, every tool fit and each workflow type's regex.")] = False,
-    json_out: Annotated[bool, typer.Option("--json", help="Print the whole profile.json instead.")] = False,
+    json_out: Annotated[bool, JsonOption("Print the whole profile.json instead.")] = False,
 ) -> None:
     """Print what a profile knows. First a summary: what it was fitted on, its limits and alarms,
     and one row per workflow type (workflows, calls, agents, the median band's upper end, bands

@@ -6,11 +6,15 @@ from typing import Annotated, Optional
 
 import typer
 
-from profiler.commands.common import app
-from profiler.commands.common import console, deprecated_alias, err_console, fail, print_json
+from profiler.commands.common import JsonOption, ProfileOption, app
+from profiler.commands.common import console, err_console, fail, print_json
+from profiler.commands.service_options import with_service_settings
+from serving_hooks.settings import Resolved
+from simulator.settings import SimulateSettings
 
 
 @app.command(no_args_is_help=True)
+@with_service_settings(cls=SimulateSettings, resolved=True)
 def simulate(
     ctx: typer.Context,
     workload: Annotated[Optional[str], typer.Option(
@@ -21,7 +25,7 @@ def simulate(
              "and the generators on one cluster, a burst of 720 workflows), "
              "agent-platform-bursty (the same mix, open-loop gamma arrivals with CV 4 at "
              "low load) or agent-platform-interactive (the mix plus 20 % interactive Claude "
-             "Code / Codex sessions with human waits: their TTFT against --ttft-slo); see "
+             "Code / Codex sessions with human waits: their TTFT against the ttft_slo config key); see "
              "docs/simulator.md.")] = None,
     load: Annotated[str, typer.Option(
         help="low, medium, peak: 0.5 / 1.0 / 1.5 × the rate a KV-saturated cluster drains "
@@ -41,33 +45,13 @@ def simulate(
              "--policies ours+predictive. Replicas move between pools (a start-up delay, drains) "
              "within the cluster's replicas; without a --scenario every replica is one pool. "
              "See docs/simulator.md.")] = "off",
-    startup_delay: Annotated[float, typer.Option(
-        help="Autoscaling: seconds a replica loads its model before it serves (60 s: an "
-             "assumption for an 8B model with weights on local disk; see docs/simulator.md).",
-        min=0.0)] = 60.0,
-    autoscale_interval: Annotated[float, typer.Option(
-        help="Autoscaling: seconds between decisions (Kubernetes HPA sync period 15 s).", min=0.1)] = 15.0,
-    scale_down_window: Annotated[float, typer.Option(
-        help="Autoscaling: a pool is not shrunk below its largest target of this many seconds "
-             "(HPA downscale stabilization, 300 s in Kubernetes; 60 s was chosen on a validation "
-             "draw, see docs/simulator.md).", min=0.0)] = 60.0,
-    queue_target: Annotated[float, typer.Option(
-        help="Reactive autoscaling: waiting calls per replica a pool is sized for (chosen on a "
-             "validation draw).", min=0.01)] = 16.0,
-    autoscale_horizon: Annotated[int, typer.Option(
-        help="Predictive autoscaling: steps each live session is projected (chosen on a "
-             "validation draw; the sidecar's default).", min=1)] = 10,
-    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of tables.")] = False,
+    as_json: Annotated[bool, JsonOption("Print one JSON object instead of tables.")] = False,
     plot: Annotated[Optional[Path], typer.Option(help="Write a PNG of JCT vs load per policy here.")] = None,
     markdown: Annotated[Optional[Path], typer.Option(help="Also write the tables as Markdown here.")] = None,
     workflows: Annotated[Optional[int], typer.Option(
         help="Workflows replayed (generated: test workflows; logs: the test split resampled to "
              "this many sessions). Default: 2 × the sessions of the highest load (≥ 100).", min=1)] = None,
-    train_workflows: Annotated[int, typer.Option(
-        help="Generated workloads: workflows generated (another seed) to fit the profile on.", min=10)] = 400,
-    train_share: Annotated[float, typer.Option(
-        help="Logs: share of workflows in the train split (profiler split's rule).")] = 0.7,
-    profile: Annotated[Optional[Path], typer.Option(
+    profile: Annotated[Optional[Path], ProfileOption(
         help="Folder for the train-split profiles: a `profiler fit` output is used as is; else "
              "each train split is fit in its own sub-folder there and reused by a later run on "
              "the same split (default: a temporary folder).")] = None,
@@ -78,52 +62,27 @@ def simulate(
     arrival_cv: Annotated[float, typer.Option(
         help="--arrivals gamma: coefficient of variation of inter-arrivals (0 fixed, 1 Poisson, "
              "4 bursty).", min=0.0)] = 1.0,
-    cv: Annotated[Optional[float], typer.Option(
-        "--cv", hidden=True, min=0.0, help="Old name of --arrival-cv (deprecated).")] = None,
-    warmup: Annotated[float, typer.Option(
-        help="Share of the workflows (by arrival) left out of the figures as warm-up.", min=0.0, max=0.9)] = 0.2,
-    tail: Annotated[float, typer.Option(
-        help="Share of the last arrivals left out (they keep the load on while the window runs).",
-        min=0.0, max=0.9)] = 0.2,
     seeds: Annotated[Optional[str], typer.Option(
         help="Comma list of arrival seeds (e.g. 0,1,2): one replay per seed; the JSON's `seeds` "
              "holds every seed's figures and the spread of the ratio vs sglang-default.")] = None,
-    gaps: Annotated[str, typer.Option(
-        help="Tool gaps: recorded, or sampled from the profile's tool lognormals.")] = "recorded",
     replicas: Annotated[int, typer.Option(help="Engine replicas.", min=1)] = 4,
     gpu: Annotated[str, typer.Option(help="GPU of a replica: h100-sxm or h200 (roofline step model).")] = "h100-sxm",
     model: Annotated[str, typer.Option(help="Served model: llama-3.1-8b or llama-3.1-70b.")] = "llama-3.1-8b",
     tp: Annotated[int, typer.Option(help="GPUs per replica (tensor parallel).", min=1)] = 1,
-    step_model: Annotated[str, typer.Option(
-        help="roofline (from --gpu/--model) or glm45-fit (the earlier fit: GLM-4.5-FP8 on 8×H100, "
-             "500k KV tokens).")] = "roofline",
     kv_capacity_tokens: Annotated[Optional[int], typer.Option(
         help="GPU KV capacity per replica, tokens (default: from --gpu/--model).", min=1000)] = None,
-    host_ratio: Annotated[float, typer.Option(
-        help="Host KV tier as a multiple of the GPU tier (SGLang --hicache-ratio default 2).", min=0.0)] = 2.0,
-    pcie_s_per_token: Annotated[Optional[float], typer.Option(
-        help="Host↔GPU seconds per KV token (default: from --gpu/--model).", min=0.0)] = None,
-    chunked_prefill_size: Annotated[int, typer.Option(help="Prefill tokens per iteration.", min=64)] = 8192,
-    max_running_requests: Annotated[int, typer.Option(help="Running calls per replica.", min=1)] = 256,
     calibrate: Annotated[Optional[Path], typer.Option(
         help="Fit the step-time model on these logs (needs t_first_token) instead of the bundled "
              "SWE-agent/GLM-4.5 fit.")] = None,
-    ours_epsilon: Annotated[Optional[float], typer.Option(
-        help="CapacityPolicy ε (union bound on P(OOM)); default: the policy's own.")] = None,
-    ours_aging_per_s: Annotated[Optional[float], typer.Option(
-        help="PriorityPolicy aging per second of a workflow's age; default: the policy's own.")] = None,
-    ttft_slo: Annotated[float, typer.Option(
-        help="Time-to-first-token target (s) of interactive calls (sessions whose logs mark a "
-             "person's turn, wait_after: human; e.g. --scenario agent-platform-interactive): "
-             "policies.NAME.interactive reports ttft_p99_s, slo_attainment (share within the "
-             "target) and the batch sessions' avg/P95 JCT.", min=0.001)] = 2.0,
     slo_search: Annotated[bool, typer.Option(
         "--slo-search",
         help="Also search, per policy, the most concurrent sessions it holds with >= 99 % of "
-             "interactive calls within --ttft-slo (the same workflows at 1x the arrival rate, "
+             "interactive calls within ttft_slo (the same workflows at 1x the arrival rate, "
              "doubled while the target holds or halved while it does not, 1/16x..8x, then two "
              "bisections): interactive.max_sessions_in_slo. Several extra runs "
              "per policy.")] = False,
+    *,
+    settings: Resolved,
 ) -> None:
     """Compare serving policies on the same workflows, arrivals and cluster, in one run.
 
@@ -154,7 +113,9 @@ def simulate(
                                   prepare_scenario)
     from simulator.scenarios import get_scenario
 
-    cv = deprecated_alias(ctx, "--cv", "--arrival-cv", "arrival_cv", cv, arrival_cv)
+    cv, sources, st = arrival_cv, settings.sources, settings.settings
+    train_share, warmup, tail, gaps, step_model = (st.train_share, st.warmup, st.tail, st.gaps,
+                                                   st.step_model)
     if (workload is None) == (scenario is None):
         fail("give --workload or --scenario (one of them)")
     if scenario is not None:   # every flag the scenario sets itself, given anyway: said, not dropped
@@ -164,8 +125,13 @@ def simulate(
             fail(str(exc))
         for name, instead in overrides.items():
             if getattr(ctx.get_parameter_source(name), "name", None) == "COMMANDLINE":
-                err_console.print(f"[yellow]note:[/] --{name.replace('_', '-')} is ignored by "
-                                  f"--scenario {scenario} ({instead})", soft_wrap=True)
+                given = f"--{name.replace('_', '-')}"
+            elif sources.get(name, "default") != "default":     # a config key, set by env or file
+                given = f"{name} ({sources[name]})"
+            else:
+                continue
+            err_console.print(f"[yellow]note:[/] {given} is ignored by --scenario {scenario} "
+                              f"({instead})", soft_wrap=True)
     try:
         names = parse_policies(policies, ablation, autoscale)
         levels = [v.strip() for v in load.split(",") if v.strip()]
@@ -173,9 +139,9 @@ def simulate(
             parse_load(level)
     except ValueError as exc:
         fail(str(exc))
-    knobs = dict(replicas=replicas, kv_capacity_tokens=kv_capacity_tokens, host_ratio=host_ratio,
-                 pcie_s_per_token=pcie_s_per_token, chunked_prefill_size=chunked_prefill_size,
-                 max_running_requests=max_running_requests)
+    knobs = dict(replicas=replicas, kv_capacity_tokens=kv_capacity_tokens, host_ratio=st.host_ratio,
+                 pcie_s_per_token=st.pcie_s_per_token, chunked_prefill_size=st.chunked_prefill_size,
+                 max_running_requests=st.max_running_requests)
     try:
         if scenario is not None:
             cfg = None                # the scenario's own (prepare_scenario below)
@@ -196,26 +162,26 @@ def simulate(
         except ValueError as exc:
             fail(f"--calibrate {calibrate}: {exc}")
         err_console.print(f"step model fit on {calibrate}: {cfg.step}")
-    scale = AutoscaleOptions(startup_delay_s=startup_delay, interval_s=autoscale_interval,
-                             scale_down_window_s=scale_down_window, queue_target=queue_target,
-                             horizon_calls=autoscale_horizon)
+    scale = AutoscaleOptions(startup_delay_s=st.startup_delay, interval_s=st.autoscale_interval,
+                             scale_down_window_s=st.scale_down_window, queue_target=st.queue_target,
+                             horizon_calls=st.autoscale_horizon)
     ours = OursOptions()
-    if ours_epsilon is not None:
-        ours = replace(ours, capacity_policy=CapacityPolicy(epsilon=ours_epsilon))
-    if ours_aging_per_s is not None:
-        ours = replace(ours, priority_policy=PriorityPolicy(aging_per_s=ours_aging_per_s))
+    if st.ours_epsilon is not None:
+        ours = replace(ours, capacity_policy=CapacityPolicy(epsilon=st.ours_epsilon))
+    if st.ours_aging_per_s is not None:
+        ours = replace(ours, priority_policy=PriorityPolicy(aging_per_s=st.ours_aging_per_s))
 
     with err_console.status("preparing the workload (split, fit the train profile)"):
         try:
             if scenario is not None:
-                prep, cfg = prepare_scenario(scenario, seed=seed, n_train=train_workflows,
+                prep, cfg = prepare_scenario(scenario, seed=seed, n_train=st.train_workflows,
                                              profile_dir=profile)
                 arrivals = prep.scenario.arrivals
                 if arrivals != "burst":       # an open-loop scenario: its own load and CV
                     levels, cv = [prep.scenario.load], prep.scenario.cv
             else:
                 prep = prepare(workload, workflows, seed=seed, profile_dir=profile,
-                               train_share=train_share, n_train=train_workflows, cfg=cfg,
+                               train_share=train_share, n_train=st.train_workflows, cfg=cfg,
                                max_load=max(parse_load(v) for v in levels))
         except ValueError as exc:
             fail(str(exc))
@@ -230,7 +196,7 @@ def simulate(
 
         try:
             kw = dict(arrivals_mode=arrivals, gaps_mode=gaps, on_result=done, ours=ours, cv=cv,
-                      warmup=warmup, tail=tail, autoscale=scale, ttft_slo=ttft_slo,
+                      warmup=warmup, tail=tail, autoscale=scale, ttft_slo=st.ttft_slo,
                       slo_search=slo_search)
             if seeds:
                 seed_list = [int(x) for x in seeds.split(",") if x.strip()]

@@ -9,18 +9,18 @@ from typing import Annotated, Optional
 
 import typer
 
-from profiler.commands.common import app
+from profiler.commands.common import DbOption, JsonOption, ProfileOption, app
 from profiler.commands.common import err_console, fail
 
 
 @app.command(no_args_is_help=True)
 def watch(
-    profile: Annotated[Path, typer.Option("--profile", "-p", help="Profile root to refit (its store.duckdb collects the logs; new versions go to versions/, CURRENT is switched atomically).")],
+    profile: Annotated[Path, ProfileOption("Profile root to refit (its store.duckdb collects the logs; new versions go to versions/, CURRENT is switched atomically).")],
     logs: Annotated[list[Path], typer.Option("--logs", "-l", help="Log folder(s) to follow, e.g. the gateway's --log-dir. Repeat for several.")],
     every: Annotated[str, typer.Option(help="How often to look for new log files: 30s, 10m, 1h.")] = "10m",
-    db: Annotated[Optional[Path], typer.Option(help="DuckDB store (default: PROFILE/store.duckdb).")] = None,
+    db: Annotated[Optional[Path], DbOption("DuckDB store (default: PROFILE/store.duckdb).")] = None,
     once: Annotated[bool, typer.Option("--once", help="Refit once (if there is anything new) and exit.")] = False,
-    json_out: Annotated[bool, typer.Option("--json", help="Print each refit's result as one JSON line on stdout.")] = False,
+    json_out: Annotated[bool, JsonOption("Print each refit's result as one JSON line on stdout.")] = False,
 ) -> None:
     """Refit a **profile** whenever new log files appear (online refit).
 

@@ -76,24 +76,24 @@ class PriorityPolicy:
     #: the mean, so the quantile assumes an exponential remaining time: ``R_q = −ln(1 − q)·R``
     #: (the same order between workflows; it re-weighs the term against aging and idle models).
     remaining_quantile: float | None = None
-    #: With ``remaining_unit="tokens"`` (docs/simulator.md, "Remaining output tokens"): the session's
+    #: With ``remaining_unit="tokens"`` (docs/simulator-results.md, "Remaining output tokens"): the session's
     #: expected remaining output tokens ``R`` in units of ``tokens_per_call``, scored on a log
     #: scale, ``−w1 · ln(1 + R / tokens_per_call)``; a known call whose annotation lacks the field
     #: counts ``(1 + remaining calls) · tokens_per_call`` tokens.
     tokens_per_call: float = 500.0
-    #: Aging on the session's own time scale (docs/simulator.md, "Aging per session duration"): when
+    #: Aging on the session's own time scale (docs/simulator-results.md, "Aging per session duration"): when
     #: set, a session whose expected total duration is ``τ`` seconds (its age + the profile's
     #: expected remaining seconds) ages at ``aging_per_duration / τ`` per second, rounded to a
     #: power of two (so a queue holds few distinct rates); None: every session at ``aging_per_s``.
     #: Off by default: 0.03 won the generated validation draws but loses 18.5 % on a validation
-    #: draw of the real coding-trace mix (docs/simulator.md, "Aging per session duration").
+    #: draw of the real coding-trace mix (docs/simulator-results.md, "Aging per session duration").
     aging_per_duration: float | None = None
-    #: Added to the base score of a call of latency class ``"interactive"`` (docs/simulator.md,
+    #: Added to the base score of a call of latency class ``"interactive"`` (docs/simulator-results.md,
     #: "Latency classes"): a person waits on it, so it is ranked for time to first token, above
     #: every batch session that has not aged ``interactive_boost / aging_per_s`` seconds.
     interactive_boost: float = 2.0
     #: Rank a session with more than this many expected remaining calls (in ``seconds_per_call``
-    #: units with ``remaining_unit="seconds"``) as if it had this many (docs/simulator.md,
+    #: units with ``remaining_unit="seconds"``) as if it had this many (docs/simulator-results.md,
     #: "Bounded tail"): the long sessions tie on the base and the aging serves them in order of
     #: their start, instead of the longest last; None: no cap.
     remaining_cap: float | None = None
@@ -143,7 +143,7 @@ class PriorityPolicy:
         return score + self._idle_term(downstream_distance, queue_depth)
 
     def overtake_window_s(self, max_idle_term: float = 0.0) -> float:
-        """The tail bound (docs/simulator.md, "Bounded tail"): a session never ranks below one of its
+        """The tail bound (docs/simulator-results.md, "Bounded tail"): a session never ranks below one of its
         class that started more than this many seconds after it, ``(1 + max_idle_term) /
         aging_per_s`` — the calls key's base lies in (0, 1], ``max_idle_term`` bounds the
         idle-downstream term of the run (0 with one model pool)."""
@@ -151,7 +151,7 @@ class PriorityPolicy:
 
     def class_term(self, latency_class: str | None) -> float:
         """What the call's latency class adds to its base score: :attr:`interactive_boost` for
-        ``"interactive"``, 0 for ``"batch"`` or an unclassified call (docs/simulator.md, "Latency
+        ``"interactive"``, 0 for ``"batch"`` or an unclassified call (docs/simulator-results.md, "Latency
         classes")."""
         return self.interactive_boost if latency_class == "interactive" else 0.0
 
@@ -173,7 +173,7 @@ class PriorityPolicy:
         agent_model: Mapping[str, str] | None = None,
     ) -> float:
         """:meth:`base_score` (or :meth:`base_score_tokens`) of one call's :class:`Annotation`,
-        plus its latency class's :meth:`class_term` (docs/simulator.md, "Latency classes").
+        plus its latency class's :meth:`class_term` (docs/simulator-results.md, "Latency classes").
 
         ``agent_model`` maps agent ids to the model that serves them, so that distances to
         agents (what the graph knows) become distances to models (what has a queue); the

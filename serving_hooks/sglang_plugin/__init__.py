@@ -35,15 +35,18 @@ package is installed, and a server that did not ask for it runs as plain SGLang.
 ``agent-workflow plugin off: …``: SGLang loads plugins before it configures logging, so a
 ``logging`` record written here would be lost. Only the server's main process prints it (SGLang
 starts its scheduler and detokenizer with ``multiprocessing``, and those load the plugin too);
-the scheduler then logs ``agent-workflow plugin active: …`` at its first scheduling round. The
+the scheduler then logs ``agent-workflow plugin active: …`` at its first scheduling round, and
+its counters (with ``hook_us_<hook>``, the time spent in each hook) every ``AWP_LOG_EVERY_S``. The
 other knobs are in :mod:`serving_hooks.sglang_plugin.settings`.
 """
 from __future__ import annotations
 
+import functools
 import logging
 import multiprocessing
 import os
 import sys
+import time
 from collections.abc import Callable
 from importlib import import_module
 from typing import Any, Literal, NamedTuple
@@ -101,6 +104,23 @@ def announce(line: str) -> bool:
     return True
 
 
+def timed(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` adding the wall time it takes (µs) to the counter ``hook_us_<name>``: what the
+    plugin costs the scheduler's loop, per hook, in the counters line the bench reads."""
+    counters = get_state().counters
+    key = f"hook_us_{name}"
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        t = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            counters[key] += int((time.perf_counter() - t) * 1e6)
+
+    return wrapper
+
+
 def register() -> None:
     """Entry point of group ``sglang.srt.plugins``: register the hooks and the cache backend.
 
@@ -118,7 +138,7 @@ def register() -> None:
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
     for hook in HOOKS:
-        HookRegistry.register(hook.target, hook.load(), HookType[hook.when])
+        HookRegistry.register(hook.target, timed(hook.function, hook.load()), HookType[hook.when])
     from serving_hooks.sglang_plugin.retention import retention_cache_factory
 
     if get_radix_cache_factory(BACKEND_NAME) is None:

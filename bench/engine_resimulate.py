@@ -1,0 +1,91 @@
+"""Re-judge a stored real-engine measurement with the simulator as it is now.
+
+``python bench/engine_resimulate.py docs/measurements/engine-matrix-2026-11-29.json`` rebuilds each
+condition's workload from the settings stored in the JSON (the same seeds, the same
+deterministic preparation as ``bench/bench_engine.py``), fits the same profiles, rebuilds the
+step-time model and server limits the run calibrated (``conditions.<c>.simulator.step`` /
+``.limits``), replays every seed under every arm in the current simulator, and judges it
+against the *measured* runs stored beside it (:func:`bench.engine_report.fidelity`).
+
+Why: a change to the simulator's model of the engine (admission, preemption, the host tier) can
+be checked against the engine's own figures without re-running the engine, which must run alone
+for half an hour; a fix that does not move fidelity toward the measurement is not a fix.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.bench_engine import fit_profiles, parse_args  # noqa: E402
+from bench.engine_conditions import prepare_workload  # noqa: E402
+from bench.engine_report import fidelity, ratios  # noqa: E402
+from bench.engine_sim import cluster, scaled_records, simulate_setups  # noqa: E402
+from simulator.calibration import StepTimeModel  # noqa: E402
+
+STEP_FIELDS = ("t0", "a", "a_ctx", "c", "e", "a_attn", "prefill_t0", "source")
+
+
+def resimulate_condition(cond: dict) -> dict:
+    """The stored condition ``cond`` replayed in the current simulator: per seed and arm, the arm
+    means, the ratios and the fidelity against the stored measured runs."""
+    st = cond["settings"]
+    names = list(st["setups"])
+    seeds = [int(s) for s in cond["seeds"]]
+    args = parse_args(["--condition", st["condition"]])
+    for key, value in st.items():
+        setattr(args, key, value)
+    args.seeds = seeds
+    stored = cond["simulator"]["step"]
+    # a run stored before the flag existed was calibrated with --enable-cache-report on: its fit
+    # saw the engine's cache hits, so its context term is paid by hits too
+    step = StepTimeModel(**{k: stored[k] for k in STEP_FIELDS}, ctx_on_hits=stored.get("ctx_on_hits", True))
+    cfg = cluster(cond["simulator"]["limits"], step, st["replicas"], not st.get("gpu"))
+    wl = prepare_workload(st["condition"], seeds, args)
+    with tempfile.TemporaryDirectory() as tmp:
+        profiles = fit_profiles(wl, Path(tmp))
+        sim = {s: simulate_setups(scaled_records(wl.replay[s], 1.0, st["time_scale"]), profiles[s], cfg,
+                                  st["concurrency"], names, preemption_threshold=st["preemption_threshold"])
+               for s in seeds}
+    arms = {n: float(np.mean([sim[s][n]["jct_avg_s"] for s in seeds])) for n in names}
+    measured_arms = {n: cond["arms"][n]["jct_avg_s"] for n in names}
+    return {"seeds": sim, "arms": arms, "ratios": ratios(sim, names),
+            "fidelity": fidelity(cond["ratios"], ratios(sim, names), measured_arms, arms)}
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("measurement", type=Path, help="a bench_engine.py --out JSON with its simulator section")
+    ap.add_argument("--condition", nargs="+", help="only these conditions (default: every one with a simulator)")
+    ap.add_argument("--out", type=Path, help="write the re-simulated sections here (JSON)")
+    a = ap.parse_args(argv)
+    data = json.loads(a.measurement.read_text())
+    out = {}
+    for name, cond in data["conditions"].items():
+        if "simulator" not in cond or (a.condition and name not in a.condition):
+            continue
+        new = out[name] = resimulate_condition(cond)
+        old = cond["fidelity"]
+        print(f"== {name} ({len(cond['seeds'])} seeds)")
+        for arm, v in new["fidelity"]["arms"].items():
+            before = old["arms"].get(arm, {})
+            print(f"  {arm:>12}: measured {v['measured']:.2f}s; simulated before {before.get('simulated', float('nan')):.2f}s "
+                  f"({before.get('rel_error', float('nan')):+.0%}), now {v['simulated']:.2f}s ({v['rel_error']:+.0%})")
+        for key, v in new["fidelity"]["ratios"].items():
+            before = old["ratios"].get(key, {})
+            meas = "refused" if v["measured"] is None else f"{v['measured']:.3f}"
+            print(f"  {key:>24}: measured {meas}; simulated before {before.get('simulated', float('nan')):.3f}, "
+                  f"now {v['simulated']:.3f}")
+        print(f"  fidelity pass: before {old.get('pass')}, now {new['fidelity']['pass']}")
+    if a.out:
+        a.out.write_text(json.dumps(out, indent=2, default=str))
+
+
+if __name__ == "__main__":
+    main()
