@@ -3,7 +3,7 @@
 For each seed it prepares one workload (a ``--scenario`` or a ``--workload`` at ``--load``), runs
 the baselines (``sglang-default``, ``continuum-ttl``, the clairvoyant ``oracle-srpt``) and ours
 under each candidate (``--candidates``: ``label=field:value;field:value`` of ``PriorityPolicy``
-parameters or ``kv_preemption:1``; ``label=default`` for the defaults), and prints per seed and policy the avg / P95 /
+parameters or ``kv_preemption:1`` / ``:0``; ``label=default`` for the defaults), and prints per seed and policy the avg / P95 /
 P99 JCT, the share of the oracle's gain it takes,
 
     G = (avg JCT continuum-ttl − avg JCT ours) / (avg JCT continuum-ttl − avg JCT oracle-srpt),
@@ -12,10 +12,10 @@ the headroom (``continuum-ttl − oracle-srpt``, s), P95 ÷ the best baseline's 
 ``sglang-default`` and ``continuum-ttl``), and the mean of each over the seeds. Choose a
 parameter on validation seeds (≥ 100), report it on others. ``--json`` writes every row.
 
-    python bench/bench_tail.py --scenario agent-platform --seeds 100,101,102 \\
-        --candidates 'default=default' 'm4=tail_multiple:4' 'm8=tail_multiple:8'
-    python bench/bench_tail.py --workload ../shared/datasets --load peak --seeds 100 \\
-        --candidates 'm8=tail_multiple:8'
+    python bench/bench_tail.py --scenario agent-platform --seeds 100,101 \\
+        --candidates 'd=default' 'c8=remaining_cap:8' 'slot=kv_preemption:0'
+    python bench/bench_tail.py --workload datasets/real --load peak --seeds 100 \\
+        --candidates 'd=default' 'a1e-4=aging_per_s:1e-4'
 """
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ def parse_candidate(text: str) -> tuple[str, OursOptions]:
     field a ``PriorityPolicy`` parameter, or ``kv_preemption`` (1/0) of ``OursOptions``."""
     label, _, spec = text.partition("=")
     kwargs: dict = {}
-    kv = False
+    kv = OursOptions().kv_preemption
     if spec and spec != "default":
         for item in spec.split(";"):
             key, _, value = item.partition(":")

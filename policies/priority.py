@@ -92,6 +92,11 @@ class PriorityPolicy:
     #: "Latency classes"): a person waits on it, so it is ranked for time to first token, above
     #: every batch session that has not aged ``interactive_boost / aging_per_s`` seconds.
     interactive_boost: float = 2.0
+    #: Rank a session with more than this many expected remaining calls (in ``seconds_per_call``
+    #: units with ``remaining_unit="seconds"``) as if it had this many (docs/simulator-results.md,
+    #: "Bounded tail"): the long sessions tie on the base and the aging serves them in order of
+    #: their start, instead of the longest last; None: no cap.
+    remaining_cap: float | None = None
 
     def __post_init__(self) -> None:
         if self.remaining_unit not in UNITS:
@@ -117,7 +122,10 @@ class PriorityPolicy:
         """
         if not known or remaining_calls is None:
             return self.unknown_score
-        score = self.w1 / (1.0 + max(0.0, float(remaining_calls)))
+        remaining = max(0.0, float(remaining_calls))
+        if self.remaining_cap is not None:
+            remaining = min(remaining, self.remaining_cap)
+        score = self.w1 / (1.0 + remaining)
         return score + self._idle_term(downstream_distance, queue_depth)
 
     def base_score_tokens(

@@ -10,7 +10,7 @@ routing (``CapacityPolicy``, alg. 2), keep/drop (``KeepDropPolicy``, alg. 1 + SA
 Each part can be switched off for an ablation (:func:`build_ours`); the part then falls back to
 what ``sglang-rr`` does (FCFS, round robin, LRU, no prefetch). The named variants (``ours-sticky``,
 ``ours-belady``, ``ours-tokens``, ``ours-seconds``, ``ours-duration-aging``, ``ours-aging-1e-3``,
-``ours-no-classes``, ``ours-kv-preempt`` and the rest) each change one part to measure what the
+``ours-no-classes``, ``ours-slot-preempt``, ``ours-cap-8`` and the rest) each change one part to measure what the
 default buys. The idle-downstream term of alg. 3 is active only with model pools
 (:mod:`simulator.pools`). Autoscaling is not a part of ours: any policy name takes
 ``+predictive`` or ``+reactive`` (:mod:`simulator.autoscale`).
@@ -466,8 +466,10 @@ class OursOptions:
     #: SGLang's ``--priority-scheduling-preemption-threshold`` (None: no priority preemption).
     preemption_threshold: int | None = 500
     #: Priority preemption also when a call does not fit in KV (SGLang's ``preempt_to_schedule``
-    #: frees tokens too; ``Simulator._admit_by_preemption``); off: slots only, as measured so far.
-    kv_preemption: bool = False
+    #: frees tokens too; ``Simulator._admit_by_preemption``); on by default since issue 39 (no
+    #: simulator figure of the README worse beyond its interval, docs/simulator-results.md "Bounded
+    #: tail"); off (``ours-slot-preempt``): running slots only, the earlier model.
+    kv_preemption: bool = True
     #: "capacity" (CapacityPolicy), "round-robin" (sglang-default's, the ablation) or "sticky"
     #: (session affinity + least load, the routing of continuum-ttl / mori-idleness / belady).
     router: str = "capacity"
@@ -508,8 +510,12 @@ OURS_VARIANTS: dict[str, dict[str, Any]] = {
                                                               aging_per_duration=0.03)},
     "ours-aging-1e-3": {"priority_policy": PriorityPolicy(aging_per_s=0.001)},
     "ours-aging-1e-5": {"priority_policy": PriorityPolicy(aging_per_s=1e-5)},
+    "ours-aging-3e-5": {"priority_policy": PriorityPolicy(aging_per_s=3e-5)},
+    "ours-aging-1e-4": {"priority_policy": PriorityPolicy(aging_per_s=1e-4)},
     "ours-no-classes": {"priority_policy": PriorityPolicy(interactive_boost=0.0)},
-    "ours-kv-preempt": {"kv_preemption": True},
+    "ours-kv-preempt": {"kv_preemption": True},      # the default since issue 39: = ours
+    "ours-slot-preempt": {"kv_preemption": False},
+    "ours-cap-8": {"priority_policy": PriorityPolicy(remaining_cap=8.0)},
     "ours-kv-preempt-no-classes": {"kv_preemption": True,
                                    "priority_policy": PriorityPolicy(interactive_boost=0.0)},
     "ours-seconds-p90": {"priority_policy": PriorityPolicy(remaining_unit="seconds",

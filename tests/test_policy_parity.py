@@ -382,3 +382,40 @@ def test_a_last_call_cancels_its_sessions_prefetch_in_plugin_and_simulator():
         assert sim.pending() == state.prefetch.pending() == (1 if i == 0 else 0)
     assert state.counters["prefetch_cancelled_session_end"] == 1
     reset_state()
+
+
+def test_remaining_cap_ranks_long_sessions_by_start_alike_in_gateway_plugin_and_simulator():
+    """``remaining_cap``: two long sessions (10 and 50 expected calls left, cap 4) get the same
+    base, 1/5, so the older one (started at 0 s) runs before the younger (started at 20 s) in the
+    gateway's priority, the plugin's admitted integer and the simulator's queue alike; a session
+    under the cap (1 call left, started last) still passes both."""
+    policy = PriorityPolicy(remaining_unit="calls", aging_per_s=0.001, remaining_cap=4.0)
+    assert policy.base_score(10.0) == policy.base_score(50.0) == pytest.approx(0.2)
+    sched = PriorityScheduler(SimpleNamespace(served=lambda req: req.ann), policy)
+    sched.sim = SimpleNamespace(now=0.0, wf_arrival=[0.0, 20.0, 30.0],
+                                pool_queue_depths=lambda: None, pools=None)
+    now = [0.0]
+    state = _plugin(policy, now)
+    calls = [(0, 40.0, 50.0), (1, 40.0, 10.0), (2, 40.0, 1.0)]    # (wf, t, remaining calls)
+    sim_prio, plugin_prio = [], []
+    for i, (wf, t, left) in enumerate(calls):
+        sched.sim.now = now[0] = t
+        age = t - sched.sim.wf_arrival[wf]
+        ann = Annotation(known=True, workflow_id=str(wf), expected_remaining_calls=left,
+                         session_age_s=age)
+        req = SimpleNamespace(idx=i, wf=wf, t_enqueue=t, ann=ann)
+        sched.on_issue(req)
+        sim_prio.append(sched.priority(req))
+        preq = _sglang_req(f"c{i}", ann, policy.call_priority(ann))   # what the gateway sends
+        assert admit_request(preq, now=t)
+        plugin_prio.append(preq.priority)
+        assert state.sessions.reference(str(wf))[0] == pytest.approx(sched.book.reference(wf)[0],
+                                                                      abs=0.5 / policy.scale)
+    assert sim_prio == plugin_prio
+    assert sim_prio[2] > sim_prio[0] > sim_prio[1]    # short first, then the long ones by start
+    uncapped = PriorityPolicy(remaining_unit="calls", aging_per_s=0.001)
+    assert uncapped.call_priority(Annotation(known=True, expected_remaining_calls=50.0,
+                                             session_age_s=40.0)) \
+        < uncapped.call_priority(Annotation(known=True, expected_remaining_calls=10.0,
+                                            session_age_s=20.0))  # without the cap: longest last
+    reset_state()

@@ -103,3 +103,17 @@ def test_by_agent_neighbours_match_each_agents_tokens_not_the_total():
     assert agents.rank[ids["X"]] == pytest.approx(1000)      # P: agent a wrote 100, as X's did
     # on the total Q and P tie (100 each): the first in replay order, Q, is taken
     assert total.rank[ids["X"]] == pytest.approx(10)
+
+
+def test_distinct_sources_leaves_out_the_sessions_own_copies():
+    """A replay's copies of one recorded workflow (``<id>~k``) share its future: by default a copy
+    ranks on its twin's recorded remaining work; ``distinct_sources`` leaves every copy of the same
+    source out, so only other recorded workflows are draws."""
+    recs = (_typed("A~0", "t", [5, 500]) + _typed("A~1", "t", [5, 500])
+            + _typed("B~2", "t", [50]) + _typed("C~3", "t", [7, 7]))
+    leaky, ids = _bound(recs, ObservableRemaining(key="mean"))
+    clean, _ = _bound(recs, ObservableRemaining(key="mean", distinct_sources=True))
+    a = ids["A~0"]
+    assert leaky.rank[a] == pytest.approx((505 + 50 + 14) / 3)   # its twin A~1 is a draw
+    assert clean.rank[a] == pytest.approx((50 + 14) / 2)         # only B and C
+    assert clean.rank[ids["B~2"]] == pytest.approx((505 + 505 + 14) / 3)   # both A copies count

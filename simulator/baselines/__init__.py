@@ -76,6 +76,12 @@ BASELINES: dict[str, Callable[[], Policy]] = {
                                      "reference (non-clairvoyant, in-sample): Gittins rank of the "
                                      "remaining output tokens given workflow type, calls done and "
                                      "output tokens so far (the 50 closest other sessions)"),
+    "observable-ref-distinct": lambda: Policy("observable-ref-distinct", StickyLeastLoad(),
+                                              ObservableRemaining(neighbours=50,
+                                                                  distinct_sources=True), LRU(),
+                                              "reference (non-clairvoyant, in-sample): "
+                                              "observable-ref without the session's own copies "
+                                              "in the replay (their future is its own)"),
     "observable-ref-mean": lambda: Policy("observable-ref-mean", StickyLeastLoad(),
                                           ObservableRemaining(key="mean", neighbours=50), LRU(),
                                           "reference (non-clairvoyant, in-sample): mean remaining "

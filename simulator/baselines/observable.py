@@ -16,7 +16,10 @@ first ``k`` calls (in recorded order) is a draw of this session's remaining work
 tokens to ``a`` (in log tokens) are kept — the session's own history (an agent that wrote long
 answers keeps writing long ones) conditions the draw; ``by_agent=True`` measures that closeness
 on each agent's tokens so far (L1 over agents of log tokens) instead of the total. The session
-itself is always left out (leave-one-out), so its own future never ranks it.
+itself is always left out (leave-one-out), so its own future never ranks it. A replay resamples a
+small test split into many sessions (``simulator.workload.replicate_records``: copies named
+``<id>~k``); ``distinct_sources=True`` also leaves out the session's copies, whose recorded future is
+its own — what a live server, which never saw this session before, cannot know.
 
 **Key.** ``gittins`` (default): the Gittins rank of that empirical distribution,
 ``min_Δ E[min(R, Δ)] / P(R ≤ Δ)`` over the draws ``Δ`` — the expected work spent per unit of
@@ -55,7 +58,7 @@ class ObservableRemaining(Scheduler):
     read in-sample from the replay (module docstring); a reference, not a deployable policy."""
 
     def __init__(self, key: str = "gittins", neighbours: int | None = None,
-                 by_agent: bool = False) -> None:
+                 by_agent: bool = False, distinct_sources: bool = False) -> None:
         if key not in ("gittins", "mean"):
             raise ValueError(f"key {key!r}: use 'gittins' or 'mean'")
         if neighbours is not None and neighbours < 1:
@@ -63,6 +66,7 @@ class ObservableRemaining(Scheduler):
         self.key = key
         self.neighbours = neighbours
         self.by_agent = by_agent
+        self.distinct_sources = distinct_sources
 
     def bind(self, sim: Simulator) -> None:
         super().bind(sim)
@@ -70,6 +74,8 @@ class ObservableRemaining(Scheduler):
         by_type: dict[str, list[int]] = {}
         for wf in wl.workflows:
             by_type.setdefault(wf.workflow_type, []).append(wf.idx)
+        #: per workflow, the recorded workflow it replays (its id without the copy's ``~k``)
+        self.source = np.asarray([wf.workflow_id.rsplit("~", 1)[0] for wf in wl.workflows])
         #: type -> (workflow ids, calls per workflow, cumulative output tokens padded with the total)
         self.types: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
         #: type -> (agent -> column, per workflow and calls done the output tokens per agent)
@@ -99,9 +105,10 @@ class ObservableRemaining(Scheduler):
     def _rank(self, wf: int) -> float:
         ids, n_calls, cum = self.types[self.sim.workload.workflows[wf].workflow_type]
         k = int(self.done[wf])
-        alive = (n_calls > k) & (ids != wf)
+        other = (self.source[ids] != self.source[wf]) if self.distinct_sources else (ids != wf)
+        alive = (n_calls > k) & other
         if not alive.any():                  # no other session got this far: the longest seen
-            alive = ids != wf
+            alive = other
             if not alive.any():
                 return 0.0
             k = min(k, cum.shape[1] - 1)
