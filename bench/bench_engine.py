@@ -74,6 +74,8 @@ PAIRS: dict[str, tuple[list[str], bool, dict[str, str]]] = {
     "no-priority": (RETENTION_FLAGS + HICACHE_FLAGS, True, {}),
     "no-retention": (PRIORITY_FLAGS + HICACHE_FLAGS, True, {}),
     "no-prefetch": (PRIORITY_FLAGS + RETENTION_FLAGS + HICACHE_FLAGS, True, {"AWP_PREFETCH": "0"}),
+    # no host tier at all (HiCache off, so nothing to stage): what HiCache itself costs on the replica
+    "no-host-tier": (PRIORITY_FLAGS + RETENTION_FLAGS, True, {"AWP_PREFETCH": "0"}),
 }
 #: arm -> (replica pair, front: gateway round robin | sglang-router | gateway capacity routing
 #: without / with SGLang fields)
@@ -85,10 +87,11 @@ SETUPS = {
     "no-priority": ("no-priority", "gateway-hints"),
     "no-retention": ("no-retention", "gateway-hints"),
     "no-prefetch": ("no-prefetch", "gateway-hints"),
+    "no-host-tier": ("no-host-tier", "gateway-hints"),
     "no-routing": ("hints", "gateway-hints-rr"),
 }
 DEFAULT_SETUPS = ["round-robin", "router", "hints"]
-ABLATION = ["routing-only", "no-priority", "no-retention", "no-prefetch", "no-routing"]
+ABLATION = ["routing-only", "no-priority", "no-retention", "no-prefetch", "no-host-tier", "no-routing"]
 #: arms that differ from others only in routing: nothing to compare on one replica
 ROUTING_ARMS = ("routing-only", "no-routing", "router")
 #: defaults per machine: CPU (tiny model, 2 shared cores) and GPU (8B Llama shape, one H100-class
@@ -769,7 +772,8 @@ def simulate(args: argparse.Namespace, names: list[str], raw: dict[int, list[dic
 
 
 SHORT = {"round-robin": "RR", "router": "router", "routing-only": "routing", "hints": "hints",
-         "no-priority": "no-prio", "no-retention": "no-ret", "no-prefetch": "no-pref", "no-routing": "no-rout"}
+         "no-priority": "no-prio", "no-retention": "no-ret", "no-prefetch": "no-pref", "no-host-tier": "no-host",
+         "no-routing": "no-rout"}
 
 
 def _ci(ci: list) -> str:

@@ -25,7 +25,8 @@ replays the same trace under every set-up of the bench.
   plugin's prefetch into that host tier; the ablations: ``routing-only`` → ``ours`` with only
   its capacity router on (FCFS, LRU),
   ``no-priority`` → ``ours-no-priority``, ``no-retention`` → ``ours-no-keepdrop``,
-  ``no-prefetch`` → ``ours-no-prefetch`` (the host tier without staging), ``no-routing`` →
+  ``no-prefetch`` → ``ours-no-prefetch`` (the host tier without staging), ``no-host-tier`` → the same
+  without a host tier (HiCache off), ``no-routing`` →
   ``ours-no-capacity`` (round-robin routing). The profile is the bench's own (per seed where the
   condition fits one per seed).
 
@@ -55,7 +56,7 @@ from serving_hooks.replay import arrival_offsets
 SIM_POLICIES = {"round-robin": "sglang-rr", "router": "sglang-router-0.3.2", "hints": "ours",
                 "routing-only": "ours-routing-only", "no-priority": "ours-no-priority",
                 "no-retention": "ours-no-keepdrop", "no-prefetch": "ours-no-prefetch",
-                "no-routing": "ours-no-capacity"}
+                "no-host-tier": "ours-no-prefetch", "no-routing": "ours-no-capacity"}
 #: what the engine arms have that the simulator's ``ours`` switches separately: the SGLang plugin
 #: has no pre-prefill (only the simulator does), and "routing-only" is the gateway's capacity
 #: routing in front of plain SGLang (FCFS, LRU, no keep/drop, no prefetch)

@@ -92,7 +92,8 @@ def test_command_line_conditions_and_arms() -> None:
                           "--setups", "round-robin", "hints"])
     assert args.setups == ["round-robin", "hints"]
     assert be.condition_args(args, "multi-agent").setups == [
-        "round-robin", "hints", "routing-only", "no-priority", "no-retention", "no-prefetch", "no-routing"]
+        "round-robin", "hints", "routing-only", "no-priority", "no-retention", "no-prefetch", "no-host-tier",
+        "no-routing"]
     tight = be.condition_args(args, "tight-pool")
     assert (tight.condition, tight.pool_tokens, tight.max_running) == ("tight-pool", 1200, 8)
     assert be.condition_args(args, "multi-agent").pool_tokens == 2000
@@ -107,6 +108,7 @@ def test_command_line_conditions_and_arms() -> None:
     assert "--enable-priority-scheduling" not in be.PAIRS["no-priority"][0]
     assert "workflow-retention" not in be.PAIRS["no-retention"][0] and "--enable-hierarchical-cache" in be.PAIRS["no-retention"][0]
     assert set(be.PAIRS["no-prefetch"][0]) == hints and be.PAIRS["no-prefetch"][2] == {"AWP_PREFETCH": "0"}
+    assert set(be.PAIRS["no-host-tier"][0]) == hints - set(be.HICACHE_FLAGS)     # HiCache off, nothing to stage
     assert be.SETUPS["no-routing"] == ("hints", "gateway-hints-rr")      # hints with round-robin routing
 
 
@@ -126,7 +128,7 @@ def test_contention_conditions_one_replica_their_own_arms_and_a_deep_queue() -> 
     assert pc.concurrency >= 3 * pc.max_running * 2
     assert be.condition_args(be.parse_args(["--concurrency", "5"]), "contention").concurrency == 5
     abl = be.condition_args(be.parse_args(["--ablation"]), "contention").setups
-    assert abl == ["round-robin", "hints", "no-priority", "no-retention", "no-prefetch"]   # 1 replica: no routing
+    assert abl == ["round-robin", "hints", "no-priority", "no-retention", "no-prefetch", "no-host-tier"]   # 1 replica: no routing
     abl2 = be.condition_args(be.parse_args(["--ablation"]), "platform-contention").setups
     assert {"routing-only", "no-routing", "no-priority", "no-retention", "no-prefetch"} <= set(abl2)
     assert be.ratio_pairs(k.setups) == [("hints", "no-retention")]     # no baseline arm: hints over the other
