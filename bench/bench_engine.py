@@ -783,7 +783,8 @@ def _ci(ci: list) -> str:
 def print_report(name: str, out: dict, names: list[str]) -> None:
     st, la = out["settings"], out["load_average"]
     print(f"\n== condition {name}: {out['workload']['doc']} ==")
-    print(f"{len(st['seeds'])} seeds x {st['workflows']} workflows, {st['concurrency']} in flight, pool "
+    flight = f"open loop at {st['rate']}/s" if st.get("rate") else f"{st['concurrency']} in flight"
+    print(f"{len(st['seeds'])} seeds x {st['workflows']} workflows, {flight}, pool "
           f"{st['pool_tokens']} tokens, {st['max_running']} running slots per replica, time x{st['time_scale']}, "
           f"tokens x{st['token_scale']}, {st['replicas']} replica(s) per arm; load average "
           f"{la['start'][0]:.1f} -> {la['end'][0]:.1f} on "
