@@ -140,6 +140,12 @@ def calls_dir(args: argparse.Namespace) -> Path:
     return args.out.with_name(args.out.stem + "-calls")
 
 
+def arrivals_label(st: dict) -> str:
+    """How a run's workflows arrive, for the printed headers: open loop at a rate, or a closed
+    population in flight."""
+    return f"open loop at {st['rate']}/s" if st.get("rate") else f"{st['concurrency']} in flight"
+
+
 def shares_device(args: argparse.Namespace) -> bool:
     """Whether the replicas of an arm share one device: on CPU always (the host's cores), on GPU
     when there are fewer GPUs than replicas (``start_pair`` packs them)."""
@@ -550,9 +556,8 @@ def print_estimate(name: str, est: dict, file=None) -> None:
     file = file or sys.stdout
     st = est["settings"]
     print(f"condition {name}: {est['seeds']} seeds x {len(est['arms'])} arms ({', '.join(est['arms'])}) on "
-          f"{est['replicas']} replica(s) per arm; {st['workflows']} workflows, "
-          + (f"open loop at {st['rate']}/s, " if st.get("rate") else f"{st['concurrency']} in flight, ")
-          + f"{st['max_running']} running slots, pool {st['pool_tokens']}, tokens x{st['token_scale']}"
+          f"{est['replicas']} replica(s) per arm; {st['workflows']} workflows, {arrivals_label(st)}, "
+          f"{st['max_running']} running slots, pool {st['pool_tokens']}, tokens x{st['token_scale']}"
           + (f" (coding prompts x{st['coding_token_scale']})" if st.get("coding_token_scale", 1) != 1 else ""),
           file=file)
     print(f"  estimated wall time {est['total_min']:.1f} min: runs {est['runs_s'] / 60:.1f} min ("
@@ -783,8 +788,7 @@ def _ci(ci: list) -> str:
 def print_report(name: str, out: dict, names: list[str]) -> None:
     st, la = out["settings"], out["load_average"]
     print(f"\n== condition {name}: {out['workload']['doc']} ==")
-    flight = f"open loop at {st['rate']}/s" if st.get("rate") else f"{st['concurrency']} in flight"
-    print(f"{len(st['seeds'])} seeds x {st['workflows']} workflows, {flight}, pool "
+    print(f"{len(st['seeds'])} seeds x {st['workflows']} workflows, {arrivals_label(st)}, pool "
           f"{st['pool_tokens']} tokens, {st['max_running']} running slots per replica, time x{st['time_scale']}, "
           f"tokens x{st['token_scale']}, {st['replicas']} replica(s) per arm; load average "
           f"{la['start'][0]:.1f} -> {la['end'][0]:.1f} on "

@@ -103,7 +103,7 @@ CONDITIONS: dict[str, Condition] = {c.name: c for c in (
               "one replica, the agent-platform mix arriving open loop (Poisson, 1.8 workflows/s on CPU), "
               "no cap in flight: round robin vs hints",
               {"replicas": lambda d: 1, "max_running": lambda d: max(2, int(d) * 3 // 8),
-               "workflows": lambda d: int(2.5 * d), "rate": lambda d: OPEN_RATE_CPU if d is None else d},
+               "workflows": lambda d: int(2.5 * d), "rate": lambda d: OPEN_RATE_CPU},
               setups=("round-robin", "hints")),
     Condition("platform-contention", "agent-platform",
               "two replicas, the agent-platform mix, 3 x the running slots in flight: sglang-router vs hints",

@@ -55,8 +55,9 @@ def resimulate_condition(cond: dict) -> dict:
                for s in seeds}
     arms = {n: float(np.mean([sim[s][n]["jct_avg_s"] for s in seeds])) for n in names}
     measured_arms = {n: cond["arms"][n]["jct_avg_s"] for n in names}
-    return {"seeds": sim, "arms": arms, "ratios": ratios(sim, names),
-            "fidelity": fidelity(cond["ratios"], ratios(sim, names), measured_arms, arms)}
+    simulated = ratios(sim, names)
+    return {"seeds": sim, "arms": arms, "ratios": simulated,
+            "fidelity": fidelity(cond["ratios"], simulated, measured_arms, arms)}
 
 
 def main(argv: list[str] | None = None) -> None:

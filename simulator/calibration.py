@@ -185,7 +185,7 @@ def fit_step_time(records: Iterable[dict], source: str = "", prefill_intercept: 
     dec_err = np.median(np.abs(t0 + c * kv_read[keep] - tpot[keep]) / tpot[keep])
     return StepTimeModel(
         t0=round(t0, 6), a=float(f"{a:.6g}"), a_ctx=float(f"{a_ctx:.6g}"), c=float(f"{c:.5g}"),
-        prefill_t0=round(p0, 6), ctx_on_hits=bool(df.loc[alone, "cached"].notna().any()) if alone.any() else False,
+        prefill_t0=round(p0, 6), ctx_on_hits=bool(df.loc[alone, "cached"].notna().any()),
         source=source, n_prefill=int(alone.sum()), n_decode=int(keep.sum()),
         prefill_mdape=round(float(pre_err), 3), decode_mdape=round(float(dec_err), 3),
     )

@@ -274,7 +274,8 @@ class Simulator:
         self.concurrency = n_wf if concurrency is None else max(1, min(int(concurrency), n_wf))
         #: admission's decode reserve: the share counted (SGLang's ``new_token_ratio``, 1.0 for
         #: fixed-length requests) and the per-call cap (``new_token_clip``)
-        self._reserve_ratio = 1.0 if config.fixed_length_requests else config.new_token_ratio
+        self._fixed_length = config.fixed_length_requests
+        self._reserve_ratio = 1.0 if self._fixed_length else config.new_token_ratio
         self._clip = config.new_token_clip
         self._next_wf = self.concurrency
         if self.concurrency < n_wf:
@@ -426,7 +427,7 @@ class Simulator:
 
     def _decode_left(self, q: Request) -> int:
         """Tokens ``q`` may still decode as admission counts them (see :meth:`_reserve`)."""
-        cap = min(q.call.output_tokens, self._clip) if self.config.fixed_length_requests else self._clip
+        cap = min(q.call.output_tokens, self._clip) if self._fixed_length else self._clip
         return max(cap - q.decoded, 0)
 
     def _try_admit(self, rep: Replica, req: Request, reserve: int = 0) -> bool:
