@@ -20,6 +20,7 @@ from synth.pfa import learn_pfa, prune as prune_pfa
 from synth.prompts import TextCall, evaluate_templates, learn_templates, template_string
 from synth.regex_synth import LOOP_QUANTILES, RegexMatcher, synthesize_regex, width_ranges
 from synth.markov_baselines import fit_baselines
+from synth.next_select import select_served
 from synth.remaining import RemainingWork
 from synth.sequence_select import select_models
 from synth.sequences import WorkflowSequence
@@ -57,7 +58,8 @@ def fit_sequences(sequences: Sequence[WorkflowSequence],
                   contexts: Sequence[Sequence[str]] | None = None,
                   context_alphabet: str = "agent_tool",
                   groups: Sequence[Mapping[str, int]] | None = None,
-                  forward: Sequence[int] | None = None) -> dict:
+                  forward: Sequence[int] | None = None,
+                  time_slices: Sequence[Mapping[int, int]] | None = None) -> dict:
     """The workflow section for one workflow type (see the module docstring).
 
     ``timings[agent] = (mean latency_s, mean gap_after_s)`` feeds the remaining-seconds
@@ -79,7 +81,9 @@ def fit_sequences(sequences: Sequence[WorkflowSequence],
     folds then keep a group's workflows together (:func:`synth.sequence_select.select_models`).
     ``forward[i]`` (optional): how many of them are among the last fifth of the type's
     workflows by start time, the time-ordered validation slice the selection checks its
-    choices on.
+    choices on. ``time_slices[i]`` (optional): how many of them fall in each start-time slice
+    (0 earliest), the rolling origins on which the served next-agent candidate is chosen
+    (:mod:`synth.next_select`).
     """
     if not sequences:
         raise ValueError("no workflows to fit")
@@ -179,7 +183,8 @@ def fit_sequences(sequences: Sequence[WorkflowSequence],
                                        prior_weight=prior_weight, folds=cv_folds,
                                        max_workflows=cv_max_workflows, seed=seed,
                                        contexts=contexts, context_alphabet=context_alphabet,
-                                       groups=groups, forward=forward))
+                                       groups=groups, forward=forward,
+                                       time_slices=time_slices))
     if text_workflows:
         parts = learn_templates(text_workflows)
         section["prompt_composition"] = {
@@ -223,7 +228,8 @@ def sequence_models(sequences: Sequence[WorkflowSequence], counts: Sequence[int]
                     contexts: Sequence[Sequence[str]] | None = None,
                     context_alphabet: str = "agent_tool",
                     groups: Sequence[Mapping[str, int]] | None = None,
-                    forward: Sequence[int] | None = None) -> dict:
+                    forward: Sequence[int] | None = None,
+                    time_slices: Sequence[Mapping[int, int]] | None = None) -> dict:
     """``sequence_model``, ``remaining_model`` and ``baselines`` keys of a section.
 
     The automaton of every validation fold is fitted like the real one (same ``alpha``,
@@ -235,6 +241,7 @@ def sequence_models(sequences: Sequence[WorkflowSequence], counts: Sequence[int]
     merged: Counter = Counter()
     merged_groups: dict[tuple, Counter] = {}
     merged_late: Counter = Counter()
+    merged_slices: dict[tuple, Counter] = {}
     first = {}
     for i, (s, n, c) in enumerate(zip(sequences, counts, ctx_of)):
         key = (s.calls, s.step_symbols, s.step_widths, tuple(c) if c is not None else ())
@@ -244,6 +251,8 @@ def sequence_models(sequences: Sequence[WorkflowSequence], counts: Sequence[int]
             merged_groups.setdefault(key, Counter()).update(groups[i])
         if forward is not None:
             merged_late[key] += int(forward[i])
+        if time_slices is not None:
+            merged_slices.setdefault(key, Counter()).update(time_slices[i])
     keys = sorted(merged)
     distinct = [first[k] for k in keys]
     counts = [merged[k] for k in keys]
@@ -276,9 +285,12 @@ def sequence_models(sequences: Sequence[WorkflowSequence], counts: Sequence[int]
     if rem_calls is not calls:  # a session that reports no stage reads the plain agents
         remaining.add_backoff(RemainingWork(**params).fit(calls, counts, timings))
     validation = {k: chosen[k] for k in ("folds", "workflows", "groups") if k in chosen}
+    served = select_served(calls, counts,
+                           [dict(merged_slices[k]) for k in keys] if time_slices is not None else None,
+                           nxt, ctxs, pfa_factory, max_workflows, seed)
     return {
         "sequence_model": {"alphabet": "agent", "context": context, "vomm": vomm.to_dict(),
-                           "mixture": nxt["mixture"],
+                           "mixture": nxt["mixture"], "served": served,
                            "selection": {**nxt, **validation}},
         "remaining_model": {**remaining.to_dict(),
                             **({"alphabet": rem_alphabet} if rem_alphabet != "agent" else {}),

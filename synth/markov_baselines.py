@@ -33,6 +33,11 @@ fit time (``min_count``) are skipped. Its top-1 is the arg-max of that mixture (
 
 END is not a candidate: the baselines are scored, like the model, on "which agent calls
 next" after every call but the last.
+
+**Served as candidates.** :meth:`BaselinePredictor.distribution` gives each Markov baseline's
+probability of every training symbol and of one never seen (``UNSEEN``), computed by the very
+methods ``profiler eval`` scores it with, and :meth:`BaselinePredictor.top1` its top-1: the
+next-agent prediction a workflow type serves may be one of them (:mod:`synth.next_served`).
 """
 from __future__ import annotations
 
@@ -45,6 +50,10 @@ from synth.remaining import weighted_quantiles
 from synth.vomm import END, SEP, START, context_counts
 
 VO_ORDER = 8
+#: The Markov baselines, simplest first (the order :mod:`synth.next_served` breaks ties in).
+MARKOV_BASELINES = ("markov1", "markov_vo", "markov_wb")
+#: Key of a distribution's mass for a symbol never seen in training.
+UNSEEN = "\0unseen"
 
 
 def _argmax(row: dict[str, float]) -> str | None:
@@ -148,7 +157,7 @@ class BaselinePredictor:
                 c[index.get(y, len(symbols))] += n
             distinct = float(np.count_nonzero(c))
             p = (c + distinct * p) / (c.sum() + distinct)
-        return {**dict(zip(symbols, p[:-1].tolist())), "\0unseen": float(p[-1])}
+        return {**dict(zip(symbols, p[:-1].tolist())), UNSEEN: float(p[-1])}
 
     def markov_wb_probability(self, history: Sequence[str], actual: str) -> float | None:
         """P(actual | history) under :meth:`markov_wb_distribution` (an agent never seen in
@@ -156,17 +165,34 @@ class BaselinePredictor:
         dist = self.markov_wb_distribution(history)
         if dist is None:
             return None
-        return dist.get(actual, dist["\0unseen"])
+        return dist.get(actual, dist[UNSEEN])
 
     def markov_wb(self, history: Sequence[str]) -> str | None:
         """Top-1 next agent of the Witten–Bell mixture (END and the unseen mass excluded)."""
         dist = self.markov_wb_distribution(history)
         return None if dist is None else self.markov_wb_from(dist)
 
+    def distribution(self, name: str, history: Sequence[str]) -> dict[str, float] | None:
+        """``{symbol: p}`` of baseline ``name`` (one of :data:`MARKOV_BASELINES`) over the
+        training symbols (END included) and :data:`UNSEEN` (the probability it gives an agent
+        never seen in training), each the value its ``*_probability`` method gives that symbol:
+        what ``profiler eval`` scores. None where the profile lacks the counts."""
+        if name == "markov_wb":
+            return self.markov_wb_distribution(history)
+        prob = {"markov1": self.markov1_probability, "markov_vo": self.markov_vo_probability}[name]
+        if prob(history, END) is None:
+            return None
+        return {y: prob(history, y) for y in (*sorted(self.vocab), UNSEEN)}
+
+    def top1(self, name: str, history: Sequence[str]) -> str | None:
+        """Baseline ``name``'s top-1 next agent (what ``profiler eval`` scores)."""
+        return {"markov1": self.markov1, "markov_vo": self.markov_vo,
+                "markov_wb": self.markov_wb}[name](history)
+
     @staticmethod
     def markov_wb_from(dist: dict[str, float]) -> str | None:
         """The top-1 of a :meth:`markov_wb_distribution`."""
-        return _argmax({y: p for y, p in dist.items() if y != "\0unseen"})
+        return _argmax({y: p for y, p in dist.items() if y != UNSEEN})
 
     def markov1(self, history: Sequence[str]) -> str | None:
         prev = history[-1] if history else START

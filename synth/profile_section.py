@@ -41,6 +41,7 @@ from synth.fit import DEFAULT_ALPHA, DEFAULT_PRUNE, fit_sequences
 from synth.prompts import evaluate_templates, load_text_workflows
 from synth.regex_synth import LOOP_QUANTILES
 from synth.remaining import RemainingWork
+from synth.next_select import ROLLING_BUCKETS
 from synth.sequence_select import FORWARD_SHARE, is_position_median, select_remaining
 from synth.sequences import (has_stage_variation, has_tool_variation,
                              load_sequence_groups, load_sequences, sampled_agent_counts,
@@ -61,30 +62,49 @@ EVAL_PROMPT_WORKFLOWS = 1000
 def _late_flag_sql(con: duckdb.DuckDBPyConnection) -> str:
     """SQL over a ``calls`` row: ``'L'`` when the call starts at or after the cut of its type's
     last :data:`FORWARD_SHARE` of workflows by start time (read on a workflow's first call: its
-    start), else ``'E'``. The cut of a type is the start of its ``⌈share·n⌉``-th latest
-    workflow (workflows starting together fall on the same side)."""
+    start), else ``'E'``; then the digit of its start-time slice, 0 to
+    :data:`synth.next_select.ROLLING_BUCKETS` − 1 (the rolling origins of
+    :func:`synth.next_select.select_served`). The cut of a type is the start of its
+    ``⌈share·n⌉``-th latest workflow; slice k starts at the ``⌊k·n/B⌋ + 1``-th earliest
+    (workflows starting together fall on the same side of every cut)."""
     cuts = con.execute(
-        "SELECT workflow_type_id, max(s) FILTER (WHERE r = greatest(1, CAST(ceil($share * n) AS BIGINT))) "
+        "SELECT workflow_type_id, max(s) FILTER (WHERE r = greatest(1, CAST(ceil($share * n) AS BIGINT))), "
+        "list(s ORDER BY s) "
         "FROM (SELECT workflow_type_id, s, row_number() OVER (PARTITION BY workflow_type_id "
         "ORDER BY s DESC, workflow_id DESC) AS r, count(*) OVER (PARTITION BY workflow_type_id) AS n "
         "FROM (SELECT workflow_type_id, workflow_id, min(t_arrival) AS s FROM calls "
         "GROUP BY ALL)) GROUP BY ALL ORDER BY 1", {"share": FORWARD_SHARE}).fetchall()
     if not cuts:
-        return "'E'"
-    whens = " ".join(f"WHEN {sql_string(wt)} THEN {float(cut)!r}" for wt, cut in cuts
-                     if cut is not None)
-    return f"CASE WHEN t_arrival >= (CASE workflow_type_id {whens} END) THEN 'L' ELSE 'E' END"
+        return "'E0'"
+    late = " ".join(f"WHEN {sql_string(wt)} THEN {float(cut)!r}" for wt, cut, _ in cuts
+                    if cut is not None)
+    slices = []
+    for wt, _, starts in cuts:
+        n = len(starts)
+        bounds = [float(starts[k * n // ROLLING_BUCKETS]) for k in range(1, ROLLING_BUCKETS)]
+        slices.append(f"WHEN {sql_string(wt)} THEN "
+                      + " + ".join(f"(t_arrival >= {b!r})::INT" for b in bounds))
+    return (f"(CASE WHEN t_arrival >= (CASE workflow_type_id {late} END) THEN 'L' ELSE 'E' END"
+            f" || CAST(CASE workflow_type_id {' '.join(slices)} ELSE 0 END AS VARCHAR))")
 
 
 def _split_late(mixed: list[dict[str, int]] | None, grouped: bool
-                ) -> tuple[list[dict[str, int]] | None, list[int] | None]:
-    """Per path, its ``--group-by`` groups' counts (None without ``--group-by``) and how many of
-    its workflows are in the time-ordered slice, from group keys ``flag[SEP group]``."""
+                ) -> tuple[list[dict[str, int]] | None, list[int] | None, list[dict[int, int]] | None]:
+    """Per path, its ``--group-by`` groups' counts (None without ``--group-by``), how many of
+    its workflows are in the time-ordered slice and how many fall in each start-time slice,
+    from group keys ``flag digit[SEP group]``."""
     if mixed is None:
-        return None, None
+        return None, None, None
     late = [sum(k for g, k in m.items() if g.startswith("L")) for m in mixed]
+    buckets = []
+    for m in mixed:
+        out_b: dict[int, int] = {}
+        for g, k in m.items():
+            b = int(g.split(_LATE_SEP, 1)[0][1:])
+            out_b[b] = out_b.get(b, 0) + k
+        buckets.append(out_b)
     if not grouped:
-        return None, late
+        return None, late, buckets
     groups = []
     for m in mixed:
         out: dict[str, int] = {}
@@ -92,7 +112,7 @@ def _split_late(mixed: list[dict[str, int]] | None, grouped: bool
             name = g.split(_LATE_SEP, 1)[1]
             out[name] = out.get(name, 0) + k
         groups.append(out)
-    return groups, late
+    return groups, late, buckets
 
 
 def agent_timings(con: duckdb.DuckDBPyConnection, alphabet: str = "agent"
@@ -136,12 +156,13 @@ def build_workflows_section(con: duckdb.DuckDBPyConnection, options: dict[str, A
                 else None)
 
     def load(wt: str | None, alphabet: str, limit: int | None) -> dict:
-        """Distinct paths, counts, (with ``--group-by``) their groups' counts and how many
-        of each path's workflows are in the time-ordered validation slice (or None)."""
+        """Distinct paths, counts, (with ``--group-by``) their groups' counts, how many of
+        each path's workflows are in the time-ordered validation slice and in each start-time
+        slice (or None, None)."""
         if late_sql is None:
             rows = load_sequence_groups(con, group, wt, alphabet=alphabet, max_workflows=limit,
                                         seed=seed)
-            return {t: (*r, None) for t, r in rows.items()}
+            return {t: (*r, None, None) for t, r in rows.items()}
         both = (late_sql if group is None
                 else f"{late_sql} || {sql_string(_LATE_SEP)} || {group}")
         rows = load_sequence_groups(con, both, wt, alphabet=alphabet, max_workflows=limit,
@@ -158,11 +179,11 @@ def build_workflows_section(con: duckdb.DuckDBPyConnection, options: dict[str, A
         text = load_text_workflows(con, wt, max_workflows=prompt_workflows)
         contexts, alphabet = None, alphabets[wt]
         if alphabet == "agent":
-            sequences, counts, groups, forward = loaded
+            sequences, counts, groups, forward, buckets = loaded
         else:
             # some responses call tools (several agents), or some agent runs in several
             # stages: offer the marked contexts
-            marked, counts, groups, forward = load(
+            marked, counts, groups, forward, buckets = load(
                 wt, alphabet, max_workflows if max_workflows > 0 else None)[wt]
             contexts = [q.calls for q in marked]
             sequences = [unmarked(q) for q in marked]
@@ -171,7 +192,8 @@ def build_workflows_section(con: duckdb.DuckDBPyConnection, options: dict[str, A
             alpha=DEFAULT_ALPHA if alpha is None else float(alpha),
             prune=DEFAULT_PRUNE if prune is None else float(prune),
             loop_quantiles=quantiles, text_workflows=text or None, counts=counts,
-            contexts=contexts, context_alphabet=alphabet, groups=groups, forward=forward)
+            contexts=contexts, context_alphabet=alphabet, groups=groups, forward=forward,
+            time_slices=buckets)
         if section.get("remaining_model") and len({a for q in sequences for a in q.calls}) == 1:
             tool_remaining(con, wt, section, tool_timings, max_workflows, seed, group)
         section["training_sample"] = {

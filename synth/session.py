@@ -11,6 +11,8 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
+from synth.markov_baselines import VO_ORDER, BaselinePredictor
+from synth.next_served import MIN_NEXT_P, baseline_of, candidate_vector, ranked
 from synth.remaining import RemainingWork
 from synth.vomm import FAMILY_PARTS, VariableOrderMarkov, project
 
@@ -18,9 +20,10 @@ from synth.vomm import FAMILY_PARTS, VariableOrderMarkov, project
 PathState = int
 #: Context predictions cached per workflow type (cleared when full).
 PREDICT_CACHE = 8192
-#: Next agents listed in a prediction (most probable first) and their smallest probability.
+#: Next agents listed in a prediction (most probable first; the smallest probability listed
+#: is :data:`synth.next_served.MIN_NEXT_P`).
 MAX_NEXT_AGENTS = 10
-MIN_NEXT_P = 1e-3
+__all__ = ["WorkflowPaths", "PathState", "MAX_NEXT_AGENTS", "MIN_NEXT_P"]
 
 
 class WorkflowPaths:
@@ -58,6 +61,16 @@ class WorkflowPaths:
         #: (each call's agent with its stage, :func:`synth.vomm.stage_symbol`) or
         #: "agent_stage_tool" (both).
         self.context_alphabet: str = (model or {}).get("context", "agent")
+        #: The next-agent candidate served (:mod:`synth.next_served`): "ours" (the model
+        #: above), a Markov baseline ("markov1", "markov_vo", "markov_wb") or a blend of ours
+        #: with "markov_wb" ("blend_<weight of ours>"); chosen forward in time at fit time.
+        self.served_next: str = ((model or {}).get("served") or {}).get("candidate", "ours")
+        self._base: BaselinePredictor | None = None
+        if self.served_next != "ours":
+            if section.get("baselines"):
+                self._base = BaselinePredictor(section["baselines"])
+            else:
+                self.served_next = "ours"
         remaining = section.get("remaining_model")
         self.remaining: RemainingWork | None = (
             RemainingWork.from_dict(remaining) if remaining else None)
@@ -136,6 +149,9 @@ class WorkflowPaths:
         orders = [0]
         if self.vomm is not None:
             orders.append(self.vomm.max_order)
+            base = baseline_of(self.served_next)
+            if base is not None:   # the baseline served reads the last agents too
+                orders.append(1 if base == "markov1" else VO_ORDER)
         if self.remaining is not None:
             orders.append(self.remaining.order)
         return max(orders)
@@ -191,13 +207,12 @@ class WorkflowPaths:
         out = self._predict_cache.get(key)
         if out is not None:
             return out
-        p = self._next_vector(state, ctx)
+        vec = self._served_vector(state, ctx, tail, novel_slot=False)
         auto = self.estimates(state) if state is not None else None
-        ranked = sorted(((a, float(q)) for a, q in zip(self.vomm.vocab_[:-1], p[:-1])
-                         if q >= MIN_NEXT_P), key=lambda aq: (-aq[1], aq[0]))
+        listed = ranked(self.served_next, vec, self.vomm.vocab_, self._base, tail)
         out = {"next_agents": [{"agent_id": a, "p": round(q, 6)}
-                               for a, q in ranked[:MAX_NEXT_AGENTS]],
-               "p_end": round(float(p[-1]), 6), "on_path": state is not None}
+                               for a, q in listed[:MAX_NEXT_AGENTS]],
+               "p_end": round(float(vec[-2]), 6), "on_path": state is not None}
         if self.remaining is not None and n_calls > 0:
             rem = self.remaining.predict(rem_tail, n_calls - 1)
             out["expected_remaining_calls"] = rem["mean"]
@@ -217,6 +232,19 @@ class WorkflowPaths:
             self._predict_cache.clear()
         self._predict_cache[key] = out
         return out
+
+    def _served_vector(self, state: PathState | None, ctx: Sequence[str],
+                       history: Sequence[str], novel_slot: bool = True) -> np.ndarray:
+        """The served candidate's probabilities over ``vomm.vocab_`` (END last) and, last, of
+        an agent never seen (:func:`synth.next_served.candidate_vector`): ``ctx`` is what our
+        model reads, ``history`` the plain agents the baselines read. ``novel_slot`` False: our
+        part of the last slot is left 0 (the agents' probabilities do not depend on it)."""
+        p = self._next_vector(state, ctx)
+        novel = 0.0
+        if novel_slot and (self.served_next == "ours" or self.served_next.startswith("blend_")):
+            weight = 1.0 if state is None else min(self.mixture, 1.0)
+            novel = weight * self.vomm.novel_probability(ctx)
+        return candidate_vector(self.served_next, p, novel, self.vomm.vocab_, self._base, history)
 
     def _next_vector(self, state: PathState | None, tail: Sequence[str]) -> np.ndarray:
         """Next-symbol probabilities over ``vomm.vocab_`` (END last), mixed with the
@@ -238,16 +266,14 @@ class WorkflowPaths:
         """Probability that ``symbol`` (an agent, or :data:`synth.vomm.END`) comes next
         after ``history`` (the whole session so far, or its last :meth:`context_order`;
         ``context``: its context symbols, as in :meth:`predict_at`)."""
-        i = self.vomm.index_of(symbol)
         order = self.context_order()
+        plain = tuple(history[len(history) - order:]) if len(history) > order else tuple(history)
+        tail = plain
         if context is not None and self.context_alphabet != "agent":
             tail = self._read(context, self.context_alphabet, order)
-        else:
-            tail = tuple(history[len(history) - order:]) if len(history) > order else tuple(history)
-        if i is None:  # never seen in training: the mass the model keeps for a novel symbol
-            weight = 1.0 if state is None else min(self.mixture, 1.0)
-            return weight * self.vomm.novel_probability(tail)
-        return float(self._next_vector(state, tail)[i])
+        vec = self._served_vector(state, tail, plain)
+        i = self.vomm.index_of(symbol)
+        return float(vec[-1] if i is None else vec[i])
 
     # -- fleet view -------------------------------------------------------------------------
     def _projection(self, horizon: int) -> np.ndarray:

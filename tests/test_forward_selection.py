@@ -4,6 +4,7 @@ rest (``synth.sequence_select``, ``profiler fit``'s forward_validation key)."""
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -113,8 +114,11 @@ def test_the_store_marks_the_latest_fifth_by_start_time(tmp_path: Path):
     con = connect(None)
     ingest.ingest(con, [log])
     seqs, counts, mixed = load_sequence_groups(con, _late_flag_sql(con))["app"]
-    groups, late = _split_late(mixed, grouped=False)
+    groups, late, slices = _split_late(mixed, grouped=False)
     assert groups is None and sum(late) == 2 == sum(counts) - 8
+    # five start-time slices of two workflows each, the last one the late fifth
+    assert sum((m for m in slices), Counter()) == {b: 2 for b in range(5)}
+    assert all(m.get(4, 0) == k for m, k in zip(slices, late))
     # the two late ones are the last two tasks started
     paths = task_paths(10, 4)
     late_of = {s.calls: k for s, k in zip(seqs, late)}
@@ -138,3 +142,6 @@ def test_fit_is_deterministic_and_can_be_switched_off(tmp_path: Path):
     assert "forward" in sections[0]["remaining_model"]["selection"]
     off = sections[2]["sequence_model"]["selection"]
     assert "forward" not in off and "forward" not in sections[2]["remaining_model"]["selection"]
+    # the served next-agent candidate: chosen on rolling origins, ours without start times
+    assert sections[0]["sequence_model"]["served"]["test_workflows"] == 60
+    assert sections[2]["sequence_model"]["served"] == {"candidate": "ours", "reason": "no start times"}
