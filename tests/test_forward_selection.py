@@ -117,7 +117,7 @@ def test_the_store_marks_the_latest_fifth_by_start_time(tmp_path: Path):
     groups, late, slices = _split_late(mixed, grouped=False)
     assert groups is None and sum(late) == 2 == sum(counts) - 8
     # five start-time slices of two workflows each, the last one the late fifth
-    assert sum((m for m in slices), Counter()) == {b: 2 for b in range(5)}
+    assert sum((Counter(m) for m in slices), Counter()) == {b: 2 for b in range(5)}
     assert all(m.get(4, 0) == k for m, k in zip(slices, late))
     # the two late ones are the last two tasks started
     paths = task_paths(10, 4)

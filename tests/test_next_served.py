@@ -130,12 +130,15 @@ def test_the_rule_takes_the_simplest_behind_no_other():
 def test_when_the_figures_disagree_the_blend_of_least_log_loss_serves():
     n = 40
     w, events = np.ones(n), np.full(n, 10.0)
-    # markov_vo best on log-loss, ours best on top-1: every candidate behind another
+    # markov_vo best on log-loss, ours best on top-1: every candidate behind another; of the
+    # blends of ours and markov_wb (both ends included) markov_wb has the least log-loss
     ll = {**{c: 5.0 for c in CANDIDATES}, "markov_vo": 2.0, "markov_wb": 4.0,
           "blend_0.25": 4.2, "blend_0.5": 4.5, "blend_0.75": 4.8, "ours": 5.0}
     top = {**{c: 5.0 for c in CANDIDATES}, "ours": 8.0, "blend_0.75": 8.0}
     out = _choose(_rows(n, ll, 0.1), _rows(n, top, 0.1, 1), w, events)
     assert out["behind_none"] == [] and out["candidate"] == "markov_wb"
+    ll["blend_0.5"] = 3.9
+    assert _choose(_rows(n, ll, 0.1), _rows(n, top, 0.1, 1), w, events)["candidate"] == "blend_0.5"
 
 
 def test_too_few_workflows_forward_serve_ours():
