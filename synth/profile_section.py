@@ -289,6 +289,8 @@ def evaluate_workflows(profile: Any, con: duckdb.DuckDBPyConnection) -> dict:
         scores = score_sequences(section, sequences, paths, tools=tools, contexts=contexts)
         total.add(scores)
         by_type[wt] = {"known": True, "regex": section.get("regex"), **scores.summary()}
+        if paths.has_sequence_model:   # the next-agent candidate served (synth.next_served)
+            by_type[wt]["next_agent"]["served"] = paths.served_next
         templates = (section.get("prompt_composition") or {}).get("template_parts")
         if templates:
             text = load_text_workflows(con, wt, max_workflows=EVAL_PROMPT_WORKFLOWS)
