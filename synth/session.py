@@ -12,7 +12,7 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from synth.markov_baselines import VO_ORDER, BaselinePredictor
-from synth.next_served import MIN_NEXT_P, baseline_of, candidate_vector, ranked
+from synth.next_served import baseline_of, candidate_vector, ranked
 from synth.remaining import RemainingWork
 from synth.vomm import FAMILY_PARTS, VariableOrderMarkov, project
 
@@ -23,7 +23,6 @@ PREDICT_CACHE = 8192
 #: Next agents listed in a prediction (most probable first; the smallest probability listed
 #: is :data:`synth.next_served.MIN_NEXT_P`).
 MAX_NEXT_AGENTS = 10
-__all__ = ["WorkflowPaths", "PathState", "MAX_NEXT_AGENTS", "MIN_NEXT_P"]
 
 
 class WorkflowPaths:
