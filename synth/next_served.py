@@ -10,8 +10,10 @@ scores it against — ``markov1``, ``markov_vo``, ``markov_wb``, computed by
 ``w·ours + (1 − w)·markov_wb`` (:data:`BLEND_WEIGHTS`): a blend's log-loss is never much worse
 than either part's. Each candidate is a distribution over the training symbols (END included)
 plus the mass of an agent never seen (:func:`candidate_vector`); its top-1 is its most probable
-agent (:func:`ranked`). :class:`synth.session.WorkflowPaths` serves the chosen one, so
-``profiler eval`` scores exactly what the ``Predictor`` serves.
+agent (:func:`ranked`). :class:`synth.session.WorkflowPaths` serves the chosen one's next
+agents and their probabilities, so ``profiler eval`` scores exactly what the ``Predictor``
+serves; the annotation's ``p_end`` stays ours (the session-end rule and keep/drop were tuned on
+it, and eval scores the next agent after every call but the last).
 
 The candidates in :data:`CANDIDATES` are listed simplest first: the three baselines, then the
 blends from the most baseline to the most ours, then ours (the order

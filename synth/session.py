@@ -169,7 +169,9 @@ class WorkflowPaths:
 
         With a sequence model (sections fitted with selection): ``next_agents`` and ``p_end``
         from the variable-order model, mixed with the automaton's while on it
-        (``p = λ·p_vomm + (1 − λ)·p_pfa``, λ chosen by validation); remaining calls from the
+        (``p = λ·p_vomm + (1 − λ)·p_pfa``, λ chosen by validation) — ``next_agents`` as the
+        served candidate (:attr:`served_next`: ours, a Markov baseline or a blend) gives them,
+        ``p_end`` always ours (the session-end rule and keep/drop read it); remaining calls from the
         context model: ``expected_remaining_calls`` (mean), ``remaining_calls_p50`` /
         ``remaining_calls_p90``; ``expected_remaining_s`` and ``expected_distance`` from the
         automaton while on it, else the context model's mean seconds and ``{}``. Without a
@@ -206,12 +208,15 @@ class WorkflowPaths:
         out = self._predict_cache.get(key)
         if out is not None:
             return out
-        vec = self._served_vector(state, ctx, tail, novel_slot=False)
+        p = self._next_vector(state, ctx)
+        # the agents as the served candidate ranks them (our part of the novel slot unused);
+        # p_end stays ours: the session-end rule and keep/drop read it
+        vec = candidate_vector(self.served_next, p, 0.0, self.vomm.vocab_, self._base, tail)
         auto = self.estimates(state) if state is not None else None
         listed = ranked(self.served_next, vec, self.vomm.vocab_, self._base, tail)
         out = {"next_agents": [{"agent_id": a, "p": round(q, 6)}
                                for a, q in listed[:MAX_NEXT_AGENTS]],
-               "p_end": round(float(vec[-2]), 6), "on_path": state is not None}
+               "p_end": round(float(p[-1]), 6), "on_path": state is not None}
         if self.remaining is not None and n_calls > 0:
             rem = self.remaining.predict(rem_tail, n_calls - 1)
             out["expected_remaining_calls"] = rem["mean"]
@@ -233,14 +238,13 @@ class WorkflowPaths:
         return out
 
     def _served_vector(self, state: PathState | None, ctx: Sequence[str],
-                       history: Sequence[str], novel_slot: bool = True) -> np.ndarray:
+                       history: Sequence[str]) -> np.ndarray:
         """The served candidate's probabilities over ``vomm.vocab_`` (END last) and, last, of
         an agent never seen (:func:`synth.next_served.candidate_vector`): ``ctx`` is what our
-        model reads, ``history`` the plain agents the baselines read. ``novel_slot`` False: our
-        part of the last slot is left 0 (the agents' probabilities do not depend on it)."""
+        model reads, ``history`` the plain agents the baselines read."""
         p = self._next_vector(state, ctx)
         novel = 0.0
-        if novel_slot and (self.served_next == "ours" or self.served_next.startswith("blend_")):
+        if self.served_next == "ours" or self.served_next.startswith("blend_"):
             weight = 1.0 if state is None else min(self.mixture, 1.0)
             novel = weight * self.vomm.novel_probability(ctx)
         return candidate_vector(self.served_next, p, novel, self.vomm.vocab_, self._base, history)
