@@ -286,3 +286,91 @@ def fit_baselines(g: pd.DataFrame) -> dict[str, Any]:
     pos_median = {str(int(b)): float(v) for b, v in g.groupby("bucket")["R"].median().items()}
     mrl = {str(int(i)): float(v) for i, v in g.groupby("i")["R"].mean().items()}
     return {"position_median": pos_median, "mrl": mrl}
+
+
+# ----------------------------------------------------- the ranking figure (C-index)
+#: Other active sessions each held-out call is compared with (sampled, seeded).
+PAIRS_PER_CALL = 20
+#: Fewer concurrent pairs than this (logs of runs done one at a time): pair on aligned starts.
+MIN_PAIRS = 100
+
+def concordance_pairs(preds: dict[str, np.ndarray], truth: np.ndarray, wf_code: np.ndarray,
+                      t_arrival: np.ndarray, wf_end: np.ndarray,
+                      seed: int = 0) -> dict[str, tuple[float | None, int, dict[str, np.ndarray]]]:
+    """:func:`concordance` with its pairs: ``(C, pairs, {"a", "b", "score"})`` per name, ``a`` and
+    ``b`` the two sessions (``wf_code``) of every scored pair and ``score`` its 0, ½ or 1 (what
+    :func:`jackknife_diff` needs)."""
+    rng = np.random.default_rng(seed)
+    order = np.argsort(t_arrival, kind="stable")
+    latest: dict[int, int] = {}            # session -> row of its latest call so far
+    pairs_a: list[int] = []
+    pairs_b: list[int] = []
+    for row in order:
+        t, wf = t_arrival[row], wf_code[row]
+        latest[wf] = row
+        latest = {w: r for w, r in latest.items() if wf_end[w] >= t}   # finished sessions leave
+        others = [w for w in latest if w != wf]
+        if len(others) > PAIRS_PER_CALL:
+            others = list(rng.choice(others, PAIRS_PER_CALL, replace=False))
+        pairs_a.extend([row] * len(others))
+        pairs_b.extend(latest[w] for w in others)
+    a, b = np.array(pairs_a, dtype=int), np.array(pairs_b, dtype=int)
+    out: dict[str, tuple[float | None, int, dict[str, np.ndarray]]] = {}
+    empty = {"a": np.zeros(0, dtype=int), "b": np.zeros(0, dtype=int), "score": np.zeros(0)}
+    for name, p in preds.items():
+        if len(a) == 0:
+            out[name] = (None, 0, empty)
+            continue
+        ok = ~np.isnan(p[a]) & ~np.isnan(p[b]) & (truth[a] != truth[b])
+        if not ok.any():
+            out[name] = (None, 0, empty)
+            continue
+        sign_true = np.sign(truth[a][ok] - truth[b][ok])
+        sign_pred = np.sign(p[a][ok] - p[b][ok])
+        score = np.where(sign_pred == 0, 0.5, (sign_pred == sign_true).astype(float))
+        out[name] = (float(score.mean()), int(ok.sum()),
+                     {"a": wf_code[a[ok]], "b": wf_code[b[ok]], "score": score})
+    return out
+
+
+def jackknife_diff(ours: dict[str, np.ndarray], other: dict[str, np.ndarray],
+                   n_sessions: int) -> tuple[float, float] | None:
+    """``(C_ours − C_other, its standard error)``, the error by the delete-one-session jackknife:
+    every held-out session (workflow) is left out in turn with all the pairs it is in, both
+    C-indices recomputed, and ``se² = (W−1)/W · Σ_w (D_−w − D̄)²`` over the ``W`` sessions in a
+    pair. Pairs that share a session are not independent; the jackknife over sessions accounts
+    for that, where a binomial error over pairs would be far too small. None without pairs."""
+    def loo(pairs: dict[str, np.ndarray]) -> tuple[float, np.ndarray]:
+        score, a, b = pairs["score"], pairs["a"], pairs["b"]
+        total, n = float(score.sum()), float(len(score))
+        s_w = np.bincount(a, score, n_sessions) + np.bincount(b, score, n_sessions)
+        n_w = np.bincount(a, minlength=n_sessions) + np.bincount(b, minlength=n_sessions)
+        left = n - n_w
+        return total / n, np.where(left > 0, (total - s_w) / np.maximum(left, 1), np.nan)
+    if len(ours["score"]) == 0 or len(other["score"]) == 0:
+        return None
+    c1, l1 = loo(ours)
+    c2, l2 = loo(other)
+    seen = np.zeros(n_sessions, dtype=bool)
+    for pairs in (ours, other):
+        seen[pairs["a"]] = seen[pairs["b"]] = True
+    d = (l1 - l2)[seen & ~np.isnan(l1) & ~np.isnan(l2)]
+    w = len(d)
+    if w < 2:
+        return c1 - c2, 0.0
+    return c1 - c2, float(np.sqrt((w - 1) / w * np.sum((d - d.mean()) ** 2)))
+
+
+def c_index_pairs(preds: dict[str, np.ndarray], truth: np.ndarray, wf_code: np.ndarray, t_arrival: np.ndarray,
+                  wf_end: np.ndarray, wf_start: np.ndarray, key: str,
+                  aligned: dict[str, np.ndarray] | None = None) -> tuple[dict[str, Any], str]:
+    """:func:`concordance_pairs` over pairs of sessions active at the same time; when ``key``'s
+    prediction has fewer than :data:`MIN_PAIRS` such pairs (sessions that never overlapped: runs
+    done one at a time), over pairs as if every session had started together (``aligned``
+    replaces predictions that change then). ``(C-indices, "concurrent" | "aligned_start")``."""
+    cidx = concordance_pairs(preds, truth, wf_code, t_arrival, wf_end)
+    if cidx[key][1] >= MIN_PAIRS:
+        return cidx, "concurrent"
+    start = wf_start[wf_code]
+    return (concordance_pairs({**preds, **(aligned or {})}, truth, wf_code, t_arrival - start, wf_end - wf_start),
+            "aligned_start")
