@@ -108,7 +108,7 @@ class FitOptions:
 
 #: Columns of ``calls`` the output-length model is fit and scored on.
 CALL_COLUMNS = ("workflow_type_id", "workflow_id", "agent_id", "input_tokens", "output_tokens",
-                "prev_agent_output_tokens", "agent_call_index", "t_arrival")
+                "prev_agent_output_tokens", "agent_call_index", "t_arrival", "t_finish")
 
 
 #: Calls whose token counts the source did not hold (``tokens_unknown: true``, log-format extra
@@ -345,7 +345,8 @@ def fit_from_store(con: duckdb.DuckDBPyConnection, options: FitOptions,
                                conditional=options.conditional, max_output_tokens=options.max_output_tokens,
                                random_state=options.seed).fit(sized)
     progress("remaining output tokens per session (CV by workflow)")
-    rt = RemainingTokens(random_state=options.seed).fit(sized)
+    rt = RemainingTokens(random_state=options.seed,
+                         **({} if options.forward_validation else {"forward_origins": ()})).fit(sized)
     progress("time models (tool latency, idle-gap keep-alive TTLs)")
     times = time_sections(con, options)
     order_only = times["limitations"]["timing"] == "order_only"

@@ -30,7 +30,9 @@ import numpy as np
 import pandas as pd
 from sklearn.base import BaseEstimator
 
-from predictors.served import MAX_AGENT_CALLS, MAX_ELAPSED_BUCKET, RemainingTokensTable, tie_broken
+from predictors.band_selection import FORWARD_ORIGINS
+from predictors.served import (BASELINE_KEYS, MAX_AGENT_CALLS, MAX_ELAPSED_BUCKET, RemainingTokensTable,
+                               baseline_figures, tie_broken)
 from store.folds import group_folds, paired_se
 
 #: Candidate session factors ``(β, κ)``; ``(0, 0)`` is "no factor".
@@ -40,6 +42,11 @@ FACTORS = ((0.0, 0.0), (0.5, 1.0), (0.5, 4.0), (1.0, 1.0), (1.0, 4.0), (1.0, 16.
 #: call index (calls done → residual work of the workflows that ran that long: the ``mrl`` key).
 LEVELS = ("position", "agent", "agent_calls", "elapsed", "index")
 POINTS = ("p50", "mean")
+#: What the forward rule compares, simplest first: the two naive baselines as ``profiler eval``
+#: scores them, then the cross-validated candidate (ties broken by calls done → mean residual life).
+FORWARD_CANDIDATES = ("position_median", "mrl", "fitted")
+#: Fewest training workflows of a type for the forward rule (fewer: the cross-validated choice).
+FORWARD_MIN_WORKFLOWS = 20
 
 
 def session_frame(calls: pd.DataFrame) -> pd.DataFrame:
@@ -50,7 +57,7 @@ def session_frame(calls: pd.DataFrame) -> pd.DataFrame:
     within each workflow (:func:`fitting.profile_fit.ok_calls`); its ``group_id`` column, when
     there is one, is kept (the selection folds keep a group's workflows together)."""
     cols = ["workflow_type_id", "workflow_id", "agent_id", "output_tokens"]
-    df = calls[cols + [c for c in ("t_arrival", "group_id") if c in calls]].copy()
+    df = calls[cols + [c for c in ("t_arrival", "t_finish", "group_id") if c in calls]].copy()
     df["output_tokens"] = df["output_tokens"].astype(float).clip(lower=0)
     g = df.groupby(["workflow_type_id", "workflow_id"], sort=False)["output_tokens"]
     df["i"] = g.cumcount()
@@ -188,17 +195,21 @@ class RemainingTokens(RemainingTokensTable, BaseEstimator):
     max_select_workflows : the selection's cross-validation runs on at most this many workflows
         of a type (a seeded sample; thousands of workflows decide between these few candidates
         as well as millions do); the served table is fit on every workflow.
+    forward_origins : rolling origins (shares of a type's workflows by start time) of the forward
+        rule (:meth:`_forward`; needs ``t_arrival``); empty: the cross-validated choice serves.
 
     Fitted attributes: ``workflow_types_`` (type → table entry), ``params_`` (type → chosen
     candidate), ``selection_`` (type → CV errors per candidate), ``baselines_``.
     """
 
     def __init__(self, cv_folds: int = 5, min_n: int = 5, random_state: int = 0,
-                 max_select_workflows: int = 2000) -> None:
+                 max_select_workflows: int = 2000,
+                 forward_origins: tuple[float, ...] = FORWARD_ORIGINS) -> None:
         self.cv_folds = cv_folds
         self.min_n = min_n
         self.random_state = random_state
         self.max_select_workflows = max_select_workflows
+        self.forward_origins = forward_origins
 
     # ------------------------------------------------------------------ fit
     def fit(self, calls: pd.DataFrame) -> "RemainingTokens":
@@ -215,7 +226,13 @@ class RemainingTokens(RemainingTokensTable, BaseEstimator):
             entry = fit_type_table(g, self.min_n)
             params, self.selection_[str(wt)] = self._select(g)
             # equal figures ordered by calls done → mean residual life (the exact-index keys)
-            self.params_[str(wt)] = {**params, "tie_break": "index"}
+            params = {**params, "tie_break": "index"}
+            forward = self._forward(g, params)
+            if forward is not None:
+                self.selection_[str(wt)]["forward"] = forward
+                if forward["served"] != "fitted":     # a naive baseline ranks as well forward in time
+                    params = {"level": "baseline", "baseline": forward["served"]}
+            self.params_[str(wt)] = params
             self.workflow_types_[str(wt)] = entry
             self.baselines_[str(wt)] = fit_baselines(g)
         RemainingTokensTable.__init__(self, self.to_dict())
@@ -273,6 +290,80 @@ class RemainingTokens(RemainingTokensTable, BaseEstimator):
             "best": cands[best], "paired_se": se,
             "se_over": f"{len(clusters)} groups" if clusters is not None else f"{len(diff)} workflows",
             "rule": "best if it beats the simplest by more than one standard error"}
+
+    def _forward(self, g: pd.DataFrame, fitted: dict[str, Any]) -> dict[str, Any] | None:
+        """The served candidate among :data:`FORWARD_CANDIDATES`, scored forward in time.
+
+        Rolling origin on the training side: at each origin (a share of the type's workflows by
+        start time, :attr:`forward_origins`) the table and the baselines are fit on the
+        workflows started before it (the cross-validated level, point and factor kept) and rank
+        the workflows up to the next origin (the last block: up to the newest). The figure is the
+        C-index over pairs of sessions active at the same time, as ``profiler eval`` scores it
+        (:func:`c_index_pairs`), not the log error the cross-validation minimises: the priority
+        policy ranks waiting sessions by this figure, and a candidate closer in log error can
+        order them worse. The pairs of all blocks are pooled; the difference of two candidates
+        has the delete-one-session jackknife error (:func:`jackknife_diff`). The cross-validated
+        candidate serves unless it is behind the forward best beyond one standard error; then the
+        simplest baseline within one standard error of the best (the cross-validation already kept
+        the richer candidate only where it beat the position median beyond noise, and serving the
+        simpler one on every forward tie gave up that gain where the futures confirmed it:
+        docs/workflow-paths.md). ``{served, workflows, blocks, pairing,
+        c_index: {candidate: C}, vs_best: {candidate: [C − C_best, se]}}``; None without
+        arrival times, origins or :data:`FORWARD_MIN_WORKFLOWS` workflows."""
+        if not self.forward_origins or "t_arrival" not in g or g["t_arrival"].isna().any():
+            return None
+        starts = g.groupby("workflow_id", sort=False)["t_arrival"].min()
+        n_wf = len(starts)
+        if n_wf < FORWARD_MIN_WORKFLOWS:
+            return None
+        if n_wf > self.max_select_workflows:     # a seeded sample over the whole span
+            keep = np.random.default_rng(self.random_state).choice(n_wf, self.max_select_workflows, replace=False)
+            starts = starts.iloc[np.sort(keep)]
+            g = g[g["workflow_id"].isin(set(starts.index))].reset_index(drop=True)
+            n_wf = len(starts)
+        order = pd.DataFrame({"wf": starts.index, "t": starts.to_numpy()}).sort_values(["t", "wf"], kind="stable")
+        rank = g["workflow_id"].map(pd.Series(np.arange(n_wf), index=order["wf"].to_numpy())).to_numpy()
+        cuts = sorted({int(round(f * n_wf)) for f in self.forward_origins} | {n_wf})
+        finish = g["t_finish"] if "t_finish" in g else g["t_arrival"]
+        pairs: dict[str, list[dict[str, np.ndarray]]] = {c: [] for c in FORWARD_CANDIDATES}
+        offset, blocks, pairing = 0, 0, set()
+        for lo, hi in zip(cuts[:-1], cuts[1:]):
+            if lo < 2 or hi <= lo:
+                continue
+            past, block = g[rank < lo], g[(rank >= lo) & (rank < hi)].reset_index(drop=True)
+            entry, base = fit_type_table(past, self.min_n), fit_baselines(past)
+            preds = {"fitted": predict_frame(entry, block, fitted["level"], fitted["point"], fitted["beta"],
+                                             fitted["kappa"], fitted.get("tie_break")),
+                     **{name: baseline_figures(base[name], block["bucket" if key == "bucket" else "i"].to_numpy())
+                        for name, key in BASELINE_KEYS.items()}}
+            wf_code = pd.factorize(block["workflow_id"])[0]
+            t = block["t_arrival"].to_numpy(dtype=float)
+            end = np.fmax(finish.to_numpy(dtype=float)[(rank >= lo) & (rank < hi)], t)
+            cidx, how = c_index_pairs(preds, block["R"].to_numpy(), wf_code, t,
+                                      pd.Series(end).groupby(wf_code).max().to_numpy(),
+                                      pd.Series(t).groupby(wf_code).min().to_numpy(), "fitted")
+            if not cidx["fitted"][1]:
+                continue
+            blocks += 1
+            pairing.add(how)
+            for c in FORWARD_CANDIDATES:
+                got = cidx[c][2]
+                pairs[c].append({"a": got["a"] + offset, "b": got["b"] + offset, "score": got["score"]})
+            offset += int(wf_code.max()) + 1
+        if not blocks:
+            return None
+        pooled = {c: {k: np.concatenate([p[k] for p in ps]) for k in ("a", "b", "score")} for c, ps in pairs.items()}
+        cs = {c: float(p["score"].mean()) if len(p["score"]) else float("nan") for c, p in pooled.items()}
+        best = max(FORWARD_CANDIDATES, key=lambda c: (cs[c], -FORWARD_CANDIDATES.index(c)))
+        vs = {c: list(jackknife_diff(pooled[c], pooled[best], offset) or (cs[c] - cs[best], 0.0))
+              for c in FORWARD_CANDIDATES}
+        ahead = [c for c in FORWARD_CANDIDATES if vs[c][0] >= -vs[c][1]]      # within one se of the best
+        served = "fitted" if "fitted" in ahead else ahead[0]
+        return {"served": served, "fitted": fitted, "workflows": int(n_wf), "blocks": blocks, "pairing": sorted(pairing),
+                "pairs": int(len(pooled["fitted"]["score"])), "metric": "C-index over concurrent sessions",
+                "c_index": cs, "vs_best": vs,
+                "rule": "fitted unless behind the best beyond one jackknife se; then the simplest "
+                        "(position median, mrl) within one se of the best"}
 
     # ------------------------------------------------------------- artifact
     def to_dict(self) -> dict[str, Any]:
