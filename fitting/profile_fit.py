@@ -73,7 +73,7 @@ class FitOptions:
     group_by: str | None = None                   # selection folds keep a group's workflows together
     group_pattern: str | None = None              # the part of ``group_by`` that names the group
     drift: bool = True                            # recency weighting of tool latency and idle gap
-    forward_validation: bool = True               # next-agent/remaining/keep-alive choices checked forward
+    forward_validation: bool = True               # next-agent/remaining/tokens ranking/keep-alive checked forward
     alergia_alpha: float = DEFAULT_ALPHA          # the workflow automaton's ALERGIA test level
     loop_quantiles: tuple[float, float] = LOOP_QUANTILES      # loop round bounds of the regexes
     prompt_workflows: int = DEFAULT_PROMPT_WORKFLOWS          # workflows per type mined for prompts
