@@ -302,7 +302,8 @@ class RemainingTokens(RemainingTokensTable, BaseEstimator):
         (:func:`c_index_pairs`), not the log error the cross-validation minimises: the priority
         policy ranks waiting sessions by this figure, and a candidate closer in log error can
         order them worse. The pairs of all blocks are pooled; the difference of two candidates
-        has the delete-one-session jackknife error (:func:`jackknife_diff`). The cross-validated
+        has the delete-one-session jackknife error (:func:`jackknife_diff`; delete-one-group with a
+        ``group_id``: a task's trials move together). The cross-validated
         candidate serves unless it is behind the forward best beyond one standard error; then the
         simplest baseline within one standard error of the best (the cross-validation already kept
         the richer candidate only where it beat the position median beyond noise, and serving the
@@ -325,20 +326,24 @@ class RemainingTokens(RemainingTokensTable, BaseEstimator):
         rank = g["workflow_id"].map(pd.Series(np.arange(n_wf), index=order["wf"].to_numpy())).to_numpy()
         cuts = sorted({int(round(f * n_wf)) for f in self.forward_origins} | {n_wf})
         finish = g["t_finish"] if "t_finish" in g else g["t_arrival"]
+        # the jackknife's unit: a workflow, or its group (a task's trials move together)
+        unit = pd.factorize(g["group_id"] if "group_id" in g else g["workflow_id"])[0]
         pairs: dict[str, list[dict[str, np.ndarray]]] = {c: [] for c in FORWARD_CANDIDATES}
-        offset, blocks, pairing = 0, 0, set()
+        blocks, pairing = 0, set()
         for lo, hi in zip(cuts[:-1], cuts[1:]):
             if lo < 2 or hi <= lo:
                 continue
-            past, block = g[rank < lo], g[(rank >= lo) & (rank < hi)].reset_index(drop=True)
+            rows = (rank >= lo) & (rank < hi)
+            past, block = g[rank < lo], g[rows].reset_index(drop=True)
             entry, base = fit_type_table(past, self.min_n), fit_baselines(past)
             preds = {"fitted": predict_frame(entry, block, fitted["level"], fitted["point"], fitted["beta"],
                                              fitted["kappa"], fitted.get("tie_break")),
                      **{name: baseline_figures(base[name], block["bucket" if key == "bucket" else "i"].to_numpy())
                         for name, key in BASELINE_KEYS.items()}}
             wf_code = pd.factorize(block["workflow_id"])[0]
+            wf_unit = pd.Series(unit[rows]).groupby(wf_code).first().to_numpy()
             t = block["t_arrival"].to_numpy(dtype=float)
-            end = np.fmax(finish.to_numpy(dtype=float)[(rank >= lo) & (rank < hi)], t)
+            end = np.fmax(finish.to_numpy(dtype=float)[rows], t)
             cidx, how = c_index_pairs(preds, block["R"].to_numpy(), wf_code, t,
                                       pd.Series(end).groupby(wf_code).max().to_numpy(),
                                       pd.Series(t).groupby(wf_code).min().to_numpy(), "fitted")
@@ -348,14 +353,13 @@ class RemainingTokens(RemainingTokensTable, BaseEstimator):
             pairing.add(how)
             for c in FORWARD_CANDIDATES:
                 got = cidx[c][2]
-                pairs[c].append({"a": got["a"] + offset, "b": got["b"] + offset, "score": got["score"]})
-            offset += int(wf_code.max()) + 1
+                pairs[c].append({"a": wf_unit[got["a"]], "b": wf_unit[got["b"]], "score": got["score"]})
         if not blocks:
             return None
         pooled = {c: {k: np.concatenate([p[k] for p in ps]) for k in ("a", "b", "score")} for c, ps in pairs.items()}
         cs = {c: float(p["score"].mean()) if len(p["score"]) else float("nan") for c, p in pooled.items()}
         best = max(FORWARD_CANDIDATES, key=lambda c: (cs[c], -FORWARD_CANDIDATES.index(c)))
-        vs = {c: list(jackknife_diff(pooled[c], pooled[best], offset) or (cs[c] - cs[best], 0.0))
+        vs = {c: list(jackknife_diff(pooled[c], pooled[best], int(unit.max()) + 1) or (cs[c] - cs[best], 0.0))
               for c in FORWARD_CANDIDATES}
         ahead = [c for c in FORWARD_CANDIDATES if vs[c][0] >= -vs[c][1]]      # within one se of the best
         served = "fitted" if "fitted" in ahead else ahead[0]

@@ -292,3 +292,16 @@ def test_fit_records_the_forward_figures_beside_the_cross_validated_choice():
     assert set(fw["c_index"]) == {"position_median", "mrl", "fitted"}
     assert fw["fitted"]["tie_break"] == "index"
     assert (m.params_["t"]["level"] == "baseline") == (fw["served"] != "fitted")
+
+
+def test_forward_rule_errors_count_a_tasks_trials_as_one_unit():
+    """With ``group_id`` (a task run in several workflows) the jackknife deletes whole groups:
+    two trials of one task are one piece of evidence, so the standard errors grow."""
+    g = timed_frame(60, 5, factor_lies=True)
+    twin = g.assign(workflow_id=g["workflow_id"] + "b", t_arrival=g["t_arrival"] + 0.5, t_finish=g["t_finish"] + 0.5)
+    both = pd.concat([g, twin]).sort_values(["workflow_id", "i"], kind="stable").reset_index(drop=True)
+    lying = {"level": "position", "point": "p50", "beta": 1.0, "kappa": 0.0, "tie_break": "index"}
+    alone = RemainingTokens()._forward(both, lying)
+    grouped = RemainingTokens()._forward(both.assign(group_id=both["workflow_id"].str.rstrip("b")), lying)
+    assert grouped["c_index"] == alone["c_index"]
+    assert grouped["vs_best"]["fitted"][1] > alone["vs_best"]["fitted"][1]
