@@ -17,7 +17,10 @@ scaled by a **session factor** ``r_i = ((S_i + κ·m̄) / (E_i + κ·m̄)) ** β
 so far against its agents' means; ``β = 0`` switches it off). Per workflow type the candidate is
 chosen by cross-validation by workflow with the one-standard-error rule against the position
 median. Selection, tie-breaking and the baselines written beside the model (``position_median``,
-``mrl``): docs/workflow-paths.md, "Remaining output tokens".
+``mrl``): docs/workflow-paths.md, "Remaining output tokens". The served candidate is then chosen
+among the cross-validated one and those two baselines by the ranking figure itself, the C-index
+over concurrent sessions, scored forward in time on the training side (:meth:`RemainingTokens._forward`;
+the C-index functions live here so that the fit and ``profiler eval`` score it alike).
 
 The serving half, :class:`predictors.served.RemainingTokensTable`, reads the section written by
 :meth:`RemainingTokens.to_dict` with numpy alone.
@@ -389,12 +392,16 @@ PAIRS_PER_CALL = 20
 #: Fewer concurrent pairs than this (logs of runs done one at a time): pair on aligned starts.
 MIN_PAIRS = 100
 
+
 def concordance_pairs(preds: dict[str, np.ndarray], truth: np.ndarray, wf_code: np.ndarray,
                       t_arrival: np.ndarray, wf_end: np.ndarray,
                       seed: int = 0) -> dict[str, tuple[float | None, int, dict[str, np.ndarray]]]:
-    """:func:`concordance` with its pairs: ``(C, pairs, {"a", "b", "score"})`` per name, ``a`` and
-    ``b`` the two sessions (``wf_code``) of every scored pair and ``score`` its 0, ½ or 1 (what
-    :func:`jackknife_diff` needs)."""
+    """The C-index of each prediction over pairs of sessions active at the same time: at every
+    call's arrival the arriving session against up to :data:`PAIRS_PER_CALL` other sessions then
+    active (first call arrived, ``wf_end`` not passed), each at its latest call; ties of a
+    prediction score ½, ties of ``truth`` are skipped (``scoring.remaining_eval``'s module doc).
+    ``(C, pairs, {"a", "b", "score"})`` per name, ``a`` and ``b`` the two sessions (``wf_code``)
+    of every scored pair and ``score`` its 0, ½ or 1 (what :func:`jackknife_diff` needs)."""
     rng = np.random.default_rng(seed)
     order = np.argsort(t_arrival, kind="stable")
     latest: dict[int, int] = {}            # session -> row of its latest call so far
