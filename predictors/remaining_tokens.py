@@ -307,7 +307,8 @@ class RemainingTokens(RemainingTokensTable, BaseEstimator):
         order them worse. The pairs of all blocks are pooled; the difference of two candidates
         has the delete-one-session jackknife error (:func:`jackknife_diff`; delete-one-group with a
         ``group_id``: a task's trials move together). The cross-validated
-        candidate serves unless it is behind the forward best beyond one standard error; then the
+        candidate serves unless it is behind the forward best beyond one standard error (or scores
+        every pair exactly as a baseline does: then the simpler serves); then the
         simplest baseline within one standard error of the best (the cross-validation already kept
         the richer candidate only where it beat the position median beyond noise, and serving the
         simpler one on every forward tie gave up that gain where the futures confirmed it:
@@ -365,12 +366,14 @@ class RemainingTokens(RemainingTokensTable, BaseEstimator):
         vs = {c: list(jackknife_diff(pooled[c], pooled[best], int(unit.max()) + 1) or (cs[c] - cs[best], 0.0))
               for c in FORWARD_CANDIDATES}
         ahead = [c for c in FORWARD_CANDIDATES if vs[c][0] >= -vs[c][1]]      # within one se of the best
-        served = "fitted" if "fitted" in ahead else ahead[0]
+        # an exact tie (the same score on every pair) goes to the simpler: nothing tells them apart
+        same = [c for c in FORWARD_CANDIDATES if np.array_equal(pooled[c]["score"], pooled["fitted"]["score"])]
+        served = same[0] if "fitted" in ahead else ahead[0]
         return {"served": served, "fitted": fitted, "workflows": int(n_wf), "blocks": blocks, "pairing": sorted(pairing),
                 "pairs": int(len(pooled["fitted"]["score"])), "metric": "C-index over concurrent sessions",
                 "c_index": cs, "vs_best": vs,
-                "rule": "fitted unless behind the best beyond one jackknife se; then the simplest "
-                        "(position median, mrl) within one se of the best"}
+                "rule": "fitted unless behind the best beyond one jackknife se (or tied with a baseline on "
+                        "every pair: the simpler); then the simplest (position median, mrl) within one se of the best"}
 
     # ------------------------------------------------------------- artifact
     def to_dict(self) -> dict[str, Any]:
