@@ -156,7 +156,7 @@ class ServiceSettings:
                "the idle gaps seen (covers more at no more KV-seconds per covered gap, or holds "
                "less at nominal coverage): the plain per-type p95, the tool's p95 or a TTL that "
                "gives up on gaps past the 120 s cap (predictors/keep_alive_selection.py). Off: the "
-               "fitted TTL (calibrated online).")
+               "fitted TTL (calibrated online).", flag=False)
     shadow_min_calls: int = setting_field(
         100, "Calls a workflow type needs in the profile before it can leave shadow mode.",
         panel=PANEL_SHADOW, flag=False)
