@@ -63,6 +63,8 @@ MAX_FACTOR = 8.0
 #: online keep-alive level, which judges an idle gap against the TTL held, not the TTL served.
 HELD_TTL_MIN_S = 0.5
 HELD_TTL_MAX_S = 120.0
+#: The TTL the keep/drop policy holds when a call is served none (``KeepDropPolicy.default_ttl_s``).
+HELD_TTL_DEFAULT_S = 10.0
 
 
 def held_ttl_s(ttl: float) -> float:
