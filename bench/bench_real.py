@@ -152,6 +152,7 @@ def online_band(online: dict[str, Any]) -> dict[str, Any]:
                              "online": pick_ka(ka["online"]), "static": pick_ka(ka["static"]),
                              "baselines": {n: pick_ka(b) for n, b in (ka.get("baselines") or {}).items()},
                              "vs_baselines": ka.get("vs_baselines") or {},
+                             "selection": ka.get("selection") or {},
                              "by_type": {wt: {"gaps": t["gaps"], "online": pick_ka(t["online"]),
                                               "static": pick_ka(t["static"])} for wt, t in ka["by_type"].items()}}
     return out

@@ -73,7 +73,7 @@ class FitOptions:
     group_by: str | None = None                   # selection folds keep a group's workflows together
     group_pattern: str | None = None              # the part of ``group_by`` that names the group
     drift: bool = True                            # recency weighting of tool latency and idle gap
-    forward_validation: bool = True               # next-agent/remaining/keep-alive choices checked forward
+    forward_validation: bool = True               # next-agent/remaining/tokens ranking/keep-alive checked forward
     alergia_alpha: float = DEFAULT_ALPHA          # the workflow automaton's ALERGIA test level
     loop_quantiles: tuple[float, float] = LOOP_QUANTILES      # loop round bounds of the regexes
     prompt_workflows: int = DEFAULT_PROMPT_WORKFLOWS          # workflows per type mined for prompts
@@ -108,7 +108,7 @@ class FitOptions:
 
 #: Columns of ``calls`` the output-length model is fit and scored on.
 CALL_COLUMNS = ("workflow_type_id", "workflow_id", "agent_id", "input_tokens", "output_tokens",
-                "prev_agent_output_tokens", "agent_call_index", "t_arrival")
+                "prev_agent_output_tokens", "agent_call_index", "t_arrival", "t_finish")
 
 
 #: Calls whose token counts the source did not hold (``tokens_unknown: true``, log-format extra
@@ -345,7 +345,8 @@ def fit_from_store(con: duckdb.DuckDBPyConnection, options: FitOptions,
                                conditional=options.conditional, max_output_tokens=options.max_output_tokens,
                                random_state=options.seed).fit(sized)
     progress("remaining output tokens per session (CV by workflow)")
-    rt = RemainingTokens(random_state=options.seed).fit(sized)
+    rt = RemainingTokens(random_state=options.seed,
+                         **({} if options.forward_validation else {"forward_origins": ()})).fit(sized)
     progress("time models (tool latency, idle-gap keep-alive TTLs)")
     times = time_sections(con, options)
     order_only = times["limitations"]["timing"] == "order_only"

@@ -25,7 +25,7 @@ from enum import IntEnum
 
 from statistics import NormalDist
 
-from predictors.served import HELD_TTL_MAX_S, HELD_TTL_MIN_S
+from predictors.served import HELD_TTL_DEFAULT_S, HELD_TTL_MAX_S, HELD_TTL_MIN_S
 from predictors.contract import Annotation
 
 
@@ -126,7 +126,7 @@ class KeepDropPolicy:
     quantile: float = 0.95
     min_ttl_s: float = HELD_TTL_MIN_S
     max_ttl_s: float = HELD_TTL_MAX_S
-    default_ttl_s: float = 10.0
+    default_ttl_s: float = HELD_TTL_DEFAULT_S
     lineage: str = "session"
     keep_idle: bool = False
 

@@ -555,6 +555,18 @@ class IdleGapModel(IdleGapTable, BaseEstimator):
                                      eligible=eligible, pick=lambda s: pick_least_decay(s, self.quantile))
         return h, {str(k): list(v) for k, v in scores.items()}
 
+    def _give_up(self, gap: np.ndarray) -> dict[str, float | None]:
+        """The give-up TTL's figures of one type's gaps: ``past_cap_share`` (share of gaps longer
+        than the policy's cap, which no held TTL covers) and ``coverable_quantile_s`` (the
+        conformal quantile of the gaps within the cap; None when they are too few to certify it).
+        Holding the cap for a gap past it holds KV for nothing; a TTL at the quantile of the
+        coverable gaps keeps the KV for those only (served online where it is ahead:
+        :mod:`predictors.keep_alive_selection`)."""
+        within = gap[gap <= HELD_TTL_MAX_S]
+        q = weighted_conformal_quantile(within, np.ones(len(within)), self.quantile)
+        return {"past_cap_share": float(1 - len(within) / len(gap)) if len(gap) else 0.0,
+                "coverable_quantile_s": q if math.isfinite(q) else None}
+
     def _cross_validate(self, g: pd.DataFrame) -> dict[tuple[str, Any], tuple[float, float]]:
         """K-fold by workflow: (level, prior weight) -> (coverage, mean TTL) on held-out folds."""
         k = min(self.folds, int(g["workflow_id"].nunique()))
@@ -652,7 +664,8 @@ class IdleGapModel(IdleGapTable, BaseEstimator):
                                     "end_share": float(1 - gaps / len(g)) if len(g) else 0.0,
                                     # the naive baseline: one plain quantile of the type's gaps
                                     "baseline_quantile_s": float(np.quantile(g["gap_after_s"].dropna(),
-                                                                             self.quantile)) if gaps else None}
+                                                                             self.quantile)) if gaps else None,
+                                    **self._give_up(g["gap_after_s"].dropna().to_numpy(dtype=float))}
             if gaps == 0:
                 self.workflow_types_[wt] = {**info, "level": "none", "reason": "no idle gaps (no call "
                                             "follows another)", "entries": {lv: [] for lv in LEVELS}}

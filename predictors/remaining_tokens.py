@@ -17,7 +17,10 @@ scaled by a **session factor** ``r_i = ((S_i + κ·m̄) / (E_i + κ·m̄)) ** β
 so far against its agents' means; ``β = 0`` switches it off). Per workflow type the candidate is
 chosen by cross-validation by workflow with the one-standard-error rule against the position
 median. Selection, tie-breaking and the baselines written beside the model (``position_median``,
-``mrl``): docs/workflow-paths.md, "Remaining output tokens".
+``mrl``): docs/workflow-paths.md, "Remaining output tokens". The served candidate is then chosen
+among the cross-validated one and those two baselines by the ranking figure itself, the C-index
+over concurrent sessions, scored forward in time on the training side (:meth:`RemainingTokens._forward`;
+the C-index functions live here so that the fit and ``profiler eval`` score it alike).
 
 The serving half, :class:`predictors.served.RemainingTokensTable`, reads the section written by
 :meth:`RemainingTokens.to_dict` with numpy alone.
@@ -30,7 +33,9 @@ import numpy as np
 import pandas as pd
 from sklearn.base import BaseEstimator
 
-from predictors.served import MAX_AGENT_CALLS, MAX_ELAPSED_BUCKET, RemainingTokensTable, tie_broken
+from predictors.band_selection import FORWARD_ORIGINS
+from predictors.served import (BASELINE_KEYS, MAX_AGENT_CALLS, MAX_ELAPSED_BUCKET, RemainingTokensTable,
+                               baseline_figures, tie_broken)
 from store.folds import group_folds, paired_se
 
 #: Candidate session factors ``(β, κ)``; ``(0, 0)`` is "no factor".
@@ -40,6 +45,11 @@ FACTORS = ((0.0, 0.0), (0.5, 1.0), (0.5, 4.0), (1.0, 1.0), (1.0, 4.0), (1.0, 16.
 #: call index (calls done → residual work of the workflows that ran that long: the ``mrl`` key).
 LEVELS = ("position", "agent", "agent_calls", "elapsed", "index")
 POINTS = ("p50", "mean")
+#: What the forward rule compares, simplest first: the two naive baselines as ``profiler eval``
+#: scores them, then the cross-validated candidate (ties broken by calls done → mean residual life).
+FORWARD_CANDIDATES = ("position_median", "mrl", "fitted")
+#: Fewest training workflows of a type for the forward rule (fewer: the cross-validated choice).
+FORWARD_MIN_WORKFLOWS = 20
 
 
 def session_frame(calls: pd.DataFrame) -> pd.DataFrame:
@@ -50,7 +60,7 @@ def session_frame(calls: pd.DataFrame) -> pd.DataFrame:
     within each workflow (:func:`fitting.profile_fit.ok_calls`); its ``group_id`` column, when
     there is one, is kept (the selection folds keep a group's workflows together)."""
     cols = ["workflow_type_id", "workflow_id", "agent_id", "output_tokens"]
-    df = calls[cols + [c for c in ("t_arrival", "group_id") if c in calls]].copy()
+    df = calls[cols + [c for c in ("t_arrival", "t_finish", "group_id") if c in calls]].copy()
     df["output_tokens"] = df["output_tokens"].astype(float).clip(lower=0)
     g = df.groupby(["workflow_type_id", "workflow_id"], sort=False)["output_tokens"]
     df["i"] = g.cumcount()
@@ -188,17 +198,21 @@ class RemainingTokens(RemainingTokensTable, BaseEstimator):
     max_select_workflows : the selection's cross-validation runs on at most this many workflows
         of a type (a seeded sample; thousands of workflows decide between these few candidates
         as well as millions do); the served table is fit on every workflow.
+    forward_origins : rolling origins (shares of a type's workflows by start time) of the forward
+        rule (:meth:`_forward`; needs ``t_arrival``); empty: the cross-validated choice serves.
 
     Fitted attributes: ``workflow_types_`` (type → table entry), ``params_`` (type → chosen
     candidate), ``selection_`` (type → CV errors per candidate), ``baselines_``.
     """
 
     def __init__(self, cv_folds: int = 5, min_n: int = 5, random_state: int = 0,
-                 max_select_workflows: int = 2000) -> None:
+                 max_select_workflows: int = 2000,
+                 forward_origins: tuple[float, ...] = FORWARD_ORIGINS) -> None:
         self.cv_folds = cv_folds
         self.min_n = min_n
         self.random_state = random_state
         self.max_select_workflows = max_select_workflows
+        self.forward_origins = forward_origins
 
     # ------------------------------------------------------------------ fit
     def fit(self, calls: pd.DataFrame) -> "RemainingTokens":
@@ -215,7 +229,13 @@ class RemainingTokens(RemainingTokensTable, BaseEstimator):
             entry = fit_type_table(g, self.min_n)
             params, self.selection_[str(wt)] = self._select(g)
             # equal figures ordered by calls done → mean residual life (the exact-index keys)
-            self.params_[str(wt)] = {**params, "tie_break": "index"}
+            params = {**params, "tie_break": "index"}
+            forward = self._forward(g, params)
+            if forward is not None:
+                self.selection_[str(wt)]["forward"] = forward
+                if forward["served"] != "fitted":     # a naive baseline ranks as well forward in time
+                    params = {"level": "baseline", "baseline": forward["served"]}
+            self.params_[str(wt)] = params
             self.workflow_types_[str(wt)] = entry
             self.baselines_[str(wt)] = fit_baselines(g)
         RemainingTokensTable.__init__(self, self.to_dict())
@@ -274,6 +294,87 @@ class RemainingTokens(RemainingTokensTable, BaseEstimator):
             "se_over": f"{len(clusters)} groups" if clusters is not None else f"{len(diff)} workflows",
             "rule": "best if it beats the simplest by more than one standard error"}
 
+    def _forward(self, g: pd.DataFrame, fitted: dict[str, Any]) -> dict[str, Any] | None:
+        """The served candidate among :data:`FORWARD_CANDIDATES`, scored forward in time.
+
+        Rolling origin on the training side: at each origin (a share of the type's workflows by
+        start time, :attr:`forward_origins`) the table and the baselines are fit on the
+        workflows started before it (the cross-validated level, point and factor kept) and rank
+        the workflows up to the next origin (the last block: up to the newest). The figure is the
+        C-index over pairs of sessions active at the same time, as ``profiler eval`` scores it
+        (:func:`c_index_pairs`), not the log error the cross-validation minimises: the priority
+        policy ranks waiting sessions by this figure, and a candidate closer in log error can
+        order them worse. The pairs of all blocks are pooled; the difference of two candidates
+        has the delete-one-session jackknife error (:func:`jackknife_diff`; delete-one-group with a
+        ``group_id``: a task's trials move together). The cross-validated
+        candidate serves unless it is behind the forward best beyond one standard error (or scores
+        every pair exactly as a baseline does: then the simpler serves); then the
+        simplest baseline within one standard error of the best (the cross-validation already kept
+        the richer candidate only where it beat the position median beyond noise, and serving the
+        simpler one on every forward tie gave up that gain where the futures confirmed it:
+        docs/workflow-paths.md). ``{served, workflows, blocks, pairing,
+        c_index: {candidate: C}, vs_best: {candidate: [C − C_best, se]}}``; None without
+        arrival times, origins or :data:`FORWARD_MIN_WORKFLOWS` workflows."""
+        if not self.forward_origins or "t_arrival" not in g or g["t_arrival"].isna().any():
+            return None
+        starts = g.groupby("workflow_id", sort=False)["t_arrival"].min()
+        n_wf = len(starts)
+        if n_wf < FORWARD_MIN_WORKFLOWS:
+            return None
+        if n_wf > self.max_select_workflows:     # a seeded sample over the whole span
+            keep = np.random.default_rng(self.random_state).choice(n_wf, self.max_select_workflows, replace=False)
+            starts = starts.iloc[np.sort(keep)]
+            g = g[g["workflow_id"].isin(set(starts.index))].reset_index(drop=True)
+            n_wf = len(starts)
+        order = pd.DataFrame({"wf": starts.index, "t": starts.to_numpy()}).sort_values(["t", "wf"], kind="stable")
+        rank = g["workflow_id"].map(pd.Series(np.arange(n_wf), index=order["wf"].to_numpy())).to_numpy()
+        cuts = sorted({int(round(f * n_wf)) for f in self.forward_origins} | {n_wf})
+        finish = g["t_finish"] if "t_finish" in g else g["t_arrival"]
+        # the jackknife's unit: a workflow, or its group (a task's trials move together)
+        unit = pd.factorize(g["group_id"] if "group_id" in g else g["workflow_id"])[0]
+        pairs: dict[str, list[dict[str, np.ndarray]]] = {c: [] for c in FORWARD_CANDIDATES}
+        blocks, pairing = 0, set()
+        for lo, hi in zip(cuts[:-1], cuts[1:]):
+            if lo < 2 or hi <= lo:
+                continue
+            rows = (rank >= lo) & (rank < hi)
+            past, block = g[rank < lo], g[rows].reset_index(drop=True)
+            entry, base = fit_type_table(past, self.min_n), fit_baselines(past)
+            preds = {"fitted": predict_frame(entry, block, fitted["level"], fitted["point"], fitted["beta"],
+                                             fitted["kappa"], fitted.get("tie_break")),
+                     **{name: baseline_figures(base[name], block["bucket" if key == "bucket" else "i"].to_numpy())
+                        for name, key in BASELINE_KEYS.items()}}
+            wf_code = pd.factorize(block["workflow_id"])[0]
+            wf_unit = pd.Series(unit[rows]).groupby(wf_code).first().to_numpy()
+            t = block["t_arrival"].to_numpy(dtype=float)
+            end = np.fmax(finish.to_numpy(dtype=float)[rows], t)
+            cidx, how = c_index_pairs(preds, block["R"].to_numpy(), wf_code, t,
+                                      pd.Series(end).groupby(wf_code).max().to_numpy(),
+                                      pd.Series(t).groupby(wf_code).min().to_numpy(), "fitted")
+            if not cidx["fitted"][1]:
+                continue
+            blocks += 1
+            pairing.add(how)
+            for c in FORWARD_CANDIDATES:
+                got = cidx[c][2]
+                pairs[c].append({"a": wf_unit[got["a"]], "b": wf_unit[got["b"]], "score": got["score"]})
+        if not blocks:
+            return None
+        pooled = {c: {k: np.concatenate([p[k] for p in ps]) for k in ("a", "b", "score")} for c, ps in pairs.items()}
+        cs = {c: float(p["score"].mean()) if len(p["score"]) else float("nan") for c, p in pooled.items()}
+        best = max(FORWARD_CANDIDATES, key=lambda c: (cs[c], -FORWARD_CANDIDATES.index(c)))
+        vs = {c: list(jackknife_diff(pooled[c], pooled[best], int(unit.max()) + 1) or (cs[c] - cs[best], 0.0))
+              for c in FORWARD_CANDIDATES}
+        ahead = [c for c in FORWARD_CANDIDATES if vs[c][0] >= -vs[c][1]]      # within one se of the best
+        # an exact tie (the same score on every pair) goes to the simpler: nothing tells them apart
+        same = [c for c in FORWARD_CANDIDATES if np.array_equal(pooled[c]["score"], pooled["fitted"]["score"])]
+        served = same[0] if "fitted" in ahead else ahead[0]
+        return {"served": served, "fitted": fitted, "workflows": int(n_wf), "blocks": blocks, "pairing": sorted(pairing),
+                "pairs": int(len(pooled["fitted"]["score"])), "metric": "C-index over concurrent sessions",
+                "c_index": cs, "vs_best": vs,
+                "rule": "fitted unless behind the best beyond one jackknife se (or tied with a baseline on "
+                        "every pair: the simpler); then the simplest (position median, mrl) within one se of the best"}
+
     # ------------------------------------------------------------- artifact
     def to_dict(self) -> dict[str, Any]:
         return {"version": 1, "workflow_types": self.workflow_types_, "params": self.params_,
@@ -286,3 +387,95 @@ def fit_baselines(g: pd.DataFrame) -> dict[str, Any]:
     pos_median = {str(int(b)): float(v) for b, v in g.groupby("bucket")["R"].median().items()}
     mrl = {str(int(i)): float(v) for i, v in g.groupby("i")["R"].mean().items()}
     return {"position_median": pos_median, "mrl": mrl}
+
+
+# ----------------------------------------------------- the ranking figure (C-index)
+#: Other active sessions each held-out call is compared with (sampled, seeded).
+PAIRS_PER_CALL = 20
+#: Fewer concurrent pairs than this (logs of runs done one at a time): pair on aligned starts.
+MIN_PAIRS = 100
+
+
+def concordance_pairs(preds: dict[str, np.ndarray], truth: np.ndarray, wf_code: np.ndarray,
+                      t_arrival: np.ndarray, wf_end: np.ndarray,
+                      seed: int = 0) -> dict[str, tuple[float | None, int, dict[str, np.ndarray]]]:
+    """The C-index of each prediction over pairs of sessions active at the same time: at every
+    call's arrival the arriving session against up to :data:`PAIRS_PER_CALL` other sessions then
+    active (first call arrived, ``wf_end`` not passed), each at its latest call; ties of a
+    prediction score ½, ties of ``truth`` are skipped (``scoring.remaining_eval``'s module doc).
+    ``(C, pairs, {"a", "b", "score"})`` per name, ``a`` and ``b`` the two sessions (``wf_code``)
+    of every scored pair and ``score`` its 0, ½ or 1 (what :func:`jackknife_diff` needs)."""
+    rng = np.random.default_rng(seed)
+    order = np.argsort(t_arrival, kind="stable")
+    latest: dict[int, int] = {}            # session -> row of its latest call so far
+    pairs_a: list[int] = []
+    pairs_b: list[int] = []
+    for row in order:
+        t, wf = t_arrival[row], wf_code[row]
+        latest[wf] = row
+        latest = {w: r for w, r in latest.items() if wf_end[w] >= t}   # finished sessions leave
+        others = [w for w in latest if w != wf]
+        if len(others) > PAIRS_PER_CALL:
+            others = list(rng.choice(others, PAIRS_PER_CALL, replace=False))
+        pairs_a.extend([row] * len(others))
+        pairs_b.extend(latest[w] for w in others)
+    a, b = np.array(pairs_a, dtype=int), np.array(pairs_b, dtype=int)
+    out: dict[str, tuple[float | None, int, dict[str, np.ndarray]]] = {}
+    empty = {"a": np.zeros(0, dtype=int), "b": np.zeros(0, dtype=int), "score": np.zeros(0)}
+    for name, p in preds.items():
+        if len(a) == 0:
+            out[name] = (None, 0, empty)
+            continue
+        ok = ~np.isnan(p[a]) & ~np.isnan(p[b]) & (truth[a] != truth[b])
+        if not ok.any():
+            out[name] = (None, 0, empty)
+            continue
+        sign_true = np.sign(truth[a][ok] - truth[b][ok])
+        sign_pred = np.sign(p[a][ok] - p[b][ok])
+        score = np.where(sign_pred == 0, 0.5, (sign_pred == sign_true).astype(float))
+        out[name] = (float(score.mean()), int(ok.sum()),
+                     {"a": wf_code[a[ok]], "b": wf_code[b[ok]], "score": score})
+    return out
+
+
+def jackknife_diff(ours: dict[str, np.ndarray], other: dict[str, np.ndarray],
+                   n_sessions: int) -> tuple[float, float] | None:
+    """``(C_ours − C_other, its standard error)``, the error by the delete-one-session jackknife:
+    every held-out session (workflow) is left out in turn with all the pairs it is in, both
+    C-indices recomputed, and ``se² = (W−1)/W · Σ_w (D_−w − D̄)²`` over the ``W`` sessions in a
+    pair. Pairs that share a session are not independent; the jackknife over sessions accounts
+    for that, where a binomial error over pairs would be far too small. None without pairs."""
+    def loo(pairs: dict[str, np.ndarray]) -> tuple[float, np.ndarray]:
+        score, a, b = pairs["score"], pairs["a"], pairs["b"]
+        total, n = float(score.sum()), float(len(score))
+        s_w = np.bincount(a, score, n_sessions) + np.bincount(b, score, n_sessions)
+        n_w = np.bincount(a, minlength=n_sessions) + np.bincount(b, minlength=n_sessions)
+        left = n - n_w
+        return total / n, np.where(left > 0, (total - s_w) / np.maximum(left, 1), np.nan)
+    if len(ours["score"]) == 0 or len(other["score"]) == 0:
+        return None
+    c1, l1 = loo(ours)
+    c2, l2 = loo(other)
+    seen = np.zeros(n_sessions, dtype=bool)
+    for pairs in (ours, other):
+        seen[pairs["a"]] = seen[pairs["b"]] = True
+    d = (l1 - l2)[seen & ~np.isnan(l1) & ~np.isnan(l2)]
+    w = len(d)
+    if w < 2:
+        return c1 - c2, 0.0
+    return c1 - c2, float(np.sqrt((w - 1) / w * np.sum((d - d.mean()) ** 2)))
+
+
+def c_index_pairs(preds: dict[str, np.ndarray], truth: np.ndarray, wf_code: np.ndarray, t_arrival: np.ndarray,
+                  wf_end: np.ndarray, wf_start: np.ndarray, key: str,
+                  aligned: dict[str, np.ndarray] | None = None) -> tuple[dict[str, Any], str]:
+    """:func:`concordance_pairs` over pairs of sessions active at the same time; when ``key``'s
+    prediction has fewer than :data:`MIN_PAIRS` such pairs (sessions that never overlapped: runs
+    done one at a time), over pairs as if every session had started together (``aligned``
+    replaces predictions that change then). ``(C-indices, "concurrent" | "aligned_start")``."""
+    cidx = concordance_pairs(preds, truth, wf_code, t_arrival, wf_end)
+    if cidx[key][1] >= MIN_PAIRS:
+        return cidx, "concurrent"
+    start = wf_start[wf_code]
+    return (concordance_pairs({**preds, **(aligned or {})}, truth, wf_code, t_arrival - start, wf_end - wf_start),
+            "aligned_start")

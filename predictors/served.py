@@ -63,6 +63,8 @@ MAX_FACTOR = 8.0
 #: online keep-alive level, which judges an idle gap against the TTL held, not the TTL served.
 HELD_TTL_MIN_S = 0.5
 HELD_TTL_MAX_S = 120.0
+#: The TTL the keep/drop policy holds when a call is served none (``KeepDropPolicy.default_ttl_s``).
+HELD_TTL_DEFAULT_S = 10.0
 
 
 def held_ttl_s(ttl: float) -> float:
@@ -338,6 +340,25 @@ def elapsed_bucket(elapsed_s: float) -> int:
     return min(MAX_ELAPSED_BUCKET, int(2 * math.log2(1.0 + max(0.0, float(elapsed_s)))))
 
 
+#: The naive remaining-work baselines written beside the model (``remaining_tokens.baselines``)
+#: and the key each reads: ``position_median`` the position bucket, ``mrl`` the exact call index
+#: (calls done → mean residual life). Both are also candidates the fit may serve
+#: (``{"level": "baseline", "baseline": name}``), read by :func:`baseline_figures` in serving and
+#: in ``profiler eval`` alike.
+BASELINE_KEYS = {"position_median": "bucket", "mrl": "index"}
+
+
+def baseline_figures(table: Mapping[str, float], at: Any) -> Any:
+    """A baseline's figure at every key in ``at`` (position buckets or call indices, by
+    :data:`BASELINE_KEYS`): the table's value at the nearest key at or before it (a session past
+    every training workflow keeps the last one's), the first key's value before the first."""
+    keys = np.array(sorted(int(k) for k in table))
+    vals = np.array([float(table[str(k)]) for k in keys])
+    pos = np.searchsorted(keys, np.asarray(at), side="right") - 1
+    out = vals[np.maximum(pos, 0)]
+    return float(out) if out.ndim == 0 else out
+
+
 #: The simplest remaining-tokens candidate (the position median, ties broken by calls done → mean
 #: residual life): what the fit keeps unless a richer one wins beyond noise, and the fallback the
 #: online selection (:mod:`predictors.online_selection`) serves when the fitted one drifts.
@@ -413,6 +434,11 @@ class RemainingTokensTable:
             return None
         p = params if params is not None else (self.params_.get(wt) or {})
         level = p.get("level")
+        if level == "baseline":      # a naive baseline chosen forward in time: its figure as eval reads it
+            name = p["baseline"]
+            at = bucket if BASELINE_KEYS[name] == "bucket" or index is None else index
+            stats = self.lookup(wt, bucket)
+            return RemainingWork(baseline_figures(self.baselines_[wt][name], at), stats[2], stats[3])
         stats = self.lookup(wt, bucket, agent if level in ("agent", "agent_calls") else None,
                             agent_calls if level == "agent_calls" else None,
                             elapsed_bucket(elapsed_s) if level == "elapsed" and elapsed_s is not None else None,

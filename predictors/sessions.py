@@ -52,8 +52,9 @@ MAX_SCORED_CALLS = 1024
 class KeepAliveServed(NamedTuple):
     """The keep-alive TTL served for a call, kept until the session's next arrival scores it."""
 
-    key: tuple[str, str]       # the online keep-alive level's (workflow type, agent) key
-    ttl_s: float               # the TTL served
+    key: tuple[str, str] | None  # the online keep-alive level's (workflow type, agent) key (None: no level)
+    ttl_s: float               # the fitted TTL at that level (the level learns on its hits)
+    candidates: tuple[float | None, ...] | None = None  # every candidate's TTL (keep_alive_selection)
 
 
 class PendingCall(NamedTuple):

@@ -77,20 +77,22 @@ def event_order(t_arrival: np.ndarray, t_finish: np.ndarray) -> list[tuple[int, 
 
 
 def replay_served(profile: Profile, calls: pd.DataFrame, *, online: Any,
-                  remaining_selection: Any = None) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict, dict]:
+                  remaining_selection: Any = None, keep_alive_selection: Any = False) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict, dict]:
     """Served bands ``(lo, hi)`` and keep-alive TTLs per call (NaN: none served) replaying
     ``calls`` through one :class:`~predictors.Predictor`, the drift alarm's record per workflow
     type, and ``{"served": remaining work per call (expected_remaining_output_tokens, NaN: none),
     "selection": the remaining-work selector's status per type ({} when off), "band_arms": which
-    arm served the band per type (:func:`band_arms`; {} without calibration)}``.
+    arm served the band per type (:func:`band_arms`; {} without calibration), "keep_alive_selection":
+    the keep-alive candidate served per type and its switches ({} when off)}``.
     ``online`` switches both calibrations (the Predictor's one switch), ``remaining_selection``
-    the remaining-work selection (None: as ``online``). A workflow's session is ended
+    the remaining-work selection (None: as ``online``), ``keep_alive_selection`` the online choice
+    among keep-alive candidates (the Predictor's, off by default). A workflow's session is ended
     (:meth:`~predictors.Predictor.end_session`) when its last call finishes: the end signal a
     client sends (a server without one learns it at the session's idle expiry, later)."""
     if remaining_selection is None:
         remaining_selection = online
     pred = Predictor(profile, max_sessions=1_000_000, online_calibration=online,
-                     remaining_selection=remaining_selection)
+                     remaining_selection=remaining_selection, keep_alive_selection=keep_alive_selection)
     lo, hi = np.full(len(calls), np.nan), np.full(len(calls), np.nan)
     ttl, rem = np.full(len(calls), np.nan), np.full(len(calls), np.nan)
     wf_code = calls.groupby(["workflow_type_id", "workflow_id"], sort=False).ngroup().to_numpy()
@@ -134,7 +136,9 @@ def replay_served(profile: Profile, calls: pd.DataFrame, *, online: Any,
         rec.update(alarm_at_end=bool(st["alarm"]), coverage_at_end=st["coverage"])
     selection = pred.remaining_selector.status() if pred.remaining_selector is not None else {}
     arms = band_arms(pred.calibrator.status()) if pred.calibrator is not None else {}
-    return lo, hi, ttl, alarm, {"served": rem, "selection": selection, "band_arms": arms}
+    ka_sel = pred.keep_alive_selector.status() if pred.keep_alive_selector is not None else {}
+    return lo, hi, ttl, alarm, {"served": rem, "selection": selection, "band_arms": arms,
+                                "keep_alive_selection": ka_sel}
 
 
 def band_arms(status: dict[str, dict[str, dict[str, Any]]]) -> dict[str, dict[str, Any]]:
@@ -225,8 +229,11 @@ def _keep_alive_scores(gap: np.ndarray, ttl: np.ndarray, mask: np.ndarray) -> di
 
 
 def keep_alive_online(profile: Profile, con: duckdb.DuckDBPyConnection, calls: pd.DataFrame,
-                      on_ttl: np.ndarray, st_ttl: np.ndarray) -> dict[str, Any] | None:
-    """The ``keep_alive`` part of the result (module doc); None without an idle-gap section."""
+                      on_ttl: np.ndarray, st_ttl: np.ndarray,
+                      selection: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    """The ``keep_alive`` part of the result (module doc); None without an idle-gap section.
+    ``selection``: the keep-alive selector's status after the replay (which candidate served per
+    type, how often it switched), reported as is."""
     section = profile.data.get("idle_gap")
     if not section:
         return None
@@ -254,6 +261,7 @@ def keep_alive_online(profile: Profile, con: duckdb.DuckDBPyConnection, calls: p
         "vs_baselines": {name: keep_alive_vs(gap[scored], on_ttl[scored], ttl[scored], groups[scored])
                          for name, ttl in base_ttls.items()},
         "by_type": by_type,
+        "selection": selection or {},
     }
 
 
@@ -327,7 +335,7 @@ def online_scores(profile: Profile, con: duckdb.DuckDBPyConnection) -> dict[str,
         "by_type": by_type,
         "drift_alarm": alarm,
         "band_arms": on_rw["band_arms"],
-        "keep_alive": keep_alive_online(profile, con, calls, on_ttl, st_ttl),
+        "keep_alive": keep_alive_online(profile, con, calls, on_ttl, st_ttl, on_rw["keep_alive_selection"]),
         "remaining_tokens": remaining_online(profile, calls, on_rw["served"], st_rw["served"],
                                              on_rw["selection"]),
         "window": WINDOW,

@@ -42,13 +42,11 @@ import pandas as pd
 from predictors.contract import Annotation
 from predictors.nat_trie import agent_call_index, lookup_frame, trie_from_section
 from predictors.predictor import Predictor
-from predictors.remaining_tokens import session_frame
+from predictors.remaining_tokens import (MIN_PAIRS, PAIRS_PER_CALL, c_index_pairs, concordance_pairs,  # noqa: F401
+                                         jackknife_diff, session_frame)
+from predictors.served import BASELINE_KEYS, baseline_figures
 from store.profile_artifact import Profile
 
-#: Other active sessions each held-out call is compared with (sampled, seeded).
-PAIRS_PER_CALL = 20
-#: Fewer concurrent pairs than this (logs of runs done one at a time): pair on aligned starts.
-MIN_PAIRS = 100
 BASELINES = ("position_median", "mrl", "nat_trie")
 
 
@@ -94,16 +92,11 @@ def baseline_predictions(section: dict[str, Any], calls: pd.DataFrame,
         index = agent_call_index(wt, calls["workflow_id"].to_numpy(), agent)
         nat = lookup_frame(trie_from_section(trie_section), wt, agent, index)
         out["nat_trie"] = nat["output_p50"] * (nat["remaining_calls"] + 1.0)
-    for name in ("position_median", "mrl"):
+    for name, key in BASELINE_KEYS.items():      # read as serving reads them
         for wt, rows in calls.groupby("workflow_type_id", sort=False).indices.items():
             table = (tables.get(wt) or {}).get(name)
-            if not table:
-                continue
-            keys = np.array(sorted(int(k) for k in table))
-            vals = np.array([table[str(k)] for k in keys])
-            pos = calls["bucket" if name == "position_median" else "i"].to_numpy()[rows]
-            at = np.searchsorted(keys, pos, side="right") - 1     # the nearest key at or before
-            out[name][rows] = np.where(at >= 0, vals[np.maximum(at, 0)], vals[0])
+            if table:
+                out[name][rows] = baseline_figures(table, calls["bucket" if key == "bucket" else "i"].to_numpy()[rows])
     return out
 
 
@@ -113,73 +106,6 @@ def concordance(preds: dict[str, np.ndarray], truth: np.ndarray, wf_code: np.nda
     ``(C, pairs)`` per name."""
     return {name: (c, n) for name, (c, n, _) in
             concordance_pairs(preds, truth, wf_code, t_arrival, wf_end, seed).items()}
-
-
-def concordance_pairs(preds: dict[str, np.ndarray], truth: np.ndarray, wf_code: np.ndarray,
-                      t_arrival: np.ndarray, wf_end: np.ndarray,
-                      seed: int = 0) -> dict[str, tuple[float | None, int, dict[str, np.ndarray]]]:
-    """:func:`concordance` with its pairs: ``(C, pairs, {"a", "b", "score"})`` per name, ``a`` and
-    ``b`` the two sessions (``wf_code``) of every scored pair and ``score`` its 0, ½ or 1 (what
-    :func:`jackknife_diff` needs)."""
-    rng = np.random.default_rng(seed)
-    order = np.argsort(t_arrival, kind="stable")
-    latest: dict[int, int] = {}            # session -> row of its latest call so far
-    pairs_a: list[int] = []
-    pairs_b: list[int] = []
-    for row in order:
-        t, wf = t_arrival[row], wf_code[row]
-        latest[wf] = row
-        latest = {w: r for w, r in latest.items() if wf_end[w] >= t}   # finished sessions leave
-        others = [w for w in latest if w != wf]
-        if len(others) > PAIRS_PER_CALL:
-            others = list(rng.choice(others, PAIRS_PER_CALL, replace=False))
-        pairs_a.extend([row] * len(others))
-        pairs_b.extend(latest[w] for w in others)
-    a, b = np.array(pairs_a, dtype=int), np.array(pairs_b, dtype=int)
-    out: dict[str, tuple[float | None, int, dict[str, np.ndarray]]] = {}
-    empty = {"a": np.zeros(0, dtype=int), "b": np.zeros(0, dtype=int), "score": np.zeros(0)}
-    for name, p in preds.items():
-        if len(a) == 0:
-            out[name] = (None, 0, empty)
-            continue
-        ok = ~np.isnan(p[a]) & ~np.isnan(p[b]) & (truth[a] != truth[b])
-        if not ok.any():
-            out[name] = (None, 0, empty)
-            continue
-        sign_true = np.sign(truth[a][ok] - truth[b][ok])
-        sign_pred = np.sign(p[a][ok] - p[b][ok])
-        score = np.where(sign_pred == 0, 0.5, (sign_pred == sign_true).astype(float))
-        out[name] = (float(score.mean()), int(ok.sum()),
-                     {"a": wf_code[a[ok]], "b": wf_code[b[ok]], "score": score})
-    return out
-
-
-def jackknife_diff(ours: dict[str, np.ndarray], other: dict[str, np.ndarray],
-                   n_sessions: int) -> tuple[float, float] | None:
-    """``(C_ours − C_other, its standard error)``, the error by the delete-one-session jackknife:
-    every held-out session (workflow) is left out in turn with all the pairs it is in, both
-    C-indices recomputed, and ``se² = (W−1)/W · Σ_w (D_−w − D̄)²`` over the ``W`` sessions in a
-    pair. Pairs that share a session are not independent; the jackknife over sessions accounts
-    for that, where a binomial error over pairs would be far too small. None without pairs."""
-    def loo(pairs: dict[str, np.ndarray]) -> tuple[float, np.ndarray]:
-        score, a, b = pairs["score"], pairs["a"], pairs["b"]
-        total, n = float(score.sum()), float(len(score))
-        s_w = np.bincount(a, score, n_sessions) + np.bincount(b, score, n_sessions)
-        n_w = np.bincount(a, minlength=n_sessions) + np.bincount(b, minlength=n_sessions)
-        left = n - n_w
-        return total / n, np.where(left > 0, (total - s_w) / np.maximum(left, 1), np.nan)
-    if len(ours["score"]) == 0 or len(other["score"]) == 0:
-        return None
-    c1, l1 = loo(ours)
-    c2, l2 = loo(other)
-    seen = np.zeros(n_sessions, dtype=bool)
-    for pairs in (ours, other):
-        seen[pairs["a"]] = seen[pairs["b"]] = True
-    d = (l1 - l2)[seen & ~np.isnan(l1) & ~np.isnan(l2)]
-    w = len(d)
-    if w < 2:
-        return c1 - c2, 0.0
-    return c1 - c2, float(np.sqrt((w - 1) / w * np.sum((d - d.mean()) ** 2)))
 
 
 def session_c_index(calls: pd.DataFrame, truth: np.ndarray, preds: dict[str, np.ndarray], key: str,
@@ -195,13 +121,10 @@ def session_c_index(calls: pd.DataFrame, truth: np.ndarray, preds: dict[str, np.
     wf_start = calls.groupby(wf_code)["t_arrival"].min().to_numpy(dtype=float)
     keep = np.ones(len(calls), dtype=bool) if scored is None else scored
     preds = {**preds, "age": np.where(keep, wf_start[wf_code], np.nan)}
-    cidx = concordance_pairs(preds, truth, wf_code, t_arrival, wf_end)
-    if cidx[key][1] >= MIN_PAIRS:
-        return cidx, "concurrent", len(wf_start)
-    preds["age"] = np.where(keep, 0.0, np.nan)       # aligned: every session has the same age
-    start = wf_start[wf_code]
-    return (concordance_pairs(preds, truth, wf_code, t_arrival - start, wf_end - wf_start),
-            "aligned_start", len(wf_start))
+    # aligned: every session has the same age
+    cidx, pairing = c_index_pairs(preds, truth, wf_code, t_arrival, wf_end, wf_start, key,
+                                  aligned={"age": np.where(keep, 0.0, np.nan)})
+    return cidx, pairing, len(wf_start)
 
 
 def c_index_diff(cidx: dict[str, Any], a: str, b: str, n_sessions: int) -> dict[str, float] | None:

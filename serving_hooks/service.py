@@ -212,11 +212,14 @@ class PredictionService:
     def online_status(self) -> dict[str, Any]:
         """What the server has learnt since the profile loaded: each (type, agent)'s band and
         keep-alive levels (``OnlineCalibrator.status()``; the same levels as ``/metrics``) and each
-        type's remaining-work choice (``RemainingSelector.status()``); None where that is off."""
+        type's remaining-work choice (``RemainingSelector.status()``) and keep-alive candidate
+        (``KeepAliveSelector.status()``); None where that is off."""
         p = self.predictor
         return {"band": p.calibrator.status() if p.calibrator is not None else None,
                 "keep_alive": p.keep_alive_calibrator.status() if p.keep_alive_calibrator is not None else None,
-                "remaining_selection": p.remaining_selector.status() if p.remaining_selector is not None else None}
+                "remaining_selection": p.remaining_selector.status() if p.remaining_selector is not None else None,
+                "keep_alive_selection": (p.keep_alive_selector.status()
+                                         if p.keep_alive_selector is not None else None)}
 
 
 def prediction_service(profile: str | Path, registry: CollectorRegistry, prefix: str, *,

@@ -268,7 +268,8 @@ def test_cli_eval_online_scores_the_keep_alive(profile, tmp_path):
     assert r.exit_code == 0, r.output
     ka = json.loads(r.stdout[r.stdout.index("{"):])["keep_alive"]
     assert set(ka) == {"nominal", "gaps", "online", "static", "oracle_kv_s_per_covered_gap", "baselines",
-                       "vs_baselines", "by_type"}
+                       "vs_baselines", "by_type", "selection"}
+    assert ka["selection"] == {}                # the keep-alive selection is off by default
     assert set(ka["vs_baselines"]) >= {"idle_gap_p95", "tool_p95"}
     assert ka["vs_baselines"]["idle_gap_p95"]["coverage_diff_se"] is not None
     assert ka["gaps"] == 30 * (CALLS - 1)

@@ -224,3 +224,89 @@ def test_jackknife_of_the_c_index_difference_matches_leaving_each_session_out():
     loo = np.array(loo)
     assert se == pytest.approx(np.sqrt((n_sessions - 1) / n_sessions * ((loo - loo.mean()) ** 2).sum()))
     assert jackknife_diff(ours, ours, n_sessions) == (0.0, 0.0)
+
+
+# ------------------------------------------------- the forward rule among the baselines (issue 37)
+def timed_frame(n: int, seed: int, factor_lies: bool) -> pd.DataFrame:
+    """Workflows of 2..12 calls by one agent, started one per 10 s and overlapping (each call 5 s,
+    a call every 6 s), ~100 tokens a call. With ``factor_lies`` a short workflow writes long
+    calls and a long one short calls: the tokens so far point the wrong way."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for w in range(n):
+        k = int(rng.integers(2, 13))
+        out = (1300 - 100 * k) if factor_lies else 100
+        for i in range(k):
+            t = 10.0 * w + 6.0 * i
+            rows.append({"workflow_type_id": "t", "workflow_id": f"w{w:03d}", "agent_id": "a",
+                         "output_tokens": int(out + rng.integers(0, 20)), "t_arrival": t, "t_finish": t + 5.0})
+    return session_frame(pd.DataFrame(rows))
+
+
+def test_forward_rule_serves_a_baseline_where_the_fitted_candidate_ranks_worse_forward_in_time():
+    g = timed_frame(120, 0, factor_lies=True)
+    lying = {"level": "position", "point": "p50", "beta": 1.0, "kappa": 0.0, "tie_break": "index"}
+    fw = RemainingTokens()._forward(g, lying)
+    assert fw["pairing"] == ["concurrent"] and fw["blocks"] == 5 and fw["pairs"] > 100
+    assert fw["c_index"]["fitted"] < min(fw["c_index"]["position_median"], fw["c_index"]["mrl"])
+    assert fw["vs_best"]["fitted"][0] < -fw["vs_best"]["fitted"][1]      # behind beyond one se
+    assert fw["served"] in ("position_median", "mrl")
+    # the simplest within one se of the best: the position median unless mrl is ahead beyond noise
+    pm = fw["vs_best"]["position_median"]
+    assert fw["served"] == ("position_median" if pm[0] >= -pm[1] else "mrl")
+
+
+def test_forward_rule_keeps_the_fitted_candidate_when_it_is_not_behind():
+    g = timed_frame(120, 1, factor_lies=False)
+    simplest = {"level": "position", "point": "p50", "beta": 0.0, "kappa": 0.0, "tie_break": "index"}
+    fw = RemainingTokens()._forward(g, simplest)
+    assert fw["served"] == "fitted"
+    assert fw["vs_best"]["fitted"][0] >= -fw["vs_best"]["fitted"][1]
+    # a candidate that orders every forward pair exactly as mrl does (the exact-index mean, below
+    # 8 calls: mrl itself) is an exact tie, and the tie goes to the simpler
+    fw = RemainingTokens()._forward(g, {"level": "index", "point": "mean", "beta": 0.0, "kappa": 0.0})
+    assert fw["c_index"]["fitted"] == fw["c_index"]["mrl"]
+    assert fw["served"] in ("position_median", "mrl")
+    # no arrival times, too few workflows, or no origins: no forward rule
+    assert RemainingTokens()._forward(g.drop(columns=["t_arrival"]), {}) is None
+    assert RemainingTokens()._forward(g[g["workflow_id"] < "w010"], {}) is None
+    assert RemainingTokens(forward_origins=())._forward(g, {}) is None
+
+
+def test_a_baseline_chosen_forward_is_served_exactly_as_eval_scores_it(monkeypatch):
+    """The served figure of a type whose forward rule chose ``mrl`` (or the position median) is
+    that baseline's figure as ``profiler eval`` reads it, call by call (one function)."""
+    from scoring.remaining_eval import baseline_predictions
+    calls = timed_frame(80, 2, factor_lies=False)
+    for name in ("mrl", "position_median"):
+        monkeypatch.setattr(RemainingTokens, "_forward", lambda self, g, fitted, n=name: {"served": n})
+        m = RemainingTokens().fit(calls)
+        assert m.params_["t"] == {"level": "baseline", "baseline": name}
+        section = m.to_dict()
+        table = RemainingTokensTable(section)
+        test = timed_frame(30, 3, factor_lies=False)
+        test = pd.concat([test, test.assign(i=test["i"] + 40, bucket=14)])   # past every training index too
+        served = np.array([table.predict("t", int(b), "a", 0.0, 0.0, index=int(i)).expected
+                           for b, i in zip(test["bucket"], test["i"])])
+        np.testing.assert_array_equal(served, baseline_predictions(section, test)[name])
+
+
+def test_fit_records_the_forward_figures_beside_the_cross_validated_choice():
+    m = RemainingTokens().fit(timed_frame(60, 4, factor_lies=False))
+    fw = m.selection_["t"]["forward"]
+    assert set(fw["c_index"]) == {"position_median", "mrl", "fitted"}
+    assert fw["fitted"]["tie_break"] == "index"
+    assert (m.params_["t"]["level"] == "baseline") == (fw["served"] != "fitted")
+
+
+def test_forward_rule_errors_count_a_tasks_trials_as_one_unit():
+    """With ``group_id`` (a task run in several workflows) the jackknife deletes whole groups:
+    two trials of one task are one piece of evidence, so the standard errors grow."""
+    g = timed_frame(60, 5, factor_lies=True)
+    twin = g.assign(workflow_id=g["workflow_id"] + "b", t_arrival=g["t_arrival"] + 0.5, t_finish=g["t_finish"] + 0.5)
+    both = pd.concat([g, twin]).sort_values(["workflow_id", "i"], kind="stable").reset_index(drop=True)
+    lying = {"level": "position", "point": "p50", "beta": 1.0, "kappa": 0.0, "tie_break": "index"}
+    alone = RemainingTokens()._forward(both, lying)
+    grouped = RemainingTokens()._forward(both.assign(group_id=both["workflow_id"].str.rstrip("b")), lying)
+    assert grouped["c_index"] == alone["c_index"]
+    assert grouped["vs_best"]["fitted"][1] > alone["vs_best"]["fitted"][1]

@@ -52,7 +52,8 @@ class FitSettings:
         True, "Check the next-agent and remaining-calls choices on the latest fifth of each type's "
               "training workflows by start time (fitted on the rest); the CV choice gives way where "
               "that slice shows it behind beyond noise; the keep-alive TTL likewise gives way to the "
-              "pooled per-type quantile. false: shuffled folds alone.",
+              "pooled per-type quantile, and the remaining-tokens ranking to the position median or mrl "
+              "where they rank concurrent sessions better forward in time. false: shuffled folds alone.",
         panel=PANEL_FIT, flag=False)
     min_calls: int = setting_field(
         50, "No effect on a new profile: each band is chosen by held-out validation, not by a call "

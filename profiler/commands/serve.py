@@ -38,7 +38,8 @@ def build_service(profile: Path, prefix: str, settings: ServiceSettings
                                      session_idle_s=s.session_idle_s,
                                      max_session_bytes=s.max_session_bytes,
                                      online_calibration=s.online_calibration,
-                                     remaining_selection=s.remaining_selection)
+                                     remaining_selection=s.remaining_selection,
+                                     keep_alive_selection=s.keep_alive_selection)
     except (ProfileError, ValueError, RuntimeError, FileNotFoundError) as exc:
         fail(str(exc))
     return registry, service

@@ -1,0 +1,122 @@
+"""The served keep-alive TTL with and without the online choice among candidates, side by side.
+
+    python bench/bench_keep_alive_select.py [--sets agentless,swe_agent,mini_swe,messy,drift-team]
+                                            [--side test|train] [--grid 1000:1,1000:2,300:1]
+
+Per set (real sets as ``bench/bench_real.py`` finds them; messy: seeds 0, 1, 2 at 200 workflows;
+drift-team: the generated 400-workflow set, seed 0): split by time (each type's first 70 % of
+workflows train), fit, and replay the rest through the serving ``Predictor`` twice — keep-alive
+calibration on, the candidate selection (:mod:`predictors.keep_alive_selection`) off and on —
+scoring both on the same idle gaps exactly as ``profiler eval --online`` does. Per set: coverage
+and KV-seconds per covered gap of each, *on minus off* and *on minus every baseline* (idle-gap p95,
+tool p95, NAT trie) ± the delete-one-workflow jackknife error ("DOMINATED": the other ahead beyond
+one), and which candidate served per type with its switches. ``--side train`` splits the training
+part by time again and replays its later 30 %: the side the selector's constants are chosen on.
+``--grid`` lists ``half_life:margin:min_outcomes`` triples of the selector to replay (default: the shipped ones).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+import predictors.keep_alive_selection as ks  # noqa: E402
+from bench.bench_real import real_source  # noqa: E402
+from fitting.profile_fit import fit_profile  # noqa: E402
+from predictors.keep_alive_compare import compare_held  # noqa: E402
+from scoring.evaluation import keep_alive_baseline_ttls, keep_alive_cost  # noqa: E402
+from scoring.online_eval import replay_served, stream_calls, stream_gaps  # noqa: E402
+from store import ingest as ingest_mod  # noqa: E402
+from store.duckdb_store import connect  # noqa: E402
+from store.split import split_logs  # noqa: E402
+from store.workloads import generate, write_jsonl  # noqa: E402
+
+
+def sources(name: str, work: Path) -> list[tuple[str, Path]]:
+    """``(label, file)`` of one set name."""
+    if name == "messy":
+        out = []
+        for seed in (0, 1, 2):
+            path = work / f"messy{seed}" / "messy.jsonl"
+            write_jsonl(generate("messy", 200, seed=seed), path)
+            out.append((f"messy{seed}", path))
+        return out
+    if name == "drift-team":
+        path = work / "drift-team" / "drift-team.jsonl"
+        write_jsonl(generate("drift-team", 400, seed=0), path)
+        return [("drift-team", path)]
+    return [(name, real_source(name, None))]
+
+
+def fmt_vs(v: dict[str, Any]) -> str:
+    kv = "n/a" if v["kv_s_diff"] is None else f"{v['kv_s_diff']:+.3f}±{(v['kv_s_diff_se'] or 0):.3f}"
+    return f"{v['coverage_diff']:+.4f}±{(v['coverage_diff_se'] or 0):.4f}; {kv}" + (" DOMINATED" if v["dominated"] else "")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sets", default="agentless,swe_agent,mini_swe,messy,drift-team",
+                    help="comma-separated: agentless, swe_agent, mini_swe, messy, drift-team")
+    ap.add_argument("--side", choices=("test", "train"), default="test",
+                    help="test: the time split's later 30 %%; train: its training part split again")
+    ap.add_argument("--grid", default=f"{ks.HALF_LIFE:g}:{ks.MARGIN:g}:{ks.MIN_OUTCOMES:g}",
+                    help="half_life:margin:min_outcomes of the selector, comma-separated (default: the shipped ones)")
+    a = ap.parse_args()
+    grid = [tuple(float(x) for x in g.split(":")) for g in a.grid.split(",")]
+    print(f"# {' '.join(sys.argv)}  (side {a.side})", flush=True)
+    with tempfile.TemporaryDirectory(prefix="bench-ka-select-") as tmp:
+        work = Path(tmp)
+        for name in a.sets.split(","):
+            for label, path in sources(name, work):
+                t0 = time.perf_counter()
+                w = work / label
+                split_logs([path], w / "split", train=0.7, seed=0, order="time")
+                train, test = w / "split" / "train", w / "split" / "test"
+                if a.side == "train":
+                    split_logs([train], w / "split2", train=0.7, seed=0, order="time")
+                    train, test = w / "split2" / "train", w / "split2" / "test"
+                profile, _ = fit_profile([train], w / "profile")
+                if not profile.data.get("idle_gap"):
+                    print(f"{label}: no idle-gap TTL", flush=True)
+                    continue
+                con = connect(None)
+                ingest_mod.ingest(con, [test])
+                calls = stream_calls(con)
+                gap = stream_gaps(con, calls)
+                groups = (calls["workflow_type_id"].astype(str) + "\x1f" + calls["workflow_id"].astype(str)).to_numpy()
+                off = replay_served(profile, calls, online=True, keep_alive_selection=False)[2]
+                base = keep_alive_baseline_ttls(profile, con, calls)
+                for half_life, margin, min_outcomes in grid:
+                    sel = ks.KeepAliveSelector(half_life=half_life, margin=margin, min_outcomes=min_outcomes)
+                    _, _, on, _, rw = replay_served(profile, calls, online=True, keep_alive_selection=sel)
+                    m = ~np.isnan(gap) & ~np.isnan(on) & ~np.isnan(off)
+                    if not m.any():
+                        print(f"{label}: no scored idle gap (order-only times)", flush=True)
+                        break
+                    held = {k: keep_alive_cost(gap[m], t[m]) for k, t in
+                            {"off": off, "on": on, **base}.items()}
+                    figs = " ".join(f"{k} {c.covered.mean():.3f}/{c.kv_s_per_covered_gap:.2f}"
+                                    if c.kv_s_per_covered_gap is not None else f"{k} n/a"
+                                    for k, c in held.items())
+                    print(f"{a.side} {label:11s} h={half_life:g} m={margin:g} min={min_outcomes:g} gaps={int(m.sum())} | {figs}", flush=True)
+                    print(f"    on − off: {fmt_vs(compare_held(gap[m], held['on'].held, held['off'].held, groups[m]))}"
+                          + "".join(f" | on − {k}: {fmt_vs(compare_held(gap[m], held['on'].held, held[k].held, groups[m]))}"
+                                    for k in base) + f" | off − tool_p95: "
+                          f"{fmt_vs(compare_held(gap[m], held['off'].held, held['tool_p95'].held, groups[m]))}", flush=True)
+                    for wt, s in rw["keep_alive_selection"].items():
+                        calls_by = {k: v for k, v in s["served_calls"].items() if v}
+                        print(f"    {wt}: served now {s['served']}, switches {s['switches']}, calls {calls_by}", flush=True)
+                con.close()
+                print(f"    ({time.perf_counter() - t0:.1f} s)", flush=True)
+
+
+if __name__ == "__main__":
+    main()
