@@ -45,6 +45,13 @@ def printed(args: list[str], env: dict | None = None) -> tuple[dict, dict]:
     return values, sources
 
 
+def test_gateway_prints_its_config_without_an_upstream_and_refuses_to_run_without_one():
+    values, sources = printed(["gateway"])
+    assert values["routing"] == GatewaySettings.routing and sources["routing"] == "default"
+    out = run(["gateway", "--profile", "p"])
+    assert out.exit_code != 0 and "--upstream" in out.output
+
+
 def test_precedence_flag_over_env_over_file_over_default(tmp_path):
     cfg = tmp_path / "service.toml"
     cfg.write_text('max_sessions = 5\nsession_idle = "2h"\ndrift_drop = 0.3\nlog_level = "debug"\n')

@@ -17,7 +17,7 @@ from serving_hooks.settings import GatewaySettings
 @app.command(no_args_is_help=True)
 @with_service_settings(cls=GatewaySettings)
 def gateway(
-    upstream: Annotated[list[str], typer.Option("--upstream", "-u", help="OpenAI-compatible server(s), e.g. http://127.0.0.1:30000 (SGLang). Repeat, or separate with commas, for several. Per upstream: URL,dialect=sglang|vllm|dynamo|headers[,priority=high_first|low_first] (docs/dialects.md)[,pool=MODEL] (the model it serves: calls go to the upstreams of the model they name).")],
+    upstream: Annotated[Optional[list[str]], typer.Option("--upstream", "-u", help="Required: OpenAI-compatible server(s), e.g. http://127.0.0.1:30000 (SGLang). Repeat, or separate with commas, for several. Per upstream: URL,dialect=sglang|vllm|dynamo|headers[,priority=high_first|low_first] (docs/dialects.md)[,pool=MODEL] (the model it serves: calls go to the upstreams of the model they name).")] = None,
     profile: Annotated[Optional[Path], ProfileOption("Predict in process from this profile root (hot-reloaded).")] = None,
     sidecar: Annotated[Optional[str], typer.Option(help="Or ask a running `profiler serve` at this URL.")] = None,
     log_dir: Annotated[Optional[Path], typer.Option(help="Write every completed call as a gateway record to rotating JSONL files here (input for `profiler fit`/`watch`).")] = None,
@@ -66,6 +66,8 @@ def gateway(
     s = settings
     admin_token, host, port, routing, dialect = s.admin_token, s.host, s.port, s.routing, s.dialect
     refit_every = s.refit_every
+    if not upstream:      # optional for Typer only, so that --print-config runs without one
+        fail("give --upstream URL: the OpenAI-compatible server(s) the gateway forwards to")
     if (profile is None) == (sidecar is None):
         fail("give exactly one of --profile DIR (predict in process) or --sidecar URL")
     from serving_hooks.dialects import DIALECTS, parse_upstreams
