@@ -612,7 +612,7 @@ class Gateway:
                                                      ctx.identity_source)
             if ctx.engine_session is not None:
                 patch = {**patch, "session_id": ctx.engine_session}
-            fwd = forward_body(raw, body, where, ann.to_dict() if ann is not None else None,
+            fwd = forward_body(raw, body, where, ctx.annotation_dict(),
                                strip_metadata=self.options.strip_metadata,
                                request_stream_usage=inject_usage, extra_fields=patch)
         except (ValueError, TypeError, RecursionError) as exc:
@@ -776,7 +776,7 @@ class Gateway:
                 "request_id": ctx.request_id, "t_arrival": ctx.t_arrival,
                 "t_first_token": t_first_token, "t_finish": t_finish,
                 "request": _with_identity(ctx), "response": response, "status": "ok",
-                "sys_annotations": ctx.annotation.to_dict() if ctx.annotation is not None else None,
+                "sys_annotations": ctx.annotation_dict(),
                 "upstream": ctx.upstream,
                 "gateway": {"annotate": ctx.outcome, "stream": ctx.stream,
                             "client_request_id": ctx.client_request_id, "endpoint": ctx.kind,
@@ -897,6 +897,16 @@ class _CallContext:
     dialect: str | None = None
     advanced: bool = True               # this attempt advanced the session (roll back on failure)
     engine_session: str | None = None   # SGLang session the call is tagged with (--sglang-sessions)
+    _annotation_dict: dict | None = None
+
+    def annotation_dict(self) -> dict | None:
+        """``annotation.to_dict()``, rendered once per call: the forwarded body and the call's
+        log record carry the same dict."""
+        if self.annotation is None:
+            return None
+        if self._annotation_dict is None:
+            self._annotation_dict = self.annotation.to_dict()
+        return self._annotation_dict
 
 
 def _with_identity(ctx: _CallContext) -> dict | None:
