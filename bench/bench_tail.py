@@ -55,6 +55,8 @@ def parse_candidate(text: str) -> tuple[str, OursOptions]:
             key = key.strip()
             if key == "kv_preemption":
                 kv = bool(float(value))
+            elif key == "overdue_by_start":
+                kwargs[key] = bool(float(value))
             elif key.startswith("capacity."):
                 cap[key.removeprefix("capacity.")] = float(value)
             else:

@@ -20,8 +20,7 @@ in the simulator; the SGLang plugin only adds ``aging · (time since enqueue)``
 (latency classes, :meth:`class_term`), ``aging_per_duration`` (aging on each session's expected
 duration, off by default), ``remaining_unit`` (``"calls"``, the default, ``"tokens"`` or
 ``"seconds"``), ``slowdown_bound`` (a session older than a multiple of the seconds it is expected
-to still need is overdue and ranks above every other batch session, the overdue ones by start;
-off by default).
+to still need is overdue and ranks above every batch session that is not; off by default).
 
 Defaults (``aging_per_s = 1e-5``, calls, per-duration aging off) were chosen on simulator
 validation draws; the rules in full, the worked example and every figure with its command:
@@ -101,12 +100,15 @@ class PriorityPolicy:
     remaining_cap: float | None = None
     #: Per-session slowdown bound (docs/simulator-results.md, "Bounded tail", fifth round): a
     #: batch session older than ``slowdown_bound`` times the seconds the profile expects it still
-    #: needs (:meth:`expected_seconds`) is *overdue*: its base becomes ``w1 + overdue_boost``,
-    #: above every batch session that is not, and the overdue ones run in order of their start
-    #: (same base, same aging). None: off.
+    #: needs (:meth:`expected_seconds`) is *overdue*: ``w1 + overdue_boost`` is added to its base,
+    #: so it ranks above every batch session that is not, and the overdue ones keep the key's
+    #: order among themselves. None: off.
     slowdown_bound: float | None = None
-    #: What an overdue session's base exceeds the calls key's best (``w1``) by.
+    #: What an overdue session's base is raised by, on top of the calls key's best (``w1``).
     overdue_boost: float = 1.0
+    #: Overdue sessions run in order of their start instead (their base becomes
+    #: ``w1 + overdue_boost`` alike, and the aging orders them): FCFS among the overdue.
+    overdue_by_start: bool = False
 
     def __post_init__(self) -> None:
         if self.remaining_unit not in UNITS:
@@ -256,7 +258,8 @@ class PriorityPolicy:
         age = ann.session_age_s if session_age_s is None else session_age_s
         base = self.score_annotation(ann, queue_depth, agent_model)
         if self.overdue(ann, age):
-            base = max(base, self.w1 + self.overdue_boost)
+            lift = self.w1 + self.overdue_boost
+            base = max(base, lift) if self.overdue_by_start else base + lift
         return self.session_score(base, age, self.aging_rate(ann, age))
 
     def expected_seconds(self, ann: Annotation) -> float:

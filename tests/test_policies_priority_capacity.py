@@ -229,7 +229,9 @@ def test_slowdown_bound_marks_only_known_batch_sessions_past_their_multiple():
     pol = PriorityPolicy(slowdown_bound=3.0, seconds_per_call=30.0)
     ann = Annotation(known=True, expected_remaining_calls=4.0, expected_remaining_s=200.0)
     assert not pol.overdue(ann, 600.0) and pol.overdue(ann, 601.0)      # 3 x 200 s
-    assert pol.call_priority(ann, 601.0) == pytest.approx(2.0 + 1e-5 * 601.0)
+    assert pol.call_priority(ann, 601.0) == pytest.approx(0.2 + 2.0 + 1e-5 * 601.0)   # lifted
+    by_start = PriorityPolicy(slowdown_bound=3.0, overdue_by_start=True)
+    assert by_start.call_priority(ann, 601.0) == pytest.approx(2.0 + 1e-5 * 601.0)   # one base
     assert pol.call_priority(ann, 599.0) == pytest.approx(0.2 + 1e-5 * 599.0)
     # without remaining seconds: (1 + calls) x seconds_per_call = 150 s; at least one call's worth
     calls_only = Annotation(known=True, expected_remaining_calls=4.0)

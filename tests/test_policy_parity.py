@@ -421,13 +421,17 @@ def test_remaining_cap_ranks_long_sessions_by_start_alike_in_gateway_plugin_and_
     reset_state()
 
 
-def test_slowdown_bound_ranks_overdue_sessions_first_by_start_alike_in_gateway_plugin_and_simulator():
+@pytest.mark.parametrize("by_start", [False, True])
+def test_slowdown_bound_ranks_overdue_sessions_first_alike_in_gateway_plugin_and_simulator(by_start):
     """``slowdown_bound`` 2: at 300 s the session started at 0 s (100 s of expected work left,
-    50 calls) and the one started at 50 s (60 s left) are older than twice what they still need:
-    both overdue, base ``w1 + overdue_boost`` = 2, the older first; the two within their bound keep
-    the calls key (1 call left before 50 calls left). The gateway's priority, the plugin's
-    admitted integer and the simulator's queue agree; without the bound the oldest runs last."""
-    policy = PriorityPolicy(remaining_unit="calls", aging_per_s=0.001, slowdown_bound=2.0)
+    50 calls) and the one started at 50 s (60 s left, 5 calls) are older than twice what they
+    still need: both overdue, lifted by ``w1 + overdue_boost`` = 2 above the two within their
+    bound (which keep the calls key: 1 call left before 50). Among the overdue the key orders
+    them (5 calls left first), or with ``overdue_by_start`` their start (the older first). The
+    gateway's priority, the plugin's admitted integer and the simulator's queue agree; without
+    the bound the oldest runs last."""
+    policy = PriorityPolicy(remaining_unit="calls", aging_per_s=0.001, slowdown_bound=2.0,
+                            overdue_by_start=by_start)
     sched = PriorityScheduler(SimpleNamespace(served=lambda req: req.ann), policy)
     sched.sim = SimpleNamespace(now=0.0, wf_arrival=[0.0, 250.0, 100.0, 50.0],
                                 pool_queue_depths=lambda: None, pools=None)
@@ -452,7 +456,8 @@ def test_slowdown_bound_ranks_overdue_sessions_first_by_start_alike_in_gateway_p
                                                                       abs=0.5 / policy.scale)
     assert sim_prio == plugin_prio
     assert [policy.overdue(a, a.session_age_s) for a in anns] == [True, False, False, True]
-    assert sim_prio[0] > sim_prio[3] > sim_prio[1] > sim_prio[2]   # overdue by start, then the key
+    overdue = [0, 3] if by_start else [3, 0]
+    assert sim_prio[overdue[0]] > sim_prio[overdue[1]] > sim_prio[1] > sim_prio[2]
     unbounded = PriorityPolicy(remaining_unit="calls", aging_per_s=0.001)
     assert unbounded.call_priority(anns[0]) < unbounded.call_priority(anns[1])
     reset_state()
