@@ -102,7 +102,8 @@ class PriorityPolicy:
     #: batch session older than ``slowdown_bound`` times the seconds the profile expects it still
     #: needs (:meth:`expected_seconds`) is *overdue*: ``w1 + overdue_boost`` is added to its base,
     #: so it ranks above every batch session that is not, and the overdue ones keep the key's
-    #: order among themselves. None: off.
+    #: order among themselves. None: off (the default: rejected on validation draws, it lost the
+    #: mean on a growing backlog and did not bound the coding mix's P95).
     slowdown_bound: float | None = None
     #: What an overdue session's base is raised by, on top of the calls key's best (``w1``).
     overdue_boost: float = 1.0
