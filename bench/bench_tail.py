@@ -3,7 +3,8 @@
 For each seed it prepares one workload (a ``--scenario`` or a ``--workload`` at ``--load``), runs
 the baselines (``sglang-default``, ``continuum-ttl``, the clairvoyant ``oracle-srpt``) and ours
 under each candidate (``--candidates``: ``label=field:value;field:value`` of ``PriorityPolicy``
-parameters or ``kv_preemption:1`` / ``:0``; ``label=default`` for the defaults), and prints per seed and policy the avg / P95 /
+parameters, ``capacity.<field>`` of ``CapacityPolicy``, or ``kv_preemption:1`` / ``:0``;
+``label=default`` for the defaults), and prints per seed and policy the avg / P95 /
 P99 JCT, the share of the oracle's gain it takes,
 
     G = (avg JCT continuum-ttl − avg JCT ours) / (avg JCT continuum-ttl − avg JCT oracle-srpt),
@@ -15,7 +16,9 @@ parameter on validation seeds (≥ 100), report it on others. ``--json`` writes 
     python bench/bench_tail.py --scenario agent-platform --seeds 100,101 \\
         --candidates 'd=default' 'c8=remaining_cap:8' 'slot=kv_preemption:0'
     python bench/bench_tail.py --workload datasets/real --load peak --seeds 100 \\
-        --candidates 'd=default' 'a1e-4=aging_per_s:1e-4'
+        --candidates 'd=default' 'a1e-4=aging_per_s:1e-4' 'k4=slowdown_bound:4'
+    python bench/bench_tail.py --scenario agent-platform --seeds 100 \\
+        --candidates 'd=default' 'm3=capacity.move_gain_ratio:3'
 """
 from __future__ import annotations
 
@@ -27,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from policies import PriorityPolicy
+from policies import CapacityPolicy, PriorityPolicy
 from simulator.config import ClusterConfig
 from simulator.ours import OursOptions
 from simulator.runner import compare, parse_load, prepare, prepare_scenario
@@ -39,18 +42,27 @@ TAIL_BASELINES = ("sglang-default", "continuum-ttl")
 
 def parse_candidate(text: str) -> tuple[str, OursOptions]:
     """``label=field:value;field:value`` (or ``label=default``) → (label, OursOptions): each
-    field a ``PriorityPolicy`` parameter, or ``kv_preemption`` (1/0) of ``OursOptions``."""
+    field a ``PriorityPolicy`` parameter, ``capacity.<field>`` a ``CapacityPolicy`` one (the
+    router's move rule, e.g. ``capacity.move_gain_ratio:3``), or ``kv_preemption`` (1/0) of
+    ``OursOptions``."""
     label, _, spec = text.partition("=")
     kwargs: dict = {}
+    cap: dict = {}
     kv = OursOptions().kv_preemption
     if spec and spec != "default":
         for item in spec.split(";"):
             key, _, value = item.partition(":")
-            if key.strip() == "kv_preemption":
+            key = key.strip()
+            if key == "kv_preemption":
                 kv = bool(float(value))
+            elif key == "overdue_by_start":
+                kwargs[key] = bool(float(value))
+            elif key.startswith("capacity."):
+                cap[key.removeprefix("capacity.")] = float(value)
             else:
-                kwargs[key.strip()] = None if value.strip() == "none" else float(value)
-    return label.strip(), OursOptions(priority_policy=PriorityPolicy(**kwargs), kv_preemption=kv)
+                kwargs[key] = None if value.strip() == "none" else float(value)
+    return label.strip(), OursOptions(priority_policy=PriorityPolicy(**kwargs), kv_preemption=kv,
+                                      capacity_policy=CapacityPolicy(**cap))
 
 
 def figures(rows: dict[str, dict], ours: str) -> dict:

@@ -19,7 +19,8 @@ in the simulator; the SGLang plugin only adds ``aging · (time since enqueue)``
 (bigger first). A call with no prediction gets ``unknown_score``. Options: ``interactive_boost``
 (latency classes, :meth:`class_term`), ``aging_per_duration`` (aging on each session's expected
 duration, off by default), ``remaining_unit`` (``"calls"``, the default, ``"tokens"`` or
-``"seconds"``).
+``"seconds"``), ``slowdown_bound`` (a session older than a multiple of the seconds it is expected
+to still need is overdue and ranks above every batch session that is not; off by default).
 
 Defaults (``aging_per_s = 1e-5``, calls, per-duration aging off) were chosen on simulator
 validation draws; the rules in full, the worked example and every figure with its command:
@@ -97,6 +98,18 @@ class PriorityPolicy:
     #: "Bounded tail"): the long sessions tie on the base and the aging serves them in order of
     #: their start, instead of the longest last; None: no cap.
     remaining_cap: float | None = None
+    #: Per-session slowdown bound (docs/simulator-results.md, "Bounded tail", fifth round): a
+    #: batch session older than ``slowdown_bound`` times the seconds the profile expects it still
+    #: needs (:meth:`expected_seconds`) is *overdue*: ``w1 + overdue_boost`` is added to its base,
+    #: so it ranks above every batch session that is not, and the overdue ones keep the key's
+    #: order among themselves. None: off (the default: rejected on validation draws, it lost the
+    #: mean on a growing backlog and did not bound the coding mix's P95).
+    slowdown_bound: float | None = None
+    #: What an overdue session's base is raised by, on top of the calls key's best (``w1``).
+    overdue_boost: float = 1.0
+    #: Overdue sessions run in order of their start instead (their base becomes
+    #: ``w1 + overdue_boost`` alike, and the aging orders them): FCFS among the overdue.
+    overdue_by_start: bool = False
 
     def __post_init__(self) -> None:
         if self.remaining_unit not in UNITS:
@@ -245,7 +258,29 @@ class PriorityPolicy:
         age. SGLang's integer is :func:`predictors.contract.sglang_priority` of it."""
         age = ann.session_age_s if session_age_s is None else session_age_s
         base = self.score_annotation(ann, queue_depth, agent_model)
+        if self.overdue(ann, age):
+            lift = self.w1 + self.overdue_boost
+            base = max(base, lift) if self.overdue_by_start else base + lift
         return self.session_score(base, age, self.aging_rate(ann, age))
+
+    def expected_seconds(self, ann: Annotation) -> float:
+        """The seconds the profile expects ``ann``'s session still needs: its
+        ``expected_remaining_s``, else ``(1 + expected remaining calls) · seconds_per_call``
+        (``NEUTRAL_CALLS`` when neither is known), at least ``seconds_per_call``."""
+        if ann.expected_remaining_s is not None:
+            sec = float(ann.expected_remaining_s)
+        else:
+            calls = NEUTRAL_CALLS if ann.expected_remaining_calls is None else float(ann.expected_remaining_calls)
+            sec = (1.0 + max(0.0, calls)) * self.seconds_per_call
+        return max(sec, self.seconds_per_call)
+
+    def overdue(self, ann: Annotation, session_age_s: float | None) -> bool:
+        """Is the session past its slowdown bound (:attr:`slowdown_bound`): a known batch call
+        whose session is older than ``slowdown_bound · expected_seconds(ann)``? Interactive calls
+        are never overdue (their class already ranks them above every batch session)."""
+        if self.slowdown_bound is None or not ann.known or ann.latency_class == "interactive":
+            return False
+        return float(session_age_s or 0.0) > self.slowdown_bound * self.expected_seconds(ann)
 
     def session_score(self, base: float, session_age_s: float | None,
                       rate: float | None = None) -> float:

@@ -10,7 +10,7 @@ routing (``CapacityPolicy``, alg. 2), keep/drop (``KeepDropPolicy``, alg. 1 + SA
 Each part can be switched off for an ablation (:func:`build_ours`); the part then falls back to
 what ``sglang-rr`` does (FCFS, round robin, LRU, no prefetch). The named variants (``ours-sticky``,
 ``ours-belady``, ``ours-tokens``, ``ours-seconds``, ``ours-duration-aging``, ``ours-aging-1e-3``,
-``ours-no-classes``, ``ours-slot-preempt``, ``ours-cap-8`` and the rest) each change one part to measure what the
+``ours-no-classes``, ``ours-slot-preempt``, ``ours-cap-8``, ``ours-slowdown-K``, ``ours-slowdown-start-K`` and the rest) each change one part to measure what the
 default buys. The idle-downstream term of alg. 3 is active only with model pools
 (:mod:`simulator.pools`). Autoscaling is not a part of ours: any policy name takes
 ``+predictive`` or ``+reactive`` (:mod:`simulator.autoscale`).
@@ -516,6 +516,11 @@ OURS_VARIANTS: dict[str, dict[str, Any]] = {
     "ours-kv-preempt": {"kv_preemption": True},      # the default since issue 39: = ours
     "ours-slot-preempt": {"kv_preemption": False},
     "ours-cap-8": {"priority_policy": PriorityPolicy(remaining_cap=8.0)},
+    "ours-slowdown-4": {"priority_policy": PriorityPolicy(slowdown_bound=4.0)},
+    "ours-slowdown-8": {"priority_policy": PriorityPolicy(slowdown_bound=8.0)},
+    "ours-slowdown-start-2": {"priority_policy": PriorityPolicy(slowdown_bound=2.0, overdue_by_start=True)},
+    "ours-slowdown-start-4": {"priority_policy": PriorityPolicy(slowdown_bound=4.0, overdue_by_start=True)},
+    "ours-slowdown-start-8": {"priority_policy": PriorityPolicy(slowdown_bound=8.0, overdue_by_start=True)},
     "ours-kv-preempt-no-classes": {"kv_preemption": True,
                                    "priority_policy": PriorityPolicy(interactive_boost=0.0)},
     "ours-seconds-p90": {"priority_policy": PriorityPolicy(remaining_unit="seconds",

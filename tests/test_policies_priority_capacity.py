@@ -223,3 +223,21 @@ def test_priority_is_a_workflow_property_aged_from_the_workflow_start():
     # Δbase / aging = (0.5 - 1/14) / 0.001 ≈ 429 s of their start times
     start = pol.base_score(13.0)
     assert pol.session_score(start, 428.0) < pol.session_score(0.5, 0.0) < pol.session_score(start, 430.0)
+
+
+def test_slowdown_bound_marks_only_known_batch_sessions_past_their_multiple():
+    pol = PriorityPolicy(slowdown_bound=3.0, seconds_per_call=30.0)
+    ann = Annotation(known=True, expected_remaining_calls=4.0, expected_remaining_s=200.0)
+    assert not pol.overdue(ann, 600.0) and pol.overdue(ann, 601.0)      # 3 x 200 s
+    assert pol.call_priority(ann, 601.0) == pytest.approx(0.2 + 2.0 + 1e-5 * 601.0)   # lifted
+    by_start = PriorityPolicy(slowdown_bound=3.0, overdue_by_start=True)
+    assert by_start.call_priority(ann, 601.0) == pytest.approx(2.0 + 1e-5 * 601.0)   # one base
+    assert pol.call_priority(ann, 599.0) == pytest.approx(0.2 + 1e-5 * 599.0)
+    # without remaining seconds: (1 + calls) x seconds_per_call = 150 s; at least one call's worth
+    calls_only = Annotation(known=True, expected_remaining_calls=4.0)
+    assert pol.expected_seconds(calls_only) == 150.0 and pol.overdue(calls_only, 451.0)
+    assert pol.expected_seconds(Annotation(known=True, expected_remaining_s=1.0)) == 30.0
+    # never overdue: an unknown call, an interactive one, or with the bound off (the default)
+    assert not pol.overdue(Annotation(known=False), 1e6)
+    assert not pol.overdue(replace(ann, latency_class="interactive"), 1e6)
+    assert not PriorityPolicy().overdue(ann, 1e6)

@@ -419,3 +419,45 @@ def test_remaining_cap_ranks_long_sessions_by_start_alike_in_gateway_plugin_and_
         < uncapped.call_priority(Annotation(known=True, expected_remaining_calls=10.0,
                                             session_age_s=20.0))  # without the cap: longest last
     reset_state()
+
+
+@pytest.mark.parametrize("by_start", [False, True])
+def test_slowdown_bound_ranks_overdue_sessions_first_alike_in_gateway_plugin_and_simulator(by_start):
+    """``slowdown_bound`` 2: at 300 s the session started at 0 s (100 s of expected work left,
+    50 calls) and the one started at 50 s (60 s left, 5 calls) are older than twice what they
+    still need: both overdue, lifted by ``w1 + overdue_boost`` = 2 above the two within their
+    bound (which keep the calls key: 1 call left before 50). Among the overdue the key orders
+    them (5 calls left first), or with ``overdue_by_start`` their start (the older first). The
+    gateway's priority, the plugin's admitted integer and the simulator's queue agree; without
+    the bound the oldest runs last."""
+    policy = PriorityPolicy(remaining_unit="calls", aging_per_s=0.001, slowdown_bound=2.0,
+                            overdue_by_start=by_start)
+    sched = PriorityScheduler(SimpleNamespace(served=lambda req: req.ann), policy)
+    sched.sim = SimpleNamespace(now=0.0, wf_arrival=[0.0, 250.0, 100.0, 50.0],
+                                pool_queue_depths=lambda: None, pools=None)
+    now = [0.0]
+    state = _plugin(policy, now)
+    # (wf, t, remaining calls, remaining seconds)
+    calls = [(0, 300.0, 50.0, 100.0), (1, 300.0, 1.0, 30.0), (2, 300.0, 50.0, 150.0), (3, 300.0, 5.0, 60.0)]
+    sim_prio, plugin_prio, anns = [], [], []
+    for i, (wf, t, left, left_s) in enumerate(calls):
+        sched.sim.now = now[0] = t
+        age = t - sched.sim.wf_arrival[wf]
+        ann = Annotation(known=True, workflow_id=str(wf), expected_remaining_calls=left,
+                         expected_remaining_s=left_s, session_age_s=age)
+        anns.append(ann)
+        req = SimpleNamespace(idx=i, wf=wf, t_enqueue=t, ann=ann)
+        sched.on_issue(req)
+        sim_prio.append(sched.priority(req))
+        preq = _sglang_req(f"c{i}", ann, policy.call_priority(ann))   # what the gateway sends
+        assert admit_request(preq, now=t)
+        plugin_prio.append(preq.priority)
+        assert state.sessions.reference(str(wf))[0] == pytest.approx(sched.book.reference(wf)[0],
+                                                                      abs=0.5 / policy.scale)
+    assert sim_prio == plugin_prio
+    assert [policy.overdue(a, a.session_age_s) for a in anns] == [True, False, False, True]
+    overdue = [0, 3] if by_start else [3, 0]
+    assert sim_prio[overdue[0]] > sim_prio[overdue[1]] > sim_prio[1] > sim_prio[2]
+    unbounded = PriorityPolicy(remaining_unit="calls", aging_per_s=0.001)
+    assert unbounded.call_priority(anns[0]) < unbounded.call_priority(anns[1])
+    reset_state()
