@@ -64,6 +64,8 @@ HICACHE_FLAGS = ["--enable-hierarchical-cache", "--hicache-ratio", "2", "--hicac
 #: on CPU: the IO backend and layout the test stand-ins patch (tests/sglang/cpu_standins), as
 #: tests/sglang/test_real_server.py runs HiCache
 HICACHE_CPU_FLAGS = ["--hicache-io-backend", "direct", "--hicache-mem-layout", "layer_first"]
+#: the CPU stand-ins' switch for the extend attention (tests/sglang/cpu_standins/awp_cpu_standins.py)
+EXTEND_ATTENTION_ENV = "AWP_CPU_EXTEND_ATTENTION"
 #: the plugin's counters line every second (its names: docs/sglang.md), so a run's last one is fresh
 PLUGIN_LOG_EVERY_S = 1
 #: replica pair -> (server flags, plugin on, extra environment)
@@ -173,7 +175,9 @@ def start_pair(model: Path, work: Path, pair: str, args: argparse.Namespace) -> 
                   "attention_backend": kw["attention_backend"]}
         servers.append(BenchServer(model, work / f"{pair}-{i}.log", extra_args=common + flags,
                                    env={"AWP_SGLANG_PLUGIN": "1" if plugin else "0",
-                                        "AWP_LOG_EVERY_S": str(PLUGIN_LOG_EVERY_S), **env}, **kw))
+                                        "AWP_LOG_EVERY_S": str(PLUGIN_LOG_EVERY_S),
+                                        EXTEND_ATTENTION_ENV: getattr(args, "cpu_extend_attention", "new-tokens"),
+                                        **env}, **kw))
     with ThreadPoolExecutor(len(servers)) as ex:
         futures = [ex.submit(srv.start, timeout_s=900 if args.gpu else 600) for srv in servers]
         errors = [f.exception() for f in futures]
@@ -370,6 +374,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="calibration workflows replayed straight to each replica after it starts, before any "
                          f"measured run, so no arm pays a fresh replica's first-request costs (default "
                          f"{WARM_UP_WORKFLOWS}; 0: none)")
+    ap.add_argument("--cpu-extend-attention", choices=["new-tokens", "sglang"], default="new-tokens",
+                    help="CPU only: an extend's attention with the new tokens' queries only, so a cached prefix "
+                         "saves attention work as SGLang's GPU kernels do (new-tokens, default), or SGLang's "
+                         "torch-native one over the whole sequence, cached prefix included (sglang; "
+                         "tests/sglang/cpu_standins/awp_cpu_standins.py, docs/sglang.md)")
     ap.add_argument("--one-pair-at-a-time", action="store_true",
                     help="start one replica pair at a time (always on --gpu; bounds memory on CPU)")
     quiet = ap.add_argument_group("quiet machine (bench/engine_quiet.py): checked before every run")

@@ -392,3 +392,22 @@ def test_warm_up_replays_the_calibration_workflows_to_every_replica_before_any_r
     est = lambda n: be.estimate_condition(be.condition_args(be.parse_args(  # noqa: E731
         ["--condition", "contention", "--seeds", "0", "--warm-up", str(n)]), "contention"))
     assert est(2)["calibration_s"] > est(0)["calibration_s"]
+
+
+@pytest.mark.parametrize("choice", ["new-tokens", "sglang"])
+def test_the_cpu_extend_attention_choice_reaches_every_replica(monkeypatch, tmp_path, choice) -> None:
+    """``--cpu-extend-attention`` is the CPU stand-ins' switch in each replica's environment (the
+    default: a cached prefix saves attention work, as on GPU), recorded in the JSON's settings."""
+    started = []
+
+    def start(self, timeout_s=None):
+        self.startup_s = 0.0
+        started.append(self)
+
+    monkeypatch.setattr(be.BenchServer, "start", start)
+    argv = ["--condition", "platform-contention"] + ([] if choice == "new-tokens" else ["--cpu-extend-attention", choice])
+    args = be.condition_args(be.parse_args(argv), "platform-contention")
+    servers = be.start_pair(tmp_path / "model", tmp_path, "hints", args)
+    assert len(servers) == len(started) == args.replicas == 2
+    assert {s.environment()[be.EXTEND_ATTENTION_ENV] for s in servers} == {choice}
+    assert vars(args)["cpu_extend_attention"] == choice
