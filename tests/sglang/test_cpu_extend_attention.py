@@ -59,3 +59,14 @@ def test_what_it_does_not_cover_goes_to_sglangs_own() -> None:
     assert run(None, z, z, z, z, z, z, z, z, z, causal=False) == "sglang"
     assert run(None, z, z, z, z, z, z, z, z, z, causal=True, sliding_window_size=16) == "sglang"
     assert len(calls) == 2 and run.awp_original is original
+
+
+def test_the_timing_bench_times_both_versions() -> None:
+    from bench import bench_cpu_attention
+
+    t = bench_cpu_attention.time_extend(64, 48, repeats=1)
+    assert set(t) == {"sglang", "new_tokens"} and min(t.values()) > 0
+    assert bench_cpu_attention.parse_shape("1500:1200") == (1500, 1200)
+    for bad in ("10:10", "10", "a:b", "5:-1"):
+        with pytest.raises(ValueError, match="want L:P"):
+            bench_cpu_attention.parse_shape(bad)
