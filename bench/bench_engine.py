@@ -64,6 +64,8 @@ HICACHE_FLAGS = ["--enable-hierarchical-cache", "--hicache-ratio", "2", "--hicac
 #: on CPU: the IO backend and layout the test stand-ins patch (tests/sglang/cpu_standins), as
 #: tests/sglang/test_real_server.py runs HiCache
 HICACHE_CPU_FLAGS = ["--hicache-io-backend", "direct", "--hicache-mem-layout", "layer_first"]
+#: the CPU stand-ins' switch for the extend attention (tests/sglang/cpu_standins/awp_cpu_standins.py)
+EXTEND_ATTENTION_ENV = "AWP_CPU_EXTEND_ATTENTION"
 #: the plugin's counters line every second (its names: docs/sglang.md), so a run's last one is fresh
 PLUGIN_LOG_EVERY_S = 1
 #: replica pair -> (server flags, plugin on, extra environment)
@@ -173,7 +175,9 @@ def start_pair(model: Path, work: Path, pair: str, args: argparse.Namespace) -> 
                   "attention_backend": kw["attention_backend"]}
         servers.append(BenchServer(model, work / f"{pair}-{i}.log", extra_args=common + flags,
                                    env={"AWP_SGLANG_PLUGIN": "1" if plugin else "0",
-                                        "AWP_LOG_EVERY_S": str(PLUGIN_LOG_EVERY_S), **env}, **kw))
+                                        "AWP_LOG_EVERY_S": str(PLUGIN_LOG_EVERY_S),
+                                        EXTEND_ATTENTION_ENV: getattr(args, "cpu_extend_attention", "new-tokens"),
+                                        **env}, **kw))
     with ThreadPoolExecutor(len(servers)) as ex:
         futures = [ex.submit(srv.start, timeout_s=900 if args.gpu else 600) for srv in servers]
         errors = [f.exception() for f in futures]
@@ -284,6 +288,27 @@ def final_counters(servers: list[SGLangServer]) -> None:
     time.sleep(0.5)
 
 
+#: workflows of the warm-up replay each replica gets after it starts (``--warm-up``)
+WARM_UP_WORKFLOWS = 2
+
+
+def warm_up(servers: list[SGLangServer], plan: list, args: argparse.Namespace) -> float:
+    """Replay ``plan`` (a few calibration workflows, two in flight) straight to each replica
+    after it starts, then flush its cache; returns the seconds it took.
+
+    A fresh replica's first requests pay one-off costs (lazy imports, first-shape kernels,
+    allocator growth): on two CPU cores the first arm run after five replicas had started took
+    about twice the time of the same seed later (docs/sglang.md, session 8). Warming every
+    replica the same way before any measured run takes that out of whichever arm comes first."""
+    from serving_hooks.replay import ReplayOptions, replay
+
+    t0 = time.monotonic()
+    for srv in servers:
+        replay(plan, srv.url, ReplayOptions(concurrency=2, time_scale=args.time_scale, seed=0, run_tag="warm"))
+    flush(servers)
+    return time.monotonic() - t0
+
+
 def calibration_records(servers: list[SGLangServer], plan: list, args: argparse.Namespace) -> list[dict]:
     """Replay ``plan`` straight to one plain replica, one workflow at a time then two: the call
     records the simulator's step time is fitted on."""
@@ -345,6 +370,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--matrix", action="store_true",
                     help="the issue-34 matrix in one command: " + ", ".join(f"{c} ({n} seeds)" for c, n in MATRIX.items())
                          + " — replaces --condition and --seeds; the whole matrix's estimate is printed first")
+    ap.add_argument("--warm-up", type=int, default=WARM_UP_WORKFLOWS, metavar="N",
+                    help="calibration workflows replayed straight to each replica after it starts, before any "
+                         f"measured run, so no arm pays a fresh replica's first-request costs (default "
+                         f"{WARM_UP_WORKFLOWS}; 0: none)")
+    ap.add_argument("--cpu-extend-attention", choices=["new-tokens", "sglang"], default="new-tokens",
+                    help="CPU only: an extend's attention with the new tokens' queries only, so a cached prefix "
+                         "saves attention work as SGLang's GPU kernels do (new-tokens, default), or SGLang's "
+                         "torch-native one over the whole sequence, cached prefix included (sglang; "
+                         "tests/sglang/cpu_standins/awp_cpu_standins.py, docs/sglang.md)")
     ap.add_argument("--one-pair-at-a-time", action="store_true",
                     help="start one replica pair at a time (always on --gpu; bounds memory on CPU)")
     quiet = ap.add_argument_group("quiet machine (bench/engine_quiet.py): checked before every run")
@@ -500,13 +534,14 @@ RUN_OVERHEAD_S = 8.0                            # flush, front start/stop, quiet
 SIM_TO_WALL = 1.7
 
 
-def calibration_workload(args: argparse.Namespace) -> list[dict]:
-    """The calibration replay's records: generated coding-assistant workflows (seed 900), scaled
-    like the condition (its coding prompts' extra scale included) and capped to the pool."""
+def calibration_workload(args: argparse.Namespace, workflows: int | None = None) -> list[dict]:
+    """The calibration replay's records (and the warm-up's, with ``workflows``): generated
+    coding-assistant workflows (seed 900), scaled like the condition (its coding prompts' extra
+    scale included) and capped to the pool."""
     from store.workloads import generate
 
     recs = [{**r, "input_tokens": r["input_tokens"] * (args.coding_token_scale or 1.0)}
-            for r in generate("coding_assistant", args.calib_workflows, seed=900)]
+            for r in generate("coding_assistant", workflows or args.calib_workflows, seed=900)]
     return scale_records(recs, args.token_scale, args.pool_tokens // 2, max(1, args.pool_tokens // 4))[0]
 
 
@@ -543,6 +578,9 @@ def estimate_condition(args: argparse.Namespace, wl: EngineWorkload | None = Non
     runs_s = sum(per_run.values()) * len(args.seeds)
     starts_s = START_S[machine] * args.replicas * (len(pairs) + calib_pair)
     calib_s = 0.0 if args.no_sim else 3 * per_run[names[0]] * args.calib_workflows / max(1, args.workflows)
+    # each replica replays the warm-up workflows, two in flight (half the calibration's cost per workflow)
+    calib_s += (1.5 * per_run[names[0]] * getattr(args, "warm_up", 0) / max(1, args.workflows)
+                * args.replicas * (len(pairs) + calib_pair))
     return {"condition": args.condition, "arms": names, "seeds": len(args.seeds), "replicas": args.replicas,
             "pairs": pairs, "per_run_s": per_run, "runs_s": runs_s, "starts_s": starts_s, "calibration_s": calib_s,
             "total_min": (runs_s + starts_s + calib_s) / 60, "step": step.source,
@@ -592,7 +630,10 @@ def run_condition(args: argparse.Namespace, model: Path, work: Path, est: dict |
     for seed, recs in wl.replay.items():
         write_jsonl(recs, work / f"replay{seed}" / "replay.jsonl")
         plans[seed], _ = load_plan([work / f"replay{seed}"])      # lengths already scaled
-    calib_plan = None
+    calib_plan = warm_plan = None
+    if args.warm_up > 0:
+        write_jsonl(calibration_workload(args, args.warm_up), work / "warm" / "warm.jsonl")
+        warm_plan, _ = load_plan([work / "warm"])
     if not args.no_sim:
         write_jsonl(calibration_workload(args), work / "calib" / "calib.jsonl")
         calib_plan, _ = load_plan([work / "calib"])
@@ -660,6 +701,10 @@ def run_condition(args: argparse.Namespace, model: Path, work: Path, est: dict |
                 failed = [fut.exception() for fut in futures.values() if fut.exception() is not None]
             if failed:
                 raise failed[0]
+            if warm_plan is not None:
+                for pair, servers in pairs.items():
+                    print(f"  {pair}: warm-up replay ({args.warm_up} workflows per replica) "
+                          f"{warm_up(servers, warm_plan, args):.0f}s", file=sys.stderr)
             if "plain" in pairs and calib_plan is not None and not state["calib"]:
                 calibrate_and_predict(pairs["plain"])
             do_runs(pairs, todo)

@@ -366,3 +366,48 @@ def test_open_contention_releases_workflows_at_the_replays_poisson_times(tmp_pat
 def test_out_keeps_every_runs_call_records_beside_the_json(tmp_path) -> None:
     args = be.parse_args(["--condition", "contention", "--out", str(tmp_path / "m.json")])
     assert be.calls_dir(args) == tmp_path / "m-calls"
+
+
+def test_warm_up_replays_the_calibration_workflows_to_every_replica_before_any_run(upstream, tmp_path) -> None:
+    """``--warm-up N`` (default 2): each replica gets N calibration workflows straight from the
+    replay, then its cache is flushed, so no arm's first run pays a fresh replica's first requests."""
+    from types import SimpleNamespace
+
+    from serving_hooks.replay_plan import load_plan
+    from store.workloads import write_jsonl
+
+    args = be.condition_args(be.parse_args(["--condition", "contention"]), "contention")
+    assert args.warm_up == be.WARM_UP_WORKFLOWS == 2
+    assert be.parse_args(["--warm-up", "0"]).warm_up == 0
+    recs = be.calibration_workload(args, args.warm_up)
+    assert len({r["workflow_id"] for r in recs}) == 2
+    write_jsonl(recs, tmp_path / "warm" / "warm.jsonl")
+    plan, _ = load_plan([tmp_path / "warm"])
+    before = len(upstream.received)
+    replicas = [SimpleNamespace(url=upstream.url), SimpleNamespace(url=upstream.url)]
+    assert be.warm_up(replicas, plan, args) > 0
+    calls = [r for r in upstream.received[before:] if r.body is not None]     # not the /v1/models probes
+    assert len(calls) == 2 * len(recs)
+    # the warm-up is in the wall-time estimate: every replica of every pair replays it
+    est = lambda n: be.estimate_condition(be.condition_args(be.parse_args(  # noqa: E731
+        ["--condition", "contention", "--seeds", "0", "--warm-up", str(n)]), "contention"))
+    assert est(2)["calibration_s"] > est(0)["calibration_s"]
+
+
+@pytest.mark.parametrize("choice", ["new-tokens", "sglang"])
+def test_the_cpu_extend_attention_choice_reaches_every_replica(monkeypatch, tmp_path, choice) -> None:
+    """``--cpu-extend-attention`` is the CPU stand-ins' switch in each replica's environment (the
+    default: a cached prefix saves attention work, as on GPU), recorded in the JSON's settings."""
+    started = []
+
+    def start(self, timeout_s=None):
+        self.startup_s = 0.0
+        started.append(self)
+
+    monkeypatch.setattr(be.BenchServer, "start", start)
+    argv = ["--condition", "platform-contention"] + ([] if choice == "new-tokens" else ["--cpu-extend-attention", choice])
+    args = be.condition_args(be.parse_args(argv), "platform-contention")
+    servers = be.start_pair(tmp_path / "model", tmp_path, "hints", args)
+    assert len(servers) == len(started) == args.replicas == 2
+    assert {s.environment()[be.EXTEND_ATTENTION_ENV] for s in servers} == {choice}
+    assert vars(args)["cpu_extend_attention"] == choice

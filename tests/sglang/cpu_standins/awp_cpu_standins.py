@@ -1,15 +1,69 @@
-"""Test-only SGLang plugin: the three CPU patches HiCache needs, applied in every server process.
+"""Test-only SGLang plugin: the CPU patches a real server needs here, applied in every server process.
 
 SGLang loads plugins (entry-point group ``sglang.srt.plugins``) in the scheduler before it builds
-the cache, which is where these must run. They are the ones the in-process HiCache test applies
+the cache, which is where these must run. Three are the ones the in-process HiCache test applies
 (``tests/sglang/test_sglang_prefetch.py``): the host pool is allocated without pinning (the CUDA
 host-register assertion), ``torch.cpu.Stream.synchronize`` becomes the no-op CUDA streams have,
-and the ``direct`` IO backend's CUDA copy kernel is replaced by plain torch indexing. Does
-nothing when CUDA is available or ``AWP_TEST_CPU_STANDINS`` is not ``1``.
+and the ``direct`` IO backend's CUDA copy kernel is replaced by plain torch indexing.
+
+The fourth makes a prefix-cache hit save attention work on CPU as it does on GPU.
+SGLang's torch-native backend (the one attention backend that runs on CPU) computes an extend's
+attention for *every* position of the sequence, the cached prefix included (queries padded to the
+full length, ``per_req_query_redudant``), then keeps the new positions' rows: a cached prefix of
+P tokens saves the linear layers' work on P but none of the attention's, which costs
+O((P + n)²) per extend instead of the O(n · (P + n)) of the GPU kernels (FlashInfer, Triton,
+FA3). :func:`extend_attention_new_tokens` attends with the n new queries only, under the causal
+mask aligned to the sequence's end (``causal_lower_right``): the same rows, bit for bit up to
+floating-point order. ``AWP_CPU_EXTEND_ATTENTION=sglang`` keeps SGLang's own.
+
+Does nothing when CUDA is available or ``AWP_TEST_CPU_STANDINS`` is not ``1``.
 """
 from __future__ import annotations
 
 import os
+
+#: ``AWP_CPU_EXTEND_ATTENTION``: ``new-tokens`` (default; :func:`extend_attention_new_tokens`) or
+#: ``sglang`` (the torch-native backend's whole-sequence extend)
+EXTEND_ATTENTION_ENV = "AWP_CPU_EXTEND_ATTENTION"
+
+
+def extend_attention_new_tokens(original):
+    """A ``TorchNativeAttnBackend._run_sdpa_forward_extend`` that attends with the new tokens'
+    queries only (causal, aligned to the end of the sequence); ``original`` serves what it does not
+    cover (encoder-decoder, cross attention, sliding windows, non-causal)."""
+    import torch
+    from torch.nn.attention.bias import causal_lower_right
+    from torch.nn.functional import scaled_dot_product_attention
+
+    def run(self, query, output, k_cache, v_cache, req_to_token, req_pool_indices, seq_lens,
+            extend_prefix_lens, extend_seq_lens, encoder_lens=None, scaling=None, enable_gqa=False,
+            causal=False, is_cross_attn=False, sliding_window_size=None):
+        if encoder_lens is not None or is_cross_attn or not causal or (
+                sliding_window_size is not None and sliding_window_size > -1):
+            return original(self, query, output, k_cache, v_cache, req_to_token, req_pool_indices, seq_lens,
+                            extend_prefix_lens, extend_seq_lens, encoder_lens, scaling=scaling,
+                            enable_gqa=enable_gqa, causal=causal, is_cross_attn=is_cross_attn,
+                            sliding_window_size=sliding_window_size)
+        query = query.movedim(0, query.dim() - 2)        # [heads, tokens, head_size]
+        start_q = 0
+        for i in range(seq_lens.shape[0]):
+            n, kv_len = int(extend_seq_lens[i]), int(seq_lens[i])
+            end_q = start_q + n
+            q = query[:, start_q:end_q, :]
+            tokens = req_to_token[req_pool_indices[i], :kv_len]
+            k = k_cache[tokens].movedim(0, query.dim() - 2)
+            v = v_cache[tokens].movedim(0, query.dim() - 2)
+            if not (q.dtype == k.dtype == v.dtype):
+                k, v = k.to(q.dtype), v.to(q.dtype)
+            mask = None if n == kv_len else causal_lower_right(n, kv_len)
+            out = scaled_dot_product_attention(q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), attn_mask=mask,
+                                               is_causal=mask is None, scale=scaling, enable_gqa=enable_gqa)
+            output[start_q:end_q, :, :] = out.squeeze(0).movedim(query.dim() - 2, 0)
+            start_q = end_q
+        return output
+
+    run.awp_original = original
+    return run
 
 
 def register() -> None:
@@ -34,3 +88,9 @@ def register() -> None:
         funcs[key] = alloc_unpinned
     torch.cpu.Stream.synchronize = lambda self: None
     mha_host.transfer_kv_direct = copy_direct
+    if os.environ.get(EXTEND_ATTENTION_ENV, "new-tokens") == "new-tokens":
+        from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
+
+        current = TorchNativeAttnBackend._run_sdpa_forward_extend
+        if not hasattr(current, "awp_original"):
+            TorchNativeAttnBackend._run_sdpa_forward_extend = extend_attention_new_tokens(current)
