@@ -30,6 +30,17 @@ from store.split import split_logs  # noqa: E402
 from store.workloads import generate, write_jsonl  # noqa: E402
 
 
+def time_split(path: Path, work: Path, side: str) -> tuple[Path, Path]:
+    """(train, test) folders of ``path`` split 70/30 by time under ``work``; ``side="train"``
+    splits the training side again (its later 30 % as the test: for choosing constants blind)."""
+    split_logs([path], work / "split", train=0.7, seed=0, order="time")
+    train, test = work / "split" / "train", work / "split" / "test"
+    if side == "train":
+        split_logs([train], work / "split2", train=0.7, seed=0, order="time")
+        train, test = work / "split2" / "train", work / "split2" / "test"
+    return train, test
+
+
 def fmt(x: float | None, spec: str = ".3f") -> str:
     return "n/a" if x is None else format(x, spec)
 
@@ -55,11 +66,7 @@ def main() -> None:
                 sources.append((name, real_source(name, None)))
             for label, path in sources:
                 w = work / label
-                split_logs([path], w / "split", train=0.7, seed=0, order="time")
-                train, test = w / "split" / "train", w / "split" / "test"
-                if a.side == "train":
-                    split_logs([train], w / "split2", train=0.7, seed=0, order="time")
-                    train, test = w / "split2" / "train", w / "split2" / "test"
+                train, test = time_split(path, w, a.side)
                 profile, _ = fit_profile([train], w / "profile")
                 for rate, horizon in grid:
                     oc.KEEP_ALIVE_RATE, oc.KEEP_ALIVE_ESCALATION_HORIZON = rate, horizon

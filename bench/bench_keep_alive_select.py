@@ -29,6 +29,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 import predictors.keep_alive_selection as ks  # noqa: E402
+from bench.bench_keep_alive_online import time_split  # noqa: E402
 from bench.bench_real import real_source  # noqa: E402
 from fitting.profile_fit import fit_profile  # noqa: E402
 from predictors.keep_alive_compare import compare_held  # noqa: E402
@@ -36,7 +37,6 @@ from scoring.evaluation import keep_alive_baseline_ttls, keep_alive_cost  # noqa
 from scoring.online_eval import replay_served, stream_calls, stream_gaps  # noqa: E402
 from store import ingest as ingest_mod  # noqa: E402
 from store.duckdb_store import connect  # noqa: E402
-from store.split import split_logs  # noqa: E402
 from store.workloads import generate, write_jsonl  # noqa: E402
 
 
@@ -78,11 +78,7 @@ def main() -> None:
             for label, path in sources(name, work):
                 t0 = time.perf_counter()
                 w = work / label
-                split_logs([path], w / "split", train=0.7, seed=0, order="time")
-                train, test = w / "split" / "train", w / "split" / "test"
-                if a.side == "train":
-                    split_logs([train], w / "split2", train=0.7, seed=0, order="time")
-                    train, test = w / "split2" / "train", w / "split2" / "test"
+                train, test = time_split(path, w, a.side)
                 profile, _ = fit_profile([train], w / "profile")
                 if not profile.data.get("idle_gap"):
                     print(f"{label}: no idle-gap TTL", flush=True)

@@ -384,25 +384,22 @@ def test_a_last_call_cancels_its_sessions_prefetch_in_plugin_and_simulator():
     reset_state()
 
 
-def test_remaining_cap_ranks_long_sessions_by_start_alike_in_gateway_plugin_and_simulator():
-    """``remaining_cap``: two long sessions (10 and 50 expected calls left, cap 4) get the same
-    base, 1/5, so the older one (started at 0 s) runs before the younger (started at 20 s) in the
-    gateway's priority, the plugin's admitted integer and the simulator's queue alike; a session
-    under the cap (1 call left, started last) still passes both."""
-    policy = PriorityPolicy(remaining_unit="calls", aging_per_s=0.001, remaining_cap=4.0)
-    assert policy.base_score(10.0) == policy.base_score(50.0) == pytest.approx(0.2)
+def _priorities_alike(policy: PriorityPolicy, wf_arrival: list[float],
+                      calls: list[tuple]) -> tuple[list[int], list[int], list[Annotation]]:
+    """Drive the simulator's queue and the plugin's admission with the same calls ``(wf, t,
+    remaining calls[, remaining seconds])``, the plugin admitting what the gateway would send
+    (``policy.call_priority``); each session's aging reference must agree. Returns (simulator
+    priorities, plugin priorities, annotations)."""
     sched = PriorityScheduler(SimpleNamespace(served=lambda req: req.ann), policy)
-    sched.sim = SimpleNamespace(now=0.0, wf_arrival=[0.0, 20.0, 30.0],
-                                pool_queue_depths=lambda: None, pools=None)
+    sched.sim = SimpleNamespace(now=0.0, wf_arrival=wf_arrival, pool_queue_depths=lambda: None, pools=None)
     now = [0.0]
     state = _plugin(policy, now)
-    calls = [(0, 40.0, 50.0), (1, 40.0, 10.0), (2, 40.0, 1.0)]    # (wf, t, remaining calls)
-    sim_prio, plugin_prio = [], []
-    for i, (wf, t, left) in enumerate(calls):
+    sim_prio, plugin_prio, anns = [], [], []
+    for i, (wf, t, left, *left_s) in enumerate(calls):
         sched.sim.now = now[0] = t
-        age = t - sched.sim.wf_arrival[wf]
         ann = Annotation(known=True, workflow_id=str(wf), expected_remaining_calls=left,
-                         session_age_s=age)
+                         expected_remaining_s=left_s[0] if left_s else None, session_age_s=t - wf_arrival[wf])
+        anns.append(ann)
         req = SimpleNamespace(idx=i, wf=wf, t_enqueue=t, ann=ann)
         sched.on_issue(req)
         sim_prio.append(sched.priority(req))
@@ -411,6 +408,18 @@ def test_remaining_cap_ranks_long_sessions_by_start_alike_in_gateway_plugin_and_
         plugin_prio.append(preq.priority)
         assert state.sessions.reference(str(wf))[0] == pytest.approx(sched.book.reference(wf)[0],
                                                                       abs=0.5 / policy.scale)
+    return sim_prio, plugin_prio, anns
+
+
+def test_remaining_cap_ranks_long_sessions_by_start_alike_in_gateway_plugin_and_simulator():
+    """``remaining_cap``: two long sessions (10 and 50 expected calls left, cap 4) get the same
+    base, 1/5, so the older one (started at 0 s) runs before the younger (started at 20 s) in the
+    gateway's priority, the plugin's admitted integer and the simulator's queue alike; a session
+    under the cap (1 call left, started last) still passes both."""
+    policy = PriorityPolicy(remaining_unit="calls", aging_per_s=0.001, remaining_cap=4.0)
+    assert policy.base_score(10.0) == policy.base_score(50.0) == pytest.approx(0.2)
+    calls = [(0, 40.0, 50.0), (1, 40.0, 10.0), (2, 40.0, 1.0)]    # (wf, t, remaining calls)
+    sim_prio, plugin_prio, _ = _priorities_alike(policy, [0.0, 20.0, 30.0], calls)
     assert sim_prio == plugin_prio
     assert sim_prio[2] > sim_prio[0] > sim_prio[1]    # short first, then the long ones by start
     uncapped = PriorityPolicy(remaining_unit="calls", aging_per_s=0.001)
@@ -432,28 +441,9 @@ def test_slowdown_bound_ranks_overdue_sessions_first_alike_in_gateway_plugin_and
     the bound the oldest runs last."""
     policy = PriorityPolicy(remaining_unit="calls", aging_per_s=0.001, slowdown_bound=2.0,
                             overdue_by_start=by_start)
-    sched = PriorityScheduler(SimpleNamespace(served=lambda req: req.ann), policy)
-    sched.sim = SimpleNamespace(now=0.0, wf_arrival=[0.0, 250.0, 100.0, 50.0],
-                                pool_queue_depths=lambda: None, pools=None)
-    now = [0.0]
-    state = _plugin(policy, now)
     # (wf, t, remaining calls, remaining seconds)
     calls = [(0, 300.0, 50.0, 100.0), (1, 300.0, 1.0, 30.0), (2, 300.0, 50.0, 150.0), (3, 300.0, 5.0, 60.0)]
-    sim_prio, plugin_prio, anns = [], [], []
-    for i, (wf, t, left, left_s) in enumerate(calls):
-        sched.sim.now = now[0] = t
-        age = t - sched.sim.wf_arrival[wf]
-        ann = Annotation(known=True, workflow_id=str(wf), expected_remaining_calls=left,
-                         expected_remaining_s=left_s, session_age_s=age)
-        anns.append(ann)
-        req = SimpleNamespace(idx=i, wf=wf, t_enqueue=t, ann=ann)
-        sched.on_issue(req)
-        sim_prio.append(sched.priority(req))
-        preq = _sglang_req(f"c{i}", ann, policy.call_priority(ann))   # what the gateway sends
-        assert admit_request(preq, now=t)
-        plugin_prio.append(preq.priority)
-        assert state.sessions.reference(str(wf))[0] == pytest.approx(sched.book.reference(wf)[0],
-                                                                      abs=0.5 / policy.scale)
+    sim_prio, plugin_prio, anns = _priorities_alike(policy, [0.0, 250.0, 100.0, 50.0], calls)
     assert sim_prio == plugin_prio
     assert [policy.overdue(a, a.session_age_s) for a in anns] == [True, False, False, True]
     overdue = [0, 3] if by_start else [3, 0]
