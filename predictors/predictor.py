@@ -97,8 +97,8 @@ class Predictor:
     keep_alive_selection : serve, per workflow type, the keep-alive candidate ahead on the idle
         gaps seen (:class:`predictors.keep_alive_selection.KeepAliveSelector`: the fitted TTL, the
         plain per-type p95, the tool's p95, the TTL that gives up on gaps past the cap). False
-        (default: on SWE-agent's time split it covered 0.2 pt less, 1.4 se; docs/keep-alive.md),
-        True: a selector with the defaults, an instance: that one.
+        (default: it made one real set's time split worse, docs/keep-alive.md), True: a selector
+        with the defaults, an instance: that one.
     """
 
     def __init__(self, profile: Any = None, *, max_sessions: int = 100_000,
