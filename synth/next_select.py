@@ -32,7 +32,8 @@ import numpy as np
 
 from store.folds import paired_se
 from synth.markov_baselines import BaselinePredictor, fit_baselines
-from synth.next_served import CANDIDATES, blend_weight, candidate_vector, probability_of, ranked
+from synth.next_served import (CANDIDATES, blend_weight, candidate_vector, mix_automaton, probability_of,
+                               ranked)
 from synth.sequence_select import EPS, subsample
 from synth.vomm import VariableOrderMarkov, project_all, strip_tool_mark
 
@@ -109,14 +110,8 @@ def select_served(calls: Sequence[Sequence[str]], counts: Sequence[int],
                        len(ctx) <= model.max_order,
                        None if auto is None else tuple(sorted(auto.items())), seq[t])
                 if key not in memo:
-                    p = model.predict_proba(ctx)
-                    novel = model.novel_probability(ctx)
-                    if auto is not None:
-                        p = lam * p
-                        for sym, q in auto.items():
-                            if sym in index:
-                                p[index[sym]] += (1.0 - lam) * q
-                        novel *= min(lam, 1.0)
+                    p, novel = mix_automaton(model.predict_proba(ctx), model.novel_probability(ctx),
+                                             auto, lam, index.get)
                     step_loss, step_hit = np.zeros(len(CANDIDATES)), np.zeros(len(CANDIDATES))
                     for c, name in enumerate(CANDIDATES):
                         vec = candidate_vector(name, p, novel, vocab, base, history)

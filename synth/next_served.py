@@ -21,7 +21,7 @@ blends from the most baseline to the most ours, then ours (the order
 """
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -43,6 +43,24 @@ def blend_weight(name: str) -> float | None:
 def baseline_of(name: str) -> str | None:
     """The baseline a candidate reads (``markov_wb`` for a blend; None for ours)."""
     return "markov_wb" if blend_weight(name) is not None else (name if name in MARKOV_BASELINES else None)
+
+
+def mix_automaton(p: np.ndarray, novel: float, auto: Mapping[str, float] | None, weight: float,
+                  index_of: Callable[[str], int | None]) -> tuple[np.ndarray, float]:
+    """Our model's next-symbol vector ``p`` (over its vocabulary, END last) and novel-agent mass
+    ``novel`` mixed with the session automaton's next symbols ``auto`` ({symbol: p}, END
+    included; None once the session left it): ``λ·p + (1 − λ)·p_auto``, a symbol our model
+    never saw dropped, and ``λ·novel``, λ = ``weight`` (the validated mixture). Serving
+    (:class:`synth.session.WorkflowPaths`) and the forward check of the served candidate
+    (:mod:`synth.next_select`) both mix through here, so the check scores what is served."""
+    if auto is None:
+        return p, novel
+    mixed = weight * p
+    for symbol, q in auto.items():
+        i = index_of(symbol)
+        if i is not None:
+            mixed[i] += (1.0 - weight) * q
+    return mixed, min(weight, 1.0) * novel
 
 
 def candidate_vector(name: str, ours: np.ndarray, ours_novel: float, vocab: Sequence[str],

@@ -12,9 +12,9 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from synth.markov_baselines import VO_ORDER, BaselinePredictor
-from synth.next_served import baseline_of, candidate_vector, ranked
+from synth.next_served import baseline_of, candidate_vector, mix_automaton, ranked
 from synth.remaining import RemainingWork
-from synth.vomm import FAMILY_PARTS, VariableOrderMarkov, project
+from synth.vomm import END, FAMILY_PARTS, VariableOrderMarkov, project
 
 #: A session's position: an index into the precomputed session table.
 PathState = int
@@ -208,7 +208,7 @@ class WorkflowPaths:
         out = self._predict_cache.get(key)
         if out is not None:
             return out
-        p = self._next_vector(state, ctx)
+        p, _ = self._next_vector(state, ctx)
         # the agents as the served candidate ranks them (our part of the novel slot unused);
         # p_end stays ours: the session-end rule and keep/drop read it
         vec = candidate_vector(self.served_next, p, 0.0, self.vomm.vocab_, self._base, tail)
@@ -242,27 +242,21 @@ class WorkflowPaths:
         """The served candidate's probabilities over ``vomm.vocab_`` (END last) and, last, of
         an agent never seen (:func:`synth.next_served.candidate_vector`): ``ctx`` is what our
         model reads, ``history`` the plain agents the baselines read."""
-        p = self._next_vector(state, ctx)
-        novel = 0.0
-        if self.served_next == "ours" or self.served_next.startswith("blend_"):
-            weight = 1.0 if state is None else min(self.mixture, 1.0)
-            novel = weight * self.vomm.novel_probability(ctx)
+        reads_ours = self.served_next == "ours" or self.served_next.startswith("blend_")
+        p, novel = self._next_vector(state, ctx, self.vomm.novel_probability(ctx) if reads_ours else 0.0)
         return candidate_vector(self.served_next, p, novel, self.vomm.vocab_, self._base, history)
 
-    def _next_vector(self, state: PathState | None, tail: Sequence[str]) -> np.ndarray:
-        """Next-symbol probabilities over ``vomm.vocab_`` (END last), mixed with the
-        automaton's while the session is on it."""
-        p = self.vomm.predict_proba(tail)
-        if state is None or self.mixture >= 1.0:
-            return p
-        auto = self.estimates(state)
-        p = self.mixture * p
-        for item in auto["next_agents"]:
-            i = self.vomm.index_of(item["agent_id"])
-            if i is not None:
-                p[i] += (1.0 - self.mixture) * item["p"]
-        p[-1] += (1.0 - self.mixture) * auto["p_end"]
-        return p
+    def _next_vector(self, state: PathState | None, tail: Sequence[str],
+                     novel: float = 0.0) -> tuple[np.ndarray, float]:
+        """Next-symbol probabilities over ``vomm.vocab_`` (END last) and the novel-agent mass
+        ``novel``, mixed with the automaton's while the session is on it
+        (:func:`synth.next_served.mix_automaton`)."""
+        auto = None
+        if state is not None and self.mixture < 1.0:
+            est = self.estimates(state)
+            auto = {a["agent_id"]: a["p"] for a in est["next_agents"]}
+            auto[END] = est["p_end"]
+        return mix_automaton(self.vomm.predict_proba(tail), novel, auto, self.mixture, self.vomm.index_of)
 
     def vomm_probability(self, state: PathState | None, history: Sequence[str],
                          symbol: str, context: Sequence[str] | None = None) -> float:
