@@ -16,7 +16,6 @@ It needs the CPU import shims SGLang needs here (``AWP_TEST_CPU_STANDINS=1`` and
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
 import statistics
 import subprocess
@@ -26,6 +25,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 STANDINS = REPO / "tests" / "sglang" / "cpu_standins"
+sys.path.insert(0, str(REPO))
+
+from tests.sglang.cpu_standins.awp_cpu_standins import extend_attention_new_tokens  # noqa: E402
 
 
 def time_extend(seq_len: int, cached: int, repeats: int = 15) -> dict[str, float]:
@@ -34,12 +36,9 @@ def time_extend(seq_len: int, cached: int, repeats: int = 15) -> dict[str, float
     import torch
     from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
 
-    spec = importlib.util.spec_from_file_location("_awp_cpu_standins_bench", STANDINS / "awp_cpu_standins.py")
-    standins = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(standins)
     sglang_fn = TorchNativeAttnBackend._run_sdpa_forward_extend
     sglang_fn = getattr(sglang_fn, "awp_original", sglang_fn)
-    new_fn = standins.extend_attention_new_tokens(sglang_fn)
+    new_fn = extend_attention_new_tokens(sglang_fn)
     heads, kv_heads, d = 4, 2, 32
     n = seq_len - cached
     g = torch.Generator().manual_seed(0)

@@ -49,6 +49,8 @@ from bench.engine_quiet import IDLE_CPU_LIMIT, SessionCPU, wait_quiet  # noqa: E
 from bench.engine_report import (MIN_QUEUE_SHARE, arm_summary, engine_counters, fidelity,  # noqa: E402
                                  queue_samples, queue_summary, ratio_pairs, ratios)
 from bench.engine_router import SGLangRouter, router_available  # noqa: E402
+from tests.sglang.cpu_standins.awp_cpu_standins import (EXTEND_ATTENTION_CHOICES,  # noqa: E402
+                                                         EXTEND_ATTENTION_ENV)
 from tests.sglang.real_server import SGLangServer, free_port  # noqa: E402  (launcher only)
 
 #: The hints replicas as docs/sglang.md deploys them (flag names from SGLang 0.5.23's
@@ -64,8 +66,6 @@ HICACHE_FLAGS = ["--enable-hierarchical-cache", "--hicache-ratio", "2", "--hicac
 #: on CPU: the IO backend and layout the test stand-ins patch (tests/sglang/cpu_standins), as
 #: tests/sglang/test_real_server.py runs HiCache
 HICACHE_CPU_FLAGS = ["--hicache-io-backend", "direct", "--hicache-mem-layout", "layer_first"]
-#: the CPU stand-ins' switch for the extend attention (tests/sglang/cpu_standins/awp_cpu_standins.py)
-EXTEND_ATTENTION_ENV = "AWP_CPU_EXTEND_ATTENTION"
 #: the plugin's counters line every second (its names: docs/sglang.md), so a run's last one is fresh
 PLUGIN_LOG_EVERY_S = 1
 #: replica pair -> (server flags, plugin on, extra environment)
@@ -176,7 +176,7 @@ def start_pair(model: Path, work: Path, pair: str, args: argparse.Namespace) -> 
         servers.append(BenchServer(model, work / f"{pair}-{i}.log", extra_args=common + flags,
                                    env={"AWP_SGLANG_PLUGIN": "1" if plugin else "0",
                                         "AWP_LOG_EVERY_S": str(PLUGIN_LOG_EVERY_S),
-                                        EXTEND_ATTENTION_ENV: getattr(args, "cpu_extend_attention", "new-tokens"),
+                                        EXTEND_ATTENTION_ENV: args.cpu_extend_attention,
                                         **env}, **kw))
     with ThreadPoolExecutor(len(servers)) as ex:
         futures = [ex.submit(srv.start, timeout_s=900 if args.gpu else 600) for srv in servers]
@@ -374,7 +374,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="calibration workflows replayed straight to each replica after it starts, before any "
                          f"measured run, so no arm pays a fresh replica's first-request costs (default "
                          f"{WARM_UP_WORKFLOWS}; 0: none)")
-    ap.add_argument("--cpu-extend-attention", choices=["new-tokens", "sglang"], default="new-tokens",
+    ap.add_argument("--cpu-extend-attention", choices=EXTEND_ATTENTION_CHOICES, default=EXTEND_ATTENTION_CHOICES[0],
                     help="CPU only: an extend's attention with the new tokens' queries only, so a cached prefix "
                          "saves attention work as SGLang's GPU kernels do (new-tokens, default), or SGLang's "
                          "torch-native one over the whole sequence, cached prefix included (sglang; "
@@ -579,7 +579,7 @@ def estimate_condition(args: argparse.Namespace, wl: EngineWorkload | None = Non
     starts_s = START_S[machine] * args.replicas * (len(pairs) + calib_pair)
     calib_s = 0.0 if args.no_sim else 3 * per_run[names[0]] * args.calib_workflows / max(1, args.workflows)
     # each replica replays the warm-up workflows, two in flight (half the calibration's cost per workflow)
-    calib_s += (1.5 * per_run[names[0]] * getattr(args, "warm_up", 0) / max(1, args.workflows)
+    calib_s += (1.5 * per_run[names[0]] * args.warm_up / max(1, args.workflows)
                 * args.replicas * (len(pairs) + calib_pair))
     return {"condition": args.condition, "arms": names, "seeds": len(args.seeds), "replicas": args.replicas,
             "pairs": pairs, "per_run_s": per_run, "runs_s": runs_s, "starts_s": starts_s, "calibration_s": calib_s,

@@ -3,19 +3,13 @@ it attends with the new tokens' queries only and must give the rows SGLang's who
 version keeps, so a real CPU server answers the same while a cached prefix saves attention work."""
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 
 torch = pytest.importorskip("torch")
 TorchNativeAttnBackend = pytest.importorskip(
     "sglang.srt.layers.attention.torch_native_backend").TorchNativeAttnBackend
 
-_PATH = Path(__file__).resolve().parent / "cpu_standins" / "awp_cpu_standins.py"
-_spec = importlib.util.spec_from_file_location("_awp_cpu_standins_under_test", _PATH)
-standins = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(standins)
+from tests.sglang.cpu_standins import awp_cpu_standins as standins  # noqa: E402
 
 
 def _original():

@@ -22,9 +22,10 @@ from __future__ import annotations
 
 import os
 
-#: ``AWP_CPU_EXTEND_ATTENTION``: ``new-tokens`` (default; :func:`extend_attention_new_tokens`) or
-#: ``sglang`` (the torch-native backend's whole-sequence extend)
+#: ``AWP_CPU_EXTEND_ATTENTION``: ``new-tokens`` (the default; :func:`extend_attention_new_tokens`)
+#: or ``sglang`` (the torch-native backend's whole-sequence extend); ``bench_engine`` reads these
 EXTEND_ATTENTION_ENV = "AWP_CPU_EXTEND_ATTENTION"
+EXTEND_ATTENTION_CHOICES = ("new-tokens", "sglang")
 
 
 def extend_attention_new_tokens(original):
@@ -88,7 +89,7 @@ def register() -> None:
         funcs[key] = alloc_unpinned
     torch.cpu.Stream.synchronize = lambda self: None
     mha_host.transfer_kv_direct = copy_direct
-    if os.environ.get(EXTEND_ATTENTION_ENV, "new-tokens") == "new-tokens":
+    if os.environ.get(EXTEND_ATTENTION_ENV, EXTEND_ATTENTION_CHOICES[0]) == "new-tokens":
         from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
 
         current = TorchNativeAttnBackend._run_sdpa_forward_extend
