@@ -51,7 +51,8 @@ def resimulate_condition(cond: dict) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         profiles = fit_profiles(wl, Path(tmp))
         sim = {s: simulate_setups(scaled_records(wl.replay[s], 1.0, st["time_scale"]), profiles[s], cfg,
-                                  st["concurrency"], names, preemption_threshold=st["preemption_threshold"])
+                                  st["concurrency"], names, preemption_threshold=st["preemption_threshold"],
+                                  rate=st.get("rate"), seed=s)
                for s in seeds}
     arms = {n: float(np.mean([sim[s][n]["jct_avg_s"] for s in seeds])) for n in names}
     measured_arms = {n: cond["arms"][n]["jct_avg_s"] for n in names}
