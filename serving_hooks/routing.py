@@ -228,7 +228,8 @@ class CapacityRouter:
             order = [cands[(start + i) % len(cands)] for i in range(len(cands))]
             worker = min(order, key=lambda w: reserved.get(w, 0))
         placement = Placement(worker, fallback=False, affinity=worker == home)
-        self.ledger.stats.count(placement, home, self.ledger.cached_prefix(session, req.input_tokens))
+        self.ledger.stats.count(placement, home, self.ledger.cached_prefix(session, req.input_tokens),
+                                self.ledger.left_behind(session, home, req.agent_id))
         if request_id is not None:
             self.ledger.start(request_id, worker, req, now, session=session)
         return RouteDecision(worker, "no_report", placement)
@@ -309,8 +310,9 @@ class CapacityRouter:
     def metrics(self) -> dict[str, int]:
         """Decision and poll counters: decisions by mode (``capacity``, ``fallback``: no worker
         was safe, ``no_report``), ``stale`` (decided with a stale report), and the ledger's
-        ``decisions``, ``fallbacks``, ``affinity``, ``moved_sessions`` and
-        ``move_recompute_tokens`` (the simulator's ``capacity_*`` figures)."""
+        ``decisions``, ``fallbacks``, ``affinity``, ``moved_sessions``,
+        ``move_recompute_tokens`` and ``move_left_behind_tokens`` (the simulator's
+        ``capacity_*`` figures)."""
         with self._lock:
             return {**self._counters, **self.ledger.stats.as_dict()}
 

@@ -576,6 +576,7 @@ def ours_stats(policy: Policy) -> dict[str, Any]:
             out["capacity_affinity"] = part.counts["affinity"]
             out["capacity_moved_sessions"] = part.counts["moved_sessions"]
             out["capacity_move_recompute_tokens"] = part.counts["move_recompute_tokens"]
+            out["capacity_move_left_behind_tokens"] = part.counts["move_left_behind_tokens"]
         elif isinstance(part, KeepDropCache):
             out["retention_decisions"] = dict(part.counts)
         elif isinstance(part, HostPrefetch):
