@@ -185,15 +185,17 @@ class CapacityRouter:
         request_id: str | None = None,
         expected_out: float | None = None,
         upper_bounds: BoundTable = (),
+        agent_id: str | None = None,
     ) -> RouteDecision:
         """Route one request (``.worker`` is the URL) from its bound's parts; reserve it when
         ``request_id`` is given. ``predicted_hi`` None: ``unknown_output_tokens`` at the policy's
         default ``α``; ``upper_bounds`` (``((α, U(α)), …)``) lets it share the worker's risk
-        budget instead."""
+        budget instead; ``agent_id`` keys the session's per-agent prefix ledger (what a move
+        leaves behind)."""
         hi = int(predicted_hi) if predicted_hi is not None else self.unknown_output_tokens
         a = self.policy.default_alpha if alpha is None else float(alpha)
         req = ActiveRequest(request_id or "", int(input_tokens), hi, a, session_id,
-                            tuple(upper_bounds), expected_out)
+                            tuple(upper_bounds), expected_out, agent_id)
         return self._decide(session_id, req, alpha, request_id)
 
     def _decide(self, session_id: str | None, req: ActiveRequest, alpha: float | None,
@@ -263,13 +265,16 @@ class CapacityRouter:
         predicted_hi: int | None,
         alpha: float | None = None,
         session_id: str | None = None,
+        agent_id: str | None = None,
     ) -> None:
-        """Track a request sent to ``worker`` with its predicted bound until :meth:`on_finish`."""
+        """Track a request sent to ``worker`` with its predicted bound until :meth:`on_finish`
+        (``agent_id``: the session's agent that sent it, for the per-agent prefix ledger)."""
         a = self.policy.default_alpha if alpha is None else float(alpha)
         hi = int(predicted_hi) if predicted_hi is not None else self.unknown_output_tokens
         with self._lock:
             self.ledger.start(request_id, worker.rstrip("/"),
-                              ActiveRequest(request_id, int(input_tokens), hi, a, session_id),
+                              ActiveRequest(request_id, int(input_tokens), hi, a, session_id,
+                                            agent_id=agent_id),
                               self.clock(), session=session_id or None)
 
     def on_finish(self, request_id: str) -> None:
