@@ -422,8 +422,8 @@ class CapacityPolicy:
                          moved=True, recompute_tokens=max(0, int(cached)), left_behind_tokens=behind)
 
     def move_cost_s(self, cached_tokens: float, target_requests: int = 0) -> float:
-        """``(move_cost_factor + target_requests) · cached_tokens · prefill_s_per_token``: the
-        moved session's rebuild, and the same prefill time for each of the ``target_requests``
+        """``(move_cost_factor + target_requests) · cached_tokens · prefill_s_per_token``
+        (``cached_tokens``: what the move rebuilds, :meth:`choose`): the moved session's rebuild, and the same prefill time for each of the ``target_requests``
         in flight on the target (its recompute is load there, shared by all of them)."""
         return ((self.move_cost_factor + max(0, int(target_requests)))
                 * max(0.0, float(cached_tokens)) * self.prefill_s_per_token)
