@@ -10,7 +10,8 @@ P99 JCT, the share of the oracle's gain it takes,
     G = (avg JCT continuum-ttl − avg JCT ours) / (avg JCT continuum-ttl − avg JCT oracle-srpt),
 
 the headroom (``continuum-ttl − oracle-srpt``, s), P95 ÷ the best baseline's P95 (the best of
-``sglang-default`` and ``continuum-ttl``), and the mean of each over the seeds. Choose a
+``sglang-default`` and ``continuum-ttl``), the routing-caused recompute share (``routing rc``) and
+the sessions the router moved, and the mean of each over the seeds. Choose a
 parameter on validation seeds (≥ 100), report it on others. ``--json`` writes every row.
 
     python bench/bench_tail.py --scenario agent-platform --seeds 100,101 \\
@@ -75,7 +76,8 @@ def figures(rows: dict[str, dict], ours: str) -> dict:
             "G": (cont["avg_jct_s"] - row["avg_jct_s"]) / head if head > 1e-9 else float("nan"),
             "headroom_s": head, "p95_vs_best": row["p95_jct_s"] / best95,
             "p99_vs_best": row["p99_jct_s"] / best99,
-            "routing_rc": row.get("routing_recompute_share", float("nan"))}
+            "routing_rc": row.get("routing_recompute_share", float("nan")),
+            "moved": row.get("capacity_moved_sessions", float("nan"))}
 
 
 def main() -> None:
@@ -119,13 +121,15 @@ def main() -> None:
             per[label].append(f)
             print(f"  {label:14s} avg {f['avg']:7.1f}  P95 {f['p95']:7.1f} ({f['p95_vs_best']:.2f}x)  "
                   f"P99 {f['p99']:7.1f} ({f['p99_vs_best']:.2f}x)  G {f['G']:+.2f}  "
-                  f"headroom {f['headroom_s']:.0f} s", flush=True)
+                  f"headroom {f['headroom_s']:.0f} s  routing rc {100 * f['routing_rc']:.1f} %  "
+                  f"moved {f['moved']}", flush=True)
     print("mean over seeds:")
     for label, fs in per.items():
         m = {k: float(np.mean([f[k] for f in fs])) for k in fs[0]}
         print(f"  {label:14s} avg {m['avg']:7.1f}  P95 ratio {m['p95_vs_best']:.3f} (max "
               f"{max(f['p95_vs_best'] for f in fs):.3f})  P99 ratio {m['p99_vs_best']:.3f}  "
-              f"G {m['G']:+.2f}  headroom {m['headroom_s']:.0f} s")
+              f"G {m['G']:+.2f}  headroom {m['headroom_s']:.0f} s  routing rc max "
+              f"{100 * max(f['routing_rc'] for f in fs):.1f} %")
     if args.json:
         args.json.write_text(json.dumps(out, indent=1, default=str))
 

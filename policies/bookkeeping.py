@@ -14,7 +14,8 @@ monotonic scale); callers that share an object across threads hold their own loc
 :class:`CapacityLedger`
     per replica, the requests sent and not yet finished with their predicted KV bounds
     (:func:`capacity_request` turns an annotation into one), the sums the capacity check reads,
-    the drain rate, each session's last replica and prefix, the replicas' queue depths and the
+    the drain rate, each session's last replica and each of its agents' prefix and replica,
+    the replicas' queue depths and the
     routing counters (:class:`RoutingStats`). :meth:`CapacityLedger.place` is the routing step
     both routers call: the policy's choice, counted and reserved.
 :class:`SessionPriorityBook`
@@ -29,7 +30,7 @@ from __future__ import annotations
 
 from collections import OrderedDict, deque
 from collections.abc import Hashable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import MappingProxyType
 
 from predictors.contract import Annotation
@@ -65,8 +66,9 @@ def capacity_request(request_id: Hashable, input_tokens: int, annotation: Annota
         lo = annotation.output_lo if known and annotation.output_lo is not None else hi / 2
         expected = (lo + hi) / 2
     table: BoundTable = tuple(annotation.output_len_upper) if known and risk_split else ()
+    agent = annotation.agent_id if annotation is not None else None
     return ActiveRequest(request_id, int(input_tokens), hi, alpha,
-                         None if session is None else str(session), table, expected)
+                         None if session is None else str(session), table, expected, agent)
 
 
 @dataclass
@@ -77,15 +79,19 @@ class RoutingStats:
     ``fallbacks``: no replica was safe; ``affinity``: the session stayed on its last replica;
     ``moved_sessions``: a returning session sent to another replica than its last one, and
     ``move_recompute_tokens`` the cached prefix tokens those moves make the targets prefill
-    again (the ledger's estimate: ``min(input, the session's prefix)`` per move)."""
+    again (the ledger's estimate: ``min(input, the session's prefix)`` per move) and
+    ``move_left_behind_tokens`` the prefixes of the moved sessions' other agents left on the old
+    replicas (rebuilt when those agents run next)."""
 
     decisions: int = 0
     fallbacks: int = 0
     affinity: int = 0
     moved_sessions: int = 0
     move_recompute_tokens: int = 0
+    move_left_behind_tokens: int = 0
 
-    def count(self, placement: Placement, home: str | None, cached_tokens: int) -> None:
+    def count(self, placement: Placement, home: str | None, cached_tokens: int,
+              left_behind_tokens: int = 0) -> None:
         """Count one decision (``home``: the session's last replica before it)."""
         self.decisions += 1
         self.fallbacks += bool(placement.fallback)
@@ -93,11 +99,13 @@ class RoutingStats:
         if home is not None and placement.replica != home:
             self.moved_sessions += 1
             self.move_recompute_tokens += max(0, int(cached_tokens))
+            self.move_left_behind_tokens += max(0, int(left_behind_tokens))
 
     def as_dict(self) -> dict[str, int]:
         return {"decisions": self.decisions, "fallbacks": self.fallbacks, "affinity": self.affinity,
                 "moved_sessions": self.moved_sessions,
-                "move_recompute_tokens": self.move_recompute_tokens}
+                "move_recompute_tokens": self.move_recompute_tokens,
+                "move_left_behind_tokens": self.move_left_behind_tokens}
 
 
 @dataclass(frozen=True)
@@ -136,6 +144,8 @@ class CapacityLedger:
         self._released_sum: dict[str, float] = {r: 0.0 for r in self.replicas}
         #: session -> (its last replica, the prefix tokens it holds there)
         self._last: OrderedDict[Hashable, tuple[str, int]] = OrderedDict()
+        #: session -> {agent -> (the replica of its latest request, input + E[out] there)}
+        self._agents: dict[Hashable, dict[str | None, tuple[str, int]]] = {}
         self.stats = RoutingStats()
         self._tables: dict[BoundTable, BoundTable] = {}
         self._queue_depths: dict[str, int] = {}
@@ -149,30 +159,32 @@ class CapacityLedger:
         if request.upper_bounds:
             table = self._tables.setdefault(request.upper_bounds, request.upper_bounds)
             if table is not request.upper_bounds:
-                request = ActiveRequest(request.request_id, request.input_tokens, request.predicted_hi,
-                                        request.alpha, request.session_id, table, request.expected_out)
+                request = replace(request, upper_bounds=table)
         self.finish(request_id, now, released=False)
         self._inflight[request_id] = Reservation(replica, float(now), request, session)
         self._active.setdefault(replica, {})[request_id] = request
         self._totals.setdefault(replica, ActiveTotals()).add(request)
         if session is not None:
-            self.note_session(session, replica, int(request.expected_tokens))
+            self.note_session(session, replica, int(request.expected_tokens), agent=request.agent_id)
 
     def place(self, policy: CapacityPolicy, states: list[ReplicaState], request: ActiveRequest,
               now: float, *, session: Hashable | None = None, alpha: float | None = None,
               request_id: Hashable | None = None) -> Placement:
         """The routing step of every router (gateway and simulator): ``policy.choose`` over
         ``states`` with the session's last replica and the prefix it holds there (a move costs
-        ``min(request.input_tokens, prefix)`` tokens of recompute), counted in :attr:`stats`,
+        ``min(request.input_tokens, prefix)`` tokens of recompute, plus the prefixes its other
+        agents leave there: :meth:`left_behind`), counted in :attr:`stats`,
         and, with ``request_id``, ``request`` reserved on the chosen replica (:meth:`start`).
         ``alpha`` is the call's own risk (None: the policy's default, for an unknown call)."""
         home = self.last_replica(session)
         cached = self.cached_prefix(session, request.input_tokens)
+        behind = self.left_behind(session, home, request.agent_id)
         placement = policy.choose(states, request.input_tokens, request.predicted_hi, alpha,
                                   request.expected_out, last_replica=home,
-                                  upper_bounds=request.upper_bounds, cached_tokens=cached)
+                                  upper_bounds=request.upper_bounds, cached_tokens=cached,
+                                  left_behind_tokens=behind)
         if placement.replica is not None:
-            self.stats.count(placement, home, cached)
+            self.stats.count(placement, home, cached, behind)
             if request_id is not None:
                 self.start(request_id, placement.replica, request, now, session=session)
         return placement
@@ -182,6 +194,15 @@ class CapacityLedger:
         holds: ``min(input_tokens, input + E[out] of its latest request)``; 0 for a new one."""
         entry = self._last.get(session) if session is not None else None
         return 0 if entry is None else min(int(input_tokens), entry[1])
+
+    def left_behind(self, session: Hashable | None, replica: str | None, agent: str | None) -> int:
+        """The prefixes the session's agents other than ``agent`` hold on ``replica`` (each one's
+        latest input + E[out] there): what they rebuild elsewhere, when they run next, if the
+        session leaves ``replica``. 0 for a new session or one with a single agent."""
+        agents = self._agents.get(session) if session is not None and replica is not None else None
+        if not agents:
+            return 0
+        return sum(tokens for a, (r, tokens) in agents.items() if a != agent and r == replica)
 
     def finish(self, request_id: Hashable, now: float, released: bool = True) -> ActiveRequest | None:
         """Forget a finished (or failed) request; its expected tokens count toward its replica's
@@ -202,13 +223,17 @@ class CapacityLedger:
         entry = self._last.get(session) if session is not None else None
         return None if entry is None else entry[0]
 
-    def note_session(self, session: Hashable, replica: str, prefix_tokens: int = 0) -> None:
-        """The session's prefix (``prefix_tokens``) is now on ``replica`` (after a request sent
-        there, or prefilled there ahead of its next call): its next request prefers it."""
+    def note_session(self, session: Hashable, replica: str, prefix_tokens: int = 0,
+                     agent: str | None = None) -> None:
+        """The prefix (``prefix_tokens``) of the session's ``agent`` is now on ``replica`` (after
+        a request sent there, or prefilled there ahead of its next call): its next request
+        prefers it, and the agent's entry in the per-agent ledger moves there."""
         self._last[session] = (replica, int(prefix_tokens))
         self._last.move_to_end(session)
+        self._agents.setdefault(session, {})[agent] = (replica, int(prefix_tokens))
         while self.max_sessions is not None and len(self._last) > self.max_sessions:
-            self._last.popitem(last=False)
+            old, _ = self._last.popitem(last=False)
+            self._agents.pop(old, None)
 
     def active(self, replica: str) -> tuple[ActiveRequest, ...]:
         """The requests in flight on ``replica``, oldest first (one tuple per change, shared by

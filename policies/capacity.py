@@ -15,7 +15,9 @@ plus what we sent since it was taken.
 Where a request goes (one rule for the gateway and the simulator): a session stays on its last
 replica while that replica is safe; it moves only when the home is unsafe by ``move_margin``,
 another replica is safe, and the wait the move saves exceeds ``move_gain_ratio`` (2) times the
-cost of rebuilding its cached prefix on the target; a new session goes to the safe replica with
+cost of rebuilding on the target what the session holds at home — the moving call's cached prefix
+and, weighted by ``left_behind_weight``, the prefixes its other agents leave there (each rebuilt
+when that agent runs next); a new session goes to the safe replica with
 the largest expected headroom. ``fallback=True`` marks decisions with no replica safe;
 ``moved=True`` a session sent off its last replica, with the ``recompute_tokens`` it costs.
 
@@ -49,7 +51,8 @@ class ActiveRequest:
 
     ``predicted_hi``/``alpha`` are a single bound and its risk; ``upper_bounds``, when given, is
     the request's table of bounds and makes it share the replica's risk budget (module doc).
-    ``expected_out`` is its expected output length (default: ``predicted_hi``).
+    ``expected_out`` is its expected output length (default: ``predicted_hi``); ``agent_id`` the
+    session's agent that sent it (the ledger keeps each agent's prefix apart, ``None``: unknown).
     """
 
     request_id: str
@@ -59,6 +62,7 @@ class ActiveRequest:
     session_id: str | None = None
     upper_bounds: BoundTable = ()
     expected_out: float | None = None
+    agent_id: str | None = None
 
     @property
     def bound_tokens(self) -> int:
@@ -261,7 +265,8 @@ class Placement:
     ``replica`` is ``None`` only when no replica was given. ``fallback`` is true when no
     replica was safe; ``affinity`` when the request stays on the session's last replica;
     ``moved`` when the session leaves it, ``recompute_tokens`` the cached prefix tokens the
-    target prefills again because of that move (0 otherwise).
+    target prefills again because of that move (0 otherwise) and ``left_behind_tokens`` the
+    prefixes of the session's other agents it leaves on the old replica (rebuilt later).
     """
 
     replica: str | None
@@ -270,6 +275,7 @@ class Placement:
     checks: tuple[ReplicaCheck, ...] = field(default=())
     moved: bool = False
     recompute_tokens: int = 0
+    left_behind_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -304,6 +310,11 @@ class CapacityPolicy:
         Cost a move's rebuild as load on the target: each request in flight there waits it
         out too (``move_cost_s(cached, n_target)``). False: the moved session's own rebuild
         only (the rule before; it moves more sessions under deep queues).
+    left_behind_weight:
+        Share of the session's other agents' prefixes on the old replica (each agent's last
+        input + expected output, kept by :class:`~policies.bookkeeping.CapacityLedger`) added
+        to the tokens a move rebuilds: a multi-agent session that moves rebuilds them on the
+        target when those agents run next. 0: the moving call's prefix only (the rule before).
     """
 
     epsilon: float = 0.05
@@ -314,6 +325,7 @@ class CapacityPolicy:
     move_margin: float = 0.1
     move_gain_ratio: float = 2.0
     rebuild_delays_target: bool = True
+    left_behind_weight: float = 1.0
 
     def check(
         self,
@@ -367,6 +379,7 @@ class CapacityPolicy:
         last_replica: str | None = None,
         upper_bounds: BoundTable = (),
         cached_tokens: int | None = None,
+        left_behind_tokens: int = 0,
     ) -> Placement:
         """Pick a replica for a new request (see the module docstring): the session's last
         replica unless it is unsafe by ``move_margin``, another is safe and the move saves
@@ -375,7 +388,9 @@ class CapacityPolicy:
         the most headroom as a share of capacity.
 
         ``cached_tokens`` is the prefix the session holds on ``last_replica`` (default: the
-        whole prompt, ``input_tokens``): what a move makes the target prefill again."""
+        whole prompt, ``input_tokens``): what a move makes the target prefill again;
+        ``left_behind_tokens`` the prefixes of the session's other agents there (rebuilt on the
+        target later), added to the move's cost at ``left_behind_weight``."""
         if not replicas:
             return Placement(replica=None, fallback=True, affinity=False)
         checks = tuple(
@@ -399,20 +414,22 @@ class CapacityPolicy:
             return stay
         best = max(safe, key=lambda c: c.headroom_tokens)
         cached = input_tokens if cached_tokens is None else cached_tokens
-        if not self._worth_moving(home_state, home, by_name[best.name], best, cached):
+        behind = max(0, int(left_behind_tokens))
+        rebuilt = max(0, int(cached)) + self.left_behind_weight * behind
+        if not self._worth_moving(home_state, home, by_name[best.name], best, rebuilt):
             return stay
         return Placement(replica=best.name, fallback=False, affinity=False, checks=checks,
-                         moved=True, recompute_tokens=max(0, int(cached)))
+                         moved=True, recompute_tokens=max(0, int(cached)), left_behind_tokens=behind)
 
-    def move_cost_s(self, cached_tokens: int, target_requests: int = 0) -> float:
-        """``(move_cost_factor + target_requests) · cached_tokens · prefill_s_per_token``: the
-        moved session's rebuild, and the same prefill time for each of the ``target_requests``
+    def move_cost_s(self, cached_tokens: float, target_requests: int = 0) -> float:
+        """``(move_cost_factor + target_requests) · cached_tokens · prefill_s_per_token``
+        (``cached_tokens``: what the move rebuilds, :meth:`choose`): the moved session's rebuild, and the same prefill time for each of the ``target_requests``
         in flight on the target (its recompute is load there, shared by all of them)."""
         return ((self.move_cost_factor + max(0, int(target_requests)))
-                * max(0, int(cached_tokens)) * self.prefill_s_per_token)
+                * max(0.0, float(cached_tokens)) * self.prefill_s_per_token)
 
     def _worth_moving(self, home: ReplicaState, home_check: ReplicaCheck, target: ReplicaState,
-                      target_check: ReplicaCheck, cached_tokens: int) -> bool:
+                      target_check: ReplicaCheck, cached_tokens: float) -> bool:
         w_home = home.expected_wait_s(home_check.headroom_tokens)
         w_target = target.expected_wait_s(target_check.headroom_tokens)
         if w_home is not None and w_target is not None:

@@ -200,7 +200,8 @@ class RoutingCollector(Collector):
     own record), ``<prefix>_route_affinity_total`` (the session stayed on its last worker),
     ``<prefix>_route_moved_sessions_total`` and ``<prefix>_route_move_recompute_tokens_total``
     (sessions sent off the worker that holds their prefix, and the cached prefix tokens those
-    moves make the new worker prefill again)."""
+    moves make the new worker prefill again), ``<prefix>_route_move_left_behind_tokens_total``
+    (the prefixes of those sessions' other agents left on the old worker)."""
 
     MODES = ("capacity", "fallback", "no_report")
 
@@ -223,6 +224,9 @@ class RoutingCollector(Collector):
         yield CounterMetricFamily(f"{p}_route_move_recompute_tokens", "Cached prefix tokens the "
                                   "moves make another worker prefill again.",
                                   value=st.get("move_recompute_tokens", 0))
+        yield CounterMetricFamily(f"{p}_route_move_left_behind_tokens", "Prefix tokens of the "
+                                  "moved sessions' other agents left on their old worker.",
+                                  value=st.get("move_left_behind_tokens", 0))
 
 
 class DriftCollector(Collector):

@@ -185,15 +185,17 @@ class CapacityRouter:
         request_id: str | None = None,
         expected_out: float | None = None,
         upper_bounds: BoundTable = (),
+        agent_id: str | None = None,
     ) -> RouteDecision:
         """Route one request (``.worker`` is the URL) from its bound's parts; reserve it when
         ``request_id`` is given. ``predicted_hi`` None: ``unknown_output_tokens`` at the policy's
         default ``α``; ``upper_bounds`` (``((α, U(α)), …)``) lets it share the worker's risk
-        budget instead."""
+        budget instead; ``agent_id`` keys the session's per-agent prefix ledger (what a move
+        leaves behind)."""
         hi = int(predicted_hi) if predicted_hi is not None else self.unknown_output_tokens
         a = self.policy.default_alpha if alpha is None else float(alpha)
         req = ActiveRequest(request_id or "", int(input_tokens), hi, a, session_id,
-                            tuple(upper_bounds), expected_out)
+                            tuple(upper_bounds), expected_out, agent_id)
         return self._decide(session_id, req, alpha, request_id)
 
     def _decide(self, session_id: str | None, req: ActiveRequest, alpha: float | None,
@@ -228,7 +230,8 @@ class CapacityRouter:
             order = [cands[(start + i) % len(cands)] for i in range(len(cands))]
             worker = min(order, key=lambda w: reserved.get(w, 0))
         placement = Placement(worker, fallback=False, affinity=worker == home)
-        self.ledger.stats.count(placement, home, self.ledger.cached_prefix(session, req.input_tokens))
+        self.ledger.stats.count(placement, home, self.ledger.cached_prefix(session, req.input_tokens),
+                                self.ledger.left_behind(session, home, req.agent_id))
         if request_id is not None:
             self.ledger.start(request_id, worker, req, now, session=session)
         return RouteDecision(worker, "no_report", placement)
@@ -262,13 +265,16 @@ class CapacityRouter:
         predicted_hi: int | None,
         alpha: float | None = None,
         session_id: str | None = None,
+        agent_id: str | None = None,
     ) -> None:
-        """Track a request sent to ``worker`` with its predicted bound until :meth:`on_finish`."""
+        """Track a request sent to ``worker`` with its predicted bound until :meth:`on_finish`
+        (``agent_id``: the session's agent that sent it, for the per-agent prefix ledger)."""
         a = self.policy.default_alpha if alpha is None else float(alpha)
         hi = int(predicted_hi) if predicted_hi is not None else self.unknown_output_tokens
         with self._lock:
             self.ledger.start(request_id, worker.rstrip("/"),
-                              ActiveRequest(request_id, int(input_tokens), hi, a, session_id),
+                              ActiveRequest(request_id, int(input_tokens), hi, a, session_id,
+                                            agent_id=agent_id),
                               self.clock(), session=session_id or None)
 
     def on_finish(self, request_id: str) -> None:
@@ -309,8 +315,9 @@ class CapacityRouter:
     def metrics(self) -> dict[str, int]:
         """Decision and poll counters: decisions by mode (``capacity``, ``fallback``: no worker
         was safe, ``no_report``), ``stale`` (decided with a stale report), and the ledger's
-        ``decisions``, ``fallbacks``, ``affinity``, ``moved_sessions`` and
-        ``move_recompute_tokens`` (the simulator's ``capacity_*`` figures)."""
+        ``decisions``, ``fallbacks``, ``affinity``, ``moved_sessions``,
+        ``move_recompute_tokens`` and ``move_left_behind_tokens`` (the simulator's
+        ``capacity_*`` figures)."""
         with self._lock:
             return {**self._counters, **self.ledger.stats.as_dict()}
 

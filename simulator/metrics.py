@@ -26,8 +26,10 @@ eviction_/routing_/preemption_recomputed_tokens  recompute by cause: a segment t
 routing_recompute_share  routing-caused recompute ÷ prefill_tokens (the prefill a router's moves
                         cost); ours' rows also carry the router's ``capacity_decisions``,
                         ``capacity_fallbacks`` (no replica safe), ``capacity_affinity``,
-                        ``capacity_moved_sessions`` and ``capacity_move_recompute_tokens`` (its
-                        own estimate of the moves' recompute, ``simulator.ours.ours_stats``)
+                        ``capacity_moved_sessions``, ``capacity_move_recompute_tokens`` (its
+                        own estimate of the moves' recompute, ``simulator.ours.ours_stats``) and
+                        ``capacity_move_left_behind_tokens`` (the moved sessions' other agents'
+                        prefixes left on the old replicas)
 recompute_vs_belady     baselines: recomputed ÷ that of ``belady``; ours and its variants:
                         eviction-caused recompute ÷ that of ``ours-belady`` (same routing and
                         scheduling, Bélády eviction); ``recompute_reference`` says which

@@ -497,6 +497,7 @@ OURS_VARIANTS: dict[str, dict[str, Any]] = {
     "ours-no-move": {"capacity_policy": CapacityPolicy(move_margin=math.inf)},
     "ours-move-own-cost": {"capacity_policy": CapacityPolicy(rebuild_delays_target=False)},
     "ours-move-gain-1": {"capacity_policy": CapacityPolicy(move_gain_ratio=1.0)},
+    "ours-move-own-agent": {"capacity_policy": CapacityPolicy(left_behind_weight=0.0)},
     "ours-p99": {"risk_split": False},
     "ours-no-keepdrop": {"keep_drop": False},
     "ours-keep-idle": {"keep_drop_policy": KeepDropPolicy(keep_idle=True)},
@@ -576,6 +577,7 @@ def ours_stats(policy: Policy) -> dict[str, Any]:
             out["capacity_affinity"] = part.counts["affinity"]
             out["capacity_moved_sessions"] = part.counts["moved_sessions"]
             out["capacity_move_recompute_tokens"] = part.counts["move_recompute_tokens"]
+            out["capacity_move_left_behind_tokens"] = part.counts["move_left_behind_tokens"]
         elif isinstance(part, KeepDropCache):
             out["retention_decisions"] = dict(part.counts)
         elif isinstance(part, HostPrefetch):

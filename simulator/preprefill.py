@@ -142,7 +142,7 @@ class PrePrefill(Part):
             job = Job(segs=missing, left=total, pos=pos, ctx=pos + total, total=total)
             self.jobs[replica] = job
             self.counts["jobs"] += 1
-            self._set_home(key, replica, pos + total)
+            self._set_home(key, replica, pos + total, agent)
             return job
         return None
 
@@ -249,11 +249,12 @@ class PrePrefill(Part):
         home = getattr(router, "home", None)
         return home.get(key) if isinstance(home, dict) else None
 
-    def _set_home(self, key: object, replica: int, prefix_tokens: int = 0) -> None:
+    def _set_home(self, key: object, replica: int, prefix_tokens: int = 0,
+                  agent: str | None = None) -> None:
         router = self.sim.policy.router
         ledger = getattr(router, "ledger", None)
         if ledger is not None:     # the prefix a move away from it would recompute
-            ledger.note_session(key, str(replica), prefix_tokens)
+            ledger.note_session(key, str(replica), prefix_tokens, agent=agent)
             return
         home = getattr(router, "home", None)
         if isinstance(home, dict):

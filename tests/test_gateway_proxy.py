@@ -306,4 +306,5 @@ def test_capacity_routing_seam_uses_the_workers_load_reports(profile_root):
             text = httpx.get(server.url + "/metrics").text    # the same counters, scraped
             assert 'profiler_gateway_route_decisions_total{mode="capacity"} 6.0' in text
             assert "profiler_gateway_route_moved_sessions_total 0.0" in text
+            assert "profiler_gateway_route_move_left_behind_tokens_total 0.0" in text
             assert not any(router.router.inflight().values())   # every finish was reported

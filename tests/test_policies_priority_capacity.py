@@ -180,6 +180,28 @@ def test_a_moves_recompute_is_load_on_the_target_its_requests_wait_out():
     assert own.choose([home, target(4)], 50, 50, last_replica="home", cached_tokens=500).replica == "t"
 
 
+
+def test_a_move_costs_the_prefixes_the_sessions_other_agents_leave_behind():
+    # the same 3 s saved as above; the moving call holds 700 tokens (1.4 s: moves on its own),
+    # but its session's other agents hold 600 more at home, rebuilt on the target when they run
+    # next: 2 x 1300 x 1 ms = 2.6 s, 3 s is not twice that -> stays; weight 0 is the rule before
+    pol = CapacityPolicy(prefill_s_per_token=0.001, move_cost_factor=2.0)
+    assert pol.left_behind_weight == 1.0
+    reps = [ReplicaState("home", 1000, (_req(1, 900, 300),), drain_tokens_per_s=100.0),
+            ReplicaState("idle", 1000, (), drain_tokens_per_s=100.0)]
+    placed = pol.choose(reps, 50, 50, last_replica="home", cached_tokens=700, left_behind_tokens=600)
+    assert placed.replica == "home" and placed.affinity and not placed.moved
+    before = replace(pol, left_behind_weight=0.0)
+    placed = before.choose(reps, 50, 50, last_replica="home", cached_tokens=700, left_behind_tokens=600)
+    assert placed.moved and placed.recompute_tokens == 700 and placed.left_behind_tokens == 600
+    # half weight: 2 x (700 + 300) ms = 2 s, 3 s < 4 s -> stays; 40 left behind: 1.48 s -> moves
+    half = replace(pol, left_behind_weight=0.5)
+    assert half.choose(reps, 50, 50, last_replica="home", cached_tokens=700,
+                       left_behind_tokens=600).replica == "home"
+    assert pol.choose(reps, 50, 50, last_replica="home", cached_tokens=700,
+                      left_behind_tokens=40).replica == "idle"
+
+
 TABLE = ((0.1, 100), (0.05, 120), (0.01, 200), (0.005, 260), (0.001, 400))
 
 

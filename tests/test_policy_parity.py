@@ -7,7 +7,8 @@ completion, at simulated time — and the same sequence is fed to the gateway's
 of their own: the simulator has no load reports, it counts only what it sent) — once with fresh
 reports and once with every report stale (the gateway then judges on its own record, as the
 simulator does, and keeps affinity: never round robin). Every decision must be the same replica,
-and the routing counters (fallbacks, moved sessions and the recompute they cost) the same. Likewise the SGLang plugin's priority book (``admit_request`` on
+and the routing counters (fallbacks, moved sessions, the recompute they cost and the other
+agents' prefixes they leave behind: the per-agent prefix ledger) the same. Likewise the SGLang plugin's priority book (``admit_request`` on
 requests carrying the gateway's ``custom_params``) must hold, for every session, the reference
 the simulator's ``PriorityScheduler`` holds, and give the same integer priority up to SGLang's
 integer transport (±1). The end-of-session signal: the simulator's feed marks calls by the
@@ -127,10 +128,12 @@ def test_gateway_router_decides_like_the_simulator(recorded, reports):
     assert moved == counts["moved_sessions"] and fallbacks == counts["fallbacks"]
     m = gateway.metrics()
     assert m["stale"] == (routes if reports == "stale" else 0)
-    for key in ("decisions", "fallbacks", "affinity", "moved_sessions", "move_recompute_tokens"):
+    for key in ("decisions", "fallbacks", "affinity", "moved_sessions", "move_recompute_tokens",
+                "move_left_behind_tokens"):
         assert m[key] == counts[key], key
     assert counts["fallbacks"] > 0                 # the replay is not trivially safe everywhere
     assert counts["moved_sessions"] > 0            # the move path is exercised on both sides
+    assert counts["move_left_behind_tokens"] > 0   # with other agents' prefixes left behind
     assert counts["affinity"] > 0.5 * routes       # and sessions keep their KV
     assert len({ev[6] for ev in recorded.events if ev[0] == "route"}) == CFG.replicas
 
@@ -167,8 +170,50 @@ def test_one_rule_moves_a_session_only_off_a_replica_unsafe_by_a_margin():
     assert p.replica == "other" and p.moved and p.recompute_tokens == 250
     st = ledger.stats.as_dict()
     assert st == {"decisions": 5, "fallbacks": 2, "affinity": 3, "moved_sessions": 1,
-                  "move_recompute_tokens": 250}
+                  "move_recompute_tokens": 250, "move_left_behind_tokens": 0}
     assert ledger.last_replica("s") == "other"
+
+
+def test_the_ledger_keeps_each_agents_prefix_and_costs_a_move_with_those_left_behind():
+    """Per-agent prefix ledger: each agent's latest input + E[out] and its replica; a move off
+    ``home`` costs the moving call's prefix plus the other agents' prefixes still there, so a
+    multi-agent session stays where a one-agent session with the same call would move."""
+    pol = CapacityPolicy(prefill_s_per_token=1e-3, move_margin=0.0)
+    ledger = CapacityLedger(["home", "other"], started_at=0.0)
+
+    def req(rid, inp, hi, agent):
+        return ActiveRequest(rid, inp, hi, 0.01, "s", (), hi / 2, agent)
+
+    for rid, agent, inp in (("p", "planner", 300), ("c", "coder", 200)):
+        ledger.place(pol, [ledger.state("home", 10_000, 0.0), ledger.state("other", 10_000, 0.0)],
+                     req(rid, inp, 100, agent), 0.0, session="s", request_id=rid)
+        ledger.finish(rid, 0.0, released=False)
+    assert ledger.last_replica("s") == "home"
+    assert ledger.left_behind("s", "home", "coder") == 350          # the planner's 300 + 50
+    assert ledger.left_behind("s", "home", "planner") == 250        # the coder's 200 + 50
+    assert ledger.left_behind("s", "other", "coder") == 0 and ledger.left_behind("new", "home", None) == 0
+    # home fills (a 900-token call elsewhere's bound) and drains at 100 tok/s; other is empty
+    ledger.start("busy", "home", ActiveRequest("busy", 900, 300, 0.01), 0.0)
+    ledger.start("gone", "home", ActiveRequest("gone", 100, 100, 0.01), 0.0)
+    ledger.finish("gone", 2.0)                                      # 150 expected tokens in 2 s
+    states = [ledger.state("home", 1000, 2.0), ledger.state("other", 1000, 2.0)]
+    # the coder's next call (200 + 100): home expects 1050 + 250 > 1000: waits 300 / 75 = 4 s;
+    # own prefix 200 (1 ms/token, 2x: 0.4 s) + the planner's 350 left behind -> 2 x 550 x 1 ms
+    # = 1.1 s, x 2 = 2.2 s < 4 s: moves, both counted
+    p = ledger.place(pol, states, req("c2", 200, 100, "coder"), 2.0, session="s", request_id="c2")
+    assert p.moved and p.recompute_tokens == 200 and p.left_behind_tokens == 350
+    assert ledger.stats.move_left_behind_tokens == 350
+    assert ledger.left_behind("s", "other", "planner") == 250       # the coder's 200 + 50 now there
+    assert ledger.left_behind("s", "home", "coder") == 350          # the planner's is still home
+    # a session with 2,000 tokens of other agents at home stays (2 x 2200 ms > 4 s / 2)
+    ledger.note_session("t", "home", 200, agent="coder")
+    ledger.note_session("t", "home", 2000, agent="reviewer")
+    ledger.note_session("t", "home", 200, agent="coder")
+    p = ledger.place(pol, states, req("t1", 200, 100, "coder"), 2.0, session="t")
+    assert p.replica == "home" and not p.moved
+    light = ledger.place(replace(pol, left_behind_weight=0.0), states, req("t2", 200, 100, "coder"),
+                         2.0, session="t")
+    assert light.moved                                              # the rule before moved it
 
 
 def _plugin(policy: PriorityPolicy, now: list[float]) -> PluginState:

@@ -7,7 +7,8 @@ import pytest
 from fastapi import FastAPI, HTTPException
 
 from policies import CapacityPolicy
-from serving_hooks.routing import CapacityRouter, parse_loads
+from predictors.contract import Annotation
+from serving_hooks.routing import CapacityRouter, WorkerLoad, parse_loads
 from serving_hooks.server_thread import serve_in_thread
 
 
@@ -189,3 +190,18 @@ def test_parse_loads_shapes():
     assert parse_loads({"max_total_num_tokens": "x"}, 0.0) is None
     with pytest.raises(ValueError):
         CapacityRouter([])
+
+
+def test_the_gateway_keeps_each_agents_prefix_for_the_move_rule():
+    """``decide`` / ``decide_annotated`` key the per-agent prefix ledger by the call's agent: a
+    session's second agent sees the first one's prefix as what a move would leave behind."""
+    router = CapacityRouter(["http://a", "http://b"], clock=lambda: 0.0)
+    for w in router.workers:
+        router.note_load(w, WorkerLoad(10_000, 0, 0, 0.0, 0.0))
+    first = router.decide("s", 300, 100, request_id="r1", expected_out=50.0, agent_id="planner")
+    ann = Annotation("v", True, "wt", "s", "coder", predicted_output_len=(10, 100), output_len_mean=50.0)
+    second = router.decide_annotated("r2", "s", 200, ann)
+    assert second.worker == first.worker
+    assert router.ledger.left_behind("s", first.worker, "coder") == 350      # 300 + 50
+    assert router.ledger.left_behind("s", first.worker, "planner") == 250    # 200 + 50
+    assert router.metrics()["move_left_behind_tokens"] == 0                  # nothing moved
