@@ -363,6 +363,10 @@ def baseline_figures(table: Mapping[str, float], at: Any) -> Any:
 #: residual life): what the fit keeps unless a richer one wins beyond noise, and the fallback the
 #: online selection (:mod:`predictors.online_selection`) serves when the fitted one drifts.
 SIMPLEST = {"level": "position", "point": "p50", "beta": 0.0, "kappa": 0.0, "tie_break": "index"}
+#: The remaining-tokens candidates the fit's forward rule and the online selection
+#: (:mod:`predictors.online_selection`) choose among, simplest first: the two naive baselines
+#: as ``profiler eval`` scores them and the cross-validated table candidate (``fitted``).
+RW_CANDIDATES = ("position_median", "mrl", "fitted")
 
 
 class RemainingTokensTable:
@@ -382,6 +386,25 @@ class RemainingTokensTable:
         self.workflow_types_: dict[str, Any] = dict(data.get("workflow_types") or {})
         self.params_: dict[str, dict[str, Any]] = dict(data.get("params") or {})
         self.baselines_: dict[str, Any] = dict(data.get("baselines") or {})
+        # the cross-validated candidate of each type where the forward rule serves a baseline
+        self.fitted_params_: dict[str, dict[str, Any]] = {
+            wt: sel["forward"]["fitted"] for wt, sel in (data.get("selection") or {}).items()
+            if isinstance(sel, Mapping) and isinstance(sel.get("forward"), Mapping) and sel["forward"].get("fitted")}
+
+    def served_candidate(self, wt: str) -> str:
+        """Which of :data:`RW_CANDIDATES` the fit serves for type ``wt``."""
+        p = self.params_.get(wt) or {}
+        return p["baseline"] if p.get("level") == "baseline" else "fitted"
+
+    def candidate_params(self, wt: str, name: str) -> dict[str, Any]:
+        """The ``params`` of candidate ``name`` (:data:`RW_CANDIDATES`) for type ``wt``."""
+        if name in BASELINE_KEYS:     # a profile without the baseline's table: the served figure
+            return ({"level": "baseline", "baseline": name} if (self.baselines_.get(wt) or {}).get(name)
+                    else self.params_.get(wt) or {})
+        if name != "fitted":
+            raise ValueError(f"unknown remaining-tokens candidate {name!r}; expected one of {RW_CANDIDATES}")
+        p = self.params_.get(wt) or {}
+        return self.fitted_params_.get(wt, SIMPLEST) if p.get("level") == "baseline" else p
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "RemainingTokensTable":
