@@ -216,12 +216,13 @@ def remaining_online_table(timed: dict[str, dict[str, Any]]) -> Table:
     """Per set (and per messy seed): the remaining-tokens C-index on the time split replayed
     online (``profiler eval --online`` → ``remaining_tokens``): the static (fitted) figure, the
     served one with the online selection on (:mod:`predictors.online_selection`), the position
-    median on the same calls, the differences ± their jackknife standard errors, and what the
+    median and ``mrl`` on the same calls, the differences ± their jackknife standard errors, and what the
     selection serves each type at the end of the replay. ``[i]``: the i-th of ``--messy-seeds``."""
     table = Table(title="remaining-tokens C-index on the time split, replayed online: static (fitted, served by "
                         "default) vs online selection vs position median (same calls)")
-    for col in ("set", "static", "online", "position median", "static − pm ± se", "online − pm ± se",
-                "online − static ± se", "log1p MAE static / online / pm", "served at end (switches)"):
+    for col in ("set", "static", "online", "position median", "mrl", "static − pm ± se", "online − pm ± se",
+                "online − mrl ± se", "online − static ± se", "log1p MAE static / online / pm",
+                "served at end (switches)"):
         table.add_column(col, justify="left" if col in ("set", "served at end (switches)") else "right")
 
     def pm(d: dict[str, Any] | None) -> str:
@@ -242,8 +243,9 @@ def remaining_online_table(timed: dict[str, dict[str, Any]]) -> Table:
                 continue
             base = rw["baselines"]["position_median"]
             sel = ", ".join(f"{wt}: {v['served']} ({v['switches']})" for wt, v in sorted(rw["selection"].items()))
-            table.add_row(name, c(rw["static"]), c(rw["online"]), c(base), pm(rw["vs_position_median"]["static"]),
-                          pm(rw["vs_position_median"]["online"]), pm(rw["online_minus_static"]),
+            table.add_row(name, c(rw["static"]), c(rw["online"]), c(base), c(rw["baselines"]["mrl"]),
+                          pm(rw["vs_position_median"]["static"]), pm(rw["vs_position_median"]["online"]),
+                          pm(rw.get("vs_mrl", {}).get("online")), pm(rw["online_minus_static"]),
                           f"{mae(rw['static'])} / {mae(rw['online'])} / {mae(base)}", sel or "n/a")
     return table
 

@@ -20,7 +20,9 @@ where ``k`` runs over the calls of *other* recently ended sessions of the type (
 of ``buffer`` calls) that were their session's latest call when call ``i`` arrived (``t_k ≤ t_i``
 < the arrival after ``k`` or its session's end), or the other way round: the pairs a scheduler
 faces, sessions waiting at the same moment, as ``profiler eval`` pairs them
-(:mod:`scoring.remaining_eval`). ``c(x; i, k) = 1`` if ``x`` orders the pair as ``R`` does, ½ on
+(:mod:`scoring.remaining_eval`). A session that overlapped none of them (a log of runs done
+one at a time) is paired as ``profiler eval`` then pairs it: as if every session had started
+together (the same rule on times since each session's first call). ``c(x; i, k) = 1`` if ``x`` orders the pair as ``R`` does, ½ on
 a tie of ``x``, 0 otherwise (pairs with ``R_i = R_k`` skipped). Every pair of candidates ``(j, k)``
 gets the paired score ``d_jk = C(x_k) − C(x_j)`` of the session (concordance and not the log1p error:
 a figure off by a constant factor ranks exactly as well; what the switch must protect is the order).
@@ -78,7 +80,8 @@ class _TypeState:
     sessions: int = 0
     switches: int = 0
     served_sessions: Any = None  # ended sessions scored while each candidate served
-    buffer: deque = field(default_factory=lambda: deque(maxlen=BUFFER))   # (x_0 … x_{K−1}, R, t, u) of ended calls
+    aligned: int = 0            # ended sessions scored on aligned starts (no concurrent pair)
+    buffer: deque = field(default_factory=lambda: deque(maxlen=BUFFER))   # (x_0 … x_{K−1}, R, t, u, start) of ended calls
 
 
 def concordance_scores(x: np.ndarray, r: np.ndarray, x2: np.ndarray, r2: np.ndarray,
@@ -96,6 +99,13 @@ def concordance_scores(x: np.ndarray, r: np.ndarray, x2: np.ndarray, r2: np.ndar
     dx = np.sign(x[:, None, :] - x2[None, :, :])[ok]               # pairs × candidates
     conc = np.where(dx == 0, 0.5, (dx == dr[ok][:, None]).astype(float))
     return conc.sum(axis=0), n
+
+
+def _overlap(t: np.ndarray, u: np.ndarray, t2: np.ndarray, u2: np.ndarray) -> np.ndarray:
+    """``[row, row2]``: either call arrived while the other was its session's latest (call ``i``
+    is from ``t_i`` to ``u_i``)."""
+    t, u, t2, u2 = t[:, None], u[:, None], t2[None, :], u2[None, :]
+    return ((t2 <= t) & (t < u2)) | ((t <= t2) & (t2 < u))
 
 
 def concordance_diff(f: np.ndarray, b: np.ndarray, r: np.ndarray,
@@ -160,6 +170,7 @@ class RemainingSelector:
         r, t = (np.asarray(v, dtype=float) for v in (truth, arrivals))
         # each call is its session's latest from its arrival to the next one's (or the end)
         u = np.append(t[1:], max(float(ended_at), float(t[-1]) if len(t) else 0.0))
+        t0 = float(np.nanmin(t)) if len(t) and not np.isnan(t).all() else 0.0    # the session's start
         ok = ~(np.isnan(x).any(axis=1) | np.isnan(r) | np.isnan(t))
         x, r, t, u = x[ok], r[ok], t[ok], u[ok]
         if not len(r):
@@ -178,15 +189,18 @@ class RemainingSelector:
             out = None
             if st.buffer:
                 o = np.array(st.buffer, dtype=float)
-                ot, ou = o[None, :, k + 1], o[None, :, k + 2]
-                # either call arrived while the other was its session's latest
-                concurrent = ((ot <= t[:, None]) & (t[:, None] < ou)) | ((t[:, None] <= ot) & (ot < u[:, None]))
-                sums, n = concordance_scores(x, r, o[:, :k], o[:, k], concurrent)
+                sums, n = concordance_scores(x, r, o[:, :k], o[:, k],
+                                             _overlap(t, u, o[:, k + 1], o[:, k + 2]))
+                if not n:    # it overlapped none of them: pair on aligned starts, as eval does
+                    sums, n = concordance_scores(x, r, o[:, :k], o[:, k],
+                                                 _overlap(t - t0, u - t0, o[:, k + 1] - o[:, k + 3],
+                                                          o[:, k + 2] - o[:, k + 3]))
+                    st.aligned += bool(n)
                 if n:
                     c = sums / n
                     self._update(st, c)
                     out = dict(zip(self.candidates, c.tolist()))
-            st.buffer.extend(np.column_stack([x, r, t, u]).tolist())
+            st.buffer.extend(np.column_stack([x, r, t, u, np.full(len(r), t0)]).tolist())
             return out
 
     def _update(self, st: _TypeState, c: np.ndarray) -> None:
@@ -212,7 +226,7 @@ class RemainingSelector:
 
     def status(self) -> dict[str, dict[str, Any]]:
         """Per type: ``{"served", "start", "z": {candidate: z over the served one}, "sessions",
-        "switches", "served_sessions": {candidate: ended sessions scored while it served}}``
+        "aligned" (of them scored on aligned starts), "switches", "served_sessions": {candidate: ended sessions scored while it served}}``
         (a ``z`` is None before any spread: every scored session gave the same ``d``)."""
         with self._lock:
             out = {}
@@ -220,6 +234,6 @@ class RemainingSelector:
                 out[wt] = {"served": self.candidates[st.served], "start": self.candidates[st.start],
                            "z": {c: z if z is not None and math.isfinite(z) else None
                                  for c, z in self._zs(st).items()},
-                           "sessions": st.sessions, "switches": st.switches,
+                           "sessions": st.sessions, "aligned": st.aligned, "switches": st.switches,
                            "served_sessions": dict(zip(self.candidates, st.served_sessions.tolist()))}
             return out

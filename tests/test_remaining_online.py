@@ -91,6 +91,19 @@ def test_a_drifting_stream_switches_to_the_candidate_ahead_and_back() -> None:
     assert "position_median" not in served             # never the candidate that was behind
 
 
+def test_sessions_run_one_at_a_time_are_paired_on_aligned_starts() -> None:
+    """A log of runs that never overlap has no concurrent pair; ``profiler eval`` then pairs the
+    sessions as if they had started together, and so does the selection."""
+    rng = np.random.default_rng(3)
+    stream = [(x, r, t + 100.0 * k - 10.0 * k, e + 90.0 * k)
+              for k, (x, r, t, e) in enumerate(sessions(80, rng, lambda k: "mrl"))]
+    assert all(a[3] < b[2][0] for a, b in zip(stream, stream[1:]))      # each ends before the next starts
+    sel = RemainingSelector()
+    served = feed(sel, stream)
+    st = sel.status()["wt"]
+    assert st["aligned"] == st["sessions"] == 79 and served[-1] == "mrl" and st["switches"] == 1
+
+
 def test_a_type_starts_on_the_fits_candidate() -> None:
     rng = np.random.default_rng(2)
     sel = RemainingSelector()
