@@ -218,8 +218,8 @@ def remaining_online_table(timed: dict[str, dict[str, Any]]) -> Table:
     served one with the online selection on (:mod:`predictors.online_selection`), the position
     median and ``mrl`` on the same calls, the differences ± their jackknife standard errors, and what the
     selection serves each type at the end of the replay. ``[i]``: the i-th of ``--messy-seeds``."""
-    table = Table(title="remaining-tokens C-index on the time split, replayed online: static (fitted, served by "
-                        "default) vs online selection vs position median (same calls)")
+    table = Table(title="remaining-tokens C-index on the time split, replayed online: static (the fit's figure) vs "
+                        "online selection (served by default) vs position median and mrl (same calls)")
     for col in ("set", "static", "online", "position median", "mrl", "static − pm ± se", "online − pm ± se",
                 "online − mrl ± se", "online − static ± se", "log1p MAE static / online / pm",
                 "served at end (switches)"):

@@ -92,8 +92,10 @@ class Predictor:
         (:class:`predictors.online_selection.RemainingSelector`): per workflow type, serve as
         ``expected_remaining_output_tokens`` the candidate (the fitted table, the position median,
         ``mrl``) that ranked the sessions that ended recently better than the served one beyond a
-        margin (scored when a session ends: :meth:`end_session`, or its idle expiry). False (default): the fitted figure; True:
-        a selector with the defaults; an instance: that one.
+        margin (scored when a session ends: :meth:`end_session`, or its idle expiry). True
+        (default: on no real set or messy seed did the served order get worse beyond one se,
+        docs/workflow-paths.md): a selector with the defaults; an instance: that one; False: the
+        fit's figure.
     keep_alive_selection : serve, per workflow type, the keep-alive candidate ahead on the idle
         gaps seen (:class:`predictors.keep_alive_selection.KeepAliveSelector`: the fitted TTL, the
         plain per-type p95, the tool's p95, the TTL that gives up on gaps past the cap). False
@@ -108,7 +110,7 @@ class Predictor:
                  max_session_bytes: int = DEFAULT_MAX_SESSION_BYTES, agent_fallback: bool = True,
                  online_calibration: bool | OnlineCalibrator = True,
                  keep_alive_calibration: bool | OnlineCalibrator | None = None,
-                 remaining_selection: bool | RemainingSelector = False,
+                 remaining_selection: bool | RemainingSelector = True,
                  keep_alive_selection: bool | KeepAliveSelector = False) -> None:
         self.agent_fallback = bool(agent_fallback)
         self.sessions = SessionTable(max_sessions=max_sessions, max_session_bytes=max_session_bytes,

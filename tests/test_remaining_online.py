@@ -137,10 +137,11 @@ def tiny_profile() -> dict:
                                                      "mrl": {"0": 50.0, "1": 40.0}}}}}
 
 
-def test_the_predictor_serves_the_fitted_figure_by_default_and_scores_ended_sessions() -> None:
+def test_the_predictor_serves_the_fits_figure_until_the_outcomes_say_otherwise() -> None:
     now = [0.0]
-    off = Predictor.from_dict(tiny_profile(), clock=lambda: now[0])
+    off = Predictor.from_dict(tiny_profile(), clock=lambda: now[0], remaining_selection=False)
     assert off.remaining_selector is None
+    assert Predictor.from_dict(tiny_profile()).remaining_selector is not None     # on by default
     meta = {"workflow_type_id": "t", "workflow_id": "w0", "agent_id": "a"}
     assert off.annotate_call(meta).expected_remaining_output_tokens == 100.0
     on = Predictor.from_dict(tiny_profile(), clock=lambda: now[0], session_idle_s=60.0,
@@ -188,16 +189,16 @@ def test_a_call_the_client_marks_last_call_ends_and_scores_its_session() -> None
     assert on.session_count() == 0                     # every session ended at its last call
     st = on.remaining_selector.status()["t"]
     assert st["sessions"] >= 12 and st["served"] == "position_median"
-    off = Predictor.from_dict(tiny_profile(), clock=lambda: now[0])
+    off = Predictor.from_dict(tiny_profile(), clock=lambda: now[0], remaining_selection=False)
     m = {"workflow_type_id": "t", "workflow_id": "x", "agent_id": "a"}
     off.annotate_call(m, request_id="q")
     off.observe({"app_metadata": {**m, "last_call": True}, "request_id": "q", "output_tokens": 5})
     assert off.session_count() == 1                    # without selection the table is unchanged
 
 
-def test_remaining_selection_is_a_service_setting_off_by_default() -> None:
-    assert ServiceSettings().remaining_selection is False
-    assert ServiceSettings(remaining_selection=True).remaining_selection is True
+def test_remaining_selection_is_a_service_setting_on_by_default() -> None:
+    assert ServiceSettings().remaining_selection is True
+    assert ServiceSettings(remaining_selection=False).remaining_selection is False
 
 
 # ----------------------------------------------------- messy: a release changes the loop
