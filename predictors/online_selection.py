@@ -75,11 +75,11 @@ class _TypeState:
     start: int                  # the fit's candidate
     sw: float = 0.0             # Σ w
     sw2: float = 0.0            # Σ w²
-    swd: np.ndarray = None      # Σ w d_jk (antisymmetric, K × K)
-    swd2: np.ndarray = None     # Σ w d_jk² (symmetric)
+    swd: np.ndarray = field(default_factory=lambda: np.zeros((0, 0)))    # Σ w d_jk (antisymmetric, K × K)
+    swd2: np.ndarray = field(default_factory=lambda: np.zeros((0, 0)))   # Σ w d_jk² (symmetric)
     sessions: int = 0
     switches: int = 0
-    served_sessions: Any = None  # ended sessions scored while each candidate served
+    served_sessions: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=int))  # per candidate
     aligned: int = 0            # ended sessions scored on aligned starts (no concurrent pair)
     buffer: deque = field(default_factory=lambda: deque(maxlen=BUFFER))   # (x_0 … x_{K−1}, R, t, u, start) of ended calls
 

@@ -18,7 +18,7 @@ from predictors.online_selection import RemainingSelector, concordance_diff, con
 from predictors.served import RW_CANDIDATES
 from predictors.predictor import Predictor
 from scoring.online_eval import event_order, online_scores, replay_served, stream_calls
-from scoring.remaining_eval import concordance_pairs
+from scoring.remaining_eval import baseline_predictions, concordance_pairs
 from serving_hooks.settings import ServiceSettings
 from predictors.remaining_tokens import session_frame
 from store import ingest as ingest_mod
@@ -262,3 +262,43 @@ def test_served_equals_scored(messy_v2) -> None:
     ours = concordance_pairs({"x": served[c.index.to_numpy()]}, frame["R"].to_numpy(), wf,
                              c["t_arrival"].to_numpy(float), end)["x"][0]
     assert ours == pytest.approx(online_scores(profile, con)["remaining_tokens"]["online"]["c_index"])
+
+
+def test_each_candidate_served_is_the_figure_eval_scores(messy_v2) -> None:
+    """What the selection can serve is exactly what ``profiler eval`` scores under that name:
+    the position median and ``mrl`` as :func:`scoring.remaining_eval.baseline_predictions` reads
+    them, ``fitted`` the fit's cross-validated table candidate (its served figure here)."""
+    profile, con = messy_v2
+    pred = Predictor(profile, remaining_selection=False)
+    m = pred._model
+    section = profile.data["remaining_tokens"]
+    calls = stream_calls(con).sort_values(["workflow_type_id", "workflow_id", "call_index"], kind="stable")
+    frame = session_frame(calls.reset_index(drop=True))
+    base = baseline_predictions(section, frame)
+    wt = "messy_app"
+    assert m.remaining.served_candidate(wt) == "fitted"
+    for row in frame.sample(200, random_state=0).itertuples():
+        got = {c: m.remaining_output(wt, int(row.i), row.agent_id, float(row.S), 0.0, 0, None, candidate=c).expected
+               for c in ("position_median", "mrl")}
+        assert got["position_median"] == base["position_median"][row.Index]
+        assert got["mrl"] == base["mrl"][row.Index]
+    served = m.remaining_output(wt, 3, "a", 10.0, 10.0, 1, 5.0)
+    assert m.remaining_output(wt, 3, "a", 10.0, 10.0, 1, 5.0, candidate="fitted") == served
+    with pytest.raises(ValueError, match="unknown remaining-tokens candidate"):
+        m.remaining_output(wt, 3, "a", 10.0, 10.0, candidate="oracle")
+
+
+def test_where_the_fit_serves_a_baseline_the_fitted_candidate_is_still_offered() -> None:
+    """A type whose forward rule served a baseline starts there; ``fitted`` is the
+    cross-validated table candidate the forward rule passed over (kept in ``selection``)."""
+    prof = tiny_profile()
+    rt = prof["remaining_tokens"]
+    fitted = dict(rt["params"]["t"])
+    rt["params"]["t"] = {"level": "baseline", "baseline": "mrl"}
+    rt["selection"] = {"t": {"forward": {"served": "mrl", "fitted": fitted}}}
+    pred = Predictor.from_dict(prof, remaining_selection=False)
+    m = pred._model
+    assert m.remaining.served_candidate("t") == "mrl"
+    assert m.remaining.candidate_params("t", "fitted") == fitted
+    assert m.remaining_output("t", 0, "a", 0.0, 0.0).expected == 50.0                       # mrl at index 0
+    assert m.remaining_output("t", 0, "a", 0.0, 0.0, candidate="fitted").expected == 100.0  # the agent key
