@@ -422,17 +422,13 @@ class Predictor:
         counted in the session; ``log``: keep every candidate's figure, scored when it ends)."""
         args = (s.workflow_type_id, s.calls - done, agent, s.out_sum, s.out_expected,
                 s.agent_calls.get(agent, 0) - done, session_age)
-        remaining = m.remaining_output(*args)
-        rw_index = -1
         sel = self.remaining_selector
-        if sel is not None and remaining is not None:
-            figures = {c: m.remaining_output(*args, candidate=c) for c in sel.candidates}
-            if log:
-                rw_index = self._log_remaining(s, [f.expected for f in figures.values()], issued_at)
-            served = sel.served(s.workflow_type_id)
-            if served is not None:
-                remaining = figures[served]
-        return remaining, rw_index
+        if sel is None or m.remaining is None or s.workflow_type_id not in m.remaining.workflow_types_:
+            return m.remaining_output(*args), -1
+        figures = {c: m.remaining_output(*args, candidate=c) for c in sel.candidates}
+        rw_index = self._log_remaining(s, [f.expected for f in figures.values()], issued_at) if log else -1
+        served = sel.served(s.workflow_type_id) or m.remaining.served_candidate(s.workflow_type_id)
+        return figures[served], rw_index
 
     def _unknown_reason(self, m: CompiledProfile, wt: str, agent: str,
                         f: _CallFigures) -> tuple[str, str | None] | None:
