@@ -366,8 +366,8 @@ def baseline_arrays(table: Mapping[str, float]) -> tuple[np.ndarray, np.ndarray]
 
 
 #: The simplest remaining-tokens candidate (the position median, ties broken by calls done → mean
-#: residual life): what the fit keeps unless a richer one wins beyond noise, and the fallback the
-#: online selection (:mod:`predictors.online_selection`) serves when the fitted one drifts.
+#: residual life): what the fit keeps unless a richer one wins beyond noise, and the ``fitted``
+#: candidate of a profile that serves a baseline without recording the one it passed over.
 SIMPLEST = {"level": "position", "point": "p50", "beta": 0.0, "kappa": 0.0, "tie_break": "index"}
 #: The remaining-tokens candidates the fit's forward rule and the online selection
 #: (:mod:`predictors.online_selection`) choose among, simplest first: the two naive baselines
@@ -458,7 +458,7 @@ class RemainingTokensTable:
         written ``out_so_far`` tokens where its agents usually write ``expected_so_far``, after
         ``index`` calls (its exact call index; read by the ``index`` level); None for a type the
         section does not hold. All three are scaled by the session factor. ``params``: a
-        candidate in place of the type's chosen one (:data:`SIMPLEST`: the fallback)."""
+        candidate in place of the type's chosen one (:meth:`candidate_params`)."""
         entry = self.workflow_types_.get(wt)
         if entry is None:
             return None
