@@ -356,7 +356,8 @@ def headline_rows(result: dict[str, Any], served: bool) -> list[tuple[str, str, 
     se", dominated)``. Bands: the served (online) band minus the global band on the time split
     (``online_vs_global``: coverage and width); next agent: top-1 and log-loss minus markov1,
     markov_vo, markov_wb; remaining calls: MAE minus the position median; remaining tokens:
-    C-index minus each :data:`RW_BASELINES`; keep-alive: coverage and KV-seconds per covered gap
+    C-index minus each :data:`RW_BASELINES` (``served``: of the order replayed online, as the
+    Predictor serves it, pooled over parts weighted by their scored calls); keep-alive: coverage and KV-seconds per covered gap
     minus each :data:`KA_BASELINES` (served online on the time split). Errors: delete-one-workflow
     (or session) jackknife, pooled over folds or seeds; dominated: the baseline ahead beyond one."""
     parts = _parts(result)
@@ -383,8 +384,13 @@ def headline_rows(result: dict[str, Any], served: bool) -> list[tuple[str, str, 
                      pooled[0] > pooled[1]))
     for name in RW_BASELINES:
         jk = c_index_diff(result, name)
+        if served:     # the order the Predictor serves: replayed online (the selection is on by default)
+            rws = [(q.get("online_band") or {}).get("remaining_tokens") or {} for q in parts]
+            got = [((rw.get("online_vs_baselines") or {}).get(name) or {}, float(rw.get("calls") or 0)) for rw in rws]
+            jk = _pool([(v.get("c_index_diff"), v.get("c_index_diff_se"), w) for v, w in got]) if all(v for v, _ in got) else None
         if jk is not None:
-            rows.append(("remaining tokens C-index", name, f"{jk[0]:+.3f} ± {jk[1]:.3f}", jk[0] < -jk[1]))
+            rows.append(("remaining tokens C-index" + (", served" if served else ""), name,
+                         f"{jk[0]:+.3f} ± {jk[1]:.3f}", jk[0] < -jk[1]))
     for name in KA_BASELINES:
         v = keep_alive_vs(result, name, served)
         if v is not None:

@@ -299,6 +299,7 @@ def remaining_online(profile: Profile, calls: pd.DataFrame, online_rem: np.ndarr
                                    "static": c_index_diff(cidx, "static", "position_median", n)},
             "vs_mrl": {"online": c_index_diff(cidx, "online", "mrl", n),
                        "static": c_index_diff(cidx, "static", "mrl", n)},
+            "online_vs_baselines": {name: c_index_diff(cidx, "online", name, n) for name in (*RW_BASELINES, "age")},
             "selection": selection}
 
 
