@@ -216,12 +216,13 @@ def remaining_online_table(timed: dict[str, dict[str, Any]]) -> Table:
     """Per set (and per messy seed): the remaining-tokens C-index on the time split replayed
     online (``profiler eval --online`` → ``remaining_tokens``): the static (fitted) figure, the
     served one with the online selection on (:mod:`predictors.online_selection`), the position
-    median on the same calls, the differences ± their jackknife standard errors, and what the
+    median and ``mrl`` on the same calls, the differences ± their jackknife standard errors, and what the
     selection serves each type at the end of the replay. ``[i]``: the i-th of ``--messy-seeds``."""
-    table = Table(title="remaining-tokens C-index on the time split, replayed online: static (fitted, served by "
-                        "default) vs online selection vs position median (same calls)")
-    for col in ("set", "static", "online", "position median", "static − pm ± se", "online − pm ± se",
-                "online − static ± se", "log1p MAE static / online / pm", "served at end (switches)"):
+    table = Table(title="remaining-tokens C-index on the time split, replayed online: static (the fit's figure) vs "
+                        "online selection (served by default) vs position median and mrl (same calls)")
+    for col in ("set", "static", "online", "position median", "mrl", "static − pm ± se", "online − pm ± se",
+                "online − mrl ± se", "online − static ± se", "log1p MAE static / online / pm",
+                "served at end (switches)"):
         table.add_column(col, justify="left" if col in ("set", "served at end (switches)") else "right")
 
     def pm(d: dict[str, Any] | None) -> str:
@@ -242,8 +243,9 @@ def remaining_online_table(timed: dict[str, dict[str, Any]]) -> Table:
                 continue
             base = rw["baselines"]["position_median"]
             sel = ", ".join(f"{wt}: {v['served']} ({v['switches']})" for wt, v in sorted(rw["selection"].items()))
-            table.add_row(name, c(rw["static"]), c(rw["online"]), c(base), pm(rw["vs_position_median"]["static"]),
-                          pm(rw["vs_position_median"]["online"]), pm(rw["online_minus_static"]),
+            table.add_row(name, c(rw["static"]), c(rw["online"]), c(base), c(rw["baselines"]["mrl"]),
+                          pm(rw["vs_position_median"]["static"]), pm(rw["vs_position_median"]["online"]),
+                          pm(rw.get("vs_mrl", {}).get("online")), pm(rw["online_minus_static"]),
                           f"{mae(rw['static'])} / {mae(rw['online'])} / {mae(base)}", sel or "n/a")
     return table
 
@@ -354,7 +356,8 @@ def headline_rows(result: dict[str, Any], served: bool) -> list[tuple[str, str, 
     se", dominated)``. Bands: the served (online) band minus the global band on the time split
     (``online_vs_global``: coverage and width); next agent: top-1 and log-loss minus markov1,
     markov_vo, markov_wb; remaining calls: MAE minus the position median; remaining tokens:
-    C-index minus each :data:`RW_BASELINES`; keep-alive: coverage and KV-seconds per covered gap
+    C-index minus each :data:`RW_BASELINES` (``served``: of the order replayed online, as the
+    Predictor serves it, pooled over parts weighted by their scored calls); keep-alive: coverage and KV-seconds per covered gap
     minus each :data:`KA_BASELINES` (served online on the time split). Errors: delete-one-workflow
     (or session) jackknife, pooled over folds or seeds; dominated: the baseline ahead beyond one."""
     parts = _parts(result)
@@ -381,8 +384,13 @@ def headline_rows(result: dict[str, Any], served: bool) -> list[tuple[str, str, 
                      pooled[0] > pooled[1]))
     for name in RW_BASELINES:
         jk = c_index_diff(result, name)
+        if served:     # the order the Predictor serves: replayed online (the selection is on by default)
+            rws = [(q.get("online_band") or {}).get("remaining_tokens") or {} for q in parts]
+            got = [((rw.get("online_vs_baselines") or {}).get(name) or {}, float(rw.get("calls") or 0)) for rw in rws]
+            jk = _pool([(v.get("c_index_diff"), v.get("c_index_diff_se"), w) for v, w in got]) if all(v for v, _ in got) else None
         if jk is not None:
-            rows.append(("remaining tokens C-index", name, f"{jk[0]:+.3f} ± {jk[1]:.3f}", jk[0] < -jk[1]))
+            rows.append(("remaining tokens C-index" + (", served" if served else ""), name,
+                         f"{jk[0]:+.3f} ± {jk[1]:.3f}", jk[0] < -jk[1]))
     for name in KA_BASELINES:
         v = keep_alive_vs(result, name, served)
         if v is not None:

@@ -1,11 +1,13 @@
 """Choose the online remaining-work selection's parameters on training data only.
 
     python bench/bench_remaining_online.py [--seeds 3,4,5,6,7,8,9] [--inner-seeds 0,1,...,9]
-                                           [--half-lives 10,20,40] [--margins 2,3] [--workflows 200]
+                                           [--half-lives 10,20,40] [--margins 2,3]
+                                           [--min-sessions 8] [--workflows 200]
 
-:mod:`predictors.online_selection` switches a workflow type's served remaining work between the
-fitted figure and the position-median fallback once the paired concordance evidence of ended
-sessions passes ``margin`` (z), over an exponential window of ``half_life`` sessions. Its
+:mod:`predictors.online_selection` switches a workflow type's served remaining work among the
+fit's candidates (the fitted table, the position median, ``mrl``) once the paired concordance
+evidence of ended sessions for one over the served one passes ``margin`` (z), over an exponential
+window of ``half_life`` sessions, after ``min_sessions`` effective sessions. Its
 parameters must not be tuned on the figures ``bench/bench_real.py --time`` reports (messy seeds
 0, 1, 2 and the real sets' time splits), so they are chosen here on
 
@@ -19,9 +21,9 @@ parameters must not be tuned on the figures ``bench/bench_real.py --time`` repor
 Every split is fit once (``profiler fit``) and replayed through the serving ``Predictor``
 (:func:`scoring.online_eval.replay_served`: arrival order, a session ended at its last call's
 finish) once static and once per parameter pair; the C-index is ``profiler eval --online``'s
-(:func:`scoring.online_eval.remaining_online`). Per pair it prints the mean and worst
-``online − static`` over the splits, the mean and worst ``online − max(static, fallback)`` and
-on how many splits the selection switched.
+(:func:`scoring.online_eval.remaining_online`). Per parameter triple it prints the mean and worst
+``online − static`` over the splits, the mean and worst ``online − max(static, position median,
+mrl)`` and on how many splits the selection switched.
 """
 from __future__ import annotations
 
@@ -63,11 +65,13 @@ def main() -> None:
     ap.add_argument("--inner-seeds", default="0,1,2,3,4,5,6,7,8,9", help="messy seeds scored inside their training side")
     ap.add_argument("--half-lives", default="10,20,40")
     ap.add_argument("--margins", default="2,3")
+    ap.add_argument("--min-sessions", default="8", help="effective sessions of evidence before any switch")
     ap.add_argument("--workflows", type=int, default=200)
     args = ap.parse_args()
-    grid = [(float(h), float(m)) for h in args.half_lives.split(",") for m in args.margins.split(",")]
+    grid = [(float(h), float(m), float(n)) for h in args.half_lives.split(",") for m in args.margins.split(",")
+            for n in args.min_sessions.split(",")]
     splits = [(int(s), False) for s in args.seeds.split(",") if s] + [(int(s), True) for s in args.inner_seeds.split(",") if s]
-    rows: dict[tuple[float, float], list[tuple[float, float, float, int]]] = {p: [] for p in grid}
+    rows: dict[tuple[float, float, float], list[tuple[float, float, float, int]]] = {p: [] for p in grid}
     with tempfile.TemporaryDirectory(prefix="bench-rw-online-") as tmp:
         work = Path(tmp)
         for seed, inner in splits:
@@ -78,23 +82,23 @@ def main() -> None:
             calls = stream_calls(con)
             static = replay_served(profile, calls, online=False)[4]["served"]
             line = []
-            for h, m in grid:
+            for h, m, n in grid:
                 on = replay_served(profile, calls, online=False,
-                                   remaining_selection=RemainingSelector(half_life=h, margin=m))[4]
+                                   remaining_selection=RemainingSelector(half_life=h, margin=m, min_sessions=n))[4]
                 rw = remaining_online(profile, calls, on["served"], static, on["selection"])
                 c_on, c_st = rw["online"]["c_index"], rw["static"]["c_index"]
-                c_pm = rw["baselines"]["position_median"]["c_index"]
+                c_pm = max(rw["baselines"][b]["c_index"] for b in ("position_median", "mrl"))
                 switches = sum(v["switches"] for v in on["selection"].values())
-                rows[h, m].append((c_on, c_st, c_pm, switches))
-                line.append(f"h{h:g}/m{m:g}: {c_on:.3f}")
+                rows[h, m, n].append((c_on, c_st, c_pm, switches))
+                line.append(f"h{h:g}/m{m:g}/n{n:g}: {c_on:.3f}")
             con.close()
-            print(f"seed {seed} {'inner' if inner else 'outer'}: static {c_st:.3f}, position median {c_pm:.3f}; "
+            print(f"seed {seed} {'inner' if inner else 'outer'}: static {c_st:.3f}, best baseline {c_pm:.3f}; "
                   + ", ".join(line), flush=True)
-    print(f"\n{len(splits)} splits; online − static, online − max(static, position median), splits switched")
-    for (h, m), r in rows.items():
+    print(f"\n{len(splits)} splits; online − static, online − max(static, position median, mrl), splits switched")
+    for (h, m, n), r in rows.items():
         a = np.array(r)
         d, best = a[:, 0] - a[:, 1], a[:, 0] - np.maximum(a[:, 1], a[:, 2])
-        print(f"half_life {h:g}, margin {m:g}: online − static mean {d.mean():+.4f} worst {d.min():+.4f}; "
+        print(f"half_life {h:g}, margin {m:g}, min_sessions {n:g}: online − static mean {d.mean():+.4f} worst {d.min():+.4f}; "
               f"vs max mean {best.mean():+.4f} worst {best.min():+.4f}; switched on {int((a[:, 3] > 0).sum())}")
 
 

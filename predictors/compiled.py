@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Mapping, NamedTuple
 
 from predictors.contract import TOOL_FIELDS, ToolLatency
-from predictors.served import (MAX_FACTOR, SIMPLEST, Band, IdleGapTable, OutputBands, RemainingTokensTable,
+from predictors.served import (MAX_FACTOR, Band, IdleGapTable, OutputBands, RemainingTokensTable,
                               RemainingWork, ToolLatencyTable)
 from synth.remaining import position_bucket
 
@@ -224,16 +224,18 @@ class CompiledProfile:
     def remaining_output(self, wt: str, calls_done: int, agent: str, out_so_far: float,
                          expected_so_far: float, agent_calls: int = 0,
                          elapsed_s: float | None = None,
-                         simplest: bool = False) -> RemainingWork | None:
+                         candidate: str | None = None) -> RemainingWork | None:
         """The :class:`~predictors.served.RemainingWork` ``(R̂, p50, p90)``: remaining output tokens of a session at a call by ``agent`` after
         ``calls_done`` calls, ``agent_calls`` of them by ``agent``
         (:class:`predictors.served.RemainingTokensTable`); None without the section or the type.
-        ``simplest``: the fallback candidate's figures (:data:`predictors.served.SIMPLEST`)."""
+        ``candidate``: one of :data:`predictors.served.RW_CANDIDATES` in place of the type's
+        served one (the online selection's other candidates)."""
         if self.remaining is None:
             return None
+        params = self.remaining.candidate_params(wt, candidate) if candidate is not None else None
         return self.remaining.predict(wt, position_bucket(max(0, calls_done)), agent, out_so_far,
                                       expected_so_far, max(0, agent_calls), elapsed_s, max(0, calls_done),
-                                      params=SIMPLEST if simplest else None)
+                                      params=params)
 
     def global_for_lack_of_data(self, wt: str, agent: str) -> bool:
         """True when the agent is served the global band because it has too little data (a

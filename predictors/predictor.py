@@ -36,7 +36,7 @@ from predictors.keep_alive_selection import KeepAliveSelector
 from predictors.online_calibration import BandArms, OnlineCalibrator, keep_alive_calibrator, keep_alive_slope
 from predictors.online_selection import RemainingSelector
 from predictors.served import HELD_TTL_DEFAULT_S, MIN_GAP_S, Band, RemainingWork, held_ttl_s
-from predictors.sessions import (DEFAULT_MAX_SESSION_BYTES, MAX_SCORED_CALLS, SESSION_BASE_BYTES, KeepAliveServed,
+from predictors.sessions import (DEFAULT_MAX_SESSION_BYTES, MAX_SCORED_CALLS, RW_STRIDE, SESSION_BASE_BYTES, KeepAliveServed,
                                  PathContext, PendingCall, Session, SessionTable)
 from store.profile_artifact import load_profile
 from synth.session import WorkflowPaths
@@ -89,11 +89,13 @@ class Predictor:
         served) for the call whose finish began it). None
         (default): on exactly when ``online_calibration`` is; True / an instance / False as there.
     remaining_selection : follow drift of the remaining-work figure
-        (:class:`predictors.online_selection.RemainingSelector`): per workflow type, serve the
-        fitted ``expected_remaining_output_tokens`` or the position-median fallback, whichever
-        ranked the sessions that ended recently better beyond a margin (scored when a session
-        ends: :meth:`end_session`, or its idle expiry). False (default): the fitted figure; True:
-        a selector with the defaults; an instance: that one.
+        (:class:`predictors.online_selection.RemainingSelector`): per workflow type, serve as
+        ``expected_remaining_output_tokens`` the candidate (the fitted table, the position median,
+        ``mrl``) that ranked the sessions that ended recently better than the served one beyond a
+        margin (scored when a session ends: :meth:`end_session`, or its idle expiry). True
+        (default: on no real set or messy seed did the served order get worse beyond one se,
+        docs/workflow-paths.md): a selector with the defaults; an instance: that one; False: the
+        fit's figure.
     keep_alive_selection : serve, per workflow type, the keep-alive candidate ahead on the idle
         gaps seen (:class:`predictors.keep_alive_selection.KeepAliveSelector`: the fitted TTL, the
         plain per-type p95, the tool's p95, the TTL that gives up on gaps past the cap). False
@@ -108,7 +110,7 @@ class Predictor:
                  max_session_bytes: int = DEFAULT_MAX_SESSION_BYTES, agent_fallback: bool = True,
                  online_calibration: bool | OnlineCalibrator = True,
                  keep_alive_calibration: bool | OnlineCalibrator | None = None,
-                 remaining_selection: bool | RemainingSelector = False,
+                 remaining_selection: bool | RemainingSelector = True,
                  keep_alive_selection: bool | KeepAliveSelector = False) -> None:
         self.agent_fallback = bool(agent_fallback)
         self.sessions = SessionTable(max_sessions=max_sessions, max_session_bytes=max_session_bytes,
@@ -415,20 +417,18 @@ class Predictor:
 
     def _remaining(self, m: CompiledProfile, s: Session, agent: str, log: bool, done: int,
                    issued_at: float, session_age: float) -> tuple[RemainingWork | None, int]:
-        """``(remaining work served, its slot in the session's log)``: the fitted figure, or the
-        position-median fallback where the online selection serves it (``done``: 1 when this call
-        is already counted in the session; ``log``: keep both figures, scored when it ends)."""
-        remaining = m.remaining_output(s.workflow_type_id, s.calls - done, agent, s.out_sum, s.out_expected,
-                                       s.agent_calls.get(agent, 0) - done, session_age)
-        rw_index = -1
-        if self.remaining_selector is not None and remaining is not None:
-            fallback = m.remaining_output(s.workflow_type_id, s.calls - done, agent, s.out_sum, s.out_expected,
-                                          s.agent_calls.get(agent, 0) - done, session_age, simplest=True)
-            if log:
-                rw_index = self._log_remaining(s, remaining.expected, fallback.expected, issued_at)
-            if self.remaining_selector.serves_fallback(s.workflow_type_id):
-                remaining = fallback
-        return remaining, rw_index
+        """``(remaining work served, its slot in the session's log)``: the fit's served figure,
+        or the candidate the online selection serves now (``done``: 1 when this call is already
+        counted in the session; ``log``: keep every candidate's figure, scored when it ends)."""
+        args = (s.workflow_type_id, s.calls - done, agent, s.out_sum, s.out_expected,
+                s.agent_calls.get(agent, 0) - done, session_age)
+        sel = self.remaining_selector
+        if sel is None or m.remaining is None or s.workflow_type_id not in m.remaining.workflow_types_:
+            return m.remaining_output(*args), -1
+        figures = {c: m.remaining_output(*args, candidate=c) for c in sel.candidates}
+        rw_index = self._log_remaining(s, [f.expected for f in figures.values()], issued_at) if log else -1
+        served = sel.served(s.workflow_type_id) or m.remaining.served_candidate(s.workflow_type_id)
+        return figures[served], rw_index
 
     def _unknown_reason(self, m: CompiledProfile, wt: str, agent: str,
                         f: _CallFigures) -> tuple[str, str | None] | None:
@@ -514,7 +514,7 @@ class Predictor:
                 return False
             done = self.sessions.retract(s, pending.agent)
             if pending.remaining_slot >= 0 and s.rw_log is not None:
-                s.rw_log[4 * pending.remaining_slot] = math.nan       # a call that never happened: not scored
+                s.rw_log[RW_STRIDE * pending.remaining_slot] = math.nan   # a call that never happened: not scored
             self.sessions.account(s)
             return done
     # --- end of `dialects` addition ------------------------------------------------------------
@@ -598,14 +598,15 @@ class Predictor:
 
     # ---------------------------------------------- remaining work: online selection
     @staticmethod
-    def _log_remaining(s: Session, fitted: float, fallback: float, issued_at: float) -> int:
-        """Keep a call's two remaining-work figures; its slot (-1: past MAX_SCORED_CALLS)."""
+    def _log_remaining(s: Session, figures: list[float], issued_at: float) -> int:
+        """Keep a call's remaining-work figures (one per candidate); its slot (-1: past
+        MAX_SCORED_CALLS)."""
         if s.rw_log is None:
             s.rw_log = array("d")
-        index = len(s.rw_log) // 4
+        index = len(s.rw_log) // RW_STRIDE
         if index >= MAX_SCORED_CALLS:
             return -1
-        s.rw_log.extend((fitted, fallback, issued_at, math.nan))
+        s.rw_log.extend((*figures, issued_at, math.nan))
         return index
 
     @staticmethod
@@ -614,21 +615,24 @@ class Predictor:
         first slot still waiting), else into every kept call's remaining work (``rw_extra``)."""
         log_ = s.rw_log
         if index is None:
-            index = next((j // 4 for j in range(3, len(log_), 4) if math.isnan(log_[j])), -1)
-        if 0 <= index < len(log_) // 4 and math.isnan(log_[4 * index + 3]):
-            log_[4 * index + 3] = out
+            index = next((j // RW_STRIDE for j in range(RW_STRIDE - 1, len(log_), RW_STRIDE)
+                          if math.isnan(log_[j])), -1)
+        if 0 <= index < len(log_) // RW_STRIDE and math.isnan(log_[RW_STRIDE * index + RW_STRIDE - 1]):
+            log_[RW_STRIDE * index + RW_STRIDE - 1] = out
         else:
             s.rw_extra += out
 
     def _score_ended(self, s: Session, ended_at: float) -> None:
         """A session's workflow ended: each kept call's true remaining work is now known; feed
-        its two figures to the selector (:mod:`predictors.online_selection`)."""
+        its candidates' figures to the selector (:mod:`predictors.online_selection`)."""
         if self.remaining_selector is None or s.rw_log is None or not len(s.rw_log):
             return
-        rows = np.frombuffer(s.rw_log, dtype=float).reshape(-1, 4)   # fitted, fallback, arrival, output
-        truth = np.cumsum(np.nan_to_num(rows[::-1, 3]))[::-1] + s.rw_extra   # R_i = Σ_{j ≥ i} o_j
-        self.remaining_selector.record(s.workflow_type_id, rows[:, 0], rows[:, 1], truth, rows[:, 2],
-                                       ended_at)
+        rows = np.frombuffer(s.rw_log, dtype=float).reshape(-1, RW_STRIDE)  # figures…, arrival, output
+        truth = np.cumsum(np.nan_to_num(rows[::-1, -1]))[::-1] + s.rw_extra   # R_i = Σ_{j ≥ i} o_j
+        m = self._model
+        start = (m.remaining.served_candidate(s.workflow_type_id)
+                 if m is not None and m.remaining is not None else "fitted")
+        self.remaining_selector.record(s.workflow_type_id, rows[:, :-2], truth, rows[:, -2], ended_at, start)
         s.rw_log = None
 
     def end_session(self, app_metadata: Mapping[str, Any] | None) -> bool:

@@ -34,8 +34,8 @@ import pandas as pd
 from sklearn.base import BaseEstimator
 
 from predictors.band_selection import FORWARD_ORIGINS
-from predictors.served import (BASELINE_KEYS, MAX_AGENT_CALLS, MAX_ELAPSED_BUCKET, RemainingTokensTable,
-                               baseline_figures, tie_broken)
+from predictors.served import (BASELINE_KEYS, MAX_AGENT_CALLS, MAX_ELAPSED_BUCKET, RW_CANDIDATES,
+                               RemainingTokensTable, baseline_figures, tie_broken)
 from store.folds import group_folds, paired_se
 
 #: Candidate session factors ``(β, κ)``; ``(0, 0)`` is "no factor".
@@ -47,7 +47,7 @@ LEVELS = ("position", "agent", "agent_calls", "elapsed", "index")
 POINTS = ("p50", "mean")
 #: What the forward rule compares, simplest first: the two naive baselines as ``profiler eval``
 #: scores them, then the cross-validated candidate (ties broken by calls done → mean residual life).
-FORWARD_CANDIDATES = ("position_median", "mrl", "fitted")
+FORWARD_CANDIDATES = RW_CANDIDATES
 #: Fewest training workflows of a type for the forward rule (fewer: the cross-validated choice).
 FORWARD_MIN_WORKFLOWS = 20
 

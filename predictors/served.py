@@ -348,21 +348,31 @@ def elapsed_bucket(elapsed_s: float) -> int:
 BASELINE_KEYS = {"position_median": "bucket", "mrl": "index"}
 
 
-def baseline_figures(table: Mapping[str, float], at: Any) -> Any:
+def baseline_figures(table: Mapping[str, float] | tuple[np.ndarray, np.ndarray], at: Any) -> Any:
     """A baseline's figure at every key in ``at`` (position buckets or call indices, by
     :data:`BASELINE_KEYS`): the table's value at the nearest key at or before it (a session past
-    every training workflow keeps the last one's), the first key's value before the first."""
-    keys = np.array(sorted(int(k) for k in table))
-    vals = np.array([float(table[str(k)]) for k in keys])
+    every training workflow keeps the last one's), the first key's value before the first.
+    ``table``: the section's ``{key: value}``, or its :func:`baseline_arrays` (serving keeps them)."""
+    keys, vals = table if isinstance(table, tuple) else baseline_arrays(table)
     pos = np.searchsorted(keys, np.asarray(at), side="right") - 1
     out = vals[np.maximum(pos, 0)]
     return float(out) if out.ndim == 0 else out
 
 
+def baseline_arrays(table: Mapping[str, float]) -> tuple[np.ndarray, np.ndarray]:
+    """``(sorted keys, their values)`` of a baseline's ``{key: value}`` table."""
+    keys = np.array(sorted(int(k) for k in table))
+    return keys, np.array([float(table[str(k)]) for k in keys])
+
+
 #: The simplest remaining-tokens candidate (the position median, ties broken by calls done → mean
-#: residual life): what the fit keeps unless a richer one wins beyond noise, and the fallback the
-#: online selection (:mod:`predictors.online_selection`) serves when the fitted one drifts.
+#: residual life): what the fit keeps unless a richer one wins beyond noise, and the ``fitted``
+#: candidate of a profile that serves a baseline without recording the one it passed over.
 SIMPLEST = {"level": "position", "point": "p50", "beta": 0.0, "kappa": 0.0, "tie_break": "index"}
+#: The remaining-tokens candidates the fit's forward rule and the online selection
+#: (:mod:`predictors.online_selection`) choose among, simplest first: the two naive baselines
+#: as ``profiler eval`` scores them and the cross-validated table candidate (``fitted``).
+RW_CANDIDATES = ("position_median", "mrl", "fitted")
 
 
 class RemainingTokensTable:
@@ -382,6 +392,26 @@ class RemainingTokensTable:
         self.workflow_types_: dict[str, Any] = dict(data.get("workflow_types") or {})
         self.params_: dict[str, dict[str, Any]] = dict(data.get("params") or {})
         self.baselines_: dict[str, Any] = dict(data.get("baselines") or {})
+        self._baseline_arrays: dict[tuple[str, str], tuple[np.ndarray, np.ndarray]] = {}   # built once each
+        # the cross-validated candidate of each type where the forward rule serves a baseline
+        self.fitted_params_: dict[str, dict[str, Any]] = {
+            wt: sel["forward"]["fitted"] for wt, sel in (data.get("selection") or {}).items()
+            if isinstance(sel, Mapping) and isinstance(sel.get("forward"), Mapping) and sel["forward"].get("fitted")}
+
+    def served_candidate(self, wt: str) -> str:
+        """Which of :data:`RW_CANDIDATES` the fit serves for type ``wt``."""
+        p = self.params_.get(wt) or {}
+        return p["baseline"] if p.get("level") == "baseline" else "fitted"
+
+    def candidate_params(self, wt: str, name: str) -> dict[str, Any]:
+        """The ``params`` of candidate ``name`` (:data:`RW_CANDIDATES`) for type ``wt``."""
+        if name in BASELINE_KEYS:     # a profile without the baseline's table: the served figure
+            return ({"level": "baseline", "baseline": name} if (self.baselines_.get(wt) or {}).get(name)
+                    else self.params_.get(wt) or {})
+        if name != "fitted":
+            raise ValueError(f"unknown remaining-tokens candidate {name!r}; expected one of {RW_CANDIDATES}")
+        p = self.params_.get(wt) or {}
+        return self.fitted_params_.get(wt, SIMPLEST) if p.get("level") == "baseline" else p
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "RemainingTokensTable":
@@ -428,7 +458,7 @@ class RemainingTokensTable:
         written ``out_so_far`` tokens where its agents usually write ``expected_so_far``, after
         ``index`` calls (its exact call index; read by the ``index`` level); None for a type the
         section does not hold. All three are scaled by the session factor. ``params``: a
-        candidate in place of the type's chosen one (:data:`SIMPLEST`: the fallback)."""
+        candidate in place of the type's chosen one (:meth:`candidate_params`)."""
         entry = self.workflow_types_.get(wt)
         if entry is None:
             return None
@@ -438,7 +468,10 @@ class RemainingTokensTable:
             name = p["baseline"]
             at = bucket if BASELINE_KEYS[name] == "bucket" or index is None else index
             stats = self.lookup(wt, bucket)
-            return RemainingWork(baseline_figures(self.baselines_[wt][name], at), stats[2], stats[3])
+            arrays = self._baseline_arrays.get((wt, name))
+            if arrays is None:
+                arrays = self._baseline_arrays[wt, name] = baseline_arrays(self.baselines_[wt][name])
+            return RemainingWork(baseline_figures(arrays, at), stats[2], stats[3])
         stats = self.lookup(wt, bucket, agent if level in ("agent", "agent_calls") else None,
                             agent_calls if level == "agent_calls" else None,
                             elapsed_bucket(elapsed_s) if level == "elapsed" and elapsed_s is not None else None,

@@ -23,7 +23,7 @@ from typing import Any, NamedTuple
 
 from predictors.compiled import CompiledProfile
 from predictors.online_calibration import BandArms
-from predictors.served import Band
+from predictors.served import RW_CANDIDATES, Band
 from synth.vomm import NO_TOOL, START, stage_symbol, tool_mark, unmark
 
 #: Agents kept per session for replaying the automaton after a profile swap.
@@ -47,6 +47,9 @@ PATH_CONTEXT = 16
 #: Calls per session whose remaining-work figures are kept for the online selection (later
 #: calls' outputs still count in the earlier calls' true remaining work).
 MAX_SCORED_CALLS = 1024
+#: Numbers kept per call in ``Session.rw_log``: each remaining-work candidate's figure
+#: (:data:`predictors.served.RW_CANDIDATES`), the arrival and the output.
+RW_STRIDE = len(RW_CANDIDATES) + 2
 
 
 class KeepAliveServed(NamedTuple):
@@ -114,8 +117,8 @@ class Session:
     out_sum: float = 0.0                   # output tokens its finished calls wrote
     out_expected: float = 0.0              # what their agents write on average (training mean)
     # the remaining-work figures served, for scoring when the session ends (online selection,
-    # predictors/online_selection.py): per call (fitted, fallback, arrival, output or NaN)
-    rw_log: Any = None                     # array('d') of 4 per call, or None (selection off)
+    # predictors/online_selection.py): per call (every candidate's figure, arrival, output or NaN)
+    rw_log: Any = None                     # array('d') of RW_STRIDE per call, or None (selection off)
     rw_extra: float = 0.0                  # output of calls past MAX_SCORED_CALLS (in every R)
 
 

@@ -297,6 +297,9 @@ def remaining_online(profile: Profile, calls: pd.DataFrame, online_rem: np.ndarr
             "online_minus_static": c_index_diff(cidx, "online", "static", n),
             "vs_position_median": {"online": c_index_diff(cidx, "online", "position_median", n),
                                    "static": c_index_diff(cidx, "static", "position_median", n)},
+            "vs_mrl": {"online": c_index_diff(cidx, "online", "mrl", n),
+                       "static": c_index_diff(cidx, "static", "mrl", n)},
+            "online_vs_baselines": {name: c_index_diff(cidx, "online", name, n) for name in (*RW_BASELINES, "age")},
             "selection": selection}
 
 

@@ -147,10 +147,11 @@ class ServiceSettings:
               "from the outcomes observed (adaptive conformal; predictors/online_calibration.py). "
               "Off: the fitted band and TTL are served as is, whatever is fed back.")
     remaining_selection: bool = setting_field(
-        False, "Follow drift of the remaining-work figure: per workflow type, serve the fitted "
-               "figure or the position-median fallback, whichever ranked the sessions that ended "
-               "recently better (a session ends at a call with app_metadata.last_call, or idle "
-               "expiry; predictors/online_selection.py). Off: the fitted figure.")
+        True, "Follow drift of the remaining-work order: per workflow type, serve the candidate "
+              "(the fitted table, the position median, mrl) that ranked the sessions that ended "
+              "recently better than the served one beyond noise (a session ends at a call with "
+              "app_metadata.last_call, or idle expiry; predictors/online_selection.py). Off: the "
+              "fit's figure.")
     keep_alive_selection: bool = setting_field(
         False, "Serve, per workflow type, the keep-alive TTL candidate ahead of the fitted one on "
                "the idle gaps seen (covers more at no more KV-seconds per covered gap, or holds "

@@ -107,3 +107,21 @@ def test_headline_rows_pool_seeds_and_flag_a_baseline_ahead():
     assert not rows[("next agent log-loss", "markov1")][1]                    # ours lower loss: ahead
     assert rows[("remaining calls MAE", "position_median")][1]                # ours 0.5 calls worse, se 0.1
     assert rows[("keep-alive (coverage; KV-s per covered gap)", "idle_gap_p95")][1]
+
+
+def test_on_the_time_split_the_c_index_headline_is_the_served_order():
+    """The Predictor serves the remaining-tokens order chosen online (on by default): the time
+    split's headline scores that replayed order, not the fit's static one."""
+    bench = _bench_module()
+
+    def part(static, online, calls):
+        return {"calls": calls,
+                "remaining_work": {"baselines": {"position_median": {"c_index_diff": static, "c_index_diff_se": 0.01}}},
+                "online_band": {"remaining_tokens": {"calls": calls, "online_vs_baselines": {
+                    "position_median": {"c_index_diff": online, "c_index_diff_se": 0.01}}}}}
+    result = {"folds": [part(-0.06, -0.01, 100), part(-0.06, 0.02, 300)]}
+    static = {(f, b): (cell, dom) for f, b, cell, dom in bench.headline_rows(result, served=False)}
+    served = {(f, b): (cell, dom) for f, b, cell, dom in bench.headline_rows(result, served=True)}
+    assert static[("remaining tokens C-index", "position_median")][1]                    # the fit's: behind
+    cell, dom = served[("remaining tokens C-index, served", "position_median")]
+    assert cell.startswith("+0.013 ±") and not dom                 # weighted by calls: (−1 + 6) / 400

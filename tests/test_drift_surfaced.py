@@ -67,7 +67,7 @@ def test_alarm_in_metrics_drift_file_and_show_and_quiet_when_in_band(root):
         online = shown_profile["online"]                          # the same level, as JSON
         assert online["band"][WT]["planner"]["level"] == pytest.approx(level)
         assert online["band"][WT]["planner"]["outcomes"] == 300
-        assert online["remaining_selection"] is None              # off by default
+        assert online["remaining_selection"] == {}                # on by default; no session ended
     alarm = json.loads((root / DRIFT_FILE).read_text())["alarms"][WT]
     assert alarm["profile_version"] == current_version(root) and alarm["coverage"] < 0.99
     shown = CliRunner().invoke(app, ["show", "--profile", str(root)])

@@ -114,13 +114,13 @@ def test_the_setting_reads_from_every_source(tmp_path):
     assert resolve_settings(environ={}, flags={"online_calibration": False}).settings.online_calibration is False
 
 
-# ------------------------------------------- remaining_selection (off by default), end to end
+# ------------------------------------------- remaining_selection (on by default), end to end
 @pytest.mark.parametrize("on", [True, False])
 def test_sidecar_remaining_selection_scores_a_session_its_client_ends(profile, monkeypatch, on):
     """``--remaining-selection``: a call observed with ``app_metadata.last_call`` ends its session
-    and hands its figures to the selector (shown under ``online`` in ``/v1/profile``); off (the
-    default) the session stays and ``online.remaining_selection`` is null."""
-    args = ["serve", "--profile", str(profile)] + (["--remaining-selection"] if on else [])
+    and hands its figures to the selector (shown under ``online`` in ``/v1/profile``); off
+    (``--no-remaining-selection``) the session stays and ``online.remaining_selection`` is null."""
+    args = ["serve", "--profile", str(profile)] + ([] if on else ["--no-remaining-selection"])
     with launched(args, monkeypatch) as (app_, url), httpx.Client(base_url=url) as c:
         predictor = app_.state.service.predictor
         assert (predictor.remaining_selector is not None) is on
