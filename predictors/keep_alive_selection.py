@@ -33,17 +33,18 @@ from __future__ import annotations
 
 import math
 import threading
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
 from predictors.online_calibration import KEEP_ALIVE_NOMINAL
+from predictors.keep_alive_compare import WARM_START_HALF_LIFE
 from predictors.served import held_ttl_s
 
 #: The candidates, in the order their TTLs are carried (index 0: the fitted TTL, served first).
 CANDIDATES = ("fitted", "idle_gap_p95", "tool_p95", "give_up")
 #: Half-life of the evidence, in idle gaps of the type (100 and 300 switched back and forth more).
-HALF_LIFE = 1000.0
+HALF_LIFE = WARM_START_HALF_LIFE
 #: Standard errors a candidate must be ahead by to be switched to.
 MARGIN = 1.0
 #: Effective outcomes of the type before any switch (20 took a p95 below nominal on messy's train side).
@@ -75,16 +76,22 @@ class KeepAliveSelector:
     min_outcomes : effective outcomes of the type before any switch.
     nominal : the TTL's nominal coverage: a candidate is switched to for holding less only where
         its coverage on the gaps seen reaches it.
+    warm : start each type from the fit's forward replay of the training side stored in the
+        profile (:meth:`warm_start`); False: from no evidence (the fitted candidate serves until
+        ``min_outcomes`` gaps are seen).
     """
 
     def __init__(self, half_life: float = HALF_LIFE, margin: float = MARGIN,
-                 min_outcomes: float = MIN_OUTCOMES, nominal: float = KEEP_ALIVE_NOMINAL) -> None:
+                 min_outcomes: float = MIN_OUTCOMES, nominal: float = KEEP_ALIVE_NOMINAL,
+                 warm: bool = True) -> None:
         if half_life <= 0 or margin < 0:
             raise ValueError(f"half_life must be positive and margin >= 0, got {half_life}, {margin}")
         self.margin = float(margin)
         #: the TTL's nominal coverage (the profile's idle-gap quantile; the Predictor sets it)
         self.nominal = float(nominal)
         self.min_outcomes = float(min_outcomes)
+        #: seed each type from the profile's forward replay (:meth:`warm_start`); False: start empty
+        self.warm = bool(warm)
         self._decay = 2.0 ** (-1.0 / float(half_life))
         self._k = len(CANDIDATES)
         self._types: dict[str, _TypeState] = {}
@@ -114,15 +121,40 @@ class KeepAliveSelector:
             st.s1 = k * st.s1 + x
             st.s2 = k * st.s2 + np.outer(x, x)
             st.outcomes += 1
-            if st.sw * st.sw / st.sw2 < self.min_outcomes:
-                return
-            best, best_z = 0, 0.0
-            for c in range(1, self._k):
-                z = self._ahead(st, c)
-                if z is not None and (best == 0 or z > best_z):
-                    best, best_z = c, z
-            if best != st.served:
+            best = self._decide(st)
+            if best is not None and best != st.served:
                 st.served, st.switches = best, st.switches + 1
+
+    def _decide(self, st: _TypeState) -> int | None:
+        """The candidate ``st``'s evidence serves (the largest coverage z among those ahead of the
+        fitted one, else the fitted one); None before :attr:`min_outcomes` effective outcomes."""
+        if st.sw2 <= 0 or st.sw * st.sw / st.sw2 < self.min_outcomes:
+            return None
+        best, best_z = 0, 0.0
+        for c in range(1, self._k):
+            z = self._ahead(st, c)
+            if z is not None and (best == 0 or z > best_z):
+                best, best_z = c, z
+        return best
+
+    def warm_start(self, states: Mapping[str, Mapping[str, Any]]) -> None:
+        """Seed each type's evidence with the fit's forward replay of the training side
+        (:func:`warm_start_state`; the profile's ``idle_gap.workflow_types.<type>.selection_warm_start``),
+        so the served candidate starts from what the training side's future said instead of from
+        the fitted one at zero evidence. A type without one starts empty; so does every type
+        with ``warm=False``."""
+        if not self.warm:
+            return
+        with self._lock:
+            for wt, d in states.items():
+                if not d or len(d.get("s1") or ()) != 2 * self._k:
+                    continue
+                st = _TypeState(self._k)
+                st.sw, st.sw2 = float(d["sw"]), float(d["sw2"])
+                st.s1 = np.asarray(d["s1"], dtype=float)
+                st.s2 = np.asarray(d["s2"], dtype=float).reshape(2 * self._k, 2 * self._k)
+                st.served = self._decide(st) or 0
+                self._types[wt] = st
 
     def _ahead(self, st: _TypeState, c: int) -> float | None:
         """Candidate ``c``'s coverage z over the fitted one when ``c`` is ahead of it beyond

@@ -165,8 +165,11 @@ class Predictor:
         self._model = compiled            # the atomic swap: one reference assignment
         if self.remaining_selector is not None:   # the evidence was about the old fitted candidates
             self.remaining_selector.reset()
-        if self.keep_alive_selector is not None:
+        if self.keep_alive_selector is not None:   # its evidence starts from the fit's forward replay
             self.keep_alive_selector.reset()
+            if compiled.idle_gap is not None:
+                self.keep_alive_selector.warm_start({wt: info.get("selection_warm_start") for wt, info
+                                                     in compiled.idle_gap.workflow_types_.items()})
         self.loaded_at = time.time()
         return compiled
 
