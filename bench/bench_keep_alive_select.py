@@ -13,7 +13,7 @@ and KV-seconds per covered gap of each, *on minus off* and *on minus every basel
 tool p95, NAT trie) ± the delete-one-workflow jackknife error ("DOMINATED": the other ahead beyond
 one), and which candidate served per type with its switches. ``--side train`` splits the training
 part by time again and replays its later 30 %: the side the selector's constants are chosen on.
-``--grid`` lists ``half_life:margin:min_outcomes`` triples of the selector to replay (default: the shipped ones).
+``--grid`` lists ``half_life:margin:min_outcomes[:warm_gaps]`` settings of the selector to replay (default: the shipped ones).
 ``--split random`` splits 70/30 by workflow (seeded hash) instead of by time. The selector starts
 from the fit's forward replay of the training side stored in the profile (its warm start; "warm"
 names the candidate that evidence serves first); ``--cold`` starts it from no evidence instead.
@@ -85,14 +85,15 @@ def main() -> None:
                     help="comma-separated: agentless, swe_agent, mini_swe, messy, drift-team")
     ap.add_argument("--side", choices=("test", "train"), default="test",
                     help="test: the time split's later 30 %%; train: its training part split again")
-    ap.add_argument("--grid", default=f"{ks.HALF_LIFE:g}:{ks.MARGIN:g}:{ks.MIN_OUTCOMES:g}",
-                    help="half_life:margin:min_outcomes of the selector, comma-separated (default: the shipped ones)")
+    ap.add_argument("--grid", default=f"{ks.HALF_LIFE:g}:{ks.MARGIN:g}:{ks.MIN_OUTCOMES:g}:{ks.WARM_GAPS:g}",
+                    help="half_life:margin:min_outcomes[:warm_gaps] of the selector, comma-separated "
+                         "(default: the shipped ones; warm_gaps: the most effective gaps the warm start counts for)")
     ap.add_argument("--split", choices=("time", "random"), default="time",
                     help="time: each type's first 70 %% of workflows train; random: a seeded 70/30 by workflow")
     ap.add_argument("--cold", action="store_true",
                     help="start the selector from no evidence (not the profile's warm start)")
     a = ap.parse_args()
-    grid = [tuple(float(x) for x in g.split(":")) for g in a.grid.split(",")]
+    grid = [(*(float(x) for x in g.split(":")), ks.WARM_GAPS)[:4] for g in a.grid.split(",")]
     print(f"# {' '.join(sys.argv)}  (side {a.side}, split {a.split}, {'cold' if a.cold else 'warm'} start)", flush=True)
     with tempfile.TemporaryDirectory(prefix="bench-ka-select-") as tmp:
         work = Path(tmp)
@@ -112,9 +113,9 @@ def main() -> None:
                 groups = (calls["workflow_type_id"].astype(str) + "\x1f" + calls["workflow_id"].astype(str)).to_numpy()
                 off = replay_served(profile, calls, online=True, keep_alive_selection=False)[2]
                 base = keep_alive_baseline_ttls(profile, con, calls)
-                for half_life, margin, min_outcomes in grid:
+                for half_life, margin, min_outcomes, warm_gaps in grid:
                     sel = ks.KeepAliveSelector(half_life=half_life, margin=margin, min_outcomes=min_outcomes,
-                                               warm=not a.cold)
+                                               warm=not a.cold, warm_gaps=warm_gaps)
                     sel.warm_start({wt: v.get("selection_warm_start")
                                     for wt, v in profile.data["idle_gap"]["workflow_types"].items()})
                     warm = {wt: s["served"] for wt, s in sel.status().items()}
@@ -128,7 +129,7 @@ def main() -> None:
                     figs = " ".join(f"{k} {c.covered.mean():.3f}/{c.kv_s_per_covered_gap:.2f}"
                                     if c.kv_s_per_covered_gap is not None else f"{k} n/a"
                                     for k, c in held.items())
-                    print(f"{a.side} {label:11s} h={half_life:g} m={margin:g} min={min_outcomes:g} gaps={int(m.sum())} | {figs}", flush=True)
+                    print(f"{a.side} {label:11s} h={half_life:g} m={margin:g} min={min_outcomes:g} warm≤{warm_gaps:g} gaps={int(m.sum())} | {figs}", flush=True)
                     print(f"    on − off: {fmt_vs(compare_held(gap[m], held['on'].held, held['off'].held, groups[m]))}"
                           + "".join(f" | on − {k}: {fmt_vs(compare_held(gap[m], held['on'].held, held[k].held, groups[m]))}"
                                     for k in base) + f" | off − tool_p95: "

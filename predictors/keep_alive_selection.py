@@ -49,6 +49,8 @@ HALF_LIFE = WARM_START_HALF_LIFE
 MARGIN = 1.0
 #: Effective outcomes of the type before any switch (20 took a p95 below nominal on messy's train side).
 MIN_OUTCOMES = 30.0
+#: The most effective gaps the fit's warm start counts for (inf: all of the training side's replay).
+WARM_GAPS = math.inf
 
 
 class _TypeState:
@@ -79,11 +81,13 @@ class KeepAliveSelector:
     warm : start each type from the fit's forward replay of the training side stored in the
         profile (:meth:`warm_start`); False: from no evidence (the fitted candidate serves until
         ``min_outcomes`` gaps are seen).
+    warm_gaps : the warm start counts as at most this many effective gaps (its sums scaled down,
+        its means kept), so the server's own gaps outweigh the training side's after as many.
     """
 
     def __init__(self, half_life: float = HALF_LIFE, margin: float = MARGIN,
                  min_outcomes: float = MIN_OUTCOMES, nominal: float = KEEP_ALIVE_NOMINAL,
-                 warm: bool = True) -> None:
+                 warm: bool = True, warm_gaps: float = WARM_GAPS) -> None:
         if half_life <= 0 or margin < 0:
             raise ValueError(f"half_life must be positive and margin >= 0, got {half_life}, {margin}")
         self.margin = float(margin)
@@ -92,6 +96,8 @@ class KeepAliveSelector:
         self.min_outcomes = float(min_outcomes)
         #: seed each type from the profile's forward replay (:meth:`warm_start`); False: start empty
         self.warm = bool(warm)
+        #: the most effective gaps the warm start's evidence counts for (its weight, not its means)
+        self.warm_gaps = float(warm_gaps)
         self._decay = 2.0 ** (-1.0 / float(half_life))
         self._k = len(CANDIDATES)
         self._types: dict[str, _TypeState] = {}
@@ -150,9 +156,11 @@ class KeepAliveSelector:
                 if not d or len(d.get("s1") or ()) != 2 * self._k:
                     continue
                 st = _TypeState(self._k)
-                st.sw, st.sw2 = float(d["sw"]), float(d["sw2"])
-                st.s1 = np.asarray(d["s1"], dtype=float)
-                st.s2 = np.asarray(d["s2"], dtype=float).reshape(2 * self._k, 2 * self._k)
+                sw, sw2 = float(d["sw"]), float(d["sw2"])
+                f = min(1.0, self.warm_gaps * sw2 / (sw * sw)) if sw > 0 else 1.0   # n_eff -> f · n_eff
+                st.sw, st.sw2 = f * sw, f * sw2
+                st.s1 = f * np.asarray(d["s1"], dtype=float)
+                st.s2 = f * np.asarray(d["s2"], dtype=float).reshape(2 * self._k, 2 * self._k)
                 st.served = self._decide(st) or 0
                 self._types[wt] = st
 

@@ -192,6 +192,24 @@ def test_the_warm_start_is_the_selectors_own_sums_in_closed_form():
     assert warm_start_state(np.array([np.nan]), np.full((1, 4), 3.0)) is None
 
 
+def test_a_capped_warm_start_keeps_its_means_and_counts_for_at_most_warm_gaps():
+    rng = np.random.default_rng(6)
+    gaps = rng.uniform(0.5, 4.0, 2000)
+    gaps[rng.random(2000) < 0.06] = 5.5          # past the fitted 5 s, within the p95 candidate's 10 s
+    ttls = np.column_stack([np.full(2000, 5.0), np.full(2000, 10.0), np.full(2000, 5.0), np.full(2000, np.nan)])
+    state = warm_start_state(gaps, ttls)
+    full, capped = KeepAliveSelector(), KeepAliveSelector(warm_gaps=20)
+    full.warm_start({WT: state})
+    capped.warm_start({WT: state})
+    a, b = full._types[WT], capped._types[WT]
+    assert a.sw * a.sw / a.sw2 > 1000 and b.sw * b.sw / b.sw2 == pytest.approx(20)
+    np.testing.assert_allclose(b.s1 / b.sw, a.s1 / a.sw)
+    np.testing.assert_allclose(b.s2 / b.sw, a.s2 / a.sw)
+    # the same means: served from the first call on the full replay; capped under the 30 gaps a
+    # switch needs, the fitted TTL serves until the server's own gaps add up
+    assert full.served(WT) == "idle_gap_p95" and capped.served(WT) == "fitted"
+
+
 def test_the_fit_stores_the_forward_replay_and_the_server_serves_its_choice_from_the_first_call(profile):
     """The fixture's gaps have a 9–10 s tail the fitted 0.95 quantile misses and the tool's 10 s
     default covers: the training side's forward replay already puts ``tool_p95`` ahead, so the
@@ -207,8 +225,9 @@ def test_the_fit_stores_the_forward_replay_and_the_server_serves_its_choice_from
 
 
 def test_a_stationary_set_keeps_the_fitted_ttl_from_the_first_call(tmp_path):
-    """Gaps with no tail past the fitted quantile: no candidate is ahead on the training side's
-    future, so the warm start serves the fitted TTL (no exploration cost on a stationary set)."""
+    """Stationary lognormal gaps, 7 % past the tool's 10 s default: no candidate is ahead on the
+    training side's future (the plain p95 is the fitted quantile's twin, the tool's default covers
+    less), so the warm start serves the fitted TTL (no exploration cost on a stationary set)."""
     rng = np.random.default_rng(11)
     rows = []
     for w in range(60):
@@ -216,11 +235,13 @@ def test_a_stationary_set_keeps_the_fitted_ttl_from_the_first_call(tmp_path):
         for k in range(CALLS):
             rows.append({"request_id": f"r{w}-{k}", "workflow_type_id": WT, "workflow_id": f"w{w:05d}",
                          "agent_id": "solo", "call_index": k, "t_arrival": t, "t_finish": t + 1.0,
-                         "input_tokens": 400, "output_tokens": 100, "tool_names": ["run"]})
-            t += 1.0 + float(rng.lognormal(math.log(3.0), 0.3))
+                         "input_tokens": 400, "output_tokens": 100})
+            t += 1.0 + float(rng.lognormal(math.log(3.0), 0.8))
     path = tmp_path / "log.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     prof, _ = fit_profile([path], tmp_path / "profile")
     sel = KeepAliveSelector()
     sel.warm_start({WT: prof.data["idle_gap"]["workflow_types"][WT]["selection_warm_start"]})
     assert sel.served(WT) == "fitted"
+    tool = sel.status()[WT]["candidates"]["tool_p95"]["coverage"]
+    assert tool < sel.status()[WT]["candidates"]["fitted"]["coverage"]
