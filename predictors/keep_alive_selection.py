@@ -45,8 +45,9 @@ from predictors.served import held_ttl_s
 CANDIDATES = ("fitted", "idle_gap_p95", "tool_p95", "give_up")
 #: Half-life of the evidence, in idle gaps of the type (100 and 300 switched back and forth more).
 HALF_LIFE = WARM_START_HALF_LIFE
-#: Standard errors a candidate must be ahead by to be switched to.
-MARGIN = 1.0
+#: Standard errors a candidate must be ahead by to be switched to (2 since the warm start: chosen
+#: on the train side, where 1 switched back and forth on SWE-agent and mini-SWE).
+MARGIN = 2.0
 #: Effective outcomes of the type before any switch (20 took a p95 below nominal on messy's train side).
 MIN_OUTCOMES = 30.0
 #: The most effective gaps the fit's warm start counts for (inf: all of the training side's replay).
