@@ -17,7 +17,15 @@ policy holds it, 0.5–120 s) and holds ``min(held(c), g)`` KV-seconds.
 outcomes) of the vector ``x = (covered_c, kv_c)`` over the candidates and of ``x xᵀ`` give, for
 each candidate against the fitted one, the coverage difference and the KV-seconds-per-covered-gap
 difference (a ratio: its standard error by the delta method, the linearisation the jackknife of
-``profiler eval`` approximates), each over ``n_eff = (Σw)² / Σw²`` outcomes. After
+``profiler eval`` approximates), each over ``n_eff = (Σw)² / Σw²`` outcomes.
+
+**Warm start.** The sums do not start at zero: the fit replays the training side forward in time
+(the idle-gap fit's rolling origins: each block of workflows served the TTLs fitted on those
+before it) and stores the sums over that replay in the profile
+(``idle_gap.workflow_types.<type>.selection_warm_start``, :func:`predictors.keep_alive_compare.warm_start_state`);
+:meth:`KeepAliveSelector.warm_start` seeds each type from it on every profile load, so the first
+call is served the candidate the training side's future puts ahead and a stationary type pays no
+exploration. The replay's ``fitted`` TTL is the fit's own, without the online level. After
 :data:`MIN_OUTCOMES` effective outcomes, each outcome re-decides: the candidate *ahead* of the
 fitted one beyond :data:`MARGIN` standard errors serves — it covers more at a cost not above
 beyond the margin, or holds less at a coverage not below beyond it and reaches nominal on the
