@@ -16,11 +16,13 @@ part by time again and replays its later 30 %: the side the selector's constants
 ``--grid`` lists ``half_life:margin:min_outcomes[:warm_gaps]`` settings of the selector to replay (default: the shipped ones).
 ``--split random`` splits 70/30 by workflow (seeded hash) instead of by time. The selector starts
 from the fit's forward replay of the training side stored in the profile (its warm start; "warm"
-names the candidate that evidence serves first); ``--cold`` starts it from no evidence instead.
+names the candidate that evidence serves first); ``--cold`` starts it from no evidence instead;
+``--scores`` prints every candidate's figures in the warm start and on the server's own gaps.
 """
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import tempfile
 import time
@@ -92,6 +94,10 @@ def main() -> None:
                     help="time: each type's first 70 %% of workflows train; random: a seeded 70/30 by workflow")
     ap.add_argument("--cold", action="store_true",
                     help="start the selector from no evidence (not the profile's warm start)")
+    ap.add_argument("--scores", action="store_true",
+                    help="also print each candidate's coverage / KV-s per covered gap per type: in the warm "
+                         "start (the training side's forward replay) and on the server's own gaps (a replay "
+                         "whose selector never switches)")
     a = ap.parse_args()
     grid = [(*(float(x) for x in g.split(":")), ks.WARM_GAPS)[:4] for g in a.grid.split(",")]
     print(f"# {' '.join(sys.argv)}  (side {a.side}, split {a.split}, {'cold' if a.cold else 'warm'} start)", flush=True)
@@ -138,6 +144,17 @@ def main() -> None:
                         calls_by = {k: v for k, v in s["served_calls"].items() if v}
                         print(f"    {wt}: warm {warm.get(wt, '-')}, served now {s['served']}, switches {s['switches']}, "
                               f"calls {calls_by}", flush=True)
+                if a.scores:
+                    warm_sel = ks.KeepAliveSelector()
+                    warm_sel.warm_start({wt: v.get("selection_warm_start")
+                                         for wt, v in profile.data["idle_gap"]["workflow_types"].items()})
+                    own = ks.KeepAliveSelector(warm=False, min_outcomes=math.inf)
+                    replay_served(profile, calls, online=True, keep_alive_selection=own)
+                    for side, st in (("warm start", warm_sel.status()), ("server's own gaps", own.status())):
+                        for wt, v in st.items():
+                            print(f"    {wt} {side}: " + ", ".join(
+                                f"{c} {x['coverage']:.4f}/{x['kv_s_per_covered_gap']:.3f}"
+                                for c, x in v["candidates"].items() if x["coverage"] is not None), flush=True)
                 con.close()
                 print(f"    ({time.perf_counter() - t0:.1f} s)", flush=True)
 

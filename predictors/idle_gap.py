@@ -671,8 +671,8 @@ class IdleGapModel(IdleGapTable, BaseEstimator):
         if replay is None or replay.empty:
             return None
         replay = replay.sort_values("t_arrival", kind="stable")
-        tools = tool_ttls or {}
-        tool = np.array([tools.get((wt, str(a)), HELD_TTL_DEFAULT_S) for a in replay["agent_id"]], dtype=float)
+        by_agent = {a: v for (w, a), v in (tool_ttls or {}).items() if w == wt}
+        tool = replay["agent_id"].astype(str).map(by_agent).astype(float).fillna(HELD_TTL_DEFAULT_S).to_numpy()
         ttls = np.column_stack([replay["fitted"], replay["idle_gap_p95"], tool, replay["give_up"]])
         return warm_start_state(replay["gap_after_s"].to_numpy(dtype=float), ttls)
 
