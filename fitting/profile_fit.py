@@ -233,14 +233,29 @@ def human_wait_section(con: duckdb.DuckDBPyConnection) -> dict[str, Any]:
                  "max_s": mx} for wt, n, gaps, p50, p90, p95, mx in rows}
 
 
-def fit_idle_gap(con: duckdb.DuckDBPyConnection, options: FitOptions) -> IdleGapModel:
+def agent_tool_ttls(con: duckdb.DuckDBPyConnection, tl: ToolLatencyModel) -> dict[tuple[str, str], float]:
+    """Per (workflow type, agent), the keep-alive TTL of its tool as the Predictor serves it
+    (``retain_s``: :meth:`predictors.served.ToolLatencyTable.retain_s` over the agent's calls per
+    tool); agents without one are left out."""
+    counts: dict[tuple[str, str], dict[str, int]] = {}
+    for wt, agent, tool, n in con.execute("SELECT workflow_type_id, agent_id, tool_name, count(*) "
+                                          "FROM tool_calls GROUP BY ALL").fetchall():
+        counts.setdefault((wt, agent), {})[tool] = int(n)
+    out = {key: tl.retain_s(key[0], c) for key, c in counts.items()}
+    return {key: float(v) for key, v in out.items() if v is not None}
+
+
+def fit_idle_gap(con: duckdb.DuckDBPyConnection, options: FitOptions,
+                 tl: ToolLatencyModel | None = None) -> IdleGapModel:
     """The idle-gap keep-alive model (quantile ``ttl_quantile``, cap ``max_ttl_s``) on every call;
     ``FitOptions(drift=False)`` turns recency weighting off, ``forward_validation=False`` the
-    forward check against the pooled per-type quantile."""
+    forward check against the pooled per-type quantile (and with it the online keep-alive
+    selector's warm start, whose tool candidate is each agent's TTL under ``tl``)."""
     drift = {} if options.drift else {"half_lives": (None,)}
     forward = {} if options.forward_validation else {"forward_origins": ()}
     return IdleGapModel(quantile=options.ttl_quantile, max_ttl_s=options.max_ttl_s,
-                        random_state=options.seed, **drift, **forward).fit(idle_gap_calls(con))
+                        random_state=options.seed, **drift, **forward).fit(
+        idle_gap_calls(con), tool_ttls=agent_tool_ttls(con, tl) if tl is not None else None)
 
 
 #: The per-agent statistics measured in time (None in an order-only profile).
@@ -303,7 +318,8 @@ def time_sections(con: duckdb.DuckDBPyConnection, options: FitOptions) -> dict[s
                           random_state=options.seed).fit(idle_gap_calls(con).iloc[0:0])
         timed_tools = len(durations)
     else:
-        tl, ig = fit_tool_latency(con, options), fit_idle_gap(con, options)
+        tl = fit_tool_latency(con, options)
+        ig = fit_idle_gap(con, options, tl)
         timed_tools = con.execute(f"SELECT count(*) FROM ({_tool_rows_sql('1', con)})").fetchone()[0]
     section = limitations(counts, order_only, int(timed_tools))
     if order_only and timed_tools:

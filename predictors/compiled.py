@@ -164,14 +164,13 @@ class CompiledProfile:
                 static = Band(int(band["lo"]), int(band["hi"]), level)
         calls = int((stats.calls if stats is not None else 0)
                     or (self.bands.agents_.get(wt, {}).get(agent, {}).get("n", 0) if self.bands is not None else 0))
-        first = next(iter(tools.values()), ToolLatency())
         upper: tuple = ()
         mean_out = None
         if self.bands is not None:
             upper = tuple((float(a), int(u)) for a, u in self.bands.upper_bounds(wt, agent))
             mean_out = (self.bands.agents_.get(wt, {}).get(agent) or {}).get("mean")
         return AgentEntry(calls=calls, tool_latency=tools, static_band=static,
-                           retain_s=first.ttl_s if first.ttl_s is not None else first.p95_s,
+                           retain_s=self.tools.retain_s(wt, counts, max_tools) if self.tools is not None else None,
                            upper_bounds=upper, mean_output=mean_out,
                            keep_alive=self._keep_alive(wt, agent, tools))
 

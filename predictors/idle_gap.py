@@ -26,8 +26,8 @@ import numpy as np
 import pandas as pd
 from sklearn.base import BaseEstimator
 
-from predictors.keep_alive_compare import compare_held
-from predictors.served import (HELD_TTL_MAX_S, HELD_TTL_MIN_S, LEVEL_KEYS, LEVELS, MAX_FACTOR, MIN_GAP_S,
+from predictors.keep_alive_compare import compare_held, warm_start_state
+from predictors.served import (HELD_TTL_DEFAULT_S, HELD_TTL_MAX_S, HELD_TTL_MIN_S, LEVEL_KEYS, LEVELS, MAX_FACTOR, MIN_GAP_S,
                                IdleGapTable)
 from store.folds import group_folds
 
@@ -583,7 +583,7 @@ class IdleGapModel(IdleGapTable, BaseEstimator):
         return {key: self._score(g, p) for key, p in preds.items()}
 
     def _forward_check(self, g: pd.DataFrame, n_wf: int, half_life: float | None, level: str,
-                       prior_weight: float | None) -> dict[str, Any] | None:
+                       prior_weight: float | None) -> tuple[dict[str, Any] | None, pd.DataFrame | None]:
         """The chosen TTL against the pooled per-type quantile, scored forward in time.
 
         Rolling origin on the training side: at each origin (a share of the type's workflows by
@@ -603,13 +603,17 @@ class IdleGapModel(IdleGapTable, BaseEstimator):
         ahead beyond noise — the simpler by default — covered less on SWE-agent's and the
         drifting team's futures: docs/keep-alive.md.) Returns ``{served, gaps, scores:
         {candidate: {coverage, kv_s_per_covered_gap}}, diff, diff_se, kv_s_diff, kv_s_diff_se}``
-        (pooled minus chosen); None when too few workflows (``min_workflows_drift``) or no origin
+        (pooled minus chosen), and the replay the online selector's warm start is seeded from: the
+        scored rows (``agent_id, t_arrival, gap_after_s``) with the TTL each keep-alive candidate
+        would have served from the prefix (``fitted``: the one that serves, ``idle_gap_p95``: the
+        prefix's plain quantile, ``give_up``: its coverable quantile, NaN where no prefix gap runs
+        past the cap); (None, None) when too few workflows (``min_workflows_drift``) or no origin
         has a certifiable prefix."""
         if not self.forward_origins or n_wf < self.min_workflows_drift:
-            return None
+            return None, None
         cuts = sorted({int(round(f * n_wf)) for f in self.forward_origins} | {n_wf})
         rank = g["rank"].to_numpy()
-        parts: dict[str, list[np.ndarray]] = {"chosen": [], "pooled": []}
+        parts: dict[str, list[np.ndarray]] = {"chosen": [], "pooled": [], "idle_gap_p95": [], "give_up": []}
         scored: list[pd.DataFrame] = []
         for lo, hi in zip(cuts[:-1], cuts[1:]):
             prefix = g[(rank < lo) & g["gap_after_s"].notna().to_numpy()]
@@ -623,11 +627,17 @@ class IdleGapModel(IdleGapTable, BaseEstimator):
             pooled = (weighted_conformal_quantile(prefix["gap_after_s"].to_numpy(dtype=float), np.ones(len(prefix)),
                                                   self.quantile) if len(prefix) >= self.min_samples else math.inf)
             parts["pooled"].append(self._cap(np.full(len(block), pooled)))
+            # the selector's other candidates as the prefix would have served them (warm start)
+            gaps = prefix["gap_after_s"].to_numpy(dtype=float)
+            give_up = self._give_up(gaps)
+            parts["idle_gap_p95"].append(np.full(len(block), float(np.quantile(gaps, self.quantile))))
+            parts["give_up"].append(np.full(len(block), (give_up["coverable_quantile_s"] or math.nan)
+                                            if give_up["past_cap_share"] else math.nan))
             scored.append(block)
         if not scored:
-            return None
+            return None, None
         rows = pd.concat(scored)
-        ttl = {k: np.clip(np.concatenate(v), HELD_TTL_MIN_S, HELD_TTL_MAX_S) for k, v in parts.items()}
+        ttl = {k: np.clip(np.concatenate(parts[k]), HELD_TTL_MIN_S, HELD_TTL_MAX_S) for k in ("chosen", "pooled")}
         gap = rows["gap_after_s"].to_numpy(dtype=float)
         has = ~np.isnan(gap)
         wf = rows["workflow_id"].to_numpy()[has]
@@ -640,13 +650,36 @@ class IdleGapModel(IdleGapTable, BaseEstimator):
         ahead = (-dc > sc and dk >= -sk                                                  # covers more
                  or dk > sk and dc <= sc and scores["pooled"]["coverage"] >= self.quantile  # cheaper at nominal
                  or scores["chosen"]["coverage"] < self.quantile and -dc > sc)          # chosen short
-        return {"served": "pooled" if ahead else "chosen", "gaps": int(has.sum()),
+        served = "pooled" if ahead else "chosen"
+        replay = rows[["agent_id", "t_arrival", "gap_after_s"]].assign(
+            fitted=ttl[served], idle_gap_p95=np.concatenate(parts["idle_gap_p95"]),
+            give_up=np.concatenate(parts["give_up"]))
+        return {"served": served, "gaps": int(has.sum()),
                 "scores": scores, "diff": -vs["coverage_diff"], "diff_se": vs["coverage_diff_se"],
-                "kv_s_diff": None if vs["kv_s_diff"] is None else -vs["kv_s_diff"], "kv_s_diff_se": vs["kv_s_diff_se"]}
+                "kv_s_diff": None if vs["kv_s_diff"] is None else -vs["kv_s_diff"],
+                "kv_s_diff_se": vs["kv_s_diff_se"]}, replay
 
     # --------------------------------------------------------------------- fit
-    def fit(self, calls: pd.DataFrame) -> "IdleGapModel":
-        """``calls``: one row per call with :data:`GAP_COLUMNS` (``gap_after_s`` NaN = END)."""
+    def _warm_start(self, wt: str, replay: pd.DataFrame | None,
+                    tool_ttls: Mapping[tuple[str, str], float] | None) -> dict[str, Any] | None:
+        """The online keep-alive selector's evidence for type ``wt`` from the forward replay of
+        the training side (:meth:`_forward_check`), oldest call first: every candidate scored on
+        the gaps the rolling origins served (:func:`predictors.keep_alive_selection.warm_start_state`),
+        the tool candidate at the agent's tool TTL (``tool_ttls``; the policy's default without
+        one, as the Predictor serves it). The server's selector decides from it which candidate
+        serves first (:meth:`predictors.keep_alive_selection.KeepAliveSelector.warm_start`)."""
+        if replay is None or replay.empty:
+            return None
+        replay = replay.sort_values("t_arrival", kind="stable")
+        by_agent = {a: v for (w, a), v in (tool_ttls or {}).items() if w == wt}
+        tool = replay["agent_id"].astype(str).map(by_agent).astype(float).fillna(HELD_TTL_DEFAULT_S).to_numpy()
+        ttls = np.column_stack([replay["fitted"], replay["idle_gap_p95"], tool, replay["give_up"]])
+        return warm_start_state(replay["gap_after_s"].to_numpy(dtype=float), ttls)
+
+    def fit(self, calls: pd.DataFrame, tool_ttls: Mapping[tuple[str, str], float] | None = None) -> "IdleGapModel":
+        """``calls``: one row per call with :data:`GAP_COLUMNS` (``gap_after_s`` NaN = END);
+        ``tool_ttls``: the keep-alive TTL of each (workflow type, agent)'s tool (``retain_s``), the
+        online selector's ``tool_p95`` candidate in its warm start (None: the policy's default)."""
         df = calls.loc[:, list(GAP_COLUMNS)].copy()
         df["tool"] = df["tool"].fillna("").astype(str)
         df["gap_after_s"] = pd.to_numeric(df["gap_after_s"], errors="coerce")
@@ -687,7 +720,8 @@ class IdleGapModel(IdleGapTable, BaseEstimator):
             else:
                 scores, level, w, tool_level = {}, "workflow_type", None, False
                 reason = "one workflow: no validation, workflow-type level"
-            forward = self._forward_check(g.loc[sample.index], n_wf, h, level, w)
+            forward, replay = self._forward_check(g.loc[sample.index], n_wf, h, level, w)
+            warm = self._warm_start(wt, replay, tool_ttls)
             if forward and forward["served"] == "pooled":   # the pooled per-type quantile serves
                 h, level, w, tool_level = None, "workflow_type", None, False
                 g = g.assign(weight=1.0)
@@ -700,6 +734,7 @@ class IdleGapModel(IdleGapTable, BaseEstimator):
                 "half_life": h, "half_life_workflows": None if h is None else float(h * n_wf),
                 "half_life_scores": h_scores,
                 "forward": forward,
+                "selection_warm_start": warm,
                 "scores": {f"{lv}/{pw}": {"coverage": v[0], "mean_ttl_s": v[1]} for (lv, pw), v in scores.items()},
                 # entries whose weighted quantile was not certified, by where theirs came from
                 "backed_off": {lv: {str(k): int(v) for k, v in t["backed_off"].value_counts().items() if k}

@@ -15,6 +15,8 @@ from typing import Any
 
 import numpy as np
 
+from predictors.served import HELD_TTL_MAX_S, HELD_TTL_MIN_S
+
 
 def _leave_one_out_ratio(num: np.ndarray, den: np.ndarray, codes: np.ndarray, k: int) -> np.ndarray:
     """``Σ num / Σ den`` without each group in turn (``codes`` 0…k−1; NaN where no ``den`` is left)."""
@@ -75,3 +77,32 @@ def compare_held(gap: np.ndarray, held_a: np.ndarray, held_b: np.ndarray, groups
         dk_se = _jackknife_se(_leave_one_out_ratio(ka, ca, codes, k) - _leave_one_out_ratio(kb, cb, codes, k))
         out.update(kv_s_diff=dk, kv_s_diff_se=dk_se, dominated=dominated(dc, dc_se, dk, dk_se))
     return out
+
+
+#: Half-life (idle gaps of the type) of the warm start's weights: the online selector's own
+#: (``predictors.keep_alive_selection.HALF_LIFE`` is this one).
+WARM_START_HALF_LIFE = 1000.0
+
+
+def warm_start_state(gaps: np.ndarray, ttls: np.ndarray, half_life: float = WARM_START_HALF_LIFE) -> dict[str, Any] | None:
+    """One type's keep-alive selector evidence after replaying, oldest first, the idle gaps
+    ``gaps`` (n,) served the candidates' TTLs ``ttls`` (n, k, in the selector's ``CANDIDATES``
+    order; NaN: not offered, scored as the fitted one, as the selector's ``record`` does, and held
+    as the keep/drop policy holds them, 0.5–120 s): the exponentially
+    weighted sums the selector keeps (``sw``, ``sw2``, ``s1``, ``s2``), in closed form — the
+    ``i``-th of ``n`` outcomes weighs ``2^(−(n−1−i)/half_life)`` — plus ``gaps``. None without a
+    gap. The fit calls it on its rolling-origin replay of the training side
+    (:meth:`predictors.idle_gap.IdleGapModel.fit`); stored in the profile, it seeds the server's
+    selector (:meth:`predictors.keep_alive_selection.KeepAliveSelector.warm_start`)."""
+    gaps = np.asarray(gaps, dtype=float)
+    ttls = np.asarray(ttls, dtype=float)
+    keep = np.isfinite(gaps) & np.isfinite(ttls[:, 0])
+    gaps, ttls = gaps[keep], ttls[keep]
+    if not len(gaps):
+        return None
+    ttls = np.where(np.isnan(ttls), ttls[:, :1], ttls)
+    held = np.clip(ttls, HELD_TTL_MIN_S, HELD_TTL_MAX_S)
+    x = np.concatenate(((gaps[:, None] <= held).astype(float), np.minimum(held, gaps[:, None])), axis=1)
+    w = 2.0 ** (-(len(gaps) - 1 - np.arange(len(gaps))) / float(half_life))
+    return {"sw": float(w.sum()), "sw2": float((w * w).sum()), "s1": (w @ x).tolist(),
+            "s2": ((x * w[:, None]).T @ x).tolist(), "gaps": int(len(gaps))}

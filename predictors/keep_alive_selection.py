@@ -17,7 +17,15 @@ policy holds it, 0.5–120 s) and holds ``min(held(c), g)`` KV-seconds.
 outcomes) of the vector ``x = (covered_c, kv_c)`` over the candidates and of ``x xᵀ`` give, for
 each candidate against the fitted one, the coverage difference and the KV-seconds-per-covered-gap
 difference (a ratio: its standard error by the delta method, the linearisation the jackknife of
-``profiler eval`` approximates), each over ``n_eff = (Σw)² / Σw²`` outcomes. After
+``profiler eval`` approximates), each over ``n_eff = (Σw)² / Σw²`` outcomes.
+
+**Warm start.** The sums do not start at zero: the fit replays the training side forward in time
+(the idle-gap fit's rolling origins: each block of workflows served the TTLs fitted on those
+before it) and stores the sums over that replay in the profile
+(``idle_gap.workflow_types.<type>.selection_warm_start``, :func:`predictors.keep_alive_compare.warm_start_state`);
+:meth:`KeepAliveSelector.warm_start` seeds each type from it on every profile load, so the first
+call is served the candidate the training side's future puts ahead and a stationary type pays no
+exploration. The replay's ``fitted`` TTL is the fit's own, without the online level. After
 :data:`MIN_OUTCOMES` effective outcomes, each outcome re-decides: the candidate *ahead* of the
 fitted one beyond :data:`MARGIN` standard errors serves — it covers more at a cost not above
 beyond the margin, or holds less at a coverage not below beyond it and reaches nominal on the
@@ -33,21 +41,25 @@ from __future__ import annotations
 
 import math
 import threading
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
 from predictors.online_calibration import KEEP_ALIVE_NOMINAL
+from predictors.keep_alive_compare import WARM_START_HALF_LIFE
 from predictors.served import held_ttl_s
 
 #: The candidates, in the order their TTLs are carried (index 0: the fitted TTL, served first).
 CANDIDATES = ("fitted", "idle_gap_p95", "tool_p95", "give_up")
 #: Half-life of the evidence, in idle gaps of the type (100 and 300 switched back and forth more).
-HALF_LIFE = 1000.0
-#: Standard errors a candidate must be ahead by to be switched to.
-MARGIN = 1.0
+HALF_LIFE = WARM_START_HALF_LIFE
+#: Standard errors a candidate must be ahead by to be switched to (2 since the warm start: chosen
+#: on the train side, where 1 switched back and forth on SWE-agent and mini-SWE).
+MARGIN = 2.0
 #: Effective outcomes of the type before any switch (20 took a p95 below nominal on messy's train side).
 MIN_OUTCOMES = 30.0
+#: The most effective gaps the fit's warm start counts for (inf: all of the training side's replay).
+WARM_GAPS = math.inf
 
 
 class _TypeState:
@@ -75,16 +87,26 @@ class KeepAliveSelector:
     min_outcomes : effective outcomes of the type before any switch.
     nominal : the TTL's nominal coverage: a candidate is switched to for holding less only where
         its coverage on the gaps seen reaches it.
+    warm : start each type from the fit's forward replay of the training side stored in the
+        profile (:meth:`warm_start`); False: from no evidence (the fitted candidate serves until
+        ``min_outcomes`` gaps are seen).
+    warm_gaps : the warm start counts as at most this many effective gaps (its sums scaled down,
+        its means kept), so the server's own gaps outweigh the training side's after as many.
     """
 
     def __init__(self, half_life: float = HALF_LIFE, margin: float = MARGIN,
-                 min_outcomes: float = MIN_OUTCOMES, nominal: float = KEEP_ALIVE_NOMINAL) -> None:
+                 min_outcomes: float = MIN_OUTCOMES, nominal: float = KEEP_ALIVE_NOMINAL,
+                 warm: bool = True, warm_gaps: float = WARM_GAPS) -> None:
         if half_life <= 0 or margin < 0:
             raise ValueError(f"half_life must be positive and margin >= 0, got {half_life}, {margin}")
         self.margin = float(margin)
         #: the TTL's nominal coverage (the profile's idle-gap quantile; the Predictor sets it)
         self.nominal = float(nominal)
         self.min_outcomes = float(min_outcomes)
+        #: seed each type from the profile's forward replay (:meth:`warm_start`); False: start empty
+        self.warm = bool(warm)
+        #: the most effective gaps the warm start's evidence counts for (its weight, not its means)
+        self.warm_gaps = float(warm_gaps)
         self._decay = 2.0 ** (-1.0 / float(half_life))
         self._k = len(CANDIDATES)
         self._types: dict[str, _TypeState] = {}
@@ -114,15 +136,42 @@ class KeepAliveSelector:
             st.s1 = k * st.s1 + x
             st.s2 = k * st.s2 + np.outer(x, x)
             st.outcomes += 1
-            if st.sw * st.sw / st.sw2 < self.min_outcomes:
-                return
-            best, best_z = 0, 0.0
-            for c in range(1, self._k):
-                z = self._ahead(st, c)
-                if z is not None and (best == 0 or z > best_z):
-                    best, best_z = c, z
-            if best != st.served:
+            best = self._decide(st)
+            if best is not None and best != st.served:
                 st.served, st.switches = best, st.switches + 1
+
+    def _decide(self, st: _TypeState) -> int | None:
+        """The candidate ``st``'s evidence serves (the largest coverage z among those ahead of the
+        fitted one, else the fitted one); None before :attr:`min_outcomes` effective outcomes."""
+        if st.sw2 <= 0 or st.sw * st.sw / st.sw2 < self.min_outcomes:
+            return None
+        best, best_z = 0, 0.0
+        for c in range(1, self._k):
+            z = self._ahead(st, c)
+            if z is not None and (best == 0 or z > best_z):
+                best, best_z = c, z
+        return best
+
+    def warm_start(self, states: Mapping[str, Mapping[str, Any]]) -> None:
+        """Seed each type's evidence with the fit's forward replay of the training side
+        (:func:`warm_start_state`; the profile's ``idle_gap.workflow_types.<type>.selection_warm_start``),
+        so the served candidate starts from what the training side's future said instead of from
+        the fitted one at zero evidence. A type without one starts empty; so does every type
+        with ``warm=False``."""
+        if not self.warm:
+            return
+        with self._lock:
+            for wt, d in states.items():
+                if not d or len(d.get("s1") or ()) != 2 * self._k:
+                    continue
+                st = _TypeState(self._k)
+                sw, sw2 = float(d["sw"]), float(d["sw2"])
+                f = min(1.0, self.warm_gaps * sw2 / (sw * sw)) if sw > 0 else 1.0   # n_eff -> f · n_eff
+                st.sw, st.sw2 = f * sw, f * sw2
+                st.s1 = f * np.asarray(d["s1"], dtype=float)
+                st.s2 = f * np.asarray(d["s2"], dtype=float).reshape(2 * self._k, 2 * self._k)
+                st.served = self._decide(st) or 0
+                self._types[wt] = st
 
     def _ahead(self, st: _TypeState, c: int) -> float | None:
         """Candidate ``c``'s coverage z over the fitted one when ``c`` is ahead of it beyond

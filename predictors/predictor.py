@@ -98,9 +98,11 @@ class Predictor:
         fit's figure.
     keep_alive_selection : serve, per workflow type, the keep-alive candidate ahead on the idle
         gaps seen (:class:`predictors.keep_alive_selection.KeepAliveSelector`: the fitted TTL, the
-        plain per-type p95, the tool's p95, the TTL that gives up on gaps past the cap). False
-        (default: it made one real set's time split worse, docs/keep-alive.md), True: a selector
-        with the defaults, an instance: that one.
+        plain per-type p95, the tool's p95, the TTL that gives up on gaps past the cap), its
+        evidence seeded on :meth:`load` from the profile's forward replay of the training side
+        (``idle_gap.workflow_types.<type>.selection_warm_start``). False (default: on mini-SWE's
+        random split it covers less beyond one se, and mini-SWE's time split stays behind the
+        plain p95; docs/keep-alive.md), True: a selector with the defaults, an instance: that one.
     """
 
     def __init__(self, profile: Any = None, *, max_sessions: int = 100_000,
@@ -167,8 +169,11 @@ class Predictor:
         self._model = compiled            # the atomic swap: one reference assignment
         if self.remaining_selector is not None:   # the evidence was about the old fitted candidates
             self.remaining_selector.reset()
-        if self.keep_alive_selector is not None:
+        if self.keep_alive_selector is not None:   # its evidence starts from the fit's forward replay
             self.keep_alive_selector.reset()
+            if compiled.idle_gap is not None:
+                self.keep_alive_selector.warm_start({wt: info.get("selection_warm_start") for wt, info
+                                                     in compiled.idle_gap.workflow_types_.items()})
         self.loaded_at = time.time()
         return compiled
 

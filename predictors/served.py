@@ -252,6 +252,16 @@ class ToolLatencyTable:
         entry = self.tools_.get(workflow_type_id, {}).get(tool)
         return entry if entry is not None else self.global_tools_.get(tool)
 
+    def retain_s(self, workflow_type_id: str, tool_calls: Mapping[str, int], max_tools: int = 3) -> float | None:
+        """The keep-alive TTL of an agent's tool (its ``retain_s``): of its ``max_tools`` most
+        called tools (``tool_calls``: calls per tool) the first with an entry, its ``ttl_s``, else
+        its p95; None without one."""
+        for name in sorted(tool_calls, key=lambda t: (-tool_calls[t], t))[:max_tools]:
+            entry = self.lookup(workflow_type_id, name)
+            if entry:
+                return entry.get("ttl_s") if entry.get("ttl_s") is not None else entry.get("p95_s")
+        return None
+
 
 # ---------------------------------------------------------------------- idle gap
 class IdleGapTable:

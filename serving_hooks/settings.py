@@ -156,8 +156,9 @@ class ServiceSettings:
         False, "Serve, per workflow type, the keep-alive TTL candidate ahead of the fitted one on "
                "the idle gaps seen (covers more at no more KV-seconds per covered gap, or holds "
                "less at nominal coverage): the plain per-type p95, the tool's p95 or a TTL that "
-               "gives up on gaps past the 120 s cap (predictors/keep_alive_selection.py). Off: the "
-               "fitted TTL (calibrated online).", flag=False)
+               "gives up on gaps past the 120 s cap (predictors/keep_alive_selection.py); the "
+               "evidence starts from the fit's forward replay of the training side, stored in the "
+               "profile. Off: the fitted TTL (calibrated online).", flag=False)
     shadow_min_calls: int = setting_field(
         100, "Calls a workflow type needs in the profile before it can leave shadow mode.",
         panel=PANEL_SHADOW, flag=False)
