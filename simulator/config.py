@@ -51,10 +51,9 @@ class ClusterConfig:
     #: ``profiler replay`` sends): SGLang 0.5.23 then reserves each running call's whole remaining
     #: output (``ratio = 1.0 if ignore_eos``, ``schedule_policy.py``), not ``new_token_ratio × clip``.
     fixed_length_requests: bool = False
-    #: The replicas share one host's compute (the CPU bench: every replica on the same cores):
-    #: processor sharing — while ``m`` other replicas are mid-iteration, an iteration runs at
-    #: ``1 / (1 + m)`` of its speed alone, re-timed whenever a replica starts or ends one (so a
-    #: replica that goes idle gives its share back). False: one GPU per replica.
+    #: The replicas share one host's compute (the CPU bench: every replica on the same cores): an
+    #: iteration that starts while ``m`` other replicas are mid-iteration takes ``1 + m`` times
+    #: its step time (processor sharing, fixed for the iteration). False: one GPU per replica.
     shared_compute: bool = False
     #: Iteration time model (hardware roofline, :mod:`simulator.hardware`; or fitted,
     #: :mod:`simulator.calibration`).

@@ -175,13 +175,8 @@ class Replica:
     plan: StepPlan | None = None
     plan_id: int = 0
     plan_start: float = 0.0
-    #: the slowdown the plan in progress runs at now (``ClusterConfig.shared_compute``)
+    #: the slowdown the plan in progress was timed with (``ClusterConfig.shared_compute``)
     plan_share: float = 1.0
-    #: processor sharing (``ClusterConfig.shared_compute``): the plan's work (its step time
-    #: alone, s), the work done by ``plan_mark`` (the last time its share changed)
-    plan_work: float = 0.0
-    plan_done: float = 0.0
-    plan_mark: float = 0.0
 
     def load_tokens(self) -> int:
         """Outstanding tokens: KV of running calls plus prompts of waiting calls (no oracle)."""
@@ -715,47 +710,21 @@ class Simulator:
                 dt += sum(take * q.prefill_rate for q, take in prefill)
         else:
             dt = k * (step.t0 + step.e * b + step.c * kv) + step.c * b * k * (k - 1) / 2
-        self._start_plan(rep, StepPlan(prefill, decoders, k, dt, kv))
-
-    def _start_plan(self, rep: Replica, plan: StepPlan) -> None:
-        """Start ``plan`` (its ``dt``: the step time alone) on ``rep`` now; with shared compute it
-        runs at the current share and the replicas already stepping slow down to theirs."""
         share = self._compute_share(rep)
-        rep.plan_work, rep.plan_done, rep.plan_mark = plan.dt, 0.0, self.now
-        rep.plan = plan._replace(dt=plan.dt * share)
+        dt *= share
+        rep.plan = StepPlan(prefill, decoders, k, dt, kv)
         rep.plan_share = share
         rep.stepping = True
         rep.plan_id += 1
         rep.plan_start = self.now
-        self._push(self.now + plan.dt * share, EV_STEP, StepDue(rep.idx, rep.plan_id))
-        self._reshare()
+        self._push(self.now + dt, EV_STEP, StepDue(rep.idx, rep.plan_id))
 
     def _compute_share(self, rep: Replica) -> float:
-        """How many replicas share the host's compute with ``rep`` now: 1 plus the others
-        mid-iteration when ``ClusterConfig.shared_compute``, else 1."""
+        """How many replicas share the host's compute for an iteration of ``rep`` starting now:
+        1 plus those mid-iteration when ``ClusterConfig.shared_compute``, else 1."""
         if not self.config.shared_compute:
             return 1.0
         return 1.0 + sum(1 for r in self.replicas if r is not rep and r.stepping)
-
-    def _reshare(self) -> None:
-        """Processor sharing (``ClusterConfig.shared_compute``): when a replica starts or ends an
-        iteration, every replica mid-iteration goes on at its new share — the work it has done
-        so far is kept, the rest takes ``share`` × its time alone, and its end is re-timed. An
-        iteration is thus slowed only while others actually step beside it (a replica that
-        goes idle gives its share back), and the host's work is conserved."""
-        if not self.config.shared_compute:
-            return
-        now = self.now
-        for r in self.replicas:
-            if not r.stepping or r.plan is None:
-                continue
-            share = self._compute_share(r)
-            if share == r.plan_share:
-                continue
-            r.plan_done += (now - r.plan_mark) / r.plan_share
-            r.plan_mark, r.plan_share = now, share
-            r.plan_id += 1
-            self._push(now + max(r.plan_work - r.plan_done, 0.0) * share, EV_STEP, StepDue(r.idx, r.plan_id))
 
     def _wake(self, rep: Replica) -> None:
         """Something changed on ``rep`` (a call arrived, a load finished, a pin expired): plan a
@@ -770,36 +739,21 @@ class Simulator:
             return
         step = self.step
         b = len(decoders)
-        dt0 = step.t0 + step.e * b + step.c * kv
-        growth = step.c * b
-        if not self.config.shared_compute:
-            done = _steps_within(self.now - rep.plan_start, dt0, growth)
-            m = min(k, done + 1)   # the iteration in progress completes
-            if m >= k:
-                return
-            new_dt = m * dt0 + growth * m * (m - 1) / 2
-            rep.plan = StepPlan(plan.prefill, decoders, m, new_dt, kv)
-            rep.plan_id += 1
-            self._push(rep.plan_start + new_dt, EV_STEP, StepDue(rep.idx, rep.plan_id))
-            return
-        # processor sharing: count the iterations by the work done, at the shares it ran with
-        work = rep.plan_done + (self.now - rep.plan_mark) / rep.plan_share
-        m = min(k, _steps_within(work, dt0, growth) + 1)
+        dt0 = (step.t0 + step.e * b + step.c * kv) * rep.plan_share
+        growth = step.c * b * rep.plan_share
+        done = _steps_within(self.now - rep.plan_start, dt0, growth)
+        m = min(k, done + 1)   # the iteration in progress completes
         if m >= k:
             return
-        rep.plan_work = m * dt0 + growth * m * (m - 1) / 2
-        rep.plan = StepPlan(plan.prefill, decoders, m, plan.dt, kv)
+        new_dt = m * dt0 + growth * m * (m - 1) / 2
+        rep.plan = StepPlan(plan.prefill, decoders, m, new_dt, kv)
         rep.plan_id += 1
-        self._push(self.now + max(rep.plan_work - work, 0.0) * rep.plan_share, EV_STEP,
-                   StepDue(rep.idx, rep.plan_id))
+        self._push(rep.plan_start + new_dt, EV_STEP, StepDue(rep.idx, rep.plan_id))
 
     def _step_end(self, rep: Replica) -> None:
         prefill, decoders, k, dt, _ = rep.plan
         rep.plan = None
         rep.stepping = False
-        if self.config.shared_compute:      # the wall time it took at the shares it ran with
-            dt = self.now - rep.plan_start
-            self._reshare()
         rep.busy_s += dt
         on_step = self.policy.listeners("on_step")
         if on_step:
@@ -911,8 +865,13 @@ class Simulator:
         st = self.step
         take = max(1, min(int(take), self.config.chunked_prefill_size))
         rate = st.a + st.a_ctx * ctx / max(total, 1)
-        dt = st.prefill_t0 + take * rate + st.a_attn * take * (pos + take / 2)
-        self._start_plan(rep, StepPlan([], [], 1, dt, 0))
+        rep.plan_share = self._compute_share(rep)
+        dt = (st.prefill_t0 + take * rate + st.a_attn * take * (pos + take / 2)) * rep.plan_share
+        rep.plan = StepPlan([], [], 1, dt, 0)
+        rep.stepping = True
+        rep.plan_id += 1
+        rep.plan_start = self.now
+        self._push(self.now + dt, EV_STEP, StepDue(rep.idx, rep.plan_id))
 
     def materialize(self, r: int, segs: Sequence[int]) -> int:
         """Put segments computed in the background on replica ``r``'s GPU tier (root first),
