@@ -47,7 +47,7 @@ from bench.engine_conditions import (CONDITIONS, EngineWorkload, condition_setti
 from bench.engine_models import MODEL_CONFIGS, write_model  # noqa: E402
 from bench.engine_quiet import IDLE_CPU_LIMIT, SessionCPU, wait_quiet  # noqa: E402
 from bench.engine_report import (MIN_QUEUE_SHARE, arm_summary, engine_counters, fidelity,  # noqa: E402
-                                 queue_samples, queue_summary, ratio_pairs, ratios)
+                                 queue_samples, queue_summary, ratio_pairs, ratios, same_seed_ratios)
 from bench.engine_router import SGLangRouter, router_available  # noqa: E402
 from tests.sglang.cpu_standins.awp_cpu_standins import (EXTEND_ATTENTION_CHOICES,  # noqa: E402
                                                          EXTEND_ATTENTION_ENV)
@@ -738,7 +738,8 @@ def run_condition(args: argparse.Namespace, model: Path, work: Path, est: dict |
         out["prefill_share"] = prefill_share(state["calib"], sim["step"], wl.replay)
         sim_arms = {n: float(np.mean([sim["seeds"][s][n]["jct_avg_s"] for s in done_seeds])) if done_seeds else None
                     for n in names}             # over the seeds measured (all, unless refused part way)
-        out["fidelity"] = fidelity(out["ratios"], ratios({s: sim["seeds"][s] for s in done_seeds}, names),
+        out["fidelity"] = fidelity(out["ratios"], same_seed_ratios({s: sim["seeds"][s] for s in done_seeds}, names,
+                                                                   out["ratios"]),
                                    {n: out["arms"][n]["jct_avg_s"] for n in names}, sim_arms)
     return out
 

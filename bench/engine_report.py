@@ -104,6 +104,21 @@ def ratios(per_seed: Mapping[int, Mapping[str, Mapping]], names: Sequence[str], 
     return out
 
 
+def same_seed_ratios(per_seed: Mapping[int, Mapping[str, Mapping]], names: Sequence[str],
+                     measured: Mapping[str, Mapping], level: float = 0.95) -> dict:
+    """:func:`ratios` of the simulated ``per_seed`` runs over the seeds each *measured* ratio kept
+    (its ``withheld`` seeds left out), so that fidelity sets a ratio beside the one measured on
+    the same draws, not a mean over seeds the measurement withheld."""
+    out = ratios(per_seed, names, level)
+    for key in out:
+        gone = {str(w["seed"]) for w in (measured.get(key) or {}).get("withheld", [])}
+        if gone:
+            kept = {s: v for s, v in per_seed.items() if str(s) not in gone}
+            out[key] = ratios(kept, names, level)[key] if kept else out[key]
+            out[key]["withheld"] = sorted(gone)
+    return out
+
+
 def queue_samples(log_text: str) -> tuple[list[int], list[int]]:
     """``(#queue-req, #running-req)`` of every batch line SGLang logged in ``log_text``."""
     pairs = [(int(q), int(r)) for r, q in _BATCH.findall(log_text)]

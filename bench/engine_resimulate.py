@@ -24,17 +24,19 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.bench_engine import fit_profiles, parse_args  # noqa: E402
-from bench.engine_conditions import prepare_workload  # noqa: E402
-from bench.engine_report import fidelity, ratios  # noqa: E402
+from bench.engine_conditions import EngineWorkload, prepare_workload  # noqa: E402
+from bench.engine_report import fidelity, same_seed_ratios  # noqa: E402
 from bench.engine_sim import cluster, scaled_records, simulate_setups  # noqa: E402
 from simulator.calibration import StepTimeModel  # noqa: E402
+from simulator.config import ClusterConfig  # noqa: E402
 
 STEP_FIELDS = ("t0", "a", "a_ctx", "c", "e", "a_attn", "prefill_t0", "source")
 
 
-def resimulate_condition(cond: dict) -> dict:
-    """The stored condition ``cond`` replayed in the current simulator: per seed and arm, the arm
-    means, the ratios and the fidelity against the stored measured runs."""
+def rebuild(cond: dict) -> tuple[dict, list[str], list[int], ClusterConfig, EngineWorkload]:
+    """What the stored condition ``cond`` ran, rebuilt: its settings, arms, seeds, the cluster the
+    run calibrated (step time and server limits) and the workload (the same deterministic
+    preparation as ``bench/bench_engine.py``)."""
     st = cond["settings"]
     names = list(st["setups"])
     seeds = [int(s) for s in cond["seeds"]]
@@ -47,7 +49,13 @@ def resimulate_condition(cond: dict) -> dict:
     # saw the engine's cache hits, so its context term is paid by hits too
     step = StepTimeModel(**{k: stored[k] for k in STEP_FIELDS}, ctx_on_hits=stored.get("ctx_on_hits", True))
     cfg = cluster(cond["simulator"]["limits"], step, st["replicas"], not st.get("gpu"))
-    wl = prepare_workload(st["condition"], seeds, args)
+    return st, names, seeds, cfg, prepare_workload(st["condition"], seeds, args)
+
+
+def resimulate_condition(cond: dict) -> dict:
+    """The stored condition ``cond`` replayed in the current simulator: per seed and arm, the arm
+    means, the ratios and the fidelity against the stored measured runs."""
+    st, names, seeds, cfg, wl = rebuild(cond)
     with tempfile.TemporaryDirectory() as tmp:
         profiles = fit_profiles(wl, Path(tmp))
         sim = {s: simulate_setups(scaled_records(wl.replay[s], 1.0, st["time_scale"]), profiles[s], cfg,
@@ -56,7 +64,7 @@ def resimulate_condition(cond: dict) -> dict:
                for s in seeds}
     arms = {n: float(np.mean([sim[s][n]["jct_avg_s"] for s in seeds])) for n in names}
     measured_arms = {n: cond["arms"][n]["jct_avg_s"] for n in names}
-    simulated = ratios(sim, names)
+    simulated = same_seed_ratios(sim, names, cond["ratios"])
     return {"seeds": sim, "arms": arms, "ratios": simulated,
             "fidelity": fidelity(cond["ratios"], simulated, measured_arms, arms)}
 

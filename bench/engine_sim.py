@@ -45,7 +45,7 @@ from simulator.baselines.routers import CacheAware
 from simulator.baselines.schedulers import FCFS
 from simulator.calibration import SWE_AGENT_GLM45, StepTimeModel, fit_step_time, mark_concurrency
 from simulator.config import ClusterConfig
-from simulator.engine import Simulator
+from simulator.engine import SimResult, Simulator
 from simulator.metrics import summarize
 from simulator.ours import OursOptions, build_ours
 from simulator.policy import Policy
@@ -187,23 +187,34 @@ def simulate_setups(records: list[dict], profile_dir: Path, cfg: ClusterConfig, 
     (``preemption_threshold``: the hints replicas' ``--priority-scheduling-preemption-threshold``;
     ``rate``: open loop, the workflows released at the replay's own Poisson times for ``seed``,
     :func:`serving_hooks.replay.arrival_offsets`, instead of a closed population)."""
+    out = {}
+    for name, res in simulate_runs(records, profile_dir, cfg, concurrency, setups, preemption_threshold,
+                                   rate, seed).items():
+        row = summarize(res)
+        out[name] = {"policy": SIM_POLICIES[name], "jct_avg_s": row["avg_jct_s"], "jct_p95_s": row["p95_jct_s"],
+                     "cached_fraction": row["gpu_hit_ratio"], "preemptions": row["preemptions"],
+                     "makespan_s": len(res.wf_arrival) / row["workflows_per_min"] * 60.0
+                     if row["workflows_per_min"] else 0.0}
+    return out
+
+
+def simulate_runs(records: list[dict], profile_dir: Path, cfg: ClusterConfig, concurrency: int,
+                  setups: list[str], preemption_threshold: int = 10, rate: float | None = None,
+                  seed: int = 0) -> dict[str, SimResult]:
+    """The simulator's whole run of each bench set-up on ``records`` (every call's times, replica
+    and cache hits), as :func:`simulate_setups` summarises it; ``bench/engine_calls.py`` sets it
+    call by call beside the engine's records."""
     wl = replay_prefixes(workload_from_records(records, name="bench-engine", conversation_lineage=False))
     n = len(wl.workflows)
     arrivals = arrival_offsets(n, rate, 1.0, seed) if rate else np.zeros(n)
     concurrency = None if rate else concurrency
     out = {}
     for name in setups:
-        pol_name = SIM_POLICIES[name]
         hicache = name in HICACHE_ARMS
         opts = OursOptions(prefetch=hicache, preemption_threshold=preemption_threshold, **ENGINE_OPTIONS)
-        policy = _policy(pol_name, profile_dir, opts)
+        policy = _policy(SIM_POLICIES[name], profile_dir, opts)
         arm_cfg = replace(cfg, host_ratio=HICACHE_RATIO if hicache else 0.0)
-        res = Simulator(wl, policy, arm_cfg, arrivals, None, concurrency).run()
-        row = summarize(res)
-        out[name] = {"policy": pol_name, "jct_avg_s": row["avg_jct_s"], "jct_p95_s": row["p95_jct_s"],
-                     "cached_fraction": row["gpu_hit_ratio"], "preemptions": row["preemptions"],
-                     "makespan_s": len(res.wf_arrival) / row["workflows_per_min"] * 60.0
-                     if row["workflows_per_min"] else 0.0}
+        out[name] = Simulator(wl, policy, arm_cfg, arrivals, None, concurrency).run()
     return out
 
 
