@@ -53,10 +53,11 @@ import numpy as np
 SHARED_DATASETS = Path(__file__).resolve().parents[2] / "shared" / "datasets"
 REPO_DATASETS = Path(__file__).resolve().parents[1] / "datasets" / "real"
 MULTI_AGENT_TRACE = "seq_whowhen_magentic_captain.jsonl"
-#: ``open-contention``'s arrival rate on CPU (workflows/s): where the simulator, calibrated on the
-#: 2026-11-29 matrix's CPU replica, predicts a queue that forms without running away (hints ÷
-#: round robin 0.68-0.84 over seeds 0-3; docs/sglang.md); on GPU give ``--rate``
-OPEN_RATE_CPU = 1.8
+#: ``open-contention``'s arrival rate on CPU (workflows/s): the lowest rate tried at which the
+#: simulator, calibrated on the CPU replica with the cache-aware extend attention, predicts a gain
+#: of at least 15 % on each half of seeds 0-19 (1.8/s, picked before that attention made the
+#: replica faster, left the queue short on half the seeds; docs/sglang.md); on GPU give ``--rate``
+OPEN_RATE_CPU = 2.6
 #: generated workflows the profile of a generated condition is fitted on (seed 1000: no replay
 #: seed overlaps)
 TRAIN_WORKFLOWS, TRAIN_SEED = 80, 1000
@@ -100,7 +101,7 @@ CONDITIONS: dict[str, Condition] = {c.name: c for c in (
                "pool_tokens": lambda d: int(2 * d), "coding_token_scale": lambda d: 4.0},
               setups=("hints", "no-retention"), in_flight_per_slot=2.0),
     Condition("open-contention", "agent-platform",
-              "one replica, the agent-platform mix arriving open loop (Poisson, 1.8 workflows/s on CPU), "
+              "one replica, the agent-platform mix arriving open loop (Poisson, 2.6 workflows/s on CPU), "
               "no cap in flight: round robin vs hints",
               {"replicas": lambda d: 1, "max_running": lambda d: max(2, int(d) * 3 // 8),
                "workflows": lambda d: int(2.5 * d), "rate": lambda d: OPEN_RATE_CPU},

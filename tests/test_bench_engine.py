@@ -342,7 +342,7 @@ def test_open_contention_releases_workflows_at_the_replays_poisson_times(tmp_pat
     from store.workloads import generate, write_jsonl
 
     o = be.condition_args(be.parse_args(["--condition", "open-contention"]), "open-contention")
-    assert (o.replicas, o.setups, o.rate) == (1, ["round-robin", "hints"], 1.8)
+    assert (o.replicas, o.setups, o.rate) == (1, ["round-robin", "hints"], 2.6)
     assert be.condition_args(be.parse_args(["--condition", "open-contention", "--rate", "0.5"]),
                              "open-contention").rate == 0.5
     assert be.condition_args(be.parse_args(["--condition", "contention"]), "contention").rate is None
