@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.bench_engine import fit_profiles, parse_args  # noqa: E402
 from bench.engine_conditions import EngineWorkload, prepare_workload  # noqa: E402
-from bench.engine_report import fidelity, same_seed_ratios  # noqa: E402
+from bench.engine_report import fidelity, ratios, same_seed_ratios  # noqa: E402
 from bench.engine_sim import cluster, scaled_records, simulate_setups  # noqa: E402
 from simulator.calibration import StepTimeModel  # noqa: E402
 from simulator.config import ClusterConfig  # noqa: E402
@@ -33,13 +33,15 @@ from simulator.config import ClusterConfig  # noqa: E402
 STEP_FIELDS = ("t0", "a", "a_ctx", "c", "e", "a_attn", "prefill_t0", "source")
 
 
-def rebuild(cond: dict) -> tuple[dict, list[str], list[int], ClusterConfig, EngineWorkload]:
+def rebuild(cond: dict, rate: float | None = None, seeds: list[int] | None = None,
+            ) -> tuple[dict, list[str], list[int], ClusterConfig, EngineWorkload]:
     """What the stored condition ``cond`` ran, rebuilt: its settings, arms, seeds, the cluster the
     run calibrated (step time and server limits) and the workload (the same deterministic
-    preparation as ``bench/bench_engine.py``)."""
-    st = cond["settings"]
+    preparation as ``bench/bench_engine.py``). ``rate`` / ``seeds`` replace the stored ones (a
+    what-if on the same calibrated replica)."""
+    st = dict(cond["settings"], **({"rate": rate} if rate is not None else {}))
     names = list(st["setups"])
-    seeds = [int(s) for s in cond["seeds"]]
+    seeds = list(seeds) if seeds is not None else [int(s) for s in cond["seeds"]]
     args = parse_args(["--condition", st["condition"]])
     for key, value in st.items():
         setattr(args, key, value)
@@ -52,16 +54,24 @@ def rebuild(cond: dict) -> tuple[dict, list[str], list[int], ClusterConfig, Engi
     return st, names, seeds, cfg, prepare_workload(st["condition"], seeds, args)
 
 
-def resimulate_condition(cond: dict) -> dict:
-    """The stored condition ``cond`` replayed in the current simulator: per seed and arm, the arm
-    means, the ratios and the fidelity against the stored measured runs."""
-    st, names, seeds, cfg, wl = rebuild(cond)
+def simulate_condition(cond: dict, rate: float | None = None, seeds: list[int] | None = None,
+                       ) -> tuple[dict[int, dict], list[str], list[int]]:
+    """Every seed of the stored condition ``cond`` (or ``seeds``, at ``rate``) under every arm in
+    the current simulator, on the replica the run calibrated: ``({seed: {arm: row}}, arms, seeds)``."""
+    st, names, seeds, cfg, wl = rebuild(cond, rate, seeds)
     with tempfile.TemporaryDirectory() as tmp:
         profiles = fit_profiles(wl, Path(tmp))
         sim = {s: simulate_setups(scaled_records(wl.replay[s], 1.0, st["time_scale"]), profiles[s], cfg,
                                   st["concurrency"], names, preemption_threshold=st["preemption_threshold"],
                                   rate=st.get("rate"), seed=s)
                for s in seeds}
+    return sim, names, seeds
+
+
+def resimulate_condition(cond: dict) -> dict:
+    """The stored condition ``cond`` replayed in the current simulator: per seed and arm, the arm
+    means, the ratios and the fidelity against the stored measured runs."""
+    sim, names, seeds = simulate_condition(cond)
     arms = {n: float(np.mean([sim[s][n]["jct_avg_s"] for s in seeds])) for n in names}
     measured_arms = {n: cond["arms"][n]["jct_avg_s"] for n in names}
     simulated = same_seed_ratios(sim, names, cond["ratios"])
@@ -74,11 +84,23 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("measurement", type=Path, help="a bench_engine.py --out JSON with its simulator section")
     ap.add_argument("--condition", nargs="+", help="only these conditions (default: every one with a simulator)")
     ap.add_argument("--out", type=Path, help="write the re-simulated sections here (JSON)")
+    ap.add_argument("--rate", type=float, help="what-if: replay open loop at this rate (workflows/s) instead of "
+                    "the stored one, on the replica the run calibrated; prints the predicted ratios, no fidelity")
+    ap.add_argument("--seeds", type=int, nargs="+", help="what-if: these seeds instead of the stored ones")
     a = ap.parse_args(argv)
     data = json.loads(a.measurement.read_text())
     out = {}
     for name, cond in data["conditions"].items():
         if "simulator" not in cond or (a.condition and name not in a.condition):
+            continue
+        if a.rate is not None or a.seeds is not None:
+            sim, names, seeds = simulate_condition(cond, a.rate, a.seeds)
+            out[name] = {"seeds": sim, "ratios": ratios(sim, names)}
+            print(f"== {name} what-if: rate {a.rate if a.rate is not None else cond['settings'].get('rate')}, "
+                  f"{len(seeds)} seeds, the step time and limits this run calibrated")
+            for key, v in out[name]["ratios"].items():
+                print(f"  {key:>24}: avg JCT {v['mean_avg']:.3f} (per seed {' '.join(f'{x:.2f}' for x in v['avg'])}), "
+                      f"P95 {v['mean_p95']:.3f}")
             continue
         new = out[name] = resimulate_condition(cond)
         old = cond["fidelity"]

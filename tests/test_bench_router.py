@@ -60,3 +60,25 @@ def test_router_proxies_streams_and_routes_cache_aware(tmp_path):
         # a prompt that extends the first one (match share > 0.3) goes where the first went
         _chat(router.url, _text(1) + " and more words")
         assert _served_by(fakes, _text(1) + " and more words") == first
+
+
+@pytest.mark.slow
+def test_router_strips_hints_and_identity(tmp_path):
+    """sglang-router 0.3.2 re-serialises a chat request from its own typed struct: SGLang's
+    ``priority`` / ``custom_params`` / ``rid`` and the gateway's identity headers do not reach the
+    worker (docs/sglang.md, "Why the hints cannot ride behind sglang-router 0.3.2"). When a router
+    release forwards them, this test fails and the deployment note must change."""
+    fake = FakeOpenAI()
+    with serve_in_thread(_with_health(fake)) as a, SGLangRouter([a.url], free_port(), tmp_path / "router.log") as router:
+        body = {"model": "fake-model", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4,
+                "stream": True, "stream_options": {"include_usage": True}, "ignore_eos": True,
+                "priority": 7, "custom_params": {"awp_ttl_s": 3.5}, "rid": "abc"}
+        headers = {"x-workflow-type-id": "t1", "x-workflow-id": "w1", "x-agent-id": "coder"}
+        with httpx.stream("POST", router.url + "/v1/chat/completions", json=body, headers=headers, timeout=30,
+                          trust_env=False) as resp:
+            assert resp.status_code == 200
+            resp.read()
+        got = fake.received[-1]
+        assert got.body["ignore_eos"] is True                   # SGLang's sampling extensions pass
+        assert not {"priority", "custom_params", "rid"} & set(got.body)
+        assert not {h for h in got.headers if h.startswith("x-workflow") or h == "x-agent-id"}
