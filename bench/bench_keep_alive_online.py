@@ -30,13 +30,14 @@ from store.split import split_logs  # noqa: E402
 from store.workloads import generate, write_jsonl  # noqa: E402
 
 
-def time_split(path: Path, work: Path, side: str) -> tuple[Path, Path]:
-    """(train, test) folders of ``path`` split 70/30 by time under ``work``; ``side="train"``
-    splits the training side again (its later 30 % as the test: for choosing constants blind)."""
-    split_logs([path], work / "split", train=0.7, seed=0, order="time")
+def time_split(path: Path, work: Path, side: str, order: str = "time") -> tuple[Path, Path]:
+    """(train, test) folders of ``path`` split 70/30 by time under ``work`` (``order="hash"``: by
+    a seeded hash of the workflow id instead); ``side="train"`` splits the training side again
+    (its later 30 % as the test: for choosing constants blind)."""
+    split_logs([path], work / "split", train=0.7, seed=0, order=order)
     train, test = work / "split" / "train", work / "split" / "test"
     if side == "train":
-        split_logs([train], work / "split2", train=0.7, seed=0, order="time")
+        split_logs([train], work / "split2", train=0.7, seed=0, order=order)
         train, test = work / "split2" / "train", work / "split2" / "test"
     return train, test
 

@@ -43,7 +43,6 @@ from scoring.evaluation import keep_alive_baseline_ttls, keep_alive_cost  # noqa
 from scoring.online_eval import replay_served, stream_calls, stream_gaps  # noqa: E402
 from store import ingest as ingest_mod  # noqa: E402
 from store.duckdb_store import connect  # noqa: E402
-from store.split import split_logs  # noqa: E402
 from store.workloads import generate, write_jsonl  # noqa: E402
 
 
@@ -66,14 +65,7 @@ def sources(name: str, work: Path) -> list[tuple[str, Path]]:
 def split(path: Path, work: Path, side: str, order: str) -> tuple[Path, Path]:
     """(train, test) folders of ``path``: by time (:func:`time_split`) or by a seeded hash of the
     workflow id (``order="random"``), 70/30; ``side="train"`` splits the training part again."""
-    if order == "time":
-        return time_split(path, work, side)
-    split_logs([path], work / "split", train=0.7, seed=0, order="hash")
-    train, test = work / "split" / "train", work / "split" / "test"
-    if side == "train":
-        split_logs([train], work / "split2", train=0.7, seed=0, order="hash")
-        train, test = work / "split2" / "train", work / "split2" / "test"
-    return train, test
+    return time_split(path, work, side, "time" if order == "time" else "hash")
 
 
 def fmt_vs(v: dict[str, Any]) -> str:
