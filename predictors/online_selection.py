@@ -19,13 +19,11 @@ concordance over the session's pairs
 where ``k`` runs over the calls of *other* recently ended sessions of the type (a ring buffer
 of ``buffer`` calls) that were their session's latest call when call ``i`` arrived (``t_k ≤ t_i``
 < the arrival after ``k`` or its session's end), or the other way round: the pairs a scheduler
-faces, sessions waiting at the same moment, as ``profiler eval`` pairs them
-(:mod:`scoring.remaining_eval`). A session that overlapped none of them (a log of runs done
-one at a time) is paired as ``profiler eval`` then pairs it: as if every session had started
-together (the same rule on times since each session's first call). ``c(x; i, k) = 1`` if ``x`` orders the pair as ``R`` does, ½ on
-a tie of ``x``, 0 otherwise (pairs with ``R_i = R_k`` skipped). Every pair of candidates ``(j, k)``
-gets the paired score ``d_jk = C(x_k) − C(x_j)`` of the session (concordance and not the log1p error:
-a figure off by a constant factor ranks exactly as well; what the switch must protect is the order).
+faces, as ``profiler eval`` pairs them (:mod:`scoring.remaining_eval`; a session that overlapped
+none is paired as if every session had started together). ``c(x; i, k) = 1`` if ``x`` orders the
+pair as ``R`` does, ½ on a tie of ``x``, 0 otherwise (ties of ``R`` skipped). Each pair of
+candidates ``(j, k)`` gets the session's paired score ``d_jk = C(x_k) − C(x_j)`` (concordance, not
+an error: what the switch must protect is the order).
 
 **Decision.** Per type and pair, an exponentially weighted mean and variance of ``d`` over ended
 sessions (weight ``2^(−age / half_life)``, age in sessions) give a paired z-score
@@ -38,9 +36,8 @@ served candidate is the one the training data found at least as good, so every `
 noise and the margin (a one-sided test at about ``Φ(−margin)`` per look and candidate) keeps it
 from switching; candidates that order every pair alike have ``d ≡ 0`` and never switch.
 
-O(candidates × min(calls, MAX_SCORED) × buffer) per ended session (a few ms at most, under the
-Predictor's lock), O(1) per served figure; memory: ``buffer`` calls per workflow type.
-Parameters chosen on training data only (docs/workflow-paths.md).
+Cost: O(candidates × min(calls, MAX_SCORED) × buffer) per ended session, O(1) per served figure,
+``buffer`` calls of memory per type. Parameters chosen on training data only (docs/workflow-paths.md).
 """
 from __future__ import annotations
 
