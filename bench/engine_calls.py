@@ -27,17 +27,13 @@ import io
 import json
 import sys
 import tarfile
-import tempfile
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.bench_engine import fit_profiles  # noqa: E402
-from bench.engine_resimulate import rebuild  # noqa: E402
-from bench.engine_sim import scaled_records, simulate_runs  # noqa: E402
+from bench.engine_resimulate import simulated_runs  # noqa: E402
 from simulator.engine import SimResult  # noqa: E402
 
 FIELDS = ("calls", "wait_prefill_s", "decode_ms_per_token", "latency_s", "in_flight", "jct_avg_s",
@@ -138,20 +134,14 @@ def compare_condition(cond: dict, records: dict[str, list[dict]], seeds: list[in
                       shared_compute: bool = True) -> dict:
     """Per arm and seed the measured and simulated splits of ``cond``, and per arm their means
     (``shared_compute`` False: the replicas simulated as if each had the host to itself)."""
-    st, names, all_seeds, cfg, wl = rebuild(cond)
-    cfg = replace(cfg, shared_compute=cfg.shared_compute and shared_compute)
-    seeds = [s for s in all_seeds if seeds is None or s in seeds]
+    st = cond["settings"]
+    runs, names, seeds = simulated_runs(cond, only=seeds, shared_compute=shared_compute)
     out: dict = {"seeds": {}, "arms": {}}
-    with tempfile.TemporaryDirectory() as tmp:
-        profiles = fit_profiles(wl, Path(tmp))
-        for s in seeds:
-            runs = simulate_runs(scaled_records(wl.replay[s], 1.0, st["time_scale"]), profiles[s], cfg,
-                                 st["concurrency"], names, preemption_threshold=st["preemption_threshold"],
-                                 rate=st.get("rate"), seed=s)
-            row = out["seeds"][s] = {}
-            for arm in names:
-                mine = run_records(records, st.get("out"), f"{st['condition']}-{arm}-seed{s}")
-                row[arm] = {"measured": measured_split(mine), "simulated": simulated_split(runs[arm])}
+    for s in seeds:
+        row = out["seeds"][s] = {}
+        for arm in names:
+            mine = run_records(records, st.get("out"), f"{st['condition']}-{arm}-seed{s}")
+            row[arm] = {"measured": measured_split(mine), "simulated": simulated_split(runs[s][arm])}
     for arm in names:
         out["arms"][arm] = {side: {f: float(np.mean([out["seeds"][s][arm][side][f] for s in seeds])) for f in FIELDS}
                             for side in ("measured", "simulated")}

@@ -17,6 +17,8 @@ import argparse
 import json
 import sys
 import tempfile
+from collections.abc import Collection
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -26,9 +28,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.bench_engine import fit_profiles, parse_args  # noqa: E402
 from bench.engine_conditions import EngineWorkload, prepare_workload  # noqa: E402
 from bench.engine_report import fidelity, ratios, same_seed_ratios  # noqa: E402
-from bench.engine_sim import cluster, scaled_records, simulate_setups  # noqa: E402
+from bench.engine_sim import arm_summary, cluster, scaled_records, simulate_runs  # noqa: E402
 from simulator.calibration import StepTimeModel  # noqa: E402
 from simulator.config import ClusterConfig  # noqa: E402
+from simulator.engine import SimResult  # noqa: E402
 
 STEP_FIELDS = ("t0", "a", "a_ctx", "c", "e", "a_attn", "prefill_t0", "source")
 
@@ -54,18 +57,32 @@ def rebuild(cond: dict, rate: float | None = None, seeds: list[int] | None = Non
     return st, names, seeds, cfg, prepare_workload(st["condition"], seeds, args)
 
 
+def simulated_runs(cond: dict, rate: float | None = None, seeds: list[int] | None = None,
+                   only: Collection[int] | None = None, shared_compute: bool = True,
+                   ) -> tuple[dict[int, dict[str, SimResult]], list[str], list[int]]:
+    """The simulator's whole run of every arm on every seed of the stored condition ``cond`` (or
+    ``seeds``, at ``rate``; of those only ``only`` when given), on the replica the run calibrated
+    (``shared_compute`` False: each replica with the host to itself):
+    ``({seed: {arm: SimResult}}, arms, seeds run)``."""
+    st, names, seeds, cfg, wl = rebuild(cond, rate, seeds)
+    cfg = replace(cfg, shared_compute=cfg.shared_compute and shared_compute)
+    seeds = [s for s in seeds if only is None or s in only]
+    with tempfile.TemporaryDirectory() as tmp:
+        profiles = fit_profiles(wl, Path(tmp))
+        runs = {s: simulate_runs(scaled_records(wl.replay[s], 1.0, st["time_scale"]), profiles[s], cfg,
+                                 st["concurrency"], names, preemption_threshold=st["preemption_threshold"],
+                                 rate=st.get("rate"), seed=s)
+                for s in seeds}
+    return runs, names, seeds
+
+
 def simulate_condition(cond: dict, rate: float | None = None, seeds: list[int] | None = None,
                        ) -> tuple[dict[int, dict], list[str], list[int]]:
     """Every seed of the stored condition ``cond`` (or ``seeds``, at ``rate``) under every arm in
-    the current simulator, on the replica the run calibrated: ``({seed: {arm: row}}, arms, seeds)``."""
-    st, names, seeds, cfg, wl = rebuild(cond, rate, seeds)
-    with tempfile.TemporaryDirectory() as tmp:
-        profiles = fit_profiles(wl, Path(tmp))
-        sim = {s: simulate_setups(scaled_records(wl.replay[s], 1.0, st["time_scale"]), profiles[s], cfg,
-                                  st["concurrency"], names, preemption_threshold=st["preemption_threshold"],
-                                  rate=st.get("rate"), seed=s)
-               for s in seeds}
-    return sim, names, seeds
+    the current simulator, summarised as the bench reports an arm: ``({seed: {arm: row}}, arms,
+    seeds)``."""
+    runs, names, seeds = simulated_runs(cond, rate, seeds)
+    return {s: {n: arm_summary(n, res) for n, res in r.items()} for s, r in runs.items()}, names, seeds
 
 
 def resimulate_condition(cond: dict) -> dict:

@@ -187,15 +187,17 @@ def simulate_setups(records: list[dict], profile_dir: Path, cfg: ClusterConfig, 
     (``preemption_threshold``: the hints replicas' ``--priority-scheduling-preemption-threshold``;
     ``rate``: open loop, the workflows released at the replay's own Poisson times for ``seed``,
     :func:`serving_hooks.replay.arrival_offsets`, instead of a closed population)."""
-    out = {}
-    for name, res in simulate_runs(records, profile_dir, cfg, concurrency, setups, preemption_threshold,
-                                   rate, seed).items():
-        row = summarize(res)
-        out[name] = {"policy": SIM_POLICIES[name], "jct_avg_s": row["avg_jct_s"], "jct_p95_s": row["p95_jct_s"],
-                     "cached_fraction": row["gpu_hit_ratio"], "preemptions": row["preemptions"],
-                     "makespan_s": len(res.wf_arrival) / row["workflows_per_min"] * 60.0
-                     if row["workflows_per_min"] else 0.0}
-    return out
+    return {name: arm_summary(name, res) for name, res in simulate_runs(
+        records, profile_dir, cfg, concurrency, setups, preemption_threshold, rate, seed).items()}
+
+
+def arm_summary(name: str, res: SimResult) -> dict:
+    """One set-up's simulated run as the bench reports an arm: avg/P95 JCT, GPU-tier hit share,
+    preemptions and makespan."""
+    row = summarize(res)
+    return {"policy": SIM_POLICIES[name], "jct_avg_s": row["avg_jct_s"], "jct_p95_s": row["p95_jct_s"],
+            "cached_fraction": row["gpu_hit_ratio"], "preemptions": row["preemptions"],
+            "makespan_s": len(res.wf_arrival) / row["workflows_per_min"] * 60.0 if row["workflows_per_min"] else 0.0}
 
 
 def simulate_runs(records: list[dict], profile_dir: Path, cfg: ClusterConfig, concurrency: int,
