@@ -32,6 +32,9 @@ time) where it predicts a gain of at least 15 % (docs/sglang.md gives the grid):
                          population whose mean JCT is fixed by Little's law
 ``platform-contention``  two replicas, the mix, half the slots, 3 x the slots in flight;
                          arms ``router`` (the real sglang-router) and ``hints``
+``open-platform-``       as ``platform-contention``, but open loop (Poisson at ``--rate``): a
+``contention``           closed population all in flight at once left the queue empty most
+                         of the time, so priority had nothing to reorder
 =======================  ================================================================
 
 A condition fills only what the command line left unset (``--condition tight-pool --pool-tokens
@@ -58,6 +61,12 @@ MULTI_AGENT_TRACE = "seq_whowhen_magentic_captain.jsonl"
 #: of at least 15 % on each half of seeds 0-19 (1.8/s, picked before that attention made the
 #: replica faster, left the queue short on half the seeds; docs/sglang.md); on GPU give ``--rate``
 OPEN_RATE_CPU = 2.6
+#: ``open-platform-contention``'s rate on CPU (two replicas), picked on the simulator calibrated on
+#: session 10's ``platform-contention`` run, by what priority alone (hints vs no-priority) is
+#: predicted to save — 6 / 11 / 12 / 15 % at 2.6 / 3.5 / 4.5 / 5.5 per s — since on these replicas
+#: the engine showed the cache and routing earning nothing over sglang-router; 5.5 doubles a
+#: seed's queue for 3 points more (docs/sglang.md, session 11)
+OPEN_PLATFORM_RATE_CPU = 4.5
 #: generated workflows the profile of a generated condition is fitted on (seed 1000: no replay
 #: seed overlaps)
 TRAIN_WORKFLOWS, TRAIN_SEED = 80, 1000
@@ -110,6 +119,12 @@ CONDITIONS: dict[str, Condition] = {c.name: c for c in (
               "two replicas, the agent-platform mix, 3 x the running slots in flight: sglang-router vs hints",
               {"max_running": lambda d: max(2, int(d) // 2), "workflows": lambda d: int(1.5 * d)},
               setups=("router", "hints"), in_flight_per_slot=3.0),
+    Condition("open-platform-contention", "agent-platform",
+              f"two replicas, the agent-platform mix arriving open loop (Poisson, {OPEN_PLATFORM_RATE_CPU} workflows/s "
+              "on CPU), no cap in flight: sglang-router vs hints",
+              {"max_running": lambda d: max(2, int(d) // 2), "workflows": lambda d: int(2.5 * d),
+               "rate": lambda d: OPEN_PLATFORM_RATE_CPU},
+              setups=("router", "hints")),
 )}
 #: the mix's long single-agent coding sessions (``--coding-token-scale`` multiplies their prompts)
 CODING_APPS = frozenset({"swe-agent", "mini-swe-agent", "coding-assistant"})

@@ -12,7 +12,8 @@ import pytest
 from scipy import stats
 
 from bench import bench_engine as be
-from bench.engine_conditions import CONDITIONS, condition_settings, prepare_workload, scale_records, seed_slice
+from bench.engine_conditions import (CONDITIONS, OPEN_PLATFORM_RATE_CPU, condition_settings, prepare_workload,
+                                     scale_records, seed_slice)
 from bench.engine_report import (engine_counters, fidelity, queue_samples, queue_summary, ratio_pairs, ratios,
                                  t_interval)
 
@@ -71,7 +72,8 @@ def test_ratios_per_seed_with_intervals_against_both_baselines() -> None:
 def test_condition_presets_change_one_thing_and_the_command_line_wins() -> None:
     d = be.DEFAULTS["cpu"]
     assert set(CONDITIONS) == {"default", "many-in-flight", "tight-pool", "recorded-gaps", "multi-agent",
-                               "agent-platform", "contention", "kv-pressure", "platform-contention", "open-contention"}
+                               "agent-platform", "contention", "kv-pressure", "platform-contention", "open-contention",
+                               "open-platform-contention"}
     unset = {k: None for k in d}
     base = condition_settings("default", unset, d)
     assert base == d
@@ -346,6 +348,11 @@ def test_open_contention_releases_workflows_at_the_replays_poisson_times(tmp_pat
     assert be.condition_args(be.parse_args(["--condition", "open-contention", "--rate", "0.5"]),
                              "open-contention").rate == 0.5
     assert be.condition_args(be.parse_args(["--condition", "contention"]), "contention").rate is None
+    p = be.condition_args(be.parse_args(["--condition", "open-platform-contention"]), "open-platform-contention")
+    closed = be.condition_args(be.parse_args(["--condition", "platform-contention"]), "platform-contention")
+    assert (p.replicas, p.setups, p.rate, p.max_running) == (2, ["router", "hints"], OPEN_PLATFORM_RATE_CPU,
+                                                              closed.max_running)
+    assert closed.rate is None
     train, _ = scale_records(list(generate("coding_assistant", 12, seed=1000)), 0.05, 1000, 500)
     write_jsonl(train, tmp_path / "train" / "t.jsonl")
     fitting.fit_profile([tmp_path / "train"], tmp_path / "profile", options=fitting.FitOptions(min_calls=5))
