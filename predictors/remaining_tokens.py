@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+from scipy.stats import binom
 from sklearn.base import BaseEstimator
 
 from predictors.band_selection import FORWARD_ORIGINS
@@ -50,6 +51,11 @@ POINTS = ("p50", "mean")
 FORWARD_CANDIDATES = RW_CANDIDATES
 #: Fewest training workflows of a type for the forward rule (fewer: the cross-validated choice).
 FORWARD_MIN_WORKFLOWS = 20
+#: The newest share of a type's workflows (by start) the role check reads: the forward rule's
+#: last block.
+RECENT_SHARE = round(1.0 - FORWARD_ORIGINS[-1], 6)
+#: Family-wise level of the role check over a type's agent keys (one-sided binomial, Bonferroni).
+ROLE_ALPHA = 0.01
 
 
 def session_frame(calls: pd.DataFrame) -> pd.DataFrame:
@@ -115,13 +121,19 @@ def _keyed(df: pd.DataFrame, by: list[str], name, min_n: int) -> dict[str, list[
 
 def fit_type_table(df: pd.DataFrame, min_n: int) -> dict[str, Any]:
     """The serving entry of one workflow type from its per-call frame (:func:`session_frame`).
-    Position keys are kept whatever their support (they are the last level before the type)."""
+    Position keys are kept whatever their support (they are the last level before the type);
+    the keys of an agent whose role changed at the end of the log (:func:`changed_roles`) are
+    left out, so its calls back off to the position (``changed_roles`` in the entry names them)."""
     agent_mean = df.groupby("agent_id")["output_tokens"].mean()
+    agent_keys = {
+        **_keyed(df, ["bucket", "agent_id"], lambda b, a: f"b{int(b)}|{a}", min_n),
+        **_keyed(df, ["k", "agent_id"], lambda k, a: f"c{int(k)}|{a}", min_n),
+    }
+    changed = changed_roles(df, agent_keys, min_n)
     keys: dict[str, list[float]] = {
         "": _stats(df["R"].to_numpy()),
         **_keyed(df, ["bucket"], lambda b: f"b{int(b)}", 1),
-        **_keyed(df, ["bucket", "agent_id"], lambda b, a: f"b{int(b)}|{a}", min_n),
-        **_keyed(df, ["k", "agent_id"], lambda k, a: f"c{int(k)}|{a}", min_n),
+        **{k: v for k, v in agent_keys.items() if k.split("|", 1)[1] not in changed},
         **_keyed(df[df["e"] >= 0], ["e"], lambda e: f"e{int(e)}", min_n),
         # exact indices below 8 are their own position buckets (kept above): only later ones
         **_keyed(df[df["i"] >= 8], ["i"], lambda i: f"i{int(i)}", min_n),
@@ -130,7 +142,43 @@ def fit_type_table(df: pd.DataFrame, min_n: int) -> dict[str, Any]:
             "mean_out": float(df["output_tokens"].mean()),
             "agent_mean": {str(a): float(v) for a, v in agent_mean.items()},
             "buckets": sorted(int(b) for b in df["bucket"].unique()),
+            "changed_roles": changed,
             "keys": keys}
+
+
+def changed_roles(df: pd.DataFrame, agent_keys: dict[str, list[float]], min_n: int) -> list[str]:
+    """Agents whose role changed at the end of the log: one of their keys (``b…|agent``,
+    ``c…|agent`` in ``agent_keys``) is held mostly by the newest workflows.
+
+    A release that moves an agent (a tester that ran once at the end now runs in the coder
+    loop; a new planner) leaves keys that only the newest workflows reach, on the new release's
+    scale, beside the agent's old keys, which still hold the old role's remaining work. Mixed,
+    they order sessions worse than the position alone (docs/workflow-paths.md, "A release that
+    moves an agent"). The check: the newest :data:`RECENT_SHARE` of the type's workflows by start
+    (the forward rule's last block) hold ``m`` of a key's ``n`` workflows; under a log whose
+    roles do not change ``m ~ Binomial(n, share)``, and a key with ``P(X ≥ m)`` below
+    :data:`ROLE_ALPHA` over the number of keys tested marks its agent. Needs arrival times and
+    ``min_n`` workflows in the newest share; sorted agent names."""
+    if "t_arrival" not in df or df["t_arrival"].isna().any() or not agent_keys:
+        return []
+    start = df.groupby("workflow_id", sort=False)["t_arrival"].min()
+    order = pd.DataFrame({"wf": start.index, "t": start.to_numpy()}).sort_values(["t", "wf"], kind="stable")
+    n_new = int(round(RECENT_SHARE * len(order)))
+    if n_new < min_n or n_new >= len(order):
+        return []
+    newest = df["workflow_id"].isin(set(order["wf"].iloc[-n_new:]))
+    share = n_new / len(order)
+    held: dict[str, tuple[int, int]] = {}
+    for by, name in ((["bucket", "agent_id"], lambda b, a: f"b{int(b)}|{a}"),
+                     (["k", "agent_id"], lambda k, a: f"c{int(k)}|{a}")):
+        n_all = df.groupby(by, sort=False)["workflow_id"].nunique()
+        n_newest = df[newest].groupby(by, sort=False)["workflow_id"].nunique()
+        for key, n in n_all.items():
+            if (label := name(*key)) in agent_keys:
+                held[label] = (int(n), int(n_newest.get(key, 0)))
+    p = {k: float(binom.sf(m - 1, n, share)) for k, (n, m) in held.items()}
+    return sorted({k.split("|", 1)[1] for k, v in p.items()
+                   if v < ROLE_ALPHA / len(p) and 2 * held[k][1] >= held[k][0]})
 
 
 def _expected_so_far(df: pd.DataFrame, agent_mean: dict[str, float], mean_out: float) -> np.ndarray:
