@@ -12,7 +12,8 @@ given only what is observable when call ``i`` arrives: the workflow type, the ca
 
 The estimator: a per-type **context table** of the empirical distribution of ``R_i`` at a key
 (position bucket and agent, exact index, the agent's calls so far, or elapsed time: the candidate
-*levels*), backed off to coarser keys below ``min_n`` workflows; its point (``p50`` or ``mean``)
+*levels*), backed off to coarser keys below ``min_n`` workflows (and, for an agent whose role
+changed at the end of the log, always: :func:`changed_roles`); its point (``p50`` or ``mean``)
 scaled by a **session factor** ``r_i = ((S_i + κ·m̄) / (E_i + κ·m̄)) ** β`` (the session's tokens
 so far against its agents' means; ``β = 0`` switches it off). Per workflow type the candidate is
 chosen by cross-validation by workflow with the one-standard-error rule against the position
