@@ -12,7 +12,8 @@ given only what is observable when call ``i`` arrives: the workflow type, the ca
 
 The estimator: a per-type **context table** of the empirical distribution of ``R_i`` at a key
 (position bucket and agent, exact index, the agent's calls so far, or elapsed time: the candidate
-*levels*), backed off to coarser keys below ``min_n`` workflows; its point (``p50`` or ``mean``)
+*levels*), backed off to coarser keys below ``min_n`` workflows (and, for an agent whose role
+changed at the end of the log, always: :func:`changed_roles`); its point (``p50`` or ``mean``)
 scaled by a **session factor** ``r_i = ((S_i + κ·m̄) / (E_i + κ·m̄)) ** β`` (the session's tokens
 so far against its agents' means; ``β = 0`` switches it off). Per workflow type the candidate is
 chosen by cross-validation by workflow with the one-standard-error rule against the position
@@ -31,6 +32,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+from scipy.stats import binom
 from sklearn.base import BaseEstimator
 
 from predictors.band_selection import FORWARD_ORIGINS
@@ -50,6 +52,15 @@ POINTS = ("p50", "mean")
 FORWARD_CANDIDATES = RW_CANDIDATES
 #: Fewest training workflows of a type for the forward rule (fewer: the cross-validated choice).
 FORWARD_MIN_WORKFLOWS = 20
+#: The newest share of a type's workflows (by start) the role check reads: the forward rule's
+#: last block.
+RECENT_SHARE = round(1.0 - FORWARD_ORIGINS[-1], 6)
+#: Family-wise level of the role check over a type's agent keys (one-sided binomial, Bonferroni).
+ROLE_ALPHA = 0.01
+#: Share of a key's workflows the newest must hold for the key to mark its agent (chosen on messy
+#: seeds 3–9, not the reported 0–2: 0.5 also flagged releases well represented in the training
+#: side and lost up to 0.018 there; docs/workflow-paths.md).
+ROLE_MAJORITY = 0.9
 
 
 def session_frame(calls: pd.DataFrame) -> pd.DataFrame:
@@ -115,13 +126,19 @@ def _keyed(df: pd.DataFrame, by: list[str], name, min_n: int) -> dict[str, list[
 
 def fit_type_table(df: pd.DataFrame, min_n: int) -> dict[str, Any]:
     """The serving entry of one workflow type from its per-call frame (:func:`session_frame`).
-    Position keys are kept whatever their support (they are the last level before the type)."""
+    Position keys are kept whatever their support (they are the last level before the type);
+    the keys of an agent whose role changed at the end of the log (:func:`changed_roles`) are
+    left out, so its calls back off to the position (``changed_roles`` in the entry names them)."""
     agent_mean = df.groupby("agent_id")["output_tokens"].mean()
+    agent_keys = {
+        **_keyed(df, ["bucket", "agent_id"], lambda b, a: f"b{int(b)}|{a}", min_n),
+        **_keyed(df, ["k", "agent_id"], lambda k, a: f"c{int(k)}|{a}", min_n),
+    }
+    changed = changed_roles(df, agent_keys, min_n)
     keys: dict[str, list[float]] = {
         "": _stats(df["R"].to_numpy()),
         **_keyed(df, ["bucket"], lambda b: f"b{int(b)}", 1),
-        **_keyed(df, ["bucket", "agent_id"], lambda b, a: f"b{int(b)}|{a}", min_n),
-        **_keyed(df, ["k", "agent_id"], lambda k, a: f"c{int(k)}|{a}", min_n),
+        **{k: v for k, v in agent_keys.items() if k.split("|", 1)[1] not in changed},
         **_keyed(df[df["e"] >= 0], ["e"], lambda e: f"e{int(e)}", min_n),
         # exact indices below 8 are their own position buckets (kept above): only later ones
         **_keyed(df[df["i"] >= 8], ["i"], lambda i: f"i{int(i)}", min_n),
@@ -130,7 +147,52 @@ def fit_type_table(df: pd.DataFrame, min_n: int) -> dict[str, Any]:
             "mean_out": float(df["output_tokens"].mean()),
             "agent_mean": {str(a): float(v) for a, v in agent_mean.items()},
             "buckets": sorted(int(b) for b in df["bucket"].unique()),
+            "changed_roles": changed,
             "keys": keys}
+
+
+def changed_roles(df: pd.DataFrame, agent_keys: dict[str, list[float]], min_n: int) -> list[str]:
+    """Agents whose role changed at the end of the log: one of their keys (``b…|agent``,
+    ``c…|agent`` in ``agent_keys``) is held (nearly) only by the newest workflows.
+
+    A release that moves an agent (a tester that ran once at the end now runs in the coder
+    loop; a new planner) leaves keys that only the newest workflows reach, on the new release's
+    scale, beside the agent's old keys, which still hold the old role's remaining work. Mixed,
+    they order sessions worse than the position alone (docs/workflow-paths.md, "A release that
+    moves an agent"). The check: the newest :data:`RECENT_SHARE` of the type's workflows by start
+    (the forward rule's last block) hold ``m`` of a key's ``n`` workflows; under a log whose
+    roles do not change ``m ~ Binomial(n, share)``; a key the newest hold nearly alone
+    (``m ≥`` :data:`ROLE_MAJORITY` ``· n``) with ``P(X ≥ m)`` below :data:`ROLE_ALPHA` over the
+    number of keys tested marks its agent. A release that the training side already holds in
+    numbers (its keys reached by older workflows too, as in a random split, whose future is the
+    mix the table holds) is left to the table. Needs arrival times and
+    ``min_n`` workflows in the newest share; sorted agent names."""
+    if "t_arrival" not in df or df["t_arrival"].isna().any() or not agent_keys:
+        return []
+    wf, names = pd.factorize(df["workflow_id"])
+    start = pd.Series(df["t_arrival"].to_numpy(dtype=float)).groupby(wf).min()
+    order = pd.DataFrame({"t": start.to_numpy(), "wf": np.asarray(names)}).sort_values(["t", "wf"], kind="stable")
+    n_new = int(round(RECENT_SHARE * len(order)))
+    if n_new < min_n or n_new >= len(order):
+        return []
+    newest = np.zeros(len(order), dtype=bool)
+    newest[order.index[-n_new:]] = True
+    share = n_new / len(order)
+    agent, agents = pd.factorize(df["agent_id"])
+    held: dict[str, tuple[int, int]] = {}
+    n_a, n_w = len(agents), len(order)
+    for col, prefix in (("bucket", "b"), ("k", "c")):      # the keys' workflows, each counted once
+        x = df[col].to_numpy(dtype=np.int64)
+        cell_wf = np.sort((x * n_a + agent) * n_w + wf)
+        cell, w = np.divmod(cell_wf[np.r_[True, cell_wf[1:] != cell_wf[:-1]]], n_w)
+        first = np.flatnonzero(np.r_[True, cell[1:] != cell[:-1]])     # cell is sorted
+        counts = np.diff(np.r_[first, len(cell)])
+        for c, n, m in zip(cell[first], counts, np.add.reduceat(newest[w].astype(np.int64), first)):
+            if (label := f"{prefix}{int(c // n_a)}|{agents[c % n_a]}") in agent_keys:
+                held[label] = (int(n), int(m))
+    p = {k: float(binom.sf(m - 1, n, share)) for k, (n, m) in held.items()}
+    return sorted({k.split("|", 1)[1] for k, v in p.items()
+                   if v < ROLE_ALPHA / len(p) and held[k][1] >= ROLE_MAJORITY * held[k][0]})
 
 
 def _expected_so_far(df: pd.DataFrame, agent_mean: dict[str, float], mean_out: float) -> np.ndarray:

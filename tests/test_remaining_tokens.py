@@ -310,3 +310,75 @@ def test_forward_rule_errors_count_a_tasks_trials_as_one_unit():
     grouped = RemainingTokens()._forward(both.assign(group_id=both["workflow_id"].str.rstrip("b")), lying)
     assert grouped["c_index"] == alone["c_index"]
     assert grouped["vs_best"]["fitted"][1] > alone["vs_best"]["fitted"][1]
+
+
+# --------------------------------------- an agent whose role changed at the end of the log (issue 37)
+def release_frame(n: int, seed: int, release_at: float | None) -> pd.DataFrame:
+    """Overlapping workflows (one per 10 s, a call every 6 s): ``router → (coder)×r → tester``,
+    the tester once at the end (v1). Workflows started after ``release_at`` (a share of ``n``) run
+    v2: ``router → planner → (coder → tester)×r`` (a new agent; the tester moves into the loop)."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for w in range(n):
+        r = int(rng.integers(2, 6))
+        v2 = release_at is not None and w >= release_at * n
+        agents = (["router", "planner"] + ["coder", "tester"] * r) if v2 else (["router"] + ["coder"] * r + ["tester"])
+        for i, a in enumerate(agents):
+            t = 10.0 * w + 6.0 * i
+            rows.append({"workflow_type_id": "t", "workflow_id": f"w{w:03d}", "agent_id": a,
+                         "output_tokens": int(rng.integers(50, 500)), "t_arrival": t, "t_finish": t + 5.0})
+    return session_frame(pd.DataFrame(rows))
+
+
+def test_an_agent_whose_role_changed_at_the_end_backs_off_to_the_position():
+    g = release_frame(140, 0, release_at=0.94)          # the newest 9 workflows run v2
+    entry = fit_type_table(g, 5)
+    assert {"planner", "tester"} <= set(entry["changed_roles"])
+    assert not any(k.endswith(("|planner", "|tester")) for k in entry["keys"])
+    assert any(k.endswith("|router") for k in entry["keys"])      # an unchanged agent keeps its keys
+    # the tester's first call of a v2 session backs off to its position, not to v1's "last call"
+    table = RemainingTokensTable({"workflow_types": {"t": entry},
+                                  "params": {"t": {"level": "agent_calls", "point": "p50", "beta": 0.0, "kappa": 0.0}}})
+    assert table.lookup("t", 3, "tester", 0) == entry["keys"]["b3"]
+
+
+def test_no_role_change_is_flagged_on_a_stationary_log_or_a_change_in_its_middle():
+    for seed in range(20):
+        assert fit_type_table(release_frame(140, seed, release_at=None), 5)["changed_roles"] == [], seed
+    # a release at the midpoint, or one the training side already holds in numbers (the newest 10 %
+    # hold half of the new keys' workflows): left to the table
+    for seed in range(5):
+        for at in (0.5, 0.8):
+            assert fit_type_table(release_frame(140, seed, release_at=at), 5)["changed_roles"] == [], (seed, at)
+    # no arrival times: no check
+    g = release_frame(140, 0, release_at=0.94)
+    assert fit_type_table(g.assign(t_arrival=np.nan), 5)["changed_roles"] == []
+
+
+def test_messy_release_at_the_end_of_the_training_side_no_longer_ranks_behind_the_position_median():
+    """Messy seed 1, trained on the first 70 % of workflows by start (132 v1, then the release's
+    first 8 v2): the tester (moved into the loop) and the new planner are flagged, and the order
+    served on the future is no longer behind the position median beyond one se (it was 0.599 vs
+    0.670, −0.071 ± 0.016)."""
+    from predictors.remaining_tokens import c_index_pairs, fit_baselines
+    from predictors.served import baseline_figures
+    from store.workloads import generate
+    df = pd.DataFrame(list(generate("messy", 200, seed=1))).sort_values(["workflow_id", "t_arrival"], kind="stable")
+    start = df.groupby("workflow_id")["t_arrival"].min().sort_values(kind="stable")
+    past = df["workflow_id"].isin(set(start.index[:140]))
+    cols = ["workflow_type_id", "workflow_id", "agent_id", "output_tokens", "t_arrival", "t_finish"]
+    m = RemainingTokens().fit(df.loc[past, cols].reset_index(drop=True))
+    assert {"planner", "tester"} <= set(m.workflow_types_["messy_app"]["changed_roles"])
+    g, test = session_frame(df.loc[past, cols]), session_frame(df.loc[~past, cols])
+    p = m.params_["messy_app"]
+    served = (baseline_figures(fit_baselines(g)[p["baseline"]], test["bucket" if p["baseline"] == "position_median" else "i"].to_numpy())
+              if p["level"] == "baseline" else
+              predict_frame(m.workflow_types_["messy_app"], test, p["level"], p["point"], p["beta"], p["kappa"], p.get("tie_break")))
+    pm = baseline_figures(fit_baselines(g)["position_median"], test["bucket"].to_numpy())
+    wf = pd.factorize(test["workflow_id"])[0]
+    t = test["t_arrival"].to_numpy(dtype=float)
+    cidx, _ = c_index_pairs({"served": served, "pm": pm}, test["R"].to_numpy(), wf, t,
+                            pd.Series(test["t_finish"].to_numpy(dtype=float)).groupby(wf).max().to_numpy(),
+                            pd.Series(t).groupby(wf).min().to_numpy(), "served")
+    diff, se = jackknife_diff(cidx["served"][2], cidx["pm"][2], int(wf.max()) + 1)
+    assert diff >= -se, (diff, se)
