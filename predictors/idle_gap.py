@@ -10,7 +10,8 @@ Estimator, per workflow type: levels with backoff ``(wt, agent, tool)`` → ``(w
 longer half-life, then its parent); an online per-session factor ``c`` (normalized conformal
 quantile ``c · Q_q(gap / c)``) so slow sessions get more; recency weights ``2^(−age / h)`` with
 ``h`` chosen on a later slice (:func:`certifies`, :func:`pick_least_decay`); level and prior
-weight chosen by K-fold cross-validation by workflow. END calls have no gap (``end_share`` is
+weight chosen by K-fold cross-validation by workflow (a session factor only where the plain
+quantile does not dominate it there). END calls have no gap (``end_share`` is
 kept); gaps ending in a person's turn are left out of the fit.
 
 Why each of these choices (issue 26 and the decay rule): docs/keep-alive.md ("Idle-gap estimator:
@@ -567,8 +568,10 @@ class IdleGapModel(IdleGapTable, BaseEstimator):
         return {"past_cap_share": float(1 - len(within) / len(gap)) if len(gap) else 0.0,
                 "coverable_quantile_s": q if math.isfinite(q) else None}
 
-    def _cross_validate(self, g: pd.DataFrame) -> dict[tuple[str, Any], tuple[float, float]]:
-        """K-fold by workflow: (level, prior weight) -> (coverage, mean TTL) on held-out folds."""
+    def _cross_validate(self, g: pd.DataFrame) -> tuple[dict[tuple[str, Any], tuple[float, float]],
+                                                        dict[tuple[str, Any], np.ndarray]]:
+        """K-fold by workflow: (level, prior weight) -> (coverage, mean TTL) on held-out folds, and
+        each candidate's TTL per row of ``g`` (held-out, capped) for :meth:`_plain_unless_ahead`."""
         k = min(self.folds, int(g["workflow_id"].nunique()))
         fold = group_folds(g["workflow_id"], k, self.random_state)
         preds: dict[tuple[str, Any], np.ndarray] = {(lv, w): np.full(len(g), np.nan)
@@ -580,7 +583,32 @@ class IdleGapModel(IdleGapTable, BaseEstimator):
                 tables = by_prior[w]
                 for lv in LEVELS:
                     preds[(lv, w)][fold == f] = self._predict_rows(va, tables, lv, w)
-        return {key: self._score(g, p) for key, p in preds.items()}
+        return {key: self._score(g, p) for key, p in preds.items()}, preds
+
+    def _plain_unless_ahead(self, arrival: tuple[str, Any], preds: Mapping[tuple[str, Any], np.ndarray],
+                            g: pd.DataFrame) -> tuple[str, Any]:
+        """``arrival`` (level, prior weight), or the same level without the session factor where
+        that one dominates it on the validation folds: covers more beyond one standard error at a
+        cost not above beyond one, or holds less beyond one at a coverage not below beyond one
+        (:func:`compare_held`: TTLs held as the keep/drop policy holds them, KV-seconds per covered
+        gap with the session ends, paired delete-one-workflow jackknife on the same gaps).
+
+        The mean TTL the choice narrows cannot see what a session factor costs: it shortens the
+        TTL of fast sessions, which saves nothing on the gaps they cover (a covered gap holds only
+        its own length), and lengthens that of slow ones, whose gaps it still misses holding the
+        longer TTL. On mini-SWE-agent the factor won by 0.7 s of mean TTL and lost to the plain
+        quantile in coverage and KV-seconds per covered gap, on validation and on the test side
+        (docs/keep-alive.md). The level is kept: its mean TTL is the scale of each agent's TTL."""
+        level, w = arrival
+        plain = (level, None)
+        if w is None or plain not in preds:
+            return arrival
+        gap = g["gap_after_s"].to_numpy(dtype=float)
+        has = ~np.isnan(gap)
+        wf = g["workflow_id"].to_numpy()
+        a, b = (np.clip(preds[k], HELD_TTL_MIN_S, HELD_TTL_MAX_S) for k in (arrival, plain))
+        vs = compare_held(gap[has], a[has], b[has], wf[has], ends=(a[~has], b[~has], wf[~has]))
+        return plain if vs["dominated"] else arrival
 
     def _forward_check(self, g: pd.DataFrame, n_wf: int, half_life: float | None, level: str,
                        prior_weight: float | None) -> tuple[dict[str, Any] | None, pd.DataFrame | None]:
@@ -711,12 +739,15 @@ class IdleGapModel(IdleGapTable, BaseEstimator):
             h, h_scores = self._choose_half_life(sample, n_wf)
             g = g.assign(weight=recency_weights(g["rank"].to_numpy(), n_wf, h))
             if n_wf >= 2:
-                scores = self._cross_validate(g.loc[sample.index])
-                arrival = self._pick({k: v for k, v in scores.items() if k[0] != "tool"})
+                scores, held = self._cross_validate(g.loc[sample.index])
+                narrowest = self._pick({k: v for k, v in scores.items() if k[0] != "tool"})
+                arrival = self._plain_unless_ahead(narrowest, held, g.loc[sample.index])
                 level, w = arrival
                 tool_level = (scores[("tool", w)][0] >= self.quantile
                               and scores[("tool", w)][1] < scores[arrival][1])
                 reason = "cross-validation by workflow"
+                if arrival != narrowest:
+                    reason += "; no session factor: the plain quantile dominated it in validation"
             else:
                 scores, level, w, tool_level = {}, "workflow_type", None, False
                 reason = "one workflow: no validation, workflow-type level"

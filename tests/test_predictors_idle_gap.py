@@ -248,3 +248,23 @@ def test_tool_latency_recency_weighting_after_a_shape_change():
     assert weighted.half_life_["wt"] is not None
     assert entry["p95_s"] < 3.0 < 10.0 < plain["p95_s"]
     assert ToolLatencyModel.from_dict(weighted.to_dict()).half_life_ == weighted.half_life_
+
+
+def test_session_factor_gives_way_where_the_plain_quantile_dominates_it():
+    """The session factor chosen by mean TTL is replaced by the same level without it where that
+    one covers more at no more KV-seconds per covered gap on the validation folds (issue 37: on
+    mini-SWE-agent the factor saved mean TTL and lost coverage and KV-seconds); kept otherwise."""
+    rng = np.random.default_rng(5)
+    n_wf, per = 40, 10
+    g = pd.DataFrame({"workflow_id": np.repeat([f"w{i:03d}" for i in range(n_wf)], per),
+                      "gap_after_s": rng.uniform(0.5, 9.0, n_wf * per)})
+    g.loc[g.index % per == per - 1, "gap_after_s"] = np.nan          # each session's END
+    plain = np.full(len(g), 10.0)
+    # the factor moves the TTL by session (5 s or 15 s, the same mean) on gaps it cannot predict
+    factor = np.where(np.arange(len(g)) // per % 2 == 0, 5.0, 15.0)
+    model = IdleGapModel()
+    preds = {("agent", 16.0): factor, ("agent", None): plain}
+    assert model._plain_unless_ahead(("agent", 16.0), preds, g) == ("agent", None)
+    assert model._plain_unless_ahead(("agent", 16.0), {("agent", 16.0): plain, ("agent", None): plain},
+                                      g) == ("agent", 16.0)         # level: the choice stands
+    assert model._plain_unless_ahead(("agent", None), preds, g) == ("agent", None)
