@@ -32,15 +32,12 @@ time) where it predicts a gain of at least 15 % (docs/sglang.md gives the grid):
                          population whose mean JCT is fixed by Little's law
 ``platform-contention``  two replicas, the mix, half the slots, 3 x the slots in flight;
                          arms ``router`` (the real sglang-router) and ``hints``
-``open-platform-``       as ``platform-contention``, but open loop (Poisson at ``--rate``): a
-``contention``           closed population all in flight at once left the queue empty most
-                         of the time, so priority had nothing to reorder
+``open-platform-...``    ``platform-contention``, open loop (its closed population left the queue empty)
 =======================  ================================================================
 
-A condition fills only what the command line left unset (``--condition tight-pool --pool-tokens
-900`` runs a 900-token pool). Every workload is scaled to the replay's lengths, its profile fitted
-on *other* workflows of the same applications and put on the replay's clock, and each seed replays
-a disjoint set of workflows: docs/sglang.md ("How each condition's workload is prepared") says how.
+The command line wins over a condition. Every workload is scaled to the replay's lengths, its
+profile fitted on *other* workflows of the same applications, each seed a disjoint set of workflows
+(docs/sglang.md, "How each condition's workload is prepared").
 """
 from __future__ import annotations
 
