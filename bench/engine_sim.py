@@ -35,7 +35,7 @@ Every workflow counts (no warm-up window), as in the measured replay.
 from __future__ import annotations
 
 import re
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -142,30 +142,94 @@ def scaled_records(records: list[dict], token_scale: float, time_scale: float) -
     return out
 
 
-def replay_prefixes(wl: Workload) -> Workload:
-    """Re-draw ``wl``'s prompt paths the way ``profiler replay`` builds prompts: a call continues
-    the largest finished context that fits its prompt among its parents and its agent's previous
-    call — that call's whole context (path + own segment: prompt and reply) or, when that is too
-    long, the longest start of its path that fits; else it starts fresh (no shared prefix). The
-    replay can also share a context's prompt without its reply; a segment holds both here, so the
-    simulator shares only whole segments (slightly less reuse than the replay)."""
+@dataclass(frozen=True)
+class ChatTemplate:
+    """What the engine's chat template adds to a replayed prompt, in the engine's tokens.
+
+    ``profiler replay`` sizes a prompt from the engine's own count of the context it continues
+    plus :data:`~serving_hooks.replay_prompts.MESSAGE_OVERHEAD` per message, while the engine
+    renders every message through its chat template (ChatML on the bench's model:
+    ``<|im_start|>role\\n … <|im_end|>\\n``, then ``<|im_start|>assistant\\n``). So the engine
+    counts more prompt tokens than were recorded, and a context the recorded tokens would fit often
+    does not fit the replay's room: it shares only that context's prompt, or a shorter start of it
+    (sized by the replay's word estimate). :func:`replay_prefixes` replays that sizing with these
+    numbers; :func:`fit_chat_template` measures them from a replay's call records."""
+
+    #: tokens the template adds per message (role markers; the first word of a message, with no
+    #: space before it, counts here too)
+    msg_tokens: int = 6
+    #: tokens of the generation prompt that ends every prompt (``<|im_start|>assistant\\n``)
+    gen_tokens: int = 3
+    #: words per reply token, as the replay's estimate of a shorter start counts a reply's text (a
+    #: reply of random tokens holds fewer spaces than tokens)
+    reply_words: float = 0.5
+    source: str = ""
+
+
+#: the template of the bench's model folders (ChatML, the tokenizer of ``tests/sglang/real_server``):
+#: measured with :func:`fit_chat_template` on the session-10 runs' call records (docs/sglang.md,
+#: "session 11"); ``bench_engine.py`` can measure its own from the calibration replay
+CHATML = ChatTemplate(source="ChatML of the bench's model (fitted on the session-10 call records)")
+#: the replay's own per-message estimate (serving_hooks.replay_prompts.MESSAGE_OVERHEAD)
+REPLAY_OVERHEAD = 4
+
+
+def replay_prefixes(wl: Workload, template: ChatTemplate = CHATML) -> Workload:
+    """Re-draw ``wl``'s prompts the way ``profiler replay`` builds them and the engine counts them.
+
+    Each call's prompt is a list of messages, each message one segment: the replay continues the
+    largest context that fits its room (recorded prompt − 4) among its parents and its agent's
+    previous call, trying for each of them, longest first, the whole context (prompt + reply,
+    sized as the engine's prompt count + the reply + 4), its prompt alone (the engine's count),
+    then ever shorter starts of its messages (sized by the replay's estimate: words + 4 per
+    message), and adds one user message with the rest of the room in words; else it starts a
+    fresh conversation. The engine then counts every message with the template's tokens
+    (``template``), so a call's prompt (``input_tokens``) becomes the engine's count, and its path
+    is the messages it shares plus its own new message; its own segment is the generation prompt
+    and the reply (what the engine's radix tree holds of it after it finished). The end markers
+    of a continued reply are not in the tree (the reply's tokens are): they count with the next
+    message."""
     tok = wl.seg_tokens
+    kind, consumers = wl.seg_kind, wl.seg_consumers
+    end_tokens = template.msg_tokens - template.gen_tokens
+    words: dict[int, float] = {}                 # segment -> words the replay's estimate counts
+    replies: set[int] = set()                    # segments that are a reply (assistant message)
+    msgs: dict[int, tuple[int, ...]] = {}        # call -> its prompt's messages (segments)
     last_of_agent: dict[tuple[int, str], int] = {}
-    for c in wl.calls:                       # workflow order: parents come first
+
+    def new_seg(tokens: int, n_words: float) -> int:
+        tok.append(tokens)
+        kind.append(3)
+        consumers.append([])
+        words[len(tok) - 1] = n_words
+        return len(tok) - 1
+
+    for c in wl.calls:                           # workflow order: parents come first
+        room = c.input_tokens - REPLAY_OVERHEAD
         prev = last_of_agent.get((c.wf, c.agent))
-        best: tuple[int, tuple[int, ...]] = (0, ())
+        best: tuple[int, tuple[int, ...]] | None = None
         for k in dict.fromkeys([*c.parents, *([prev] if prev is not None else [])]):
             base = wl.calls[k]
-            whole = base.path + (base.own_seg,)
-            for cut in range(len(whole), 0, -1):
-                size = sum(tok[s] for s in whole[:cut])
-                if size <= c.input_tokens:
-                    if size > best[0]:
-                        best = (size, whole[:cut])
+            prompt = base.input_tokens           # already the engine's count (set below)
+            starts = [(msgs[k] + (base.own_seg,), prompt + base.output_tokens + REPLAY_OVERHEAD),
+                      (msgs[k], prompt)]
+            starts += [(msgs[k][:j], sum(round(words[s]) + REPLAY_OVERHEAD for s in msgs[k][:j]))
+                       for j in range(len(msgs[k]) - 1, 0, -1)]
+            for path, size in starts:
+                if size <= room:
+                    if best is None or size > best[0]:
+                        best = (size, path)
                     break
-        c.path = best[1]
-        c.own_prompt_tokens = c.input_tokens - best[0]
-        tok[c.own_seg] = c.own_prompt_tokens + c.output_tokens
+        shared, size = (best[1], best[0]) if best is not None else ((), 0)
+        n_words = max(1, room - size)
+        after_reply = bool(shared) and shared[-1] in replies
+        user = new_seg(n_words + template.msg_tokens + (end_tokens if after_reply else 0), n_words)
+        msgs[c.idx] = shared + (user,)
+        c.path = msgs[c.idx]
+        c.own_prompt_tokens = template.gen_tokens
+        c.input_tokens = sum(tok[s] for s in c.path) + template.gen_tokens
+        c.own_seg = new_seg(template.gen_tokens + c.output_tokens, template.reply_words * c.output_tokens)
+        replies.add(c.own_seg)
         last_of_agent[(c.wf, c.agent)] = c.idx
     n = len(tok)
     wl.seg_consumers = [[] for _ in range(n)]
