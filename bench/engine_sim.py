@@ -13,8 +13,11 @@ replays the same trace under every set-up of the bench.
 * **Trace** — the replayed records with the replay's scaling: token counts as
   ``serving_hooks.replay_plan.load_plan`` scales them, every timestamp × ``time_scale`` (so the
   gaps and root offsets shrink as in the replay); a closed population of ``concurrency``
-  workflows, released in the same order; the prompt prefix structure is the replay's own
-  (:func:`replay_prefixes`, the rule of ``serving_hooks.replay_prompts``).
+  workflows, released in the same order; the prompts are the replay's own, counted as the engine
+  counts them: :func:`replay_prefixes` replays the rule of ``serving_hooks.replay_prompts`` with the
+  engine's chat template (:class:`ChatTemplate`, measured by :func:`fit_chat_template`), so a
+  prompt has the engine's length and shares what the replay shared (a whole context, its prompt
+  alone, or a shorter start).
 * **Set-ups** — round robin → ``sglang-rr`` (FCFS, round robin, LRU); sglang-router →
   :class:`RouterCacheAware032` (FCFS, LRU, the simulator's ``sglang-default`` router with the
   two rules sglang-router 0.3.2 changed: a prompt below the cache threshold goes to the
@@ -37,6 +40,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Iterable
 
 import numpy as np
 
@@ -244,15 +248,51 @@ def replay_prefixes(wl: Workload, template: ChatTemplate = CHATML) -> Workload:
     return wl
 
 
+def fit_chat_template(plan: list[dict], replayed: list[dict], gen_tokens: int = CHATML.gen_tokens,
+                      msg_tokens: Iterable[int] = range(2, 13),
+                      reply_words: Iterable[float] = (0.25, 0.5, 0.75, 1.0, 1.5)) -> ChatTemplate:
+    """The :class:`ChatTemplate` that best reproduces the engine's prompt counts of a replay.
+
+    ``plan``: the records the replay sent (tokens as it sent them: ``scaled_records``);
+    ``replayed``: its call records (``input_tokens`` = the engine's ``usage.prompt_tokens``;
+    request ids with the replay's run tag after a last ``-`` are matched too). Every combination
+    of ``msg_tokens`` × ``reply_words`` is replayed by :func:`replay_prefixes` and the one with the
+    smallest mean absolute error per call wins (``gen_tokens`` only moves where a prompt ends and
+    the reply starts, not a prompt's count: it is given, the template's generation prompt)."""
+    counted: dict[str, int] = {}
+    for r in replayed:
+        if r.get("status", "ok") == "ok" and r.get("input_tokens") is not None:
+            counted[str(r["request_id"])] = int(r["input_tokens"])
+    ids = [str(r["request_id"]) for r in plan]
+    tagged = {rid.rsplit("-", 1)[0]: n for rid, n in counted.items() if "-" in rid}
+    pairs = [(i, counted.get(rid, tagged.get(rid))) for i, rid in enumerate(ids)]
+    pairs = [(i, n) for i, n in pairs if n is not None]
+    if len(pairs) < 10:
+        raise ValueError(f"the replay's records match {len(pairs)} of the plan's {len(plan)} calls; "
+                         f"the template fit needs at least 10 with the engine's prompt count")
+    best: tuple[float, ChatTemplate] | None = None
+    for m in msg_tokens:
+        for w in reply_words:
+            tpl = ChatTemplate(int(m), int(gen_tokens), float(w))
+            wl = replay_prefixes(workload_from_records(plan, name="template-fit", conversation_lineage=False), tpl)
+            by_id = {c.request_id: c.input_tokens for c in wl.calls}
+            err = float(np.mean([abs(by_id[ids[i]] - n) for i, n in pairs]))
+            if best is None or err < best[0] - 1e-9:
+                best = (err, tpl)
+    err, tpl = best
+    return replace(tpl, source=f"fitted on {len(pairs)} replayed calls (mean error {err:.1f} tokens per prompt)")
+
+
 def simulate_setups(records: list[dict], profile_dir: Path, cfg: ClusterConfig, concurrency: int,
                     setups: list[str], preemption_threshold: int = 10, rate: float | None = None,
-                    seed: int = 0) -> dict[str, dict]:
+                    seed: int = 0, template: ChatTemplate = CHATML) -> dict[str, dict]:
     """Simulated avg/P95 JCT and GPU-tier hit share of each bench set-up on ``records``
     (``preemption_threshold``: the hints replicas' ``--priority-scheduling-preemption-threshold``;
     ``rate``: open loop, the workflows released at the replay's own Poisson times for ``seed``,
-    :func:`serving_hooks.replay.arrival_offsets`, instead of a closed population)."""
+    :func:`serving_hooks.replay.arrival_offsets`, instead of a closed population; ``template``:
+    the engine's chat template, :func:`replay_prefixes`)."""
     return {name: arm_summary(name, res) for name, res in simulate_runs(
-        records, profile_dir, cfg, concurrency, setups, preemption_threshold, rate, seed).items()}
+        records, profile_dir, cfg, concurrency, setups, preemption_threshold, rate, seed, template).items()}
 
 
 def arm_summary(name: str, res: SimResult) -> dict:
@@ -266,11 +306,11 @@ def arm_summary(name: str, res: SimResult) -> dict:
 
 def simulate_runs(records: list[dict], profile_dir: Path, cfg: ClusterConfig, concurrency: int,
                   setups: list[str], preemption_threshold: int = 10, rate: float | None = None,
-                  seed: int = 0) -> dict[str, SimResult]:
+                  seed: int = 0, template: ChatTemplate = CHATML) -> dict[str, SimResult]:
     """The simulator's whole run of each bench set-up on ``records`` (every call's times, replica
     and cache hits), as :func:`simulate_setups` summarises it; ``bench/engine_calls.py`` sets it
     call by call beside the engine's records."""
-    wl = replay_prefixes(workload_from_records(records, name="bench-engine", conversation_lineage=False))
+    wl = replay_prefixes(workload_from_records(records, name="bench-engine", conversation_lineage=False), template)
     n = len(wl.workflows)
     arrivals = arrival_offsets(n, rate, 1.0, seed) if rate else np.zeros(n)
     concurrency = None if rate else concurrency
