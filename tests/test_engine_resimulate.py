@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from bench.engine_calls import load_call_records, run_records
-from bench.engine_resimulate import rebuild, simulate_condition, simulated_runs
-from bench.engine_sim import scaled_records
+from bench.engine_resimulate import rebuild, simulate_condition, simulated_runs, stored_template
+from bench.engine_sim import CHATML, ChatTemplate, scaled_records
 
 MEASUREMENTS = Path(__file__).resolve().parents[1] / "docs" / "measurements"
 RUN = MEASUREMENTS / "engine-open-contention-s9-a-2026-11-29.json"
@@ -36,3 +36,9 @@ def test_stored_run_replayed_with_the_engines_prompts_and_rate_what_if() -> None
     # more arrivals per second on the same replica: a longer queue, longer jobs in both arms
     for arm in names:
         assert faster[0][arm]["jct_avg_s"] > sim[0][arm]["jct_avg_s"] * 1.05
+
+
+def test_a_stored_template_is_used_and_an_older_run_gets_the_bench_models() -> None:
+    measured = {"msg_tokens": 7, "gen_tokens": 2, "reply_words": 0.75, "source": "calibration replay"}
+    assert stored_template({"simulator": {"template": measured}}) == ChatTemplate(7, 2, 0.75, "calibration replay")
+    assert stored_template({"simulator": {"step": {}}}) is CHATML
