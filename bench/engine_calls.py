@@ -16,6 +16,9 @@ Per arm it prints where the time goes apart:
 * **cache** — prompt share served from cache, per call as the engine reported it
   (``cached_tokens``), and the prompt tokens as the engine counted them against the simulator's.
 
+``--fit-template`` instead fits the engine's chat template to the prompt counts of the run's
+records (:func:`fit_template`): how the simulated replica's prompt sizes were measured.
+
 Why: an arm's avg JCT can be off for many reasons (a queue that formed in one and not the
 other, a step time that does not hold under load, the cache); the per-call split says which,
 before a change to the simulator is tried.
@@ -33,8 +36,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.engine_resimulate import simulated_runs  # noqa: E402
+from bench.engine_resimulate import rebuild, simulated_runs  # noqa: E402
+from bench.engine_sim import ChatTemplate, fit_chat_template, scaled_records  # noqa: E402
 from simulator.engine import SimResult  # noqa: E402
+from simulator.workload import renamed  # noqa: E402
 
 FIELDS = ("calls", "wait_prefill_s", "decode_ms_per_token", "latency_s", "in_flight", "jct_avg_s",
           "outside_calls_share", "cached_share", "prompt_tokens")
@@ -148,6 +153,25 @@ def compare_condition(cond: dict, records: dict[str, list[dict]], seeds: list[in
     return out
 
 
+def fit_template(cond: dict, records: dict[str, list[dict]], seeds: list[int] | None = None,
+                 arm: str | None = None) -> ChatTemplate:
+    """The chat template (:func:`bench.engine_sim.fit_chat_template`) that reproduces the prompt
+    counts the engine reported in the stored run ``cond`` (arm ``arm``, default the first, on
+    ``seeds``, default all): the replay's plan of every seed (its ids prefixed by the seed, as two
+    seeds may replay one workflow) beside that arm's call records."""
+    st, names, seeds, _, wl = rebuild(cond, seeds=seeds)
+    arm = arm or names[0]
+    plan: list[dict] = []
+    replayed: list[dict] = []
+    for s in seeds:
+        def tag(rid: str, s: int = s) -> str:
+            return f"s{s}/{rid}"
+        plan += [renamed(r, tag) for r in scaled_records(wl.replay[s], 1.0, st["time_scale"])]
+        replayed += [dict(r, request_id=tag(r["request_id"]))
+                     for r in run_records(records, st.get("out"), f"{st['condition']}-{arm}-seed{s}")]
+    return fit_chat_template(plan, replayed)
+
+
 def render(name: str, cmp: dict) -> str:
     """The comparison as text: per arm, measured / simulated / error for every field."""
     lines = [f"== {name}: per call, measured (engine records) vs simulated, mean over {len(cmp['seeds'])} seeds"]
@@ -168,6 +192,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--condition", nargs="+", help="only these conditions (default: every one with a simulator)")
     ap.add_argument("--seeds", nargs="+", type=int, help="only these seeds (default: all the run's)")
     ap.add_argument("--out", type=Path, help="write every seed's and arm's split here (JSON)")
+    ap.add_argument("--fit-template", action="store_true",
+                    help="instead of the comparison: fit the engine's chat template (tokens per message, "
+                         "reply words per token) to the prompt counts in the run's records and print it: "
+                         "how bench/engine_sim.CHATML was measured")
     ap.add_argument("--no-shared-compute", action="store_true",
                     help="simulate each replica with the host to itself (the run's replicas shared its cores): "
                          "shows how much of an arm's simulated time is the sharing model's")
@@ -177,6 +205,12 @@ def main(argv: list[str] | None = None) -> None:
     out = {}
     for name, cond in data["conditions"].items():
         if "simulator" not in cond or (a.condition and name not in a.condition):
+            continue
+        if a.fit_template:
+            tpl = fit_template(cond, records, a.seeds)
+            out[name] = tpl.__dict__
+            print(f"== {name}: chat template {tpl.msg_tokens} tokens per message, {tpl.gen_tokens} of generation "
+                  f"prompt, {tpl.reply_words} reply words per token ({tpl.source})")
             continue
         out[name] = compare_condition(cond, records, a.seeds, not a.no_shared_compute)
         print(render(name, out[name]))

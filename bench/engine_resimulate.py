@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.bench_engine import fit_profiles, parse_args  # noqa: E402
 from bench.engine_conditions import EngineWorkload, prepare_workload  # noqa: E402
 from bench.engine_report import fidelity, ratios, same_seed_ratios  # noqa: E402
-from bench.engine_sim import arm_summary, cluster, scaled_records, simulate_runs  # noqa: E402
+from bench.engine_sim import CHATML, ChatTemplate, arm_summary, cluster, scaled_records, simulate_runs  # noqa: E402
 from simulator.calibration import StepTimeModel  # noqa: E402
 from simulator.config import ClusterConfig  # noqa: E402
 from simulator.engine import SimResult  # noqa: E402
@@ -57,6 +57,13 @@ def rebuild(cond: dict, rate: float | None = None, seeds: list[int] | None = Non
     return st, names, seeds, cfg, prepare_workload(st["condition"], seeds, args)
 
 
+def stored_template(cond: dict) -> ChatTemplate:
+    """The chat template the run measured (``conditions.<c>.simulator.template``), or, for a run
+    stored before it was measured, the bench model's (:data:`bench.engine_sim.CHATML`)."""
+    stored = cond["simulator"].get("template")
+    return ChatTemplate(**stored) if stored else CHATML
+
+
 def simulated_runs(cond: dict, rate: float | None = None, seeds: list[int] | None = None,
                    only: Collection[int] | None = None, shared_compute: bool = True,
                    ) -> tuple[dict[int, dict[str, SimResult]], list[str], list[int]]:
@@ -66,12 +73,13 @@ def simulated_runs(cond: dict, rate: float | None = None, seeds: list[int] | Non
     ``({seed: {arm: SimResult}}, arms, seeds run)``."""
     st, names, seeds, cfg, wl = rebuild(cond, rate, seeds)
     cfg = replace(cfg, shared_compute=cfg.shared_compute and shared_compute)
+    template = stored_template(cond)
     seeds = [s for s in seeds if only is None or s in only]
     with tempfile.TemporaryDirectory() as tmp:
         profiles = fit_profiles(wl, Path(tmp))
         runs = {s: simulate_runs(scaled_records(wl.replay[s], 1.0, st["time_scale"]), profiles[s], cfg,
                                  st["concurrency"], names, preemption_threshold=st["preemption_threshold"],
-                                 rate=st.get("rate"), seed=s)
+                                 rate=st.get("rate"), seed=s, template=template)
                 for s in seeds}
     return runs, names, seeds
 

@@ -13,8 +13,11 @@ replays the same trace under every set-up of the bench.
 * **Trace** — the replayed records with the replay's scaling: token counts as
   ``serving_hooks.replay_plan.load_plan`` scales them, every timestamp × ``time_scale`` (so the
   gaps and root offsets shrink as in the replay); a closed population of ``concurrency``
-  workflows, released in the same order; the prompt prefix structure is the replay's own
-  (:func:`replay_prefixes`, the rule of ``serving_hooks.replay_prompts``).
+  workflows, released in the same order; the prompts are the replay's own, counted as the engine
+  counts them: :func:`replay_prefixes` replays the rule of ``serving_hooks.replay_prompts`` with the
+  engine's chat template (:class:`ChatTemplate`, measured by :func:`fit_chat_template`), so a
+  prompt has the engine's length and shares what the replay shared (a whole context, its prompt
+  alone, or a shorter start).
 * **Set-ups** — round robin → ``sglang-rr`` (FCFS, round robin, LRU); sglang-router →
   :class:`RouterCacheAware032` (FCFS, LRU, the simulator's ``sglang-default`` router with the
   two rules sglang-router 0.3.2 changed: a prompt below the cache threshold goes to the
@@ -35,8 +38,9 @@ Every workflow counts (no warm-up window), as in the measured replay.
 from __future__ import annotations
 
 import re
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Iterable
 
 import numpy as np
 
@@ -142,30 +146,94 @@ def scaled_records(records: list[dict], token_scale: float, time_scale: float) -
     return out
 
 
-def replay_prefixes(wl: Workload) -> Workload:
-    """Re-draw ``wl``'s prompt paths the way ``profiler replay`` builds prompts: a call continues
-    the largest finished context that fits its prompt among its parents and its agent's previous
-    call — that call's whole context (path + own segment: prompt and reply) or, when that is too
-    long, the longest start of its path that fits; else it starts fresh (no shared prefix). The
-    replay can also share a context's prompt without its reply; a segment holds both here, so the
-    simulator shares only whole segments (slightly less reuse than the replay)."""
+@dataclass(frozen=True)
+class ChatTemplate:
+    """What the engine's chat template adds to a replayed prompt, in the engine's tokens.
+
+    ``profiler replay`` sizes a prompt from the engine's own count of the context it continues
+    plus :data:`~serving_hooks.replay_prompts.MESSAGE_OVERHEAD` per message, while the engine
+    renders every message through its chat template (ChatML on the bench's model:
+    ``<|im_start|>role\\n … <|im_end|>\\n``, then ``<|im_start|>assistant\\n``). So the engine
+    counts more prompt tokens than were recorded, and a context the recorded tokens would fit often
+    does not fit the replay's room: it shares only that context's prompt, or a shorter start of it
+    (sized by the replay's word estimate). :func:`replay_prefixes` replays that sizing with these
+    numbers; :func:`fit_chat_template` measures them from a replay's call records."""
+
+    #: tokens the template adds per message (role markers; the first word of a message, with no
+    #: space before it, counts here too)
+    msg_tokens: int = 6
+    #: tokens of the generation prompt that ends every prompt (``<|im_start|>assistant\\n``)
+    gen_tokens: int = 3
+    #: words per reply token, as the replay's estimate of a shorter start counts a reply's text (a
+    #: reply of random tokens holds fewer spaces than tokens)
+    reply_words: float = 0.5
+    source: str = ""
+
+
+#: the template of the bench's model folders (ChatML, the tokenizer of ``tests/sglang/real_server``):
+#: measured with :func:`fit_chat_template` on the session-10 runs' call records (docs/sglang.md,
+#: "session 11"); ``bench_engine.py`` can measure its own from the calibration replay
+CHATML = ChatTemplate(source="ChatML of the bench's model (fitted on the session-10 call records)")
+#: the replay's own per-message estimate (serving_hooks.replay_prompts.MESSAGE_OVERHEAD)
+REPLAY_OVERHEAD = 4
+
+
+def replay_prefixes(wl: Workload, template: ChatTemplate = CHATML) -> Workload:
+    """Re-draw ``wl``'s prompts the way ``profiler replay`` builds them and the engine counts them.
+
+    Each call's prompt is a list of messages, each message one segment: the replay continues the
+    largest context that fits its room (recorded prompt − 4) among its parents and its agent's
+    previous call, trying for each of them, longest first, the whole context (prompt + reply,
+    sized as the engine's prompt count + the reply + 4), its prompt alone (the engine's count),
+    then ever shorter starts of its messages (sized by the replay's estimate: words + 4 per
+    message), and adds one user message with the rest of the room in words; else it starts a
+    fresh conversation. The engine then counts every message with the template's tokens
+    (``template``), so a call's prompt (``input_tokens``) becomes the engine's count, and its path
+    is the messages it shares plus its own new message; its own segment is the generation prompt
+    and the reply (what the engine's radix tree holds of it after it finished). The end markers
+    of a continued reply are not in the tree (the reply's tokens are): they count with the next
+    message."""
     tok = wl.seg_tokens
+    kind, consumers = wl.seg_kind, wl.seg_consumers
+    end_tokens = template.msg_tokens - template.gen_tokens
+    words: dict[int, float] = {}                 # segment -> words the replay's estimate counts
+    replies: set[int] = set()                    # segments that are a reply (assistant message)
+    msgs: dict[int, tuple[int, ...]] = {}        # call -> its prompt's messages (segments)
     last_of_agent: dict[tuple[int, str], int] = {}
-    for c in wl.calls:                       # workflow order: parents come first
+
+    def new_seg(tokens: int, n_words: float) -> int:
+        tok.append(tokens)
+        kind.append(3)
+        consumers.append([])
+        words[len(tok) - 1] = n_words
+        return len(tok) - 1
+
+    for c in wl.calls:                           # workflow order: parents come first
+        room = c.input_tokens - REPLAY_OVERHEAD
         prev = last_of_agent.get((c.wf, c.agent))
-        best: tuple[int, tuple[int, ...]] = (0, ())
+        best: tuple[int, tuple[int, ...]] | None = None
         for k in dict.fromkeys([*c.parents, *([prev] if prev is not None else [])]):
             base = wl.calls[k]
-            whole = base.path + (base.own_seg,)
-            for cut in range(len(whole), 0, -1):
-                size = sum(tok[s] for s in whole[:cut])
-                if size <= c.input_tokens:
-                    if size > best[0]:
-                        best = (size, whole[:cut])
+            prompt = base.input_tokens           # already the engine's count (set below)
+            starts = [(msgs[k] + (base.own_seg,), prompt + base.output_tokens + REPLAY_OVERHEAD),
+                      (msgs[k], prompt)]
+            starts += [(msgs[k][:j], sum(round(words[s]) + REPLAY_OVERHEAD for s in msgs[k][:j]))
+                       for j in range(len(msgs[k]) - 1, 0, -1)]
+            for path, size in starts:
+                if size <= room:
+                    if best is None or size > best[0]:
+                        best = (size, path)
                     break
-        c.path = best[1]
-        c.own_prompt_tokens = c.input_tokens - best[0]
-        tok[c.own_seg] = c.own_prompt_tokens + c.output_tokens
+        shared, size = (best[1], best[0]) if best is not None else ((), 0)
+        n_words = max(1, room - size)
+        after_reply = bool(shared) and shared[-1] in replies
+        user = new_seg(n_words + template.msg_tokens + (end_tokens if after_reply else 0), n_words)
+        msgs[c.idx] = shared + (user,)
+        c.path = msgs[c.idx]
+        c.own_prompt_tokens = template.gen_tokens
+        c.input_tokens = sum(tok[s] for s in c.path) + template.gen_tokens
+        c.own_seg = new_seg(template.gen_tokens + c.output_tokens, template.reply_words * c.output_tokens)
+        replies.add(c.own_seg)
         last_of_agent[(c.wf, c.agent)] = c.idx
     n = len(tok)
     wl.seg_consumers = [[] for _ in range(n)]
@@ -180,15 +248,51 @@ def replay_prefixes(wl: Workload) -> Workload:
     return wl
 
 
+def fit_chat_template(plan: list[dict], replayed: list[dict], gen_tokens: int = CHATML.gen_tokens,
+                      msg_tokens: Iterable[int] = range(2, 13),
+                      reply_words: Iterable[float] = (0.25, 0.5, 0.75, 1.0, 1.5)) -> ChatTemplate:
+    """The :class:`ChatTemplate` that best reproduces the engine's prompt counts of a replay.
+
+    ``plan``: the records the replay sent (tokens as it sent them: ``scaled_records``);
+    ``replayed``: its call records (``input_tokens`` = the engine's ``usage.prompt_tokens``;
+    request ids with the replay's run tag after a last ``-`` are matched too). Every combination
+    of ``msg_tokens`` × ``reply_words`` is replayed by :func:`replay_prefixes` and the one with the
+    smallest mean absolute error per call wins (``gen_tokens`` only moves where a prompt ends and
+    the reply starts, not a prompt's count: it is given, the template's generation prompt)."""
+    counted: dict[str, int] = {}
+    for r in replayed:
+        if r.get("status", "ok") == "ok" and r.get("input_tokens") is not None:
+            counted[str(r["request_id"])] = int(r["input_tokens"])
+    ids = [str(r["request_id"]) for r in plan]
+    tagged = {rid.rsplit("-", 1)[0]: n for rid, n in counted.items() if "-" in rid}
+    pairs = [(i, counted.get(rid, tagged.get(rid))) for i, rid in enumerate(ids)]
+    pairs = [(i, n) for i, n in pairs if n is not None]
+    if len(pairs) < 10:
+        raise ValueError(f"the replay's records match {len(pairs)} of the plan's {len(plan)} calls; "
+                         f"the template fit needs at least 10 with the engine's prompt count")
+    best: tuple[float, ChatTemplate] | None = None
+    for m in msg_tokens:
+        for w in reply_words:
+            tpl = ChatTemplate(int(m), int(gen_tokens), float(w))
+            wl = replay_prefixes(workload_from_records(plan, name="template-fit", conversation_lineage=False), tpl)
+            by_id = {c.request_id: c.input_tokens for c in wl.calls}
+            err = float(np.mean([abs(by_id[ids[i]] - n) for i, n in pairs]))
+            if best is None or err < best[0] - 1e-9:
+                best = (err, tpl)
+    err, tpl = best
+    return replace(tpl, source=f"fitted on {len(pairs)} replayed calls (mean error {err:.1f} tokens per prompt)")
+
+
 def simulate_setups(records: list[dict], profile_dir: Path, cfg: ClusterConfig, concurrency: int,
                     setups: list[str], preemption_threshold: int = 10, rate: float | None = None,
-                    seed: int = 0) -> dict[str, dict]:
+                    seed: int = 0, template: ChatTemplate = CHATML) -> dict[str, dict]:
     """Simulated avg/P95 JCT and GPU-tier hit share of each bench set-up on ``records``
     (``preemption_threshold``: the hints replicas' ``--priority-scheduling-preemption-threshold``;
     ``rate``: open loop, the workflows released at the replay's own Poisson times for ``seed``,
-    :func:`serving_hooks.replay.arrival_offsets`, instead of a closed population)."""
+    :func:`serving_hooks.replay.arrival_offsets`, instead of a closed population; ``template``:
+    the engine's chat template, :func:`replay_prefixes`)."""
     return {name: arm_summary(name, res) for name, res in simulate_runs(
-        records, profile_dir, cfg, concurrency, setups, preemption_threshold, rate, seed).items()}
+        records, profile_dir, cfg, concurrency, setups, preemption_threshold, rate, seed, template).items()}
 
 
 def arm_summary(name: str, res: SimResult) -> dict:
@@ -202,11 +306,11 @@ def arm_summary(name: str, res: SimResult) -> dict:
 
 def simulate_runs(records: list[dict], profile_dir: Path, cfg: ClusterConfig, concurrency: int,
                   setups: list[str], preemption_threshold: int = 10, rate: float | None = None,
-                  seed: int = 0) -> dict[str, SimResult]:
+                  seed: int = 0, template: ChatTemplate = CHATML) -> dict[str, SimResult]:
     """The simulator's whole run of each bench set-up on ``records`` (every call's times, replica
     and cache hits), as :func:`simulate_setups` summarises it; ``bench/engine_calls.py`` sets it
     call by call beside the engine's records."""
-    wl = replay_prefixes(workload_from_records(records, name="bench-engine", conversation_lineage=False))
+    wl = replay_prefixes(workload_from_records(records, name="bench-engine", conversation_lineage=False), template)
     n = len(wl.workflows)
     arrivals = arrival_offsets(n, rate, 1.0, seed) if rate else np.zeros(n)
     concurrency = None if rate else concurrency

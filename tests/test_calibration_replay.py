@@ -1,11 +1,12 @@
-"""Calibrating the simulator from a replay (simulator.calibration) and the replay's prefix
-structure in the simulator (bench/engine_sim.py), on synthetic records with known answers."""
+"""Calibrating the simulator from a replay (simulator.calibration) and the replay's prompts in
+the simulator, as the engine counts them (bench/engine_sim.py), on synthetic records with known
+answers."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from bench.engine_sim import replay_prefixes, scaled_records, server_limits
+from bench.engine_sim import ChatTemplate, fit_chat_template, replay_prefixes, scaled_records, server_limits
 from simulator.calibration import fit_step_time, mark_concurrency
 from simulator.workload import workload_from_records
 
@@ -46,19 +47,54 @@ def _rec(rid, agent, t, inp, out, parents=None):
     return r
 
 
-def test_replay_prefixes_continue_the_largest_fitting_context():
+def test_replay_prefixes_size_prompts_as_the_replay_and_the_engine_do():
+    """Known answers by hand, template 6 tokens per message, 3 of generation prompt, half a word
+    per reply token: the replay's room is the recorded prompt − 4; a whole context is sized
+    engine prompt + reply + 4, a prompt alone by its engine count, a shorter start by words + 4
+    per message; the engine counts each message's words + 6 (+ 3 for a reply's end markers
+    before the next message) + the generation prompt."""
+    tpl = ChatTemplate(msg_tokens=6, gen_tokens=3, reply_words=0.5)
     recs = [_rec("a", "planner", 0, 100, 20),
-            _rec("b", "coder", 2, 150, 10, ["a"]),       # fits a's 120 tokens: continues it
-            _rec("c", "coder", 4, 130, 10, ["b"]),       # b's 160 do not fit; a's 120 (b's path) do
-            _rec("d", "tester", 6, 50, 5, ["c"])]        # nothing fits: fresh
-    wl = replay_prefixes(workload_from_records(recs, conversation_lineage=False))
-    a, b, c, d = wl.calls
-    assert b.path == (a.own_seg,) and b.own_prompt_tokens == 30
-    assert c.path == (a.own_seg,) and c.own_prompt_tokens == 10
-    assert d.path == () and d.own_prompt_tokens == 50
-    assert wl.seg_tokens[b.own_seg] == 30 + 10
-    assert wl.seg_consumers[a.own_seg] == [b.idx, c.idx]
-    assert wl.seg_parent[b.own_seg] == a.own_seg
+            _rec("b", "coder", 2, 150, 10, ["a"]),       # a's whole context (105 + 20 + 4) fits 146
+            _rec("c", "coder", 4, 130, 10, ["b"]),       # b's 154 do not fit 126; a's messages (114) do
+            _rec("d", "tester", 6, 50, 5, ["c"]),        # nothing fits 46: fresh
+            _rec("e", "critic", 8, 160, 5, ["b"])]       # b's whole (168) does not fit 156, its prompt does
+    wl = replay_prefixes(workload_from_records(recs, conversation_lineage=False), tpl)
+    a, b, c, d, e = wl.calls
+    tok = wl.seg_tokens
+    (ua,) = a.path
+    assert (a.input_tokens, tok[ua], tok[a.own_seg]) == (105, 102, 23)      # 96 words + 6, + 3
+    ub = b.path[-1]
+    assert b.path == (ua, a.own_seg, ub) and tok[ub] == 17 + 6 + 3 and b.input_tokens == 154
+    assert c.path[:2] == (ua, a.own_seg) and tok[c.path[2]] == 12 + 6 + 3 and c.input_tokens == 149
+    assert len(d.path) == 1 and d.input_tokens == 46 + 6 + 3
+    assert e.path[:3] == b.path and tok[e.path[3]] == 2 + 6 and e.input_tokens == 162
+    assert all(x.own_prompt_tokens == 3 for x in wl.calls)
+    assert wl.seg_consumers[a.own_seg] == [b.idx, c.idx, e.idx]
+    assert wl.seg_parent[b.own_seg] == ub and wl.seg_parent[ub] == a.own_seg
+
+
+def test_fit_chat_template_recovers_the_template_a_replay_was_counted_with():
+    rng = np.random.default_rng(3)
+    recs = []
+    for w in range(12):                                  # conversations whose prompts grow, and shrink
+        inp, prev = int(rng.integers(20, 60)), None
+        for i in range(8):
+            out = int(rng.integers(2, 40))
+            r = _rec(f"w{w}c{i}", ["x", "y"][i % 2], i, inp, out, [prev] if prev else None)
+            r["workflow_id"] = f"w{w}"
+            recs.append(r)
+            prev = r["request_id"]
+            inp = max(5, inp + out + int(rng.integers(-30, 25)))
+    truth = ChatTemplate(msg_tokens=7, gen_tokens=3, reply_words=0.75)
+    counted = replay_prefixes(workload_from_records(recs, conversation_lineage=False), truth)
+    replayed = [{"request_id": f"{c.request_id}-run1", "input_tokens": c.input_tokens, "status": "ok"}
+                for c in counted.calls]
+    fit = fit_chat_template(recs, replayed)
+    assert (fit.msg_tokens, fit.gen_tokens, fit.reply_words) == (7, 3, 0.75)
+    assert "mean error 0.0 tokens" in fit.source
+    with pytest.raises(ValueError, match="match 0 of the plan's"):
+        fit_chat_template(recs, [])
 
 
 def test_scaled_records_and_server_limits():

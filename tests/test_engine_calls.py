@@ -80,3 +80,22 @@ def test_the_simulated_ratio_is_judged_on_the_seeds_the_measurement_kept() -> No
     r = same_seed_ratios(per_seed, ["router", "hints"], measured)["hints/router"]
     assert r["mean_avg"] == pytest.approx(0.9) and r["n"] == 1 and r["withheld"] == ["0", "2"]
     assert same_seed_ratios(per_seed, ["router", "hints"], {})["hints/router"]["mean_avg"] == pytest.approx(23 / 30)
+
+
+@pytest.mark.slow
+def test_the_bench_models_template_is_what_a_stored_run_measures() -> None:
+    """``--fit-template`` on a stored run's records finds the template the simulated replica
+    uses (bench.engine_sim.CHATML), and it reproduces the engine's prompt counts to a few tokens
+    per call where the recorded counts miss by ~8 %."""
+    from pathlib import Path
+
+    from bench.engine_calls import fit_template
+    from bench.engine_sim import CHATML
+
+    here = Path(__file__).resolve().parents[1] / "docs" / "measurements"
+    cond = json.loads((here / "engine-platform-contention-s9-2026-11-29.json").read_text())["conditions"]
+    # every seed of the run: seed 0 alone fits 7 tokens per message, the six seeds together 6 (as the s10 runs)
+    tpl = fit_template(cond["platform-contention"], load_call_records(here / "engine-s9-2026-11-29-calls.tar.gz"))
+    assert (tpl.msg_tokens, tpl.gen_tokens, tpl.reply_words) == (CHATML.msg_tokens, CHATML.gen_tokens,
+                                                                 CHATML.reply_words)
+    assert float(tpl.source.split("mean error ")[1].split()[0]) < 10

@@ -1,7 +1,8 @@
 """``bench/engine_resimulate.py`` on a stored real-engine run, without an engine: at the run's
-own settings it reproduces the prediction the bench stored (open loop released at the replay's
-Poisson times, not as a closed population), and a what-if ``rate`` changes the arrivals and so
-the prediction (how ``open-contention``'s CPU rate was chosen, docs/sglang.md)."""
+own settings the simulated replica sends the prompts the engine counted (the replay's sizing
+with the engine's chat template, not the recorded token counts), open loop released at the
+replay's Poisson times, and a what-if ``rate`` changes the arrivals and so the prediction (how
+``open-contention``'s CPU rate was chosen, docs/sglang.md)."""
 from __future__ import annotations
 
 import json
@@ -9,20 +10,35 @@ from pathlib import Path
 
 import pytest
 
-from bench.engine_resimulate import simulate_condition
+from bench.engine_calls import load_call_records, run_records
+from bench.engine_resimulate import rebuild, simulate_condition, simulated_runs, stored_template
+from bench.engine_sim import CHATML, ChatTemplate, scaled_records
 
-RUN = Path(__file__).resolve().parents[1] / "docs" / "measurements" / "engine-open-contention-s9-a-2026-11-29.json"
+MEASUREMENTS = Path(__file__).resolve().parents[1] / "docs" / "measurements"
+RUN = MEASUREMENTS / "engine-open-contention-s9-a-2026-11-29.json"
 
 
 @pytest.mark.slow
-def test_stored_open_loop_run_reproduced_and_rate_what_if() -> None:
+def test_stored_run_replayed_with_the_engines_prompts_and_rate_what_if() -> None:
     cond = json.loads(RUN.read_text())["conditions"]["open-contention"]
-    stored = cond["simulator"]["seeds"]["0"]
-    sim, names, seeds = simulate_condition(cond, seeds=[0])
+    runs, names, seeds = simulated_runs(cond, seeds=[0])
     assert seeds == [0] and names == ["round-robin", "hints"]
-    for arm in names:
-        assert sim[0][arm]["jct_avg_s"] == pytest.approx(stored[arm]["jct_avg_s"], rel=1e-6)
+    engine = run_records(load_call_records(MEASUREMENTS / "engine-s9-2026-11-29-calls.tar.gz"),
+                         cond["settings"]["out"], "open-contention-hints-seed0")
+    counted = sum(r["input_tokens"] for r in engine if r["status"] == "ok")
+    st, _, _, _, wl = rebuild(cond, seeds=[0])
+    recorded = sum(r["input_tokens"] for r in scaled_records(wl.replay[0], 1.0, st["time_scale"]))
+    simulated = sum(q.input_tokens for q in runs[0]["hints"].requests)
+    assert recorded < 0.95 * counted                      # the template's tokens: ~8 % more
+    assert simulated == pytest.approx(counted, rel=0.02)  # the simulated replica counts them too
+    sim, _, _ = simulate_condition(cond, seeds=[0])
     faster, _, _ = simulate_condition(cond, rate=2.6, seeds=[0])
     # more arrivals per second on the same replica: a longer queue, longer jobs in both arms
     for arm in names:
         assert faster[0][arm]["jct_avg_s"] > sim[0][arm]["jct_avg_s"] * 1.05
+
+
+def test_a_stored_template_is_used_and_an_older_run_gets_the_bench_models() -> None:
+    measured = {"msg_tokens": 7, "gen_tokens": 2, "reply_words": 0.75, "source": "calibration replay"}
+    assert stored_template({"simulator": {"template": measured}}) == ChatTemplate(7, 2, 0.75, "calibration replay")
+    assert stored_template({"simulator": {"step": {}}}) is CHATML
