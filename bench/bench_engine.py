@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import json
 import math
 import os
@@ -805,7 +806,7 @@ def simulate(args: argparse.Namespace, names: list[str], raw: dict[int, list[dic
              limits_log: str, profiles: dict[int, Path]) -> dict:
     """Calibrate on the calibration replay, then simulate every seed's trace (see bench.engine_sim):
     per seed and arm (``seeds.<seed>.<arm>.jct_avg_s``), per arm the mean over seeds, the ratios."""
-    from bench.engine_sim import calibrate, cluster, scaled_records, server_limits, simulate_setups
+    from bench.engine_sim import CHATML, calibrate, cluster, scaled_records, server_limits, simulate_setups
 
     step = calibrate(calib, source=f"calibration replay on SGLang ({len(calib)} calls)")
     limits = server_limits(limits_log)
@@ -819,7 +820,9 @@ def simulate(args: argparse.Namespace, names: list[str], raw: dict[int, list[dic
                                    rate=args.rate, seed=seed)
              for seed in args.seeds}
     arms = {n: float(np.mean([seeds[s][n]["jct_avg_s"] for s in args.seeds])) for n in names}
-    return {"step": step.to_dict(), "limits": limits, "seeds": seeds, "arms": arms, "ratios": ratios(seeds, names)}
+    # the chat template the simulated replica sized prompts with, so engine_resimulate replays alike
+    return {"step": step.to_dict(), "limits": limits, "template": dataclasses.asdict(CHATML), "seeds": seeds,
+            "arms": arms, "ratios": ratios(seeds, names)}
 
 
 SHORT = {"round-robin": "RR", "router": "router", "routing-only": "routing", "hints": "hints",

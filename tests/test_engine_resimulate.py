@@ -5,6 +5,7 @@ replay's Poisson times, and a what-if ``rate`` changes the arrivals and so the p
 ``open-contention``'s CPU rate was chosen, docs/sglang.md)."""
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -42,3 +43,5 @@ def test_a_stored_template_is_used_and_an_older_run_gets_the_bench_models() -> N
     measured = {"msg_tokens": 7, "gen_tokens": 2, "reply_words": 0.75, "source": "calibration replay"}
     assert stored_template({"simulator": {"template": measured}}) == ChatTemplate(7, 2, 0.75, "calibration replay")
     assert stored_template({"simulator": {"step": {}}}) is CHATML
+    # what bench_engine.py stores (dataclasses.asdict of the template it sized prompts with)
+    assert stored_template({"simulator": {"template": dataclasses.asdict(CHATML)}}) == CHATML
