@@ -522,6 +522,9 @@ OURS_VARIANTS: dict[str, dict[str, Any]] = {
     "ours-slowdown-start-2": {"priority_policy": PriorityPolicy(slowdown_bound=2.0, overdue_by_start=True)},
     "ours-slowdown-start-4": {"priority_policy": PriorityPolicy(slowdown_bound=4.0, overdue_by_start=True)},
     "ours-slowdown-start-8": {"priority_policy": PriorityPolicy(slowdown_bound=8.0, overdue_by_start=True)},
+    "ours-start-rank-0.5": {"priority_policy": PriorityPolicy(rank_skill_min=0.5)},
+    "ours-start-rank-0.55": {"priority_policy": PriorityPolicy(rank_skill_min=0.55)},
+    "ours-start-rank-0.6": {"priority_policy": PriorityPolicy(rank_skill_min=0.6)},
     "ours-kv-preempt-no-classes": {"kv_preemption": True,
                                    "priority_policy": PriorityPolicy(interactive_boost=0.0)},
     "ours-seconds-p90": {"priority_policy": PriorityPolicy(remaining_unit="seconds",
@@ -538,7 +541,10 @@ def build_ours(predictor: Any, name: str = "ours", options: OursOptions | None =
     if opt.router not in routers:
         raise ValueError(f"unknown router {opt.router!r} for ours: {', '.join(routers)}")
     router: Router = routers[opt.router]()
-    sched: Scheduler = (PriorityScheduler(feed, opt.priority_policy, opt.workflow_priority,
+    profile = getattr(predictor, "profile", None)
+    # the priority bound to the profile it serves (the gateway's service does the same per version)
+    priority = opt.priority_policy.for_profile(getattr(profile, "data", None))
+    sched: Scheduler = (PriorityScheduler(feed, priority, opt.workflow_priority,
                                           opt.preemption_threshold, opt.kv_preemption)
                         if opt.priority else FCFS())
     if opt.belady_eviction:
