@@ -120,6 +120,12 @@ class PriorityPolicy:
     #: them in order of their start (FCFS among them, continuum's order), while the types with
     #: skill keep the remaining-work rank. None: off. Bound to a profile by :meth:`for_profile`.
     rank_skill_min: float | None = None
+    #: A session's rank never falls (docs/simulator-results.md, "Bounded tail", seventh round):
+    #: the session's reference (:class:`policies.bookkeeping.SessionPriorityBook`) keeps the
+    #: higher of its aged score and the new call's, so a session that outlives what the profile
+    #: expected of it is not demoted for it (where the expected remainder grows with the calls
+    #: done, a heavy tail). False: each predicted call replaces the session's score.
+    monotone: bool = False
     #: The bound types: ``((type, mean remaining calls, mean remaining output tokens), ...)``
     #: (:meth:`for_profile` fills it; a tuple so the policy stays hashable).
     start_ranked: tuple[tuple[str, float, float], ...] = ()

@@ -567,3 +567,20 @@ def test_a_type_without_skill_is_ranked_by_start_alike_in_gateway_plugin_and_sim
     service.predictor.version, service.predictor.profile = "v2", SimpleNamespace(data={})
     assert service.bound_priority().start_ranked == ()
     reset_state()
+
+
+def test_monotone_keeps_a_sessions_rank_from_falling_alike_in_plugin_and_simulator():
+    """``monotone``: session 0 (started at 0 s) expects 5 calls left at 10 s, then 20 at 40 s (it
+    outlived the expectation: a heavy tail); session 1 (started at 20 s) expects 8 at 40 s. The
+    simulator's queue and the plugin's book (both a ``SessionPriorityBook``) keep session 0 at
+    its earlier 1/6, aged, so it stays ahead; without ``monotone`` its new 1/21 puts it behind."""
+    calls = [(0, 10.0, 5.0), (0, 40.0, 20.0), (1, 40.0, 8.0)]
+    mono = PriorityPolicy(remaining_unit="calls", aging_per_s=0.001, monotone=True)
+    sim_prio, plugin_prio, _ = _priorities_alike(mono, [0.0, 20.0], calls)
+    assert sim_prio == plugin_prio
+    assert sim_prio[1] == mono.to_sglang(1 / 6 + 0.001 * 40)        # the earlier score, aged
+    assert sim_prio[1] > sim_prio[2]
+    plain = PriorityPolicy(remaining_unit="calls", aging_per_s=0.001)
+    sim_plain, plugin_plain, _ = _priorities_alike(plain, [0.0, 20.0], calls)
+    assert sim_plain == plugin_plain and sim_plain[1] < sim_plain[2]
+    reset_state()
