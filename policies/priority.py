@@ -22,7 +22,8 @@ duration, off by default), ``remaining_unit`` (``"calls"``, the default, ``"toke
 ``"seconds"``), ``slowdown_bound`` (a session older than a multiple of the seconds it is expected
 to still need is overdue and ranks above every batch session that is not; off by default),
 ``rank_skill_min`` (a workflow type whose remaining-work order showed no skill forward in time on
-the fit's training side ranks its sessions by program start: :meth:`PriorityPolicy.for_profile`).
+the fit's training side ranks its sessions by program start: :meth:`PriorityPolicy.for_profile`;
+off: rejected on validation draws), ``monotone`` (a session's rank never falls; off by default).
 
 Defaults (``aging_per_s = 1e-5``, calls, per-duration aging off) were chosen on simulator
 validation draws; the rules in full, the worked example and every figure with its command:
@@ -118,7 +119,8 @@ class PriorityPolicy:
     #: (``remaining_tokens.selection.<type>.forward``) gives every session the type's mean
     #: remaining work (:func:`start_ranked_types`): they tie on the base and the aging serves
     #: them in order of their start (FCFS among them, continuum's order), while the types with
-    #: skill keep the remaining-work rank. None: off. Bound to a profile by :meth:`for_profile`.
+    #: skill keep the remaining-work rank. Bound to a profile by :meth:`for_profile`. None: off
+    #: (rejected on validation draws: docs/simulator-results.md, "Bounded tail", seventh round).
     rank_skill_min: float | None = None
     #: A session's rank never falls (docs/simulator-results.md, "Bounded tail", seventh round):
     #: the session's reference (:class:`policies.bookkeeping.SessionPriorityBook`) keeps the

@@ -10,7 +10,8 @@ routing (``CapacityPolicy``, alg. 2), keep/drop (``KeepDropPolicy``, alg. 1 + SA
 Each part can be switched off for an ablation (:func:`build_ours`); the part then falls back to
 what ``sglang-rr`` does (FCFS, round robin, LRU, no prefetch). The named variants (``ours-sticky``,
 ``ours-belady``, ``ours-tokens``, ``ours-seconds``, ``ours-duration-aging``, ``ours-aging-1e-3``,
-``ours-no-classes``, ``ours-slot-preempt``, ``ours-cap-8``, ``ours-slowdown-K``, ``ours-slowdown-start-K`` and the rest) each change one part to measure what the
+``ours-no-classes``, ``ours-slot-preempt``, ``ours-cap-8``, ``ours-slowdown-K``, ``ours-slowdown-start-K``,
+``ours-monotone``, ``ours-start-rank-T`` and the rest) each change one part to measure what the
 default buys. The idle-downstream term of alg. 3 is active only with model pools
 (:mod:`simulator.pools`). Autoscaling is not a part of ours: any policy name takes
 ``+predictive`` or ``+reactive`` (:mod:`simulator.autoscale`).
