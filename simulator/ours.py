@@ -524,7 +524,6 @@ OURS_VARIANTS: dict[str, dict[str, Any]] = {
     "ours-slowdown-start-4": {"priority_policy": PriorityPolicy(slowdown_bound=4.0, overdue_by_start=True)},
     "ours-slowdown-start-8": {"priority_policy": PriorityPolicy(slowdown_bound=8.0, overdue_by_start=True)},
     "ours-start-rank-0.5": {"priority_policy": PriorityPolicy(rank_skill_min=0.5)},
-    "ours-start-rank-0.55": {"priority_policy": PriorityPolicy(rank_skill_min=0.55)},
     "ours-start-rank-0.6": {"priority_policy": PriorityPolicy(rank_skill_min=0.6)},
     "ours-monotone": {"priority_policy": PriorityPolicy(monotone=True)},
     "ours-kv-preempt-no-classes": {"kv_preemption": True,
