@@ -526,6 +526,7 @@ OURS_VARIANTS: dict[str, dict[str, Any]] = {
     "ours-start-rank-0.5": {"priority_policy": PriorityPolicy(rank_skill_min=0.5)},
     "ours-start-rank-0.6": {"priority_policy": PriorityPolicy(rank_skill_min=0.6)},
     "ours-monotone": {"priority_policy": PriorityPolicy(monotone=True)},
+    "ours-monotone-aging-3e-5": {"priority_policy": PriorityPolicy(monotone=True, aging_per_s=3e-5)},
     "ours-kv-preempt-no-classes": {"kv_preemption": True,
                                    "priority_policy": PriorityPolicy(interactive_boost=0.0)},
     "ours-seconds-p90": {"priority_policy": PriorityPolicy(remaining_unit="seconds",
