@@ -20,6 +20,8 @@ parameter on validation seeds (≥ 100), report it on others. ``--json`` writes 
         --candidates 'd=default' 'a1e-4=aging_per_s:1e-4' 'k4=slowdown_bound:4'
     python bench/bench_tail.py --scenario agent-platform --seeds 100 \\
         --candidates 'd=default' 'm3=capacity.move_gain_ratio:3'
+    python bench/bench_tail.py --scenario agent-platform --seeds 100 \\
+        --candidates 'd=default' 'mono=monotone:1' 'sr5=rank_skill_min:0.5'
 """
 from __future__ import annotations
 
@@ -56,7 +58,7 @@ def parse_candidate(text: str) -> tuple[str, OursOptions]:
             key = key.strip()
             if key == "kv_preemption":
                 kv = bool(float(value))
-            elif key == "overdue_by_start":
+            elif key in ("overdue_by_start", "monotone"):
                 kwargs[key] = bool(float(value))
             elif key.startswith("capacity."):
                 cap[key.removeprefix("capacity.")] = float(value)

@@ -322,6 +322,9 @@ class SessionPriorityBook:
         ``unknown_score``). ``rate`` is the known score's aging rate (default ``aging_per_s``; an
         unknown call keeps the session's). Returns the session's reference ``(score, since)``."""
         ref = self._ref.get(session)
+        if score is not None and ref is not None and self.policy.monotone:
+            # a session's rank never falls (PriorityPolicy.monotone)
+            score = max(float(score), self.policy.aged(ref[0], ref[1], now, self._rate.get(session)))
         if score is not None or ref is None:
             value = score if score is not None else (self.policy.unknown_score if fallback is None
                                                      else fallback)

@@ -20,7 +20,10 @@ in the simulator; the SGLang plugin only adds ``aging · (time since enqueue)``
 (latency classes, :meth:`class_term`), ``aging_per_duration`` (aging on each session's expected
 duration, off by default), ``remaining_unit`` (``"calls"``, the default, ``"tokens"`` or
 ``"seconds"``), ``slowdown_bound`` (a session older than a multiple of the seconds it is expected
-to still need is overdue and ranks above every batch session that is not; off by default).
+to still need is overdue and ranks above every batch session that is not; off by default),
+``rank_skill_min`` (a workflow type whose remaining-work order showed no skill forward in time on
+the fit's training side ranks its sessions by program start: :meth:`PriorityPolicy.for_profile`;
+off: rejected on validation draws), ``monotone`` (a session's rank never falls; off by default).
 
 Defaults (``aging_per_s = 1e-5``, calls, per-duration aging off) were chosen on simulator
 validation draws; the rules in full, the worked example and every figure with its command:
@@ -30,7 +33,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from predictors.contract import PRIORITY_SCALE, Annotation, sglang_priority
 
@@ -110,6 +113,24 @@ class PriorityPolicy:
     #: Overdue sessions run in order of their start instead (their base becomes
     #: ``w1 + overdue_boost`` alike, and the aging orders them): FCFS among the overdue.
     overdue_by_start: bool = False
+    #: Rank by program start where the order has no skill (docs/simulator-results.md, "Bounded
+    #: tail", seventh round): a workflow type whose served remaining-tokens order reached a
+    #: forward-in-time C-index of at most this on the fit's training side
+    #: (``remaining_tokens.selection.<type>.forward``) gives every session the type's mean
+    #: remaining work (:func:`start_ranked_types`): they tie on the base and the aging serves
+    #: them in order of their start (FCFS among them, continuum's order), while the types with
+    #: skill keep the remaining-work rank. Bound to a profile by :meth:`for_profile`. None: off
+    #: (rejected on validation draws: docs/simulator-results.md, "Bounded tail", seventh round).
+    rank_skill_min: float | None = None
+    #: A session's rank never falls (docs/simulator-results.md, "Bounded tail", seventh round):
+    #: the session's reference (:class:`policies.bookkeeping.SessionPriorityBook`) keeps the
+    #: higher of its aged score and the new call's, so a session that outlives what the profile
+    #: expected of it is not demoted for it (where the expected remainder grows with the calls
+    #: done, a heavy tail). False: each predicted call replaces the session's score.
+    monotone: bool = False
+    #: The bound types: ``((type, mean remaining calls, mean remaining output tokens), ...)``
+    #: (:meth:`for_profile` fills it; a tuple so the policy stays hashable).
+    start_ranked: tuple[tuple[str, float, float], ...] = ()
 
     def __post_init__(self) -> None:
         if self.remaining_unit not in UNITS:
@@ -118,6 +139,18 @@ class PriorityPolicy:
             neutral = (-self.w1 * math.log1p(NEUTRAL_CALLS) if self.remaining_unit == "tokens"
                        else self.w1 / (1.0 + NEUTRAL_CALLS))
             object.__setattr__(self, "unknown_score", neutral)
+        object.__setattr__(self, "_start_ranked", {t: (c, k) for t, c, k in self.start_ranked})
+
+    def for_profile(self, profile_data: Mapping | None) -> "PriorityPolicy":
+        """This policy bound to a profile: with :attr:`rank_skill_min` set, :attr:`start_ranked`
+        holds the profile's types without skill (:func:`start_ranked_types`); otherwise ``self``.
+        The gateway's prediction service (per profile version) and the simulator's ``ours`` call
+        it, so both rank alike."""
+        if self.rank_skill_min is None:
+            return self
+        section = (profile_data or {}).get("remaining_tokens") or {}
+        ranked = start_ranked_types(section, self.rank_skill_min)
+        return replace(self, start_ranked=tuple((t, c, k) for t, (c, k) in sorted(ranked.items())))
 
     def base_score(
         self,
@@ -195,6 +228,11 @@ class PriorityPolicy:
         distance = self.downstream_distance(ann, agent_model)
         remaining = ann.expected_remaining_calls
         cls = self.class_term(ann.latency_class) if ann.known else 0.0
+        by_start = self._start_ranked.get(ann.workflow_type_id) if ann.known else None
+        if by_start is not None:      # no skill: every session of the type ranks alike
+            if self.remaining_unit == "tokens":
+                return self.base_score_tokens(by_start[1], distance, queue_depth) + cls
+            return self.base_score(by_start[0], distance, queue_depth) + cls
         if self.remaining_unit == "tokens":
             tokens = ann.expected_remaining_output_tokens
             if tokens is None and remaining is not None:
@@ -322,3 +360,30 @@ class PriorityPolicy:
             (-self.to_sglang(self.aged(base, t0, now)), t0, rid) for rid, base, t0 in items
         ]
         return [rid for _, _, rid in sorted(keyed)]
+
+
+def start_ranked_types(remaining_tokens: Mapping, rank_skill_min: float) -> dict[str, tuple[float, float]]:
+    """The workflow types of a profile's ``remaining_tokens`` section whose served order has no
+    skill: ``{type: (mean remaining calls, mean remaining output tokens)}``.
+
+    A type qualifies when the fit scored its served candidate forward in time
+    (``selection.<type>.forward``: the C-index over concurrent sessions on the training side,
+    predictors/remaining_tokens.py) and that C-index is at most ``rank_skill_min``; a type
+    without that evidence (too few workflows, no arrival times) keeps the remaining-work rank.
+    Its figures are the type's unconditional means over its calls (the table's type-level key):
+    ``R̄`` output tokens, and ``R̄ / m̄ − 1`` calls after this one (``m̄`` the mean output of a
+    call), so across types it still ranks as a position-free predictor would."""
+    out: dict[str, tuple[float, float]] = {}
+    entries = remaining_tokens.get("workflow_types") or {}
+    for wt, sel in (remaining_tokens.get("selection") or {}).items():
+        fwd = sel.get("forward") if isinstance(sel, Mapping) else None
+        entry = entries.get(wt)
+        if not fwd or not entry:
+            continue
+        c = (fwd.get("c_index") or {}).get(fwd.get("served"))
+        if c is None or not math.isfinite(float(c)) or float(c) > rank_skill_min:
+            continue
+        tokens = float(entry["keys"][""][1])
+        calls = max(0.0, tokens / max(float(entry.get("mean_out") or 0.0), 1e-9) - 1.0)
+        out[str(wt)] = (calls, tokens)
+    return out

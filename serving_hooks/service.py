@@ -80,6 +80,8 @@ class PredictionService:
     drift_hooks: list[Callable[[str, dict], None]] = field(default_factory=list)
     #: the priority rule a known call's ``priority`` is computed with (None: no priority field)
     priority: PriorityPolicy | None = field(default_factory=PriorityPolicy)
+    #: (profile version, :attr:`priority` bound to it): :meth:`bound_priority`'s cache
+    _bound: tuple[str | None, PriorityPolicy] | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.predictor.coverage_monitor.on_alarm = self.on_drift_alarm
@@ -156,9 +158,20 @@ class PredictionService:
         the field empty, so ``predictors`` depends on no policy."""
         ann = self.predictor.annotate_call(app_metadata, **kwargs)
         if ann.known and self.priority is not None:
-            ann = replace(ann, priority=self.priority.call_priority(ann, **(priority_inputs or {})))
+            ann = replace(ann, priority=self.bound_priority().call_priority(ann, **(priority_inputs or {})))
         self.metrics.count_annotation(ann)
         return ann
+
+    def bound_priority(self) -> PriorityPolicy | None:
+        """:attr:`priority` bound to the profile the predictor serves now
+        (:meth:`PriorityPolicy.for_profile`, once per profile version): the simulator binds it alike."""
+        if self.priority is None or self.priority.rank_skill_min is None:
+            return self.priority
+        version = self.predictor.version
+        if self._bound is None or self._bound[0] != version:
+            profile = self.predictor.profile
+            self._bound = (version, self.priority.for_profile(getattr(profile, "data", None)))
+        return self._bound[1]
 
     def autoscale(self, horizon: int, window_s: float | None = None,
                   policy: AutoscalePolicy | None = None) -> dict:

@@ -10,7 +10,8 @@ routing (``CapacityPolicy``, alg. 2), keep/drop (``KeepDropPolicy``, alg. 1 + SA
 Each part can be switched off for an ablation (:func:`build_ours`); the part then falls back to
 what ``sglang-rr`` does (FCFS, round robin, LRU, no prefetch). The named variants (``ours-sticky``,
 ``ours-belady``, ``ours-tokens``, ``ours-seconds``, ``ours-duration-aging``, ``ours-aging-1e-3``,
-``ours-no-classes``, ``ours-slot-preempt``, ``ours-cap-8``, ``ours-slowdown-K``, ``ours-slowdown-start-K`` and the rest) each change one part to measure what the
+``ours-no-classes``, ``ours-slot-preempt``, ``ours-cap-8``, ``ours-slowdown-K``, ``ours-slowdown-start-K``,
+``ours-monotone``, ``ours-start-rank-T`` and the rest) each change one part to measure what the
 default buys. The idle-downstream term of alg. 3 is active only with model pools
 (:mod:`simulator.pools`). Autoscaling is not a part of ours: any policy name takes
 ``+predictive`` or ``+reactive`` (:mod:`simulator.autoscale`).
@@ -522,6 +523,10 @@ OURS_VARIANTS: dict[str, dict[str, Any]] = {
     "ours-slowdown-start-2": {"priority_policy": PriorityPolicy(slowdown_bound=2.0, overdue_by_start=True)},
     "ours-slowdown-start-4": {"priority_policy": PriorityPolicy(slowdown_bound=4.0, overdue_by_start=True)},
     "ours-slowdown-start-8": {"priority_policy": PriorityPolicy(slowdown_bound=8.0, overdue_by_start=True)},
+    "ours-start-rank-0.5": {"priority_policy": PriorityPolicy(rank_skill_min=0.5)},
+    "ours-start-rank-0.6": {"priority_policy": PriorityPolicy(rank_skill_min=0.6)},
+    "ours-monotone": {"priority_policy": PriorityPolicy(monotone=True)},
+    "ours-monotone-aging-3e-5": {"priority_policy": PriorityPolicy(monotone=True, aging_per_s=3e-5)},
     "ours-kv-preempt-no-classes": {"kv_preemption": True,
                                    "priority_policy": PriorityPolicy(interactive_boost=0.0)},
     "ours-seconds-p90": {"priority_policy": PriorityPolicy(remaining_unit="seconds",
@@ -538,7 +543,10 @@ def build_ours(predictor: Any, name: str = "ours", options: OursOptions | None =
     if opt.router not in routers:
         raise ValueError(f"unknown router {opt.router!r} for ours: {', '.join(routers)}")
     router: Router = routers[opt.router]()
-    sched: Scheduler = (PriorityScheduler(feed, opt.priority_policy, opt.workflow_priority,
+    profile = getattr(predictor, "profile", None)
+    # the priority bound to the profile it serves (the gateway's service does the same per version)
+    priority = opt.priority_policy.for_profile(getattr(profile, "data", None))
+    sched: Scheduler = (PriorityScheduler(feed, priority, opt.workflow_priority,
                                           opt.preemption_threshold, opt.kv_preemption)
                         if opt.priority else FCFS())
     if opt.belady_eviction:

@@ -38,7 +38,7 @@ from serving_hooks.sglang_plugin.priority_hooks import admission_of, admit_reque
 from serving_hooks.sglang_plugin.settings import PluginSettings
 from serving_hooks.sglang_plugin.state import PluginState, reset_state
 from simulator.config import ClusterConfig
-from simulator.ours import PriorityScheduler, build_ours
+from simulator.ours import OursOptions, PriorityScheduler, build_ours
 from simulator.runner import arrival_times, prepare
 from simulator.engine import Simulator
 from simulator.sources import make_predictor
@@ -495,4 +495,92 @@ def test_slowdown_bound_ranks_overdue_sessions_first_alike_in_gateway_plugin_and
     assert sim_prio[overdue[0]] > sim_prio[overdue[1]] > sim_prio[1] > sim_prio[2]
     unbounded = PriorityPolicy(remaining_unit="calls", aging_per_s=0.001)
     assert unbounded.call_priority(anns[0]) < unbounded.call_priority(anns[1])
+    reset_state()
+
+
+def _forward_section(c_loop: float, c_tree: float) -> dict:
+    """A profile's ``remaining_tokens`` section by hand: type ``loop`` and type ``tree``, each
+    with its served candidate's forward C-index, and ``flat`` with no forward evidence."""
+    def entry(mean_r: float, mean_out: float) -> dict:
+        return {"keys": {"": [100, mean_r, mean_r, 2 * mean_r]}, "mean_out": mean_out}
+    return {"workflow_types": {"loop": entry(4000.0, 200.0), "tree": entry(900.0, 300.0),
+                               "flat": entry(500.0, 100.0)},
+            "selection": {"loop": {"forward": {"served": "fitted", "c_index": {"fitted": c_loop, "mrl": 0.6}}},
+                          "tree": {"forward": {"served": "mrl", "c_index": {"fitted": 0.4, "mrl": c_tree}}},
+                          "flat": {"reason": "8 workflows: too few to validate"}}}
+
+
+def test_start_ranked_types_are_those_whose_served_order_has_no_forward_skill():
+    """Only a type with forward evidence at or under the bound is ranked by start, with its
+    type-level mean remaining work (``R̄`` tokens, ``R̄ / m̄ − 1`` calls); the served candidate's
+    C-index is the one read (``tree`` serves ``mrl`` at 0.7 although its fitted table is at 0.4)."""
+    from policies.priority import start_ranked_types
+    section = _forward_section(0.48, 0.7)
+    assert start_ranked_types(section, 0.5) == {"loop": (19.0, 4000.0)}
+    assert start_ranked_types(section, 0.45) == {}
+    assert set(start_ranked_types(section, 0.7)) == {"loop", "tree"}       # at the bound: no skill
+    off = PriorityPolicy()
+    assert off.for_profile({"remaining_tokens": section}) is off            # off by default
+    bound = PriorityPolicy(rank_skill_min=0.5).for_profile({"remaining_tokens": section})
+    assert bound.start_ranked == (("loop", 19.0, 4000.0),)
+    assert bound.for_profile({}).start_ranked == ()                         # no section: none
+
+
+def test_a_type_without_skill_is_ranked_by_start_alike_in_gateway_plugin_and_simulator():
+    """``rank_skill_min`` 0.5 on a profile whose ``loop`` type reached forward C 0.48: the two
+    ``loop`` sessions (2 and 30 expected calls left) get one base, so the older runs first, while
+    the ``tree`` sessions keep the remaining-work order (1 call left before 10). The simulator's
+    ``ours`` binds the policy to its predictor's profile as the gateway's service does for the
+    version it serves; the gateway's float, the plugin's admitted integer and the simulator's queue
+    agree, and the unbound policy ranks the younger ``loop`` session first."""
+    profile = SimpleNamespace(data={"remaining_tokens": _forward_section(0.48, 0.7)})
+    policy = PriorityPolicy(remaining_unit="calls", aging_per_s=0.001, rank_skill_min=0.5)
+    calls = [(0, "loop", 30.0, 0.0), (1, "loop", 2.0, 10.0), (2, "tree", 10.0, 0.0), (3, "tree", 1.0, 10.0)]
+    anns = {f"s{i}": Annotation(known=True, workflow_type_id=wt, workflow_id=str(wf),
+                                expected_remaining_calls=left, session_age_s=50.0 - start)
+            for i, (wf, wt, left, start) in enumerate(calls)}
+    service = _gateway_service(policy, anns)
+    service.predictor.version, service.predictor.profile = "v1", profile
+    predictor = SimpleNamespace(profile=profile, clock=None, annotate_call=None, observe=None)
+    sched = build_ours(predictor, "ours", OursOptions(priority_policy=policy)).scheduler
+    assert sched.policy.start_ranked == service.bound_priority().start_ranked == (("loop", 19.0, 4000.0),)
+    sched.sim = SimpleNamespace(now=50.0, wf_arrival=[c[3] for c in calls], pool_queue_depths=lambda: None,
+                                pools=None)
+    now = [50.0]
+    state = _plugin(sched.policy, now)
+    sim_prio, plugin_prio = [], []
+    for i, (wf, wt, _, _) in enumerate(calls):
+        sent = service.annotate_call({"workflow_type_id": wt, "workflow_id": str(wf)}, request_id=f"s{i}")
+        req = SimpleNamespace(idx=i, wf=wf, t_enqueue=50.0, pred=SimpleNamespace(ann=anns[f"s{i}"]))
+        sched.on_issue(req)
+        assert sent.priority == pytest.approx(sched.book.reference(wf)[0], abs=1e-12)
+        preq = _sglang_req(f"s{i}", anns[f"s{i}"], sent.priority)
+        assert admit_request(preq, now=50.0)
+        sim_prio.append(sched.priority(req))
+        plugin_prio.append(preq.priority)
+    assert sim_prio == plugin_prio
+    assert sim_prio[0] > sim_prio[1]            # loop: the older first, whatever its remaining calls
+    assert sim_prio[3] > sim_prio[2]            # tree: fewest remaining calls first
+    unbound = PriorityPolicy(remaining_unit="calls", aging_per_s=0.001)
+    assert unbound.call_priority(anns["s1"]) > unbound.call_priority(anns["s0"])
+    # a new profile version without the evidence: the service rebinds, nothing ranked by start
+    service.predictor.version, service.predictor.profile = "v2", SimpleNamespace(data={})
+    assert service.bound_priority().start_ranked == ()
+    reset_state()
+
+
+def test_monotone_keeps_a_sessions_rank_from_falling_alike_in_plugin_and_simulator():
+    """``monotone``: session 0 (started at 0 s) expects 5 calls left at 10 s, then 20 at 40 s (it
+    outlived the expectation: a heavy tail); session 1 (started at 20 s) expects 8 at 40 s. The
+    simulator's queue and the plugin's book (both a ``SessionPriorityBook``) keep session 0 at
+    its earlier 1/6, aged, so it stays ahead; without ``monotone`` its new 1/21 puts it behind."""
+    calls = [(0, 10.0, 5.0), (0, 40.0, 20.0), (1, 40.0, 8.0)]
+    mono = PriorityPolicy(remaining_unit="calls", aging_per_s=0.001, monotone=True)
+    sim_prio, plugin_prio, _ = _priorities_alike(mono, [0.0, 20.0], calls)
+    assert sim_prio == plugin_prio
+    assert sim_prio[1] == mono.to_sglang(1 / 6 + 0.001 * 40)        # the earlier score, aged
+    assert sim_prio[1] > sim_prio[2]
+    plain = PriorityPolicy(remaining_unit="calls", aging_per_s=0.001)
+    sim_plain, plugin_plain, _ = _priorities_alike(plain, [0.0, 20.0], calls)
+    assert sim_plain == plugin_plain and sim_plain[1] < sim_plain[2]
     reset_state()

@@ -111,6 +111,8 @@ def admit_request(req: Any, now: float | None = None, default_priority: int | No
         ref = state.sessions.note(session, score, now, fallback=fallback, rate=rate)
         if score is None:
             req.priority = pol.to_sglang(pol.aged(ref[0], ref[1], now, state.sessions.rate(session)))
+        elif pol.monotone:      # the session's rank never falls: its reference, not the call's score
+            req.priority = pol.to_sglang(ref[0])
     elif score is None and ann is not None:
         score = pol.session_score(pol.unknown_score, ann.session_age_s)
         req.priority = pol.to_sglang(score)
