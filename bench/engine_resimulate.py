@@ -45,7 +45,9 @@ def rebuild(cond: dict, rate: float | None = None, seeds: list[int] | None = Non
     st = dict(cond["settings"], **({"rate": rate} if rate is not None else {}))
     names = list(st["setups"])
     seeds = list(seeds) if seeds is not None else [int(s) for s in cond["seeds"]]
-    args = parse_args(["--condition", st["condition"]])
+    # --estimate: a rebuild starts no server, so it must not need sglang-router installed (the
+    # stored settings then reset every flag, ``estimate`` included)
+    args = parse_args(["--condition", st["condition"], "--estimate"])
     for key, value in st.items():
         setattr(args, key, value)
     args.seeds = seeds

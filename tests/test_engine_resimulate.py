@@ -45,3 +45,15 @@ def test_a_stored_template_is_used_and_an_older_run_gets_the_bench_models() -> N
     assert stored_template({"simulator": {"step": {}}}) is CHATML
     # what bench_engine.py stores (dataclasses.asdict of the template it sized prompts with)
     assert stored_template({"simulator": {"template": dataclasses.asdict(CHATML)}}) == CHATML
+
+
+def test_a_router_run_is_rebuilt_without_sglang_router_installed(monkeypatch) -> None:
+    """Re-simulating a stored run starts no server, so it must not need sglang-router (the README's
+    test block runs without the SGLang stack)."""
+    from bench import bench_engine
+
+    monkeypatch.setattr(bench_engine, "router_available", lambda: False)
+    stored = RUN.parent / "engine-platform-contention-s10-2026-11-29.json"
+    cond = json.loads(stored.read_text())["conditions"]["platform-contention"]
+    st, names, seeds, _, _ = rebuild(cond, seeds=[0])
+    assert (names, seeds, st["estimate"]) == (["router", "hints"], [0], False)
