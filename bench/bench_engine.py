@@ -884,7 +884,9 @@ def print_report(name: str, out: dict, names: list[str]) -> None:
             line += (f" {sim['ratios'][key]['mean_avg']:>8.3f} {(f['abs_error'] if f else float('nan')):>+8.3f}"
                      + (f" {'pass' if f['pass'] else 'FAIL'}" if f else ""))
         if r.get("withheld"):
-            line += f"   ({len(r['withheld'])} seed(s) withheld: queue empty most of the time)"
+            reasons = sorted({w["reason"].split(" in ")[0] if w["reason"].startswith("queue") else
+                              w["reason"].split(" {")[0] for w in r["withheld"]})
+            line += f"   ({len(r['withheld'])} seed(s) withheld: {'; '.join(reasons)})"
         print(line)
     print("(ratio < 1: the arm's JCT is shorter than the baseline's; interval: Student t over seeds; "
           "sim err: simulated - measured ratio, pass within 0.05)")

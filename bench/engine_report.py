@@ -19,6 +19,10 @@
   has it below ``min_queue_share`` (:data:`MIN_QUEUE_SHARE`, "empty most of the time") is
   withheld from that ratio (``withheld``: seed and reason), and a ratio with no seed left says
   so (``refused``) instead of a mean.
+* **An unannotated arm refuses a ratio** — a run whose gateway annotated fewer than
+  :data:`MIN_ANNOTATED_SHARE` of its calls (an annotation that failed open: a budget overrun, or
+  a gateway that imported a half-changed working tree) ran without its hints; its seed is
+  withheld whatever ``min_queue_share`` says.
 * **Fidelity** — per ratio the simulator's mean against the measured one (``abs_error``, judged
   within :data:`RATIO_TOLERANCE` = 0.05) and per arm its mean avg JCT against the measured one
   (``rel_error`` = simulated / measured − 1, judged within :data:`ARM_TOLERANCE` = 15 %); each
@@ -37,6 +41,8 @@ from scipy import stats
 BASELINES = ("round-robin", "router")
 #: a run whose queue was non-empty in fewer batch samples than this had no contention
 MIN_QUEUE_SHARE = 0.5
+#: a run whose gateway annotated fewer of its calls than this did not run the arm it names
+MIN_ANNOTATED_SHARE = 0.95
 #: fidelity thresholds: the simulated ratio within 0.05 of the measured, each arm within 15 %
 RATIO_TOLERANCE, ARM_TOLERANCE = 0.05, 0.15
 _BATCH = re.compile(r"(?:Prefill|Decode) batch.*?#running-req: (\d+).*?#queue-req: (\d+)")
@@ -77,17 +83,33 @@ def _queue_withheld(run: Mapping, min_queue_share: float) -> str | None:
     return f"queue empty in {1 - share:.0%} of batch samples"
 
 
+def _annotation_withheld(run: Mapping) -> str | None:
+    outcomes = run.get("annotate_outcomes") or {}
+    total = sum(int(n) for n in outcomes.values())
+    if not total or outcomes.get("annotated", 0) >= MIN_ANNOTATED_SHARE * total:
+        return None
+    return f"gateway annotated {outcomes.get('annotated', 0) / total:.0%} of calls {dict(outcomes)}"
+
+
+def _refusal(withheld: Sequence[Mapping]) -> str:
+    if all(w["reason"].startswith("queue empty") for w in withheld):
+        return f"no ratio: the queue was empty most of the time in every seed ({len(withheld)} withheld)"
+    return f"no ratio: every seed withheld ({len(withheld)}; first: {withheld[0]['reason']})"
+
+
 def ratios(per_seed: Mapping[int, Mapping[str, Mapping]], names: Sequence[str], level: float = 0.95,
            min_queue_share: float | None = None) -> dict:
     """Per ``treatment/baseline``: the per-seed ratios of avg and P95 workflow JCT, their means
-    and t-intervals (``ci_avg``, ``ci_p95``: ``[lo, hi]``). With ``min_queue_share``, a seed
-    whose treatment or baseline run had a queue empty most of the time is left out
-    (``withheld``); ``refused`` says why when no seed is left."""
+    and t-intervals (``ci_avg``, ``ci_p95``: ``[lo, hi]``). A seed where either run's gateway
+    annotated too few calls is left out (``withheld``), and with ``min_queue_share`` one whose
+    treatment or baseline run had a queue empty most of the time; ``refused`` says why when no
+    seed is left."""
     out: dict[str, dict] = {}
     for treat, base in ratio_pairs(names):
         withheld, kept = [], []
         for seed, v in per_seed.items():
-            why = None if min_queue_share is None else (
+            why = _annotation_withheld(v[base]) or _annotation_withheld(v[treat]) or (
+                None if min_queue_share is None else
                 _queue_withheld(v[base], min_queue_share) or _queue_withheld(v[treat], min_queue_share))
             if why:
                 withheld.append({"seed": seed, "reason": why})
@@ -99,8 +121,7 @@ def ratios(per_seed: Mapping[int, Mapping[str, Mapping]], names: Sequence[str], 
         out[f"{treat}/{base}"] = {"avg": avg, "p95": p95, "mean_avg": ia["mean"], "ci_avg": [ia["lo"], ia["hi"]],
                                   "mean_p95": ip["mean"], "ci_p95": [ip["lo"], ip["hi"]], "n": ia["n"],
                                   "level": level, "withheld": withheld,
-                                  "refused": (f"no ratio: the queue was empty most of the time in every seed "
-                                              f"({len(withheld)} withheld)") if withheld and not kept else None}
+                                  "refused": _refusal(withheld) if withheld and not kept else None}
     return out
 
 

@@ -418,3 +418,21 @@ def test_the_cpu_extend_attention_choice_reaches_every_replica(monkeypatch, tmp_
     assert len(servers) == len(started) == args.replicas == 2
     assert {s.environment()[be.EXTEND_ATTENTION_ENV] for s in servers} == {choice}
     assert vars(args)["cpu_extend_attention"] == choice
+
+
+def test_a_seed_whose_gateway_failed_to_annotate_is_withheld_whatever_the_queue() -> None:
+    """Session 11's aborted run: the gateway imported a half-changed tree, every annotation failed
+    open and the hints arm ran without hints; such a seed is no evidence about the hints."""
+    def run(jct: float, outcomes: dict | None) -> dict:
+        return {"jct_avg_s": jct, "jct_p95_s": 2 * jct, "queue_depth": {"nonempty_share": 0.9},
+                "annotate_outcomes": outcomes or {}}
+
+    per_seed = {0: {"router": run(10, None), "hints": run(8, {"annotated": 99, "over_budget": 1})},
+                1: {"router": run(10, None), "hints": run(11, {"annotated": 40, "error": 646})}}
+    for threshold in (None, 0.5):
+        r = ratios(per_seed, ["router", "hints"], min_queue_share=threshold)["hints/router"]
+        assert r["avg"] == [0.8] and [w["seed"] for w in r["withheld"]] == [1]
+        assert r["withheld"][0]["reason"].startswith("gateway annotated 6% of calls")
+    broken = {0: per_seed[1]}
+    e = ratios(broken, ["router", "hints"])["hints/router"]
+    assert e["mean_avg"] is None and "gateway annotated" in e["refused"]
