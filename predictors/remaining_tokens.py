@@ -20,8 +20,10 @@ chosen by cross-validation by workflow with the one-standard-error rule against 
 median. Selection, tie-breaking and the baselines written beside the model (``position_median``,
 ``mrl``): docs/workflow-paths.md, "Remaining output tokens". The served candidate is then chosen
 among the cross-validated one and those two baselines by the ranking figure itself, the C-index
-over concurrent sessions, scored forward in time on the training side (:meth:`RemainingTokens._forward`;
-the C-index functions live here so that the fit and ``profiler eval`` score it alike).
+over concurrent sessions, scored forward in time on the training side, and a richer one serves
+only when the training side's held-out pairs put it ahead of each simpler one beyond
+:data:`OCCAM_SE` standard errors (:meth:`RemainingTokens._forward`; the C-index functions live
+here so that the fit and ``profiler eval`` score it alike).
 
 The serving half, :class:`predictors.served.RemainingTokensTable`, reads the section written by
 :meth:`RemainingTokens.to_dict` with numpy alone.
@@ -389,11 +391,16 @@ class RemainingTokens(RemainingTokensTable, BaseEstimator):
         ``group_id``: a task's trials move together). The cross-validated
         candidate serves unless it is behind the forward best beyond one standard error (or scores
         every pair exactly as a baseline does: then the simpler serves); then the
-        simplest baseline within one standard error of the best (the cross-validation already kept
-        the richer candidate only where it beat the position median beyond noise, and serving the
-        simpler one on every forward tie gave up that gain where the futures confirmed it:
-        docs/workflow-paths.md). ``{served, workflows, blocks, pairing,
-        c_index: {candidate: C}, vs_best: {candidate: [C − C_best, se]}}``; None without
+        simplest baseline within one standard error of the best (``forward_served``).
+
+        Then the Occam step: that candidate serves only if it is ahead of each simpler one
+        (position median, then ``mrl``) by more than :data:`OCCAM_SE` jackknife standard errors
+        on every held-out pair the training side has, these forward blocks pooled with the
+        cross-validation's folds (``cv_parts``, :meth:`_select`); else the simplest it does not
+        beat so serves. Where the training side cannot tell the candidates apart, the simplest
+        serves (docs/workflow-paths.md, "The simplest unless the richer is ahead"). ``{served,
+        forward_served, workflows, blocks, pairing, c_index: {candidate: C}, vs_best: {candidate:
+        [C − C_best, se]}, occam: {vs_simpler: {candidate: [C_served − C, se]}, …}}``; None without
         arrival times, origins or :data:`FORWARD_MIN_WORKFLOWS` workflows."""
         if not self.forward_origins or "t_arrival" not in g or g["t_arrival"].isna().any():
             return None
