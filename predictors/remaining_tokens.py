@@ -503,7 +503,7 @@ def pool_pairs(parts: list[dict[str, Any]]) -> tuple[dict[str, dict[str, np.ndar
     labels = np.concatenate([np.concatenate([p[c][k] for c in FORWARD_CANDIDATES for k in ("a", "b")])
                              for p in parts]) if parts else np.zeros(0, dtype=object)
     codes, uniques = pd.factorize(pd.Series(labels, dtype=object))
-    out: dict[str, dict[str, np.ndarray]] = {c: {"a": [], "b": [], "score": []} for c in FORWARD_CANDIDATES}
+    out: dict[str, dict[str, list[np.ndarray]]] = {c: {"a": [], "b": [], "score": []} for c in FORWARD_CANDIDATES}
     pos = 0
     for p in parts:
         for c in FORWARD_CANDIDATES:
