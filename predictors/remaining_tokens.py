@@ -20,8 +20,10 @@ chosen by cross-validation by workflow with the one-standard-error rule against 
 median. Selection, tie-breaking and the baselines written beside the model (``position_median``,
 ``mrl``): docs/workflow-paths.md, "Remaining output tokens". The served candidate is then chosen
 among the cross-validated one and those two baselines by the ranking figure itself, the C-index
-over concurrent sessions, scored forward in time on the training side (:meth:`RemainingTokens._forward`;
-the C-index functions live here so that the fit and ``profiler eval`` score it alike).
+over concurrent sessions, scored forward in time on the training side, and a richer one serves
+only when the training side's held-out pairs put it ahead of each simpler one beyond
+:data:`OCCAM_SE` standard errors (:meth:`RemainingTokens._forward`; the C-index functions live
+here so that the fit and ``profiler eval`` score it alike).
 
 The serving half, :class:`predictors.served.RemainingTokensTable`, reads the section written by
 :meth:`RemainingTokens.to_dict` with numpy alone.
@@ -50,6 +52,10 @@ POINTS = ("p50", "mean")
 #: What the forward rule compares, simplest first: the two naive baselines as ``profiler eval``
 #: scores them, then the cross-validated candidate (ties broken by calls done → mean residual life).
 FORWARD_CANDIDATES = RW_CANDIDATES
+#: Occam margin of the served remaining-tokens order: a richer candidate serves only when the
+#: training side's held-out pairs (forward blocks and CV folds pooled) put it ahead of each simpler
+#: one by more than this many jackknife standard errors (chosen on messy seeds 3–9; docs/workflow-paths.md).
+OCCAM_SE = 1.0
 #: Fewest training workflows of a type for the forward rule (fewer: the cross-validated choice).
 FORWARD_MIN_WORKFLOWS = 20
 #: The newest share of a type's workflows (by start) the role check reads: the forward rule's
@@ -289,10 +295,10 @@ class RemainingTokens(RemainingTokensTable, BaseEstimator):
         for wt, g in df.groupby("workflow_type_id", sort=True):
             g = g.reset_index(drop=True)
             entry = fit_type_table(g, self.min_n)
-            params, self.selection_[str(wt)] = self._select(g)
+            params, self.selection_[str(wt)], cv_parts = self._select(g)
             # equal figures ordered by calls done → mean residual life (the exact-index keys)
             params = {**params, "tie_break": "index"}
-            forward = self._forward(g, params)
+            forward = self._forward(g, params, cv_parts)
             if forward is not None:
                 self.selection_[str(wt)]["forward"] = forward
                 if forward["served"] != "fitted":     # a naive baseline ranks as well forward in time
@@ -303,13 +309,16 @@ class RemainingTokens(RemainingTokensTable, BaseEstimator):
         RemainingTokensTable.__init__(self, self.to_dict())
         return self
 
-    def _select(self, g: pd.DataFrame) -> tuple[dict[str, Any], dict[str, Any]]:
+    def _select(self, g: pd.DataFrame) -> tuple[dict[str, Any], dict[str, Any], list[dict[str, Any]] | None]:
+        """The cross-validated candidate of one type, its record, and the CV folds' held-out pairs
+        of it and the baselines (:func:`held_out_pairs`; None without arrival times or forward
+        origins): the Occam step of :meth:`_forward` reads them."""
         simplest = {"level": "position", "point": "p50", "beta": 0.0, "kappa": 0.0}
         wfs = g["workflow_id"].unique()
         if len(wfs) < 2 * self.cv_folds:
-            return simplest, {"reason": f"{len(wfs)} workflows: too few to validate"}
+            return simplest, {"reason": f"{len(wfs)} workflows: too few to validate"}, None
         if "group_id" in g and (n_groups := g["group_id"].nunique()) < 2 * self.cv_folds:
-            return simplest, {"reason": f"{n_groups} groups of workflows: too few to validate"}
+            return simplest, {"reason": f"{n_groups} groups of workflows: too few to validate"}, None
         rng = np.random.default_rng(self.random_state)
         if len(wfs) > self.max_select_workflows:
             wfs = np.sort(rng.choice(wfs, self.max_select_workflows, replace=False))
@@ -320,9 +329,11 @@ class RemainingTokens(RemainingTokensTable, BaseEstimator):
                  for lv in levels for pt in POINTS for b, k in FACTORS]
         errs = np.zeros((len(cands), len(g)))
         y = g["R"].to_numpy()
+        entries = []
         for f in range(self.cv_folds):
             test = fold == f
             entry = fit_type_table(g[~test], self.min_n)
+            entries.append(entry)
             part = g[test]
             expected = _expected_so_far(part, entry["agent_mean"], entry["mean_out"])
             factors = {(b, k): session_factor(entry, part, expected, b, k) for b, k in FACTORS if b}
@@ -348,15 +359,24 @@ class RemainingTokens(RemainingTokensTable, BaseEstimator):
             clusters[codes, np.arange(len(diff))] = 1.0
         gain, se = paired_se(diff, np.ones(len(diff)), clusters)
         chosen = best if gain > se else base
+        cv_parts = None
+        if self.forward_origins and "t_arrival" in g and not g["t_arrival"].isna().any():
+            # the same folds scored on the ranking figure: the Occam step's evidence (:meth:`_forward`)
+            params = {**cands[chosen], "tie_break": "index"}
+            unit = (g["group_id"] if "group_id" in g else g["workflow_id"]).to_numpy()
+            folds = [held_out_pairs(entries[f], fit_baselines(g[fold != f]), g[fold == f].reset_index(drop=True),
+                                    params, unit[fold == f]) for f in range(self.cv_folds)]
+            cv_parts = [p for p in folds if p is not None]
         return cands[chosen], {
             "metric": "mean |log1p(R̂) − log1p(R)| per workflow, CV by workflow",
             "folds": self.cv_folds, "workflows": int(len(wfs)),
             "simplest_error": float(mean[base]), "best_error": float(mean[best]),
             "best": cands[best], "paired_se": se,
             "se_over": f"{len(clusters)} groups" if clusters is not None else f"{len(diff)} workflows",
-            "rule": "best if it beats the simplest by more than one standard error"}
+            "rule": "best if it beats the simplest by more than one standard error"}, cv_parts
 
-    def _forward(self, g: pd.DataFrame, fitted: dict[str, Any]) -> dict[str, Any] | None:
+    def _forward(self, g: pd.DataFrame, fitted: dict[str, Any],
+                 cv_parts: list[dict[str, Any]] | None = None) -> dict[str, Any] | None:
         """The served candidate among :data:`FORWARD_CANDIDATES`, scored forward in time.
 
         Rolling origin on the training side: at each origin (a share of the type's workflows by
@@ -371,11 +391,16 @@ class RemainingTokens(RemainingTokensTable, BaseEstimator):
         ``group_id``: a task's trials move together). The cross-validated
         candidate serves unless it is behind the forward best beyond one standard error (or scores
         every pair exactly as a baseline does: then the simpler serves); then the
-        simplest baseline within one standard error of the best (the cross-validation already kept
-        the richer candidate only where it beat the position median beyond noise, and serving the
-        simpler one on every forward tie gave up that gain where the futures confirmed it:
-        docs/workflow-paths.md). ``{served, workflows, blocks, pairing,
-        c_index: {candidate: C}, vs_best: {candidate: [C − C_best, se]}}``; None without
+        simplest baseline within one standard error of the best (``forward_served``).
+
+        Then the Occam step: that candidate serves only if it is ahead of each simpler one
+        (position median, then ``mrl``) by more than :data:`OCCAM_SE` jackknife standard errors
+        on every held-out pair the training side has, these forward blocks pooled with the
+        cross-validation's folds (``cv_parts``, :meth:`_select`); else the simplest it does not
+        beat so serves. Where the training side cannot tell the candidates apart, the simplest
+        serves (docs/workflow-paths.md, "The simplest unless the richer is ahead"). ``{served,
+        forward_served, workflows, blocks, pairing, c_index: {candidate: C}, vs_best: {candidate:
+        [C − C_best, se]}, occam: {vs_simpler: {candidate: [C_served − C, se]}, …}}``; None without
         arrival times, origins or :data:`FORWARD_MIN_WORKFLOWS` workflows."""
         if not self.forward_origins or "t_arrival" not in g or g["t_arrival"].isna().any():
             return None
@@ -391,51 +416,49 @@ class RemainingTokens(RemainingTokensTable, BaseEstimator):
         order = pd.DataFrame({"wf": starts.index, "t": starts.to_numpy()}).sort_values(["t", "wf"], kind="stable")
         rank = g["workflow_id"].map(pd.Series(np.arange(n_wf), index=order["wf"].to_numpy())).to_numpy()
         cuts = sorted({int(round(f * n_wf)) for f in self.forward_origins} | {n_wf})
-        finish = g["t_finish"] if "t_finish" in g else g["t_arrival"]
         # the jackknife's unit: a workflow, or its group (a task's trials move together)
-        unit = pd.factorize(g["group_id"] if "group_id" in g else g["workflow_id"])[0]
-        pairs: dict[str, list[dict[str, np.ndarray]]] = {c: [] for c in FORWARD_CANDIDATES}
-        blocks, pairing = 0, set()
+        unit = (g["group_id"] if "group_id" in g else g["workflow_id"]).to_numpy()
+        parts, pairing = [], set()
         for lo, hi in zip(cuts[:-1], cuts[1:]):
             if lo < 2 or hi <= lo:
                 continue
             rows = (rank >= lo) & (rank < hi)
             past, block = g[rank < lo], g[rows].reset_index(drop=True)
-            entry, base = fit_type_table(past, self.min_n), fit_baselines(past)
-            preds = {"fitted": predict_frame(entry, block, fitted["level"], fitted["point"], fitted["beta"],
-                                             fitted["kappa"], fitted.get("tie_break")),
-                     **{name: baseline_figures(base[name], block["bucket" if key == "bucket" else "i"].to_numpy())
-                        for name, key in BASELINE_KEYS.items()}}
-            wf_code = pd.factorize(block["workflow_id"])[0]
-            wf_unit = pd.Series(unit[rows]).groupby(wf_code).first().to_numpy()
-            t = block["t_arrival"].to_numpy(dtype=float)
-            end = np.fmax(finish.to_numpy(dtype=float)[rows], t)
-            cidx, how = c_index_pairs(preds, block["R"].to_numpy(), wf_code, t,
-                                      pd.Series(end).groupby(wf_code).max().to_numpy(),
-                                      pd.Series(t).groupby(wf_code).min().to_numpy(), "fitted")
-            if not cidx["fitted"][1]:
-                continue
-            blocks += 1
-            pairing.add(how)
-            for c in FORWARD_CANDIDATES:
-                got = cidx[c][2]
-                pairs[c].append({"a": wf_unit[got["a"]], "b": wf_unit[got["b"]], "score": got["score"]})
-        if not blocks:
+            got = held_out_pairs(fit_type_table(past, self.min_n), fit_baselines(past), block, fitted, unit[rows])
+            if got is not None:
+                parts.append(got)
+                pairing.add(got["pairing"])
+        if not parts:
             return None
-        pooled = {c: {k: np.concatenate([p[k] for p in ps]) for k in ("a", "b", "score")} for c, ps in pairs.items()}
+        pooled, n_units = pool_pairs(parts)
         cs = {c: float(p["score"].mean()) if len(p["score"]) else float("nan") for c, p in pooled.items()}
         best = max(FORWARD_CANDIDATES, key=lambda c: (cs[c], -FORWARD_CANDIDATES.index(c)))
-        vs = {c: list(jackknife_diff(pooled[c], pooled[best], int(unit.max()) + 1) or (cs[c] - cs[best], 0.0))
+        vs = {c: list(jackknife_diff(pooled[c], pooled[best], n_units) or (cs[c] - cs[best], 0.0))
               for c in FORWARD_CANDIDATES}
+        fitted_vs = {c: list(jackknife_diff(pooled["fitted"], pooled[c], n_units) or (0.0, 0.0))
+                     for c in FORWARD_CANDIDATES if c != "fitted"}
         ahead = [c for c in FORWARD_CANDIDATES if vs[c][0] >= -vs[c][1]]      # within one se of the best
         # an exact tie (the same score on every pair) goes to the simpler: nothing tells them apart
         same = [c for c in FORWARD_CANDIDATES if np.array_equal(pooled[c]["score"], pooled["fitted"]["score"])]
-        served = same[0] if "fitted" in ahead else ahead[0]
-        return {"served": served, "fitted": fitted, "workflows": int(n_wf), "blocks": blocks, "pairing": sorted(pairing),
+        forward_served = same[0] if "fitted" in ahead else ahead[0]
+        # Occam: the richer candidate serves only when every held-out pair the training side has
+        # (these forward blocks and the cross-validation's folds) puts it ahead of each simpler one
+        # by more than OCCAM_SE standard errors
+        evidence, n_ev = pool_pairs(parts + (cv_parts or []))
+        occam = {c: [float(v) for v in jackknife_diff(evidence[forward_served], evidence[c], n_ev) or (0.0, 0.0)]
+                 for c in FORWARD_CANDIDATES[:FORWARD_CANDIDATES.index(forward_served)]}
+        served = next((c for c, (d, se) in occam.items() if d <= OCCAM_SE * se), forward_served)
+        return {"served": served, "forward_served": forward_served, "fitted": fitted, "workflows": int(n_wf),
+                "blocks": len(parts), "pairing": sorted(pairing),
                 "pairs": int(len(pooled["fitted"]["score"])), "metric": "C-index over concurrent sessions",
-                "c_index": cs, "vs_best": vs,
+                "c_index": cs, "vs_best": vs, "fitted_vs": fitted_vs,
+                "occam": {"evidence": "forward blocks" + (" and CV folds" if cv_parts else ""),
+                          "pairs": int(len(evidence["fitted"]["score"])),
+                          "margin_se": OCCAM_SE, "vs_simpler": occam},
                 "rule": "fitted unless behind the best beyond one jackknife se (or tied with a baseline on "
-                        "every pair: the simpler); then the simplest (position median, mrl) within one se of the best"}
+                        "every pair: the simpler); then the simplest (position median, mrl) within one se of the best; "
+                        f"then a richer candidate only if ahead of each simpler one by more than {OCCAM_SE:g} se "
+                        "on the forward and CV pairs pooled"}
 
     # ------------------------------------------------------------- artifact
     def to_dict(self) -> dict[str, Any]:
@@ -449,6 +472,49 @@ def fit_baselines(g: pd.DataFrame) -> dict[str, Any]:
     pos_median = {str(int(b)): float(v) for b, v in g.groupby("bucket")["R"].median().items()}
     mrl = {str(int(i)): float(v) for i, v in g.groupby("i")["R"].mean().items()}
     return {"position_median": pos_median, "mrl": mrl}
+
+
+def held_out_pairs(entry: dict[str, Any], base: dict[str, Any], block: pd.DataFrame, fitted: dict[str, Any],
+                   unit: np.ndarray) -> dict[str, Any] | None:
+    """The scored pairs of every :data:`FORWARD_CANDIDATES` member on ``block`` (held-out calls of one
+    type, one frame of :func:`session_frame`), from a table ``entry`` and baselines ``base`` fit
+    without it: ``{candidate: {"a", "b", "score"}, "pairing"}``, ``a`` and ``b`` the pair's units
+    (``unit``: per row of ``block``, a workflow or group label). None without a pair for ``fitted``."""
+    preds = {"fitted": predict_frame(entry, block, fitted["level"], fitted["point"], fitted["beta"],
+                                     fitted["kappa"], fitted.get("tie_break")),
+             **{name: baseline_figures(base[name], block["bucket" if key == "bucket" else "i"].to_numpy())
+                for name, key in BASELINE_KEYS.items()}}
+    wf_code = pd.factorize(block["workflow_id"])[0]
+    wf_unit = pd.Series(np.asarray(unit, dtype=object)).groupby(wf_code).first().to_numpy()
+    t = block["t_arrival"].to_numpy(dtype=float)
+    end = np.fmax((block["t_finish"] if "t_finish" in block else block["t_arrival"]).to_numpy(dtype=float), t)
+    cidx, how = c_index_pairs(preds, block["R"].to_numpy(), wf_code, t, pd.Series(end).groupby(wf_code).max().to_numpy(),
+                              pd.Series(t).groupby(wf_code).min().to_numpy(), "fitted")
+    if not cidx["fitted"][1]:
+        return None
+    return {"pairing": how, **{c: {"a": wf_unit[cidx[c][2]["a"]], "b": wf_unit[cidx[c][2]["b"]],
+                                   "score": cidx[c][2]["score"]} for c in FORWARD_CANDIDATES}}
+
+
+def pool_pairs(parts: list[dict[str, Any]]) -> tuple[dict[str, dict[str, np.ndarray]], int]:
+    """The pairs of several :func:`held_out_pairs` results pooled per candidate, their unit labels
+    coded ``0 … n−1`` over all of them (a unit in several parts is one unit of the jackknife);
+    ``(pooled, n)``."""
+    labels = np.concatenate([np.concatenate([p[c][k] for c in FORWARD_CANDIDATES for k in ("a", "b")])
+                             for p in parts]) if parts else np.zeros(0, dtype=object)
+    codes, uniques = pd.factorize(pd.Series(labels, dtype=object))
+    out: dict[str, dict[str, list[np.ndarray]]] = {c: {"a": [], "b": [], "score": []} for c in FORWARD_CANDIDATES}
+    pos = 0
+    for p in parts:
+        for c in FORWARD_CANDIDATES:
+            for k in ("a", "b"):
+                n = len(p[c][k])
+                out[c][k].append(codes[pos:pos + n])
+                pos += n
+            out[c]["score"].append(p[c]["score"])
+    pooled = {c: {k: (np.concatenate(v[k]) if v[k] else np.zeros(0, dtype=int if k != "score" else float))
+                  for k in ("a", "b", "score")} for c, v in out.items()}
+    return pooled, len(uniques)
 
 
 # ----------------------------------------------------- the ranking figure (C-index)

@@ -12,7 +12,7 @@ import pytest
 
 from predictors import Predictor
 from predictors.contract import Annotation
-from predictors.remaining_tokens import RemainingTokens, fit_type_table, predict_frame, session_frame
+from predictors.remaining_tokens import OCCAM_SE, RemainingTokens, fit_type_table, predict_frame, session_frame
 from predictors.served import RemainingTokensTable
 from fitting import profile_fit as fitting
 from scoring.evaluation import evaluate
@@ -260,8 +260,12 @@ def test_forward_rule_keeps_the_fitted_candidate_when_it_is_not_behind():
     g = timed_frame(120, 1, factor_lies=False)
     simplest = {"level": "position", "point": "p50", "beta": 0.0, "kappa": 0.0, "tie_break": "index"}
     fw = RemainingTokens()._forward(g, simplest)
-    assert fw["served"] == "fitted"
+    assert fw["forward_served"] == "fitted"
     assert fw["vs_best"]["fitted"][0] >= -fw["vs_best"]["fitted"][1]
+    # the Occam step: the position median with its tie-break is not ahead of the position median
+    # beyond one se, so the simpler serves
+    d, se = fw["occam"]["vs_simpler"]["position_median"]
+    assert d <= se and fw["served"] == "position_median"
     # a candidate that orders every forward pair exactly as mrl does (the exact-index mean, below
     # 8 calls: mrl itself) is an exact tie, and the tie goes to the simpler
     fw = RemainingTokens()._forward(g, {"level": "index", "point": "mean", "beta": 0.0, "kappa": 0.0})
@@ -279,7 +283,7 @@ def test_a_baseline_chosen_forward_is_served_exactly_as_eval_scores_it(monkeypat
     from scoring.remaining_eval import baseline_predictions
     calls = timed_frame(80, 2, factor_lies=False)
     for name in ("mrl", "position_median"):
-        monkeypatch.setattr(RemainingTokens, "_forward", lambda self, g, fitted, n=name: {"served": n})
+        monkeypatch.setattr(RemainingTokens, "_forward", lambda self, g, fitted, cv_parts=None, n=name: {"served": n})
         m = RemainingTokens().fit(calls)
         assert m.params_["t"] == {"level": "baseline", "baseline": name}
         section = m.to_dict()
@@ -310,6 +314,55 @@ def test_forward_rule_errors_count_a_tasks_trials_as_one_unit():
     grouped = RemainingTokens()._forward(both.assign(group_id=both["workflow_id"].str.rstrip("b")), lying)
     assert grouped["c_index"] == alone["c_index"]
     assert grouped["vs_best"]["fitted"][1] > alone["vs_best"]["fitted"][1]
+
+
+# ------------------------------------------- the Occam step: the simplest unless the richer is ahead
+def agent_frame(n: int, seed: int, agent_tells: bool) -> pd.DataFrame:
+    """Overlapping workflows (one per 2 s, a call every 6 s, ~100 tokens a call) of 2 to 8 calls
+    (below 8 the position buckets are the call indices, so the position median and ``mrl`` order
+    alike). With ``agent_tells`` a workflow runs 2 or 8 calls and its first agent says which
+    (``short`` or ``long``, then ``worker``); without, the first agent is drawn independently of
+    the length and tells nothing."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for w in range(n):
+        long = bool(rng.integers(0, 2))
+        k = (8 if long else 2) if agent_tells else int(rng.integers(2, 9))
+        first = ("long" if long else "short") if agent_tells else str(rng.choice(["short", "long"]))
+        for i in range(k):
+            t = 2.0 * w + 6.0 * i
+            rows.append({"workflow_type_id": "t", "workflow_id": f"w{w:03d}", "agent_id": first if i == 0 else "worker",
+                         "output_tokens": int(100 + rng.integers(0, 20)), "t_arrival": t, "t_finish": t + 5.0})
+    return pd.DataFrame(rows)
+
+
+def test_occam_serves_the_position_median_where_the_training_side_cannot_tell_the_candidates_apart():
+    """The agent is noise: a table keyed on it (with a session factor) is not behind forward in
+    time, so the forward rule alone would serve it, but it is not ahead of the position median
+    beyond one se either: the simplest serves."""
+    g = session_frame(agent_frame(120, 0, agent_tells=False))
+    noise = {"level": "agent", "point": "p50", "beta": 1.0, "kappa": 1.0, "tie_break": "index"}
+    fw = RemainingTokens()._forward(g, noise)
+    assert fw["forward_served"] == "fitted" and fw["occam"]["evidence"] == "forward blocks"
+    d, se = fw["occam"]["vs_simpler"]["position_median"]
+    assert 0 < d <= OCCAM_SE * se                # ahead, but within noise
+    assert fw["served"] == "position_median"
+    # the whole fit: the cross-validation's folds pooled with the forward blocks, the same answer
+    m = RemainingTokens().fit(agent_frame(120, 0, agent_tells=False))
+    fw = m.selection_["t"]["forward"]
+    assert fw["occam"]["evidence"] == "forward blocks and CV folds"
+    assert m.params_["t"] == {"level": "baseline", "baseline": "position_median"}
+
+
+def test_occam_keeps_the_fitted_candidate_where_it_is_clearly_ahead():
+    """The first agent says how long the session runs: the agent-keyed table orders sessions the
+    position cannot, far beyond one se, so it serves."""
+    m = RemainingTokens().fit(agent_frame(120, 0, agent_tells=True))
+    fw = m.selection_["t"]["forward"]
+    assert m.params_["t"]["level"] in ("agent", "agent_calls") and fw["served"] == "fitted"
+    assert set(fw["occam"]["vs_simpler"]) == {"position_median", "mrl"}     # ahead of each simpler one
+    for d, se in fw["occam"]["vs_simpler"].values():
+        assert d > OCCAM_SE * se > 0
 
 
 # --------------------------------------- an agent whose role changed at the end of the log (issue 37)
