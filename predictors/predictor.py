@@ -272,7 +272,7 @@ class Predictor:
         computed once per profile and key); the fitted TTL without a calibrator. With the
         keep-alive selection, the type's candidate ahead on the gaps seen serves instead
         (:meth:`_keep_alive_candidates`; by-tool TTLs only with the fitted one)."""
-        cal, key = self.keep_alive_calibrator, None
+        cal, key, fitted_ttl = self.keep_alive_calibrator, None, None
         if cal is None or entry.keep_alive is None or m.idle_gap is None:
             ttl, by_tool = m.keep_alive_ttl(entry, *gap_stats)
         else:
@@ -284,17 +284,26 @@ class Predictor:
             if key not in slopes:          # agents the profile never saw share their type's entry
                 e, _ = m.idle_gap.entry(wt, agent)
                 slopes[key] = keep_alive_slope(e.get("p50_s") if e else None, entry.keep_alive.ttl_z, cal.alpha)
-            ttl, by_tool = m.keep_alive_ttl(entry, *gap_stats, scale=cal.power_stretch(key, slopes[key]))
+            r = cal.power_stretch(key, slopes[key])
+            level_ttl, by_tool = m.keep_alive_ttl(entry, *gap_stats, scale=r)
+            if cal.dead_band_z > 0 and level_ttl is not None:   # the level's dead band
+                g = cal.gated_stretch(key, r)
+                fitted_ttl = m.keep_alive_ttl(entry, *gap_stats)[0]
+                ttl, by_tool = (level_ttl, by_tool) if g == r else m.keep_alive_ttl(entry, *gap_stats, scale=g)
+            else:
+                ttl = level_ttl
         if ttl is None:
             return None, by_tool, None
+        served = (KeepAliveServed(key, level_ttl, None, fitted_ttl) if key is not None else None)
         sel = self.keep_alive_selector
         if sel is None or m.idle_gap is None:
-            return ttl, by_tool, KeepAliveServed(key, ttl) if key is not None else None
+            return ttl, by_tool, served
         if m.sections.idle_gap_quantile:
             sel.nominal = float(m.sections.idle_gap_quantile)
         cands = (ttl, *self._keep_alive_candidates(m, wt, entry))
         i = sel.choose(wt, cands)
-        return cands[i], by_tool if i == 0 else {}, KeepAliveServed(key, ttl, cands)
+        return cands[i], by_tool if i == 0 else {}, KeepAliveServed(key, level_ttl if key is not None else ttl,
+                                                                     cands, fitted_ttl)
 
     def _keep_alive_candidates(self, m: CompiledProfile, wt: str, entry: AgentEntry) -> tuple[float | None, ...]:
         """The TTLs of the keep-alive candidates after the fitted one
@@ -387,6 +396,9 @@ class Predictor:
             # the level learns on the fitted TTL's hit whichever candidate served
             if self.keep_alive_calibrator is not None and served.key is not None:
                 self.keep_alive_calibrator.update(served.key, now - s.idle_since <= held_ttl_s(served.ttl_s))
+                if served.fitted_ttl_s is not None:   # the dead band's evidence: the TTL unstretched
+                    self.keep_alive_calibrator.record_fitted(
+                        served.key, now - s.idle_since <= held_ttl_s(served.fitted_ttl_s))
             if self.keep_alive_selector is not None and served.candidates is not None:
                 self.keep_alive_selector.record(s.workflow_type_id, now - s.idle_since, served.candidates)
         s.idle_since = None
