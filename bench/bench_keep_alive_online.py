@@ -1,15 +1,16 @@
 """Keep-alive TTL, static vs online-calibrated, per time split (and the train-side choice of H).
 
-    python bench/bench_keep_alive_online.py [--sets swe_agent,messy,mini_swe,agentless]
-                                            [--side test|train] [--grid 0.2:10,0.2:50]
+    python bench/bench_keep_alive_online.py [--sets swe_agent,messy,mini_swe,agentless,drift-team]
+                                            [--side test|train] [--grid 0.2:10:0:30,0.2:10:1:30]
 
-Per set (messy: seeds 0, 1, 2, 200 workflows each; real sets as ``bench/bench_real.py`` finds
-them): split by time (``profiler split --by-time``, 70/30), fit on the first part and replay the
-rest through the serving ``Predictor`` (``profiler eval --online``'s ``keep_alive``). With
+Per set (messy: seeds 0, 1, 2, 200 workflows each; drift-team: the generated 400-workflow set,
+seed 0; real sets as ``bench/bench_real.py`` finds them): split by time (``profiler split
+--by-time``, 70/30), fit on the first part and replay the rest through the serving ``Predictor`` (``profiler eval --online``'s ``keep_alive``). With
 ``--side train`` the *training* part is split by time again (70/30) and that is what is fitted
 and replayed: the side the keep-alive calibrator's constants are chosen on, never the reported
-test side. ``--grid`` lists ``rate:horizon[:z:half-life]`` (κ, the escalation memory H and the
-level's dead band: its z, 0 = off, and its half-life in outcomes) to replay.
+test side. ``--grid`` lists ``rate:horizon[:z:half-life:forward-z]`` (κ, the escalation memory H
+and the level's dead band: its z, 0 = off, its half-life in outcomes, and the training side's
+evidence a type needs to be served through it) to replay.
 One line per set (seed) and pair: static vs online coverage, mean TTL (s), KV-seconds per
 covered gap, the online worst-window coverage, the oracle's cost, and each baseline that
 dominates the served TTL (``dominated:``, eval's jackknife rule; none: ``-``), the share of calls
@@ -62,9 +63,10 @@ def main() -> None:
     ap.add_argument("--sets", default="swe_agent,messy,mini_swe,agentless")
     ap.add_argument("--side", choices=("test", "train"), default="test")
     ap.add_argument("--grid", default=(f"{oc.KEEP_ALIVE_RATE}:{oc.KEEP_ALIVE_ESCALATION_HORIZON:g}:"
-                                       f"{oc.KEEP_ALIVE_DEAD_BAND_Z:g}:{oc.KEEP_ALIVE_DEAD_BAND_HALF_LIFE:g}"),
-                    help="rate:horizon[:z:half-life] tuples, comma-separated: κ, the escalation memory H, "
-                         "the dead band's z (0: off) and half-life (default: the shipped constants)")
+                                       f"{oc.KEEP_ALIVE_DEAD_BAND_Z:g}:{oc.KEEP_ALIVE_DEAD_BAND_HALF_LIFE:g}:"
+                                       f"{oc.KEEP_ALIVE_DEAD_BAND_FORWARD_Z:g}"),
+                    help="rate:horizon[:z:half-life:forward-z] tuples, comma-separated: κ, the escalation "
+                         "memory H, the dead band's z (0: off), half-life and forward z (default: the shipped constants)")
     a = ap.parse_args()
     grid = [tuple(float(x) for x in g.split(":")) for g in a.grid.split(",")]
     with tempfile.TemporaryDirectory(prefix="bench-ka-") as tmp:
@@ -76,6 +78,10 @@ def main() -> None:
                     path = work / f"messy{seed}" / "messy.jsonl"
                     write_jsonl(generate("messy", 200, seed=seed), path)
                     sources.append((f"messy{seed}", path))
+            elif name == "drift-team":
+                path = work / "drift-team" / "drift-team.jsonl"
+                write_jsonl(generate("drift-team", 400, seed=0), path)
+                sources.append((name, path))
             else:
                 sources.append((name, real_source(name, None)))
             for label, path in sources:
@@ -91,8 +97,10 @@ def main() -> None:
                 static = replay_served(profile, calls, online=False)[2]
                 for rate, horizon, *band in grid:
                     oc.KEEP_ALIVE_RATE, oc.KEEP_ALIVE_ESCALATION_HORIZON = rate, horizon
-                    z, hl = (list(band) + [oc.KEEP_ALIVE_DEAD_BAND_Z, oc.KEEP_ALIVE_DEAD_BAND_HALF_LIFE][len(band):])[:2]
+                    z, hl, fz = (list(band) + [oc.KEEP_ALIVE_DEAD_BAND_Z, oc.KEEP_ALIVE_DEAD_BAND_HALF_LIFE,
+                                               oc.KEEP_ALIVE_DEAD_BAND_FORWARD_Z][len(band):])[:3]
                     oc.KEEP_ALIVE_DEAD_BAND_Z, oc.KEEP_ALIVE_DEAD_BAND_HALF_LIFE = z, hl
+                    oc.KEEP_ALIVE_DEAD_BAND_FORWARD_Z = fz
                     ka = evaluate_online(profile, [test])[0]["keep_alive"]
                     served = replay_served(profile, calls, online=True)[2]
                     sm = ~np.isnan(served) & ~np.isnan(static)
@@ -114,7 +122,7 @@ def main() -> None:
                     dom = ",".join(f"{k}({v['coverage_diff']:+.4f}±{v['coverage_diff_se']:.4f};"
                                    f"{v['kv_s_diff']:+.3f}±{v['kv_s_diff_se']:.3f})"
                                    for k, v in ka.get("vs_baselines", {}).items() if v.get("dominated")) or "-"
-                    print(f"{a.side} {label:10s} rate={rate:g} H={horizon:g} z={z:g} hl={hl:g} gaps={ka['gaps']} "
+                    print(f"{a.side} {label:10s} rate={rate:g} H={horizon:g} z={z:g} hl={hl:g} fz={fz:g} gaps={ka['gaps']} "
                           f"nominal={ka['nominal']:.2f} | static cov={fmt(st['coverage'])} "
                           f"ttl={fmt(st['mean_ttl_s'], '.2f')} kv/cov={fmt(st['kv_s_per_covered_gap'])} | "
                           f"online cov={fmt(on['coverage'])} ttl={fmt(on['mean_ttl_s'], '.2f')} "

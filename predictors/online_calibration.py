@@ -68,6 +68,13 @@ KEEP_ALIVE_ESCALATION_HORIZON = 10.0
 #: *train* side of the time splits, never on the reported test side (docs/keep-alive.md).
 KEEP_ALIVE_DEAD_BAND_Z = 1.0
 KEEP_ALIVE_DEAD_BAND_HALF_LIFE = 30.0
+#: The dead band serves a workflow type only where the fit's forward replay of its training side
+#: (the profile's ``selection_warm_start``) shows the fitted TTL covering more than nominal beyond
+#: this many binomial standard errors (:func:`predictors.keep_alive_compare.fitted_holds_forward`):
+#: elsewhere the future the fit could check needed the level, and it is served as before. Chosen
+#: on the train side of the time splits among 1, 1.5, 2, 3: at 1 drift-team's second type qualifies
+#: and loses 0.7 pt (dominated by the band off); 1.5 is the least that makes no set worse.
+KEEP_ALIVE_DEAD_BAND_FORWARD_Z = 1.5
 #: The flattest tail a keep-alive table is given (:func:`keep_alive_table`): ``U ∝ α^(−s)`` with
 #: ``s = ln MAX_STRETCH / ln MIN_ALPHA_RATIO`` (≈ 0.30), so the level's full range (α … α_min)
 #: can reach the full stretch; steeper fitted tails are kept as they are.
@@ -184,6 +191,7 @@ def keep_alive_calibrator(nominal: float = KEEP_ALIVE_NOMINAL, **kwargs: Any) ->
     kwargs.setdefault("escalation_horizon", KEEP_ALIVE_ESCALATION_HORIZON)
     kwargs.setdefault("dead_band_z", KEEP_ALIVE_DEAD_BAND_Z)
     kwargs.setdefault("dead_band_half_life", KEEP_ALIVE_DEAD_BAND_HALF_LIFE)
+    kwargs.setdefault("dead_band_forward_z", KEEP_ALIVE_DEAD_BAND_FORWARD_Z)
     return OnlineCalibrator(nominal, tails=1, **kwargs)
 
 
@@ -204,6 +212,8 @@ class OnlineCalibrator:
         global one (:meth:`serve`, :meth:`record`; docs/evaluation.md).
     dead_band_z, dead_band_half_life : the dead band of :meth:`gated_stretch` (0: off, the
         stretch is always served; the keep-alive instance's, docs/keep-alive.md).
+    dead_band_forward_z : the training side's evidence a type needs to be served through the
+        dead band (:func:`predictors.keep_alive_compare.fitted_holds_forward`; the Predictor reads it).
     """
 
     def __init__(self, nominal: float = 0.99, *, rate: float = DEFAULT_RATE,
@@ -212,7 +222,8 @@ class OnlineCalibrator:
                  escalation_horizon: float = ESCALATION_HORIZON, tails: int = 2,
                  arm_half_life: float = ARM_HALF_LIFE, arm_margin: float = ARM_MARGIN,
                  arm_min_outcomes: float = ARM_MIN_OUTCOMES, dead_band_z: float = 0.0,
-                 dead_band_half_life: float = KEEP_ALIVE_DEAD_BAND_HALF_LIFE) -> None:
+                 dead_band_half_life: float = KEEP_ALIVE_DEAD_BAND_HALF_LIFE,
+                 dead_band_forward_z: float = KEEP_ALIVE_DEAD_BAND_FORWARD_Z) -> None:
         if not 0.0 < nominal < 1.0:
             raise ValueError(f"nominal coverage must be in (0, 1), got {nominal}")
         if rate <= 0 or min_alpha_ratio < 1 or max_alpha_ratio < 1 or max_stretch < 1:
@@ -243,6 +254,7 @@ class OnlineCalibrator:
             raise ValueError(f"dead_band_z must be >= 0 and dead_band_half_life positive, got "
                              f"{dead_band_z}, {dead_band_half_life}")
         self.dead_band_z = float(dead_band_z)
+        self.dead_band_forward_z = float(dead_band_forward_z)
         self._band_decay = 2.0 ** (-1.0 / float(dead_band_half_life))
         #: key -> [Σw, Σw², Σw·miss] of the fitted (unstretched) TTL's outcomes (dead band only)
         self._fitted: dict[tuple[str, str], list] = {}

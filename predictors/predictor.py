@@ -32,6 +32,7 @@ import numpy as np
 from predictors.compiled import UNSEEN_AGENT, AgentEntry, CompiledProfile, latency_class
 from predictors.coverage_monitor import CoverageMonitor
 from predictors.contract import ID_KEYS, Annotation, NextAgent
+from predictors.keep_alive_compare import fitted_holds_forward
 from predictors.keep_alive_selection import KeepAliveSelector
 from predictors.online_calibration import BandArms, OnlineCalibrator, keep_alive_calibrator, keep_alive_slope
 from predictors.online_selection import RemainingSelector
@@ -137,7 +138,9 @@ class Predictor:
             keep_alive_selection if isinstance(keep_alive_selection, KeepAliveSelector)
             else KeepAliveSelector() if keep_alive_selection else None)
         # (profile, its idle-gap quantile, {calibration key: tail slope}): per profile, bounded by it
-        self._ka_slopes: tuple[CompiledProfile | None, float | None, dict] = (None, None, {})
+        #: per compiled profile: its idle-gap quantile, the slope per key, the types served through
+        #: the level's dead band (their fitted TTL held nominal on the training side's future)
+        self._ka_slopes: tuple[CompiledProfile | None, float | None, dict, dict] = (None, None, {}, {})
         self.prompt_composition_agents = int(prompt_composition_agents)
         self.clock = clock
         self._model: CompiledProfile | None = None
@@ -277,8 +280,11 @@ class Predictor:
             ttl, by_tool = m.keep_alive_ttl(entry, *gap_stats)
         else:
             if self._ka_slopes[0] is not m:
-                self._ka_slopes = (m, m.sections.idle_gap_quantile, {})
-            _, quantile, slopes = self._ka_slopes
+                q = m.sections.idle_gap_quantile
+                self._ka_slopes = (m, q, {}, {t: fitted_holds_forward(info.get("selection_warm_start"),
+                                                                       float(q or cal.nominal), cal.dead_band_forward_z)
+                                              for t, info in m.idle_gap.workflow_types_.items()})
+            _, quantile, slopes, banded = self._ka_slopes
             cal.set_nominal(quantile)
             key = self._calibration_key(m, wt, agent)
             if key not in slopes:          # agents the profile never saw share their type's entry
@@ -286,7 +292,7 @@ class Predictor:
                 slopes[key] = keep_alive_slope(e.get("p50_s") if e else None, entry.keep_alive.ttl_z, cal.alpha)
             r = cal.power_stretch(key, slopes[key])
             level_ttl, by_tool = m.keep_alive_ttl(entry, *gap_stats, scale=r)
-            if cal.dead_band_z > 0 and level_ttl is not None:   # the level's dead band
+            if cal.dead_band_z > 0 and level_ttl is not None and banded.get(wt):   # the level's dead band
                 g = cal.gated_stretch(key, r)
                 fitted_ttl = m.keep_alive_ttl(entry, *gap_stats)[0]
                 ttl, by_tool = (level_ttl, by_tool) if g == r else m.keep_alive_ttl(entry, *gap_stats, scale=g)
