@@ -272,7 +272,10 @@ class Predictor:
         (type, agent)'s adapted keep-alive level, i.e. its quantile stretched by ``r_t`` along the
         entry's ``(median, quantile)`` tail (:func:`predictors.online_calibration.keep_alive_slope`,
         :meth:`~predictors.online_calibration.OnlineCalibrator.power_stretch`; the slope is
-        computed once per profile and key); the fitted TTL without a calibrator. With the
+        computed once per profile and key), through the level's dead band for a type whose
+        training-side future showed its fitted TTL above nominal
+        (:meth:`~predictors.online_calibration.OnlineCalibrator.gated_stretch`,
+        :func:`~predictors.keep_alive_compare.fitted_holds_forward`); the fitted TTL without a calibrator. With the
         keep-alive selection, the type's candidate ahead on the gaps seen serves instead
         (:meth:`_keep_alive_candidates`; by-tool TTLs only with the fitted one)."""
         cal, key, fitted_ttl = self.keep_alive_calibrator, None, None
