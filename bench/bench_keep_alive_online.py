@@ -1,14 +1,15 @@
 """Keep-alive TTL, static vs online-calibrated, per time split (and the train-side choice of H).
 
     python bench/bench_keep_alive_online.py [--sets swe_agent,messy,mini_swe,agentless,drift-team]
-                                            [--side test|train] [--grid 0.2:10:0:30,0.2:10:1:30]
+                                            [--side test|train] [--split time|random]
+                                            [--grid 0.2:10:0:30,0.2:10:1:30]
 
 Per set (messy: seeds 0, 1, 2, 200 workflows each; drift-team: the generated 400-workflow set,
 seed 0; real sets as ``bench/bench_real.py`` finds them): split by time (``profiler split
 --by-time``, 70/30), fit on the first part and replay the rest through the serving ``Predictor`` (``profiler eval --online``'s ``keep_alive``). With
 ``--side train`` the *training* part is split by time again (70/30) and that is what is fitted
 and replayed: the side the keep-alive calibrator's constants are chosen on, never the reported
-test side. ``--grid`` lists ``rate:horizon[:z:half-life:forward-z]`` (κ, the escalation memory H
+test side. ``--split random`` splits 70/30 by a seeded hash of the workflow id instead. ``--grid`` lists ``rate:horizon[:z:half-life:forward-z]`` (κ, the escalation memory H
 and the level's dead band: its z, 0 = off, its half-life in outcomes, and the training side's
 evidence a type needs to be served through it) to replay.
 One line per set (seed) and pair: static vs online coverage, mean TTL (s), KV-seconds per
@@ -62,6 +63,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sets", default="swe_agent,messy,mini_swe,agentless")
     ap.add_argument("--side", choices=("test", "train"), default="test")
+    ap.add_argument("--split", choices=("time", "random"), default="time",
+                    help="time: each type's first 70 %% of workflows train; random: a seeded 70/30 by workflow")
     ap.add_argument("--grid", default=(f"{oc.KEEP_ALIVE_RATE}:{oc.KEEP_ALIVE_ESCALATION_HORIZON:g}:"
                                        f"{oc.KEEP_ALIVE_DEAD_BAND_Z:g}:{oc.KEEP_ALIVE_DEAD_BAND_HALF_LIFE:g}:"
                                        f"{oc.KEEP_ALIVE_DEAD_BAND_FORWARD_Z:g}"),
@@ -86,7 +89,7 @@ def main() -> None:
                 sources.append((name, real_source(name, None)))
             for label, path in sources:
                 w = work / label
-                train, test = time_split(path, w, a.side)
+                train, test = time_split(path, w, a.side, "time" if a.split == "time" else "hash")
                 profile, _ = fit_profile([train], w / "profile")
                 con = connect(None)
                 ingest_mod.ingest(con, [test])
