@@ -106,3 +106,17 @@ def warm_start_state(gaps: np.ndarray, ttls: np.ndarray, half_life: float = WARM
     w = 2.0 ** (-(len(gaps) - 1 - np.arange(len(gaps))) / float(half_life))
     return {"sw": float(w.sum()), "sw2": float((w * w).sum()), "s1": (w @ x).tolist(),
             "s2": ((x * w[:, None]).T @ x).tolist(), "gaps": int(len(gaps))}
+
+
+def fitted_holds_forward(state: Any, nominal: float, z: float = 1.0) -> bool:
+    """Whether the training side's forward replay (:func:`warm_start_state`, the profile's
+    ``selection_warm_start`` of a type) shows the fitted TTL (the first candidate) covering more
+    than ``nominal`` beyond ``z`` binomial standard errors (``sqrt(q(1 − q) / n_eff)``): where it
+    does, the future the fit could check did not need the online level, and the server serves the
+    level only through its dead band (:meth:`predictors.online_calibration.OnlineCalibrator.gated_stretch`).
+    False without a replay."""
+    if not state or not state.get("s1") or float(state.get("sw") or 0.0) <= 0 or float(state.get("sw2") or 0.0) <= 0:
+        return False
+    sw, sw2 = float(state["sw"]), float(state["sw2"])
+    n_eff = sw * sw / sw2
+    return float(state["s1"][0]) / sw - nominal > z * float(np.sqrt(nominal * (1.0 - nominal) / n_eff))

@@ -16,7 +16,9 @@ under drift still widens; only misses step further, so the bound holds.
 
 **Keep-alive TTL**: a second, one-sided instance of the loop at the idle-gap model's nominal,
 one outcome per idle gap, stretching along :func:`keep_alive_table` (never flatter than
-:data:`MIN_TAIL_SLOPE`). **Never dominated by the global band** (issue 37): each key serves its
+:data:`MIN_TAIL_SLOPE`), served through a dead band (:meth:`OnlineCalibrator.gated_stretch`) for a
+type whose training-side future showed its fitted TTL above nominal. **Never dominated by the
+global band** (issue 37): each key serves its
 own band or the global band, whichever the interval score puts ahead by :data:`ARM_MARGIN`
 paired standard errors (:meth:`OnlineCalibrator.record`).
 
@@ -60,6 +62,21 @@ ESCALATION_HORIZON = 50.0
 #: up to 1.3× the mean TTL; plain ACI (H = 0) 0.926–0.950.
 KEEP_ALIVE_RATE = DEFAULT_RATE
 KEEP_ALIVE_ESCALATION_HORIZON = 10.0
+#: The keep-alive level's dead band (:meth:`OnlineCalibrator.gated_stretch`): the level's stretch
+#: is served only while the *fitted* TTL's own miss rate, exponentially weighted with this
+#: half-life (in outcomes of one key), lies above α by more than ``KEEP_ALIVE_DEAD_BAND_Z`` binomial
+#: standard errors; otherwise the fitted TTL is served as it is (z = 0: off, the level always
+#: served). z = 1 is the project's "beyond one standard error"; the half-life was chosen on the
+#: *train* side of the time splits, never on the reported test side (docs/keep-alive.md).
+KEEP_ALIVE_DEAD_BAND_Z = 1.0
+KEEP_ALIVE_DEAD_BAND_HALF_LIFE = 30.0
+#: The dead band serves a workflow type only where the fit's forward replay of its training side
+#: (the profile's ``selection_warm_start``) shows the fitted TTL covering more than nominal beyond
+#: this many binomial standard errors (:func:`predictors.keep_alive_compare.fitted_holds_forward`):
+#: elsewhere the future the fit could check needed the level, and it is served as before. Chosen
+#: on the train side of the time splits among 1, 1.5, 2, 3: at 1 drift-team's second type qualifies
+#: and loses 0.7 pt (dominated by the band off); 1.5 is the least that makes no set worse.
+KEEP_ALIVE_DEAD_BAND_FORWARD_Z = 1.5
 #: The flattest tail a keep-alive table is given (:func:`keep_alive_table`): ``U ∝ α^(−s)`` with
 #: ``s = ln MAX_STRETCH / ln MIN_ALPHA_RATIO`` (≈ 0.30), so the level's full range (α … α_min)
 #: can reach the full stretch; steeper fitted tails are kept as they are.
@@ -174,6 +191,9 @@ def keep_alive_calibrator(nominal: float = KEEP_ALIVE_NOMINAL, **kwargs: Any) ->
     """The keep-alive TTL's calibrator: one-sided, at the keep-alive defaults (docs/evaluation.md)."""
     kwargs.setdefault("rate", KEEP_ALIVE_RATE)
     kwargs.setdefault("escalation_horizon", KEEP_ALIVE_ESCALATION_HORIZON)
+    kwargs.setdefault("dead_band_z", KEEP_ALIVE_DEAD_BAND_Z)
+    kwargs.setdefault("dead_band_half_life", KEEP_ALIVE_DEAD_BAND_HALF_LIFE)
+    kwargs.setdefault("dead_band_forward_z", KEEP_ALIVE_DEAD_BAND_FORWARD_Z)
     return OnlineCalibrator(nominal, tails=1, **kwargs)
 
 
@@ -192,6 +212,10 @@ class OnlineCalibrator:
         one-sided bound (risk ``α_t``: the keep-alive TTL).
     arm_half_life, arm_margin, arm_min_outcomes : the switch between a key's own band and the
         global one (:meth:`serve`, :meth:`record`; docs/evaluation.md).
+    dead_band_z, dead_band_half_life : the dead band of :meth:`gated_stretch` (0: off, the
+        stretch is always served; the keep-alive instance's, docs/keep-alive.md).
+    dead_band_forward_z : the training side's evidence a type needs to be served through the
+        dead band (:func:`predictors.keep_alive_compare.fitted_holds_forward`; the Predictor reads it).
     """
 
     def __init__(self, nominal: float = 0.99, *, rate: float = DEFAULT_RATE,
@@ -199,7 +223,9 @@ class OnlineCalibrator:
                  max_alpha: float = MAX_ALPHA, max_stretch: float = MAX_STRETCH,
                  escalation_horizon: float = ESCALATION_HORIZON, tails: int = 2,
                  arm_half_life: float = ARM_HALF_LIFE, arm_margin: float = ARM_MARGIN,
-                 arm_min_outcomes: float = ARM_MIN_OUTCOMES) -> None:
+                 arm_min_outcomes: float = ARM_MIN_OUTCOMES, dead_band_z: float = 0.0,
+                 dead_band_half_life: float = KEEP_ALIVE_DEAD_BAND_HALF_LIFE,
+                 dead_band_forward_z: float = KEEP_ALIVE_DEAD_BAND_FORWARD_Z) -> None:
         if not 0.0 < nominal < 1.0:
             raise ValueError(f"nominal coverage must be in (0, 1), got {nominal}")
         if rate <= 0 or min_alpha_ratio < 1 or max_alpha_ratio < 1 or max_stretch < 1:
@@ -226,6 +252,14 @@ class OnlineCalibrator:
         self.nominal = float(nominal)
         #: key -> [ln α_t, outcomes, misses, recent misses (decayed with horizon H)]
         self._state: dict[tuple[str, str], list] = {}
+        if dead_band_z < 0 or dead_band_half_life <= 0:
+            raise ValueError(f"dead_band_z must be >= 0 and dead_band_half_life positive, got "
+                             f"{dead_band_z}, {dead_band_half_life}")
+        self.dead_band_z = float(dead_band_z)
+        self.dead_band_forward_z = float(dead_band_forward_z)
+        self._band_decay = 2.0 ** (-1.0 / float(dead_band_half_life))
+        #: key -> [Σw, Σw², Σw·miss] of the fitted (unstretched) TTL's outcomes (dead band only)
+        self._fitted: dict[tuple[str, str], list] = {}
         self._lock = threading.Lock()
 
     @property
@@ -253,6 +287,7 @@ class OnlineCalibrator:
         with self._lock:
             self._state.clear()
             self._arms.clear()
+            self._fitted.clear()
 
     def level(self, key: tuple[str, str]) -> float:
         """α_t of ``key``; before its first outcome, its type's pooled level (the nominal α before
@@ -295,6 +330,45 @@ class OnlineCalibrator:
         a0 = self.alpha / self.tails
         r = math.exp(-slope * (math.log(min(a_t / self.tails, 0.5)) - math.log(a0)))
         return min(self.max_stretch, max(1.0 / self.max_stretch, r))
+
+    def fitted_departure(self, key: tuple[str, str]) -> float:
+        """The binomial z of the fitted TTL's exponentially weighted miss rate against α at
+        ``key`` (its type's pooled one before the key's first outcome): ``(m − α) / sqrt(α(1 − α)
+        / n_eff)``, positive when it misses more than nominal; 0 before any outcome."""
+        st = self._fitted.get(key) or self._fitted.get((key[0], POOLED_AGENT))
+        if st is None or st[0] <= 0:
+            return 0.0
+        a = self.alpha
+        n_eff = st[0] * st[0] / st[1]
+        return (st[2] / st[0] - a) / math.sqrt(a * (1.0 - a) / n_eff)
+
+    def gated_stretch(self, key: tuple[str, str], stretch: float) -> float:
+        """The stretch served of the level's ``stretch`` through the dead band: the level's
+        (never below 1) while the fitted TTL misses more than α beyond ``dead_band_z`` binomial
+        standard errors (:meth:`fitted_departure`), else 1 (the fitted TTL). A stream the fitted
+        TTL covers at nominal keeps it (a moving TTL covers less than a constant one of the same
+        mean); a drifting one gets the level, already adapted in the background (it learns on its
+        own stretched TTL's hits whichever is served). ``stretch`` itself when the band is off."""
+        if self.dead_band_z <= 0:
+            return stretch
+        return max(stretch, 1.0) if self.fitted_departure(key) > self.dead_band_z else 1.0
+
+    def record_fitted(self, key: tuple[str, str], hit: bool) -> None:
+        """One outcome of the *fitted* (unstretched) TTL at ``key`` (and its type's pooled key),
+        the evidence of the dead band (:meth:`gated_stretch`); nothing when the band is off."""
+        if self.dead_band_z <= 0:
+            return
+        k = self._band_decay
+        pooled = (key[0], POOLED_AGENT)
+        with self._lock:
+            pst = self._fitted.get(pooled)
+            if pst is None:
+                pst = self._fitted[pooled] = [0.0, 0.0, 0.0]
+            st = self._fitted.get(key)
+            if st is None:       # a key's evidence starts from its type's (as its level does)
+                st = self._fitted[key] = list(pst)
+            for x in (st, pst):
+                x[0], x[1], x[2] = k * x[0] + 1.0, k * k * x[1] + 1.0, k * x[2] + (not hit)
 
     def adjust(self, key: tuple[str, str], band: Band,
                table: Sequence[tuple[float, int]], level: float | None = None) -> Band:

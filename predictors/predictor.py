@@ -32,6 +32,7 @@ import numpy as np
 from predictors.compiled import UNSEEN_AGENT, AgentEntry, CompiledProfile, latency_class
 from predictors.coverage_monitor import CoverageMonitor
 from predictors.contract import ID_KEYS, Annotation, NextAgent
+from predictors.keep_alive_compare import fitted_holds_forward
 from predictors.keep_alive_selection import KeepAliveSelector
 from predictors.online_calibration import BandArms, OnlineCalibrator, keep_alive_calibrator, keep_alive_slope
 from predictors.online_selection import RemainingSelector
@@ -137,7 +138,9 @@ class Predictor:
             keep_alive_selection if isinstance(keep_alive_selection, KeepAliveSelector)
             else KeepAliveSelector() if keep_alive_selection else None)
         # (profile, its idle-gap quantile, {calibration key: tail slope}): per profile, bounded by it
-        self._ka_slopes: tuple[CompiledProfile | None, float | None, dict] = (None, None, {})
+        #: per compiled profile: its idle-gap quantile, the slope per key, the types served through
+        #: the level's dead band (their fitted TTL held nominal on the training side's future)
+        self._ka_slopes: tuple[CompiledProfile | None, float | None, dict, dict] = (None, None, {}, {})
         self.prompt_composition_agents = int(prompt_composition_agents)
         self.clock = clock
         self._model: CompiledProfile | None = None
@@ -269,32 +272,47 @@ class Predictor:
         (type, agent)'s adapted keep-alive level, i.e. its quantile stretched by ``r_t`` along the
         entry's ``(median, quantile)`` tail (:func:`predictors.online_calibration.keep_alive_slope`,
         :meth:`~predictors.online_calibration.OnlineCalibrator.power_stretch`; the slope is
-        computed once per profile and key); the fitted TTL without a calibrator. With the
+        computed once per profile and key), through the level's dead band for a type whose
+        training-side future showed its fitted TTL above nominal
+        (:meth:`~predictors.online_calibration.OnlineCalibrator.gated_stretch`,
+        :func:`~predictors.keep_alive_compare.fitted_holds_forward`); the fitted TTL without a calibrator. With the
         keep-alive selection, the type's candidate ahead on the gaps seen serves instead
         (:meth:`_keep_alive_candidates`; by-tool TTLs only with the fitted one)."""
-        cal, key = self.keep_alive_calibrator, None
+        cal, key, fitted_ttl = self.keep_alive_calibrator, None, None
         if cal is None or entry.keep_alive is None or m.idle_gap is None:
             ttl, by_tool = m.keep_alive_ttl(entry, *gap_stats)
         else:
             if self._ka_slopes[0] is not m:
-                self._ka_slopes = (m, m.sections.idle_gap_quantile, {})
-            _, quantile, slopes = self._ka_slopes
+                q = m.sections.idle_gap_quantile
+                self._ka_slopes = (m, q, {}, {t: fitted_holds_forward(info.get("selection_warm_start"),
+                                                                       float(q or cal.nominal), cal.dead_band_forward_z)
+                                              for t, info in m.idle_gap.workflow_types_.items()})
+            _, quantile, slopes, banded = self._ka_slopes
             cal.set_nominal(quantile)
             key = self._calibration_key(m, wt, agent)
             if key not in slopes:          # agents the profile never saw share their type's entry
                 e, _ = m.idle_gap.entry(wt, agent)
                 slopes[key] = keep_alive_slope(e.get("p50_s") if e else None, entry.keep_alive.ttl_z, cal.alpha)
-            ttl, by_tool = m.keep_alive_ttl(entry, *gap_stats, scale=cal.power_stretch(key, slopes[key]))
+            r = cal.power_stretch(key, slopes[key])
+            level_ttl, by_tool = m.keep_alive_ttl(entry, *gap_stats, scale=r)
+            if cal.dead_band_z > 0 and level_ttl is not None and banded.get(wt):   # the level's dead band
+                g = cal.gated_stretch(key, r)
+                fitted_ttl = m.keep_alive_ttl(entry, *gap_stats)[0]
+                ttl, by_tool = (level_ttl, by_tool) if g == r else m.keep_alive_ttl(entry, *gap_stats, scale=g)
+            else:
+                ttl = level_ttl
         if ttl is None:
             return None, by_tool, None
+        served = (KeepAliveServed(key, level_ttl, None, fitted_ttl) if key is not None else None)
         sel = self.keep_alive_selector
         if sel is None or m.idle_gap is None:
-            return ttl, by_tool, KeepAliveServed(key, ttl) if key is not None else None
+            return ttl, by_tool, served
         if m.sections.idle_gap_quantile:
             sel.nominal = float(m.sections.idle_gap_quantile)
         cands = (ttl, *self._keep_alive_candidates(m, wt, entry))
         i = sel.choose(wt, cands)
-        return cands[i], by_tool if i == 0 else {}, KeepAliveServed(key, ttl, cands)
+        return cands[i], by_tool if i == 0 else {}, KeepAliveServed(key, level_ttl if key is not None else ttl,
+                                                                     cands, fitted_ttl)
 
     def _keep_alive_candidates(self, m: CompiledProfile, wt: str, entry: AgentEntry) -> tuple[float | None, ...]:
         """The TTLs of the keep-alive candidates after the fitted one
@@ -387,6 +405,9 @@ class Predictor:
             # the level learns on the fitted TTL's hit whichever candidate served
             if self.keep_alive_calibrator is not None and served.key is not None:
                 self.keep_alive_calibrator.update(served.key, now - s.idle_since <= held_ttl_s(served.ttl_s))
+                if served.fitted_ttl_s is not None:   # the dead band's evidence: the TTL unstretched
+                    self.keep_alive_calibrator.record_fitted(
+                        served.key, now - s.idle_since <= held_ttl_s(served.fitted_ttl_s))
             if self.keep_alive_selector is not None and served.candidates is not None:
                 self.keep_alive_selector.record(s.workflow_type_id, now - s.idle_since, served.candidates)
         s.idle_since = None

@@ -58,6 +58,7 @@ class KeepAliveServed(NamedTuple):
     key: tuple[str, str] | None  # the online keep-alive level's (workflow type, agent) key (None: no level)
     ttl_s: float               # the fitted TTL at that level (the level learns on its hits)
     candidates: tuple[float | None, ...] | None = None  # every candidate's TTL (keep_alive_selection)
+    fitted_ttl_s: float | None = None  # the fitted TTL unstretched (the level's dead band learns on its hits)
 
 
 class PendingCall(NamedTuple):

@@ -18,6 +18,7 @@ import pytest
 from fitting.profile_fit import fit_profile
 from predictors.online_calibration import (MIN_TAIL_SLOPE, OnlineCalibrator, keep_alive_calibrator,
                                            keep_alive_slope, keep_alive_table)
+from predictors.keep_alive_compare import fitted_holds_forward, warm_start_state
 from predictors.predictor import Predictor
 from scoring.online_eval import online_scores, replay_served, stream_calls, stream_gaps
 from policies.keep_drop import KeepDropPolicy
@@ -115,6 +116,36 @@ def test_the_keep_alive_level_is_one_sided():
     assert level < 0.05 and one.stretch((WT, "a"), table) == pytest.approx(min(4.0, 0.05 / level))
     with pytest.raises(ValueError, match="tails"):
         OnlineCalibrator(tails=3)
+
+
+def test_the_dead_band_serves_the_fitted_ttl_unless_it_misses_beyond_the_binomial_test():
+    """The level keeps adapting on its own TTL's hits; the stretch is served only while the fitted
+    TTL (unstretched) misses more than α beyond z binomial standard errors, and then never below 1."""
+    key, slope = (WT, "a"), keep_alive_slope(4.0, 40.0, 0.05)
+    cal = keep_alive_calibrator(dead_band_z=1.0, dead_band_half_life=30.0)
+    for _ in range(5):
+        cal.update(key, False)                       # the level's own TTL missed: it widens
+    r = cal.power_stretch(key, slope)
+    assert r > 1.0
+    assert cal.fitted_departure(key) == 0.0 and cal.gated_stretch(key, r) == 1.0   # no evidence: fitted
+    cal.reset()
+    for _ in range(5):
+        cal.update(key, False)
+    for i in range(200):                              # the fitted TTL misses 1 in 20: nominal
+        cal.record_fitted(key, i % 20 != 0)
+    assert abs(cal.fitted_departure(key)) < 1.0
+    assert cal.gated_stretch(key, r) == 1.0          # in the dead band: the fitted TTL, not the level
+    for _ in range(6):                               # a run of misses of the fitted TTL: beyond the test
+        cal.record_fitted(key, False)
+    assert cal.fitted_departure(key) > 1.0
+    assert cal.gated_stretch(key, r) == r and cal.gated_stretch(key, 0.5) == 1.0   # never shortened
+    # a key with no outcome yet reads its type's evidence (as its level reads the pooled level)
+    assert cal.fitted_departure((WT, "new")) == pytest.approx(cal.fitted_departure(key), rel=0.2)
+    off = keep_alive_calibrator(dead_band_z=0.0)
+    off.record_fitted(key, False)
+    assert off.gated_stretch(key, 0.5) == 0.5 and off.fitted_departure(key) == 0.0
+    with pytest.raises(ValueError, match="dead_band"):
+        OnlineCalibrator(dead_band_z=-1.0)
 
 
 def test_an_outcome_is_scored_at_the_next_arrival_and_a_session_end_is_none(profile):
@@ -223,6 +254,53 @@ def test_on_a_stationary_stream_online_is_about_static_and_does_not_widen(profil
     assert on["kv_s_per_covered_gap"] <= 1.1 * st["kv_s_per_covered_gap"], (on, st)
     assert 0 < ka["oracle_kv_s_per_covered_gap"] < 3 * MEDIAN_GAP
     assert set(ka["by_type"]) == {WT} and ka["by_type"][WT]["gaps"] == ka["gaps"]
+
+
+def test_the_dead_band_keeps_the_fitted_ttl_on_a_stationary_stream_and_follows_a_drift(
+        profile, tmp_path, monkeypatch):
+    """Issue 37 item 4: on a stream the fitted TTL covers near nominal, a moving TTL covers less
+    than a constant one of the same mean; the dead band serves the fitted TTL there (the level,
+    with it off, serves it for almost no call). After a 3x jump the level is served as before.
+    Only a type whose training-side future showed its fitted TTL above nominal beyond
+    ``KEEP_ALIVE_DEAD_BAND_FORWARD_Z`` is served through the band: this profile's type is not (its
+    forward replay covers about nominal), so as shipped nothing changes; the forward threshold
+    lowered to -inf serves it through the band."""
+    import predictors.online_calibration as oc
+    wt_state = profile.data["idle_gap"]["workflow_types"][WT].get("selection_warm_start")
+    assert not fitted_holds_forward(wt_state, 0.95, oc.KEEP_ALIVE_DEAD_BAND_FORWARD_Z)
+    same = write_log(tmp_path / "same.jsonl", 150, seed=3, start=1000)
+    drift = write_log(tmp_path / "drift.jsonl", 150, seed=2, scale_after=(30, 3.0), start=1000)
+    st, gap = served(profile, same, online=False)
+    late = np.zeros(len(gap), dtype=bool)
+    late[90 * CALLS:] = True
+    got = {}
+    for name, z, fz in (("off", 0.0, oc.KEEP_ALIVE_DEAD_BAND_FORWARD_Z),
+                        ("shipped", oc.KEEP_ALIVE_DEAD_BAND_Z, oc.KEEP_ALIVE_DEAD_BAND_FORWARD_Z),
+                        ("banded", oc.KEEP_ALIVE_DEAD_BAND_Z, -math.inf)):
+        monkeypatch.setattr(oc, "KEEP_ALIVE_DEAD_BAND_Z", z)
+        monkeypatch.setattr(oc, "KEEP_ALIVE_DEAD_BAND_FORWARD_Z", fz)
+        on, _ = served(profile, same, online=True)
+        on_d, gap_d = served(profile, drift, online=True)
+        m = ~np.isnan(on) & ~np.isnan(st)
+        got[name] = (float(np.isclose(on[m], st[m]).mean()), coverage(on, gap),
+                     coverage(np.where(late, on_d, np.nan), gap_d))
+    assert got["shipped"] == got["off"], got            # no forward evidence: the level as before
+    (eq_off, _, late_off), (eq_on, cov_on, late_on) = got["off"], got["banded"]
+    assert eq_off < 0.05 and eq_on > 0.6, got           # the fitted TTL served for most calls
+    assert abs(cov_on - 0.95) <= 0.015, got             # still at nominal
+    assert late_on >= 0.92 and abs(late_on - late_off) <= 0.01, got
+
+
+def test_the_forward_evidence_is_the_fitted_ttls_coverage_beyond_z_binomial_errors():
+    """``fitted_holds_forward`` reads the fitted candidate's (the first) weighted coverage of the
+    stored forward replay against nominal ± z · sqrt(q(1 − q) / n_eff)."""
+    gaps = np.full(400, 5.0)
+    ttls = np.column_stack([np.where(np.arange(400) % 50 == 0, 1.0, 10.0), np.full(400, 1.0)])  # 0.98
+    state = warm_start_state(gaps, ttls, half_life=1e9)
+    se = math.sqrt(0.95 * 0.05 / 400)
+    assert state is not None and (0.98 - 0.95) / se == pytest.approx(2.75, abs=0.01)
+    assert fitted_holds_forward(state, 0.95, 2.5) and not fitted_holds_forward(state, 0.95, 3.0)
+    assert not fitted_holds_forward(None, 0.95) and not fitted_holds_forward({}, 0.95)
 
 
 def test_served_is_scored_the_eval_ttl_is_what_annotate_call_serves(profile, tmp_path):
