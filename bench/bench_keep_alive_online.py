@@ -9,9 +9,10 @@ seed 0; real sets as ``bench/bench_real.py`` finds them): split by time (``profi
 --by-time``, 70/30), fit on the first part and replay the rest through the serving ``Predictor`` (``profiler eval --online``'s ``keep_alive``). With
 ``--side train`` the *training* part is split by time again (70/30) and that is what is fitted
 and replayed: the side the keep-alive calibrator's constants are chosen on, never the reported
-test side. ``--split random`` splits 70/30 by a seeded hash of the workflow id instead. ``--grid`` lists ``rate:horizon[:z:half-life:forward-z]`` (κ, the escalation memory H
-and the level's dead band: its z, 0 = off, its half-life in outcomes, and the training side's
-evidence a type needs to be served through it) to replay.
+test side. ``--split random`` splits 70/30 by a seeded hash of the workflow id instead. ``--grid`` lists ``rate:horizon[:z:half-life:forward-z:floor]`` (κ, the escalation memory H,
+the level's dead band: its z, 0 = off, its half-life in outcomes, and the training side's
+evidence a type needs to be served through it; and the least stretch the level is served at,
+0.25 = the level unfloored) to replay.
 One line per set (seed) and pair: static vs online coverage, mean TTL (s), KV-seconds per
 covered gap, the online worst-window coverage, the oracle's cost, and each baseline that
 dominates the served TTL (``dominated:``, eval's jackknife rule; none: ``-``), the share of calls
@@ -46,11 +47,12 @@ from store.workloads import generate, write_jsonl  # noqa: E402
 def time_split(path: Path, work: Path, side: str, order: str = "time") -> tuple[Path, Path]:
     """(train, test) folders of ``path`` split 70/30 by time under ``work`` (``order="hash"``: by
     a seeded hash of the workflow id instead); ``side="train"`` splits the training side again
-    (its later 30 % as the test: for choosing constants blind)."""
+    (its later 30 % as the test, or a 70/30 hash split under another seed: the same seed would
+    put every training workflow on the training side again; for choosing constants blind)."""
     split_logs([path], work / "split", train=0.7, seed=0, order=order)
     train, test = work / "split" / "train", work / "split" / "test"
     if side == "train":
-        split_logs([train], work / "split2", train=0.7, seed=0, order=order)
+        split_logs([train], work / "split2", train=0.7, seed=1, order=order)
         train, test = work / "split2" / "train", work / "split2" / "test"
     return train, test
 
@@ -67,11 +69,13 @@ def main() -> None:
                     help="time: each type's first 70 %% of workflows train; random: a seeded 70/30 by workflow")
     ap.add_argument("--grid", default=(f"{oc.KEEP_ALIVE_RATE}:{oc.KEEP_ALIVE_ESCALATION_HORIZON:g}:"
                                        f"{oc.KEEP_ALIVE_DEAD_BAND_Z:g}:{oc.KEEP_ALIVE_DEAD_BAND_HALF_LIFE:g}:"
-                                       f"{oc.KEEP_ALIVE_DEAD_BAND_FORWARD_Z:g}"),
-                    help="rate:horizon[:z:half-life:forward-z] tuples, comma-separated: κ, the escalation "
-                         "memory H, the dead band's z (0: off), half-life and forward z (default: the shipped constants)")
+                                       f"{oc.KEEP_ALIVE_DEAD_BAND_FORWARD_Z:g}:{oc.KEEP_ALIVE_MIN_SERVED_STRETCH:g}"),
+                    help="rate:horizon[:z:half-life:forward-z:floor] tuples, comma-separated: κ, the escalation "
+                         "memory H, the dead band's z (0: off), half-life and forward z, and the least stretch "
+                         "the level is served at (0.25: unfloored; default: the shipped constants)")
     a = ap.parse_args()
     grid = [tuple(float(x) for x in g.split(":")) for g in a.grid.split(",")]
+    default_floor = oc.KEEP_ALIVE_MIN_SERVED_STRETCH
     with tempfile.TemporaryDirectory(prefix="bench-ka-") as tmp:
         work = Path(tmp)
         for name in a.sets.split(","):
@@ -100,10 +104,11 @@ def main() -> None:
                 static = replay_served(profile, calls, online=False)[2]
                 for rate, horizon, *band in grid:
                     oc.KEEP_ALIVE_RATE, oc.KEEP_ALIVE_ESCALATION_HORIZON = rate, horizon
-                    z, hl, fz = (list(band) + [oc.KEEP_ALIVE_DEAD_BAND_Z, oc.KEEP_ALIVE_DEAD_BAND_HALF_LIFE,
-                                               oc.KEEP_ALIVE_DEAD_BAND_FORWARD_Z][len(band):])[:3]
+                    z, hl, fz, fl = (list(band) + [oc.KEEP_ALIVE_DEAD_BAND_Z, oc.KEEP_ALIVE_DEAD_BAND_HALF_LIFE,
+                                                   oc.KEEP_ALIVE_DEAD_BAND_FORWARD_Z,
+                                                   default_floor][len(band):])[:4]
                     oc.KEEP_ALIVE_DEAD_BAND_Z, oc.KEEP_ALIVE_DEAD_BAND_HALF_LIFE = z, hl
-                    oc.KEEP_ALIVE_DEAD_BAND_FORWARD_Z = fz
+                    oc.KEEP_ALIVE_DEAD_BAND_FORWARD_Z, oc.KEEP_ALIVE_MIN_SERVED_STRETCH = fz, fl
                     ka = evaluate_online(profile, [test])[0]["keep_alive"]
                     served = replay_served(profile, calls, online=True)[2]
                     sm = ~np.isnan(served) & ~np.isnan(static)
@@ -125,7 +130,7 @@ def main() -> None:
                     dom = ",".join(f"{k}({v['coverage_diff']:+.4f}±{v['coverage_diff_se']:.4f};"
                                    f"{v['kv_s_diff']:+.3f}±{v['kv_s_diff_se']:.3f})"
                                    for k, v in ka.get("vs_baselines", {}).items() if v.get("dominated")) or "-"
-                    print(f"{a.side} {label:10s} rate={rate:g} H={horizon:g} z={z:g} hl={hl:g} fz={fz:g} gaps={ka['gaps']} "
+                    print(f"{a.side} {label:10s} rate={rate:g} H={horizon:g} z={z:g} hl={hl:g} fz={fz:g} floor={fl:g} gaps={ka['gaps']} "
                           f"nominal={ka['nominal']:.2f} | static cov={fmt(st['coverage'])} "
                           f"ttl={fmt(st['mean_ttl_s'], '.2f')} kv/cov={fmt(st['kv_s_per_covered_gap'])} | "
                           f"online cov={fmt(on['coverage'])} ttl={fmt(on['mean_ttl_s'], '.2f')} "

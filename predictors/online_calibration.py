@@ -77,6 +77,15 @@ KEEP_ALIVE_DEAD_BAND_HALF_LIFE = 30.0
 #: on the train side of the time splits among 1, 1.5, 2, 3: at 1 drift-team's second type qualifies
 #: and loses 0.7 pt (dominated by the band off); 1.5 is the least that makes no set worse.
 KEEP_ALIVE_DEAD_BAND_FORWARD_Z = 1.5
+#: The least stretch the keep-alive level is *served* at (:meth:`OnlineCalibrator.served_stretch`;
+#: the level itself still moves over ``[1 / MAX_STRETCH, MAX_STRETCH]`` and learns on its own TTL):
+#: 1 serves nothing shorter than the fitted TTL. A level below 1 trades coverage for no KV time: a
+#: shorter TTL saves only on the gaps it misses (a covered gap holds its own length), and a miss
+#: holds the whole TTL for nothing, so on a stream the fitted TTL over-covers the level's walk down
+#: to nominal is dominated by a constant TTL (SWE-agent's random split: 0.963 / 0.66 KV-s per covered
+#: gap against the plain p95's 0.979 / 0.65). Chosen on the train side of both splits
+#: (docs/keep-alive.md); 1 / MAX_STRETCH (0.25) is the level unfloored, as before.
+KEEP_ALIVE_MIN_SERVED_STRETCH = 1.0
 #: The flattest tail a keep-alive table is given (:func:`keep_alive_table`): ``U ∝ α^(−s)`` with
 #: ``s = ln MAX_STRETCH / ln MIN_ALPHA_RATIO`` (≈ 0.30), so the level's full range (α … α_min)
 #: can reach the full stretch; steeper fitted tails are kept as they are.
@@ -194,6 +203,7 @@ def keep_alive_calibrator(nominal: float = KEEP_ALIVE_NOMINAL, **kwargs: Any) ->
     kwargs.setdefault("dead_band_z", KEEP_ALIVE_DEAD_BAND_Z)
     kwargs.setdefault("dead_band_half_life", KEEP_ALIVE_DEAD_BAND_HALF_LIFE)
     kwargs.setdefault("dead_band_forward_z", KEEP_ALIVE_DEAD_BAND_FORWARD_Z)
+    kwargs.setdefault("min_served_stretch", KEEP_ALIVE_MIN_SERVED_STRETCH)
     return OnlineCalibrator(nominal, tails=1, **kwargs)
 
 
@@ -216,6 +226,7 @@ class OnlineCalibrator:
         stretch is always served; the keep-alive instance's, docs/keep-alive.md).
     dead_band_forward_z : the training side's evidence a type needs to be served through the
         dead band (:func:`predictors.keep_alive_compare.fitted_holds_forward`; the Predictor reads it).
+    min_served_stretch : the least stretch :meth:`served_stretch` serves (0: the level as it is).
     """
 
     def __init__(self, nominal: float = 0.99, *, rate: float = DEFAULT_RATE,
@@ -225,7 +236,8 @@ class OnlineCalibrator:
                  arm_half_life: float = ARM_HALF_LIFE, arm_margin: float = ARM_MARGIN,
                  arm_min_outcomes: float = ARM_MIN_OUTCOMES, dead_band_z: float = 0.0,
                  dead_band_half_life: float = KEEP_ALIVE_DEAD_BAND_HALF_LIFE,
-                 dead_band_forward_z: float = KEEP_ALIVE_DEAD_BAND_FORWARD_Z) -> None:
+                 dead_band_forward_z: float = KEEP_ALIVE_DEAD_BAND_FORWARD_Z,
+                 min_served_stretch: float = 0.0) -> None:
         if not 0.0 < nominal < 1.0:
             raise ValueError(f"nominal coverage must be in (0, 1), got {nominal}")
         if rate <= 0 or min_alpha_ratio < 1 or max_alpha_ratio < 1 or max_stretch < 1:
@@ -257,6 +269,9 @@ class OnlineCalibrator:
                              f"{dead_band_z}, {dead_band_half_life}")
         self.dead_band_z = float(dead_band_z)
         self.dead_band_forward_z = float(dead_band_forward_z)
+        if min_served_stretch < 0:
+            raise ValueError(f"min_served_stretch must be >= 0, got {min_served_stretch}")
+        self.min_served_stretch = float(min_served_stretch)
         self._band_decay = 2.0 ** (-1.0 / float(dead_band_half_life))
         #: key -> [Σw, Σw², Σw·miss] of the fitted (unstretched) TTL's outcomes (dead band only)
         self._fitted: dict[tuple[str, str], list] = {}
@@ -352,6 +367,14 @@ class OnlineCalibrator:
         if self.dead_band_z <= 0:
             return stretch
         return max(stretch, 1.0) if self.fitted_departure(key) > self.dead_band_z else 1.0
+
+    def served_stretch(self, key: tuple[str, str], stretch: float, banded: bool) -> float:
+        """The stretch served of the level's ``stretch`` at ``key``: through the dead band
+        (:meth:`gated_stretch`) for a ``banded`` type, else the level's, never below
+        ``min_served_stretch`` (a level under the fitted TTL trades coverage for no KV time)."""
+        if banded and self.dead_band_z > 0:
+            return self.gated_stretch(key, stretch)
+        return max(stretch, self.min_served_stretch)
 
     def record_fitted(self, key: tuple[str, str], hit: bool) -> None:
         """One outcome of the *fitted* (unstretched) TTL at ``key`` (and its type's pooled key),

@@ -295,12 +295,11 @@ class Predictor:
                 slopes[key] = keep_alive_slope(e.get("p50_s") if e else None, entry.keep_alive.ttl_z, cal.alpha)
             r = cal.power_stretch(key, slopes[key])
             level_ttl, by_tool = m.keep_alive_ttl(entry, *gap_stats, scale=r)
-            if cal.dead_band_z > 0 and level_ttl is not None and banded.get(wt):   # the level's dead band
-                g = cal.gated_stretch(key, r)
+            band = cal.dead_band_z > 0 and bool(banded.get(wt))   # the level's dead band
+            g = cal.served_stretch(key, r, band)
+            if band and level_ttl is not None:
                 fitted_ttl = m.keep_alive_ttl(entry, *gap_stats)[0]
-                ttl, by_tool = (level_ttl, by_tool) if g == r else m.keep_alive_ttl(entry, *gap_stats, scale=g)
-            else:
-                ttl = level_ttl
+            ttl, by_tool = (level_ttl, by_tool) if g == r else m.keep_alive_ttl(entry, *gap_stats, scale=g)
         if ttl is None:
             return None, by_tool, None
         served = (KeepAliveServed(key, level_ttl, None, fitted_ttl) if key is not None else None)

@@ -148,6 +148,48 @@ def test_the_dead_band_serves_the_fitted_ttl_unless_it_misses_beyond_the_binomia
         OnlineCalibrator(dead_band_z=-1.0)
 
 
+def test_the_level_is_served_no_shorter_than_the_fitted_ttl_outside_the_band():
+    """Issue 37 item 4: a level below 1 shortens the TTL for no KV time (a covered gap holds its
+    own length; a miss holds the whole TTL), so the stretch served outside the dead band is the
+    level's, floored at ``min_served_stretch``; inside the band it is :meth:`gated_stretch`'s."""
+    key, slope = (WT, "a"), keep_alive_slope(4.0, 40.0, 0.05)
+    cal = keep_alive_calibrator(min_served_stretch=1.0)
+    for _ in range(100):
+        cal.update(key, True)                        # every gap covered: the level walks down
+    r = cal.power_stretch(key, slope)
+    assert r < 0.8
+    assert cal.served_stretch(key, r, banded=False) == 1.0
+    assert cal.served_stretch(key, 2.5, banded=False) == 2.5        # stretching up is served
+    assert cal.served_stretch(key, r, banded=True) == cal.gated_stretch(key, r) == 1.0
+    unfloored = keep_alive_calibrator(min_served_stretch=0.0)
+    assert unfloored.served_stretch(key, r, banded=False) == r
+    assert keep_alive_calibrator().min_served_stretch == 1.0         # shipped: floored at the fit
+    assert OnlineCalibrator().min_served_stretch == 0.0              # the output band: unchanged
+    with pytest.raises(ValueError, match="min_served_stretch"):
+        OnlineCalibrator(min_served_stretch=-1.0)
+
+
+def test_a_stream_the_fitted_ttl_over_covers_is_served_the_fitted_ttl_not_a_shorter_one(
+        profile, tmp_path, monkeypatch):
+    """On a held-out stream whose gaps run at half the training ones the level walks below 1;
+    unfloored it served shorter TTLs and covered less at no saving in KV-seconds per covered gap
+    (SWE-agent's random split); floored, no served TTL is below the fitted one and coverage is
+    the fitted TTL's or more, while the level keeps learning underneath (it still walks down)."""
+    import predictors.online_calibration as oc
+    short = write_log(tmp_path / "short.jsonl", 120, seed=5, scale_after=(0, 0.5), start=3000)
+    st, gap = served(profile, short, online=False)
+    got = {}
+    for fl in (1.0 / oc.MAX_STRETCH, oc.KEEP_ALIVE_MIN_SERVED_STRETCH):
+        monkeypatch.setattr(oc, "KEEP_ALIVE_MIN_SERVED_STRETCH", fl)
+        on, _ = served(profile, short, online=True)
+        m = ~np.isnan(on) & ~np.isnan(st)
+        got[fl] = (on[m], st[m], coverage(on, gap))
+    (lo, st_m, cov_lo), (fl_on, _, cov_fl) = got[0.25], got[1.0]
+    assert (lo < st_m - 1e-9).mean() > 0.5, "unfloored, the level serves below the fitted TTL"
+    assert np.all(fl_on >= st_m - 1e-9)
+    assert cov_fl >= coverage(st, gap) - 1e-9 and cov_fl > cov_lo
+
+
 def test_an_outcome_is_scored_at_the_next_arrival_and_a_session_end_is_none(profile):
     now = [0.0]
     pred = Predictor(profile, clock=lambda: now[0])
@@ -264,7 +306,8 @@ def test_the_dead_band_keeps_the_fitted_ttl_on_a_stationary_stream_and_follows_a
     Only a type whose training-side future showed its fitted TTL above nominal beyond
     ``KEEP_ALIVE_DEAD_BAND_FORWARD_Z`` is served through the band: this profile's type is not (its
     forward replay covers about nominal), so as shipped nothing changes; the forward threshold
-    lowered to -inf serves it through the band."""
+    lowered to -inf serves it through the band. ("off": the level unfloored, as it was served
+    before ``KEEP_ALIVE_MIN_SERVED_STRETCH``.)"""
     import predictors.online_calibration as oc
     wt_state = profile.data["idle_gap"]["workflow_types"][WT].get("selection_warm_start")
     assert not fitted_holds_forward(wt_state, 0.95, oc.KEEP_ALIVE_DEAD_BAND_FORWARD_Z)
@@ -274,17 +317,20 @@ def test_the_dead_band_keeps_the_fitted_ttl_on_a_stationary_stream_and_follows_a
     late = np.zeros(len(gap), dtype=bool)
     late[90 * CALLS:] = True
     got = {}
-    for name, z, fz in (("off", 0.0, oc.KEEP_ALIVE_DEAD_BAND_FORWARD_Z),
-                        ("shipped", oc.KEEP_ALIVE_DEAD_BAND_Z, oc.KEEP_ALIVE_DEAD_BAND_FORWARD_Z),
-                        ("banded", oc.KEEP_ALIVE_DEAD_BAND_Z, -math.inf)):
+    floor = oc.KEEP_ALIVE_MIN_SERVED_STRETCH
+    for name, z, fz, fl in (("off", 0.0, oc.KEEP_ALIVE_DEAD_BAND_FORWARD_Z, 1.0 / oc.MAX_STRETCH),
+                            ("off, floored", 0.0, oc.KEEP_ALIVE_DEAD_BAND_FORWARD_Z, floor),
+                            ("shipped", oc.KEEP_ALIVE_DEAD_BAND_Z, oc.KEEP_ALIVE_DEAD_BAND_FORWARD_Z, floor),
+                            ("banded", oc.KEEP_ALIVE_DEAD_BAND_Z, -math.inf, floor)):
         monkeypatch.setattr(oc, "KEEP_ALIVE_DEAD_BAND_Z", z)
         monkeypatch.setattr(oc, "KEEP_ALIVE_DEAD_BAND_FORWARD_Z", fz)
+        monkeypatch.setattr(oc, "KEEP_ALIVE_MIN_SERVED_STRETCH", fl)
         on, _ = served(profile, same, online=True)
         on_d, gap_d = served(profile, drift, online=True)
         m = ~np.isnan(on) & ~np.isnan(st)
         got[name] = (float(np.isclose(on[m], st[m]).mean()), coverage(on, gap),
                      coverage(np.where(late, on_d, np.nan), gap_d))
-    assert got["shipped"] == got["off"], got            # no forward evidence: the level as before
+    assert got["shipped"] == got["off, floored"], got   # no forward evidence: the level (floored)
     (eq_off, _, late_off), (eq_on, cov_on, late_on) = got["off"], got["banded"]
     assert eq_off < 0.05 and eq_on > 0.6, got           # the fitted TTL served for most calls
     assert abs(cov_on - 0.95) <= 0.015, got             # still at nominal
