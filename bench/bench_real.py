@@ -21,7 +21,9 @@ P(next | whole history)). After each table, the remaining-tokens C-index of ours
 baseline, with ours minus the best baseline ± its jackknife standard error; and the keep-alive
 TTL beside every keep-alive baseline (coverage and KV-seconds per covered gap, ours minus each ±
 its delete-one-workflow jackknife error, "DOMINATED" where the baseline is ahead beyond one error):
-the fitted TTL on the main protocol, the TTL served online on the time split. Last, every headline
+on the main 70/30 split both the fitted TTL (``profiler eval``) and the TTL served online (``profiler
+eval --online``: the serving Predictor's, the one the headline scores; ``--cv`` has only the fitted
+one), on the time split the TTL served online. Last, every headline
 figure (bands served vs the global band on the time split, next-agent top-1 and log-loss, remaining
 calls MAE, remaining-tokens C-index, keep-alive) as ours minus every baseline ± its jackknife error
 with a "DOMINATED" flag (:func:`headline_rows`; ``headline`` in ``--json``).
@@ -115,13 +117,13 @@ def bayes_top1(workload: str, test: Path, n_sim: int = 200_000, seed: int = 1234
 
 def split_fit_eval(logs: list[Path], work: Path, order: str = "hash") -> dict[str, Any]:
     """70/30 split by workflow (``order``: ``hash``, seed 0, or ``time``: past → train), fit on
-    70, eval on 30 (the profiler's own code paths). On the time split the result also holds
-    ``online_band`` (:func:`online_band`)."""
+    70, eval on 30 (the profiler's own code paths). The result also holds ``online_band``
+    (:func:`online_band`: the same test side replayed through the serving Predictor), on either
+    split: the keep-alive headline scores the TTL served online (eval scores what serving serves)."""
     split_logs(logs, work / "split", train=0.7, seed=0, order=order)
     profile, _ = fit_profile([work / "split" / "train"], work / "profile")
     result, _ = evaluate(profile, [work / "split" / "test"])
-    if order == "time":
-        result["online_band"] = online_band(evaluate_online(profile, [work / "split" / "test"])[0])
+    result["online_band"] = online_band(evaluate_online(profile, [work / "split" / "test"])[0])
     return result
 
 
@@ -256,7 +258,7 @@ KA_BASELINES = ("idle_gap_p95", "tool_p95", "nat_trie")
 
 def keep_alive_parts(result: dict[str, Any], served: bool) -> list[tuple[dict[str, Any], float]]:
     """The keep-alive blocks of one set's result with their weights (scored gaps): one for a
-    single split, one per fold or messy seed otherwise. ``served``: the time split's online
+    single split, one per fold or messy seed otherwise. ``served``: the split's online
     replay (``online_band.keep_alive``: the TTL the serving Predictor serves, calibrated online),
     else ``profiler eval``'s static scores (``keep_alive``)."""
     if "folds" in result:
@@ -292,7 +294,7 @@ def keep_alive_vs(result: dict[str, Any], name: str, served: bool) -> dict[str, 
 
 def keep_alive_table(results: dict[str, dict[str, Any]], title: str, served: bool) -> Table:
     """Per set: the keep-alive TTL's coverage of the held-out idle gaps and KV-seconds per covered
-    gap, ours (``served``: the online replay on the time split) beside every baseline, then ours
+    gap, ours (``served``: the online replay, the TTL the serving Predictor serves) beside every baseline, then ours
     minus each ± its jackknife error, "dominated" where the baseline is ahead beyond one error
     (:func:`scoring.evaluation.keep_alive_dominated`)."""
     table = Table(title=title)
@@ -351,14 +353,25 @@ def _pool(got: list[tuple[float, float | None, float]]) -> tuple[float, float] |
     return (sum(w * d for d, _, w in got) / total, float(np.sqrt(sum((w * se) ** 2 for _, se, w in got))) / total)
 
 
-def headline_rows(result: dict[str, Any], served: bool) -> list[tuple[str, str, str, bool]]:
+def keep_alive_served(result: dict[str, Any]) -> bool:
+    """Whether ``result`` holds the keep-alive TTL served online (a single split's, or every seed's;
+    not ``--cv``, whose folds are scored by ``profiler eval`` alone): the keep-alive headline scores
+    it where it does, the fitted TTL otherwise."""
+    parts = _parts(result)
+    return bool(parts) and all(((q.get("online_band") or {}).get("keep_alive") or {}).get("vs_baselines")
+                               for q in parts)
+
+
+def headline_rows(result: dict[str, Any], served: bool,
+                  ka_served: bool | None = None) -> list[tuple[str, str, str, bool]]:
     """Every headline figure of one set beside every baseline: ``(figure, baseline, "ours − it ±
     se", dominated)``. Bands: the served (online) band minus the global band on the time split
     (``online_vs_global``: coverage and width); next agent: top-1 and log-loss minus markov1,
     markov_vo, markov_wb; remaining calls: MAE minus the position median; remaining tokens:
     C-index minus each :data:`RW_BASELINES` (``served``: of the order replayed online, as the
     Predictor serves it, pooled over parts weighted by their scored calls); keep-alive: coverage and KV-seconds per covered gap
-    minus each :data:`KA_BASELINES` (served online on the time split). Errors: delete-one-workflow
+    minus each :data:`KA_BASELINES`, served online wherever the result holds the online replay
+    (``ka_served``, default :func:`keep_alive_served`), else as fitted. Errors: delete-one-workflow
     (or session) jackknife, pooled over folds or seeds; dominated: the baseline ahead beyond one."""
     parts = _parts(result)
     rows: list[tuple[str, str, str, bool]] = []
@@ -391,11 +404,12 @@ def headline_rows(result: dict[str, Any], served: bool) -> list[tuple[str, str, 
         if jk is not None:
             rows.append(("remaining tokens C-index" + (", served" if served else ""), name,
                          f"{jk[0]:+.3f} ± {jk[1]:.3f}", jk[0] < -jk[1]))
+    ka_served = keep_alive_served(result) if ka_served is None else ka_served
     for name in KA_BASELINES:
-        v = keep_alive_vs(result, name, served)
+        v = keep_alive_vs(result, name, ka_served)
         if v is not None:
             kv = "n/a" if v["kv_s_diff"] is None else f"{v['kv_s_diff']:+.2f} ± {(v['kv_s_diff_se'] or 0):.2f}"
-            rows.append(("keep-alive (coverage; KV-s per covered gap)" + (", served" if served else ""), name,
+            rows.append(("keep-alive (coverage; KV-s per covered gap)" + (", served" if ka_served else ""), name,
                          f"{v['coverage_diff']:+.3f} ± {(v['coverage_diff_se'] or 0):.3f}; {kv}", v["dominated"]))
     return rows
 
@@ -557,8 +571,10 @@ def main() -> None:
                 else:
                     entry.update(result=result, table=baseline_rows(result),
                                  c_index_vs={n: c_index_diff(result, n) for n in RW_BASELINES},
-                                 keep_alive_vs={n: keep_alive_vs(result, n, served=proto == "time")
+                                 keep_alive_vs={n: keep_alive_vs(result, n, served=keep_alive_served(result))
                                                 for n in KA_BASELINES},
+                                 keep_alive_vs_fitted={n: keep_alive_vs(result, n, served=False)
+                                                       for n in KA_BASELINES},
                                  headline=[dict(zip(("figure", "baseline", "ours_minus_baseline", "dominated"), row))
                                            for row in headline_rows(result, served=proto == "time")])
                 if proto == "main":
@@ -593,8 +609,12 @@ def main() -> None:
                                  title=f"ours vs baselines on held-out workflows ({out['mode']}{spread})"))
     console.print(c_index_table({label: s["result"] for label, s in out["sets"].items() if "result" in s},
                                 title=f"remaining-tokens C-index, ours vs the best baseline ({out['mode']})"))
-    console.print(keep_alive_table({label: s["result"] for label, s in out["sets"].items() if "result" in s},
-                                   f"keep-alive TTL (fitted), ours vs every baseline ({out['mode']})", served=False))
+    main_results = {label: s["result"] for label, s in out["sets"].items() if "result" in s}
+    console.print(keep_alive_table(main_results, f"keep-alive TTL (fitted: profiler eval), ours vs every baseline "
+                                                 f"({out['mode']})", served=False))
+    console.print(keep_alive_table({k: r for k, r in main_results.items() if keep_alive_served(r)},
+                                   f"keep-alive TTL served (online: the serving Predictor, what the headline "
+                                   f"scores), ours vs every baseline ({out['mode']})", served=True))
     console.print(headline_table({label: s["result"] for label, s in out["sets"].items() if "result" in s},
                                  f"every headline figure, ours − every baseline ± jackknife se ({out['mode']})",
                                  served=False))

@@ -77,8 +77,11 @@ def test_time_split_reports_the_online_band_as_the_served_one(tmp_path):
     assert vs["coverage_diff"] == pytest.approx(band["online"]["coverage"] - band["global"]["coverage"])
     assert vs["coverage_diff_se"] is not None and vs["coverage_diff_se"] >= 0
     assert "global arm served (switches)" in text and f"{band['global']['coverage']:.3f}" in text
-    assert "online_band" not in bench.split_fit_eval([REPO / "datasets" / "real" / "agentless_pr28.jsonl"],
-                                                     tmp_path / "hash", "hash")
+    # the random split is replayed online too: its keep-alive headline scores the TTL served
+    hashed = bench.split_fit_eval([REPO / "datasets" / "real" / "agentless_pr28.jsonl"], tmp_path / "hash", "hash")
+    assert hashed["online_band"]["keep_alive"]["vs_baselines"] and bench.keep_alive_served(hashed)
+    rows = {(f, b) for f, b, *_ in bench.headline_rows(hashed, served=False)}
+    assert ("keep-alive (coverage; KV-s per covered gap), served", "idle_gap_p95") in rows
 
 
 def _bench_module():
@@ -125,3 +128,25 @@ def test_on_the_time_split_the_c_index_headline_is_the_served_order():
     assert static[("remaining tokens C-index", "position_median")][1]                    # the fit's: behind
     cell, dom = served[("remaining tokens C-index, served", "position_median")]
     assert cell.startswith("+0.013 ±") and not dom                 # weighted by calls: (−1 + 6) / 400
+
+
+def test_the_keep_alive_headline_scores_the_served_ttl_where_the_online_replay_exists():
+    """Eval scores what serving serves: with the online replay in every part (a split, each messy
+    seed) the keep-alive headline is the served TTL's, even on the random split (``served=False``
+    for the other figures); a result without it (``--cv``) keeps the fitted TTL's."""
+    bench = _bench_module()
+
+    def ka(cov):
+        return {"gaps": 100, "vs_baselines": {"idle_gap_p95": {
+            "coverage_diff": cov, "coverage_diff_se": 0.005, "kv_s_diff": 0.01, "kv_s_diff_se": 0.004}}}
+    fitted_only = {"folds": [{"keep_alive": ka(0.004)}, {"keep_alive": ka(0.004)}]}
+    both = {"folds": [{"keep_alive": ka(0.004), "online_band": {"keep_alive": ka(-0.02)}} for _ in range(2)]}
+    assert not bench.keep_alive_served(fitted_only) and bench.keep_alive_served(both)
+    rows = {b: (f, cell, dom) for f, b, cell, dom in bench.headline_rows(both, served=False)}
+    figure, cell, dom = rows["idle_gap_p95"]
+    assert figure.endswith(", served") and cell.startswith("-0.020") and dom          # the served TTL: behind
+    figure, cell, dom = {b: (f, c, d) for f, b, c, d in bench.headline_rows(fitted_only, served=False)}["idle_gap_p95"]
+    assert not figure.endswith(", served") and cell.startswith("+0.004") and not dom
+    # a part without the replay: the whole set falls back to the fitted TTL (never a mix)
+    mixed = {"folds": [both["folds"][0], fitted_only["folds"][0]]}
+    assert not bench.keep_alive_served(mixed)
