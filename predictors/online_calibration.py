@@ -17,7 +17,8 @@ under drift still widens; only misses step further, so the bound holds.
 **Keep-alive TTL**: a second, one-sided instance of the loop at the idle-gap model's nominal,
 one outcome per idle gap, stretching along :func:`keep_alive_table` (never flatter than
 :data:`MIN_TAIL_SLOPE`), served through a dead band (:meth:`OnlineCalibrator.gated_stretch`) for a
-type whose training-side future showed its fitted TTL above nominal. **Never dominated by the
+type whose training-side future showed its fitted TTL above nominal, elsewhere never below the
+fitted TTL (:meth:`OnlineCalibrator.served_stretch`). **Never dominated by the
 global band** (issue 37): each key serves its
 own band or the global band, whichever the interval score puts ahead by :data:`ARM_MARGIN`
 paired standard errors (:meth:`OnlineCalibrator.record`).

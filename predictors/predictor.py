@@ -275,7 +275,9 @@ class Predictor:
         computed once per profile and key), through the level's dead band for a type whose
         training-side future showed its fitted TTL above nominal
         (:meth:`~predictors.online_calibration.OnlineCalibrator.gated_stretch`,
-        :func:`~predictors.keep_alive_compare.fitted_holds_forward`); the fitted TTL without a calibrator. With the
+        :func:`~predictors.keep_alive_compare.fitted_holds_forward`), elsewhere never shorter than the
+        fitted TTL (:meth:`~predictors.online_calibration.OnlineCalibrator.served_stretch`); the
+        fitted TTL without a calibrator. With the
         keep-alive selection, the type's candidate ahead on the gaps seen serves instead
         (:meth:`_keep_alive_candidates`; by-tool TTLs only with the fitted one)."""
         cal, key, fitted_ttl = self.keep_alive_calibrator, None, None
