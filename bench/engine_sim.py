@@ -69,6 +69,14 @@ ENGINE_OPTIONS = {"preprefill": False}
 #: ``--enable-hierarchical-cache --hicache-ratio 2``): simulated with that host tier and prefetch
 HICACHE_ARMS = frozenset({"hints", "no-priority", "no-retention", "no-prefetch", "no-routing"})
 HICACHE_RATIO = 2.0
+#: How much a replica's step slows the other's on the two shared cores
+#: (``ClusterConfig.compute_share``: an iteration takes ``1 + share`` times its calibrated step
+#: while the other replica is mid-iteration): a plain replica's step is not all on both cores
+#: (its scheduler's Python runs on one), a HiCache replica adds its cache controller's copies.
+#: Measured on the engine's per-call decode time per token (session 11's open-loop pair, seeds
+#: 0-4, ``bench/engine_calls.py``): 0.5 reproduces the plain pair's (4.09 vs 4.17 ms; 1.0, full
+#: sharing, gave 5.51), 0.9 the hints pair's (5.20 vs 5.19 ms); docs/sglang.md, session 12.
+COMPUTE_SHARE = {"plain": 0.5, "hicache": 0.9}
 ROUTING_ONLY = {"priority": False, "keep_drop": False, "prefetch": False}
 
 
@@ -319,7 +327,8 @@ def simulate_runs(records: list[dict], profile_dir: Path, cfg: ClusterConfig, co
         hicache = name in HICACHE_ARMS
         opts = OursOptions(prefetch=hicache, preemption_threshold=preemption_threshold, **ENGINE_OPTIONS)
         policy = _policy(SIM_POLICIES[name], profile_dir, opts)
-        arm_cfg = replace(cfg, host_ratio=HICACHE_RATIO if hicache else 0.0)
+        arm_cfg = replace(cfg, host_ratio=HICACHE_RATIO if hicache else 0.0,
+                          compute_share=COMPUTE_SHARE["hicache" if hicache else "plain"])
         out[name] = Simulator(wl, policy, arm_cfg, arrivals, None, concurrency).run()
     return out
 
