@@ -62,7 +62,7 @@ def test_a_router_run_is_rebuilt_without_sglang_router_installed(monkeypatch) ->
 def test_plain_and_hicache_arms_share_the_cores_as_measured(monkeypatch) -> None:
     """Each arm's replicas slow each other by the share measured for their kind
     (``engine_sim.COMPUTE_SHARE``): a plain pair (router, round robin, routing-only) less than a
-    HiCache pair, whose cache controller's copies compete for the same two cores."""
+    HiCache pair (full sharing, until a calibration with both replicas busy measures it)."""
     from bench import engine_sim
     from simulator import engine as sim_engine
 
