@@ -9,7 +9,9 @@ replays the same trace under every set-up of the bench.
 * **Cluster** — what the servers report at start-up (``max_total_num_tokens``,
   ``chunked_prefill_size``, ``max_running_requests`` from their log), the bench's replicas; a
   host tier of 2 × the pool for the arms whose replicas run HiCache (:data:`HICACHE_ARMS`:
-  hints and its ablations, ``--hicache-ratio 2``), none for the plain ones.
+  hints and its ablations, ``--hicache-ratio 2``), none for the plain ones; the replicas share
+  the host's cores, each slowing the other's step by :data:`COMPUTE_SHARE` (a plain pair 0.5,
+  measured on the engine's per-call decode time; a HiCache pair 1.0, full sharing).
 * **Trace** — the replayed records with the replay's scaling: token counts as
   ``serving_hooks.replay_plan.load_plan`` scales them, every timestamp × ``time_scale`` (so the
   gaps and root offsets shrink as in the replay); a closed population of ``concurrency``
@@ -69,6 +71,16 @@ ENGINE_OPTIONS = {"preprefill": False}
 #: ``--enable-hierarchical-cache --hicache-ratio 2``): simulated with that host tier and prefetch
 HICACHE_ARMS = frozenset({"hints", "no-priority", "no-retention", "no-prefetch", "no-routing"})
 HICACHE_RATIO = 2.0
+#: How much a replica's step slows the other's on the two shared cores
+#: (``ClusterConfig.compute_share``: an iteration takes ``1 + share`` times its calibrated step
+#: while the other replica is mid-iteration). Plain replicas: 0.5 — their step is not all on both
+#: cores (the scheduler's Python runs on one); chosen on the engine's per-call decode time per
+#: token of session 11's open-loop pair, seeds 0-4 (4.09 vs 4.17 ms; full sharing gave 5.51), and
+#: held on seeds 5-9 (4.28 vs 4.16 ms). HiCache replicas: full sharing (1.0), as before — their
+#: records do not pin a share (0.9 fits seeds 0-4, under 0.7 seeds 5-9), and any share below 1.0
+#: makes the hints arm faster than the engine on three of the four stored pairs, whose wait before
+#: the first token the simulator still lacks. docs/sglang.md, session 12.
+COMPUTE_SHARE = {"plain": 0.5, "hicache": 1.0}
 ROUTING_ONLY = {"priority": False, "keep_drop": False, "prefetch": False}
 
 
@@ -319,7 +331,8 @@ def simulate_runs(records: list[dict], profile_dir: Path, cfg: ClusterConfig, co
         hicache = name in HICACHE_ARMS
         opts = OursOptions(prefetch=hicache, preemption_threshold=preemption_threshold, **ENGINE_OPTIONS)
         policy = _policy(SIM_POLICIES[name], profile_dir, opts)
-        arm_cfg = replace(cfg, host_ratio=HICACHE_RATIO if hicache else 0.0)
+        arm_cfg = replace(cfg, host_ratio=HICACHE_RATIO if hicache else 0.0,
+                          compute_share=COMPUTE_SHARE["hicache" if hicache else "plain"])
         out[name] = Simulator(wl, policy, arm_cfg, arrivals, None, concurrency).run()
     return out
 

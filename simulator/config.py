@@ -55,6 +55,11 @@ class ClusterConfig:
     #: iteration that starts while ``m`` other replicas are mid-iteration takes ``1 + m`` times
     #: its step time (processor sharing, fixed for the iteration). False: one GPU per replica.
     shared_compute: bool = False
+    #: With ``shared_compute``, how much of a step another mid-iteration replica adds: an
+    #: iteration takes ``1 + compute_share × m`` times its step time. 1.0 is full processor
+    #: sharing (each replica's step all on the shared cores); less when part of a step (the
+    #: scheduler's single-threaded Python) runs beside the other replica on a core of its own.
+    compute_share: float = 1.0
     #: Iteration time model (hardware roofline, :mod:`simulator.hardware`; or fitted,
     #: :mod:`simulator.calibration`).
     step: StepTimeModel = field(default_factory=lambda: roofline_step(H100_SXM, LLAMA31_8B))

@@ -721,10 +721,11 @@ class Simulator:
 
     def _compute_share(self, rep: Replica) -> float:
         """How many replicas share the host's compute for an iteration of ``rep`` starting now:
-        1 plus those mid-iteration when ``ClusterConfig.shared_compute``, else 1."""
+        1 plus ``ClusterConfig.compute_share`` per replica mid-iteration when
+        ``ClusterConfig.shared_compute``, else 1."""
         if not self.config.shared_compute:
             return 1.0
-        return 1.0 + sum(1 for r in self.replicas if r is not rep and r.stepping)
+        return 1.0 + self.config.compute_share * sum(1 for r in self.replicas if r is not rep and r.stepping)
 
     def _wake(self, rep: Replica) -> None:
         """Something changed on ``rep`` (a call arrived, a load finished, a pin expired): plan a

@@ -57,3 +57,30 @@ def test_a_router_run_is_rebuilt_without_sglang_router_installed(monkeypatch) ->
     cond = json.loads(stored.read_text())["conditions"]["platform-contention"]
     st, names, seeds, _, _ = rebuild(cond, seeds=[0])
     assert (names, seeds, st["estimate"]) == (["router", "hints"], [0], False)
+
+
+def test_plain_and_hicache_arms_share_the_cores_as_measured(monkeypatch) -> None:
+    """Each arm's replicas slow each other by the share measured for their kind
+    (``engine_sim.COMPUTE_SHARE``): a plain pair (router, round robin, routing-only) less than a
+    HiCache pair (full sharing, until a calibration with both replicas busy measures it)."""
+    from bench import engine_sim
+    from simulator import engine as sim_engine
+
+    seen: list[tuple[float, float]] = []
+    real_init = sim_engine.Simulator.__init__
+
+    def spy(self, wl, policy, config, *a, **k):
+        seen.append((config.compute_share, config.host_ratio))
+        real_init(self, wl, policy, config, *a, **k)
+
+    monkeypatch.setattr(sim_engine.Simulator, "__init__", spy)
+    monkeypatch.setattr(sim_engine.Simulator, "run", lambda self: None)
+    cond = json.loads((RUN.parent / "engine-platform-contention-s10-2026-11-29.json").read_text())
+    cond = cond["conditions"]["platform-contention"]
+    cond["settings"]["setups"] = ["router", "routing-only", "hints", "no-retention"]
+    simulated_runs(cond, seeds=[0])
+    share = engine_sim.COMPUTE_SHARE
+    assert share["plain"] < share["hicache"] <= 1.0
+    # in the order of the set-ups: router, routing-only (plain SGLang), hints, no-retention
+    assert seen == [(share["plain"], 0.0), (share["plain"], 0.0),
+                    (share["hicache"], engine_sim.HICACHE_RATIO), (share["hicache"], engine_sim.HICACHE_RATIO)]

@@ -147,3 +147,23 @@ def test_replicas_sharing_one_device_slow_each_other_down():
     assert {r.replica for r in shared.requests} == {0, 1}
     assert all(0.190 < f <= 2 * 0.190 + 1e-9 for f in shared.wf_finish)
     assert sum(shared.replica_busy_s) > sum(alone.replica_busy_s)
+
+
+def test_compute_share_sets_how_much_the_other_replica_slows_a_step():
+    # The same two calls as above, each replica with one call: with ``compute_share`` s an
+    # iteration that starts while the other replica is mid-iteration takes 1 + s times its step.
+    # Both replicas step in lockstep here, so every iteration after the first pays the full
+    # factor: the finish times order as the shares do, 0 gives the unshared time exactly, and
+    # 0.5 lies strictly between none and full sharing.
+    wl = workload_from_records([rec("A", 1, 0.0, 1.0, 100, 10), rec("B", 1, 0.0, 1.0, 100, 10)])
+
+    def finish(share: float) -> float:
+        res = Simulator(wl, Policy("rr", RoundRobin(), FCFS(), LRU()),
+                        cfg(replicas=2, shared_compute=True, compute_share=share), [0.0, 0.0]).run()
+        assert {r.replica for r in res.requests} == {0, 1}
+        return float(res.wf_finish.max())
+
+    none, half, full = finish(0.0), finish(0.5), finish(1.0)
+    assert none == pytest.approx(0.190)
+    assert none < half < full <= 2 * 0.190 + 1e-9
+    assert half == pytest.approx(none + 0.5 * (full - none), rel=0.25)
