@@ -48,7 +48,8 @@ from bench.engine_conditions import (CONDITIONS, EngineWorkload, condition_setti
 from bench.engine_models import MODEL_CONFIGS, write_model  # noqa: E402
 from bench.engine_quiet import IDLE_CPU_LIMIT, SessionCPU, wait_quiet  # noqa: E402
 from bench.engine_report import (MIN_QUEUE_SHARE, arm_summary, engine_counters, fidelity,  # noqa: E402
-                                 queue_samples, queue_summary, ratio_pairs, ratios, same_seed_ratios)
+                                 prefill_sequences, queue_samples, queue_summary, ratio_pairs, ratios,
+                                 same_seed_ratios)
 from bench.engine_router import SGLangRouter, router_available  # noqa: E402
 from tests.sglang.cpu_standins.awp_cpu_standins import (EXTEND_ATTENTION_CHOICES,  # noqa: E402
                                                          EXTEND_ATTENTION_ENV)
@@ -224,14 +225,14 @@ def log_sizes(servers: list[SGLangServer]) -> list[int]:
     return [s.log_path.stat().st_size if s.log_path.exists() else 0 for s in servers]
 
 
-def log_since(servers: list[SGLangServer], sizes: list[int]) -> str:
-    """What the replicas logged since ``sizes`` (their log sizes before a run)."""
+def logs_since(servers: list[SGLangServer], sizes: list[int]) -> list[str]:
+    """What each replica logged since ``sizes`` (their log sizes before a run)."""
     out = []
     for srv, n in zip(servers, sizes):
         with srv.log_path.open("rb") as f:
             f.seek(n)
             out.append(f.read().decode(errors="replace"))
-    return "\n".join(out)
+    return out
 
 
 def run_setup(name: str, servers: list[SGLangServer], profile: Path, plan: list, seed: int,
@@ -266,14 +267,16 @@ def run_setup(name: str, servers: list[SGLangServer], profile: Path, plan: list,
         from serving_hooks.replay_report import call_records
         from store.workloads import write_jsonl
         write_jsonl(call_records(result), calls_dir(args) / f"{args.condition}-{name}-seed{seed}.jsonl")
-    queues, running = queue_samples(log_since(servers, sizes))
+    logs = logs_since(servers, sizes)
+    queues, running = queue_samples("\n".join(logs))
     ok = [c for c in result.calls if c.status == "ok" and c.t_first_token and c.t_finish]
     latency = sum(c.t_finish - c.t_send for c in ok)
     return {"jct_avg_s": r["workflows"]["jct_s"]["avg"], "jct_p95_s": r["workflows"]["jct_s"]["p95"],
             "errors": r["calls"]["errors"], "cached_fraction": r["tokens"]["cached_fraction"],
             "calls": r["calls"]["count"], "annotate_outcomes": outcomes, "wall_s": r["wall_s"],
             "ttft_share": (sum(c.t_first_token - c.t_send for c in ok) / latency) if latency > 0 else None,
-            "queue_depth": queue_summary(queues, running), "queue_samples": (queues, running)}
+            "queue_depth": queue_summary(queues, running), "queue_samples": (queues, running),
+            "replica_prefill_seqs": [prefill_sequences(text) for text in logs]}
 
 
 def final_counters(servers: list[SGLangServer]) -> None:
@@ -675,6 +678,8 @@ def run_condition(args: argparse.Namespace, model: Path, work: Path, est: dict |
                   f"queue mean {q['mean'] if q['mean'] is None else round(q['mean'], 2)} max {q['max']} "
                   f"non-empty {q['nonempty_share'] if q['nonempty_share'] is None else round(q['nonempty_share'], 2)}"
                   + (f", annotate {s['annotate_outcomes']}" if s["annotate_outcomes"] else "")
+                  + (f", calls per replica {'/'.join(map(str, s['replica_prefill_seqs']))}"
+                     if len(s.get("replica_prefill_seqs") or []) > 1 else "")
                   + (f", busiest idle replica {icpu:.1%} of a core" + (" (OVER 2%)" if icpu > IDLE_CPU_LIMIT else "")
                      if icpu is not None else "")
                   + f"  ({(time.monotonic() - t_start) / 60:.1f} min elapsed, load {la0[0]:.1f} -> "

@@ -45,6 +45,7 @@ MIN_QUEUE_SHARE = 0.5
 MIN_ANNOTATED_SHARE = 0.95
 #: fidelity thresholds: the simulated ratio within 0.05 of the measured, each arm within 15 %
 RATIO_TOLERANCE, ARM_TOLERANCE = 0.05, 0.15
+_NEW_SEQ = re.compile(r"Prefill batch.*?#new-seq: (\d+)")
 _BATCH = re.compile(r"(?:Prefill|Decode) batch.*?#running-req: (\d+).*?#queue-req: (\d+)")
 
 
@@ -138,6 +139,13 @@ def same_seed_ratios(per_seed: Mapping[int, Mapping[str, Mapping]], names: Seque
             out[key] = ratios(kept, names, level)[key] if kept else out[key]
             out[key]["withheld"] = sorted(gone)
     return out
+
+
+def prefill_sequences(log_text: str) -> int:
+    """Sequences one replica's ``Prefill batch`` lines admitted (``#new-seq``) in ``log_text``:
+    the calls it served, so the replicas' counts of one run are how the front split the calls
+    (a prompt split by chunked prefill counts once per chunk)."""
+    return sum(int(n) for n in _NEW_SEQ.findall(log_text))
 
 
 def queue_samples(log_text: str) -> tuple[list[int], list[int]]:

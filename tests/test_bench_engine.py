@@ -436,3 +436,13 @@ def test_a_seed_whose_gateway_failed_to_annotate_is_withheld_whatever_the_queue(
     broken = {0: per_seed[1]}
     e = ratios(broken, ["router", "hints"])["hints/router"]
     assert e["mean_avg"] is None and "gateway annotated" in e["refused"]
+
+
+def test_the_calls_each_replica_admitted_are_counted_from_its_prefill_lines() -> None:
+    """How the front split a run's calls between the replicas (the simulated router's split is
+    judged against it): the ``#new-seq`` of each replica's ``Prefill batch`` lines."""
+    from bench.engine_report import prefill_sequences
+    log = "\n".join([PREFILL.format(n=25, r=0, q=0), DECODE.format(r=1, q=0),
+                     PREFILL.format(n=40, r=1, q=2).replace("#new-seq: 1", "#new-seq: 3")])
+    assert prefill_sequences(log) == 4
+    assert prefill_sequences(DECODE.format(r=1, q=0)) == 0
