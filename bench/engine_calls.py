@@ -16,6 +16,11 @@ Per arm it prints where the time goes apart:
 * **cache** — prompt share served from cache, per call as the engine reported it
   (``cached_tokens``), and the prompt tokens as the engine counted them against the simulator's.
 
+* **wait + prefill by group** — every simulated call matched to the engine's record of it, grouped
+  (no simulated wait / simulated wait / host-tier hit / new tokens), the mean beside the 10th
+  percentile: a prefill cost the simulator lacks (a load-back, a per-call overhead) shows in the
+  fast calls of the groups it touches, a queue it lacks only in the mean.
+
 ``--fit-template`` instead fits the engine's chat template to the prompt counts of the run's
 records (:func:`fit_template`): how the simulated replica's prompt sizes were measured.
 
