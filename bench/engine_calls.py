@@ -14,8 +14,7 @@ Per arm it prints where the time goes apart:
   once, all replicas together), and the workflows' JCT with the share spent outside calls
   (tool gaps and the client);
 * **cache** — prompt share served from cache, per call as the engine reported it
-  (``cached_tokens``), and the prompt tokens as the engine counted them against the simulator's.
-
+  (``cached_tokens``), and the prompt tokens as the engine counted them against the simulator's;
 * **wait + prefill by group** — every simulated call matched to the engine's record of it, grouped
   (no simulated wait / simulated wait / host-tier hit / new tokens), the mean beside the 10th
   percentile: a prefill cost the simulator lacks (a load-back, a per-call overhead) shows in the
