@@ -14,7 +14,11 @@ Per arm it prints where the time goes apart:
   once, all replicas together), and the workflows' JCT with the share spent outside calls
   (tool gaps and the client);
 * **cache** — prompt share served from cache, per call as the engine reported it
-  (``cached_tokens``), and the prompt tokens as the engine counted them against the simulator's.
+  (``cached_tokens``), and the prompt tokens as the engine counted them against the simulator's;
+* **wait + prefill by group** — every simulated call matched to the engine's record of it, grouped
+  (no simulated wait / simulated wait / host-tier hit / new tokens), the mean beside the 10th
+  percentile: a prefill cost the simulator lacks (a load-back, a per-call overhead) shows in the
+  fast calls of the groups it touches, a queue it lacks only in the mean.
 
 ``--fit-template`` instead fits the engine's chat template to the prompt counts of the run's
 records (:func:`fit_template`): how the simulated replica's prompt sizes were measured.
@@ -125,6 +129,49 @@ def simulated_split(res: SimResult) -> dict:
             "busy_share_per_replica": [round(b / res.makespan_s, 3) for b in res.replica_busy_s]}
 
 
+def matched_calls(records: list[dict], res: SimResult) -> list[dict]:
+    """Each simulated call beside the engine's record of the same call (the bench appends
+    ``-<arm><seed>`` to the replay's request id): the first-token time on both sides, the
+    simulated wait before admission and the prompt tokens the simulator computed (not cached)."""
+    by_id = {r["request_id"].rsplit("-", 1)[0]: r for r in records
+             if r.get("status") == "ok" and r.get("t_first_token") is not None}
+    out = []
+    for q in res.requests:
+        r = None if q is None else by_id.get(q.call.request_id)
+        if r is not None:
+            out.append({"measured_s": r["t_first_token"] - r["t_arrival"], "simulated_s": q.t_first - q.t_issue,
+                        "simulated_wait_s": q.t_admit - q.t_issue, "new_tokens": q.input_tokens - q.gpu_hit - q.host_hit,
+                        "host_hit": q.host_hit})
+    return out
+
+
+#: groups of :func:`first_token_groups`: (label, test on a matched call)
+FIRST_TOKEN_GROUPS = (
+    ("no simulated wait", lambda c: c["simulated_wait_s"] < 1e-3),
+    ("simulated wait", lambda c: c["simulated_wait_s"] >= 1e-3),
+    ("host-tier hit", lambda c: c["host_hit"] > 0),
+    ("new tokens < 100", lambda c: c["new_tokens"] < 100),
+    ("new tokens 100-299", lambda c: 100 <= c["new_tokens"] < 300),
+    ("new tokens >= 300", lambda c: c["new_tokens"] >= 300),
+)
+
+
+def first_token_groups(calls: list[dict]) -> dict[str, dict]:
+    """Wait + prefill per group of matched calls, measured and simulated: the mean (queueing
+    included) and the 10th percentile (a call that met no queue: the prefill itself). A prefill
+    cost the simulator lacks (HiCache's load-back, a per-call overhead) shows in the 10th
+    percentile of the groups it touches; a queue it lacks only in the mean."""
+    out = {}
+    for label, test in FIRST_TOKEN_GROUPS:
+        sel = [c for c in calls if test(c)]
+        if sel:
+            m = np.array([c["measured_s"] for c in sel])
+            s = np.array([c["simulated_s"] for c in sel])
+            out[label] = {"calls": len(sel), "measured_mean_s": float(m.mean()), "simulated_mean_s": float(s.mean()),
+                          "measured_p10_s": float(np.percentile(m, 10)), "simulated_p10_s": float(np.percentile(s, 10))}
+    return out
+
+
 def _union(spans: list[tuple[float, float]]) -> float:
     """Length of the union of the time spans (a workflow's time with at least one call out)."""
     total, end = 0.0, -np.inf
@@ -141,15 +188,18 @@ def compare_condition(cond: dict, records: dict[str, list[dict]], seeds: list[in
     (``shared_compute`` False: the replicas simulated as if each had the host to itself)."""
     st = cond["settings"]
     runs, names, seeds = simulated_runs(cond, only=seeds, shared_compute=shared_compute)
-    out: dict = {"seeds": {}, "arms": {}}
+    out: dict = {"seeds": {}, "arms": {}, "first_token": {}}
+    matched: dict[str, list[dict]] = {}
     for s in seeds:
         row = out["seeds"][s] = {}
         for arm in names:
             mine = run_records(records, st.get("out"), f"{st['condition']}-{arm}-seed{s}")
             row[arm] = {"measured": measured_split(mine), "simulated": simulated_split(runs[s][arm])}
+            matched.setdefault(arm, []).extend(matched_calls(mine, runs[s][arm]))
     for arm in names:
         out["arms"][arm] = {side: {f: float(np.mean([out["seeds"][s][arm][side][f] for s in seeds])) for f in FIELDS}
                             for side in ("measured", "simulated")}
+        out["first_token"][arm] = first_token_groups(matched.get(arm, []))
     return out
 
 
@@ -182,6 +232,10 @@ def render(name: str, cmp: dict) -> str:
             lines.append(f"{arm:>12} {f:>22} {m:>10.3f} {s:>10.3f} {s / m if m else float('nan'):>9.2f}")
         per = [cmp["seeds"][k][arm]["simulated"]["calls_per_replica"] for k in cmp["seeds"]]
         lines.append(f"{arm:>12} {'sim calls per replica':>22} {per}")
+        for label, g in cmp.get("first_token", {}).get(arm, {}).items():
+            lines.append(f"{arm:>12} {'wait+prefill, ' + label:>38}: {g['calls']:>5} calls, mean "
+                         f"{g['measured_mean_s']:.3f} / {g['simulated_mean_s']:.3f} s, p10 "
+                         f"{g['measured_p10_s']:.3f} / {g['simulated_p10_s']:.3f} s (measured / simulated)")
     return "\n".join(lines)
 
 

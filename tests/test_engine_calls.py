@@ -8,7 +8,8 @@ import tarfile
 
 import pytest
 
-from bench.engine_calls import load_call_records, measured_split, run_records, simulated_split
+from bench.engine_calls import (first_token_groups, load_call_records, matched_calls, measured_split, run_records,
+                                simulated_split)
 from bench.engine_report import same_seed_ratios
 from simulator.baselines import FCFS, LRU, RoundRobin
 from simulator.config import ClusterConfig
@@ -51,6 +52,28 @@ def test_simulated_split_of_a_hand_checked_run() -> None:
     assert s["jct_avg_s"] == pytest.approx((0.240 + 0.190) / 2)
     assert s["in_flight"] == pytest.approx((0.240 + 0.190) / 0.240)
     assert s["calls_per_replica"] == [2] and s["cached_share"] == 0.0 and s["outside_calls_share"] == pytest.approx(0)
+
+
+def test_each_simulated_call_beside_the_engines_record_of_it() -> None:
+    # the hand-checked run above (both admitted at 0, first tokens at 0.150 s); the engine's ids
+    # carry the bench's arm-and-seed suffix, and it took 0.4 s to A's first token, 0.2 s to B's
+    wl = workload_from_records([rec("A", 1, 0.0, 1.0, 100, 10), rec("B", 1, 0.0, 1.0, 50, 5)])
+    cfg = ClusterConfig(replicas=1, kv_capacity_tokens=100_000, host_ratio=0.0, step=STEP, new_token_ratio=0.0)
+    res = Simulator(wl, Policy("rr", RoundRobin(), FCFS(), LRU()), cfg, [0.0, 0.0]).run()
+    engine = [{**call("A", 5.0, 5.4, 6.0, 100, 10, 0), "request_id": "A#1-hi3"},
+              {**call("B", 5.0, 5.2, 6.0, 50, 5, 0), "request_id": "B#1-hi3"},
+              {**call("C", 5.0, 5.2, 6.0, 50, 5, 0), "request_id": "C#1-hi3", "status": "error"}]
+    pairs = sorted(matched_calls(engine, res), key=lambda c: c["new_tokens"])
+    assert [c["new_tokens"] for c in pairs] == [50, 100]           # C failed on the engine: not matched
+    assert [c["measured_s"] for c in pairs] == pytest.approx([0.2, 0.4])
+    assert [c["simulated_s"] for c in pairs] == pytest.approx([0.150, 0.150])
+    assert all(c["simulated_wait_s"] == 0.0 and c["host_hit"] == 0 for c in pairs)
+    groups = first_token_groups(pairs)
+    assert groups["no simulated wait"]["calls"] == 2 and "simulated wait" not in groups
+    assert groups["no simulated wait"]["measured_mean_s"] == pytest.approx(0.3)
+    assert groups["no simulated wait"]["measured_p10_s"] == pytest.approx(0.22)   # numpy's linear 10th percentile
+    assert groups["new tokens < 100"]["calls"] == groups["new tokens 100-299"]["calls"] == 1
+    assert "host-tier hit" not in groups
 
 
 def test_call_records_from_a_folder_or_an_archive_and_the_runs_own_folder_first(tmp_path) -> None:
