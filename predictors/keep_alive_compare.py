@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from predictors.ew_stats import ew_binomial_z
 from predictors.served import HELD_TTL_MAX_S, HELD_TTL_MIN_S
 
 
@@ -115,8 +116,7 @@ def fitted_holds_forward(state: Any, nominal: float, z: float = 1.0) -> bool:
     does, the future the fit could check did not need the online level, and the server serves the
     level only through its dead band (:meth:`predictors.online_calibration.OnlineCalibrator.gated_stretch`).
     False without a replay."""
-    if not state or not state.get("s1") or float(state.get("sw") or 0.0) <= 0 or float(state.get("sw2") or 0.0) <= 0:
+    if not state or not state.get("s1"):
         return False
-    sw, sw2 = float(state["sw"]), float(state["sw2"])
-    n_eff = sw * sw / sw2
-    return float(state["s1"][0]) / sw - nominal > z * float(np.sqrt(nominal * (1.0 - nominal) / n_eff))
+    zf = ew_binomial_z(float(state.get("sw") or 0.0), float(state.get("sw2") or 0.0), float(state["s1"][0]), nominal)
+    return zf is not None and zf > z

@@ -33,7 +33,7 @@ import math
 import threading
 from typing import Any, NamedTuple, Sequence
 
-from predictors.ew_stats import ew_z
+from predictors.ew_stats import ew_binomial_z, ew_z
 from predictors.served import Band
 
 #: κ: the step of ln α per unit of (α − err). A miss multiplies the level by e^{−κ(1−α)} ≈ 0.82;
@@ -352,11 +352,8 @@ class OnlineCalibrator:
         ``key`` (its type's pooled one before the key's first outcome): ``(m − α) / sqrt(α(1 − α)
         / n_eff)``, positive when it misses more than nominal; 0 before any outcome."""
         st = self._fitted.get(key) or self._fitted.get((key[0], POOLED_AGENT))
-        if st is None or st[0] <= 0:
-            return 0.0
-        a = self.alpha
-        n_eff = st[0] * st[0] / st[1]
-        return (st[2] / st[0] - a) / math.sqrt(a * (1.0 - a) / n_eff)
+        z = None if st is None else ew_binomial_z(st[0], st[1], st[2], self.alpha)
+        return 0.0 if z is None else z
 
     def gated_stretch(self, key: tuple[str, str], stretch: float) -> float:
         """The stretch served of the level's ``stretch`` through the dead band: the level's
