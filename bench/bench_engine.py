@@ -49,7 +49,7 @@ from bench.engine_models import MODEL_CONFIGS, write_model  # noqa: E402
 from bench.engine_quiet import IDLE_CPU_LIMIT, SessionCPU, wait_quiet  # noqa: E402
 from bench.engine_report import (MIN_QUEUE_SHARE, arm_summary, engine_counters, fidelity,  # noqa: E402
                                  prefill_sequences, queue_samples, queue_summary, ratio_pairs, ratios,
-                                 same_seed_ratios)
+                                 same_seed_ratios, withheld_reasons)
 from bench.engine_router import SGLangRouter, router_available  # noqa: E402
 from tests.sglang.cpu_standins.awp_cpu_standins import (EXTEND_ATTENTION_CHOICES,  # noqa: E402
                                                          EXTEND_ATTENTION_ENV)
@@ -889,9 +889,7 @@ def print_report(name: str, out: dict, names: list[str]) -> None:
             line += (f" {sim['ratios'][key]['mean_avg']:>8.3f} {(f['abs_error'] if f else float('nan')):>+8.3f}"
                      + (f" {'pass' if f['pass'] else 'FAIL'}" if f else ""))
         if r.get("withheld"):
-            reasons = sorted({w["reason"].split(" in ")[0] if w["reason"].startswith("queue") else
-                              w["reason"].split(" {")[0] for w in r["withheld"]})
-            line += f"   ({len(r['withheld'])} seed(s) withheld: {'; '.join(reasons)})"
+            line += f"   ({len(r['withheld'])} seed(s) withheld: {'; '.join(withheld_reasons(r['withheld']))})"
         print(line)
     print("(ratio < 1: the arm's JCT is shorter than the baseline's; interval: Student t over seeds; "
           "sim err: simulated - measured ratio, pass within 0.05)")

@@ -92,8 +92,16 @@ def _annotation_withheld(run: Mapping) -> str | None:
     return f"gateway annotated {outcomes.get('annotated', 0) / total:.0%} of calls {dict(outcomes)}"
 
 
+def withheld_reasons(withheld: Sequence[Mapping]) -> list[str]:
+    """The distinct kinds of reason among a ratio's ``withheld`` seeds, without their figures:
+    ``queue empty`` (:func:`_queue_withheld`) and ``gateway annotated N% of calls``
+    (:func:`_annotation_withheld`, its outcome counts dropped)."""
+    return sorted({w["reason"].split(" in ")[0] if w["reason"].startswith("queue empty")
+                   else w["reason"].split(" {")[0] for w in withheld})
+
+
 def _refusal(withheld: Sequence[Mapping]) -> str:
-    if all(w["reason"].startswith("queue empty") for w in withheld):
+    if withheld_reasons(withheld) == ["queue empty"]:
         return f"no ratio: the queue was empty most of the time in every seed ({len(withheld)} withheld)"
     return f"no ratio: every seed withheld ({len(withheld)}; first: {withheld[0]['reason']})"
 
