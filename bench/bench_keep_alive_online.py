@@ -37,7 +37,7 @@ from bench.bench_real import real_source  # noqa: E402
 from fitting.profile_fit import fit_profile  # noqa: E402
 from predictors.keep_alive_compare import compare_held  # noqa: E402
 from scoring.evaluation import keep_alive_cost  # noqa: E402
-from scoring.online_eval import evaluate_online, replay_served, stream_calls, stream_gaps  # noqa: E402
+from scoring.online_eval import keep_alive_online, replay_served, stream_calls, stream_gaps  # noqa: E402
 from store import ingest as ingest_mod  # noqa: E402
 from store.duckdb_store import connect  # noqa: E402
 from store.split import split_logs  # noqa: E402
@@ -109,8 +109,11 @@ def main() -> None:
                                                    default_floor][len(band):])[:4]
                     oc.KEEP_ALIVE_DEAD_BAND_Z, oc.KEEP_ALIVE_DEAD_BAND_HALF_LIFE = z, hl
                     oc.KEEP_ALIVE_DEAD_BAND_FORWARD_Z, oc.KEEP_ALIVE_MIN_SERVED_STRETCH = fz, fl
-                    ka = evaluate_online(profile, [test])[0]["keep_alive"]
-                    served = replay_served(profile, calls, online=True)[2]
+                    # one online replay per setting: its served TTLs are both what ``profiler eval
+                    # --online`` scores (keep_alive_online, as evaluate_online does) and the paired
+                    # comparison's
+                    _, _, served, _, rw = replay_served(profile, calls, online=True)
+                    ka = keep_alive_online(profile, con, calls, served, static, rw["keep_alive_selection"])
                     sm = ~np.isnan(served) & ~np.isnan(static)
                     vs = f" | fitted served {np.isclose(served[sm], static[sm]).mean():.2f}" if sm.any() else ""
                     if first is None:
