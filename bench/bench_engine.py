@@ -52,7 +52,7 @@ from bench.engine_report import (MIN_QUEUE_SHARE, arm_summary, engine_counters, 
                                  same_seed_ratios, withheld_reasons)
 from bench.engine_router import SGLangRouter, router_available  # noqa: E402
 from tests.sglang.cpu_standins.awp_cpu_standins import (EXTEND_ATTENTION_CHOICES,  # noqa: E402
-                                                         EXTEND_ATTENTION_ENV)
+                                                         EXTEND_ATTENTION_ENV, GPU_STANDINS_ENV)
 from tests.sglang.real_server import SGLangServer, free_port  # noqa: E402  (launcher only)
 
 #: The hints replicas as docs/sglang.md deploys them (flag names from SGLang 0.5.23's
@@ -68,6 +68,11 @@ HICACHE_FLAGS = ["--enable-hierarchical-cache", "--hicache-ratio", "2", "--hicac
 #: on CPU: the IO backend and layout the test stand-ins patch (tests/sglang/cpu_standins), as
 #: tests/sglang/test_real_server.py runs HiCache
 HICACHE_CPU_FLAGS = ["--hicache-io-backend", "direct", "--hicache-mem-layout", "layer_first"]
+#: on a CUDA host without ``sgl-kernel`` (bench/gpu_device_run.sh sets ``AWP_GPU_STANDINS=1``): every
+#: fused op on its torch path, torch sampling, no CUDA graphs (their capture goes through the
+#: kernel's weak-ref op) and HiCache's torch-copied ``direct`` IO (tests/sglang/cpu_standins)
+GPU_STANDIN_FLAGS = ["--sampling-backend", "pytorch", "--disable-cuda-graph"]
+GPU_STANDIN_ENV = {"SGLANG_FORCE_FUSED_OP_BACKEND": "torch"}
 #: the plugin's counters line every second (its names: docs/sglang.md), so a run's last one is fresh
 PLUGIN_LOG_EVERY_S = 1
 #: replica pair -> (server flags, plugin on, extra environment)
@@ -156,15 +161,27 @@ def shares_device(args: argparse.Namespace) -> bool:
     return not args.gpu or gpu_count() < args.replicas
 
 
-def start_pair(model: Path, work: Path, pair: str, args: argparse.Namespace) -> list[SGLangServer]:
-    """The ``--replicas`` replicas of ``pair``, started side by side (on 2 busy cores a start takes
-    1-2 min, almost all imports); if one fails, the others are stopped."""
+def pair_settings(pair: str, args: argparse.Namespace) -> tuple[list[str], bool, dict[str, str]]:
+    """``pair``'s server flags, plugin switch and extra environment on this machine: the preemption
+    threshold with priority scheduling; HiCache's torch-copied IO on CPU and on a GPU host without
+    ``sgl-kernel`` (``AWP_GPU_STANDINS=1``), which also gets :data:`GPU_STANDIN_FLAGS`."""
     flags, plugin, env = PAIRS[pair]
     flags = list(flags)
     if "--enable-priority-scheduling" in flags:
         flags += ["--priority-scheduling-preemption-threshold", str(args.preemption_threshold)]
-    if "--enable-hierarchical-cache" in flags and not args.gpu:
+    standins = args.gpu and os.environ.get(GPU_STANDINS_ENV) == "1"
+    if "--enable-hierarchical-cache" in flags and (standins or not args.gpu):
         flags += HICACHE_CPU_FLAGS
+    if standins:
+        flags += GPU_STANDIN_FLAGS
+        env = {**env, **GPU_STANDIN_ENV}
+    return flags, plugin, env
+
+
+def start_pair(model: Path, work: Path, pair: str, args: argparse.Namespace) -> list[SGLangServer]:
+    """The ``--replicas`` replicas of ``pair``, started side by side (on 2 busy cores a start takes
+    1-2 min, almost all imports); if one fails, the others are stopped."""
+    flags, plugin, env = pair_settings(pair, args)
     common = ["--max-total-tokens", str(args.pool_tokens), "--max-running-requests", str(args.max_running),
               "--enable-cache-report"]
     servers = []
@@ -399,6 +416,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="a seed's ratio is withheld when a run's SGLang queue was non-empty in fewer batch "
                          f"samples than this (default {MIN_QUEUE_SHARE}: empty most of the time)")
     ap.add_argument("--gpu", action="store_true", help="GPU machine: bfloat16, llama-8b shape, GPU defaults")
+    ap.add_argument("--work-dir", type=Path,
+                    help="keep the replicas' logs, the model folder and the profiles here (default: a temporary "
+                         "folder removed at the end)")
     ap.add_argument("--attention-backend", help="SGLang --attention-backend of every replica (e.g. triton or "
                     "torch_native on a GPU host without flashinfer; default: SGLang's choice)")
     ap.add_argument("--model-config", choices=MODEL_CONFIGS, help="model folder written here (CPU tiny, GPU llama-8b)")
@@ -467,7 +487,8 @@ def main(argv: list[str] | None = None) -> None:
     model_cfg = args.model_config or DEFAULTS["gpu" if args.gpu else "cpu"]["model_config"]
     out: dict = {"conditions": {}, "fidelity": {}}
     with tempfile.TemporaryDirectory() as tmp:
-        work = Path(tmp)
+        work = args.work_dir or Path(tmp)
+        work.mkdir(parents=True, exist_ok=True)
         model = args.model_dir or write_model(work / "model", model_cfg)
         for name in args.condition:
             cargs = condition_args(args, name)

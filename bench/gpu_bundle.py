@@ -22,6 +22,14 @@ it joins and checks the parts, installs with ``pip install --no-index --no-deps`
 that sees the host's torch (``--system-site-packages``), and runs
 ``bench/bench_engine.py --gpu --model-config llama-8b`` (dummy weights) within 8 minutes.
 
+``--site`` packs for a host that receives the repository itself in calls of at most 64 MiB (the
+device tool's GPU machine, whose image lists its packages: ``--host-packages``): the packages
+the host already has are left out (but SGLang's pinned ``transformers`` and ``huggingface-hub``
+are kept), the wheels are unpacked into one folder, the parts a text-only LLM server never loads
+are pruned (:data:`SITE_PRUNE`: multimodal generation, the Rust side servers, a second zstd
+backend), the project's SGLang plugin entry point is added as a ``dist-info``, and the folder goes
+as one ``site.tar.xz`` (~45 MiB, router excluded) that ``bench/gpu_device_run.sh`` unpacks.
+
 Downloads come from the package index this machine uses (``pip download``); a file already in the
 output folder with the right name is reused. The folder is a build output (``build/`` is
 gitignored).
@@ -35,6 +43,8 @@ import re
 import shutil
 import subprocess
 import sys
+import tarfile
+import zipfile
 from importlib import metadata
 from pathlib import Path
 
@@ -50,7 +60,8 @@ ROOTS = ("sglang", "xgrammar", "sglang-router",
          "numpy", "orjson", "psutil", "pybase64", "requests", "pillow", "fastapi", "packaging", "msgspec", "pyzmq",
          "tqdm", "ipython", "aiohttp", "transformers", "dill", "apache-tvm-ffi", "sentencepiece",
          "compressed-tensors", "gguf", "openai", "partial-json-parser", "setproctitle", "einops", "uvicorn",
-         "uvloop", "python-multipart", "jsonschema", "soundfile", "zstandard", "xxhash")
+         "uvloop", "python-multipart", "jsonschema", "soundfile", "zstandard", "xxhash",
+         "loguru")          # compressed-tensors' (installed without its requirements) import
 #: packages whose own requirements are not followed (their pins are the GPU stack: torch 2.14.1,
 #: flashinfer, sgl-kernel, a real triton) — the CPU recipe installs them with --no-deps too
 NO_DEPS = frozenset({"sglang", "xgrammar", "compressed-tensors"})
@@ -60,6 +71,13 @@ HOST_HAS = frozenset({"torch", "triton", "filelock", "typing-extensions", "sympy
 #: the GPU host's run: one seed of the contention condition (one replica per arm) and the simulator
 GPU_COMMAND = ("python bench/bench_engine.py --gpu --model-config llama-8b --condition contention --seeds 0 "
                "--workflows 24 --attention-backend triton --allow-load --out \"$HERE/engine-gpu.json\"")
+
+
+#: kept from the bundle even where the host has its own (SGLang pins these exact versions)
+KEEP_OURS = frozenset({"transformers", "huggingface-hub"})
+#: paths (globs, relative to the unpacked site) a text-only LLM server never imports
+SITE_PRUNE = ("sglang/multimodal_gen", "sglang/srt/rust_extensions/_bench.*", "sglang/srt/rust_extensions/_grpc.*",
+              "sglang/srt/rust_extensions/_server.*", "zstandard/_cffi.*", "jedi", "*.data", "**/__pycache__")
 
 
 def project_roots() -> list[str]:
@@ -234,6 +252,69 @@ def build(out: Path, python_version: str, platform: str, part_mib: int = PART_MI
     return manifest
 
 
+def host_packages(path: Path) -> frozenset[str]:
+    """The host image's package names (one per line, or comma-separated), canonicalised."""
+    text = "\n".join(line for line in path.read_text().splitlines() if not line.startswith("#"))
+    names = re.split(r"[,\s]+", text)
+    return frozenset(canonicalize_name(n) for n in names if n)
+
+
+def entry_points_dist_info(site: Path) -> Path:
+    """A ``dist-info`` in ``site`` that declares the project's SGLang plugin entry point (the host
+    runs the project from its source folder, not installed), read from pyproject."""
+    import tomllib
+
+    eps = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["entry-points"]
+    d = site / "agent_workflow_profiler_entry_points-0.0.dist-info"
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "METADATA").write_text("Metadata-Version: 2.1\nName: agent-workflow-profiler-entry-points\nVersion: 0.0\n")
+    (d / "entry_points.txt").write_text("".join(
+        f"[{group}]\n" + "".join(f"{k} = {v}\n" for k, v in items.items()) + "\n" for group, items in eps.items()))
+    return d
+
+
+def prune_site(site: Path) -> list[str]:
+    """Remove :data:`SITE_PRUNE` from an unpacked site folder; the paths removed (relative)."""
+    gone = []
+    for pattern in SITE_PRUNE:
+        for path in sorted(site.glob(pattern)):
+            if path.exists():
+                gone.append(str(path.relative_to(site)))
+                shutil.rmtree(path) if path.is_dir() else path.unlink()
+    return gone
+
+
+def site_skip(host: frozenset[str], router: bool = False) -> frozenset[str]:
+    """The packages ``--site`` leaves to the host: torch's own, the host image's (but
+    :data:`KEEP_OURS`), and ``sglang-router`` unless ``router``."""
+    return HOST_HAS | (host - KEEP_OURS) | (frozenset() if router else frozenset({"sglang-router"}))
+
+
+def build_site(out: Path, python_version: str, platform: str, host: frozenset[str], router: bool = False) -> dict:
+    """``--site``: ``out/site.tar.xz`` holding the unpacked, pruned closure without what the host has
+    (module doc); returns what went in and its size."""
+    out.mkdir(parents=True, exist_ok=True)
+    pins = closure([*ROOTS, *project_roots()], skip=site_skip(host, router))
+    wheels = out / "wheels"
+    download(pins, wheels, python_version, platform)
+    site = out / "site"
+    shutil.rmtree(site, ignore_errors=True)
+    for name, version in pins.items():
+        found = [p for p in wheels.glob("*.whl")
+                 if canonicalize_name(re.split(r"-\d", p.name, maxsplit=1)[0]) == name and f"-{version}-" in p.name]
+        if not found:
+            raise SystemExit(f"gpu_bundle: pip downloaded no wheel for {name}=={version}")
+        with zipfile.ZipFile(found[0]) as z:
+            z.extractall(site)
+    prune_site(site)
+    entry_points_dist_info(site)
+    tar = out / "site.tar.xz"
+    with tarfile.open(tar, "w:xz", preset=9) as t:
+        t.add(site, arcname=".")
+    return {"python_version": python_version, "packages": pins, "left_to_host": sorted(host & set(
+        closure([*ROOTS, *project_roots()])) - KEEP_OURS), "site_tar": tar.name, "bytes": tar.stat().st_size}
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, default=REPO / "build" / "gpu_bundle",
@@ -245,9 +326,21 @@ def main(argv: list[str] | None = None) -> None:
                          "wheel needs: glibc >= 2.34; pip also takes wheels for older glibc under it)")
     ap.add_argument("--part-mib", type=int, default=PART_MIB, help="largest part, MiB (default 60)")
     ap.add_argument("--clean", action="store_true", help="start from an empty folder (else reuse downloads)")
+    ap.add_argument("--site", action="store_true",
+                    help="one pruned site.tar.xz for bench/gpu_device_run.sh instead of wheels in parts (module doc)")
+    ap.add_argument("--host-packages", type=Path,
+                    help="with --site: the host image's package names (one per line); those are left out")
+    ap.add_argument("--router", action="store_true", help="with --site: include sglang-router (+19 MiB)")
     args = ap.parse_args(argv)
     if args.clean and args.out.exists():
         shutil.rmtree(args.out)
+    if args.site:
+        host = host_packages(args.host_packages) if args.host_packages else frozenset()
+        m = build_site(args.out, args.python_version, args.platform, host, args.router)
+        (args.out / "SITE.json").write_text(json.dumps(m, indent=1))
+        print(f"{args.out / m['site_tar']}: {len(m['packages'])} packages, {m['bytes'] / 2**20:.1f} MiB; "
+              f"on the host: bash bench/gpu_device_run.sh {m['site_tar']} OUT_DIR")
+        return
     m = build(args.out, args.python_version, args.platform, args.part_mib)
     parts = [p for e in m["files"] for p in e["parts"]]
     total = sum(e["size"] for e in m["files"])

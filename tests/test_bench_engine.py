@@ -446,3 +446,21 @@ def test_the_calls_each_replica_admitted_are_counted_from_its_prefill_lines() ->
                      PREFILL.format(n=40, r=1, q=2).replace("#new-seq: 1", "#new-seq: 3")])
     assert prefill_sequences(log) == 4
     assert prefill_sequences(DECODE.format(r=1, q=0)) == 0
+
+
+def test_a_gpu_host_without_sgl_kernel_gets_torch_paths_only_when_it_says_so(monkeypatch) -> None:
+    """``AWP_GPU_STANDINS=1`` (bench/gpu_device_run.sh) on ``--gpu``: torch sampling, no CUDA
+    graphs, fused ops forced onto torch, HiCache's torch-copied IO; without it a GPU replica keeps
+    SGLang's defaults, and a CPU replica's flags do not depend on it."""
+    gpu = be.parse_args(["--gpu", "--estimate"])
+    monkeypatch.delenv(be.GPU_STANDINS_ENV, raising=False)
+    plain_gpu, hints_gpu = be.pair_settings("plain", gpu), be.pair_settings("hints", gpu)
+    assert plain_gpu == ([], False, {}) and "--hicache-io-backend" not in hints_gpu[0]
+    cpu_before = be.pair_settings("hints", be.parse_args([]))
+    monkeypatch.setenv(be.GPU_STANDINS_ENV, "1")
+    flags, plugin, env = be.pair_settings("hints", gpu)
+    assert plugin and env == be.GPU_STANDIN_ENV == {"SGLANG_FORCE_FUSED_OP_BACKEND": "torch"}
+    assert flags[:len(hints_gpu[0])] == hints_gpu[0]
+    assert flags[len(hints_gpu[0]):] == be.HICACHE_CPU_FLAGS + be.GPU_STANDIN_FLAGS
+    assert be.pair_settings("plain", gpu) == (be.GPU_STANDIN_FLAGS, False, be.GPU_STANDIN_ENV)
+    assert be.pair_settings("hints", be.parse_args([])) == cpu_before

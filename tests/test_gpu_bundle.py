@@ -122,3 +122,55 @@ def test_platform_tags_include_every_older_manylinux() -> None:
     tags = gb.platform_tags("manylinux_2_34_x86_64")
     assert tags[0] == "manylinux_2_34_x86_64" and "manylinux_2_28_x86_64" in tags and "manylinux2014_x86_64" in tags
     assert gb.platform_tags("linux_x86_64") == ["linux_x86_64"]
+
+
+def test_site_leaves_the_host_images_packages_but_keeps_sglangs_pins(tmp_path) -> None:
+    listed = tmp_path / "host.txt"
+    listed.write_text("# a comment line\nNumPy\npandas, Transformers\nhuggingface_hub\n")
+    host = gb.host_packages(listed)
+    assert host == {"numpy", "pandas", "transformers", "huggingface-hub"}
+    skip = gb.site_skip(host)
+    assert {"numpy", "pandas", "torch", "sglang-router"} <= skip
+    assert not {"transformers", "huggingface-hub"} & skip                   # SGLang pins these
+    assert "sglang-router" not in gb.site_skip(host, router=True)
+    image = gb.host_packages(gb.REPO / "bench" / "gpu_host_packages.txt")
+    assert {"torch", "numpy", "pyarrow", "scikit-learn"} <= image and "sglang" not in image
+
+
+def test_prune_site_removes_what_a_text_server_never_loads(tmp_path) -> None:
+    site = tmp_path / "site"
+    keep = ["sglang/srt/server_args.py", "sglang/srt/rust_extensions/loader.py", "zstandard/backend_c.so",
+            "sglang/test/test_utils.py"]
+    drop = ["sglang/multimodal_gen/x.py", "sglang/srt/rust_extensions/_server.cpython-312.so",
+            "zstandard/_cffi.cpython-312.so", "ipython-9.data/scripts/ipython", "sglang/__pycache__/a.pyc"]
+    for rel in keep + drop:
+        (site / rel).parent.mkdir(parents=True, exist_ok=True)
+        (site / rel).write_text("x")
+    gone = gb.prune_site(site)
+    assert all((site / rel).exists() for rel in keep)
+    assert not any((site / rel).exists() for rel in drop)
+    assert "sglang/multimodal_gen" in gone
+
+
+def test_the_site_declares_the_projects_sglang_plugin(tmp_path) -> None:
+    from importlib import metadata
+
+    gb.entry_points_dist_info(tmp_path)
+    eps = [ep for d in metadata.distributions(path=[str(tmp_path)]) for ep in d.entry_points]
+    assert [(ep.group, ep.name, ep.value) for ep in eps] == [
+        ("sglang.srt.plugins", "agent_workflow", "serving_hooks.sglang_plugin:register")]
+
+
+@needs_stack
+def test_the_site_closure_is_the_servers_packages_without_the_hosts() -> None:
+    host = gb.host_packages(gb.REPO / "bench" / "gpu_host_packages.txt")
+    pins = gb.closure([*gb.ROOTS, *gb.project_roots()], skip=gb.site_skip(host))
+    assert {"sglang", "duckdb", "fastapi", "uvicorn", "xgrammar", "loguru", "transformers"} <= set(pins)
+    assert not {"numpy", "pandas", "pyarrow", "torch", "sglang-router"} & set(pins)
+
+
+def test_the_device_script_runs_the_gpu_bench_with_the_stand_ins() -> None:
+    script = (gb.REPO / "bench" / "gpu_device_run.sh").read_text()
+    assert "AWP_GPU_STANDINS=1" in script and "tests/sglang/cpu_standins" in script
+    assert "bench/bench_engine.py --gpu" in script and "--attention-backend triton" in script
+    assert subprocess.run(["bash", "-n", str(gb.REPO / "bench" / "gpu_device_run.sh")]).returncode == 0

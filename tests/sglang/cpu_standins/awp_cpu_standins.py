@@ -17,6 +17,11 @@ mask aligned to the sequence's end (``causal_lower_right``): the same rows, bit 
 floating-point order. ``AWP_CPU_EXTEND_ATTENTION=sglang`` keeps SGLang's own.
 
 Does nothing when CUDA is available or ``AWP_TEST_CPU_STANDINS`` is not ``1``.
+
+On a CUDA host without ``sgl-kernel`` (``bench/gpu_bundle.py``'s offline GPU run,
+``AWP_GPU_STANDINS=1``) two other patches keep every call on torch: the KV store takes SGLang's
+plain indexed write instead of its JIT ``store_cache`` kernel, and HiCache's ``direct`` IO backend
+copies host↔device by torch indexing instead of ``sgl_kernel.kvcacheio.transfer_kv_direct``.
 """
 from __future__ import annotations
 
@@ -67,9 +72,36 @@ def extend_attention_new_tokens(original):
     return run
 
 
+#: set on a CUDA host that runs SGLang without ``sgl-kernel`` (bench/gpu_device_run.sh)
+GPU_STANDINS_ENV = "AWP_GPU_STANDINS"
+
+
+def copy_across_devices(src_layers, dst_layers, src_indices, dst_indices, page_size=1, **_) -> None:
+    """``transfer_kv_direct`` in torch: ``dst[dst_indices] = src[src_indices]`` per layer, each side
+    indexed on its own device (host pool ↔ GPU pool); a copy to the host blocks, since the host
+    side indexes the copied rows at once."""
+    for src, dst in zip(src_layers, dst_layers, strict=True):
+        rows = src[src_indices.to(src.device)].to(dst.device, non_blocking=dst.device.type == "cuda")
+        dst[dst_indices.to(dst.device)] = rows
+
+
+def register_gpu() -> None:
+    """The CUDA-without-sgl-kernel patches (module doc); a no-op unless ``AWP_GPU_STANDINS=1``."""
+    import torch
+
+    if os.environ.get(GPU_STANDINS_ENV) != "1" or not torch.cuda.is_available():
+        return
+    import sglang.srt.mem_cache.memory_pool as memory_pool
+    import sglang.srt.mem_cache.pool_host.mha as mha_host
+
+    memory_pool.can_use_store_cache = lambda *a, **k: False
+    mha_host.transfer_kv_direct = copy_across_devices
+
+
 def register() -> None:
     import torch
 
+    register_gpu()
     if os.environ.get("AWP_TEST_CPU_STANDINS") != "1" or torch.cuda.is_available():
         return
     import sglang.srt.mem_cache.pool_host.common as host_common
