@@ -22,6 +22,8 @@ parameter on validation seeds (≥ 100), report it on others. ``--json`` writes 
         --candidates 'd=default' 'm3=capacity.move_gain_ratio:3'
     python bench/bench_tail.py --scenario agent-platform --seeds 100 \\
         --candidates 'd=default' 'mono=monotone:1' 'sr5=rank_skill_min:0.5'
+    python bench/bench_tail.py --workload MIX --load peak --seeds 100,101 \\
+        --candidates 'd=default' 'g5=oldest_share:0.05' 'g10=oldest_share:0.1'
 """
 from __future__ import annotations
 

@@ -33,6 +33,8 @@ from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from types import MappingProxyType
 
+from sortedcontainers import SortedList
+
 from predictors.contract import Annotation
 from policies.capacity import (ActiveRequest, ActiveTotals, BoundTable, CapacityPolicy,
                                              Placement, ReplicaState)
@@ -304,6 +306,18 @@ class SessionPriorityBook:
     is; a session never predicted is created at the caller's fallback score (module doc).
     Each session also keeps the aging rate its latest predicted call was given
     (``PriorityPolicy.aging_rate``: ``aging_per_s``, or per session duration), :meth:`rate`.
+
+    **The relative guard** (``PriorityPolicy.oldest_share = q``): the book also keeps which
+    batch sessions are *live* — from a call's arrival (:meth:`note` with ``started_at``) until a
+    call marked ``session_end`` finishes (:meth:`finished`), or until no call of it has been in
+    flight for ``live_window_s`` — ordered by session start in a ``SortedList``. The oldest
+    ``floor(q · n)`` of the ``n`` live batch sessions are *lifted*: their reference becomes
+    ``(lifted_score, start)`` at the policy's ``aging_per_s``, so what it guarantees is: **a
+    session among the oldest q of the live batch sessions is passed by no younger batch session
+    that is not lifted, and the lifted ones are served in order of their start** (one model pool;
+    SGLang's integer rounding aside, ties going to the earlier call). Each membership change
+    moves at most a few sessions across the boundary; those whose reference changed are
+    returned by :meth:`changed` so a caller's ordered queue can re-key them.
     """
 
     def __init__(self, policy: PriorityPolicy | None = None, max_sessions: int | None = 100_000) -> None:
@@ -312,24 +326,45 @@ class SessionPriorityBook:
         self._ref: OrderedDict[Hashable, tuple[float, float]] = OrderedDict()
         #: session -> its aging rate, only where it differs from ``policy.aging_per_s``
         self._rate: dict[Hashable, float] = {}
+        self.guard = self.policy.oldest_share is not None
+        #: live batch sessions as (start, session key) in start order (the guard's order statistic)
+        self._live: SortedList = SortedList()
+        #: session -> its live key (start, tiebreak); its calls in flight; lifted sessions' own refs
+        self._live_key: dict[Hashable, tuple[float, int]] = {}
+        self._inflight: dict[Hashable, int] = {}
+        #: live sessions with no call in flight -> when the last one finished (oldest first)
+        self._idle: OrderedDict[Hashable, float] = OrderedDict()
+        #: lifted sessions: their own references, and them as (key, session) in start order
+        self._own: dict[Hashable, tuple[float, float]] = {}
+        self._lifted: SortedList = SortedList()
+        self._changed: set[Hashable] = set()
+        self._seq = 0
 
     def note(self, session: Hashable, score: float | None, now: float,
-             fallback: float | None = None, rate: float | None = None) -> tuple[float, float]:
+             fallback: float | None = None, rate: float | None = None,
+             started_at: float | None = None, batch: bool = True) -> tuple[float, float]:
         """A call of ``session`` arrived at ``now`` with ``score`` (None: no prediction).
 
         A known score replaces the session's reference; an unknown one keeps it, or, for a
         session without one, starts it at ``fallback`` (default: the policy's
         ``unknown_score``). ``rate`` is the known score's aging rate (default ``aging_per_s``; an
-        unknown call keeps the session's). Returns the session's reference ``(score, since)``."""
-        ref = self._ref.get(session)
+        unknown call keeps the session's). With the guard on, ``started_at`` (when the session
+        started, on the caller's clock) makes the session live with one more call in flight, a
+        batch one unless ``batch`` is False (an interactive session is never lifted). Returns the
+        session's reference ``(score, since)`` (the lifted one while the guard lifts it)."""
+        own = self._own.get(session)
+        ref = own if own is not None else self._ref.get(session)
         if score is not None and ref is not None and self.policy.monotone:
             # a session's rank never falls (PriorityPolicy.monotone)
-            score = max(float(score), self.policy.aged(ref[0], ref[1], now, self._rate.get(session)))
+            score = max(float(score), self.policy.aged(ref[0], ref[1], now, self._own_rate(session)))
         if score is not None or ref is None:
             value = score if score is not None else (self.policy.unknown_score if fallback is None
                                                      else fallback)
             ref = (float(value), float(now))
-            self._ref[session] = ref
+            if own is not None:
+                self._own[session] = ref
+            else:
+                self._ref[session] = ref
             if score is not None and rate is not None and rate != self.policy.aging_per_s:
                 self._rate[session] = float(rate)
             else:
@@ -338,11 +373,117 @@ class SessionPriorityBook:
         while self.max_sessions is not None and len(self._ref) > self.max_sessions:
             old, _ = self._ref.popitem(last=False)
             self._rate.pop(old, None)
-        return ref
+            if self.guard:
+                self._leave(old)
+        if self.guard and started_at is not None:
+            if batch:
+                self._arrive(session, float(started_at))
+            else:
+                self._leave(session)
+            self._expire(now)
+            self._relift()
+        return self._ref[session]
+
+    # ------------------------------------------------------------ the relative guard
+    def finished(self, session: Hashable, now: float, end: bool = False) -> None:
+        """A call of ``session`` finished at ``now``; ``end``: it was marked ``session_end``,
+        so the session is no longer live. No-op without the guard or for a session not live."""
+        if not self.guard or session not in self._live_key:
+            return
+        if end:
+            self._leave(session)
+        else:
+            n = self._inflight.get(session, 0) - 1
+            if n > 0:
+                self._inflight[session] = n
+            else:
+                self._inflight.pop(session, None)
+                self._idle[session] = float(now)
+                self._idle.move_to_end(session)
+        self._expire(now)
+        self._relift()
+
+    def live(self, now: float | None = None) -> int:
+        """How many batch sessions are live (at ``now``: after expiring the idle ones)."""
+        if now is not None and self.guard:
+            self._expire(now)
+            self._relift()
+        return len(self._live)
+
+    def lifted(self, session: Hashable) -> bool:
+        """Does the guard lift ``session`` now?"""
+        return session in self._own
+
+    def changed(self) -> set[Hashable]:
+        """The sessions whose reference the guard changed (lifted or dropped) since the last
+        call; the caller re-keys them in its ordered queues."""
+        out, self._changed = self._changed, set()
+        return out
+
+    def _arrive(self, session: Hashable, started_at: float) -> None:
+        if session not in self._live_key:
+            self._seq += 1
+            key = (started_at, self._seq)
+            self._live_key[session] = key
+            self._live.add((key, session))
+            # the lifted sessions stay a prefix of the live order: one older than the youngest
+            # lifted joins them (and the youngest may then drop out, :meth:`_relift`)
+            if self._lifted and (key, session) < self._lifted[-1]:
+                self._lift(session)
+        self._idle.pop(session, None)
+        self._inflight[session] = self._inflight.get(session, 0) + 1
+
+    def _leave(self, session: Hashable) -> None:
+        if session in self._own:
+            self._drop(session)
+        key = self._live_key.pop(session, None)
+        if key is None:
+            return
+        self._live.remove((key, session))
+        self._inflight.pop(session, None)
+        self._idle.pop(session, None)
+
+    def _expire(self, now: float) -> None:
+        """Sessions with no call in flight for ``live_window_s`` are no longer live."""
+        horizon = now - self.policy.live_window_s
+        while self._idle:
+            session, t = next(iter(self._idle.items()))
+            if t >= horizon:
+                break
+            self._leave(session)
+
+    def _relift(self) -> None:
+        """Lift exactly the first ``floor(q · n)`` of the ``n`` live sessions. The lifted ones
+        are always a prefix of the live order (:meth:`_arrive`, :meth:`_leave`), so only the
+        boundary moves: O(log n) per session that crosses it."""
+        k = int(self.policy.oldest_share * len(self._live))
+        while len(self._lifted) > k:
+            self._drop(self._lifted[-1][1])
+        while len(self._lifted) < k:
+            self._lift(self._live[len(self._lifted)][1])
+
+    def _lift(self, session: Hashable) -> None:
+        key = self._live_key[session]
+        self._own[session] = self._ref[session]
+        self._lifted.add((key, session))
+        self._ref[session] = (self.policy.lifted_score(), key[0])
+        self._changed.add(session)
+
+    def _drop(self, session: Hashable) -> None:
+        own = self._own.pop(session)
+        self._lifted.remove((self._live_key[session], session))
+        if session in self._ref:
+            self._ref[session] = own
+        self._changed.add(session)
+
+    def _own_rate(self, session: Hashable) -> float:
+        return self._rate.get(session, self.policy.aging_per_s)
 
     def rate(self, session: Hashable) -> float:
         """The session's aging rate per second (``aging_per_s`` unless its latest predicted call
-        was given another)."""
+        was given another; a lifted session ages at ``aging_per_s``)."""
+        if session in self._own:
+            return self.policy.aging_per_s
         return self._rate.get(session, self.policy.aging_per_s)
 
     def reference(self, session: Hashable | None) -> tuple[float, float] | None:

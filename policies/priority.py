@@ -23,7 +23,9 @@ duration, off by default), ``remaining_unit`` (``"calls"``, the default, ``"toke
 to still need is overdue and ranks above every batch session that is not; off by default),
 ``rank_skill_min`` (a workflow type whose remaining-work order showed no skill forward in time on
 the fit's training side ranks its sessions by program start: :meth:`PriorityPolicy.for_profile`;
-off: rejected on validation draws), ``monotone`` (a session's rank never falls; off by default).
+off: rejected on validation draws), ``monotone`` (a session's rank never falls; off by default),
+``oldest_share`` (a relative guard: the oldest share of the live batch sessions run first, by
+start; kept by :class:`policies.bookkeeping.SessionPriorityBook`; off by default).
 
 Defaults (``aging_per_s = 1e-5``, calls, per-duration aging off) were chosen on simulator
 validation draws; the rules in full, the worked example and every figure with its command:
@@ -128,6 +130,21 @@ class PriorityPolicy:
     #: expected of it is not demoted for it (where the expected remainder grows with the calls
     #: done, a heavy tail). False: each predicted call replaces the session's score.
     monotone: bool = False
+    #: A relative tail guard (docs/simulator-results.md, "Bounded tail", ninth round): among the
+    #: *live* batch sessions (:attr:`live_window_s`), the oldest ``oldest_share`` of them by
+    #: session start (``floor(q · n)`` of ``n``) are *lifted*: their reference becomes
+    #: :meth:`lifted_score` at their start, so they rank above every batch session that is not
+    #: lifted and among themselves in order of their start (FCFS). The share lifted stays ``q``
+    #: however far the backlog grows. Kept by :class:`policies.bookkeeping.SessionPriorityBook`
+    #: (it alone sees which sessions are live). None: off (the default).
+    oldest_share: float | None = None
+    #: A session is live from its first call until a call of it marked ``session_end`` finishes,
+    #: or until it has had no call in flight for this many seconds (a session that stops calling
+    #: without an end mark: the gateway, the plugin and the simulator all see both signals).
+    live_window_s: float = 600.0
+    #: Added to ``w1`` in :meth:`lifted_score` (0: the calls key's best base; a lifted session is
+    #: then above every non-lifted batch session by its age alone, with one model pool).
+    guard_boost: float = 0.0
     #: The bound types: ``((type, mean remaining calls, mean remaining output tokens), ...)``
     #: (:meth:`for_profile` fills it; a tuple so the policy stays hashable).
     start_ranked: tuple[tuple[str, float, float], ...] = ()
@@ -135,6 +152,10 @@ class PriorityPolicy:
     def __post_init__(self) -> None:
         if self.remaining_unit not in UNITS:
             raise ValueError(f"remaining_unit must be one of {', '.join(UNITS)}, got {self.remaining_unit!r}")
+        if self.oldest_share is not None and not 0.0 < self.oldest_share < 1.0:
+            raise ValueError(f"oldest_share must lie in (0, 1), got {self.oldest_share!r}")
+        if not self.live_window_s > 0.0:
+            raise ValueError(f"live_window_s must be > 0, got {self.live_window_s!r}")
         if self.unknown_score is None:     # neutral: as if 3 calls remained, in the unit's scale
             neutral = (-self.w1 * math.log1p(NEUTRAL_CALLS) if self.remaining_unit == "tokens"
                        else self.w1 / (1.0 + NEUTRAL_CALLS))
@@ -187,6 +208,13 @@ class PriorityPolicy:
             return self.unknown_score
         score = -self.w1 * math.log1p(max(0.0, float(remaining_tokens)) / max(self.tokens_per_call, 1e-9))
         return score + self._idle_term(downstream_distance, queue_depth)
+
+    def lifted_score(self) -> float:
+        """The base of a session the guard lifts (:attr:`oldest_share`): ``w1 + guard_boost``,
+        at least every batch base of the calls, seconds and tokens keys without the idle-downstream
+        term (those lie in (0, w1] or at most 0), and below an interactive call's
+        (``interactive_boost`` + a positive base) while ``guard_boost < interactive_boost − w1``."""
+        return self.w1 + self.guard_boost
 
     def overtake_window_s(self, max_idle_term: float = 0.0) -> float:
         """The tail bound (docs/simulator-results.md, "Bounded tail"): a session never ranks below one of its

@@ -247,9 +247,27 @@ class PriorityScheduler(Scheduler):
         # the gateway's one priority rule, on the workflow's simulated age
         score = pol.call_priority(ann, age, depth, agent_model) if ann.known else None
         self.book.note(req.wf, score, self.sim.now, fallback=pol.session_score(pol.unknown_score, age),
-                       rate=rate)
+                       rate=rate, started_at=float(self.sim.wf_arrival[req.wf]),
+                       batch=ann.latency_class != "interactive")
         for q in self.queues:
             q.rekey(req.wf)
+        if self.book.guard:
+            self._rekey_changed()
+
+    def on_finish(self, req: Request) -> None:
+        """The relative guard's liveness (``PriorityPolicy.oldest_share``): a call finished, and
+        a call the gateway's end-of-session rule marked ``session_end`` ends its session (what
+        the SGLang plugin sees in ``decide_finished``)."""
+        if not self.book.guard or not self.workflow_level:
+            return
+        ann = self.feed.served(req)
+        self.book.finished(req.wf, self.sim.now, end=ann.session_end is True)
+        self._rekey_changed()
+
+    def _rekey_changed(self) -> None:
+        for wf in self.book.changed():
+            for q in self.queues:
+                q.rekey(wf)
 
     def priority(self, req: Request) -> int:
         """SGLang integer priority of ``req`` now (bigger runs first)."""
@@ -527,6 +545,10 @@ OURS_VARIANTS: dict[str, dict[str, Any]] = {
     "ours-start-rank-0.6": {"priority_policy": PriorityPolicy(rank_skill_min=0.6)},
     "ours-monotone": {"priority_policy": PriorityPolicy(monotone=True)},
     "ours-monotone-aging-3e-5": {"priority_policy": PriorityPolicy(monotone=True, aging_per_s=3e-5)},
+    # the relative tail guard (issue 39, ninth round): the oldest q of the live batch sessions
+    # run first, by start (docs/simulator-results.md, "Bounded tail")
+    **{f"ours-oldest-{q}": {"priority_policy": PriorityPolicy(oldest_share=float(q))}
+       for q in ("0.02", "0.05", "0.1")},
     "ours-kv-preempt-no-classes": {"kv_preemption": True,
                                    "priority_policy": PriorityPolicy(interactive_boost=0.0)},
     "ours-seconds-p90": {"priority_policy": PriorityPolicy(remaining_unit="seconds",

@@ -263,3 +263,95 @@ def test_slowdown_bound_marks_only_known_batch_sessions_past_their_multiple():
     assert not pol.overdue(Annotation(known=False), 1e6)
     assert not pol.overdue(replace(ann, latency_class="interactive"), 1e6)
     assert not PriorityPolicy().overdue(ann, 1e6)
+
+
+# ------------------------------------------------------------------ the relative tail guard
+def test_oldest_share_lifts_the_oldest_live_batch_sessions_and_serves_them_by_start():
+    """q = 0.25 over 8 live batch sessions lifts the 2 oldest: they rank above every other batch
+    session however short its remaining work, and the older of the two first (FCFS); when the
+    oldest ends (``session_end``) the third oldest takes its place; interactive sessions are
+    never counted or lifted."""
+    from policies.bookkeeping import SessionPriorityBook
+    pol = PriorityPolicy(remaining_unit="calls", aging_per_s=0.001, oldest_share=0.25)
+    book = SessionPriorityBook(pol)
+    # sessions s0..s7 started at 0, 10, ..., 70 s; the oldest expects 50 calls left, the
+    # youngest 0 (so without the guard the order would be the reverse of their start)
+    for i in range(8):
+        t = 100.0 + i
+        book.note(f"s{i}", pol.call_priority(Annotation(known=True, expected_remaining_calls=50 - 7 * i),
+                                             t - 10 * i), t, started_at=10.0 * i)
+    book.note("human", pol.call_priority(Annotation(known=True, expected_remaining_calls=0.0,
+                                                    latency_class="interactive"), 200.0), 108.0,
+              started_at=-100.0, batch=False)
+    assert book.live() == 8 and [s for s in book.references() if book.lifted(s)] == ["s0", "s1"]
+    prio = {s: book.priority(s, 110.0) for s in [f"s{i}" for i in range(8)] + ["human"]}
+    assert prio["human"] > prio["s0"] > prio["s1"] > max(prio[f"s{i}"] for i in range(2, 8))
+    assert book.reference("s0") == (pol.lifted_score(), 0.0)        # lifted at its start
+    assert book.changed() >= {"s0", "s1"}
+    # s0's call finishes marked session_end: 7 live, floor(0.25 · 7) = 1 lifted: s1 alone
+    book.finished("s0", 120.0, end=True)
+    assert book.live() == 7 and book.lifted("s1") and not book.lifted("s0") and not book.lifted("s2")
+    assert book.changed() == {"s0"}
+    assert book.score("s0", 120.0) == pytest.approx(1 / 51 + 0.001 * 120.0)   # its own again
+    # a ninth and a tenth session: 9 live -> 2 lifted (s1, s2)
+    book.note("s8", pol.call_priority(Annotation(known=True, expected_remaining_calls=1.0), 0.0),
+              121.0, started_at=121.0)
+    book.note("s9", None, 122.0, started_at=122.0)
+    assert book.live() == 9 and [s for s in book.references() if book.lifted(s)] == ["s1", "s2"]
+    # liveness: a session with no call in flight for live_window_s (600 s) is no longer live
+    for i in range(1, 10):
+        book.finished(f"s{i}", 130.0)
+    book.note("s9", None, 500.0, started_at=122.0)        # s9 calls again: still live
+    assert book.live(731.0) == 1 and not any(book.lifted(f"s{i}") for i in range(10))
+    # off by default: no live set, no lift
+    plain = SessionPriorityBook(PriorityPolicy())
+    plain.note("a", 0.5, 0.0, started_at=0.0)
+    assert not plain.guard and plain.live() == 0 and not plain.lifted("a")
+    with pytest.raises(ValueError, match="oldest_share"):
+        PriorityPolicy(oldest_share=1.5)
+
+
+def test_oldest_share_book_matches_its_definition_on_random_events():
+    """Random arrivals, finishes, ends and idle expiries: after every event the lifted sessions
+    are exactly the oldest ``floor(q · n)`` of the ``n`` live batch sessions (recomputed by
+    brute force from the events), and each lifted session's reference is ``(lifted, start)``."""
+    import random
+    from policies.bookkeeping import SessionPriorityBook
+    pol = PriorityPolicy(oldest_share=0.2, live_window_s=50.0)
+    book = SessionPriorityBook(pol)
+    rng = random.Random(7)
+    start, inflight, last_done, ended, interactive = {}, {}, {}, set(), set()
+    t = 0.0
+    for _ in range(3000):
+        t += rng.expovariate(1.0)
+        s = f"w{rng.randrange(60)}"
+        if s not in start:
+            start[s] = t - rng.uniform(0, 30)        # started a while before we see it
+        if rng.random() < 0.55 or inflight.get(s, 0) == 0:
+            batch = s not in interactive and rng.random() > 0.02
+            if not batch:
+                interactive.add(s)
+            book.note(s, rng.random(), t, started_at=start[s], batch=batch)
+            ended.discard(s)
+            if batch:
+                inflight[s] = inflight.get(s, 0) + 1
+            else:
+                inflight.pop(s, None)
+        else:
+            end = rng.random() < 0.1
+            book.finished(s, t, end=end)
+            inflight[s] -= 1
+            if end:
+                ended.add(s)
+                inflight.pop(s, None)
+            elif inflight[s] == 0:
+                last_done[s] = t
+        for w in [w for w in list(inflight) if inflight[w] == 0 and last_done.get(w, -1e9) < t - 50.0]:
+            inflight.pop(w)
+            ended.add(w)        # expired: live again only with a new call
+        live = [w for w in start if w in inflight and w not in interactive]
+        oldest = sorted(live, key=lambda w: start[w])[:int(0.2 * len(live))]
+        assert book.live() == len(live)
+        assert {w for w in start if book.lifted(w)} == set(oldest)
+        for w in oldest:
+            assert book.reference(w) == (pol.lifted_score(), start[w])

@@ -584,3 +584,77 @@ def test_monotone_keeps_a_sessions_rank_from_falling_alike_in_plugin_and_simulat
     sim_plain, plugin_plain, _ = _priorities_alike(plain, [0.0, 20.0], calls)
     assert sim_plain == plugin_plain and sim_plain[1] < sim_plain[2]
     reset_state()
+
+
+@pytest.fixture(scope="module")
+def guarded(tmp_path_factory):
+    """One simulated run of ``ours`` with the relative guard on (``oldest_share`` 0.25, so a
+    small replay lifts sessions), each call's issue and finish recorded with the simulator's
+    book after it: every session's reference and which sessions it lifts."""
+    prep = prepare("coding-assistant", 16, seed=5, n_train=60,
+                   profile_dir=tmp_path_factory.mktemp("prof"), cfg=CFG)
+    opts = OursOptions(priority_policy=PriorityPolicy(oldest_share=0.25, live_window_s=60.0))
+    policy = build_ours(make_predictor(prep.profile), "ours", opts)
+    sched, feed = policy.scheduler, policy.parts[0]
+    events: list[tuple] = []
+    issue, finish = sched.on_issue, sched.on_finish
+
+    def snapshot():
+        book = sched.book
+        return dict(book.references()), {wf for wf in book.references() if book.lifted(wf)}
+
+    def recording_issue(req):
+        issue(req)
+        ann = feed.annotation(req)
+        events.append(("issue", sched.sim.now, req.wf, ann, sched.sim.now - float(sched.sim.wf_arrival[req.wf]),
+                       sched.priority(req), *snapshot()))
+
+    def recording_finish(req):
+        finish(req)
+        events.append(("finish", sched.sim.now, req.wf, feed.annotation(req), None, None, *snapshot()))
+
+    sched.on_issue, sched.on_finish = recording_issue, recording_finish
+    policy._hooks.clear()
+    sim = Simulator(prep.workload, policy, CFG, arrival_times(prep.workload, 0.6, 0))
+    sim.run()
+    return SimpleNamespace(events=events, sched=sched)
+
+
+def test_the_relative_guard_lifts_the_same_sessions_in_plugin_and_simulator(guarded):
+    """``oldest_share``: the SGLang plugin, fed the simulated run's calls as the gateway renders
+    them (``admit_request`` at issue, ``decide_finished`` at finish, the ``session_end`` mark in
+    ``custom_params``), keeps the same live set as the simulator's ``PriorityScheduler``: after
+    every event it lifts the same sessions, every session's reference is the simulator's (the
+    lifted ones ``(lifted_score, start)``), and an admitted call's integer priority is the
+    simulator's queue priority. The run lifts sessions, drops them again and ends sessions."""
+    pol = guarded.sched.policy
+    now = [0.0]
+    state = _plugin(pol, now)
+    lifted_ever, dropped, ends = set(), 0, 0
+    before: set = set()
+    for n, (kind, t, wf, ann, age, sim_priority, sim_refs, sim_lifted) in enumerate(guarded.events):
+        now[0] = t
+        meta = {"workflow_type_id": ann.workflow_type_id, "workflow_id": str(wf),
+                "agent_id": ann.agent_id}
+        if kind == "issue":
+            sent = replace(ann, workflow_id=str(wf), session_age_s=age,
+                           priority=pol.call_priority(ann, age) if ann.known else None)
+            req = _rendered(f"g{n}", sent, meta)
+            assert admit_request(req, now=t)
+            assert req.priority == sim_priority, (t, wf)
+        else:
+            params = render("sglang", hint_values(replace(ann, workflow_id=str(wf)), meta), {})[0]["custom_params"]
+            decide_finished(state, SimpleNamespace(rid=f"f{n}", sampling_params=SimpleNamespace(
+                custom_params=params)), now=t)
+            ends += ann.session_end is True
+        plugin_lifted = {int(s) for s in state.sessions.references() if state.sessions.lifted(s)}
+        assert plugin_lifted == sim_lifted, (kind, t, wf)
+        for w in sim_lifted:
+            assert state.sessions.reference(str(w)) == (pol.lifted_score(), pytest.approx(sim_refs[w][1]))
+        ref = state.sessions.reference(str(wf))
+        assert ref[0] == pytest.approx(sim_refs[wf][0], abs=0.5 / pol.scale) and ref[1] == pytest.approx(sim_refs[wf][1])
+        lifted_ever |= sim_lifted
+        dropped += len(before - sim_lifted)
+        before = sim_lifted
+    assert len(lifted_ever) >= 3 and dropped >= 3 and ends > 0
+    reset_state()

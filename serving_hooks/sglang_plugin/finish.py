@@ -22,6 +22,8 @@ def decide_finished(state: PluginState, req: Any, now: float) -> Retention | Non
     ann = state.annotation(req)
     if ann is None:
         return None
+    if ann.workflow_id:   # the relative guard's live set: a call finished, maybe its session's last
+        state.sessions.finished(ann.workflow_id, now, end=ann.session_end is True)
     retention = state.settings.keep_drop.decide_annotation(ann, now)
     state.counters[f"retention_{retention.rank.name.lower()}"] += 1
     if ann.session_end:   # released: dropped, and no host copy of it is still wanted

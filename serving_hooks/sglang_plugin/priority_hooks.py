@@ -108,11 +108,15 @@ def admit_request(req: Any, now: float | None = None, default_priority: int | No
         source = "plugin"
     if session:
         fallback = pol.session_score(pol.unknown_score, ann.session_age_s)
-        ref = state.sessions.note(session, score, now, fallback=fallback, rate=rate)
-        if score is None:
+        # the relative guard's live set (PriorityPolicy.oldest_share): the session started
+        # session_age_s before this call, on the plugin's clock
+        started = now - max(0.0, float(ann.session_age_s or 0.0))
+        ref = state.sessions.note(session, score, now, fallback=fallback, rate=rate,
+                                  started_at=started, batch=ann.latency_class != "interactive")
+        if score is None or pol.monotone or state.sessions.guard:
+            # no prediction, a rank that never falls, or a guard that may lift the session:
+            # the session's reference, aged, not the call's own score
             req.priority = pol.to_sglang(pol.aged(ref[0], ref[1], now, state.sessions.rate(session)))
-        elif pol.monotone:      # the session's rank never falls: its reference, not the call's score
-            req.priority = pol.to_sglang(ref[0])
     elif score is None and ann is not None:
         score = pol.session_score(pol.unknown_score, ann.session_age_s)
         req.priority = pol.to_sglang(score)
