@@ -11,7 +11,7 @@ Each part can be switched off for an ablation (:func:`build_ours`); the part the
 what ``sglang-rr`` does (FCFS, round robin, LRU, no prefetch). The named variants (``ours-sticky``,
 ``ours-belady``, ``ours-tokens``, ``ours-seconds``, ``ours-duration-aging``, ``ours-aging-1e-3``,
 ``ours-no-classes``, ``ours-slot-preempt``, ``ours-cap-8``, ``ours-slowdown-K``, ``ours-slowdown-start-K``,
-``ours-monotone``, ``ours-start-rank-T`` and the rest) each change one part to measure what the
+``ours-monotone``, ``ours-start-rank-T``, ``ours-oldest-q`` and the rest) each change one part to measure what the
 default buys. The idle-downstream term of alg. 3 is active only with model pools
 (:mod:`simulator.pools`). Autoscaling is not a part of ours: any policy name takes
 ``+predictive`` or ``+reactive`` (:mod:`simulator.autoscale`).
