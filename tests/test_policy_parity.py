@@ -614,7 +614,6 @@ def guarded(tmp_path_factory):
         events.append(("finish", sched.sim.now, req.wf, feed.annotation(req), None, None, *snapshot()))
 
     sched.on_issue, sched.on_finish = recording_issue, recording_finish
-    policy._hooks.clear()
     sim = Simulator(prep.workload, policy, CFG, arrival_times(prep.workload, 0.6, 0))
     sim.run()
     return SimpleNamespace(events=events, sched=sched)
