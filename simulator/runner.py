@@ -393,7 +393,8 @@ def compare(prep: Prepared, policies: Sequence[str], loads: Sequence[str], cfg: 
 
     When the replayed workflows hold interactive sessions (a call marked ``wait_after = human``)
     each row gets ``interactive`` (their TTFT against ``ttft_slo`` s, the batch sessions' JCT);
-    ``slo_search`` adds ``interactive.max_sessions_in_slo`` (:func:`max_sessions_in_slo`).
+    ``slo_search`` adds ``interactive.max_sessions_in_slo`` (:func:`max_sessions_in_slo`) and
+    ``interactive.slo_search``, the rate factors it ran with their attainment and concurrency.
 
     ``arrival_seed`` (default: the workload's seed) draws another arrival sequence of the same
     workflows at the same rates (a robustness check of a comparison). ``cv``: coefficient of
@@ -449,8 +450,11 @@ def compare(prep: Prepared, policies: Sequence[str], loads: Sequence[str], cfg: 
             _, row = simulate(prep, name, cfg, arr, gap_fn, ours, closed, (warmup, tail),
                               arrivals_mode, autoscale, inter)
             if inter is not None and slo_search and closed is None:
+                trail: list[dict] = []
                 row["interactive"]["max_sessions_in_slo"] = max_sessions_in_slo(
-                    prep, name, cfg, arr, gap_fn, ours, (warmup, tail), arrivals_mode, autoscale, inter)
+                    prep, name, cfg, arr, gap_fn, ours, (warmup, tail), arrivals_mode, autoscale,
+                    inter, trail=trail)
+                row["interactive"]["slo_search"] = trail
             rows[name] = row
             if on_result is not None:
                 on_result(level, name, row)
@@ -470,18 +474,24 @@ def max_sessions_in_slo(prep: Prepared, name: str, cfg: ClusterConfig, arrivals:
                         gap_fn: Callable[[Call], float] | None, ours: OursOptions | None,
                         window: tuple[float, float], mode: str,
                         autoscale: AutoscaleOptions | None, inter: tuple[set[str], float],
-                        refine: int = 2) -> float:
+                        refine: int = 2, trail: list[dict] | None = None) -> float:
     """The most concurrent sessions (mean number of workflows in the system) ``name`` holds with
     at least :data:`SLO_SHARE` of interactive calls within the TTFT target: the same workflows
     replayed with arrival times divided by a factor ``f`` (``f`` × the rate), ``f`` doubled from 1
     while the target is met (halved while it is not) within :data:`SLO_RATE_RANGE`, then
     ``refine`` bisections between the last factor that met it and the first that did not. 0 when
-    even the smallest factor misses it; at the largest factor, a lower bound."""
+    even the smallest factor misses it; at the largest factor, a lower bound. ``trail``, when
+    given, receives each run in order (``rate_factor``, ``slo_attainment``,
+    ``concurrent_sessions``), so a reader sees which rates met the target, not only the figure."""
     def run(f: float) -> tuple[bool, float]:
         _, row = simulate(prep, name, cfg, arrivals / f, gap_fn, ours, None, window, mode,
                           autoscale, inter)
         it = row["interactive"]
-        return it.get("slo_attainment", 1.0) >= SLO_SHARE, it["concurrent_sessions"]
+        share = it.get("slo_attainment", 1.0)
+        if trail is not None:
+            trail.append({"rate_factor": f, "slo_attainment": share,
+                          "concurrent_sessions": it["concurrent_sessions"]})
+        return share >= SLO_SHARE, it["concurrent_sessions"]
 
     lo_f, hi_f = SLO_RATE_RANGE
     ok, conc = run(1.0)

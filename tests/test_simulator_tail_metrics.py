@@ -98,12 +98,20 @@ def test_max_sessions_in_slo_searches_arrival_rates():
 
     prep, _ = _interactive_prep()
     arr = np.linspace(0.0, 20.0, 8)
+    loose_trail: list[dict] = []
+    tight_trail: list[dict] = []
     loose = max_sessions_in_slo(prep, "sglang-default", cfg(), arr, None, None, (0.0, 0.0),
-                                "poisson", None, ({"chat"}, 1e6))
+                                "poisson", None, ({"chat"}, 1e6), trail=loose_trail)
     tight = max_sessions_in_slo(prep, "sglang-default", cfg(), arr, None, None, (0.0, 0.0),
-                                "poisson", None, ({"chat"}, 1e-6))
+                                "poisson", None, ({"chat"}, 1e-6), trail=tight_trail)
     # every rate meets a loose target: the fastest factor's concurrency; none meets an impossible one
     assert loose > 0 and tight == 0.0
+    # the trail holds each run in order: doubling from 1x to 8x, or halving from 1x to 1/16x
+    assert [t["rate_factor"] for t in loose_trail] == [1.0, 2.0, 4.0, 8.0]
+    assert loose == max(t["concurrent_sessions"] for t in loose_trail)
+    assert all(t["slo_attainment"] == 1.0 for t in loose_trail)
+    assert [t["rate_factor"] for t in tight_trail] == [1.0, 0.5, 0.25, 0.125, 0.0625]
+    assert all(t["slo_attainment"] < 0.99 for t in tight_trail)
 
 
 def _kv_policy(kv: bool):

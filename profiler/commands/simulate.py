@@ -79,7 +79,8 @@ def simulate(
         help="Also search, per policy, the most concurrent sessions it holds with >= 99 % of "
              "interactive calls within ttft_slo (the same workflows at 1x the arrival rate, "
              "doubled while the target holds or halved while it does not, 1/16x..8x, then two "
-             "bisections): interactive.max_sessions_in_slo. Several extra runs "
+             "bisections): interactive.max_sessions_in_slo, and each rate factor tried with "
+             "its attainment and concurrency in interactive.slo_search. Several extra runs "
              "per policy.")] = False,
     *,
     settings: Resolved,
