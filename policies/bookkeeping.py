@@ -314,8 +314,11 @@ class SessionPriorityBook:
     ``floor(q · n)`` of the ``n`` live batch sessions are *lifted*: their reference becomes
     ``(lifted_score, start)`` at the policy's ``aging_per_s``, so what it guarantees is: **a
     session among the oldest q of the live batch sessions is passed by no younger batch session
-    that is not lifted, and the lifted ones are served in order of their start** (one model pool;
-    SGLang's integer rounding aside, ties going to the earlier call). Each membership change
+    that is not lifted, and the lifted ones are served in order of their start** (one model pool,
+    ``slowdown_bound`` off; SGLang's integer rounding aside, ties going to the earlier call).
+    The guard lives here because only this book sees the live set: the simulator's
+    ``PriorityScheduler`` and the SGLang plugin keep it; a gateway without the plugin sends each
+    call's own score. Each membership change
     moves at most a few sessions across the boundary; those whose reference changed are
     returned by :meth:`changed` so a caller's ordered queue can re-key them.
     """
