@@ -46,6 +46,8 @@ from typing import Iterable
 
 import numpy as np
 
+from predictors.predictor import Predictor
+from simulator.baselines import BASELINES
 from simulator.baselines.caches import LRU
 from simulator.baselines.routers import CacheAware
 from simulator.baselines.schedulers import FCFS
@@ -100,9 +102,6 @@ class RouterCacheAware032(CacheAware):
 
 
 def _policy(name: str, profile_dir: Path, opts: OursOptions) -> Policy:
-    from predictors.predictor import Predictor
-    from simulator.baselines import BASELINES
-
     if name == "sglang-router-0.3.2":
         return Policy(name, RouterCacheAware032(), FCFS(), LRU(), "sglang-router 0.3.2 cache_aware, FCFS, LRU")
     if name == "ours-routing-only":
