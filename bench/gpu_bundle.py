@@ -28,7 +28,7 @@ the host already has are left out (but SGLang's pinned ``transformers`` and ``hu
 are kept), the wheels are unpacked into one folder, the parts a text-only LLM server never loads
 are pruned (:data:`SITE_PRUNE`: multimodal generation, the Rust side servers, a second zstd
 backend), the project's SGLang plugin entry point is added as a ``dist-info``, and the folder goes
-as one ``site.tar.xz`` (~45 MiB, router excluded) that ``bench/gpu_device_run.sh`` unpacks.
+as one ``site.tar.xz`` (router excluded; its size: docs/sglang.md) that ``bench/gpu_device_run.sh`` unpacks.
 
 Downloads come from the package index this machine uses (``pip download``); a file already in the
 output folder with the right name is reused. The folder is a build output (``build/`` is
@@ -80,11 +80,17 @@ SITE_PRUNE = ("sglang/multimodal_gen", "sglang/srt/rust_extensions/_bench.*", "s
               "sglang/srt/rust_extensions/_server.*", "zstandard/_cffi.*", "jedi", "*.data", "**/__pycache__")
 
 
-def project_roots() -> list[str]:
-    """The project's own dependencies (pyproject ``[project] dependencies``), names only."""
+def pyproject() -> dict:
+    """The project's ``pyproject.toml`` ``[project]`` table (tomllib: Python 3.11+, imported here so
+    the module still imports on 3.10)."""
     import tomllib
 
-    deps = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
+    return tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+
+
+def project_roots() -> list[str]:
+    """The project's own dependencies (pyproject ``[project] dependencies``), names only."""
+    deps = pyproject()["dependencies"]
     return [Requirement(d).name for d in deps]
 
 
@@ -262,9 +268,7 @@ def host_packages(path: Path) -> frozenset[str]:
 def entry_points_dist_info(site: Path) -> Path:
     """A ``dist-info`` in ``site`` that declares the project's SGLang plugin entry point (the host
     runs the project from its source folder, not installed), read from pyproject."""
-    import tomllib
-
-    eps = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["entry-points"]
+    eps = pyproject()["entry-points"]
     d = site / "agent_workflow_profiler_entry_points-0.0.dist-info"
     d.mkdir(parents=True, exist_ok=True)
     (d / "METADATA").write_text("Metadata-Version: 2.1\nName: agent-workflow-profiler-entry-points\nVersion: 0.0\n")

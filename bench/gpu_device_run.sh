@@ -16,7 +16,7 @@ t0=$(date +%s)
 tar -xJf "$SITE_TAR" -C /tmp/awp-site || { echo "could not unpack $SITE_TAR"; exit 3; }
 echo "unpacked in $(( $(date +%s) - t0 ))s"
 export PYTHONPATH="$PWD:/tmp/awp-site:$PWD/tests/sglang/cpu_standins"
-export AWP_GPU_STANDINS=1 SGLANG_FORCE_FUSED_OP_BACKEND=torch HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 \
+export AWP_GPU_STANDINS=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 \
        PYTHONUNBUFFERED=1 SGLANG_RUST_BUILD_MODE=never
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
 python3 - <<'PY' 2>&1 | tee "$OUT_DIR/imports.log"
