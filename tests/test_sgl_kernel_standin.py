@@ -60,9 +60,27 @@ def test_the_direct_io_copy_indexes_each_side_on_its_own_device() -> None:
     assert dst[0][0].abs().sum() == 0 and dst[0][2].abs().sum() == 0
 
 
-def test_the_gpu_patches_do_nothing_without_their_switch_or_a_gpu(monkeypatch) -> None:
+def test_the_gpu_patches_apply_only_with_their_switch_on_a_gpu(monkeypatch) -> None:
+    """``register_gpu`` swaps the KV store's JIT check and HiCache's direct copy for torch only
+    with ``AWP_GPU_STANDINS=1`` on a CUDA host (SGLang's modules faked here)."""
+    import types
+
+    fakes = {name: types.ModuleType(name) for name in (
+        "sglang", "sglang.srt", "sglang.srt.mem_cache", "sglang.srt.mem_cache.memory_pool",
+        "sglang.srt.mem_cache.pool_host", "sglang.srt.mem_cache.pool_host.mha")}
+    pool, mha = fakes["sglang.srt.mem_cache.memory_pool"], fakes["sglang.srt.mem_cache.pool_host.mha"]
+    original = object()
+    pool.can_use_store_cache = mha.transfer_kv_direct = original
+    for name, mod in fakes.items():
+        monkeypatch.setitem(sys.modules, name, mod)
     monkeypatch.setenv(standins.GPU_STANDINS_ENV, "1")
-    assert not torch.cuda.is_available()
-    assert standins.register_gpu() is None          # returns before importing SGLang on CPU
+    standins.register_gpu()                                  # no GPU here
+    assert pool.can_use_store_cache is original and mha.transfer_kv_direct is original
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.delenv(standins.GPU_STANDINS_ENV)
-    assert standins.register_gpu() is None
+    standins.register_gpu()                                  # a GPU, no switch
+    assert pool.can_use_store_cache is original and mha.transfer_kv_direct is original
+    monkeypatch.setenv(standins.GPU_STANDINS_ENV, "1")
+    standins.register_gpu()
+    assert pool.can_use_store_cache(1024, 1024) is False
+    assert mha.transfer_kv_direct is standins.copy_across_devices
